@@ -1,0 +1,88 @@
+// What every benchmark shares: timing with warm-up and a median, a peer
+// process whose JSON result is read back, and output as a table or JSON.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <thread>
+#include <sys/wait.h>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace lockstep::bench {
+
+// Median seconds of `steps` calls of fn after `warmup` untimed calls.
+inline double median_seconds(const std::function<void()>& fn, int warmup, int steps) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> t(steps);
+  for (int i = 0; i < steps; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    fn();
+    t[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  std::nth_element(t.begin(), t.begin() + steps / 2, t.end());
+  return t[steps / 2];
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout only; stderr goes to ours
+};
+
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// A plain text table: a header row, then rows, columns padded to fit.
+inline std::string format_table(const std::vector<std::string>& header,
+                                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> w(header.size());
+  for (size_t c = 0; c < header.size(); ++c) w[c] = header[c].size();
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size() && c < w.size(); ++c) w[c] = std::max(w[c], r[c].size());
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string s = "|";
+    for (size_t c = 0; c < w.size(); ++c)
+      s += fmt::format(" {:<{}} |", c < cells.size() ? cells[c] : "", w[c]);
+    return s + "\n";
+  };
+  std::string out = line(header) + "|";
+  for (size_t c = 0; c < w.size(); ++c) out += std::string(w[c] + 2, '-') + "|";
+  out += "\n";
+  for (const auto& r : rows) out += line(r);
+  return out;
+}
+
+// One-line description of this machine for the results.
+inline std::string machine_description() {
+  std::string model = "unknown CPU";
+  if (FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, f)) {
+      std::string s(line);
+      if (s.rfind("model name", 0) == 0) {
+        model = s.substr(s.find(':') + 2);
+        model.erase(model.find_last_not_of("\n ") + 1);
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  return fmt::format("{}, {} cores", model, std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace lockstep::bench

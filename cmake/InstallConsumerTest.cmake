@@ -1,0 +1,61 @@
+# ctest "install_consumer": installs the current build into a scratch prefix,
+# then configures, builds and runs tests/consumer/ against it with
+# find_package(lockstep). Run with cmake -P; inputs (-D):
+#   LOCKSTEP_BINARY_DIR   the build tree to install
+#   CONSUMER_SOURCE_DIR   tests/consumer
+#   WORK_DIR              scratch folder (emptied first)
+#   CONFIG                build configuration (Release, Debug, ...)
+#   GENERATOR             CMake generator for the consumer build
+#   CXX_COMPILER          the C++ compiler lockstep was built with
+cmake_policy(VERSION 3.25)
+
+foreach(var LOCKSTEP_BINARY_DIR CONSUMER_SOURCE_DIR WORK_DIR CONFIG GENERATOR CXX_COMPILER)
+  if("${${var}}" STREQUAL "")
+    message(FATAL_ERROR "InstallConsumerTest.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+
+set(prefix "${WORK_DIR}/prefix")
+set(consumer_build "${WORK_DIR}/build")
+
+# Runs a command, echoing it; stops with its output when it fails.
+function(run_step what)
+  message(STATUS "install_consumer: ${what}")
+  execute_process(COMMAND ${ARGN}
+    RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
+  if(NOT result EQUAL 0)
+    list(JOIN ARGN " " command_line)
+    message(FATAL_ERROR "install_consumer: ${what} failed (${result}):\n"
+      "  ${command_line}\n${output}")
+  endif()
+  set(step_output "${output}" PARENT_SCOPE)
+endfunction()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+
+run_step("install into ${prefix}"
+  "${CMAKE_COMMAND}" --install "${LOCKSTEP_BINARY_DIR}" --prefix "${prefix}" --config "${CONFIG}")
+
+run_step("configure the consumer project"
+  "${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${consumer_build}" -G "${GENERATOR}"
+  "-DCMAKE_BUILD_TYPE=${CONFIG}"
+  "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
+  "-DCMAKE_PREFIX_PATH=${prefix}"
+  -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON)
+
+run_step("build the consumer project"
+  "${CMAKE_COMMAND}" --build "${consumer_build}" --config "${CONFIG}")
+
+# Single- and multi-config generators put the executable in different places.
+file(GLOB_RECURSE consumer_exe LIST_DIRECTORIES false "${consumer_build}/lockstep_consumer")
+if(NOT consumer_exe)
+  message(FATAL_ERROR "install_consumer: no lockstep_consumer executable under ${consumer_build}")
+endif()
+list(GET consumer_exe 0 consumer_exe)
+run_step("run ${consumer_exe}" "${consumer_exe}")
+message(STATUS "install_consumer: consumer says: ${step_output}")
+if(NOT step_output MATCHES "numel 6")
+  message(FATAL_ERROR "install_consumer: unexpected output from the consumer: ${step_output}")
+endif()
+message(STATUS "install_consumer: passed")

@@ -1,0 +1,50 @@
+// Parameter-free layers: ReLU, GELU, Dropout, Flatten.
+#pragma once
+
+#include <optional>
+
+#include "lockstep/nn/module.h"
+
+namespace lockstep::nn {
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "ReLU"; }
+};
+
+// The exact (erf) form, PyTorch's default approximate='none'.
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "GELU"; }
+};
+
+// In training, zeroes each element with probability p and scales the rest by
+// 1/(1-p); identity in eval. The mask is drawn from the layer's own generator
+// when given a seed, else from runtime::default_generator().
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5, std::optional<uint64_t> seed = std::nullopt);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Dropout"; }
+  std::string extra_repr() const override;
+
+  const double p;
+  std::optional<Generator> generator;  // public so it can be saved and reseeded
+};
+
+// Flattens dims start_dim..end_dim into one; PyTorch's defaults keep the batch dim.
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1)
+      : start_dim(start_dim), end_dim(end_dim) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Flatten"; }
+  std::string extra_repr() const override;
+
+  const int64_t start_dim;
+  const int64_t end_dim;
+};
+
+}  // namespace lockstep::nn

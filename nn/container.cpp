@@ -1,0 +1,20 @@
+#include "lockstep/nn/container.h"
+
+namespace lockstep::nn {
+
+Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
+  for (const auto& m : modules) push_back(m);
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& [name, m] : child_list()) x = m->forward(x);
+  return x;
+}
+
+std::shared_ptr<Module> Sequential::operator[](size_t i) const {
+  LOCKSTEP_CHECK(i < size(), "Sequential: index {} is out of range for {} modules", i, size());
+  return child_list()[i].second;
+}
+
+}  // namespace lockstep::nn

@@ -1,0 +1,43 @@
+// Sequential: runs its children in order; they are named "0", "1", ... so
+// parameter names match a PyTorch nn.Sequential of the same layers.
+#pragma once
+
+#include <initializer_list>
+#include <memory>
+
+#include "lockstep/nn/module.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::nn {
+
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+
+  // Appends under the next index and returns the same (typed) pointer.
+  template <class M>
+  std::shared_ptr<M> push_back(std::shared_ptr<M> module) {
+    return register_module(std::to_string(size()), std::move(module));
+  }
+
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Sequential"; }
+
+  size_t size() const { return child_list().size(); }
+  std::shared_ptr<Module> operator[](size_t i) const;
+  // The i-th module as an M; an error if it is another type.
+  template <class M>
+  std::shared_ptr<M> at(size_t i) const;
+
+};
+
+template <class M>
+std::shared_ptr<M> Sequential::at(size_t i) const {
+  auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+  LOCKSTEP_CHECK(m != nullptr, "Sequential::at({}): the module there is a {}", i,
+                 (*this)[i]->type_name());
+  return m;
+}
+
+}  // namespace lockstep::nn

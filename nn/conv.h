@@ -1,0 +1,37 @@
+// Conv2d over NCHW input, initialised as PyTorch's nn.Conv2d.
+#pragma once
+
+#include "lockstep/nn/module.h"
+#include "lockstep/nn/size2.h"
+
+namespace lockstep::nn {
+
+// Conv2d(1, 32, 3, {.padding = 1}). Zero padding only.
+struct Conv2dOptions {
+  Size2 stride = 1;
+  Size2 padding = 0;
+  Size2 dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+
+// Init (nn.Conv2d.reset_parameters): with fan_in = in_channels/groups * kH * kW,
+// weight ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+// bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Weight drawn first.
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Conv2dOptions options = {},
+         Generator& gen = runtime::default_generator());
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Conv2d"; }
+  std::string extra_repr() const override;
+
+  const int64_t in_channels;
+  const int64_t out_channels;
+  const Size2 kernel_size;
+  const Conv2dOptions options;
+  Tensor weight;  // [out_channels, in_channels / groups, kH, kW]
+  Tensor bias;    // [out_channels], undefined without bias
+};
+
+}  // namespace lockstep::nn

@@ -1,0 +1,32 @@
+// nn::functional: the stateless ops, as torch.nn.functional. These are the
+// runtime's differentiable ops, re-exported so model code can say
+// `namespace F = lockstep::nn::functional;` and `F::relu(x)`.
+#pragma once
+
+#include "lockstep/runtime/ops.h"
+
+namespace lockstep::nn::functional {
+
+using runtime::Conv2dOptions;
+using runtime::Pool2dOptions;
+using runtime::Reduction;
+
+using runtime::adaptive_avg_pool2d;
+using runtime::avg_pool2d;
+using runtime::batch_norm;
+using runtime::conv2d;
+using runtime::cross_entropy;
+using runtime::dropout;
+using runtime::embedding;
+using runtime::gelu;
+using runtime::layer_norm;
+using runtime::linear;
+using runtime::log_softmax;
+using runtime::max_pool2d;
+using runtime::mse_loss;
+using runtime::relu;
+using runtime::sigmoid;
+using runtime::softmax;
+using runtime::tanh;
+
+}  // namespace lockstep::nn::functional

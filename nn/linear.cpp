@@ -1,0 +1,53 @@
+#include "lockstep/nn/linear.h"
+
+#include <cmath>
+
+#include "lockstep/runtime/error.h"
+#include "lockstep/runtime/ops.h"
+
+namespace lockstep::nn {
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator& gen)
+    : in_features(in), out_features(out) {
+  LOCKSTEP_CHECK(in >= 0 && out >= 0, "Linear: in_features ({}) and out_features ({}) must be >= 0",
+                 in, out);
+  Tensor w = Tensor::empty({out, in});
+  runtime::kaiming_uniform_(w, std::sqrt(5.0), gen);
+  weight = register_parameter("weight", w);
+  if (with_bias) {
+    // fan_in 0 (an empty layer) gives bound 0, as in PyTorch.
+    const double bound = in > 0 ? 1.0 / std::sqrt(static_cast<double>(in)) : 0.0;
+    Tensor b = Tensor::empty({out});
+    runtime::uniform_(b, -bound, bound, gen);
+    bias = register_parameter("bias", b);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  LOCKSTEP_CHECK(x.dim() >= 1 && x.size(-1) == in_features,
+                 "Linear(in_features={}, out_features={}): input of shape {} must end in {}",
+                 in_features, out_features, runtime::shape_str(x.shape()), in_features);
+  return runtime::linear(x, weight, bias);
+}
+
+std::string Linear::extra_repr() const {
+  return fmt::format("in_features={}, out_features={}, bias={}", in_features, out_features,
+                     bias.defined());
+}
+
+Embedding::Embedding(int64_t num, int64_t dim, Generator& gen)
+    : num_embeddings(num), embedding_dim(dim) {
+  LOCKSTEP_CHECK(num >= 0 && dim >= 0,
+                 "Embedding: num_embeddings ({}) and embedding_dim ({}) must be >= 0", num, dim);
+  Tensor w = Tensor::empty({num, dim});
+  runtime::normal_(w, 0.0, 1.0, gen);
+  weight = register_parameter("weight", w);
+}
+
+Tensor Embedding::forward(const Tensor& indices) { return runtime::embedding(indices, weight); }
+
+std::string Embedding::extra_repr() const {
+  return fmt::format("{}, {}", num_embeddings, embedding_dim);
+}
+
+}  // namespace lockstep::nn

@@ -1,0 +1,39 @@
+#include "lockstep/nn/loss.h"
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::nn {
+
+namespace {
+
+[[noreturn]] void needs_target(const std::string& loss) {
+  throw Error(loss + " takes (input, target); call it with both, e.g. loss(logits, labels)");
+}
+
+}  // namespace
+
+CrossEntropyLoss::CrossEntropyLoss(CrossEntropyLossOptions opts) : options(opts) {
+  LOCKSTEP_CHECK(opts.label_smoothing >= 0.0 && opts.label_smoothing <= 1.0,
+                 "CrossEntropyLoss: label_smoothing must be in [0, 1], got {}",
+                 opts.label_smoothing);
+}
+
+Tensor CrossEntropyLoss::forward(const Tensor&) { needs_target(type_name()); }
+
+Tensor CrossEntropyLoss::forward(const Tensor& logits, const Tensor& target) {
+  return runtime::cross_entropy(logits, target, options.label_smoothing, options.reduction);
+}
+
+std::string CrossEntropyLoss::extra_repr() const {
+  return options.label_smoothing != 0.0
+             ? fmt::format("label_smoothing={}", options.label_smoothing)
+             : std::string();
+}
+
+Tensor MSELoss::forward(const Tensor&) { needs_target(type_name()); }
+
+Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
+  return runtime::mse_loss(input, target, reduction);
+}
+
+}  // namespace lockstep::nn

@@ -1,0 +1,41 @@
+// Losses as modules, over runtime::cross_entropy and runtime::mse_loss (the
+// same functions are in nn::functional). Called with (input, target).
+#pragma once
+
+#include "lockstep/nn/module.h"
+#include "lockstep/runtime/ops/loss.h"
+
+namespace lockstep::nn {
+
+using runtime::Reduction;
+
+struct CrossEntropyLossOptions {
+  double label_smoothing = 0.0;  // target = (1-s)*onehot + s/C
+  Reduction reduction = Reduction::Mean;
+};
+
+// logits [N, C], target [N] of class indices (i64 or i32).
+class CrossEntropyLoss : public Module {
+ public:
+  explicit CrossEntropyLoss(CrossEntropyLossOptions options = {});
+  Tensor forward(const Tensor& logits, const Tensor& target);
+  Tensor operator()(const Tensor& logits, const Tensor& target) { return forward(logits, target); }
+  Tensor forward(const Tensor& input) override;  // an error: a loss needs a target
+  std::string type_name() const override { return "CrossEntropyLoss"; }
+  std::string extra_repr() const override;
+
+  const CrossEntropyLossOptions options;
+};
+
+class MSELoss : public Module {
+ public:
+  explicit MSELoss(Reduction reduction = Reduction::Mean) : reduction(reduction) {}
+  Tensor forward(const Tensor& input, const Tensor& target);
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  Tensor forward(const Tensor& input) override;  // an error
+  std::string type_name() const override { return "MSELoss"; }
+
+  const Reduction reduction;
+};
+
+}  // namespace lockstep::nn

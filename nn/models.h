@@ -1,0 +1,28 @@
+// The two Fashion-MNIST example models. Each is an nn::Sequential, so its
+// parameter names ("1.weight", "4.running_mean", ...) are those of a PyTorch
+// nn.Sequential with the same layers: the step benchmark builds the twin in
+// PyTorch and copies weights across by name.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "lockstep/nn/container.h"
+
+namespace lockstep::nn::models {
+
+// Input [N, 1, 28, 28] (or [N, 784]) -> logits [N, 10]:
+// Flatten, Linear(784, 1024), ReLU, Linear(1024, 1024), ReLU, Linear(1024, 10).
+// 1,863,690 parameters.
+std::shared_ptr<Sequential> fashion_mlp(Generator& gen = runtime::default_generator());
+std::shared_ptr<Sequential> fashion_mlp(uint64_t seed);
+
+// Input [N, 1, 28, 28] -> logits [N, 10]:
+//  0 Conv2d(1, 32, 3, padding 1)   1 BatchNorm2d(32)  2 ReLU  3 MaxPool2d(2)
+//  4 Conv2d(32, 64, 3, padding 1)  5 BatchNorm2d(64)  6 ReLU  7 MaxPool2d(2)
+//  8 Flatten  9 Linear(3136, 128)  10 ReLU  11 Linear(128, 10).
+// 421,834 parameters.
+std::shared_ptr<Sequential> fashion_cnn(Generator& gen = runtime::default_generator());
+std::shared_ptr<Sequential> fashion_cnn(uint64_t seed);
+
+}  // namespace lockstep::nn::models

@@ -1,0 +1,298 @@
+#include "lockstep/nn/module.h"
+
+#include <ostream>
+#include <sstream>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::nn {
+
+using runtime::NoGradGuard;
+using runtime::TensorImpl;
+
+namespace {
+
+// Points `t` (and every copy of its handle) at `src`'s data, keeping the
+// TensorImpl and so the tensor's identity and autograd state. This is what
+// PyTorch's Module._apply does with `param.data = fn(param)`.
+void assign_data(Tensor& t, const Tensor& src) {
+  TensorImpl* impl = t.impl_ptr();
+  impl->storage = src.storage();
+  impl->shape = src.shape();
+  impl->strides = src.strides();
+  impl->offset = src.storage_offset();
+  impl->dtype = src.dtype();
+}
+
+std::string quoted_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{}\"{}\"", i ? ", " : "", names[i]);
+  return out;
+}
+
+// Indents every line but the first by `spaces` (PyTorch's _addindent).
+std::string add_indent(const std::string& s, int spaces) {
+  std::string pad(static_cast<size_t>(spaces), ' ');
+  std::string out;
+  for (char c : s) {
+    out += c;
+    if (c == '\n') out += pad;
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor Module::forward(const Tensor&) {
+  throw Error(fmt::format("{}: forward() is not implemented; override Module::forward in the "
+                          "subclass (or call the submodules directly)",
+                          type_name()));
+}
+
+void Module::check_new_name(const std::string& name, const char* what) const {
+  LOCKSTEP_CHECK(!name.empty(), "{}: {} name must not be empty", type_name(), what);
+  LOCKSTEP_CHECK(name.find('.') == std::string::npos,
+                 "{}: {} name \"{}\" must not contain \".\" (dots separate the levels of the "
+                 "module tree in state_dict names)",
+                 type_name(), what, name);
+  auto taken = [&](const auto& list) {
+    for (const auto& item : list)
+      if (item.first == name) return true;
+    return false;
+  };
+  bool dup = taken(children_);
+  for (const auto& s : params_) dup = dup || s.name == name;
+  for (const auto& s : buffers_) dup = dup || s.name == name;
+  LOCKSTEP_CHECK(!dup, "{}: a parameter, buffer or submodule named \"{}\" is already registered",
+                 type_name(), name);
+}
+
+Tensor Module::register_parameter(std::string name, Tensor value, bool requires_grad) {
+  check_new_name(name, "parameter");
+  LOCKSTEP_CHECK(value.defined(), "{}: parameter \"{}\" is an undefined tensor", type_name(), name);
+  value.requires_grad_(requires_grad);
+  params_.push_back({std::move(name), value, true});
+  return value;
+}
+
+Tensor Module::register_buffer(std::string name, Tensor value, bool persistent) {
+  check_new_name(name, "buffer");
+  LOCKSTEP_CHECK(value.defined(), "{}: buffer \"{}\" is an undefined tensor", type_name(), name);
+  buffers_.push_back({std::move(name), value, persistent});
+  return value;
+}
+
+void Module::add_child(std::string name, std::shared_ptr<Module> module) {
+  check_new_name(name, "submodule");
+  LOCKSTEP_CHECK(module != nullptr, "{}: submodule \"{}\" is null", type_name(), name);
+  LOCKSTEP_CHECK(module.get() != this, "{}: a module cannot be its own submodule", type_name());
+  children_.emplace_back(std::move(name), std::move(module));
+}
+
+// ---- queries ----
+
+NamedList<Module*> Module::named_modules() {
+  NamedList<Module*> out;
+  std::unordered_set<const Module*> seen;
+  std::function<void(Module*, const std::string&)> walk = [&](Module* m, const std::string& prefix) {
+    if (!seen.insert(m).second) return;
+    out.emplace_back(prefix, m);
+    for (auto& [name, child] : m->children_)
+      walk(child.get(), prefix.empty() ? name : prefix + "." + name);
+  };
+  walk(this, "");
+  return out;
+}
+
+NamedList<Tensor> Module::named_parameters(bool recurse) const {
+  // named_modules() is non-const only because it hands out mutable pointers.
+  auto modules = recurse ? const_cast<Module*>(this)->named_modules()
+                         : NamedList<Module*>{{"", const_cast<Module*>(this)}};
+  NamedList<Tensor> out;
+  std::unordered_set<const TensorImpl*> seen;
+  for (const auto& [prefix, m] : modules)
+    for (const auto& s : m->params_)
+      if (seen.insert(s.value.impl_ptr()).second)
+        out.emplace_back(prefix.empty() ? s.name : prefix + "." + s.name, s.value);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+NamedList<Tensor> Module::named_buffers(bool recurse) const {
+  auto modules = recurse ? const_cast<Module*>(this)->named_modules()
+                         : NamedList<Module*>{{"", const_cast<Module*>(this)}};
+  NamedList<Tensor> out;
+  std::unordered_set<const TensorImpl*> seen;
+  for (const auto& [prefix, m] : modules)
+    for (const auto& s : m->buffers_)
+      if (seen.insert(s.value.impl_ptr()).second)
+        out.emplace_back(prefix.empty() ? s.name : prefix + "." + s.name, s.value);
+  return out;
+}
+
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_buffers(recurse)) out.push_back(t);
+  return out;
+}
+
+NamedList<std::shared_ptr<Module>> Module::named_children() const { return children_; }
+
+std::vector<std::shared_ptr<Module>> Module::children() const {
+  std::vector<std::shared_ptr<Module>> out;
+  for (const auto& [name, m] : children_) out.push_back(m);
+  return out;
+}
+
+void Module::apply(const std::function<void(Module&)>& fn) {
+  for (auto& [name, child] : children_) child->apply(fn);
+  fn(*this);
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& t : parameters()) n += t.numel();
+  return n;
+}
+
+// ---- state ----
+
+void Module::collect_state(const std::string& prefix, StateDict& out) const {
+  // PyTorch's order (Module._save_to_state_dict, then the children): own
+  // parameters, own persistent buffers, then each submodule. Shared tensors
+  // appear under every name, as in PyTorch.
+  for (const auto& s : params_) out.insert(prefix + s.name, s.value.detach());
+  for (const auto& s : buffers_)
+    if (s.persistent) out.insert(prefix + s.name, s.value.detach());
+  for (const auto& [name, child] : children_) child->collect_state(prefix + name + ".", out);
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  collect_state("", out);
+  return out;
+}
+
+LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
+  const StateDict own = state_dict();
+  LoadResult result;
+  std::vector<std::string> mismatches;
+  for (const auto& [name, dst] : own) {
+    const Tensor* src = dict.find(name);
+    if (src == nullptr) {
+      result.missing_keys.push_back(name);
+    } else if (!src->defined() || src->shape() != dst.shape()) {
+      mismatches.push_back(fmt::format(
+          "size mismatch for {}: copying a tensor with shape {} from the state_dict, the shape "
+          "in the current model is {}",
+          name, src->defined() ? runtime::shape_str(src->shape()) : "(undefined)",
+          runtime::shape_str(dst.shape())));
+    }
+  }
+  for (const auto& [name, t] : dict)
+    if (!own.contains(name)) result.unexpected_keys.push_back(name);
+
+  // Shape mismatches are errors even when not strict (as in PyTorch).
+  std::vector<std::string> errors;
+  if (strict && !result.missing_keys.empty())
+    errors.push_back("missing key(s) in state_dict: " + quoted_list(result.missing_keys));
+  if (strict && !result.unexpected_keys.empty())
+    errors.push_back("unexpected key(s) in state_dict: " + quoted_list(result.unexpected_keys));
+  errors.insert(errors.end(), mismatches.begin(), mismatches.end());
+  if (!errors.empty()) {
+    std::string msg = fmt::format("error(s) in loading state_dict for {} (nothing was loaded):",
+                                  type_name());
+    for (const auto& e : errors) msg += "\n  " + e;
+    if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()))
+      msg += "\n  (pass strict=false to load the matching keys and ignore the others)";
+    throw Error(msg);
+  }
+
+  NoGradGuard no_grad;
+  for (const auto& [name, dst] : own) {
+    if (const Tensor* src = dict.find(name)) {
+      Tensor d = dst;  // a detached handle on the model's storage
+      d.copy_(*src);
+    }
+  }
+  return result;
+}
+
+// ---- mode, device, gradients ----
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+template <class Fn>
+void Module::for_each_tensor(Fn&& fn) {
+  for (const auto& [prefix, m] : named_modules()) {
+    for (auto& s : m->params_) fn(s.value);
+    for (auto& s : m->buffers_) fn(s.value);
+  }
+}
+
+Module& Module::to(Device device) {
+  NoGradGuard no_grad;
+  for_each_tensor([&](Tensor& t) {
+    if (t.device() == device) return;  // also skips a tensor shared by two modules the 2nd time
+    assign_data(t, t.detach().to(device));
+    if (t.grad().defined()) t.set_grad(t.grad().to(device));
+  });
+  return *this;
+}
+
+Module& Module::to(DType dtype) {
+  LOCKSTEP_CHECK(runtime::is_floating(dtype),
+                 "{}.to({}): modules convert to a floating-point dtype only", type_name(),
+                 runtime::dtype_name(dtype));
+  NoGradGuard no_grad;
+  for_each_tensor([&](Tensor& t) {
+    if (!runtime::is_floating(t.dtype()) || t.dtype() == dtype) return;
+    assign_data(t, t.detach().to(dtype));
+    if (t.grad().defined()) t.set_grad(t.grad().to(dtype));
+  });
+  return *this;
+}
+
+void Module::zero_grad() {
+  for (auto& t : parameters()) t.set_grad(Tensor{});
+}
+
+// ---- printing ----
+
+std::string Module::str() const {
+  // PyTorch's Module.__repr__: leaves print on one line, containers list
+  // their children as "(name): child", indented.
+  std::vector<std::string> lines;
+  std::string extra = extra_repr();
+  if (!extra.empty()) {
+    std::istringstream in(extra);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+  }
+  const size_t n_extra = lines.size();
+  for (const auto& [name, child] : children_)
+    lines.push_back("(" + name + "): " + add_indent(child->str(), 2));
+  std::string out = type_name() + "(";
+  if (n_extra == 1 && children_.empty()) {
+    out += lines[0];
+  } else if (!lines.empty()) {
+    out += "\n";
+    for (const auto& l : lines) out += "  " + l + "\n";
+  }
+  return out + ")";
+}
+
+std::ostream& operator<<(std::ostream& os, const Module& m) { return os << m.str(); }
+
+}  // namespace lockstep::nn

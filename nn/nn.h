@@ -1,0 +1,13 @@
+// Everything in lockstep::nn in one include.
+#pragma once
+
+#include "lockstep/nn/activation.h"
+#include "lockstep/nn/container.h"
+#include "lockstep/nn/conv.h"
+#include "lockstep/nn/functional.h"
+#include "lockstep/nn/linear.h"
+#include "lockstep/nn/loss.h"
+#include "lockstep/nn/module.h"
+#include "lockstep/nn/normalization.h"
+#include "lockstep/nn/pooling.h"
+#include "lockstep/nn/state_dict.h"

@@ -1,0 +1,41 @@
+// 2-D pooling layers over NCHW input.
+#pragma once
+
+#include "lockstep/nn/module.h"
+#include "lockstep/nn/size2.h"
+
+namespace lockstep::nn {
+
+// stride 0 means "same as the kernel", PyTorch's stride=None default.
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "MaxPool2d"; }
+  std::string extra_repr() const override;
+
+  const Size2 kernel_size, stride, padding;  // stride already resolved
+};
+
+// Padding counts towards the divisor (count_include_pad=True).
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "AvgPool2d"; }
+  std::string extra_repr() const override;
+
+  const Size2 kernel_size, stride, padding;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Size2 output_size) : output_size(output_size) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "AdaptiveAvgPool2d"; }
+  std::string extra_repr() const override;
+
+  const Size2 output_size;
+};
+
+}  // namespace lockstep::nn

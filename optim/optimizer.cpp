@@ -1,0 +1,139 @@
+#include "lockstep/optim/optimizer.h"
+
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::optim {
+
+using runtime::NoGradGuard;
+
+namespace {
+
+std::string key_list(const GroupOptions& options) {
+  std::string out;
+  for (const auto& [k, v] : options) out += (out.empty() ? "" : ", ") + k;
+  return out;
+}
+
+}  // namespace
+
+void Optimizer::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (auto& group : groups_) {
+    for (auto& p : group.params) {
+      if (set_to_none) {
+        p.set_grad(Tensor{});
+      } else if (p.grad().defined()) {
+        Tensor g = p.grad();
+        g.zero_();
+      }
+    }
+  }
+}
+
+void Optimizer::add_param_group(ParamGroup group) {
+  LOCKSTEP_CHECK(!group.params.empty(), "{}: got an empty parameter list", name_);
+  std::unordered_set<const runtime::TensorImpl*> seen;
+  for (const auto& g : groups_)
+    for (const auto& p : g.params) seen.insert(p.impl_ptr());
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const Tensor& p = group.params[i];
+    LOCKSTEP_CHECK(p.defined(), "{}: parameter {} of the new group is undefined", name_, i);
+    LOCKSTEP_CHECK(runtime::is_floating(p.dtype()),
+                   "{}: parameter {} of the new group has dtype {}; only floating-point tensors "
+                   "can be optimized",
+                   name_, i, runtime::dtype_name(p.dtype()));
+    LOCKSTEP_CHECK(p.is_leaf(),
+                   "{}: parameter {} of the new group is not a leaf tensor (it has a grad_fn); "
+                   "optimize the leaf, or a detach()ed copy",
+                   name_, i);
+    LOCKSTEP_CHECK(seen.insert(p.impl_ptr()).second,
+                   "{}: parameter {} of the new group appears more than once among the "
+                   "optimizer's parameter groups",
+                   name_, i);
+  }
+  GroupOptions options = defaults_;
+  for (const auto& [key, value] : group.options) {
+    LOCKSTEP_CHECK(defaults_.contains(key), "{}: unknown option \"{}\" (known: {})", name_, key,
+                   key_list(defaults_));
+    options[key] = value;
+  }
+  validate(options);
+  group.options = std::move(options);
+  groups_.push_back(std::move(group));
+}
+
+OptimizerState Optimizer::state_dict() const {
+  OptimizerState out;
+  int64_t index = 0;
+  for (const auto& group : groups_) {
+    OptimizerState::Group saved{group.options, {}};
+    for (const auto& p : group.params) {
+      auto it = state_.find(p.impl_ptr());
+      if (it != state_.end() && !it->second.empty()) out.state[index] = it->second;
+      saved.params.push_back(index++);
+    }
+    out.param_groups.push_back(std::move(saved));
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const OptimizerState& saved) {
+  LOCKSTEP_CHECK(saved.param_groups.size() == groups_.size(),
+                 "{}.load_state_dict: the saved state has {} parameter group(s), this optimizer "
+                 "has {}",
+                 name_, saved.param_groups.size(), groups_.size());
+  // Saved parameter number -> this optimizer's parameter, by position.
+  std::map<int64_t, const Tensor*> param_of;
+  std::vector<GroupOptions> options(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto& sg = saved.param_groups[g];
+    LOCKSTEP_CHECK(sg.params.size() == groups_[g].params.size(),
+                   "{}.load_state_dict: saved parameter group {} has {} parameter(s), this "
+                   "optimizer's has {}",
+                   name_, g, sg.params.size(), groups_[g].params.size());
+    for (size_t i = 0; i < sg.params.size(); ++i) param_of[sg.params[i]] = &groups_[g].params[i];
+    options[g] = groups_[g].options;  // keys missing from the save keep their current value
+    for (const auto& [key, value] : sg.options) {
+      LOCKSTEP_CHECK(defaults_.contains(key),
+                     "{}.load_state_dict: saved group {} has unknown option \"{}\" (known: {})",
+                     name_, g, key, key_list(defaults_));
+      options[g][key] = value;
+    }
+    validate(options[g]);
+  }
+
+  NoGradGuard no_grad;
+  std::unordered_map<const runtime::TensorImpl*, std::map<std::string, Tensor>> state;
+  for (const auto& [index, entries] : saved.state) {
+    auto it = param_of.find(index);
+    LOCKSTEP_CHECK(it != param_of.end(),
+                   "{}.load_state_dict: the saved state is for parameter {}, which no saved "
+                   "parameter group lists",
+                   name_, index);
+    const Tensor& p = *it->second;
+    auto& dst = state[p.impl_ptr()];
+    for (const auto& [key, value] : entries) {
+      LOCKSTEP_CHECK(value.defined(), "{}.load_state_dict: state \"{}\" of parameter {} is undefined",
+                     name_, key, index);
+      // Per-element state (momentum buffers) must match the parameter; scalars
+      // (step counts) may be anything.
+      LOCKSTEP_CHECK(value.dim() == 0 || value.shape() == p.shape(),
+                     "{}.load_state_dict: state \"{}\" of parameter {} has shape {}, the "
+                     "parameter has shape {}",
+                     name_, key, index, runtime::shape_str(value.shape()),
+                     runtime::shape_str(p.shape()));
+      Tensor v = value.detach().to(p.device());
+      if (runtime::is_floating(v.dtype()) && value.dim() > 0) v = v.to(p.dtype());
+      dst[key] = v.clone();  // never alias the caller's tensors
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(options[g]);
+  state_ = std::move(state);
+}
+
+}  // namespace lockstep::optim

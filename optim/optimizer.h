@@ -1,0 +1,84 @@
+// Optimizer: the base of SGD (and of Adam, AdamW, ... later), shaped like
+// torch.optim.Optimizer.
+//
+// Hyper-parameters live per parameter group as name -> number maps, like the
+// dicts in PyTorch's param_groups (flags stored as 0/1). That keeps one code
+// path for every optimizer in LR schedulers (`param_groups()[0].options["lr"]`)
+// and in checkpoints. Each optimizer still takes a typed options struct and
+// checks every group's values, at construction and at each step.
+#pragma once
+
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::optim {
+
+using runtime::Tensor;
+using GroupOptions = std::map<std::string, double>;
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  // When adding a group: only the keys that differ from the optimizer's
+  // defaults; the rest are filled in.
+  GroupOptions options;
+};
+
+// PyTorch's optimizer state_dict. Parameters are numbered 0, 1, ... across
+// the groups in order; `state` holds per-parameter tensors (e.g.
+// "momentum_buffer") keyed by that number, and each group lists its options
+// and its parameters' numbers.
+struct OptimizerState {
+  struct Group {
+    GroupOptions options;
+    std::vector<int64_t> params;
+  };
+  std::map<int64_t, std::map<std::string, Tensor>> state;
+  std::vector<Group> param_groups;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient, under no-grad.
+  virtual void step() = 0;
+  // set_to_none (the default, as PyTorch): drop the gradients; else zero them.
+  void zero_grad(bool set_to_none = true);
+
+  // Parameters must be floating-point leaf tensors, in no other group.
+  void add_param_group(ParamGroup group);
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+
+  // The state tensors are the optimizer's own (not copies): save or clone them.
+  OptimizerState state_dict() const;
+  // Takes the groups' options and clones the state onto the parameters'
+  // dtype and device. The groups must match in count and size; checked first,
+  // nothing changes on error.
+  void load_state_dict(const OptimizerState& saved);
+
+ protected:
+  Optimizer(std::string name, GroupOptions defaults)
+      : name_(std::move(name)), defaults_(std::move(defaults)) {}
+  // Throws a clear Error if a group's options are invalid.
+  virtual void validate(const GroupOptions& options) const = 0;
+  // Per-parameter state, created empty on first use.
+  std::map<std::string, Tensor>& state_of(const Tensor& param) { return state_[param.impl_ptr()]; }
+
+  const std::string name_;
+  const GroupOptions defaults_;
+  std::vector<ParamGroup> groups_;
+
+ private:
+  // Keyed by the parameter's TensorImpl: identity, as PyTorch keys by the
+  // Parameter object (Module::to keeps it).
+  std::unordered_map<const runtime::TensorImpl*, std::map<std::string, Tensor>> state_;
+};
+
+}  // namespace lockstep::optim

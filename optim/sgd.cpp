@@ -1,0 +1,173 @@
+#include "lockstep/optim/sgd.h"
+
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::optim {
+
+using runtime::NoGradGuard;
+
+namespace {
+
+template <class T>
+struct Coeffs {
+  T neg_lr, momentum, one_minus_dampening, weight_decay;
+  bool maximize;
+};
+
+// One pass over a parameter, the rule of sgd.h fused per element. The flags
+// are template arguments so each variant is a branch-free loop the compiler
+// can vectorise. Arithmetic is in T with the coefficients rounded to T first,
+// as PyTorch's CPU kernels do (mul_(momentum).add_(g, alpha=1-dampening),
+// then add_(g, alpha=-lr)), so the f32 results follow the same roundings.
+template <class T, bool kWeightDecay, bool kMomentum, bool kFirst, bool kNesterov>
+void sgd_update(T* __restrict__ p, const T* __restrict__ grad, T* __restrict__ buf, int64_t n,
+                const Coeffs<T>& c) {
+  const bool maximize = c.maximize;
+  for (int64_t i = 0; i < n; ++i) {
+    T d = maximize ? -grad[i] : grad[i];
+    if constexpr (kWeightDecay) d = d + c.weight_decay * p[i];
+    if constexpr (kMomentum) {
+      T b;
+      if constexpr (kFirst)
+        b = d;
+      else
+        b = buf[i] * c.momentum + c.one_minus_dampening * d;
+      buf[i] = b;
+      if constexpr (kNesterov)
+        d = d + c.momentum * b;
+      else
+        d = b;
+    }
+    p[i] = p[i] + c.neg_lr * d;
+  }
+}
+
+// Calls fn(std::true_type) or fn(std::false_type): a runtime flag made a
+// compile-time one.
+template <class Fn>
+void with_flag(bool on, Fn&& fn) {
+  if (on)
+    fn(std::true_type{});
+  else
+    fn(std::false_type{});
+}
+
+template <class T>
+void sgd_dispatch(T* p, const T* grad, T* buf, int64_t n, const Coeffs<T>& c, bool weight_decay,
+                  bool momentum, bool first, bool nesterov) {
+  with_flag(weight_decay, [&](auto wd) {
+    if (!momentum) {
+      sgd_update<T, decltype(wd)::value, false, false, false>(p, grad, buf, n, c);
+      return;
+    }
+    with_flag(first, [&](auto fst) {
+      with_flag(nesterov, [&](auto nes) {
+        sgd_update<T, decltype(wd)::value, true, decltype(fst)::value, decltype(nes)::value>(
+            p, grad, buf, n, c);
+      });
+    });
+  });
+}
+
+}  // namespace
+
+GroupOptions SGDOptions::to_map() const {
+  return {{"lr", lr},
+          {"momentum", momentum},
+          {"dampening", dampening},
+          {"weight_decay", weight_decay},
+          {"nesterov", nesterov ? 1.0 : 0.0},
+          {"maximize", maximize ? 1.0 : 0.0}};
+}
+
+SGDOptions SGDOptions::from_map(const GroupOptions& m) {
+  auto get = [&](const char* key) {
+    auto it = m.find(key);
+    LOCKSTEP_CHECK(it != m.end(), "SGD: parameter group has no \"{}\" option", key);
+    return it->second;
+  };
+  return {.lr = get("lr"),
+          .momentum = get("momentum"),
+          .dampening = get("dampening"),
+          .weight_decay = get("weight_decay"),
+          .nesterov = get("nesterov") != 0.0,
+          .maximize = get("maximize") != 0.0};
+}
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions options) : Optimizer("SGD", options.to_map()) {
+  add_param_group({std::move(params), {}});
+}
+
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults)
+    : Optimizer("SGD", defaults.to_map()) {
+  LOCKSTEP_CHECK(!groups.empty(), "SGD: got an empty list of parameter groups");
+  for (auto& g : groups) add_param_group(std::move(g));
+}
+
+void SGD::validate(const GroupOptions& options) const {
+  const SGDOptions o = SGDOptions::from_map(options);
+  // Written as `x >= 0` checks so that NaN fails them too.
+  LOCKSTEP_CHECK(o.lr >= 0.0, "SGD: invalid learning rate {}; it must be >= 0", o.lr);
+  LOCKSTEP_CHECK(o.momentum >= 0.0, "SGD: invalid momentum {}; it must be >= 0", o.momentum);
+  LOCKSTEP_CHECK(o.weight_decay >= 0.0, "SGD: invalid weight_decay {}; it must be >= 0",
+                 o.weight_decay);
+  LOCKSTEP_CHECK(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
+                 "SGD: Nesterov momentum requires a momentum > 0 and zero dampening (got "
+                 "momentum {}, dampening {})",
+                 o.momentum, o.dampening);
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  for (auto& group : groups_) {
+    validate(group.options);  // a scheduler or the user may have edited them
+    const SGDOptions o = SGDOptions::from_map(group.options);
+    for (auto& param : group.params) {
+      if (!param.grad().defined()) continue;
+      LOCKSTEP_CHECK(param.device().is_cpu(), "SGD: parameter on {}; only CPU tensors for now",
+                     param.device().str());
+      // The fast path is the usual case: contiguous parameter and gradient of
+      // the same dtype. Anything else goes through contiguous copies.
+      Tensor grad = param.grad();
+      if (grad.dtype() != param.dtype()) grad = grad.to(param.dtype());
+      grad = grad.contiguous();
+      Tensor p = param.contiguous();  // `param` itself when contiguous
+
+      Tensor buf;
+      bool first = false;
+      if (o.momentum != 0.0) {
+        auto& st = state_of(param);
+        auto it = st.find("momentum_buffer");
+        if (it == st.end()) {
+          buf = Tensor::empty(param.shape(), param.dtype(), param.device());
+          first = true;
+        } else {
+          buf = it->second.contiguous();
+        }
+        st["momentum_buffer"] = buf;
+      }
+
+      const int64_t n = p.numel();
+      runtime::dispatch_float(p.dtype(), "SGD.step", [&](auto tag) {
+        using T = decltype(tag);
+        const Coeffs<T> c{static_cast<T>(-o.lr), static_cast<T>(o.momentum),
+                          static_cast<T>(1.0 - o.dampening), static_cast<T>(o.weight_decay),
+                          o.maximize};
+        sgd_dispatch<T>(p.data_ptr<T>(), grad.data_ptr<T>(), buf.defined() ? buf.data_ptr<T>() : nullptr,
+                        n, c, o.weight_decay != 0.0, o.momentum != 0.0, first, o.nesterov);
+      });
+      // Written through raw pointers: bump the versions as an in-place op
+      // would, so a graph that saved the old values refuses to backward.
+      p.storage()->bump_version();
+      if (buf.defined()) buf.storage()->bump_version();
+      if (!p.is_same(param)) param.copy_(p);
+    }
+  }
+}
+
+}  // namespace lockstep::optim

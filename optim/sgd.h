@@ -1,0 +1,47 @@
+// SGD with momentum, dampening, Nesterov and weight decay: torch.optim.SGD's
+// exact update rule (torch/optim/sgd.py, _single_tensor_sgd). Per parameter
+// p with gradient g, at each step():
+//
+//   g   = maximize ? -g : g
+//   g   = g + weight_decay * p                       (if weight_decay != 0)
+//   if momentum != 0:
+//     buf = g (a copy)                               on the first step
+//     buf = momentum * buf + (1 - dampening) * g     after
+//     g   = nesterov ? g + momentum * buf : buf
+//   p   = p - lr * g
+//
+// Parameters whose gradient is undefined are skipped (their buffers too).
+#pragma once
+
+#include <vector>
+
+#include "lockstep/optim/optimizer.h"
+
+namespace lockstep::optim {
+
+struct SGDOptions {
+  double lr = 1e-3;  // torch.optim.SGD's default
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;  // needs momentum > 0 and dampening == 0
+  bool maximize = false;
+
+  GroupOptions to_map() const;
+  static SGDOptions from_map(const GroupOptions& options);
+};
+
+class SGD : public Optimizer {
+ public:
+  explicit SGD(std::vector<Tensor> params, SGDOptions options = {});
+  // Groups with their own options, e.g. {{.params = head, .options = {{"lr", 0.1}}}}.
+  explicit SGD(std::vector<ParamGroup> groups, SGDOptions defaults = {});
+
+  // In place, one fused loop per parameter over its contiguous data.
+  void step() override;
+
+ protected:
+  void validate(const GroupOptions& options) const override;
+};
+
+}  // namespace lockstep::optim

@@ -1,0 +1,31 @@
+#include "lockstep/runtime/autograd/accumulate_grad.h"
+
+#include "lockstep/runtime/autograd/meta.h"
+
+namespace lockstep::runtime {
+
+AccumulateGrad::AccumulateGrad(const Tensor& leaf) : Node("AccumulateGrad"), leaf_(leaf) {}
+
+std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
+  AutogradMeta& meta = autograd_meta(*leaf_.impl_ptr());
+  LOCKSTEP_CHECK(grad_output.shape() == leaf_.shape(),
+                 "gradient of shape {} does not match the leaf's shape {}",
+                 shape_str(grad_output.shape()), shape_str(leaf_.shape()));
+  if (!meta.grad.defined()) {
+    // Take the incoming buffer when nobody else can see it (the usual case for
+    // a parameter used once); otherwise copy, so that later in-place
+    // accumulation never writes through an alias.
+    bool sole_owner = grad_output.use_count() == 1 && grad_output.storage().use_count() == 1 &&
+                      grad_output.impl_ptr()->autograd == nullptr &&
+                      grad_output.is_contiguous() && grad_output.dtype() == leaf_.dtype();
+    meta.grad = sole_owner ? grad_output : grad_output.to(leaf_.dtype()).clone();
+  } else {
+    meta.grad.add_(grad_output);
+  }
+  // Copy the list: a hook may register or remove hooks.
+  auto hooks = meta.post_accumulate_hooks;
+  for (auto& [id, fn] : hooks) fn(leaf_);
+  return {};
+}
+
+}  // namespace lockstep::runtime

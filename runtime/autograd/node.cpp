@@ -1,0 +1,107 @@
+#include "lockstep/runtime/autograd/node.h"
+
+#include <atomic>
+
+#include "lockstep/runtime/autograd/accumulate_grad.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/autograd/meta.h"
+
+namespace lockstep::runtime {
+
+namespace {
+std::atomic<uint64_t> g_next_sequence_nr{0};
+
+// A node whose backward is a lambda over its saved tensors.
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(const char* name, std::vector<Tensor> saved, BackwardFn fn)
+      : Node(name), fn_(std::move(fn)) {
+    saved_.reserve(saved.size());
+    for (const Tensor& t : saved) saved_.emplace_back(t);
+  }
+
+  std::vector<Tensor> apply(const Tensor& grad_output) override {
+    std::vector<Tensor> saved;
+    saved.reserve(saved_.size());
+    for (size_t i = 0; i < saved_.size(); ++i) saved.push_back(saved_[i].unpack(*this, i));
+    std::vector<bool> needs(next.size());
+    for (size_t i = 0; i < next.size(); ++i) needs[i] = next[i] != nullptr;
+    std::vector<Tensor> grads = fn_(BackwardArgs{grad_output, saved, needs});
+    LOCKSTEP_ASSERT(grads.size() == next.size());
+    return grads;
+  }
+
+  void release_saved() override {
+    for (SavedTensor& s : saved_) s.release();
+  }
+
+ private:
+  std::vector<SavedTensor> saved_;
+  BackwardFn fn_;
+};
+}  // namespace
+
+Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(g_next_sequence_nr++) {}
+
+SavedTensor::SavedTensor(const Tensor& t) : was_defined_(t.defined()) {
+  if (!t.defined()) return;
+  tensor_ = t.detach();
+  version_ = t.version();
+}
+
+Tensor SavedTensor::unpack(const Node& owner, size_t index) const {
+  if (!was_defined_) return Tensor();
+  LOCKSTEP_CHECK(!released_,
+                 "{}: trying to backward through the graph a second time (its saved tensors "
+                 "were freed by the first backward). Pass retain_graph=true to the first "
+                 "backward() if you need to backward through the graph again.",
+                 owner.name());
+  LOCKSTEP_CHECK(tensor_.version() == version_,
+                 "{}: saved tensor {} (shape {}) needed for the gradient was modified by an "
+                 "in-place operation: it is at version {}, expected version {}. Use an "
+                 "out-of-place op, or clone() the tensor before changing it.",
+                 owner.name(), index, shape_str(tensor_.shape()), tensor_.version(), version_);
+  return tensor_;
+}
+
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs,
+              std::vector<Tensor> saved, BackwardFn backward) {
+  if (!grad_enabled() || !any_requires_grad(inputs)) return out;
+  auto node = std::make_shared<FunctionNode>(name, std::move(saved), std::move(backward));
+  node->next.reserve(inputs.size());
+  for (const Tensor& in : inputs) node->next.push_back(gradient_edge(in));
+  set_grad_fn(out, std::move(node));
+  return out;
+}
+
+AutogradMeta& autograd_meta(TensorImpl& impl) {
+  if (!impl.autograd) impl.autograd = std::make_unique<AutogradMeta>();
+  return *impl.autograd;
+}
+
+std::shared_ptr<Node> gradient_edge(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  TensorImpl* impl = t.impl_ptr();
+  if (!impl->autograd) return nullptr;
+  AutogradMeta& meta = *impl->autograd;
+  if (meta.grad_fn) return meta.grad_fn;
+  if (!meta.requires_grad) return nullptr;
+  std::shared_ptr<Node> acc = meta.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    meta.grad_accumulator = acc;
+  }
+  return acc;
+}
+
+void set_grad_fn(const Tensor& out, std::shared_ptr<Node> fn) {
+  autograd_meta(*out.impl_ptr()).grad_fn = std::move(fn);
+}
+
+}  // namespace lockstep::runtime

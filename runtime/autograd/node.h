@@ -1,0 +1,76 @@
+// The autograd tape: a Node per recorded op, linked to the nodes of its inputs.
+//
+// Every node has exactly one output. `next[i]` is the node that receives the
+// gradient for input i (the input's grad_fn, or the AccumulateGrad node of a
+// leaf), or null when input i needs no gradient.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::runtime {
+
+class Node {
+ public:
+  explicit Node(std::string name);
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Gradients for each input (size == next.size(); undefined where none).
+  virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  // Frees what apply() needs; a later apply() then fails with a clear error.
+  virtual void release_saved() {}
+
+  const std::string& name() const { return name_; }
+  uint64_t sequence_nr() const { return sequence_nr_; }
+
+  std::vector<std::shared_ptr<Node>> next;
+
+ private:
+  std::string name_;
+  uint64_t sequence_nr_;  // creation order; the engine runs later nodes first
+};
+
+// A tensor saved for backward. Remembers the storage version at save time so
+// that an in-place change before backward is reported instead of silently
+// giving a wrong gradient.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& t);
+  Tensor unpack(const Node& owner, size_t index) const;
+  void release() { tensor_ = Tensor(); released_ = true; }
+
+ private:
+  Tensor tensor_;  // detached alias: no reference back into the graph
+  uint64_t version_ = 0;
+  bool released_ = false;
+  bool was_defined_ = false;
+};
+
+// What a backward function sees.
+struct BackwardArgs {
+  const Tensor& grad;                // gradient w.r.t. the op's output
+  const std::vector<Tensor>& saved;  // the saved tensors, version-checked
+  const std::vector<bool>& needs;    // needs[i]: input i wants a gradient
+};
+using BackwardFn = std::function<std::vector<Tensor>(const BackwardArgs&)>;
+
+// Records `out` as the result of op `name` applied to `inputs` when grad mode
+// is on and some input requires grad; otherwise returns `out` untouched.
+// `saved` are the tensors `backward` needs (version-checked on use); anything
+// else it needs is captured by value in the lambda. `backward` runs in no-grad
+// mode and returns one gradient per input (undefined for inputs not needed).
+Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs,
+              std::vector<Tensor> saved, BackwardFn backward);
+
+// True when an op on `inputs` would be recorded.
+bool any_requires_grad(const std::vector<Tensor>& inputs);
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,72 @@
+#include "lockstep/runtime/data/loader.h"
+
+#include <algorithm>
+#include <span>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::runtime {
+
+namespace {
+
+std::unique_ptr<Sampler> default_sampler(const Dataset& dataset, const DataLoaderOptions& o) {
+  if (o.shuffle) return std::make_unique<RandomSampler>(dataset.size(), o.seed);
+  return std::make_unique<SequentialSampler>(dataset.size());
+}
+
+DataLoaderOptions without_shuffle(DataLoaderOptions o) {
+  o.shuffle = false;  // now carried by the sampler
+  return o;
+}
+
+}  // namespace
+
+DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
+    : DataLoader(dataset, default_sampler(dataset, options), without_shuffle(options)) {}
+
+DataLoader::DataLoader(const Dataset& dataset, std::unique_ptr<Sampler> sampler,
+                       DataLoaderOptions options)
+    : dataset_(&dataset), sampler_(std::move(sampler)), options_(options) {
+  LOCKSTEP_CHECK(sampler_ != nullptr, "DataLoader: sampler is null");
+  LOCKSTEP_CHECK(options_.batch_size >= 1, "DataLoader: batch_size must be >= 1, got {}",
+                 options_.batch_size);
+  LOCKSTEP_CHECK(!options_.shuffle,
+                 "DataLoader: shuffle is set but a sampler was given; the sampler decides the "
+                 "order (use a RandomSampler, or leave shuffle false)");
+  set_epoch(0);
+}
+
+void DataLoader::set_epoch(int64_t epoch) {
+  LOCKSTEP_CHECK(epoch >= 0, "DataLoader: epoch must be >= 0, got {}", epoch);
+  std::vector<int64_t> order = sampler_->indices(epoch);
+  LOCKSTEP_ASSERT(static_cast<int64_t>(order.size()) == sampler_->size());
+  const int64_t n = dataset_->size();
+  for (int64_t i : order)
+    LOCKSTEP_CHECK(i >= 0 && i < n, "DataLoader: the sampler gave index {} for a dataset of {}",
+                   i, n);
+  order_ = std::move(order);
+  epoch_ = epoch;
+}
+
+int64_t DataLoader::num_batches() const {
+  const int64_t n = static_cast<int64_t>(order_.size());
+  const int64_t b = options_.batch_size;
+  return options_.drop_last ? n / b : (n + b - 1) / b;
+}
+
+int64_t DataLoader::num_samples() const {
+  const int64_t n = static_cast<int64_t>(order_.size());
+  return options_.drop_last ? n / options_.batch_size * options_.batch_size : n;
+}
+
+Batch DataLoader::batch(int64_t i) const {
+  LOCKSTEP_CHECK(i >= 0 && i < num_batches(), "DataLoader: batch {} is out of range [0, {})", i,
+                 num_batches());
+  const int64_t begin = i * options_.batch_size;
+  const int64_t end = std::min(begin + options_.batch_size, static_cast<int64_t>(order_.size()));
+  return dataset_->get_batch(
+      std::span<const int64_t>(order_).subspan(static_cast<size_t>(begin),
+                                               static_cast<size_t>(end - begin)));
+}
+
+}  // namespace lockstep::runtime

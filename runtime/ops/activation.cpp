@@ -1,0 +1,159 @@
+// Activations and (log-)softmax with their gradients.
+#include "lockstep/runtime/ops/activation.h"
+
+#include <cmath>
+
+#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/ops/reduce.h"
+
+namespace lockstep::runtime {
+
+namespace {
+
+// out[i] = f(x[i]) over a contiguous copy of x, for f32/f64.
+template <class F>
+Tensor map_float(const Tensor& x, const char* name, F f) {
+  Tensor c = x.contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_float(x.dtype(), name, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = c.data_ptr<T>();
+    T* yp = out.data_ptr<T>();
+    const int64_t n = c.numel();
+    for (int64_t i = 0; i < n; ++i) yp[i] = f(xp[i]);
+  });
+  return out;
+}
+
+// out[i] = f(a[i], b[i]) for same-shape tensors (a gradient and a saved tensor).
+template <class F>
+Tensor zip_float(const Tensor& a, const Tensor& b, const char* name, F f) {
+  Tensor ca = a.contiguous().to(b.dtype()), cb = b.contiguous();
+  Tensor out = Tensor::empty(b.shape(), b.dtype());
+  dispatch_float(b.dtype(), name, [&](auto tag) {
+    using T = decltype(tag);
+    const T* ap = ca.data_ptr<T>();
+    const T* bp = cb.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    const int64_t n = cb.numel();
+    for (int64_t i = 0; i < n; ++i) op[i] = f(ap[i], bp[i]);
+  });
+  return out;
+}
+
+// Runs f(rows, n, in, out) on `x` moved so that `dim` is last and contiguous,
+// and moves the result back.
+template <class F>
+Tensor along_last(const Tensor& x, int64_t dim, F f) {
+  dim = wrap_dim(dim, x.dim());
+  const bool last = dim == x.dim() - 1 || x.dim() == 0;
+  Tensor moved = (last ? x : x.transpose(dim, -1)).contiguous();
+  Tensor out = Tensor::empty(moved.shape(), x.dtype());
+  const int64_t n = x.dim() == 0 ? 1 : moved.shape().back();
+  const int64_t rows = n == 0 ? 0 : moved.numel() / n;
+  f(moved, out, rows, n);
+  return last ? out : out.transpose(dim, -1).contiguous();
+}
+
+}  // namespace
+
+Tensor relu(const Tensor& x) {
+  Tensor out = map_float(x, "relu", [](auto v) { return v > 0 ? v : decltype(v)(0); });
+  return record(out, "ReluBackward", {x}, {out}, [](const BackwardArgs& g) {
+    return std::vector<Tensor>{zip_float(g.grad, g.saved[0], "relu backward", [](auto gy, auto y) {
+      return y > 0 ? gy : decltype(gy)(0);
+    })};
+  });
+}
+
+Tensor gelu(const Tensor& x) {
+  Tensor out = map_float(x, "gelu", [](auto v) {
+    using T = decltype(v);
+    return static_cast<T>(0.5) * v * (1 + std::erf(v * static_cast<T>(M_SQRT1_2)));
+  });
+  return record(out, "GeluBackward", {x}, {x}, [](const BackwardArgs& g) {
+    return std::vector<Tensor>{zip_float(g.grad, g.saved[0], "gelu backward", [](auto gy, auto v) {
+      using T = decltype(v);
+      const T cdf = static_cast<T>(0.5) * (1 + std::erf(v * static_cast<T>(M_SQRT1_2)));
+      const T pdf = std::exp(static_cast<T>(-0.5) * v * v) * static_cast<T>(0.3989422804014327);
+      return gy * (cdf + v * pdf);
+    })};
+  });
+}
+
+Tensor sigmoid(const Tensor& x) {
+  Tensor out = map_float(x, "sigmoid", [](auto v) {
+    using T = decltype(v);
+    // Split by sign so that exp never overflows.
+    if (v >= 0) return T(1) / (T(1) + std::exp(-v));
+    T e = std::exp(v);
+    return e / (T(1) + e);
+  });
+  return record(out, "SigmoidBackward", {x}, {out}, [](const BackwardArgs& g) {
+    return std::vector<Tensor>{zip_float(g.grad, g.saved[0], "sigmoid backward",
+                                         [](auto gy, auto y) { return gy * y * (1 - y); })};
+  });
+}
+
+Tensor tanh(const Tensor& x) {
+  Tensor out = map_float(x, "tanh", [](auto v) { return std::tanh(v); });
+  return record(out, "TanhBackward", {x}, {out}, [](const BackwardArgs& g) {
+    return std::vector<Tensor>{zip_float(g.grad, g.saved[0], "tanh backward",
+                                         [](auto gy, auto y) { return gy * (1 - y * y); })};
+  });
+}
+
+Tensor softmax(const Tensor& x, int64_t dim) {
+  Tensor out = along_last(x, dim, [&](const Tensor& in, Tensor& o, int64_t rows, int64_t n) {
+    dispatch_float(x.dtype(), "softmax", [&](auto tag) {
+      using T = decltype(tag);
+      const T* ip = in.data_ptr<T>();
+      T* op = o.data_ptr<T>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* row = ip + r * n;
+        T* orow = op + r * n;
+        T mx = row[0];
+        for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
+        T s = 0;
+        for (int64_t i = 0; i < n; ++i) s += (orow[i] = std::exp(row[i] - mx));
+        for (int64_t i = 0; i < n; ++i) orow[i] /= s;
+      }
+    });
+  });
+  return record(out, "SoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
+    // dx = y * (dy - sum(dy * y))
+    const Tensor& y = g.saved[0];
+    Tensor gy = g.grad.to(y.dtype());
+    Tensor dot = sum(mul(gy, y), {dim}, true);
+    return std::vector<Tensor>{mul(y, sub(gy, dot))};
+  });
+}
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  Tensor out = along_last(x, dim, [&](const Tensor& in, Tensor& o, int64_t rows, int64_t n) {
+    dispatch_float(x.dtype(), "log_softmax", [&](auto tag) {
+      using T = decltype(tag);
+      const T* ip = in.data_ptr<T>();
+      T* op = o.data_ptr<T>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* row = ip + r * n;
+        T* orow = op + r * n;
+        T mx = row[0];
+        for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
+        T s = 0;
+        for (int64_t i = 0; i < n; ++i) s += std::exp(row[i] - mx);
+        const T lse = mx + std::log(s);
+        for (int64_t i = 0; i < n; ++i) orow[i] = row[i] - lse;
+      }
+    });
+  });
+  return record(out, "LogSoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
+    // dx = dy - softmax * sum(dy)
+    const Tensor& y = g.saved[0];
+    Tensor gy = g.grad.to(y.dtype());
+    return std::vector<Tensor>{sub(gy, mul(exp(y), sum(gy, {dim}, true)))};
+  });
+}
+
+}  // namespace lockstep::runtime

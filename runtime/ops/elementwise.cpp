@@ -1,0 +1,245 @@
+// Elementwise kernels with broadcasting, and their autograd.
+#include "lockstep/runtime/ops/elementwise.h"
+
+#include <cmath>
+
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/ops/strided_loop.h"
+
+namespace lockstep::runtime {
+
+namespace detail {
+
+Shape broadcast_strides(const Tensor& t, const Shape& shape) {
+  Shape st(shape.size(), 0);
+  const size_t lead = shape.size() - t.shape().size();
+  for (size_t i = 0; i < t.shape().size(); ++i)
+    st[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  return st;
+}
+
+}  // namespace detail
+
+namespace {
+
+// out[i] = f(a[i], b[i]) over the broadcast shape; a and b of type T.
+template <class T, class R, class F>
+Tensor binary_loop(const Tensor& a, const Tensor& b, DType out_dtype, F f) {
+  Shape shape = broadcast_shapes(a.shape(), b.shape());
+  Tensor out = Tensor::empty(shape, out_dtype);
+  R* o = out.data_ptr<R>();
+  const T* pa = static_cast<const T*>(a.storage()->data()) + a.storage_offset();
+  const T* pb = static_cast<const T*>(b.storage()->data()) + b.storage_offset();
+  detail::strided_loop<3>(
+      shape, {out.strides(), detail::broadcast_strides(a, shape), detail::broadcast_strides(b, shape)},
+      [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& st) {
+        R* op = o + off[0];
+        const T* ap = pa + off[1];
+        const T* bp = pb + off[2];
+        if (st[1] == 1 && st[2] == 1) {
+          for (int64_t i = 0; i < n; ++i) op[i] = f(ap[i], bp[i]);
+        } else if (st[1] == 1 && st[2] == 0) {
+          const T y = *bp;
+          for (int64_t i = 0; i < n; ++i) op[i] = f(ap[i], y);
+        } else if (st[1] == 0 && st[2] == 1) {
+          const T x = *ap;
+          for (int64_t i = 0; i < n; ++i) op[i] = f(x, bp[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) op[i] = f(ap[i * st[1]], bp[i * st[2]]);
+        }
+      });
+  return out;
+}
+
+// Arithmetic binary op in the promoted dtype, without autograd.
+template <class F>
+Tensor arith(const Tensor& a, const Tensor& b, const char* name, F f) {
+  DType dt = promote_types(a.dtype(), b.dtype());
+  if (dt == DType::boolean || dt == DType::u8) dt = DType::i64;
+  Tensor ca = a.to(dt), cb = b.to(dt);
+  return dispatch_arith(dt, name, [&](auto tag) {
+    using T = decltype(tag);
+    return binary_loop<T, T>(ca, cb, dt, [&](T x, T y) { return static_cast<T>(f(x, y)); });
+  });
+}
+
+template <class F>
+Tensor compare(const Tensor& a, const Tensor& b, const char* name, F f) {
+  DType dt = promote_types(a.dtype(), b.dtype());
+  if (dt == DType::boolean || dt == DType::u8) dt = DType::i64;
+  Tensor ca = a.to(dt), cb = b.to(dt);
+  return dispatch_arith(dt, name, [&](auto tag) {
+    using T = decltype(tag);
+    return binary_loop<T, bool>(ca, cb, DType::boolean, [&](T x, T y) { return f(x, y); });
+  });
+}
+
+// out[i] = f(a[i]) for floating a.
+template <class F>
+Tensor unary_float(const Tensor& a, const char* name, F f) {
+  Tensor c = a.contiguous();
+  Tensor out = Tensor::empty(a.shape(), a.dtype());
+  dispatch_float(a.dtype(), name, [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = c.data_ptr<T>();
+    T* y = out.data_ptr<T>();
+    const int64_t n = c.numel();
+    for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+  });
+  return out;
+}
+
+// The gradient for `input` from a gradient of the broadcast output.
+Tensor reduce_grad(const Tensor& g, const Shape& shape, DType dtype) {
+  return sum_to(g, shape).to(dtype);
+}
+Tensor reduce_grad(const Tensor& g, const Tensor& input) {
+  return reduce_grad(g, input.shape(), input.dtype());
+}
+
+}  // namespace
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t x = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t y = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    LOCKSTEP_CHECK(x == y || x == 1 || y == 1, "shapes {} and {} do not broadcast (dim {}: {} vs {})",
+                   shape_str(a), shape_str(b), i, x, y);
+    out[i] = x == 1 ? y : x;
+  }
+  return out;
+}
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  const size_t lead = g.shape().size() - shape.size();
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < g.shape().size(); ++i)
+    if (i < lead || (shape[i - lead] == 1 && g.shape()[i] != 1)) dims.push_back(static_cast<int64_t>(i));
+  Tensor s = dims.empty() ? g : sum(g, dims, /*keepdim=*/true);
+  return s.reshape(shape);
+}
+
+Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  Tensor out = alpha == 1.0 ? arith(a, b, "add", [](auto x, auto y) { return x + y; })
+                            : arith(a, b, "add", [alpha](auto x, auto y) {
+                                using T = decltype(x);
+                                return x + static_cast<T>(alpha) * y;
+                              });
+  return record(out, "AddBackward", {a, b}, {},
+                [as = a.shape(), ad = a.dtype(), bs = b.shape(), bd = b.dtype(),
+                 alpha](const BackwardArgs& g) {
+                  Tensor gb = alpha == 1.0 ? g.grad : mul(g.grad, alpha);
+                  return std::vector<Tensor>{g.needs[0] ? reduce_grad(g.grad, as, ad) : Tensor(),
+                                             g.needs[1] ? reduce_grad(gb, bs, bd) : Tensor()};
+                });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = arith(a, b, "sub", [](auto x, auto y) { return x - y; });
+  return record(out, "SubBackward", {a, b}, {},
+                [as = a.shape(), ad = a.dtype(), bs = b.shape(), bd = b.dtype()](const BackwardArgs& g) {
+                  return std::vector<Tensor>{g.needs[0] ? reduce_grad(g.grad, as, ad) : Tensor(),
+                                             g.needs[1] ? reduce_grad(neg(g.grad), bs, bd) : Tensor()};
+                });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = arith(a, b, "mul", [](auto x, auto y) { return x * y; });
+  return record(out, "MulBackward", {a, b}, {a, b}, [](const BackwardArgs& g) {
+    const Tensor &a = g.saved[0], &b = g.saved[1];
+    return std::vector<Tensor>{g.needs[0] ? reduce_grad(mul(g.grad, b), a) : Tensor(),
+                               g.needs[1] ? reduce_grad(mul(g.grad, a), b) : Tensor()};
+  });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  DType dt = promote_types(a.dtype(), b.dtype());
+  LOCKSTEP_CHECK(is_floating(dt), "div: integer division is not supported; convert to f32 first");
+  Tensor out = arith(a, b, "div", [](auto x, auto y) { return x / y; });
+  return record(out, "DivBackward", {a, b}, {a, b}, [](const BackwardArgs& g) {
+    const Tensor &a = g.saved[0], &b = g.saved[1];
+    Tensor ga, gb;
+    if (g.needs[0]) ga = reduce_grad(div(g.grad, b), a);
+    if (g.needs[1]) gb = reduce_grad(neg(div(mul(g.grad, a), mul(b, b))), b);
+    return std::vector<Tensor>{ga, gb};
+  });
+}
+
+Tensor add(const Tensor& a, double s) {
+  DType dt = a.dtype();
+  if (!is_floating(dt) && s != std::floor(s)) dt = DType::f32;
+  Tensor out = arith(a.to(dt), Tensor::scalar(s, dt), "add", [](auto x, auto y) { return x + y; });
+  return record(out, "AddScalarBackward", {a}, {},
+                [](const BackwardArgs& g) { return std::vector<Tensor>{g.grad}; });
+}
+
+Tensor mul(const Tensor& a, double s) {
+  DType dt = a.dtype();
+  if (!is_floating(dt) && s != std::floor(s)) dt = DType::f32;
+  Tensor out = arith(a.to(dt), Tensor::scalar(s, dt), "mul", [](auto x, auto y) { return x * y; });
+  return record(out, "MulScalarBackward", {a}, {},
+                [s](const BackwardArgs& g) { return std::vector<Tensor>{mul(g.grad, s)}; });
+}
+
+Tensor neg(const Tensor& a) {
+  Tensor out = arith(a, Tensor::scalar(-1.0, a.dtype()), "neg", [](auto x, auto y) { return x * y; });
+  return record(out, "NegBackward", {a}, {},
+                [](const BackwardArgs& g) { return std::vector<Tensor>{neg(g.grad)}; });
+}
+
+Tensor exp(const Tensor& a) {
+  Tensor out = unary_float(a, "exp", [](auto x) { return std::exp(x); });
+  return record(out, "ExpBackward", {a}, {out},
+                [](const BackwardArgs& g) { return std::vector<Tensor>{mul(g.grad, g.saved[0])}; });
+}
+
+Tensor log(const Tensor& a) {
+  Tensor out = unary_float(a, "log", [](auto x) { return std::log(x); });
+  return record(out, "LogBackward", {a}, {a},
+                [](const BackwardArgs& g) { return std::vector<Tensor>{div(g.grad, g.saved[0])}; });
+}
+
+Tensor sqrt(const Tensor& a) {
+  Tensor out = unary_float(a, "sqrt", [](auto x) { return std::sqrt(x); });
+  return record(out, "SqrtBackward", {a}, {out}, [](const BackwardArgs& g) {
+    return std::vector<Tensor>{div(mul(g.grad, 0.5), g.saved[0])};
+  });
+}
+
+Tensor pow(const Tensor& a, double e) {
+  Tensor out = unary_float(a, "pow", [e](auto x) {
+    using T = decltype(x);
+    return e == 2.0 ? x * x : static_cast<T>(std::pow(x, static_cast<T>(e)));
+  });
+  return record(out, "PowBackward", {a}, {a}, [e](const BackwardArgs& g) {
+    // x^0 is constant; e * x^-1 would give 0 * inf = NaN at x = 0.
+    if (e == 0.0) return std::vector<Tensor>{Tensor::zeros(g.saved[0].shape(), g.saved[0].dtype())};
+    return std::vector<Tensor>{mul(mul(g.grad, pow(g.saved[0], e - 1.0)), e)};
+  });
+}
+
+Tensor abs(const Tensor& a) {
+  Tensor out = unary_float(a, "abs", [](auto x) { return std::abs(x); });
+  return record(out, "AbsBackward", {a}, {a}, [](const BackwardArgs& g) {
+    Tensor sign = unary_float(g.saved[0], "abs", [](auto x) {
+      using T = decltype(x);
+      return static_cast<T>((x > 0) - (x < 0));
+    });
+    return std::vector<Tensor>{mul(g.grad, sign)};
+  });
+}
+
+Tensor eq(const Tensor& a, const Tensor& b) {
+  return compare(a, b, "eq", [](auto x, auto y) { return x == y; });
+}
+
+Tensor gt(const Tensor& a, const Tensor& b) {
+  return compare(a, b, "gt", [](auto x, auto y) { return x > y; });
+}
+
+}  // namespace lockstep::runtime

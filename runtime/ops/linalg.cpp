@@ -1,0 +1,145 @@
+// matmul and linear on OpenBLAS gemm.
+#include "lockstep/runtime/ops/linalg.h"
+
+#include <cblas.h>
+
+#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/ops/gemm.h"
+#include "lockstep/runtime/ops/reduce.h"
+
+namespace lockstep::runtime {
+
+namespace detail {
+
+namespace {
+
+// How BLAS should read a 2-D view: transposed or not, and its leading dim.
+struct BlasView {
+  Tensor t;  // the view, or a contiguous copy when neither layout fits
+  CBLAS_TRANSPOSE trans;
+  int64_t ld;
+};
+
+BlasView blas_view(const Tensor& x) {
+  const int64_t r = x.shape()[0], c = x.shape()[1];
+  const int64_t s0 = x.strides()[0], s1 = x.strides()[1];
+  if ((s1 == 1 || c == 1) && (s0 >= std::max<int64_t>(c, 1) || r == 1))
+    return {x, CblasNoTrans, r == 1 ? std::max<int64_t>(c, 1) : s0};
+  if ((s0 == 1 || r == 1) && (s1 >= std::max<int64_t>(r, 1) || c == 1))
+    return {x, CblasTrans, c == 1 ? std::max<int64_t>(r, 1) : s1};
+  Tensor cx = x.contiguous();
+  return {cx, CblasNoTrans, std::max<int64_t>(c, 1)};
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
+  LOCKSTEP_ASSERT(a.dim() == 2 && b.dim() == 2 && c.dim() == 2);
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
+  LOCKSTEP_ASSERT(b.shape()[0] == k && c.shape()[0] == m && c.shape()[1] == n);
+  LOCKSTEP_ASSERT(c.strides()[1] == 1 || n <= 1);
+  LOCKSTEP_CHECK(a.dtype() == b.dtype() && a.dtype() == c.dtype(),
+                 "matmul: dtypes differ ({} and {}); convert one with .to()", dtype_name(a.dtype()),
+                 dtype_name(b.dtype()));
+  if (m == 0 || n == 0) return;
+  const int64_t ldc = m == 1 ? std::max<int64_t>(n, 1) : c.strides()[0];
+  if (k == 0) {
+    if (beta == 0.0) c.zero_();
+    else c.mul_(beta);
+    return;
+  }
+  BlasView va = blas_view(a), vb = blas_view(b);
+  dispatch_float(a.dtype(), "matmul", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, va.trans, vb.trans, m, n, k, static_cast<float>(alpha),
+                  va.t.data_ptr<float>(), va.ld, vb.t.data_ptr<float>(), vb.ld,
+                  static_cast<float>(beta), c.data_ptr<float>(), ldc);
+    } else {
+      cblas_dgemm(CblasRowMajor, va.trans, vb.trans, m, n, k, alpha, va.t.data_ptr<double>(),
+                  va.ld, vb.t.data_ptr<double>(), vb.ld, beta, c.data_ptr<double>(), ldc);
+    }
+  });
+  c.storage()->bump_version();
+}
+
+}  // namespace detail
+
+namespace {
+
+Tensor mm(const Tensor& a, const Tensor& b) {
+  Tensor c = Tensor::empty({a.shape()[0], b.shape()[1]}, a.dtype());
+  detail::gemm(a, b, c);
+  return c;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  LOCKSTEP_CHECK(a.dim() >= 2 && (b.dim() == 2 || b.dim() == a.dim()),
+                 "matmul: expected [.., m, k] x [k, n] or batched [b, m, k] x [b, k, n]; got {} x {}",
+                 shape_str(a.shape()), shape_str(b.shape()));
+  LOCKSTEP_CHECK(a.shape().back() == b.shape()[b.dim() - 2],
+                 "matmul: inner dimensions differ: {} x {} ({} vs {})", shape_str(a.shape()),
+                 shape_str(b.shape()), a.shape().back(), b.shape()[b.dim() - 2]);
+  Tensor out;
+  if (b.dim() == 2) {
+    Shape out_shape = a.shape();
+    out_shape.back() = b.shape()[1];
+    Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, a.shape().back()});
+    out = mm(a2, b).reshape(out_shape);
+  } else {
+    LOCKSTEP_CHECK(a.dim() == 3 && a.shape()[0] == b.shape()[0],
+                   "matmul: batched operands must be [b, m, k] x [b, k, n], got {} x {}",
+                   shape_str(a.shape()), shape_str(b.shape()));
+    out = Tensor::empty({a.shape()[0], a.shape()[1], b.shape()[2]}, a.dtype());
+    for (int64_t i = 0; i < a.shape()[0]; ++i) {
+      Tensor c = out.select(0, i);
+      detail::gemm(a.select(0, i), b.select(0, i), c);
+    }
+  }
+  return record(out, "MatmulBackward", {a, b}, {a, b}, [](const BackwardArgs& g) {
+    const Tensor &a = g.saved[0], &b = g.saved[1];
+    Tensor ga, gb;
+    if (b.dim() == 2) {
+      Tensor g2 = g.grad.reshape({-1, g.grad.shape().back()});
+      if (g.needs[0]) ga = mm(g2, b.t()).reshape(a.shape());
+      if (g.needs[1]) gb = mm(a.reshape({-1, a.shape().back()}).t(), g2);
+    } else {
+      if (g.needs[0]) ga = matmul(g.grad, b.transpose(1, 2));
+      if (g.needs[1]) gb = matmul(a.transpose(1, 2), g.grad);
+    }
+    return std::vector<Tensor>{ga, gb};
+  });
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  LOCKSTEP_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got {}",
+                 shape_str(weight.shape()));
+  LOCKSTEP_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1],
+                 "linear: input {} has {} features but the weight {} expects {}",
+                 shape_str(x.shape()), x.dim() ? x.shape().back() : 0, shape_str(weight.shape()),
+                 weight.shape()[1]);
+  LOCKSTEP_CHECK(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == weight.shape()[0]),
+                 "linear: bias must be [{}], got {}", weight.shape()[0], shape_str(bias.shape()));
+  const int64_t in = weight.shape()[1], out_f = weight.shape()[0];
+  Tensor x2 = x.reshape({-1, in});
+  Tensor out = Tensor::empty({x2.shape()[0], out_f}, x.dtype());
+  if (bias.defined()) out.copy_(bias.detach());  // broadcast rows, then gemm adds onto them
+  detail::gemm(x2, weight.t(), out, 1.0, bias.defined() ? 1.0 : 0.0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_f;
+  out = out.view(out_shape);
+  return record(out, "LinearBackward", {x, weight, bias}, {x2, weight},
+                [x_shape = x.shape()](const BackwardArgs& g) {
+                  const Tensor &x2 = g.saved[0], &w = g.saved[1];
+                  Tensor g2 = g.grad.reshape({-1, w.shape()[0]});
+                  Tensor gx, gw, gb;
+                  if (g.needs[0]) gx = mm(g2, w).view(x_shape);
+                  if (g.needs[1]) gw = mm(g2.t(), x2);
+                  if (g.needs[2]) gb = sum(g2, {0});
+                  return std::vector<Tensor>{gx, gw, gb};
+                });
+}
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,106 @@
+// Cross-entropy (fused log-softmax + NLL, with label smoothing) and MSE.
+#include "lockstep/runtime/ops/loss.h"
+
+#include <cmath>
+
+#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/ops/reduce.h"
+
+namespace lockstep::runtime {
+
+namespace {
+
+Tensor reduce(const Tensor& losses, Reduction r) {
+  switch (r) {
+    case Reduction::Mean: return mean(losses);
+    case Reduction::Sum: return sum(losses);
+    case Reduction::None: return losses;
+  }
+  return losses;
+}
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing,
+                     Reduction reduction) {
+  LOCKSTEP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got {}",
+                 shape_str(logits.shape()));
+  LOCKSTEP_CHECK(target.dim() == 1 && target.shape()[0] == logits.shape()[0],
+                 "cross_entropy: target must be [N] = [{}] class indices, got {}",
+                 logits.shape()[0], shape_str(target.shape()));
+  LOCKSTEP_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32,
+                 "cross_entropy: target must hold class indices (i64 or i32), got {}",
+                 dtype_name(target.dtype()));
+  LOCKSTEP_CHECK(smoothing >= 0.0 && smoothing <= 1.0,
+                 "cross_entropy: label_smoothing must be in [0, 1], got {}", smoothing);
+  const int64_t n = logits.shape()[0], c = logits.shape()[1];
+  Tensor x = logits.contiguous();
+  Tensor t = target.to(DType::i64).contiguous();
+  const int64_t* tp = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    LOCKSTEP_CHECK(tp[i] >= 0 && tp[i] < c,
+                   "cross_entropy: target[{}] = {} is not a class index in [0, {})", i, tp[i], c);
+
+  // Per-sample loss: -(1-s) * logp[t] - (s/C) * sum_j logp[j]; keep the
+  // probabilities for backward.
+  Tensor probs = Tensor::empty({n, c}, x.dtype());
+  Tensor losses = Tensor::empty({n}, x.dtype());
+  dispatch_float(x.dtype(), "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x.data_ptr<T>();
+    T* pp = probs.data_ptr<T>();
+    T* lp = losses.data_ptr<T>();
+    const T s = static_cast<T>(smoothing);
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = xp + i * c;
+      T* prow = pp + i * c;
+      T mx = row[0];
+      for (int64_t j = 1; j < c; ++j) mx = std::max(mx, row[j]);
+      T se = 0, sum_x = 0;
+      for (int64_t j = 0; j < c; ++j) {
+        se += (prow[j] = std::exp(row[j] - mx));
+        sum_x += row[j];
+      }
+      const T lse = mx + std::log(se);
+      for (int64_t j = 0; j < c; ++j) prow[j] /= se;
+      const T nll = lse - row[tp[i]];
+      const T smooth = lse - sum_x / static_cast<T>(c);  // mean over classes of -logp
+      lp[i] = (1 - s) * nll + s * smooth;
+    }
+  });
+  Tensor out = reduce(losses, reduction);
+  // The reduction is part of this node so backward is one fused pass.
+  if (reduction != Reduction::None) out = out.detach();
+  return record(out, "CrossEntropyBackward", {logits}, {probs, t},
+                [smoothing, reduction, n, c](const BackwardArgs& g) {
+                  const Tensor &probs = g.saved[0], &t = g.saved[1];
+                  Tensor gy = g.grad.to(probs.dtype()).contiguous();
+                  Tensor gx = Tensor::empty({n, c}, probs.dtype());
+                  dispatch_float(probs.dtype(), "cross_entropy backward", [&](auto tag) {
+                    using T = decltype(tag);
+                    const T* pp = probs.data_ptr<T>();
+                    const T* gp = gy.data_ptr<T>();
+                    const int64_t* tp = t.data_ptr<int64_t>();
+                    T* op = gx.data_ptr<T>();
+                    const T s = static_cast<T>(smoothing), off = s / static_cast<T>(c);
+                    for (int64_t i = 0; i < n; ++i) {
+                      T w = reduction == Reduction::None ? gp[i] : gp[0];
+                      if (reduction == Reduction::Mean) w /= static_cast<T>(n);
+                      for (int64_t j = 0; j < c; ++j) op[i * c + j] = w * (pp[i * c + j] - off);
+                      op[i * c + tp[i]] -= w * (1 - s);
+                    }
+                  });
+                  return std::vector<Tensor>{gx};
+                });
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  LOCKSTEP_CHECK(input.shape() == target.shape(),
+                 "mse_loss: input {} and target {} must have the same shape",
+                 shape_str(input.shape()), shape_str(target.shape()));
+  Tensor diff = sub(input, target);
+  return reduce(mul(diff, diff), reduction);
+}
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,223 @@
+// dropout, embedding and cat: small ops whose loops fit next to their wiring.
+#include "lockstep/runtime/ops/misc.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "lockstep/runtime/autograd/node.h"
+
+namespace lockstep::runtime {
+namespace {
+
+void check_cpu(const char* op, const Tensor& t, const char* what) {
+  LOCKSTEP_CHECK(t.defined(), "{}: {} is undefined", op, what);
+  LOCKSTEP_CHECK(t.device().is_cpu(), "{}: {} is not a CPU tensor; only CPU is supported here",
+                 op, what);
+}
+
+// Draws per chunk: the mask is built from the generator's stream in order, so
+// chunking does not change it.
+constexpr int64_t kDrawChunk = 4096;
+
+}  // namespace
+
+// Element i is kept when the i-th 32-bit draw u satisfies u < (1 - p) * 2^32,
+// then scaled by 1 / (1 - p) so the expectation is unchanged. The mask is kept
+// as bytes for backward: grad_x = grad_y * mask / (1 - p).
+Tensor dropout(const Tensor& x, double p, bool training, Generator& g) {
+  LOCKSTEP_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p = {} must be in [0, 1]", p);
+  if (!training || p == 0.0) return x;
+  check_cpu("dropout", x, "input");
+  const Tensor xc = x.contiguous();
+  const int64_t n = xc.numel();
+  Tensor out = Tensor::empty(xc.shape(), xc.dtype());
+  if (p == 1.0) {
+    // Everything dropped: no draws needed, and no 1 / (1 - p).
+    dispatch_float(xc.dtype(), "dropout", [&](auto tag) {
+      using T = decltype(tag);
+      std::memset(out.data_ptr<T>(), 0, sizeof(T) * n);
+    });
+    return record(std::move(out), "DropoutBackward", {x}, {}, [](const BackwardArgs& a) {
+      return std::vector<Tensor>{Tensor::zeros(a.grad.shape(), a.grad.dtype())};
+    });
+  }
+  const double scale = 1.0 / (1.0 - p);
+  const uint64_t threshold = static_cast<uint64_t>((1.0 - p) * 4294967296.0);
+  Tensor mask = Tensor::empty(xc.shape(), DType::u8);
+  dispatch_float(xc.dtype(), "dropout", [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = xc.data_ptr<T>();
+    T* yp = out.data_ptr<T>();
+    uint8_t* mp = mask.data_ptr<uint8_t>();
+    const T s = static_cast<T>(scale);
+    uint32_t draws[kDrawChunk];
+    for (int64_t i0 = 0; i0 < n; i0 += kDrawChunk) {
+      const int64_t m = std::min(kDrawChunk, n - i0);
+      g.fill_u32(draws, static_cast<size_t>(m));
+      for (int64_t i = 0; i < m; ++i) {
+        const bool keep = draws[i] < threshold;
+        mp[i0 + i] = keep;
+        yp[i0 + i] = xp[i0 + i] * (keep ? s : T(0));
+      }
+    }
+  });
+  return record(std::move(out), "DropoutBackward", {x}, {},
+                [mask, scale](const BackwardArgs& a) {
+                  const Tensor gy = a.grad.contiguous();
+                  Tensor gx = Tensor::empty(gy.shape(), gy.dtype());
+                  dispatch_float(gy.dtype(), "dropout backward", [&](auto tag) {
+                    using T = decltype(tag);
+                    const T* gp = gy.data_ptr<T>();
+                    const uint8_t* mp = mask.data_ptr<uint8_t>();
+                    T* out = gx.data_ptr<T>();
+                    const T s = static_cast<T>(scale);
+                    for (int64_t i = 0, n = gy.numel(); i < n; ++i)
+                      out[i] = gp[i] * (mp[i] ? s : T(0));
+                  });
+                  return std::vector<Tensor>{gx};
+                });
+}
+
+namespace {
+
+template <class I>
+void check_indices(const I* idx, int64_t n, int64_t rows) {
+  for (int64_t i = 0; i < n; ++i) {
+    LOCKSTEP_CHECK(idx[i] >= 0 && idx[i] < rows,
+                   "embedding: index {} (at flat position {}) is out of range for a table of {} "
+                   "rows; valid indices are 0..{}",
+                   static_cast<int64_t>(idx[i]), i, rows, rows - 1);
+  }
+}
+
+template <class Fn>
+void for_each_index(const Tensor& indices, Fn&& fn) {
+  const int64_t n = indices.numel();
+  if (indices.dtype() == DType::i64) {
+    const int64_t* p = indices.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) fn(i, p[i]);
+  } else {
+    const int32_t* p = indices.data_ptr<int32_t>();
+    for (int64_t i = 0; i < n; ++i) fn(i, static_cast<int64_t>(p[i]));
+  }
+}
+
+}  // namespace
+
+Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
+  check_cpu("embedding", indices_in, "indices");
+  check_cpu("embedding", weight_in, "weight");
+  LOCKSTEP_CHECK(weight_in.dim() == 2, "embedding: expected weight [num_embeddings, dim], got {}",
+                 shape_str(weight_in.shape()));
+  LOCKSTEP_CHECK(indices_in.dtype() == DType::i64 || indices_in.dtype() == DType::i32,
+                 "embedding: indices must be i64 or i32, got {}",
+                 dtype_name(indices_in.dtype()));
+  const Tensor indices = indices_in.contiguous();
+  const Tensor weight = weight_in.contiguous();
+  const int64_t rows = weight.size(0), dim = weight.size(1), n = indices.numel();
+  if (indices.dtype() == DType::i64)
+    check_indices(indices.data_ptr<int64_t>(), n, rows);
+  else
+    check_indices(indices.data_ptr<int32_t>(), n, rows);
+
+  Shape shape = indices.shape();
+  shape.push_back(dim);
+  Tensor out = Tensor::empty(shape, weight.dtype());
+  // Rows are copied as bytes, so the lookup works for every dtype.
+  const size_t row_bytes = static_cast<size_t>(dim) * weight.element_size();
+  const auto* src = static_cast<const char*>(weight.raw_data());
+  auto* dst = static_cast<char*>(out.raw_data());
+  for_each_index(indices, [&](int64_t i, int64_t r) {
+    std::memcpy(dst + i * row_bytes, src + r * row_bytes, row_bytes);
+  });
+
+  return record(std::move(out), "EmbeddingBackward", {weight_in}, {indices},
+                [rows, dim](const BackwardArgs& a) {
+                  const Tensor& idx = a.saved[0];
+                  const Tensor gy = a.grad.contiguous();
+                  Tensor gw = Tensor::zeros({rows, dim}, gy.dtype());
+                  dispatch_float(gy.dtype(), "embedding backward", [&](auto tag) {
+                    using T = decltype(tag);
+                    const T* g = gy.data_ptr<T>();
+                    T* w = gw.data_ptr<T>();
+                    for_each_index(idx, [&](int64_t i, int64_t r) {
+                      const T* gi = g + i * dim;
+                      T* wr = w + r * dim;
+                      for (int64_t j = 0; j < dim; ++j) wr[j] += gi[j];
+                    });
+                  });
+                  return std::vector<Tensor>{gw};
+                });
+}
+
+// The output is [outer, total, inner] with outer = prod(shape[:dim]) and
+// inner = prod(shape[dim+1:]); tensor i fills columns [offset_i, offset_i +
+// size_i) of the middle axis. Copies are done as bytes (any dtype); backward
+// slices the gradient the same way.
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  LOCKSTEP_CHECK(!tensors.empty(), "cat: expected at least one tensor, got an empty list");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    LOCKSTEP_CHECK(tensors[i].defined(), "cat: tensor {} is undefined", i);
+    LOCKSTEP_CHECK(tensors[i].device().is_cpu(), "cat: tensor {} is not a CPU tensor", i);
+  }
+  const Tensor& ref = tensors[0];
+  LOCKSTEP_CHECK(ref.dim() > 0, "cat: tensor 0 is zero-dimensional; cat needs tensors with at "
+                 "least one dim");
+  const int64_t d = wrap_dim(dim, ref.dim());
+  Shape shape = ref.shape();
+  shape[d] = 0;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    LOCKSTEP_CHECK(t.dtype() == ref.dtype(), "cat: tensor {} is {} but tensor 0 is {}; convert "
+                   "with .to()", i, dtype_name(t.dtype()), dtype_name(ref.dtype()));
+    bool same = t.dim() == ref.dim();
+    for (int64_t k = 0; same && k < ref.dim(); ++k) same = k == d || t.size(k) == ref.size(k);
+    LOCKSTEP_CHECK(same, "cat: tensor {} has shape {} but tensor 0 has shape {}; all sizes must "
+                   "match except in dim {}", i, shape_str(t.shape()), shape_str(ref.shape()), d);
+    sizes.push_back(t.size(d));
+    shape[d] += t.size(d);
+  }
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < d; ++k) outer *= shape[k];
+  for (int64_t k = d + 1; k < ref.dim(); ++k) inner *= shape[k];
+  const size_t esize = ref.element_size();
+  const int64_t total = shape[d];
+
+  Tensor out = Tensor::empty(shape, ref.dtype());
+  auto* dst = static_cast<char*>(out.raw_data());
+  int64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor src_t = tensors[i].contiguous();
+    const auto* src = static_cast<const char*>(src_t.raw_data());
+    const size_t block = static_cast<size_t>(sizes[i] * inner) * esize;
+    for (int64_t o = 0; o < outer && block > 0; ++o)
+      std::memcpy(dst + ((o * total + offset) * inner) * esize, src + o * block, block);
+    offset += sizes[i];
+  }
+
+  return record(std::move(out), "CatBackward", tensors, {},
+                [sizes, d, outer, inner, total](const BackwardArgs& a) {
+                  const Tensor gy = a.grad.contiguous();
+                  const size_t esize = gy.element_size();
+                  const auto* src = static_cast<const char*>(gy.raw_data());
+                  std::vector<Tensor> grads(sizes.size());
+                  int64_t offset = 0;
+                  for (size_t i = 0; i < sizes.size(); ++i) {
+                    if (a.needs[i]) {
+                      Shape s = gy.shape();
+                      s[d] = sizes[i];
+                      grads[i] = Tensor::empty(s, gy.dtype());
+                      auto* dst = static_cast<char*>(grads[i].raw_data());
+                      const size_t block = static_cast<size_t>(sizes[i] * inner) * esize;
+                      for (int64_t o = 0; o < outer && block > 0; ++o)
+                        std::memcpy(dst + o * block, src + ((o * total + offset) * inner) * esize,
+                                    block);
+                    }
+                    offset += sizes[i];
+                  }
+                  return grads;
+                });
+}
+
+}  // namespace lockstep::runtime

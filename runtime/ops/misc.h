@@ -1,0 +1,20 @@
+// Dropout, embedding lookup and concatenation, differentiable.
+#pragma once
+
+#include <vector>
+
+#include "lockstep/runtime/random.h"
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::runtime {
+
+// Zeroes each element with probability p and scales the rest by 1/(1-p);
+// identity when !training or p == 0. The mask comes from `g`.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& g = default_generator());
+
+// indices (i64 or i32, any shape) into weight [num, dim] -> [..., dim].
+Tensor embedding(const Tensor& indices, const Tensor& weight);
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,132 @@
+// Pooling ops: argument checks and autograd wiring; loops in pool_kernels.cpp.
+#include "lockstep/runtime/ops/pool.h"
+
+#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/ops/pool_kernels.h"
+
+namespace lockstep::runtime {
+namespace {
+
+using pool_kernels::PoolShape;
+
+// Accepts [N, C, H, W] or [C, H, W]; the leading dims become planes.
+PoolShape planes_of(const char* op, const Tensor& x) {
+  LOCKSTEP_CHECK(x.defined(), "{}: input is undefined", op);
+  LOCKSTEP_CHECK(x.device().is_cpu(), "{}: only CPU tensors are supported here", op);
+  LOCKSTEP_CHECK((x.dim() == 4 || x.dim() == 3) && x.size(-1) > 0 && x.size(-2) > 0,
+                 "{}: expected input [N, C, H, W] or [C, H, W] with H, W > 0, got {}", op,
+                 shape_str(x.shape()));
+  PoolShape s;
+  s.h = x.size(-2), s.w = x.size(-1);
+  s.planes = x.numel() / (s.h * s.w);
+  return s;
+}
+
+PoolShape window_shape(const char* op, const Tensor& x, const Pool2dOptions& o) {
+  PoolShape s = planes_of(op, x);
+  s.kh = o.kernel[0], s.kw = o.kernel[1];
+  s.sh = o.stride[0] == 0 ? s.kh : o.stride[0];
+  s.sw = o.stride[1] == 0 ? s.kw : o.stride[1];
+  s.ph = o.padding[0], s.pw = o.padding[1];
+  LOCKSTEP_CHECK(s.kh > 0 && s.kw > 0 && s.sh > 0 && s.sw > 0,
+                 "{}: kernel and stride must be positive, got kernel [{}, {}], stride [{}, {}]",
+                 op, s.kh, s.kw, s.sh, s.sw);
+  LOCKSTEP_CHECK(s.ph >= 0 && s.pw >= 0 && 2 * s.ph <= s.kh && 2 * s.pw <= s.kw,
+                 "{}: padding [{}, {}] must be >= 0 and at most half the kernel [{}, {}]", op,
+                 s.ph, s.pw, s.kh, s.kw);
+  LOCKSTEP_CHECK(s.h + 2 * s.ph >= s.kh && s.w + 2 * s.pw >= s.kw,
+                 "{}: input {} with padding [{}, {}] is smaller than the kernel [{}, {}]", op,
+                 shape_str(x.shape()), s.ph, s.pw, s.kh, s.kw);
+  s.oh = (s.h + 2 * s.ph - s.kh) / s.sh + 1;
+  s.ow = (s.w + 2 * s.pw - s.kw) / s.sw + 1;
+  return s;
+}
+
+Shape out_shape(const Tensor& x, const PoolShape& s) {
+  Shape shape = x.shape();
+  shape[shape.size() - 2] = s.oh;
+  shape[shape.size() - 1] = s.ow;
+  return shape;
+}
+
+// Shared wiring of the two average pools: same signature of kernels.
+template <class Fwd, class Bwd>
+Tensor average_pool(const char* op, const char* node, const Tensor& x_in, const PoolShape& s,
+                    Fwd forward, Bwd backward) {
+  const Tensor x = x_in.contiguous();
+  Tensor out = Tensor::empty(out_shape(x, s), x.dtype());
+  dispatch_float(x.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    forward(s, x.data_ptr<T>(), out.data_ptr<T>(), tag);
+  });
+  return record(std::move(out), node, {x_in}, {},
+                [s, in_shape = x.shape(), op, backward](const BackwardArgs& a) {
+                  const Tensor gy = a.grad.contiguous();
+                  Tensor gx = Tensor::empty(in_shape, gy.dtype());
+                  dispatch_float(gy.dtype(), op, [&](auto tag) {
+                    using T = decltype(tag);
+                    backward(s, gy.data_ptr<T>(), gx.data_ptr<T>(), tag);
+                  });
+                  return std::vector<Tensor>{gx};
+                });
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& opts) {
+  const PoolShape s = window_shape("max_pool2d", x_in, opts);
+  const Tensor x = x_in.contiguous();
+  LOCKSTEP_CHECK(s.h * s.w <= INT32_MAX, "max_pool2d: planes of {} elements are too large",
+                 s.h * s.w);
+  Tensor out = Tensor::empty(out_shape(x, s), x.dtype());
+  // Flat in-plane index of each window's maximum; internal, so i32 halves
+  // its memory traffic compared with PyTorch's i64 indices.
+  Tensor argmax = Tensor::empty(out.shape(), DType::i32);
+  dispatch_float(x.dtype(), "max_pool2d", [&](auto tag) {
+    using T = decltype(tag);
+    pool_kernels::max_pool_forward<T>(s, x.data_ptr<T>(), out.data_ptr<T>(),
+                                      argmax.data_ptr<int32_t>());
+  });
+  return record(std::move(out), "MaxPool2dBackward", {x_in}, {},
+                [s, argmax, in_shape = x.shape()](const BackwardArgs& a) {
+                  const Tensor gy = a.grad.contiguous();
+                  Tensor gx = Tensor::empty(in_shape, gy.dtype());
+                  dispatch_float(gy.dtype(), "max_pool2d backward", [&](auto tag) {
+                    using T = decltype(tag);
+                    pool_kernels::max_pool_backward<T>(s, gy.data_ptr<T>(),
+                                                       argmax.data_ptr<int32_t>(),
+                                                       gx.data_ptr<T>());
+                  });
+                  return std::vector<Tensor>{gx};
+                });
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opts) {
+  const PoolShape s = window_shape("avg_pool2d", x, opts);
+  return average_pool(
+      "avg_pool2d", "AvgPool2dBackward", x, s,
+      [](const PoolShape& sh, const auto* in, auto* out, auto) {
+        pool_kernels::avg_pool_forward(sh, in, out);
+      },
+      [](const PoolShape& sh, const auto* gy, auto* gx, auto) {
+        pool_kernels::avg_pool_backward(sh, gy, gx);
+      });
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) {
+  PoolShape s = planes_of("adaptive_avg_pool2d", x);
+  LOCKSTEP_CHECK(output_size[0] > 0 && output_size[1] > 0,
+                 "adaptive_avg_pool2d: output size must be positive, got [{}, {}]",
+                 output_size[0], output_size[1]);
+  s.oh = output_size[0], s.ow = output_size[1];
+  return average_pool(
+      "adaptive_avg_pool2d", "AdaptiveAvgPool2dBackward", x, s,
+      [](const PoolShape& sh, const auto* in, auto* out, auto) {
+        pool_kernels::adaptive_avg_pool_forward(sh, in, out);
+      },
+      [](const PoolShape& sh, const auto* gy, auto* gx, auto) {
+        pool_kernels::adaptive_avg_pool_backward(sh, gy, gx);
+      });
+}
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,20 @@
+// 2-D pooling (NCHW), differentiable.
+#pragma once
+
+#include <array>
+
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::runtime {
+
+struct Pool2dOptions {
+  std::array<int64_t, 2> kernel{2, 2};
+  std::array<int64_t, 2> stride{0, 0};  // 0: same as kernel (PyTorch's default)
+  std::array<int64_t, 2> padding{0, 0};
+};
+
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& opts);
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opts);  // count_include_pad = true
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
+
+}  // namespace lockstep::runtime

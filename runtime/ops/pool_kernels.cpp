@@ -1,0 +1,197 @@
+// Pooling loops. Every kernel walks one [h, w] plane at a time; windows are
+// clipped to the image (max pooling never sees the padding, average pooling
+// counts it in the divisor).
+#include "lockstep/runtime/ops/pool_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace lockstep::runtime::pool_kernels {
+namespace {
+
+// NaN propagates: once a NaN is seen it is the maximum, as in PyTorch.
+template <class T>
+inline bool takes_over(T v, T best) {
+  return v > best || std::isnan(v);
+}
+
+// The common 2x2, stride-2, unpadded case without the generic window loops.
+template <class T>
+void max_pool_2x2(const PoolShape& s, const T* x, T* y, int32_t* argmax) {
+  const int64_t plane_in = s.h * s.w, plane_out = s.oh * s.ow;
+  for (int64_t pl = 0; pl < s.planes; ++pl) {
+    const T* xp = x + pl * plane_in;
+    T* yp = y + pl * plane_out;
+    int32_t* ip = argmax + pl * plane_out;
+    for (int64_t oh = 0; oh < s.oh; ++oh) {
+      const int64_t base = 2 * oh * s.w;
+      const T* r0 = xp + base;
+      const T* r1 = r0 + s.w;
+      for (int64_t ow = 0; ow < s.ow; ++ow) {
+        const int64_t c = 2 * ow;
+        T best = r0[c];
+        int64_t at = base + c;
+        if (takes_over(r0[c + 1], best)) best = r0[c + 1], at = base + c + 1;
+        if (takes_over(r1[c], best)) best = r1[c], at = base + s.w + c;
+        if (takes_over(r1[c + 1], best)) best = r1[c + 1], at = base + s.w + c + 1;
+        yp[oh * s.ow + ow] = best;
+        ip[oh * s.ow + ow] = static_cast<int32_t>(at);
+      }
+    }
+  }
+}
+
+// Window [start, end) of output index o along one axis, clipped to [0, size).
+inline void window(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t size,
+                   int64_t& start, int64_t& end) {
+  start = o * stride - pad;
+  end = std::min(start + k, size);
+  start = std::max<int64_t>(start, 0);
+}
+
+}  // namespace
+
+template <class T>
+void max_pool_forward(const PoolShape& s, const T* x, T* y, int32_t* argmax) {
+  if (s.kh == 2 && s.kw == 2 && s.sh == 2 && s.sw == 2 && s.ph == 0 && s.pw == 0)
+    return max_pool_2x2(s, x, y, argmax);
+  const int64_t plane_in = s.h * s.w, plane_out = s.oh * s.ow;
+  for (int64_t pl = 0; pl < s.planes; ++pl) {
+    const T* xp = x + pl * plane_in;
+    T* yp = y + pl * plane_out;
+    int32_t* ip = argmax + pl * plane_out;
+    for (int64_t oh = 0; oh < s.oh; ++oh) {
+      int64_t hs, he;
+      window(oh, s.sh, s.ph, s.kh, s.h, hs, he);
+      for (int64_t ow = 0; ow < s.ow; ++ow) {
+        int64_t ws, we;
+        window(ow, s.sw, s.pw, s.kw, s.w, ws, we);
+        // padding <= kernel / 2 (checked by the caller) keeps every window non-empty.
+        int64_t at = hs * s.w + ws;
+        T best = xp[at];
+        for (int64_t ih = hs; ih < he; ++ih) {
+          for (int64_t iw = ws; iw < we; ++iw) {
+            const T v = xp[ih * s.w + iw];
+            if (takes_over(v, best)) best = v, at = ih * s.w + iw;
+          }
+        }
+        yp[oh * s.ow + ow] = best;
+        ip[oh * s.ow + ow] = static_cast<int32_t>(at);
+      }
+    }
+  }
+}
+
+template <class T>
+void max_pool_backward(const PoolShape& s, const T* grad_y, const int32_t* argmax, T* grad_x) {
+  const int64_t plane_in = s.h * s.w, plane_out = s.oh * s.ow;
+  std::fill(grad_x, grad_x + s.planes * plane_in, T(0));
+  for (int64_t pl = 0; pl < s.planes; ++pl) {
+    T* gx = grad_x + pl * plane_in;
+    const T* gy = grad_y + pl * plane_out;
+    const int32_t* ip = argmax + pl * plane_out;
+    for (int64_t q = 0; q < plane_out; ++q) gx[ip[q]] += gy[q];
+  }
+}
+
+// Divisor of a count_include_pad window: its extent clipped to the padded
+// image, before clipping to the image itself.
+template <class T>
+void avg_pool_forward(const PoolShape& s, const T* x, T* y) {
+  const int64_t plane_in = s.h * s.w, plane_out = s.oh * s.ow;
+  for (int64_t pl = 0; pl < s.planes; ++pl) {
+    const T* xp = x + pl * plane_in;
+    T* yp = y + pl * plane_out;
+    for (int64_t oh = 0; oh < s.oh; ++oh) {
+      const int64_t h0 = oh * s.sh - s.ph, h1 = std::min(h0 + s.kh, s.h + s.ph);
+      const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h1, s.h);
+      for (int64_t ow = 0; ow < s.ow; ++ow) {
+        const int64_t w0 = ow * s.sw - s.pw, w1 = std::min(w0 + s.kw, s.w + s.pw);
+        const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w1, s.w);
+        T sum = 0;
+        for (int64_t ih = hs; ih < he; ++ih)
+          for (int64_t iw = ws; iw < we; ++iw) sum += xp[ih * s.w + iw];
+        yp[oh * s.ow + ow] = sum / static_cast<T>((h1 - h0) * (w1 - w0));
+      }
+    }
+  }
+}
+
+template <class T>
+void avg_pool_backward(const PoolShape& s, const T* grad_y, T* grad_x) {
+  const int64_t plane_in = s.h * s.w, plane_out = s.oh * s.ow;
+  std::fill(grad_x, grad_x + s.planes * plane_in, T(0));
+  for (int64_t pl = 0; pl < s.planes; ++pl) {
+    T* gx = grad_x + pl * plane_in;
+    const T* gy = grad_y + pl * plane_out;
+    for (int64_t oh = 0; oh < s.oh; ++oh) {
+      const int64_t h0 = oh * s.sh - s.ph, h1 = std::min(h0 + s.kh, s.h + s.ph);
+      const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h1, s.h);
+      for (int64_t ow = 0; ow < s.ow; ++ow) {
+        const int64_t w0 = ow * s.sw - s.pw, w1 = std::min(w0 + s.kw, s.w + s.pw);
+        const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w1, s.w);
+        const T g = gy[oh * s.ow + ow] / static_cast<T>((h1 - h0) * (w1 - w0));
+        for (int64_t ih = hs; ih < he; ++ih)
+          for (int64_t iw = ws; iw < we; ++iw) gx[ih * s.w + iw] += g;
+      }
+    }
+  }
+}
+
+namespace {
+inline int64_t adaptive_start(int64_t o, int64_t in, int64_t out) { return (o * in) / out; }
+inline int64_t adaptive_end(int64_t o, int64_t in, int64_t out) {
+  return ((o + 1) * in + out - 1) / out;
+}
+}  // namespace
+
+template <class T>
+void adaptive_avg_pool_forward(const PoolShape& s, const T* x, T* y) {
+  const int64_t plane_in = s.h * s.w, plane_out = s.oh * s.ow;
+  for (int64_t pl = 0; pl < s.planes; ++pl) {
+    const T* xp = x + pl * plane_in;
+    T* yp = y + pl * plane_out;
+    for (int64_t oh = 0; oh < s.oh; ++oh) {
+      const int64_t hs = adaptive_start(oh, s.h, s.oh), he = adaptive_end(oh, s.h, s.oh);
+      for (int64_t ow = 0; ow < s.ow; ++ow) {
+        const int64_t ws = adaptive_start(ow, s.w, s.ow), we = adaptive_end(ow, s.w, s.ow);
+        T sum = 0;
+        for (int64_t ih = hs; ih < he; ++ih)
+          for (int64_t iw = ws; iw < we; ++iw) sum += xp[ih * s.w + iw];
+        yp[oh * s.ow + ow] = sum / static_cast<T>((he - hs) * (we - ws));
+      }
+    }
+  }
+}
+
+template <class T>
+void adaptive_avg_pool_backward(const PoolShape& s, const T* grad_y, T* grad_x) {
+  const int64_t plane_in = s.h * s.w, plane_out = s.oh * s.ow;
+  std::fill(grad_x, grad_x + s.planes * plane_in, T(0));
+  for (int64_t pl = 0; pl < s.planes; ++pl) {
+    T* gx = grad_x + pl * plane_in;
+    const T* gy = grad_y + pl * plane_out;
+    for (int64_t oh = 0; oh < s.oh; ++oh) {
+      const int64_t hs = adaptive_start(oh, s.h, s.oh), he = adaptive_end(oh, s.h, s.oh);
+      for (int64_t ow = 0; ow < s.ow; ++ow) {
+        const int64_t ws = adaptive_start(ow, s.w, s.ow), we = adaptive_end(ow, s.w, s.ow);
+        const T g = gy[oh * s.ow + ow] / static_cast<T>((he - hs) * (we - ws));
+        for (int64_t ih = hs; ih < he; ++ih)
+          for (int64_t iw = ws; iw < we; ++iw) gx[ih * s.w + iw] += g;
+      }
+    }
+  }
+}
+
+#define LOCKSTEP_INSTANTIATE(T)                                                            \
+  template void max_pool_forward<T>(const PoolShape&, const T*, T*, int32_t*);             \
+  template void max_pool_backward<T>(const PoolShape&, const T*, const int32_t*, T*);      \
+  template void avg_pool_forward<T>(const PoolShape&, const T*, T*);                       \
+  template void avg_pool_backward<T>(const PoolShape&, const T*, T*);                      \
+  template void adaptive_avg_pool_forward<T>(const PoolShape&, const T*, T*);              \
+  template void adaptive_avg_pool_backward<T>(const PoolShape&, const T*, T*);
+LOCKSTEP_INSTANTIATE(float)
+LOCKSTEP_INSTANTIATE(double)
+#undef LOCKSTEP_INSTANTIATE
+
+}  // namespace lockstep::runtime::pool_kernels

@@ -1,0 +1,189 @@
+// Reductions: sum and mean over dims (accumulating in double for floats), max and argmax.
+#include "lockstep/runtime/ops/reduce.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/ops/convert.h"
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/ops/strided_loop.h"
+
+namespace lockstep::runtime {
+
+namespace {
+
+// Sorted, unique, wrapped dims; empty `dims` means all.
+std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim) {
+  std::vector<int64_t> out;
+  if (dims.empty()) {
+    for (int64_t d = 0; d < ndim; ++d) out.push_back(d);
+    return out;
+  }
+  for (int64_t d : dims) out.push_back(wrap_dim(d, ndim));
+  if (ndim == 0) return {};  // a 0-dim tensor accepts dim 0 or -1: nothing to reduce
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+Shape kept_shape(const Shape& shape, const std::vector<int64_t>& dims) {
+  Shape out = shape;
+  for (int64_t d : dims) out[d] = 1;
+  return out;
+}
+
+Shape dropped_shape(const Shape& shape, const std::vector<int64_t>& dims) {
+  Shape out;
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (!std::binary_search(dims.begin(), dims.end(), static_cast<int64_t>(i))) out.push_back(shape[i]);
+  return out;
+}
+
+// Sum of `a` over `dims` (keepdim shape), in accumulator type Acc, as dtype `out_dtype`.
+template <class T, class Acc>
+Tensor sum_kernel(const Tensor& a, const Shape& keep, DType acc_dtype) {
+  Tensor acc = Tensor::zeros(keep, acc_dtype);
+  Acc* o = acc.data_ptr<Acc>();
+  const T* x = static_cast<const T*>(a.storage()->data()) + a.storage_offset();
+  detail::strided_loop<2>(
+      a.shape(), {detail::broadcast_strides(acc, a.shape()), a.strides()},
+      [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
+        const T* xp = x + off[1];
+        if (st[0] == 0) {  // reducing along the inner row: keep a register accumulator
+          Acc s = 0;
+          if (st[1] == 1)
+            for (int64_t i = 0; i < n; ++i) s += static_cast<Acc>(xp[i]);
+          else
+            for (int64_t i = 0; i < n; ++i) s += static_cast<Acc>(xp[i * st[1]]);
+          o[off[0]] += s;
+        } else {
+          Acc* op = o + off[0];
+          for (int64_t i = 0; i < n; ++i) op[i * st[0]] += static_cast<Acc>(xp[i * st[1]]);
+        }
+      });
+  return acc;
+}
+
+Tensor sum_impl(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  Shape keep = kept_shape(a.shape(), dims);
+  Tensor acc;
+  DType out_dtype = is_floating(a.dtype()) ? a.dtype() : DType::i64;
+  if (is_floating(a.dtype())) {
+    Tensor x = a.dtype() == DType::f32 || a.dtype() == DType::f64 ? a : a.to(DType::f32);
+    acc = dispatch_float(x.dtype(), "sum", [&](auto tag) {
+      return sum_kernel<decltype(tag), double>(x, keep, DType::f64);
+    });
+  } else {
+    Tensor x = a.to(DType::i64);
+    acc = sum_kernel<int64_t, int64_t>(x, keep, DType::i64);
+  }
+  Tensor out = acc.to(out_dtype);
+  return keepdim ? out : out.reshape(dropped_shape(a.shape(), dims));
+}
+
+// max over the last dim of a contiguous [rows, n] view: values and first argmax.
+template <class T>
+void max_rows(const T* x, int64_t rows, int64_t n, T* values, int64_t* indices) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = x + r * n;
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i)
+      if (row[i] > row[best] || (row[i] != row[i] && row[best] == row[best])) best = i;  // NaN wins
+    if (values) values[r] = row[best];
+    indices[r] = best;
+  }
+}
+
+struct MaxResult {
+  Tensor values;   // shape without `dim`
+  Tensor indices;  // i64, same shape
+};
+
+MaxResult max_impl(const Tensor& a, int64_t dim, bool want_values) {
+  dim = wrap_dim(dim, a.dim());
+  const int64_t n = a.dim() == 0 ? 1 : a.shape()[dim];
+  LOCKSTEP_CHECK(n > 0, "max/argmax over an empty dimension {} of shape {}", dim,
+                 shape_str(a.shape()));
+  // Move `dim` last, keeping the other dims in order: rows come out in the
+  // order of the result's shape.
+  std::vector<int64_t> perm;
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (d != dim) perm.push_back(d);
+  if (a.dim() > 0) perm.push_back(dim);
+  Tensor moved = a.dim() == 0 ? a.reshape({1}) : a.permute(perm).contiguous();
+  Shape out_shape = a.dim() == 0 ? Shape{} : dropped_shape(a.shape(), {dim});
+  const int64_t rows = shape_numel(out_shape);
+  MaxResult r;
+  r.indices = Tensor::empty(out_shape, DType::i64);
+  if (want_values) r.values = Tensor::empty(out_shape, a.dtype());
+  dispatch_arith(a.dtype(), "max", [&](auto tag) {
+    using T = decltype(tag);
+    max_rows<T>(moved.data_ptr<T>(), rows, n, want_values ? r.values.data_ptr<T>() : nullptr,
+                r.indices.data_ptr<int64_t>());
+  });
+  return r;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& a) { return sum(a, {}, false); }
+
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) {
+  std::vector<int64_t> dims = normalize_dims(dims_in, a.dim());
+  Tensor out = sum_impl(a, dims, keepdim);
+  Shape in_shape = a.shape(), keep = kept_shape(a.shape(), dims);
+  return record(out, "SumBackward", {a}, {}, [in_shape, keep](const BackwardArgs& g) {
+    return std::vector<Tensor>{g.grad.reshape(keep).expand(in_shape)};
+  });
+}
+
+Tensor mean(const Tensor& a) { return mean(a, {}, false); }
+
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) {
+  LOCKSTEP_CHECK(is_floating(a.dtype()), "mean: needs a floating tensor, got {}",
+                 dtype_name(a.dtype()));
+  std::vector<int64_t> dims = normalize_dims(dims_in, a.dim());
+  int64_t count = 1;
+  for (int64_t d : dims) count *= a.shape()[d];
+  return mul(sum(a, dims, keepdim), 1.0 / static_cast<double>(count));
+}
+
+Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
+  MaxResult r = max_impl(a, dim, true);
+  int64_t d = a.dim() == 0 ? 0 : wrap_dim(dim, a.dim());
+  Shape in_shape = a.shape();
+  Tensor values = keepdim && a.dim() > 0 ? r.values.unsqueeze(d) : r.values;
+  Tensor idx = r.indices;
+  DType dt = a.dtype();
+  return record(values, "MaxBackward", {a}, {}, [=](const BackwardArgs& g) {
+    // Scatter each gradient to the position of its maximum.
+    Tensor grad = Tensor::zeros(in_shape, dt);
+    Tensor gv = (keepdim && !in_shape.empty() ? g.grad.squeeze(d) : g.grad).contiguous().to(dt);
+    const int64_t* ip = idx.data_ptr<int64_t>();
+    const int64_t n = in_shape.empty() ? 1 : in_shape[d];
+    int64_t inner = 1;
+    for (size_t i = d + 1; i < in_shape.size(); ++i) inner *= in_shape[i];
+    const int64_t outer = idx.numel() / std::max<int64_t>(inner, 1);
+    dispatch_float(dt, "max backward", [&](auto tag) {
+      using T = decltype(tag);
+      T* gp = grad.data_ptr<T>();
+      const T* vp = gv.data_ptr<T>();
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i = 0; i < inner; ++i) {
+          int64_t k = o * inner + i;
+          gp[(o * n + ip[k]) * inner + i] = vp[k];
+        }
+    });
+    return std::vector<Tensor>{grad};
+  });
+}
+
+Tensor max(const Tensor& a) { return max(a.reshape({-1}), 0, false); }
+
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) {
+  MaxResult r = max_impl(a, dim, false);
+  return keepdim && a.dim() > 0 ? r.indices.unsqueeze(wrap_dim(dim, a.dim())) : r.indices;
+}
+
+}  // namespace lockstep::runtime

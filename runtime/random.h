@@ -1,0 +1,55 @@
+// Counter-based random numbers (Philox4x32-10): the value at position i of the
+// stream depends only on (seed, i), so every process that uses the same seed
+// and draws in the same order gets the same values, on any machine.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::runtime {
+
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  void manual_seed(uint64_t seed) { seed_ = seed; offset_ = 0; }
+  uint64_t seed() const { return seed_; }
+  // Position in the stream, in 32-bit draws; save and restore it to resume.
+  uint64_t offset() const { return offset_; }
+  void set_offset(uint64_t offset) { offset_ = offset; }
+
+  // The next n 32-bit draws of the stream.
+  void fill_u32(uint32_t* out, size_t n);
+  uint32_t next_u32();
+  double next_uniform();  // in [0, 1), 53 random bits
+
+ private:
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+};
+
+// The process-wide generator used when none is passed.
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
+// In-place fills, under no-grad. Floating tensors only.
+Tensor& uniform_(Tensor& t, double lo = 0.0, double hi = 1.0, Generator& g = default_generator());
+Tensor& normal_(Tensor& t, double mean = 0.0, double std = 1.0, Generator& g = default_generator());
+
+// fan_in, fan_out as PyTorch computes them: [out, in, k...] -> (in*k, out*k).
+std::pair<int64_t, int64_t> fan_in_and_out(const Shape& shape);
+// PyTorch's kaiming_uniform_(mode=fan_in, nonlinearity=leaky_relu, a).
+// a = sqrt(5) is what nn.Linear and nn.Conv2d use by default.
+Tensor& kaiming_uniform_(Tensor& t, double a = 0.0, Generator& g = default_generator());
+Tensor& kaiming_normal_(Tensor& t, double a = 0.0, Generator& g = default_generator());
+Tensor& xavier_uniform_(Tensor& t, double gain = 1.0, Generator& g = default_generator());
+Tensor& xavier_normal_(Tensor& t, double gain = 1.0, Generator& g = default_generator());
+
+Tensor rand(const Shape& shape, DType dtype = DType::f32, Generator& g = default_generator());
+Tensor randn(const Shape& shape, DType dtype = DType::f32, Generator& g = default_generator());
+// A permutation of 0..n-1 (Fisher-Yates driven by g).
+std::vector<int64_t> randperm(int64_t n, Generator& g = default_generator());
+
+}  // namespace lockstep::runtime

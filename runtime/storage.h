@@ -1,0 +1,34 @@
+// Storage: one owned, 64-byte aligned allocation on a device, with the
+// version counter that autograd uses to detect in-place changes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "lockstep/runtime/dtype.h"
+
+namespace lockstep::runtime {
+
+class Storage {
+ public:
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+  // Shared by every view of this storage; bumped by each in-place write.
+  uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  uint64_t version_ = 0;
+};
+
+}  // namespace lockstep::runtime

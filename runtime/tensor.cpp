@@ -1,0 +1,251 @@
+// Tensor basics: factories, metadata, element access, autograd accessors,
+// printing. Views live in tensor_views.cpp, in-place writes in tensor_inplace.cpp.
+#include "lockstep/runtime/tensor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <ostream>
+
+#include "lockstep/runtime/autograd/accumulate_grad.h"
+#include "lockstep/runtime/autograd/engine.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/autograd/meta.h"
+#include "lockstep/runtime/ops/convert.h"
+
+namespace lockstep::runtime {
+
+TensorImpl::TensorImpl(std::shared_ptr<Storage> storage_, Shape shape_, Shape strides_,
+                       int64_t offset_, DType dtype_)
+    : storage(std::move(storage_)),
+      shape(std::move(shape_)),
+      strides(std::move(strides_)),
+      offset(offset_),
+      dtype(dtype_) {}
+
+TensorImpl::~TensorImpl() = default;
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    strides[d] = s;
+    s *= std::max<int64_t>(shape[d], 1);
+  }
+  return strides;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t v : shape) n *= v;
+  return n;
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim) {
+  int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
+  LOCKSTEP_CHECK(dim >= lo && dim <= hi,
+                 "dimension {} is out of range for a tensor with {} dims (expected {}..{})", dim,
+                 ndim, lo, hi);
+  return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
+}
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+TensorImpl& Tensor::impl() const {
+  LOCKSTEP_CHECK(impl_ != nullptr, "operation on an undefined tensor");
+  return *impl_;
+}
+
+// ---- factories ----
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t v : shape)
+    LOCKSTEP_CHECK(v >= 0, "cannot create a tensor with negative size: shape {}", shape_str(shape));
+  auto storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (t.numel() > 0) std::memset(t.raw_data(), 0, t.numel() * t.element_size());
+  return t;
+}
+
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  NoGradGuard no_grad;
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::scalar(double value, DType dtype) { return full({}, value, dtype); }
+
+Tensor Tensor::arange(int64_t n, DType dtype) {
+  Tensor t = empty({n}, dtype);
+  dispatch_all(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.data_ptr<T>();
+    for (int64_t i = 0; i < n; ++i) p[i] = detail::convert<T>(i);
+  });
+  return t;
+}
+
+// ---- metadata ----
+
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim())]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim())]; }
+int64_t Tensor::numel() const { return shape_numel(shape()); }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t d = dim() - 1; d >= 0; --d) {
+    if (shape()[d] == 1) continue;
+    if (strides()[d] != expected) return false;
+    expected *= shape()[d];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  return static_cast<char*>(storage()->data()) + storage_offset() * element_size();
+}
+
+double Tensor::item() const {
+  LOCKSTEP_CHECK(numel() == 1, "item(): the tensor has {} elements (shape {}), expected exactly 1",
+                 numel(), shape_str(shape()));
+  return dispatch_all(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    return detail::convert<double>(*static_cast<const T*>(raw_data()));
+  });
+}
+
+// ---- autograd ----
+
+bool Tensor::requires_grad() const {
+  const auto& meta = impl().autograd;
+  return meta && (meta->requires_grad || meta->grad_fn);
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  LOCKSTEP_CHECK(is_leaf(),
+                 "requires_grad_() can only be set on leaf tensors; this one is the result of "
+                 "{} (use detach() to get a leaf)",
+                 grad_fn()->name());
+  LOCKSTEP_CHECK(!on || is_floating(dtype()),
+                 "only floating-point tensors can require grad; this one is {}", dtype_name(dtype()));
+  autograd_meta(impl()).requires_grad = on;
+  return *this;
+}
+
+bool Tensor::is_leaf() const { return !impl().autograd || !impl().autograd->grad_fn; }
+
+const Tensor& Tensor::grad() const {
+  static const Tensor kUndefined;
+  const auto& meta = impl().autograd;
+  return meta ? meta->grad : kUndefined;
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  LOCKSTEP_CHECK(!g.defined() || g.shape() == shape(),
+                 "set_grad: gradient of shape {} for a tensor of shape {}", shape_str(g.shape()),
+                 shape_str(shape()));
+  autograd_meta(impl()).grad = g;
+}
+
+std::shared_ptr<Node> Tensor::grad_fn() const {
+  return impl().autograd ? impl().autograd->grad_fn : nullptr;
+}
+
+Tensor Tensor::detach() const {
+  return Tensor(std::make_shared<TensorImpl>(storage(), shape(), strides(), storage_offset(), dtype()));
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  LOCKSTEP_CHECK(requires_grad(),
+                 "backward(): this tensor does not require grad and has no grad_fn, so there is "
+                 "nothing to differentiate. Set requires_grad_() on the leaves (parameters) "
+                 "before computing it, and do not compute it under NoGradGuard.");
+  Tensor seed = gradient;
+  if (!seed.defined()) {
+    LOCKSTEP_CHECK(numel() == 1,
+                   "backward(): a gradient can be created implicitly only for a one-element "
+                   "output; this output has shape {}, so pass a gradient of that shape",
+                   shape_str(shape()));
+    seed = Tensor::ones(shape(), dtype());
+  }
+  LOCKSTEP_CHECK(seed.shape() == shape(),
+                 "backward(): gradient has shape {} but the output has shape {}",
+                 shape_str(seed.shape()), shape_str(shape()));
+  run_backward(*this, seed, retain_graph);
+}
+
+int64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook fn) {
+  LOCKSTEP_CHECK(is_leaf() && requires_grad(),
+                 "register_post_accumulate_grad_hook: only leaf tensors that require grad "
+                 "accumulate gradients");
+  AutogradMeta& meta = autograd_meta(impl());
+  int64_t id = meta.next_hook_id++;
+  meta.post_accumulate_hooks.emplace_back(id, std::move(fn));
+  return id;
+}
+
+void Tensor::remove_hook(int64_t id) {
+  if (!impl().autograd) return;
+  auto& hooks = impl().autograd->post_accumulate_hooks;
+  std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+}
+
+// ---- printing ----
+
+namespace {
+
+void print_values(std::string& out, const Tensor& t, int64_t d, int64_t offset, bool summarize) {
+  constexpr int64_t kEdge = 3;
+  const int64_t n = t.shape()[d];
+  out += '[';
+  for (int64_t i = 0; i < n; ++i) {
+    if (summarize && n > 2 * kEdge && i == kEdge) {
+      out += "..., ";
+      i = n - kEdge;
+    }
+    int64_t off = offset + i * t.strides()[d];
+    if (d + 1 == t.dim()) {
+      dispatch_all(t.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        T v = static_cast<const T*>(t.storage()->data())[off];
+        if constexpr (std::is_same_v<T, bool>) out += v ? "true" : "false";
+        else if constexpr (std::is_integral_v<T>) out += fmt::format("{}", static_cast<int64_t>(v));
+        else out += fmt::format("{:.4g}", detail::convert<double>(v));  // f64 beyond float range too
+      });
+    } else {
+      print_values(out, t, d + 1, off, summarize);
+    }
+    if (i + 1 < n) out += d + 1 == t.dim() ? ", " : ",\n ";
+  }
+  out += ']';
+}
+
+}  // namespace
+
+std::string Tensor::str() const {
+  if (!defined()) return "Tensor(undefined)";
+  std::string out = "tensor(";
+  if (dim() == 0) {
+    out += fmt::format("{:.6g}", item());
+  } else if (numel() == 0) {
+    out += "[]";
+  } else if (device().is_cpu()) {
+    print_values(out, *this, 0, storage_offset(), numel() > 1000);
+  }
+  out += fmt::format(", shape={}, dtype={}", shape_str(shape()), dtype_name(dtype()));
+  if (!device().is_cpu()) out += ", device=" + device().str();
+  if (requires_grad()) out += grad_fn() ? ", grad_fn=" + grad_fn()->name() : ", requires_grad";
+  return out + ")";
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
+}  // namespace lockstep::runtime

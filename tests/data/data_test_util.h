@@ -1,0 +1,102 @@
+// Helpers for the data tests: a scratch directory, IDX and gzip encoders, and
+// a way to get the message of the lockstep::Error a call throws.
+#pragma once
+
+#include <zlib.h>
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::testing {
+
+using Bytes = std::vector<uint8_t>;
+
+// A fresh directory under the system temp dir, removed with its contents.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("lockstep-data-test-" + std::to_string(::getpid()) + "-" +
+             std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  // The path of `name` inside the directory, as a string.
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline void write_file(const std::string& path, const Bytes& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("test: cannot write " + path);
+}
+
+// An IDX file: magic 00 00 type ndims, big-endian u32 dims, then `payload`
+// (already big-endian; the caller decides whether it matches the dims).
+inline Bytes idx_file(uint8_t type, const std::vector<uint32_t>& dims, const Bytes& payload) {
+  Bytes b = {0, 0, type, static_cast<uint8_t>(dims.size())};
+  for (uint32_t d : dims) {
+    b.push_back(static_cast<uint8_t>(d >> 24));
+    b.push_back(static_cast<uint8_t>(d >> 16));
+    b.push_back(static_cast<uint8_t>(d >> 8));
+    b.push_back(static_cast<uint8_t>(d));
+  }
+  b.insert(b.end(), payload.begin(), payload.end());
+  return b;
+}
+
+// `data` compressed as one gzip member.
+inline Bytes gzip(const Bytes& data) {
+  z_stream zs{};
+  // 15 + 16: gzip wrapper.
+  if (deflateInit2(&zs, Z_BEST_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+    throw std::runtime_error("test: deflateInit2 failed");
+  Bytes out(deflateBound(&zs, static_cast<uLong>(data.size())) + 64);
+  zs.next_in = const_cast<Bytef*>(data.data());
+  zs.avail_in = static_cast<uInt>(data.size());
+  zs.next_out = out.data();
+  zs.avail_out = static_cast<uInt>(out.size());
+  int ret = deflate(&zs, Z_FINISH);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  if (ret != Z_STREAM_END) throw std::runtime_error("test: deflate failed");
+  return out;
+}
+
+// The message of the lockstep::Error that f() throws; a marker string when it
+// throws nothing or something else, so CHECK_THAT(..., Contains(...)) fails
+// with a readable reason.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const lockstep::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<not a lockstep::Error: ") + e.what() + ">";
+  }
+  return "<no exception>";
+}
+
+}  // namespace lockstep::testing

@@ -1,0 +1,258 @@
+// nn layers: PyTorch's default initialisations, forward against the runtime
+// ops or hand-computed values, options and error messages.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "lockstep/nn/nn.h"
+#include "lockstep/runtime/ops.h"
+#include "nn_test_util.h"
+
+using namespace lockstep::nn;
+using lockstep::testing::bitwise_equal;
+using lockstep::testing::error_message;
+using lockstep::testing::values;
+using Catch::Contains;
+
+namespace {
+
+struct Stats {
+  double min, max, mean, var;
+};
+
+Stats stats(const Tensor& t) {
+  auto v = values(t);
+  Stats s{v[0], v[0], 0, 0};
+  for (double x : v) {
+    s.min = std::min(s.min, x);
+    s.max = std::max(s.max, x);
+    s.mean += x;
+  }
+  s.mean /= static_cast<double>(v.size());
+  for (double x : v) s.var += (x - s.mean) * (x - s.mean);
+  s.var /= static_cast<double>(v.size());
+  return s;
+}
+
+// U(-b, b) has mean 0 and variance b^2/3. The mean and variance checks allow
+// five standard errors of their estimates over n draws.
+void check_uniform(const Tensor& t, double bound) {
+  Stats s = stats(t);
+  const double n = static_cast<double>(t.numel());
+  CHECK(s.min >= -bound);
+  CHECK(s.max <= bound);
+  CHECK(s.max > 0.95 * bound);  // the whole range is used, not a narrower one
+  CHECK(s.min < -0.95 * bound);
+  CHECK(std::abs(s.mean) < 5 * bound / std::sqrt(3 * n));
+  // Var(x^2) = b^4/5 - b^4/9 = 4 b^4 / 45.
+  CHECK(std::abs(s.var - bound * bound / 3) < 5 * bound * bound * std::sqrt(4.0 / 45 / n));
+}
+
+}  // namespace
+
+TEST_CASE("Linear: PyTorch's default init and forward", "[nn][layers]") {
+  Generator gen(0);
+  Linear fc(400, 300, true, gen);
+  CHECK(fc.weight.shape() == Shape{300, 400});
+  CHECK(fc.bias.shape() == Shape{300});
+  // kaiming_uniform(a = sqrt(5)): gain sqrt(2/(1+5)), bound gain*sqrt(3/fan_in) = 1/sqrt(fan_in).
+  check_uniform(fc.weight, 1.0 / std::sqrt(400.0));
+  check_uniform(fc.bias, 1.0 / std::sqrt(400.0));
+
+  Linear small(3, 2);
+  small.load_state_dict([] {
+    StateDict sd;
+    sd.insert("weight", Tensor::from_vector<float>({1, 2, 3, -1, 0, 1}, {2, 3}));
+    sd.insert("bias", Tensor::from_vector<float>({0.5, -0.5}, {2}));
+    return sd;
+  }());
+  Tensor x = Tensor::from_vector<float>({1, 1, 1, 2, 0, -1}, {2, 3});
+  CHECK(values(small(x)) == std::vector<double>{6.5, -0.5, -0.5, -3.5});
+
+  Linear no_bias(3, 2, false);
+  CHECK_FALSE(no_bias.bias.defined());
+  CHECK(no_bias.named_parameters().size() == 1);
+  CHECK_THAT(error_message([&] { small(Tensor::zeros({2, 4})); }),
+             Contains("input of shape [2, 4] must end in 3"));
+}
+
+TEST_CASE("same seed gives identical parameters, another seed different ones", "[nn][layers]") {
+  Generator g1(42), g2(42), g3(43);
+  Conv2d a(3, 8, 3, {}, g1), b(3, 8, 3, {}, g2), c(3, 8, 3, {}, g3);
+  CHECK(bitwise_equal(a.weight, b.weight));
+  CHECK(bitwise_equal(a.bias, b.bias));
+  CHECK_FALSE(bitwise_equal(a.weight, c.weight));
+  // Layers built one after the other from one generator continue its stream.
+  Generator g(7);
+  Linear first(4, 4, true, g), second(4, 4, true, g);
+  CHECK_FALSE(bitwise_equal(first.weight, second.weight));
+}
+
+TEST_CASE("Conv2d: init bound uses in_channels/groups * kH * kW; options", "[nn][layers]") {
+  Generator gen(1);
+  Conv2d conv(16, 64, {3, 5}, {.stride = 2, .padding = {1, 2}, .groups = 4}, gen);
+  CHECK(conv.weight.shape() == Shape{64, 4, 3, 5});
+  const double bound = 1.0 / std::sqrt(4.0 * 3 * 5);
+  check_uniform(conv.weight, bound);
+  CHECK(stats(conv.bias).max <= bound);
+
+  Generator g(2);
+  Tensor x = lockstep::runtime::randn({2, 16, 9, 10}, DType::f32, g);
+  Tensor y = conv(x);
+  CHECK(y.shape() == Shape{2, 64, 5, 5});
+  Tensor expect = lockstep::runtime::conv2d(
+      x, conv.weight, conv.bias, {.stride = {2, 2}, .padding = {1, 2}, .groups = 4});
+  CHECK(bitwise_equal(y, expect));
+
+  Conv2d dil(1, 1, 3, {.dilation = 2, .bias = false});
+  CHECK_FALSE(dil.bias.defined());
+  CHECK(dil(Tensor::zeros({1, 1, 7, 7})).shape() == Shape{1, 1, 3, 3});
+  CHECK(dil.str() == "Conv2d(1, 1, kernel_size=(3, 3), stride=(1, 1), dilation=(2, 2), bias=false)");
+
+  CHECK_THAT(error_message([] { Conv2d(6, 4, 3, {.groups = 4}); }),
+             Contains("divisible by groups (4)"));
+  CHECK_THAT(error_message([&] { conv(Tensor::zeros({2, 3, 9, 9})); }),
+             Contains("expected input [N, 16, H, W], got [2, 3, 9, 9]"));
+}
+
+TEST_CASE("BatchNorm: init, running statistics, momentum and options", "[nn][layers]") {
+  BatchNorm2d bn(3);
+  CHECK(values(bn.weight) == std::vector<double>{1, 1, 1});
+  CHECK(values(bn.bias) == std::vector<double>{0, 0, 0});
+  CHECK(values(bn.running_mean) == std::vector<double>{0, 0, 0});
+  CHECK(values(bn.running_var) == std::vector<double>{1, 1, 1});
+  CHECK(bn.num_batches_tracked.dtype() == DType::i64);
+  CHECK(bn.num_batches_tracked.dim() == 0);
+
+  // Channel c holds the values c + {0, 2} (mean c + 1, unbiased variance 2).
+  Tensor x = Tensor::from_vector<float>({0, 1, 2, 2, 3, 4}, {2, 3, 1, 1});
+  Tensor y = bn(x);
+  CHECK(bn.num_batches_tracked.item() == 1);
+  auto rm = values(bn.running_mean);
+  auto rv = values(bn.running_var);
+  for (int c = 0; c < 3; ++c) {
+    CHECK(rm[c] == Approx(0.1 * (c + 1)));
+    CHECK(rv[c] == Approx(0.9 + 0.1 * 2));
+  }
+  // Batch statistics: each channel becomes (-1, 1) (up to eps).
+  auto yv = values(y);
+  CHECK(yv[0] == Approx(-1).epsilon(1e-4));
+  CHECK(yv[3] == Approx(1).epsilon(1e-4));
+
+  // momentum = nullopt: the cumulative average over the batches seen.
+  BatchNorm1d avg(1, {.momentum = std::nullopt});
+  avg(Tensor::from_vector<float>({1, 3}, {2, 1}));
+  avg(Tensor::from_vector<float>({5, 7}, {2, 1}));
+  CHECK(values(avg.running_mean)[0] == Approx(4.0));
+  CHECK(avg.str() ==
+        "BatchNorm1d(1, eps=1e-05, momentum=None, affine=true, track_running_stats=true)");
+
+  // No running statistics: no buffers, and batch statistics in eval too.
+  BatchNorm1d plain(2, {.affine = false, .track_running_stats = false});
+  CHECK(plain.state_dict().size() == 0);
+  plain.eval();
+  Tensor z = plain(Tensor::from_vector<float>({1, 10, 3, 30}, {2, 2}));
+  CHECK(values(z)[0] == Approx(-1).epsilon(1e-4));
+
+  CHECK_THAT(error_message([&] { bn(Tensor::zeros({2, 3})); }),
+             Contains("expected 4D input (got 2D input)"));
+  CHECK_THAT(error_message([&] { bn(Tensor::zeros({2, 4, 1, 1})); }), Contains("has 4 channels"));
+  CHECK_THAT(error_message([&] { avg(Tensor::zeros({2, 1, 1, 1})); }),
+             Contains("expected 2D or 3D input (got 4D input)"));
+
+  bn.reset_running_stats();
+  CHECK(values(bn.running_mean) == std::vector<double>{0, 0, 0});
+  CHECK(bn.num_batches_tracked.item() == 0);
+}
+
+TEST_CASE("LayerNorm and Embedding init", "[nn][layers]") {
+  LayerNorm ln({4});
+  CHECK(values(ln.weight) == std::vector<double>(4, 1.0));
+  CHECK(values(ln.bias) == std::vector<double>(4, 0.0));
+  Tensor y = ln(Tensor::from_vector<float>({1, 2, 3, 4}, {1, 4}));
+  CHECK(stats(y).mean == Approx(0).margin(1e-6));
+  CHECK(LayerNorm({4}, 1e-5, false).named_parameters().empty());
+  CHECK(ln.str() == "LayerNorm((4,), eps=1e-05, elementwise_affine=true)");
+
+  Generator gen(5);
+  Embedding emb(1000, 64, gen);
+  Stats s = stats(emb.weight);
+  CHECK(std::abs(s.mean) < 0.02);
+  CHECK(s.var == Approx(1.0).epsilon(0.03));
+  Tensor idx = Tensor::from_vector<int64_t>({3, 999, 3}, {3});
+  Tensor e = emb(idx);
+  CHECK(e.shape() == Shape{3, 64});
+  CHECK(bitwise_equal(e.select(0, 0), emb.weight.select(0, 3)));
+  CHECK(bitwise_equal(e.select(0, 2), emb.weight.select(0, 3)));
+}
+
+TEST_CASE("Dropout: seeded, scaled, identity in eval", "[nn][layers]") {
+  Tensor x = Tensor::ones({1000});
+  Dropout a(0.25, 9), b(0.25, 9);
+  auto ya = values(a(x));
+  CHECK(ya == values(b(x)));  // same seed, same mask
+  int zeros = 0;
+  for (double v : ya) {
+    if (v == 0.0)
+      ++zeros;
+    else
+      CHECK(v == Approx(1.0 / 0.75));
+  }
+  CHECK(zeros > 180);
+  CHECK(zeros < 320);
+  a.eval();
+  CHECK(values(a(x)) == values(x));
+  CHECK_THROWS_AS(Dropout(1.5), lockstep::Error);
+}
+
+TEST_CASE("pooling, flatten and activations", "[nn][layers]") {
+  Tensor x = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+                                        {1, 1, 4, 4});
+  MaxPool2d mp(2);
+  CHECK(mp.stride == Size2(2));
+  CHECK(values(mp(x)) == std::vector<double>{6, 8, 14, 16});
+  CHECK(mp.str() == "MaxPool2d(kernel_size=2, stride=2, padding=0)");
+  AvgPool2d ap(2, 1);
+  CHECK(ap(x).shape() == Shape{1, 1, 3, 3});
+  CHECK(values(ap(x))[0] == Approx(3.5));
+  AdaptiveAvgPool2d gap(1);
+  CHECK(values(gap(x)) == std::vector<double>{8.5});
+
+  Flatten flat;
+  CHECK(flat(Tensor::zeros({2, 3, 4, 5})).shape() == Shape{2, 60});
+  CHECK(Flatten(0)(Tensor::zeros({2, 3})).shape() == Shape{6});
+
+  Tensor v = Tensor::from_vector<float>({-1, 0, 2}, {3});
+  CHECK(values(ReLU()(v)) == std::vector<double>{0, 0, 2});
+  CHECK(values(GELU()(v))[2] == Approx(2 * 0.5 * (1 + std::erf(2 / std::sqrt(2.0)))));
+}
+
+TEST_CASE("losses as modules match the functions", "[nn][layers]") {
+  Tensor logits = Tensor::from_vector<float>({1, 2, 3, 1, 1, 1}, {2, 3});
+  Tensor target = Tensor::from_vector<int64_t>({2, 0}, {2});
+  CrossEntropyLoss ce;
+  // Row 0: logsumexp(1,2,3) - 3; row 1: log(3).
+  const double row0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 3.0;
+  CHECK(ce(logits, target).item() == Approx((row0 + std::log(3.0)) / 2));
+  CrossEntropyLoss smooth({.label_smoothing = 0.1, .reduction = Reduction::Sum});
+  CHECK(smooth(logits, target).item() ==
+        Approx(functional::cross_entropy(logits, target, 0.1, Reduction::Sum).item()));
+  CHECK_THAT(error_message([&] { ce.forward(logits); }), Contains("takes (input, target)"));
+
+  MSELoss mse;
+  Tensor a = Tensor::from_vector<float>({1, 2, 3}, {3});
+  Tensor b = Tensor::from_vector<float>({1, 0, 0}, {3});
+  CHECK(mse(a, b).item() == Approx((4.0 + 9.0) / 3));
+}
+
+TEST_CASE("Sequential: indices as names, typed access, forward in order", "[nn][layers]") {
+  Sequential seq;
+  auto fc = seq.push_back(std::make_shared<Linear>(4, 4));
+  seq.push_back(std::make_shared<ReLU>());
+  CHECK(seq.size() == 2);
+  CHECK(seq.at<Linear>(0).get() == fc.get());
+  CHECK_THAT(error_message([&] { seq.at<Linear>(1); }), Contains("the module there is a ReLU"));
+  CHECK_THROWS_AS(seq[2], lockstep::Error);
+  Tensor x = Tensor::ones({1, 4});
+  CHECK(bitwise_equal(seq(x), lockstep::runtime::relu(fc->forward(x))));
+}

@@ -1,0 +1,279 @@
+// nn::Module: registration order and names, state_dict save/load and its
+// errors, train/eval, to(), zero_grad() and printing.
+#include <catch2/catch.hpp>
+
+#include "lockstep/nn/nn.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/ops.h"
+#include "nn_test_util.h"
+
+using namespace lockstep::nn;
+using lockstep::testing::bitwise_equal;
+using lockstep::testing::error_message;
+using lockstep::testing::values;
+using Catch::Contains;
+
+namespace {
+
+// The module of this PyTorch code, whose names and orders the tests expect:
+//   self.scale = nn.Parameter(torch.ones(1))
+//   self.register_buffer("step", torch.zeros(1))
+//   self.features = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU())
+//   self.head = nn.Linear(4, 2)
+struct Net : Module {
+  explicit Net(uint64_t seed = 0) {
+    Generator gen(seed);
+    scale = register_parameter("scale", Tensor::ones({1}));
+    register_buffer("step", Tensor::zeros({1}));
+    features = register_module("features", std::make_shared<Sequential>());
+    features->push_back(std::make_shared<Linear>(3, 4, true, gen));
+    features->push_back(std::make_shared<BatchNorm1d>(4));
+    features->push_back(std::make_shared<ReLU>());
+    head = register_module("head", std::make_shared<Linear>(4, 2, true, gen));
+  }
+  Tensor forward(const Tensor& x) override { return (*head)((*features)(x)) * scale; }
+  std::string type_name() const override { return "Net"; }
+
+  Tensor scale;
+  std::shared_ptr<Sequential> features;
+  std::shared_ptr<Linear> head;
+};
+
+std::vector<std::string> names(const NamedList<Tensor>& list) {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : list) out.push_back(name);
+  return out;
+}
+
+Tensor input(uint64_t seed) {
+  Generator g(seed);
+  return lockstep::runtime::randn({5, 3}, DType::f32, g);
+}
+
+}  // namespace
+
+TEST_CASE("parameters, buffers and state_dict use PyTorch's names and order", "[nn][module]") {
+  Net net;
+  CHECK(names(net.named_parameters()) ==
+        std::vector<std::string>{"scale", "features.0.weight", "features.0.bias",
+                                 "features.1.weight", "features.1.bias", "head.weight",
+                                 "head.bias"});
+  CHECK(names(net.named_buffers()) ==
+        std::vector<std::string>{"step", "features.1.running_mean", "features.1.running_var",
+                                 "features.1.num_batches_tracked"});
+  // Per module: parameters, then buffers, then submodules.
+  CHECK(net.state_dict().keys() ==
+        std::vector<std::string>{"scale", "step", "features.0.weight", "features.0.bias",
+                                 "features.1.weight", "features.1.bias",
+                                 "features.1.running_mean", "features.1.running_var",
+                                 "features.1.num_batches_tracked", "head.weight", "head.bias"});
+  CHECK(names(net.named_parameters(/*recurse=*/false)) == std::vector<std::string>{"scale"});
+
+  auto children = net.named_children();
+  REQUIRE(children.size() == 2);
+  CHECK(children[0].first == "features");
+  CHECK(children[1].first == "head");
+  CHECK(children[1].second.get() == net.head.get());
+
+  std::vector<std::string> modules;
+  for (const auto& [name, m] : net.named_modules()) modules.push_back(name);
+  CHECK(modules ==
+        std::vector<std::string>{"", "features", "features.0", "features.1", "features.2", "head"});
+
+  // The registered tensors are the layer's own handles, not copies.
+  CHECK(net.named_parameters()[5].second.is_same(net.head->weight));
+  CHECK(net.head->weight.requires_grad());
+  CHECK_FALSE(net.named_buffers()[0].second.requires_grad());
+  CHECK(net.num_parameters() == 1 + (12 + 4) + (4 + 4) + (8 + 2));
+}
+
+TEST_CASE("registration rejects bad and duplicate names", "[nn][module]") {
+  Module m;
+  m.register_parameter("w", Tensor::zeros({2}));
+  CHECK_THAT(error_message([&] { m.register_buffer("w", Tensor::zeros({2})); }),
+             Contains("\"w\" is already registered"));
+  CHECK_THAT(error_message([&] { m.register_parameter("a.b", Tensor::zeros({2})); }),
+             Contains("must not contain \".\""));
+  CHECK_THAT(error_message([&] { m.register_module("", std::make_shared<ReLU>()); }),
+             Contains("must not be empty"));
+  CHECK_THAT(error_message([&] { m.register_module<ReLU>("r", nullptr); }), Contains("is null"));
+  CHECK_THAT(error_message([&] { m.forward(Tensor::zeros({1})); }),
+             Contains("forward() is not implemented"));
+}
+
+TEST_CASE("a shared parameter is listed once but saved under every name", "[nn][module]") {
+  Module m;
+  auto a = m.register_module("a", std::make_shared<Linear>(2, 2));
+  auto b = m.register_module("b", std::make_shared<Module>());
+  b->register_parameter("tied", a->weight);
+  CHECK(names(m.named_parameters()) == std::vector<std::string>{"a.weight", "a.bias"});
+  CHECK(m.state_dict().keys() == std::vector<std::string>{"a.weight", "a.bias", "b.tied"});
+}
+
+TEST_CASE("state_dict round trip into a fresh model", "[nn][module]") {
+  Net src(1), dst(2);
+  src.train();
+  src(input(3));  // moves the BN running statistics away from their init
+  CHECK_FALSE(bitwise_equal(src.features->at<Linear>(0)->weight,
+                            dst.features->at<Linear>(0)->weight));
+
+  const StateDict saved = src.state_dict();
+  LoadResult r = dst.load_state_dict(saved);
+  CHECK(r.missing_keys.empty());
+  CHECK(r.unexpected_keys.empty());
+  for (const auto& [name, t] : saved) CHECK(bitwise_equal(dst.state_dict().at(name), t));
+  CHECK(dst.features->at<BatchNorm1d>(1)->num_batches_tracked.item() == 1);
+
+  // The load copied the values: the models do not share storage.
+  auto dst_w = dst.head->weight;
+  CHECK_FALSE(dst_w.storage() == src.head->weight.storage());
+  CHECK(dst_w.requires_grad());
+
+  src.eval();
+  dst.eval();
+  CHECK(bitwise_equal(src(input(4)), dst(input(4))));
+
+  // state_dict() tensors alias the model and are detached from autograd.
+  CHECK(saved.at("head.weight").storage() == src.head->weight.storage());
+  CHECK_FALSE(saved.at("head.weight").requires_grad());
+}
+
+TEST_CASE("load_state_dict names every missing, unexpected and mismatched key", "[nn][module]") {
+  auto model = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+      std::make_shared<Linear>(4, 3), std::make_shared<ReLU>(), std::make_shared<Linear>(3, 2)});
+  const auto before = values(model->at<Linear>(0)->weight);
+
+  StateDict bad;
+  bad.insert("0.weight", Tensor::zeros({3, 4}));      // fine
+  bad.insert("2.weight", Tensor::zeros({2, 5}));      // wrong shape
+  bad.insert("2.bias", Tensor::zeros({2}));           // fine
+  bad.insert("3.weight", Tensor::zeros({1}));         // unexpected
+  bad.insert("extra", Tensor::zeros({1}));            // unexpected
+  // "0.bias" is missing.
+
+  const std::string msg = error_message([&] { model->load_state_dict(bad); });
+  CHECK_THAT(msg, Contains("loading state_dict for Sequential"));
+  CHECK_THAT(msg, Contains("missing key(s) in state_dict: \"0.bias\""));
+  CHECK_THAT(msg, Contains("unexpected key(s) in state_dict: \"3.weight\", \"extra\""));
+  CHECK_THAT(msg, Contains("size mismatch for 2.weight: copying a tensor with shape [2, 5] from "
+                           "the state_dict, the shape in the current model is [2, 3]"));
+  // Checked before copying: nothing changed.
+  CHECK(values(model->at<Linear>(0)->weight) == before);
+
+  // Not strict: missing and unexpected keys are reported, not errors...
+  bad.erase("2.weight");
+  LoadResult r = model->load_state_dict(bad, /*strict=*/false);
+  CHECK(r.missing_keys == std::vector<std::string>{"0.bias", "2.weight"});
+  CHECK(r.unexpected_keys == std::vector<std::string>{"3.weight", "extra"});
+  CHECK(values(model->at<Linear>(0)->weight) == std::vector<double>(12, 0.0));
+  // ...but a shape mismatch still is, as in PyTorch.
+  bad.insert("2.weight", Tensor::zeros({3, 3}));
+  CHECK_THAT(error_message([&] { model->load_state_dict(bad, false); }),
+             Contains("size mismatch for 2.weight"));
+}
+
+TEST_CASE("load_state_dict converts dtype", "[nn][module]") {
+  Linear a(2, 2), b(2, 2);
+  StateDict sd;
+  sd.insert("weight", Tensor::from_vector<double>({1, 2, 3, 4}, {2, 2}));
+  sd.insert("bias", Tensor::from_vector<double>({5, 6}, {2}));
+  a.load_state_dict(sd);
+  CHECK(a.weight.dtype() == DType::f32);
+  CHECK(values(a.weight) == std::vector<double>{1, 2, 3, 4});
+  CHECK(values(a.bias) == std::vector<double>{5, 6});
+}
+
+TEST_CASE("train() and eval() reach every submodule and change BN and Dropout", "[nn][module]") {
+  Sequential model{std::make_shared<BatchNorm1d>(3), std::make_shared<Dropout>(0.5, 7)};
+  auto bn = model.at<BatchNorm1d>(0);
+  auto drop = model.at<Dropout>(1);
+  CHECK(model.is_training());
+  CHECK(bn->is_training());
+
+  Generator g(11);
+  Tensor x = lockstep::runtime::randn({64, 3}, DType::f32, g) * 3.0 + 2.0;
+
+  // Training: batch statistics (output mean ~0 before dropout), running
+  // statistics updated, dropout zeroes about half.
+  Tensor y = model(x);
+  CHECK(bn->num_batches_tracked.item() == 1);
+  CHECK(values(bn->running_mean) != std::vector<double>(3, 0.0));
+  int zeros = 0;
+  for (double v : values(y)) zeros += v == 0.0;
+  CHECK(zeros > 64 * 3 / 4);
+  CHECK(zeros < 64 * 3 * 3 / 4);
+
+  model.eval();
+  CHECK_FALSE(bn->is_training());
+  CHECK_FALSE(drop->is_training());
+  const auto running_mean = values(bn->running_mean);
+  Tensor z = model(x);
+  // Eval: running statistics, unchanged; dropout is the identity.
+  CHECK(bn->num_batches_tracked.item() == 1);
+  CHECK(values(bn->running_mean) == running_mean);
+  Tensor expect = lockstep::runtime::batch_norm(x, bn->weight, bn->bias, bn->running_mean,
+                                                bn->running_var, false, 0.1, 1e-5);
+  CHECK(bitwise_equal(z, expect));
+
+  model.train();
+  CHECK(drop->is_training());
+  CHECK(bn->is_training());
+}
+
+TEST_CASE("to() keeps tensor identity and converts floating tensors only", "[nn][module]") {
+  Net net;
+  auto w = net.head->weight;
+  net.to(Device::cpu());
+  CHECK(net.head->weight.is_same(w));
+
+  net.head->weight.set_grad(Tensor::ones({2, 4}));
+  net.to(DType::f64);
+  CHECK(w.dtype() == DType::f64);  // the same handle sees the new data
+  CHECK(w.requires_grad());
+  CHECK(w.grad().dtype() == DType::f64);
+  CHECK(net.features->at<BatchNorm1d>(1)->running_var.dtype() == DType::f64);
+  CHECK(net.features->at<BatchNorm1d>(1)->num_batches_tracked.dtype() == DType::i64);
+  CHECK(net(input(0).to(DType::f64)).dtype() == DType::f64);
+
+  CHECK_THROWS_AS(net.to(Device::cuda(0)), lockstep::Error);
+  CHECK_THROWS_AS(net.to(DType::i32), lockstep::Error);
+}
+
+TEST_CASE("zero_grad drops gradients", "[nn][module]") {
+  Net net;
+  lockstep::runtime::sum(net(input(0))).backward();
+  for (const auto& p : net.parameters()) CHECK(p.grad().defined());
+  net.zero_grad();
+  for (const auto& p : net.parameters()) CHECK_FALSE(p.grad().defined());
+}
+
+TEST_CASE("str() prints the module tree as PyTorch does", "[nn][module]") {
+  Net net;
+  CHECK(net.str() ==
+        "Net(\n"
+        "  (features): Sequential(\n"
+        "    (0): Linear(in_features=3, out_features=4, bias=true)\n"
+        "    (1): BatchNorm1d(4, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true)\n"
+        "    (2): ReLU()\n"
+        "  )\n"
+        "  (head): Linear(in_features=4, out_features=2, bias=true)\n"
+        ")");
+}
+
+TEST_CASE("StateDict keeps insertion order and rejects duplicates", "[nn][module]") {
+  StateDict sd;
+  sd.insert("b", Tensor::zeros({1}));
+  sd.insert("a", Tensor::ones({1}));
+  CHECK(sd.keys() == std::vector<std::string>{"b", "a"});
+  CHECK(sd.at("a").item() == 1.0);
+  CHECK(sd.find("c") == nullptr);
+  CHECK_THAT(error_message([&] { sd.insert("a", Tensor::zeros({1})); }),
+             Contains("already present"));
+  CHECK_THAT(error_message([&] { sd.at("c"); }), Contains("no key \"c\""));
+  StateDict copy(std::vector<StateDict::Item>(sd.begin(), sd.end()));
+  CHECK(copy.keys() == sd.keys());
+  CHECK(copy.items().size() == 2);
+  CHECK(sd.erase("b"));
+  CHECK(sd.keys() == std::vector<std::string>{"a"});
+  CHECK(sd.at("a").item() == 1.0);
+}

@@ -1,0 +1,186 @@
+// Activations and (log-)softmax: values against direct formulas, numerical
+// stability at large inputs, and gradient checks.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "lockstep/runtime/ops/activation.h"
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/tensor.h"
+#include "support/gradcheck.h"
+
+using namespace lockstep::runtime;
+using lockstep::testing::gradcheck;
+using lockstep::testing::random_input;
+using Catch::Contains;
+
+namespace {
+
+std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
+
+void check_close(const Tensor& t, const std::vector<double>& expected, double tol) {
+  auto v = values(t);
+  REQUIRE(v.size() == expected.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    INFO("element " << i);
+    CHECK(v[i] == Approx(expected[i]).epsilon(tol).margin(tol));
+  }
+}
+
+double tolerance(DType dt) { return dt == DType::f32 ? 1e-6 : 1e-12; }
+
+const std::vector<double> kInputs = {-3.0, -1.0, -0.25, 0.0, 0.5, 2.0};
+
+std::vector<double> map(const std::vector<double>& v, double (*f)(double)) {
+  std::vector<double> out;
+  for (double x : v) out.push_back(f(x));
+  return out;
+}
+
+// Softmax (or log-softmax) of a row-major [rows, cols] matrix along `dim`.
+std::vector<double> softmax_ref(const std::vector<double>& v, int64_t rows, int64_t cols,
+                                int64_t dim, bool log) {
+  std::vector<double> out(v.size());
+  const int64_t n = dim == 0 ? rows : cols, m = dim == 0 ? cols : rows;
+  for (int64_t o = 0; o < m; ++o) {
+    auto at = [&](int64_t i) { return dim == 0 ? i * cols + o : o * cols + i; };
+    double z = 0;
+    for (int64_t i = 0; i < n; ++i) z += std::exp(v[at(i)]);
+    for (int64_t i = 0; i < n; ++i)
+      out[at(i)] = log ? v[at(i)] - std::log(z) : std::exp(v[at(i)]) / z;
+  }
+  return out;
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+void check_grad(const char* name, const Fn& f, const std::vector<Tensor>& inputs) {
+  auto r = gradcheck(f, inputs);
+  INFO(name << ": " << r.message);
+  CHECK(r.ok);
+}
+
+}  // namespace
+
+TEST_CASE("relu, gelu, sigmoid, tanh against their formulas", "[runtime][ops][activation]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  const double tol = tolerance(dt);
+  Tensor x = Tensor::from_vector<double>(kInputs, {2, 3}).to(dt);
+  CHECK(relu(x).dtype() == dt);
+  CHECK(relu(x).shape() == Shape{2, 3});
+  check_close(relu(x), {0, 0, 0, 0, 0.5, 2}, tol);
+  check_close(gelu(x), map(kInputs, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }),
+              tol);
+  check_close(sigmoid(x), map(kInputs, [](double v) { return 1 / (1 + std::exp(-v)); }), tol);
+  check_close(tanh(x), map(kInputs, [](double v) { return std::tanh(v); }), tol);
+  // Known values: gelu(1) = 0.8413447460685429, sigmoid(0) = 1/2.
+  CHECK(gelu(Tensor::scalar(1.0, dt)).item() == Approx(0.8413447460685429).epsilon(tol));
+  CHECK(sigmoid(Tensor::scalar(0.0, dt)).item() == 0.5);
+  // On a non-contiguous view.
+  check_close(relu(x.t()), {0, 0, 0, 0.5, 0, 2}, tol);
+  CHECK_THROWS_WITH(relu(Tensor::ones({2}, DType::i64)), Contains("relu") && Contains("i64"));
+}
+
+TEST_CASE("sigmoid and tanh saturate without overflow", "[runtime][ops][activation]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  Tensor x = Tensor::from_vector<double>({-1000, -100, 100, 1000}, {4}).to(dt);
+  auto s = values(sigmoid(x));
+  CHECK(s[0] == 0.0);
+  CHECK(s[1] == Approx(std::exp(-100.0)).margin(1e-40));
+  CHECK(s[2] == 1.0);
+  CHECK(s[3] == 1.0);
+  for (double v : s) CHECK_FALSE(std::isnan(v));
+  CHECK(values(tanh(x)) == std::vector<double>{-1, -1, 1, 1});
+}
+
+TEST_CASE("softmax and log_softmax along dim 0 and 1", "[runtime][ops][activation]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  const double tol = tolerance(dt) * 10;
+  const std::vector<double> v = {0.5, -1, 2, 0, 3, 1, -2, 0.25, 1, 1, 1, 1};  // [3, 4]
+  Tensor x = Tensor::from_vector<double>(v, {3, 4}).to(dt);
+  for (int64_t dim : {0, 1}) {
+    INFO("dim " << dim);
+    Tensor s = softmax(x, dim);
+    CHECK(s.shape() == Shape{3, 4});
+    CHECK(s.dtype() == dt);
+    check_close(s, softmax_ref(v, 3, 4, dim, false), tol);
+    check_close(log_softmax(x, dim), softmax_ref(v, 3, 4, dim, true), tol);
+    // Sums along dim are 1.
+    check_close(sum(s, {dim}), std::vector<double>(dim == 0 ? 4 : 3, 1.0), tol);
+  }
+  check_close(softmax(x, -1), values(softmax(x, 1)), tol);
+  check_close(log_softmax(x, -2), values(log_softmax(x, 0)), tol);
+  // Along the middle dim of a 3-D tensor, and on a transposed view.
+  Tensor x3 = Tensor::from_vector<double>(v, {1, 3, 4}).to(dt);
+  check_close(softmax(x3, 1), softmax_ref(v, 3, 4, 0, false), tol);
+  check_close(log_softmax(x.t(), 1), values(log_softmax(x, 0).t()), tol);
+  CHECK_THROWS_WITH(softmax(x, 2), Contains("out of range"));
+}
+
+TEST_CASE("softmax is stable for large inputs", "[runtime][ops][activation]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  Tensor x = Tensor::from_vector<double>({1000, 1001, 1002, -1000, -1001, -1002}, {2, 3}).to(dt);
+  const std::vector<double> row = {0.09003057317038046, 0.24472847105479767, 0.6652409557748219};
+  const std::vector<double> expected = {row[0], row[1], row[2], row[2], row[1], row[0]};
+  check_close(softmax(x, 1), expected, 1e-6);
+  // log_softmax subtracts a logsumexp near 1000, whose f32 ulp is 6e-5.
+  const double tol = dt == DType::f32 ? 2e-4 : 1e-12;
+  auto ls = values(log_softmax(x, 1));
+  for (size_t i = 0; i < ls.size(); ++i) CHECK(ls[i] == Approx(std::log(expected[i])).margin(tol));
+}
+
+TEST_CASE("activation gradients match finite differences",
+          "[runtime][ops][activation][gradcheck]") {
+  // Values away from relu's kink at 0.
+  Tensor x = random_input({3, 4}, 1);
+  {
+    double* p = x.detach().data_ptr<double>();
+    for (int64_t i = 0; i < x.numel(); ++i)
+      if (std::abs(p[i]) < 0.05) p[i] = 0.3;
+  }
+  Tensor xt = random_input({4, 3}, 2, -3.0, 3.0);
+  check_grad("relu", [](auto& in) { return relu(in[0]); }, {x});
+  check_grad("gelu", [](auto& in) { return gelu(in[0]); }, {xt});
+  check_grad("sigmoid", [](auto& in) { return sigmoid(in[0]); }, {xt});
+  check_grad("tanh", [](auto& in) { return tanh(in[0]); }, {xt});
+  check_grad("softmax dim 1", [](auto& in) { return softmax(in[0], 1); }, {x});
+  check_grad("softmax dim 0", [](auto& in) { return softmax(in[0], 0); }, {x});
+  check_grad("log_softmax dim 1", [](auto& in) { return log_softmax(in[0], 1); }, {x});
+  check_grad("log_softmax dim 0", [](auto& in) { return log_softmax(in[0], 0); }, {x});
+  check_grad("log_softmax dim -1", [](auto& in) { return log_softmax(in[0], -1); }, {x});
+  check_grad("softmax of a transposed view", [](auto& in) { return softmax(in[0].t(), 1); }, {xt});
+  check_grad("log_softmax of a transposed view", [](auto& in) { return log_softmax(in[0].t(), 0); },
+             {xt});
+  check_grad("relu of a transposed view", [](auto& in) { return relu(in[0].t()); }, {x});
+  Tensor x3 = random_input({2, 3, 4}, 3);
+  check_grad("softmax 3-D middle dim", [](auto& in) { return softmax(in[0], 1); }, {x3});
+  check_grad("log_softmax 3-D dim 0", [](auto& in) { return log_softmax(in[0], 0); }, {x3});
+}
+
+TEST_CASE("softmax of a 0-dim tensor", "[runtime][ops][activation]") {
+  Tensor s = Tensor::scalar(3.0, DType::f64);
+  s.requires_grad_();
+  Tensor y = softmax(s, 0);
+  CHECK(y.shape().empty());
+  CHECK(y.item() == 1.0);
+  CHECK(log_softmax(s, -1).item() == 0.0);
+  y.backward();  // reduces over dim 0 of a 0-dim tensor
+  CHECK(s.grad().item() == 0.0);
+}
+
+TEST_CASE("relu and sigmoid gradients have the right values", "[runtime][ops][activation]") {
+  Tensor x = Tensor::from_vector<double>({-1, 0, 2}, {3});
+  x.requires_grad_();
+  sum(relu(x)).backward();
+  CHECK(values(x.grad()) == std::vector<double>{0, 0, 1});  // 0 at the kink, as PyTorch
+  x.set_grad(Tensor());
+  sum(sigmoid(x)).backward();
+  auto g = values(x.grad());
+  for (int i = 0; i < 3; ++i) {
+    const double s = 1 / (1 + std::exp(-values(x)[i]));
+    CHECK(g[i] == Approx(s * (1 - s)));
+  }
+}

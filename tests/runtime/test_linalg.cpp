@@ -1,0 +1,246 @@
+// matmul and linear: values against a naive triple loop for every supported
+// shape and layout (transposed, sliced, expanded operands), errors, and
+// gradient checks.
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <vector>
+
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/ops/linalg.h"
+#include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/random.h"
+#include "lockstep/runtime/tensor.h"
+#include "support/gradcheck.h"
+
+using namespace lockstep::runtime;
+using lockstep::testing::gradcheck;
+using lockstep::testing::random_input;
+using Catch::Contains;
+
+namespace {
+
+std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
+
+// a [m, k] x b [k, n] by the definition, in double, from any layout.
+std::vector<double> naive_mm(const Tensor& a, const Tensor& b) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  auto av = values(a), bv = values(b);
+  std::vector<double> c(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p) c[i * n + j] += av[i * k + p] * bv[p * n + j];
+  return c;
+}
+
+void check_close(const Tensor& t, const std::vector<double>& expected, double tol) {
+  auto v = values(t);
+  REQUIRE(v.size() == expected.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    INFO("element " << i);
+    CHECK(v[i] == Approx(expected[i]).epsilon(tol).margin(tol));
+  }
+}
+
+double tolerance(DType dt) { return dt == DType::f32 ? 1e-5 : 1e-12; }
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+void check_grad(const char* name, const Fn& f, const std::vector<Tensor>& inputs) {
+  auto r = gradcheck(f, inputs);
+  INFO(name << ": " << r.message);
+  CHECK(r.ok);
+}
+
+}  // namespace
+
+TEST_CASE("matmul of 2-D matrices", "[runtime][ops][linalg]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  Tensor a = Tensor::from_vector<double>({1, 2, 3, 4, 5, 6}, {2, 3}).to(dt);
+  Tensor b = Tensor::from_vector<double>({7, 8, 9, 10, 11, 12}, {3, 2}).to(dt);
+  Tensor c = matmul(a, b);
+  CHECK(c.shape() == Shape{2, 2});
+  CHECK(c.dtype() == dt);
+  CHECK(values(c) == std::vector<double>{58, 64, 139, 154});
+
+  Generator g(1);
+  struct Dims {
+    int64_t m, k, n;
+  };
+  const Dims d = GENERATE(Dims{1, 1, 1}, Dims{1, 5, 1}, Dims{4, 1, 3}, Dims{1, 7, 3},
+                          Dims{5, 3, 1}, Dims{17, 9, 13}, Dims{64, 33, 48});
+  INFO(d.m << "x" << d.k << "x" << d.n);
+  Tensor x = rand({d.m, d.k}, dt, g), y = rand({d.k, d.n}, dt, g);
+  check_close(matmul(x, y), naive_mm(x, y), tolerance(dt));
+}
+
+TEST_CASE("matmul reads transposed, sliced and expanded operands", "[runtime][ops][linalg]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  Generator g(2);
+  Tensor a = rand({6, 4}, dt, g);   // a.t() is [4, 6]
+  Tensor b = rand({5, 6}, dt, g);   // b.t() is [6, 5]
+  Tensor ac = a.t().contiguous(), bc = b.t().contiguous();
+  const double tol = tolerance(dt);
+  check_close(matmul(a.t(), bc), naive_mm(ac, bc), tol);
+  check_close(matmul(ac, b.t()), naive_mm(ac, bc), tol);
+  check_close(matmul(a.t(), b.t()), naive_mm(ac, bc), tol);
+  // A row-major matrix with a row stride larger than its width (a column slice).
+  Tensor wide = rand({4, 10}, dt, g);
+  Tensor cols = wide.slice(1, 2, 8);  // [4, 6], strides [10, 1]
+  check_close(matmul(cols, bc), naive_mm(cols.contiguous(), bc), tol);
+  check_close(matmul(a.t(), cols.t()), naive_mm(ac, cols.t().contiguous()), tol);
+  // Unit stride in neither dim: stepped slices and expanded views are copied.
+  Tensor stepped = rand({8, 12}, dt, g).slice(0, 0, 8, 2).slice(1, 0, 12, 2);  // [4, 6]
+  check_close(matmul(stepped, bc), naive_mm(stepped.contiguous(), bc), tol);
+  Tensor expanded = rand({1, 6}, dt, g).expand({4, 6});
+  check_close(matmul(expanded, bc), naive_mm(expanded.contiguous(), bc), tol);
+  Tensor bcol = rand({6, 1}, dt, g).expand({6, 5});
+  check_close(matmul(ac, bcol), naive_mm(ac, bcol.contiguous()), tol);
+  // The inputs are left alone.
+  CHECK(values(a.t()) == values(ac));
+}
+
+TEST_CASE("matmul of [.., m, k] by [k, n] and batched 3-D", "[runtime][ops][linalg]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  Generator g(3);
+  const double tol = tolerance(dt);
+  Tensor a = rand({2, 3, 4}, dt, g), w = rand({4, 5}, dt, g);
+  Tensor c = matmul(a, w);
+  CHECK(c.shape() == Shape{2, 3, 5});
+  std::vector<double> expected;
+  for (int64_t i = 0; i < 2; ++i) {
+    auto part = naive_mm(a.select(0, i), w);
+    expected.insert(expected.end(), part.begin(), part.end());
+  }
+  check_close(c, expected, tol);
+  // 4-D on the left is flattened the same way.
+  Tensor a4 = rand({2, 2, 3, 4}, dt, g);
+  CHECK(matmul(a4, w).shape() == Shape{2, 2, 3, 5});
+  check_close(matmul(a4, w), naive_mm(a4.reshape({12, 4}), w), tol);
+  // A non-contiguous left operand.
+  Tensor at = rand({4, 3, 2}, dt, g).permute({2, 1, 0});  // [2, 3, 4]
+  check_close(matmul(at, w), naive_mm(at.reshape({6, 4}), w), tol);
+
+  // Batched: [b, m, k] x [b, k, n].
+  Tensor bb = rand({2, 4, 5}, dt, g);
+  Tensor cb = matmul(a, bb);
+  CHECK(cb.shape() == Shape{2, 3, 5});
+  expected.clear();
+  for (int64_t i = 0; i < 2; ++i) {
+    auto part = naive_mm(a.select(0, i), bb.select(0, i));
+    expected.insert(expected.end(), part.begin(), part.end());
+  }
+  check_close(cb, expected, tol);
+  // Batched with transposed matrices inside.
+  Tensor bt = bb.transpose(1, 2).contiguous().transpose(1, 2);  // same values, [b, n, k] memory
+  check_close(matmul(a, bt), expected, tol);
+  Tensor a_t = a.transpose(1, 2).contiguous().transpose(1, 2);
+  check_close(matmul(a_t, bt), expected, tol);
+}
+
+TEST_CASE("matmul with empty dims", "[runtime][ops][linalg]") {
+  CHECK(matmul(Tensor::zeros({0, 3}), Tensor::zeros({3, 4})).shape() == Shape{0, 4});
+  Tensor k0 = matmul(Tensor::ones({2, 0}), Tensor::ones({0, 3}));
+  CHECK(k0.shape() == Shape{2, 3});
+  CHECK(values(k0) == std::vector<double>(6, 0.0));
+}
+
+TEST_CASE("matmul shape and dtype errors", "[runtime][ops][linalg]") {
+  Tensor a = Tensor::zeros({2, 3});
+  CHECK_THROWS_WITH(matmul(a, Tensor::zeros({4, 2})),
+                    Contains("inner dimensions") && Contains("[2, 3]") && Contains("[4, 2]"));
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({3}), Tensor::zeros({3, 2})), Contains("matmul"));
+  CHECK_THROWS_WITH(matmul(a, Tensor::zeros({3})), Contains("matmul"));
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({2, 2, 3}), Tensor::zeros({3, 3, 2})),
+                    Contains("batched"));
+  CHECK_THROWS_WITH(matmul(a, Tensor::zeros({3, 2}, DType::f64)),
+                    Contains("f32") && Contains("f64"));
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({2, 3}, DType::i32), Tensor::zeros({3, 2}, DType::i32)),
+                    Contains("i32"));
+}
+
+TEST_CASE("linear with and without bias", "[runtime][ops][linalg]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  const double tol = tolerance(dt);
+  Tensor x = Tensor::from_vector<double>({1, 2, 3, 4, 5, 6}, {2, 3}).to(dt);
+  Tensor w = Tensor::from_vector<double>({1, 0, -1, 2, 1, 0}, {2, 3}).to(dt);
+  Tensor b = Tensor::from_vector<double>({0.5, -1}, {2}).to(dt);
+  Tensor y = linear(x, w, b);
+  CHECK(y.shape() == Shape{2, 2});
+  CHECK(y.dtype() == dt);
+  check_close(y, {-1.5, 3, -1.5, 12}, tol);
+  check_close(linear(x, w), {-2, 4, -2, 13}, tol);
+
+  // 1-D and 3-D inputs keep their leading shape.
+  Tensor y1 = linear(x.select(0, 1), w, b);
+  CHECK(y1.shape() == Shape{2});
+  check_close(y1, {-1.5, 12}, tol);
+  Generator g(4);
+  Tensor x3 = rand({2, 3, 3}, dt, g), w3 = rand({4, 3}, dt, g), b3 = rand({4}, dt, g);
+  Tensor y3 = linear(x3, w3, b3);
+  CHECK(y3.shape() == Shape{2, 3, 4});
+  auto ref = naive_mm(x3.reshape({6, 3}), w3.t());
+  auto bv = values(b3);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += bv[i % 4];
+  check_close(y3, ref, tol);
+  // A transposed input.
+  Tensor xt = rand({3, 5}, dt, g).t();
+  check_close(linear(xt, w3), naive_mm(xt.contiguous(), w3.t()), tol);
+}
+
+TEST_CASE("linear errors name the shapes", "[runtime][ops][linalg]") {
+  Tensor x = Tensor::zeros({2, 3});
+  CHECK_THROWS_WITH(linear(x, Tensor::zeros({4, 5})),
+                    Contains("3 features") && Contains("[4, 5]"));
+  CHECK_THROWS_WITH(linear(x, Tensor::zeros({3})), Contains("weight"));
+  CHECK_THROWS_WITH(linear(x, Tensor::zeros({4, 3}), Tensor::zeros({3})),
+                    Contains("bias") && Contains("[4]"));
+}
+
+TEST_CASE("matmul and linear gradients match finite differences",
+          "[runtime][ops][linalg][gradcheck]") {
+  Tensor a = random_input({3, 4}, 1);
+  Tensor b = random_input({4, 5}, 2);
+  Tensor at = random_input({4, 3}, 3);  // used as at.t(): a transposed operand
+  Tensor bt = random_input({5, 4}, 4);
+  Tensor a3 = random_input({2, 3, 4}, 5);
+  Tensor b3 = random_input({2, 4, 5}, 6);
+  Tensor x = random_input({6, 4}, 7);
+  Tensor w = random_input({3, 4}, 8);
+  Tensor bias = random_input({3}, 9);
+  Tensor x3 = random_input({2, 2, 4}, 10);
+
+  check_grad("matmul 2-D", [](auto& in) { return matmul(in[0], in[1]); }, {a, b});
+  check_grad("matmul a.t()", [](auto& in) { return matmul(in[0].t(), in[1]); }, {at, b});
+  check_grad("matmul b.t()", [](auto& in) { return matmul(in[0], in[1].t()); }, {a, bt});
+  check_grad("matmul both transposed", [](auto& in) { return matmul(in[0].t(), in[1].t()); },
+             {at, bt});
+  check_grad("matmul [b,m,k]x[k,n]", [](auto& in) { return matmul(in[0], in[1]); }, {a3, b});
+  check_grad("matmul batched", [](auto& in) { return matmul(in[0], in[1]); }, {a3, b3});
+  check_grad("matmul batched transposed",
+             [](auto& in) { return matmul(in[0], in[1].transpose(1, 2).contiguous().transpose(1, 2)); },
+             {a3, b3});
+  check_grad("matmul same operand twice", [](auto& in) { return matmul(in[0], in[0].t()); }, {a});
+  check_grad("linear with bias", [](auto& in) { return linear(in[0], in[1], in[2]); },
+             {x, w, bias});
+  check_grad("linear without bias", [](auto& in) { return linear(in[0], in[1]); }, {x, w});
+  check_grad("linear 3-D input", [](auto& in) { return linear(in[0], in[1], in[2]); },
+             {x3, w, bias});
+  check_grad("linear transposed input", [](auto& in) { return linear(in[0].t(), in[1]); },
+             {at, w});
+}
+
+TEST_CASE("linear computes only the gradients that are needed", "[runtime][ops][linalg]") {
+  Tensor x = Tensor::ones({2, 3});
+  Tensor w = Tensor::ones({4, 3});
+  Tensor b = Tensor::zeros({4});
+  w.requires_grad_();
+  sum(linear(x, w, b)).backward();
+  CHECK(values(w.grad()) == std::vector<double>(12, 2.0));  // column sums of x
+  CHECK_FALSE(x.grad().defined());
+  CHECK_FALSE(b.grad().defined());
+  b.requires_grad_();
+  sum(linear(x, w, b)).backward();
+  CHECK(values(b.grad()) == std::vector<double>(4, 2.0));
+  CHECK(values(w.grad()) == std::vector<double>(12, 4.0));
+}

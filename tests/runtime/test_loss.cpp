@@ -1,0 +1,199 @@
+// cross_entropy (with label smoothing and every reduction) and mse_loss:
+// values against direct formulas, gradients, and argument errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "lockstep/runtime/ops/activation.h"
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/ops/loss.h"
+#include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/random.h"
+#include "lockstep/runtime/tensor.h"
+#include "support/gradcheck.h"
+
+using namespace lockstep::runtime;
+using lockstep::testing::gradcheck;
+using lockstep::testing::random_input;
+using Catch::Contains;
+
+namespace {
+
+std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
+
+void check_close(const Tensor& t, const std::vector<double>& expected, double tol) {
+  auto v = values(t);
+  REQUIRE(v.size() == expected.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    INFO("element " << i);
+    CHECK(v[i] == Approx(expected[i]).epsilon(tol).margin(tol));
+  }
+}
+
+// Per-sample cross-entropy by its definition: the target distribution
+// q = (1 - s) onehot(t) + s / C against log-probabilities log(exp(x) / sum exp(x)).
+std::vector<double> cross_entropy_ref(const std::vector<double>& x, const std::vector<int64_t>& t,
+                                      int64_t c, double s) {
+  std::vector<double> out;
+  for (size_t i = 0; i < t.size(); ++i) {
+    double z = 0;
+    for (int64_t j = 0; j < c; ++j) z += std::exp(x[i * c + j]);
+    double loss = 0;
+    for (int64_t j = 0; j < c; ++j) {
+      const double q = (j == t[i] ? 1 - s : 0) + s / static_cast<double>(c);
+      loss -= q * std::log(std::exp(x[i * c + j]) / z);
+    }
+    out.push_back(loss);
+  }
+  return out;
+}
+
+double total(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+void check_grad(const char* name, const Fn& f, const std::vector<Tensor>& inputs) {
+  auto r = gradcheck(f, inputs);
+  INFO(name << ": " << r.message);
+  CHECK(r.ok);
+}
+
+}  // namespace
+
+TEST_CASE("cross_entropy matches the direct formula", "[runtime][ops][loss]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  const double smoothing = GENERATE(0.0, 0.1, 1.0);
+  const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
+  INFO("dtype " << dtype_name(dt) << ", label_smoothing " << smoothing);
+  const std::vector<double> x = {1.0, 2.0, 0.5, -1.0,   //
+                                 0.0, 0.0, 0.0, 0.0,    //
+                                 3.0, -2.0, 1.5, 0.25};  // [3, 4]
+  const std::vector<int64_t> t = {1, 3, 0};
+  Tensor logits = Tensor::from_vector<double>(x, {3, 4}).to(dt);
+  Tensor target = Tensor::from_vector<int64_t>(t, {3});
+  const auto ref = cross_entropy_ref(x, t, 4, smoothing);
+
+  Tensor none = cross_entropy(logits, target, smoothing, Reduction::None);
+  CHECK(none.shape() == Shape{3});
+  CHECK(none.dtype() == dt);
+  check_close(none, ref, tol);
+  Tensor sum_loss = cross_entropy(logits, target, smoothing, Reduction::Sum);
+  CHECK(sum_loss.shape().empty());
+  CHECK(sum_loss.item() == Approx(total(ref)).epsilon(tol));
+  Tensor mean_loss = cross_entropy(logits, target, smoothing, Reduction::Mean);
+  CHECK(mean_loss.shape().empty());
+  CHECK(mean_loss.item() == Approx(total(ref) / 3).epsilon(tol));
+  // The default is mean without smoothing.
+  if (smoothing == 0.0) CHECK(cross_entropy(logits, target).item() == mean_loss.item());
+  // i32 targets work the same.
+  check_close(cross_entropy(logits, target.to(DType::i32), smoothing, Reduction::None), ref, tol);
+}
+
+TEST_CASE("cross_entropy of uniform logits is log C", "[runtime][ops][loss]") {
+  Tensor logits = Tensor::zeros({2, 10});
+  Tensor target = Tensor::from_vector<int64_t>({3, 9}, {2});
+  CHECK(cross_entropy(logits, target).item() == Approx(std::log(10.0)));
+  CHECK(cross_entropy(logits, target, 0.3).item() == Approx(std::log(10.0)));
+}
+
+TEST_CASE("cross_entropy is stable for large logits", "[runtime][ops][loss]") {
+  Tensor logits = Tensor::from_vector<float>({1000, 0, -1000, 2000, 2001, 1999}, {2, 3});
+  Tensor target = Tensor::from_vector<int64_t>({0, 2}, {2});
+  auto l = values(cross_entropy(logits, target, 0.0, Reduction::None));
+  CHECK(l[0] == Approx(0.0).margin(1e-6));
+  // logsumexp(0, 1, -1) - (-1)
+  CHECK(l[1] == Approx(std::log(1 + std::exp(1.0) + std::exp(-1.0)) + 1).epsilon(1e-5));
+}
+
+TEST_CASE("cross_entropy gradient is (softmax - target distribution) / N",
+          "[runtime][ops][loss]") {
+  const double smoothing = GENERATE(0.0, 0.1);
+  Generator g(3);
+  Tensor logits = randn({4, 5}, DType::f64, g);
+  logits.requires_grad_();
+  Tensor target = Tensor::from_vector<int64_t>({4, 0, 2, 2}, {4});
+  cross_entropy(logits, target, smoothing).backward();
+  auto p = values(softmax(logits.detach(), 1));
+  std::vector<double> expected;
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t j = 0; j < 5; ++j) {
+      const double q = (j == values(target)[i] ? 1 - smoothing : 0) + smoothing / 5;
+      expected.push_back((p[i * 5 + j] - q) / 4);
+    }
+  check_close(logits.grad(), expected, 1e-12);
+}
+
+TEST_CASE("cross_entropy gradients match finite differences", "[runtime][ops][loss][gradcheck]") {
+  Tensor logits = random_input({5, 4}, 1, -2.0, 2.0);
+  Tensor logits_t = random_input({4, 5}, 2, -2.0, 2.0);
+  Tensor target = Tensor::from_vector<int64_t>({0, 3, 3, 1, 2}, {5});
+  for (double s : {0.0, 0.1, 0.5}) {
+    for (Reduction r : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+      INFO("label_smoothing " << s << ", reduction " << static_cast<int>(r));
+      check_grad("cross_entropy",
+                 [&](auto& in) { return cross_entropy(in[0], target, s, r); }, {logits});
+      check_grad("cross_entropy of a transposed view",
+                 [&](auto& in) { return cross_entropy(in[0].t(), target, s, r); }, {logits_t});
+    }
+  }
+  check_grad("cross_entropy of a computed input", [&](auto& in) {
+    return cross_entropy(mul(in[0], in[0]), target, 0.1);
+  }, {logits});
+}
+
+TEST_CASE("cross_entropy argument errors", "[runtime][ops][loss]") {
+  Tensor logits = Tensor::zeros({3, 4});
+  CHECK_THROWS_AS(cross_entropy(logits, Tensor::from_vector<int64_t>({0, 4, 1}, {3})),
+                  lockstep::Error);
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::from_vector<int64_t>({0, 4, 1}, {3})),
+                    Contains("target[1] = 4") && Contains("[0, 4)"));
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1, -1}, {3})),
+                    Contains("target[2] = -1"));
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::from_vector<int32_t>({7, 1, 1}, {3})),
+                    Contains("target[0] = 7"));
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1}, {2})),
+                    Contains("[3]") && Contains("[2]"));
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::zeros({3})), Contains("class indices") &&
+                                                                    Contains("f32"));
+  CHECK_THROWS_WITH(cross_entropy(Tensor::zeros({3}), Tensor::zeros({3}, DType::i64)),
+                    Contains("[N, C]"));
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::zeros({3}, DType::i64), 1.5),
+                    Contains("label_smoothing"));
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::zeros({3}, DType::i64), -0.1),
+                    Contains("label_smoothing"));
+}
+
+TEST_CASE("mse_loss for every reduction", "[runtime][ops][loss]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  Tensor in = Tensor::from_vector<double>({1, 2, 3, 4}, {2, 2}).to(dt);
+  Tensor tg = Tensor::from_vector<double>({1, 0, 5, 1}, {2, 2}).to(dt);
+  // squared errors 0, 4, 4, 9
+  CHECK(mse_loss(in, tg).item() == Approx(17.0 / 4));
+  CHECK(mse_loss(in, tg).shape().empty());
+  CHECK(mse_loss(in, tg, Reduction::Sum).item() == Approx(17.0));
+  Tensor none = mse_loss(in, tg, Reduction::None);
+  CHECK(none.shape() == Shape{2, 2});
+  CHECK(values(none) == std::vector<double>{0, 4, 4, 9});
+  CHECK_THROWS_WITH(mse_loss(in, Tensor::zeros({4}, dt)),
+                    Contains("[2, 2]") && Contains("[4]"));
+}
+
+TEST_CASE("mse_loss gradients", "[runtime][ops][loss][gradcheck]") {
+  Tensor in = random_input({3, 4}, 1);
+  Tensor tg = random_input({3, 4}, 2);
+  for (Reduction r : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+    INFO("reduction " << static_cast<int>(r));
+    check_grad("mse both", [&](auto& x) { return mse_loss(x[0], x[1], r); }, {in, tg});
+  }
+  // d/dx mean((x - y)^2) = 2 (x - y) / n.
+  Tensor x = Tensor::from_vector<double>({1, 2}, {2});
+  x.requires_grad_();
+  mse_loss(x, Tensor::from_vector<double>({0, 4}, {2})).backward();
+  CHECK(values(x.grad()) == std::vector<double>{1, -2});
+}

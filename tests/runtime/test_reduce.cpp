@@ -1,0 +1,217 @@
+// Reductions: sum, mean, max, argmax over dims, with keepdim; ties; dtypes;
+// gradient checks.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/tensor.h"
+#include "support/gradcheck.h"
+
+using namespace lockstep::runtime;
+using lockstep::testing::gradcheck;
+using lockstep::testing::random_input;
+using Catch::Contains;
+
+namespace {
+
+std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
+
+Tensor iota(const Shape& shape, DType dtype = DType::f64) {
+  return Tensor::arange(shape_numel(shape), dtype).reshape(shape);
+}
+
+void check_close(const Tensor& t, const std::vector<double>& expected, double tol = 1e-6) {
+  auto v = values(t);
+  REQUIRE(v.size() == expected.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    INFO("element " << i);
+    CHECK(v[i] == Approx(expected[i]).epsilon(tol).margin(tol));
+  }
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+void check_grad(const char* name, const Fn& f, const std::vector<Tensor>& inputs) {
+  auto r = gradcheck(f, inputs);
+  INFO(name << ": " << r.message);
+  CHECK(r.ok);
+}
+
+}  // namespace
+
+TEST_CASE("sum over all elements and over dims", "[runtime][ops][reduce]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  // t[i][j][k] = 12 i + 4 j + k
+  Tensor t = iota({2, 3, 4}, dt);
+  Tensor all = sum(t);
+  CHECK(all.shape().empty());
+  CHECK(all.dtype() == dt);
+  CHECK(all.item() == 276);
+
+  Tensor s0 = sum(t, {0});
+  CHECK(s0.shape() == Shape{3, 4});
+  check_close(s0, {12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34});
+  Tensor s2 = sum(t, {-1});
+  CHECK(s2.shape() == Shape{2, 3});
+  check_close(s2, {6, 22, 38, 54, 70, 86});
+  Tensor s02 = sum(t, {0, 2});
+  CHECK(s02.shape() == Shape{3});
+  check_close(s02, {60, 92, 124});
+  Tensor s02k = sum(t, {2, 0}, /*keepdim=*/true);  // order does not matter
+  CHECK(s02k.shape() == Shape{1, 3, 1});
+  check_close(s02k, {60, 92, 124});
+  CHECK(sum(t, {0, 1, 2}).shape().empty());
+  CHECK(sum(t, {0, 1, 2}, true).shape() == Shape{1, 1, 1});
+  CHECK(sum(t, {1, 1}).shape() == Shape{2, 4});  // a repeated dim counts once
+  check_close(sum(t, {1, -2}), values(sum(t, {1})));
+  CHECK_THROWS_WITH(sum(t, {3}), Contains("out of range"));
+}
+
+TEST_CASE("mean over all elements and over dims", "[runtime][ops][reduce]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  Tensor t = iota({2, 3, 4}, dt);
+  CHECK(mean(t).item() == Approx(11.5));
+  CHECK(mean(t).dtype() == dt);
+  Tensor m1 = mean(t, {1}, true);
+  CHECK(m1.shape() == Shape{2, 1, 4});
+  check_close(m1, {4, 5, 6, 7, 16, 17, 18, 19});
+  check_close(mean(t, {0, 2}), {7.5, 11.5, 15.5});
+  check_close(mean(t, {-1, -2}), {5.5, 17.5});
+  CHECK_THROWS_WITH(mean(Tensor::ones({2}, DType::i64)), Contains("mean") && Contains("i64"));
+}
+
+TEST_CASE("sum of other dtypes and of views", "[runtime][ops][reduce]") {
+  Tensor i = iota({3, 2}, DType::i32);
+  CHECK(sum(i).dtype() == DType::i64);
+  CHECK(sum(i).item() == 15);
+  check_close(sum(i, {0}), {6, 9});
+  Tensor b = Tensor::from_vector<bool>({true, false, true, true}, {4});
+  CHECK(sum(b).item() == 3);
+  CHECK(sum(b).dtype() == DType::i64);
+  Tensor h = Tensor::full({4}, 0.5, DType::bf16);
+  CHECK(sum(h).dtype() == DType::bf16);
+  CHECK(sum(h).item() == 2.0);
+  CHECK(sum(Tensor::full({3}, 0.25, DType::f16)).item() == 0.75);
+
+  // Non-contiguous inputs: transposed, stepped, expanded.
+  Tensor m = iota({3, 4});
+  check_close(sum(m.t(), {1}), {12, 15, 18, 21});
+  check_close(sum(m.t(), {0}), {6, 22, 38});
+  check_close(sum(m.slice(1, 0, 4, 2), {1}), {2, 10, 18});
+  check_close(sum(Tensor::scalar(2.0, DType::f64).expand({5, 3}), {0}), {10, 10, 10});
+  // Empty reductions give zero.
+  CHECK(sum(Tensor::zeros({0, 3})).item() == 0);
+  check_close(sum(Tensor::zeros({0, 3}), {0}), {0, 0, 0});
+  // Float sums accumulate in double: 1e8 + many ones is not lost in f32.
+  Tensor f = Tensor::ones({1001});
+  f.select(0, 0).fill_(1e8);
+  CHECK(sum(f).item() == 1e8 + 1000);
+}
+
+TEST_CASE("sum and mean of a 0-dim tensor", "[runtime][ops][reduce]") {
+  Tensor s = Tensor::scalar(3.0, DType::f64);
+  CHECK(sum(s).item() == 3.0);
+  CHECK(sum(s, {0}).item() == 3.0);
+  CHECK(sum(s, {-1}, true).shape().empty());
+  CHECK(mean(s, {0}).item() == 3.0);
+  CHECK_THROWS_WITH(sum(s, {1}), Contains("out of range"));
+}
+
+TEST_CASE("max and argmax along a dim, ties go to the first index", "[runtime][ops][reduce]") {
+  const DType dt = GENERATE(DType::f32, DType::f64, DType::i32, DType::i64);
+  Tensor t = Tensor::from_vector<double>({3, 1, 3, 2,   //
+                                          0, 5, 5, 1,   //
+                                          7, 7, 7, 7},  //
+                                         {3, 4})
+                 .to(dt);
+  Tensor m1 = max(t, 1);
+  CHECK(m1.shape() == Shape{3});
+  CHECK(m1.dtype() == dt);
+  CHECK(values(m1) == std::vector<double>{3, 5, 7});
+  Tensor a1 = argmax(t, 1);
+  CHECK(a1.dtype() == DType::i64);
+  CHECK(values(a1) == std::vector<double>{0, 1, 0});  // first of the ties
+  CHECK(values(argmax(t, -1, true)) == std::vector<double>{0, 1, 0});
+  CHECK(argmax(t, -1, true).shape() == Shape{3, 1});
+
+  Tensor m0 = max(t, 0, /*keepdim=*/true);
+  CHECK(m0.shape() == Shape{1, 4});
+  CHECK(values(m0) == std::vector<double>{7, 7, 7, 7});
+  CHECK(values(argmax(t, 0)) == std::vector<double>{2, 2, 2, 2});
+  CHECK(max(t).item() == 7);
+  CHECK(max(t).shape().empty());
+
+  // On a transposed view.
+  CHECK(values(max(t.t(), 0)) == std::vector<double>{3, 5, 7});
+  CHECK(values(argmax(t.t(), 1)) == std::vector<double>{2, 2, 2, 2});
+}
+
+TEST_CASE("max over a middle dim of a 3-D tensor", "[runtime][ops][reduce]") {
+  // t[i][j][k] = (j * 7 + k * 3 + i) % 5
+  std::vector<double> v;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) v.push_back((j * 7 + k * 3 + i) % 5);
+  Tensor t = Tensor::from_vector<double>(v, {2, 3, 4});
+  std::vector<double> mx, am;
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 4; ++k) {
+      int best = 0;
+      for (int j = 1; j < 3; ++j)
+        if (v[i * 12 + j * 4 + k] > v[i * 12 + best * 4 + k]) best = j;
+      mx.push_back(v[i * 12 + best * 4 + k]);
+      am.push_back(best);
+    }
+  CHECK(values(max(t, 1)) == mx);
+  CHECK(values(argmax(t, 1)) == am);
+  CHECK(max(t, 1, true).shape() == Shape{2, 1, 4});
+}
+
+TEST_CASE("max: NaN wins; empty dims are an error", "[runtime][ops][reduce]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor t = Tensor::from_vector<double>({1, nan, 3}, {3});
+  CHECK(std::isnan(max(t).item()));
+  CHECK(argmax(t, 0).item() == 1);
+  CHECK_THROWS_WITH(max(Tensor::zeros({2, 0}), 1), Contains("empty"));
+  CHECK_THROWS_WITH(argmax(Tensor::zeros({2, 3}), 2), Contains("out of range"));
+}
+
+TEST_CASE("max gradient goes to the first maximal element", "[runtime][ops][reduce]") {
+  Tensor t = Tensor::from_vector<double>({3, 1, 3, 0, 5, 5}, {2, 3});
+  t.requires_grad_();
+  max(t, 1).backward(Tensor::from_vector<double>({10, 20}, {2}));
+  CHECK(values(t.grad()) == std::vector<double>{10, 0, 0, 0, 20, 0});
+  t.set_grad(Tensor());
+  max(t, 0, true).backward(Tensor::from_vector<double>({1, 2, 3}, {1, 3}));
+  CHECK(values(t.grad()) == std::vector<double>{1, 0, 0, 0, 2, 3});
+  t.set_grad(Tensor());
+  max(t).backward();
+  CHECK(values(t.grad()) == std::vector<double>{0, 0, 0, 0, 1, 0});
+}
+
+TEST_CASE("reduction gradients match finite differences", "[runtime][ops][reduce][gradcheck]") {
+  Tensor x = random_input({2, 3, 4}, 1);
+  Tensor s = random_input({}, 2);
+  Tensor xt = random_input({4, 3}, 3);
+  check_grad("sum", [](auto& in) { return sum(in[0]); }, {x});
+  check_grad("sum dim 1", [](auto& in) { return sum(in[0], {1}); }, {x});
+  check_grad("sum dims 0,2 keepdim", [](auto& in) { return sum(in[0], {0, 2}, true); }, {x});
+  check_grad("sum dims -1,0", [](auto& in) { return sum(in[0], {-1, 0}); }, {x});
+  check_grad("sum of a 0-dim tensor", [](auto& in) { return sum(in[0], {0}); }, {s});
+  check_grad("mean", [](auto& in) { return mean(in[0]); }, {x});
+  check_grad("mean dims 1,2", [](auto& in) { return mean(in[0], {1, 2}); }, {x});
+  check_grad("mean dim 0 keepdim", [](auto& in) { return mean(in[0], {0}, true); }, {x});
+  check_grad("max dim 1", [](auto& in) { return max(in[0], 1); }, {x});
+  check_grad("max dim 2 keepdim", [](auto& in) { return max(in[0], 2, true); }, {x});
+  check_grad("max dim 0", [](auto& in) { return max(in[0], 0); }, {x});
+  check_grad("max all", [](auto& in) { return max(in[0]); }, {x});
+  check_grad("sum of transposed", [](auto& in) { return sum(in[0].t(), {1}); }, {xt});
+  check_grad("max of transposed", [](auto& in) { return max(in[0].t(), 0, true); }, {xt});
+  check_grad("mean then broadcast",
+             [](auto& in) { return mul(in[0], mean(in[0], {2}, true)); }, {x});
+}
