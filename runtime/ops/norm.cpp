@@ -24,10 +24,12 @@ void check_param(const char* op, const char* name, const Tensor& p, const Shape&
   LOCKSTEP_CHECK(p.device().is_cpu(), "{}: {} is not a CPU tensor", op, name);
 }
 
-std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+// A small parameter or buffer read as doubles (detached: nothing to record).
+std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
 
-// The batch-norm coefficients of one call, per channel, in double.
-struct BnCoeffs {
+// Normalisation statistics of one call, in double: per channel for batch
+// norm, per row for layer norm. Shared with the backward closure.
+struct Stats {
   std::vector<double> mean, invstd;
 };
 
@@ -62,7 +64,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
                  shape_str(x_in.shape()));
 
   const Tensor x = x_in.contiguous();
-  auto co = std::make_shared<BnCoeffs>();
+  auto co = std::make_shared<Stats>();
   co->mean.resize(c);
   co->invstd.resize(c);
   if (training) {
@@ -187,7 +189,7 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
   const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
   const int64_t d = shape_numel(normalized_shape);
   const int64_t rows = d == 0 ? 0 : x.numel() / d;
-  auto stats = std::make_shared<BnCoeffs>();  // per row: mean, invstd
+  auto stats = std::make_shared<Stats>();
   stats->mean.resize(rows);
   stats->invstd.resize(rows);
   Tensor out = Tensor::empty(x.shape(), x.dtype());

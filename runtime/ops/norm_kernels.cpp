@@ -4,56 +4,68 @@
 #include <cmath>
 #include <vector>
 
+#include "lockstep/runtime/cpu/simd.h"
+
 namespace lockstep::runtime::norm_kernels {
 namespace {
 
-// Values summed in T (8 lanes) before the partial sums are flushed to double.
+using cpu::kLanes;
+using cpu::vec_t;
+
+// Values summed in T before the partial sums are flushed to double: keeps f32
+// rounding error bounded for long rows without slowing the inner loop.
 constexpr int64_t kRun = 256;
 
-// s1 += sum(v - k), s2 += sum((v - k)^2). The 8-lane blocks with non-aliasing
-// pointers let the compiler vectorise at -O2 without -ffast-math.
+// s1 += sum(v - k), s2 += sum((v - k)^2). Two vector accumulators per sum
+// hide the add latency.
 template <class T>
-void shifted_sums(const T* __restrict v, int64_t n, T k, double& s1, double& s2) {
-  for (int64_t i0 = 0; i0 < n; i0 += kRun) {
-    const int64_t i1 = std::min(n, i0 + kRun);
-    T a[8] = {}, b[8] = {};
-    int64_t i = i0;
-    for (; i + 8 <= i1; i += 8) {
-      for (int u = 0; u < 8; ++u) {
-        const T d = v[i + u] - k;
-        a[u] += d;
-        b[u] += d * d;
-      }
+void shifted_sums(const T* __restrict v, int64_t n, T k, double& s1_out, double& s2_out) {
+  constexpr int L = kLanes<T>;
+  const vec_t<T> kk = cpu::splat(k);
+  double s1 = 0, s2 = 0;
+  int64_t i = 0;
+  while (i + 2 * L <= n) {
+    vec_t<T> a0 = {}, a1 = {}, b0 = {}, b1 = {};
+    const int64_t end = std::min(n, i + kRun) - 2 * L;
+    for (; i <= end; i += 2 * L) {
+      const vec_t<T> d0 = cpu::load(v + i) - kk, d1 = cpu::load(v + i + L) - kk;
+      a0 += d0, a1 += d1;
+      b0 += d0 * d0, b1 += d1 * d1;
     }
-    for (; i < i1; ++i) {
-      const T d = v[i] - k;
-      a[0] += d;
-      b[0] += d * d;
-    }
-    for (int u = 0; u < 8; ++u) s1 += a[u], s2 += b[u];
+    s1 += cpu::lane_sum<T>(a0 + a1);
+    s2 += cpu::lane_sum<T>(b0 + b1);
   }
+  for (; i < n; ++i) {
+    const double d = static_cast<double>(v[i]) - k;
+    s1 += d, s2 += d * d;
+  }
+  s1_out += s1, s2_out += s2;
 }
 
 // s1 += sum(gy), s2 += sum(gy * (x - m)).
 template <class T>
-void grad_sums(const T* __restrict gy, const T* __restrict x, int64_t n, T m, double& s1,
-               double& s2) {
-  for (int64_t i0 = 0; i0 < n; i0 += kRun) {
-    const int64_t i1 = std::min(n, i0 + kRun);
-    T a[8] = {}, b[8] = {};
-    int64_t i = i0;
-    for (; i + 8 <= i1; i += 8) {
-      for (int u = 0; u < 8; ++u) {
-        a[u] += gy[i + u];
-        b[u] += gy[i + u] * (x[i + u] - m);
-      }
+void grad_sums(const T* __restrict gy, const T* __restrict x, int64_t n, T m, double& s1_out,
+               double& s2_out) {
+  constexpr int L = kLanes<T>;
+  const vec_t<T> mm = cpu::splat(m);
+  double s1 = 0, s2 = 0;
+  int64_t i = 0;
+  while (i + 2 * L <= n) {
+    vec_t<T> a0 = {}, a1 = {}, b0 = {}, b1 = {};
+    const int64_t end = std::min(n, i + kRun) - 2 * L;
+    for (; i <= end; i += 2 * L) {
+      const vec_t<T> g0 = cpu::load(gy + i), g1 = cpu::load(gy + i + L);
+      a0 += g0, a1 += g1;
+      b0 += g0 * (cpu::load(x + i) - mm), b1 += g1 * (cpu::load(x + i + L) - mm);
     }
-    for (; i < i1; ++i) {
-      a[0] += gy[i];
-      b[0] += gy[i] * (x[i] - m);
-    }
-    for (int u = 0; u < 8; ++u) s1 += a[u], s2 += b[u];
+    s1 += cpu::lane_sum<T>(a0 + a1);
+    s2 += cpu::lane_sum<T>(b0 + b1);
   }
+  for (; i < n; ++i) {
+    s1 += gy[i];
+    s2 += static_cast<double>(gy[i]) * (static_cast<double>(x[i]) - m);
+  }
+  s1_out += s1, s2_out += s2;
 }
 
 template <class T>

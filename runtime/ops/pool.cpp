@@ -1,6 +1,8 @@
 // Pooling ops: argument checks and autograd wiring; loops in pool_kernels.cpp.
 #include "lockstep/runtime/ops/pool.h"
 
+#include <cstdint>
+
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/pool_kernels.h"
 
@@ -49,7 +51,7 @@ Shape out_shape(const Tensor& x, const PoolShape& s) {
   return shape;
 }
 
-// Shared wiring of the two average pools: same signature of kernels.
+// Shared wiring of the two average pools (their kernels have the same shape).
 template <class Fwd, class Bwd>
 Tensor average_pool(const char* op, const char* node, const Tensor& x_in, const PoolShape& s,
                     Fwd forward, Bwd backward) {
@@ -57,7 +59,7 @@ Tensor average_pool(const char* op, const char* node, const Tensor& x_in, const 
   Tensor out = Tensor::empty(out_shape(x, s), x.dtype());
   dispatch_float(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    forward(s, x.data_ptr<T>(), out.data_ptr<T>(), tag);
+    forward(s, x.data_ptr<T>(), out.data_ptr<T>());
   });
   return record(std::move(out), node, {x_in}, {},
                 [s, in_shape = x.shape(), op, backward](const BackwardArgs& a) {
@@ -65,7 +67,7 @@ Tensor average_pool(const char* op, const char* node, const Tensor& x_in, const 
                   Tensor gx = Tensor::empty(in_shape, gy.dtype());
                   dispatch_float(gy.dtype(), op, [&](auto tag) {
                     using T = decltype(tag);
-                    backward(s, gy.data_ptr<T>(), gx.data_ptr<T>(), tag);
+                    backward(s, gy.data_ptr<T>(), gx.data_ptr<T>());
                   });
                   return std::vector<Tensor>{gx};
                 });
@@ -76,7 +78,7 @@ Tensor average_pool(const char* op, const char* node, const Tensor& x_in, const 
 Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& opts) {
   const PoolShape s = window_shape("max_pool2d", x_in, opts);
   const Tensor x = x_in.contiguous();
-  LOCKSTEP_CHECK(s.h * s.w <= INT32_MAX, "max_pool2d: planes of {} elements are too large",
+  LOCKSTEP_CHECK(s.h * s.w <= INT32_MAX, "max_pool2d: an H x W plane of {} elements is too large (at most 2^31 - 1)",
                  s.h * s.w);
   Tensor out = Tensor::empty(out_shape(x, s), x.dtype());
   // Flat in-plane index of each window's maximum; internal, so i32 halves
@@ -105,10 +107,10 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opts) {
   const PoolShape s = window_shape("avg_pool2d", x, opts);
   return average_pool(
       "avg_pool2d", "AvgPool2dBackward", x, s,
-      [](const PoolShape& sh, const auto* in, auto* out, auto) {
+      [](const PoolShape& sh, const auto* in, auto* out) {
         pool_kernels::avg_pool_forward(sh, in, out);
       },
-      [](const PoolShape& sh, const auto* gy, auto* gx, auto) {
+      [](const PoolShape& sh, const auto* gy, auto* gx) {
         pool_kernels::avg_pool_backward(sh, gy, gx);
       });
 }
@@ -121,10 +123,10 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) 
   s.oh = output_size[0], s.ow = output_size[1];
   return average_pool(
       "adaptive_avg_pool2d", "AdaptiveAvgPool2dBackward", x, s,
-      [](const PoolShape& sh, const auto* in, auto* out, auto) {
+      [](const PoolShape& sh, const auto* in, auto* out) {
         pool_kernels::adaptive_avg_pool_forward(sh, in, out);
       },
-      [](const PoolShape& sh, const auto* gy, auto* gx, auto) {
+      [](const PoolShape& sh, const auto* gy, auto* gx) {
         pool_kernels::adaptive_avg_pool_backward(sh, gy, gx);
       });
 }

@@ -9,9 +9,9 @@
 #include "nn_test_util.h"
 
 using namespace lockstep::nn;
-using lockstep::testing::bitwise_equal;
-using lockstep::testing::error_message;
-using lockstep::testing::values;
+using lockstep::nn_testing::bitwise_equal;
+using lockstep::nn_testing::error_message;
+using lockstep::nn_testing::values;
 using Catch::Contains;
 
 namespace {

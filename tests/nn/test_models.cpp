@@ -9,7 +9,7 @@
 #include "nn_test_util.h"
 
 using namespace lockstep::nn;
-using lockstep::testing::bitwise_equal;
+using lockstep::nn_testing::bitwise_equal;
 
 namespace {
 

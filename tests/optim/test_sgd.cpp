@@ -14,9 +14,9 @@
 using namespace lockstep::optim;
 using lockstep::runtime::DType;
 using lockstep::runtime::Generator;
-using lockstep::testing::bitwise_equal;
-using lockstep::testing::error_message;
-using lockstep::testing::values;
+using lockstep::nn_testing::bitwise_equal;
+using lockstep::nn_testing::error_message;
+using lockstep::nn_testing::values;
 using Catch::Contains;
 
 namespace {

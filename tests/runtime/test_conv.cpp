@@ -33,6 +33,7 @@ struct Config {
 const std::vector<Config> kConfigs = {
     {"3x3 pad 1 (large maps)", 2, 3, 17, 16, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
     {"3x3 pad 1 (small maps)", 3, 2, 6, 5, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
+    {"3x3 pad 1, 3 + 2 images per gemm", 5, 2, 10, 10, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, true},
     {"3x3 stride 2 pad 1", 2, 3, 9, 8, 4, 3, 3, 2, 2, 1, 1, 1, 1, 1, true},
     {"3x3 dilation 2 pad 2", 2, 2, 9, 9, 3, 3, 3, 1, 1, 2, 2, 2, 2, 1, false},
     {"3x3 groups 2", 2, 4, 7, 6, 6, 3, 3, 1, 1, 1, 1, 1, 1, 2, true},

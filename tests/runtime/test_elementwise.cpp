@@ -8,6 +8,7 @@
 
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/gradcheck.h"
 
@@ -277,4 +278,72 @@ TEST_CASE("gradients flow only where needed and keep each input's dtype",
   Tensor i = Tensor::arange(3, DType::i64).reshape({3, 1});
   sum(mul(c, i)).backward();  // [3] * [3, 1] -> [3, 3]: c gets the column sums of i
   CHECK(values(c.grad()) == std::vector<double>{3, 3, 3});
+}
+
+TEST_CASE("broadcast arithmetic on random shapes and layouts matches a naive loop",
+          "[runtime][ops][elementwise]") {
+  Generator g(31);
+  auto pick = [&](int64_t n) { return static_cast<int64_t>(g.next_u32() % static_cast<uint32_t>(n)); };
+  // A tensor with logical shape `shape` stored permuted, or as an expanded
+  // size-1 dim, or a stepped slice.
+  auto make = [&](const Shape& shape) {
+    const int64_t nd = static_cast<int64_t>(shape.size());
+    if (nd == 0) return rand({}, DType::f64, g);
+    switch (pick(3)) {
+      case 0: {
+        Shape rev(shape.rbegin(), shape.rend());
+        std::vector<int64_t> perm(nd);
+        for (int64_t i = 0; i < nd; ++i) perm[i] = nd - 1 - i;
+        return rand(rev, DType::f64, g).permute(perm);
+      }
+      case 1: {
+        Shape wide = shape;
+        wide.back() *= 3;
+        return rand(wide, DType::f64, g).slice(-1, 1, wide.back(), 3);
+      }
+      default:
+        return rand(shape, DType::f64, g);
+    }
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    // Output shape, then each operand drops leading dims and sets some to 1.
+    Shape out;
+    const int64_t nd = pick(4);
+    for (int64_t d = 0; d < nd; ++d) out.push_back(1 + pick(4));
+    auto operand_shape = [&] {
+      Shape s(out.begin() + pick(nd + 1), out.end());
+      for (int64_t& v : s)
+        if (pick(3) == 0) v = 1;
+      return s;
+    };
+    Tensor a = make(operand_shape()), b = make(operand_shape());
+    INFO("trial " << trial << ": " << shape_str(a.shape()) << " strides " << shape_str(a.strides())
+                  << " with " << shape_str(b.shape()) << " strides " << shape_str(b.strides()));
+    const Shape shape = broadcast_shapes(a.shape(), b.shape());
+    const auto av = values(a), bv = values(b);
+    // Element i of the result reads a and b at the broadcast index.
+    auto at = [&](const Tensor& t, const std::vector<double>& tv, int64_t i) {
+      const Shape ost = contiguous_strides(shape), tst = contiguous_strides(t.shape());
+      const size_t lead = shape.size() - t.shape().size();
+      int64_t k = 0;
+      for (size_t d = lead; d < shape.size(); ++d) {
+        const int64_t idx = (i / ost[d]) % shape[d];
+        if (t.shape()[d - lead] != 1) k += idx * tst[d - lead];
+      }
+      return tv[k];
+    };
+    std::vector<double> sum_ref, prod_ref;
+    for (int64_t i = 0; i < shape_numel(shape); ++i) {
+      sum_ref.push_back(at(a, av, i) + 2 * at(b, bv, i));
+      prod_ref.push_back(at(a, av, i) * at(b, bv, i));
+    }
+    CHECK(add(a, b, 2.0).shape() == shape);
+    check_close(add(a, b, 2.0), sum_ref, 1e-12);
+    check_close(mul(a, b), prod_ref, 1e-12);
+    // In place: a tensor of the broadcast shape accumulates a, then 2 b.
+    Tensor acc = Tensor::zeros(shape, DType::f64);
+    acc.copy_(a);
+    acc.add_(b, 2.0);
+    check_close(acc, sum_ref, 1e-12);
+  }
 }

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/gradcheck.h"
 
@@ -214,4 +216,71 @@ TEST_CASE("reduction gradients match finite differences", "[runtime][ops][reduce
   check_grad("max of transposed", [](auto& in) { return max(in[0].t(), 0, true); }, {xt});
   check_grad("mean then broadcast",
              [](auto& in) { return mul(in[0], mean(in[0], {2}, true)); }, {x});
+}
+
+TEST_CASE("sum and max over random dims of random layouts match a naive loop",
+          "[runtime][ops][reduce]") {
+  Generator g(23);
+  auto pick = [&](int64_t n) { return static_cast<int64_t>(g.next_u32() % static_cast<uint32_t>(n)); };
+  for (int trial = 0; trial < 200; ++trial) {
+    Shape shape;
+    const int64_t nd = 1 + pick(4);
+    for (int64_t d = 0; d < nd; ++d) shape.push_back(1 + pick(4));
+    // The same logical tensor laid out as a permuted, possibly sliced view.
+    std::vector<int64_t> perm(nd);
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int64_t i = nd - 1; i > 0; --i) std::swap(perm[i], perm[pick(i + 1)]);
+    Shape stored(nd);
+    for (int64_t i = 0; i < nd; ++i) stored[perm[i]] = shape[i];
+    const bool sliced = pick(2) == 0;
+    if (sliced) stored[0] *= 2;
+    Tensor base = rand(stored, DType::f64, g);
+    if (sliced) base = base.slice(0, 0, stored[0], 2);
+    Tensor t = base.permute(perm);  // logical shape `shape`
+    REQUIRE(t.shape() == shape);
+
+    std::vector<int64_t> dims;
+    for (int64_t d = 0; d < nd; ++d)
+      if (pick(2) == 0) dims.push_back(d);
+    const bool keepdim = pick(2) == 0;
+    INFO("trial " << trial << ": shape " << shape_str(shape) << " strides "
+                  << shape_str(t.strides()) << " dims " << shape_str(dims));
+
+    // Naive: walk every logical index, add into the output cell.
+    const auto v = values(t);
+    Shape kept = shape;
+    for (int64_t d : (dims.empty() ? perm : dims)) kept[d] = 1;  // empty dims: all
+    std::vector<double> expected(shape_numel(kept), 0.0);
+    const Shape st = contiguous_strides(shape), kst = contiguous_strides(kept);
+    for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) {
+      int64_t out = 0;
+      for (int64_t d = 0; d < nd; ++d) {
+        const int64_t idx = (i / st[d]) % shape[d];
+        if (kept[d] != 1) out += idx * kst[d];
+      }
+      expected[out] += v[i];
+    }
+    Tensor s = sum(t, dims, keepdim);
+    if (keepdim) CHECK(s.shape() == kept);
+    check_close(s, expected, 1e-12);
+
+    // max along one dim.
+    const int64_t d = pick(nd);
+    Shape mk = shape;
+    mk[d] = 1;
+    const Shape mst = contiguous_strides(mk);
+    std::vector<double> mx(shape_numel(mk), -1.0);
+    std::vector<double> am(shape_numel(mk), 0.0);
+    for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) {
+      int64_t out = 0;
+      for (int64_t e = 0; e < nd; ++e)
+        if (e != d) out += ((i / st[e]) % shape[e]) * mst[e];
+      if (v[i] > mx[out]) {
+        mx[out] = v[i];
+        am[out] = static_cast<double>((i / st[d]) % shape[d]);
+      }
+    }
+    CHECK(values(max(t, d)) == mx);
+    CHECK(values(argmax(t, d)) == am);
+  }
 }

@@ -3,11 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/gradcheck.h"
 
@@ -304,4 +306,67 @@ TEST_CASE("view gradients have the right values", "[runtime][views][autograd]") 
   sum(z.to(DType::f32)).backward();
   CHECK(z.grad().dtype() == DType::f64);
   CHECK(values(z.grad()) == std::vector<double>{1, 1, 1});
+}
+
+TEST_CASE("view agrees with a copy for random layouts and shapes", "[runtime][views]") {
+  // Random chains of permute and slice, then views to random shapes with the
+  // same element count: where view succeeds it must alias the storage and
+  // read the same values as a contiguous copy; a contiguous tensor must
+  // always be viewable; reshape must always give the copy's values.
+  Generator g(17);
+  auto pick = [&](int64_t n) { return static_cast<int64_t>(g.next_u32() % static_cast<uint32_t>(n)); };
+  int viewed = 0, refused = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    Shape shape;
+    const int64_t nd = 1 + pick(4);
+    for (int64_t d = 0; d < nd; ++d) shape.push_back(1 + pick(4));
+    Tensor t = iota(shape, DType::f64);
+    for (int op = 0; op < 3; ++op) {
+      if (pick(2) == 0) {
+        std::vector<int64_t> perm(t.dim());
+        std::iota(perm.begin(), perm.end(), 0);
+        for (int64_t i = t.dim() - 1; i > 0; --i) std::swap(perm[i], perm[pick(i + 1)]);
+        t = t.permute(perm);
+      } else {
+        const int64_t d = pick(t.dim());
+        const int64_t n = t.size(d);
+        const int64_t start = pick(n);
+        t = t.slice(d, start, n, 1 + pick(2));
+      }
+    }
+    // A random target shape: the prime factors of numel, grouped at random,
+    // with a few size-1 dims mixed in.
+    int64_t rest = t.numel();
+    std::vector<int64_t> factors;
+    for (int64_t p = 2; rest > 1;) {
+      if (rest % p == 0) {
+        factors.push_back(p);
+        rest /= p;
+      } else {
+        ++p;
+      }
+    }
+    Shape target;
+    for (int64_t f : factors) {
+      if (!target.empty() && pick(2) == 0) target.back() *= f;
+      else target.push_back(f);
+      if (pick(4) == 0) target.push_back(1);
+    }
+    INFO("trial " << trial << ": shape " << shape_str(t.shape()) << " strides "
+                  << shape_str(t.strides()) << " -> " << shape_str(target));
+    const std::vector<double> expected = values(t.contiguous());
+    CHECK(values(t.reshape(target)) == expected);
+    try {
+      Tensor v = t.view(target);
+      ++viewed;
+      CHECK(v.shape() == target);
+      CHECK(shares_storage(v, t));
+      CHECK(values(v) == expected);
+    } catch (const lockstep::Error&) {
+      ++refused;
+      CHECK_FALSE(t.is_contiguous());
+    }
+  }
+  CHECK(viewed > 50);  // both outcomes are exercised
+  CHECK(refused > 20);
 }
