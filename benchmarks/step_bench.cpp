@@ -71,6 +71,7 @@ json peer_step(const std::string& name, const Options& o) {
   json j = json::parse(r.output, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return {{"error", "peer printed no JSON (exit " + std::to_string(r.exit_code) + ")"}};
   if (r.exit_code == 3) j["error"] = "PyTorch is not on OpenBLAS: install libopenblas0";
+  if (r.exit_code == 4) j["error"] = "PyTorch's OpenBLAS ignored the thread count";
   return j;
 }
 

@@ -3,16 +3,35 @@
 Fashion-MNIST MLP or CNN on the CPU and prints one JSON object.
 
 Refuses to report (exit 3) when PyTorch is not running on OpenBLAS, since a
-comparison against the reference BLAS would be meaningless."""
+comparison against the reference BLAS would be meaningless.
+
+torch.set_num_threads() does not reach OpenBLAS (it keeps one thread per
+core), so the thread count is also set through the environment before torch
+loads, and the count OpenBLAS really uses is read back and reported."""
 import argparse
+import ctypes
 import json
 import os
 import statistics
 import sys
 import time
 
-import torch
-import torch.nn as nn
+
+def threads_from_argv():
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "1"
+
+
+# Must happen before torch (and with it OpenBLAS) is loaded.
+for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = threads_from_argv()
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
 
 
 def mlp():
@@ -37,6 +56,16 @@ def loaded_blas():
             if "blas" in name or "lapack" in name:
                 libs.add(os.path.realpath(path))
     return sorted(libs)
+
+
+def openblas_threads(blas):
+    """Threads the loaded OpenBLAS uses, or None when it cannot be asked."""
+    for path in blas:
+        try:
+            return ctypes.CDLL(path).openblas_get_num_threads()
+        except (OSError, AttributeError):
+            continue
+    return None
 
 
 def main():
@@ -73,7 +102,8 @@ def main():
 
     blas = loaded_blas()
     on_openblas = any("openblas" in b for b in blas)
-    result = {"peer": "pytorch", "version": torch.__version__, "model": a.model,
+    blas_threads = openblas_threads(blas)
+    result = {"blas_threads": blas_threads,"peer": "pytorch", "version": torch.__version__, "model": a.model,
               "batch_size": a.batch_size, "threads": a.threads,
               "median_ms": statistics.median(times) * 1e3, "blas": blas,
               "on_openblas": on_openblas}
@@ -84,6 +114,10 @@ def main():
               "BLAS is ~15x slower and the comparison would be meaningless." % (blas or "none"),
               file=sys.stderr)
         return 3
+    if blas_threads is not None and blas_threads != a.threads:
+        print("step_bench_torch: OpenBLAS uses %d threads, asked for %d" % (blas_threads, a.threads),
+              file=sys.stderr)
+        return 4
     return 0
 
 

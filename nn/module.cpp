@@ -48,7 +48,7 @@ std::string add_indent(const std::string& s, int spaces) {
 }  // namespace
 
 Tensor Module::forward(const Tensor&) {
-  throw Error(fmt::format("{}: forward() is not implemented; override Module::forward in the "
+  throw Error(fmt::format("{}: has no forward() of its own; override Module::forward in the "
                           "subclass (or call the submodules directly)",
                           type_name()));
 }

@@ -98,7 +98,7 @@ TEST_CASE("registration rejects bad and duplicate names", "[nn][module]") {
              Contains("must not be empty"));
   CHECK_THAT(error_message([&] { m.register_module<ReLU>("r", nullptr); }), Contains("is null"));
   CHECK_THAT(error_message([&] { m.forward(Tensor::zeros({1})); }),
-             Contains("forward() is not implemented"));
+             Contains("has no forward() of its own"));
 }
 
 TEST_CASE("a shared parameter is listed once but saved under every name", "[nn][module]") {
