@@ -5,6 +5,7 @@
 
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/ops/float_map.h"
 #include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/ops/strided_loop.h"
 
@@ -74,21 +75,6 @@ Tensor compare(const Tensor& a, const Tensor& b, const char* name, F f) {
     using T = decltype(tag);
     return binary_loop<T, bool>(ca, cb, DType::boolean, [&](T x, T y) { return f(x, y); });
   });
-}
-
-// out[i] = f(a[i]) for floating a.
-template <class F>
-Tensor unary_float(const Tensor& a, const char* name, F f) {
-  Tensor c = a.contiguous();
-  Tensor out = Tensor::empty(a.shape(), a.dtype());
-  dispatch_float(a.dtype(), name, [&](auto tag) {
-    using T = decltype(tag);
-    const T* x = c.data_ptr<T>();
-    T* y = out.data_ptr<T>();
-    const int64_t n = c.numel();
-    for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
-  });
-  return out;
 }
 
 // The gradient for `input` from a gradient of the broadcast output.
@@ -193,26 +179,26 @@ Tensor neg(const Tensor& a) {
 }
 
 Tensor exp(const Tensor& a) {
-  Tensor out = unary_float(a, "exp", [](auto x) { return std::exp(x); });
+  Tensor out = detail::map_float(a, "exp", [](auto x) { return std::exp(x); });
   return record(out, "ExpBackward", {a}, {out},
                 [](const BackwardArgs& g) { return std::vector<Tensor>{mul(g.grad, g.saved[0])}; });
 }
 
 Tensor log(const Tensor& a) {
-  Tensor out = unary_float(a, "log", [](auto x) { return std::log(x); });
+  Tensor out = detail::map_float(a, "log", [](auto x) { return std::log(x); });
   return record(out, "LogBackward", {a}, {a},
                 [](const BackwardArgs& g) { return std::vector<Tensor>{div(g.grad, g.saved[0])}; });
 }
 
 Tensor sqrt(const Tensor& a) {
-  Tensor out = unary_float(a, "sqrt", [](auto x) { return std::sqrt(x); });
+  Tensor out = detail::map_float(a, "sqrt", [](auto x) { return std::sqrt(x); });
   return record(out, "SqrtBackward", {a}, {out}, [](const BackwardArgs& g) {
     return std::vector<Tensor>{div(mul(g.grad, 0.5), g.saved[0])};
   });
 }
 
 Tensor pow(const Tensor& a, double e) {
-  Tensor out = unary_float(a, "pow", [e](auto x) {
+  Tensor out = detail::map_float(a, "pow", [e](auto x) {
     using T = decltype(x);
     return e == 2.0 ? x * x : static_cast<T>(std::pow(x, static_cast<T>(e)));
   });
@@ -224,9 +210,9 @@ Tensor pow(const Tensor& a, double e) {
 }
 
 Tensor abs(const Tensor& a) {
-  Tensor out = unary_float(a, "abs", [](auto x) { return std::abs(x); });
+  Tensor out = detail::map_float(a, "abs", [](auto x) { return std::abs(x); });
   return record(out, "AbsBackward", {a}, {a}, [](const BackwardArgs& g) {
-    Tensor sign = unary_float(g.saved[0], "abs", [](auto x) {
+    Tensor sign = detail::map_float(g.saved[0], "abs", [](auto x) {
       using T = decltype(x);
       return static_cast<T>((x > 0) - (x < 0));
     });

@@ -1,5 +1,4 @@
-// Helpers for the data tests: a scratch directory, IDX and gzip encoders, and
-// a way to get the message of the lockstep::Error a call throws.
+// Helpers for the data tests: a scratch directory, IDX and gzip encoders.
 #pragma once
 
 #include <zlib.h>
@@ -8,12 +7,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
-
-#include "lockstep/runtime/error.h"
 
 namespace lockstep::testing {
 
@@ -82,21 +80,6 @@ inline Bytes gzip(const Bytes& data) {
   deflateEnd(&zs);
   if (ret != Z_STREAM_END) throw std::runtime_error("test: deflate failed");
   return out;
-}
-
-// The message of the lockstep::Error that f() throws; a marker string when it
-// throws nothing or something else, so CHECK_THAT(..., Contains(...)) fails
-// with a readable reason.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const lockstep::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not a lockstep::Error: ") + e.what() + ">";
-  }
-  return "<no exception>";
 }
 
 }  // namespace lockstep::testing

@@ -6,14 +6,10 @@
 
 #include "data_test_util.h"
 #include "lockstep/runtime/data/idx.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::Bytes;
-using lockstep::testing::error_of;
-using lockstep::testing::gzip;
-using lockstep::testing::idx_file;
-using lockstep::testing::TempDir;
-using lockstep::testing::write_file;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {

@@ -8,9 +8,10 @@
 #include "data_test_util.h"
 #include "lockstep/runtime/data/loader.h"
 #include "lockstep/runtime/random.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::error_of;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {

@@ -6,12 +6,10 @@
 
 #include "lockstep/nn/nn.h"
 #include "lockstep/runtime/ops.h"
-#include "nn_test_util.h"
+#include "support/test_util.h"
 
 using namespace lockstep::nn;
-using lockstep::nn_testing::bitwise_equal;
-using lockstep::nn_testing::error_message;
-using lockstep::nn_testing::values;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
@@ -72,7 +70,7 @@ TEST_CASE("Linear: PyTorch's default init and forward", "[nn][layers]") {
   Linear no_bias(3, 2, false);
   CHECK_FALSE(no_bias.bias.defined());
   CHECK(no_bias.named_parameters().size() == 1);
-  CHECK_THAT(error_message([&] { small(Tensor::zeros({2, 4})); }),
+  CHECK_THAT(error_of([&] { small(Tensor::zeros({2, 4})); }),
              Contains("input of shape [2, 4] must end in 3"));
 }
 
@@ -109,9 +107,9 @@ TEST_CASE("Conv2d: init bound uses in_channels/groups * kH * kW; options", "[nn]
   CHECK(dil(Tensor::zeros({1, 1, 7, 7})).shape() == Shape{1, 1, 3, 3});
   CHECK(dil.str() == "Conv2d(1, 1, kernel_size=(3, 3), stride=(1, 1), dilation=(2, 2), bias=false)");
 
-  CHECK_THAT(error_message([] { Conv2d(6, 4, 3, {.groups = 4}); }),
+  CHECK_THAT(error_of([] { Conv2d(6, 4, 3, {.groups = 4}); }),
              Contains("divisible by groups (4)"));
-  CHECK_THAT(error_message([&] { conv(Tensor::zeros({2, 3, 9, 9})); }),
+  CHECK_THAT(error_of([&] { conv(Tensor::zeros({2, 3, 9, 9})); }),
              Contains("expected input [N, 16, H, W], got [2, 3, 9, 9]"));
 }
 
@@ -154,10 +152,10 @@ TEST_CASE("BatchNorm: init, running statistics, momentum and options", "[nn][lay
   Tensor z = plain(Tensor::from_vector<float>({1, 10, 3, 30}, {2, 2}));
   CHECK(values(z)[0] == Approx(-1).epsilon(1e-4));
 
-  CHECK_THAT(error_message([&] { bn(Tensor::zeros({2, 3})); }),
+  CHECK_THAT(error_of([&] { bn(Tensor::zeros({2, 3})); }),
              Contains("expected 4D input (got 2D input)"));
-  CHECK_THAT(error_message([&] { bn(Tensor::zeros({2, 4, 1, 1})); }), Contains("has 4 channels"));
-  CHECK_THAT(error_message([&] { avg(Tensor::zeros({2, 1, 1, 1})); }),
+  CHECK_THAT(error_of([&] { bn(Tensor::zeros({2, 4, 1, 1})); }), Contains("has 4 channels"));
+  CHECK_THAT(error_of([&] { avg(Tensor::zeros({2, 1, 1, 1})); }),
              Contains("expected 2D or 3D input (got 4D input)"));
 
   bn.reset_running_stats();
@@ -237,7 +235,7 @@ TEST_CASE("losses as modules match the functions", "[nn][layers]") {
   CrossEntropyLoss smooth({.label_smoothing = 0.1, .reduction = Reduction::Sum});
   CHECK(smooth(logits, target).item() ==
         Approx(functional::cross_entropy(logits, target, 0.1, Reduction::Sum).item()));
-  CHECK_THAT(error_message([&] { ce.forward(logits); }), Contains("takes (input, target)"));
+  CHECK_THAT(error_of([&] { ce.forward(logits); }), Contains("takes (input, target)"));
 
   MSELoss mse;
   Tensor a = Tensor::from_vector<float>({1, 2, 3}, {3});
@@ -251,7 +249,7 @@ TEST_CASE("Sequential: indices as names, typed access, forward in order", "[nn][
   seq.push_back(std::make_shared<ReLU>());
   CHECK(seq.size() == 2);
   CHECK(seq.at<Linear>(0).get() == fc.get());
-  CHECK_THAT(error_message([&] { seq.at<Linear>(1); }), Contains("the module there is a ReLU"));
+  CHECK_THAT(error_of([&] { seq.at<Linear>(1); }), Contains("the module there is a ReLU"));
   CHECK_THROWS_AS(seq[2], lockstep::Error);
   Tensor x = Tensor::ones({1, 4});
   CHECK(bitwise_equal(seq(x), lockstep::runtime::relu(fc->forward(x))));

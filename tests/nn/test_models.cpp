@@ -6,10 +6,10 @@
 #include "lockstep/nn/nn.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/ops.h"
-#include "nn_test_util.h"
+#include "support/test_util.h"
 
 using namespace lockstep::nn;
-using lockstep::nn_testing::bitwise_equal;
+using namespace lockstep::testing;
 
 namespace {
 

@@ -5,12 +5,10 @@
 #include "lockstep/nn/nn.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/ops.h"
-#include "nn_test_util.h"
+#include "support/test_util.h"
 
 using namespace lockstep::nn;
-using lockstep::nn_testing::bitwise_equal;
-using lockstep::nn_testing::error_message;
-using lockstep::nn_testing::values;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
@@ -90,14 +88,14 @@ TEST_CASE("parameters, buffers and state_dict use PyTorch's names and order", "[
 TEST_CASE("registration rejects bad and duplicate names", "[nn][module]") {
   Module m;
   m.register_parameter("w", Tensor::zeros({2}));
-  CHECK_THAT(error_message([&] { m.register_buffer("w", Tensor::zeros({2})); }),
+  CHECK_THAT(error_of([&] { m.register_buffer("w", Tensor::zeros({2})); }),
              Contains("\"w\" is already registered"));
-  CHECK_THAT(error_message([&] { m.register_parameter("a.b", Tensor::zeros({2})); }),
+  CHECK_THAT(error_of([&] { m.register_parameter("a.b", Tensor::zeros({2})); }),
              Contains("must not contain \".\""));
-  CHECK_THAT(error_message([&] { m.register_module("", std::make_shared<ReLU>()); }),
+  CHECK_THAT(error_of([&] { m.register_module("", std::make_shared<ReLU>()); }),
              Contains("must not be empty"));
-  CHECK_THAT(error_message([&] { m.register_module<ReLU>("r", nullptr); }), Contains("is null"));
-  CHECK_THAT(error_message([&] { m.forward(Tensor::zeros({1})); }),
+  CHECK_THAT(error_of([&] { m.register_module<ReLU>("r", nullptr); }), Contains("is null"));
+  CHECK_THAT(error_of([&] { m.forward(Tensor::zeros({1})); }),
              Contains("has no forward() of its own"));
 }
 
@@ -151,7 +149,7 @@ TEST_CASE("load_state_dict names every missing, unexpected and mismatched key", 
   bad.insert("extra", Tensor::zeros({1}));            // unexpected
   // "0.bias" is missing.
 
-  const std::string msg = error_message([&] { model->load_state_dict(bad); });
+  const std::string msg = error_of([&] { model->load_state_dict(bad); });
   CHECK_THAT(msg, Contains("loading state_dict for Sequential"));
   CHECK_THAT(msg, Contains("missing key(s) in state_dict: \"0.bias\""));
   CHECK_THAT(msg, Contains("unexpected key(s) in state_dict: \"3.weight\", \"extra\""));
@@ -168,7 +166,7 @@ TEST_CASE("load_state_dict names every missing, unexpected and mismatched key", 
   CHECK(values(model->at<Linear>(0)->weight) == std::vector<double>(12, 0.0));
   // ...but a shape mismatch still is, as in PyTorch.
   bad.insert("2.weight", Tensor::zeros({3, 3}));
-  CHECK_THAT(error_message([&] { model->load_state_dict(bad, false); }),
+  CHECK_THAT(error_of([&] { model->load_state_dict(bad, false); }),
              Contains("size mismatch for 2.weight"));
 }
 
@@ -267,9 +265,9 @@ TEST_CASE("StateDict keeps insertion order and rejects duplicates", "[nn][module
   CHECK(sd.keys() == std::vector<std::string>{"b", "a"});
   CHECK(sd.at("a").item() == 1.0);
   CHECK(sd.find("c") == nullptr);
-  CHECK_THAT(error_message([&] { sd.insert("a", Tensor::zeros({1})); }),
+  CHECK_THAT(error_of([&] { sd.insert("a", Tensor::zeros({1})); }),
              Contains("already present"));
-  CHECK_THAT(error_message([&] { sd.at("c"); }), Contains("no key \"c\""));
+  CHECK_THAT(error_of([&] { sd.at("c"); }), Contains("no key \"c\""));
   StateDict copy(std::vector<StateDict::Item>(sd.begin(), sd.end()));
   CHECK(copy.keys() == sd.keys());
   CHECK(copy.items().size() == 2);

@@ -6,17 +6,15 @@
 #include <cmath>
 #include <tuple>
 
-#include "../nn/nn_test_util.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
+#include "support/test_util.h"
 
 using namespace lockstep::optim;
+using namespace lockstep::testing;
 using lockstep::runtime::DType;
 using lockstep::runtime::Generator;
-using lockstep::nn_testing::bitwise_equal;
-using lockstep::nn_testing::error_message;
-using lockstep::nn_testing::values;
 using Catch::Contains;
 
 namespace {
@@ -158,30 +156,30 @@ TEST_CASE("SGD skips parameters without a gradient", "[optim][sgd]") {
 
 TEST_CASE("SGD rejects invalid options with a clear message", "[optim][sgd]") {
   Tensor p = param({1.0});
-  CHECK_THAT(error_message([&] { SGD({p}, {.lr = -0.1}); }), Contains("invalid learning rate -0.1"));
-  CHECK_THAT(error_message([&] { SGD({p}, {.lr = NAN}); }), Contains("invalid learning rate"));
-  CHECK_THAT(error_message([&] { SGD({p}, {.momentum = -1}); }), Contains("invalid momentum"));
-  CHECK_THAT(error_message([&] { SGD({p}, {.weight_decay = -1}); }),
+  CHECK_THAT(error_of([&] { SGD({p}, {.lr = -0.1}); }), Contains("invalid learning rate -0.1"));
+  CHECK_THAT(error_of([&] { SGD({p}, {.lr = NAN}); }), Contains("invalid learning rate"));
+  CHECK_THAT(error_of([&] { SGD({p}, {.momentum = -1}); }), Contains("invalid momentum"));
+  CHECK_THAT(error_of([&] { SGD({p}, {.weight_decay = -1}); }),
              Contains("invalid weight_decay"));
-  CHECK_THAT(error_message([&] { SGD({p}, {.nesterov = true}); }),
+  CHECK_THAT(error_of([&] { SGD({p}, {.nesterov = true}); }),
              Contains("Nesterov momentum requires a momentum > 0 and zero dampening"));
-  CHECK_THAT(error_message([&] { SGD({p}, {.momentum = 0.9, .dampening = 0.1, .nesterov = true}); }),
+  CHECK_THAT(error_of([&] { SGD({p}, {.momentum = 0.9, .dampening = 0.1, .nesterov = true}); }),
              Contains("zero dampening"));
-  CHECK_THAT(error_message([&] { SGD(std::vector<Tensor>{}, {}); }),
+  CHECK_THAT(error_of([&] { SGD(std::vector<Tensor>{}, {}); }),
              Contains("empty parameter list"));
-  CHECK_THAT(error_message([&] { SGD({p, p}, {}); }), Contains("appears more than once"));
-  CHECK_THAT(error_message([&] { SGD({Tensor::zeros({2}, DType::i64)}, {}); }),
+  CHECK_THAT(error_of([&] { SGD({p, p}, {}); }), Contains("appears more than once"));
+  CHECK_THAT(error_of([&] { SGD({Tensor::zeros({2}, DType::i64)}, {}); }),
              Contains("only floating-point tensors"));
   Tensor q = param({1.0});
-  CHECK_THAT(error_message([&] { SGD({lockstep::runtime::mul(q, 2.0)}, {}); }), Contains("not a leaf"));
-  CHECK_THAT(error_message([&] { SGD(std::vector<ParamGroup>{{{p}, {{"learning_rate", 1}}}}); }),
+  CHECK_THAT(error_of([&] { SGD({lockstep::runtime::mul(q, 2.0)}, {}); }), Contains("not a leaf"));
+  CHECK_THAT(error_of([&] { SGD(std::vector<ParamGroup>{{{p}, {{"learning_rate", 1}}}}); }),
              Contains("unknown option \"learning_rate\""));
 
   // Options edited after construction are checked at the next step.
   SGD opt({p}, {.lr = 0.1});
   opt.param_groups()[0].options["lr"] = -1;
   set_grad(p, {1.0});
-  CHECK_THAT(error_message([&] { opt.step(); }), Contains("invalid learning rate -1"));
+  CHECK_THAT(error_of([&] { opt.step(); }), Contains("invalid learning rate -1"));
 }
 
 TEST_CASE("SGD param groups take their own options; lr can be changed", "[optim][sgd]") {
@@ -203,7 +201,7 @@ TEST_CASE("SGD param groups take their own options; lr can be changed", "[optim]
   Tensor c = param({1.0});
   opt.add_param_group({{c}, {{"momentum", 0.9}}});
   CHECK(opt.param_groups().size() == 3);
-  CHECK_THAT(error_message([&] { opt.add_param_group({{a}, {}}); }),
+  CHECK_THAT(error_of([&] { opt.add_param_group({{a}, {}}); }),
              Contains("appears more than once"));
 }
 
@@ -285,16 +283,16 @@ TEST_CASE("SGD load_state_dict checks the groups and the state shapes", "[optim]
 
   Tensor c = param({1.0, 2.0});
   SGD one({c}, {.lr = 0.1});
-  CHECK_THAT(error_message([&] { one.load_state_dict(sd); }),
+  CHECK_THAT(error_of([&] { one.load_state_dict(sd); }),
              Contains("saved parameter group 0 has 2 parameter(s), this optimizer's has 1"));
 
   SGD two_groups(std::vector<ParamGroup>{{{a}, {}}, {{b}, {}}}, {.lr = 0.1});
-  CHECK_THAT(error_message([&] { two_groups.load_state_dict(sd); }),
+  CHECK_THAT(error_of([&] { two_groups.load_state_dict(sd); }),
              Contains("has 1 parameter group(s), this optimizer has 2"));
 
   Tensor d = param({1.0, 2.0, 3.0}), e = param({1.0});
   SGD wrong_shape({d, e}, {.lr = 0.1});
-  CHECK_THAT(error_message([&] { wrong_shape.load_state_dict(sd); }),
+  CHECK_THAT(error_of([&] { wrong_shape.load_state_dict(sd); }),
              Contains("state \"momentum_buffer\" of parameter 0 has shape [2], the parameter has "
                       "shape [3]"));
   // Nothing changed on error.

@@ -3,7 +3,6 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <functional>
 #include <vector>
 
 #include "lockstep/runtime/ops/activation.h"
@@ -11,24 +10,13 @@
 #include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/gradcheck.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::gradcheck;
-using lockstep::testing::random_input;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
-
-std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
-
-void check_close(const Tensor& t, const std::vector<double>& expected, double tol) {
-  auto v = values(t);
-  REQUIRE(v.size() == expected.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    INFO("element " << i);
-    CHECK(v[i] == Approx(expected[i]).epsilon(tol).margin(tol));
-  }
-}
 
 double tolerance(DType dt) { return dt == DType::f32 ? 1e-6 : 1e-12; }
 
@@ -53,14 +41,6 @@ std::vector<double> softmax_ref(const std::vector<double>& v, int64_t rows, int6
       out[at(i)] = log ? v[at(i)] - std::log(z) : std::exp(v[at(i)]) / z;
   }
   return out;
-}
-
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-void check_grad(const char* name, const Fn& f, const std::vector<Tensor>& inputs) {
-  auto r = gradcheck(f, inputs);
-  INFO(name << ": " << r.message);
-  CHECK(r.ok);
 }
 
 }  // namespace

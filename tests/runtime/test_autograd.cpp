@@ -15,13 +15,13 @@
 #include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
-
-std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
 
 Tensor leaf(const std::vector<double>& v, const Shape& shape) {
   Tensor t = Tensor::from_vector<double>(v, shape);

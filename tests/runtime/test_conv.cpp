@@ -3,16 +3,15 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <string>
 #include <vector>
 
 #include "lockstep/runtime/ops/conv.h"
 #include "lockstep/runtime/random.h"
 #include "support/gradcheck.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::gradcheck;
-using lockstep::testing::random_input;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
@@ -103,15 +102,6 @@ double max_rel_err(const Vec& got, const Vec& want) {
   for (size_t i = 0; i < got.size() && i < want.size(); ++i)
     err = std::max(err, std::abs(got[i] - want[i]) / (1.0 + std::abs(want[i])));
   return err;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const lockstep::Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -6,16 +6,11 @@
 #include <vector>
 
 #include "lockstep/runtime/dtype.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
+using namespace lockstep::testing;
 using Catch::Contains;
-
-namespace {
-
-const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::bf16, DType::f16,
-                                       DType::i32, DType::i64, DType::u8,   DType::boolean};
-
-}  // namespace
 
 TEST_CASE("dtype sizes, names and floating-ness", "[runtime][dtype]") {
   struct Row {

@@ -3,7 +3,6 @@
 // gradient checks.
 #include <catch2/catch.hpp>
 
-#include <functional>
 #include <vector>
 
 #include "lockstep/runtime/ops/elementwise.h"
@@ -12,15 +11,13 @@
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/gradcheck.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::gradcheck;
-using lockstep::testing::random_input;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
-
-std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
 
 // a [m, k] x b [k, n] by the definition, in double, from any layout.
 std::vector<double> naive_mm(const Tensor& a, const Tensor& b) {
@@ -33,24 +30,7 @@ std::vector<double> naive_mm(const Tensor& a, const Tensor& b) {
   return c;
 }
 
-void check_close(const Tensor& t, const std::vector<double>& expected, double tol) {
-  auto v = values(t);
-  REQUIRE(v.size() == expected.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    INFO("element " << i);
-    CHECK(v[i] == Approx(expected[i]).epsilon(tol).margin(tol));
-  }
-}
-
 double tolerance(DType dt) { return dt == DType::f32 ? 1e-5 : 1e-12; }
-
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-void check_grad(const char* name, const Fn& f, const std::vector<Tensor>& inputs) {
-  auto r = gradcheck(f, inputs);
-  INFO(name << ": " << r.message);
-  CHECK(r.ok);
-}
 
 }  // namespace
 

@@ -3,7 +3,6 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <functional>
 #include <vector>
 
 #include "lockstep/runtime/ops/activation.h"
@@ -13,24 +12,13 @@
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/gradcheck.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::gradcheck;
-using lockstep::testing::random_input;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
-
-std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
-
-void check_close(const Tensor& t, const std::vector<double>& expected, double tol) {
-  auto v = values(t);
-  REQUIRE(v.size() == expected.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    INFO("element " << i);
-    CHECK(v[i] == Approx(expected[i]).epsilon(tol).margin(tol));
-  }
-}
 
 // Per-sample cross-entropy by its definition: the target distribution
 // q = (1 - s) onehot(t) + s / C against log-probabilities log(exp(x) / sum exp(x)).
@@ -54,14 +42,6 @@ double total(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return s;
-}
-
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-void check_grad(const char* name, const Fn& f, const std::vector<Tensor>& inputs) {
-  auto r = gradcheck(f, inputs);
-  INFO(name << ": " << r.message);
-  CHECK(r.ok);
 }
 
 }  // namespace

@@ -2,30 +2,16 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <string>
 #include <vector>
 
 #include "lockstep/runtime/ops/misc.h"
 #include "lockstep/runtime/random.h"
 #include "support/gradcheck.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::gradcheck;
-using lockstep::testing::random_input;
+using namespace lockstep::testing;
 using Catch::Contains;
-
-namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const lockstep::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
 
 TEST_CASE("dropout: same seed same mask, inverse scaling, mask mean", "[runtime][ops][misc]") {
   const DType dtype = GENERATE(DType::f32, DType::f64);

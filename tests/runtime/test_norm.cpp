@@ -3,29 +3,19 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <string>
 #include <vector>
 
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/norm.h"
 #include "lockstep/runtime/random.h"
 #include "support/gradcheck.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::gradcheck;
-using lockstep::testing::random_input;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const lockstep::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Per-channel mean and biased variance of x viewed as [n, c, inner].
 void channel_moments(const std::vector<double>& x, int64_t n, int64_t c, int64_t inner,

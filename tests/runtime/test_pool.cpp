@@ -6,28 +6,18 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <string>
 #include <vector>
 
 #include "lockstep/runtime/ops/pool.h"
 #include "lockstep/runtime/random.h"
 #include "support/gradcheck.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::gradcheck;
-using lockstep::testing::random_input;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const lockstep::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // f64 input whose values are a shuffled 0.1 * (0, 1, 2, ...): no ties, and
 // far apart compared with gradcheck's step, so the argmax never flips.
@@ -156,18 +146,10 @@ TEST_CASE("pooling gradcheck", "[runtime][ops][pool][gradcheck]") {
   const Window k = GENERATE(Window{2, 2, 2, 2, 0, 0}, Window{3, 3, 2, 2, 1, 1},
                             Window{3, 2, 1, 2, 0, 1}, Window{2, 2, 1, 1, 1, 1});
   INFO("kernel " << k.kh << "x" << k.kw);
-  {
-    auto r = gradcheck([&](const std::vector<Tensor>& t) { return max_pool2d(t[0], k.options()); },
-                       {distinct_input({2, 2, 6, 7}, 4)});
-    INFO("max: " << r.message);
-    CHECK(r.ok);
-  }
-  {
-    auto r = gradcheck([&](const std::vector<Tensor>& t) { return avg_pool2d(t[0], k.options()); },
-                       {random_input({2, 2, 6, 7}, 5)});
-    INFO("avg: " << r.message);
-    CHECK(r.ok);
-  }
+  check_grad("max", [&](const std::vector<Tensor>& t) { return max_pool2d(t[0], k.options()); },
+             {distinct_input({2, 2, 6, 7}, 4)});
+  check_grad("avg", [&](const std::vector<Tensor>& t) { return avg_pool2d(t[0], k.options()); },
+             {random_input({2, 2, 6, 7}, 5)});
 }
 
 TEST_CASE("adaptive_avg_pool2d gradcheck", "[runtime][ops][pool][gradcheck]") {

@@ -11,8 +11,10 @@
 
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
@@ -57,8 +59,6 @@ std::vector<uint32_t> draws(Generator& g, size_t n) {
   g.fill_u32(v.data(), n);
   return v;
 }
-
-std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
 
 struct Moments {
   double mean, std, min, max;

@@ -3,7 +3,6 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -13,38 +12,11 @@
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/gradcheck.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::gradcheck;
-using lockstep::testing::random_input;
+using namespace lockstep::testing;
 using Catch::Contains;
-
-namespace {
-
-std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
-
-Tensor iota(const Shape& shape, DType dtype = DType::f64) {
-  return Tensor::arange(shape_numel(shape), dtype).reshape(shape);
-}
-
-void check_close(const Tensor& t, const std::vector<double>& expected, double tol = 1e-6) {
-  auto v = values(t);
-  REQUIRE(v.size() == expected.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    INFO("element " << i);
-    CHECK(v[i] == Approx(expected[i]).epsilon(tol).margin(tol));
-  }
-}
-
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-void check_grad(const char* name, const Fn& f, const std::vector<Tensor>& inputs) {
-  auto r = gradcheck(f, inputs);
-  INFO(name << ": " << r.message);
-  CHECK(r.ok);
-}
-
-}  // namespace
 
 TEST_CASE("sum over all elements and over dims", "[runtime][ops][reduce]") {
   const DType dt = GENERATE(DType::f32, DType::f64);
@@ -101,7 +73,7 @@ TEST_CASE("sum of other dtypes and of views", "[runtime][ops][reduce]") {
   CHECK(sum(Tensor::full({3}, 0.25, DType::f16)).item() == 0.75);
 
   // Non-contiguous inputs: transposed, stepped, expanded.
-  Tensor m = iota({3, 4});
+  Tensor m = iota({3, 4}, DType::f64);
   check_close(sum(m.t(), {1}), {12, 15, 18, 21});
   check_close(sum(m.t(), {0}), {6, 22, 38});
   check_close(sum(m.slice(1, 0, 4, 2), {1}), {2, 10, 18});

@@ -11,21 +11,13 @@
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/tensor.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
-
-const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::bf16, DType::f16,
-                                       DType::i32, DType::i64, DType::u8,   DType::boolean};
-
-std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
-
-// 0, 1, ..., n-1 as a tensor of `dtype` with `shape`.
-Tensor iota(const Shape& shape, DType dtype = DType::f32) {
-  return Tensor::arange(shape_numel(shape), dtype).reshape(shape);
-}
 
 std::string dtype_label(DType d) { return std::string(dtype_name(d)); }
 

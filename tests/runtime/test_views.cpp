@@ -12,19 +12,13 @@
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/gradcheck.h"
+#include "support/test_util.h"
 
 using namespace lockstep::runtime;
-using lockstep::testing::gradcheck;
-using lockstep::testing::random_input;
+using namespace lockstep::testing;
 using Catch::Contains;
 
 namespace {
-
-std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
-
-Tensor iota(const Shape& shape, DType dtype = DType::f32) {
-  return Tensor::arange(shape_numel(shape), dtype).reshape(shape);
-}
 
 bool shares_storage(const Tensor& a, const Tensor& b) { return a.storage() == b.storage(); }
 
@@ -271,9 +265,7 @@ TEST_CASE("flatten of a permuted tensor copies in logical order", "[runtime][vie
 TEST_CASE("view ops are differentiable", "[runtime][views][gradcheck]") {
   Tensor x = random_input({3, 4}, 1);
   auto check = [&](const char* name, std::function<Tensor(const Tensor&)> op) {
-    auto r = gradcheck([&](const std::vector<Tensor>& in) { return op(in[0]); }, {x});
-    INFO(name << ": " << r.message);
-    CHECK(r.ok);
+    check_grad(name, [&](const std::vector<Tensor>& in) { return op(in[0]); }, {x});
   };
   check("view", [](const Tensor& a) { return a.view({2, 6}); });
   check("reshape copy", [](const Tensor& a) { return a.t().reshape({12}); });
