@@ -82,7 +82,7 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
   Tensor permute(const std::vector<int64_t>& dims) const;
   Tensor transpose(int64_t d0, int64_t d1) const;
-  Tensor t() const { return transpose(0, 1); }
+  Tensor t() const;  // transpose(0, 1); 0-D and 1-D tensors come back as they are
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor select(int64_t dim, int64_t index) const;  // drops `dim`
   Tensor expand(const Shape& shape) const;          // -1 keeps a size

@@ -127,6 +127,12 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   return permute(dims);
 }
 
+Tensor Tensor::t() const {
+  LOCKSTEP_CHECK(dim() <= 2, "t(): expects a tensor with at most 2 dims, got shape {}; use "
+                 "transpose(d0, d1)", shape_str(shape()));
+  return dim() < 2 ? *this : transpose(0, 1);
+}
+
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
   d = wrap_dim(d, dim());
   LOCKSTEP_CHECK(step > 0, "slice: step must be positive, got {}", step);

@@ -112,6 +112,9 @@ TEST_CASE("permute, transpose and t", "[runtime][views]") {
   Tensor m = iota({2, 3});
   CHECK(m.t().shape() == Shape{3, 2});
   CHECK(values(m.t()) == std::vector<double>{0, 3, 1, 4, 2, 5});
+  Tensor v = iota({3});
+  CHECK(v.t().is_same(v));  // as in PyTorch: 1-D comes back unchanged
+  CHECK_THROWS_WITH(t.t(), Contains("transpose(d0, d1)"));
 
   CHECK_THROWS_WITH(t.permute({0, 1}), Contains("permute"));
   CHECK_THROWS_WITH(t.permute({0, 1, 1}), Contains("repeated"));
