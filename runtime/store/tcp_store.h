@@ -1,0 +1,84 @@
+// TcpStore (client) and TcpStoreServer: the job's Store over TCP.
+//
+// One server per job, run by rank 0 or by the launcher; every rank holds a
+// TcpStore client connected to it. The wire protocol is in protocol.h. A
+// client first presents the job's token; the server refuses clients with the
+// wrong token. Connecting retries with exponential backoff until the
+// connect timeout, then fails with a message naming the address.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "lockstep/runtime/store/store.h"
+
+namespace lockstep::runtime {
+
+struct TcpStoreServerOptions {
+  std::string host = "0.0.0.0";  // address to listen on
+  uint16_t port = 0;             // 0: the kernel picks a free port (see port())
+  std::string token;             // clients must present exactly this
+  uint32_t max_frame_bytes = 64u << 20;  // larger frames are rejected
+};
+
+// Serves the store from one background thread running an epoll event loop.
+// Malformed input from a client (garbage, a frame over the size limit, a bad
+// token, a disconnect mid-frame) closes that client with a logged error; the
+// server and the other clients carry on.
+class TcpStoreServer {
+ public:
+  explicit TcpStoreServer(TcpStoreServerOptions options);
+  ~TcpStoreServer();  // stops the loop and closes every connection
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  uint16_t port() const;
+  // Clients that were refused or dropped for bad input, since the start.
+  int64_t rejected_clients() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string token;
+  std::chrono::milliseconds connect_timeout = std::chrono::seconds(60);
+  std::chrono::milliseconds timeout = Store::kDefaultTimeout;  // for get and wait
+};
+
+// A client connection. Calls from several threads are serialised.
+class TcpStore final : public Store {
+ public:
+  explicit TcpStore(TcpStoreOptions options);
+  ~TcpStore() override;
+
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+
+  using Store::set;
+  using Store::wait;
+
+  // "host:port" of the server, for messages.
+  std::string address() const;
+  // This end's IP address on the connection to the server (getsockname): the
+  // interface that reaches the server's host, where this rank's other
+  // listeners (gloo's) should bind so that peers can reach them too.
+  std::string local_address() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lockstep::runtime
