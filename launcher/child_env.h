@@ -1,0 +1,32 @@
+// The environment of one rank: the launcher's own, the user's -x exports,
+// OMP_NUM_THREADS=1 unless set, then the rank variables (which always win).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "launcher/options.h"
+
+namespace lockstep::launcher {
+
+struct RankSlot {
+  int rank = 0;
+  int local_rank = 0;
+};
+
+// Where the ranks reach the job's store.
+struct StoreAddress {
+  std::string host;  // IPv6 without brackets
+  int port = 0;
+  std::string token;
+};
+
+// Global rank of a local rank: node_rank * nproc_per_node + local_rank.
+RankSlot rank_slot(const Options& options, int local_rank);
+
+// "NAME=value" entries; `base` is the launcher's environment in the same form.
+std::vector<std::string> child_environment(const std::vector<std::string>& base,
+                                           const Options& options, const RankSlot& slot,
+                                           const StoreAddress& store);
+
+}  // namespace lockstep::launcher

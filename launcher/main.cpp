@@ -1,0 +1,125 @@
+// lockstep-run: starts the ranks of this node and supervises them (see
+// README.md). Node 0 serves the job's store for the lifetime of the job.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "launcher/child_env.h"
+#include "launcher/node_link.h"
+#include "launcher/options.h"
+#include "launcher/spawn.h"
+#include "launcher/supervisor.h"
+#include "lockstep/runtime/store/tcp_store.h"
+
+extern char** environ;
+
+namespace lockstep::launcher {
+namespace {
+
+// 128 random bits as hex: the store refuses clients without it.
+std::string random_token() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16] = {};
+  urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes);
+  LOCKSTEP_CHECK(urandom.good(), "cannot read /dev/urandom for the store token; set "
+                 "LOCKSTEP_TOKEN to a secret string instead");
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+std::string hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+int run(const Options& options) {
+  const auto& env = runtime::process_env();
+  const auto program =
+      find_program(options.command[0], env("PATH").value_or("/usr/local/bin:/usr/bin:/bin"));
+  if (!program) {
+    throw UsageError(fmt::format("program '{}' not found{}", options.command[0],
+                                 options.command[0].find('/') == std::string::npos
+                                     ? " in PATH"
+                                     : " (or not an executable file)"));
+  }
+
+  StoreAddress address;
+  address.host = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
+  address.port = options.master_port;
+  address.token = options.token.empty() ? random_token() : options.token;
+
+  std::unique_ptr<runtime::TcpStoreServer> server;
+  if (options.node_rank == 0) {
+    runtime::TcpStoreServerOptions server_options;
+    // Reachable from other nodes only when it has to be.
+    const bool ipv6 = address.host.find(':') != std::string::npos;
+    server_options.host = address.host == "127.0.0.1" ? "127.0.0.1" : (ipv6 ? "::" : "0.0.0.0");
+    server_options.port = static_cast<uint16_t>(options.master_port);
+    server_options.token = address.token;
+    server = std::make_unique<runtime::TcpStoreServer>(server_options);
+    address.port = server->port();
+  }
+
+  std::unique_ptr<NodeLink> link;
+  if (options.nnodes > 1) {
+    runtime::TcpStoreOptions client;
+    client.host = address.host;
+    client.port = static_cast<uint16_t>(address.port);
+    client.token = address.token;
+    link = std::make_unique<NodeLink>(client, options.node_rank, options.nnodes);
+  }
+
+  std::vector<std::string> base;
+  for (char** e = environ; *e != nullptr; ++e) base.emplace_back(*e);
+
+  std::vector<RankProcess> ranks;
+  for (int local = 0; local < options.nproc_per_node; ++local) {
+    const RankSlot slot = rank_slot(options, local);
+    const auto child_env = child_environment(base, options, slot, address);
+    ranks.push_back({slot.rank, local,
+                     spawn_child(*program, options.command, child_env, options.tag_output)});
+  }
+
+  SupervisorOptions supervisor;
+  supervisor.grace_period = std::chrono::milliseconds(
+      static_cast<int64_t>(options.grace_period_s * 1000.0));
+  supervisor.node_rank = options.node_rank;
+  supervisor.hostname = hostname();
+  if (link) {
+    supervisor.remote_failure_fd = link->failure_fd();
+    supervisor.remote_failure = [&] { return link->remote_failure(); };
+    supervisor.on_local_failure = [&](const std::string& what) { link->publish_failure(what); };
+  }
+  const int code = supervise(std::move(ranks), supervisor);
+  if (link) link->finish(code == 0, std::chrono::minutes(5));
+  return code;
+}
+
+}  // namespace
+}  // namespace lockstep::launcher
+
+int main(int argc, char** argv) {
+  using namespace lockstep::launcher;
+  // Before any thread starts (the store server's), so all inherit the mask.
+  block_supervisor_signals();
+  try {
+    const auto parsed = parse_command_line(argc, argv, lockstep::runtime::process_env());
+    if (!parsed.help.empty()) {
+      fmt::print("{}", parsed.help);
+      return 0;
+    }
+    return run(parsed.options);
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "lockstep-run: {}\nRun 'lockstep-run --help' for usage.\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "lockstep-run: {}\n", e.what());
+    return 1;
+  }
+}

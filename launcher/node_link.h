@@ -1,0 +1,57 @@
+// NodeLink: what the launchers of a several-node job tell each other, through
+// the job's store (keys under "lockstep-run/").
+//
+//  - The first failure on any node is published; every other node's launcher
+//    sees it (a watcher thread turns it into a readable fd for the
+//    supervisor) and stops its ranks. Losing the store (node 0's launcher
+//    ended) counts as a failure too.
+//  - Node 0 serves the store, so it keeps it up after its own ranks finish
+//    until every node reports done (or a failure, or a timeout).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "lockstep/runtime/store/tcp_store.h"
+
+namespace lockstep::launcher {
+
+class NodeLink {
+ public:
+  // Connects to the store (retrying until `connect_timeout`) and starts watching.
+  NodeLink(const runtime::TcpStoreOptions& store, int node_rank, int num_nodes);
+  ~NodeLink();  // stops the watcher
+  NodeLink(const NodeLink&) = delete;
+  NodeLink& operator=(const NodeLink&) = delete;
+
+  // Readable once another node failed (or the store is gone).
+  int failure_fd() const { return event_fd_; }
+  // What failed elsewhere, for the message.
+  std::string remote_failure() const;
+  // Publishes this node's failure, unless another was published first.
+  void publish_failure(const std::string& what);
+  // Stops watching. After success, reports this node done and, on node 0,
+  // waits for the other nodes (up to `timeout`, or a failure, or SIGINT/
+  // SIGTERM) so that their ranks keep their store.
+  void finish(bool succeeded, std::chrono::milliseconds timeout);
+
+ private:
+  void watch();
+  void notify(const std::string& what);
+
+  int node_rank_;
+  int num_nodes_;
+  std::unique_ptr<runtime::TcpStore> store_;    // for this thread
+  std::unique_ptr<runtime::TcpStore> watcher_;  // for the watcher thread
+  int event_fd_ = -1;
+  mutable std::mutex mutex_;
+  std::string remote_failure_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace lockstep::launcher

@@ -1,0 +1,176 @@
+#include "launcher/options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include <CLI/CLI.hpp>
+
+namespace lockstep::launcher {
+namespace {
+
+// Options that take a value in the next argument (unless written NAME=value).
+const std::set<std::string> kValueOptions = {
+    "-n", "--np", "-x", "--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank",
+    "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port",
+    "--token", "--grace-period"};
+
+// mpirun spells some long options with one dash; CLI11 wants two.
+std::string normalise(const std::string& arg) {
+  for (const char* name : {"-np", "-tag-output"}) {
+    const std::string n = name;
+    if (arg == n || arg.rfind(n + "=", 0) == 0) return "-" + arg;
+  }
+  return arg;
+}
+
+// Splits argv into the launcher's own arguments and the command: the command
+// starts at the first argument that is not an option or an option's value, or
+// after "--".
+std::pair<std::vector<std::string>, std::vector<std::string>> split(int argc,
+                                                                    const char* const* argv) {
+  std::vector<std::string> own;
+  std::vector<std::string> command;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') break;
+    arg = normalise(arg);
+    own.push_back(arg);
+    if (kValueOptions.count(arg) && i + 1 < argc) own.push_back(argv[++i]);
+  }
+  for (; i < argc; ++i) command.emplace_back(argv[i]);
+  return {own, command};
+}
+
+bool valid_name(const std::string& name) {
+  return !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+         std::all_of(name.begin(), name.end(), [](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+         });
+}
+
+std::pair<std::string, std::string> resolve_export(const std::string& spec,
+                                                   const runtime::EnvLookup& env) {
+  const auto eq = spec.find('=');
+  const std::string name = spec.substr(0, eq);
+  if (!valid_name(name))
+    throw UsageError(fmt::format("-x {}: '{}' is not a variable name", spec, name));
+  if (eq != std::string::npos) return {name, spec.substr(eq + 1)};
+  const auto value = env(name);
+  if (!value)
+    throw UsageError(fmt::format("-x {}: {} is not set in the launcher's environment; set it "
+                                 "or write -x {}=value", name, name, name));
+  return {name, *value};
+}
+
+void validate(Options& o, bool np_given, const runtime::EnvLookup& env) {
+  if (o.command.empty())
+    throw UsageError("no program given; usage: lockstep-run -np N [options] [--] program [args...]");
+  if (o.nproc_per_node == 0)
+    throw UsageError("say how many processes to start: -np N (one node) or --nproc-per-node N");
+  if (o.nproc_per_node < 1)
+    throw UsageError(fmt::format("the number of processes must be at least 1, not {}",
+                                 o.nproc_per_node));
+  if (o.nnodes < 1) throw UsageError(fmt::format("--nnodes {} must be at least 1", o.nnodes));
+  if (np_given && o.nnodes > 1)
+    throw UsageError("-np is for one node; with --nnodes use --nproc-per-node (per node)");
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes)
+    throw UsageError(fmt::format("--node-rank {} is out of range; it must be from 0 to {}",
+                                 o.node_rank, o.nnodes - 1));
+  if (o.master_port < 0 || o.master_port > 65535)
+    throw UsageError(fmt::format("--master-port {} is not a TCP port (0-65535)", o.master_port));
+  if (o.grace_period_s < 0)
+    throw UsageError(fmt::format("--grace-period {} must not be negative", o.grace_period_s));
+  if (o.token.empty()) o.token = env("LOCKSTEP_TOKEN").value_or("");
+  if (o.nnodes > 1) {
+    // Every node's launcher must agree on where the store is and on its token.
+    if (o.master_addr.empty())
+      throw UsageError("--nnodes > 1 needs --master-addr: an address of node 0 that every "
+                       "node can reach");
+    if (o.master_port == 0)
+      throw UsageError("--nnodes > 1 needs a fixed --master-port (the same on every node)");
+    if (o.token.empty())
+      throw UsageError("--nnodes > 1 needs the same store token on every node: set "
+                       "LOCKSTEP_TOKEN (preferred: not visible in ps) or pass --token");
+  }
+}
+
+}  // namespace
+
+ParsedCommandLine parse_command_line(int argc, const char* const* argv,
+                                     const runtime::EnvLookup& env) {
+  auto [own, command] = split(argc, argv);
+
+  ParsedCommandLine parsed;
+  Options& o = parsed.options;
+  std::vector<std::string> exports;
+  int np = 0;
+
+  CLI::App app("Starts one process per rank of a lockstep job and supervises them: when one "
+               "fails, the others are stopped.\n\n"
+               "  lockstep-run -np N [options] [--] program [args...]\n"
+               "  lockstep-run --nnodes M --node-rank R --nproc-per-node N --master-addr A "
+               "--master-port P [options] program [args...]\n",
+               "lockstep-run");
+  app.set_help_flag("-h,--help", "Print this help and exit");
+  app.add_option("-n,--np", np, "Processes to start on this node (one node: same as "
+                 "--nproc-per-node N --nnodes 1); -np also works");
+  app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
+                 "Processes per node (several nodes)");
+  app.add_option("--nnodes", o.nnodes, "Number of nodes, one launcher each")->capture_default_str();
+  app.add_option("--node-rank,--node_rank", o.node_rank, "This node's index; node 0 serves the "
+                 "store")->capture_default_str();
+  app.add_option("--master-addr,--master_addr", o.master_addr,
+                 "Address of node 0 the ranks reach the store at (default 127.0.0.1)");
+  app.add_option("--master-port,--master_port", o.master_port,
+                 "Store port on node 0 (default 0: any free port, one node only)");
+  app.add_option("--token", o.token, "Store token shared by all nodes (default: LOCKSTEP_TOKEN, "
+                 "else random; required with --nnodes > 1)");
+  app.add_option("-x", exports, "Export VAR=value to the ranks, or VAR with the launcher's "
+                 "value (repeatable)")->take_all()->expected(1);
+  app.add_flag("--tag-output", o.tag_output, "Prefix each line of output with [rank N]");
+  app.add_option("--grace-period", o.grace_period_s, "Seconds between SIGTERM and SIGKILL when "
+                 "stopping ranks")->capture_default_str();
+  app.footer(
+      "\nEach rank gets LOCKSTEP_RANK, LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_RANK,\n"
+      "LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK, LOCKSTEP_NUM_NODES, LOCKSTEP_STORE_ADDR,\n"
+      "LOCKSTEP_TOKEN, torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
+      "MASTER_PORT, and OMP_NUM_THREADS=1 unless set. CUDA_VISIBLE_DEVICES is left alone: a\n"
+      "rank uses cuda:<local rank>. Global rank = node rank * nproc-per-node + local rank.\n"
+      "Ranks read stdin from /dev/null. SIGINT, SIGTERM and SIGHUP are forwarded to every rank\n"
+      "(a second one sends SIGKILL). Exit status: 0 when every rank exits 0, else the first\n"
+      "failing rank's code (128 + signal number when it was killed by a signal).");
+
+  // CLI11 wants the program name first.
+  std::vector<std::string> args = own;
+  std::reverse(args.begin(), args.end());
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    parsed.help = app.help();
+    return parsed;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+
+  if (np != 0) {
+    if (o.nproc_per_node != 0)
+      throw UsageError("give either -np or --nproc-per-node, not both");
+    o.nproc_per_node = np;
+  }
+  if (app.count("-n") && np < 1)
+    throw UsageError(fmt::format("-np {} must be at least 1", np));
+  if (app.count("--nproc-per-node") && o.nproc_per_node < 1)
+    throw UsageError(fmt::format("--nproc-per-node {} must be at least 1", o.nproc_per_node));
+  o.command = std::move(command);
+  for (const auto& spec : exports) o.exports.push_back(resolve_export(spec, env));
+  validate(o, app.count("-n") > 0, env);
+  return parsed;
+}
+
+}  // namespace lockstep::launcher

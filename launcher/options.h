@@ -1,0 +1,48 @@
+// lockstep-run's command line: what to start, how many, and on which node.
+//
+//   lockstep-run -np 4 [--tag-output] [-x VAR[=value]]... [--] prog args...
+//   lockstep-run --nnodes 2 --node-rank 0 --nproc-per-node 4
+//                --master-addr 10.0.0.1 --master-port 29500 --token T prog args...
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lockstep/runtime/env.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::launcher {
+
+// A mistake on the command line: main prints it and exits 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct Options {
+  int nproc_per_node = 0;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;  // where node 0's store listens; empty: this host (127.0.0.1)
+  int master_port = 0;      // 0: any free port (one node only)
+  std::string token;        // --token, else LOCKSTEP_TOKEN; empty: a random one
+  std::vector<std::pair<std::string, std::string>> exports;  // -x, resolved to values
+  bool tag_output = false;
+  double grace_period_s = 5.0;  // SIGTERM -> SIGKILL
+  std::vector<std::string> command;  // program and its arguments
+
+  int world_size() const { return nproc_per_node * nnodes; }
+};
+
+struct ParsedCommandLine {
+  Options options;
+  std::string help;  // non-empty: --help was asked for; print it and exit 0
+};
+
+// Parses argv (argv[0] is the launcher). `env` resolves `-x VAR` and
+// LOCKSTEP_TOKEN. Throws UsageError saying what is wrong.
+ParsedCommandLine parse_command_line(int argc, const char* const* argv,
+                                     const runtime::EnvLookup& env);
+
+}  // namespace lockstep::launcher

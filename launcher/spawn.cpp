@@ -1,0 +1,110 @@
+#include "launcher/spawn.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string_view>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::launcher {
+namespace {
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+void write_str(int fd, const char* text) {
+  const ssize_t ignored = write(fd, text, strlen(text));
+  (void)ignored;
+}
+
+// Runs in the forked child: only async-signal-safe calls until execve.
+[[noreturn]] void exec_child(pid_t launcher, const char* program, char* const* argv,
+                             char* const* envp, int out_fd, int err_fd) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher) _exit(127);  // the launcher died before prctl
+  const int devnull = open("/dev/null", O_RDONLY);
+  if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+  if (out_fd >= 0) dup2(out_fd, STDOUT_FILENO);
+  if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
+  // Nothing else of the launcher's (store sockets, other ranks' pipes) leaks.
+  close_range(3, ~0U, 0);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigaction(SIGPIPE, &dfl, nullptr);  // the launcher ignores it; exec keeps that
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  execve(program, argv, envp);
+  const int error = errno;
+  write_str(STDERR_FILENO, "lockstep-run: cannot execute ");
+  write_str(STDERR_FILENO, program);
+  write_str(STDERR_FILENO, ": ");
+  const char* desc = strerrordesc_np(error);
+  write_str(STDERR_FILENO, desc != nullptr ? desc : "unknown error");
+  write_str(STDERR_FILENO, "\n");
+  _exit(127);
+}
+
+}  // namespace
+
+std::optional<std::string> find_program(const std::string& name, const std::string& path) {
+  if (name.empty()) return std::nullopt;
+  if (name.find('/') != std::string::npos) {
+    if (is_executable_file(name)) return name;
+    return std::nullopt;
+  }
+  std::string_view rest = path;
+  for (;;) {
+    const auto colon = rest.find(':');
+    // An empty PATH entry means the current directory.
+    const std::string_view dir = colon == 0 || rest.empty() ? std::string_view(".") : rest.substr(0, colon);
+    const std::string candidate = std::string(dir) + "/" + name;
+    if (is_executable_file(candidate)) return candidate;
+    if (colon == std::string_view::npos) return std::nullopt;
+    rest.remove_prefix(colon + 1);
+  }
+}
+
+SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
+                         const std::vector<std::string>& env, bool capture_output) {
+  std::vector<char*> args, envp;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  int out[2] = {-1, -1};
+  int err[2] = {-1, -1};
+  if (capture_output) {
+    LOCKSTEP_CHECK(pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0,
+                   "cannot create output pipes for rank: {}", strerror(errno));
+  }
+  const pid_t launcher = getpid();
+  const pid_t pid = fork();
+  LOCKSTEP_CHECK(pid >= 0, "cannot fork a rank process: {}", strerror(errno));
+  if (pid == 0) exec_child(launcher, program.c_str(), args.data(), envp.data(), out[1], err[1]);
+
+  setpgid(pid, pid);  // also here, so the group exists before we may signal it
+  SpawnedChild child;
+  child.pid = pid;
+  if (capture_output) {
+    close(out[1]);
+    close(err[1]);
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    child.stdout_fd = out[0];
+    child.stderr_fd = err[0];
+  }
+  return child;
+}
+
+}  // namespace lockstep::launcher

@@ -1,0 +1,33 @@
+// Starting one rank: find the program like execvp does, then fork and exec it
+// in its own process group with its own environment.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lockstep::launcher {
+
+// The program's path: `name` itself when it contains a '/', else the first
+// executable file named `name` in `path` (a PATH value). nullopt when none.
+std::optional<std::string> find_program(const std::string& name, const std::string& path);
+
+struct SpawnedChild {
+  pid_t pid = -1;  // also its process group id
+  int stdout_fd = -1;  // read ends of its output pipes; -1 when it inherits ours
+  int stderr_fd = -1;
+};
+
+// Forks and execs `program` with `argv` (argv[0] included) and `env`. The
+// child leads its own process group, so the launcher alone receives a
+// terminal's Ctrl-C and forwards it once, and stopping a rank stops whatever
+// it started too. It dies with the launcher (PR_SET_PDEATHSIG), reads stdin
+// from /dev/null, and with `capture_output` writes to pipes the launcher reads.
+// The caller must have blocked the signals it handles (see supervisor.h); the
+// child unblocks them. Exec failure: the child prints why and exits 127.
+SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
+                         const std::vector<std::string>& env, bool capture_output);
+
+}  // namespace lockstep::launcher

@@ -1,0 +1,246 @@
+#include "launcher/supervisor.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <optional>
+#include <cstring>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "launcher/exit_status.h"
+#include "launcher/line_tagger.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+sigset_t handled_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  return set;
+}
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 100);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return;  // e.g. EPIPE: nobody reads our output any more
+    }
+  }
+}
+
+void say(const std::string& message) { write_all(STDERR_FILENO, "lockstep-run: " + message + "\n"); }
+
+std::string ranks_word(int n) { return n == 1 ? "1 rank" : fmt::format("{} ranks", n); }
+
+// One captured output stream of one rank.
+struct Stream {
+  int fd;
+  int target;  // STDOUT_FILENO or STDERR_FILENO
+  LineTagger tagger;
+};
+
+struct Tracked {
+  RankProcess process;
+  bool alive = true;
+};
+
+class Supervisor {
+ public:
+  Supervisor(std::vector<RankProcess> ranks, const SupervisorOptions& options)
+      : options_(options) {
+    for (auto& r : ranks) {
+      const std::string prefix = fmt::format("[rank {}] ", r.rank);
+      if (r.child.stdout_fd >= 0) streams_.push_back({r.child.stdout_fd, STDOUT_FILENO, LineTagger(prefix)});
+      if (r.child.stderr_fd >= 0) streams_.push_back({r.child.stderr_fd, STDERR_FILENO, LineTagger(prefix)});
+      ranks_.push_back({r, true});
+    }
+    const sigset_t set = handled_signals();
+    signal_fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    LOCKSTEP_CHECK(signal_fd_ >= 0, "signalfd failed: {}", strerror(errno));
+  }
+  ~Supervisor() {
+    for (auto& s : streams_) close(s.fd);
+    close(signal_fd_);
+  }
+
+  int run() {
+    reap();  // a rank may have ended before the loop started
+    for (;;) {
+      const auto now = Clock::now();
+      if (kill_at_ && now >= *kill_at_) {
+        kill_remaining(/*after_grace=*/true);
+        kill_at_.reset();
+      }
+      if (alive() == 0) {
+        // Whatever the ranks left in the pipes; a lingering grandchild holding
+        // one open does not keep the launcher waiting for long.
+        if (!drain_until_) drain_until_ = now + std::chrono::seconds(1);
+        if (streams_.empty() || now >= *drain_until_) break;
+      }
+      std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
+      const bool watch_remote = options_.remote_failure_fd >= 0 && !stopping_;
+      if (watch_remote) fds.push_back({options_.remote_failure_fd, POLLIN, 0});
+      const size_t first_stream = fds.size();
+      for (auto& s : streams_) fds.push_back({s.fd, POLLIN, 0});
+
+      int timeout_ms = -1;
+      for (const auto& at : {kill_at_, drain_until_}) {
+        if (!at) continue;
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(*at - now).count();
+        const int ms = static_cast<int>(std::max<int64_t>(0, left));
+        timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+      }
+      if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
+        LOCKSTEP_CHECK(errno == EINTR, "poll failed: {}", strerror(errno));
+        continue;
+      }
+      if (fds[0].revents) read_signals();
+      if (watch_remote && fds[1].revents) on_remote_failure();
+      // Back to front, so closing a stream does not shift the ones not yet seen.
+      for (size_t i = fds.size(); i-- > first_stream;) {
+        if (fds[i].revents) pump(i - first_stream);
+      }
+    }
+    for (auto& s : streams_) write_all(s.target, s.tagger.finish());
+    return exit_code_;
+  }
+
+ private:
+  int alive() const {
+    int n = 0;
+    for (const auto& r : ranks_) n += r.alive ? 1 : 0;
+    return n;
+  }
+
+  void read_signals() {
+    signalfd_siginfo info{};
+    while (read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) {
+        reap();
+      } else if (!stopping_) {
+        const std::string why = fmt::format("node {}'s launcher received {}", options_.node_rank,
+                                            signal_name(sig));
+        say(fmt::format("received {}; forwarding it to {}", signal_name(sig), ranks_word(alive())));
+        exit_code_ = 128 + sig;
+        if (options_.on_local_failure) options_.on_local_failure(why);
+        stop(sig);
+      } else {
+        say(fmt::format("received {} again; killing the ranks", signal_name(sig)));
+        kill_remaining(/*after_grace=*/false);
+        kill_at_.reset();
+      }
+    }
+  }
+
+  void reap() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& r : ranks_) {
+        if (r.process.child.pid == pid && r.alive) {
+          r.alive = false;
+          if (failed(status) && !stopping_) on_first_failure(r, status);
+        }
+      }
+    }
+  }
+
+  void on_first_failure(const Tracked& r, int status) {
+    const auto& p = r.process;
+    const std::string what = fmt::format("rank {} (local rank {} on node {}, host {}, pid {}) {}",
+                                         p.rank, p.local_rank, options_.node_rank,
+                                         options_.hostname, p.child.pid,
+                                         describe_wait_status(status));
+    const int others = alive();
+    say(others > 0 ? fmt::format("{}; stopping the other {}", what, ranks_word(others)) : what);
+    exit_code_ = exit_code_of(status);
+    if (options_.on_local_failure) options_.on_local_failure(what);
+    stop(SIGTERM);
+  }
+
+  void on_remote_failure() {
+    const std::string what = options_.remote_failure ? options_.remote_failure() : "another node failed";
+    say(fmt::format("{}; stopping the {} on node {}", what, ranks_word(alive()), options_.node_rank));
+    exit_code_ = 1;
+    stop(SIGTERM);
+  }
+
+  void stop(int sig) {
+    stopping_ = true;
+    for (const auto& r : ranks_) {
+      if (r.alive) kill(-r.process.child.pid, sig);
+    }
+    kill_at_ = Clock::now() + options_.grace_period;
+  }
+
+  void kill_remaining(bool after_grace) {
+    const double grace_s = std::chrono::duration<double>(options_.grace_period).count();
+    for (const auto& r : ranks_) {
+      if (!r.alive) continue;
+      if (after_grace) {
+        say(fmt::format("rank {} (pid {}) did not stop within {:g} s; sending SIGKILL",
+                        r.process.rank, r.process.child.pid, grace_s));
+      }
+      kill(-r.process.child.pid, SIGKILL);
+    }
+  }
+
+  // Copies what one stream has, tagged; at end of file flushes and drops it.
+  void pump(size_t index) {
+    Stream& s = streams_[index];
+    char buffer[65536];
+    for (int round = 0; round < 16; ++round) {
+      const ssize_t n = read(s.fd, buffer, sizeof buffer);
+      if (n > 0) {
+        write_all(s.target, s.tagger.feed(std::string_view(buffer, static_cast<size_t>(n))));
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      write_all(s.target, s.tagger.finish());
+      close(s.fd);
+      streams_.erase(streams_.begin() + static_cast<std::ptrdiff_t>(index));
+      return;
+    }
+  }
+
+  SupervisorOptions options_;
+  std::vector<Tracked> ranks_;
+  std::vector<Stream> streams_;
+  int signal_fd_ = -1;
+  bool stopping_ = false;
+  std::optional<Clock::time_point> kill_at_;
+  std::optional<Clock::time_point> drain_until_;
+  int exit_code_ = 0;
+};
+
+}  // namespace
+
+void block_supervisor_signals() {
+  const sigset_t set = handled_signals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher
+}
+
+int supervise(std::vector<RankProcess> ranks, const SupervisorOptions& options) {
+  return Supervisor(std::move(ranks), options).run();
+}
+
+}  // namespace lockstep::launcher

@@ -1,0 +1,48 @@
+// The supervisor loop: waits for the ranks of this node, relays their output,
+// and stops them all when one fails or the launcher is signalled.
+//
+// One thread, one poll() over a signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP),
+// the ranks' output pipes and an optional "another node failed" fd, so the
+// first failure is noticed at once. Stopping: SIGTERM (or the received signal)
+// to every rank's process group, SIGKILL to those still running after the
+// grace period; a second SIGINT/SIGTERM kills at once.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "launcher/spawn.h"
+
+namespace lockstep::launcher {
+
+// Blocks the signals the supervisor handles in the calling thread. Call it
+// first in main, before any thread starts, so every thread inherits the mask
+// and the signals wait for the supervisor's signalfd.
+void block_supervisor_signals();
+
+struct RankProcess {
+  int rank = 0;
+  int local_rank = 0;
+  SpawnedChild child;
+};
+
+struct SupervisorOptions {
+  std::chrono::milliseconds grace_period{5000};
+  int node_rank = 0;
+  std::string hostname;
+  // Readable when another node's rank failed; `remote_failure()` then says
+  // which, and this node stops its ranks. -1: one node.
+  int remote_failure_fd = -1;
+  std::function<std::string()> remote_failure;
+  // Called once with the message when a rank of this node fails first.
+  std::function<void(const std::string&)> on_local_failure;
+};
+
+// Runs until every rank has exited. Returns the launcher's exit code: 0 when
+// all exited 0, else the first failing rank's code (128 + signal when killed
+// by one; 128 + the signal the launcher received when it was stopped).
+int supervise(std::vector<RankProcess> ranks, const SupervisorOptions& options);
+
+}  // namespace lockstep::launcher

@@ -1,0 +1,261 @@
+#include "lockstep/runtime/env.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::runtime {
+namespace {
+
+// The variable names one launcher sets. Empty names: the launcher has none.
+struct Source {
+  const char* name;  // RankInfo::source
+  const char* rank;
+  const char* world_size;
+  const char* local_rank;
+  const char* local_world_size;
+  const char* node_rank;
+};
+
+// In precedence order. Slurm is only recognised by SLURM_PROCID: SLURM_NTASKS
+// alone is also set in an allocation shell, where a program runs as one process.
+constexpr std::array<Source, 5> kSources = {{
+    {"lockstep-run", "LOCKSTEP_RANK", "LOCKSTEP_WORLD_SIZE", "LOCKSTEP_LOCAL_RANK",
+     "LOCKSTEP_LOCAL_WORLD_SIZE", "LOCKSTEP_NODE_RANK"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"},
+    {"open-mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE", ""},
+    {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", ""},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+     "SLURM_NODEID"},
+}};
+
+bool is_set(const EnvLookup& env, const char* name) {
+  return name[0] != '\0' && env(name).has_value();
+}
+
+bool detected(const EnvLookup& env, const Source& source) {
+  if (std::string_view(source.name) == "slurm") return is_set(env, source.rank);
+  return is_set(env, source.rank) || is_set(env, source.world_size);
+}
+
+// A whole decimal integer >= minimum; throws naming the variable otherwise.
+int parse_int(const std::string& name, const std::string& text, int minimum) {
+  int value = 0;
+  const char* first = text.data();
+  const char* last = first + text.size();
+  const auto [end, ec] = std::from_chars(first, last, value);
+  LOCKSTEP_CHECK(!text.empty() && ec == std::errc() && end == last,
+                 "{}='{}' is not a whole number; set it to a decimal integer (e.g. {}=0) "
+                 "or unset it",
+                 name, text, name);
+  LOCKSTEP_CHECK(value >= minimum, "{}={} is out of range; it must be at least {}", name, value,
+                 minimum);
+  return value;
+}
+
+std::optional<int> read_int(const EnvLookup& env, const char* name, int minimum) {
+  if (name[0] == '\0') return std::nullopt;
+  const auto text = env(name);
+  if (!text) return std::nullopt;
+  return parse_int(name, *text, minimum);
+}
+
+int require_int(const EnvLookup& env, const Source& source, const char* name, int minimum) {
+  const auto value = read_int(env, name, minimum);
+  LOCKSTEP_CHECK(value.has_value(),
+                 "{} is not set, but other {} variables are ({} and {} go together); "
+                 "set {} or unset the others",
+                 name, source.name, source.rank, source.world_size, name);
+  return *value;
+}
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+// MASTER_ADDR + MASTER_PORT, both or neither. A lone one is ignored for a
+// single process (a shell may export MASTER_ADDR for other jobs).
+void read_master(const EnvLookup& env, RankInfo& info) {
+  const auto addr = env("MASTER_ADDR");
+  const auto port = env("MASTER_PORT");
+  if (!addr && !port) return;
+  if (info.world_size == 1 && !(addr && port)) return;
+  LOCKSTEP_CHECK(addr && !addr->empty(), "MASTER_PORT is set but MASTER_ADDR is not; set "
+                 "MASTER_ADDR to the host of rank 0 (e.g. MASTER_ADDR=10.0.0.1)");
+  LOCKSTEP_CHECK(port.has_value(), "MASTER_ADDR={} is set but MASTER_PORT is not; set "
+                 "MASTER_PORT to the store's port (e.g. MASTER_PORT=29500)", *addr);
+  info.store_host = *addr;
+  // A bracketed IPv6 address is accepted as [::1] and used as ::1.
+  if (info.store_host.size() > 2 && info.store_host.front() == '[' && info.store_host.back() == ']')
+    info.store_host = info.store_host.substr(1, info.store_host.size() - 2);
+  info.store_port = parse_int("MASTER_PORT", *port, 1);
+  LOCKSTEP_CHECK(info.store_port <= 65535, "MASTER_PORT={} is not a TCP port (1-65535)",
+                 info.store_port);
+}
+
+void read_store_address(const EnvLookup& env, const Source* source, RankInfo& info) {
+  const bool torchrun = source != nullptr && std::string_view(source->name) == "torchrun";
+  const auto addr = torchrun ? std::nullopt : env("LOCKSTEP_STORE_ADDR");
+  if (addr) {
+    std::tie(info.store_host, info.store_port) = parse_host_port(*addr, "LOCKSTEP_STORE_ADDR");
+  } else if (source == nullptr || std::string_view(source->name) != "lockstep-run") {
+    read_master(env, info);
+  }
+}
+
+// Which variable to set for a missing store address, for the error message.
+std::string store_hint(const Source& source) {
+  if (std::string_view(source.name) == "lockstep-run") return "LOCKSTEP_STORE_ADDR=host:port";
+  if (std::string_view(source.name) == "torchrun") return "MASTER_ADDR and MASTER_PORT";
+  return "LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT)";
+}
+
+void read_settings(const EnvLookup& env, RankInfo& info) {
+  if (auto token = env("LOCKSTEP_TOKEN")) info.token = *token;
+
+  if (auto backend = env("LOCKSTEP_BACKEND")) {
+    info.backend = lower(*backend);
+    const bool ok = std::all_of(info.backend.begin(), info.backend.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '+';
+    });
+    LOCKSTEP_CHECK(ok, "LOCKSTEP_BACKEND='{}' is not a backend name; use e.g. gloo, mpi, nccl "
+                   "or shm, or unset it for the default", *backend);
+  }
+
+  if (auto debug = env("LOCKSTEP_DEBUG")) {
+    const std::string level = lower(*debug);
+    if (level.empty() || level == "off" || level == "0") {
+      info.debug = DebugLevel::Off;
+    } else if (level == "info" || level == "1") {
+      info.debug = DebugLevel::Info;
+    } else if (level == "detail" || level == "2") {
+      info.debug = DebugLevel::Detail;
+    } else {
+      throw Error(fmt::format("LOCKSTEP_DEBUG='{}' is not a debug level; use off, info or detail",
+                              *debug));
+    }
+  }
+
+  if (auto timeout = env("LOCKSTEP_TIMEOUT_S")) {
+    double seconds = 0;
+    const char* first = timeout->data();
+    const char* last = first + timeout->size();
+    const auto [end, ec] = std::from_chars(first, last, seconds);
+    // Up to a year: anything longer is a typo, and keeps the milliseconds in range.
+    const bool ok = !timeout->empty() && ec == std::errc() && end == last &&
+                    std::isfinite(seconds) && seconds > 0 && seconds <= 365.0 * 24 * 3600;
+    LOCKSTEP_CHECK(ok, "LOCKSTEP_TIMEOUT_S='{}' is not a timeout; set it to a positive number "
+                   "of seconds (e.g. LOCKSTEP_TIMEOUT_S=600) or unset it for the default",
+                   *timeout);
+    info.timeout = std::chrono::milliseconds(
+        std::max<int64_t>(1, static_cast<int64_t>(std::llround(seconds * 1000.0))));
+  }
+}
+
+}  // namespace
+
+EnvLookup process_env() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+std::pair<std::string, int> parse_host_port(const std::string& text, const std::string& what) {
+  std::string host;
+  std::string port;
+  if (!text.empty() && text.front() == '[') {
+    // [IPv6]:port
+    const auto close = text.find(']');
+    LOCKSTEP_CHECK(close != std::string::npos && close + 1 < text.size() && text[close + 1] == ':',
+                   "{}='{}' is not an address; write an IPv6 host as [addr]:port, "
+                   "e.g. [::1]:29500", what, text);
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    const auto colon = text.rfind(':');
+    LOCKSTEP_CHECK(colon != std::string::npos,
+                   "{}='{}' has no port; write it as host:port, e.g. 127.0.0.1:29500", what, text);
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    LOCKSTEP_CHECK(host.find(':') == std::string::npos,
+                   "{}='{}' is ambiguous; write an IPv6 host in brackets, e.g. [::1]:29500",
+                   what, text);
+  }
+  LOCKSTEP_CHECK(!host.empty(), "{}='{}' has no host; write it as host:port, e.g. "
+                 "127.0.0.1:29500", what, text);
+  int value = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  LOCKSTEP_CHECK(!port.empty() && ec == std::errc() && end == port.data() + port.size() &&
+                     value >= 1 && value <= 65535,
+                 "{}='{}' has a bad port '{}'; the port must be a number from 1 to 65535",
+                 what, text, port);
+  return {host, value};
+}
+
+RankInfo read_rank_info(const EnvLookup& env, RankInfoOptions options) {
+  RankInfo info;
+  read_settings(env, info);
+
+  const Source* source = nullptr;
+  for (const auto& candidate : kSources) {
+    if (detected(env, candidate)) {
+      source = &candidate;
+      break;
+    }
+  }
+  if (source == nullptr) {
+    info.source = "none";
+    read_store_address(env, source, info);
+    return info;
+  }
+
+  info.source = source->name;
+  info.world_size = require_int(env, *source, source->world_size, 1);
+  info.rank = require_int(env, *source, source->rank, 0);
+  LOCKSTEP_CHECK(info.rank < info.world_size,
+                 "{}={} is out of range: it must be less than {}={}; check the launcher's "
+                 "variables", source->rank, info.rank, source->world_size, info.world_size);
+
+  // Without local variables, assume one node: the local rank is the rank.
+  const auto local_rank = read_int(env, source->local_rank, 0);
+  const auto local_size = read_int(env, source->local_world_size, 1);
+  info.local_rank = local_rank.value_or(info.rank);
+  info.local_world_size = local_size.value_or(info.world_size);
+  if (local_size) {
+    LOCKSTEP_CHECK(info.local_world_size <= info.world_size,
+                   "{}={} is out of range: it must be at most {}={}", source->local_world_size,
+                   info.local_world_size, source->world_size, info.world_size);
+  }
+  LOCKSTEP_CHECK(info.local_rank < info.local_world_size,
+                 "{}={} is out of range: it must be less than {}={}", source->local_rank,
+                 info.local_rank, local_size ? source->local_world_size : source->world_size,
+                 info.local_world_size);
+
+  // Node rank: the launcher's own where it has one, else from uniform nodes.
+  const auto node_rank = read_int(env, source->node_rank, 0);
+  info.node_rank = node_rank.value_or(info.rank / info.local_world_size);
+  if (node_rank) {
+    LOCKSTEP_CHECK(info.node_rank < info.world_size,
+                   "{}={} is out of range: there are only {} ranks", source->node_rank,
+                   info.node_rank, info.world_size);
+  }
+
+  read_store_address(env, source, info);
+  LOCKSTEP_CHECK(info.world_size == 1 || info.has_store_address() || options.allow_missing_store,
+                 "{}={} but no store address is set, so the ranks cannot find each other; "
+                 "set {}, or start the job with lockstep-run",
+                 source->world_size, info.world_size, store_hint(*source));
+  return info;
+}
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,76 @@
+// runtime/env: the one place that reads the process environment.
+//
+// Rank, world size, local rank, local world size and the store address come
+// from the first launcher whose variables are set, in this order:
+//
+//   lockstep-run   LOCKSTEP_RANK, LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_RANK,
+//                  LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK,
+//                  LOCKSTEP_STORE_ADDR (host:port), LOCKSTEP_TOKEN
+//   torchrun       RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+//                  MASTER_ADDR, MASTER_PORT
+//   Open MPI       OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+//   MPICH / PMI    PMI_RANK, PMI_SIZE (local rank and size: MPI_LOCALRANKID,
+//                  MPI_LOCALNRANKS where set)
+//   Slurm          SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
+//                  (local size: SLURM_NTASKS_PER_NODE where set)
+//   none           one process: rank 0 of world size 1
+//
+// For every source but lockstep-run and torchrun, the store address may come
+// from LOCKSTEP_STORE_ADDR or MASTER_ADDR/MASTER_PORT; under mpirun with the
+// MPI backend built in, rank 0 may instead start the store and share its
+// address through MPI (see collectives/init.h).
+//
+// Other variables read here: LOCKSTEP_TOKEN (the store token, any source),
+// LOCKSTEP_BACKEND (collectives backend to use, e.g. "gloo" or "mpi"),
+// LOCKSTEP_DEBUG ("off", "info" or "detail"), LOCKSTEP_TIMEOUT_S (default
+// collective timeout in seconds).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace lockstep::runtime {
+
+// Looks a variable up; nullopt when unset. Injected so tests need no setenv.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+// Reads the real process environment.
+EnvLookup process_env();
+
+enum class DebugLevel { Off, Info, Detail };
+
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node_rank = 0;
+  std::string store_host;  // empty: no store address was given
+  int store_port = 0;
+  std::string token;       // the store token; may be empty
+  std::string source;      // "lockstep-run", "torchrun", "open-mpi", "pmi", "slurm" or "none"
+  std::string backend;     // LOCKSTEP_BACKEND; empty: the default
+  DebugLevel debug = DebugLevel::Off;
+  std::optional<std::chrono::milliseconds> timeout;  // LOCKSTEP_TIMEOUT_S
+
+  bool has_store_address() const { return !store_host.empty(); }
+};
+
+struct RankInfoOptions {
+  // Accept world size > 1 without a store address (the caller will get one
+  // some other way, e.g. from rank 0 through MPI).
+  bool allow_missing_store = false;
+};
+
+// Reads and validates. Throws lockstep::Error naming the variable when a value
+// is not a number, negative, out of range (rank >= world size, local rank >=
+// local world size), or when world size > 1 has no store address (unless
+// allowed), saying what to set.
+RankInfo read_rank_info(const EnvLookup& env = process_env(), RankInfoOptions options = {});
+
+// "host:port" -> (host, port); throws naming `what` (the variable) when malformed.
+std::pair<std::string, int> parse_host_port(const std::string& text, const std::string& what);
+
+}  // namespace lockstep::runtime

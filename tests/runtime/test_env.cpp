@@ -1,0 +1,274 @@
+// runtime/env: rank discovery from each launcher's variables, precedence,
+// validation errors (each names the variable), and the LOCKSTEP_* settings.
+// The environment is an injected map; nothing here calls setenv.
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "lockstep/runtime/env.h"
+#include "support/test_util.h"
+
+using lockstep::runtime::DebugLevel;
+using lockstep::runtime::EnvLookup;
+using lockstep::runtime::parse_host_port;
+using lockstep::runtime::RankInfo;
+using lockstep::runtime::read_rank_info;
+using lockstep::testing::error_of;
+using Catch::Matchers::Contains;
+
+namespace {
+
+using Vars = std::map<std::string, std::string>;
+
+EnvLookup lookup(Vars vars) {
+  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+RankInfo read(const Vars& vars) { return read_rank_info(lookup(vars)); }
+
+std::string error_for(const Vars& vars) {
+  return error_of([&] { read(vars); });
+}
+
+const Vars kLockstep = {{"LOCKSTEP_RANK", "3"},           {"LOCKSTEP_WORLD_SIZE", "4"},
+                        {"LOCKSTEP_LOCAL_RANK", "1"},     {"LOCKSTEP_LOCAL_WORLD_SIZE", "2"},
+                        {"LOCKSTEP_NODE_RANK", "1"},      {"LOCKSTEP_STORE_ADDR", "10.0.0.1:4000"},
+                        {"LOCKSTEP_TOKEN", "abc123"}};
+
+const Vars kTorchrun = {{"RANK", "2"},           {"WORLD_SIZE", "3"},
+                        {"LOCAL_RANK", "2"},     {"LOCAL_WORLD_SIZE", "3"},
+                        {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}};
+
+Vars merged(Vars a, const Vars& b) {
+  for (const auto& [k, v] : b) a[k] = v;
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("env: no launcher variables means one process", "[env]") {
+  const auto info = read({});
+  CHECK(info.source == "none");
+  CHECK(info.rank == 0);
+  CHECK(info.world_size == 1);
+  CHECK(info.local_rank == 0);
+  CHECK(info.local_world_size == 1);
+  CHECK(info.node_rank == 0);
+  CHECK_FALSE(info.has_store_address());
+  CHECK(info.token.empty());
+  CHECK(info.backend.empty());
+  CHECK(info.debug == DebugLevel::Off);
+  CHECK_FALSE(info.timeout.has_value());
+}
+
+TEST_CASE("env: lockstep-run variables", "[env]") {
+  const auto info = read(kLockstep);
+  CHECK(info.source == "lockstep-run");
+  CHECK(info.rank == 3);
+  CHECK(info.world_size == 4);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 2);
+  CHECK(info.node_rank == 1);
+  CHECK(info.store_host == "10.0.0.1");
+  CHECK(info.store_port == 4000);
+  CHECK(info.token == "abc123");
+}
+
+TEST_CASE("env: torchrun variables", "[env]") {
+  const auto info = read(kTorchrun);
+  CHECK(info.source == "torchrun");
+  CHECK(info.rank == 2);
+  CHECK(info.world_size == 3);
+  CHECK(info.local_rank == 2);
+  CHECK(info.local_world_size == 3);
+  CHECK(info.node_rank == 0);
+  CHECK(info.store_host == "node0");
+  CHECK(info.store_port == 29500);
+
+  // torchrun's GROUP_RANK is the node rank.
+  CHECK(read(merged(kTorchrun, {{"RANK", "1"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"},
+                                {"GROUP_RANK", "1"}}))
+            .node_rank == 1);
+}
+
+TEST_CASE("env: Open MPI variables", "[env]") {
+  const auto info = read({{"OMPI_COMM_WORLD_RANK", "5"},
+                          {"OMPI_COMM_WORLD_SIZE", "8"},
+                          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                          {"LOCKSTEP_STORE_ADDR", "host:1"}});
+  CHECK(info.source == "open-mpi");
+  CHECK(info.rank == 5);
+  CHECK(info.world_size == 8);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 4);
+  CHECK(info.node_rank == 1);  // 5 / 4: nodes of equal size
+  CHECK(info.store_host == "host");
+  CHECK(info.store_port == 1);
+}
+
+TEST_CASE("env: MPICH / PMI variables", "[env]") {
+  SECTION("with local variables") {
+    const auto info = read({{"PMI_RANK", "1"},
+                            {"PMI_SIZE", "2"},
+                            {"MPI_LOCALRANKID", "1"},
+                            {"MPI_LOCALNRANKS", "2"},
+                            {"MASTER_ADDR", "127.0.0.1"},
+                            {"MASTER_PORT", "1234"}});
+    CHECK(info.source == "pmi");
+    CHECK(info.rank == 1);
+    CHECK(info.world_size == 2);
+    CHECK(info.local_rank == 1);
+    CHECK(info.local_world_size == 2);
+    CHECK(info.store_host == "127.0.0.1");
+    CHECK(info.store_port == 1234);
+  }
+  SECTION("without local variables: one node assumed") {
+    const auto info = read({{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}, {"MASTER_ADDR", "h"},
+                            {"MASTER_PORT", "1"}});
+    CHECK(info.local_rank == 2);
+    CHECK(info.local_world_size == 3);
+    CHECK(info.node_rank == 0);
+  }
+}
+
+TEST_CASE("env: Slurm variables", "[env]") {
+  const auto info = read({{"SLURM_PROCID", "3"},
+                          {"SLURM_NTASKS", "4"},
+                          {"SLURM_LOCALID", "1"},
+                          {"SLURM_NTASKS_PER_NODE", "2"},
+                          {"SLURM_NODEID", "1"},
+                          {"LOCKSTEP_STORE_ADDR", "[::1]:29500"}});
+  CHECK(info.source == "slurm");
+  CHECK(info.rank == 3);
+  CHECK(info.world_size == 4);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 2);
+  CHECK(info.node_rank == 1);
+  CHECK(info.store_host == "::1");
+  CHECK(info.store_port == 29500);
+
+  // SLURM_NTASKS alone (an allocation shell, no srun) is one process.
+  CHECK(read({{"SLURM_NTASKS", "4"}}).source == "none");
+}
+
+TEST_CASE("env: precedence lockstep-run > torchrun > Open MPI > PMI > Slurm", "[env]") {
+  const Vars ompi = {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}};
+  const Vars pmi = {{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}};
+  const Vars slurm = {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}};
+  CHECK(read(merged(merged(merged(merged(kLockstep, kTorchrun), ompi), pmi), slurm)).source ==
+        "lockstep-run");
+  CHECK(read(merged(merged(merged(kTorchrun, ompi), pmi), slurm)).source == "torchrun");
+  CHECK(read(merged(merged(ompi, pmi), slurm)).source == "open-mpi");
+  CHECK(read(merged(pmi, slurm)).source == "pmi");
+  CHECK(read(slurm).source == "slurm");
+
+  // lockstep-run's store address wins over MASTER_*; torchrun uses only MASTER_*.
+  const auto both = read(merged(kLockstep, kTorchrun));
+  CHECK(both.store_host == "10.0.0.1");
+  CHECK(both.rank == 3);
+  const auto torch = read(merged(kTorchrun, {{"LOCKSTEP_STORE_ADDR", "other:1"}}));
+  CHECK(torch.store_host == "node0");
+  // For MPI launchers LOCKSTEP_STORE_ADDR comes before MASTER_*.
+  const auto mpi = read(merged(merged(ompi, {{"OMPI_COMM_WORLD_SIZE", "2"}}),
+                               {{"LOCKSTEP_STORE_ADDR", "a:1"}, {"MASTER_ADDR", "b"},
+                                {"MASTER_PORT", "2"}}));
+  CHECK(mpi.store_host == "a");
+}
+
+TEST_CASE("env: inconsistent rank variables name the variable", "[env]") {
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_RANK", "4"}})),
+             Contains("LOCKSTEP_RANK=4") && Contains("LOCKSTEP_WORLD_SIZE=4"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_RANK", "-1"}})), Contains("LOCKSTEP_RANK=-1"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_RANK", "one"}})),
+             Contains("LOCKSTEP_RANK='one'") && Contains("not a whole number"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_RANK", "1x"}})), Contains("LOCKSTEP_RANK"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_RANK", ""}})), Contains("LOCKSTEP_RANK"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_RANK", "99999999999"}})),
+             Contains("LOCKSTEP_RANK"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_WORLD_SIZE", "0"}})),
+             Contains("LOCKSTEP_WORLD_SIZE=0"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_LOCAL_RANK", "2"}})),
+             Contains("LOCKSTEP_LOCAL_RANK=2") && Contains("LOCKSTEP_LOCAL_WORLD_SIZE=2"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_LOCAL_WORLD_SIZE", "5"}})),
+             Contains("LOCKSTEP_LOCAL_WORLD_SIZE=5"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_NODE_RANK", "-2"}})),
+             Contains("LOCKSTEP_NODE_RANK"));
+  CHECK_THAT(error_for({{"LOCKSTEP_RANK", "0"}}), Contains("LOCKSTEP_WORLD_SIZE is not set"));
+  CHECK_THAT(error_for({{"WORLD_SIZE", "2"}}), Contains("RANK is not set"));
+  CHECK_THAT(error_for({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}}),
+             Contains("OMPI_COMM_WORLD_RANK=2"));
+  CHECK_THAT(error_for({{"PMI_RANK", "0"}, {"PMI_SIZE", "x"}}), Contains("PMI_SIZE"));
+  CHECK_THAT(error_for({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "-1"}}),
+             Contains("SLURM_LOCALID"));
+}
+
+TEST_CASE("env: world size > 1 needs a store address", "[env]") {
+  Vars no_store = kLockstep;
+  no_store.erase("LOCKSTEP_STORE_ADDR");
+  CHECK_THAT(error_for(no_store), Contains("LOCKSTEP_WORLD_SIZE=4") && Contains("LOCKSTEP_STORE_ADDR"));
+  CHECK(read_rank_info(lookup(no_store), {.allow_missing_store = true}).world_size == 4);
+
+  CHECK_THAT(error_for({{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
+             Contains("WORLD_SIZE=2") && Contains("MASTER_ADDR"));
+  CHECK_THAT(error_for({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}),
+             Contains("MASTER_PORT is not"));
+  CHECK_THAT(error_for({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}),
+             Contains("MASTER_ADDR is not"));
+  CHECK_THAT(error_for(merged(kTorchrun, {{"MASTER_PORT", "70000"}})), Contains("MASTER_PORT"));
+  CHECK_THAT(error_for(merged(kTorchrun, {{"MASTER_PORT", "http"}})), Contains("MASTER_PORT"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_STORE_ADDR", "nohost"}})),
+             Contains("LOCKSTEP_STORE_ADDR"));
+
+  // World size 1 needs none, and a lone MASTER_ADDR from the shell is ignored.
+  CHECK(read({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).world_size == 1);
+  CHECK_FALSE(read({{"MASTER_ADDR", "localhost"}}).has_store_address());
+}
+
+TEST_CASE("env: LOCKSTEP_DEBUG", "[env]") {
+  CHECK(read({{"LOCKSTEP_DEBUG", "off"}}).debug == DebugLevel::Off);
+  CHECK(read({{"LOCKSTEP_DEBUG", ""}}).debug == DebugLevel::Off);
+  CHECK(read({{"LOCKSTEP_DEBUG", "info"}}).debug == DebugLevel::Info);
+  CHECK(read({{"LOCKSTEP_DEBUG", "INFO"}}).debug == DebugLevel::Info);
+  CHECK(read({{"LOCKSTEP_DEBUG", "detail"}}).debug == DebugLevel::Detail);
+  CHECK(read({{"LOCKSTEP_DEBUG", "2"}}).debug == DebugLevel::Detail);
+  CHECK_THAT(error_for({{"LOCKSTEP_DEBUG", "verbose"}}),
+             Contains("LOCKSTEP_DEBUG='verbose'") && Contains("off, info or detail"));
+}
+
+TEST_CASE("env: LOCKSTEP_TIMEOUT_S", "[env]") {
+  using std::chrono::milliseconds;
+  CHECK(read({{"LOCKSTEP_TIMEOUT_S", "30"}}).timeout == milliseconds(30000));
+  CHECK(read({{"LOCKSTEP_TIMEOUT_S", "0.25"}}).timeout == milliseconds(250));
+  for (const char* bad : {"0", "-5", "ten", "", "5s", "inf", "nan", "1e30"}) {
+    INFO("LOCKSTEP_TIMEOUT_S=" << bad);
+    CHECK_THAT(error_for({{"LOCKSTEP_TIMEOUT_S", bad}}), Contains("LOCKSTEP_TIMEOUT_S"));
+  }
+}
+
+TEST_CASE("env: LOCKSTEP_BACKEND and LOCKSTEP_TOKEN", "[env]") {
+  CHECK(read({{"LOCKSTEP_BACKEND", "gloo"}}).backend == "gloo");
+  CHECK(read({{"LOCKSTEP_BACKEND", "MPI"}}).backend == "mpi");
+  CHECK(read({{"LOCKSTEP_BACKEND", ""}}).backend.empty());
+  CHECK_THAT(error_for({{"LOCKSTEP_BACKEND", "gloo mpi"}}), Contains("LOCKSTEP_BACKEND"));
+  // The token is read whatever the launcher.
+  CHECK(read(merged(kTorchrun, {{"LOCKSTEP_TOKEN", "t0k"}})).token == "t0k");
+}
+
+TEST_CASE("env: parse_host_port", "[env]") {
+  CHECK(parse_host_port("127.0.0.1:29500", "X") == std::pair<std::string, int>("127.0.0.1", 29500));
+  CHECK(parse_host_port("node-7.example:1", "X") == std::pair<std::string, int>("node-7.example", 1));
+  CHECK(parse_host_port("[::1]:65535", "X") == std::pair<std::string, int>("::1", 65535));
+  CHECK(parse_host_port("[fe80::1%eth0]:80", "X") ==
+        std::pair<std::string, int>("fe80::1%eth0", 80));
+  for (const char* bad : {"host", "host:", ":80", "host:0", "host:65536", "host:-1", "host:8o",
+                          "::1:80", "[::1]80", "[::1]:", "[]:80", "[::1"}) {
+    INFO(bad);
+    CHECK_THAT(error_of([&] { parse_host_port(bad, "MY_VAR"); }), Contains("MY_VAR"));
+  }
+  CHECK_THAT(error_of([&] { parse_host_port("h:99999", "MY_VAR"); }), Contains("bad port"));
+}

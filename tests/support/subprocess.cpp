@@ -1,0 +1,106 @@
+#include "support/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+extern char** environ;
+
+namespace lockstep::testing {
+namespace {
+
+std::vector<std::string> merged_environment(const std::vector<std::string>& extra) {
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    vars[entry.substr(0, entry.find('='))] = entry;
+  }
+  for (const auto& entry : extra) vars[entry.substr(0, entry.find('='))] = entry;
+  std::vector<std::string> out;
+  for (auto& [name, entry] : vars) out.push_back(entry);
+  return out;
+}
+
+}  // namespace
+
+ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::milliseconds limit,
+                          const std::vector<std::string>& env) {
+  if (argv.empty()) throw std::invalid_argument("run_process: empty argv");
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("run_process: pipe failed");
+
+  const auto envp_strings = merged_environment(env);
+  std::vector<char*> args, envp;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (const auto& e : envp_strings) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("run_process: fork failed");
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    execve(args[0], args.data(), envp.data());
+    dprintf(STDERR_FILENO, "run_process: cannot execute %s: %s\n", args[0], strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here, so the group exists before we may kill it
+  close(fds[1]);
+
+  ProcessResult result;
+  const auto deadline = start + limit;
+  char buffer[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      result.timed_out = true;
+      kill(-pid, SIGKILL);
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    const ssize_t n = read(fds[0], buffer, sizeof buffer);
+    if (n > 0) {
+      result.output.append(buffer, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;  // every writer closed the pipe
+    }
+  }
+  // Grandchildren may still hold the pipe; the child's group is gone once it
+  // is reaped or killed above.
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  close(fds[0]);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+std::string bin_path(const std::string& name) {
+  return std::string(LOCKSTEP_BINARY_DIR) + "/bin/" + name;
+}
+
+std::string describe(const ProcessResult& result) {
+  if (result.timed_out) return fmt::format("timed out after {:.1f} s", result.seconds);
+  if (result.signal != 0) return fmt::format("signal {}", sigabbrev_np(result.signal));
+  return fmt::format("exit {}", result.exit_code);
+}
+
+}  // namespace lockstep::testing

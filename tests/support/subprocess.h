@@ -1,0 +1,35 @@
+// Runs a program as a child process for multi-process tests: captures its
+// stdout and stderr together, enforces a wall-clock limit (the child's whole
+// process group is SIGKILLed when it passes, so a hang fails the test instead
+// of blocking ctest), and reports how it ended.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace lockstep::testing {
+
+struct ProcessResult {
+  int exit_code = -1;      // when it exited normally, else -1
+  int signal = 0;          // the signal that ended it, else 0
+  bool timed_out = false;  // killed because it ran past the limit
+  std::string output;      // stdout and stderr, interleaved as written
+  double seconds = 0.0;    // how long it ran
+
+  bool ok() const { return exit_code == 0 && !timed_out; }
+};
+
+// Runs argv[0] (a path) with `argv`, the current environment plus `env`
+// ("NAME=value" entries, overriding), in its own process group.
+ProcessResult run_process(const std::vector<std::string>& argv,
+                          std::chrono::milliseconds limit = std::chrono::seconds(120),
+                          const std::vector<std::string>& env = {});
+
+// Path of an executable built into build/bin/ (lockstep-run, test workers).
+std::string bin_path(const std::string& name);
+
+// "exit 0", "exit 3", "signal SIGKILL", "timed out after 12.0 s", for messages.
+std::string describe(const ProcessResult& result);
+
+}  // namespace lockstep::testing

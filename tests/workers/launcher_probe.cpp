@@ -1,0 +1,124 @@
+// launcher_probe: a rank program for the launcher tests. Arguments, in any
+// order (R is a rank):
+//   print            print this rank's variables on one line
+//   show=NAME        add NAME=<value or (unset)> to that line
+//   pid-dir=DIR      write DIR/<rank>.pid; exit=/kill=/kill-parent= first wait
+//                    (up to 10 s) until every rank has written one
+//   exit=R:CODE      rank R exits with CODE
+//   kill=R:SIGNAL    rank R raises SIGNAL (a number)
+//   kill-parent=R:SIGNAL  rank R sends SIGNAL to its parent (the launcher)
+//   ignore-term      ignore SIGTERM (to test the launcher's SIGKILL)
+//   partial          print a last line without its newline
+//   store-sum        every rank adds rank+1 to a counter in the job's store,
+//                    waits for all, checks the sum is W(W+1)/2; exit 1 if not
+//   sleep            then wait until killed (default: exit 0)
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/env.h"
+#include "lockstep/runtime/store/tcp_store.h"
+
+namespace {
+
+std::string var(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "(unset)";
+}
+
+// "R:X" -> X when R is this rank.
+bool for_me(const std::string& spec, int rank, int* value) {
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos || std::stoi(spec.substr(0, colon)) != rank) return false;
+  *value = std::stoi(spec.substr(colon + 1));
+  return true;
+}
+
+void wait_for_pid_files(const std::string& dir, int world) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int n = 0;
+    for (int r = 0; r < world; ++r) n += std::filesystem::exists(fmt::format("{}/{}.pid", dir, r));
+    if (n == world) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int store_sum(const lockstep::runtime::RankInfo& info) {
+  lockstep::runtime::TcpStoreOptions options;
+  options.host = info.store_host;
+  options.port = static_cast<uint16_t>(info.store_port);
+  options.token = info.token;
+  options.connect_timeout = std::chrono::seconds(30);
+  options.timeout = std::chrono::seconds(30);
+  lockstep::runtime::TcpStore store(options);
+  store.add("probe/sum", info.rank + 1);
+  if (store.add("probe/arrived", 1) == info.world_size) store.set("probe/done", "1");
+  store.wait({"probe/done"});
+  const int64_t sum = store.add("probe/sum", 0);
+  const int64_t expected = int64_t{info.world_size} * (info.world_size + 1) / 2;
+  fmt::print("store-sum rank={} sum={} expected={} {}\n", info.rank, sum, expected,
+             sum == expected ? "ok" : "WRONG");
+  std::fflush(stdout);
+  // Keep the connection until everyone has read the sum.
+  if (store.add("probe/read", 1) == info.world_size) store.set("probe/all-read", "1");
+  store.wait({"probe/all-read"});
+  return sum == expected ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto info = lockstep::runtime::read_rank_info();
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string pid_dir;
+  std::string line = fmt::format("rank={} world={} local={} local_world={} node={} source={}",
+                                 info.rank, info.world_size, info.local_rank,
+                                 info.local_world_size, info.node_rank, info.source);
+  bool print = false, partial = false, sleep = false, sum = false;
+  for (const auto& a : args) {
+    if (a == "print") print = true;
+    if (a == "partial") partial = true;
+    if (a == "sleep") sleep = true;
+    if (a == "store-sum") sum = true;
+    if (a == "ignore-term") signal(SIGTERM, SIG_IGN);
+    if (a.rfind("show=", 0) == 0) line += fmt::format(" {}={}", a.substr(5), var(a.substr(5).c_str()));
+    if (a.rfind("pid-dir=", 0) == 0) pid_dir = a.substr(8);
+  }
+  if (print) fmt::print("{}\n", line);
+  if (partial) fmt::print("partial line of rank {}", info.rank);
+  std::fflush(stdout);
+  if (!pid_dir.empty()) {
+    const auto path = fmt::format("{}/{}.pid", pid_dir, info.rank);
+    std::ofstream(path + ".tmp") << getpid() << "\n";
+    std::filesystem::rename(path + ".tmp", path);
+  }
+  if (sum) return store_sum(info);
+
+  for (const auto& a : args) {
+    int value = 0;
+    const auto eq = a.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string key = a.substr(0, eq);
+    if (key != "exit" && key != "kill" && key != "kill-parent") continue;
+    if (!for_me(a.substr(eq + 1), info.rank, &value)) continue;
+    if (!pid_dir.empty()) wait_for_pid_files(pid_dir, info.world_size);
+    if (key == "exit") return value;
+    if (key == "kill") raise(value);
+    if (key == "kill-parent") kill(getppid(), value);
+  }
+  if (sleep) {
+    for (;;) pause();
+  }
+  return 0;
+}
