@@ -1,0 +1,26 @@
+// The desync checker (LOCKSTEP_DEBUG=detail): a ProcessGroup wrapper that,
+// before forwarding each collective, checks through the store that every rank
+// is issuing the same one.
+//
+// Each rank publishes a fingerprint of the call (sequence number, op, dtype,
+// element count, root, reduce op) under "<group>/desync/<instance>/<seq>/<rank>"
+// and reads every rank's. When they differ, every rank throws a
+// CollectiveError naming the first divergent call and which ranks issued
+// what, instead of hanging or computing a wrong answer. A rank that does not
+// arrive within the call's timeout is named with its last recorded call.
+// Sends and recvs involve two ranks only and are forwarded unchecked.
+//
+// Costs a few store round trips per collective; meant for debugging.
+#pragma once
+
+#include <memory>
+
+#include "lockstep/collectives/process_group.h"
+#include "lockstep/runtime/store/store.h"
+
+namespace lockstep::collectives {
+
+std::shared_ptr<ProcessGroup> make_debug_group(std::shared_ptr<ProcessGroup> inner,
+                                               std::shared_ptr<runtime::Store> store);
+
+}  // namespace lockstep::collectives

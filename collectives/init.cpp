@@ -1,0 +1,215 @@
+#include "lockstep/collectives/init.h"
+
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include <random>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "lockstep/collectives/backends.h"
+#include "lockstep/collectives/debug_group.h"
+#include "lockstep/config.h"
+#include "lockstep/runtime/store/memory_store.h"
+#include "lockstep/runtime/store/prefix_store.h"
+#include "lockstep/runtime/store/tcp_store.h"
+
+#if LOCKSTEP_HAVE_GLOO
+#include "lockstep/collectives/gloo/gloo_group.h"
+#endif
+#if LOCKSTEP_HAVE_MPI
+#include "lockstep/collectives/mpi/mpi_group.h"
+#include "lockstep/collectives/mpi/mpi_runtime.h"
+#endif
+
+namespace lockstep::collectives {
+namespace {
+
+using std::chrono::milliseconds;
+
+// What the returned group keeps alive: the store server rank 0 may run, the
+// store, and the group itself (destroyed first, the server last).
+struct GroupHolder {
+  std::shared_ptr<runtime::TcpStoreServer> server;
+  std::shared_ptr<runtime::Store> store;
+  std::shared_ptr<ProcessGroup> group;
+};
+
+std::string require_backend(const std::string& backend) {
+  const std::string how = how_to_enable(backend);  // throws for unknown names
+  const auto built_in = built_in_backends();
+  LOCKSTEP_CHECK(is_built_in(backend),
+                 "collectives backend '{}' is not built into this lockstep (built in: {}); {}",
+                 backend, built_in.empty() ? std::string("none") : fmt::format("{}", fmt::join(built_in, ", ")),
+                 how);
+  return backend;
+}
+
+#if LOCKSTEP_HAVE_MPI
+// Where peers reach this host's TCP listeners: the loopback address when all
+// ranks run on this host, else the first non-loopback IPv4 address.
+std::string address_for_peers(const runtime::RankInfo& info) {
+  if (info.local_world_size == info.world_size) return "127.0.0.1";
+  ifaddrs* list = nullptr;
+  LOCKSTEP_CHECK(getifaddrs(&list) == 0,
+                 "rank 0 could not list its network interfaces to serve the store; set "
+                 "LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT) instead");
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+    if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    found = text;
+  }
+  freeifaddrs(list);
+  LOCKSTEP_CHECK(!found.empty(),
+                 "rank 0 found no non-loopback IPv4 address for the other hosts to reach its "
+                 "store; set LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT)");
+  return found;
+}
+
+std::string fresh_token() {
+  std::random_device random;
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}", random(), random(), random(), random());
+}
+#endif
+
+std::shared_ptr<runtime::TcpStore> connect_store(const std::string& host, int port,
+                                                 const std::string& token, milliseconds timeout) {
+  runtime::TcpStoreOptions options;
+  options.host = host;
+  options.port = static_cast<uint16_t>(port);
+  options.token = token;
+  options.connect_timeout = timeout;
+  options.timeout = timeout;
+  return std::make_shared<runtime::TcpStore>(options);
+}
+
+std::shared_ptr<runtime::TcpStoreServer> serve_store(uint16_t port, const std::string& token) {
+  runtime::TcpStoreServerOptions options;
+  options.port = port;
+  options.token = token;
+  return std::make_shared<runtime::TcpStoreServer>(options);
+}
+
+// The job's store, as init.h describes; fills holder.server and holder.store.
+void make_store(const runtime::RankInfo& info, milliseconds timeout, GroupHolder& holder) {
+  if (info.has_store_address()) {
+    // torchrun names rank 0's host and port but serves nothing: rank 0 does.
+    if (info.source == "torchrun" && info.rank == 0) {
+      holder.server = serve_store(static_cast<uint16_t>(info.store_port), info.token);
+    }
+    holder.store = connect_store(info.store_host, info.store_port, info.token, timeout);
+    return;
+  }
+  if (info.world_size == 1) {
+    holder.store = std::make_shared<runtime::MemoryStore>();
+    return;
+  }
+  const bool mpi_source = info.source == "open-mpi" || info.source == "pmi";
+  LOCKSTEP_CHECK(LOCKSTEP_HAVE_MPI && mpi_source,
+                 "rank {} of {} (from {}) has no store address: run under lockstep-run, set "
+                 "LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT), or pass "
+                 "InitOptions::store",
+                 info.rank, info.world_size, info.source);
+#if LOCKSTEP_HAVE_MPI
+  // Under mpirun with no address: rank 0 serves on a free port and tells the
+  // others "host:port:token" through MPI.
+  mpi::ensure_mpi_initialized();
+  std::string shared;
+  if (info.rank == 0) {
+    const std::string token = fresh_token();
+    holder.server = serve_store(0, token);
+    shared = fmt::format("{}:{}:{}", address_for_peers(info), holder.server->port(), token);
+  }
+  shared = mpi::broadcast_string(shared, 0);
+  const auto last = shared.rfind(':');
+  const auto [host, port] = runtime::parse_host_port(shared.substr(0, last), "the store address from rank 0");
+  holder.store = connect_store(host, port, shared.substr(last + 1), timeout);
+#endif
+}
+
+std::string bind_address_of(const std::shared_ptr<runtime::Store>& store) {
+  std::shared_ptr<runtime::Store> s = store;
+  while (auto prefix = std::dynamic_pointer_cast<runtime::PrefixStore>(s)) s = prefix->inner();
+  if (auto tcp = std::dynamic_pointer_cast<runtime::TcpStore>(s)) return tcp->local_address();
+  return "127.0.0.1";
+}
+
+runtime::RankInfo rank_info_from_env() {
+  const auto env = runtime::process_env();
+  if (!LOCKSTEP_HAVE_MPI) return runtime::read_rank_info(env);
+  // Under mpirun rank 0 can provide the store itself; elsewhere a missing
+  // address is an error, worded by read_rank_info.
+  runtime::RankInfo info = runtime::read_rank_info(env, {.allow_missing_store = true});
+  const bool mpi_source = info.source == "open-mpi" || info.source == "pmi";
+  if (info.world_size > 1 && !info.has_store_address() && !mpi_source) {
+    return runtime::read_rank_info(env);
+  }
+  return info;
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
+  const runtime::RankInfo info = options.rank_info ? *options.rank_info : rank_info_from_env();
+  std::string backend = !options.backend.empty() ? options.backend
+                        : !info.backend.empty()  ? info.backend
+                                                 : std::string("gloo");
+  require_backend(backend);
+  const milliseconds timeout =
+      options.timeout.value_or(info.timeout.value_or(ProcessGroup::kDefaultTimeout));
+
+  auto holder = std::make_shared<GroupHolder>();
+  if (options.store) {
+    holder->store = options.store;
+  } else {
+    make_store(info, timeout, *holder);
+  }
+  int rank = info.rank;
+  int size = info.world_size;
+#if LOCKSTEP_HAVE_MPI
+  if (backend == "mpi") {
+    mpi::ensure_mpi_initialized();
+    rank = mpi::world_rank();
+    size = mpi::world_size();
+  }
+#endif
+  holder->group =
+      make_process_group(backend, holder->store, rank, size, options.name, timeout, info.debug);
+  ProcessGroup* group = holder->group.get();
+  return std::shared_ptr<ProcessGroup>(std::move(holder), group);
+}
+
+std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
+                                                 std::shared_ptr<runtime::Store> store, int rank,
+                                                 int size, const std::string& name,
+                                                 milliseconds timeout, runtime::DebugLevel debug) {
+  require_backend(backend);
+  std::shared_ptr<ProcessGroup> group;
+#if LOCKSTEP_HAVE_GLOO
+  if (backend == "gloo") {
+    group = make_gloo_group(store, rank, size, name, timeout, bind_address_of(store));
+  }
+#endif
+#if LOCKSTEP_HAVE_MPI
+  if (backend == "mpi") group = make_mpi_group(rank, size, name, timeout);
+#endif
+  LOCKSTEP_CHECK(group != nullptr,
+                 "collectives backend '{}' is built in but init_process_group cannot create it "
+                 "for CPU tensors; use gloo or mpi",
+                 backend);
+  if (debug == runtime::DebugLevel::Detail) {
+    LOCKSTEP_CHECK(store != nullptr,
+                   "LOCKSTEP_DEBUG=detail on group '{}' needs a store to compare the ranks' calls",
+                   name);
+    group = make_debug_group(std::move(group), std::move(store));
+  }
+  return group;
+}
+
+}  // namespace lockstep::collectives

@@ -1,0 +1,44 @@
+// init_process_group(): from the environment (runtime/env) to a ready
+// ProcessGroup.
+//
+// Backend choice: the one asked for (InitOptions::backend or
+// LOCKSTEP_BACKEND), else gloo for CPU tensors. A backend that is not built in
+// gives an error listing those that are and how to build the missing one in.
+//
+// Store: lockstep-run serves it and passes LOCKSTEP_STORE_ADDR; with
+// torchrun's MASTER_ADDR/MASTER_PORT, rank 0 serves it on that port; under
+// mpirun with no address given and MPI built in, rank 0 serves it on a free
+// port and shares the address (and a fresh token) through MPI.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "lockstep/collectives/process_group.h"
+#include "lockstep/runtime/env.h"
+#include "lockstep/runtime/store/store.h"
+
+namespace lockstep::collectives {
+
+struct InitOptions {
+  std::string backend;  // "gloo", "mpi"; empty: LOCKSTEP_BACKEND, else the default
+  std::optional<std::chrono::milliseconds> timeout;  // default: LOCKSTEP_TIMEOUT_S, else 10 min
+  std::string name = "default";
+  std::optional<runtime::RankInfo> rank_info;  // default: read_rank_info()
+  std::shared_ptr<runtime::Store> store;       // default: connect as described above
+};
+
+std::shared_ptr<ProcessGroup> init_process_group(InitOptions options = {});
+
+// Builds a group of `backend` from an explicit store, rank and size (all
+// ranks pass the same `name`). What init_process_group() ends with; tests use
+// it directly with a MemoryStore and one thread per rank.
+std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
+                                                 std::shared_ptr<runtime::Store> store,
+                                                 int rank, int size, const std::string& name,
+                                                 std::chrono::milliseconds timeout,
+                                                 runtime::DebugLevel debug = runtime::DebugLevel::Off);
+
+}  // namespace lockstep::collectives

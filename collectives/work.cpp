@@ -1,0 +1,47 @@
+#include "lockstep/collectives/work.h"
+
+namespace lockstep::collectives {
+
+Work::Work(std::string description, Clock::time_point deadline, std::string timeout_message,
+           std::function<void()> on_timeout)
+    : description_(std::move(description)),
+      deadline_(deadline),
+      timeout_message_(std::move(timeout_message)),
+      on_timeout_(std::move(on_timeout)) {}
+
+bool Work::is_completed() {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+void Work::wait() {
+  std::unique_lock lock(mutex_);
+  if (!done_cv_.wait_until(lock, deadline_, [&] { return done_; })) {
+    // Timed out: the backend's thread may still be inside the collective.
+    // Record the timeout as this Work's error so later waits rethrow it.
+    error_ = std::make_exception_ptr(CollectiveError(timeout_message_));
+    done_ = true;
+    auto on_timeout = std::move(on_timeout_);
+    lock.unlock();
+    if (on_timeout) on_timeout();
+    std::rethrow_exception(error_);
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+std::exception_ptr Work::exception() {
+  std::lock_guard lock(mutex_);
+  return error_;
+}
+
+void Work::finish(std::exception_ptr error) {
+  {
+    std::lock_guard lock(mutex_);
+    if (done_) return;  // already timed out; the late result is dropped
+    error_ = std::move(error);
+    done_ = true;
+  }
+  done_cv_.notify_all();
+}
+
+}  // namespace lockstep::collectives

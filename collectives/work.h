@@ -1,0 +1,69 @@
+// Work: the handle a collective returns at once.
+//
+// The collective runs in the background (a backend thread, MPI's progress, a
+// CUDA stream). Contract:
+//   is_completed()  never blocks; true once the collective has finished,
+//                   successfully or not.
+//   wait()          blocks until it finished, then rethrows its error if it
+//                   failed. If the collective's deadline (issue time plus its
+//                   timeout) passes first, throws CollectiveError saying it
+//                   timed out; the group is then unusable (aborted).
+//                   Returns at once on later calls.
+//   exception()     the error, or nullptr; valid once is_completed().
+// The tensors given to the collective must stay alive and untouched until
+// wait() has returned.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::collectives {
+
+// What failed: the op ("allreduce #12 (f32, 1000 elements, sum)"), this rank,
+// the group, and the cause.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
+class Work {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `description` names the op for error messages; `deadline` is when wait()
+  // gives up, throwing CollectiveError(`timeout_message`) after calling
+  // `on_timeout` once (the backend marks its group aborted there).
+  Work(std::string description, Clock::time_point deadline, std::string timeout_message,
+       std::function<void()> on_timeout = {});
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  virtual bool is_completed();
+  virtual void wait();
+  std::exception_ptr exception();
+  const std::string& description() const { return description_; }
+
+  // Called by the backend exactly once when the collective has finished.
+  void finish(std::exception_ptr error = nullptr);
+
+ protected:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+
+ private:
+  std::string description_;
+  Clock::time_point deadline_;
+  std::string timeout_message_;
+  std::function<void()> on_timeout_;
+};
+
+}  // namespace lockstep::collectives

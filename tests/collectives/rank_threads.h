@@ -1,0 +1,65 @@
+// In-process multi-rank tests: one thread per rank over a shared MemoryStore.
+//
+// Catch2's assertions are not thread-safe, so rank threads record problems as
+// strings and the test checks them on the main thread.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockstep/collectives/init.h"
+#include "lockstep/runtime/store/memory_store.h"
+
+namespace lockstep::testing {
+
+// Runs fn(rank) on `size` threads; returns each rank's exception (or null).
+inline std::vector<std::exception_ptr> run_ranks(int size, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline std::string message_of(const std::exception_ptr& error) {
+  if (!error) return "<no exception>";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<unknown exception>";
+}
+
+// One group per rank of `backend`, made concurrently (the rendezvous needs
+// every rank) over one fresh MemoryStore.
+inline std::vector<std::shared_ptr<collectives::ProcessGroup>> make_groups(
+    const std::string& backend, int size, const std::string& name,
+    std::chrono::milliseconds timeout = std::chrono::seconds(60),
+    runtime::DebugLevel debug = runtime::DebugLevel::Off) {
+  auto store = std::make_shared<runtime::MemoryStore>();
+  std::vector<std::shared_ptr<collectives::ProcessGroup>> groups(static_cast<size_t>(size));
+  const auto errors = run_ranks(size, [&](int r) {
+    groups[static_cast<size_t>(r)] =
+        collectives::make_process_group(backend, store, r, size, name, timeout, debug);
+  });
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return groups;
+}
+
+}  // namespace lockstep::testing

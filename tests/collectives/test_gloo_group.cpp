@@ -1,0 +1,390 @@
+// The gloo backend in one process: one thread per rank over a MemoryStore.
+//
+// Inputs are small integers, so every sum, product and average (a division by
+// 2 or 4) is exact in every dtype, bf16 and f16 included; expected values are
+// computed here in int64 independently of the backend.
+#include <catch2/catch.hpp>
+
+#include "lockstep/config.h"
+
+#if LOCKSTEP_HAVE_GLOO
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <latch>
+
+#include "collectives/rank_threads.h"
+#include "lockstep/collectives/backends.h"
+#include "lockstep/collectives/gloo/gloo_group.h"
+#include "support/test_util.h"
+
+namespace lc = lockstep::collectives;
+namespace lt = lockstep::testing;
+using lockstep::runtime::DType;
+using lockstep::runtime::Tensor;
+using Catch::Matchers::Contains;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::vector<DType> kDTypes = {DType::f32, DType::f64, DType::bf16,
+                                    DType::f16, DType::i32, DType::i64};
+const std::vector<lc::ReduceOp> kOps = {lc::ReduceOp::Sum, lc::ReduceOp::Avg, lc::ReduceOp::Min,
+                                        lc::ReduceOp::Max, lc::ReduceOp::Product};
+const std::vector<int64_t> kCounts = {0, 1, 7, 1001};
+
+// Rank r's element i: in [-3, 3], different across ranks and positions.
+int64_t input_value(int r, int64_t i) { return (r * 3 + i * 7 + i / 5) % 7 - 3; }
+
+Tensor input(int r, int64_t n, DType dtype, int64_t offset = 0) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<double>(input_value(r, i + offset));
+  return Tensor::from_vector(v, {n}).to(dtype);
+}
+
+double expected_value(lc::ReduceOp op, DType dtype, int size, int64_t i) {
+  int64_t sum = 0, product = 1, lo = input_value(0, i), hi = lo;
+  for (int r = 0; r < size; ++r) {
+    const int64_t v = input_value(r, i);
+    sum += v;
+    product *= v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  switch (op) {
+    case lc::ReduceOp::Sum: return static_cast<double>(sum);
+    case lc::ReduceOp::Product: return static_cast<double>(product);
+    case lc::ReduceOp::Min: return static_cast<double>(lo);
+    case lc::ReduceOp::Max: return static_cast<double>(hi);
+    case lc::ReduceOp::Avg:
+      return lockstep::runtime::is_floating(dtype) ? static_cast<double>(sum) / size
+                                                   : static_cast<double>(sum / size);  // truncates
+  }
+  return NAN;
+}
+
+// First mismatch of `t` against `expected(i)`, or "" when all match.
+std::string mismatch(const Tensor& t, const std::function<double(int64_t)>& expected,
+                     const std::string& what) {
+  const auto v = lt::values(t);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double e = expected(static_cast<int64_t>(i));
+    if (v[i] != e) return fmt::format("{}: element {} is {}, expected {}", what, i, v[i], e);
+  }
+  return "";
+}
+
+// Runs fn(group, rank, failures) on every rank; checks no rank threw or failed.
+void on_every_rank(const std::vector<std::shared_ptr<lc::ProcessGroup>>& groups,
+                   const std::function<void(lc::ProcessGroup&, std::vector<std::string>&)>& fn) {
+  const int size = static_cast<int>(groups.size());
+  std::vector<std::vector<std::string>> failures(static_cast<size_t>(size));
+  const auto errors = lt::run_ranks(size, [&](int r) {
+    fn(*groups[static_cast<size_t>(r)], failures[static_cast<size_t>(r)]);
+  });
+  for (int r = 0; r < size; ++r) {
+    INFO("rank " << r);
+    CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
+    const auto& f = failures[static_cast<size_t>(r)];
+    INFO((f.empty() ? std::string() : f.front()));
+    CHECK(f.size() == 0);
+  }
+}
+
+void add_failure(std::vector<std::string>& failures, std::string text) {
+  if (!text.empty()) failures.push_back(std::move(text));
+}
+
+}  // namespace
+
+TEST_CASE("gloo allreduce: every dtype, op and count", "[collectives][gloo]") {
+  const int size = GENERATE(2, 4);
+  const auto groups = lt::make_groups("gloo", size, "allreduce");
+  on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {
+    for (DType dtype : kDTypes) {
+      for (lc::ReduceOp op : kOps) {
+        for (int64_t n : kCounts) {
+          Tensor t = input(g.rank(), n, dtype);
+          g.allreduce(t, {.op = op, .timeout = {}})->wait();
+          add_failure(failures, mismatch(t, [&](int64_t i) { return expected_value(op, dtype, size, i); },
+                                         fmt::format("allreduce {} {} n={}", dtype_name(dtype),
+                                                     lc::to_string(op), n)));
+        }
+      }
+    }
+  });
+}
+
+TEST_CASE("gloo allreduce: several in flight complete in issue order", "[collectives][gloo]") {
+  const auto groups = lt::make_groups("gloo", 2, "in-flight");
+  on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {
+    std::vector<Tensor> tensors;
+    std::vector<std::shared_ptr<lc::Work>> works;
+    for (int k = 0; k < 8; ++k) {
+      tensors.push_back(Tensor::full({33}, k + g.rank(), DType::f32));
+      works.push_back(g.allreduce(tensors.back()));
+    }
+    for (int k = 0; k < 8; ++k) {
+      works[static_cast<size_t>(k)]->wait();
+      add_failure(failures, mismatch(tensors[static_cast<size_t>(k)],
+                                     [&](int64_t) { return 2.0 * k + 1; },
+                                     fmt::format("allreduce {} of 8", k)));
+    }
+  });
+}
+
+TEST_CASE("gloo broadcast and reduce from every root", "[collectives][gloo]") {
+  const int size = GENERATE(2, 4);
+  const auto groups = lt::make_groups("gloo", size, "rooted");
+  on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {
+    for (DType dtype : kDTypes) {
+      for (int root = 0; root < size; ++root) {
+        for (int64_t n : {int64_t{0}, int64_t{7}, int64_t{1001}}) {
+          Tensor b = input(g.rank(), n, dtype);
+          g.broadcast(b, {.root = root, .timeout = {}})->wait();
+          add_failure(failures, mismatch(b, [&](int64_t i) { return double(input_value(root, i)); },
+                                         fmt::format("broadcast {} root {} n={}",
+                                                     dtype_name(dtype), root, n)));
+          for (lc::ReduceOp op : {lc::ReduceOp::Sum, lc::ReduceOp::Avg, lc::ReduceOp::Max}) {
+            Tensor t = input(g.rank(), n, dtype);
+            g.reduce(t, {.op = op, .root = root, .timeout = {}})->wait();
+            if (g.rank() != root) continue;  // others' contents are unspecified
+            add_failure(failures, mismatch(t, [&](int64_t i) { return expected_value(op, dtype, size, i); },
+                                           fmt::format("reduce {} {} root {} n={}", dtype_name(dtype),
+                                                       lc::to_string(op), root, n)));
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_CASE("gloo allgather and reduce_scatter", "[collectives][gloo]") {
+  const int size = GENERATE(2, 4);
+  const auto groups = lt::make_groups("gloo", size, "gather-scatter");
+  on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {
+    for (DType dtype : kDTypes) {
+      for (int64_t n : kCounts) {
+        Tensor in = input(g.rank(), n, dtype);
+        Tensor out = Tensor::zeros({n * size}, dtype);
+        g.allgather(out, in)->wait();
+        add_failure(failures, mismatch(out, [&](int64_t i) {
+                      return double(input_value(static_cast<int>(i / n), i % n));
+                    }, fmt::format("allgather {} n={}", dtype_name(dtype), n)));
+        for (lc::ReduceOp op : kOps) {
+          // Every rank's input has size * n elements; rank r gets chunk r.
+          Tensor full = input(g.rank(), n * size, dtype);
+          Tensor chunk = Tensor::zeros({n}, dtype);
+          g.reduce_scatter(chunk, full, {.op = op, .timeout = {}})->wait();
+          add_failure(failures, mismatch(chunk, [&](int64_t i) {
+                        return expected_value(op, dtype, size, g.rank() * n + i);
+                      }, fmt::format("reduce_scatter {} {} n={}", dtype_name(dtype),
+                                     lc::to_string(op), n)));
+        }
+      }
+    }
+  });
+}
+
+TEST_CASE("gloo barrier and send/recv pairs", "[collectives][gloo]") {
+  const int size = GENERATE(2, 4);
+  const auto groups = lt::make_groups("gloo", size, "p2p");
+  on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {
+    g.barrier()->wait();
+    const int next = (g.rank() + 1) % size;
+    const int prev = (g.rank() + size - 1) % size;
+    for (DType dtype : kDTypes) {
+      // Everyone sends first, then receives: posted at once, so no deadlock.
+      Tensor out = input(g.rank(), 1001, dtype);
+      Tensor in = Tensor::zeros({1001}, dtype);
+      auto sent = g.send(out, next, {.tag = 5, .timeout = {}});
+      auto got = g.recv(in, prev, {.tag = 5, .timeout = {}});
+      sent->wait();
+      got->wait();
+      add_failure(failures, mismatch(in, [&](int64_t i) { return double(input_value(prev, i)); },
+                                     fmt::format("recv {} from {}", dtype_name(dtype), prev)));
+    }
+    // Tags keep two messages between the same pair apart.
+    if (g.rank() < 2) {
+      const int peer = 1 - g.rank();
+      Tensor a = Tensor::full({3}, 10 + g.rank(), DType::i32);
+      Tensor b = Tensor::full({3}, 20 + g.rank(), DType::i32);
+      Tensor ra = Tensor::zeros({3}, DType::i32), rb = Tensor::zeros({3}, DType::i32);
+      auto w1 = g.recv(rb, peer, {.tag = 2, .timeout = {}});
+      auto w2 = g.recv(ra, peer, {.tag = 1, .timeout = {}});
+      g.send(a, peer, {.tag = 1, .timeout = {}})->wait();
+      g.send(b, peer, {.tag = 2, .timeout = {}})->wait();
+      w1->wait();
+      w2->wait();
+      add_failure(failures, mismatch(ra, [&](int64_t) { return 10.0 + peer; }, "tag 1"));
+      add_failure(failures, mismatch(rb, [&](int64_t) { return 20.0 + peer; }, "tag 2"));
+    }
+    g.barrier()->wait();
+  });
+}
+
+TEST_CASE("gloo world size 1 works without peers", "[collectives][gloo]") {
+  const auto groups = lt::make_groups("gloo", 1, "solo");
+  auto& g = *groups[0];
+  Tensor t = input(0, 7, DType::f32);
+  g.allreduce(t, {.op = lc::ReduceOp::Avg, .timeout = {}})->wait();
+  CHECK(lt::values(t) == lt::values(input(0, 7, DType::f32)));
+  Tensor out = Tensor::zeros({7});
+  g.allgather(out, t)->wait();
+  CHECK(lt::values(out) == lt::values(t));
+  g.barrier()->wait();
+}
+
+TEST_CASE("gloo: a rank that never joins gives a timeout naming op, rank and group",
+          "[collectives][gloo]") {
+  const auto groups = lt::make_groups("gloo", 2, "late-rank");
+  std::latch rank1_done(1);
+  std::string first, second;
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    if (r == 0) {  // never calls the collective; keeps its group until rank 1 is done
+      rank1_done.wait();
+      return;
+    }
+    Tensor t = Tensor::ones({10});
+    auto work = groups[1]->allreduce(t, {.timeout = 1500ms});
+    first = lt::error_of([&] { work->wait(); });
+    // The group is aborted now: later calls fail at once, saying why.
+    second = lt::error_of([&] { groups[1]->barrier()->wait(); });
+    rank1_done.count_down();
+  });
+  CHECK(errors[0] == nullptr);
+  CHECK(errors[1] == nullptr);
+  CHECK_THAT(first, Contains("allreduce #1") && Contains("timed out") && Contains("rank 1") &&
+                        Contains("group 'late-rank'"));
+  CHECK_THAT(second, Contains("barrier") && Contains("unusable") && Contains("allreduce #1"));
+}
+
+TEST_CASE("gloo refuses bad input before anything is sent", "[collectives][gloo]") {
+  const auto groups = lt::make_groups("gloo", 2, "bad-input");
+  auto& g = *groups[0];
+  Tensor bytes = Tensor::zeros({4}, DType::u8);
+  CHECK_THAT(lt::error_of([&] { g.allreduce(bytes); }),
+             Contains("dtype u8 is not supported") && Contains("group 'bad-input'"));
+  Tensor strided = Tensor::zeros({4, 4}).t();
+  CHECK_THAT(lt::error_of([&] { g.allreduce(strided); }), Contains("contiguous"));
+  Tensor t = Tensor::zeros({4});
+  CHECK_THAT(lt::error_of([&] { g.broadcast(t, {.root = 2, .timeout = {}}); }),
+             Contains("root 2 is not a rank"));
+  CHECK_THAT(lt::error_of([&] { g.reduce(t, {.root = -1, .timeout = {}}); }), Contains("root -1"));
+  Tensor small = Tensor::zeros({7});
+  CHECK_THAT(lt::error_of([&] { g.allgather(small, t); }),
+             Contains("allgather") && Contains("7 elements") && Contains("8"));
+  Tensor wrong_type = Tensor::zeros({8}, DType::f64);
+  CHECK_THAT(lt::error_of([&] { g.allgather(wrong_type, t); }), Contains("dtype"));
+  CHECK_THAT(lt::error_of([&] { g.reduce_scatter(t, small); }), Contains("reduce_scatter"));
+  CHECK_THAT(lt::error_of([&] { g.send(t, 0); }), Contains("another rank"));
+  CHECK_THAT(lt::error_of([&] { g.recv(t, 5); }), Contains("peer 5"));
+  // Nothing was sent: the group still works for both ranks.
+  on_every_rank(groups, [&](lc::ProcessGroup& pg, std::vector<std::string>& failures) {
+    Tensor x = Tensor::full({3}, pg.rank() + 1, DType::i64);
+    pg.allreduce(x)->wait();
+    add_failure(failures, mismatch(x, [](int64_t) { return 3.0; }, "allreduce after refusals"));
+  });
+}
+
+TEST_CASE("gloo: a group made again under the same name on the same store",
+          "[collectives][gloo]") {
+  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::string> results(2);
+    const auto errors = lt::run_ranks(2, [&](int r) {
+      auto g = lc::make_process_group("gloo", store, r, 2, "again", 30s);
+      Tensor t = Tensor::full({4}, r + round, DType::f32);
+      g->allreduce(t)->wait();
+      results[static_cast<size_t>(r)] = fmt::format("{}", lt::values(t)[0]);
+    });
+    CHECK(errors[0] == nullptr);
+    CHECK(errors[1] == nullptr);
+    CHECK(results[0] == fmt::format("{}", 1 + 2 * round));
+    CHECK(results[1] == results[0]);
+  }
+}
+
+TEST_CASE("gloo: a peer whose group goes away is named in the error", "[collectives][gloo]") {
+  const int size = GENERATE(2, 3);
+  const int gone_rank = size - 1;
+  auto groups = lt::make_groups("gloo", size, "peer-gone");
+  std::latch gone(1);
+  std::string seen;
+  const auto errors = lt::run_ranks(size, [&](int r) {
+    groups[static_cast<size_t>(r)]->barrier()->wait();
+    if (r == gone_rank) {  // as if the process died: its connections close
+      groups[static_cast<size_t>(r)].reset();
+      gone.count_down();
+      return;
+    }
+    gone.wait();
+    Tensor t = Tensor::ones({100});
+    const std::string error =
+        lt::error_of([&] { groups[static_cast<size_t>(r)]->allreduce(t)->wait(); });
+    if (r == 0) seen = error;
+  });
+  for (const auto& e : errors) CHECK(e == nullptr);
+  CHECK_THAT(seen, Contains("allreduce #2") && Contains("rank 0 of group 'peer-gone'"));
+  // gloo reports the peer's address; the error names the rank when that is
+  // the peer's listening address (this side connected) or the only peer.
+  if (size == 2 || seen.find("the connection to rank") != std::string::npos) {
+    CHECK_THAT(seen, Contains(fmt::format("the connection to rank {} broke", gone_rank)));
+  }
+}
+
+TEST_CASE("make_process_group: unknown and missing backends are explained", "[collectives]") {
+  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  CHECK_THAT(lt::error_of([&] { lc::make_process_group("tcp", store, 0, 1, "x", 1s); }),
+             Contains("unknown collectives backend 'tcp'"));
+  for (const char* backend : {"gloo", "mpi", "nccl"}) {
+    if (lc::is_built_in(backend)) continue;
+    CHECK_THAT(lt::error_of([&] { lc::make_process_group(backend, store, 0, 1, "x", 1s); }),
+               Contains("is not built into") && Contains(lc::how_to_enable(backend)));
+  }
+}
+
+TEST_CASE("init_process_group: defaults, one process without a store, clear errors",
+          "[collectives][gloo]") {
+  lc::InitOptions options;
+  options.rank_info = lockstep::runtime::RankInfo{};  // one process, no launcher
+  auto g = lc::init_process_group(options);
+  CHECK(g->backend() == "gloo");
+  CHECK(g->size() == 1);
+  CHECK(g->timeout() == lc::ProcessGroup::kDefaultTimeout);
+  Tensor t = Tensor::full({3}, 2.0);
+  g->allreduce(t)->wait();
+  CHECK(lt::values(t) == std::vector<double>{2.0, 2.0, 2.0});
+
+  options.backend = "tcp";
+  CHECK_THAT(lt::error_of([&] { lc::init_process_group(options); }),
+             Contains("unknown collectives backend 'tcp'"));
+
+  lockstep::runtime::RankInfo many;
+  many.world_size = 2;
+  many.local_world_size = 2;
+  many.source = "slurm";
+  options.backend = "";
+  options.rank_info = many;
+  options.timeout = 2s;
+  CHECK_THAT(lt::error_of([&] { lc::init_process_group(options); }),
+             Contains("no store address") && Contains("LOCKSTEP_STORE_ADDR"));
+}
+
+TEST_CASE("gloo: an unmatched recv times out; a pending one is cancelled with its group",
+          "[collectives][gloo]") {
+  auto groups = lt::make_groups("gloo", 2, "unmatched");
+  Tensor t = Tensor::zeros({5});
+  CHECK_THAT(lt::error_of([&] { groups[1]->recv(t, 0, {.tag = 3, .timeout = 500ms})->wait(); }),
+             Contains("recv (f32, 5 elements, from rank 0, tag 3) timed out") &&
+                 Contains("rank 1 of group 'unmatched'"));
+  // Fresh groups: after a timeout gloo may break the pair's connection.
+  auto fresh = lt::make_groups("gloo", 2, "cancelled");
+  Tensor u = Tensor::zeros({5});
+  auto pending = fresh[0]->recv(u, 1, {.tag = 4, .timeout = {}});
+  fresh[0].reset();  // must not wait for the 60 s timeout
+  CHECK_THAT(lt::error_of([&] { pending->wait(); }), Contains("destroyed"));
+}
+
+#endif  // LOCKSTEP_HAVE_GLOO
