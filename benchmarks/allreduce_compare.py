@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Runs every all-reduce path at the same sizes, in one go, and prints one
+table with ratios (and --json FILE):
+
+  lockstep gloo   lockstep-run -np N allreduce_perf --backend gloo
+  raw gloo        lockstep-run -np N allreduce_perf --backend raw-gloo
+  torch gloo      PyTorch's dist.all_reduce over gloo (Debian's python3-torch)
+  lockstep mpi    mpirun -np N allreduce_perf --backend mpi
+  raw MPI         mpirun -np N allreduce_perf --backend raw-mpi (MPI_Allreduce)
+
+float32 sum, in place. Time is the slowest rank's mean per all-reduce; a ratio
+is lockstep's time over the library's (1.00 = our layer adds nothing).
+
+    benchmarks/allreduce_compare.py --build build -np 2 -b 4K -e 64M -f 4
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def parse_bytes(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
+
+
+def run(cmd, env=None):
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=1800)
+    if r.returncode != 0:
+        sys.stderr.write(f"allreduce_compare: {' '.join(cmd)} failed ({r.returncode}):\n"
+                         f"{r.stdout[-2000:]}{r.stderr[-2000:]}\n")
+        return None
+    return r
+
+
+def perf_path(a, launcher, backend):
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        perf = [os.path.join(a.build, "bin", "allreduce_perf"), "-b", a.b, "-e", a.e, "-f", str(a.f),
+                "-w", str(a.w), "-n", str(a.n), "-c", "1", "--backend", backend, "--json", out.name]
+        if launcher == "lockstep-run":
+            cmd = [os.path.join(a.build, "bin", "lockstep-run"), "-np", str(a.np), "--"] + perf
+            env = None
+        else:
+            cmd = [a.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(a.np)] + perf
+            env = MPI_ENV
+        if run(cmd, env) is None:
+            return None
+        return json.load(open(out.name))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torch_path(a, sizes):
+    if not os.path.exists(a.python):
+        return None
+    port = str(free_port())
+    procs = []
+    for rank in range(a.np):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(a.np), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [a.python, os.path.join(HERE, "allreduce_torch.py"), "--sizes", ",".join(map(str, sizes)),
+             "--warmup", str(a.w), "--iters", str(a.n)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outs = [p.communicate(timeout=1800) for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        sys.stderr.write("allreduce_compare: the PyTorch peer failed:\n" + outs[0][1][-2000:] + "\n")
+        return None
+    return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    p.add_argument("-np", type=int, default=2)
+    p.add_argument("-b", default="4K")
+    p.add_argument("-e", default="64M")
+    p.add_argument("-f", type=int, default=4)
+    p.add_argument("-w", type=int, default=5)
+    p.add_argument("-n", type=int, default=20)
+    p.add_argument("--python", default="/usr/bin/python3")
+    p.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
+    p.add_argument("--json", help="write all results to this file")
+    a = p.parse_args()
+
+    sizes, s = [], parse_bytes(a.b)
+    while s <= parse_bytes(a.e):
+        sizes.append(s)
+        s *= a.f
+
+    paths = {
+        "lockstep gloo": perf_path(a, "lockstep-run", "gloo"),
+        "raw gloo": perf_path(a, "lockstep-run", "raw-gloo"),
+        "torch gloo": torch_path(a, sizes),
+        "lockstep mpi": perf_path(a, "mpirun", "mpi"),
+        "raw MPI": perf_path(a, "mpirun", "raw-mpi"),
+    }
+    times = {name: ({r["size_bytes"]: r["time_us"] for r in doc["results"]} if doc else {})
+             for name, doc in paths.items()}
+
+    def cell(name, size):
+        t = times[name].get(size)
+        return f"{t:.1f}" if t is not None else "n/a"
+
+    def ratio(num, den, size):
+        x, y = times[num].get(size), times[den].get(size)
+        return f"{x / y:.2f}" if x and y else "n/a"
+
+    def busbw(name, size):
+        t = times[name].get(size)
+        return f"{size / t / 1e3 * 2 * (a.np - 1) / a.np:.2f}" if t else "n/a"
+
+    header = ["size (B)"] + [f"{n} (us)" for n in paths] + [
+        "gloo/raw", "gloo/torch", "mpi/raw", "busbw lockstep gloo", "busbw lockstep mpi"]
+    rows = [[str(size)] + [cell(n, size) for n in paths] + [
+        ratio("lockstep gloo", "raw gloo", size), ratio("lockstep gloo", "torch gloo", size),
+        ratio("lockstep mpi", "raw MPI", size), busbw("lockstep gloo", size), busbw("lockstep mpi", size)]
+        for size in sizes]
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+    print(f"# all-reduce, float32 sum in place, {a.np} ranks, {a.w} warm-up + {a.n} timed "
+          f"iterations; time = slowest rank's mean (us); busbw in GB/s")
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))
+    doc = {"benchmark": "allreduce_compare", "ranks": a.np, "sizes": sizes, "paths": paths}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    else:
+        print(json.dumps({"benchmark": "allreduce_compare", "ranks": a.np,
+                          "time_us": {n: {str(k): v for k, v in t.items()} for n, t in times.items()}}))
+    return 0 if all(paths.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+// All-reduce bandwidth in the shape of nccl-tests' all_reduce_perf: the same
+// flags and columns, for lockstep's process groups and for the libraries they
+// wrap called directly (benchmarks/common/allreduce_runners.h).
+//
+//   lockstep-run -np 2 build/bin/allreduce_perf -b 4K -e 64M -f 4 --backend gloo
+//   mpirun -np 2 build/bin/allreduce_perf --backend mpi --json out.json
+//
+// Columns: size (B), count (elements), type, redop, time (us per all-reduce,
+// the slowest rank's mean over -n iterations), algbw = size / time, busbw =
+// algbw * 2(n-1)/n (the rate each link must sustain in a ring), #wrong
+// (elements that differ from the expected result with -c 1). In place only.
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "common/allreduce_runners.h"
+#include "harness.h"
+#include "lockstep/runtime/error.h"
+
+namespace {
+
+using namespace lockstep;
+using collectives::ReduceOp;
+using runtime::DType;
+using runtime::Tensor;
+using nlohmann::json;
+
+struct Options {
+  std::string min_bytes = "32M";
+  std::string max_bytes = "32M";
+  int factor = 2;
+  int warmup = 5;
+  int iters = 20;
+  int check = 1;
+  std::string type = "float";
+  std::string op = "sum";
+  std::string backend = "gloo";
+  std::string json_file;
+};
+
+size_t parse_bytes(const std::string& text, const std::string& flag) {
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  LOCKSTEP_CHECK(pos > 0 && value >= 0, "{} '{}': expected a size such as 4096, 4K, 64M or 1G",
+                 flag, text);
+  const std::string unit = text.substr(pos);
+  double scale = 1;
+  if (unit == "K" || unit == "k") scale = 1024;
+  else if (unit == "M" || unit == "m") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g") scale = 1024.0 * 1024 * 1024;
+  else LOCKSTEP_CHECK(unit.empty(), "{} '{}': unknown unit '{}'; use K, M or G", flag, text, unit);
+  return static_cast<size_t>(value * scale);
+}
+
+DType parse_type(const std::string& name) {
+  if (name == "float") return DType::f32;
+  if (name == "double") return DType::f64;
+  if (name == "half") return DType::f16;
+  if (name == "bfloat16") return DType::bf16;
+  if (name == "int32" || name == "int") return DType::i32;
+  if (name == "int64") return DType::i64;
+  throw Error(fmt::format("-d '{}': use float, double, half, bfloat16, int32 or int64", name));
+}
+
+ReduceOp parse_op(const std::string& name) {
+  if (name == "sum") return ReduceOp::Sum;
+  if (name == "prod") return ReduceOp::Product;
+  if (name == "min") return ReduceOp::Min;
+  if (name == "max") return ReduceOp::Max;
+  if (name == "avg") return ReduceOp::Avg;
+  throw Error(fmt::format("-o '{}': use sum, prod, min, max or avg", name));
+}
+
+// Element i of rank r: small integers, so that sums are exact in every dtype.
+double input_value(int rank, int64_t i) { return static_cast<double>((rank + i) % 8 + 1); }
+
+double expected_value(int size, int64_t i, ReduceOp op) {
+  double acc = input_value(0, i);
+  for (int r = 1; r < size; ++r) {
+    const double v = input_value(r, i);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: acc += v; break;
+      case ReduceOp::Product: acc *= v; break;
+      case ReduceOp::Min: acc = std::min(acc, v); break;
+      case ReduceOp::Max: acc = std::max(acc, v); break;
+    }
+  }
+  return op == ReduceOp::Avg ? acc / size : acc;
+}
+
+void fill(Tensor& t, int rank) {
+  runtime::dispatch_all(t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* p = t.data_ptr<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(static_cast<float>(input_value(rank, i)));
+  });
+}
+
+int64_t count_wrong(const Tensor& t, int size, ReduceOp op) {
+  int64_t wrong = 0;
+  const bool integer = t.dtype() == DType::i32 || t.dtype() == DType::i64;
+  const bool half = t.dtype() == DType::f16 || t.dtype() == DType::bf16;
+  runtime::dispatch_all(t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* p = t.data_ptr<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      double want = expected_value(size, i, op);
+      if (integer) want = std::trunc(want);
+      const double got = static_cast<double>(static_cast<float>(p[i]));
+      const double tol = half ? 1e-2 * std::abs(want) : 1e-6 * std::abs(want);
+      if (!(std::abs(got - want) <= tol)) ++wrong;
+    }
+  });
+  return wrong;
+}
+
+std::string gbps(double v) { return fmt::format("{:.2f}", v); }
+
+int run(const Options& o) {
+  const size_t min_bytes = parse_bytes(o.min_bytes, "-b");
+  const size_t max_bytes = parse_bytes(o.max_bytes, "-e");
+  LOCKSTEP_CHECK(min_bytes <= max_bytes, "-b {} is larger than -e {}", o.min_bytes, o.max_bytes);
+  LOCKSTEP_CHECK(o.factor >= 2, "-f {}: the size factor must be >= 2", o.factor);
+  LOCKSTEP_CHECK(o.iters >= 1 && o.warmup >= 0, "-n must be >= 1 and -w >= 0");
+  const DType dtype = parse_type(o.type);
+  const ReduceOp op = parse_op(o.op);
+
+  auto runner = bench::make_runner(o.backend);
+  const int rank = runner->rank();
+  const int n = runner->size();
+  const size_t esize = runtime::dtype_size(dtype);
+  Tensor buffer = Tensor::empty({static_cast<int64_t>(std::max<size_t>(max_bytes / esize, 1))}, dtype);
+
+  std::vector<std::vector<std::string>> rows;
+  json results = json::array();
+  double busbw_sum = 0;
+  int64_t wrong_total = 0;
+  for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= o.factor) {
+    const int64_t count = static_cast<int64_t>(bytes / esize);
+    Tensor data = buffer.slice(0, 0, count);
+    fill(data, rank);
+    for (int i = 0; i < o.warmup; ++i) runner->allreduce(data, op);
+    runner->barrier();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < o.iters; ++i) runner->allreduce(data, op);
+    const double local = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds = runner->max_over_ranks(local) / o.iters;
+
+    int64_t wrong = 0;
+    if (o.check) {
+      fill(data, rank);
+      runner->allreduce(data, op);
+      wrong = count_wrong(data, n, op);
+      wrong = static_cast<int64_t>(runner->max_over_ranks(static_cast<double>(wrong)));
+    }
+    const double algbw = static_cast<double>(count * esize) / seconds / 1e9;
+    const double busbw = algbw * 2.0 * (n - 1) / n;
+    busbw_sum += busbw;
+    wrong_total += wrong;
+    rows.push_back({std::to_string(count * esize), std::to_string(count), o.type, o.op,
+                    fmt::format("{:.1f}", seconds * 1e6), gbps(algbw), gbps(busbw),
+                    o.check ? std::to_string(wrong) : "N/A"});
+    results.push_back({{"size_bytes", count * esize}, {"count", count}, {"type", o.type},
+                       {"redop", o.op}, {"time_us", seconds * 1e6}, {"algbw_gbps", algbw},
+                       {"busbw_gbps", busbw}, {"wrong", o.check ? json(wrong) : json(nullptr)}});
+    if (bytes == 0) break;
+  }
+
+  if (rank == 0) {
+    std::cout << fmt::format("# allreduce_perf: backend {}, {} ranks, {} warm-up + {} timed "
+                             "iterations per size, in place\n# {}\n",
+                             o.backend, n, o.warmup, o.iters, bench::machine_description());
+    std::cout << bench::format_table({"size (B)", "count", "type", "redop", "time (us)",
+                                      "algbw (GB/s)", "busbw (GB/s)", "#wrong"},
+                                     rows);
+    std::cout << fmt::format("# Avg bus bandwidth: {:.3f} GB/s\n",
+                             rows.empty() ? 0.0 : busbw_sum / static_cast<double>(rows.size()));
+    if (!o.json_file.empty()) {
+      json doc{{"benchmark", "allreduce_perf"}, {"backend", o.backend}, {"ranks", n},
+               {"warmup", o.warmup}, {"iters", o.iters}, {"machine", bench::machine_description()},
+               {"results", results}};
+      std::ofstream(o.json_file) << doc.dump(2) << "\n";
+    }
+  }
+  return wrong_total == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"All-reduce bandwidth (nccl-tests' all_reduce_perf flags and columns)"};
+  app.add_option("-b,--minbytes", o.min_bytes, "smallest size, e.g. 4K")->capture_default_str();
+  app.add_option("-e,--maxbytes", o.max_bytes, "largest size, e.g. 64M")->capture_default_str();
+  app.add_option("-f,--stepfactor", o.factor, "multiply the size by this each step")->capture_default_str();
+  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per size")->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "timed iterations per size")->capture_default_str();
+  app.add_option("-c,--check", o.check, "check the results (0 or 1)")->capture_default_str();
+  app.add_option("-d,--datatype", o.type, "float, double, half, bfloat16, int32, int64")->capture_default_str();
+  app.add_option("-o,--op", o.op, "sum, prod, min, max, avg")->capture_default_str();
+  app.add_option("--backend", o.backend,
+                 "gloo, mpi (lockstep's groups); raw-gloo, raw-mpi (the libraries directly)")
+      ->capture_default_str();
+  app.add_option("--json", o.json_file, "also write the results as JSON to this file (rank 0)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::cerr << "allreduce_perf: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,37 @@
+// The all-reduce paths allreduce_perf times: lockstep's process groups and,
+// as peers, the libraries they wrap called directly (no lockstep layer).
+//
+//   gloo, mpi     lockstep::collectives::init_process_group() with that backend
+//   raw-mpi       MPI_Allreduce(MPI_IN_PLACE, ...) on MPI_COMM_WORLD
+//   raw-gloo      gloo::allreduce on a gloo context of its own (gloo's file
+//                 store under /tmp for rendezvous, the same TCP transport)
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/collectives/types.h"
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::bench {
+
+class AllreduceRunner {
+ public:
+  virtual ~AllreduceRunner() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place on the contiguous CPU tensor `data`; returns when complete.
+  virtual void allreduce(runtime::Tensor& data, collectives::ReduceOp op) = 0;
+  virtual void barrier() = 0;
+  // The maximum of `value` over all ranks (for timings).
+  virtual double max_over_ranks(double value) = 0;
+};
+
+// Backends this build can run, for --help.
+std::vector<std::string> runner_names();
+
+// Throws lockstep::Error naming the backend and what is missing.
+std::unique_ptr<AllreduceRunner> make_runner(const std::string& backend);
+
+}  // namespace lockstep::bench
