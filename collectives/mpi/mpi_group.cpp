@@ -2,19 +2,14 @@
 
 #include <mpi.h>
 
-#include <algorithm>
 #include <climits>
-#include <condition_variable>
-#include <cstdio>
-#include <deque>
 #include <functional>
 #include <mutex>
-#include <thread>
 #include <type_traits>
-#include <vector>
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/mpi/mpi_progress.h"
 #include "lockstep/collectives/mpi/mpi_runtime.h"
 #include "lockstep/collectives/mpi/mpi_shutdown.h"
 #include "lockstep/collectives/mpi/mpi_types.h"
@@ -22,22 +17,7 @@
 namespace lockstep::collectives {
 namespace {
 
-using Clock = Work::Clock;
 using runtime::DType;
-using namespace std::chrono_literals;
-
-// One issued call: how to start it on the communicator, and what to do once
-// MPI has completed it (Avg's division, recv's size check). The lambdas hold
-// the tensors, so their buffers live as long as the Op.
-struct Op {
-  std::shared_ptr<Work> work;
-  std::string description;
-  Clock::time_point deadline;
-  std::string timeout_message;
-  std::function<void(MPI_Comm, MPI_Request*)> start;
-  std::function<void(const MPI_Status&)> complete;  // may be empty
-  MPI_Request request = MPI_REQUEST_NULL;
-};
 
 template <class T>
 void divide_elements(void* data, int64_t count, int n) {
@@ -67,33 +47,7 @@ void divide_by(const Tensor& t, int n) {
   }
 }
 
-// How the progress thread waits for peers without taking a core from the
-// compute threads: yield for the first 100 us after the last progress (a
-// collective among ranks of one host often completes in that), then sleep an
-// eighth of the time waited so far, at most 500 us. MPI's non-blocking
-// collectives advance only inside MPI calls, so the cap bounds the delay added
-// per algorithm step.
-class Backoff {
- public:
-  void reset() { waiting_ = false; }
-  // How long to pause now; zero means yield.
-  std::chrono::microseconds next() {
-    const auto now = Clock::now();
-    if (!waiting_) {
-      waiting_ = true;
-      since_ = now;
-    }
-    const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(now - since_);
-    if (waited < 100us) return 0us;
-    return std::min<std::chrono::microseconds>(waited / 8, 500us);
-  }
-
- private:
-  bool waiting_ = false;
-  Clock::time_point since_;
-};
-
-class MpiGroup final : public ProcessGroup, public std::enable_shared_from_this<MpiGroup> {
+class MpiGroup final : public ProcessGroup {
  public:
   MpiGroup(int rank, int size, const std::string& name, std::chrono::milliseconds timeout,
            MPI_Comm comm)
@@ -102,13 +56,15 @@ class MpiGroup final : public ProcessGroup, public std::enable_shared_from_this<
     int found = 0;
     LOCKSTEP_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found));
     tag_ub_ = found != 0 && tag_ub != nullptr ? *tag_ub : 32767;  // 32767: the MPI minimum
-    thread_ = std::thread([this] { progress_loop(); });
-    hook_id_ = mpi::add_shutdown_hook([this] { shutdown(); });
+    progress_ = std::make_shared<mpi::MpiProgress>(
+        comm, fmt::format("rank {} of group '{}' (mpi, {} ranks)", rank, name, size));
+    progress_->start_thread();
+    hook_id_ = mpi::add_shutdown_hook([progress = progress_] { progress->shutdown(); });
   }
 
   ~MpiGroup() override {
     mpi::remove_shutdown_hook(hook_id_);
-    shutdown();
+    progress_->shutdown();
   }
 
   std::string backend() const override { return "mpi"; }
@@ -121,8 +77,8 @@ class MpiGroup final : public ProcessGroup, public std::enable_shared_from_this<
     void* data = tensor.raw_data();
     return enqueue(
         "allreduce", &tensor, to_string(opts.op), opts.timeout,
-        [=, keep = tensor](MPI_Comm comm, MPI_Request* request) {
-          LOCKSTEP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, op, comm, request));
+        [=, keep = tensor](MPI_Comm comm) {
+          LOCKSTEP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, op, comm));
         },
         average_step(opts.op, tensor));
   }
@@ -135,8 +91,8 @@ class MpiGroup final : public ProcessGroup, public std::enable_shared_from_this<
     const int root = opts.root;
     void* data = tensor.raw_data();
     return enqueue("broadcast", &tensor, fmt::format("root {}", root), opts.timeout,
-                   [=, keep = tensor](MPI_Comm comm, MPI_Request* request) {
-                     LOCKSTEP_MPI_CHECK(MPI_Ibcast(data, count, type, root, comm, request));
+                   [=, keep = tensor](MPI_Comm comm) {
+                     LOCKSTEP_MPI_CHECK(MPI_Bcast(data, count, type, root, comm));
                    });
   }
 
@@ -151,10 +107,10 @@ class MpiGroup final : public ProcessGroup, public std::enable_shared_from_this<
     void* data = tensor.raw_data();
     return enqueue(
         "reduce", &tensor, fmt::format("{}, root {}", to_string(opts.op), root), opts.timeout,
-        [=, keep = tensor](MPI_Comm comm, MPI_Request* request) {
+        [=, keep = tensor](MPI_Comm comm) {
           // The root reduces into its own tensor; the others only send.
-          LOCKSTEP_MPI_CHECK(MPI_Ireduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr,
-                                         count, type, op, root, comm, request));
+          LOCKSTEP_MPI_CHECK(MPI_Reduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr,
+                                        count, type, op, root, comm));
         },
         is_root ? average_step(opts.op, tensor) : nullptr);
   }
@@ -178,9 +134,9 @@ class MpiGroup final : public ProcessGroup, public std::enable_shared_from_this<
       in = MPI_IN_PLACE;
     }
     return enqueue("allgather", &input, "", opts.timeout,
-                   [=, keep_in = input, keep_out = output](MPI_Comm comm, MPI_Request* request) {
+                   [=, keep_in = input, keep_out = output](MPI_Comm comm) {
                      LOCKSTEP_MPI_CHECK(
-                         MPI_Iallgather(in, count, type, out, count, type, comm, request));
+                         MPI_Allgather(in, count, type, out, count, type, comm));
                    });
   }
 
@@ -201,17 +157,15 @@ class MpiGroup final : public ProcessGroup, public std::enable_shared_from_this<
     void* out = output.raw_data();
     return enqueue(
         "reduce_scatter", &output, to_string(opts.op), opts.timeout,
-        [=, keep_in = input, keep_out = output](MPI_Comm comm, MPI_Request* request) {
-          LOCKSTEP_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, count, type, op, comm, request));
+        [=, keep_in = input, keep_out = output](MPI_Comm comm) {
+          LOCKSTEP_MPI_CHECK(MPI_Reduce_scatter_block(in, out, count, type, op, comm));
         },
         average_step(opts.op, output));
   }
 
   std::shared_ptr<Work> barrier(const BarrierOptions& opts) override {
     return enqueue("barrier", nullptr, "", opts.timeout,
-                   [](MPI_Comm comm, MPI_Request* request) {
-                     LOCKSTEP_MPI_CHECK(MPI_Ibarrier(comm, request));
-                   });
+                   [](MPI_Comm comm) { LOCKSTEP_MPI_CHECK(MPI_Barrier(comm)); });
   }
 
   std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts) override {
@@ -221,7 +175,7 @@ class MpiGroup final : public ProcessGroup, public std::enable_shared_from_this<
     const MPI_Datatype type = mpi::mpi_datatype(tensor.dtype());
     const int tag = opts.tag;
     const void* data = tensor.raw_data();
-    return enqueue("send", &tensor, fmt::format("to rank {}, tag {}", dst, tag), opts.timeout,
+    return enqueue_p2p("send", &tensor, fmt::format("to rank {}, tag {}", dst, tag), opts.timeout,
                    [=, keep = tensor](MPI_Comm comm, MPI_Request* request) {
                      LOCKSTEP_MPI_CHECK(MPI_Isend(data, count, type, dst, tag, comm, request));
                    });
@@ -244,7 +198,7 @@ class MpiGroup final : public ProcessGroup, public std::enable_shared_from_this<
                      "must use tensors of the same size and dtype",
                      received, src, count);
     };
-    return enqueue(
+    return enqueue_p2p(
         "recv", &tensor, fmt::format("from rank {}, tag {}", src, tag), opts.timeout,
         [=, keep = tensor](MPI_Comm comm, MPI_Request* request) {
           LOCKSTEP_MPI_CHECK(MPI_Irecv(data, count, type, src, tag, comm, request));
@@ -299,193 +253,53 @@ class MpiGroup final : public ProcessGroup, public std::enable_shared_from_this<
         name());
   }
 
+  // A collective: MPI's blocking call, run on the progress thread.
   std::shared_ptr<Work> enqueue(std::string_view op_name, const Tensor* tensor,
                                 std::string_view extra, const Timeout& timeout,
-                                std::function<void(MPI_Comm, MPI_Request*)> start,
+                                std::function<void(MPI_Comm)> run,
                                 std::function<void(const MPI_Status&)> complete = nullptr) {
-    std::lock_guard lock(mutex_);
-    if (aborted_) {
-      throw CollectiveError(fmt::format(
-          "{} on rank {} of group '{}' (mpi, {} ranks) refused: the group was aborted earlier: "
-          "{}",
-          op_name, rank(), name(), size(), abort_reason_));
-    }
-    next_seq();
-    auto op = std::make_shared<Op>();
-    op->description = describe(op_name, tensor, extra);
-    const auto t = timeout_of(timeout);
-    op->deadline = Clock::now() + t;
-    op->timeout_message = timeout_message(op->description, t) + abort_note();
-    std::weak_ptr<MpiGroup> self = weak_from_this();
-    op->work = std::make_shared<Work>(op->description, op->deadline, op->timeout_message,
-                                      [self, why = op->timeout_message] {
-                                        if (auto group = self.lock()) group->abort(why);
-                                      });
+    auto op = std::make_shared<mpi::MpiOp>();
+    op->run = std::move(run);
+    op->complete = std::move(complete);
+    return submit(op_name, tensor, extra, timeout, std::move(op));
+  }
+
+  // A send or recv: MPI's non-blocking call, tested until done.
+  std::shared_ptr<Work> enqueue_p2p(std::string_view op_name, const Tensor* tensor,
+                                    std::string_view extra, const Timeout& timeout,
+                                    std::function<void(MPI_Comm, MPI_Request*)> start,
+                                    std::function<void(const MPI_Status&)> complete = nullptr) {
+    auto op = std::make_shared<mpi::MpiOp>();
     op->start = std::move(start);
     op->complete = std::move(complete);
-    queue_.push_back(op);
-    cv_.notify_all();
-    return op->work;
+    return submit(op_name, tensor, extra, timeout, std::move(op));
   }
 
-  void abort(const std::string& why) {
-    {
-      std::lock_guard lock(mutex_);
-      if (aborted_) return;
-      aborted_ = true;
-      abort_reason_ = why;
-    }
-    cv_.notify_all();
-  }
-
-  std::exception_ptr failure(const Op& op, const std::string& cause) const {
-    return std::make_exception_ptr(CollectiveError(
-        fmt::format("{} failed on rank {} of group '{}' (mpi, {} ranks): {}", op.description,
-                    rank(), name(), size(), cause)));
-  }
-
-  // The progress thread. Starts queued calls in issue order as soon as they
-  // arrive (several may be in flight: a send and the recv that matches its
-  // peer's send must both be posted, or a ring of large messages deadlocks),
-  // then tests each until MPI completes it, it fails, or its deadline passes.
-  void progress_loop() {
-    std::vector<std::shared_ptr<Op>> in_flight;
-    Backoff backoff;
-    for (;;) {
-      std::deque<std::shared_ptr<Op>> fresh;
-      bool aborted = false, stopping = false;
-      std::string why;
-      {
-        std::unique_lock lock(mutex_);
-        if (in_flight.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        fresh.swap(queue_);
-        aborted = aborted_;
-        stopping = stop_;
-        if (aborted) why = abort_reason_;
-      }
-      if (aborted) {
-        fail_all(in_flight, fresh, why);
-        if (stopping) return;
-        continue;
-      }
-      if (stopping && fresh.empty() && in_flight.empty()) return;
-
-      bool progressed = !fresh.empty();
-      for (auto& op : fresh) {
-        try {
-          op->start(comm_, &op->request);
-          in_flight.push_back(std::move(op));
-        } catch (const std::exception& e) {
-          op->work->finish(failure(*op, e.what()));
-          abort(fmt::format("{} could not be started: {}", op->description, e.what()));
-        }
-      }
-      for (auto it = in_flight.begin(); it != in_flight.end();) {
-        Op& op = **it;
-        int done = 0;
-        MPI_Status status{};
-        const int rc = MPI_Test(&op.request, &done, &status);
-        if (rc != MPI_SUCCESS) {
-          std::string cause;
-          try {
-            mpi::check_mpi_result(rc, "MPI_Test", __FILE__, __LINE__);
-          } catch (const std::exception& e) {
-            cause = e.what();
-          }
-          op.work->finish(failure(op, cause));
-          abort(fmt::format("{} failed: {}", op.description, cause));
-          ++it;  // its request may still be live: fail_all keeps it
-        } else if (done != 0) {
-          std::exception_ptr error;
-          try {
-            if (op.complete) op.complete(status);
-          } catch (const std::exception& e) {
-            error = failure(op, e.what());
-          }
-          op.work->finish(error);
-          it = in_flight.erase(it);
-          progressed = true;
-        } else if (Clock::now() >= op.deadline) {
-          op.work->finish(std::make_exception_ptr(CollectiveError(op.timeout_message)));
-          abort(op.timeout_message);
-          ++it;
-        } else {
-          ++it;
-        }
-      }
-      if (progressed) backoff.reset();
-      if (in_flight.empty()) continue;
-      const auto pause = progressed ? 0us : backoff.next();
-      if (pause == 0us) {
-        std::this_thread::yield();
-      } else {
-        // Wakes early for new calls or an abort (a stop waits: in-flight
-        // calls are drained first).
-        std::unique_lock lock(mutex_);
-        cv_.wait_for(lock, pause, [&] { return aborted_ || !queue_.empty(); });
-      }
-    }
-  }
-
-  // After an abort: every call still pending fails. Requests MPI never
-  // completed are kept (with their tensors) until the group is destroyed,
-  // since MPI may still write into those buffers.
-  void fail_all(std::vector<std::shared_ptr<Op>>& in_flight,
-                std::deque<std::shared_ptr<Op>>& fresh, const std::string& why) {
-    for (auto& op : in_flight) {
-      op->work->finish(failure(*op, "the group was aborted: " + why));
-      abandoned_.push_back(std::move(op));
-    }
-    in_flight.clear();
-    for (auto& op : fresh) {
-      op->work->finish(std::make_exception_ptr(CollectiveError(fmt::format(
-          "{} on rank {} of group '{}' was not run: the group was aborted: {}", op->description,
-          rank(), name(), size(), why))));
-    }
-    fresh.clear();
-    if (!abandoned_.empty()) {
-      mpi::mark_unfinishable(fmt::format("a collective on group '{}' never completed ({})",
-                                         name(), abandoned_.front()->description));
-    }
-  }
-
-  // Stops the progress thread (after it has finished or failed what was
-  // issued) and frees the communicator. Idempotent; called by the destructor
-  // or, at process exit, by the finaliser before MPI_Finalize.
-  void shutdown() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      if (shut_down_) return;
-      shut_down_ = true;
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!abandoned_.empty()) {
-      // MPI may still write into these buffers: leak them, and the
-      // communicator, rather than free memory MPI points at.
-      new std::vector<std::shared_ptr<Op>>(std::move(abandoned_));
-    } else if (finalized == 0 && MPI_Comm_free(&comm_) != MPI_SUCCESS) {
-      std::fprintf(stderr, "lockstep: MPI_Comm_free failed for group '%s'\n", name().c_str());
-    }
+  std::shared_ptr<Work> submit(std::string_view op_name, const Tensor* tensor,
+                               std::string_view extra, const Timeout& timeout,
+                               std::shared_ptr<mpi::MpiOp> op) {
+    // One lock from numbering to queueing: sequence numbers follow issue order.
+    std::lock_guard lock(mutex_);
+    next_seq();
+    op->description = describe(op_name, tensor, extra);
+    const auto t = timeout_of(timeout);
+    op->deadline = Work::Clock::now() + t;
+    op->timeout_message = timeout_message(op->description, t) + abort_note();
+    std::weak_ptr<mpi::MpiProgress> progress = progress_;
+    op->work = std::make_shared<Work>(op->description, op->deadline, op->timeout_message,
+                                      [progress, why = op->timeout_message] {
+                                        if (auto p = progress.lock()) p->abort(why);
+                                      });
+    auto work = op->work;
+    progress_->submit(std::move(op));
+    return work;
   }
 
   MPI_Comm comm_;
   int tag_ub_ = 32767;
   int hook_id_ = -1;
-  std::thread thread_;
-
-  std::mutex mutex_;  // guards what follows
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Op>> queue_;  // issued, not yet started
-  bool stop_ = false;
-  bool shut_down_ = false;
-  bool aborted_ = false;
-  std::string abort_reason_;
-
-  std::vector<std::shared_ptr<Op>> abandoned_;  // progress thread only, then shutdown()
+  std::mutex mutex_;
+  std::shared_ptr<mpi::MpiProgress> progress_;
 };
 
 }  // namespace

@@ -1,9 +1,10 @@
 // The mpi backend: Open MPI's collectives on MPI_COMM_WORLD (or a duplicate of
 // it per group), for processes started by mpirun.
 //
-// Each collective is issued as a non-blocking MPI call (MPI_Iallreduce, ...)
-// in issue order by one progress thread per group, which drives MPI_Test
-// until completion; bf16 and f16 reductions use user-defined MPI_Ops.
+// Calls run in issue order on one progress thread per group (mpi_progress.h):
+// collectives as MPI's blocking calls, so Open MPI's tuned shared-memory
+// algorithms apply; send and recv as non-blocking calls tested until done.
+// bf16 and f16 reductions use user-defined MPI_Ops.
 #pragma once
 
 #include <chrono>
