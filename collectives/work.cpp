@@ -34,12 +34,18 @@ std::exception_ptr Work::exception() {
   return error_;
 }
 
+Work::Clock::time_point Work::finished_at() {
+  std::lock_guard lock(mutex_);
+  return finished_at_;
+}
+
 void Work::finish(std::exception_ptr error) {
   {
     std::lock_guard lock(mutex_);
     if (done_) return;  // already timed out; the late result is dropped
     error_ = std::move(error);
     done_ = true;
+    finished_at_ = Clock::now();
   }
   done_cv_.notify_all();
 }

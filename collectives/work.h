@@ -49,6 +49,8 @@ class Work {
   virtual void wait();
   std::exception_ptr exception();
   const std::string& description() const { return description_; }
+  // When finish() was called (the epoch before that): DDP's overlap statistics.
+  Clock::time_point finished_at();
 
   // Called by the backend exactly once when the collective has finished.
   void finish(std::exception_ptr error = nullptr);
@@ -58,6 +60,7 @@ class Work {
   std::condition_variable done_cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  Clock::time_point finished_at_{};
 
  private:
   std::string description_;

@@ -10,6 +10,7 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(const Tensor& leaf);
   std::vector<Tensor> apply(const Tensor& grad_output) override;
+  const Tensor& leaf() const { return leaf_; }
 
  private:
   Tensor leaf_;  // a strong handle: the leaf outlives the graph that uses it

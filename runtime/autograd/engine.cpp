@@ -1,7 +1,11 @@
 #include "lockstep/runtime/autograd/engine.h"
 
+#include <deque>
+#include <functional>
 #include <queue>
 #include <unordered_map>
+
+#include "lockstep/runtime/autograd/backward_callbacks.h"
 
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/ops/elementwise.h"
@@ -10,6 +14,25 @@
 namespace lockstep::runtime {
 
 namespace {
+
+// The callbacks of each backward pass running on this thread, innermost last
+// (a hook may itself run a backward).
+thread_local std::vector<std::deque<std::function<void()>>> callback_frames;
+
+// Pops this pass's frame however the pass ends.
+struct CallbackFrame {
+  CallbackFrame() { callback_frames.emplace_back(); }
+  ~CallbackFrame() { callback_frames.pop_back(); }
+  CallbackFrame(const CallbackFrame&) = delete;
+  CallbackFrame& operator=(const CallbackFrame&) = delete;
+  void run_all() {
+    while (!callback_frames.back().empty()) {
+      auto fn = std::move(callback_frames.back().front());
+      callback_frames.back().pop_front();
+      fn();
+    }
+  }
+};
 
 struct LaterFirst {
   bool operator()(const Node* a, const Node* b) const {
@@ -46,7 +69,17 @@ std::unordered_map<Node*, int> count_dependencies(Node* root) {
  * which matches PyTorch's order and makes leaves' AccumulateGrad (and so the
  * post-accumulate hooks DDP relies on) fire as early as possible.
  */
+bool in_backward() { return !callback_frames.empty(); }
+
+void queue_backward_callback(std::function<void()> fn) {
+  LOCKSTEP_CHECK(in_backward(),
+                 "queue_backward_callback: no backward pass is running on this thread; call it "
+                 "from a gradient hook or an autograd node");
+  callback_frames.back().push_back(std::move(fn));
+}
+
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  CallbackFrame frame;
   std::shared_ptr<Node> root_node = gradient_edge(root);
   LOCKSTEP_ASSERT(root_node != nullptr);
   std::unordered_map<Node*, int> deps = count_dependencies(root_node.get());
@@ -87,6 +120,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       if (--deps[next] == 0) ready.push(next);
     }
   }
+  frame.run_all();
 }
 
 }  // namespace lockstep::runtime

@@ -1,0 +1,63 @@
+// DistributedDataParallel's options and the communication-hook interface.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/collectives/process_group.h"
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::nn {
+
+struct DdpOptions {
+  // Bucket sizes: the first bucket (the last parameters, whose gradients are
+  // ready first) is small so its all-reduce starts early; the rest are larger
+  // so that per-call overhead is paid rarely. PyTorch's defaults.
+  double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
+  // Copy rank 0's buffers (BatchNorm running statistics) to every rank before
+  // each forward.
+  bool broadcast_buffers = true;
+  // Walk the graph from forward's output and mark parameters it does not
+  // reach as ready, so their buckets are not waited for forever.
+  bool find_unused_parameters = false;
+  // param.grad becomes a view into its bucket: no copy back after the
+  // all-reduce, and one copy of the gradients in memory instead of two.
+  bool gradient_as_bucket_view = false;
+  // The set of used parameters never changes: with find_unused_parameters the
+  // graph is walked on the first iteration only.
+  bool static_graph = false;
+};
+
+// One bucket as a communication hook sees it. `buffer` is flat, of one dtype
+// and device, and holds this rank's gradients already scaled by 1/world_size;
+// the hook must leave the sum over ranks of every rank's buffer in it.
+struct GradBucket {
+  int index = 0;
+  runtime::Tensor buffer;
+  std::vector<runtime::Tensor> parameters;  // in bucket order
+  std::vector<std::string> names;
+  collectives::ProcessGroup* group = nullptr;
+};
+
+// What a hook returns: the collective it started, and what to run once that
+// collective has completed (e.g. decompress into bucket.buffer); may be empty.
+struct CommHookResult {
+  std::shared_ptr<collectives::Work> work;
+  std::function<void()> then;
+};
+
+using CommHook = std::function<CommHookResult(GradBucket&)>;
+
+namespace comm_hooks {
+// The default: all-reduce (sum) of the buffer in place.
+CommHook allreduce();
+// Compress to f16 or bf16, all-reduce, decompress into the buffer: half the
+// bytes on the wire at the cost of rounding each rank's contribution.
+CommHook fp16_compress();
+CommHook bf16_compress();
+}  // namespace comm_hooks
+
+}  // namespace lockstep::nn

@@ -1,0 +1,73 @@
+#include "lockstep/nn/ddp/distributed_data_parallel.h"
+
+#include <chrono>
+
+#include "lockstep/nn/ddp/reducer.h"
+#include "lockstep/nn/ddp/replica_sync.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::nn {
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
+                                                 std::shared_ptr<collectives::ProcessGroup> group,
+                                                 DdpOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+  LOCKSTEP_CHECK(module_ != nullptr, "DistributedDataParallel: the module is null");
+  LOCKSTEP_CHECK(group_ != nullptr,
+                 "DistributedDataParallel: the process group is null; create one with "
+                 "collectives::init_process_group()");
+  LOCKSTEP_CHECK(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
+                 "DistributedDataParallel: bucket_cap_mb ({}) and first_bucket_cap_mb ({}) must "
+                 "be positive",
+                 options_.bucket_cap_mb, options_.first_bucket_cap_mb);
+  // As PyTorch: the wrapped model's names gain a "module." prefix.
+  register_module("module", module_);
+  const auto named = module_->named_parameters();
+  verify_same_parameters(named, *group_);
+  broadcast_parameters();
+  std::vector<std::pair<std::string, Tensor>> trained;
+  for (const auto& [name, p] : named) {
+    if (p.requires_grad()) trained.emplace_back(name, p);
+  }
+  reducer_ = std::make_unique<Reducer>(std::move(trained), *group_, options_);
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::broadcast_parameters() {
+  std::vector<Tensor> tensors = module_->parameters();
+  for (const Tensor& b : module_->buffers()) tensors.push_back(b);
+  broadcast_coalesced(tensors, *group_, 0);
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  const auto start = std::chrono::steady_clock::now();
+  // Training only: in eval the buffers are read, not updated, and ranks may
+  // evaluate different numbers of batches.
+  if (options_.broadcast_buffers && is_training() && group_->size() > 1) {
+    const auto buffers = module_->buffers();
+    if (!buffers.empty()) broadcast_coalesced(buffers, *group_, 0);
+  }
+  Tensor output = module_->forward(input);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  reducer_->prepare_for_backward(output, require_sync_, ms);
+  return output;
+}
+
+void DistributedDataParallel::register_comm_hook(CommHook hook) {
+  reducer_->register_comm_hook(std::move(hook));
+}
+
+std::vector<BucketInfo> DistributedDataParallel::buckets() const { return reducer_->bucket_info(); }
+
+const DdpStats& DistributedDataParallel::stats() const { return reducer_->stats(); }
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp)
+    : ddp_(ddp), previous_(ddp.require_sync_) {
+  ddp_.require_sync_ = false;
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() { ddp_.require_sync_ = previous_; }
+
+}  // namespace lockstep::nn

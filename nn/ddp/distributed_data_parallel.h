@@ -1,0 +1,87 @@
+// nn::DistributedDataParallel: one model replica per rank; gradients are
+// averaged across ranks during backward, as PyTorch's DDP.
+//
+//   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group);
+//   Tensor loss = loss_fn(ddp->forward(x), y);
+//   loss.backward();      // buckets all-reduce while backward runs
+//   opt.step();           // every rank holds the same averaged gradients
+//
+// Construction checks that every rank holds the same parameters (names,
+// shapes, dtypes; an error names the first difference and the ranks), then
+// copies rank 0's parameters and buffers to all ranks. Gradients are summed
+// across ranks and multiplied by 1/world_size: averaged, never left summed.
+// All ranks must run forward and backward the same number of times.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/nn/ddp/ddp_options.h"
+#include "lockstep/nn/ddp/ddp_stats.h"
+#include "lockstep/nn/module.h"
+
+namespace lockstep::nn {
+
+class Reducer;
+
+// Where a bucket's parameters are (for tests and printing).
+struct BucketInfo {
+  std::vector<std::string> names;  // in bucket order
+  int64_t bytes = 0;
+  DType dtype = DType::f32;
+};
+
+class DistributedDataParallel : public Module {
+ public:
+  DistributedDataParallel(std::shared_ptr<Module> module,
+                          std::shared_ptr<collectives::ProcessGroup> group, DdpOptions options = {});
+  ~DistributedDataParallel() override;
+
+  // Broadcasts buffers from rank 0 (broadcast_buffers), runs the module, and
+  // prepares the reducer for the backward that follows.
+  Tensor forward(const Tensor& input) override;
+
+  Module& module() { return *module_; }
+  const std::shared_ptr<Module>& module_ptr() const { return module_; }
+  collectives::ProcessGroup& group() { return *group_; }
+  const DdpOptions& options() const { return options_; }
+
+  // Copies rank 0's parameters and buffers to every rank (after changing a
+  // parameter by hand on one rank). Collective.
+  void broadcast_parameters();
+
+  // While the returned guard lives, backward accumulates gradients locally
+  // and communicates nothing; the first backward after it averages the sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel& ddp);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  // Replaces the default all-reduce for every bucket. Must be registered the
+  // same way on every rank, before the first backward.
+  void register_comm_hook(CommHook hook);
+
+  std::vector<BucketInfo> buckets() const;
+  // The last completed iteration's timings.
+  const DdpStats& stats() const;
+
+  std::string type_name() const override { return "DistributedDataParallel"; }
+
+ private:
+  std::shared_ptr<Module> module_;
+  std::shared_ptr<collectives::ProcessGroup> group_;
+  DdpOptions options_;
+  std::unique_ptr<Reducer> reducer_;
+  bool require_sync_ = true;
+};
+
+}  // namespace lockstep::nn

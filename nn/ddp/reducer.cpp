@@ -1,0 +1,365 @@
+#include "lockstep/nn/ddp/reducer.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "lockstep/nn/ddp/bucket_plan.h"
+#include "lockstep/runtime/autograd/accumulate_grad.h"
+#include "lockstep/runtime/autograd/backward_callbacks.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::nn {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Total length of the union of [start, end] intervals, in ms.
+double union_ms(std::vector<std::pair<std::chrono::steady_clock::time_point,
+                                      std::chrono::steady_clock::time_point>> intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  double total = 0;
+  for (size_t i = 0; i < intervals.size();) {
+    auto [start, end] = intervals[i];
+    for (++i; i < intervals.size() && intervals[i].first <= end; ++i) {
+      end = std::max(end, intervals[i].second);
+    }
+    total += ms_between(start, end);
+  }
+  return total;
+}
+
+bool same_storage(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.storage() == b.storage();
+}
+
+}  // namespace
+
+Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> params,
+                 collectives::ProcessGroup& group, DdpOptions options)
+    : params_(std::move(params)),
+      group_(group),
+      options_(options),
+      comm_hook_(comm_hooks::allreduce()) {
+  build_buckets(reverse_order(params_.size()));
+  ready_.assign(params_.size(), false);
+  locally_used_.assign(params_.size(), 0);
+  unused_.assign(params_.size(), false);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    hook_ids_.push_back(params_[i].second.register_post_accumulate_grad_hook(
+        [this, i](Tensor&) { on_gradient_ready(i); }));
+  }
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].second.remove_hook(hook_ids_[i]);
+  // Buckets still in flight (an iteration that ended in an error) must
+  // complete before their buffers are freed.
+  for (auto& b : buckets_) {
+    if (b.result.work) {
+      try {
+        b.result.work->wait();
+      } catch (...) {  // the iteration already failed; nothing to report twice
+      }
+    }
+  }
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  std::vector<BucketParam> specs;
+  for (const auto& [name, p] : params_) {
+    specs.push_back({static_cast<int64_t>(p.numel() * p.element_size()), p.dtype(), p.device()});
+  }
+  const auto plan =
+      assign_buckets(specs, order, static_cast<int64_t>(options_.first_bucket_cap_mb * kMiB),
+                     static_cast<int64_t>(options_.bucket_cap_mb * kMiB));
+  std::vector<Bucket> buckets;
+  slots_.assign(params_.size(), Slot{});
+  for (size_t b = 0; b < plan.size(); ++b) {
+    Bucket bucket;
+    int64_t total = 0;
+    for (size_t p : plan[b]) {
+      bucket.members.push_back(p);
+      bucket.offsets.push_back(total);
+      slots_[p] = {b, total};
+      total += params_[p].second.numel();
+    }
+    const Tensor& first = params_[plan[b].front()].second;
+    bucket.buffer = Tensor::zeros({total}, first.dtype(), first.device());
+    bucket.pending = bucket.members.size();
+    buckets.push_back(std::move(bucket));
+  }
+  buckets_ = std::move(buckets);
+}
+
+Tensor Reducer::slot_view(size_t param) const {
+  const Slot& s = slots_[param];
+  const Tensor& p = params_[param].second;
+  return buckets_[s.bucket].buffer.slice(0, s.offset, s.offset + p.numel()).view(p.shape());
+}
+
+void Reducer::register_comm_hook(CommHook hook) {
+  LOCKSTEP_CHECK(hook != nullptr, "register_comm_hook: the hook is empty");
+  LOCKSTEP_CHECK(synced_iterations_ == 0 && mode_ == Mode::idle,
+                 "register_comm_hook: register the hook before the first backward, the same way "
+                 "on every rank");
+  comm_hook_ = std::move(hook);
+}
+
+std::vector<BucketInfo> Reducer::bucket_info() const {
+  std::vector<BucketInfo> out;
+  for (const Bucket& b : buckets_) {
+    BucketInfo info;
+    for (size_t p : b.members) info.names.push_back(params_[p].first);
+    info.bytes = b.buffer.numel() * static_cast<int64_t>(b.buffer.element_size());
+    info.dtype = b.buffer.dtype();
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves(const Tensor& output) const {
+  std::unordered_set<const runtime::TensorImpl*> leaves;
+  if (!output.grad_fn()) {
+    if (output.requires_grad()) leaves.insert(output.impl_ptr());
+    return leaves;
+  }
+  std::unordered_set<const runtime::Node*> seen;
+  std::vector<runtime::Node*> stack{output.grad_fn().get()};
+  while (!stack.empty()) {
+    runtime::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    if (const auto* acc = dynamic_cast<const runtime::AccumulateGrad*>(node)) {
+      leaves.insert(acc->leaf().impl_ptr());
+    }
+    for (const auto& next : node->next) {
+      if (next) stack.push_back(next.get());
+    }
+  }
+  return leaves;
+}
+
+void Reducer::prepare_for_backward(const Tensor& output, bool synced, double forward_ms) {
+  if (mode_ == Mode::sync && backward_started_) drain_and_reset();
+  forward_ms_ = forward_ms;
+  forward_end_ = Clock::now();
+  const bool expects_backward = runtime::grad_enabled() && output.defined() && output.requires_grad();
+  if (!expects_backward) {
+    mode_ = Mode::idle;
+    return;
+  }
+  if (!synced) {
+    mode_ = Mode::no_sync;
+    stats_ = DdpStats{.iteration = stats_.iteration, .forward_ms = forward_ms, .synced = false};
+    return;
+  }
+  mode_ = Mode::sync;
+  backward_started_ = false;
+  if (options_.find_unused_parameters && !(options_.static_graph && unused_known_)) {
+    const auto reached = reachable_leaves(output);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      unused_[i] = reached.count(params_[i].second.impl_ptr()) == 0;
+    }
+    unused_known_ = true;
+  }
+}
+
+void Reducer::on_gradient_ready(size_t param) {
+  const std::string& name = params_[param].first;
+  if (mode_ == Mode::no_sync) return;  // gradients accumulate locally
+  if (mode_ == Mode::idle) {
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: parameter '{}' received a gradient, but no "
+        "ddp.forward() ran since the last averaged backward (a second backward through one "
+        "forward, or a forward that bypassed the DDP module). Run forward through DDP before "
+        "every backward; to accumulate over several backward passes, wrap all but the last in "
+        "ddp.no_sync()",
+        group_.rank(), name));
+  }
+  if (!backward_started_) begin_backward();
+  if (ready_[param]) {
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: parameter '{}' was marked ready twice in one "
+        "backward{}. A parameter may contribute to the loss only through the output of "
+        "ddp.forward(), once per iteration; otherwise compute the extra term inside the module",
+        group_.rank(), name,
+        unused_[param] ? " (find_unused_parameters found it unreachable from forward's output, "
+                         "yet it got a gradient)"
+                       : ""));
+  }
+  mark_ready(param, true);
+}
+
+void Reducer::begin_backward() {
+  backward_started_ = true;
+  runtime::queue_backward_callback([this] { finalize(); });
+  std::fill(ready_.begin(), ready_.end(), false);
+  std::fill(locally_used_.begin(), locally_used_.end(), 0);
+  for (auto& b : buckets_) b.pending = b.members.size();
+  num_ready_ = 0;
+  next_launch_ = 0;
+  ready_order_.clear();
+  stats_ = DdpStats{.iteration = stats_.iteration,
+                    .forward_ms = forward_ms_,
+                    .gradients_expected = static_cast<int64_t>(params_.size())};
+  if (options_.find_unused_parameters) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (unused_[i]) mark_ready(i, false);
+    }
+  }
+}
+
+// Puts this rank's gradient (or zeros, for an unused parameter) into the
+// bucket, scaled by 1/world_size.
+void Reducer::mark_ready(size_t param, bool used) {
+  Tensor slot = slot_view(param);
+  const double scale = 1.0 / static_cast<double>(group_.size());
+  if (used) {
+    const Tensor& grad = params_[param].second.grad();
+    if (!(same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset())) {
+      slot.copy_(grad);  // else grad is already the bucket view
+    }
+    if (scale != 1.0) slot.mul_(scale);
+    locally_used_[param] = 1;
+    ready_order_.push_back(param);
+  } else {
+    slot.zero_();
+  }
+  ready_[param] = true;
+  ++num_ready_;
+  if (--buckets_[slots_[param].bucket].pending == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    Bucket& b = buckets_[next_launch_];
+    GradBucket view{.index = static_cast<int>(next_launch_), .buffer = b.buffer, .group = &group_};
+    for (size_t p : b.members) {
+      view.parameters.push_back(params_[p].second);
+      view.names.push_back(params_[p].first);
+    }
+    if (next_launch_ == 0) stats_.ready_at_first_launch = static_cast<int64_t>(num_ready_);
+    b.launched_at = Clock::now();
+    b.result = comm_hook_(view);
+    LOCKSTEP_CHECK(b.result.work != nullptr,
+                   "the communication hook returned no Work for bucket {}; return the Work of "
+                   "the collective it started",
+                   next_launch_);
+    stats_.bucket_bytes.push_back(b.buffer.numel() * static_cast<int64_t>(b.buffer.element_size()));
+    ++next_launch_;
+  }
+}
+
+void Reducer::finalize() {
+  const auto backward_end = Clock::now();
+  if (next_launch_ < buckets_.size()) {
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!ready_[i]) missing.push_back("'" + params_[i].first + "'");
+    }
+    drain_and_reset();
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: {} parameter(s) received no gradient in this "
+        "backward: {}. If they are not used to compute the loss in every iteration, construct "
+        "DDP with DdpOptions{{.find_unused_parameters = true}}; if they are unused on purpose "
+        "for the whole run, set requires_grad(false) on them before wrapping the model",
+        group_.rank(), missing.size(), fmt::join(missing, ", ")));
+  }
+  // Which parameters got a gradient on any rank: those used nowhere keep
+  // their .grad untouched. Issued after the buckets, on every rank alike.
+  Tensor used;
+  std::shared_ptr<collectives::Work> used_work;
+  if (options_.find_unused_parameters) {
+    used = Tensor::from_vector(locally_used_, {static_cast<int64_t>(locally_used_.size())});
+    used_work = group_.allreduce(used, {.op = collectives::ReduceOp::Sum});
+  }
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> intervals;
+  for (auto& b : buckets_) {
+    b.result.work->wait();
+    if (b.result.then) b.result.then();
+    intervals.emplace_back(b.launched_at, std::max(b.launched_at, b.result.work->finished_at()));
+    b.result = {};
+  }
+  std::vector<int32_t> globally_used(params_.size(), 1);
+  if (used_work) {
+    used_work->wait();
+    globally_used = used.to_vector<int32_t>();
+  }
+  const auto waited_until = Clock::now();
+  mode_ = Mode::idle;
+  backward_started_ = false;
+  ++synced_iterations_;
+  stats_.iteration += 1;
+  stats_.backward_ms = ms_between(forward_end_, backward_end);
+  stats_.comm_ms = union_ms(intervals);
+  stats_.exposed_comm_ms = ms_between(backward_end, waited_until);
+  if (!rebuilt_) rebuild_buckets();
+  write_gradients(globally_used);
+}
+
+// Once, after the first iteration: rank 0's ready order, shared with all,
+// becomes the bucket order. The averaged values move to the new buckets.
+void Reducer::rebuild_buckets() {
+  rebuilt_ = true;
+  std::vector<int64_t> order;
+  std::vector<bool> listed(params_.size(), false);
+  for (size_t p : ready_order_) {
+    order.push_back(static_cast<int64_t>(p));
+    listed[p] = true;
+  }
+  for (size_t p : reverse_order(params_.size())) {
+    if (!listed[p]) order.push_back(static_cast<int64_t>(p));
+  }
+  Tensor shared = Tensor::from_vector(order, {static_cast<int64_t>(order.size())});
+  if (group_.size() > 1) group_.broadcast(shared, {.root = 0})->wait();
+  std::vector<size_t> new_order;
+  for (int64_t p : shared.to_vector<int64_t>()) new_order.push_back(static_cast<size_t>(p));
+
+  std::vector<Tensor> values;
+  for (size_t p = 0; p < params_.size(); ++p) values.push_back(slot_view(p));
+  auto old_buckets = std::move(buckets_);
+  build_buckets(new_order);
+  for (size_t p = 0; p < params_.size(); ++p) slot_view(p).copy_(values[p]);
+}
+
+void Reducer::write_gradients(const std::vector<int32_t>& globally_used) {
+  runtime::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (globally_used[i] == 0) continue;  // no rank produced one: leave .grad as it is
+    Tensor& param = params_[i].second;
+    Tensor slot = slot_view(i);
+    Tensor grad = param.grad();
+    if (options_.gradient_as_bucket_view) {
+      if (!(same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset())) {
+        param.set_grad(slot);
+      }
+    } else if (grad.defined() && !same_storage(grad, slot)) {
+      grad.copy_(slot);
+    } else {
+      param.set_grad(slot.clone());
+    }
+  }
+}
+
+// After an iteration that failed part-way: wait for what was launched (so no
+// collective is left in flight on its buffers) and start clean.
+void Reducer::drain_and_reset() {
+  for (auto& b : buckets_) {
+    if (!b.result.work) continue;
+    try {
+      b.result.work->wait();
+    } catch (...) {  // reported by whoever caused the failure
+    }
+    b.result = {};
+  }
+  mode_ = Mode::idle;
+  backward_started_ = false;
+}
+
+}  // namespace lockstep::nn

@@ -1,0 +1,97 @@
+// DDP's reducer: gradient hooks, buckets and the end-of-backward step.
+//
+// Each parameter's post-accumulate-grad hook copies its gradient, times
+// 1/world_size, into its slot of a flat bucket. When a bucket's last gradient
+// is in, every bucket up to it that is complete is handed to the
+// communication hook (an asynchronous all-reduce by default), always in
+// bucket order, so every rank issues the same collectives in the same order
+// while backward goes on. The first hook of a backward queues finalize(),
+// which runs once backward has finished: it waits for each bucket and writes
+// the averaged values into every param.grad. After the first iteration the
+// buckets are rebuilt in the order rank 0 saw gradients become ready.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "lockstep/nn/ddp/ddp_options.h"
+#include "lockstep/nn/ddp/ddp_stats.h"
+#include "lockstep/nn/ddp/distributed_data_parallel.h"
+
+namespace lockstep::nn {
+
+class Reducer {
+ public:
+  // `params`: the parameters that require grad, with their names.
+  Reducer(std::vector<std::pair<std::string, Tensor>> params, collectives::ProcessGroup& group,
+          DdpOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Called at the end of every DDP forward. `synced` is false under no_sync().
+  void prepare_for_backward(const Tensor& output, bool synced, double forward_ms);
+  void register_comm_hook(CommHook hook);
+  std::vector<BucketInfo> bucket_info() const;
+  const DdpStats& stats() const { return stats_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  enum class Mode { idle, sync, no_sync };
+  struct Bucket {
+    Tensor buffer;                // flat, one dtype
+    std::vector<size_t> members;  // parameter indices, in slot order
+    std::vector<int64_t> offsets;
+    size_t pending = 0;           // gradients not yet in
+    CommHookResult result;
+    Clock::time_point launched_at;
+  };
+  struct Slot {
+    size_t bucket = 0;
+    int64_t offset = 0;
+  };
+
+  void build_buckets(const std::vector<size_t>& order);
+  Tensor slot_view(size_t param) const;
+  void on_gradient_ready(size_t param);
+  void begin_backward();
+  void mark_ready(size_t param, bool used);
+  void launch_ready_buckets();
+  void finalize();
+  void rebuild_buckets();
+  void write_gradients(const std::vector<int32_t>& globally_used);
+  void drain_and_reset();
+  std::unordered_set<const runtime::TensorImpl*> reachable_leaves(const Tensor& output) const;
+
+  std::vector<std::pair<std::string, Tensor>> params_;
+  collectives::ProcessGroup& group_;
+  DdpOptions options_;
+  CommHook comm_hook_;
+  std::vector<int64_t> hook_ids_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<Slot> slots_;  // per parameter
+
+  // The iteration in progress.
+  Mode mode_ = Mode::idle;
+  bool backward_started_ = false;
+  std::vector<bool> ready_;
+  std::vector<int32_t> locally_used_;
+  std::vector<bool> unused_;           // find_unused_parameters: not reached from the output
+  bool unused_known_ = false;          // static_graph: computed once
+  size_t num_ready_ = 0;
+  size_t next_launch_ = 0;
+  std::vector<size_t> ready_order_;    // this iteration's
+  Clock::time_point forward_end_;
+  double forward_ms_ = 0;
+
+  int64_t synced_iterations_ = 0;
+  bool rebuilt_ = false;
+  DdpStats stats_;
+};
+
+}  // namespace lockstep::nn

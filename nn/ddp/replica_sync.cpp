@@ -1,0 +1,118 @@
+#include "lockstep/nn/ddp/replica_sync.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::nn {
+namespace {
+
+using runtime::DType;
+using runtime::Tensor;
+
+std::string describe(const std::string& name, const Tensor& t) {
+  return fmt::format("'{}' {} {}", name, runtime::shape_str(t.shape()),
+                     runtime::dtype_name(t.dtype()));
+}
+
+// All ranks' strings, through two all-gathers (lengths, then padded bytes).
+std::vector<std::string> allgather_strings(const std::string& mine,
+                                           collectives::ProcessGroup& group) {
+  const int n = group.size();
+  Tensor length = Tensor::from_vector<int64_t>({static_cast<int64_t>(mine.size())}, {1});
+  Tensor lengths = Tensor::empty({n}, DType::i64);
+  group.allgather(lengths, length, {})->wait();
+  const auto all_lengths = lengths.to_vector<int64_t>();
+  const int64_t width = std::max<int64_t>(1, *std::max_element(all_lengths.begin(), all_lengths.end()));
+  Tensor bytes = Tensor::zeros({width}, DType::i32);
+  auto* p = bytes.data_ptr<int32_t>();
+  for (size_t i = 0; i < mine.size(); ++i) p[i] = static_cast<unsigned char>(mine[i]);
+  Tensor all = Tensor::empty({n * width}, DType::i32);
+  group.allgather(all, bytes, {})->wait();
+  const auto* q = all.data_ptr<int32_t>();
+  std::vector<std::string> out(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < all_lengths[static_cast<size_t>(r)]; ++i) {
+      out[static_cast<size_t>(r)].push_back(static_cast<char>(q[r * width + i]));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> lines;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& params,
+                            collectives::ProcessGroup& group) {
+  if (group.size() == 1) return;
+  std::string mine;
+  for (const auto& [name, t] : params) mine += describe(name, t) + "\n";
+  const auto all = allgather_strings(mine, group);
+  if (std::all_of(all.begin(), all.end(), [&](const auto& s) { return s == all[0]; })) return;
+
+  // The first parameter index where some rank differs from rank 0.
+  std::vector<std::vector<std::string>> lists;
+  for (const auto& s : all) lists.push_back(split_lines(s));
+  size_t longest = 0;
+  for (const auto& l : lists) longest = std::max(longest, l.size());
+  auto at = [](const std::vector<std::string>& l, size_t i) {
+    return i < l.size() ? l[i] : std::string("no parameter (the model has fewer)");
+  };
+  for (size_t i = 0; i < longest; ++i) {
+    std::map<std::string, std::vector<int>> holders;  // what differs from rank 0, and who
+    for (size_t r = 1; r < lists.size(); ++r) {
+      if (at(lists[r], i) != at(lists[0], i)) holders[at(lists[r], i)].push_back(static_cast<int>(r));
+    }
+    if (holders.empty()) continue;
+    std::string others;
+    for (const auto& [what, ranks] : holders) {
+      others += fmt::format("; rank{} {} {} {}", ranks.size() > 1 ? "s" : "",
+                            fmt::join(ranks, ", "), ranks.size() > 1 ? "hold" : "holds", what);
+    }
+    throw Error(fmt::format(
+        "DistributedDataParallel: the ranks hold different models. Parameter #{}: rank 0 holds "
+        "{}{} ({} parameters on rank 0). Build the same model on every rank (same layers, "
+        "sizes and dtypes, registered in the same order)",
+        i, at(lists[0], i), others, lists[0].size()));
+  }
+}
+
+void broadcast_coalesced(const std::vector<Tensor>& tensors, collectives::ProcessGroup& group,
+                         int root) {
+  if (group.size() == 1 || tensors.empty()) return;
+  std::map<DType, std::vector<Tensor>> by_dtype;
+  for (const Tensor& t : tensors) by_dtype[t.dtype()].push_back(t);
+  runtime::NoGradGuard no_grad;  // parameters are leaves that require grad
+  for (auto& [dtype, list] : by_dtype) {
+    int64_t total = 0;
+    for (const Tensor& t : list) total += t.numel();
+    Tensor flat = Tensor::empty({total}, dtype);
+    int64_t offset = 0;
+    if (group.rank() == root) {
+      for (const Tensor& t : list) {
+        flat.slice(0, offset, offset + t.numel()).view(t.shape()).copy_(t);
+        offset += t.numel();
+      }
+    }
+    group.broadcast(flat, {.root = root})->wait();
+    if (group.rank() == root) continue;
+    offset = 0;
+    for (const Tensor& t : list) {
+      Tensor(t).copy_(flat.slice(0, offset, offset + t.numel()).view(t.shape()));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace lockstep::nn

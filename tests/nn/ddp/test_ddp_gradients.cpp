@@ -1,0 +1,166 @@
+// DDP's gradient promises, in-process over gloo: averaged (not summed)
+// gradients equal to one process on the whole batch, no_sync accumulation,
+// unused parameters, compression hooks, gradient_as_bucket_view, overlap.
+#include <catch2/catch.hpp>
+
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "nn/ddp/ddp_fixture.h"
+#include "support/test_util.h"
+
+namespace lt = lockstep::testing;
+using lockstep::nn::DdpOptions;
+using lockstep::nn::DistributedDataParallel;
+using lockstep::runtime::Tensor;
+
+namespace {
+
+// Float sums in a different order (per-rank means, then the all-reduce)
+// differ from the one-process mean in the last bits: 1e-5 relative.
+constexpr double kTol = 1e-5;
+
+std::vector<Tensor> reference_grads(const lt::Batch& global, uint64_t seed) {
+  auto model = lt::small_mlp(seed);
+  lt::loss_of(*model, global).backward();
+  std::vector<Tensor> grads;
+  for (const Tensor& p : model->parameters()) grads.push_back(p.grad());
+  return grads;
+}
+
+std::string all_problems(const std::vector<std::string>& problems) {
+  std::string out;
+  for (size_t r = 0; r < problems.size(); ++r) {
+    if (!problems[r].empty()) out += fmt::format("rank {}: {}\n", r, problems[r]);
+  }
+  return out;
+}
+
+// Runs one DDP backward per rank on its shard and compares with `expected`.
+std::string check_ddp_grads(int rank, int size, const std::shared_ptr<lockstep::collectives::ProcessGroup>& group,
+                            const lt::Batch& global, const std::vector<Tensor>& expected,
+                            DdpOptions options, const lockstep::nn::CommHook& hook, double tol) {
+  // Every rank starts from a different model: DDP must broadcast rank 0's.
+  auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(rank == 0 ? 1 : 100 + rank),
+                                                       group, options);
+  if (hook) ddp->register_comm_hook(hook);
+  lt::loss_of(*ddp, lt::shard(global, rank, size)).backward();
+  const auto params = ddp->module().named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], tol);
+    if (!problem.empty()) return problem;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("DDP: the averaged gradient equals one process's on the concatenated batch",
+          "[ddp]") {
+  const int size = GENERATE(2, 4);
+  CAPTURE(size);
+  const auto global = lt::global_batch(8 * size, 7);
+  const auto expected = reference_grads(global, 1);
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) {
+    return check_ddp_grads(r, size, group, global, expected, {}, nullptr, kTol);
+  });
+  INFO(all_problems(problems));
+  REQUIRE(all_problems(problems).empty());
+}
+
+TEST_CASE("DDP: options that change how, not what: small buckets, bucket views", "[ddp]") {
+  const int size = 2;
+  const auto global = lt::global_batch(16, 8);
+  const auto expected = reference_grads(global, 1);
+  DdpOptions options;
+  SECTION("many small buckets") {
+    options.bucket_cap_mb = 0.0005;  // ~500 bytes: each bucket holds one or two parameters
+    options.first_bucket_cap_mb = 0.0001;
+  }
+  SECTION("gradient_as_bucket_view") { options.gradient_as_bucket_view = true; }
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) {
+    return check_ddp_grads(r, size, group, global, expected, options, nullptr, kTol);
+  });
+  REQUIRE(all_problems(problems).empty());
+}
+
+TEST_CASE("DDP: fp16 and bf16 compression hooks stay within their rounding", "[ddp]") {
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9);
+  const auto expected = reference_grads(global, 1);
+  // Each rank's contribution is rounded once to the wire format (11 or 8
+  // significant bits), then the sum once more: 2 ulps of the format.
+  SECTION("fp16") {
+    const auto problems = lt::on_ranks(size, [&](int r, auto group) {
+      return check_ddp_grads(r, size, group, global, expected, {},
+                             lockstep::nn::comm_hooks::fp16_compress(), 2e-3);
+    });
+    REQUIRE(all_problems(problems).empty());
+  }
+  SECTION("bf16") {
+    const auto problems = lt::on_ranks(size, [&](int r, auto group) {
+      return check_ddp_grads(r, size, group, global, expected, {},
+                             lockstep::nn::comm_hooks::bf16_compress(), 1.6e-2);
+    });
+    REQUIRE(all_problems(problems).empty());
+  }
+}
+
+TEST_CASE("DDP: gradient_as_bucket_view makes .grad a view into the bucket", "[ddp]") {
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group,
+                                                         DdpOptions{.gradient_as_bucket_view = true});
+    lt::loss_of(*ddp, lt::shard(lt::global_batch(8, 1), r, 2)).backward();
+    const auto params = ddp->module().parameters();
+    // One bucket (default caps): every gradient shares its storage.
+    for (const Tensor& p : params) {
+      if (p.grad().storage() != params[0].grad().storage()) return "a .grad outside the bucket";
+    }
+    return "";
+  });
+  REQUIRE(all_problems(problems).empty());
+}
+
+TEST_CASE("DDP: no_sync accumulates locally and the next backward averages the sum", "[ddp]") {
+  const int size = 2;
+  const auto first = lt::global_batch(8, 21), second = lt::global_batch(8, 22);
+  // Reference: one process, both global batches, each loss halved (= the mean
+  // over the 16 samples of both).
+  auto ref = lt::small_mlp(1);
+  lockstep::runtime::mul(lt::loss_of(*ref, first), 0.5).backward();
+  lockstep::runtime::mul(lt::loss_of(*ref, second), 0.5).backward();
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group);
+    {
+      auto guard = ddp->no_sync();
+      lockstep::runtime::mul(lt::loss_of(*ddp, lt::shard(first, r, size)), 0.5).backward();
+      if (ddp->stats().synced) return "a no_sync iteration reported communication";
+    }
+    lockstep::runtime::mul(lt::loss_of(*ddp, lt::shard(second, r, size)), 0.5).backward();
+    const auto mine = ddp->module().named_parameters();
+    const auto theirs = ref->parameters();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      auto problem = lt::mismatch(mine[i].first, mine[i].second.grad(), theirs[i].grad(), kTol);
+      if (!problem.empty()) return problem;
+    }
+    return "";
+  });
+  REQUIRE(all_problems(problems).empty());
+}
+
+TEST_CASE("DDP: the first bucket's all-reduce starts while backward is still running", "[ddp]") {
+  // Ten parameters; a first bucket of ~100 bytes holds only the last layer's
+  // bias (20 bytes) and weight: it must launch before the other gradients exist.
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(
+        lt::small_mlp(1), group, DdpOptions{.bucket_cap_mb = 0.001, .first_bucket_cap_mb = 0.0001});
+    lt::loss_of(*ddp, lt::shard(lt::global_batch(8, 3), r, 2)).backward();
+    const auto& s = ddp->stats();
+    if (s.gradients_expected != 6) return fmt::format("expected 6 gradients, got {}", s.gradients_expected);
+    if (s.ready_at_first_launch >= s.gradients_expected) {
+      return fmt::format("the first bucket started only after {} of {} gradients were ready",
+                         s.ready_at_first_launch, s.gradients_expected);
+    }
+    if (s.bucket_bytes.size() < 2) return "expected several buckets";
+    return "";
+  });
+  REQUIRE(all_problems(problems).empty());
+}

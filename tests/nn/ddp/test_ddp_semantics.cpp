@@ -1,0 +1,244 @@
+// DDP's construction check, replica synchronisation, unused parameters, the
+// errors PyTorch users hit, bucket rebuilding and statistics; in-process over gloo.
+#include <catch2/catch.hpp>
+
+#include "lockstep/nn/normalization.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "nn/ddp/ddp_fixture.h"
+#include "support/test_util.h"
+
+namespace lt = lockstep::testing;
+namespace nn = lockstep::nn;
+using lockstep::nn::DdpOptions;
+using lockstep::nn::DistributedDataParallel;
+using lockstep::runtime::Tensor;
+
+namespace {
+
+std::string joined(const std::vector<std::string>& problems) {
+  std::string out;
+  for (size_t r = 0; r < problems.size(); ++r) {
+    if (!problems[r].empty()) out += fmt::format("rank {}: {}\n", r, problems[r]);
+  }
+  return out;
+}
+
+// Two heads over one input; forward uses head b only when asked to.
+class TwoHeads : public nn::Module {
+ public:
+  TwoHeads(uint64_t seed, bool register_b_first = false) {
+    lockstep::runtime::Generator g(seed);
+    auto a_layer = std::make_shared<nn::Linear>(12, 5, true, g);
+    auto b_layer = std::make_shared<nn::Linear>(5, 5, true, g);
+    if (register_b_first) {
+      b = register_module("b", b_layer);
+      a = register_module("a", a_layer);
+    } else {
+      a = register_module("a", a_layer);
+      b = register_module("b", b_layer);
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = a->forward(x);
+    return use_b ? b->forward(h) : h;
+  }
+  std::shared_ptr<nn::Linear> a, b;
+  bool use_b = true;
+};
+
+}  // namespace
+
+TEST_CASE("DDP: ranks built with different models fail at construction, naming the parameter",
+          "[ddp]") {
+  const auto problems = lt::on_ranks(3, [](int r, auto group) -> std::string {
+    // Rank 2's middle layer is wider.
+    auto model = lt::small_mlp(1, 12, r == 2 ? 17 : 16);
+    DistributedDataParallel ddp(model, group);
+    return "constructed";
+  });
+  for (const auto& p : problems) {
+    INFO(p);
+    REQUIRE_THAT(p, Catch::Contains("ranks hold different models") &&
+                        Catch::Contains("Parameter #0: rank 0 holds '0.weight' [16, 12] f32") &&
+                        Catch::Contains("rank 2 holds '0.weight' [17, 12] f32"));
+  }
+}
+
+TEST_CASE("DDP: construction copies rank 0's parameters and buffers; broadcast_parameters "
+          "repairs a hand change",
+          "[ddp]") {
+  const auto problems = lt::on_ranks(2, [](int r, auto group) -> std::string {
+    auto model = lt::small_mlp(r == 0 ? 1 : 2);
+    DistributedDataParallel ddp(model, group);
+    const auto reference = lt::small_mlp(1)->parameters();
+    for (size_t i = 0; i < reference.size(); ++i) {
+      if (!lt::bitwise_equal(model->parameters()[i], reference[i])) return "not rank 0's parameters";
+    }
+    if (r == 1) {
+      lockstep::runtime::NoGradGuard no_grad;
+      model->parameters()[0].fill_(42.0);  // changed by hand on one rank only
+    }
+    ddp.broadcast_parameters();
+    if (!lt::bitwise_equal(model->parameters()[0], reference[0])) return "hand change survived";
+    return "";
+  });
+  REQUIRE(joined(problems).empty());
+}
+
+TEST_CASE("DDP: BatchNorm without sync uses local batch statistics; rank 0's running "
+          "statistics are broadcast before each forward",
+          "[ddp]") {
+  const auto global = lt::global_batch(16, 5);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto make = [] {
+      auto m = std::make_shared<nn::Sequential>();
+      m->push_back(std::make_shared<nn::BatchNorm1d>(12));
+      return m;
+    };
+    auto model = make();
+    DistributedDataParallel ddp(model, group);
+    auto* bn = dynamic_cast<nn::BatchNorm1d*>(model->children()[0].get());
+    const auto local = lt::shard(global, r, 2);
+    Tensor out = ddp.forward(local.x);
+    // The same layer alone on this rank's batch: the same output and the same
+    // running statistics (all ranks start from rank 0's zeros/ones).
+    auto alone = make();
+    Tensor expected = alone->forward(local.x);
+    auto* alone_bn = dynamic_cast<nn::BatchNorm1d*>(alone->children()[0].get());
+    if (auto p = lt::mismatch("output", out, expected, 1e-6); !p.empty()) return p;
+    if (auto p = lt::mismatch("running_mean", bn->running_mean, alone_bn->running_mean, 1e-6); !p.empty()) return p;
+    // Ranks now hold different running means; the next forward first copies
+    // rank 0's. Rank 0's value after its first forward:
+    auto rank0 = make();
+    rank0->forward(lt::shard(global, 0, 2).x);
+    auto* rank0_bn = dynamic_cast<nn::BatchNorm1d*>(rank0->children()[0].get());
+    // Second forward in eval mode: no broadcast (eval reads buffers only)...
+    ddp.eval();
+    ddp.forward(local.x);
+    const bool same_as_rank0 = lt::bitwise_equal(bn->running_mean, rank0_bn->running_mean);
+    if (r == 1 && same_as_rank0) return "eval forward broadcast the buffers";
+    // ...then in training: broadcast first, then this rank's update on top.
+    ddp.train();
+    ddp.forward(local.x);
+    auto replay = make();
+    auto* replay_bn = dynamic_cast<nn::BatchNorm1d*>(replay->children()[0].get());
+    {
+      lockstep::runtime::NoGradGuard no_grad;
+      replay_bn->running_mean.copy_(rank0_bn->running_mean);
+      replay_bn->running_var.copy_(rank0_bn->running_var);
+    }
+    replay->forward(local.x);
+    return lt::mismatch("running_mean after broadcast", bn->running_mean, replay_bn->running_mean, 1e-6);
+  });
+  REQUIRE(joined(problems).empty());
+}
+
+TEST_CASE("DDP: a parameter with no gradient is named unless find_unused_parameters", "[ddp]") {
+  const auto batch = lt::global_batch(8, 4);
+  SECTION("without the option: a clear error naming it") {
+    const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+      auto model = std::make_shared<TwoHeads>(1);
+      model->use_b = false;
+      DistributedDataParallel ddp(model, group);
+      lt::loss_of(ddp, lt::shard(batch, r, 2)).backward();
+      return "no error";
+    });
+    for (const auto& p : problems) {
+      REQUIRE_THAT(p, Catch::Contains("received no gradient") && Catch::Contains("'b.weight'") &&
+                          Catch::Contains("'b.bias'") && Catch::Contains("find_unused_parameters"));
+    }
+  }
+  SECTION("with it: unused everywhere keeps .grad untouched; unused on one rank is averaged") {
+    const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+      auto model = std::make_shared<TwoHeads>(1);
+      DistributedDataParallel ddp(model, group, DdpOptions{.find_unused_parameters = true});
+      const auto local = lt::shard(batch, r, 2);
+      model->use_b = false;
+      lt::loss_of(ddp, local).backward();
+      if (model->b->weight.grad().defined()) return "unused on every rank, yet .grad was written";
+      // Expected for `a`: the average of the two ranks' local gradients.
+      // Next iteration: b used on rank 0 only.
+      ddp.zero_grad();
+      model->use_b = r == 0;
+      lt::loss_of(ddp, local).backward();
+      auto alone = std::make_shared<TwoHeads>(1);
+      lt::loss_of(*alone, lt::shard(batch, 0, 2)).backward();
+      // Rank 0's gradient of b, divided by 2 (rank 1 contributed zeros).
+      Tensor expected = lockstep::runtime::mul(alone->b->weight.grad(), 0.5);
+      return lt::mismatch("b.weight.grad", model->b->weight.grad(), expected, 1e-5);
+    });
+    REQUIRE(joined(problems).empty());
+  }
+}
+
+TEST_CASE("DDP: a parameter marked ready twice, or a second backward per forward, is named",
+          "[ddp]") {
+  const auto batch = lt::global_batch(8, 4);
+  SECTION("reached outside forward's output") {
+    const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+      auto model = std::make_shared<TwoHeads>(1);
+      model->use_b = false;
+      DistributedDataParallel ddp(model, group, DdpOptions{.find_unused_parameters = true});
+      Tensor loss = lt::loss_of(ddp, lt::shard(batch, r, 2));
+      lockstep::runtime::add(loss, lockstep::runtime::sum(model->b->weight)).backward();
+      return "no error";
+    });
+    for (const auto& p : problems) {
+      REQUIRE_THAT(p, Catch::Contains("'b.weight' was marked ready twice in one backward"));
+    }
+  }
+  SECTION("two backward passes through one forward") {
+    const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+      DistributedDataParallel ddp(lt::small_mlp(1), group);
+      Tensor loss = lt::loss_of(ddp, lt::shard(batch, r, 2));
+      loss.backward({}, /*retain_graph=*/true);
+      loss.backward();
+      return "no error";
+    });
+    for (const auto& p : problems) {
+      REQUIRE_THAT(p, Catch::Contains("parameter '4.") && Catch::Contains("no ddp.forward() ran"));
+    }
+  }
+}
+
+TEST_CASE("DDP: after the first iteration buckets follow the order gradients became ready",
+          "[ddp]") {
+  const auto batch = lt::global_batch(8, 6);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    // b is registered first but used last, so its gradients are ready first;
+    // reverse registration order guesses wrong.
+    auto model = std::make_shared<TwoHeads>(1, /*register_b_first=*/true);
+    DistributedDataParallel ddp(model, group,
+                                DdpOptions{.bucket_cap_mb = 1e-4, .first_bucket_cap_mb = 1e-4});
+    if (ddp.buckets().front().names.front() != "a.bias") return "unexpected initial order";
+    for (int step = 0; step < 2; ++step) {
+      ddp.zero_grad();
+      lt::loss_of(ddp, lt::shard(batch, r, 2)).backward();
+      if (ddp.buckets().front().names.front() != "b.bias") {
+        return fmt::format("after step {} the first bucket starts with {}", step,
+                           ddp.buckets().front().names.front());
+      }
+    }
+    // Gradients are still right after the rebuild.
+    auto alone = std::make_shared<TwoHeads>(1, true);
+    const auto full = lt::global_batch(8, 6);
+    lt::loss_of(*alone, full).backward();
+    return lt::mismatch("a.weight.grad", model->a->weight.grad(), alone->a->weight.grad(), 1e-5);
+  });
+  REQUIRE(joined(problems).empty());
+}
+
+TEST_CASE("DDP: statistics are printable and JSON", "[ddp]") {
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    DistributedDataParallel ddp(lt::small_mlp(1), group);
+    lt::loss_of(ddp, lt::shard(lt::global_batch(8, 1), r, 2)).backward();
+    const auto& s = ddp.stats();
+    if (s.iteration != 1 || s.bucket_bytes.size() != 1) return "unexpected stats: " + s.str();
+    if (s.comm_ms < 0 || s.exposed_comm_ms < 0 || s.backward_ms < 0) return "negative times";
+    const std::string json = s.to_json();
+    if (json.find("\"bucket_bytes\": [") == std::string::npos) return "JSON lacks bucket_bytes: " + json;
+    if (s.str().find("iteration 1") == std::string::npos) return "str: " + s.str();
+    return "";
+  });
+  REQUIRE(joined(problems).empty());
+}

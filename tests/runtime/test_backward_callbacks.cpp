@@ -1,0 +1,55 @@
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "lockstep/runtime/autograd/backward_callbacks.h"
+#include "lockstep/runtime/ops.h"
+#include "support/test_util.h"
+
+using namespace lockstep::runtime;
+
+TEST_CASE("backward callbacks run once after every gradient, in queue order", "[autograd]") {
+  Tensor a = Tensor::ones({3}).requires_grad_();
+  Tensor b = Tensor::ones({3}).requires_grad_();
+  std::vector<std::string> events;
+  a.register_post_accumulate_grad_hook([&](Tensor&) {
+    events.push_back("a");
+    REQUIRE(in_backward());
+    queue_backward_callback([&] {
+      events.push_back("first");
+      queue_backward_callback([&] { events.push_back("queued by a callback"); });
+    });
+    queue_backward_callback([&] { events.push_back("second"); });
+  });
+  b.register_post_accumulate_grad_hook([&](Tensor&) { events.push_back("b"); });
+  sum(mul(a, b)).backward();
+  REQUIRE(events.size() == 5);
+  REQUIRE(events[2] == "first");
+  REQUIRE(events[3] == "second");
+  REQUIRE(events[4] == "queued by a callback");
+  REQUIRE_FALSE(in_backward());
+  // The next backward starts with no callbacks left over.
+  events.clear();
+  sum(b).backward();
+  REQUIRE(events == std::vector<std::string>{"b"});
+}
+
+TEST_CASE("queue_backward_callback outside backward is an error", "[autograd]") {
+  REQUIRE_THAT(lockstep::testing::error_of([] { queue_backward_callback([] {}); }),
+               Catch::Contains("no backward pass is running"));
+}
+
+TEST_CASE("an exception from a backward callback leaves backward and drops the rest",
+          "[autograd]") {
+  Tensor a = Tensor::ones({2}).requires_grad_();
+  int ran = 0;
+  a.register_post_accumulate_grad_hook([&](Tensor&) {
+    queue_backward_callback([] { throw lockstep::Error("callback failed"); });
+    queue_backward_callback([&] { ++ran; });
+  });
+  REQUIRE_THAT(lockstep::testing::error_of([&] { sum(a).backward(); }),
+               Catch::Contains("callback failed"));
+  REQUIRE(ran == 0);
+  REQUIRE_FALSE(in_backward());
+}
