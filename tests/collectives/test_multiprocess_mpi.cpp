@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/config.h"
+#include "support/mpirun.h"
 #include "support/subprocess.h"
 
 namespace {
@@ -26,42 +27,12 @@ using lockstep::testing::describe;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::run_process;
 
-// mpirun from PATH (CMake's MPIEXEC_EXECUTABLE is not passed to the tests);
-// empty when there is none.
-std::string find_mpirun() {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path != nullptr ? path : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    if (dir.empty()) continue;
-    const std::string candidate = dir + "/mpirun";
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return {};
-}
+std::string find_mpirun() { return lockstep::testing::find_mpirun(); }
+std::string skip_reason(const std::string&) { return lockstep::testing::mpi_skip_reason(); }
 
-// Empty when the test can run, else why not.
-std::string skip_reason(const std::string& mpirun) {
-  if (LOCKSTEP_HAVE_MPI == 0) {
-    return "lockstep built without MPI (install libopenmpi-dev openmpi-bin, configure with "
-           "-DLOCKSTEP_MPI=ON)";
-  }
-  if (mpirun.empty()) return "mpirun not found on PATH (apt-get install openmpi-bin)";
-  return {};
-}
-
-// Oversubscribed (the CI machine has 2 cores), unbound, shared memory only:
-// fast and quiet in a container. Open MPI refuses root without the two
-// variables.
-ProcessResult run_worker(const std::string& mpirun, int ranks,
-                         const std::vector<std::string>& worker_args,
+ProcessResult run_worker(const std::string&, int ranks, const std::vector<std::string>& worker_args,
                          std::chrono::seconds limit) {
-  std::vector<std::string> argv = {mpirun, "--oversubscribe", "-np", std::to_string(ranks),
-                                   "--bind-to", "none", "--mca", "btl", "self,vader",
-                                   bin_path("mpi_collective_worker")};
-  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
-  return run_process(argv, limit,
-                     {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                      "OMPI_MCA_btl_vader_single_copy_mechanism=none"});
+  return lockstep::testing::run_under_mpirun(ranks, "mpi_collective_worker", worker_args, limit);
 }
 
 bool contains(const std::string& text, const std::string& needle) {
