@@ -93,6 +93,19 @@ void Module::add_child(std::string name, std::shared_ptr<Module> module) {
   children_.emplace_back(std::move(name), std::move(module));
 }
 
+void Module::replace_child(const std::string& name, std::shared_ptr<Module> module) {
+  LOCKSTEP_CHECK(module != nullptr, "{}: replace_child(\"{}\"): the new module is null",
+                 type_name(), name);
+  LOCKSTEP_CHECK(module.get() != this, "{}: a module cannot be its own submodule", type_name());
+  for (auto& [child_name, child] : children_) {
+    if (child_name != name) continue;
+    child = std::move(module);
+    return;
+  }
+  LOCKSTEP_CHECK(false, "{}: replace_child(\"{}\"): there is no submodule of that name",
+                 type_name(), name);
+}
+
 // ---- queries ----
 
 NamedList<Module*> Module::named_modules() {

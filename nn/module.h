@@ -58,6 +58,10 @@ class Module {
   Tensor register_buffer(std::string name, Tensor value, bool persistent = true);
   template <class M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module);
+  // Puts `module` where the submodule `name` was, at the same position, so
+  // names and state_dict order stay (convert_sync_batchnorm uses it). A module
+  // that kept its own pointer to the old child still calls the old one.
+  void replace_child(const std::string& name, std::shared_ptr<Module> module);
 
   // ---- queries; recursive names are dotted ("0.weight"), pre-order ----
   // A tensor shared by two modules is listed once, under its first name.

@@ -4,6 +4,7 @@
 #include "lockstep/nn/activation.h"
 #include "lockstep/nn/container.h"
 #include "lockstep/nn/conv.h"
+#include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/functional.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/loss.h"
@@ -11,3 +12,4 @@
 #include "lockstep/nn/normalization.h"
 #include "lockstep/nn/pooling.h"
 #include "lockstep/nn/state_dict.h"
+#include "lockstep/nn/sync_batch_norm.h"

@@ -1,0 +1,58 @@
+// SyncBatchNorm: batch normalisation with the statistics of the global batch
+// (every rank's local batch together), as torch.nn.SyncBatchNorm.
+//
+// Training, world size > 1 -- two collectives per step, both on `group`:
+//   forward   one all-gather of each rank's packed [mean | var | count] (f64);
+//             the global mean and variance are combined from them with the
+//             per-rank counts (Chan et al.: no E[x^2] - E[x]^2 cancellation),
+//             so uneven local batches are exact and a rank with an empty
+//             batch (N = 0) contributes count 0 but still takes part.
+//   backward  one all-reduce (sum) of packed [sum(dy) | sum(dy * (x - mean))]
+//             per channel, then the usual input gradient with the global
+//             count. Weight and bias gradients stay local: DDP averages them.
+// Running statistics are updated identically on every rank (unbiased global
+// variance, momentum or the cumulative average as BatchNorm).
+//
+// Eval mode, world size 1 or no group: exactly BatchNorm, no communication.
+// Every rank must call forward (and backward) the same number of times, as
+// with any collective, including ranks whose local batch is empty.
+#pragma once
+
+#include <memory>
+
+#include "lockstep/collectives/process_group.h"
+#include "lockstep/nn/normalization.h"
+
+namespace lockstep::nn {
+
+class SyncBatchNorm : public BatchNormBase {
+ public:
+  // Input [N, C], [N, C, L], [N, C, H, W] (any [N, C, ...]). A null group
+  // means no synchronisation (BatchNorm).
+  SyncBatchNorm(int64_t num_features, std::shared_ptr<collectives::ProcessGroup> group,
+                BatchNormOptions options = {});
+
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "SyncBatchNorm"; }
+
+  const std::shared_ptr<collectives::ProcessGroup>& group() const { return group_; }
+
+ protected:
+  void check_input_dim(const Tensor& input) const override;
+
+ private:
+  std::shared_ptr<collectives::ProcessGroup> group_;
+};
+
+// `module` with every BatchNorm1d/2d in its tree (itself included) replaced by
+// a SyncBatchNorm on `group` with the same options, mode, dtype, parameter and
+// buffer values, and requires_grad flags, under the same name, so state_dict()
+// keys and values are unchanged. Returns the new root when `module` itself is
+// a BatchNorm, else `module`, changed in place. The new modules hold copies:
+// build the optimizer from the converted model. A module that keeps its own
+// typed pointer to a BatchNorm child (rather than calling it through its
+// registered children, as Sequential does) keeps calling the old one.
+std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
+                                               std::shared_ptr<collectives::ProcessGroup> group);
+
+}  // namespace lockstep::nn

@@ -1,0 +1,202 @@
+// DistributedSampler: disjoint shards that cover the dataset, PyTorch's
+// padding and drop_last sizes, one permutation per (seed, epoch) on every
+// rank, the uneven evaluation shards, and use through a DataLoader.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "lockstep/runtime/data/distributed_sampler.h"
+#include "lockstep/runtime/data/loader.h"
+#include "lockstep/runtime/random.h"
+#include "support/test_util.h"
+
+using namespace lockstep::runtime;
+using namespace lockstep::testing;
+using Catch::Contains;
+
+namespace {
+
+std::vector<std::vector<int64_t>> all_shards(int64_t n, int world, DistributedSamplerOptions o,
+                                             int64_t epoch = 0) {
+  std::vector<std::vector<int64_t>> shards;
+  for (int r = 0; r < world; ++r)
+    shards.push_back(DistributedSampler(n, r, world, o).indices(epoch));
+  return shards;
+}
+
+// How often each index appears over all shards.
+std::map<int64_t, int> counts(const std::vector<std::vector<int64_t>>& shards) {
+  std::map<int64_t, int> c;
+  for (const auto& s : shards)
+    for (int64_t i : s) ++c[i];
+  return c;
+}
+
+std::vector<int64_t> iota_vec(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), int64_t{0});
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("DistributedSampler: shards are disjoint and cover every index when n divides",
+          "[data][sampler]") {
+  const bool shuffle = GENERATE(false, true);
+  const int world = GENERATE(1, 2, 3, 4);
+  const int64_t n = 12;
+  const auto shards = all_shards(n, world, {.shuffle = shuffle, .seed = 5});
+  const auto c = counts(shards);
+  CHECK(static_cast<int64_t>(c.size()) == n);
+  for (const auto& [index, times] : c) {
+    CHECK(index >= 0);
+    CHECK(index < n);
+    CHECK(times == 1);
+  }
+  for (const auto& s : shards) CHECK(static_cast<int64_t>(s.size()) == n / world);
+}
+
+TEST_CASE("DistributedSampler: rank r takes positions r, r+N, ... of the global order",
+          "[data][sampler]") {
+  // Unshuffled, as PyTorch: rank 1 of 3 over 9 samples gets 1, 4, 7.
+  CHECK(DistributedSampler(9, 1, 3, {.shuffle = false}).indices(0) ==
+        std::vector<int64_t>{1, 4, 7});
+  // Shuffled: the same positions of randperm(n, Generator(seed + epoch)).
+  Generator g(7 + 2);
+  const std::vector<int64_t> order = randperm(9, g);
+  CHECK(DistributedSampler(9, 2, 3, {.seed = 7}).indices(2) ==
+        std::vector<int64_t>{order[2], order[5], order[8]});
+}
+
+TEST_CASE("DistributedSampler: padding gives every rank ceil(n/N), repeating the first indices",
+          "[data][sampler]") {
+  // n = 10, N = 4: 3 each; positions 10, 11 wrap to order[0], order[1].
+  const auto shards = all_shards(10, 4, {.shuffle = false});
+  CHECK(shards[0] == std::vector<int64_t>{0, 4, 8});
+  CHECK(shards[1] == std::vector<int64_t>{1, 5, 9});
+  CHECK(shards[2] == std::vector<int64_t>{2, 6, 0});
+  CHECK(shards[3] == std::vector<int64_t>{3, 7, 1});
+  for (int r = 0; r < 4; ++r) CHECK(DistributedSampler(10, r, 4).size() == 3);
+
+  // Fewer samples than ranks: the order repeats as often as needed.
+  const auto tiny = all_shards(2, 5, {.shuffle = false});
+  for (int r = 0; r < 5; ++r) CHECK(tiny[r] == std::vector<int64_t>{r % 2});
+
+  // Every index still appears, shuffled too.
+  const auto c = counts(all_shards(10, 4, {.seed = 3}));
+  CHECK(c.size() == 10);
+
+  CHECK(all_shards(0, 3, {}) == std::vector<std::vector<int64_t>>(3));
+}
+
+TEST_CASE("DistributedSampler: drop_last gives every rank floor(n/N), disjoint",
+          "[data][sampler]") {
+  const bool shuffle = GENERATE(false, true);
+  const auto shards = all_shards(10, 4, {.shuffle = shuffle, .drop_last = true});
+  for (const auto& s : shards) CHECK(s.size() == 2);
+  const auto c = counts(shards);
+  CHECK(c.size() == 8);
+  for (const auto& [index, times] : c) CHECK(times == 1);
+  for (int r = 0; r < 4; ++r) CHECK(DistributedSampler(10, r, 4, {.drop_last = true}).size() == 2);
+  // drop_last wins over pad.
+  CHECK(DistributedSampler(10, 0, 4, {.drop_last = true, .pad = true}).size() == 2);
+  CHECK(DistributedSampler(3, 2, 4, {.drop_last = true}).indices(0).empty());
+}
+
+TEST_CASE("DistributedSampler: all ranks share the permutation of (seed, epoch)",
+          "[data][sampler]") {
+  const int64_t n = 50;
+  const int world = 4;
+  auto merged = [&](uint64_t seed, int64_t epoch) {
+    // Undo the striding: position p = r + k * N came from rank r, slot k.
+    const auto shards = all_shards(n, world, {.seed = seed}, epoch);
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    for (int r = 0; r < world; ++r)
+      for (size_t k = 0; k < shards[r].size(); ++k) {
+        const size_t p = static_cast<size_t>(r) + k * world;
+        if (p < order.size()) order[p] = shards[r][k];
+      }
+    return order;
+  };
+  Generator g(11 + 3);
+  CHECK(merged(11, 3) == randperm(n, g));
+  CHECK(merged(11, 3) == merged(11, 3));  // a pure function of (seed, epoch)
+  CHECK(merged(11, 3) != merged(11, 4));  // a new order each epoch
+  CHECK(merged(11, 3) != merged(12, 3));
+  // epoch e with seed s is the order of RandomSampler(n, s) in epoch e.
+  CHECK(merged(11, 3) == RandomSampler(n, 11).indices(3));
+}
+
+TEST_CASE("DistributedSampler: without pad or drop_last every sample is counted exactly once",
+          "[data][sampler]") {
+  // The evaluation path: uneven shards, no duplicates.
+  const int world = GENERATE(3, 4);
+  const bool shuffle = GENERATE(false, true);
+  const int64_t n = 10;
+  const DistributedSamplerOptions eval{.shuffle = shuffle, .drop_last = false, .pad = false};
+  const auto shards = all_shards(n, world, eval);
+  const auto c = counts(shards);
+  CHECK(c.size() == 10);
+  for (const auto& [index, times] : c) CHECK(times == 1);
+  int64_t total = 0;
+  for (int r = 0; r < world; ++r) {
+    const int64_t expected = n / world + (r < n % world ? 1 : 0);
+    CHECK(static_cast<int64_t>(shards[r].size()) == expected);
+    CHECK(DistributedSampler::shard_size(n, r, world, eval) == expected);
+    total += expected;
+  }
+  CHECK(total == n);
+}
+
+TEST_CASE("DistributedSampler: set_epoch chooses the order of indices()", "[data][sampler]") {
+  DistributedSampler s(20, 1, 2, {.seed = 4});
+  CHECK(s.epoch() == 0);
+  CHECK(s.indices() == s.indices(0));
+  s.set_epoch(5);
+  CHECK(s.epoch() == 5);
+  CHECK(s.indices() == s.indices(5));
+  CHECK(s.indices() != s.indices(0));
+  CHECK_THAT(error_of([&] { s.set_epoch(-1); }), Contains("epoch must be >= 0"));
+}
+
+TEST_CASE("DistributedSampler: bad rank, world size or size are refused clearly",
+          "[data][sampler]") {
+  CHECK_THAT(error_of([] { DistributedSampler(10, 2, 2); }), Contains("rank 2 is outside [0, 2)"));
+  CHECK_THAT(error_of([] { DistributedSampler(10, -1, 2); }), Contains("rank -1 is outside"));
+  CHECK_THAT(error_of([] { DistributedSampler(10, 0, 0); }), Contains("world_size must be >= 1"));
+  CHECK_THAT(error_of([] { DistributedSampler(-1, 0, 1); }), Contains("size must be >= 0"));
+  CHECK_THAT(error_of([] { DistributedSampler::shard_size(10, 3, 3, {}); }),
+             Contains("outside [0, 3)"));
+  CHECK_THAT(error_of([] { DistributedSampler(4, 0, 1).indices(-2); }),
+             Contains("epoch must be >= 0"));
+}
+
+TEST_CASE("DistributedSampler: a DataLoader batches this rank's shard and passes its epoch",
+          "[data][sampler][loader]") {
+  const int64_t n = 11;
+  std::vector<float> x(static_cast<size_t>(n));
+  std::iota(x.begin(), x.end(), 0.0f);
+  TensorDataset ds(Tensor::from_vector(x, {n, 1}), Tensor::from_vector(iota_vec(n), {n}));
+  const int world = 3;
+  std::vector<int64_t> seen;
+  for (int r = 0; r < world; ++r) {
+    const DistributedSamplerOptions o{.seed = 9, .pad = false};
+    DataLoader loader(ds, std::make_unique<DistributedSampler>(n, r, world, o),
+                      {.batch_size = 2});
+    for (int64_t epoch : {0, 1}) {
+      loader.set_epoch(epoch);
+      std::vector<int64_t> got;
+      for (const Batch& b : loader) {
+        const auto y = b.y.to_vector<int64_t>();
+        got.insert(got.end(), y.begin(), y.end());
+      }
+      CHECK(got == DistributedSampler(n, r, world, o).indices(epoch));
+      CHECK(loader.num_samples() == DistributedSampler::shard_size(n, r, world, o));
+      if (epoch == 1) seen.insert(seen.end(), got.begin(), got.end());
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == iota_vec(n));
+}
