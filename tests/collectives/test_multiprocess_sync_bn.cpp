@@ -6,18 +6,15 @@
 // not on PATH; the gloo cases are compiled only with gloo built in.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdlib>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "lockstep/config.h"
+#include "support/mpirun.h"
 #include "support/subprocess.h"
 
 namespace lt = lockstep::testing;
@@ -35,44 +32,14 @@ void check_every_rank_ok(const lt::ProcessResult& result, int np) {
   CHECK_THAT(result.output, !Contains("FAILED"));
 }
 
-// mpirun from PATH (as test_multiprocess_mpi.cpp); empty when there is none.
-std::string find_mpirun() {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path != nullptr ? path : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    if (dir.empty()) continue;
-    const std::string candidate = dir + "/mpirun";
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return {};
-}
-
-// Empty when the mpi cases can run, else why not.
-std::string mpi_skip_reason(const std::string& mpirun) {
-  if (LOCKSTEP_HAVE_MPI == 0) {
-    return "lockstep built without MPI (install libopenmpi-dev openmpi-bin, configure with "
-           "-DLOCKSTEP_MPI=ON)";
-  }
-  if (mpirun.empty()) return "mpirun not found on PATH (apt-get install openmpi-bin)";
-  return {};
-}
-
 void run_mpi(int np) {
-  const std::string mpirun = find_mpirun();
-  if (const auto reason = mpi_skip_reason(mpirun); !reason.empty()) {
+  if (const auto reason = lt::mpi_skip_reason(); !reason.empty()) {
     std::cout << "SKIPPED: " << reason << std::endl;
     return;
   }
-  // Oversubscribed and unbound (2 cores here), shared memory only; Open MPI
-  // refuses root without the two ALLOW variables.
-  const std::vector<std::string> argv = {
-      mpirun, "--oversubscribe", "-np", std::to_string(np), "--bind-to", "none", "--mca", "btl",
-      "self,vader", lt::bin_path("sync_bn_worker"), "--backend", "mpi"};
-  check_every_rank_ok(
-      lt::run_process(argv, 180s,
-                      {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                       "OMPI_MCA_btl_vader_single_copy_mechanism=none", "LOCKSTEP_TIMEOUT_S=60"}),
-      np);
+  check_every_rank_ok(lt::run_under_mpirun(np, "sync_bn_worker", {"--backend", "mpi"}, 180s,
+                                           {"LOCKSTEP_TIMEOUT_S=60"}),
+                      np);
 }
 
 }  // namespace

@@ -31,14 +31,16 @@ std::string mpi_skip_reason() {
 
 ProcessResult run_under_mpirun(int ranks, const std::string& worker,
                                const std::vector<std::string>& args,
-                               std::chrono::milliseconds limit) {
+                               std::chrono::milliseconds limit,
+                               const std::vector<std::string>& extra_env) {
   std::vector<std::string> argv = {find_mpirun(), "--oversubscribe", "-np", std::to_string(ranks),
                                    "--bind-to", "none", "--mca", "btl", "self,vader",
                                    bin_path(worker)};
   argv.insert(argv.end(), args.begin(), args.end());
-  return run_process(argv, limit,
-                     {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                      "OMPI_MCA_btl_vader_single_copy_mechanism=none"});
+  std::vector<std::string> env = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                  "OMPI_MCA_btl_vader_single_copy_mechanism=none"};
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
+  return run_process(argv, limit, env);
 }
 
 }  // namespace lockstep::testing

@@ -22,6 +22,7 @@ std::string mpi_skip_reason();
 // ALLOW variables.
 ProcessResult run_under_mpirun(int ranks, const std::string& worker,
                                const std::vector<std::string>& args,
-                               std::chrono::milliseconds limit);
+                               std::chrono::milliseconds limit,
+                               const std::vector<std::string>& extra_env = {});
 
 }  // namespace lockstep::testing
