@@ -10,6 +10,8 @@
 //  4. broadcast_parameters() repairs a parameter changed on one rank.
 //  5. no_sync() accumulation equals the large batch.
 //  6. find_unused_parameters with a head used on rank 0 only.
+//  7. Communication hooks: fp16 and bf16 compression within their rounding,
+//     and a user hook that sees every bucket.
 //
 // Flags: --backend NAME    instead of LOCKSTEP_BACKEND / the default
 //        --mismatch-rank R  rank R builds a wider model: construction must
@@ -227,6 +229,42 @@ void check_unused(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group) {
           lr::mul(alone->head->weight.grad(), 1.0 / n), 1e-5);
 }
 
+void check_hooks(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group) {
+  const int r = group->rank(), n = group->size();
+  const Batch global = global_batch(2 * n, 51);
+  auto reference = nn::models::fashion_mlp(8);
+  loss_of(*reference, global).backward();
+  const auto want = reference->parameters();
+  // Each rank's share is rounded once to the wire format, the sum once more:
+  // about 2 ulps of f16 (2^-10) and bf16 (2^-7) relative to the largest value.
+  const std::pair<const char*, double> formats[] = {{"fp16", 2e-3}, {"bf16", 1.6e-2}};
+  for (const auto& [format, tol] : formats) {
+    auto model = nn::models::fashion_mlp(8);
+    nn::DistributedDataParallel ddp(model, group);
+    ddp.register_comm_hook(std::string(format) == "fp16" ? nn::comm_hooks::fp16_compress()
+                                                         : nn::comm_hooks::bf16_compress());
+    loss_of(ddp, shard(global, r, n)).backward();
+    const auto mine = model->parameters();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      c.close(fmt::format("{} hook grad {}", format, i), mine[i].grad(), want[i].grad(), tol);
+    }
+  }
+  // A user hook: the default all-reduce, counting the buckets it was given.
+  auto model = nn::models::fashion_mlp(8);
+  nn::DistributedDataParallel ddp(model, group, nn::DdpOptions{.bucket_cap_mb = 2});
+  int buckets_seen = 0;
+  ddp.register_comm_hook([&](nn::GradBucket& bucket) {
+    ++buckets_seen;
+    return nn::comm_hooks::allreduce()(bucket);
+  });
+  loss_of(ddp, shard(global, r, n)).backward();
+  if (buckets_seen != static_cast<int>(ddp.buckets().size()) || buckets_seen < 2) {
+    c.fail(fmt::format("the user hook saw {} buckets of {}", buckets_seen, ddp.buckets().size()));
+  }
+  const auto mine = model->parameters();
+  for (size_t i = 0; i < mine.size(); ++i) c.close("user hook grad", mine[i].grad(), want[i].grad(), 1e-5);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -251,6 +289,7 @@ int main(int argc, char** argv) {
     check_buffers_and_parameters(checks, group);
     check_no_sync(checks, group);
     check_unused(checks, group);
+    check_hooks(checks, group);
     group->barrier({})->wait();
     std::printf("%s: OK (%d checks)\n", who.c_str(), checks.count());
     return 0;

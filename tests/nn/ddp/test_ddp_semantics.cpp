@@ -242,3 +242,26 @@ TEST_CASE("DDP: statistics are printable and JSON", "[ddp]") {
   });
   REQUIRE(joined(problems).empty());
 }
+
+TEST_CASE("DDP: static_graph walks the graph once and gives the same gradients", "[ddp]") {
+  const auto batch = lt::global_batch(8, 12);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto plain = std::make_shared<TwoHeads>(1), fixed = std::make_shared<TwoHeads>(1);
+    plain->use_b = fixed->use_b = false;
+    DistributedDataParallel a(plain, group, DdpOptions{.find_unused_parameters = true});
+    DistributedDataParallel b(fixed, group,
+                              DdpOptions{.find_unused_parameters = true, .static_graph = true});
+    for (int step = 0; step < 3; ++step) {
+      a.zero_grad();
+      b.zero_grad();
+      lt::loss_of(a, lt::shard(batch, r, 2)).backward();
+      lt::loss_of(b, lt::shard(batch, r, 2)).backward();
+      if (!lt::bitwise_equal(plain->a->weight.grad(), fixed->a->weight.grad())) {
+        return fmt::format("step {}: static_graph changed a gradient", step);
+      }
+      if (fixed->b->weight.grad().defined()) return "an unused head got a gradient";
+    }
+    return "";
+  });
+  REQUIRE(joined(problems).empty());
+}
