@@ -265,3 +265,30 @@ TEST_CASE("DDP: static_graph walks the graph once and gives the same gradients",
   });
   REQUIRE(joined(problems).empty());
 }
+
+TEST_CASE("DDP: hooks sit on every trained parameter and leave with the wrapper", "[ddp]") {
+  const auto batch = lt::global_batch(8, 13);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto model = lt::small_mlp(1);
+    {
+      lockstep::runtime::NoGradGuard no_grad;
+      model->parameters()[0].requires_grad_(false);  // frozen: no hook, no bucket slot
+    }
+    {
+      DistributedDataParallel ddp(model, group);
+      size_t slots = 0;
+      for (const auto& b : ddp.buckets()) slots += b.names.size();
+      if (slots != model->parameters().size() - 1) return fmt::format("{} bucket slots", slots);
+      lt::loss_of(ddp, lt::shard(batch, r, 2)).backward();
+      if (ddp.stats().iteration != 1) return "the reducer did not run";
+    }
+    // The wrapper is gone: a plain backward is local again (no hook throws
+    // for the missing forward, nothing is averaged).
+    model->zero_grad();
+    lt::loss_of(*model, lt::shard(batch, r, 2)).backward();
+    auto alone = lt::small_mlp(1);
+    lt::loss_of(*alone, lt::shard(batch, r, 2)).backward();
+    return lt::mismatch("local grad", model->parameters()[2].grad(), alone->parameters()[2].grad(), 0);
+  });
+  REQUIRE(joined(problems).empty());
+}
