@@ -34,6 +34,25 @@ double union_ms(std::vector<std::pair<std::chrono::steady_clock::time_point,
   return total;
 }
 
+// dst = src * scale in one pass over memory where both are contiguous f32
+// (the common case: a gradient into its bucket slot); the same rounding as
+// copy_ then mul_ (the factor is rounded to f32 first), which other dtypes use.
+void copy_scaled(Tensor& dst, const Tensor& src, double scale) {
+  if (dst.dtype() == runtime::DType::f32 && src.dtype() == runtime::DType::f32 &&
+      dst.is_contiguous() && src.is_contiguous() && dst.device().is_cpu() &&
+      src.device().is_cpu() && dst.numel() == src.numel()) {
+    float* d = dst.data_ptr<float>();
+    const float* s = src.data_ptr<float>();
+    const float f = static_cast<float>(scale);
+    const int64_t n = dst.numel();
+    for (int64_t i = 0; i < n; ++i) d[i] = s[i] * f;
+    dst.storage()->bump_version();
+    return;
+  }
+  dst.copy_(src);
+  if (scale != 1.0) dst.mul_(scale);
+}
+
 bool same_storage(const Tensor& a, const Tensor& b) {
   return a.defined() && b.defined() && a.storage() == b.storage();
 }
@@ -222,10 +241,11 @@ void Reducer::mark_ready(size_t param, bool used) {
   const double scale = 1.0 / static_cast<double>(group_.size());
   if (used) {
     const Tensor& grad = params_[param].second.grad();
-    if (!(same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset())) {
-      slot.copy_(grad);  // else grad is already the bucket view
+    if (same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset()) {
+      if (scale != 1.0) slot.mul_(scale);  // grad is already the bucket view
+    } else {
+      copy_scaled(slot, grad, scale);
     }
-    if (scale != 1.0) slot.mul_(scale);
     locally_used_[param] = 1;
     ready_order_.push_back(param);
   } else {

@@ -1,0 +1,259 @@
+// Times a data-parallel training step (forward + loss + backward + SGD step)
+// of the Fashion-MNIST MLP or CNN under nn::DistributedDataParallel: step time,
+// samples/s, communication time and the share of it hidden behind backward,
+// per bucket size. One process per rank:
+//
+//   lockstep-run -np 2 build/bin/ddp_bench --model cnn --bucket-cap-mb 1,5,25
+//   mpirun -np 2 build/bin/ddp_bench --backend mpi --json out.json
+//   build/bin/ddp_bench                      (world size 1: the one-rank baseline)
+//
+// Each rank trains with SGD (lr 0.01, momentum 0.9) on its own synthetic
+// batches of Fashion-MNIST shape (1x28x28, 10 classes), fixed seed. Steps run
+// back to back with no barrier; the step time reported is the slowest rank's
+// mean, samples/s = world size x batch / step time. Communication figures are
+// the means of DistributedDataParallel::stats() over the timed steps (rank 0).
+// benchmarks/ddp_compare.py runs this and PyTorch's DDP side by side.
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "harness.h"
+#include "lockstep/collectives/init.h"
+#include "lockstep/nn/ddp/distributed_data_parallel.h"
+#include "lockstep/nn/models.h"
+#include "lockstep/optim/sgd.h"
+#include "lockstep/runtime/ops.h"
+#include "lockstep/runtime/threads.h"
+
+namespace {
+
+using namespace lockstep;
+using nlohmann::json;
+using runtime::Tensor;
+
+constexpr int kNumBatches = 4;  // distinct batches per rank, used in turn
+
+struct Options {
+  std::vector<std::string> models{"mlp"};
+  int64_t batch = 64;
+  int warmup = 5;
+  int iters = 30;
+  std::vector<double> bucket_caps_mb{25.0};
+  double first_bucket_cap_mb = 1.0;
+  bool gradient_as_bucket_view = false;
+  std::string backend;  // empty: LOCKSTEP_BACKEND, else the default
+  int threads = 1;
+  uint64_t seed = 0;
+  std::string json_file;
+};
+
+struct Result {
+  std::string model;
+  double cap_mb = 0;
+  double step_ms = 0;        // slowest rank's mean
+  double rank0_step_ms = 0;  // rank 0's mean
+  double rank0_median_ms = 0;
+  double forward_ms = 0, backward_ms = 0, comm_ms = 0, exposed_ms = 0;
+  double hidden = 0;  // mean over steps of DdpStats::hidden_fraction()
+  double ready_at_first_launch = 0;
+  int64_t gradients_expected = 0;
+  std::vector<int64_t> bucket_bytes;  // in launch order
+};
+
+double mean(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+Result run_one(const std::string& name, double cap_mb, const Options& o,
+               const std::shared_ptr<collectives::ProcessGroup>& group) {
+  const int rank = group->rank();
+  // The same initial model on every rank (DDP broadcasts rank 0's anyway).
+  std::shared_ptr<nn::Module> model = name == "mlp" ? std::shared_ptr<nn::Module>(nn::models::fashion_mlp(o.seed))
+                                                    : std::shared_ptr<nn::Module>(nn::models::fashion_cnn(o.seed));
+  nn::DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = cap_mb;
+  ddp_options.first_bucket_cap_mb = o.first_bucket_cap_mb;
+  ddp_options.gradient_as_bucket_view = o.gradient_as_bucket_view;
+  auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group, ddp_options);
+  optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
+
+  runtime::Generator g(o.seed * 1000 + static_cast<uint64_t>(rank) + 1);
+  std::vector<Tensor> xs, ys;
+  for (int b = 0; b < kNumBatches; ++b) {
+    xs.push_back(runtime::randn({o.batch, 1, 28, 28}, runtime::DType::f32, g));
+    std::vector<int64_t> labels(static_cast<size_t>(o.batch));
+    for (auto& l : labels) l = g.next_u32() % 10;
+    ys.push_back(Tensor::from_vector(labels, {o.batch}));
+  }
+
+  auto step = [&](int i) {
+    opt.zero_grad();
+    Tensor loss = runtime::cross_entropy(ddp->forward(xs[i % kNumBatches]), ys[i % kNumBatches]);
+    loss.backward();
+    opt.step();
+  };
+  for (int i = 0; i < o.warmup; ++i) step(i);
+
+  std::vector<double> times, fwd, bwd, comm, exposed, hidden, ready;
+  Result r;
+  r.model = name;
+  r.cap_mb = cap_mb;
+  for (int i = 0; i < o.iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step(o.warmup + i);
+    const auto t1 = std::chrono::steady_clock::now();
+    times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    const nn::DdpStats& s = ddp->stats();
+    fwd.push_back(s.forward_ms);
+    bwd.push_back(s.backward_ms);
+    comm.push_back(s.comm_ms);
+    exposed.push_back(s.exposed_comm_ms);
+    hidden.push_back(s.hidden_fraction());
+    ready.push_back(static_cast<double>(s.ready_at_first_launch));
+    r.gradients_expected = s.gradients_expected;
+    r.bucket_bytes = s.bucket_bytes;
+  }
+
+  r.rank0_step_ms = mean(times);
+  r.rank0_median_ms = median(times);
+  r.forward_ms = mean(fwd);
+  r.backward_ms = mean(bwd);
+  r.comm_ms = mean(comm);
+  r.exposed_ms = mean(exposed);
+  r.hidden = mean(hidden);
+  r.ready_at_first_launch = mean(ready);
+  // The slowest rank's mean step time (after the loop: no barrier inside it).
+  Tensor t = Tensor::from_vector(std::vector<double>{r.rank0_step_ms}, {1});
+  group->allreduce(t, {.op = collectives::ReduceOp::Max})->wait();
+  r.step_ms = t.item();
+  return r;
+}
+
+std::string bytes_list(const std::vector<int64_t>& bytes) {
+  std::string s;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i) s += ",";
+    const double b = static_cast<double>(bytes[i]);
+    s += b >= 1 << 20 ? fmt::format("{:.1f}M", b / (1 << 20)) : fmt::format("{:.0f}K", b / (1 << 10));
+  }
+  return s;
+}
+
+int run(const Options& o) {
+  runtime::set_num_threads(o.threads);
+  auto group = collectives::init_process_group({.backend = o.backend});
+  const int rank = group->rank();
+  const int world = group->size();
+
+  std::vector<Result> results;
+  for (const auto& name : o.models)
+    for (double cap : o.bucket_caps_mb) results.push_back(run_one(name, cap, o, group));
+  group->barrier()->wait();
+  if (rank != 0) return 0;
+
+  std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  std::vector<std::vector<std::string>> rows;
+  json jresults = json::array();
+  for (const auto& r : results) {
+    const double sps = static_cast<double>(world * o.batch) / (r.step_ms / 1e3);
+    rows.push_back({r.model, std::to_string(world), group->backend(), std::to_string(o.batch),
+                    fmt::format("{:g}", r.cap_mb), std::to_string(r.bucket_bytes.size()),
+                    fmt::format("{:.2f}", r.step_ms), fmt::format("{:.0f}", sps),
+                    fmt::format("{:.2f}", r.forward_ms), fmt::format("{:.2f}", r.backward_ms),
+                    fmt::format("{:.2f}", r.comm_ms), fmt::format("{:.2f}", r.exposed_ms),
+                    fmt::format("{:.0f}", r.hidden * 100)});
+    jresults.push_back({{"impl", "lockstep"}, {"model", r.model}, {"world_size", world},
+                        {"backend", group->backend()}, {"batch", o.batch},
+                        {"bucket_cap_mb", r.cap_mb}, {"first_bucket_cap_mb", o.first_bucket_cap_mb},
+                        {"gradient_as_bucket_view", o.gradient_as_bucket_view},
+                        {"iters", o.iters}, {"warmup", o.warmup}, {"step_ms", r.step_ms},
+                        {"rank0_step_ms", r.rank0_step_ms},
+                        {"rank0_median_step_ms", r.rank0_median_ms}, {"samples_per_s", sps},
+                        {"forward_ms", r.forward_ms}, {"backward_ms", r.backward_ms},
+                        {"comm_ms", r.comm_ms}, {"exposed_comm_ms", r.exposed_ms},
+                        {"hidden_fraction", r.hidden},
+                        {"ready_at_first_launch", r.ready_at_first_launch},
+                        {"gradients_expected", r.gradients_expected},
+                        {"buckets", r.bucket_bytes.size()}, {"bucket_bytes", r.bucket_bytes}});
+  }
+  json doc = {{"benchmark", "ddp_bench"}, {"date", date},
+              {"machine", bench::machine_description()}, {"world_size", world},
+              {"backend", group->backend()}, {"threads", o.threads}, {"results", jresults}};
+  fmt::print("# ddp_bench {}: {} ranks, backend {}, batch {} per rank, {} warm-up + {} timed steps; "
+             "step = slowest rank's mean; comm/exposed/hidden = rank 0's means\n# {}\n",
+             date, world, group->backend(), o.batch, o.warmup, o.iters,
+             bench::machine_description());
+  fmt::print("{}", bench::format_table({"model", "ranks", "backend", "batch", "bucket cap MB",
+                                        "buckets", "step ms", "samples/s", "fwd ms", "bwd ms",
+                                        "comm ms", "exposed ms", "hidden %"},
+                                       rows));
+  for (const auto& r : results)
+    fmt::print("# {} cap {:g} MB: bucket bytes in launch order {}; {:.1f} of {} gradients ready "
+               "at the first launch\n",
+               r.model, r.cap_mb, bytes_list(r.bucket_bytes), r.ready_at_first_launch,
+               r.gradients_expected);
+  if (!o.json_file.empty()) {
+    std::ofstream f(o.json_file);
+    if (!f) throw std::runtime_error("cannot write " + o.json_file);
+    f << doc.dump(2) << "\n";
+  } else {
+    std::cout << doc.dump() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Time a DistributedDataParallel training step of the Fashion-MNIST models. Run "
+               "one process per rank (lockstep-run -np N, mpirun -np N)."};
+  app.add_option("--model", o.models, "mlp and/or cnn")
+      ->check(CLI::IsMember({"mlp", "cnn"}))
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "samples per rank per step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed steps first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--iters", o.iters, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--bucket-cap-mb", o.bucket_caps_mb, "bucket cap(s) in MiB; a list sweeps, e.g. 1,5,25")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--first-bucket-cap-mb", o.first_bucket_cap_mb)
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view);
+  app.add_option("--backend", o.backend, "gloo or mpi (default: LOCKSTEP_BACKEND, else gloo)")
+      ->check(CLI::IsMember({"gloo", "mpi"}));
+  app.add_option("--threads", o.threads, "BLAS threads per rank")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--seed", o.seed)->capture_default_str();
+  app.add_option("--json", o.json_file, "write the results as JSON to this file (rank 0) instead "
+                                        "of printing them after the table");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::cerr << "ddp_bench: error: " << e.what() << "\n";
+    return 1;
+  }
+}
