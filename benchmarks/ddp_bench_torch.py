@@ -32,25 +32,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-def threads_from_argv():
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            return sys.argv[i + 1]
-        if a.startswith("--threads="):
-            return a.split("=", 1)[1]
-    return "1"
-
-
-# Must happen before torch (and with it OpenBLAS) is loaded.
-for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = threads_from_argv()
-
+# Importing step_bench_torch first pins the BLAS threads from --threads
+# through the environment before torch (and with it OpenBLAS) is loaded.
 sys.path.insert(0, HERE)
+from step_bench_torch import cnn, loaded_blas, mlp, openblas_threads  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
-from step_bench_torch import cnn, loaded_blas, mlp, openblas_threads  # noqa: E402
 
 NUM_BATCHES = 4  # distinct batches per rank, used in turn
 

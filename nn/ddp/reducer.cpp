@@ -343,7 +343,6 @@ void Reducer::rebuild_buckets() {
 
   std::vector<Tensor> values;
   for (size_t p = 0; p < params_.size(); ++p) values.push_back(slot_view(p));
-  auto old_buckets = std::move(buckets_);
   build_buckets(new_order);
   for (size_t p = 0; p < params_.size(); ++p) slot_view(p).copy_(values[p]);
 }
