@@ -241,8 +241,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view);
-  app.add_option("--backend", o.backend, "gloo or mpi (default: LOCKSTEP_BACKEND, else gloo)")
-      ->check(CLI::IsMember({"gloo", "mpi"}));
+  app.add_option("--backend", o.backend,
+                 "shm, shm+gloo, gloo or mpi (default: LOCKSTEP_BACKEND, else what "
+                 "init_process_group picks: shm on one node)")
+      ->check(CLI::IsMember({"shm", "shm+gloo", "gloo", "mpi"}));
   app.add_option("--threads", o.threads, "BLAS threads per rank")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

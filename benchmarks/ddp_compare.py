@@ -3,8 +3,9 @@
 models and batch sizes, at the same world sizes, in one go, and prints one
 table with ratios (and --json FILE):
 
-  lockstep gloo   lockstep-run -np N ddp_bench --backend gloo
-  lockstep mpi    mpirun -np N ddp_bench --backend mpi
+  lockstep default  lockstep-run -np N ddp_bench (the default backend: shm on one node)
+  lockstep gloo     lockstep-run -np N ddp_bench --backend gloo
+  lockstep mpi      mpirun -np N ddp_bench --backend mpi
   torch gloo      ddp_bench_torch.py --np N (torch.nn.parallel.DistributedDataParallel
                   over gloo, Debian's python3-torch on OpenBLAS)
 
@@ -68,11 +69,13 @@ def common_args(a, model, caps):
 
 
 def lockstep_path(a, backend, model, n, caps):
-    """ddp_bench's results (one per cap), or None."""
+    """ddp_bench's results (one per cap), or None. Backend "default" passes none."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         bench = [os.path.join(a.build, "bin", "ddp_bench")] + common_args(a, model, caps) + [
-            "--backend", backend, "--json", out.name]
-        if backend == "gloo":
+            "--json", out.name]
+        if backend != "default":
+            bench += ["--backend", backend]
+        if backend != "mpi":
             cmd = [os.path.join(a.build, "bin", "lockstep-run"), "-np", str(n), "--"] + bench
             env = None
         else:
@@ -115,7 +118,8 @@ def main():
     p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     p.add_argument("--models", default="mlp,cnn")
     p.add_argument("--sizes", default="1,2", help="world sizes, e.g. 1,2,4")
-    p.add_argument("--backends", default="gloo,mpi", help="lockstep's backends to run")
+    p.add_argument("--backends", default="default,gloo,mpi",
+                   help="lockstep's backends to run (default: what init_process_group picks)")
     p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=30)

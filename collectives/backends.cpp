@@ -15,7 +15,7 @@ struct BackendInfo {
   std::string_view how_to_enable;
 };
 
-constexpr std::array<BackendInfo, 3> kBackends{{
+constexpr std::array<BackendInfo, 4> kBackends{{
     {"gloo", LOCKSTEP_HAVE_GLOO != 0,
      "install the Debian package libgloo-dev (scripts/setup does) and configure with "
      "-DLOCKSTEP_GLOO=ON (or AUTO, the default, which uses it where found)"},
@@ -27,6 +27,8 @@ constexpr std::array<BackendInfo, 3> kBackends{{
      "cuda-toolkit, cudnn9-cuda-<major>, libnccl-dev) and configure with "
      "-DLOCKSTEP_CUDA=ON -DLOCKSTEP_NCCL=ON (or AUTO, the default, which uses them where "
      "found)"},
+    {"shm", true,
+     "nothing: it is always built in (it needs only POSIX shared memory, /dev/shm)"},
 }};
 
 }  // namespace
@@ -49,7 +51,7 @@ std::string how_to_enable(std::string_view backend) {
   for (const auto& b : kBackends) {
     if (b.name == backend) return fmt::format("to build in the {} backend, {}", b.name, b.how_to_enable);
   }
-  throw Error(fmt::format("unknown collectives backend '{}'; known backends: gloo, mpi, nccl",
+  throw Error(fmt::format("unknown collectives backend '{}'; known backends: gloo, mpi, nccl, shm",
                           backend));
 }
 

@@ -12,7 +12,8 @@
 namespace lockstep::collectives {
 
 // Names of the backends compiled into this build, in a fixed order:
-// "gloo", "mpi", "nccl" (each only where built in; see lockstep/config.h).
+// "gloo", "mpi", "nccl" (each only where built in; see lockstep/config.h),
+// then "shm" (always).
 std::vector<std::string> built_in_backends();
 
 // True when `backend` is one of built_in_backends().

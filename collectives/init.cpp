@@ -4,13 +4,18 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 
+#include <optional>
 #include <random>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "lockstep/collectives/backends.h"
 #include "lockstep/collectives/debug_group.h"
+#include "lockstep/collectives/hierarchical_group.h"
+#include "lockstep/collectives/node_topology.h"
+#include "lockstep/collectives/shm/shm_group.h"
 #include "lockstep/config.h"
 #include "lockstep/runtime/store/memory_store.h"
 #include "lockstep/runtime/store/prefix_store.h"
@@ -29,6 +34,9 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// shm within each node, gloo across nodes (hierarchical_group.h).
+constexpr std::string_view kHierarchical = "shm+gloo";
+
 // What the returned group keeps alive: the store server rank 0 may run, the
 // store, and the group itself (destroyed first, the server last).
 struct GroupHolder {
@@ -38,6 +46,15 @@ struct GroupHolder {
 };
 
 std::string require_backend(const std::string& backend) {
+  if (backend == kHierarchical) {  // shm is always built in; gloo may not be
+    LOCKSTEP_CHECK(is_built_in("gloo"),
+                   "collectives backend 'shm+gloo' (shared memory within each node, gloo "
+                   "across nodes: the default when the ranks span several nodes) needs gloo, "
+                   "which is not built into this lockstep; {}; or choose another backend with "
+                   "LOCKSTEP_BACKEND or InitOptions::backend (e.g. mpi)",
+                   how_to_enable("gloo"));
+    return backend;
+  }
   const std::string how = how_to_enable(backend);  // throws for unknown names
   const auto built_in = built_in_backends();
   LOCKSTEP_CHECK(is_built_in(backend),
@@ -153,49 +170,32 @@ runtime::RankInfo rank_info_from_env() {
   return info;
 }
 
-}  // namespace
-
-std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
-  const runtime::RankInfo info = options.rank_info ? *options.rank_info : rank_info_from_env();
-  std::string backend = !options.backend.empty() ? options.backend
-                        : !info.backend.empty()  ? info.backend
-                                                 : std::string("gloo");
-  require_backend(backend);
-  const milliseconds timeout =
-      options.timeout.value_or(info.timeout.value_or(ProcessGroup::kDefaultTimeout));
-
-  auto holder = std::make_shared<GroupHolder>();
-  if (options.store) {
-    holder->store = options.store;
-  } else {
-    make_store(info, timeout, *holder);
-  }
-  int rank = info.rank;
-  int size = info.world_size;
-#if LOCKSTEP_HAVE_MPI
-  if (backend == "mpi") {
-    mpi::ensure_mpi_initialized();
-    rank = mpi::world_rank();
-    size = mpi::world_size();
-  }
-#endif
-  holder->group =
-      make_process_group(backend, holder->store, rank, size, options.name, timeout, info.debug);
-  ProcessGroup* group = holder->group.get();
-  return std::shared_ptr<ProcessGroup>(std::move(holder), group);
-}
-
-std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
-                                                 std::shared_ptr<runtime::Store> store, int rank,
-                                                 int size, const std::string& name,
-                                                 milliseconds timeout, runtime::DebugLevel debug) {
+// make_process_group() with, for shm+gloo, the topology when the caller
+// already has it (else it is discovered with `node_key`).
+std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
+                                         std::shared_ptr<runtime::Store> store, int rank,
+                                         int size, const std::string& name, milliseconds timeout,
+                                         runtime::DebugLevel debug, const NodeTopology* topology,
+                                         const std::string& node_key) {
   require_backend(backend);
   std::shared_ptr<ProcessGroup> group;
+  if (backend == kHierarchical) {
+    LOCKSTEP_CHECK(store != nullptr, "group '{}' (shm+gloo) needs a store to find each rank's "
+                   "node", name);
+    const NodeTopology found =
+        topology != nullptr
+            ? *topology
+            : discover_topology(*store, rank, size, name,
+                                node_key.empty() ? this_node_key(runtime::RankInfo{}) : node_key,
+                                timeout);
+    group = make_hierarchical_group(store, rank, size, name, timeout, found);
+  }
 #if LOCKSTEP_HAVE_GLOO
   if (backend == "gloo") {
     group = make_gloo_group(store, rank, size, name, timeout, bind_address_of(store));
   }
 #endif
+  if (backend == "shm") group = make_shm_group(store, rank, size, name, timeout);
 #if LOCKSTEP_HAVE_MPI
   if (backend == "mpi") group = make_mpi_group(rank, size, name, timeout);
 #endif
@@ -210,6 +210,54 @@ std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
     group = make_debug_group(std::move(group), std::move(store));
   }
   return group;
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
+  const runtime::RankInfo info = options.rank_info ? *options.rank_info : rank_info_from_env();
+  std::string backend = !options.backend.empty() ? options.backend : info.backend;
+  // A backend asked for is checked before connecting; the default needs the store.
+  if (!backend.empty()) require_backend(backend);
+  const milliseconds timeout =
+      options.timeout.value_or(info.timeout.value_or(ProcessGroup::kDefaultTimeout));
+
+  auto holder = std::make_shared<GroupHolder>();
+  if (options.store) {
+    holder->store = options.store;
+  } else {
+    make_store(info, timeout, *holder);
+  }
+  int rank = info.rank;
+  int size = info.world_size;
+  const std::string node_key = this_node_key(info);
+  std::optional<NodeTopology> topology;
+  if (backend.empty()) {
+    // The default: shared memory where every rank shares this node, else
+    // hierarchical (init.h).
+    topology = discover_topology(*holder->store, rank, size, options.name, node_key, timeout);
+    backend = topology->single_node() ? "shm" : std::string(kHierarchical);
+  }
+#if LOCKSTEP_HAVE_MPI
+  if (backend == "mpi") {
+    mpi::ensure_mpi_initialized();
+    rank = mpi::world_rank();
+    size = mpi::world_size();
+  }
+#endif
+  holder->group = make_group(backend, holder->store, rank, size, options.name, timeout, info.debug,
+                             topology ? &*topology : nullptr, node_key);
+  ProcessGroup* group = holder->group.get();
+  return std::shared_ptr<ProcessGroup>(std::move(holder), group);
+}
+
+std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
+                                                 std::shared_ptr<runtime::Store> store, int rank,
+                                                 int size, const std::string& name,
+                                                 milliseconds timeout, runtime::DebugLevel debug,
+                                                 const std::string& node_key) {
+  return make_group(backend, std::move(store), rank, size, name, timeout, debug, nullptr,
+                    node_key);
 }
 
 }  // namespace lockstep::collectives

@@ -2,8 +2,17 @@
 // ProcessGroup.
 //
 // Backend choice: the one asked for (InitOptions::backend or
-// LOCKSTEP_BACKEND), else gloo for CPU tensors. A backend that is not built in
-// gives an error listing those that are and how to build the missing one in.
+// LOCKSTEP_BACKEND: "gloo", "mpi", "shm" or "shm+gloo"), else one picked from
+// where the ranks run. Every rank publishes its node (host name and boot id,
+// or LOCKSTEP_NODE_ID; see node_topology.h) through the store, then:
+//   all ranks on one node    "shm": collectives through shared memory, far
+//                            faster than any socket on one host;
+//   ranks on several nodes   "shm+gloo": all-reduce within each node over shm
+//                            and across nodes over gloo among one leader per
+//                            node; other collectives over gloo
+//                            (hierarchical_group.h). Needs gloo built in.
+// A backend that is not built in gives an error listing those that are and
+// how to build the missing one in.
 //
 // Store: lockstep-run serves it and passes LOCKSTEP_STORE_ADDR; with
 // torchrun's MASTER_ADDR/MASTER_PORT, rank 0 serves it on that port; under
@@ -23,7 +32,7 @@
 namespace lockstep::collectives {
 
 struct InitOptions {
-  std::string backend;  // "gloo", "mpi"; empty: LOCKSTEP_BACKEND, else the default
+  std::string backend;  // "gloo", "mpi", "shm", "shm+gloo"; empty: LOCKSTEP_BACKEND, else the default
   std::optional<std::chrono::milliseconds> timeout;  // default: LOCKSTEP_TIMEOUT_S, else 10 min
   std::string name = "default";
   std::optional<runtime::RankInfo> rank_info;  // default: read_rank_info()
@@ -34,11 +43,14 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options = {});
 
 // Builds a group of `backend` from an explicit store, rank and size (all
 // ranks pass the same `name`). What init_process_group() ends with; tests use
-// it directly with a MemoryStore and one thread per rank.
+// it directly with a MemoryStore and one thread per rank. For "shm+gloo" it
+// finds which ranks share a node through the store, `node_key` naming this
+// rank's (empty: this host's; see this_node_key()).
 std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
                                                  std::shared_ptr<runtime::Store> store,
                                                  int rank, int size, const std::string& name,
                                                  std::chrono::milliseconds timeout,
-                                                 runtime::DebugLevel debug = runtime::DebugLevel::Off);
+                                                 runtime::DebugLevel debug = runtime::DebugLevel::Off,
+                                                 const std::string& node_key = {});
 
 }  // namespace lockstep::collectives

@@ -120,6 +120,7 @@ std::string store_hint(const Source& source) {
 
 void read_settings(const EnvLookup& env, RankInfo& info) {
   if (auto token = env("LOCKSTEP_TOKEN")) info.token = *token;
+  if (auto node_id = env("LOCKSTEP_NODE_ID")) info.node_id = *node_id;
 
   if (auto backend = env("LOCKSTEP_BACKEND")) {
     info.backend = lower(*backend);

@@ -23,7 +23,10 @@
 // Other variables read here: LOCKSTEP_TOKEN (the store token, any source),
 // LOCKSTEP_BACKEND (collectives backend to use, e.g. "gloo" or "mpi"),
 // LOCKSTEP_DEBUG ("off", "info" or "detail"), LOCKSTEP_TIMEOUT_S (default
-// collective timeout in seconds).
+// collective timeout in seconds), LOCKSTEP_NODE_ID (overrides this rank's node
+// identity, which is otherwise the host name and boot id: ranks with the same
+// value count as one node, e.g. for containers sharing a host, or to make one
+// machine look like several nodes in tests; see collectives/node_topology.h).
 #pragma once
 
 #include <chrono>
@@ -54,6 +57,7 @@ struct RankInfo {
   std::string backend;     // LOCKSTEP_BACKEND; empty: the default
   DebugLevel debug = DebugLevel::Off;
   std::optional<std::chrono::milliseconds> timeout;  // LOCKSTEP_TIMEOUT_S
+  std::string node_id;     // LOCKSTEP_NODE_ID; empty: the host's own identity
 
   bool has_store_address() const { return !store_host.empty(); }
 };

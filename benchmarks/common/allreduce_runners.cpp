@@ -169,7 +169,7 @@ class RawGlooRunner final : public AllreduceRunner {
 }  // namespace
 
 std::vector<std::string> runner_names() {
-  std::vector<std::string> names;
+  std::vector<std::string> names = {"shm"};
 #if LOCKSTEP_HAVE_GLOO
   names.insert(names.end(), {"gloo", "raw-gloo"});
 #endif
@@ -186,7 +186,7 @@ std::unique_ptr<AllreduceRunner> make_runner(const std::string& backend) {
 #if LOCKSTEP_HAVE_GLOO
   if (backend == "raw-gloo") return std::make_unique<RawGlooRunner>();
 #endif
-  if (backend == "gloo" || backend == "mpi") return std::make_unique<GroupRunner>(backend);
+  if (backend == "gloo" || backend == "mpi" || backend == "shm") return std::make_unique<GroupRunner>(backend);
   throw Error(fmt::format("allreduce_perf: backend '{}' is not available in this build; "
                           "available: {}",
                           backend, fmt::join(runner_names(), ", ")));

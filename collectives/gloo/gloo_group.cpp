@@ -22,8 +22,9 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
-#include "lockstep/collectives/gloo/gloo_reduce.h"
+#include "lockstep/collectives/abort_state.h"
 #include "lockstep/collectives/gloo/gloo_store_adapter.h"
+#include "lockstep/collectives/reduce_kernels.h"
 
 namespace lockstep::collectives {
 namespace {
@@ -38,8 +39,16 @@ constexpr uint64_t kP2pSlotPrefix = uint64_t{0x40} << 56;
 
 uint64_t p2p_slot(int tag) { return kP2pSlotPrefix | static_cast<uint32_t>(tag); }
 
+// gloo calls this to combine two chunks; the arithmetic is reduce_kernels.h's.
+std::function<void(void*, const void*, const void*, size_t)> reduce_function(runtime::DType dtype,
+                                                                              ReduceOp op) {
+  return [dtype, op](void* out, const void* a, const void* b, size_t n) {
+    combine(dtype, op, out, a, b, n);
+  };
+}
+
 // gloo sizes its chunks in elements of sizeof(T); the reduction itself is ours
-// (gloo_reduce.h), so any T of the right size does.
+// (reduce_kernels.h), so any T of the right size does.
 template <class Fn>
 void with_element_type(size_t element_size, Fn&& fn) {
   switch (element_size) {
@@ -51,24 +60,6 @@ void with_element_type(size_t element_size, Fn&& fn) {
 }
 
 size_t nbytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
-
-// Why the group can no longer be used, once something failed or timed out.
-// Shared with the Works' timeout callbacks, which may outlive the group.
-class AbortState {
- public:
-  void set(std::string reason) {
-    std::lock_guard lock(mutex_);
-    if (reason_.empty()) reason_ = std::move(reason);
-  }
-  std::string reason() {
-    std::lock_guard lock(mutex_);
-    return reason_;
-  }
-
- private:
-  std::mutex mutex_;
-  std::string reason_;
-};
 
 class GlooGroup final : public ProcessGroup {
  public:
@@ -372,12 +363,12 @@ void GlooGroup::run_allreduce(const Tensor& t, ReduceOp op, milliseconds timeout
   if (t.numel() == 0) return;
   ::gloo::AllreduceOptions o(context_);
   set_output(o, t);
-  o.setReduceFunction(gloo_backend::reduce_function(t.dtype(), op));
+  o.setReduceFunction(reduce_function(t.dtype(), op));
   o.setTag(tag);
   o.setTimeout(timeout);
   ::gloo::allreduce(o);
   if (op == ReduceOp::Avg) {
-    gloo_backend::divide_by(t.raw_data(), t.dtype(), static_cast<size_t>(t.numel()), size());
+    divide_by(t.raw_data(), t.dtype(), static_cast<size_t>(t.numel()), size());
   }
 }
 
@@ -424,12 +415,12 @@ std::shared_ptr<Work> GlooGroup::reduce(Tensor& tensor, const ReduceOptions& opt
                    ::gloo::ReduceOptions o(context_);
                    set_output(o, t);
                    o.setRoot(root);
-                   o.setReduceFunction(gloo_backend::reduce_function(t.dtype(), op));
+                   o.setReduceFunction(reduce_function(t.dtype(), op));
                    o.setTag(tag);
                    o.setTimeout(timeout);
                    ::gloo::reduce(o);
                    if (op == ReduceOp::Avg && rank() == root) {
-                     gloo_backend::divide_by(t.raw_data(), t.dtype(),
+                     divide_by(t.raw_data(), t.dtype(),
                                              static_cast<size_t>(t.numel()), size());
                    }
                  });

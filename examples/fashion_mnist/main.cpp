@@ -151,7 +151,8 @@ int main(int argc, char** argv) {
   app.add_flag("--sync-bn", o.sync_bn,
                "replace BatchNorm with SyncBatchNorm (statistics of the global batch)");
   app.add_option("--backend", o.backend,
-                 "process-group backend (gloo, mpi); default: LOCKSTEP_BACKEND, else gloo");
+                 "process-group backend (shm, shm+gloo, gloo, mpi); default: LOCKSTEP_BACKEND, "
+                 "else shm when all ranks share a node, shm+gloo across nodes");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

@@ -18,8 +18,10 @@ TEST_CASE("built_in_backends lists exactly what config.h says is built in",
   CHECK(has("gloo") == (LOCKSTEP_HAVE_GLOO != 0));
   CHECK(has("mpi") == (LOCKSTEP_HAVE_MPI != 0));
   CHECK(has("nccl") == (LOCKSTEP_HAVE_NCCL != 0));
+  CHECK(has("shm"));  // always built in
   CHECK(names.size() ==
-        static_cast<size_t>(LOCKSTEP_HAVE_GLOO + LOCKSTEP_HAVE_MPI + LOCKSTEP_HAVE_NCCL));
+        static_cast<size_t>(LOCKSTEP_HAVE_GLOO + LOCKSTEP_HAVE_MPI + LOCKSTEP_HAVE_NCCL + 1));
+  CHECK(names.back() == "shm");
   CHECK(std::is_sorted(names.begin(), names.end()));
   for (const auto& name : names) CHECK(lc::is_built_in(name));
   CHECK_FALSE(lc::is_built_in("carrier-pigeon"));
@@ -38,6 +40,11 @@ TEST_CASE("how_to_enable names the apt package and the CMake option", "[collecti
   CHECK(nccl.find("libnccl-dev") != std::string::npos);
   CHECK(nccl.find("-DLOCKSTEP_NCCL=ON") != std::string::npos);
   CHECK(nccl.find("-DLOCKSTEP_CUDA=ON") != std::string::npos);
+
+  // shm needs nothing beyond POSIX shared memory: no package, no option.
+  const auto shm = lc::how_to_enable("shm");
+  CHECK(shm.find("always built in") != std::string::npos);
+  CHECK(shm.find("-DLOCKSTEP_") == std::string::npos);
 }
 
 TEST_CASE("how_to_enable rejects an unknown backend and lists the known ones",
@@ -45,5 +52,5 @@ TEST_CASE("how_to_enable rejects an unknown backend and lists the known ones",
   CHECK_THROWS_AS(lc::how_to_enable("GLOO"), lockstep::Error);
   CHECK_THROWS_WITH(lc::how_to_enable("tcp"),
                     Catch::Matchers::Contains("unknown collectives backend 'tcp'") &&
-                        Catch::Matchers::Contains("gloo, mpi, nccl"));
+                        Catch::Matchers::Contains("gloo, mpi, nccl, shm"));
 }

@@ -1,19 +1,15 @@
 // The gloo backend in one process: one thread per rank over a MemoryStore.
 //
-// Inputs are small integers, so every sum, product and average (a division by
-// 2 or 4) is exact in every dtype, bf16 and f16 included; expected values are
-// computed here in int64 independently of the backend.
+// Inputs and exact expected values come from collective_check.h.
 #include <catch2/catch.hpp>
 
 #include "lockstep/config.h"
 
 #if LOCKSTEP_HAVE_GLOO
 
-#include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <latch>
 
+#include "collectives/collective_check.h"
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/backends.h"
 #include "lockstep/collectives/gloo/gloo_group.h"
@@ -26,77 +22,15 @@ using lockstep::runtime::Tensor;
 using Catch::Matchers::Contains;
 using namespace std::chrono_literals;
 
-namespace {
-
-const std::vector<DType> kDTypes = {DType::f32, DType::f64, DType::bf16,
-                                    DType::f16, DType::i32, DType::i64};
-const std::vector<lc::ReduceOp> kOps = {lc::ReduceOp::Sum, lc::ReduceOp::Avg, lc::ReduceOp::Min,
-                                        lc::ReduceOp::Max, lc::ReduceOp::Product};
-const std::vector<int64_t> kCounts = {0, 1, 7, 1001};
-
-// Rank r's element i: in [-3, 3], different across ranks and positions.
-int64_t input_value(int r, int64_t i) { return (r * 3 + i * 7 + i / 5) % 7 - 3; }
-
-Tensor input(int r, int64_t n, DType dtype, int64_t offset = 0) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<double>(input_value(r, i + offset));
-  return Tensor::from_vector(v, {n}).to(dtype);
-}
-
-double expected_value(lc::ReduceOp op, DType dtype, int size, int64_t i) {
-  int64_t sum = 0, product = 1, lo = input_value(0, i), hi = lo;
-  for (int r = 0; r < size; ++r) {
-    const int64_t v = input_value(r, i);
-    sum += v;
-    product *= v;
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-  }
-  switch (op) {
-    case lc::ReduceOp::Sum: return static_cast<double>(sum);
-    case lc::ReduceOp::Product: return static_cast<double>(product);
-    case lc::ReduceOp::Min: return static_cast<double>(lo);
-    case lc::ReduceOp::Max: return static_cast<double>(hi);
-    case lc::ReduceOp::Avg:
-      return lockstep::runtime::is_floating(dtype) ? static_cast<double>(sum) / size
-                                                   : static_cast<double>(sum / size);  // truncates
-  }
-  return NAN;
-}
-
-// First mismatch of `t` against `expected(i)`, or "" when all match.
-std::string mismatch(const Tensor& t, const std::function<double(int64_t)>& expected,
-                     const std::string& what) {
-  const auto v = lt::values(t);
-  for (size_t i = 0; i < v.size(); ++i) {
-    const double e = expected(static_cast<int64_t>(i));
-    if (v[i] != e) return fmt::format("{}: element {} is {}, expected {}", what, i, v[i], e);
-  }
-  return "";
-}
-
-// Runs fn(group, rank, failures) on every rank; checks no rank threw or failed.
-void on_every_rank(const std::vector<std::shared_ptr<lc::ProcessGroup>>& groups,
-                   const std::function<void(lc::ProcessGroup&, std::vector<std::string>&)>& fn) {
-  const int size = static_cast<int>(groups.size());
-  std::vector<std::vector<std::string>> failures(static_cast<size_t>(size));
-  const auto errors = lt::run_ranks(size, [&](int r) {
-    fn(*groups[static_cast<size_t>(r)], failures[static_cast<size_t>(r)]);
-  });
-  for (int r = 0; r < size; ++r) {
-    INFO("rank " << r);
-    CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
-    const auto& f = failures[static_cast<size_t>(r)];
-    INFO((f.empty() ? std::string() : f.front()));
-    CHECK(f.size() == 0);
-  }
-}
-
-void add_failure(std::vector<std::string>& failures, std::string text) {
-  if (!text.empty()) failures.push_back(std::move(text));
-}
-
-}  // namespace
+using lt::add_failure;
+using lt::expected_value;
+using lt::input;
+using lt::input_value;
+using lt::kCounts;
+using lt::kDTypes;
+using lt::kOps;
+using lt::mismatch;
+using lt::on_every_rank;
 
 TEST_CASE("gloo allreduce: every dtype, op and count", "[collectives][gloo]") {
   const int size = GENERATE(2, 4);
@@ -350,7 +284,7 @@ TEST_CASE("init_process_group: defaults, one process without a store, clear erro
   lc::InitOptions options;
   options.rank_info = lockstep::runtime::RankInfo{};  // one process, no launcher
   auto g = lc::init_process_group(options);
-  CHECK(g->backend() == "gloo");
+  CHECK(g->backend() == "shm");  // the default on one node
   CHECK(g->size() == 1);
   CHECK(g->timeout() == lc::ProcessGroup::kDefaultTimeout);
   Tensor t = Tensor::full({3}, 2.0);

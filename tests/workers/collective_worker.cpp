@@ -4,7 +4,9 @@
 // exactly against values computed here (inputs are small integers, so bf16
 // and f16 results are exact too).
 //
-// Prints "collective_worker rank R/N: OK (<checks> checks)" and exits 0, or
+// Prints "collective_worker rank R pid P" and "collective_worker rank R/N:
+// backend B" (the backend init_process_group chose) once its group is made,
+// then "collective_worker rank R/N: OK (<checks> checks)" and exits 0, or
 // prints the first mismatch or error and exits 1.
 //
 // Flags: --backend NAME        instead of LOCKSTEP_BACKEND / the default
@@ -12,6 +14,8 @@
 //        --kill-at-rank R      rank R SIGKILLs itself after the first barrier
 //        --diverge-at-rank R   rank R issues a broadcast where the others issue
 //                              an allreduce (for LOCKSTEP_DEBUG=detail)
+#include <unistd.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -89,7 +93,12 @@ double reduced(ReduceOp op, DType dtype, int size, int64_t i) {
     case ReduceOp::Product: return double(product);
     case ReduceOp::Min: return double(lo);
     case ReduceOp::Max: return double(hi);
-    case ReduceOp::Avg: return lr::is_floating(dtype) ? double(sum) / size : double(sum / size);
+    case ReduceOp::Avg:
+      if (!lr::is_floating(dtype)) return double(sum / size);
+      // The exact quotient as the dtype holds it (over 3 ranks it is inexact).
+      return Tensor::from_vector(std::vector<double>{double(sum) / size}, {1})
+          .to(dtype)
+          .to_vector<double>()[0];
   }
   return 0;
 }
@@ -177,6 +186,10 @@ int main(int argc, char** argv) {
     auto group = lc::init_process_group(options);
     const int rank = group->rank();
     who = fmt::format("collective_worker rank {}/{}", rank, group->size());
+    // Tests find what a job left in /dev/shm by its rank 0's pid.
+    std::printf("collective_worker rank %d pid %d\n", rank, static_cast<int>(::getpid()));
+    std::printf("%s: backend %s\n", who.c_str(), group->backend().c_str());
+    std::fflush(stdout);
 
     group->barrier({.timeout = {}})->wait();
     if (rank == flags.die_at) {

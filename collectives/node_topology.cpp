@@ -1,0 +1,103 @@
+#include "lockstep/collectives/node_topology.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::collectives {
+namespace {
+
+std::string host_name() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
+  return name;
+}
+
+// The kernel's id of this boot: the same for every process (and container)
+// of one running kernel, different across machines and reboots.
+std::string boot_id() {
+  std::ifstream file("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(file, id);
+  return id;
+}
+
+std::string key_of(const std::string& prefix, int rank) { return fmt::format("{}/{}", prefix, rank); }
+
+}  // namespace
+
+std::string this_node_key(const runtime::RankInfo& info) {
+  if (!info.node_id.empty()) return info.node_id;
+  const std::string id = boot_id();
+  return id.empty() ? host_name() : host_name() + ":" + id;
+}
+
+NodeTopology topology_from_keys(const std::vector<std::string>& keys, int rank) {
+  const int size = static_cast<int>(keys.size());
+  LOCKSTEP_CHECK(rank >= 0 && rank < size, "node topology: rank {} is not in a group of {} ranks",
+                 rank, size);
+  NodeTopology t;
+  t.nodes = 0;
+  std::map<std::string, int> node_of_key;
+  for (int r = 0; r < size; ++r) {
+    const auto [it, fresh] = node_of_key.emplace(keys[static_cast<size_t>(r)], t.nodes);
+    if (fresh) {
+      ++t.nodes;
+      t.leaders.push_back(r);
+    }
+    t.node_of_rank.push_back(it->second);
+  }
+  t.node = t.node_of_rank[static_cast<size_t>(rank)];
+  for (int r = 0; r < size; ++r) {
+    if (t.node_of_rank[static_cast<size_t>(r)] != t.node) continue;
+    if (r == rank) t.local_rank = static_cast<int>(t.local_ranks.size());
+    t.local_ranks.push_back(r);
+  }
+  t.local_size = static_cast<int>(t.local_ranks.size());
+  return t;
+}
+
+// Every rank publishes its key under "<group>/topology/<instance>/<rank>",
+// where <instance> counts this rank's discoveries for the group name: all
+// ranks of one making of a group agree on it, and a later making does not see
+// the keys of an earlier one.
+NodeTopology discover_topology(runtime::Store& store, int rank, int size,
+                               const std::string& group_name, const std::string& node_key,
+                               std::chrono::milliseconds timeout) {
+  LOCKSTEP_CHECK(rank >= 0 && rank < size, "node topology of group '{}': rank {} is not in a "
+                 "group of {} ranks", group_name, rank, size);
+  const int64_t instance = store.add(fmt::format("{}/topology/instances/{}", group_name, rank), 1);
+  const std::string prefix = fmt::format("{}/topology/{}", group_name, instance);
+  store.set(key_of(prefix, rank), node_key);
+
+  std::vector<std::string> all;
+  for (int r = 0; r < size; ++r) all.push_back(key_of(prefix, r));
+  try {
+    store.wait(all, timeout);
+  } catch (const runtime::StoreTimeout&) {
+    std::vector<int> missing;
+    for (int r = 0; r < size; ++r) {
+      try {
+        store.wait({all[static_cast<size_t>(r)]}, std::chrono::milliseconds(1));
+      } catch (const runtime::StoreTimeout&) {
+        missing.push_back(r);
+      }
+    }
+    throw Error(fmt::format(
+        "rank {} of group '{}' ({} ranks) waited {} ms for every rank's node identity, but rank "
+        "{} did not publish one; check that every rank started and uses the same store",
+        rank, group_name, size, timeout.count(), fmt::join(missing, ", rank ")));
+  }
+  std::vector<std::string> keys;
+  for (const auto& k : all) keys.push_back(store.get_string(k));
+  return topology_from_keys(keys, rank);
+}
+
+}  // namespace lockstep::collectives

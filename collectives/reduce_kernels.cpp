@@ -1,0 +1,76 @@
+#include "lockstep/collectives/reduce_kernels.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+namespace lockstep::collectives {
+namespace {
+
+using runtime::bf16;
+using runtime::f16;
+
+// The type a dtype computes in: float for the 16-bit floats, itself otherwise.
+template <class T>
+using compute_t = std::conditional_t<std::is_same_v<T, bf16> || std::is_same_v<T, f16>, float, T>;
+
+// A plain indexed loop the compiler vectorises (with a runtime overlap check,
+// since out may alias a or b).
+template <class T, class Combine>
+void apply(void* out, const void* a, const void* b, size_t n, Combine combine) {
+  auto* o = static_cast<T*>(out);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    const compute_t<T> l = x[i];
+    const compute_t<T> r = y[i];
+    o[i] = T(combine(l, r));
+  }
+}
+
+template <class T>
+void typed(ReduceOp op, void* out, const void* a, const void* b, size_t n) {
+  using C = compute_t<T>;
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return apply<T>(out, a, b, n, [](C l, C r) { return l + r; });
+    case ReduceOp::Product: return apply<T>(out, a, b, n, [](C l, C r) { return l * r; });
+    case ReduceOp::Min: return apply<T>(out, a, b, n, [](C l, C r) { return std::min(l, r); });
+    case ReduceOp::Max: return apply<T>(out, a, b, n, [](C l, C r) { return std::max(l, r); });
+  }
+  throw Error(fmt::format("collectives: unknown reduce op {}", static_cast<int>(op)));
+}
+
+}  // namespace
+
+void combine(runtime::DType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t n) {
+  using runtime::DType;
+  switch (dtype) {
+    case DType::f32: return typed<float>(op, out, a, b, n);
+    case DType::f64: return typed<double>(op, out, a, b, n);
+    case DType::bf16: return typed<bf16>(op, out, a, b, n);
+    case DType::f16: return typed<f16>(op, out, a, b, n);
+    case DType::i32: return typed<int32_t>(op, out, a, b, n);
+    case DType::i64: return typed<int64_t>(op, out, a, b, n);
+    default: break;
+  }
+  throw Error(fmt::format("collectives: no reduction for dtype {}; use f32, f64, bf16, f16, i32 "
+                          "or i64",
+                          runtime::dtype_name(dtype)));
+}
+
+void divide_by(void* data, runtime::DType dtype, size_t n, int divisor) {
+  runtime::dispatch_all(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, uint8_t>) {
+      throw Error(fmt::format("collectives: cannot average dtype {}", runtime::dtype_name(dtype)));
+    } else {
+      using C = compute_t<T>;
+      auto* p = static_cast<T*>(data);
+      const C d = static_cast<C>(divisor);
+      for (size_t i = 0; i < n; ++i) p[i] = T(static_cast<C>(p[i]) / d);
+    }
+  });
+}
+
+}  // namespace lockstep::collectives

@@ -1,0 +1,209 @@
+#include "lockstep/collectives/shm/shm_comm.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+#include <fmt/format.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace lockstep::collectives::shm {
+namespace {
+
+constexpr uint32_t kHeaderMagic = 0x6c6b7368;  // "lksh"
+constexpr size_t kPage = 4096;
+constexpr size_t kSlotBytes = 256;  // the counter and the identity on separate cache lines
+// How long a sleeping wait sleeps before it looks at the deadline, the abort
+// word and the awaited peer again.
+constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+// Bounds of one wait's spin (see wait_for).
+constexpr auto kMinSpin = std::chrono::microseconds(5);
+constexpr auto kMaxSpin = std::chrono::milliseconds(2);
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+uint32_t* futex_word(std::atomic<uint32_t>& a) { return reinterpret_cast<uint32_t*>(&a); }
+
+void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, Clock::duration for_at_most) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(for_at_most).count();
+  timespec t{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  // Not FUTEX_PRIVATE: the word is shared between processes.
+  ::syscall(SYS_futex, futex_word(word), FUTEX_WAIT, seen, &t, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>& word) {
+  ::syscall(SYS_futex, futex_word(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// The abort word while its reason is being written.
+constexpr uint32_t kWriting = 0xffffffffu;
+
+bool reached(uint32_t count, uint32_t target) { return static_cast<int32_t>(count - target) >= 0; }
+
+}  // namespace
+
+struct Comm::Header {
+  uint32_t magic;
+  uint32_t world_size;
+  uint64_t buffer_bytes;
+  std::atomic<uint32_t> abort_word;  // 0, kWriting, or 1 + the rank that aborted first
+  char abort_reason[1024];
+};
+
+struct Comm::Slot {
+  alignas(64) std::atomic<uint32_t> arrivals;
+  std::atomic<uint32_t> sleepers;  // ranks sleeping on `arrivals`
+  std::atomic<int64_t> last_arrival_ns;  // steady clock (CLOCK_MONOTONIC, node-wide)
+  alignas(64) ProcessIdentity identity;
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+size_t Comm::segment_bytes(int size, size_t buffer_bytes) {
+  return round_up(kPage + static_cast<size_t>(size) * kSlotBytes, kPage) +
+         static_cast<size_t>(size) * 2 * buffer_bytes;
+}
+
+Comm::Comm(Segment segment, int rank, int size, size_t buffer_bytes, std::chrono::microseconds spin,
+           bool create)
+    : segment_(std::move(segment)), rank_(rank), size_(size), buffer_bytes_(buffer_bytes), spin_(spin) {
+  static_assert(sizeof(Slot) <= kSlotBytes);
+  static_assert(sizeof(Header) <= kPage);
+  LOCKSTEP_ASSERT(segment_.size() >= segment_bytes(size, buffer_bytes));
+  auto* base = static_cast<std::byte*>(segment_.data());
+  buffers_ = base + round_up(kPage + static_cast<size_t>(size) * kSlotBytes, kPage);
+  Header& h = header();
+  if (create) {
+    // The segment is fresh (zeroed): construct the atomics in place.
+    new (&h) Header{};
+    h.world_size = static_cast<uint32_t>(size);
+    h.buffer_bytes = buffer_bytes;
+    for (int q = 0; q < size; ++q) new (&slot(q)) Slot{};
+    std::atomic_thread_fence(std::memory_order_release);
+    h.magic = kHeaderMagic;
+  } else {
+    LOCKSTEP_CHECK(h.magic == kHeaderMagic && h.world_size == static_cast<uint32_t>(size) &&
+                       h.buffer_bytes == buffer_bytes,
+                   "shm segment {} was made for {} ranks and {}-byte buffers, not {} ranks and {}; "
+                   "are two jobs using the same store and group name?",
+                   segment_.name(), h.world_size, h.buffer_bytes, size, buffer_bytes);
+  }
+  slot(rank).identity = this_process();
+}
+
+void Comm::watch_peers() {
+  peers_.clear();
+  identities_.clear();
+  for (int q = 0; q < size_; ++q) {
+    identities_.push_back(slot(q).identity);
+    peers_.emplace_back(q == rank_ ? ProcessIdentity{} : slot(q).identity);
+  }
+}
+
+Comm::Header& Comm::header() const { return *static_cast<Header*>(segment_.data()); }
+
+Comm::Slot& Comm::slot(int q) const {
+  auto* base = static_cast<std::byte*>(segment_.data()) + kPage;
+  return *reinterpret_cast<Slot*>(base + static_cast<size_t>(q) * kSlotBytes);
+}
+
+std::byte* Comm::buffer(int q, int half) const {
+  return buffers_ + (static_cast<size_t>(q) * 2 + static_cast<size_t>(half)) * buffer_bytes_;
+}
+
+void Comm::barrier(Clock::time_point deadline) {
+  ++arrived_;
+  Slot& mine = slot(rank_);
+  mine.last_arrival_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  mine.arrivals.store(arrived_, std::memory_order_seq_cst);
+  if (mine.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(mine.arrivals);
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_) wait_for(q, arrived_, deadline);
+  }
+}
+
+void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline) {
+  Slot& s = slot(q);
+  if (reached(s.arrivals.load(std::memory_order_acquire), target)) return;
+  // Spin while rank q is busy with collectives (it arrived somewhere within
+  // the last spin_) and a thread of this rank waits for the result, never
+  // longer than kMaxSpin: the peer is then microseconds away, and waking from
+  // a futex costs far more (tens of microseconds, more in a VM). A rank still
+  // computing has been silent longer, and while nobody here waits this rank's
+  // own compute needs the core more: then sleep at once.
+  const auto start = Clock::now();
+  for (uint32_t i = 1;; ++i) {
+    cpu_relax();
+    if (reached(s.arrivals.load(std::memory_order_acquire), target)) return;
+    if ((i & 63) != 0) continue;
+    const auto now = Clock::now();
+    if (now - start < kMinSpin) continue;
+    const Clock::time_point last{Clock::duration(s.last_arrival_ns.load(std::memory_order_relaxed))};
+    const bool urgent = waiters_ == nullptr || waiters_->load(std::memory_order_relaxed) > 0;
+    if (!urgent || now - start >= kMaxSpin || now - last >= spin_) break;
+  }
+  for (;;) {
+    check_abort();
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      throw WaitTimeout(fmt::format("rank {} waited for rank {}", rank_, q));
+    }
+    if (peers_.size() == static_cast<size_t>(size_) && peers_[static_cast<size_t>(q)].exited()) {
+      const std::string reason = fmt::format(
+          "rank {} (pid {}) exited while rank {} waited for it in a collective", q,
+          identities_[static_cast<size_t>(q)].pid, rank_);
+      abort(reason);
+      throw Error(reason);
+    }
+    s.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t seen = s.arrivals.load(std::memory_order_seq_cst);
+    if (!reached(seen, target)) futex_wait(s.arrivals, seen, std::min<Clock::duration>(kSleepSlice, deadline - now));
+    s.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(s.arrivals.load(std::memory_order_acquire), target)) return;
+  }
+}
+
+void Comm::abort(const std::string& reason) {
+  Header& h = header();
+  uint32_t expected = 0;
+  if (h.abort_word.load(std::memory_order_acquire) == 0) {
+    // Write the reason before publishing the word; a racing aborter loses.
+    static thread_local char scratch[sizeof h.abort_reason];
+    std::snprintf(scratch, sizeof scratch, "%s", reason.c_str());
+    if (h.abort_word.compare_exchange_strong(expected, kWriting)) {
+      std::memcpy(h.abort_reason, scratch, sizeof scratch);
+      h.abort_word.store(static_cast<uint32_t>(rank_) + 1, std::memory_order_release);
+    }
+  }
+  for (int q = 0; q < size_; ++q) futex_wake_all(slot(q).arrivals);
+}
+
+std::string Comm::abort_reason() const {
+  const uint32_t word = header().abort_word.load(std::memory_order_acquire);
+  if (word == 0 || word == kWriting) return "";
+  const Header& h = header();
+  return std::string(h.abort_reason, strnlen(h.abort_reason, sizeof h.abort_reason));
+}
+
+void Comm::check_abort() const {
+  const std::string reason = abort_reason();
+  if (!reason.empty()) throw Error(fmt::format("the group was aborted: {}", reason));
+}
+
+}  // namespace lockstep::collectives::shm

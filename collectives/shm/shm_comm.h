@@ -1,0 +1,105 @@
+// One rank's view of a shm group's segment: the layout, the arrival counters
+// the ranks synchronise on, and the staging buffers the algorithms use.
+//
+// Layout (after the segment's stamp page):
+//   header page        world size, buffer size, the abort word and reason
+//   one slot per rank  its arrival counter (a futex word), how many ranks
+//                      sleep on it, and its process identity
+//   staging buffers    per rank, two halves of buffer_bytes each
+//
+// Synchronisation: rank r's counter counts its arrivals; every rank arrives
+// the same number of times in the same order, so "rank q has arrived k times"
+// is a point in q's program. barrier() arrives and waits for every other
+// rank's counter to reach the same k. A wait spins only while the awaited
+// rank is busy in collectives (it arrived somewhere moments ago, so it is
+// microseconds away) and a thread of this rank is blocked on the result, and
+// at most 2 ms; otherwise it sleeps on the futex in slices, checking between slices the deadline, the abort word and whether
+// the awaited peer's process has exited. An arriving rank wakes the futex only
+// when someone sleeps on it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/collectives/shm/process_watch.h"
+#include "lockstep/collectives/shm/shm_segment.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::collectives::shm {
+
+using Clock = std::chrono::steady_clock;
+
+// A wait passed its deadline; the group words the message (it knows the op).
+class WaitTimeout : public Error {
+ public:
+  using Error::Error;
+};
+
+class Comm {
+ public:
+  // A waiting rank spins while the rank it waits for arrived somewhere within
+  // this long; past it, it sleeps.
+  static constexpr std::chrono::microseconds kDefaultSpin{300};
+
+  // Segment bytes a group of `size` ranks needs.
+  static size_t segment_bytes(int size, size_t buffer_bytes);
+
+  // Rank 0 passes create = true and initialises the header; the others check
+  // it. Every rank then publishes its process identity in its slot.
+  Comm(Segment segment, int rank, int size, size_t buffer_bytes, std::chrono::microseconds spin,
+       bool create);
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  // Once every rank has published its identity: start watching the others.
+  void watch_peers();
+  // Waits spin only while *waiters > 0 (a thread of this rank is blocked on
+  // a result); null: always.
+  void set_waiters(const std::atomic<int>* waiters) { waiters_ = waiters; }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t buffer_bytes() const { return buffer_bytes_; }
+  // Rank q's staging buffer `half` (0 or 1).
+  std::byte* buffer(int q, int half) const;
+  // The half the next round stages in: rounds alternate halves, so a rank may
+  // fill one while slower ranks still read the other (see shm_algorithms.h).
+  int next_half() { return static_cast<int>(round_++ & 1); }
+
+  // Arrive, then wait until every rank has arrived as often. Throws
+  // WaitTimeout past `deadline`, and lockstep::Error naming the rank when a
+  // peer's process exited or some rank aborted the group.
+  void barrier(Clock::time_point deadline);
+
+  // Marks the group failed for every rank (first reason wins) and wakes them.
+  void abort(const std::string& reason);
+  // The reason the group was aborted (by any rank), or "".
+  std::string abort_reason() const;
+  Segment& segment() { return segment_; }
+
+ private:
+  struct Header;
+  struct Slot;
+  Header& header() const;
+  Slot& slot(int q) const;
+  void wait_for(int q, uint32_t target, Clock::time_point deadline);
+  void check_abort() const;
+
+  Segment segment_;
+  int rank_;
+  int size_;
+  size_t buffer_bytes_;
+  std::chrono::microseconds spin_;
+  std::byte* buffers_ = nullptr;
+  uint32_t arrived_ = 0;
+  uint64_t round_ = 0;
+  std::vector<ProcessWatch> peers_;
+  std::vector<ProcessIdentity> identities_;
+  const std::atomic<int>* waiters_ = nullptr;
+};
+
+}  // namespace lockstep::collectives::shm
