@@ -276,6 +276,7 @@ int main(int argc, char** argv) {
     auto group = lc::init_process_group(options);
     const int rank = group->rank();
     who = fmt::format("ddp_worker rank {}/{}", rank, group->size());
+    std::printf("%s: backend %s\n", who.c_str(), group->backend().c_str());
     if (flags.mismatch_rank >= 0) {
       auto model = rank == flags.mismatch_rank ? nn::models::fashion_mlp(1) : nn::models::fashion_cnn(1);
       nn::DistributedDataParallel ddp(model, group);

@@ -1,5 +1,6 @@
 // DDP's promises in real processes (tests/workers/ddp_worker.cpp): through
-// lockstep-run over gloo and through mpirun over mpi, at 2 and 4 ranks.
+// lockstep-run over the default backend (shm) and gloo, and through mpirun
+// over mpi, at 2 and 4 ranks.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -27,11 +28,21 @@ void require_every_rank_ok(const lt::ProcessResult& result, int ranks) {
 
 }  // namespace
 
-TEST_CASE("DDP promises across processes: gloo through lockstep-run", "[ddp][multiprocess]") {
+TEST_CASE("DDP promises across processes: the default backend (shm) through lockstep-run",
+          "[ddp][multiprocess][shm]") {
   const int ranks = GENERATE(2, 4);
   const auto result = lt::run_process(
       {lt::bin_path("lockstep-run"), "-np", std::to_string(ranks), lt::bin_path("ddp_worker")},
       120s);
+  require_every_rank_ok(result, ranks);
+  REQUIRE(result.output.find("backend shm") != std::string::npos);
+}
+
+TEST_CASE("DDP promises across processes: gloo through lockstep-run", "[ddp][multiprocess]") {
+  const int ranks = GENERATE(2, 4);
+  const auto result = lt::run_process({lt::bin_path("lockstep-run"), "-np", std::to_string(ranks),
+                                       lt::bin_path("ddp_worker"), "--backend", "gloo"},
+                                      120s);
   require_every_rank_ok(result, ranks);
 }
 
