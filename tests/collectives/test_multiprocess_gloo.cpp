@@ -6,9 +6,6 @@
 
 #if LOCKSTEP_HAVE_GLOO
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <string>
 
@@ -41,19 +38,6 @@ void check_all_ok(const lt::ProcessResult& result, int np) {
   }
 }
 
-// A TCP port nothing listens on (bound once, then released).
-int unused_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 }  // namespace
 
@@ -90,7 +74,7 @@ TEST_CASE("gloo across processes: LOCKSTEP_DEBUG=detail names a divergent call",
 
 TEST_CASE("gloo across processes: an unserved store address fails naming it",
           "[collectives][gloo]") {
-  const int port = unused_port();
+  const int port = lt::unused_tcp_port();
   const std::string address = fmt::format("127.0.0.1:{}", port);
   const auto result = lt::run_process(
       {lt::bin_path("collective_worker")}, 30s,

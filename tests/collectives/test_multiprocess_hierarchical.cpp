@@ -9,9 +9,6 @@
 
 #if LOCKSTEP_HAVE_GLOO
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <future>
 #include <string>
@@ -26,19 +23,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A TCP port nothing listens on (bound once, then released).
-int unused_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 void check_ranks(const std::string& output, int np, const std::string& backend) {
   for (int r = 0; r < np; ++r) {
@@ -52,7 +36,7 @@ void check_ranks(const std::string& output, int np, const std::string& backend) 
 
 TEST_CASE("default backend across two nodes (two launchers): shm+gloo",
           "[collectives][hierarchical][shm]") {
-  const std::string port = std::to_string(unused_port());
+  const std::string port = std::to_string(lt::unused_tcp_port());
   const auto node = [&](int node_rank, const std::string& node_id) {
     return lt::run_process(
         {lt::bin_path("lockstep-run"), "--nnodes", "2", "--node-rank",

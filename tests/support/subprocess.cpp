@@ -1,9 +1,12 @@
 #include "support/subprocess.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -101,6 +104,20 @@ std::string describe(const ProcessResult& result) {
   if (result.timed_out) return fmt::format("timed out after {:.1f} s", result.seconds);
   if (result.signal != 0) return fmt::format("signal {}", sigabbrev_np(result.signal));
   return fmt::format("exit {}", result.exit_code);
+}
+
+int unused_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("unused_tcp_port: socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  if (!ok) throw std::runtime_error("unused_tcp_port: could not bind a loopback port");
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace lockstep::testing

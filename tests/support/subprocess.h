@@ -29,6 +29,10 @@ ProcessResult run_process(const std::vector<std::string>& argv,
 // Path of an executable built into build/bin/ (lockstep-run, test workers).
 std::string bin_path(const std::string& name);
 
+// A loopback TCP port nothing listens on (bound once, then released): an
+// address that refuses connections.
+int unused_tcp_port();
+
 // "exit 0", "exit 3", "signal SIGKILL", "timed out after 12.0 s", for messages.
 std::string describe(const ProcessResult& result);
 
