@@ -51,17 +51,21 @@ class Optimizer {
   // set_to_none (the default, as PyTorch): drop the gradients; else zero them.
   void zero_grad(bool set_to_none = true);
 
+  // "SGD", "Adam", ...: for messages and checkpoints.
+  const std::string& name() const { return name_; }
+
   // Parameters must be floating-point leaf tensors, in no other group.
-  void add_param_group(ParamGroup group);
+  virtual void add_param_group(ParamGroup group);
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
 
   // The state tensors are the optimizer's own (not copies): save or clone them.
-  OptimizerState state_dict() const;
+  // Virtual: a sharded optimizer answers with its consolidated state.
+  virtual OptimizerState state_dict() const;
   // Takes the groups' options and clones the state onto the parameters'
   // dtype and device. The groups must match in count and size; checked first,
   // nothing changes on error.
-  void load_state_dict(const OptimizerState& saved);
+  virtual void load_state_dict(const OptimizerState& saved);
 
  protected:
   Optimizer(std::string name, GroupOptions defaults)

@@ -1,0 +1,196 @@
+#include "lockstep/optim/adam.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::optim {
+
+using runtime::NoGradGuard;
+
+namespace {
+
+// Coefficients worked out in double once per step, then rounded to T, as
+// PyTorch passes Python floats to its CPU kernels.
+template <class T>
+struct Coeffs {
+  T decay;            // AdamW: 1 - lr * weight_decay
+  T weight_decay;     // Adam: L2 term added to the gradient
+  T beta1, one_minus_beta1, beta2, one_minus_beta2;
+  T bias_correction2_sqrt, eps, neg_step_size;
+};
+
+// One pass over a parameter, adam.h's rule fused per element, each line in
+// the order of PyTorch's single-tensor ops (mul_ then add_, addcmul_,
+// sqrt / c + eps, addcdiv_) so f32 results follow the same roundings.
+template <class T, bool kL2, bool kDecoupled, bool kAmsgrad, bool kMaximize>
+void adam_update(T* __restrict__ p, const T* __restrict__ grad, T* __restrict__ m,
+                 T* __restrict__ v, T* __restrict__ vmax, int64_t n, const Coeffs<T>& c) {
+  for (int64_t i = 0; i < n; ++i) {
+    T g = kMaximize ? -grad[i] : grad[i];
+    if constexpr (kDecoupled) p[i] = p[i] * c.decay;
+    if constexpr (kL2) g = g + c.weight_decay * p[i];
+    m[i] = m[i] * c.beta1 + c.one_minus_beta1 * g;
+    v[i] = v[i] * c.beta2 + c.one_minus_beta2 * g * g;
+    T second = v[i];
+    if constexpr (kAmsgrad) {
+      vmax[i] = vmax[i] < v[i] ? v[i] : vmax[i];
+      second = vmax[i];
+    }
+    const T denom = std::sqrt(second) / c.bias_correction2_sqrt + c.eps;
+    p[i] = p[i] + c.neg_step_size * m[i] / denom;
+  }
+}
+
+template <class Fn>
+void with_flag(bool on, Fn&& fn) {
+  if (on)
+    fn(std::true_type{});
+  else
+    fn(std::false_type{});
+}
+
+template <class T>
+void adam_dispatch(T* p, const T* grad, T* m, T* v, T* vmax, int64_t n, const Coeffs<T>& c,
+                   bool l2, bool decoupled, bool amsgrad, bool maximize) {
+  with_flag(l2, [&](auto l2f) {
+    with_flag(decoupled, [&](auto dec) {
+      with_flag(amsgrad, [&](auto ams) {
+        with_flag(maximize, [&](auto max) {
+          adam_update<T, decltype(l2f)::value, decltype(dec)::value, decltype(ams)::value,
+                      decltype(max)::value>(p, grad, m, v, vmax, n, c);
+        });
+      });
+    });
+  });
+}
+
+// The state tensor `key` of a parameter: created zero-filled on first use,
+// made contiguous (and kept so) otherwise.
+Tensor state_tensor(std::map<std::string, Tensor>& st, const char* key, const Tensor& param) {
+  auto it = st.find(key);
+  Tensor t = it == st.end() ? Tensor::zeros(param.shape(), param.dtype(), param.device())
+                            : it->second.contiguous();
+  st[key] = t;
+  return t;
+}
+
+}  // namespace
+
+GroupOptions AdamOptions::to_map() const {
+  return {{"lr", lr},
+          {"beta1", beta1},
+          {"beta2", beta2},
+          {"eps", eps},
+          {"weight_decay", weight_decay},
+          {"amsgrad", amsgrad ? 1.0 : 0.0},
+          {"maximize", maximize ? 1.0 : 0.0}};
+}
+
+AdamOptions AdamOptions::from_map(const GroupOptions& m) {
+  auto get = [&](const char* key) {
+    auto it = m.find(key);
+    LOCKSTEP_CHECK(it != m.end(), "Adam: parameter group has no \"{}\" option", key);
+    return it->second;
+  };
+  return {.lr = get("lr"),
+          .beta1 = get("beta1"),
+          .beta2 = get("beta2"),
+          .eps = get("eps"),
+          .weight_decay = get("weight_decay"),
+          .amsgrad = get("amsgrad") != 0.0,
+          .maximize = get("maximize") != 0.0};
+}
+
+Adam::Adam(std::string name, bool decoupled_weight_decay, AdamOptions defaults)
+    : Optimizer(std::move(name), defaults.to_map()),
+      decoupled_weight_decay_(decoupled_weight_decay) {}
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions options) : Adam("Adam", false, options) {
+  add_param_group({std::move(params), {}});
+}
+
+Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults) : Adam("Adam", false, defaults) {
+  LOCKSTEP_CHECK(!groups.empty(), "Adam: got an empty list of parameter groups");
+  for (auto& g : groups) add_param_group(std::move(g));
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options) : Adam("AdamW", true, options) {
+  add_param_group({std::move(params), {}});
+}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults)
+    : Adam("AdamW", true, defaults) {
+  LOCKSTEP_CHECK(!groups.empty(), "AdamW: got an empty list of parameter groups");
+  for (auto& g : groups) add_param_group(std::move(g));
+}
+
+void Adam::validate(const GroupOptions& options) const {
+  const AdamOptions o = AdamOptions::from_map(options);
+  // Written as `x >= 0` checks so that NaN fails them too.
+  LOCKSTEP_CHECK(o.lr >= 0.0, "{}: invalid learning rate {}; it must be >= 0", name_, o.lr);
+  LOCKSTEP_CHECK(o.eps >= 0.0, "{}: invalid eps {}; it must be >= 0", name_, o.eps);
+  LOCKSTEP_CHECK(o.beta1 >= 0.0 && o.beta1 < 1.0, "{}: invalid beta1 {}; it must be in [0, 1)",
+                 name_, o.beta1);
+  LOCKSTEP_CHECK(o.beta2 >= 0.0 && o.beta2 < 1.0, "{}: invalid beta2 {}; it must be in [0, 1)",
+                 name_, o.beta2);
+  LOCKSTEP_CHECK(o.weight_decay >= 0.0, "{}: invalid weight_decay {}; it must be >= 0", name_,
+                 o.weight_decay);
+}
+
+void Adam::step() {
+  NoGradGuard no_grad;
+  for (auto& group : groups_) {
+    validate(group.options);  // a scheduler or the user may have edited them
+    const AdamOptions o = AdamOptions::from_map(group.options);
+    for (auto& param : group.params) {
+      if (!param.grad().defined()) continue;
+      LOCKSTEP_CHECK(param.device().is_cpu(), "{}: parameter on {}; only CPU tensors for now",
+                     name_, param.device().str());
+      Tensor grad = param.grad();
+      if (grad.dtype() != param.dtype()) grad = grad.to(param.dtype());
+      grad = grad.contiguous();
+      Tensor p = param.contiguous();
+
+      auto& st = state_of(param);
+      // "step" as PyTorch keeps it: a 0-dim f32 tensor counting steps taken.
+      auto step_it = st.find("step");
+      const double step = (step_it == st.end() ? 0.0 : step_it->second.item()) + 1.0;
+      st["step"] = Tensor::scalar(step, runtime::DType::f32);
+      Tensor m = state_tensor(st, "exp_avg", param);
+      Tensor v = state_tensor(st, "exp_avg_sq", param);
+      Tensor vmax = o.amsgrad ? state_tensor(st, "max_exp_avg_sq", param) : Tensor{};
+
+      const double bias_correction1 = 1.0 - std::pow(o.beta1, step);
+      const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
+      runtime::dispatch_float(p.dtype(), "Adam.step", [&](auto tag) {
+        using T = decltype(tag);
+        const Coeffs<T> c{.decay = static_cast<T>(1.0 - o.lr * o.weight_decay),
+                          .weight_decay = static_cast<T>(o.weight_decay),
+                          .beta1 = static_cast<T>(o.beta1),
+                          .one_minus_beta1 = static_cast<T>(1.0 - o.beta1),
+                          .beta2 = static_cast<T>(o.beta2),
+                          .one_minus_beta2 = static_cast<T>(1.0 - o.beta2),
+                          .bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2)),
+                          .eps = static_cast<T>(o.eps),
+                          .neg_step_size = static_cast<T>(-(o.lr / bias_correction1))};
+        const bool decay = o.weight_decay != 0.0;
+        adam_dispatch<T>(p.data_ptr<T>(), grad.data_ptr<T>(), m.data_ptr<T>(), v.data_ptr<T>(),
+                         vmax.defined() ? vmax.data_ptr<T>() : nullptr, p.numel(), c,
+                         decay && !decoupled_weight_decay_, decay && decoupled_weight_decay_,
+                         o.amsgrad, o.maximize);
+      });
+      // Written through raw pointers: bump the versions as in-place ops would.
+      p.storage()->bump_version();
+      m.storage()->bump_version();
+      v.storage()->bump_version();
+      if (vmax.defined()) vmax.storage()->bump_version();
+      if (!p.is_same(param)) param.copy_(p);
+    }
+  }
+}
+
+}  // namespace lockstep::optim

@@ -1,0 +1,208 @@
+#include "lockstep/optim/lr_scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::optim {
+
+namespace {
+
+double cosine_between(double from, double to, double fraction) {
+  return to + (from - to) / 2.0 * (std::cos(std::numbers::pi * fraction) + 1.0);
+}
+
+std::string base_lr_key(size_t group) { return fmt::format("base_lr.{}", group); }
+
+}  // namespace
+
+// ---- LRScheduler --------------------------------------------------------------
+
+LRScheduler::LRScheduler(std::string name, Optimizer& optimizer)
+    : name_(std::move(name)), optimizer_(optimizer) {
+  for (const auto& group : optimizer_.param_groups()) {
+    auto it = group.options.find("lr");
+    LOCKSTEP_CHECK(it != group.options.end(), "{}: the optimizer's parameter groups have no \"lr\"",
+                   name_);
+    base_lrs_.push_back(it->second);
+  }
+}
+
+void LRScheduler::start() { step(); }
+
+void LRScheduler::step() {
+  ++last_epoch_;
+  apply();
+}
+
+void LRScheduler::apply() {
+  auto& groups = optimizer_.param_groups();
+  LOCKSTEP_CHECK(groups.size() == base_lrs_.size(),
+                 "{}: the optimizer has {} parameter group(s) but the scheduler was made for {}; "
+                 "make the scheduler after adding every group",
+                 name_, groups.size(), base_lrs_.size());
+  last_lr_.clear();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const double lr = lr_at(last_epoch_, base_lrs_[g]);
+    groups[g].options["lr"] = lr;
+    apply_extra(last_epoch_, groups[g].options);
+    last_lr_.push_back(lr);
+  }
+}
+
+SchedulerState LRScheduler::state_dict() const {
+  SchedulerState s{{"last_epoch", static_cast<double>(last_epoch_)}};
+  for (size_t g = 0; g < base_lrs_.size(); ++g) s[base_lr_key(g)] = base_lrs_[g];
+  return s;
+}
+
+void LRScheduler::load_state_dict(const SchedulerState& state) {
+  auto epoch = state.find("last_epoch");
+  LOCKSTEP_CHECK(epoch != state.end() && epoch->second >= -1 &&
+                     epoch->second == std::floor(epoch->second),
+                 "{}.load_state_dict: the state has no valid \"last_epoch\"; it is not a "
+                 "scheduler state",
+                 name_);
+  std::vector<double> base;
+  while (state.contains(base_lr_key(base.size()))) base.push_back(state.at(base_lr_key(base.size())));
+  LOCKSTEP_CHECK(base.size() == base_lrs_.size(),
+                 "{}.load_state_dict: the state is for {} parameter group(s), this scheduler's "
+                 "optimizer has {}",
+                 name_, base.size(), base_lrs_.size());
+  base_lrs_ = std::move(base);
+  last_epoch_ = static_cast<int64_t>(epoch->second);
+  apply();
+}
+
+// ---- StepLR, MultiStepLR ----------------------------------------------------------
+
+StepLR::StepLR(Optimizer& optimizer, StepLROptions options)
+    : LRScheduler("StepLR", optimizer), o_(options) {
+  LOCKSTEP_CHECK(o_.step_size >= 1, "StepLR: step_size {} must be >= 1", o_.step_size);
+  start();
+}
+
+double StepLR::lr_at(int64_t epoch, double base_lr) const {
+  return base_lr * std::pow(o_.gamma, static_cast<double>(epoch / o_.step_size));
+}
+
+MultiStepLR::MultiStepLR(Optimizer& optimizer, MultiStepLROptions options)
+    : LRScheduler("MultiStepLR", optimizer), o_(std::move(options)) {
+  LOCKSTEP_CHECK(std::is_sorted(o_.milestones.begin(), o_.milestones.end()),
+                 "MultiStepLR: milestones must be in increasing order");
+  start();
+}
+
+double MultiStepLR::lr_at(int64_t epoch, double base_lr) const {
+  const auto passed = std::upper_bound(o_.milestones.begin(), o_.milestones.end(), epoch) -
+                      o_.milestones.begin();
+  return base_lr * std::pow(o_.gamma, static_cast<double>(passed));
+}
+
+// ---- CosineLR, LinearLR, WarmupCosineLR ---------------------------------------------
+
+CosineLR::CosineLR(Optimizer& optimizer, CosineLROptions options)
+    : LRScheduler("CosineLR", optimizer), o_(options) {
+  LOCKSTEP_CHECK(o_.t_max >= 1, "CosineLR: t_max {} must be >= 1", o_.t_max);
+  start();
+}
+
+double CosineLR::lr_at(int64_t epoch, double base_lr) const {
+  return cosine_between(base_lr, o_.eta_min, static_cast<double>(epoch) / o_.t_max);
+}
+
+LinearLR::LinearLR(Optimizer& optimizer, LinearLROptions options)
+    : LRScheduler("LinearLR", optimizer), o_(options) {
+  LOCKSTEP_CHECK(o_.start_factor > 0.0 && o_.start_factor <= 1.0,
+                 "LinearLR: start_factor {} must be in (0, 1]", o_.start_factor);
+  LOCKSTEP_CHECK(o_.end_factor >= 0.0 && o_.end_factor <= 1.0,
+                 "LinearLR: end_factor {} must be in [0, 1]", o_.end_factor);
+  LOCKSTEP_CHECK(o_.total_steps >= 1, "LinearLR: total_steps {} must be >= 1", o_.total_steps);
+  start();
+}
+
+double LinearLR::lr_at(int64_t epoch, double base_lr) const {
+  const double done = static_cast<double>(std::min(epoch, o_.total_steps)) / o_.total_steps;
+  return base_lr * (o_.start_factor + (o_.end_factor - o_.start_factor) * done);
+}
+
+WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, WarmupCosineLROptions options)
+    : LRScheduler("WarmupCosineLR", optimizer), o_(options) {
+  LOCKSTEP_CHECK(o_.warmup_steps >= 0 && o_.warmup_steps < o_.total_steps,
+                 "WarmupCosineLR: need 0 <= warmup_steps < total_steps (got {} and {})",
+                 o_.warmup_steps, o_.total_steps);
+  LOCKSTEP_CHECK(o_.start_factor > 0.0 && o_.start_factor <= 1.0,
+                 "WarmupCosineLR: start_factor {} must be in (0, 1]", o_.start_factor);
+  start();
+}
+
+double WarmupCosineLR::lr_at(int64_t epoch, double base_lr) const {
+  if (epoch < o_.warmup_steps) {
+    const double done = static_cast<double>(epoch) / o_.warmup_steps;
+    return base_lr * (o_.start_factor + (1.0 - o_.start_factor) * done);
+  }
+  const double fraction =
+      static_cast<double>(epoch - o_.warmup_steps) / (o_.total_steps - o_.warmup_steps);
+  return cosine_between(base_lr, o_.eta_min, fraction);
+}
+
+// ---- OneCycleLR ---------------------------------------------------------------------
+
+OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
+    : LRScheduler("OneCycleLR", optimizer), o_(options) {
+  LOCKSTEP_CHECK(o_.total_steps >= 2, "OneCycleLR: total_steps {} must be >= 2", o_.total_steps);
+  LOCKSTEP_CHECK(o_.pct_start > 0.0 && o_.pct_start < 1.0 &&
+                     o_.pct_start * static_cast<double>(o_.total_steps) > 1.0,
+                 "OneCycleLR: pct_start {} must be in (0, 1) and leave the rising phase more "
+                 "than one of the {} steps",
+                 o_.pct_start, o_.total_steps);
+  LOCKSTEP_CHECK(o_.max_lr > 0.0 && o_.div_factor > 0.0 && o_.final_div_factor > 0.0,
+                 "OneCycleLR: max_lr, div_factor and final_div_factor must be > 0");
+  if (o_.cycle_momentum) {
+    const auto& opts = optimizer.param_groups().front().options;
+    if (opts.contains("momentum"))
+      momentum_key_ = "momentum";
+    else if (opts.contains("beta1"))
+      momentum_key_ = "beta1";
+    LOCKSTEP_CHECK(!momentum_key_.empty(),
+                   "OneCycleLR: the optimizer has no momentum or beta1 option to cycle; pass "
+                   "cycle_momentum = false");
+  }
+  start();
+}
+
+// PyTorch's two phases: [0, pct_start * total - 1] rising, then [.., total - 1]
+// falling; the last phase also covers the step total - 1 reaches.
+double OneCycleLR::anneal(int64_t epoch, double start_value, double peak_value,
+                          double end_value) const {
+  LOCKSTEP_CHECK(epoch <= o_.total_steps,
+                 "OneCycleLR: stepped {} times but total_steps is {}; make the scheduler with "
+                 "the number of steps the run takes",
+                 epoch, o_.total_steps);
+  const double rise_end = o_.pct_start * static_cast<double>(o_.total_steps) - 1.0;
+  const double fall_end = static_cast<double>(o_.total_steps) - 1.0;
+  const double e = static_cast<double>(epoch);
+  double from, to, fraction;
+  if (e <= rise_end) {
+    from = start_value, to = peak_value, fraction = e / rise_end;
+  } else {
+    from = peak_value, to = end_value, fraction = (e - rise_end) / (fall_end - rise_end);
+  }
+  return o_.cosine ? cosine_between(from, to, fraction) : (to - from) * fraction + from;
+}
+
+double OneCycleLR::lr_at(int64_t epoch, double /*base_lr*/) const {
+  const double initial = o_.max_lr / o_.div_factor;
+  return anneal(epoch, initial, o_.max_lr, initial / o_.final_div_factor);
+}
+
+void OneCycleLR::apply_extra(int64_t epoch, GroupOptions& options) const {
+  if (momentum_key_.empty()) return;
+  options[momentum_key_] = anneal(epoch, o_.max_momentum, o_.base_momentum, o_.max_momentum);
+}
+
+}  // namespace lockstep::optim

@@ -1,0 +1,81 @@
+// LR schedules beyond PyTorch's numbers (test_torch_reference.cpp): resuming
+// from state_dict() continues the same sequence, groups keep their own base
+// rates, and bad options and states fail with clear messages.
+#include <catch2/catch.hpp>
+
+#include "lockstep/optim/adam.h"
+#include "lockstep/optim/lr_scheduler.h"
+#include "lockstep/optim/sgd.h"
+
+using namespace lockstep::optim;
+using Catch::Contains;
+
+namespace {
+
+Tensor param() {
+  Tensor p = Tensor::zeros({2});
+  p.requires_grad_();
+  return p;
+}
+
+double lr(const Optimizer& opt, size_t group = 0) { return opt.param_groups()[group].options.at("lr"); }
+
+}  // namespace
+
+TEST_CASE("A scheduler restored from state_dict continues the same sequence",
+          "[optim][lr_scheduler]") {
+  Tensor p = param();
+  SGD a({p}, {.lr = 0.2, .momentum = 0.9});
+  WarmupCosineLR sa(a, {.warmup_steps = 4, .total_steps = 20});
+  for (int i = 0; i < 7; ++i) sa.step();
+  const SchedulerState saved = sa.state_dict();
+  CHECK(saved.at("last_epoch") == 7);
+
+  Tensor q = param();
+  SGD b({q}, {.lr = 0.2, .momentum = 0.9});
+  WarmupCosineLR sb(b, {.warmup_steps = 4, .total_steps = 20});
+  sb.load_state_dict(saved);
+  CHECK(lr(b) == lr(a));
+  for (int i = 0; i < 10; ++i) {
+    sa.step();
+    sb.step();
+    CHECK(lr(b) == lr(a));
+  }
+}
+
+TEST_CASE("Each parameter group follows the schedule from its own rate", "[optim][lr_scheduler]") {
+  Tensor p = param(), q = param();
+  Adam opt(std::vector<ParamGroup>{{{p}, {}}, {{q}, {{"lr", 0.5}}}}, {.lr = 0.1});
+  StepLR sched(opt, {.step_size = 2, .gamma = 0.1});
+  CHECK(sched.base_lrs() == std::vector<double>{0.1, 0.5});
+  sched.step();
+  sched.step();
+  CHECK(lr(opt, 0) == Approx(0.01));
+  CHECK(lr(opt, 1) == Approx(0.05));
+  CHECK(sched.last_lr() == std::vector<double>{lr(opt, 0), lr(opt, 1)});
+}
+
+TEST_CASE("One-cycle cycles beta1 for Adam and refuses to run past its steps",
+          "[optim][lr_scheduler]") {
+  Tensor p = param();
+  Adam opt({p}, {.lr = 0.1});
+  OneCycleLR sched(opt, {.max_lr = 1.0, .total_steps = 10});
+  CHECK(opt.param_groups()[0].options.at("beta1") == Approx(0.95));
+  for (int i = 0; i < 10; ++i) sched.step();  // step 10 == total_steps is allowed
+  CHECK_THROWS_WITH(sched.step(), Contains("stepped 11 times but total_steps is 10"));
+}
+
+TEST_CASE("Schedulers reject bad options and foreign states", "[optim][lr_scheduler]") {
+  Tensor p = param();
+  SGD opt({p}, {.lr = 0.1});
+  CHECK_THROWS_WITH(StepLR(opt, {.step_size = 0}), Contains("step_size 0 must be >= 1"));
+  CHECK_THROWS_WITH(MultiStepLR(opt, {.milestones = {5, 2}}), Contains("increasing order"));
+  CHECK_THROWS_WITH(WarmupCosineLR(opt, {.warmup_steps = 10, .total_steps = 10}),
+                    Contains("warmup_steps < total_steps"));
+  CHECK_THROWS_WITH(OneCycleLR(opt, {.total_steps = 2, .pct_start = 0.3}),
+                    Contains("rising phase"));
+  CosineLR sched(opt, {.t_max = 10});
+  CHECK_THROWS_WITH(sched.load_state_dict({{"base_lr.0", 0.1}}), Contains("last_epoch"));
+  CHECK_THROWS_WITH(sched.load_state_dict({{"last_epoch", 3}, {"base_lr.0", 0.1}, {"base_lr.1", 0.1}}),
+                    Contains("2 parameter group(s)"));
+}
