@@ -1,0 +1,39 @@
+// Atomic file replacement: readers see the old file or the complete new one,
+// never a partial write, even when the writer is killed or the machine loses
+// power mid-write.
+//
+// write_file_atomically(path, fill):
+//   1. fill() writes "<dir>/.<name>.tmp-<pid>-<n>", created in the same
+//      directory so that the rename below stays within one filesystem;
+//   2. fsync of the temporary file (its data is on disk before its name is);
+//   3. rename over `path` (atomic on POSIX filesystems);
+//   4. fsync of the directory (the rename itself is on disk).
+// On any error the temporary file is removed and the error rethrown. A killed
+// writer leaves its temporary file behind: remove_stale_temp_files() cleans
+// them up, and is_temp_file_name() lets directory listings skip them.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lockstep::runtime {
+
+// fill(fd, temp_path) writes the content to fd (a new, empty file).
+void write_file_atomically(const std::filesystem::path& path,
+                           const std::function<void(int fd, const std::string& temp_path)>& fill);
+
+// True for names write_file_atomically uses for its temporary files.
+bool is_temp_file_name(std::string_view name);
+
+// Removes the temporary files in `dir` whose writer process no longer runs
+// on this host (checked by pid); returns their paths. Meant for a directory
+// that processes of one host write, as rank 0 does for checkpoints.
+std::vector<std::filesystem::path> remove_stale_temp_files(const std::filesystem::path& dir);
+
+// fsync of a directory, so that renames and unlinks in it are durable.
+void fsync_directory(const std::filesystem::path& dir);
+
+}  // namespace lockstep::runtime

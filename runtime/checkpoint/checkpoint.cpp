@@ -1,0 +1,75 @@
+#include "lockstep/runtime/checkpoint/checkpoint.h"
+
+#include <unordered_map>
+#include <vector>
+
+#include "lockstep/runtime/checkpoint/atomic_file.h"
+
+namespace lockstep::runtime {
+
+uint64_t save_checkpoint(const std::filesystem::path& path, const CheckpointContent& content,
+                         const SaveOptions& options) {
+  uint64_t bytes = 0;
+  write_file_atomically(path, [&](int fd, const std::string& temp) {
+    bytes = write_safetensors(fd, temp, content.tensors, content.metadata,
+                              {.on_progress = options.on_progress});
+  });
+  return bytes;
+}
+
+CheckpointContent load_checkpoint(const std::filesystem::path& path, const LoadOptions& options) {
+  SafetensorsFile file =
+      read_safetensors(path.string(), {.require_checksum = options.require_checksum});
+  file.metadata.erase(kChecksumKey);
+  file.metadata.erase(kTensorChecksumsKey);
+  CheckpointContent out{.tensors = std::move(file.tensors), .metadata = std::move(file.metadata)};
+  if (!options.device.is_cpu())
+    for (auto& [name, t] : out.tensors) t = t.to(options.device);
+  return out;
+}
+
+void check_tensors_match(const NamedTensors& found, const NamedTensors& expected,
+                         const std::string& file) {
+  // Long lists are cut: the first few differences say what happened.
+  constexpr size_t kMaxListed = 8;
+  std::unordered_map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : found) by_name[name] = &t;
+
+  std::vector<std::string> missing, mismatched;
+  for (const auto& [name, want] : expected) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      missing.push_back("'" + name + "'");
+      continue;
+    }
+    const Tensor& got = *it->second;
+    if (got.shape() != want.shape() || got.dtype() != want.dtype())
+      mismatched.push_back(fmt::format("'{}': expected {} {}, found {} {}", name,
+                                       dtype_name(want.dtype()), shape_str(want.shape()),
+                                       dtype_name(got.dtype()), shape_str(got.shape())));
+    by_name.erase(it);
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : found)
+    if (by_name.count(name)) unexpected.push_back("'" + name + "'");
+  if (missing.empty() && mismatched.empty() && unexpected.empty()) return;
+
+  auto list = [&](const std::vector<std::string>& items) {
+    std::string s;
+    for (size_t i = 0; i < items.size() && i < kMaxListed; ++i)
+      s += fmt::format("{}{}", i ? ", " : "", items[i]);
+    if (items.size() > kMaxListed) s += fmt::format(", ... ({} in all)", items.size());
+    return s;
+  };
+  std::string msg = fmt::format("{} does not match the expected tensors:", file);
+  if (!mismatched.empty()) msg += fmt::format("\n  shape or dtype differs: {}", list(mismatched));
+  if (!missing.empty()) msg += fmt::format("\n  missing from the file: {}", list(missing));
+  if (!unexpected.empty())
+    msg += fmt::format("\n  in the file but not expected: {}", list(unexpected));
+  msg +=
+      "\nThe checkpoint was written for a different model or configuration: build the model "
+      "the way the run that saved it did, or pick the matching checkpoint.";
+  throw Error(msg);
+}
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,153 @@
+// CheckpointDir: file naming, retention (last K plus the best), state
+// recovered from the directory alone, temporary files, corrupt newest files.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "lockstep/runtime/checkpoint/checkpoint_dir.h"
+#include "runtime/checkpoint/checkpoint_test_util.h"
+#include "support/test_util.h"
+
+using namespace lockstep::runtime;
+using namespace lockstep::testing;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<int64_t> steps(const CheckpointDir& d) {
+  std::vector<int64_t> s;
+  for (const auto& e : d.list()) s.push_back(e.step);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint dir: keeps the last K", "[checkpoint]") {
+  TempDir tmp;
+  CheckpointDir dir(tmp.str(), {.keep_last = 2});
+  for (int64_t step : {100, 200, 300, 400}) dir.save(small_content(uint32_t(step)), step);
+  CHECK(steps(dir) == std::vector<int64_t>{300, 400});
+  CHECK(dir.list().back().path.filename() == "ckpt-0000000400.safetensors");
+  CHECK_FALSE(dir.best());  // BestMode::none
+
+  auto latest = dir.load_latest();
+  REQUIRE(latest);
+  CHECK(latest->entry.step == 400);
+  CHECK(latest->content.metadata.at(kStepKey) == "400");
+  CHECK(same_tensor(latest->content.tensors[0].second, small_content(400).tensors[0].second));
+}
+
+TEST_CASE("checkpoint dir: keeps the best as well, by min or max", "[checkpoint]") {
+  TempDir tmp;
+  SECTION("min") {
+    CheckpointDir dir(tmp.str(), {.keep_last = 2, .best = BestMode::min});
+    const double losses[] = {0.9, 0.5, 0.7, 0.6, 0.8};
+    for (int i = 0; i < 5; ++i) dir.save(small_content(), i, losses[i]);
+    CHECK(steps(dir) == std::vector<int64_t>{1, 3, 4});
+    REQUIRE(dir.best());
+    CHECK(dir.best()->step == 1);
+    CHECK(*dir.best()->metric == 0.5);
+  }
+  SECTION("max, with a NaN that never wins") {
+    CheckpointDir dir(tmp.str(), {.keep_last = 1, .best = BestMode::max});
+    dir.save(small_content(), 1, 0.70);
+    dir.save(small_content(), 2, std::nan(""));
+    dir.save(small_content(), 3, 0.65);
+    CHECK(steps(dir) == std::vector<int64_t>{1, 3});
+    CHECK(dir.best()->step == 1);
+    dir.save(small_content(), 4, 0.75);  // a new best: the old one goes
+    CHECK(steps(dir) == std::vector<int64_t>{4});
+  }
+}
+
+TEST_CASE("checkpoint dir: a new instance recovers the state from the files", "[checkpoint]") {
+  TempDir tmp;
+  {
+    CheckpointDir dir(tmp.str(), {.keep_last = 2, .best = BestMode::min});
+    dir.save(small_content(), 10, 0.25);
+    dir.save(small_content(), 20, 0.5);
+    dir.save(small_content(), 30, 0.75);
+  }
+  CheckpointDir again(tmp.str(), {.keep_last = 2, .best = BestMode::min});
+  CHECK(steps(again) == std::vector<int64_t>{10, 20, 30});
+  CHECK(again.best()->step == 10);
+  CHECK(again.best()->metric == 0.25);
+  CHECK(again.latest()->step == 30);
+  again.save(small_content(), 40, 0.9);
+  CHECK(steps(again) == std::vector<int64_t>{10, 30, 40});
+}
+
+TEST_CASE("checkpoint dir: other files and temporary files are ignored", "[checkpoint]") {
+  TempDir tmp;
+  CheckpointDir dir(tmp.str());
+  dir.save(small_content(), 5);
+  std::ofstream(tmp.file("notes.txt")) << "x";
+  std::ofstream(tmp.file("ckpt-abc.safetensors")) << "x";
+  std::ofstream(tmp.file(".ckpt-0000000006.safetensors.tmp-" + std::to_string(::getpid()) + "-0"))
+      << "partial";
+  CHECK(steps(dir) == std::vector<int64_t>{5});
+  CHECK(dir.latest()->step == 5);
+}
+
+TEST_CASE("checkpoint dir: stale temporary files of dead writers are removed", "[checkpoint]") {
+  TempDir tmp;
+  // A pid that no process has: the first pid past the maximum is never used.
+  int64_t max_pid = 4194304;
+  std::ifstream("/proc/sys/kernel/pid_max") >> max_pid;
+  const std::string stale =
+      tmp.file(".ckpt-0000000007.safetensors.tmp-" + std::to_string(max_pid + 1) + "-0");
+  const std::string ours =
+      tmp.file(".ckpt-0000000008.safetensors.tmp-" + std::to_string(::getpid()) + "-0");
+  std::ofstream(stale) << "partial";
+  std::ofstream(ours) << "in flight";
+  std::vector<std::string> warnings;
+  CheckpointDir dir(tmp.str(), {.warn = [&](const std::string& w) { warnings.push_back(w); }});
+  CHECK_FALSE(fs::exists(stale));
+  CHECK(fs::exists(ours));
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Contains("did not finish"));
+}
+
+TEST_CASE("checkpoint dir: a corrupt newest checkpoint is skipped or reported", "[checkpoint]") {
+  TempDir tmp;
+  std::vector<std::string> warnings;
+  CheckpointDirOptions options{.keep_last = 3,
+                               .warn = [&](const std::string& w) { warnings.push_back(w); }};
+  CheckpointDir dir(tmp.str(), options);
+  dir.save(small_content(1), 1);
+  dir.save(small_content(2), 2);
+  const std::string newest = dir.path_for_step(2).string();
+  flip_bit(newest, data_offset_of(newest) + 3);
+
+  SECTION("skipped with a warning naming it") {
+    auto latest = dir.load_latest();
+    REQUIRE(latest);
+    CHECK(latest->entry.step == 1);
+    REQUIRE(warnings.size() == 1);
+    CHECK_THAT(warnings[0], Contains(newest) && Contains("fails its checksum"));
+    CHECK(dir.latest()->step == 1);
+  }
+  SECTION("reported as an error") {
+    options.on_corrupt = OnCorrupt::throw_error;
+    CheckpointDir strict(tmp.str(), options);
+    CHECK_THAT(error_of([&] { strict.latest(); }),
+               Contains(newest) && Contains("fails its checksum"));
+  }
+  SECTION("none loads") {
+    const std::string older = dir.path_for_step(1).string();
+    fs::resize_file(older, 3);
+    CHECK_FALSE(dir.latest());
+    CHECK(warnings.size() == 2);
+  }
+}
+
+TEST_CASE("checkpoint dir: refuses bad options", "[checkpoint]") {
+  TempDir tmp;
+  CHECK_THAT(error_of([&] { CheckpointDir(tmp.str(), {.keep_last = 0}); }),
+             Contains("keep_last is 0"));
+  CHECK_THAT(error_of([&] { CheckpointDir(tmp.str()).save(small_content(), -1); }),
+             Contains("step -1 is negative"));
+}

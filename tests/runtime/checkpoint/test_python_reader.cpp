@@ -1,0 +1,106 @@
+// scripts/read_checkpoint.py (numpy only) reads what lockstep writes: the
+// script prints a CRC-32 of each tensor's values as float64, compared here
+// with the same digest of the tensors in C++. Skipped where no python3 with
+// numpy is found.
+#include <zlib.h>
+
+#include <catch2/catch.hpp>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "lockstep/runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/checkpoint_test_util.h"
+#include "support/subprocess.h"
+#include "support/test_util.h"
+
+using namespace lockstep::runtime;
+using namespace lockstep::testing;
+using Catch::Contains;
+
+namespace {
+
+const std::string kScript = std::string(LOCKSTEP_SOURCE_DIR) + "/scripts/read_checkpoint.py";
+
+// The first python3 that imports numpy: the one on PATH, then the system's
+// (a pyenv python3 on PATH may lack numpy where the system one has it).
+std::vector<std::string> python_with_numpy() {
+  for (std::vector<std::string> python : {std::vector<std::string>{"/usr/bin/env", "python3"},
+                                          std::vector<std::string>{"/usr/bin/python3"}}) {
+    auto probe = python;
+    probe.insert(probe.end(), {"-c", "import numpy"});
+    if (run_process(probe, std::chrono::seconds(60)).ok()) return python;
+  }
+  return {};
+}
+
+std::string numpy_dtype(DType d) {
+  switch (d) {
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::bf16:
+      return "float32";  // widened by the reader
+    case DType::f16:
+      return "float16";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
+    case DType::u8:
+      return "uint8";
+    case DType::boolean:
+      return "bool";
+  }
+  return "?";
+}
+
+// CRC-32 of the values as little-endian float64, like the script's --digest.
+uint32_t digest(const Tensor& t) {
+  const std::vector<double> v = values(t);
+  return static_cast<uint32_t>(crc32_z(0, reinterpret_cast<const Bytef*>(v.data()), v.size() * 8));
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: the numpy reader loads the weights", "[checkpoint][python]") {
+  const auto python = python_with_numpy();
+  if (python.empty()) {
+    std::cout << "SKIPPED: no python3 with numpy found (apt-get install python3-numpy)"
+              << std::endl;
+    return;
+  }
+  TempDir dir;
+  CheckpointContent c;
+  const DType dtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16,
+                          DType::i32, DType::i64, DType::u8,   DType::boolean};
+  for (DType dt : dtypes) {
+    std::vector<double> v(15);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i) * 0.37 + (i % 3 == 0);
+    c.tensors.emplace_back("w." + std::string(dtype_name(dt)),
+                           Tensor::from_vector(v, {3, 5}).to(dt));
+  }
+  c.tensors.emplace_back("scalar", Tensor::scalar(2.5));
+  c.tensors.emplace_back("empty", Tensor::zeros({0, 3}));
+  c.tensors.emplace_back("transposed", Tensor::arange(12, DType::f32).reshape({3, 4}).t());
+  c.metadata = {{"epoch", "7"}};
+  const std::string path = dir.file("py.safetensors");
+  save_checkpoint(path, c);
+
+  auto argv = python;
+  argv.insert(argv.end(), {kScript, path, "--digest"});
+  const ProcessResult r = run_process(argv, std::chrono::seconds(120));
+  INFO(r.output);
+  REQUIRE(r.ok());
+  for (const auto& [name, t] : c.tensors)
+    CHECK_THAT(r.output, Contains(fmt::format("{} {} {} {:08x}\n", name, numpy_dtype(t.dtype()),
+                                              shape_str(t.shape()), digest(t))));
+  CHECK_THAT(r.output, Contains("metadata epoch=7"));
+
+  // A corrupt file is refused by the script too.
+  flip_bit(path, data_offset_of(path) + 5);
+  const ProcessResult bad = run_process(argv, std::chrono::seconds(120));
+  CHECK(bad.exit_code == 1);
+  CHECK_THAT(bad.output, Contains("checksum"));
+}
