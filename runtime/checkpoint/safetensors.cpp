@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <optional>
 
@@ -26,6 +27,8 @@ constexpr size_t kGatherBelow = size_t{256} << 10;
 constexpr uint64_t kWritebackEvery = uint64_t{32} << 20;
 
 constexpr const char* kZeroDigits = "00000000";
+// Below this much data a thread costs more than the CRC it would take off.
+constexpr uint64_t kCrcThreadFrom = uint64_t{1} << 20;
 
 std::string hex8(uint32_t v) { return fmt::format("{:08x}", v); }
 
@@ -49,23 +52,17 @@ class StreamWriter {
         kicked_(offset),
         on_progress_(on_progress) {}
 
-  // Appends n bytes at p and returns their CRC-32 continued from `c`.
-  uint32_t append(const char* p, size_t n, uint32_t c) {
+  // Appends n bytes at p.
+  void append(const char* p, size_t n) {
     if (n < kGatherBelow) {
-      c = crc(c, p, n);
       if (fill_ + n > kChunk) flush();
       if (!buffer_) buffer_.reset(new char[kChunk]);
       std::memcpy(buffer_.get() + fill_, p, n);
       fill_ += n;
-      return c;
+      return;
     }
     flush();
-    for (size_t done = 0; done < n; done += kChunk) {
-      const size_t len = std::min(kChunk, n - done);
-      c = crc(c, p + done, len);
-      put(p + done, len);
-    }
-    return c;
+    for (size_t done = 0; done < n; done += kChunk) put(p + done, std::min(kChunk, n - done));
   }
 
   void flush() {
@@ -206,17 +203,28 @@ uint64_t write_safetensors(int fd, const std::string& file, const NamedTensors& 
   for (const auto& s : sources) data_bytes += s.numel() * s.element_size();
   const uint64_t total = placeholder.size() + data_bytes;
 
+  // The CRCs are computed on another thread while this one writes: CRC-32
+  // runs at about 3.6 GB/s here, a third of a write's time if done inline.
+  // (The future waits for that thread even when a write throws.)
+  auto tensor_crcs = std::async(data_bytes >= kCrcThreadFrom ? std::launch::async : std::launch::deferred,
+                                [&sources] {
+                                  std::vector<uint32_t> out;
+                                  for (const auto& t : sources)
+                                    out.push_back(crc(0, t.raw_data(), t.numel() * t.element_size()));
+                                  return out;
+                                });
   write_all(fd, placeholder.data(), placeholder.size(), file);
   StreamWriter out(fd, file, placeholder.size(), total, options.on_progress);
+  for (const auto& t : sources)
+    out.append(static_cast<const char*>(t.raw_data()), t.numel() * t.element_size());
+  out.flush();
   uint32_t data_crc = 0;
   crcs.clear();
+  const std::vector<uint32_t> c = tensor_crcs.get();
   for (size_t i = 0; i < sources.size(); ++i) {
-    const uint64_t n = sources[i].numel() * sources[i].element_size();
-    const uint32_t c = n ? out.append(static_cast<const char*>(sources[i].raw_data()), n, 0) : 0;
-    data_crc = crc_combine(data_crc, c, n);
-    crcs += fmt::format("{}{:08x}", i ? "," : "", c);
+    data_crc = crc_combine(data_crc, c[i], sources[i].numel() * sources[i].element_size());
+    crcs += fmt::format("{}{:08x}", i ? "," : "", c[i]);
   }
-  out.flush();
 
   meta[kTensorChecksumsKey] = crcs;
   const std::string zeroed = encode_safetensors_header(entries, meta);
