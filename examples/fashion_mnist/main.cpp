@@ -5,12 +5,18 @@
 //   build/bin/lockstep-run -np 2 build/bin/fashion_mnist --model cnn --epochs 2
 //       --batch-size 32 --sync-bn                                        (two ranks)
 //   mpirun -np 2 build/bin/fashion_mnist --model cnn --batch-size 32     (Open MPI)
+//   ... --optimizer adamw --lr-schedule warmup-cosine --zero
+//   ... --checkpoint-dir ckpt --checkpoint-every 200 [--resume]
 //
 // Each rank trains on its DistributedSampler shard with --batch-size samples
 // per step (the global batch is world size times that); only rank 0 prints.
+// With --checkpoint-dir, rank 0 saves every --checkpoint-every steps (and at
+// each epoch's end, with the test accuracy as the metric that picks the best
+// checkpoint); --resume continues from the newest one exactly where it was.
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -20,32 +26,20 @@
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/nn/sync_batch_norm.h"
-#include "lockstep/optim/sgd.h"
+#include "lockstep/optim/training_checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/data/distributed_sampler.h"
-#include "lockstep/runtime/data/fashion_mnist.h"
 #include "lockstep/runtime/data/loader.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
+#include "optimizer_setup.h"
+#include "options.h"
 
+namespace fashion_mnist {
 namespace {
 
 using namespace lockstep;
 using runtime::Tensor;
-
-struct Options {
-  std::string model = "mlp";
-  int epochs = 1;
-  int64_t batch_size = 64;
-  double lr = 0.05;
-  double momentum = 0.9;
-  uint64_t seed = 0;
-  std::string data = runtime::kFashionMnistDir;
-  int log_every = 100;
-  int threads = 1;
-  bool sync_bn = false;
-  std::string backend;
-};
 
 // Progress lines come from rank 0 only.
 template <class... Args>
@@ -80,6 +74,19 @@ double evaluate(nn::Module& model, const runtime::Dataset& data, collectives::Pr
   return static_cast<double>(t[0]) / static_cast<double>(t[1]);
 }
 
+// FNV-1a over every parameter and buffer's bytes: equal digests mean
+// bit-identical models (e.g. a resumed run against an uninterrupted one).
+uint64_t digest(const nn::Module& model) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, t] : model.state_dict()) {
+    const Tensor c = t.contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.raw_data());
+    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
 int run(const Options& o) {
   runtime::set_num_threads(o.threads);
   runtime::manual_seed(o.seed);
@@ -87,62 +94,141 @@ int run(const Options& o) {
   const int rank = group->rank(), world = group->size();
   auto train = runtime::load_fashion_mnist(o.data, runtime::Split::train);
   auto test = runtime::load_fashion_mnist(o.data, runtime::Split::test);
+  if (o.train_samples > 0 && o.train_samples < train.size()) {
+    train = runtime::TensorDataset(train.x().slice(0, 0, o.train_samples),
+                                   train.y().slice(0, 0, o.train_samples));
+  }
   std::shared_ptr<nn::Module> model =
       o.model == "cnn" ? nn::models::fashion_cnn(o.seed) : nn::models::fashion_mlp(o.seed);
   if (o.sync_bn) model = nn::convert_sync_batchnorm(model, group);
   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group);
-  optim::SGD opt(model->parameters(), {.lr = o.lr, .momentum = o.momentum});
   auto sampler = std::make_unique<runtime::DistributedSampler>(
       train.size(), rank, world, runtime::DistributedSamplerOptions{.seed = o.seed});
   runtime::DataLoader loader(train, std::move(sampler), {.batch_size = o.batch_size});
+  const int64_t batches = loader.num_batches();
+  auto opt = make_optimizer(o, model->parameters(), group);
+  auto sched = make_scheduler(o, *opt, batches, batches * o.epochs);
   print(rank, "model {} ({} parameters{}), {} training and {} test samples, {} rank{} ({} backend) x "
-        "batch {}, lr {}, momentum {}, seed {}\n",
+        "batch {}, {} lr {}{}{}, seed {}\n",
         o.model, model->num_parameters(), o.sync_bn ? ", SyncBatchNorm" : "", train.size(),
-        test.size(), world, world > 1 ? "s" : "", group->backend(), o.batch_size, o.lr,
-        o.momentum, o.seed);
+        test.size(), world, world > 1 ? "s" : "", group->backend(), o.batch_size, o.optimizer,
+        learning_rate(o), o.lr_schedule == "none" ? "" : " (" + o.lr_schedule + ")",
+        o.zero ? ", ZeRO" : "", o.seed);
+
+  optim::TrainingParts parts{.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get()};
+  optim::TrainingProgress progress;
+  std::optional<runtime::CheckpointDir> checkpoints;
+  if (!o.checkpoint_dir.empty()) {
+    checkpoints.emplace(o.checkpoint_dir, runtime::CheckpointDirOptions{
+                                              .keep_last = o.keep_last, .best = runtime::BestMode::max});
+    if (o.resume) {
+      if (auto last = checkpoints->latest()) {
+        progress = optim::load_training_checkpoint(last->path, parts);
+        print(rank, "resumed from {}: epoch {}, batch {}/{}, step {}\n", last->path.string(),
+              progress.epoch + 1, progress.batch, batches, progress.step);
+      } else {
+        print(rank, "no checkpoint in {} yet: starting from scratch\n", o.checkpoint_dir);
+      }
+    }
+  }
+  auto save = [&](const optim::TrainingProgress& at, std::optional<double> metric) {
+    if (!checkpoints) return;
+    auto entry = optim::save_training_checkpoint(*checkpoints, parts, at, metric, group.get());
+    print(rank, "saved {}\n", entry.path.string());
+  };
 
   using Clock = std::chrono::steady_clock;
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
-    loader.set_epoch(epoch);
+  std::optional<double> accuracy;
+  for (; progress.epoch < o.epochs; ++progress.epoch, progress.batch = 0) {
+    loader.set_epoch(progress.epoch);
     auto window_start = Clock::now();
-    int64_t window_samples = 0;
+    int64_t window_samples = 0, window_steps = 0;
     double window_loss = 0;
-    int64_t window_steps = 0, step = 0;
-    for (const runtime::Batch& b : loader) {
+    while (progress.batch < batches) {
+      const runtime::Batch b = loader.batch(progress.batch);
       Tensor loss = runtime::cross_entropy((*ddp)(b.x), b.y);
-      opt.zero_grad();
+      opt->zero_grad();
       loss.backward();
-      opt.step();
-      ++step;
+      if (o.clip_grad_norm > 0) clip_gradients(*opt, o.clip_grad_norm);
+      opt->step();
+      if (sched) sched->step();
+      ++progress.batch;
+      ++progress.step;
       window_loss += loss.item();
       window_samples += b.size() * world;
       ++window_steps;
-      if (step % o.log_every == 0 || step == loader.num_batches()) {
+      if (progress.batch % o.log_every == 0 || progress.batch == batches) {
         double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
-        print(rank, "epoch {} step {}/{} loss {:.4f} samples/s {:.0f}\n", epoch + 1, step,
-              loader.num_batches(), window_loss / window_steps, window_samples / secs);
+        print(rank, "epoch {} step {}/{} loss {:.6f} samples/s {:.0f}\n", progress.epoch + 1,
+              progress.batch, batches, window_loss / window_steps, window_samples / secs);
         window_start = Clock::now();
         window_samples = window_steps = 0;
         window_loss = 0;
       }
+      if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0 &&
+          progress.batch < batches)
+        save(progress, std::nullopt);
+    }
+    if (checkpoints || progress.epoch + 1 == o.epochs) {
+      accuracy = evaluate(*model, test, *group);
+      print(rank, "epoch {} test accuracy: {:.4f}\n", progress.epoch + 1, *accuracy);
+      if (!progress.best_metric || *accuracy > *progress.best_metric) progress.best_metric = accuracy;
+      // Saved as the start of the next epoch, where a resumed run goes on.
+      optim::TrainingProgress next = progress;
+      ++next.epoch;
+      next.batch = 0;
+      save(next, accuracy);
     }
   }
-  const double accuracy = evaluate(*model, test, *group);
-  print(rank, "test accuracy: {:.4f}\n", accuracy);
+  // Resumed after the last epoch: nothing trained, report what was loaded.
+  if (!accuracy) accuracy = evaluate(*model, test, *group);
+  print(rank, "test accuracy: {:.4f}\n", *accuracy);
+  print(rank, "parameters digest: {:016x}\n", digest(*model));
   return 0;
 }
 
 }  // namespace
+}  // namespace fashion_mnist
 
 int main(int argc, char** argv) {
-  Options o;
+  fashion_mnist::Options o;
   CLI::App app{"Train a Fashion-MNIST classifier with lockstep on one or more processes."};
   app.add_option("--model", o.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--epochs", o.epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", o.batch_size, "samples per step on each rank")
       ->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "SGD learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--train-samples", o.train_samples,
+                 "train on the first N training samples only (quick runs); default: all")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", o.optimizer, "sgd, adam or adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  app.add_option("--lr", o.lr, "learning rate (default: 0.05 for sgd, 1e-3 for adam and adamw)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", o.weight_decay,
+                 "weight decay (default 0; AdamW's own default 1e-2)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "none, step (x0.5 each epoch), multistep (x0.1 at 50% and 75%), cosine, warmup "
+                 "(linear), warmup-cosine or onecycle (peak at --lr); stepped every step")
+      ->check(CLI::IsMember({"none", "step", "multistep", "cosine", "warmup", "warmup-cosine",
+                             "onecycle"}));
+  app.add_option("--warmup-steps", o.warmup_steps, "steps of warmup for warmup schedules")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "clip gradients to this global L2 norm (default: no clipping)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--zero", o.zero,
+               "shard the optimizer state across ranks (ZeroRedundancyOptimizer)");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "directory for checkpoints (rank 0 writes; keeps --keep-last plus the best)");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "also checkpoint every N steps (default: only at each epoch's end)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--keep-last", o.keep_last, "checkpoints kept besides the best")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--resume", o.resume,
+               "continue from the newest checkpoint in --checkpoint-dir (none yet: start fresh)");
   app.add_option("--seed", o.seed, "seed for initialisation and shuffling");
   app.add_option("--data", o.data, "directory with the Fashion-MNIST IDX files");
   app.add_option("--log-every", o.log_every, "steps between progress lines")
@@ -154,8 +240,13 @@ int main(int argc, char** argv) {
                  "process-group backend (shm, shm+gloo, gloo, mpi); default: LOCKSTEP_BACKEND, "
                  "else shm when all ranks share a node, shm+gloo across nodes");
   CLI11_PARSE(app, argc, argv);
+  if (o.resume && o.checkpoint_dir.empty()) {
+    fmt::print(stderr, "fashion_mnist: error: --resume needs --checkpoint-dir DIR (where to find "
+                       "the checkpoints)\n");
+    return 2;
+  }
   try {
-    return run(o);
+    return fashion_mnist::run(o);
   } catch (const std::exception& e) {
     fmt::print(stderr, "fashion_mnist: error: {}\n", e.what());
     return 1;

@@ -1,0 +1,36 @@
+// fashion_mnist's command-line options, shared by its files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "lockstep/runtime/data/fashion_mnist.h"
+
+namespace fashion_mnist {
+
+struct Options {
+  std::string model = "mlp";
+  int epochs = 1;
+  int64_t batch_size = 64;
+  int64_t train_samples = 0;  // 0: the whole training set
+  std::string optimizer = "sgd";
+  double lr = 0;  // 0: the optimizer's usual rate (SGD 0.05, Adam/AdamW 1e-3)
+  double momentum = 0.9;
+  double weight_decay = 0;  // AdamW: 0 means its default 1e-2
+  std::string lr_schedule = "none";
+  int64_t warmup_steps = 100;
+  double clip_grad_norm = 0;  // 0: no clipping
+  bool zero = false;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // steps; 0: at the end of each epoch
+  int keep_last = 2;
+  bool resume = false;
+  uint64_t seed = 0;
+  std::string data = lockstep::runtime::kFashionMnistDir;
+  int log_every = 100;
+  int threads = 1;
+  bool sync_bn = false;
+  std::string backend;
+};
+
+}  // namespace fashion_mnist

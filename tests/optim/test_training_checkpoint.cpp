@@ -1,0 +1,161 @@
+// Training checkpoints in one process (and two rank threads): what is saved
+// comes back, a mismatched model or optimizer is refused before anything
+// changes, and a failed write on rank 0 fails every rank. The end-to-end
+// resume (bit-identical training) is in test_exact_resume.cpp.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "collectives/rank_threads.h"
+#include "lockstep/nn/models.h"
+#include "lockstep/optim/adam.h"
+#include "lockstep/optim/sgd.h"
+#include "lockstep/optim/training_checkpoint.h"
+#include "lockstep/runtime/ops.h"
+
+using namespace lockstep;
+using namespace lockstep::optim;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-tc-{}-{}", name, getpid());
+  fs::remove_all(dir);
+  return dir;
+}
+
+// One Adam step on random data, so the optimizer has state.
+void train_step(nn::Module& model, Optimizer& opt) {
+  Tensor x = runtime::randn({8, 1, 28, 28});
+  Tensor y = Tensor::from_vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7}, {8});
+  Tensor loss = runtime::cross_entropy(model(x), y);
+  opt.zero_grad();
+  loss.backward();
+  opt.step();
+}
+
+std::vector<float> flat_parameters(const nn::Module& model) {
+  std::vector<float> out;
+  for (const auto& [name, t] : model.state_dict()) {
+    if (t.dtype() != runtime::DType::f32) continue;
+    auto v = t.to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("A training checkpoint restores model, optimizer, schedule, RNG and progress",
+          "[optim][checkpoint]") {
+  const fs::path dir = scratch("roundtrip");
+  auto model = nn::models::fashion_cnn(1);
+  Adam opt(model->parameters(), {.lr = 1e-3});
+  StepLR sched(opt, {.step_size = 2, .gamma = 0.5});
+  for (int i = 0; i < 3; ++i) {
+    train_step(*model, opt);
+    sched.step();
+  }
+  runtime::CheckpointDir ckpt(dir, {.keep_last = 1});
+  TrainingParts parts{.model = model.get(), .optimizer = &opt, .scheduler = &sched};
+  const TrainingProgress saved{.epoch = 2, .batch = 7, .step = 3, .best_metric = 0.75,
+                               .user = {{"note", "hello"}}};
+  const auto entry = save_training_checkpoint(ckpt, parts, saved, 0.75, nullptr);
+  CHECK(entry.step == 3);
+  const uint64_t rng_offset = runtime::default_generator().offset();
+
+  // A second model, optimizer and schedule, trained differently, take it all.
+  auto other = nn::models::fashion_cnn(2);
+  Adam other_opt(other->parameters(), {.lr = 1e-3});
+  StepLR other_sched(other_opt, {.step_size = 2, .gamma = 0.5});
+  train_step(*other, other_opt);
+  (void)runtime::randn({100});  // move the default generator on
+  TrainingParts other_parts{.model = other.get(), .optimizer = &other_opt, .scheduler = &other_sched};
+  const TrainingProgress back = load_training_checkpoint(entry.path, other_parts);
+  CHECK(back.epoch == 2);
+  CHECK(back.batch == 7);
+  CHECK(back.step == 3);
+  CHECK(back.best_metric == 0.75);
+  CHECK(back.user == std::map<std::string, std::string>{{"note", "hello"}});
+  CHECK(runtime::default_generator().offset() == rng_offset);
+  CHECK(flat_parameters(*other) == flat_parameters(*model));
+  CHECK(other_sched.last_epoch() == sched.last_epoch());
+  CHECK(other_opt.param_groups()[0].options == opt.param_groups()[0].options);
+
+  // From here both continue identically.
+  const auto seed_state = runtime::default_generator().offset();
+  train_step(*model, opt);
+  runtime::default_generator().set_offset(seed_state);
+  train_step(*other, other_opt);
+  CHECK(flat_parameters(*other) == flat_parameters(*model));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Loading a training checkpoint into another model or optimizer changes nothing",
+          "[optim][checkpoint]") {
+  const fs::path dir = scratch("mismatch");
+  auto model = nn::models::fashion_mlp(1);
+  Adam opt(model->parameters(), {});
+  train_step(*model, opt);
+  runtime::CheckpointDir ckpt(dir);
+  const auto entry =
+      save_training_checkpoint(ckpt, {.model = model.get(), .optimizer = &opt}, {.step = 1},
+                               std::nullopt, nullptr);
+
+  SECTION("another model") {
+    auto cnn = nn::models::fashion_cnn(1);
+    const auto before = flat_parameters(*cnn);
+    CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = cnn.get()}),
+                      Contains(entry.path.string()));
+    CHECK(flat_parameters(*cnn) == before);
+  }
+  SECTION("another optimizer") {
+    auto same = nn::models::fashion_mlp(2);
+    const auto before = flat_parameters(*same);
+    SGD sgd(same->parameters(), {.lr = 0.1, .momentum = 0.9});
+    CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &sgd}),
+                      Contains("the saved Adam optimizer has option"));
+    CHECK(flat_parameters(*same) == before);
+  }
+  SECTION("a scheduler the run did not have") {
+    auto same = nn::models::fashion_mlp(2);
+    Adam adam(same->parameters(), {});
+    CosineLR sched(adam, {.t_max = 10});
+    CHECK_THROWS_WITH(load_training_checkpoint(
+                          entry.path, {.model = same.get(), .optimizer = &adam, .scheduler = &sched}),
+                      Contains("saved with LR scheduler none, this one is CosineLR"));
+  }
+  SECTION("a plain weights file is not a training checkpoint") {
+    const fs::path plain = dir / "weights.safetensors";
+    runtime::save_checkpoint(plain, {.tensors = model->state_dict().items(), .metadata = {}});
+    CHECK_THROWS_WITH(load_training_checkpoint(plain, {.model = model.get()}),
+                      Contains("not a lockstep training checkpoint"));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A checkpoint rank 0 cannot write fails every rank", "[optim][checkpoint]") {
+  const fs::path dir = scratch("unwritable");
+  auto groups = testing::make_groups("gloo", 2, "ckpt-fail");
+  std::vector<std::string> messages(2);
+  const auto errors = testing::run_ranks(2, [&](int r) {
+    auto model = nn::models::fashion_mlp(1);
+    runtime::CheckpointDir ckpt(dir / std::to_string(r));
+    // Rank 0's directory disappears and a file takes its place.
+    if (r == 0) {
+      fs::remove_all(ckpt.path());
+      std::ofstream(ckpt.path()) << "not a directory";
+    }
+    save_training_checkpoint(ckpt, {.model = model.get()}, {.step = 5}, std::nullopt,
+                             groups[static_cast<size_t>(r)].get());
+  });
+  REQUIRE(errors[0]);
+  REQUIRE(errors[1]);
+  CHECK_THAT(testing::message_of(errors[1]), Contains("rank 0 could not write checkpoint step 5"));
+  fs::remove_all(dir);
+}
