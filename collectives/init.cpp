@@ -17,6 +17,7 @@
 #include "lockstep/collectives/node_topology.h"
 #include "lockstep/collectives/shm/shm_group.h"
 #include "lockstep/config.h"
+#include "lockstep/runtime/cuda/core/error_context.h"
 #include "lockstep/runtime/store/memory_store.h"
 #include "lockstep/runtime/store/prefix_store.h"
 #include "lockstep/runtime/store/tcp_store.h"
@@ -245,6 +246,8 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     size = mpi::world_size();
   }
 #endif
+  // CUDA, cuBLAS, cuDNN and NCCL errors name this rank from now on.
+  runtime::cuda::set_process_rank(rank);
   holder->group = make_group(backend, holder->store, rank, size, options.name, timeout, info.debug,
                              topology ? &*topology : nullptr, node_key);
   ProcessGroup* group = holder->group.get();

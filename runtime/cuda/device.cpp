@@ -1,6 +1,10 @@
 #include "lockstep/runtime/cuda/device.h"
 
+#include <cstdio>
+
 #include <fmt/format.h>
+
+#include "lockstep/runtime/cuda/core/error_context.h"
 
 namespace lockstep::runtime {
 namespace {
@@ -60,8 +64,15 @@ namespace detail {
 
 void throw_cuda_error(cudaError_t error, const char* expr, const char* file, int line) {
   cudaGetLastError();  // clear a non-sticky error so later checks see their own
-  throw Error(fmt::format("CUDA error at {}:{}: {} failed: {} ({})", file, line, expr,
-                          cudaGetErrorString(error), cudaGetErrorName(error)));
+  throw Error(cuda::library_error_message(
+      "CUDA", expr, file, line,
+      fmt::format("{} ({})", cudaGetErrorString(error), cudaGetErrorName(error))));
+}
+
+void warn_cuda_error(cudaError_t error, const char* expr) noexcept {
+  cudaGetLastError();
+  std::fprintf(stderr, "lockstep: warning: %s failed on rank %d: %s (%s)\n", expr,
+               cuda::process_rank(), cudaGetErrorString(error), cudaGetErrorName(error));
 }
 
 }  // namespace detail

@@ -22,10 +22,15 @@ int cuda_device_count();
 std::string cuda_unavailable_reason();
 
 namespace detail {
-// Clears CUDA's last-error state and throws lockstep::Error naming the call,
-// file:line and CUDA's error name and string. Used by LOCKSTEP_CUDA_CHECK.
+// Clears CUDA's last-error state and throws lockstep::Error naming the rank
+// (cuda::process_rank()), file:line, the call and CUDA's error string and name.
+// Used by LOCKSTEP_CUDA_CHECK.
 [[noreturn]] void throw_cuda_error(cudaError_t error, const char* expr, const char* file,
                                    int line);
+
+// For destructors, which must not throw: clears CUDA's last-error state and
+// writes a warning naming the call and CUDA's message to stderr.
+void warn_cuda_error(cudaError_t error, const char* expr) noexcept;
 }  // namespace detail
 
 }  // namespace lockstep::runtime

@@ -1,0 +1,16 @@
+#include "lockstep/runtime/cuda/cublas_check.h"
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/cuda/core/error_context.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::runtime::cuda::detail {
+
+void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line) {
+  throw Error(library_error_message(
+      "cuBLAS", expr, file, line,
+      fmt::format("{} ({})", cublasGetStatusString(status), cublasGetStatusName(status))));
+}
+
+}  // namespace lockstep::runtime::cuda::detail
