@@ -1,8 +1,10 @@
 #include "lockstep/runtime/checkpoint/safetensors.h"
 
 #include <fcntl.h>
-#include <libdeflate.h>
 #include <zlib.h>
+#if LOCKSTEP_HAVE_DEFLATE
+#include <libdeflate.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -33,9 +35,15 @@ constexpr uint64_t kCrcThreadFrom = uint64_t{1} << 20;
 
 std::string hex8(uint32_t v) { return fmt::format("{:08x}", v); }
 
-// libdeflate's CRC-32 is zlib's CRC at several times the speed; zlib still
-// combines CRCs of adjacent ranges (crc32_combine), which libdeflate lacks.
-uint32_t crc(uint32_t c, const void* p, size_t n) { return libdeflate_crc32(c, p, n); }
+// libdeflate's CRC-32 is zlib's CRC at several times the speed, where it is
+// built in; zlib combines CRCs of adjacent ranges (crc32_combine) either way.
+uint32_t crc(uint32_t c, const void* p, size_t n) {
+#if LOCKSTEP_HAVE_DEFLATE
+  return libdeflate_crc32(c, p, n);
+#else
+  return static_cast<uint32_t>(crc32_z(c, static_cast<const Bytef*>(p), n));
+#endif
+}
 // z_off_t is 64-bit on the LP64 systems lockstep builds for.
 uint32_t crc_combine(uint32_t a, uint32_t b, uint64_t len_b) {
   return static_cast<uint32_t>(crc32_combine(a, b, static_cast<z_off_t>(len_b)));
