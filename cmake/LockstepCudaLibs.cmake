@@ -32,7 +32,8 @@ function(lockstep_find_cudnn)
   set(roots ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_LIBRARY_ROOT})
   find_path(LOCKSTEP_CUDNN_INCLUDE_DIR cudnn.h
     HINTS ${roots} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
-  find_library(LOCKSTEP_CUDNN_LIBRARY cudnn
+  # libcudnn.so.9: pip's nvidia-cudnn wheels ship no unversioned library.
+  find_library(LOCKSTEP_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
     HINTS ${roots} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib64 lib)
   set(found FALSE)
   set(version "")
@@ -65,7 +66,7 @@ function(lockstep_find_nccl)
   set(roots ${NCCL_ROOT} $ENV{NCCL_ROOT} $ENV{NCCL_HOME} ${CUDAToolkit_LIBRARY_ROOT})
   find_path(LOCKSTEP_NCCL_INCLUDE_DIR nccl.h
     HINTS ${roots} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
-  find_library(LOCKSTEP_NCCL_LIBRARY nccl
+  find_library(LOCKSTEP_NCCL_LIBRARY NAMES nccl libnccl.so.2
     HINTS ${roots} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib64 lib)
   set(found FALSE)
   set(version "")
