@@ -187,7 +187,7 @@ int run(const Options& o) {
       json doc{{"benchmark", "allreduce_perf"}, {"backend", o.backend}, {"ranks", n},
                {"warmup", o.warmup}, {"iters", o.iters}, {"machine", bench::machine_description()},
                {"results", results}};
-      std::ofstream(o.json_file) << doc.dump(2) << "\n";
+      bench::write_json_file(doc, o.json_file);
     }
   }
   return wrong_total == 0 ? 0 : 1;

@@ -236,9 +236,7 @@ int main(int argc, char** argv) {
                   {"warmup", o.warmup},
                   {"reads", o.hot ? "hot" : "cold"},
                   {"results", results}};
-      std::ofstream f(o.json_file);
-      if (!f) throw std::runtime_error("cannot write " + o.json_file);
-      f << doc.dump(2) << "\n";
+      bench::write_json_file(doc, o.json_file);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -206,13 +206,7 @@ int run(const Options& o) {
                "at the first launch\n",
                r.model, r.cap_mb, bytes_list(r.bucket_bytes), r.ready_at_first_launch,
                r.gradients_expected);
-  if (!o.json_file.empty()) {
-    std::ofstream f(o.json_file);
-    if (!f) throw std::runtime_error("cannot write " + o.json_file);
-    f << doc.dump(2) << "\n";
-  } else {
-    std::cout << doc.dump() << "\n";
-  }
+  bench::print_json(doc, o.json_file);
   return 0;
 }
 

@@ -6,7 +6,10 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
+#include <iostream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <sys/wait.h>
@@ -65,6 +68,21 @@ inline std::string format_table(const std::vector<std::string>& header,
   out += "\n";
   for (const auto& r : rows) out += line(r);
   return out;
+}
+
+// Writes `doc` (indented) to `file`; an error names the file.
+inline void write_json_file(const nlohmann::json& doc, const std::string& file) {
+  std::ofstream f(file);
+  f << doc.dump(2) << "\n";
+  if (!f) throw std::runtime_error("cannot write " + file);
+}
+
+// Writes `doc` to `file` when one is given, else one line to stdout.
+inline void print_json(const nlohmann::json& doc, const std::string& file) {
+  if (!file.empty())
+    write_json_file(doc, file);
+  else
+    std::cout << doc.dump() << "\n";
 }
 
 // One-line description of this machine for the results.

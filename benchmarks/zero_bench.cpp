@@ -210,13 +210,7 @@ int run(const Options& o) {
                                         "max/ideal", "step ms", "opt ms"},
                                        rows));
   for (const auto& line : goal_lines) fmt::print("{}\n", line);
-  if (!o.json_file.empty()) {
-    std::ofstream f(o.json_file);
-    if (!f) throw std::runtime_error("cannot write " + o.json_file);
-    f << doc.dump(2) << "\n";
-  } else {
-    std::cout << doc.dump() << "\n";
-  }
+  bench::print_json(doc, o.json_file);
   return 0;
 }
 
