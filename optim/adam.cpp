@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/optim/update_helpers.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
@@ -12,6 +13,8 @@ namespace lockstep::optim {
 using runtime::NoGradGuard;
 
 namespace {
+
+using detail::with_flag;
 
 // Coefficients worked out in double once per step, then rounded to T, as
 // PyTorch passes Python floats to its CPU kernels.
@@ -43,14 +46,6 @@ void adam_update(T* __restrict__ p, const T* __restrict__ grad, T* __restrict__ 
     const T denom = std::sqrt(second) / c.bias_correction2_sqrt + c.eps;
     p[i] = p[i] + c.neg_step_size * m[i] / denom;
   }
-}
-
-template <class Fn>
-void with_flag(bool on, Fn&& fn) {
-  if (on)
-    fn(std::true_type{});
-  else
-    fn(std::false_type{});
 }
 
 template <class T>
@@ -91,11 +86,7 @@ GroupOptions AdamOptions::to_map() const {
 }
 
 AdamOptions AdamOptions::from_map(const GroupOptions& m) {
-  auto get = [&](const char* key) {
-    auto it = m.find(key);
-    LOCKSTEP_CHECK(it != m.end(), "Adam: parameter group has no \"{}\" option", key);
-    return it->second;
-  };
+  auto get = [&](const char* key) { return detail::group_option(m, key, "Adam"); };
   return {.lr = get("lr"),
           .beta1 = get("beta1"),
           .beta2 = get("beta2"),

@@ -1,9 +1,8 @@
 #include "lockstep/optim/sgd.h"
 
-#include <type_traits>
-
 #include <fmt/format.h>
 
+#include "lockstep/optim/update_helpers.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
@@ -12,6 +11,8 @@ namespace lockstep::optim {
 using runtime::NoGradGuard;
 
 namespace {
+
+using detail::with_flag;
 
 template <class T>
 struct Coeffs {
@@ -47,16 +48,6 @@ void sgd_update(T* __restrict__ p, const T* __restrict__ grad, T* __restrict__ b
   }
 }
 
-// Calls fn(std::true_type) or fn(std::false_type): a runtime flag made a
-// compile-time one.
-template <class Fn>
-void with_flag(bool on, Fn&& fn) {
-  if (on)
-    fn(std::true_type{});
-  else
-    fn(std::false_type{});
-}
-
 template <class T>
 void sgd_dispatch(T* p, const T* grad, T* buf, int64_t n, const Coeffs<T>& c, bool weight_decay,
                   bool momentum, bool first, bool nesterov) {
@@ -86,11 +77,7 @@ GroupOptions SGDOptions::to_map() const {
 }
 
 SGDOptions SGDOptions::from_map(const GroupOptions& m) {
-  auto get = [&](const char* key) {
-    auto it = m.find(key);
-    LOCKSTEP_CHECK(it != m.end(), "SGD: parameter group has no \"{}\" option", key);
-    return it->second;
-  };
+  auto get = [&](const char* key) { return detail::group_option(m, key, "SGD"); };
   return {.lr = get("lr"),
           .momentum = get("momentum"),
           .dampening = get("dampening"),
