@@ -67,7 +67,8 @@ endif()
 # ---- CUDA: toolkit (cudart), cuBLAS, cuDNN ----------------------------------
 
 lockstep_tristate_option(LOCKSTEP_CUDA "Build CUDA support (CUDA toolkit, cuBLAS, cuDNN)")
-# Recorded for the CUDA kernels to come; the CUDA language is not enabled yet.
+# One architecture by default: every extra one multiplies the kernels' build
+# time (-DCMAKE_CUDA_ARCHITECTURES="80;90" for more).
 set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures to build kernels for")
 set(_missing "")
 if(NOT LOCKSTEP_CUDA STREQUAL "OFF")
@@ -92,6 +93,23 @@ endif()
 lockstep_resolve_option(CUDA CUDA "${_missing}"
   "Install the CUDA toolkit with cuBLAS and cuDNN (NVIDIA's apt repository: cuda-toolkit and cudnn9-cuda-<major>), or point -DCUDAToolkit_ROOT= / -DCUDNN_ROOT= at an existing install.")
 if(LOCKSTEP_HAVE_CUDA)
+  # The kernels (runtime/cuda/kernels/*.cu) with the toolkit's own nvcc and
+  # our C++ compiler as its host compiler.
+  if(NOT CMAKE_CUDA_COMPILER)
+    set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+  endif()
+  if(NOT CMAKE_CUDA_HOST_COMPILER)
+    set(CMAKE_CUDA_HOST_COMPILER "${CMAKE_CXX_COMPILER}")
+  endif()
+  if(LOCKSTEP_USE_CCACHE AND LOCKSTEP_CCACHE_PROGRAM AND NOT CMAKE_CUDA_COMPILER_LAUNCHER)
+    set(CMAKE_CUDA_COMPILER_LAUNCHER ${LOCKSTEP_CCACHE_PROGRAM})
+  endif()
+  enable_language(CUDA)
+  # C++17 in the kernels: CMake 3.25 does not know nvcc's C++20 flag, and
+  # kernels need nothing newer (they see only cuda/kernels/*.h).
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  set(CMAKE_CUDA_EXTENSIONS OFF)
   set(_cublas_version "")
   foreach(_dir IN LISTS CUDAToolkit_INCLUDE_DIRS)
     if(NOT _cublas_version)

@@ -59,8 +59,10 @@ endfunction()
 # (`group.allreduce(t, {.op = ReduceOp::Avg})`), which GCC would flag.
 function(lockstep_target_warnings target)
   if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-    target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-missing-field-initializers
-      $<$<BOOL:${LOCKSTEP_WARNINGS_AS_ERRORS}>:-Werror>)
+    # C++ sources only: nvcc takes host-compiler warnings through -Xcompiler.
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-missing-field-initializers>
+      $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${LOCKSTEP_WARNINGS_AS_ERRORS}>>:-Werror>)
   endif()
 endfunction()
 

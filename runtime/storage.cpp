@@ -1,19 +1,48 @@
 #include "lockstep/runtime/storage.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <new>
+
+#include "lockstep/config.h"
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/caching_allocator.h"
+#include "lockstep/runtime/cuda/device.h"
+#endif
 
 namespace lockstep::runtime {
 
 namespace {
 constexpr size_t kAlignment = 64;  // a cache line; also enough for AVX-512 loads
+
+#if LOCKSTEP_HAVE_CUDA
+// CUDA memory comes from the caching allocator, for use on the device's
+// current stream (where ops queue their kernels).
+void* cuda_alloc(size_t nbytes, Device device) {
+  const int count = cuda_device_count();
+  LOCKSTEP_CHECK(count > 0, "cannot allocate {} bytes on {}: {}", nbytes, device.str(),
+                 cuda_unavailable_reason());
+  LOCKSTEP_CHECK(device.index >= 0 && device.index < count,
+                 "cannot allocate on {}: this process sees {} CUDA device(s) (cuda:0 to cuda:{}); "
+                 "check the device index and CUDA_VISIBLE_DEVICES",
+                 device.str(), count, count - 1);
+  return cuda::device_alloc(nbytes, cuda::current_stream(device.index));
 }
+#endif
+}  // namespace
 
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
-  LOCKSTEP_CHECK(device.is_cpu(),
-                 "cannot allocate {} bytes on {}: this build of lockstep keeps tensors on the "
-                 "CPU only (CUDA storage comes with the GPU path); use Device::cpu()",
-                 nbytes, device.str());
+  if (device.is_cuda()) {
+#if LOCKSTEP_HAVE_CUDA
+    if (nbytes > 0) data_ = cuda_alloc(nbytes, device);
+    return;
+#else
+    throw Error(fmt::format("cannot allocate {} bytes on {}: this lockstep was built without "
+                            "CUDA; rebuild with -DLOCKSTEP_CUDA=ON or use Device::cpu()",
+                            nbytes, device.str()));
+#endif
+  }
   if (nbytes == 0) return;
   size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
   data_ = std::aligned_alloc(kAlignment, rounded);
@@ -21,6 +50,19 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
     throw Error(fmt::format("out of host memory allocating {} bytes", nbytes));
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+#if LOCKSTEP_HAVE_CUDA
+  if (device_.is_cuda()) {
+    if (data_ == nullptr) return;
+    try {
+      cuda::device_free(data_);
+    } catch (const std::exception& e) {  // a destructor must not throw
+      std::fprintf(stderr, "lockstep: warning: freeing CUDA storage failed: %s\n", e.what());
+    }
+    return;
+  }
+#endif
+  std::free(data_);
+}
 
 }  // namespace lockstep::runtime

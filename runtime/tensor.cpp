@@ -66,7 +66,13 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  if (t.numel() > 0) std::memset(t.raw_data(), 0, t.numel() * t.element_size());
+  if (t.numel() == 0) return t;
+  if (device.is_cuda()) {
+    NoGradGuard no_grad;
+    t.fill_(0.0);
+  } else {
+    std::memset(t.raw_data(), 0, t.numel() * t.element_size());
+  }
   return t;
 }
 
@@ -116,6 +122,7 @@ void* Tensor::raw_data() const {
 double Tensor::item() const {
   LOCKSTEP_CHECK(numel() == 1, "item(): the tensor has {} elements (shape {}), expected exactly 1",
                  numel(), shape_str(shape()));
+  if (!device().is_cpu()) return to(Device::cpu()).item();  // waits for the device
   return dispatch_all(dtype(), [&](auto tag) {
     using T = decltype(tag);
     return detail::convert<double>(*static_cast<const T*>(raw_data()));
@@ -239,6 +246,9 @@ std::string Tensor::str() const {
     out += "[]";
   } else if (device().is_cpu()) {
     print_values(out, *this, 0, storage_offset(), numel() > 1000);
+  } else {
+    const Tensor host = detach().to(Device::cpu());
+    print_values(out, host, 0, host.storage_offset(), numel() > 1000);
   }
   out += fmt::format(", shape={}, dtype={}", shape_str(shape()), dtype_name(dtype()));
   if (!device().is_cpu()) out += ", device=" + device().str();

@@ -71,11 +71,11 @@ class Tensor {
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
   long use_count() const { return impl_.use_count(); }  // handles sharing this tensor
 
-  // ---- element access (CPU) ----
+  // ---- element access (pointers are device pointers for CUDA tensors) ----
   template <class T> T* data_ptr() const;  // checks dtype; points at element 0 of the view
   void* raw_data() const;
-  double item() const;  // one-element tensor -> double
-  template <class T> std::vector<T> to_vector() const;  // in logical (row-major) order
+  double item() const;  // one-element tensor -> double (waits for a CUDA device)
+  template <class T> std::vector<T> to_vector() const;  // logical (row-major) order, on the host
 
   // ---- views and copies ----
   Tensor view(const Shape& shape) const;     // needs compatible strides; one dim may be -1
@@ -92,7 +92,7 @@ class Tensor {
   Tensor contiguous() const;  // self if already contiguous
   Tensor clone() const;
   Tensor to(DType dtype) const;  // self if already that dtype
-  Tensor to(Device device) const;
+  Tensor to(Device device) const;  // differentiable; waits only when copying to the host
 
   // ---- in place (bump the version counter; refuse on leaves that require grad
   //      while grad mode is on) ----
@@ -154,7 +154,7 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor c = to(dtype_v<T>).contiguous();
+  Tensor c = to(Device::cpu()).to(dtype_v<T>).contiguous();
   const T* p = c.data_ptr<T>();
   return std::vector<T>(p, p + c.numel());
 }

@@ -6,6 +6,11 @@
 #include "lockstep/runtime/ops/strided_loop.h"
 #include "lockstep/runtime/tensor.h"
 
+#include "lockstep/config.h"
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/tensor_copy.h"
+#endif
+
 namespace lockstep::runtime {
 
 namespace {
@@ -16,7 +21,15 @@ void check_inplace(const Tensor& t, const char* op) {
                  "is on; autograd cannot track it. Do it under NoGradGuard (as optimizers do) or "
                  "use the out-of-place op.",
                  op, shape_str(t.shape()));
-  LOCKSTEP_CHECK(t.device().is_cpu(), "{}: tensor is on {}, CPU kernels only", op, t.device().str());
+}
+
+// Whether this in-place op runs on CUDA (dst there, or src there for copy_).
+bool on_cuda(const Tensor& dst, const Tensor* src = nullptr) {
+  const bool cuda = dst.device().is_cuda() || (src != nullptr && src->device().is_cuda());
+#if !LOCKSTEP_HAVE_CUDA
+  LOCKSTEP_CHECK(!cuda, "CUDA tensor in a lockstep built without CUDA");
+#endif
+  return cuda;
 }
 
 // dst op= f(src) elementwise, src broadcast to dst's shape and already of dst's dtype.
@@ -56,6 +69,15 @@ Tensor& Tensor::copy_(const Tensor& src) {
   LOCKSTEP_CHECK(broadcasts_to(src.shape(), shape()),
                  "copy_: source of shape {} does not broadcast to {}", shape_str(src.shape()),
                  shape_str(shape()));
+#if LOCKSTEP_HAVE_CUDA
+  if (on_cuda(*this, &src)) {
+    cuda::copy_tensor(*this, src);
+    storage()->bump_version();
+    return *this;
+  }
+#else
+  on_cuda(*this, &src);
+#endif
   dispatch_all(dtype(), [&](auto dtag) {
     using D = decltype(dtag);
     dispatch_all(src.dtype(), [&](auto stag) {
@@ -82,6 +104,13 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
+#if LOCKSTEP_HAVE_CUDA
+  if (on_cuda(*this)) {
+    cuda::fill_tensor(*this, value);
+    storage()->bump_version();
+    return *this;
+  }
+#endif
   dispatch_all(dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T v = detail::convert<T>(value);
@@ -103,6 +132,13 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   LOCKSTEP_CHECK(broadcasts_to(other.shape(), shape()),
                  "add_: operand of shape {} does not broadcast to {}", shape_str(other.shape()),
                  shape_str(shape()));
+#if LOCKSTEP_HAVE_CUDA
+  if (on_cuda(*this)) {
+    cuda::add_tensor(*this, other, alpha);
+    storage()->bump_version();
+    return *this;
+  }
+#endif
   Tensor src = other.to(dtype());
   dispatch_arith(dtype(), "add_", [&](auto tag) {
     using T = decltype(tag);
@@ -121,6 +157,13 @@ Tensor& Tensor::mul_(const Tensor& other) {
   LOCKSTEP_CHECK(broadcasts_to(other.shape(), shape()),
                  "mul_: operand of shape {} does not broadcast to {}", shape_str(other.shape()),
                  shape_str(shape()));
+#if LOCKSTEP_HAVE_CUDA
+  if (on_cuda(*this)) {
+    cuda::mul_tensor(*this, other);
+    storage()->bump_version();
+    return *this;
+  }
+#endif
   Tensor src = other.to(dtype());
   dispatch_arith(dtype(), "mul_", [&](auto tag) {
     using T = decltype(tag);
@@ -130,6 +173,16 @@ Tensor& Tensor::mul_(const Tensor& other) {
   return *this;
 }
 
-Tensor& Tensor::mul_(double factor) { return mul_(Tensor::scalar(factor, dtype())); }
+Tensor& Tensor::mul_(double factor) {
+#if LOCKSTEP_HAVE_CUDA
+  if (on_cuda(*this)) {
+    check_inplace(*this, "mul_");
+    cuda::mul_scalar(*this, factor);
+    storage()->bump_version();
+    return *this;
+  }
+#endif
+  return mul_(Tensor::scalar(factor, dtype()));
+}
 
 }  // namespace lockstep::runtime

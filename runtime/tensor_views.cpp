@@ -255,9 +255,14 @@ Tensor Tensor::to(DType dt) const {
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   Tensor out = Tensor::empty(shape(), dtype(), d);  // throws for devices without storage
-  NoGradGuard no_grad;
-  out.copy_(*this);
-  return out;
+  {
+    NoGradGuard no_grad;
+    out.copy_(*this);
+  }
+  if (!is_floating(dtype())) return out;
+  const Device from = device();
+  return record(out, "ToDeviceBackward", {*this}, {},
+                [from](const BackwardArgs& a) { return std::vector<Tensor>{a.grad.to(from)}; });
 }
 
 }  // namespace lockstep::runtime

@@ -1,5 +1,6 @@
 #include "lockstep/runtime/cuda/caching_allocator.h"
 
+#include <atomic>
 #include <iostream>
 
 #include <cuda_runtime_api.h>
@@ -62,8 +63,20 @@ CachingAllocatorCore& caching_allocator() {
   return *allocator;
 }
 
+namespace {
+std::atomic<bool> poison{false};
+}
+
+void set_poison_allocations(bool on) { poison.store(on); }
+bool poison_allocations() { return poison.load(); }
+
 void* device_alloc(std::size_t bytes, StreamView stream) {
-  return caching_allocator().allocate(stream.device, bytes, stream.handle);
+  void* ptr = caching_allocator().allocate(stream.device, bytes, stream.handle);
+  if (poison.load(std::memory_order_relaxed) && ptr != nullptr && bytes > 0) {
+    DeviceGuard guard(stream.device);
+    LOCKSTEP_CUDA_CHECK(cudaMemsetAsync(ptr, 0xFF, bytes, stream.handle));
+  }
+  return ptr;
 }
 
 void* device_alloc(std::size_t bytes) { return device_alloc(bytes, current_stream()); }

@@ -21,7 +21,7 @@ class DeviceGuard {
   ~DeviceGuard() {
     if (current_ == previous_) return;
     if (const cudaError_t error = cudaSetDevice(previous_); error != cudaSuccess) {
-      detail::warn_cuda_error(error, "cudaSetDevice(previous) in ~DeviceGuard");
+      runtime::detail::warn_cuda_error(error, "cudaSetDevice(previous) in ~DeviceGuard");
     }
   }
   DeviceGuard(const DeviceGuard&) = delete;

@@ -9,6 +9,12 @@
 #include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/ops/strided_loop.h"
 
+#include "lockstep/config.h"
+#include "lockstep/runtime/cuda/kernels/elementwise_ops.h"
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/elementwise.h"
+#endif
+
 namespace lockstep::runtime {
 
 namespace detail {
@@ -54,11 +60,25 @@ Tensor binary_loop(const Tensor& a, const Tensor& b, DType out_dtype, F f) {
   return out;
 }
 
+using cuda::kernels::BinaryOp;
+using cuda::kernels::UnaryOp;
+
+#if LOCKSTEP_HAVE_CUDA
+bool on_cuda(const Tensor& a, const Tensor& b) { return a.device().is_cuda() || b.device().is_cuda(); }
+#endif
+
 // Arithmetic binary op in the promoted dtype, without autograd.
 template <class F>
-Tensor arith(const Tensor& a, const Tensor& b, const char* name, F f) {
+Tensor arith(const Tensor& a, const Tensor& b, const char* name, F f, BinaryOp op,
+             double alpha = 1.0) {
   DType dt = promote_types(a.dtype(), b.dtype());
   if (dt == DType::boolean || dt == DType::u8) dt = DType::i64;
+#if LOCKSTEP_HAVE_CUDA
+  if (on_cuda(a, b)) return cuda::binary_op(op, a, b, dt, alpha, name);
+#else
+  (void)op;
+  (void)alpha;
+#endif
   Tensor ca = a.to(dt), cb = b.to(dt);
   return dispatch_arith(dt, name, [&](auto tag) {
     using T = decltype(tag);
@@ -67,14 +87,31 @@ Tensor arith(const Tensor& a, const Tensor& b, const char* name, F f) {
 }
 
 template <class F>
-Tensor compare(const Tensor& a, const Tensor& b, const char* name, F f) {
+Tensor compare(const Tensor& a, const Tensor& b, const char* name, F f, BinaryOp op) {
   DType dt = promote_types(a.dtype(), b.dtype());
   if (dt == DType::boolean || dt == DType::u8) dt = DType::i64;
+#if LOCKSTEP_HAVE_CUDA
+  if (on_cuda(a, b)) return cuda::binary_op(op, a, b, dt, 1.0, name);
+#else
+  (void)op;
+#endif
   Tensor ca = a.to(dt), cb = b.to(dt);
   return dispatch_arith(dt, name, [&](auto tag) {
     using T = decltype(tag);
     return binary_loop<T, bool>(ca, cb, DType::boolean, [&](T x, T y) { return f(x, y); });
   });
+}
+
+// f(x) over floating `a` (f32, f64 on the CPU; also bf16, f16 on CUDA).
+template <class F>
+Tensor unary(const Tensor& a, const char* name, F f, UnaryOp op, double scalar = 0.0) {
+#if LOCKSTEP_HAVE_CUDA
+  if (a.device().is_cuda()) return cuda::unary_op(op, a, scalar, name);
+#else
+  (void)op;
+  (void)scalar;
+#endif
+  return detail::map_float(a, name, f);
 }
 
 // The gradient for `input` from a gradient of the broadcast output.
@@ -111,11 +148,14 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 }
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
-  Tensor out = alpha == 1.0 ? arith(a, b, "add", [](auto x, auto y) { return x + y; })
-                            : arith(a, b, "add", [alpha](auto x, auto y) {
-                                using T = decltype(x);
-                                return x + static_cast<T>(alpha) * y;
-                              });
+  Tensor out = alpha == 1.0 ? arith(a, b, "add", [](auto x, auto y) { return x + y; }, BinaryOp::add)
+                            : arith(
+                                  a, b, "add",
+                                  [alpha](auto x, auto y) {
+                                    using T = decltype(x);
+                                    return x + static_cast<T>(alpha) * y;
+                                  },
+                                  BinaryOp::add, alpha);
   return record(out, "AddBackward", {a, b}, {},
                 [as = a.shape(), ad = a.dtype(), bs = b.shape(), bd = b.dtype(),
                  alpha](const BackwardArgs& g) {
@@ -126,7 +166,7 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
-  Tensor out = arith(a, b, "sub", [](auto x, auto y) { return x - y; });
+  Tensor out = arith(a, b, "sub", [](auto x, auto y) { return x - y; }, BinaryOp::sub);
   return record(out, "SubBackward", {a, b}, {},
                 [as = a.shape(), ad = a.dtype(), bs = b.shape(), bd = b.dtype()](const BackwardArgs& g) {
                   return std::vector<Tensor>{g.needs[0] ? reduce_grad(g.grad, as, ad) : Tensor(),
@@ -135,7 +175,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = arith(a, b, "mul", [](auto x, auto y) { return x * y; });
+  Tensor out = arith(a, b, "mul", [](auto x, auto y) { return x * y; }, BinaryOp::mul);
   return record(out, "MulBackward", {a, b}, {a, b}, [](const BackwardArgs& g) {
     const Tensor &a = g.saved[0], &b = g.saved[1];
     return std::vector<Tensor>{g.needs[0] ? reduce_grad(mul(g.grad, b), a) : Tensor(),
@@ -146,7 +186,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   DType dt = promote_types(a.dtype(), b.dtype());
   LOCKSTEP_CHECK(is_floating(dt), "div: integer division is not supported; convert to f32 first");
-  Tensor out = arith(a, b, "div", [](auto x, auto y) { return x / y; });
+  Tensor out = arith(a, b, "div", [](auto x, auto y) { return x / y; }, BinaryOp::div);
   return record(out, "DivBackward", {a, b}, {a, b}, [](const BackwardArgs& g) {
     const Tensor &a = g.saved[0], &b = g.saved[1];
     Tensor ga, gb;
@@ -159,7 +199,10 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor add(const Tensor& a, double s) {
   DType dt = a.dtype();
   if (!is_floating(dt) && s != std::floor(s)) dt = DType::f32;
-  Tensor out = arith(a.to(dt), Tensor::scalar(s, dt), "add", [](auto x, auto y) { return x + y; });
+  Tensor out = a.device().is_cuda()
+                   ? unary(a.to(dt), "add", [](auto x) { return x; }, UnaryOp::add_scalar, s)
+                   : arith(a.to(dt), Tensor::scalar(s, dt), "add",
+                           [](auto x, auto y) { return x + y; }, BinaryOp::add);
   return record(out, "AddScalarBackward", {a}, {},
                 [](const BackwardArgs& g) { return std::vector<Tensor>{g.grad}; });
 }
@@ -167,65 +210,79 @@ Tensor add(const Tensor& a, double s) {
 Tensor mul(const Tensor& a, double s) {
   DType dt = a.dtype();
   if (!is_floating(dt) && s != std::floor(s)) dt = DType::f32;
-  Tensor out = arith(a.to(dt), Tensor::scalar(s, dt), "mul", [](auto x, auto y) { return x * y; });
+  Tensor out = a.device().is_cuda()
+                   ? unary(a.to(dt), "mul", [](auto x) { return x; }, UnaryOp::mul_scalar, s)
+                   : arith(a.to(dt), Tensor::scalar(s, dt), "mul",
+                           [](auto x, auto y) { return x * y; }, BinaryOp::mul);
   return record(out, "MulScalarBackward", {a}, {},
                 [s](const BackwardArgs& g) { return std::vector<Tensor>{mul(g.grad, s)}; });
 }
 
 Tensor neg(const Tensor& a) {
-  Tensor out = arith(a, Tensor::scalar(-1.0, a.dtype()), "neg", [](auto x, auto y) { return x * y; });
+  Tensor out = a.device().is_cuda()
+                   ? unary(a, "neg", [](auto x) { return -x; }, UnaryOp::neg)
+                   : arith(a, Tensor::scalar(-1.0, a.dtype()), "neg",
+                           [](auto x, auto y) { return x * y; }, BinaryOp::mul);
   return record(out, "NegBackward", {a}, {},
                 [](const BackwardArgs& g) { return std::vector<Tensor>{neg(g.grad)}; });
 }
 
 Tensor exp(const Tensor& a) {
-  Tensor out = detail::map_float(a, "exp", [](auto x) { return std::exp(x); });
+  Tensor out = unary(a, "exp", [](auto x) { return std::exp(x); }, UnaryOp::exp);
   return record(out, "ExpBackward", {a}, {out},
                 [](const BackwardArgs& g) { return std::vector<Tensor>{mul(g.grad, g.saved[0])}; });
 }
 
 Tensor log(const Tensor& a) {
-  Tensor out = detail::map_float(a, "log", [](auto x) { return std::log(x); });
+  Tensor out = unary(a, "log", [](auto x) { return std::log(x); }, UnaryOp::log);
   return record(out, "LogBackward", {a}, {a},
                 [](const BackwardArgs& g) { return std::vector<Tensor>{div(g.grad, g.saved[0])}; });
 }
 
 Tensor sqrt(const Tensor& a) {
-  Tensor out = detail::map_float(a, "sqrt", [](auto x) { return std::sqrt(x); });
+  Tensor out = unary(a, "sqrt", [](auto x) { return std::sqrt(x); }, UnaryOp::sqrt);
   return record(out, "SqrtBackward", {a}, {out}, [](const BackwardArgs& g) {
     return std::vector<Tensor>{div(mul(g.grad, 0.5), g.saved[0])};
   });
 }
 
 Tensor pow(const Tensor& a, double e) {
-  Tensor out = detail::map_float(a, "pow", [e](auto x) {
-    using T = decltype(x);
-    return e == 2.0 ? x * x : static_cast<T>(std::pow(x, static_cast<T>(e)));
-  });
+  Tensor out = unary(
+      a, "pow",
+      [e](auto x) {
+        using T = decltype(x);
+        return e == 2.0 ? x * x : static_cast<T>(std::pow(x, static_cast<T>(e)));
+      },
+      UnaryOp::pow_scalar, e);
   return record(out, "PowBackward", {a}, {a}, [e](const BackwardArgs& g) {
     // x^0 is constant; e * x^-1 would give 0 * inf = NaN at x = 0.
-    if (e == 0.0) return std::vector<Tensor>{Tensor::zeros(g.saved[0].shape(), g.saved[0].dtype())};
+    if (e == 0.0)
+      return std::vector<Tensor>{
+          Tensor::zeros(g.saved[0].shape(), g.saved[0].dtype(), g.saved[0].device())};
     return std::vector<Tensor>{mul(mul(g.grad, pow(g.saved[0], e - 1.0)), e)};
   });
 }
 
 Tensor abs(const Tensor& a) {
-  Tensor out = detail::map_float(a, "abs", [](auto x) { return std::abs(x); });
+  Tensor out = unary(a, "abs", [](auto x) { return std::abs(x); }, UnaryOp::abs);
   return record(out, "AbsBackward", {a}, {a}, [](const BackwardArgs& g) {
-    Tensor sign = detail::map_float(g.saved[0], "abs", [](auto x) {
-      using T = decltype(x);
-      return static_cast<T>((x > 0) - (x < 0));
-    });
+    Tensor sign = unary(
+        g.saved[0], "abs",
+        [](auto x) {
+          using T = decltype(x);
+          return static_cast<T>((x > 0) - (x < 0));
+        },
+        UnaryOp::sign);
     return std::vector<Tensor>{mul(g.grad, sign)};
   });
 }
 
 Tensor eq(const Tensor& a, const Tensor& b) {
-  return compare(a, b, "eq", [](auto x, auto y) { return x == y; });
+  return compare(a, b, "eq", [](auto x, auto y) { return x == y; }, BinaryOp::eq);
 }
 
 Tensor gt(const Tensor& a, const Tensor& b) {
-  return compare(a, b, "gt", [](auto x, auto y) { return x > y; });
+  return compare(a, b, "gt", [](auto x, auto y) { return x > y; }, BinaryOp::gt);
 }
 
 }  // namespace lockstep::runtime
