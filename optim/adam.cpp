@@ -8,6 +8,11 @@
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
+#include "lockstep/config.h"
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/fused_optimizer.h"
+#endif
+
 namespace lockstep::optim {
 
 using runtime::NoGradGuard;
@@ -137,17 +142,18 @@ void Adam::step() {
   for (auto& group : groups_) {
     validate(group.options);  // a scheduler or the user may have edited them
     const AdamOptions o = AdamOptions::from_map(group.options);
+#if LOCKSTEP_HAVE_CUDA
+    std::vector<runtime::cuda::FusedParam> on_cuda;  // stepped together below
+#endif
     for (auto& param : group.params) {
       if (!param.grad().defined()) continue;
-      LOCKSTEP_CHECK(param.device().is_cpu(), "{}: parameter on {}; only CPU tensors for now",
-                     name_, param.device().str());
       Tensor grad = param.grad();
       if (grad.dtype() != param.dtype()) grad = grad.to(param.dtype());
       grad = grad.contiguous();
-      Tensor p = param.contiguous();
 
       auto& st = state_of(param);
-      // "step" as PyTorch keeps it: a 0-dim f32 tensor counting steps taken.
+      // "step" as PyTorch keeps it: a 0-dim f32 tensor (on the CPU) counting
+      // steps taken.
       auto step_it = st.find("step");
       const double step = (step_it == st.end() ? 0.0 : step_it->second.item()) + 1.0;
       st["step"] = Tensor::scalar(step, runtime::DType::f32);
@@ -157,6 +163,21 @@ void Adam::step() {
 
       const double bias_correction1 = 1.0 - std::pow(o.beta1, step);
       const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
+#if LOCKSTEP_HAVE_CUDA
+      if (param.device().is_cuda()) {
+        runtime::cuda::check_fusable(name_.c_str(), "parameter", param);
+        runtime::cuda::check_fusable(name_.c_str(), "exp_avg", m);
+        runtime::cuda::check_fusable(name_.c_str(), "exp_avg_sq", v);
+        if (vmax.defined()) runtime::cuda::check_fusable(name_.c_str(), "max_exp_avg_sq", vmax);
+        on_cuda.push_back({.param = param,
+                           .grad = grad,
+                           .state = {m, v, vmax},
+                           .coef = {static_cast<float>(-(o.lr / bias_correction1)),
+                                    static_cast<float>(std::sqrt(bias_correction2))}});
+        continue;
+      }
+#endif
+      Tensor p = param.contiguous();
       runtime::dispatch_float(p.dtype(), "Adam.step", [&](auto tag) {
         using T = decltype(tag);
         const Coeffs<T> c{.decay = static_cast<T>(1.0 - o.lr * o.weight_decay),
@@ -181,6 +202,28 @@ void Adam::step() {
       if (vmax.defined()) vmax.storage()->bump_version();
       if (!p.is_same(param)) param.copy_(p);
     }
+#if LOCKSTEP_HAVE_CUDA
+    if (!on_cuda.empty()) {
+      const bool decay = o.weight_decay != 0.0;
+      runtime::cuda::fused_adam_step(
+          on_cuda, {.decay = static_cast<float>(1.0 - o.lr * o.weight_decay),
+                    .weight_decay = static_cast<float>(o.weight_decay),
+                    .beta1 = static_cast<float>(o.beta1),
+                    .one_minus_beta1 = static_cast<float>(1.0 - o.beta1),
+                    .beta2 = static_cast<float>(o.beta2),
+                    .one_minus_beta2 = static_cast<float>(1.0 - o.beta2),
+                    .eps = static_cast<float>(o.eps),
+                    .l2 = decay && !decoupled_weight_decay_,
+                    .decoupled = decay && decoupled_weight_decay_,
+                    .amsgrad = o.amsgrad,
+                    .maximize = o.maximize});
+      for (const auto& f : on_cuda) {
+        f.param.storage()->bump_version();
+        for (const Tensor& s : f.state)
+          if (s.defined()) s.storage()->bump_version();
+      }
+    }
+#endif
   }
 }
 

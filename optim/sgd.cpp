@@ -6,6 +6,11 @@
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
+#include "lockstep/config.h"
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/fused_optimizer.h"
+#endif
+
 namespace lockstep::optim {
 
 using runtime::NoGradGuard;
@@ -65,6 +70,30 @@ void sgd_dispatch(T* p, const T* grad, T* buf, int64_t n, const Coeffs<T>& c, bo
   });
 }
 
+#if LOCKSTEP_HAVE_CUDA
+// A CUDA parameter's part of the fused step; creates its momentum buffer
+// (filled by the kernel from the gradient) on first use.
+runtime::cuda::FusedParam cuda_param(Tensor& param, std::map<std::string, Tensor>* state) {
+  runtime::cuda::FusedParam f{.param = param, .grad = param.grad()};
+  if (f.grad.dtype() != param.dtype()) f.grad = f.grad.to(param.dtype());
+  f.grad = f.grad.contiguous();
+  runtime::cuda::check_fusable("SGD", "parameter", param);
+  if (state != nullptr) {  // with momentum
+    auto& st = *state;
+    auto it = st.find("momentum_buffer");
+    if (it == st.end()) {
+      f.state[0] = Tensor::empty(param.shape(), param.dtype(), param.device());
+      f.coef[0] = 1.0f;
+    } else {
+      f.state[0] = it->second;
+      runtime::cuda::check_fusable("SGD", "momentum buffer", f.state[0]);
+    }
+    st["momentum_buffer"] = f.state[0];
+  }
+  return f;
+}
+#endif
+
 }  // namespace
 
 GroupOptions SGDOptions::to_map() const {
@@ -114,10 +143,17 @@ void SGD::step() {
   for (auto& group : groups_) {
     validate(group.options);  // a scheduler or the user may have edited them
     const SGDOptions o = SGDOptions::from_map(group.options);
+#if LOCKSTEP_HAVE_CUDA
+    std::vector<runtime::cuda::FusedParam> on_cuda;  // stepped together below
+#endif
     for (auto& param : group.params) {
       if (!param.grad().defined()) continue;
-      LOCKSTEP_CHECK(param.device().is_cpu(), "SGD: parameter on {}; only CPU tensors for now",
-                     param.device().str());
+#if LOCKSTEP_HAVE_CUDA
+      if (param.device().is_cuda()) {
+        on_cuda.push_back(cuda_param(param, o.momentum != 0.0 ? &state_of(param) : nullptr));
+        continue;
+      }
+#endif
       // The fast path is the usual case: contiguous parameter and gradient of
       // the same dtype. Anything else goes through contiguous copies.
       Tensor grad = param.grad();
@@ -154,6 +190,24 @@ void SGD::step() {
       if (buf.defined()) buf.storage()->bump_version();
       if (!p.is_same(param)) param.copy_(p);
     }
+#if LOCKSTEP_HAVE_CUDA
+    if (!on_cuda.empty()) {
+      // Coefficients rounded to f32 as for the CPU's f32 parameters.
+      runtime::cuda::fused_sgd_step(
+          on_cuda, {.neg_lr = static_cast<float>(-o.lr),
+                    .momentum = static_cast<float>(o.momentum),
+                    .one_minus_dampening = static_cast<float>(1.0 - o.dampening),
+                    .weight_decay = static_cast<float>(o.weight_decay),
+                    .has_weight_decay = o.weight_decay != 0.0,
+                    .has_momentum = o.momentum != 0.0,
+                    .nesterov = o.nesterov,
+                    .maximize = o.maximize});
+      for (const auto& f : on_cuda) {
+        f.param.storage()->bump_version();
+        if (f.state[0].defined()) f.state[0].storage()->bump_version();
+      }
+    }
+#endif
   }
 }
 
