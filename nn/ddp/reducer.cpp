@@ -10,6 +10,11 @@
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
+#include "lockstep/config.h"
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/tensor_copy.h"
+#endif
+
 namespace lockstep::nn {
 namespace {
 
@@ -49,6 +54,14 @@ void copy_scaled(Tensor& dst, const Tensor& src, double scale) {
     dst.storage()->bump_version();
     return;
   }
+#if LOCKSTEP_HAVE_CUDA
+  if (dst.device().is_cuda() && src.device() == dst.device() && src.dtype() == dst.dtype() &&
+      dst.numel() == src.numel()) {  // one kernel on the compute stream
+    runtime::cuda::scale_into(dst, src, scale);
+    dst.storage()->bump_version();
+    return;
+  }
+#endif
   dst.copy_(src);
   if (scale != 1.0) dst.mul_(scale);
 }

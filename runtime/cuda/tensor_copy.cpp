@@ -130,4 +130,19 @@ void mul_scalar(const Tensor& dst, double factor) {
                                      stream_of(dst)));
 }
 
+void scale_into(const Tensor& dst, const Tensor& src, double factor) {
+  LOCKSTEP_CHECK(dst.device() == src.device() && dst.device().is_cuda() &&
+                     dst.dtype() == src.dtype() && dst.numel() == src.numel(),
+                 "scale_into: needs two CUDA tensors of one device, dtype and size; got {} {} {} "
+                 "and {} {} {}",
+                 dst.device().str(), dtype_name(dst.dtype()), shape_str(dst.shape()),
+                 src.device().str(), dtype_name(src.dtype()), shape_str(src.shape()));
+  // Same element count: view the source in the destination's shape.
+  const Tensor s = src.shape() == dst.shape() ? src : src.reshape(dst.shape());
+  DeviceGuard guard(dst.device().index);
+  LOCKSTEP_CUDA_CHECK(kernels::unary(kernels::UnaryOp::mul_scalar,
+                                     elementwise_args<2>(dst.shape(), {&dst, &s}), factor,
+                                     stream_of(dst)));
+}
+
 }  // namespace lockstep::runtime::cuda

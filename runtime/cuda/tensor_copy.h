@@ -18,5 +18,8 @@ void fill_tensor(const Tensor& dst, double value);
 void add_tensor(const Tensor& dst, const Tensor& other, double alpha);
 void mul_tensor(const Tensor& dst, const Tensor& other);
 void mul_scalar(const Tensor& dst, double factor);
+// dst = src * factor in one kernel (DDP's gradient into its bucket slot): both
+// CUDA, same device, dtype and number of elements.
+void scale_into(const Tensor& dst, const Tensor& src, double factor);
 
 }  // namespace lockstep::runtime::cuda
