@@ -29,6 +29,12 @@
 #include "lockstep/collectives/mpi/mpi_group.h"
 #include "lockstep/collectives/mpi/mpi_runtime.h"
 #endif
+#if LOCKSTEP_HAVE_NCCL
+#include "lockstep/collectives/nccl/nccl_group.h"
+#endif
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/collectives/cuda_staging/staging_group.h"
+#endif
 
 namespace lockstep::collectives {
 namespace {
@@ -200,10 +206,16 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
 #if LOCKSTEP_HAVE_MPI
   if (backend == "mpi") group = make_mpi_group(rank, size, name, timeout);
 #endif
+#if LOCKSTEP_HAVE_NCCL
+  if (backend == "nccl") group = make_nccl_group(store, rank, size, name, timeout);
+#endif
   LOCKSTEP_CHECK(group != nullptr,
-                 "collectives backend '{}' is built in but init_process_group cannot create it "
-                 "for CPU tensors; use gloo or mpi",
+                 "collectives backend '{}' is built in but make_process_group cannot create it",
                  backend);
+#if LOCKSTEP_HAVE_CUDA
+  // The CPU backends take CUDA tensors too, staged through host memory.
+  if (backend != "nccl") group = make_cuda_staging_group(std::move(group));
+#endif
   if (debug == runtime::DebugLevel::Detail) {
     LOCKSTEP_CHECK(store != nullptr,
                    "LOCKSTEP_DEBUG=detail on group '{}' needs a store to compare the ranks' calls",

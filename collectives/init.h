@@ -2,15 +2,21 @@
 // ProcessGroup.
 //
 // Backend choice: the one asked for (InitOptions::backend or
-// LOCKSTEP_BACKEND: "gloo", "mpi", "shm" or "shm+gloo"), else one picked from
-// where the ranks run. Every rank publishes its node (host name and boot id,
-// or LOCKSTEP_NODE_ID; see node_topology.h) through the store, then:
+// LOCKSTEP_BACKEND: "nccl", "gloo", "mpi", "shm" or "shm+gloo"), else one
+// picked from where the ranks run. Every rank publishes its node (host name
+// and boot id, or LOCKSTEP_NODE_ID; see node_topology.h) through the store,
+// then:
 //   all ranks on one node    "shm": collectives through shared memory, far
 //                            faster than any socket on one host;
 //   ranks on several nodes   "shm+gloo": all-reduce within each node over shm
 //                            and across nodes over gloo among one leader per
 //                            node; other collectives over gloo
 //                            (hierarchical_group.h). Needs gloo built in.
+// "nccl" (CUDA tensors, one GPU per rank; nccl/nccl_group.h) is used only when
+// asked for; its communicator is on the calling thread's current CUDA device,
+// so make each rank's GPU current first. With CUDA built in, the CPU backends
+// take CUDA tensors too, staged through host memory
+// (cuda_staging/staging_group.h): ranks that share one GPU use those.
 // A backend that is not built in gives an error listing those that are and
 // how to build the missing one in.
 //
@@ -32,7 +38,8 @@
 namespace lockstep::collectives {
 
 struct InitOptions {
-  std::string backend;  // "gloo", "mpi", "shm", "shm+gloo"; empty: LOCKSTEP_BACKEND, else the default
+  // "nccl", "gloo", "mpi", "shm", "shm+gloo"; empty: LOCKSTEP_BACKEND, else the default.
+  std::string backend;
   std::optional<std::chrono::milliseconds> timeout;  // default: LOCKSTEP_TIMEOUT_S, else 10 min
   std::string name = "default";
   std::optional<runtime::RankInfo> rank_info;  // default: read_rank_info()

@@ -10,6 +10,9 @@
 // prints the first mismatch or error and exits 1.
 //
 // Flags: --backend NAME        instead of LOCKSTEP_BACKEND / the default
+//        --device cuda         tensors on cuda:<local rank % devices>, made the
+//                              current device first (nccl; CPU backends stage
+//                              them through host memory)
 //        --die-at-rank R       rank R exits with code 3 after the first barrier
 //        --kill-at-rank R      rank R SIGKILLs itself after the first barrier
 //        --diverge-at-rank R   rank R issues a broadcast where the others issue
@@ -28,7 +31,13 @@
 #include <fmt/format.h>
 
 #include "lockstep/collectives/init.h"
+#include "lockstep/config.h"
+#include "lockstep/runtime/env.h"
 #include "lockstep/runtime/tensor.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/device.h"
+#endif
 
 namespace lc = lockstep::collectives;
 namespace lr = lockstep::runtime;
@@ -40,6 +49,7 @@ namespace {
 
 struct Flags {
   std::string backend;
+  std::string device = "cpu";
   int die_at = -1;
   int kill_at = -1;
   int diverge_at = -1;
@@ -53,6 +63,12 @@ Flags parse(int argc, char** argv) {
     const std::string value = argv[++i];
     if (arg == "--backend") {
       f.backend = value;
+    } else if (arg == "--device") {
+      if (value != "cpu" && value != "cuda") {
+        throw lockstep::Error(
+            fmt::format("collective_worker: --device {}: use cpu or cuda", value));
+      }
+      f.device = value;
     } else if (arg == "--die-at-rank") {
       f.die_at = std::stoi(value);
     } else if (arg == "--kill-at-rank") {
@@ -73,10 +89,31 @@ const int64_t kCounts[] = {1, 7, 1001};
 
 int64_t input_value(int r, int64_t i) { return (r * 3 + i * 7 + i / 5) % 7 - 3; }
 
+lr::Device g_device = lr::Device::cpu();  // where the tensors live (--device)
+
 Tensor input(int r, int64_t n, DType dtype) {
   std::vector<double> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<double>(input_value(r, i));
-  return Tensor::from_vector(v, {n}).to(dtype);
+  return Tensor::from_vector(v, {n}).to(dtype).to(g_device);
+}
+
+Tensor zeros(int64_t n, DType dtype) { return Tensor::zeros({n}, dtype, g_device); }
+
+// cuda:<local rank % devices>, made current for the rest of the process.
+void use_cuda_device() {
+#if LOCKSTEP_HAVE_CUDA
+  const int devices = lr::cuda_device_count();
+  if (devices == 0) {
+    throw lockstep::Error(fmt::format("collective_worker: --device cuda, but {}",
+                                      lr::cuda_unavailable_reason()));
+  }
+  const int local_rank =
+      lr::read_rank_info(lr::process_env(), {.allow_missing_store = true}).local_rank;
+  g_device = lr::Device::cuda(local_rank % devices);
+  LOCKSTEP_CUDA_CHECK(cudaSetDevice(g_device.index));
+#else
+  throw lockstep::Error("collective_worker: --device cuda, but lockstep was built without CUDA");
+#endif
 }
 
 double reduced(ReduceOp op, DType dtype, int size, int64_t i) {
@@ -133,7 +170,7 @@ class Checker {
                 fmt::format("allreduce({}, {}, {})", name, n, lc::to_string(op)));
 
           Tensor full = input(r, n * n_ranks, dtype);
-          Tensor chunk = Tensor::zeros({n}, dtype);
+          Tensor chunk = zeros(n, dtype);
           g_.reduce_scatter(chunk, full, {.op = op, .timeout = {}})->wait();
           check(chunk, [&](int64_t i) { return reduced(op, dtype, n_ranks, r * n + i); },
                 fmt::format("reduce_scatter({}, {}, {})", name, n, lc::to_string(op)));
@@ -151,7 +188,7 @@ class Checker {
           }
         }
         Tensor in = input(r, n, dtype);
-        Tensor out = Tensor::zeros({n * n_ranks}, dtype);
+        Tensor out = zeros(n * n_ranks, dtype);
         g_.allgather(out, in, {.timeout = {}})->wait();
         check(out, [&](int64_t i) { return double(input_value(static_cast<int>(i / n), i % n)); },
               fmt::format("allgather({}, {})", name, n));
@@ -159,7 +196,7 @@ class Checker {
       if (n_ranks > 1) {  // a ring of sends and recvs
         const int next = (r + 1) % n_ranks, prev = (r + n_ranks - 1) % n_ranks;
         Tensor send = input(r, 1001, dtype);
-        Tensor recv = Tensor::zeros({1001}, dtype);
+        Tensor recv = zeros(1001, dtype);
         auto sent = g_.send(send, next, {.tag = 7, .timeout = {}});
         g_.recv(recv, prev, {.tag = 7, .timeout = {}})->wait();
         sent->wait();
@@ -181,6 +218,7 @@ int main(int argc, char** argv) {
   std::string who = "collective_worker";
   try {
     const Flags flags = parse(argc, argv);
+    if (flags.device == "cuda") use_cuda_device();
     lc::InitOptions options;
     options.backend = flags.backend;
     auto group = lc::init_process_group(options);
@@ -203,7 +241,7 @@ int main(int argc, char** argv) {
       std::raise(SIGKILL);
     }
     if (flags.diverge_at >= 0) {
-      Tensor t = Tensor::zeros({1000});
+      Tensor t = zeros(1000, DType::f32);
       if (rank == flags.diverge_at) {
         group->broadcast(t, {.root = 0, .timeout = {}})->wait();
       } else {

@@ -1,0 +1,107 @@
+// The nccl backend: collectives on CUDA tensors through NCCL. One process, one
+// device, one communicator per process group.
+//
+// Rendezvous: rank 0's ncclUniqueId goes through the store (nccl_comm.h).
+// Ordering: each collective runs on the group's own non-blocking
+// communication stream, which first waits on an event recorded on the
+// caller's current stream: the collective sees all the caller queued before
+// the call, and overlaps with what it queues after. Work::wait() orders the
+// caller's current stream after the collective without blocking the host
+// (nccl_work.h), so results are read in stream order; a barrier's wait()
+// blocks the host. The tensors are held by the Work until the collective is
+// done, so the caching allocator cannot reuse their memory early.
+// Errors and timeouts: a watchdog thread aborts the communicator and fails the
+// Works (nccl_watchdog.h); the group is unusable afterwards.
+// Point to point: NCCL matches the sends and recvs between two ranks in issue
+// order only; `tag` is accepted but does not reorder them. Each runs alone on
+// the communication stream, so two ranks that both send before they recv may
+// deadlock once a message exceeds NCCL's buffers.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nccl.h>
+
+#include "lockstep/collectives/abort_state.h"
+#include "lockstep/collectives/process_group.h"
+#include "lockstep/runtime/cuda/caching_allocator.h"
+#include "lockstep/runtime/cuda/stream.h"
+#include "lockstep/runtime/store/store.h"
+
+namespace lockstep::collectives {
+
+namespace detail {
+class NcclComm;
+class NcclWatchdog;
+class NcclWork;
+}  // namespace detail
+
+struct NcclOptions {
+  int device = -1;  // the communicator's CUDA device; -1: the calling thread's current one
+  bool high_priority_stream = true;  // communication ahead of compute when both are ready
+};
+
+class NcclGroup final : public ProcessGroup {
+ public:
+  // Every rank must call this (it rendezvouses); waits at most `timeout`.
+  NcclGroup(std::shared_ptr<runtime::Store> store, int rank, int size, const std::string& name,
+            std::chrono::milliseconds timeout, const NcclOptions& options = {});
+  // Lets the collectives in flight complete (or time out), then destroys the
+  // communicator.
+  ~NcclGroup() override;
+
+  std::string backend() const override { return "nccl"; }
+  int device() const { return device_; }
+  runtime::cuda::StreamView comm_stream() const { return stream_.view(); }
+
+  std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) override;
+  std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {}) override;
+  std::shared_ptr<Work> reduce(Tensor& tensor, const ReduceOptions& opts = {}) override;
+  std::shared_ptr<Work> allgather(Tensor& output, const Tensor& input,
+                                  const AllgatherOptions& opts = {}) override;
+  std::shared_ptr<Work> reduce_scatter(Tensor& output, const Tensor& input,
+                                       const ReduceScatterOptions& opts = {}) override;
+  // An all-reduce of one element, then wait() blocks the host until it is done.
+  std::shared_ptr<Work> barrier(const BarrierOptions& opts = {}) override;
+  std::shared_ptr<Work> send(const Tensor& tensor, int dst,
+                             const SendRecvOptions& opts = {}) override;
+  std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts = {}) override;
+
+  // Every tensor all-reduced in place, all in one ncclGroupStart/ncclGroupEnd
+  // (one launch for many small buckets), with one Work. Dtypes and sizes may
+  // differ; all tensors are on this group's device.
+  std::shared_ptr<Work> allreduce_coalesced(std::vector<Tensor>& tensors,
+                                            const AllreduceOptions& opts = {});
+
+ private:
+  using Enqueue = std::function<void(ncclComm_t comm, cudaStream_t stream)>;
+
+  void check_cuda(std::string_view op, const Tensor& tensor) const;
+  void check_pair(std::string_view op, std::string_view big_name, const Tensor& big,
+                  std::string_view small_name, const Tensor& small) const;
+  void throw_if_aborted(std::string_view op);
+  std::shared_ptr<Work> issue(std::string_view op, const Tensor* described, std::string_view extra,
+                              const Timeout& timeout, std::vector<Tensor> tensors, bool host_wait,
+                              const Enqueue& enqueue);
+
+  int device_;
+  std::unique_ptr<detail::NcclComm> comm_;
+  runtime::cuda::Stream stream_;
+  runtime::cuda::Event ready_;  // recorded on the caller's stream, waited for by stream_
+  std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
+  std::unique_ptr<detail::NcclWatchdog> watchdog_;
+  std::mutex issue_mutex_;  // one collective enqueued at a time, in sequence order
+  runtime::cuda::DeviceBuffer barrier_buffer_;  // the one element a barrier all-reduces
+};
+
+std::shared_ptr<NcclGroup> make_nccl_group(std::shared_ptr<runtime::Store> store, int rank,
+                                           int size, const std::string& name,
+                                           std::chrono::milliseconds timeout,
+                                           const NcclOptions& options = {});
+
+}  // namespace lockstep::collectives

@@ -1,0 +1,202 @@
+// The nccl backend. [gpu] tests run on a CUDA device (skipped without one):
+// every collective, dtype, op and count at world size 1 with exact values, in
+// this process over a MemoryStore and through lockstep-run; the ordering of
+// the communication stream against the caller's; the watchdog's timeout.
+// Without a GPU, asking for nccl must still fail with a clear message.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "collectives/collective_check.h"
+#include "lockstep/collectives/init.h"
+#include "lockstep/config.h"
+#include "lockstep/runtime/store/memory_store.h"
+#include "support/gpu_skip.h"
+#include "support/subprocess.h"
+#include "support/test_util.h"
+
+#if LOCKSTEP_HAVE_NCCL
+#include <cuda_runtime_api.h>
+
+#include "lockstep/collectives/nccl/nccl_group.h"
+#include "lockstep/runtime/cuda/device.h"
+#include "lockstep/runtime/cuda/stream.h"
+#endif
+
+namespace lc = lockstep::collectives;
+namespace lr = lockstep::runtime;
+namespace lt = lockstep::testing;
+using lr::Device;
+using lr::DType;
+using lr::Tensor;
+using Catch::Matchers::Contains;
+using namespace std::chrono_literals;
+
+TEST_CASE("nccl refuses clearly where it cannot serve", "[collectives][nccl]") {
+  auto store = std::make_shared<lr::MemoryStore>();
+  const auto make = [&] {
+    return lc::make_process_group("nccl", store, 0, 1, "nccl-refused", 10s);
+  };
+  if (!LOCKSTEP_HAVE_NCCL) {
+    CHECK_THROWS_WITH(make(), Contains("not built into") && Contains("LOCKSTEP_NCCL"));
+    return;
+  }
+  if (!lt::gpu_skip_reason().empty()) {  // built in, but no GPU here
+    CHECK_THROWS_WITH(make(), Contains("needs a CUDA device") && Contains("gloo or shm"));
+    return;
+  }
+  auto group = make();
+  Tensor t = Tensor::ones({4});
+  CHECK_THROWS_WITH(group->allreduce(t), Contains("nccl serves CUDA tensors") &&
+                                             Contains("use gloo/shm for CPU tensors") &&
+                                             Contains(".to(Device::cuda("));
+}
+
+#if LOCKSTEP_HAVE_NCCL
+namespace {
+
+// Holds a stream until release(): a host function queued on it spins on a flag.
+class StreamGate {
+ public:
+  explicit StreamGate(lr::cuda::StreamView stream) {
+    LOCKSTEP_CUDA_CHECK(cudaLaunchHostFunc(stream.handle, &StreamGate::hold, &open_));
+  }
+  ~StreamGate() { release(); }
+  void release() { open_.store(true); }
+
+ private:
+  static void hold(void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+  }
+  std::atomic<bool> open_{false};
+};
+
+std::shared_ptr<lc::NcclGroup> solo_group(const std::string& name) {
+  return lc::make_nccl_group(std::make_shared<lr::MemoryStore>(), 0, 1, name, 60s);
+}
+
+}  // namespace
+
+TEST_CASE("nccl at world size 1: every collective, dtype, op and count, exact",
+          "[gpu][collectives][nccl]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  auto g = solo_group("nccl-solo");
+  const Device cuda = Device::cuda(g->device());
+  const auto on_gpu = [&](int64_t n, DType dtype) { return lt::input(0, n, dtype).to(cuda); };
+  std::vector<std::string> failures;
+  for (DType dtype : lt::kDTypes) {
+    const auto dt = lr::dtype_name(dtype);
+    for (int64_t n : lt::kCounts) {
+      const auto same = [&](int64_t i) { return double(lt::input_value(0, i)); };
+      for (lc::ReduceOp op : lt::kOps) {
+        const auto reduced = [&](int64_t i) { return lt::expected_value(op, dtype, 1, i); };
+        const auto what = [&](std::string_view c) {
+          return fmt::format("{} {} {} n={}", c, dt, lc::to_string(op), n);
+        };
+        Tensor a = on_gpu(n, dtype);
+        g->allreduce(a, {.op = op, .timeout = {}})->wait();
+        lt::add_failure(failures, lt::mismatch(a, reduced, what("allreduce")));
+        Tensor r = on_gpu(n, dtype);
+        g->reduce(r, {.op = op, .root = 0, .timeout = {}})->wait();
+        lt::add_failure(failures, lt::mismatch(r, reduced, what("reduce")));
+        Tensor chunk = Tensor::zeros({n}, dtype, cuda);
+        g->reduce_scatter(chunk, on_gpu(n, dtype), {.op = op, .timeout = {}})->wait();
+        lt::add_failure(failures, lt::mismatch(chunk, reduced, what("reduce_scatter")));
+      }
+      Tensor b = on_gpu(n, dtype);
+      g->broadcast(b, {.root = 0, .timeout = {}})->wait();
+      lt::add_failure(failures, lt::mismatch(b, same, fmt::format("broadcast {} n={}", dt, n)));
+      Tensor gathered = Tensor::zeros({n}, dtype, cuda);
+      g->allgather(gathered, on_gpu(n, dtype), {.timeout = {}})->wait();
+      lt::add_failure(failures,
+                      lt::mismatch(gathered, same, fmt::format("allgather {} n={}", dt, n)));
+    }
+  }
+  // Several dtypes and sizes in one ncclGroupStart/End.
+  std::vector<Tensor> bucket;
+  for (DType dtype : lt::kDTypes) bucket.push_back(on_gpu(1001, dtype));
+  bucket.push_back(on_gpu(0, DType::f32));
+  g->allreduce_coalesced(bucket, {.op = lc::ReduceOp::Max, .timeout = {}})->wait();
+  for (const Tensor& t : bucket) {
+    const auto same = [](int64_t i) { return double(lt::input_value(0, i)); };
+    lt::add_failure(failures, lt::mismatch(t, same, fmt::format("allreduce_coalesced {}",
+                                                                lr::dtype_name(t.dtype()))));
+  }
+  auto barrier = g->barrier();
+  barrier->wait();
+  CHECK(barrier->is_completed());  // a barrier's wait() blocks the host
+  INFO((failures.empty() ? std::string() : failures.front()));
+  CHECK(failures.empty());
+}
+
+TEST_CASE("nccl: the collective follows the caller's stream, and wait() does not block the host",
+          "[gpu][collectives][nccl]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  auto g = solo_group("nccl-order");
+  lr::cuda::Stream compute(g->device());
+  lr::cuda::StreamGuard current(compute);
+  Tensor t = Tensor::zeros({1024}, DType::i32, Device::cuda(g->device()));
+  StreamGate gate(compute);
+  // Queued behind the gate on the caller's stream: the all-reduce must see it.
+  LOCKSTEP_CUDA_CHECK(
+      cudaMemsetAsync(t.raw_data(), 0x01, 1024 * sizeof(int32_t), compute.handle()));
+  auto work = g->allreduce(t, {.op = lc::ReduceOp::Sum, .timeout = {}});
+  std::this_thread::sleep_for(50ms);
+  CHECK_FALSE(work->is_completed());  // the communication stream waits for `compute`
+  work->wait();                       // returns with `compute` still held
+  CHECK_FALSE(work->is_completed());
+  gate.release();
+  compute.synchronize();  // ordered after the all-reduce by wait()
+  CHECK(work->is_completed());
+  const auto v = t.to_vector<int32_t>();
+  CHECK(std::all_of(v.begin(), v.end(), [](int32_t x) { return x == 0x01010101; }));
+}
+
+TEST_CASE("nccl: a collective past its timeout is aborted by the watchdog, naming op and rank",
+          "[gpu][collectives][nccl]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  auto g = solo_group("nccl-timeout");
+  lr::cuda::Stream compute(g->device());
+  lr::cuda::StreamGuard current(compute);
+  Tensor t = Tensor::zeros({16}, DType::f32, Device::cuda(g->device()));
+  compute.synchronize();
+  StreamGate gate(compute);  // the all-reduce cannot start: it times out
+  auto work = g->allreduce(t, {.op = lc::ReduceOp::Sum, .timeout = 300ms});
+  work->wait();  // nothing reported yet: the host is not blocked
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (!work->is_completed() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(work->is_completed());
+  const std::string message = lt::message_of(work->exception());
+  CHECK_THAT(message, Contains("allreduce #1 (f32, 16 elements, sum) timed out after 0.3 s") &&
+                          Contains("rank 0 of group 'nccl-timeout' (nccl, 1 ranks)") &&
+                          Contains("communicator was aborted"));
+  CHECK_THROWS_WITH(work->wait(), Contains("timed out"));
+  gate.release();  // the watchdog fails the Works before it aborts, which may wait for this
+  CHECK_THROWS_WITH(g->allreduce(t),
+                    Contains("unusable because allreduce #1 (f32, 16 elements, sum) timed out"));
+  CHECK_THROWS_WITH(g->barrier(), Contains("unusable"));
+}
+
+TEST_CASE("nccl at world size 1 through lockstep-run: every collective and dtype",
+          "[gpu][collectives][nccl]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  const auto result = lt::run_process({lt::bin_path("lockstep-run"), "-np", "1", "--tag-output",
+                                       lt::bin_path("collective_worker"), "--backend", "nccl",
+                                       "--device", "cuda"},
+                                      180s, {"LOCKSTEP_TIMEOUT_S=60"});
+  INFO(lt::describe(result) << "\n" << result.output);
+  CHECK(result.ok());
+  CHECK_THAT(result.output, Contains("collective_worker rank 0/1: backend nccl"));
+  CHECK_THAT(result.output, Contains("collective_worker rank 0/1: OK ("));
+}
+#endif  // LOCKSTEP_HAVE_NCCL
