@@ -1,19 +1,48 @@
-// Activations and (log-)softmax with their gradients.
+// Activations and (log-)softmax with their gradients. Autograd is recorded
+// here for both devices; CUDA tensors run the elementwise kernels
+// (cuda/ops/elementwise.h) and the softmax kernels (cuda/ops/activation.h).
 #include "lockstep/runtime/ops/activation.h"
 
 #include <cmath>
 
+#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/cuda/kernels/elementwise_ops.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/float_map.h"
 #include "lockstep/runtime/ops/reduce.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/activation.h"
+#include "lockstep/runtime/cuda/ops/elementwise.h"
+#endif
 
 namespace lockstep::runtime {
 
 namespace {
 
-using detail::map_float;
-using detail::zip_float;
+using cuda::kernels::BinaryOp;
+using cuda::kernels::UnaryOp;
+
+// f(x) elementwise: the CUDA kernel `op` for CUDA tensors.
+template <class F>
+Tensor map_act(const Tensor& x, const char* name, [[maybe_unused]] UnaryOp op, F f) {
+#if LOCKSTEP_HAVE_CUDA
+  if (x.device().is_cuda()) return cuda::unary_op(op, x, 0.0, name);
+#endif
+  return detail::map_float(x, name, f);
+}
+
+// f(grad, saved) elementwise in saved's dtype: the CUDA kernel `op` for CUDA
+// tensors.
+template <class F>
+Tensor zip_act(const Tensor& grad, const Tensor& saved, const char* name,
+               [[maybe_unused]] BinaryOp op, F f) {
+#if LOCKSTEP_HAVE_CUDA
+  if (saved.device().is_cuda()) return cuda::binary_op(op, grad, saved, saved.dtype(), 1.0, name);
+#endif
+  return detail::zip_float(grad, saved, name, f);
+}
 
 // Runs f(rows, n, in, out) on `x` moved so that `dim` is last and contiguous,
 // and moves the result back.
@@ -32,31 +61,35 @@ Tensor along_last(const Tensor& x, int64_t dim, F f) {
 }  // namespace
 
 Tensor relu(const Tensor& x) {
-  Tensor out = map_float(x, "relu", [](auto v) { return v > 0 ? v : decltype(v)(0); });
+  Tensor out =
+      map_act(x, "relu", UnaryOp::relu, [](auto v) { return v > 0 ? v : decltype(v)(0); });
   return record(out, "ReluBackward", {x}, {out}, [](const BackwardArgs& g) {
-    return std::vector<Tensor>{zip_float(g.grad, g.saved[0], "relu backward", [](auto gy, auto y) {
-      return y > 0 ? gy : decltype(gy)(0);
-    })};
+    return std::vector<Tensor>{zip_act(g.grad, g.saved[0], "relu backward",
+                                       BinaryOp::relu_backward, [](auto gy, auto y) {
+                                         return y > 0 ? gy : decltype(gy)(0);
+                                       })};
   });
 }
 
 Tensor gelu(const Tensor& x) {
-  Tensor out = map_float(x, "gelu", [](auto v) {
+  Tensor out = map_act(x, "gelu", UnaryOp::gelu, [](auto v) {
     using T = decltype(v);
     return static_cast<T>(0.5) * v * (1 + std::erf(v * static_cast<T>(M_SQRT1_2)));
   });
   return record(out, "GeluBackward", {x}, {x}, [](const BackwardArgs& g) {
-    return std::vector<Tensor>{zip_float(g.grad, g.saved[0], "gelu backward", [](auto gy, auto v) {
-      using T = decltype(v);
-      const T cdf = static_cast<T>(0.5) * (1 + std::erf(v * static_cast<T>(M_SQRT1_2)));
-      const T pdf = std::exp(static_cast<T>(-0.5) * v * v) * static_cast<T>(0.3989422804014327);
-      return gy * (cdf + v * pdf);
-    })};
+    return std::vector<Tensor>{zip_act(
+        g.grad, g.saved[0], "gelu backward", BinaryOp::gelu_backward, [](auto gy, auto v) {
+          using T = decltype(v);
+          const T cdf = static_cast<T>(0.5) * (1 + std::erf(v * static_cast<T>(M_SQRT1_2)));
+          const T pdf =
+              std::exp(static_cast<T>(-0.5) * v * v) * static_cast<T>(0.3989422804014327);
+          return gy * (cdf + v * pdf);
+        })};
   });
 }
 
 Tensor sigmoid(const Tensor& x) {
-  Tensor out = map_float(x, "sigmoid", [](auto v) {
+  Tensor out = map_act(x, "sigmoid", UnaryOp::sigmoid, [](auto v) {
     using T = decltype(v);
     // Split by sign so that exp never overflows.
     if (v >= 0) return T(1) / (T(1) + std::exp(-v));
@@ -64,20 +97,30 @@ Tensor sigmoid(const Tensor& x) {
     return e / (T(1) + e);
   });
   return record(out, "SigmoidBackward", {x}, {out}, [](const BackwardArgs& g) {
-    return std::vector<Tensor>{zip_float(g.grad, g.saved[0], "sigmoid backward",
-                                         [](auto gy, auto y) { return gy * y * (1 - y); })};
+    return std::vector<Tensor>{zip_act(g.grad, g.saved[0], "sigmoid backward",
+                                       BinaryOp::sigmoid_backward,
+                                       [](auto gy, auto y) { return gy * y * (1 - y); })};
   });
 }
 
 Tensor tanh(const Tensor& x) {
-  Tensor out = map_float(x, "tanh", [](auto v) { return std::tanh(v); });
+  Tensor out = map_act(x, "tanh", UnaryOp::tanh, [](auto v) { return std::tanh(v); });
   return record(out, "TanhBackward", {x}, {out}, [](const BackwardArgs& g) {
-    return std::vector<Tensor>{zip_float(g.grad, g.saved[0], "tanh backward",
-                                         [](auto gy, auto y) { return gy * (1 - y * y); })};
+    return std::vector<Tensor>{zip_act(g.grad, g.saved[0], "tanh backward",
+                                       BinaryOp::tanh_backward,
+                                       [](auto gy, auto y) { return gy * (1 - y * y); })};
   });
 }
 
 Tensor softmax(const Tensor& x, int64_t dim) {
+#if LOCKSTEP_HAVE_CUDA
+  if (x.device().is_cuda()) {
+    Tensor out = cuda::softmax_forward(x, dim, /*log=*/false);
+    return record(out, "SoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
+      return std::vector<Tensor>{cuda::softmax_backward(g.saved[0], g.grad, dim, false)};
+    });
+  }
+#endif
   Tensor out = along_last(x, dim, [&](const Tensor& in, Tensor& o, int64_t rows, int64_t n) {
     dispatch_float(x.dtype(), "softmax", [&](auto tag) {
       using T = decltype(tag);
@@ -104,6 +147,14 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
+#if LOCKSTEP_HAVE_CUDA
+  if (x.device().is_cuda()) {
+    Tensor out = cuda::softmax_forward(x, dim, /*log=*/true);
+    return record(out, "LogSoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
+      return std::vector<Tensor>{cuda::softmax_backward(g.saved[0], g.grad, dim, true)};
+    });
+  }
+#endif
   Tensor out = along_last(x, dim, [&](const Tensor& in, Tensor& o, int64_t rows, int64_t n) {
     dispatch_float(x.dtype(), "log_softmax", [&](auto tag) {
       using T = decltype(tag);

@@ -1,49 +1,42 @@
-// dropout, embedding and cat: small ops whose loops fit next to their wiring.
+// dropout, embedding and cat: small ops whose CPU loops fit next to their
+// wiring. Autograd is recorded here for both devices; CUDA tensors run the
+// kernels behind cuda/ops/misc.h, and cat's copies run on Tensor::copy_.
 #include "lockstep/runtime/ops/misc.h"
 
 #include <algorithm>
 #include <cstring>
 
+#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/misc.h"
+#endif
 
 namespace lockstep::runtime {
 namespace {
 
-void check_cpu(const char* op, const Tensor& t, const char* what) {
+void check_defined(const char* op, const Tensor& t, const char* what) {
   LOCKSTEP_CHECK(t.defined(), "{}: {} is undefined", op, what);
-  LOCKSTEP_CHECK(t.device().is_cpu(), "{}: {} is not a CPU tensor; only CPU is supported here",
-                 op, what);
+}
+
+bool on_cuda(const Tensor& t) {
+#if LOCKSTEP_HAVE_CUDA
+  return t.device().is_cuda();
+#else
+  (void)t;
+  return false;
+#endif
 }
 
 // Draws per chunk: the mask is built from the generator's stream in order, so
 // chunking does not change it.
 constexpr int64_t kDrawChunk = 4096;
 
-}  // namespace
-
-// Element i is kept when the i-th 32-bit draw u satisfies u < (1 - p) * 2^32,
-// then scaled by 1 / (1 - p) so the expectation is unchanged. The mask is kept
-// as bytes for backward: grad_x = grad_y * mask / (1 - p).
-Tensor dropout(const Tensor& x, double p, bool training, Generator& g) {
-  LOCKSTEP_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p = {} must be in [0, 1]", p);
-  if (!training || p == 0.0) return x;
-  check_cpu("dropout", x, "input");
-  const Tensor xc = x.contiguous();
+// The CPU mask and output: draw i decides element i.
+void dropout_cpu(const Tensor& xc, const Tensor& out, const Tensor& mask, uint64_t threshold,
+                 double scale, Generator& g) {
   const int64_t n = xc.numel();
-  Tensor out = Tensor::empty(xc.shape(), xc.dtype());
-  if (p == 1.0) {
-    // Everything dropped: no draws needed, and no 1 / (1 - p).
-    dispatch_float(xc.dtype(), "dropout", [&](auto tag) {
-      using T = decltype(tag);
-      std::memset(out.data_ptr<T>(), 0, sizeof(T) * n);
-    });
-    return record(std::move(out), "DropoutBackward", {x}, {}, [](const BackwardArgs& a) {
-      return std::vector<Tensor>{Tensor::zeros(a.grad.shape(), a.grad.dtype())};
-    });
-  }
-  const double scale = 1.0 / (1.0 - p);
-  const uint64_t threshold = static_cast<uint64_t>((1.0 - p) * 4294967296.0);
-  Tensor mask = Tensor::empty(xc.shape(), DType::u8);
   dispatch_float(xc.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     const T* xp = xc.data_ptr<T>();
@@ -61,19 +54,68 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& g) {
       }
     }
   });
+}
+
+void dropout_backward_cpu(const Tensor& gy, const Tensor& mask, double scale, const Tensor& gx) {
+  dispatch_float(gy.dtype(), "dropout backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* gp = gy.data_ptr<T>();
+    const uint8_t* mp = mask.data_ptr<uint8_t>();
+    T* out = gx.data_ptr<T>();
+    const T s = static_cast<T>(scale);
+    for (int64_t i = 0, n = gy.numel(); i < n; ++i) out[i] = gp[i] * (mp[i] ? s : T(0));
+  });
+}
+
+}  // namespace
+
+// Element i is kept when the i-th 32-bit draw u satisfies u < (1 - p) * 2^32,
+// then scaled by 1 / (1 - p) so the expectation is unchanged. The mask is kept
+// as bytes for backward: grad_x = grad_y * mask / (1 - p). CUDA draws the same
+// stream (cuda/ops/misc.h), so both devices make the same mask.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& g) {
+  LOCKSTEP_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p = {} must be in [0, 1]", p);
+  if (!training || p == 0.0) return x;
+  check_defined("dropout", x, "input");
+  const Tensor xc = x.contiguous();
+  Tensor out = Tensor::empty(xc.shape(), xc.dtype(), xc.device());
+  if (p == 1.0) {
+    // Everything dropped: no draws needed, and no 1 / (1 - p).
+    if (on_cuda(xc)) {
+      LOCKSTEP_CHECK(is_floating(xc.dtype()), "dropout: needs a floating tensor, got {}",
+                     dtype_name(xc.dtype()));
+      out.zero_();
+    } else {
+      dispatch_float(xc.dtype(), "dropout", [&](auto tag) {
+        using T = decltype(tag);
+        std::memset(out.data_ptr<T>(), 0, sizeof(T) * xc.numel());
+      });
+    }
+    return record(std::move(out), "DropoutBackward", {x}, {}, [](const BackwardArgs& a) {
+      return std::vector<Tensor>{Tensor::zeros(a.grad.shape(), a.grad.dtype(), a.grad.device())};
+    });
+  }
+  const double scale = 1.0 / (1.0 - p);
+  const uint64_t threshold = static_cast<uint64_t>((1.0 - p) * 4294967296.0);
+  Tensor mask = Tensor::empty(xc.shape(), DType::u8, xc.device());
+  if (on_cuda(xc)) {
+#if LOCKSTEP_HAVE_CUDA
+    cuda::dropout_forward(xc, out, mask, threshold, scale, g);
+#endif
+  } else {
+    dropout_cpu(xc, out, mask, threshold, scale, g);
+  }
   return record(std::move(out), "DropoutBackward", {x}, {},
                 [mask, scale](const BackwardArgs& a) {
                   const Tensor gy = a.grad.contiguous();
-                  Tensor gx = Tensor::empty(gy.shape(), gy.dtype());
-                  dispatch_float(gy.dtype(), "dropout backward", [&](auto tag) {
-                    using T = decltype(tag);
-                    const T* gp = gy.data_ptr<T>();
-                    const uint8_t* mp = mask.data_ptr<uint8_t>();
-                    T* out = gx.data_ptr<T>();
-                    const T s = static_cast<T>(scale);
-                    for (int64_t i = 0, n = gy.numel(); i < n; ++i)
-                      out[i] = gp[i] * (mp[i] ? s : T(0));
-                  });
+                  Tensor gx = Tensor::empty(gy.shape(), gy.dtype(), gy.device());
+                  if (on_cuda(gy)) {
+#if LOCKSTEP_HAVE_CUDA
+                    cuda::dropout_backward(gy, mask, scale, gx);
+#endif
+                  } else {
+                    dropout_backward_cpu(gy, mask, scale, gx);
+                  }
                   return std::vector<Tensor>{gx};
                 });
 }
@@ -105,8 +147,11 @@ void for_each_index(const Tensor& indices, Fn&& fn) {
 }  // namespace
 
 Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
-  check_cpu("embedding", indices_in, "indices");
-  check_cpu("embedding", weight_in, "weight");
+  check_defined("embedding", indices_in, "indices");
+  check_defined("embedding", weight_in, "weight");
+  LOCKSTEP_CHECK(indices_in.device() == weight_in.device(),
+                 "embedding: indices are on {} but weight is on {}; move them to one device",
+                 indices_in.device().str(), weight_in.device().str());
   LOCKSTEP_CHECK(weight_in.dim() == 2, "embedding: expected weight [num_embeddings, dim], got {}",
                  shape_str(weight_in.shape()));
   LOCKSTEP_CHECK(indices_in.dtype() == DType::i64 || indices_in.dtype() == DType::i32,
@@ -115,26 +160,36 @@ Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
   const Tensor indices = indices_in.contiguous();
   const Tensor weight = weight_in.contiguous();
   const int64_t rows = weight.size(0), dim = weight.size(1), n = indices.numel();
-  if (indices.dtype() == DType::i64)
-    check_indices(indices.data_ptr<int64_t>(), n, rows);
-  else
-    check_indices(indices.data_ptr<int32_t>(), n, rows);
-
   Shape shape = indices.shape();
   shape.push_back(dim);
-  Tensor out = Tensor::empty(shape, weight.dtype());
-  // Rows are copied as bytes, so the lookup works for every dtype.
-  const size_t row_bytes = static_cast<size_t>(dim) * weight.element_size();
-  const auto* src = static_cast<const char*>(weight.raw_data());
-  auto* dst = static_cast<char*>(out.raw_data());
-  for_each_index(indices, [&](int64_t i, int64_t r) {
-    std::memcpy(dst + i * row_bytes, src + r * row_bytes, row_bytes);
-  });
+  Tensor out = Tensor::empty(shape, weight.dtype(), weight.device());
+  if (on_cuda(weight)) {
+    // Indices are not checked here: that would wait for the device.
+#if LOCKSTEP_HAVE_CUDA
+    cuda::embedding_forward(indices, weight, out);
+#endif
+  } else {
+    if (indices.dtype() == DType::i64)
+      check_indices(indices.data_ptr<int64_t>(), n, rows);
+    else
+      check_indices(indices.data_ptr<int32_t>(), n, rows);
+    // Rows are copied as bytes, so the lookup works for every dtype.
+    const size_t row_bytes = static_cast<size_t>(dim) * weight.element_size();
+    const auto* src = static_cast<const char*>(weight.raw_data());
+    auto* dst = static_cast<char*>(out.raw_data());
+    for_each_index(indices, [&](int64_t i, int64_t r) {
+      std::memcpy(dst + i * row_bytes, src + r * row_bytes, row_bytes);
+    });
+  }
 
   return record(std::move(out), "EmbeddingBackward", {weight_in}, {indices},
                 [rows, dim](const BackwardArgs& a) {
                   const Tensor& idx = a.saved[0];
                   const Tensor gy = a.grad.contiguous();
+#if LOCKSTEP_HAVE_CUDA
+                  if (on_cuda(gy))
+                    return std::vector<Tensor>{cuda::embedding_backward(gy, idx, rows, dim)};
+#endif
                   Tensor gw = Tensor::zeros({rows, dim}, gy.dtype());
                   dispatch_float(gy.dtype(), "embedding backward", [&](auto tag) {
                     using T = decltype(tag);
@@ -158,7 +213,9 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   LOCKSTEP_CHECK(!tensors.empty(), "cat: expected at least one tensor, got an empty list");
   for (size_t i = 0; i < tensors.size(); ++i) {
     LOCKSTEP_CHECK(tensors[i].defined(), "cat: tensor {} is undefined", i);
-    LOCKSTEP_CHECK(tensors[i].device().is_cpu(), "cat: tensor {} is not a CPU tensor", i);
+    LOCKSTEP_CHECK(tensors[i].device() == tensors[0].device(),
+                   "cat: tensor {} is on {} but tensor 0 is on {}; move them to one device", i,
+                   tensors[i].device().str(), tensors[0].device().str());
   }
   const Tensor& ref = tensors[0];
   LOCKSTEP_CHECK(ref.dim() > 0, "cat: tensor 0 is zero-dimensional; cat needs tensors with at "
@@ -184,20 +241,43 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   const size_t esize = ref.element_size();
   const int64_t total = shape[d];
 
-  Tensor out = Tensor::empty(shape, ref.dtype());
-  auto* dst = static_cast<char*>(out.raw_data());
-  int64_t offset = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor src_t = tensors[i].contiguous();
-    const auto* src = static_cast<const char*>(src_t.raw_data());
-    const size_t block = static_cast<size_t>(sizes[i] * inner) * esize;
-    for (int64_t o = 0; o < outer && block > 0; ++o)
-      std::memcpy(dst + ((o * total + offset) * inner) * esize, src + o * block, block);
-    offset += sizes[i];
+  Tensor out = Tensor::empty(shape, ref.dtype(), ref.device());
+  if (on_cuda(out)) {
+    // One strided copy kernel per input into its slice of the output.
+    int64_t offset = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (sizes[i] > 0) out.slice(d, offset, offset + sizes[i]).copy_(tensors[i]);
+      offset += sizes[i];
+    }
+  } else {
+    auto* dst = static_cast<char*>(out.raw_data());
+    int64_t offset = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const Tensor src_t = tensors[i].contiguous();
+      const auto* src = static_cast<const char*>(src_t.raw_data());
+      const size_t block = static_cast<size_t>(sizes[i] * inner) * esize;
+      for (int64_t o = 0; o < outer && block > 0; ++o)
+        std::memcpy(dst + ((o * total + offset) * inner) * esize, src + o * block, block);
+      offset += sizes[i];
+    }
   }
 
   return record(std::move(out), "CatBackward", tensors, {},
                 [sizes, d, outer, inner, total](const BackwardArgs& a) {
+                  if (on_cuda(a.grad)) {
+                    // Fresh tensors, as on the CPU: gradients never alias each other.
+                    std::vector<Tensor> grads(sizes.size());
+                    int64_t offset = 0;
+                    for (size_t i = 0; i < sizes.size(); ++i) {
+                      if (a.needs[i]) {
+                        const Tensor part = a.grad.slice(d, offset, offset + sizes[i]);
+                        grads[i] = Tensor::empty(part.shape(), part.dtype(), part.device());
+                        if (sizes[i] > 0) grads[i].copy_(part);
+                      }
+                      offset += sizes[i];
+                    }
+                    return grads;
+                  }
                   const Tensor gy = a.grad.contiguous();
                   const size_t esize = gy.element_size();
                   const auto* src = static_cast<const char*>(gy.raw_data());

@@ -1,10 +1,16 @@
-// Pooling ops: argument checks and autograd wiring; loops in pool_kernels.cpp.
+// Pooling ops: argument checks and autograd wiring for both devices; loops in
+// pool_kernels.cpp on the CPU, kernels behind cuda/ops/pool.h on CUDA.
 #include "lockstep/runtime/ops/pool.h"
 
 #include <cstdint>
 
+#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/pool_kernels.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/pool.h"
+#endif
 
 namespace lockstep::runtime {
 namespace {
@@ -14,7 +20,6 @@ using pool_kernels::PoolShape;
 // Accepts [N, C, H, W] or [C, H, W]; the leading dims become planes.
 PoolShape planes_of(const char* op, const Tensor& x) {
   LOCKSTEP_CHECK(x.defined(), "{}: input is undefined", op);
-  LOCKSTEP_CHECK(x.device().is_cpu(), "{}: only CPU tensors are supported here", op);
   LOCKSTEP_CHECK((x.dim() == 4 || x.dim() == 3) && x.size(-1) > 0 && x.size(-2) > 0,
                  "{}: expected input [N, C, H, W] or [C, H, W] with H, W > 0, got {}", op,
                  shape_str(x.shape()));
@@ -51,24 +56,45 @@ Shape out_shape(const Tensor& x, const PoolShape& s) {
   return shape;
 }
 
+bool on_cuda(const Tensor& t) {
+#if LOCKSTEP_HAVE_CUDA
+  return t.device().is_cuda();
+#else
+  (void)t;
+  return false;
+#endif
+}
+
 // Shared wiring of the two average pools (their kernels have the same shape).
 template <class Fwd, class Bwd>
-Tensor average_pool(const char* op, const char* node, const Tensor& x_in, const PoolShape& s,
-                    Fwd forward, Bwd backward) {
+Tensor average_pool(const char* op, const char* node, bool adaptive, const Tensor& x_in,
+                    const PoolShape& s, Fwd forward, Bwd backward) {
   const Tensor x = x_in.contiguous();
-  Tensor out = Tensor::empty(out_shape(x, s), x.dtype());
-  dispatch_float(x.dtype(), op, [&](auto tag) {
-    using T = decltype(tag);
-    forward(s, x.data_ptr<T>(), out.data_ptr<T>());
-  });
+  Tensor out = Tensor::empty(out_shape(x, s), x.dtype(), x.device());
+  if (on_cuda(x)) {
+#if LOCKSTEP_HAVE_CUDA
+    cuda::avg_pool2d_forward(s, adaptive, x, out);
+#endif
+  } else {
+    dispatch_float(x.dtype(), op, [&](auto tag) {
+      using T = decltype(tag);
+      forward(s, x.data_ptr<T>(), out.data_ptr<T>());
+    });
+  }
   return record(std::move(out), node, {x_in}, {},
-                [s, in_shape = x.shape(), op, backward](const BackwardArgs& a) {
+                [s, in_shape = x.shape(), op, adaptive, backward](const BackwardArgs& a) {
                   const Tensor gy = a.grad.contiguous();
-                  Tensor gx = Tensor::empty(in_shape, gy.dtype());
-                  dispatch_float(gy.dtype(), op, [&](auto tag) {
-                    using T = decltype(tag);
-                    backward(s, gy.data_ptr<T>(), gx.data_ptr<T>());
-                  });
+                  Tensor gx = Tensor::empty(in_shape, gy.dtype(), gy.device());
+                  if (on_cuda(gy)) {
+#if LOCKSTEP_HAVE_CUDA
+                    cuda::avg_pool2d_backward(s, adaptive, gy, gx);
+#endif
+                  } else {
+                    dispatch_float(gy.dtype(), op, [&](auto tag) {
+                      using T = decltype(tag);
+                      backward(s, gy.data_ptr<T>(), gx.data_ptr<T>());
+                    });
+                  }
                   return std::vector<Tensor>{gx};
                 });
 }
@@ -80,25 +106,37 @@ Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& opts) {
   const Tensor x = x_in.contiguous();
   LOCKSTEP_CHECK(s.h * s.w <= INT32_MAX, "max_pool2d: an H x W plane of {} elements is too large (at most 2^31 - 1)",
                  s.h * s.w);
-  Tensor out = Tensor::empty(out_shape(x, s), x.dtype());
+  Tensor out = Tensor::empty(out_shape(x, s), x.dtype(), x.device());
   // Flat in-plane index of each window's maximum; internal, so i32 halves
   // its memory traffic compared with PyTorch's i64 indices.
-  Tensor argmax = Tensor::empty(out.shape(), DType::i32);
-  dispatch_float(x.dtype(), "max_pool2d", [&](auto tag) {
-    using T = decltype(tag);
-    pool_kernels::max_pool_forward<T>(s, x.data_ptr<T>(), out.data_ptr<T>(),
-                                      argmax.data_ptr<int32_t>());
-  });
+  Tensor argmax = Tensor::empty(out.shape(), DType::i32, x.device());
+  if (on_cuda(x)) {
+#if LOCKSTEP_HAVE_CUDA
+    cuda::max_pool2d_forward(s, x, out, argmax);
+#endif
+  } else {
+    dispatch_float(x.dtype(), "max_pool2d", [&](auto tag) {
+      using T = decltype(tag);
+      pool_kernels::max_pool_forward<T>(s, x.data_ptr<T>(), out.data_ptr<T>(),
+                                        argmax.data_ptr<int32_t>());
+    });
+  }
   return record(std::move(out), "MaxPool2dBackward", {x_in}, {},
                 [s, argmax, in_shape = x.shape()](const BackwardArgs& a) {
                   const Tensor gy = a.grad.contiguous();
-                  Tensor gx = Tensor::empty(in_shape, gy.dtype());
-                  dispatch_float(gy.dtype(), "max_pool2d backward", [&](auto tag) {
-                    using T = decltype(tag);
-                    pool_kernels::max_pool_backward<T>(s, gy.data_ptr<T>(),
-                                                       argmax.data_ptr<int32_t>(),
-                                                       gx.data_ptr<T>());
-                  });
+                  Tensor gx = Tensor::empty(in_shape, gy.dtype(), gy.device());
+                  if (on_cuda(gy)) {
+#if LOCKSTEP_HAVE_CUDA
+                    cuda::max_pool2d_backward(s, gy, argmax, gx);
+#endif
+                  } else {
+                    dispatch_float(gy.dtype(), "max_pool2d backward", [&](auto tag) {
+                      using T = decltype(tag);
+                      pool_kernels::max_pool_backward<T>(s, gy.data_ptr<T>(),
+                                                         argmax.data_ptr<int32_t>(),
+                                                         gx.data_ptr<T>());
+                    });
+                  }
                   return std::vector<Tensor>{gx};
                 });
 }
@@ -106,7 +144,7 @@ Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& opts) {
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& opts) {
   const PoolShape s = window_shape("avg_pool2d", x, opts);
   return average_pool(
-      "avg_pool2d", "AvgPool2dBackward", x, s,
+      "avg_pool2d", "AvgPool2dBackward", /*adaptive=*/false, x, s,
       [](const PoolShape& sh, const auto* in, auto* out) {
         pool_kernels::avg_pool_forward(sh, in, out);
       },
@@ -122,7 +160,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) 
                  output_size[0], output_size[1]);
   s.oh = output_size[0], s.ow = output_size[1];
   return average_pool(
-      "adaptive_avg_pool2d", "AdaptiveAvgPool2dBackward", x, s,
+      "adaptive_avg_pool2d", "AdaptiveAvgPool2dBackward", /*adaptive=*/true, x, s,
       [](const PoolShape& sh, const auto* in, auto* out) {
         pool_kernels::adaptive_avg_pool_forward(sh, in, out);
       },

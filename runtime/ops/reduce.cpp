@@ -1,13 +1,20 @@
-// Reductions: sum and mean over dims (accumulating in double for floats), max and argmax.
+// Reductions: sum and mean over dims (accumulating in double for floats on
+// the CPU; cuda/ops/reduce.h on CUDA), max and argmax. Autograd is recorded
+// here for both devices.
 #include "lockstep/runtime/ops/reduce.h"
 
 #include <algorithm>
 #include <limits>
 
+#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/convert.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/strided_loop.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/reduce.h"
+#endif
 
 namespace lockstep::runtime {
 
@@ -65,10 +72,18 @@ Tensor sum_kernel(const Tensor& a, const Shape& keep, DType acc_dtype) {
   return acc;
 }
 
-Tensor sum_impl(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+// scale * sum (mean on CUDA scales in the kernel: one rounding for bf16/f16).
+Tensor sum_impl(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim,
+                double scale = 1.0) {
   Shape keep = kept_shape(a.shape(), dims);
   Tensor acc;
   DType out_dtype = is_floating(a.dtype()) ? a.dtype() : DType::i64;
+#if LOCKSTEP_HAVE_CUDA
+  if (a.device().is_cuda()) {
+    Tensor out = cuda::sum(a, dims, scale, out_dtype);
+    return keepdim ? out : out.reshape(dropped_shape(a.shape(), dims));
+  }
+#endif
   if (is_floating(a.dtype())) {
     Tensor x = a.dtype() == DType::f32 || a.dtype() == DType::f64 ? a : a.to(DType::f32);
     acc = dispatch_float(x.dtype(), "sum", [&](auto tag) {
@@ -78,6 +93,7 @@ Tensor sum_impl(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim)
     Tensor x = a.to(DType::i64);
     acc = sum_kernel<int64_t, int64_t>(x, keep, DType::i64);
   }
+  if (scale != 1.0) acc.mul_(scale);
   Tensor out = acc.to(out_dtype);
   return keepdim ? out : out.reshape(dropped_shape(a.shape(), dims));
 }
@@ -111,6 +127,12 @@ MaxResult max_impl(const Tensor& a, int64_t dim, bool want_values) {
   for (int64_t d = 0; d < a.dim(); ++d)
     if (d != dim) perm.push_back(d);
   if (a.dim() > 0) perm.push_back(dim);
+#if LOCKSTEP_HAVE_CUDA
+  if (a.device().is_cuda()) {
+    cuda::MaxAlong m = cuda::max_along(a, dim, want_values);
+    return {m.values, m.indices};
+  }
+#endif
   Tensor moved = a.dim() == 0 ? a.reshape({1}) : a.permute(perm).contiguous();
   Shape out_shape = a.dim() == 0 ? Shape{} : dropped_shape(a.shape(), {dim});
   const int64_t rows = shape_numel(out_shape);
@@ -146,7 +168,17 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) 
   std::vector<int64_t> dims = normalize_dims(dims_in, a.dim());
   int64_t count = 1;
   for (int64_t d : dims) count *= a.shape()[d];
-  return mul(sum(a, dims, keepdim), 1.0 / static_cast<double>(count));
+  const double scale = 1.0 / static_cast<double>(count);
+#if LOCKSTEP_HAVE_CUDA
+  if (a.device().is_cuda()) {
+    Tensor out = sum_impl(a, dims, keepdim, scale);
+    Shape in_shape = a.shape(), keep = kept_shape(a.shape(), dims);
+    return record(out, "MeanBackward", {a}, {}, [in_shape, keep, scale](const BackwardArgs& g) {
+      return std::vector<Tensor>{mul(g.grad.reshape(keep).expand(in_shape), scale)};
+    });
+  }
+#endif
+  return mul(sum(a, dims, keepdim), scale);
 }
 
 Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
@@ -158,8 +190,13 @@ Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
   DType dt = a.dtype();
   return record(values, "MaxBackward", {a}, {}, [=](const BackwardArgs& g) {
     // Scatter each gradient to the position of its maximum.
+    Tensor gv = keepdim && !in_shape.empty() ? g.grad.squeeze(d) : g.grad;
+#if LOCKSTEP_HAVE_CUDA
+    if (idx.device().is_cuda())
+      return std::vector<Tensor>{cuda::max_backward(gv, idx, in_shape, d, dt)};
+#endif
     Tensor grad = Tensor::zeros(in_shape, dt);
-    Tensor gv = (keepdim && !in_shape.empty() ? g.grad.squeeze(d) : g.grad).contiguous().to(dt);
+    gv = gv.contiguous().to(dt);
     const int64_t* ip = idx.data_ptr<int64_t>();
     const int64_t n = in_shape.empty() ? 1 : in_shape[d];
     int64_t inner = 1;
