@@ -1,8 +1,14 @@
-// conv2d: argument checks and autograd wiring; the arithmetic is in conv_kernels.cpp.
+// conv2d: argument checks for both devices; on CPU the autograd wiring here
+// and the arithmetic in conv_kernels.cpp, on CUDA cuDNN (cuda/ops/cudnn_conv.h).
 #include "lockstep/runtime/ops/conv.h"
 
+#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/conv_kernels.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/cudnn_conv.h"
+#endif
 
 namespace lockstep::runtime {
 namespace {
@@ -12,9 +18,11 @@ using conv_kernels::ConvShape;
 ConvShape check_and_shape(const Tensor& x, const Tensor& weight, const Tensor& bias,
                           const Conv2dOptions& o) {
   LOCKSTEP_CHECK(x.defined() && weight.defined(), "conv2d: input and weight must be defined");
-  LOCKSTEP_CHECK(x.device().is_cpu() && weight.device().is_cpu() &&
-                     (!bias.defined() || bias.device().is_cpu()),
-                 "conv2d: only CPU tensors are supported here; move them with .to(Device::cpu())");
+  LOCKSTEP_CHECK(weight.device() == x.device() && (!bias.defined() || bias.device() == x.device()),
+                 "conv2d: input is on {} but the weight is on {}{}; move them to one device "
+                 "with .to(device)",
+                 x.device().str(), weight.device().str(),
+                 bias.defined() ? " and the bias on " + bias.device().str() : std::string());
   LOCKSTEP_CHECK(weight.dim() == 4,
                  "conv2d: expected weight [C_out, C_in / groups, kH, kW], got {}",
                  shape_str(weight.shape()));
@@ -64,6 +72,11 @@ ConvShape check_and_shape(const Tensor& x, const Tensor& weight, const Tensor& b
 Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
               const Conv2dOptions& opts) {
   const ConvShape s = check_and_shape(x_in, weight_in, bias_in, opts);
+#if LOCKSTEP_HAVE_CUDA
+  if (x_in.device().is_cuda()) return cuda::conv2d(x_in, weight_in, bias_in, s);
+#endif
+  LOCKSTEP_CHECK(x_in.device().is_cpu(), "conv2d: no kernel for device {} in this build",
+                 x_in.device().str());
   const Tensor x = x_in.contiguous();
   const Tensor weight = weight_in.contiguous();
   const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();

@@ -1,11 +1,17 @@
-// matmul and linear on OpenBLAS gemm.
+// matmul and linear: checks and autograd wiring for both devices; the
+// products on OpenBLAS gemm (CPU) or cuBLAS (CUDA, cuda/ops/cublas_matmul.h).
 #include "lockstep/runtime/ops/linalg.h"
 
 #include <cblas.h>
 
+#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/gemm.h"
 #include "lockstep/runtime/ops/reduce.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/cublas_matmul.h"
+#endif
 
 namespace lockstep::runtime {
 
@@ -34,6 +40,9 @@ BlasView blas_view(const Tensor& x) {
 }  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
+#if LOCKSTEP_HAVE_CUDA
+  if (a.device().is_cuda()) return cuda::gemm(a, b, c, alpha, beta);
+#endif
   LOCKSTEP_ASSERT(a.dim() == 2 && b.dim() == 2 && c.dim() == 2);
   const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
   LOCKSTEP_ASSERT(b.shape()[0] == k && c.shape()[0] == m && c.shape()[1] == n);
@@ -68,14 +77,41 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta
 namespace {
 
 Tensor mm(const Tensor& a, const Tensor& b) {
-  Tensor c = Tensor::empty({a.shape()[0], b.shape()[1]}, a.dtype());
+  Tensor c = Tensor::empty({a.shape()[0], b.shape()[1]}, a.dtype(), a.device());
   detail::gemm(a, b, c);
   return c;
+}
+
+// out[i] = a[i] @ b[i] over the leading dim of 3-D operands.
+void bmm(const Tensor& a, const Tensor& b, Tensor& out) {
+#if LOCKSTEP_HAVE_CUDA
+  if (a.device().is_cuda()) return cuda::gemm_batched(a, b, out);
+#endif
+  for (int64_t i = 0; i < a.shape()[0]; ++i) {
+    Tensor c = out.select(0, i);
+    detail::gemm(a.select(0, i), b.select(0, i), c);
+  }
+}
+
+// Sum over the rows of a 2-D gradient: the bias gradient of linear.
+Tensor sum_rows(const Tensor& g2) {
+#if LOCKSTEP_HAVE_CUDA
+  if (g2.device().is_cuda()) return cuda::sum_rows(g2);
+#endif
+  return sum(g2, {0});
+}
+
+void check_same_device(const char* op, const Tensor& a, const Tensor& b, const Tensor& c = {}) {
+  LOCKSTEP_CHECK(a.device() == b.device() && (!c.defined() || c.device() == a.device()),
+                 "{}: operands are on different devices ({} and {}); move them to one with "
+                 ".to(device)",
+                 op, a.device().str(), (a.device() == b.device() ? c : b).device().str());
 }
 
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_same_device("matmul", a, b);
   LOCKSTEP_CHECK(a.dim() >= 2 && (b.dim() == 2 || b.dim() == a.dim()),
                  "matmul: expected [.., m, k] x [k, n] or batched [b, m, k] x [b, k, n]; got {} x {}",
                  shape_str(a.shape()), shape_str(b.shape()));
@@ -92,11 +128,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     LOCKSTEP_CHECK(a.dim() == 3 && a.shape()[0] == b.shape()[0],
                    "matmul: batched operands must be [b, m, k] x [b, k, n], got {} x {}",
                    shape_str(a.shape()), shape_str(b.shape()));
-    out = Tensor::empty({a.shape()[0], a.shape()[1], b.shape()[2]}, a.dtype());
-    for (int64_t i = 0; i < a.shape()[0]; ++i) {
-      Tensor c = out.select(0, i);
-      detail::gemm(a.select(0, i), b.select(0, i), c);
-    }
+    out = Tensor::empty({a.shape()[0], a.shape()[1], b.shape()[2]}, a.dtype(), a.device());
+    bmm(a, b, out);
   }
   return record(out, "MatmulBackward", {a, b}, {a, b}, [](const BackwardArgs& g) {
     const Tensor &a = g.saved[0], &b = g.saved[1];
@@ -122,9 +155,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                  weight.shape()[1]);
   LOCKSTEP_CHECK(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == weight.shape()[0]),
                  "linear: bias must be [{}], got {}", weight.shape()[0], shape_str(bias.shape()));
+  check_same_device("linear", x, weight, bias);
   const int64_t in = weight.shape()[1], out_f = weight.shape()[0];
   Tensor x2 = x.reshape({-1, in});
-  Tensor out = Tensor::empty({x2.shape()[0], out_f}, x.dtype());
+  Tensor out = Tensor::empty({x2.shape()[0], out_f}, x.dtype(), x.device());
   if (bias.defined()) out.copy_(bias.detach());  // broadcast rows, then gemm adds onto them
   detail::gemm(x2, weight.t(), out, 1.0, bias.defined() ? 1.0 : 0.0);
   Shape out_shape = x.shape();
@@ -137,7 +171,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                   Tensor gx, gw, gb;
                   if (g.needs[0]) gx = mm(g2, w).view(x_shape);
                   if (g.needs[1]) gw = mm(g2.t(), x2);
-                  if (g.needs[2]) gb = sum(g2, {0});
+                  if (g.needs[2]) gb = sum_rows(g2);
                   return std::vector<Tensor>{gx, gw, gb};
                 });
 }

@@ -1,13 +1,19 @@
-// batch_norm and layer_norm: argument checks, running statistics and autograd
-// wiring; loops in norm_kernels.cpp.
+// batch_norm and layer_norm: argument checks for both devices; on CPU the
+// running statistics, autograd wiring and loops (norm_kernels.cpp) here, on
+// CUDA cuDNN and kernels (cuda/ops/norm.h).
 #include "lockstep/runtime/ops/norm.h"
 
 #include <cmath>
 #include <memory>
 
+#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/norm_kernels.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/norm.h"
+#endif
 
 namespace lockstep::runtime {
 namespace {
@@ -21,7 +27,8 @@ void check_param(const char* op, const char* name, const Tensor& p, const Shape&
                  name, shape_str(expected), shape_str(x.shape()), shape_str(p.shape()));
   LOCKSTEP_CHECK(p.dtype() == x.dtype(), "{}: input is {} but {} is {}; convert with .to()", op,
                  dtype_name(x.dtype()), name, dtype_name(p.dtype()));
-  LOCKSTEP_CHECK(p.device().is_cpu(), "{}: {} is not a CPU tensor", op, name);
+  LOCKSTEP_CHECK(p.device() == x.device(), "{}: input is on {} but {} is on {}; move it with "
+                 ".to(device)", op, x.device().str(), name, p.device().str());
 }
 
 // A small parameter or buffer read as doubles (detached: nothing to record).
@@ -41,7 +48,6 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   LOCKSTEP_CHECK(x_in.defined() && x_in.dim() >= 2,
                  "batch_norm: expected input [N, C] or [N, C, ...], got {}",
                  x_in.defined() ? shape_str(x_in.shape()) : std::string("undefined"));
-  LOCKSTEP_CHECK(x_in.device().is_cpu(), "batch_norm: only CPU tensors are supported here");
   const int64_t c = x_in.size(1);
   int64_t inner = 1;
   for (int64_t d = 2; d < x_in.dim(); ++d) inner *= x_in.size(d);
@@ -53,6 +59,10 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
     LOCKSTEP_CHECK(r->shape() == Shape{c} && is_floating(r->dtype()),
                    "batch_norm: expected running statistics of shape [{}] (floating), got {}",
                    c, shape_str(r->shape()));
+    LOCKSTEP_CHECK(r->device() == x_in.device(),
+                   "batch_norm: input is on {} but the running statistics are on {}; move "
+                   "them with .to(device)",
+                   x_in.device().str(), r->device().str());
   }
   LOCKSTEP_CHECK(running_mean.defined() == running_var.defined(),
                  "batch_norm: give both running_mean and running_var, or neither");
@@ -62,6 +72,13 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   LOCKSTEP_CHECK(!training || s.count() > 1,
                  "batch_norm: expected more than 1 value per channel when training, got input {}",
                  shape_str(x_in.shape()));
+#if LOCKSTEP_HAVE_CUDA
+  if (x_in.device().is_cuda())
+    return cuda::batch_norm(x_in, weight, bias, running_mean, running_var, training, momentum,
+                            eps);
+#endif
+  LOCKSTEP_CHECK(x_in.device().is_cpu(), "batch_norm: no kernel for device {} in this build",
+                 x_in.device().str());
 
   const Tensor x = x_in.contiguous();
   auto co = std::make_shared<Stats>();
@@ -173,7 +190,6 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
                   const Tensor& weight, const Tensor& bias, double eps) {
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   LOCKSTEP_CHECK(x_in.defined(), "layer_norm: input is undefined");
-  LOCKSTEP_CHECK(x_in.device().is_cpu(), "layer_norm: only CPU tensors are supported here");
   bool trailing = k >= 1 && x_in.dim() >= k;
   for (int64_t i = 0; trailing && i < k; ++i)
     trailing = x_in.size(x_in.dim() - k + i) == normalized_shape[i];
@@ -183,6 +199,11 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
                  shape_str(normalized_shape), shape_str(x_in.shape()));
   check_param("layer_norm", "weight", weight, normalized_shape, x_in);
   check_param("layer_norm", "bias", bias, normalized_shape, x_in);
+#if LOCKSTEP_HAVE_CUDA
+  if (x_in.device().is_cuda()) return cuda::layer_norm(x_in, normalized_shape, weight, bias, eps);
+#endif
+  LOCKSTEP_CHECK(x_in.device().is_cpu(), "layer_norm: no kernel for device {} in this build",
+                 x_in.device().str());
 
   const Tensor x = x_in.contiguous();
   const Tensor w = weight.defined() ? weight.contiguous() : Tensor();

@@ -1,0 +1,408 @@
+// Layer norm and eval-mode batch norm backward kernels; see norm.h.
+//
+// Layer norm: one block per row (rows in a grid-stride loop), the block's
+// threads striding over the row in 16-byte vectors when the row length and
+// the pointers allow it. Statistics: each thread runs Welford's update over
+// its elements; the partial (count, mean, M2) triples are merged across the
+// block with Chan's formula, which does not cancel the way E[x^2] - E[x]^2
+// does when |mean| >> std. The weight/bias gradients are column sums over
+// rows: blocks of 32 columns x one chunk of rows write f64 partial sums, and
+// a second kernel adds a column's partials in chunk order (deterministic).
+#include "lockstep/runtime/cuda/kernels/norm.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "lockstep/runtime/cuda/kernels/block_reduce.cuh"
+#include "lockstep/runtime/cuda/kernels/device_types.cuh"
+
+namespace lockstep::runtime::cuda::kernels {
+namespace {
+
+constexpr int kMaxRowThreads = 512;
+constexpr int64_t kMaxGrid = int64_t{1} << 20;
+
+template <class A>
+struct Welford {
+  A mean, m2, count;
+};
+
+template <class A>
+struct MergeWelford {
+  __device__ Welford<A> operator()(const Welford<A>& a, const Welford<A>& b) const {
+    const A n = a.count + b.count;
+    if (n == A(0)) return a;
+    const A delta = b.mean - a.mean;
+    const A wb = b.count / n;
+    return {a.mean + delta * wb, a.m2 + b.m2 + delta * delta * a.count * wb, n};
+  }
+};
+
+template <class A>
+struct Pair {
+  A a, b;
+};
+
+template <class A>
+struct AddPair {
+  __device__ Pair<A> operator()(const Pair<A>& x, const Pair<A>& y) const {
+    return {x.a + y.a, x.b + y.b};
+  }
+};
+
+__device__ __forceinline__ float inv_sqrt(float v) { return 1.0f / sqrtf(v); }
+__device__ __forceinline__ double inv_sqrt(double v) { return 1.0 / sqrt(v); }
+
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Threads for a row of `units` vectors: one vector each up to kMaxRowThreads,
+// whole warps.
+int row_threads(int64_t units) {
+  const int64_t t = (units + 31) / 32 * 32;
+  return static_cast<int>(t < 32 ? 32 : (t > kMaxRowThreads ? kMaxRowThreads : t));
+}
+
+unsigned grid_rows(int64_t rows) {
+  return static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid);
+}
+
+// ---- layer norm forward ----------------------------------------------------
+
+template <class T, int V>
+__global__ void layer_norm_forward_kernel(int64_t rows, int64_t d, const T* __restrict__ x,
+                                          const T* __restrict__ w, const T* __restrict__ b,
+                                          compute_t<T> eps, T* __restrict__ y,
+                                          compute_t<T>* __restrict__ mean_out,
+                                          compute_t<T>* __restrict__ invstd_out) {
+  using A = compute_t<T>;
+  __shared__ Welford<A> smem[33];
+  const int64_t units = d / V;  // d % V == 0 (V > 1 only then)
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * d;
+    T* yr = y + row * d;
+    Welford<A> s{A(0), A(0), A(0)};
+    for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+      const AlignedVec<T, V> xv = load_vec<V>(xr, k);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const A v = convert<A>(xv.v[i]);
+        s.count += A(1);
+        const A delta = v - s.mean;
+        s.mean += delta / s.count;
+        s.m2 += delta * (v - s.mean);
+      }
+    }
+    s = block_allreduce(s, MergeWelford<A>{}, Welford<A>{A(0), A(0), A(0)}, smem);
+    const A mu = s.mean;
+    const A var = s.m2 > A(0) ? s.m2 / static_cast<A>(d) : A(0);
+    const A rstd = inv_sqrt(var + eps);
+    if (threadIdx.x == 0) {
+      mean_out[row] = mu;
+      invstd_out[row] = rstd;
+    }
+    for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+      const AlignedVec<T, V> xv = load_vec<V>(xr, k);
+      AlignedVec<T, V> wv, bv, yv;
+      if (w != nullptr) wv = load_vec<V>(w, k);
+      if (b != nullptr) bv = load_vec<V>(b, k);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        A v = (convert<A>(xv.v[i]) - mu) * rstd;
+        if (w != nullptr) v *= convert<A>(wv.v[i]);
+        if (b != nullptr) v += convert<A>(bv.v[i]);
+        yv.v[i] = convert<T>(v);
+      }
+      store_vec<V>(yr, k, yv);
+    }
+  }
+}
+
+// ---- layer norm backward: input --------------------------------------------
+
+template <class T, int V>
+__global__ void layer_norm_backward_input_kernel(int64_t rows, int64_t d,
+                                                 const T* __restrict__ gy,
+                                                 const T* __restrict__ x,
+                                                 const T* __restrict__ w,
+                                                 const compute_t<T>* __restrict__ mean,
+                                                 const compute_t<T>* __restrict__ invstd,
+                                                 T* __restrict__ gx) {
+  using A = compute_t<T>;
+  __shared__ Pair<A> smem[33];
+  const int64_t units = d / V;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* gyr = gy + row * d;
+    const T* xr = x + row * d;
+    const A mu = mean[row], rstd = invstd[row];
+    // Sums of g = gy * w and of g * xhat over the row.
+    Pair<A> s{A(0), A(0)};
+    for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+      const AlignedVec<T, V> gv = load_vec<V>(gyr, k);
+      const AlignedVec<T, V> xv = load_vec<V>(xr, k);
+      AlignedVec<T, V> wv;
+      if (w != nullptr) wv = load_vec<V>(w, k);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        A g = convert<A>(gv.v[i]);
+        if (w != nullptr) g *= convert<A>(wv.v[i]);
+        const A xhat = (convert<A>(xv.v[i]) - mu) * rstd;
+        s.a += g;
+        s.b += g * xhat;
+      }
+    }
+    s = block_allreduce(s, AddPair<A>{}, Pair<A>{A(0), A(0)}, smem);
+    const A mean_g = s.a / static_cast<A>(d), mean_gx = s.b / static_cast<A>(d);
+    T* gxr = gx + row * d;
+    for (int64_t k = threadIdx.x; k < units; k += blockDim.x) {
+      const AlignedVec<T, V> gv = load_vec<V>(gyr, k);
+      const AlignedVec<T, V> xv = load_vec<V>(xr, k);
+      AlignedVec<T, V> wv, out;
+      if (w != nullptr) wv = load_vec<V>(w, k);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        A g = convert<A>(gv.v[i]);
+        if (w != nullptr) g *= convert<A>(wv.v[i]);
+        const A xhat = (convert<A>(xv.v[i]) - mu) * rstd;
+        out.v[i] = convert<T>(rstd * (g - mean_g - xhat * mean_gx));
+      }
+      store_vec<V>(gxr, k, out);
+    }
+  }
+}
+
+// ---- layer norm backward: weight and bias ----------------------------------
+
+constexpr int kColTile = 32;  // columns per block (one warp across)
+constexpr int kRowLanes = 8;  // rows read at once per block
+
+// Block (kColTile, kRowLanes), grid (column tiles, chunks): partial sums of
+// gy * xhat and gy over rows [chunk * rows_per_chunk, ...) for each column.
+template <class T>
+__global__ void layer_norm_param_partials(int64_t rows, int64_t d, int64_t rows_per_chunk,
+                                          const T* __restrict__ gy, const T* __restrict__ x,
+                                          const compute_t<T>* __restrict__ mean,
+                                          const compute_t<T>* __restrict__ invstd,
+                                          double* __restrict__ part_w,
+                                          double* __restrict__ part_b) {
+  using A = compute_t<T>;
+  __shared__ A sw[kRowLanes][kColTile + 1];
+  __shared__ A sb[kRowLanes][kColTile + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  A acc_w = A(0), acc_b = A(0);
+  if (col < d) {
+    for (int64_t r = r0 + ty; r < r1; r += kRowLanes) {
+      const A g = convert<A>(gy[r * d + col]);
+      const A xhat = (convert<A>(x[r * d + col]) - mean[r]) * invstd[r];
+      acc_w += g * xhat;
+      acc_b += g;
+    }
+  }
+  sw[ty][tx] = acc_w;
+  sb[ty][tx] = acc_b;
+  __syncthreads();
+  if (ty == 0 && col < d) {
+    double tw = 0, tb = 0;
+#pragma unroll
+    for (int i = 0; i < kRowLanes; ++i) {
+      tw += static_cast<double>(sw[i][tx]);
+      tb += static_cast<double>(sb[i][tx]);
+    }
+    part_w[blockIdx.y * d + col] = tw;
+    part_b[blockIdx.y * d + col] = tb;
+  }
+}
+
+template <class T>
+__global__ void layer_norm_param_finish(int64_t d, int64_t chunks,
+                                        const double* __restrict__ part_w,
+                                        const double* __restrict__ part_b, T* __restrict__ gw,
+                                        T* __restrict__ gb) {
+  for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; col < d;
+       col += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double tw = 0, tb = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      tw += part_w[c * d + col];
+      tb += part_b[c * d + col];
+    }
+    if (gw != nullptr) gw[col] = convert<T>(tw);
+    if (gb != nullptr) gb[col] = convert<T>(tb);
+  }
+}
+
+// ---- batch norm, eval mode ---------------------------------------------------
+
+template <class T>
+__global__ void batch_norm_eval_input_kernel(int64_t total, int64_t c, int64_t inner,
+                                             const T* __restrict__ gy, const T* __restrict__ w,
+                                             const T* __restrict__ var, T eps,
+                                             T* __restrict__ gx) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t ch = (i / inner) % c;
+    const T k = (w != nullptr ? w[ch] : T(1)) * inv_sqrt(var[ch] + eps);
+    gx[i] = gy[i] * k;
+  }
+}
+
+// One block per channel (channels in a grid-stride loop).
+template <class T>
+__global__ void batch_norm_eval_params_kernel(int64_t n, int64_t c, int64_t inner,
+                                              const T* __restrict__ gy, const T* __restrict__ x,
+                                              const T* __restrict__ mean,
+                                              const T* __restrict__ var, T eps,
+                                              T* __restrict__ gw, T* __restrict__ gb) {
+  __shared__ Pair<T> smem[33];
+  const int64_t count = n * inner;
+  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    const T m = mean[ch];
+    Pair<T> s{T(0), T(0)};
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+      const int64_t img = j / inner;
+      const int64_t idx = (img * c + ch) * inner + (j - img * inner);
+      const T g = gy[idx];
+      s.a += g;
+      s.b += g * (x[idx] - m);
+    }
+    s = block_allreduce(s, AddPair<T>{}, Pair<T>{T(0), T(0)}, smem);
+    if (threadIdx.x == 0) {
+      if (gw != nullptr) gw[ch] = s.b * inv_sqrt(var[ch] + eps);
+      if (gb != nullptr) gb[ch] = s.a;
+    }
+  }
+}
+
+template <class Fn>
+cudaError_t dispatch_float(ScalarType t, Fn&& fn) {
+  switch (t) {
+    case ScalarType::f32: return fn(float{});
+    case ScalarType::f64: return fn(double{});
+    case ScalarType::bf16: return fn(__nv_bfloat16{});
+    case ScalarType::f16: return fn(__half{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <class Fn>
+cudaError_t dispatch_f32_f64(ScalarType t, Fn&& fn) {
+  switch (t) {
+    case ScalarType::f32: return fn(float{});
+    case ScalarType::f64: return fn(double{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t layer_norm_forward(ScalarType dtype, int64_t rows, int64_t d, const void* x,
+                               const void* w, const void* b, double eps, void* y, void* mean,
+                               void* invstd, cudaStream_t stream) {
+  if (rows == 0 || d == 0) return cudaSuccess;
+  return dispatch_float(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = compute_t<T>;
+    constexpr int V = vec16_v<T>;
+    const auto* xp = static_cast<const T*>(x);
+    const auto* wp = static_cast<const T*>(w);
+    const auto* bp = static_cast<const T*>(b);
+    auto* yp = static_cast<T*>(y);
+    auto* mp = static_cast<A*>(mean);
+    auto* sp = static_cast<A*>(invstd);
+    if (d % V == 0 && aligned16(x) && aligned16(w) && aligned16(b) && aligned16(y)) {
+      layer_norm_forward_kernel<T, V><<<grid_rows(rows), row_threads(d / V), 0, stream>>>(
+          rows, d, xp, wp, bp, static_cast<A>(eps), yp, mp, sp);
+    } else {
+      layer_norm_forward_kernel<T, 1><<<grid_rows(rows), row_threads(d), 0, stream>>>(
+          rows, d, xp, wp, bp, static_cast<A>(eps), yp, mp, sp);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t layer_norm_backward_input(ScalarType dtype, int64_t rows, int64_t d,
+                                      const void* grad_y, const void* x, const void* w,
+                                      const void* mean, const void* invstd, void* grad_x,
+                                      cudaStream_t stream) {
+  if (rows == 0 || d == 0) return cudaSuccess;
+  return dispatch_float(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = compute_t<T>;
+    constexpr int V = vec16_v<T>;
+    const auto* gp = static_cast<const T*>(grad_y);
+    const auto* xp = static_cast<const T*>(x);
+    const auto* wp = static_cast<const T*>(w);
+    const auto* mp = static_cast<const A*>(mean);
+    const auto* sp = static_cast<const A*>(invstd);
+    auto* gxp = static_cast<T*>(grad_x);
+    if (d % V == 0 && aligned16(grad_y) && aligned16(x) && aligned16(w) && aligned16(grad_x)) {
+      layer_norm_backward_input_kernel<T, V><<<grid_rows(rows), row_threads(d / V), 0, stream>>>(
+          rows, d, gp, xp, wp, mp, sp, gxp);
+    } else {
+      layer_norm_backward_input_kernel<T, 1><<<grid_rows(rows), row_threads(d), 0, stream>>>(
+          rows, d, gp, xp, wp, mp, sp, gxp);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t layer_norm_backward_params(ScalarType dtype, int64_t rows, int64_t d,
+                                       const void* grad_y, const void* x, const void* mean,
+                                       const void* invstd, void* grad_w, void* grad_b,
+                                       void* workspace, cudaStream_t stream) {
+  if (d == 0 || (grad_w == nullptr && grad_b == nullptr)) return cudaSuccess;
+  return dispatch_float(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = compute_t<T>;
+    const int64_t chunks = rows == 0 ? 0 : layer_norm_param_chunks(rows);
+    auto* part_w = static_cast<double*>(workspace);
+    double* part_b = part_w + chunks * d;
+    if (chunks > 0) {
+      const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+      const dim3 grid(static_cast<unsigned>((d + kColTile - 1) / kColTile),
+                      static_cast<unsigned>(chunks));
+      layer_norm_param_partials<T><<<grid, dim3(kColTile, kRowLanes), 0, stream>>>(
+          rows, d, rows_per_chunk, static_cast<const T*>(grad_y), static_cast<const T*>(x),
+          static_cast<const A*>(mean), static_cast<const A*>(invstd), part_w, part_b);
+      if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    layer_norm_param_finish<T><<<grid_for(d), kBlock, 0, stream>>>(
+        d, chunks, part_w, part_b, static_cast<T*>(grad_w), static_cast<T*>(grad_b));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t batch_norm_eval_backward_input(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
+                                           const void* grad_y, const void* w, const void* var,
+                                           double eps, void* grad_x, cudaStream_t stream) {
+  const int64_t total = n * c * inner;
+  if (total == 0) return cudaSuccess;
+  return dispatch_f32_f64(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    batch_norm_eval_input_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(
+        total, c, inner, static_cast<const T*>(grad_y), static_cast<const T*>(w),
+        static_cast<const T*>(var), static_cast<T>(eps), static_cast<T*>(grad_x));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t batch_norm_eval_backward_params(ScalarType dtype, int64_t n, int64_t c,
+                                            int64_t inner, const void* grad_y, const void* x,
+                                            const void* mean, const void* var, double eps,
+                                            void* grad_w, void* grad_b, cudaStream_t stream) {
+  if (c == 0 || (grad_w == nullptr && grad_b == nullptr)) return cudaSuccess;
+  return dispatch_f32_f64(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const unsigned grid = static_cast<unsigned>(c < 65535 ? c : 65535);
+    batch_norm_eval_params_kernel<T><<<grid, kBlock, 0, stream>>>(
+        n, c, inner, static_cast<const T*>(grad_y), static_cast<const T*>(x),
+        static_cast<const T*>(mean), static_cast<const T*>(var), static_cast<T>(eps),
+        static_cast<T*>(grad_w), static_cast<T*>(grad_b));
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace lockstep::runtime::cuda::kernels

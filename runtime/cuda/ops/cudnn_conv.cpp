@@ -1,0 +1,294 @@
+// conv2d on cuDNN: descriptors, the cached algorithm choice, forward and
+// backward, and the autograd record.
+#include "lockstep/runtime/cuda/ops/cudnn_conv.h"
+
+#include <array>
+#include <climits>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/cuda/caching_allocator.h"
+#include "lockstep/runtime/cuda/cudnn_check.h"
+#include "lockstep/runtime/cuda/device_guard.h"
+#include "lockstep/runtime/cuda/ops/cudnn_descriptors.h"
+#include "lockstep/runtime/cuda/ops/cudnn_handle.h"
+#include "lockstep/runtime/cuda/ops/math_mode.h"
+#include "lockstep/runtime/cuda/stream.h"
+#include "lockstep/runtime/cuda/tensor_args.h"
+#include "lockstep/runtime/ops/reduce.h"
+
+namespace lockstep::runtime::cuda {
+namespace {
+
+using conv_kernels::ConvShape;
+
+// Algorithms whose workspace exceeds this are passed over while another fits.
+constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;
+
+int to_int(int64_t v) {
+  LOCKSTEP_CHECK(v >= 0 && v <= INT_MAX,
+                 "conv2d on CUDA: size {} does not fit cuDNN's 32-bit sizes", v);
+  return static_cast<int>(v);
+}
+
+const void* one(DType d) { return cudnn_one(d); }
+const void* zero(DType d) { return cudnn_zero(d); }
+
+// The math type asked of cuDNN: plain FMA for f32 unless TF32 is allowed
+// (CUDNN_DEFAULT_MATH permits TF32 from Ampere on), tensor cores for 16-bit.
+cudnnMathType_t requested_math(DType d, bool tf32) {
+  if (d == DType::f32) return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  if (d == DType::f64) return CUDNN_DEFAULT_MATH;
+  return CUDNN_TENSOR_OP_MATH;
+}
+
+// Descriptors of one call: input, output, weight, bias, convolution.
+struct Descriptors {
+  cudnnDataType_t type;
+  TensorDescriptor x, y, b;
+  FilterDescriptor w;
+  ConvolutionDescriptor conv;
+
+  Descriptors(const ConvShape& s, DType dtype)
+      : type(cudnn_data_type(dtype, "conv2d")),
+        x(type, to_int(s.n), to_int(s.c_in), to_int(s.h), to_int(s.w)),
+        y(type, to_int(s.n), to_int(s.c_out), to_int(s.oh), to_int(s.ow)),
+        b(type, 1, to_int(s.c_out), 1, 1),
+        w(type, to_int(s.c_out), to_int(s.cin_g()), to_int(s.kh), to_int(s.kw)) {
+    const cudnnDataType_t compute = dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    LOCKSTEP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        conv.get(), to_int(s.ph), to_int(s.pw), to_int(s.sh), to_int(s.sw), to_int(s.dh),
+        to_int(s.dw), CUDNN_CROSS_CORRELATION, compute));
+    LOCKSTEP_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv.get(), to_int(s.groups)));
+  }
+  void set_math(cudnnMathType_t math) const {
+    LOCKSTEP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv.get(), math));
+  }
+};
+
+// ---- algorithm cache -------------------------------------------------------
+
+struct Choice {
+  int algo = 0;  // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  std::size_t workspace = 0;
+};
+
+struct Key {
+  std::array<int64_t, 16> geometry{};
+  int device = 0;
+  DType dtype = DType::f32;
+  bool tf32 = false;
+  auto operator<=>(const Key&) const = default;
+};
+
+Key make_key(const ConvShape& s, DType dtype, int device, bool tf32) {
+  return {{s.n, s.c_in, s.h, s.w, s.c_out, s.kh, s.kw, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw,
+           s.groups, s.oh, s.ow},
+          device,
+          dtype,
+          tf32};
+}
+
+enum Direction { kForward, kBackwardData, kBackwardFilter };
+
+struct Entry {
+  std::optional<Choice> choice[3];
+};
+
+std::mutex& cache_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::map<Key, Entry>& cache() {
+  static auto* c = new std::map<Key, Entry>;
+  return *c;
+}
+
+// The first algorithm (cuDNN ranks them best first) that works with a
+// workspace under kMaxWorkspace; else the working one that needs the least.
+template <class Perf>
+Choice pick(const Perf* perf, int count, bool force_fma, const char* what) {
+  const Perf* best = nullptr;
+  for (int i = 0; i < count; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+    if (perf[i].memory <= kMaxWorkspace) {
+      best = &perf[i];
+      break;
+    }
+    if (best == nullptr || perf[i].memory < best->memory) best = &perf[i];
+  }
+  LOCKSTEP_CHECK(best != nullptr, "conv2d on CUDA: cuDNN has no {} algorithm for this "
+                 "convolution (dtype, groups and sizes as given)", what);
+  // For f32 without TF32 keep the algorithm on FMA math whatever it reports.
+  return {static_cast<int>(best->algo), force_fma ? CUDNN_FMA_MATH : best->mathType, 0};
+}
+
+Choice choose(Direction dir, cudnnHandle_t h, const Descriptors& d, DType dtype, bool tf32) {
+  const cudnnMathType_t math = requested_math(dtype, tf32);
+  const bool force_fma = math == CUDNN_FMA_MATH;
+  d.set_math(math);
+  Choice c;
+  if (dir == kForward) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int n = 0;
+    LOCKSTEP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+        h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n,
+        perf));
+    c = pick(perf, n, force_fma, "forward");
+    d.set_math(c.math);
+    LOCKSTEP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
+        h, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
+        static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), &c.workspace));
+  } else if (dir == kBackwardData) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int n = 0;
+    LOCKSTEP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        &n, perf));
+    c = pick(perf, n, force_fma, "backward-data");
+    d.set_math(c.math);
+    LOCKSTEP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+        h, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
+        static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), &c.workspace));
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int n = 0;
+    LOCKSTEP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
+    c = pick(perf, n, force_fma, "backward-filter");
+    d.set_math(c.math);
+    LOCKSTEP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        h, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+        static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), &c.workspace));
+  }
+  return c;
+}
+
+// The cached choice for `dir`, chosen on first use; leaves the descriptor's
+// math type set to the choice's.
+Choice algorithm(Direction dir, cudnnHandle_t h, const Descriptors& d, const ConvShape& s,
+                 DType dtype, int device) {
+  const bool tf32 = allow_tf32();
+  const Key key = make_key(s, dtype, device, tf32);
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex());
+    const auto it = cache().find(key);
+    if (it != cache().end() && it->second.choice[dir]) {
+      const Choice c = *it->second.choice[dir];
+      d.set_math(c.math);
+      return c;
+    }
+  }
+  // Chosen outside the lock: two threads may both choose; they agree.
+  const Choice c = choose(dir, h, d, dtype, tf32);
+  std::lock_guard<std::mutex> lock(cache_mutex());
+  cache()[key].choice[dir] = c;
+  return c;
+}
+
+// Scratch memory for one cuDNN call, on the current stream (freed when the
+// call's work is queued: later work on that stream reuses it in order).
+DeviceBuffer workspace(std::size_t bytes, int device) {
+  return bytes == 0 ? DeviceBuffer() : DeviceBuffer(bytes, current_stream(device));
+}
+
+void forward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+  const int device = x.device().index;
+  const DType dt = x.dtype();
+  const Descriptors d(s, dt);
+  cudnnHandle_t h = cudnn_handle(device);
+  const Choice c = algorithm(kForward, h, d, s, dt, device);
+  DeviceBuffer ws = workspace(c.workspace, device);
+  LOCKSTEP_CUDNN_CHECK(cudnnConvolutionForward(
+      h, one(dt), d.x.get(), x.raw_data(), d.w.get(), w.raw_data(), d.conv.get(),
+      static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.data(), c.workspace, zero(dt),
+      d.y.get(), y.raw_data()));
+  if (!b.defined()) return;
+  if (dt == DType::bf16) {
+    // cuDNN's legacy tensor ops do not promise bf16: our broadcast add (f32 math).
+    NoGradGuard no_grad;
+    y.add_(b.view({1, s.c_out, 1, 1}));
+    return;
+  }
+  LOCKSTEP_CUDNN_CHECK(
+      cudnnAddTensor(h, one(dt), d.b.get(), b.raw_data(), one(dt), d.y.get(), y.raw_data()));
+}
+
+// Any of gx, gw, gb may be undefined (not wanted); the others are overwritten.
+void backward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor& gy, Tensor& gx,
+              Tensor& gw, Tensor& gb) {
+  const int device = x.device().index;
+  const DType dt = x.dtype();
+  const Descriptors d(s, dt);
+  cudnnHandle_t h = cudnn_handle(device);
+  if (gx.defined()) {
+    const Choice c = algorithm(kBackwardData, h, d, s, dt, device);
+    DeviceBuffer ws = workspace(c.workspace, device);
+    LOCKSTEP_CUDNN_CHECK(cudnnConvolutionBackwardData(
+        h, one(dt), d.w.get(), w.raw_data(), d.y.get(), gy.raw_data(), d.conv.get(),
+        static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.data(), c.workspace, zero(dt),
+        d.x.get(), gx.raw_data()));
+  }
+  if (gw.defined()) {
+    const Choice c = algorithm(kBackwardFilter, h, d, s, dt, device);
+    DeviceBuffer ws = workspace(c.workspace, device);
+    LOCKSTEP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+        h, one(dt), d.x.get(), x.raw_data(), d.y.get(), gy.raw_data(), d.conv.get(),
+        static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.data(), c.workspace, zero(dt),
+        d.w.get(), gw.raw_data()));
+  }
+  if (gb.defined() && dt == DType::bf16) {
+    gb = sum(gy, {0, 2, 3});  // as for the bias add above
+  } else if (gb.defined()) {
+    LOCKSTEP_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, one(dt), d.y.get(), gy.raw_data(),
+                                                      zero(dt), d.b.get(), gb.raw_data()));
+  }
+}
+
+// No pixels or no output channels: nothing for cuDNN to do (it rejects
+// zero-sized descriptors); the gradients are zeros.
+bool degenerate(const ConvShape& s) { return s.n == 0 || s.c_out == 0; }
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+              const ConvShape& s) {
+  check_device("conv2d", x_in.device(), {&x_in, &weight_in, &bias_in});
+  (void)cudnn_data_type(x_in.dtype(), "conv2d");
+  DeviceGuard guard(x_in.device().index);
+  const Tensor x = x_in.contiguous();
+  const Tensor weight = weight_in.contiguous();
+  const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+  Tensor out = Tensor::empty({s.n, s.c_out, s.oh, s.ow}, x.dtype(), x.device());
+  if (!degenerate(s)) forward(s, x, weight, bias, out);
+
+  std::vector<Tensor> inputs{x_in, weight_in};
+  if (bias_in.defined()) inputs.push_back(bias_in);
+  return record(std::move(out), "Conv2dBackward", inputs, {x, weight},
+                [s](const BackwardArgs& a) -> std::vector<Tensor> {
+                  const Tensor& xs = a.saved[0];
+                  const Tensor& ws = a.saved[1];
+                  DeviceGuard guard(xs.device().index);
+                  const Tensor gy = a.grad.contiguous();
+                  std::vector<Tensor> grads(a.needs.size());
+                  auto make = [&](const Shape& shape) {
+                    return degenerate(s) ? Tensor::zeros(shape, xs.dtype(), xs.device())
+                                         : Tensor::empty(shape, xs.dtype(), xs.device());
+                  };
+                  if (a.needs[0]) grads[0] = make(xs.shape());
+                  if (a.needs[1]) grads[1] = make(ws.shape());
+                  if (a.needs.size() > 2 && a.needs[2]) grads[2] = make({s.c_out});
+                  Tensor none;
+                  if (!degenerate(s))
+                    backward(s, xs, ws, gy, grads[0], grads[1],
+                             grads.size() > 2 ? grads[2] : none);
+                  return grads;
+                });
+}
+
+}  // namespace lockstep::runtime::cuda

@@ -1,0 +1,27 @@
+// conv2d of CUDA tensors on cuDNN (the legacy descriptor API, still in
+// cuDNN 9): the device side of runtime/ops/conv.cpp, which checks the
+// arguments and computes the geometry for both devices.
+//
+// Algorithms come from cuDNN's heuristics (cudnnGet*Algorithm_v7, which run
+// nothing on the GPU and never synchronise), chosen once per (device, dtype,
+// geometry, TF32 mode) and cached for the process. Workspaces come from the
+// caching allocator on the current stream. f32 runs without TF32 unless
+// allow_tf32() (math_mode.h); bf16 and f16 compute in f32 on tensor cores.
+// Bias: cudnnAddTensor and cudnnConvolutionBackwardBias, except for bf16,
+// which cuDNN's legacy tensor ops do not promise: lockstep's broadcast add_
+// and sum() there.
+#pragma once
+
+#include "lockstep/runtime/ops/conv_kernels.h"
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::runtime::cuda {
+
+// y = conv2d(x, weight) + bias, recorded for autograd with a cuDNN backward
+// (input, weight and bias gradients). x [n, c_in, h, w], weight
+// [c_out, c_in / groups, kh, kw], bias [c_out] or undefined, all on one CUDA
+// device with one dtype; `s` is their geometry, already checked.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const conv_kernels::ConvShape& s);
+
+}  // namespace lockstep::runtime::cuda

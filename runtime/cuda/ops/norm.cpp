@@ -1,0 +1,239 @@
+// batch_norm on cuDNN and layer_norm on kernels/norm.cu, with their autograd
+// records (the same inputs and saved tensors as the CPU ops in ops/norm.cpp).
+#include "lockstep/runtime/cuda/ops/norm.h"
+
+#include <climits>
+
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/cuda/caching_allocator.h"
+#include "lockstep/runtime/cuda/cudnn_check.h"
+#include "lockstep/runtime/cuda/device_guard.h"
+#include "lockstep/runtime/cuda/kernels/norm.h"
+#include "lockstep/runtime/cuda/ops/cudnn_descriptors.h"
+#include "lockstep/runtime/cuda/ops/cudnn_handle.h"
+#include "lockstep/runtime/cuda/tensor_args.h"
+
+namespace lockstep::runtime::cuda {
+namespace {
+
+int to_int(int64_t v, const char* op) {
+  LOCKSTEP_CHECK(v >= 0 && v <= INT_MAX, "{} on CUDA: size {} does not fit cuDNN's 32-bit sizes",
+                 op, v);
+  return static_cast<int>(v);
+}
+
+// x viewed as [n, c, inner, 1] and the per-channel [1, c, 1, 1] parameters.
+struct BatchNormDescriptors {
+  TensorDescriptor x, param;
+  BatchNormDescriptors(DType dtype, int64_t n, int64_t c, int64_t inner)
+      : x(cudnn_data_type(dtype, "batch_norm"), to_int(n, "batch_norm"), to_int(c, "batch_norm"),
+          to_int(inner, "batch_norm"), 1),
+        param(cudnn_data_type(dtype, "batch_norm"), 1, to_int(c, "batch_norm"), 1, 1) {}
+};
+
+// A running statistic as cuDNN reads and writes it: contiguous, of the data's
+// dtype. The tensor itself when it already is, else a converted copy (then
+// write_back() copies the update into the original).
+Tensor stat_buffer(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype && t.is_contiguous()) return t.detach();
+  return t.detach().to(dtype).contiguous();
+}
+
+void write_back(const Tensor& original, const Tensor& buffer) {
+  if (buffer.storage() == original.storage()) {
+    original.storage()->bump_version();  // cuDNN wrote it in place
+    return;
+  }
+  NoGradGuard no_grad;
+  Tensor(original).copy_(buffer);
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum, double eps) {
+  check_device("batch_norm", x_in.device(), {&x_in, &weight, &bias, &running_mean, &running_var});
+  const DType dt = x_in.dtype();
+  LOCKSTEP_CHECK(dt == DType::f32 || dt == DType::f64,
+                 "batch_norm on CUDA: dtype {} is not supported; use f32 or f64 (convert with "
+                 ".to())",
+                 dtype_name(dt));
+  const Device dev = x_in.device();
+  DeviceGuard guard(dev.index);
+  const int64_t n = x_in.size(0), c = x_in.size(1);
+  int64_t inner = 1;
+  for (int64_t d = 2; d < x_in.dim(); ++d) inner *= x_in.size(d);
+  const bool empty = x_in.numel() == 0;
+
+  const Tensor x = x_in.contiguous();
+  // cuDNN always scales and shifts: ones and zeros stand in for missing ones.
+  const Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor::ones({c}, dt, dev);
+  const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor::zeros({c}, dt, dev);
+  Tensor out = Tensor::empty(x.shape(), dt, dev);
+
+  Tensor save_mean, save_invstd;  // training: the batch statistics, for backward
+  Tensor eval_mean, eval_var;     // eval: the running statistics as they were, for backward
+  if (training) {
+    save_mean = Tensor::empty({c}, dt, dev);
+    save_invstd = Tensor::empty({c}, dt, dev);
+    Tensor rm, rv;
+    if (running_mean.defined()) {
+      rm = stat_buffer(running_mean, dt);
+      rv = stat_buffer(running_var, dt);
+    }
+    if (!empty) {
+      const BatchNormDescriptors d(dt, n, c, inner);
+      // factor = momentum: running = (1 - momentum) * running + momentum * batch.
+      LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+          cudnn_handle(dev.index), CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt),
+          d.x.get(), x.raw_data(), d.x.get(), out.raw_data(), d.param.get(), w.raw_data(),
+          b.raw_data(), momentum, rm.defined() ? rm.raw_data() : nullptr,
+          rv.defined() ? rv.raw_data() : nullptr, eps, save_mean.raw_data(),
+          save_invstd.raw_data()));
+      if (rm.defined()) {
+        write_back(running_mean, rm);
+        write_back(running_var, rv);
+      }
+    }
+  } else {
+    // Copies: a later training step may update the running statistics in
+    // place before this backward runs (the CPU op copies them to the host).
+    eval_mean = running_mean.detach().to(dt).clone();
+    eval_var = running_var.detach().to(dt).clone();
+    if (!empty) {
+      const BatchNormDescriptors d(dt, n, c, inner);
+      LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+          cudnn_handle(dev.index), CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt),
+          d.x.get(), x.raw_data(), d.x.get(), out.raw_data(), d.param.get(), w.raw_data(),
+          b.raw_data(), eval_mean.raw_data(), eval_var.raw_data(), eps));
+    }
+  }
+
+  std::vector<Tensor> inputs{x_in};
+  std::vector<Tensor> saved{x};
+  if (weight.defined()) inputs.push_back(weight), saved.push_back(weight);
+  if (bias.defined()) inputs.push_back(bias);
+  const int w_at = weight.defined() ? 1 : -1;
+  const int b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
+  const Tensor ones = weight.defined() ? Tensor() : w;
+  return record(
+      std::move(out), training ? "BatchNormBackward" : "BatchNormEvalBackward", inputs, saved,
+      [=](const BackwardArgs& a) -> std::vector<Tensor> {
+        const Tensor& xs = a.saved[0];
+        DeviceGuard guard(dev.index);
+        const Tensor gy = a.grad.contiguous();
+        const Tensor ws = w_at >= 0 ? a.saved[1].contiguous() : ones;
+        const bool need_w = w_at >= 0 && a.needs[w_at];
+        const bool need_b = b_at >= 0 && a.needs[b_at];
+        std::vector<Tensor> grads(a.needs.size());
+        if (empty) {
+          if (a.needs[0]) grads[0] = Tensor::zeros(xs.shape(), dt, dev);
+          if (need_w) grads[w_at] = Tensor::zeros({c}, dt, dev);
+          if (need_b) grads[b_at] = Tensor::zeros({c}, dt, dev);
+          return grads;
+        }
+        if (training) {
+          // cuDNN computes all three; dx needs the parameter gradients' sums anyway.
+          Tensor gx = Tensor::empty(xs.shape(), dt, dev);
+          Tensor gw = Tensor::empty({c}, dt, dev), gb = Tensor::empty({c}, dt, dev);
+          const BatchNormDescriptors d(dt, n, c, inner);
+          LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+              cudnn_handle(dev.index), CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt),
+              cudnn_one(dt), cudnn_zero(dt), d.x.get(), xs.raw_data(), d.x.get(), gy.raw_data(),
+              d.x.get(), gx.raw_data(), d.param.get(), ws.raw_data(), gw.raw_data(),
+              gb.raw_data(), eps, save_mean.raw_data(), save_invstd.raw_data()));
+          if (a.needs[0]) grads[0] = gx;
+          if (need_w) grads[w_at] = gw;
+          if (need_b) grads[b_at] = gb;
+          return grads;
+        }
+        const cudaStream_t stream = stream_of(xs);
+        const kernels::ScalarType st = scalar_type(dt);
+        if (a.needs[0]) {
+          Tensor gx = Tensor::empty(xs.shape(), dt, dev);
+          LOCKSTEP_CUDA_CHECK(kernels::batch_norm_eval_backward_input(
+              st, n, c, inner, gy.raw_data(), w_at >= 0 ? ws.raw_data() : nullptr,
+              eval_var.raw_data(), eps, gx.raw_data(), stream));
+          grads[0] = gx;
+        }
+        if (need_w || need_b) {
+          Tensor gw = need_w ? Tensor::empty({c}, dt, dev) : Tensor();
+          Tensor gb = need_b ? Tensor::empty({c}, dt, dev) : Tensor();
+          LOCKSTEP_CUDA_CHECK(kernels::batch_norm_eval_backward_params(
+              st, n, c, inner, gy.raw_data(), xs.raw_data(), eval_mean.raw_data(),
+              eval_var.raw_data(), eps, need_w ? gw.raw_data() : nullptr,
+              need_b ? gb.raw_data() : nullptr, stream));
+          if (need_w) grads[w_at] = gw;
+          if (need_b) grads[b_at] = gb;
+        }
+        return grads;
+      });
+}
+
+Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_shape,
+                  const Tensor& weight, const Tensor& bias, double eps) {
+  check_device("layer_norm", x_in.device(), {&x_in, &weight, &bias});
+  const DType dt = x_in.dtype();
+  LOCKSTEP_CHECK(is_floating(dt), "layer_norm on CUDA: dtype {} is not supported; use f32, f64, "
+                 "bf16 or f16 (convert with .to())", dtype_name(dt));
+  const Device dev = x_in.device();
+  DeviceGuard guard(dev.index);
+  const Tensor x = x_in.contiguous();
+  const Tensor w = weight.defined() ? weight.contiguous() : Tensor();
+  const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
+  const int64_t d = shape_numel(normalized_shape);
+  const int64_t rows = d == 0 ? 0 : x.numel() / d;
+  const DType stat_dt = dt == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor mean = Tensor::empty({rows}, stat_dt, dev);
+  const Tensor invstd = Tensor::empty({rows}, stat_dt, dev);
+  Tensor out = Tensor::empty(x.shape(), dt, dev);
+  LOCKSTEP_CUDA_CHECK(kernels::layer_norm_forward(
+      scalar_type(dt), rows, d, x.raw_data(), w.defined() ? w.raw_data() : nullptr,
+      b.defined() ? b.raw_data() : nullptr, eps, out.raw_data(), mean.raw_data(),
+      invstd.raw_data(), stream_of(x)));
+
+  std::vector<Tensor> inputs{x_in};
+  std::vector<Tensor> saved{x};
+  if (weight.defined()) inputs.push_back(weight), saved.push_back(w);
+  if (bias.defined()) inputs.push_back(bias);
+  const int w_at = weight.defined() ? 1 : -1;
+  const int b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
+  return record(
+      std::move(out), "LayerNormBackward", inputs, saved,
+      [rows, d, dt, dev, mean, invstd, w_at, b_at, pshape = normalized_shape](
+          const BackwardArgs& a) {
+        const Tensor& xs = a.saved[0];
+        DeviceGuard guard(dev.index);
+        const Tensor gy = a.grad.contiguous();
+        const cudaStream_t stream = stream_of(xs);
+        const kernels::ScalarType st = scalar_type(dt);
+        std::vector<Tensor> grads(a.needs.size());
+        if (a.needs[0]) {
+          Tensor gx = Tensor::empty(xs.shape(), dt, dev);
+          LOCKSTEP_CUDA_CHECK(kernels::layer_norm_backward_input(
+              st, rows, d, gy.raw_data(), xs.raw_data(),
+              w_at >= 0 ? a.saved[1].raw_data() : nullptr, mean.raw_data(), invstd.raw_data(),
+              gx.raw_data(), stream));
+          grads[0] = gx;
+        }
+        const bool need_w = w_at >= 0 && a.needs[w_at];
+        const bool need_b = b_at >= 0 && a.needs[b_at];
+        if (need_w || need_b) {
+          Tensor gw = need_w ? Tensor::empty(pshape, dt, dev) : Tensor();
+          Tensor gb = need_b ? Tensor::empty(pshape, dt, dev) : Tensor();
+          DeviceBuffer workspace(kernels::layer_norm_param_workspace(rows, d),
+                                 current_stream(dev.index));
+          LOCKSTEP_CUDA_CHECK(kernels::layer_norm_backward_params(
+              st, rows, d, gy.raw_data(), xs.raw_data(), mean.raw_data(), invstd.raw_data(),
+              need_w ? gw.raw_data() : nullptr, need_b ? gb.raw_data() : nullptr,
+              workspace.data(), stream));
+          if (need_w) grads[w_at] = gw;
+          if (need_b) grads[b_at] = gb;
+        }
+        return grads;
+      });
+}
+
+}  // namespace lockstep::runtime::cuda
