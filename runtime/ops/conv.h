@@ -1,4 +1,5 @@
-// 2-D convolution (NCHW), differentiable; im2col + OpenBLAS gemm on CPU.
+// 2-D convolution (NCHW), differentiable: im2col + OpenBLAS gemm on the CPU,
+// cuDNN on CUDA.
 #pragma once
 
 #include <array>

@@ -1,4 +1,5 @@
-// Matrix products on OpenBLAS (sgemm / dgemm), differentiable.
+// Matrix products, differentiable: OpenBLAS (sgemm / dgemm) on the CPU, cuBLAS
+// on CUDA (TF32 only with cuda::set_allow_tf32(true)).
 #pragma once
 
 #include "lockstep/runtime/tensor.h"

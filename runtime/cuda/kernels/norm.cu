@@ -277,17 +277,6 @@ __global__ void batch_norm_eval_params_kernel(int64_t n, int64_t c, int64_t inne
 }
 
 template <class Fn>
-cudaError_t dispatch_float(ScalarType t, Fn&& fn) {
-  switch (t) {
-    case ScalarType::f32: return fn(float{});
-    case ScalarType::f64: return fn(double{});
-    case ScalarType::bf16: return fn(__nv_bfloat16{});
-    case ScalarType::f16: return fn(__half{});
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-template <class Fn>
 cudaError_t dispatch_f32_f64(ScalarType t, Fn&& fn) {
   switch (t) {
     case ScalarType::f32: return fn(float{});
@@ -302,7 +291,7 @@ cudaError_t layer_norm_forward(ScalarType dtype, int64_t rows, int64_t d, const 
                                const void* w, const void* b, double eps, void* y, void* mean,
                                void* invstd, cudaStream_t stream) {
   if (rows == 0 || d == 0) return cudaSuccess;
-  return dispatch_float(dtype, [&](auto tag) {
+  return dispatch_float_type(dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = compute_t<T>;
     constexpr int V = vec16_v<T>;
@@ -328,7 +317,7 @@ cudaError_t layer_norm_backward_input(ScalarType dtype, int64_t rows, int64_t d,
                                       const void* mean, const void* invstd, void* grad_x,
                                       cudaStream_t stream) {
   if (rows == 0 || d == 0) return cudaSuccess;
-  return dispatch_float(dtype, [&](auto tag) {
+  return dispatch_float_type(dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = compute_t<T>;
     constexpr int V = vec16_v<T>;
@@ -354,7 +343,7 @@ cudaError_t layer_norm_backward_params(ScalarType dtype, int64_t rows, int64_t d
                                        const void* invstd, void* grad_w, void* grad_b,
                                        void* workspace, cudaStream_t stream) {
   if (d == 0 || (grad_w == nullptr && grad_b == nullptr)) return cudaSuccess;
-  return dispatch_float(dtype, [&](auto tag) {
+  return dispatch_float_type(dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = compute_t<T>;
     const int64_t chunks = rows == 0 ? 0 : layer_norm_param_chunks(rows);
