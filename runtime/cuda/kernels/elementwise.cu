@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "lockstep/runtime/cuda/kernels/block_reduce.cuh"
 #include "lockstep/runtime/cuda/kernels/device_types.cuh"
 
 namespace lockstep::runtime::cuda::kernels {
@@ -17,11 +18,6 @@ namespace lockstep::runtime::cuda::kernels {
 namespace {
 
 constexpr int kVec = 4;
-
-template <class T>
-struct alignas(sizeof(T) * kVec) Vec {
-  T v[kVec];
-};
 
 template <class T>
 __device__ __forceinline__ bool aligned_for_vec(const void* p) {
@@ -38,11 +34,11 @@ __global__ void map1_dense(O* out, const I* in, int64_t n, F f) {
   if (aligned_for_vec<O>(out) && aligned_for_vec<I>(in)) {
     const int64_t nvec = n / kVec;
     for (int64_t v = first; v < nvec; v += stride) {
-      const Vec<I> x = reinterpret_cast<const Vec<I>*>(in)[v];
-      Vec<O> y;
+      const AlignedVec<I, kVec> x = load_vec<kVec>(in, v);
+      AlignedVec<O, kVec> y;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) y.v[j] = f(x.v[j]);
-      reinterpret_cast<Vec<O>*>(out)[v] = y;
+      store_vec<kVec>(out, v, y);
     }
     for (int64_t i = nvec * kVec + first; i < n; i += stride) out[i] = f(in[i]);
   } else {
@@ -70,12 +66,12 @@ __global__ void map2_dense(O* out, const I* x, const I* y, int64_t n, F f) {
   if (aligned_for_vec<O>(out) && aligned_for_vec<I>(x) && aligned_for_vec<I>(y)) {
     const int64_t nvec = n / kVec;
     for (int64_t v = first; v < nvec; v += stride) {
-      const Vec<I> a = reinterpret_cast<const Vec<I>*>(x)[v];
-      const Vec<I> b = reinterpret_cast<const Vec<I>*>(y)[v];
-      Vec<O> r;
+      const AlignedVec<I, kVec> a = load_vec<kVec>(x, v);
+      const AlignedVec<I, kVec> b = load_vec<kVec>(y, v);
+      AlignedVec<O, kVec> r;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) r.v[j] = f(a.v[j], b.v[j]);
-      reinterpret_cast<Vec<O>*>(out)[v] = r;
+      store_vec<kVec>(out, v, r);
     }
     for (int64_t i = nvec * kVec + first; i < n; i += stride) out[i] = f(x[i], y[i]);
   } else {
