@@ -51,6 +51,10 @@ class Work {
   const std::string& description() const { return description_; }
   // When finish() was called (the epoch before that): DDP's overlap statistics.
   Clock::time_point finished_at();
+  // True when wait() does not block the host but orders the caller's current
+  // device stream after the collective (NCCL): host clocks then say nothing
+  // about when it ran, and DDP times it with device events instead.
+  virtual bool waits_on_device() const { return false; }
 
   // Called by the backend exactly once when the collective has finished.
   void finish(std::exception_ptr error = nullptr);

@@ -33,6 +33,7 @@ class NcclWork final : public Work {
 
   bool is_completed() override;
   void wait() override;
+  bool waits_on_device() const override { return !host_wait_; }
 
   // Set up by the group while it issues the collective, before arm().
   runtime::cuda::Event& end_event() { return end_; }

@@ -17,20 +17,20 @@ std::string DdpStats::str() const {
   return fmt::format(
       "iteration {}: forward {:.3f} ms, backward {:.3f} ms, communication {:.3f} ms ({:.3f} ms "
       "exposed, {:.0f}% hidden), first bucket launched with {}/{} gradients ready, {} buckets "
-      "({} bytes){}",
+      "({} bytes){}{}",
       iteration, forward_ms, backward_ms, comm_ms, exposed_comm_ms, 100.0 * hidden_fraction(),
       ready_at_first_launch, gradients_expected, bucket_bytes.size(), total,
-      synced ? "" : ", no_sync: nothing communicated");
+      synced ? "" : ", no_sync: nothing communicated", device_clock ? ", device times" : "");
 }
 
 std::string DdpStats::to_json() const {
   return fmt::format(
       "{{\"iteration\": {}, \"forward_ms\": {:.6f}, \"backward_ms\": {:.6f}, \"comm_ms\": {:.6f}, "
       "\"exposed_comm_ms\": {:.6f}, \"hidden_fraction\": {:.6f}, \"ready_at_first_launch\": {}, "
-      "\"gradients_expected\": {}, \"bucket_bytes\": [{}], \"synced\": {}}}",
+      "\"gradients_expected\": {}, \"bucket_bytes\": [{}], \"synced\": {}, \"device_clock\": {}}}",
       iteration, forward_ms, backward_ms, comm_ms, exposed_comm_ms, hidden_fraction(),
       ready_at_first_launch, gradients_expected, fmt::join(bucket_bytes, ", "),
-      synced ? "true" : "false");
+      synced ? "true" : "false", device_clock ? "true" : "false");
 }
 
 }  // namespace lockstep::nn

@@ -2,7 +2,9 @@
 //
 // Communication is measured as the union of the buckets' [launch, completion]
 // intervals, and its exposed part as what the end of backward still waited
-// for; the rest ran while backward was computing.
+// for; the rest ran while backward was computing. On a CUDA device whose
+// collectives complete on the device (NCCL) the times are device times, read
+// from events (device_clock); elsewhere they are host clocks.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@ struct DdpStats {
   int64_t gradients_expected = 0;
   std::vector<int64_t> bucket_bytes;  // in launch order
   bool synced = true;                 // false under no_sync(): nothing communicated
+  bool device_clock = false;          // the times come from CUDA events
 
   // The share of communication that overlapped backward, in [0, 1].
   double hidden_fraction() const;

@@ -42,6 +42,7 @@ void DistributedDataParallel::broadcast_parameters() {
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   const auto start = std::chrono::steady_clock::now();
+  reducer_->forward_started();
   // Training only: in eval the buffers are read, not updated, and ranks may
   // evaluate different numbers of batches.
   if (options_.broadcast_buffers && is_training() && group_->size() > 1) {

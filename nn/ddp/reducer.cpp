@@ -86,6 +86,17 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> params,
     hook_ids_.push_back(params_[i].second.register_post_accumulate_grad_hook(
         [this, i](Tensor&) { on_gradient_ready(i); }));
   }
+  if (!params_.empty() && params_.front().second.device().is_cuda())
+    timeline_ = std::make_unique<DeviceTimeline>(params_.front().second.device().index);
+}
+
+const DdpStats& Reducer::stats() const {
+  if (timeline_) timeline_->resolve(stats_);
+  return stats_;
+}
+
+void Reducer::forward_started() {
+  if (timeline_) timeline_->forward_started();
 }
 
 Reducer::~Reducer() {
@@ -181,6 +192,7 @@ void Reducer::prepare_for_backward(const Tensor& output, bool synced, double for
   if (mode_ == Mode::sync && backward_started_) drain_and_reset();
   forward_ms_ = forward_ms;
   forward_end_ = Clock::now();
+  if (timeline_) timeline_->forward_ended();
   const bool expects_backward = runtime::grad_enabled() && output.defined() && output.requires_grad();
   if (!expects_backward) {
     mode_ = Mode::idle;
@@ -284,6 +296,7 @@ void Reducer::launch_ready_buckets() {
                    "the communication hook returned no Work for bucket {}; return the Work of "
                    "the collective it started",
                    next_launch_);
+    if (timeline_) timeline_->bucket_launched(next_launch_, *b.result.work);
     stats_.bucket_bytes.push_back(b.buffer.numel() * static_cast<int64_t>(b.buffer.element_size()));
     ++next_launch_;
   }
@@ -291,6 +304,7 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::finalize() {
   const auto backward_end = Clock::now();
+  if (timeline_) timeline_->backward_ended();
   if (next_launch_ < buckets_.size()) {
     std::vector<std::string> missing;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -325,6 +339,7 @@ void Reducer::finalize() {
     globally_used = used.to_vector<int32_t>();
   }
   const auto waited_until = Clock::now();
+  if (timeline_) timeline_->buckets_waited();
   mode_ = Mode::idle;
   backward_started_ = false;
   ++synced_iterations_;

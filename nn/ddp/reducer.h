@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -20,6 +21,7 @@
 
 #include "lockstep/nn/ddp/ddp_options.h"
 #include "lockstep/nn/ddp/ddp_stats.h"
+#include "lockstep/nn/ddp/device_timeline.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 
 namespace lockstep::nn {
@@ -33,11 +35,14 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Called at the end of every DDP forward. `synced` is false under no_sync().
+  // Called at the start and the end of every DDP forward. `synced` is false
+  // under no_sync().
+  void forward_started();
   void prepare_for_backward(const Tensor& output, bool synced, double forward_ms);
   void register_comm_hook(CommHook hook);
   std::vector<BucketInfo> bucket_info() const;
-  const DdpStats& stats() const { return stats_; }
+  // On CUDA over NCCL this waits for the last iteration's device times.
+  const DdpStats& stats() const;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -91,7 +96,8 @@ class Reducer {
 
   int64_t synced_iterations_ = 0;
   bool rebuilt_ = false;
-  DdpStats stats_;
+  mutable DdpStats stats_;
+  std::unique_ptr<DeviceTimeline> timeline_;  // parameters on a CUDA device only
 };
 
 }  // namespace lockstep::nn

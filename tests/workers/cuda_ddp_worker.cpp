@@ -4,7 +4,8 @@
 // device count, so two ranks may share one GPU) and on the CPU, over the same
 // process group, then compares the parameters (within 1e-4 of the largest
 // magnitude: cuBLAS and cuDNN sum in other orders) and checks that the CUDA
-// parameters are bitwise identical on every rank. Prints
+// parameters are bitwise identical on every rank, and that DDP's statistics
+// are device times over NCCL and host times over the CPU backends. Prints
 // "cuda_ddp_worker rank R/N: OK (<checks> checks)" or the failure, exit 1.
 //
 // Flags: --backend NAME  (gloo or shm stage CUDA tensors through host memory;
@@ -53,15 +54,17 @@ std::pair<Tensor, Tensor> shard(int step, int rank, int ranks, lr::Device device
 // Parameters after kSteps of DDP training on `device`, back on the CPU.
 // Without a group (the CPU reference of an NCCL run at world size 1, where
 // DDP changes nothing) the model trains alone.
+// `stats`, when given, receives DDP's statistics of the last step.
 std::vector<Tensor> train(const std::shared_ptr<lc::ProcessGroup>& group, int rank, int ranks,
-                          bool cnn, lr::Device device) {
+                          bool cnn, lr::Device device, nn::DdpStats* stats = nullptr) {
   // Ranks start from different weights: DDP broadcasts rank 0's.
   std::shared_ptr<nn::Module> model =
       cnn ? std::shared_ptr<nn::Module>(nn::models::fashion_cnn(7 + rank))
           : std::shared_ptr<nn::Module>(nn::models::fashion_mlp(7 + rank));
   model->to(device);
   std::shared_ptr<nn::Module> wrapped = model;
-  if (group) wrapped = std::make_shared<nn::DistributedDataParallel>(model, group);
+  std::shared_ptr<nn::DistributedDataParallel> ddp;
+  if (group) wrapped = ddp = std::make_shared<nn::DistributedDataParallel>(model, group);
   lockstep::optim::SGD sgd(model->parameters(), {.lr = 0.05, .momentum = 0.9});
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = shard(step, rank, ranks, device);
@@ -69,6 +72,7 @@ std::vector<Tensor> train(const std::shared_ptr<lc::ProcessGroup>& group, int ra
     lr::cross_entropy(wrapped->forward(x), y).backward();
     sgd.step();
   }
+  if (stats && ddp) *stats = ddp->stats();
   std::vector<Tensor> out;
   for (const Tensor& p : model->parameters()) out.push_back(p.detach().to(lr::Device::cpu()));
   return out;
@@ -97,7 +101,15 @@ int main(int argc, char** argv) {
       const char* model = cnn ? "cnn" : "mlp";
       const bool nccl = group->backend() == "nccl";
       if (nccl && group->size() > 1) fail("the NCCL run compares at world size 1 only");
-      const auto on_gpu = train(group, rank, group->size(), cnn, gpu);
+      nn::DdpStats stats;
+      const auto on_gpu = train(group, rank, group->size(), cnn, gpu, &stats);
+      // Over NCCL the host only launches: the times must come from device
+      // events, and the exposed part lies within the communication.
+      if (stats.device_clock != nccl) fail(fmt::format("{}: device_clock is wrong: {}", model, stats.str()));
+      if (!(stats.backward_ms > 0 && stats.comm_ms > 0 && stats.exposed_comm_ms >= 0 &&
+            stats.exposed_comm_ms <= stats.comm_ms + 0.05))
+        fail(fmt::format("{}: implausible DDP times: {}", model, stats.str()));
+      ++checks;
       const auto on_cpu = train(nccl ? nullptr : group, rank, group->size(), cnn, lr::Device::cpu());
       for (size_t t = 0; t < on_cpu.size(); ++t) {
         const auto a = on_gpu[t].to_vector<double>(), b = on_cpu[t].to_vector<double>();
