@@ -2,12 +2,18 @@
 
 #include <cmath>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/ops/norm_kernels.h"
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/device_guard.h"
+#include "lockstep/runtime/cuda/ops/sync_batch_norm.h"
+#endif
 
 namespace lockstep::nn {
 namespace {
@@ -51,19 +57,106 @@ void combine(const std::vector<double>& gathered, int world, int64_t c, std::vec
   }
 }
 
+// The "more than 1 value per channel" check, made on the global count every
+// rank agrees on, so that all ranks throw together instead of leaving the
+// others waiting.
+void check_global_count(int64_t count, const Tensor& x_in) {
+  LOCKSTEP_CHECK(count > 1,
+                 "SyncBatchNorm: expected more than 1 value per channel over all ranks when "
+                 "training, got {} (local input {})",
+                 count, runtime::shape_str(x_in.shape()));
+}
+
+#if LOCKSTEP_HAVE_CUDA
+// CUDA: the same two collectives on f64 tensors on x's device (NCCL keeps
+// them there; gloo, shm and mpi stage them through host memory), the
+// per-channel work on cuda/ops/sync_batch_norm.h, all queued on the current
+// stream. The host waits for the device only when this rank's batch has at
+// most one value per channel: only then can the global count be <= 1 (when
+// every rank's is), and the gathered counts have to be read to tell.
+Tensor sync_batch_norm_cuda(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
+                            const Tensor& running_mean, const Tensor& running_var,
+                            double momentum, double eps,
+                            const std::shared_ptr<ProcessGroup>& group) {
+  namespace sbn = runtime::cuda::sync_bn;
+  LOCKSTEP_CHECK(x_in.dtype() == DType::f32 || x_in.dtype() == DType::f64,
+                 "SyncBatchNorm on CUDA: dtype {} is not supported; use f32 or f64 (convert the "
+                 "module and the input with .to())",
+                 dtype_name(x_in.dtype()));
+  const runtime::Device dev = x_in.device();
+  runtime::cuda::DeviceGuard guard(dev.index);
+  const Tensor x = x_in.contiguous();
+  const int64_t c = x.size(1);
+  int64_t local_count = x.size(0);
+  for (int64_t d = 2; d < x.dim(); ++d) local_count *= x.size(d);
+
+  // 1. Local statistics, packed [mean | var | count], gathered from every rank.
+  const int world = group->size();
+  const Tensor local = sbn::local_stats(x);
+  Tensor gathered = Tensor::empty({world * (2 * c + 1)}, DType::f64, dev);
+  group->allgather(gathered, local, {.timeout = {}})->wait();
+  // 2. Global statistics, scale and shift, running statistics.
+  const sbn::Combined st = sbn::combine(gathered, world, x.dtype(), weight, bias, running_mean,
+                                        running_var, momentum, eps);
+  if (local_count <= 1)
+    check_global_count(static_cast<int64_t>(st.stats.slice(0, 2 * c, 2 * c + 1).item()), x_in);
+  // 3. y = x * scale + shift.
+  Tensor out = sbn::affine(x, st.scale, st.shift);
+
+  std::vector<Tensor> inputs{x_in};
+  std::vector<Tensor> saved{x};
+  if (weight.defined()) inputs.push_back(weight), saved.push_back(weight);
+  if (bias.defined()) inputs.push_back(bias);
+  const int w_at = weight.defined() ? 1 : -1;
+  const int b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
+  return runtime::record(
+      std::move(out), "SyncBatchNormBackward", inputs, saved,
+      [stats = st.stats, group, dev, w_at, b_at](const BackwardArgs& a) -> std::vector<Tensor> {
+        runtime::cuda::DeviceGuard guard(dev.index);
+        const Tensor& xs = a.saved[0];
+        const Tensor gy = a.grad.contiguous();
+        const bool need_w = w_at >= 0 && a.needs[w_at];
+        const bool need_b = b_at >= 0 && a.needs[b_at];
+        std::vector<Tensor> grads(a.needs.size());
+        sbn::GradSums g = sbn::grad_sums(gy, xs, stats, need_w, need_b);
+        if (need_w) grads[w_at] = g.grad_weight;
+        if (need_b) grads[b_at] = g.grad_bias;
+        // The same on every rank (same model): all ranks all-reduce or none.
+        if (!a.needs[0]) return grads;
+        group->allreduce(g.sums, {.op = collectives::ReduceOp::Sum, .timeout = {}})->wait();
+        grads[0] = sbn::grad_input(gy, xs, g.sums, stats, w_at >= 0 ? a.saved[1] : Tensor());
+        return grads;
+      });
+}
+#endif
+
 // Training-mode batch norm over the global batch of `group`; see the header
 // for the two collectives. running_mean/var, when defined, are updated in
 // place with `momentum`.
 Tensor sync_batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
                        const Tensor& running_mean, const Tensor& running_var, double momentum,
                        double eps, const std::shared_ptr<ProcessGroup>& group) {
-  LOCKSTEP_CHECK(x_in.device().is_cpu(), "SyncBatchNorm: only CPU tensors are supported here");
+  for (const auto& [name, t] : {std::pair{"weight", &weight}, std::pair{"bias", &bias},
+                                std::pair{"running_mean", &running_mean},
+                                std::pair{"running_var", &running_var}}) {
+    LOCKSTEP_CHECK(!t->defined() || t->device() == x_in.device(),
+                   "SyncBatchNorm: input is on {} but {} is on {}; move the module with "
+                   ".to(device)",
+                   x_in.device().str(), name, t->device().str());
+  }
   for (const Tensor* p : {&weight, &bias}) {
     LOCKSTEP_CHECK(!p->defined() || p->dtype() == x_in.dtype(),
                    "SyncBatchNorm: input is {} but the parameters are {}; convert the module "
                    "with .to()",
                    dtype_name(x_in.dtype()), dtype_name(p->dtype()));
   }
+#if LOCKSTEP_HAVE_CUDA
+  if (x_in.device().is_cuda())
+    return sync_batch_norm_cuda(x_in, weight, bias, running_mean, running_var, momentum, eps,
+                                group);
+#endif
+  LOCKSTEP_CHECK(x_in.device().is_cpu(), "SyncBatchNorm: no kernel for device {} in this build",
+                 x_in.device().str());
   const Tensor x = x_in.contiguous();
   const int64_t c = x.size(1);
   int64_t inner = 1;
@@ -86,12 +179,8 @@ Tensor sync_batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& b
   auto st = std::make_shared<GlobalStats>();
   std::vector<double> var;
   combine(gathered.to_vector<double>(), world, c, st->mean, var, st->count);
-  // Checked after the collective, on the global count every rank agrees on,
-  // so all ranks throw together instead of leaving the others waiting.
-  LOCKSTEP_CHECK(st->count > 1,
-                 "SyncBatchNorm: expected more than 1 value per channel over all ranks when "
-                 "training, got {} (local input {})",
-                 st->count, runtime::shape_str(x_in.shape()));
+  // After the collective: see check_global_count.
+  check_global_count(st->count, x_in);
   st->invstd.resize(c);
   for (int64_t i = 0; i < c; ++i) st->invstd[i] = 1.0 / std::sqrt(var[i] + eps);
 

@@ -13,6 +13,14 @@
 // Running statistics are updated identically on every rank (unbiased global
 // variance, momentum or the cumulative average as BatchNorm).
 //
+// CPU and CUDA tensors, f32 and f64; the module's parameters and buffers on
+// the input's device. On CUDA the packed buffers are f64 tensors on that
+// device (NCCL takes them as they are; gloo, shm and mpi stage them through
+// host memory), and statistics, running statistics and gradients are
+// computed there, queued on the current stream. The host waits for the
+// device only where this rank's batch has at most one value per channel, to
+// read the global count for the check below.
+//
 // Eval mode, world size 1 or no group: exactly BatchNorm, no communication.
 // Every rank must call forward (and backward) the same number of times, as
 // with any collective, including ranks whose local batch is empty.

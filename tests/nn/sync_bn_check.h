@@ -1,8 +1,13 @@
 // One rank's check of SyncBatchNorm against plain BatchNorm on the global
-// batch, shared by the in-process tests (tests/nn/test_sync_batch_norm.cpp,
-// one thread per rank) and the multi-process worker (tests/workers/
-// sync_bn_worker.cpp). Returns problems as strings: Catch2 assertions are not
-// thread-safe, and the worker prints them.
+// batch, shared by the in-process tests (tests/nn/test_sync_batch_norm.cpp
+// and tests/gpu/test_cuda_sync_batch_norm.cpp, one thread per rank) and the
+// multi-process worker (tests/workers/sync_bn_worker.cpp). Returns problems as
+// strings: Catch2 assertions are not thread-safe, and the worker prints them.
+//
+// SyncBatchNorm runs on the case's device (CPU or CUDA); the reference
+// always runs on the CPU, so a CUDA case compares against the CPU op. The
+// check's own collectives use tensors on the case's device, so they suit
+// every backend that takes them (NCCL included).
 //
 // Every rank generates the same global batch (same seed), computes the
 // reference on all of it, and runs SyncBatchNorm on its own rows. Compared,
@@ -12,10 +17,13 @@
 // reference's; and running statistics bitwise equal on every rank.
 //
 // Tolerance: |got - want| <= tol * max(1, |want|), tol = 1e-5 for f32 and
-// 1e-10 for f64. Statistics and gradient sums are accumulated in double in
-// both, but in a different order and split, and the outputs are rounded to f32
-// after a few multiply-adds: about 1e-7 relative, so 1e-5 leaves a wide margin
-// while a wrong count or mean (errors of 1e-2 and more) fails at once.
+// 1e-10 for f64, on both devices. Statistics and gradient sums are
+// accumulated in double in both (on CUDA with Welford's update rather than
+// shifted sums), but in a different order and split, and the outputs are
+// rounded to f32 after a few multiply-adds (fused on CUDA): about 1e-7
+// relative, so 1e-5 leaves a wide margin while a wrong count or mean (errors
+// of 1e-2 and more) fails at once. An element never written (NaN where the
+// device memory was poisoned) fails too.
 #pragma once
 
 #include <algorithm>
@@ -46,6 +54,7 @@ struct SyncBnCase {
   nn::BatchNormOptions options{};
   int steps = 2;  // running statistics over more than one update
   uint64_t seed = 1;
+  runtime::Device device = runtime::Device::cpu();  // where SyncBatchNorm runs
 };
 
 inline double sync_bn_tolerance(runtime::DType dtype) {
@@ -131,6 +140,8 @@ inline std::vector<std::string> check_sync_bn_rank(
   ref->to(c.dtype);
   sync->to(c.dtype);
   init_affine(*ref, *sync, c.seed + 100);
+  sync->to(c.device);
+  const runtime::Device cpu = runtime::Device::cpu();
   const double tol = sync_bn_tolerance(c.dtype);
   auto where = [&](int step, const std::string& what) {
     return fmt::format("rank {}: {}: step {}: {}", rank, c.name, step, what);
@@ -148,9 +159,10 @@ inline std::vector<std::string> check_sync_bn_rank(
     const Tensor out_ref = ref->forward(xr);
     runtime::sum(runtime::mul(out_ref, gy_all)).backward();
 
-    Tensor xl = x_all.slice(0, offset, offset + local_n).contiguous().detach().clone();
+    Tensor xl =
+        x_all.slice(0, offset, offset + local_n).contiguous().to(c.device).detach().clone();
     xl.requires_grad_();
-    const Tensor gy = gy_all.slice(0, offset, offset + local_n).contiguous();
+    const Tensor gy = gy_all.slice(0, offset, offset + local_n).contiguous().to(c.device);
     const Tensor out = sync->forward(xl);
     runtime::sum(runtime::mul(out, gy)).backward();
 
@@ -164,10 +176,12 @@ inline std::vector<std::string> check_sync_bn_rank(
       if (sync->num_batches_tracked.item() != ref->num_batches_tracked.item())
         errors.push_back(where(step, "num_batches_tracked differs"));
       // Bitwise the same on every rank: gather them and compare with rank 0's.
-      Tensor mine = runtime::cat({sync->running_mean.detach(), sync->running_var.detach()})
+      Tensor mine = runtime::cat({sync->running_mean.detach().to(cpu),
+                                  sync->running_var.detach().to(cpu)})
                         .to(runtime::DType::f64)
-                        .contiguous();
-      Tensor all = Tensor::zeros({world * mine.numel()}, runtime::DType::f64);
+                        .contiguous()
+                        .to(c.device);
+      Tensor all = Tensor::zeros({world * mine.numel()}, runtime::DType::f64, c.device);
       group->allgather(all, mine, {.timeout = {}})->wait();
       const auto v = all.to_vector<double>();
       const size_t k = static_cast<size_t>(mine.numel());
@@ -179,9 +193,10 @@ inline std::vector<std::string> check_sync_bn_rank(
       // empty rank may have none: count it as zero).
       for (auto [name, mine, want] : {std::tuple{"weight", sync->weight, ref->weight},
                                       std::tuple{"bias", sync->bias, ref->bias}}) {
-        Tensor total = mine.grad().defined() ? mine.grad().to(runtime::DType::f64).contiguous()
-                                             : Tensor::zeros({c.channels}, runtime::DType::f64);
-        total = total.clone();
+        Tensor total = mine.grad().defined()
+                           ? mine.grad().to(cpu).to(runtime::DType::f64).contiguous()
+                           : Tensor::zeros({c.channels}, runtime::DType::f64);
+        total = total.clone().to(c.device);
         group->allreduce(total, {.op = collectives::ReduceOp::Sum, .timeout = {}})->wait();
         compare(errors, where(step, fmt::format("{} gradient summed over ranks", name)), total,
                 want.grad().to(runtime::DType::f64), tol);

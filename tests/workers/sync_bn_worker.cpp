@@ -1,14 +1,20 @@
 // Started by lockstep-run or mpirun (tests/collectives/
-// test_multiprocess_sync_bn.cpp): init_process_group() from the environment,
-// then SyncBatchNorm against BatchNorm on the global batch for [N, C],
-// [N, C, L] and [N, C, H, W] inputs, local batches of uneven size and, from 3
-// ranks on, one empty rank (checks and tolerance: tests/nn/sync_bn_check.h).
+// test_multiprocess_sync_bn.cpp, tests/gpu/test_cuda_sync_batch_norm.cpp):
+// init_process_group() from the environment, then SyncBatchNorm against
+// BatchNorm on the global batch for [N, C], [N, C, L] and [N, C, H, W]
+// inputs, local batches of uneven size and, from 3 ranks on, one empty rank
+// (checks and tolerance: tests/nn/sync_bn_check.h).
 //
-// Prints "sync_bn_worker rank R/N: OK (<cases> cases)" and exits 0, or prints
-// every mismatch and exits 1. An exception exits at once (without waiting for
-// the others), so the launcher or mpirun ends the job instead of a hang.
+// Prints "sync_bn_worker rank R/N: OK (<cases> cases on <device>)" and exits
+// 0, or prints every mismatch and exits 1. An exception exits at once
+// (without waiting for the others), so the launcher or mpirun ends the job
+// instead of a hang.
 //
 // Flags: --backend NAME   instead of LOCKSTEP_BACKEND / the default
+//        --device cuda    SyncBatchNorm on cuda:<local rank % devices> (so
+//                         ranks may share one GPU), against the CPU
+//                         reference; device memory is poisoned (NaN) first,
+//                         so an element never written fails the check
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -18,7 +24,17 @@
 #include <fmt/format.h>
 
 #include "lockstep/collectives/init.h"
+#include "lockstep/config.h"
 #include "nn/sync_bn_check.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include <optional>
+
+#include "lockstep/runtime/cuda/caching_allocator.h"
+#include "lockstep/runtime/cuda/device.h"
+#include "lockstep/runtime/cuda/device_guard.h"
+#include "lockstep/runtime/env.h"
+#endif
 
 namespace lc = lockstep::collectives;
 namespace lt = lockstep::testing;
@@ -26,19 +42,27 @@ using lockstep::runtime::DType;
 
 namespace {
 
-std::string parse_backend(int argc, char** argv) {
+struct Flags {
   std::string backend;
+  bool cuda = false;
+};
+
+Flags parse_flags(int argc, char** argv) {
+  Flags flags;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--backend" && i + 1 < argc) {
-      backend = argv[++i];
+      flags.backend = argv[++i];
+    } else if (arg == "--device" && i + 1 < argc && (argv[i + 1] == std::string("cuda") ||
+                                                     argv[i + 1] == std::string("cpu"))) {
+      flags.cuda = argv[++i] == std::string("cuda");
     } else {
       throw lockstep::Error(fmt::format("sync_bn_worker: unknown flag {} (expected --backend "
-                                        "NAME)",
+                                        "NAME or --device cpu|cuda)",
                                         arg));
     }
   }
-  return backend;
+  return flags;
 }
 
 // Uneven local batch sizes: rank r gets r + 2 rows, except rank 1 of 3 or
@@ -67,12 +91,31 @@ std::vector<lt::SyncBnCase> cases(int world) {
 int main(int argc, char** argv) {
   std::string who = "sync_bn_worker";
   try {
+    const Flags flags = parse_flags(argc, argv);
+    lockstep::runtime::Device device = lockstep::runtime::Device::cpu();
+#if LOCKSTEP_HAVE_CUDA
+    // This rank's GPU is made current before the group exists: an NCCL
+    // communicator lives on the current device.
+    std::optional<lockstep::runtime::cuda::DeviceGuard> on_gpu;
+    if (flags.cuda) {
+      const int devices = lockstep::runtime::cuda_device_count();
+      if (devices == 0)
+        throw lockstep::Error("no CUDA device: " + lockstep::runtime::cuda_unavailable_reason());
+      device = lockstep::runtime::Device::cuda(lockstep::runtime::read_rank_info().local_rank %
+                                               devices);
+      on_gpu.emplace(device.index);
+      lockstep::runtime::cuda::set_poison_allocations(true);
+    }
+#else
+    if (flags.cuda) throw lockstep::Error("--device cuda: lockstep was built without CUDA");
+#endif
     lc::InitOptions options;
-    options.backend = parse_backend(argc, argv);
+    options.backend = flags.backend;
     auto group = lc::init_process_group(options);
     who = fmt::format("sync_bn_worker rank {}/{}", group->rank(), group->size());
     std::vector<std::string> errors;
-    const auto all = cases(group->size());
+    auto all = cases(group->size());
+    for (auto& c : all) c.device = device;
     for (const auto& c : all) {
       const auto found = lt::check_sync_bn_rank(group, c);
       errors.insert(errors.end(), found.begin(), found.end());
@@ -84,7 +127,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: FAILED (%zu mismatches)\n", who.c_str(), errors.size());
       return 1;
     }
-    std::printf("%s: OK (%zu cases)\n", who.c_str(), all.size());
+    std::printf("%s: OK (%zu cases on %s)\n", who.c_str(), all.size(), device.str().c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: FAILED: %s\n", who.c_str(), e.what());
