@@ -4,6 +4,13 @@
 //
 //   lockstep-run -np 2 build/bin/allreduce_perf -b 4K -e 64M -f 4 --backend gloo
 //   mpirun -np 2 build/bin/allreduce_perf --backend mpi --json out.json
+//   lockstep-run -np 1 build/bin/allreduce_perf --device cuda -b 4K -e 256M -f 4
+//
+// --device cuda: the buffer lives on cuda:(local rank % GPUs), made current
+// before the group is created; the default backend is then nccl (gloo, shm
+// and mpi stage the tensor through pinned host memory, for comparison). NCCL's
+// Work::wait() only orders the caller's stream, so the clock stops after a
+// device synchronize, as in nccl-tests.
 //
 // Columns: size (B), count (elements), type, redop, time (us per all-reduce,
 // the slowest rank's mean over -n iterations), algbw = size / time, busbw =
@@ -16,7 +23,9 @@
 #include <CLI/CLI.hpp>
 
 #include "common/allreduce_runners.h"
+#include "common/device.h"
 #include "harness.h"
+#include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 
 namespace {
@@ -36,7 +45,8 @@ struct Options {
   int check = 1;
   std::string type = "float";
   std::string op = "sum";
-  std::string backend = "gloo";
+  std::string backend;  // empty: gloo on the CPU, nccl on cuda
+  std::string device = "cpu";
   std::string json_file;
 };
 
@@ -96,15 +106,19 @@ double expected_value(int size, int64_t i, ReduceOp op) {
   return op == ReduceOp::Avg ? acc / size : acc;
 }
 
+// Fills on the host; a CUDA tensor gets a host tensor's copy.
 void fill(Tensor& t, int rank) {
-  runtime::dispatch_all(t.dtype(), [&](auto zero) {
+  Tensor host = t.device().is_cpu() ? t : Tensor::empty(t.shape(), t.dtype());
+  runtime::dispatch_all(host.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    T* p = t.data_ptr<T>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(static_cast<float>(input_value(rank, i)));
+    T* p = host.data_ptr<T>();
+    for (int64_t i = 0; i < host.numel(); ++i) p[i] = static_cast<T>(static_cast<float>(input_value(rank, i)));
   });
+  if (!t.device().is_cpu()) t.copy_(host);
 }
 
-int64_t count_wrong(const Tensor& t, int size, ReduceOp op) {
+int64_t count_wrong(const Tensor& on_device, int size, ReduceOp op) {
+  const Tensor t = on_device.to(runtime::Device::cpu());  // waits for the device
   int64_t wrong = 0;
   const bool integer = t.dtype() == DType::i32 || t.dtype() == DType::i64;
   const bool half = t.dtype() == DType::f16 || t.dtype() == DType::bf16;
@@ -133,11 +147,19 @@ int run(const Options& o) {
   const DType dtype = parse_type(o.type);
   const ReduceOp op = parse_op(o.op);
 
-  auto runner = bench::make_runner(o.backend);
+  // The rank's GPU must be current before the group exists (NCCL's
+  // communicator). Under mpirun the store address may come later, through MPI.
+  runtime::RankInfo info;
+  if (o.device == "cuda")
+    info = runtime::read_rank_info(runtime::process_env(), {.allow_missing_store = true});
+  const runtime::Device device = bench::select_device(o.device, info.local_rank);
+  const std::string backend = !o.backend.empty() ? o.backend : device.is_cuda() ? "nccl" : "gloo";
+  auto runner = bench::make_runner(backend, device);
   const int rank = runner->rank();
   const int n = runner->size();
   const size_t esize = runtime::dtype_size(dtype);
-  Tensor buffer = Tensor::empty({static_cast<int64_t>(std::max<size_t>(max_bytes / esize, 1))}, dtype);
+  Tensor buffer =
+      Tensor::empty({static_cast<int64_t>(std::max<size_t>(max_bytes / esize, 1))}, dtype, device);
 
   std::vector<std::vector<std::string>> rows;
   json results = json::array();
@@ -148,9 +170,11 @@ int run(const Options& o) {
     Tensor data = buffer.slice(0, 0, count);
     fill(data, rank);
     for (int i = 0; i < o.warmup; ++i) runner->allreduce(data, op);
+    bench::synchronize(device);  // no-op on the CPU
     runner->barrier();
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < o.iters; ++i) runner->allreduce(data, op);
+    bench::synchronize(device);
     const double local = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double seconds = runner->max_over_ranks(local) / o.iters;
 
@@ -175,18 +199,21 @@ int run(const Options& o) {
   }
 
   if (rank == 0) {
-    std::cout << fmt::format("# allreduce_perf: backend {}, {} ranks, {} warm-up + {} timed "
+    std::cout << fmt::format("# allreduce_perf: backend {}, {} ranks, {}{} warm-up + {} timed "
                              "iterations per size, in place\n# {}\n",
-                             o.backend, n, o.warmup, o.iters, bench::machine_description());
+                             backend, n, device.is_cuda() ? "CUDA tensors, " : "", o.warmup,
+                             o.iters, bench::machine_description(device));
     std::cout << bench::format_table({"size (B)", "count", "type", "redop", "time (us)",
                                       "algbw (GB/s)", "busbw (GB/s)", "#wrong"},
                                      rows);
     std::cout << fmt::format("# Avg bus bandwidth: {:.3f} GB/s\n",
                              rows.empty() ? 0.0 : busbw_sum / static_cast<double>(rows.size()));
     if (!o.json_file.empty()) {
-      json doc{{"benchmark", "allreduce_perf"}, {"backend", o.backend}, {"ranks", n},
-               {"warmup", o.warmup}, {"iters", o.iters}, {"machine", bench::machine_description()},
-               {"results", results}};
+      json doc{{"benchmark", "allreduce_perf"}, {"backend", backend}, {"ranks", n},
+               {"device", device.is_cuda() ? fmt::format("cuda:{}", device.index) : "cpu"},
+               {"warmup", o.warmup}, {"iters", o.iters},
+               {"machine", bench::machine_description(device)}, {"results", results}};
+      if (device.is_cuda()) doc["gpu"] = bench::device_name(device);
       bench::write_json_file(doc, o.json_file);
     }
   }
@@ -207,7 +234,10 @@ int main(int argc, char** argv) {
   app.add_option("-d,--datatype", o.type, "float, double, half, bfloat16, int32, int64")->capture_default_str();
   app.add_option("-o,--op", o.op, "sum, prod, min, max, avg")->capture_default_str();
   app.add_option("--backend", o.backend,
-                 "gloo, mpi (lockstep's groups); raw-gloo, raw-mpi (the libraries directly)")
+                 "gloo, mpi, shm, nccl (lockstep's groups); raw-gloo, raw-mpi (the libraries "
+                 "directly). Default: gloo, or nccl with --device cuda");
+  app.add_option("--device", o.device, "cpu, or cuda: the buffer on cuda:(local rank % GPUs)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--json", o.json_file, "also write the results as JSON to this file (rank 0)");
   CLI11_PARSE(app, argc, argv);

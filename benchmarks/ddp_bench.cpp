@@ -1,32 +1,43 @@
 // Times a data-parallel training step (forward + loss + backward + SGD step)
-// of the Fashion-MNIST MLP or CNN under nn::DistributedDataParallel: step time,
-// samples/s, communication time and the share of it hidden behind backward,
-// per bucket size. One process per rank:
+// of the Fashion-MNIST MLP or CNN, or ResNet-18 for 32x32 inputs, under
+// nn::DistributedDataParallel: step time, samples/s, communication time and
+// the share of it hidden behind backward, per bucket size. One process per rank:
 //
 //   lockstep-run -np 2 build/bin/ddp_bench --model cnn --bucket-cap-mb 1,5,25
 //   mpirun -np 2 build/bin/ddp_bench --backend mpi --json out.json
 //   build/bin/ddp_bench                      (world size 1: the one-rank baseline)
+//   lockstep-run -np 1 build/bin/ddp_bench --device cuda --model resnet18 --compare-plain
 //
 // Each rank trains with SGD (lr 0.01, momentum 0.9) on its own synthetic
-// batches of Fashion-MNIST shape (1x28x28, 10 classes), fixed seed. Steps run
-// back to back with no barrier; the step time reported is the slowest rank's
-// mean, samples/s = world size x batch / step time. Communication figures are
-// the means of DistributedDataParallel::stats() over the timed steps (rank 0).
+// batches (1x28x28 or 3x32x32, 10 classes), fixed seed. Steps run back to back
+// with no barrier; the step time reported is the slowest rank's mean,
+// samples/s = world size x batch / step time. Communication figures are the
+// means of DistributedDataParallel::stats() over the timed steps (rank 0).
 // benchmarks/ddp_compare.py runs this and PyTorch's DDP side by side.
+//
+// --device cuda: rank r trains on cuda:(local rank % GPUs), made current before
+// the group is created; the default backend is then nccl. Each step ends with
+// a device synchronize before the clock is read (kernels and NCCL run
+// asynchronously). --compare-plain also times the same model without the DDP
+// wrapper, one plain step before each DDP step (so drift in clocks or load
+// hits both alike), and reports DDP's overhead over the plain step by median:
+// at world size 1 the goal is within 3%.
 #include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 
+#include "common/bench_models.h"
+#include "common/device.h"
 #include "harness.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
-#include "lockstep/nn/models.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
@@ -38,16 +49,19 @@ using nlohmann::json;
 using runtime::Tensor;
 
 constexpr int kNumBatches = 4;  // distinct batches per rank, used in turn
+constexpr double kGoalOverheadPct = 3.0;  // DDP at world size 1 vs the plain step
 
 struct Options {
   std::vector<std::string> models{"mlp"};
-  int64_t batch = 64;
+  int64_t batch = 0;  // 0: bench::default_batch(model)
   int warmup = 5;
   int iters = 30;
   std::vector<double> bucket_caps_mb{25.0};
   double first_bucket_cap_mb = 1.0;
   bool gradient_as_bucket_view = false;
-  std::string backend;  // empty: LOCKSTEP_BACKEND, else the default
+  std::string backend;  // empty: LOCKSTEP_BACKEND, else the default (nccl on cuda)
+  std::string device = "cpu";
+  bool compare_plain = false;
   int threads = 1;
   uint64_t seed = 0;
   std::string json_file;
@@ -60,10 +74,14 @@ struct Result {
   double rank0_step_ms = 0;  // rank 0's mean
   double rank0_median_ms = 0;
   double forward_ms = 0, backward_ms = 0, comm_ms = 0, exposed_ms = 0;
+  int64_t batch = 0;
   double hidden = 0;  // mean over steps of DdpStats::hidden_fraction()
   double ready_at_first_launch = 0;
   int64_t gradients_expected = 0;
   std::vector<int64_t> bucket_bytes;  // in launch order
+  // --compare-plain: rank 0's plain (no DDP) steps, and DDP's overhead over
+  // them, (median DDP - median plain) / median plain.
+  double plain_ms = 0, plain_median_ms = 0, overhead_pct = 0;
 };
 
 double mean(const std::vector<double>& v) {
@@ -76,12 +94,30 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The maximum of `value` over all ranks, through a tensor on `device` (nccl
+// takes CUDA tensors only).
+double max_over_ranks(double value, const runtime::Device& device,
+                      const std::shared_ptr<collectives::ProcessGroup>& group) {
+  Tensor t = Tensor::from_vector(std::vector<double>{value}, {1}).to(device);
+  group->allreduce(t, {.op = collectives::ReduceOp::Max})->wait();
+  return t.item();  // a host read: waits for the all-reduce on a CUDA tensor
+}
+
+std::shared_ptr<nn::Module> seeded_model(const std::string& name, const Options& o,
+                                         const runtime::Device& device) {
+  runtime::Generator gen(o.seed);
+  auto model = bench::make_model(name, gen);
+  model->to(device);  // no-op on the CPU
+  return model;
+}
+
 Result run_one(const std::string& name, double cap_mb, const Options& o,
+               const runtime::Device& device,
                const std::shared_ptr<collectives::ProcessGroup>& group) {
   const int rank = group->rank();
+  const int64_t batch = o.batch > 0 ? o.batch : bench::default_batch(name);
   // The same initial model on every rank (DDP broadcasts rank 0's anyway).
-  std::shared_ptr<nn::Module> model = name == "mlp" ? std::shared_ptr<nn::Module>(nn::models::fashion_mlp(o.seed))
-                                                    : std::shared_ptr<nn::Module>(nn::models::fashion_cnn(o.seed));
+  std::shared_ptr<nn::Module> model = seeded_model(name, o, device);
   nn::DdpOptions ddp_options;
   ddp_options.bucket_cap_mb = cap_mb;
   ddp_options.first_bucket_cap_mb = o.first_bucket_cap_mb;
@@ -92,10 +128,10 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
   runtime::Generator g(o.seed * 1000 + static_cast<uint64_t>(rank) + 1);
   std::vector<Tensor> xs, ys;
   for (int b = 0; b < kNumBatches; ++b) {
-    xs.push_back(runtime::randn({o.batch, 1, 28, 28}, runtime::DType::f32, g));
-    std::vector<int64_t> labels(static_cast<size_t>(o.batch));
+    xs.push_back(runtime::randn(bench::input_shape(name, batch), runtime::DType::f32, g).to(device));
+    std::vector<int64_t> labels(static_cast<size_t>(batch));
     for (auto& l : labels) l = g.next_u32() % 10;
-    ys.push_back(Tensor::from_vector(labels, {o.batch}));
+    ys.push_back(Tensor::from_vector(labels, {batch}).to(device));
   }
 
   auto step = [&](int i) {
@@ -103,14 +139,41 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
     Tensor loss = runtime::cross_entropy(ddp->forward(xs[i % kNumBatches]), ys[i % kNumBatches]);
     loss.backward();
     opt.step();
+    bench::synchronize(device);  // no-op on the CPU
   };
-  for (int i = 0; i < o.warmup; ++i) step(i);
 
-  std::vector<double> times, fwd, bwd, comm, exposed, hidden, ready;
+  // --compare-plain: the same model and batches, no DDP wrapper.
+  std::shared_ptr<nn::Module> plain;
+  std::optional<optim::SGD> plain_opt;
+  if (o.compare_plain) {
+    plain = seeded_model(name, o, device);
+    plain_opt.emplace(plain->parameters(), optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+  }
+  auto plain_step = [&](int i) {
+    plain_opt->zero_grad();
+    Tensor loss = runtime::cross_entropy((*plain)(xs[i % kNumBatches]), ys[i % kNumBatches]);
+    loss.backward();
+    plain_opt->step();
+    bench::synchronize(device);
+  };
+
+  for (int i = 0; i < o.warmup; ++i) {
+    if (plain) plain_step(i);
+    step(i);
+  }
+
+  std::vector<double> times, plain_times, fwd, bwd, comm, exposed, hidden, ready;
   Result r;
   r.model = name;
   r.cap_mb = cap_mb;
+  r.batch = batch;
   for (int i = 0; i < o.iters; ++i) {
+    if (plain) {
+      const auto p0 = std::chrono::steady_clock::now();
+      plain_step(o.warmup + i);
+      plain_times.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count());
+    }
     const auto t0 = std::chrono::steady_clock::now();
     step(o.warmup + i);
     const auto t1 = std::chrono::steady_clock::now();
@@ -134,10 +197,13 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
   r.exposed_ms = mean(exposed);
   r.hidden = mean(hidden);
   r.ready_at_first_launch = mean(ready);
+  if (plain) {
+    r.plain_ms = mean(plain_times);
+    r.plain_median_ms = median(plain_times);
+    r.overhead_pct = 100.0 * (r.rank0_median_ms - r.plain_median_ms) / r.plain_median_ms;
+  }
   // The slowest rank's mean step time (after the loop: no barrier inside it).
-  Tensor t = Tensor::from_vector(std::vector<double>{r.rank0_step_ms}, {1});
-  group->allreduce(t, {.op = collectives::ReduceOp::Max})->wait();
-  r.step_ms = t.item();
+  r.step_ms = max_over_ranks(r.rank0_step_ms, device, group);
   return r;
 }
 
@@ -151,33 +217,63 @@ std::string bytes_list(const std::vector<int64_t>& bytes) {
   return s;
 }
 
+// On CUDA: --backend, else LOCKSTEP_BACKEND, else nccl.
+std::string cuda_backend(const Options& o, const runtime::RankInfo& info) {
+  if (!o.backend.empty()) return o.backend;
+  if (!info.backend.empty()) return info.backend;
+  // NCCL refuses two ranks on one GPU; say so before a rendezvous that would fail.
+  const int gpus = bench::gpu_count();
+  LOCKSTEP_CHECK(info.local_world_size <= gpus,
+                 "--device cuda: {} ranks on this node share {} GPU(s), and nccl needs one GPU "
+                 "per rank; use --backend gloo or shm (CUDA tensors staged through host memory)",
+                 info.local_world_size, gpus);
+  return "nccl";
+}
+
 int run(const Options& o) {
   runtime::set_num_threads(o.threads);
-  auto group = collectives::init_process_group({.backend = o.backend});
+  // The rank's GPU must be current before the group exists: NCCL's
+  // communicator and the staging buffers live on the current device. (Under
+  // mpirun the store address may come later, through MPI.)
+  runtime::RankInfo info;
+  if (o.device == "cuda")
+    info = runtime::read_rank_info(runtime::process_env(), {.allow_missing_store = true});
+  const runtime::Device device = bench::select_device(o.device, info.local_rank);
+  const std::string backend = device.is_cuda() ? cuda_backend(o, info) : o.backend;
+  auto group = collectives::init_process_group({.backend = backend});
   const int rank = group->rank();
   const int world = group->size();
 
   std::vector<Result> results;
   for (const auto& name : o.models)
-    for (double cap : o.bucket_caps_mb) results.push_back(run_one(name, cap, o, group));
+    for (double cap : o.bucket_caps_mb) results.push_back(run_one(name, cap, o, device, group));
   group->barrier()->wait();
   if (rank != 0) return 0;
 
   std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  const std::string device_str = device.is_cuda() ? fmt::format("cuda:{}", device.index) : "cpu";
+  const std::string machine = bench::machine_description(device);
   std::vector<std::vector<std::string>> rows;
   json jresults = json::array();
   for (const auto& r : results) {
-    const double sps = static_cast<double>(world * o.batch) / (r.step_ms / 1e3);
-    rows.push_back({r.model, std::to_string(world), group->backend(), std::to_string(o.batch),
-                    fmt::format("{:g}", r.cap_mb), std::to_string(r.bucket_bytes.size()),
-                    fmt::format("{:.2f}", r.step_ms), fmt::format("{:.0f}", sps),
-                    fmt::format("{:.2f}", r.forward_ms), fmt::format("{:.2f}", r.backward_ms),
-                    fmt::format("{:.2f}", r.comm_ms), fmt::format("{:.2f}", r.exposed_ms),
-                    fmt::format("{:.0f}", r.hidden * 100)});
-    jresults.push_back({{"impl", "lockstep"}, {"model", r.model}, {"world_size", world},
-                        {"backend", group->backend()}, {"batch", o.batch},
+    const double sps = static_cast<double>(world * r.batch) / (r.step_ms / 1e3);
+    std::vector<std::string> row{
+        r.model, device_str, std::to_string(world), group->backend(), std::to_string(r.batch),
+        fmt::format("{:g}", r.cap_mb), std::to_string(r.bucket_bytes.size()),
+        fmt::format("{:.2f}", r.step_ms), fmt::format("{:.0f}", sps),
+        fmt::format("{:.2f}", r.forward_ms), fmt::format("{:.2f}", r.backward_ms),
+        fmt::format("{:.2f}", r.comm_ms), fmt::format("{:.2f}", r.exposed_ms),
+        fmt::format("{:.0f}", r.hidden * 100)};
+    if (o.compare_plain) {
+      row.push_back(fmt::format("{:.2f}", r.plain_median_ms));
+      row.push_back(fmt::format("{:.2f}", r.rank0_median_ms));
+      row.push_back(fmt::format("{:+.1f}", r.overhead_pct));
+    }
+    rows.push_back(row);
+    jresults.push_back({{"impl", "lockstep"}, {"model", r.model}, {"device", device_str},
+                        {"world_size", world}, {"backend", group->backend()}, {"batch", r.batch},
                         {"bucket_cap_mb", r.cap_mb}, {"first_bucket_cap_mb", o.first_bucket_cap_mb},
                         {"gradient_as_bucket_view", o.gradient_as_bucket_view},
                         {"iters", o.iters}, {"warmup", o.warmup}, {"step_ms", r.step_ms},
@@ -189,18 +285,37 @@ int run(const Options& o) {
                         {"ready_at_first_launch", r.ready_at_first_launch},
                         {"gradients_expected", r.gradients_expected},
                         {"buckets", r.bucket_bytes.size()}, {"bucket_bytes", r.bucket_bytes}});
+    if (o.compare_plain) {
+      json& j = jresults.back();
+      j["plain_step_ms"] = r.plain_ms;
+      j["plain_median_step_ms"] = r.plain_median_ms;
+      j["ddp_overhead_pct"] = r.overhead_pct;
+      if (world == 1 && device.is_cuda()) {  // the GPU issue's goal
+        j["goal_overhead_pct"] = kGoalOverheadPct;
+        j["goal_met"] = r.overhead_pct <= kGoalOverheadPct;
+      }
+    }
   }
-  json doc = {{"benchmark", "ddp_bench"}, {"date", date},
-              {"machine", bench::machine_description()}, {"world_size", world},
-              {"backend", group->backend()}, {"threads", o.threads}, {"results", jresults}};
-  fmt::print("# ddp_bench {}: {} ranks, backend {}, batch {} per rank, {} warm-up + {} timed steps; "
+  json doc = {{"benchmark", "ddp_bench"}, {"date", date}, {"machine", machine},
+              {"device", device_str}, {"world_size", world}, {"backend", group->backend()},
+              {"threads", o.threads}, {"results", jresults}};
+  if (device.is_cuda()) doc["gpu"] = bench::device_name(device);
+  fmt::print("# ddp_bench {}: {} ranks, backend {}, {} warm-up + {} timed steps; "
              "step = slowest rank's mean; comm/exposed/hidden = rank 0's means\n# {}\n",
-             date, world, group->backend(), o.batch, o.warmup, o.iters,
-             bench::machine_description());
-  fmt::print("{}", bench::format_table({"model", "ranks", "backend", "batch", "bucket cap MB",
-                                        "buckets", "step ms", "samples/s", "fwd ms", "bwd ms",
-                                        "comm ms", "exposed ms", "hidden %"},
-                                       rows));
+             date, world, group->backend(), o.warmup, o.iters, machine);
+  std::vector<std::string> header{"model", "device", "ranks", "backend", "batch", "bucket cap MB",
+                                  "buckets", "step ms", "samples/s", "fwd ms", "bwd ms",
+                                  "comm ms", "exposed ms", "hidden %"};
+  if (o.compare_plain)
+    header.insert(header.end(), {"plain median ms", "DDP median ms", "DDP overhead %"});
+  fmt::print("{}", bench::format_table(header, rows));
+  if (o.compare_plain && world == 1 && device.is_cuda()) {
+    for (const auto& r : results)
+      fmt::print("# goal: {} DDP at world size 1 over {} within {:g}% of the plain step: {:+.1f}% "
+                 "({})\n",
+                 r.model, group->backend(), kGoalOverheadPct, r.overhead_pct,
+                 r.overhead_pct <= kGoalOverheadPct ? "met" : "NOT met");
+  }
   for (const auto& r : results)
     fmt::print("# {} cap {:g} MB: bucket bytes in launch order {}; {:.1f} of {} gradients ready "
                "at the first launch\n",
@@ -216,13 +331,13 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Time a DistributedDataParallel training step of the Fashion-MNIST models. Run "
                "one process per rank (lockstep-run -np N, mpirun -np N)."};
-  app.add_option("--model", o.models, "mlp and/or cnn")
-      ->check(CLI::IsMember({"mlp", "cnn"}))
+  app.add_option("--model", o.models, "mlp, cnn and/or resnet18")
+      ->check(CLI::IsMember(bench::model_names()))
       ->delimiter(',')
       ->capture_default_str();
-  app.add_option("--batch", o.batch, "samples per rank per step")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  app.add_option("--batch", o.batch,
+                 "samples per rank per step (default: 64 for mlp and cnn, 256 for resnet18)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed steps first")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -236,9 +351,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view);
   app.add_option("--backend", o.backend,
-                 "shm, shm+gloo, gloo or mpi (default: LOCKSTEP_BACKEND, else what "
-                 "init_process_group picks: shm on one node)")
-      ->check(CLI::IsMember({"shm", "shm+gloo", "gloo", "mpi"}));
+                 "nccl, shm, shm+gloo, gloo or mpi (default: LOCKSTEP_BACKEND, else nccl with "
+                 "--device cuda, else what init_process_group picks: shm on one node)")
+      ->check(CLI::IsMember({"nccl", "shm", "shm+gloo", "gloo", "mpi"}));
+  app.add_option("--device", o.device, "cpu, or cuda: each rank on cuda:(local rank % GPUs)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_flag("--compare-plain", o.compare_plain,
+               "also time the model without DDP (rank 0) and report DDP's overhead");
   app.add_option("--threads", o.threads, "BLAS threads per rank")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """PyTorch peer for ddp_bench: times a data-parallel training step
-(forward + loss + backward + SGD step) of the Fashion-MNIST MLP or CNN under
-torch.nn.parallel.DistributedDataParallel over gloo, one process per rank, and
-prints one JSON object (rank 0).
+(forward + loss + backward + SGD step) of the Fashion-MNIST MLP or CNN, or
+ResNet-18 for 32x32 inputs, under torch.nn.parallel.DistributedDataParallel
+over gloo (or nccl with --device cuda), one process per rank, and prints one
+JSON object (rank 0).
 
     ddp_bench_torch.py --np 2 --model mlp             starts 2 ranks itself
     torchrun --nproc_per_node 2 ddp_bench_torch.py    or under a launcher
 
-Each rank trains on its own synthetic batches of Fashion-MNIST shape
-(1x28x28, 10 classes), with SGD (lr 0.01, momentum 0.9), as ddp_bench does.
+Each rank trains on its own synthetic batches (1x28x28, or 3x32x32 for
+resnet18; 10 classes), with SGD (lr 0.01, momentum 0.9), as ddp_bench does.
+--device cuda: rank r on cuda:(LOCAL_RANK % GPUs), backend nccl, each step
+ends with torch.cuda.synchronize(), cudnn.benchmark on, TF32 off (lockstep's
+default); the BLAS checks below are skipped.
 The step time reported is the slowest rank's mean; communication figures come
 from DDP's own runtime statistics (sampled every iteration here): comm_ms is
 the span from the first bucket's all-reduce launch to the end of backward's
@@ -35,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Importing step_bench_torch first pins the BLAS threads from --threads
 # through the environment before torch (and with it OpenBLAS) is loaded.
 sys.path.insert(0, HERE)
-from step_bench_torch import cnn, loaded_blas, mlp, openblas_threads  # noqa: E402
+from step_bench_torch import INPUT_SHAPES, MODELS, loaded_blas, openblas_threads  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -83,16 +87,19 @@ def launch(a):
     return codes[0] if codes[0] != 0 else (bad[0] if bad else 0)
 
 
-def run_one(a, cap_mb, rank, world):
+def run_one(a, cap_mb, rank, world, device):
+    cuda = device.type == "cuda"
     torch.manual_seed(a.seed)  # the same initial model on every rank (DDP broadcasts anyway)
-    model = mlp() if a.model == "mlp" else cnn()
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
+    model = MODELS[a.model]().to(device)
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb,
+                                              device_ids=[device.index] if cuda else None)
     ddp._set_ddp_runtime_logging_sample_rate(1)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(a.seed * 1000 + rank + 1)
-    batches = [(torch.randn(a.batch, 1, 28, 28, generator=g),
-                torch.randint(0, 10, (a.batch,), generator=g)) for _ in range(NUM_BATCHES)]
+    batches = [(torch.randn(a.batch, *INPUT_SHAPES[a.model], generator=g).to(device),
+                torch.randint(0, 10, (a.batch,), generator=g).to(device))
+               for _ in range(NUM_BATCHES)]
 
     def step(i):
         x, y = batches[i % NUM_BATCHES]
@@ -100,6 +107,8 @@ def run_one(a, cap_mb, rank, world):
         loss = loss_fn(ddp(x), y)
         loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
 
     for i in range(a.warmup):
         step(i)
@@ -129,13 +138,14 @@ def run_one(a, cap_mb, rank, world):
     bucket_bytes = [int(s) for s in str(sizes).replace(",", " ").split()]
 
     mean_s = statistics.mean(times)
-    t = torch.tensor([mean_s], dtype=torch.float64)
+    t = torch.tensor([mean_s], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     step_s = t.item()
     comm_ms = statistics.mean(comm) if comm else None
     overlap_ms = statistics.mean(overlap) if overlap else None
     return {
-        "impl": "pytorch", "model": a.model, "world_size": world, "backend": "gloo",
+        "impl": "pytorch", "model": a.model, "world_size": world,
+        "backend": dist.get_backend(), "device": str(device),
         "batch": a.batch, "bucket_cap_mb": cap_mb, "iters": a.iters, "warmup": a.warmup,
         "step_ms": step_s * 1e3, "rank0_step_ms": mean_s * 1e3,
         "rank0_median_step_ms": statistics.median(times) * 1e3,
@@ -152,8 +162,10 @@ def run_one(a, cap_mb, rank, world):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
-    ap.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    ap.add_argument("--model", choices=sorted(MODELS), default="mlp")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="samples per rank per step (default: 64; 256 for resnet18)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--bucket-cap-mb", default="25", help="comma-separated list, e.g. 1,5,25")
@@ -163,6 +175,8 @@ def main():
                     help="start this many ranks (else: run as one rank of a launcher)")
     ap.add_argument("--json", help="also write the JSON to this file (rank 0)")
     a = ap.parse_args()
+    if a.batch is None:
+        a.batch = 256 if a.model == "resnet18" else 64
     if a.iters < 1 or a.warmup < 0 or a.batch < 1:
         ap.error("--iters and --batch must be >= 1, --warmup >= 0")
     if a.np > 0 and "RANK" not in os.environ:
@@ -172,9 +186,35 @@ def main():
     if "RANK" not in os.environ:  # alone: one rank
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))
+    device = torch.device("cpu")
+    if a.device == "cuda":
+        if not torch.cuda.is_available():
+            print("ddp_bench_torch: --device cuda, but torch.cuda.is_available() is False",
+                  file=sys.stderr)
+            return 5
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) %
+                              torch.cuda.device_count())
+        torch.cuda.set_device(device)  # before NCCL's communicator is made
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo",
+                            timeout=datetime.timedelta(minutes=5))
     rank, world = dist.get_rank(), dist.get_world_size()
-    results = [run_one(a, cap, rank, world) for cap in parse_caps(a.bucket_cap_mb)]
+    results = [run_one(a, cap, rank, world, device) for cap in parse_caps(a.bucket_cap_mb)]
+
+    if a.device == "cuda":
+        dist.barrier()
+        dist.destroy_process_group()
+        if rank == 0:
+            doc = {"benchmark": "ddp_bench_torch", "peer": "pytorch", "version": torch.__version__,
+                   "world_size": world, "device": "cuda",
+                   "gpu": torch.cuda.get_device_name(device), "results": results}
+            print(json.dumps(doc))
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump(doc, f, indent=2)
+        return 0  # OpenBLAS plays no part on the GPU
 
     blas = loaded_blas()
     on_openblas = any("openblas" in b for b in blas)

@@ -64,8 +64,11 @@ def run(cmd, env=None, timeout=600):
 
 
 def common_args(a, model, caps):
-    return ["--model", model, "--batch", str(a.batch), "--warmup", str(a.warmup),
+    args = ["--model", model, "--batch", str(a.batch), "--warmup", str(a.warmup),
             "--iters", str(a.iters), "--bucket-cap-mb", ",".join(f"{c:g}" for c in caps)]
+    if a.device != "cpu":  # the CPU command lines stay as they were
+        args += ["--device", a.device]
+    return args
 
 
 def lockstep_path(a, backend, model, n, caps):
@@ -128,6 +131,9 @@ def main():
                    help="bucket caps (MiB) swept at two ranks over gloo; empty: no sweep")
     p.add_argument("--repeats", type=int, default=2,
                    help="run everything this many times; report each configuration's fastest run")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="passed to both sides; on cuda lockstep's default backend and "
+                        "PyTorch's are nccl (one GPU per rank)")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     p.add_argument("--python", default="/usr/bin/python3")
     p.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")

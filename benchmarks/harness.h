@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -48,6 +49,12 @@ inline CommandResult run_command(const std::string& cmd) {
   int status = pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Whether `program` can be run: a path that exists, or a bare name on PATH.
+inline bool program_exists(const std::string& program) {
+  if (program.find('/') != std::string::npos) return std::filesystem::exists(program);
+  return run_command("command -v '" + program + "' >/dev/null 2>&1").exit_code == 0;
 }
 
 // A plain text table: a header row, then rows, columns padded to fit.

@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
 """PyTorch peer for step_bench: times forward + backward + SGD step of the
-Fashion-MNIST MLP or CNN on the CPU and prints one JSON object.
+Fashion-MNIST MLP or CNN, or ResNet-18 for 32x32 inputs, on the CPU or one
+GPU, and prints one JSON object.
 
-Refuses to report (exit 3) when PyTorch is not running on OpenBLAS, since a
-comparison against the reference BLAS would be meaningless.
+CPU: refuses to report (exit 3) when PyTorch is not running on OpenBLAS, since
+a comparison against the reference BLAS would be meaningless.
+
+CUDA (--device cuda): every timed step ends with torch.cuda.synchronize(), as
+step_bench's do; cudnn.benchmark is on (its algorithm search runs in the
+warm-up steps), and TF32 is off for both cuBLAS and cuDNN unless --tf32:
+PyTorch's cudnn.allow_tf32 defaults to True, lockstep's TF32 to off.
 
 torch.set_num_threads() does not reach OpenBLAS (it keeps one thread per
 core), so the thread count is also set through the environment before torch
@@ -46,6 +52,60 @@ def cnn():
         nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock (the same attribute names, so the same
+    parameter names as lockstep's nn::BasicBlock)."""
+
+    def __init__(self, in_channels, channels, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, 1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.downsample = None
+        if stride != 1 or in_channels != channels:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_channels, channels, 1, stride, bias=False), nn.BatchNorm2d(channels))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet(nn.Module):
+    """ResNet for 32x32 inputs: 3x3 stem, no max-pool (lockstep's nn::ResNet)."""
+
+    def __init__(self, blocks_per_stage=(2, 2, 2, 2), num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 3, 1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        in_channels = 64
+        for stage, blocks in enumerate(blocks_per_stage):
+            channels = 64 << stage
+            layer = []
+            for b in range(blocks):
+                layer.append(BasicBlock(in_channels, channels, 2 if stage > 0 and b == 0 else 1))
+                in_channels = channels
+            setattr(self, "layer%d" % (stage + 1), nn.Sequential(*layer))
+        self.fc = nn.Linear(in_channels, num_classes)
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        for stage in range(1, 5):
+            out = getattr(self, "layer%d" % stage)(out)
+        out = torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1)
+        return self.fc(out)
+
+
+def resnet18():
+    return ResNet((2, 2, 2, 2), 10)
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "resnet18": resnet18}
+INPUT_SHAPES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "resnet18": (3, 32, 32)}
+
+
 def loaded_blas():
     """The BLAS library this process has mapped (after a matmul has run)."""
     libs = set()
@@ -70,20 +130,33 @@ def openblas_threads(blas):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["mlp", "cnn"], required=True)
+    ap.add_argument("--model", choices=sorted(MODELS), required=True)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--tf32", action="store_true",
+                    help="TF32 for cuBLAS and cuDNN (CUDA only; off by default)")
     a = ap.parse_args()
 
+    cuda = a.device == "cuda"
+    if cuda:
+        if not torch.cuda.is_available():
+            print("step_bench_torch: --device cuda, but torch.cuda.is_available() is False "
+                  "(PyTorch %s)" % torch.__version__, file=sys.stderr)
+            return 5
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        torch.backends.cudnn.allow_tf32 = a.tf32
+        torch.backends.cudnn.benchmark = True
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    model = mlp() if a.model == "mlp" else cnn()
+    device = torch.device("cuda:0" if cuda else "cpu")
+    model = MODELS[a.model]().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x = torch.randn(a.batch_size, 1, 28, 28)
-    y = torch.randint(0, 10, (a.batch_size,))
+    x = torch.randn(a.batch_size, *INPUT_SHAPES[a.model]).to(device)
+    y = torch.randint(0, 10, (a.batch_size,)).to(device)
     loss_fn = nn.CrossEntropyLoss()
 
     def step():
@@ -91,6 +164,8 @@ def main():
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
 
     for _ in range(a.warmup):
         step()
@@ -100,11 +175,19 @@ def main():
         step()
         times.append(time.perf_counter() - t0)
 
+    if cuda:
+        print(json.dumps({"peer": "pytorch", "version": torch.__version__, "model": a.model,
+                          "device": "cuda", "gpu": torch.cuda.get_device_name(device),
+                          "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+                          "tf32": a.tf32, "batch_size": a.batch_size,
+                          "median_ms": statistics.median(times) * 1e3}))
+        return 0  # OpenBLAS plays no part on the GPU
+
     blas = loaded_blas()
     on_openblas = any("openblas" in b for b in blas)
     blas_threads = openblas_threads(blas)
-    result = {"blas_threads": blas_threads,"peer": "pytorch", "version": torch.__version__, "model": a.model,
-              "batch_size": a.batch_size, "threads": a.threads,
+    result = {"blas_threads": blas_threads, "peer": "pytorch", "version": torch.__version__,
+              "model": a.model, "device": "cpu", "batch_size": a.batch_size, "threads": a.threads,
               "median_ms": statistics.median(times) * 1e3, "blas": blas,
               "on_openblas": on_openblas}
     print(json.dumps(result))

@@ -47,4 +47,13 @@ std::shared_ptr<Sequential> fashion_cnn(uint64_t seed) {
   return fashion_cnn(gen);
 }
 
+std::shared_ptr<ResNet> resnet18_cifar(Generator& gen) {
+  return std::make_shared<ResNet>(std::vector<int64_t>{2, 2, 2, 2}, 10, gen);
+}
+
+std::shared_ptr<ResNet> resnet18_cifar(uint64_t seed) {
+  Generator gen(seed);
+  return resnet18_cifar(gen);
+}
+
 }  // namespace lockstep::nn::models

@@ -1,13 +1,15 @@
-// The two Fashion-MNIST example models. Each is an nn::Sequential, so its
-// parameter names ("1.weight", "4.running_mean", ...) are those of a PyTorch
-// nn.Sequential with the same layers: the step benchmark builds the twin in
-// PyTorch and copies weights across by name.
+// The models the examples and benchmarks use. The two Fashion-MNIST models are
+// nn::Sequential, so their parameter names ("1.weight", "4.running_mean", ...)
+// are those of a PyTorch nn.Sequential with the same layers; the ResNet's are
+// torchvision's. The step benchmark builds each twin in PyTorch, so weights
+// can be copied across by name.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
 #include "lockstep/nn/container.h"
+#include "lockstep/nn/resnet.h"
 
 namespace lockstep::nn::models {
 
@@ -24,5 +26,11 @@ std::shared_ptr<Sequential> fashion_mlp(uint64_t seed);
 // 421,834 parameters.
 std::shared_ptr<Sequential> fashion_cnn(Generator& gen = runtime::default_generator());
 std::shared_ptr<Sequential> fashion_cnn(uint64_t seed);
+
+// ResNet-18 for 32x32 inputs (CIFAR-10): input [N, 3, 32, 32] -> logits
+// [N, 10]. A 3x3 stem without max-pool, 2 BasicBlocks per stage (resnet.h).
+// 11,173,962 parameters.
+std::shared_ptr<ResNet> resnet18_cifar(Generator& gen = runtime::default_generator());
+std::shared_ptr<ResNet> resnet18_cifar(uint64_t seed);
 
 }  // namespace lockstep::nn::models

@@ -34,8 +34,8 @@ using runtime::DType;
 
 class GroupRunner final : public AllreduceRunner {
  public:
-  explicit GroupRunner(const std::string& backend)
-      : group_(collectives::init_process_group({.backend = backend})) {}
+  GroupRunner(const std::string& backend, const runtime::Device& device)
+      : group_(collectives::init_process_group({.backend = backend})), device_(device) {}
   int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }
 
@@ -43,14 +43,17 @@ class GroupRunner final : public AllreduceRunner {
     group_->allreduce(data, {.op = op})->wait();
   }
   void barrier() override { group_->barrier()->wait(); }
+  // Through a tensor on the runner's device (nccl takes CUDA tensors only);
+  // item() reads it on the host, after the all-reduce.
   double max_over_ranks(double value) override {
-    runtime::Tensor t = runtime::Tensor::from_vector(std::vector<double>{value}, {1});
+    runtime::Tensor t = runtime::Tensor::from_vector(std::vector<double>{value}, {1}).to(device_);
     group_->allreduce(t, {.op = ReduceOp::Max})->wait();
     return t.item();
   }
 
  private:
   std::shared_ptr<collectives::ProcessGroup> group_;
+  runtime::Device device_;
 };
 
 #if LOCKSTEP_HAVE_MPI
@@ -170,6 +173,9 @@ class RawGlooRunner final : public AllreduceRunner {
 
 std::vector<std::string> runner_names() {
   std::vector<std::string> names = {"shm"};
+#if LOCKSTEP_HAVE_NCCL
+  names.push_back("nccl");
+#endif
 #if LOCKSTEP_HAVE_GLOO
   names.insert(names.end(), {"gloo", "raw-gloo"});
 #endif
@@ -179,14 +185,20 @@ std::vector<std::string> runner_names() {
   return names;
 }
 
-std::unique_ptr<AllreduceRunner> make_runner(const std::string& backend) {
+std::unique_ptr<AllreduceRunner> make_runner(const std::string& backend,
+                                             const runtime::Device& device) {
+  const bool group = backend == "gloo" || backend == "mpi" || backend == "shm" || backend == "nccl";
+  if (group) return std::make_unique<GroupRunner>(backend, device);
+  LOCKSTEP_CHECK(!device.is_cuda(),
+                 "allreduce_perf: backend '{}' reduces host memory; on --device cuda use nccl, "
+                 "or gloo, shm or mpi (staged through pinned host memory)",
+                 backend);
 #if LOCKSTEP_HAVE_MPI
   if (backend == "raw-mpi") return std::make_unique<RawMpiRunner>();
 #endif
 #if LOCKSTEP_HAVE_GLOO
   if (backend == "raw-gloo") return std::make_unique<RawGlooRunner>();
 #endif
-  if (backend == "gloo" || backend == "mpi" || backend == "shm") return std::make_unique<GroupRunner>(backend);
   throw Error(fmt::format("allreduce_perf: backend '{}' is not available in this build; "
                           "available: {}",
                           backend, fmt::join(runner_names(), ", ")));

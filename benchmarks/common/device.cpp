@@ -1,0 +1,75 @@
+#include "common/device.h"
+
+#include "harness.h"
+#include "lockstep/config.h"
+#include "lockstep/runtime/cuda_available.h"
+#include "lockstep/runtime/error.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "lockstep/runtime/cuda/device.h"
+#include "lockstep/runtime/cuda/device_guard.h"
+#include "lockstep/runtime/cuda/ops/math_mode.h"
+#endif
+
+namespace lockstep::bench {
+
+runtime::Device select_device(const std::string& name, int local_rank) {
+  if (name == "cpu") return runtime::Device::cpu();
+  LOCKSTEP_CHECK(name == "cuda", "--device '{}': use cpu or cuda", name);
+#if LOCKSTEP_HAVE_CUDA
+  const int count = runtime::cuda_device_count();
+  LOCKSTEP_CHECK(count > 0, "--device cuda: {}; run on a machine with a GPU, or use --device cpu",
+                 runtime::cuda_unavailable_reason());
+  const int index = local_rank % count;
+  LOCKSTEP_CUDA_CHECK(cudaSetDevice(index));
+  return runtime::Device::cuda(index);
+#else
+  (void)local_rank;
+  throw Error("--device cuda: this build of lockstep has no CUDA (configure with "
+              "-DLOCKSTEP_CUDA=ON where the CUDA toolkit is installed), or use --device cpu");
+#endif
+}
+
+int gpu_count() {
+#if LOCKSTEP_HAVE_CUDA
+  return runtime::cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+void synchronize(const runtime::Device& device) {
+  if (!device.is_cuda()) return;
+#if LOCKSTEP_HAVE_CUDA
+  runtime::cuda::DeviceGuard guard(device.index);
+  LOCKSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+}
+
+std::string device_name(const runtime::Device& device) {
+  if (!device.is_cuda()) return {};
+#if LOCKSTEP_HAVE_CUDA
+  cudaDeviceProp props{};
+  LOCKSTEP_CUDA_CHECK(cudaGetDeviceProperties(&props, device.index));
+  return props.name;
+#else
+  return "CUDA device";
+#endif
+}
+
+std::string machine_description(const runtime::Device& device) {
+  if (!device.is_cuda()) return machine_description();
+  return fmt::format("{}, {} (cuda:{})", machine_description(), device_name(device), device.index);
+}
+
+void set_allow_tf32(bool allow) {
+#if LOCKSTEP_HAVE_CUDA
+  runtime::cuda::set_allow_tf32(allow);
+#else
+  LOCKSTEP_CHECK(!allow, "--tf32: this build of lockstep has no CUDA");
+#endif
+}
+
+}  // namespace lockstep::bench

@@ -1,0 +1,37 @@
+// Where a benchmark runs (--device cpu|cuda), and the few CUDA steps a
+// benchmark needs: picking this rank's GPU, waiting for it before reading the
+// clock, naming it in the results, TF32. Builds with and without CUDA; on the
+// CPU the CUDA-only steps are no-ops, and asking for cuda where there is none
+// is a lockstep::Error that says why.
+#pragma once
+
+#include <string>
+
+#include "lockstep/runtime/dtype.h"
+
+namespace lockstep::bench {
+
+// "cpu" -> cpu. "cuda" -> cuda:(local_rank % visible GPUs), made the calling
+// thread's current device (NCCL communicators and the current stream follow
+// it). Throws when CUDA is not built in or no GPU is usable.
+runtime::Device select_device(const std::string& name, int local_rank = 0);
+
+// GPUs this process can use; 0 without CUDA or without a usable GPU.
+int gpu_count();
+
+// Blocks the host until every stream of `device` is idle (cudaDeviceSynchronize):
+// kernels are asynchronous, so a step timed without it measures the launches
+// only. No-op on the CPU.
+void synchronize(const runtime::Device& device);
+
+// The GPU's name (cudaGetDeviceProperties), e.g. "NVIDIA H100 80GB HBM3"; empty on the CPU.
+std::string device_name(const runtime::Device& device);
+
+// bench::machine_description(), plus the GPU's name for a CUDA device.
+std::string machine_description(const runtime::Device& device);
+
+// TF32 tensor cores for f32 matmul and convolution (runtime/cuda/ops/math_mode.h).
+// Throws when CUDA is not built in and `allow` is true.
+void set_allow_tf32(bool allow);
+
+}  // namespace lockstep::bench

@@ -1,0 +1,73 @@
+#include "lockstep/nn/resnet.h"
+
+#include <string>
+
+#include "lockstep/runtime/error.h"
+#include "lockstep/runtime/ops.h"
+
+namespace lockstep::nn {
+
+namespace {
+
+Conv2dOptions conv_options(int64_t stride, int64_t padding) {
+  return {.stride = stride, .padding = padding, .bias = false};
+}
+
+}  // namespace
+
+// Registration order is torchvision's: conv1, bn1, conv2, bn2, downsample.
+BasicBlock::BasicBlock(int64_t in_channels, int64_t channels, int64_t stride, Generator& gen) {
+  LOCKSTEP_CHECK(stride > 0, "BasicBlock: stride must be positive, got {}", stride);
+  conv1 = register_module("conv1", std::make_shared<Conv2d>(in_channels, channels, 3,
+                                                            conv_options(stride, 1), gen));
+  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(channels));
+  conv2 = register_module(
+      "conv2", std::make_shared<Conv2d>(channels, channels, 3, conv_options(1, 1), gen));
+  bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(channels));
+  if (stride != 1 || in_channels != channels) {
+    auto shortcut = std::make_shared<Sequential>();
+    shortcut->push_back(
+        std::make_shared<Conv2d>(in_channels, channels, 1, conv_options(stride, 0), gen));
+    shortcut->push_back(std::make_shared<BatchNorm2d>(channels));
+    downsample = register_module("downsample", shortcut);
+  }
+}
+
+Tensor BasicBlock::forward(const Tensor& x) {
+  Tensor out = runtime::relu((*bn1)((*conv1)(x)));
+  out = (*bn2)((*conv2)(out));
+  return runtime::relu(out + (downsample ? (*downsample)(x) : x));
+}
+
+ResNet::ResNet(const std::vector<int64_t>& blocks_per_stage, int64_t num_classes, Generator& gen) {
+  LOCKSTEP_CHECK(blocks_per_stage.size() == 4,
+                 "ResNet: expected blocks for 4 stages, got {} numbers", blocks_per_stage.size());
+  LOCKSTEP_CHECK(num_classes > 0, "ResNet: num_classes must be positive, got {}", num_classes);
+  conv1 = register_module("conv1", std::make_shared<Conv2d>(3, 64, 3, conv_options(1, 1), gen));
+  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(64));
+  int64_t in_channels = 64;
+  for (size_t stage = 0; stage < 4; ++stage) {
+    LOCKSTEP_CHECK(blocks_per_stage[stage] > 0, "ResNet: stage {} needs at least one block",
+                   stage + 1);
+    const int64_t channels = int64_t{64} << stage;
+    auto layer = std::make_shared<Sequential>();
+    for (int64_t b = 0; b < blocks_per_stage[stage]; ++b) {
+      const int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+      layer->push_back(std::make_shared<BasicBlock>(in_channels, channels, stride, gen));
+      in_channels = channels;
+    }
+    layers.push_back(register_module("layer" + std::to_string(stage + 1), layer));
+  }
+  fc = register_module("fc", std::make_shared<Linear>(in_channels, num_classes, true, gen));
+}
+
+Tensor ResNet::forward(const Tensor& x) {
+  LOCKSTEP_CHECK(x.dim() == 4 && x.size(1) == 3, "ResNet: expected input [N, 3, H, W], got {}",
+                 runtime::shape_str(x.shape()));
+  Tensor out = runtime::relu((*bn1)((*conv1)(x)));
+  for (const auto& layer : layers) out = (*layer)(out);
+  out = runtime::adaptive_avg_pool2d(out, {1, 1}).flatten(1);
+  return (*fc)(out);
+}
+
+}  // namespace lockstep::nn
