@@ -68,7 +68,7 @@ def hierarchical_path(a):
     port, token = str(free_port()), "allreduce-compare"
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         perf = [os.path.join(a.build, "bin", "allreduce_perf"), "-b", a.b, "-e", a.e, "-f", str(a.f),
-                "-w", str(a.w), "-n", str(a.n), "-c", "1", "--json", out.name]
+                "-w", str(a.w), "-n", str(a.n), "-c", "1", "--backend", "shm+gloo", "--json", out.name]
         procs = []
         for node in range(2):
             cmd = [os.path.join(a.build, "bin", "lockstep-run"), "--nnodes", "2", "--node-rank", str(node),

@@ -234,7 +234,8 @@ int main(int argc, char** argv) {
   app.add_option("-d,--datatype", o.type, "float, double, half, bfloat16, int32, int64")->capture_default_str();
   app.add_option("-o,--op", o.op, "sum, prod, min, max, avg")->capture_default_str();
   app.add_option("--backend", o.backend,
-                 "gloo, mpi, shm, nccl (lockstep's groups); raw-gloo, raw-mpi (the libraries "
+                 "gloo, mpi, shm, shm+gloo (hierarchical), nccl (lockstep's groups); raw-gloo, "
+                 "raw-mpi (the libraries "
                  "directly). Default: gloo, or nccl with --device cuda");
   app.add_option("--device", o.device, "cpu, or cuda: the buffer on cuda:(local rank % GPUs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))

@@ -177,7 +177,7 @@ std::vector<std::string> runner_names() {
   names.push_back("nccl");
 #endif
 #if LOCKSTEP_HAVE_GLOO
-  names.insert(names.end(), {"gloo", "raw-gloo"});
+  names.insert(names.end(), {"gloo", "shm+gloo", "raw-gloo"});
 #endif
 #if LOCKSTEP_HAVE_MPI
   names.insert(names.end(), {"mpi", "raw-mpi"});
@@ -187,7 +187,8 @@ std::vector<std::string> runner_names() {
 
 std::unique_ptr<AllreduceRunner> make_runner(const std::string& backend,
                                              const runtime::Device& device) {
-  const bool group = backend == "gloo" || backend == "mpi" || backend == "shm" || backend == "nccl";
+  const bool group = backend == "gloo" || backend == "mpi" || backend == "shm" ||
+                     backend == "shm+gloo" || backend == "nccl";
   if (group) return std::make_unique<GroupRunner>(backend, device);
   LOCKSTEP_CHECK(!device.is_cuda(),
                  "allreduce_perf: backend '{}' reduces host memory; on --device cuda use nccl, "
