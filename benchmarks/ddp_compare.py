@@ -8,6 +8,9 @@ table with ratios (and --json FILE):
   lockstep mpi      mpirun -np N ddp_bench --backend mpi
   torch gloo      ddp_bench_torch.py --np N (torch.nn.parallel.DistributedDataParallel
                   over gloo, Debian's python3-torch on OpenBLAS)
+  no comm         N independent one-rank ddp_bench processes at once (N > 1): the
+                  ceiling of scaling efficiency on this machine when ranks share
+                  nothing but its cores and memory (--no-ceiling skips it)
 
 One BLAS thread per rank on both sides. Per model and world size: the slowest
 rank's mean step time, samples/s (world size x batch / step time), scaling
@@ -103,6 +106,33 @@ def torch_path(a, model, n, caps):
         return json.load(open(out.name))["results"]
 
 
+def independent_path(a, model, n):
+    """N one-rank ddp_bench processes started together: their summed samples/s,
+    the slowest one's step time; None if any failed."""
+    outs = [tempfile.NamedTemporaryFile(suffix=".json") for _ in range(n)]
+    try:
+        procs = []
+        for out in outs:
+            cmd = [os.path.join(a.build, "bin", "ddp_bench")] + common_args(
+                a, model, [a.bucket_cap_mb]) + ["--json", out.name]
+            env = dict(os.environ, **ONE_THREAD)
+            for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCKSTEP_BACKEND"):
+                env.pop(var, None)
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                          text=True, env=env))
+        errors = [p.communicate(timeout=600)[1] for p in procs]
+        if any(p.returncode != 0 for p in procs):
+            sys.stderr.write("ddp_compare: an independent one-rank run failed:\n"
+                             + "".join(e[-1000:] for e in errors) + "\n")
+            return None
+        rs = [json.load(open(out.name))["results"][0] for out in outs]
+    finally:
+        for out in outs:
+            out.close()
+    return {"step_ms": max(r["step_ms"] for r in rs),
+            "samples_per_s": sum(r["samples_per_s"] for r in rs), "independent_runs": rs}
+
+
 def fmt(x, spec=".2f", none="n/a"):
     return none if x is None else format(x, spec)
 
@@ -135,6 +165,8 @@ def main():
                    help="passed to both sides; on cuda lockstep's default backend and "
                         "PyTorch's are nccl (one GPU per rank)")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    p.add_argument("--no-ceiling", action="store_true",
+                   help="skip the independent one-rank processes (the no-communication ceiling)")
     p.add_argument("--python", default="/usr/bin/python3")
     p.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     p.add_argument("--json", help="write all results to this file")
@@ -149,6 +181,8 @@ def main():
 
     started = time.time()
     paths = [f"lockstep {b}" for b in backends] + ([] if a.no_torch else ["torch gloo"])
+    # The ceiling is measured against the first lockstep path's one-rank run.
+    ceiling = not a.no_ceiling and a.device == "cpu" and backends and 1 in sizes
     res = {}  # (model, n, path) -> result dict or None
     sweep_n = 2
     sweep_res = {}  # (model, path) -> list of results, one per cap
@@ -167,8 +201,11 @@ def main():
     for _ in range(a.repeats):
         for model in models:
             for n in sizes:
-                for path in paths:
-                    if path == "torch gloo":
+                for path in paths + (["no comm"] if ceiling and n > 1 else []):
+                    if path == "no comm":
+                        one = independent_path(a, model, n)
+                        r = [one] if one else None
+                    elif path == "torch gloo":
                         r = torch_path(a, model, n, [a.bucket_cap_mb])
                     else:
                         r = lockstep_path(a, path.split()[1], model, n, [a.bucket_cap_mb])
@@ -189,7 +226,8 @@ def main():
                     sweep_res[(model, path)] = faster(sweep_res.get((model, path)), r)
 
     def efficiency(model, n, path):
-        r, r1 = res.get((model, n, path)), res.get((model, 1, path))
+        base = paths[0] if path == "no comm" else path
+        r, r1 = res.get((model, n, path)), res.get((model, 1, base))
         if not r or not r1:
             return None
         return r["samples_per_s"] / (n * r1["samples_per_s"])
@@ -211,7 +249,7 @@ def main():
     rows = []
     for model in models:
         for n in sizes:
-            for path in paths:
+            for path in paths + (["no comm"] if ceiling and n > 1 else []):
                 r = res[(model, n, path)]
                 if r is None:
                     rows.append([model, str(n), path] + ["failed"] + ["n/a"] * 6)
@@ -222,10 +260,13 @@ def main():
                              fmt(efficiency(model, n, path)), fmt(r.get("comm_ms")) + star,
                              fmt(r.get("exposed_comm_ms")),
                              fmt(None if hid is None else hid * 100, ".0f") + star,
-                             "-" if path == "torch gloo" else fmt(ratio(model, n, path), ".2f")])
+                             "-" if path in ("torch gloo", "no comm") else fmt(ratio(model, n, path), ".2f")])
     print_table(header, rows)
     if not a.no_torch:
         print(TORCH_COMM_NOTE)
+    if ceiling:
+        print(f"# no comm: N independent one-rank processes at once; its scaling eff (over N x "
+              f"{paths[0]}'s one rank) is the most any backend can reach here")
 
     if sweep:
         print(f"\n# bucket-size sweep, {sweep_n} ranks, gloo")
