@@ -57,6 +57,23 @@ void combine(const std::vector<double>& gathered, int world, int64_t c, std::vec
   }
 }
 
+// The autograd inputs and saved tensors of SyncBatchNormBackward, and where
+// weight and bias sit among the inputs (-1: absent).
+struct GraphInputs {
+  std::vector<Tensor> inputs, saved;
+  int w_at = -1, b_at = -1;
+};
+
+GraphInputs graph_inputs(const Tensor& x_in, const Tensor& x, const Tensor& weight,
+                         const Tensor& bias) {
+  GraphInputs g{{x_in}, {x}};
+  if (weight.defined()) g.inputs.push_back(weight), g.saved.push_back(weight);
+  if (bias.defined()) g.inputs.push_back(bias);
+  g.w_at = weight.defined() ? 1 : -1;
+  g.b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
+  return g;
+}
+
 // The "more than 1 value per channel" check, made on the global count every
 // rank agrees on, so that all ranks throw together instead of leaving the
 // others waiting.
@@ -103,14 +120,10 @@ Tensor sync_batch_norm_cuda(const Tensor& x_in, const Tensor& weight, const Tens
   // 3. y = x * scale + shift.
   Tensor out = sbn::affine(x, st.scale, st.shift);
 
-  std::vector<Tensor> inputs{x_in};
-  std::vector<Tensor> saved{x};
-  if (weight.defined()) inputs.push_back(weight), saved.push_back(weight);
-  if (bias.defined()) inputs.push_back(bias);
-  const int w_at = weight.defined() ? 1 : -1;
-  const int b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
+  GraphInputs graph = graph_inputs(x_in, x, weight, bias);
+  const int w_at = graph.w_at, b_at = graph.b_at;
   return runtime::record(
-      std::move(out), "SyncBatchNormBackward", inputs, saved,
+      std::move(out), "SyncBatchNormBackward", graph.inputs, graph.saved,
       [stats = st.stats, group, dev, w_at, b_at](const BackwardArgs& a) -> std::vector<Tensor> {
         runtime::cuda::DeviceGuard guard(dev.index);
         const Tensor& xs = a.saved[0];
@@ -211,14 +224,10 @@ Tensor sync_batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& b
                                              out.data_ptr<T>());
   });
 
-  std::vector<Tensor> inputs{x_in};
-  std::vector<Tensor> saved{x};
-  if (weight.defined()) inputs.push_back(weight), saved.push_back(weight);
-  if (bias.defined()) inputs.push_back(bias);
-  const int w_at = weight.defined() ? 1 : -1;
-  const int b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
+  GraphInputs graph = graph_inputs(x_in, x, weight, bias);
+  const int w_at = graph.w_at, b_at = graph.b_at;
   return runtime::record(
-      std::move(out), "SyncBatchNormBackward", inputs, saved,
+      std::move(out), "SyncBatchNormBackward", graph.inputs, graph.saved,
       [s, st, group, w_at, b_at](const BackwardArgs& a) -> std::vector<Tensor> {
         const Tensor& xs = a.saved[0];
         const Tensor gy = a.grad.contiguous();
