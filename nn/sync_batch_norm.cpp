@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lockstep/config.h"
+#include "lockstep/runtime/autograd/affine_inputs.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/error.h"
@@ -57,23 +58,6 @@ void combine(const std::vector<double>& gathered, int world, int64_t c, std::vec
   }
 }
 
-// The autograd inputs and saved tensors of SyncBatchNormBackward, and where
-// weight and bias sit among the inputs (-1: absent).
-struct GraphInputs {
-  std::vector<Tensor> inputs, saved;
-  int w_at = -1, b_at = -1;
-};
-
-GraphInputs graph_inputs(const Tensor& x_in, const Tensor& x, const Tensor& weight,
-                         const Tensor& bias) {
-  GraphInputs g{{x_in}, {x}};
-  if (weight.defined()) g.inputs.push_back(weight), g.saved.push_back(weight);
-  if (bias.defined()) g.inputs.push_back(bias);
-  g.w_at = weight.defined() ? 1 : -1;
-  g.b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
-  return g;
-}
-
 // The "more than 1 value per channel" check, made on the global count every
 // rank agrees on, so that all ranks throw together instead of leaving the
 // others waiting.
@@ -120,7 +104,7 @@ Tensor sync_batch_norm_cuda(const Tensor& x_in, const Tensor& weight, const Tens
   // 3. y = x * scale + shift.
   Tensor out = sbn::affine(x, st.scale, st.shift);
 
-  GraphInputs graph = graph_inputs(x_in, x, weight, bias);
+  const runtime::AffineInputs graph = runtime::affine_inputs(x_in, x, weight, weight, bias);
   const int w_at = graph.w_at, b_at = graph.b_at;
   return runtime::record(
       std::move(out), "SyncBatchNormBackward", graph.inputs, graph.saved,
@@ -224,7 +208,7 @@ Tensor sync_batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& b
                                              out.data_ptr<T>());
   });
 
-  GraphInputs graph = graph_inputs(x_in, x, weight, bias);
+  const runtime::AffineInputs graph = runtime::affine_inputs(x_in, x, weight, weight, bias);
   const int w_at = graph.w_at, b_at = graph.b_at;
   return runtime::record(
       std::move(out), "SyncBatchNormBackward", graph.inputs, graph.saved,

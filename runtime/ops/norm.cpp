@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "lockstep/config.h"
+#include "lockstep/runtime/autograd/affine_inputs.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/norm_kernels.h"
@@ -126,14 +127,11 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
                                     out.data_ptr<T>());
   });
 
-  std::vector<Tensor> inputs{x_in};
-  std::vector<Tensor> saved{x};
-  if (weight.defined()) inputs.push_back(weight), saved.push_back(weight);
-  if (bias.defined()) inputs.push_back(bias);
-  const int w_at = weight.defined() ? 1 : -1;
-  const int b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
+  const AffineInputs graph = affine_inputs(x_in, x, weight, weight, bias);
+  const int w_at = graph.w_at, b_at = graph.b_at;
   return record(
-      std::move(out), training ? "BatchNormBackward" : "BatchNormEvalBackward", inputs, saved,
+      std::move(out), training ? "BatchNormBackward" : "BatchNormEvalBackward", graph.inputs,
+      graph.saved,
       [s, co, training, w_at, b_at](const BackwardArgs& a) -> std::vector<Tensor> {
         const Tensor& xs = a.saved[0];
         const Tensor gy = a.grad.contiguous();
@@ -223,14 +221,10 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
                                         stats->invstd.data());
   });
 
-  std::vector<Tensor> inputs{x_in};
-  std::vector<Tensor> saved{x};
-  if (weight.defined()) inputs.push_back(weight), saved.push_back(w);
-  if (bias.defined()) inputs.push_back(bias);
-  const int w_at = weight.defined() ? 1 : -1;
-  const int b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
+  const AffineInputs graph = affine_inputs(x_in, x, weight, w, bias);
+  const int w_at = graph.w_at, b_at = graph.b_at;
   return record(
-      std::move(out), "LayerNormBackward", inputs, saved,
+      std::move(out), "LayerNormBackward", graph.inputs, graph.saved,
       [rows, d, stats, w_at, b_at, pshape = normalized_shape](const BackwardArgs& a) {
         const Tensor& xs = a.saved[0];
         const Tensor gy = a.grad.contiguous();

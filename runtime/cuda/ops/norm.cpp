@@ -4,6 +4,7 @@
 
 #include <climits>
 
+#include "lockstep/runtime/autograd/affine_inputs.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/cuda/caching_allocator.h"
@@ -111,15 +112,12 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
     }
   }
 
-  std::vector<Tensor> inputs{x_in};
-  std::vector<Tensor> saved{x};
-  if (weight.defined()) inputs.push_back(weight), saved.push_back(weight);
-  if (bias.defined()) inputs.push_back(bias);
-  const int w_at = weight.defined() ? 1 : -1;
-  const int b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
+  const AffineInputs graph = affine_inputs(x_in, x, weight, weight, bias);
+  const int w_at = graph.w_at, b_at = graph.b_at;
   const Tensor ones = weight.defined() ? Tensor() : w;
   return record(
-      std::move(out), training ? "BatchNormBackward" : "BatchNormEvalBackward", inputs, saved,
+      std::move(out), training ? "BatchNormBackward" : "BatchNormEvalBackward", graph.inputs,
+      graph.saved,
       [=](const BackwardArgs& a) -> std::vector<Tensor> {
         const Tensor& xs = a.saved[0];
         DeviceGuard guard(dev.index);
@@ -194,14 +192,10 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
       b.defined() ? b.raw_data() : nullptr, eps, out.raw_data(), mean.raw_data(),
       invstd.raw_data(), stream_of(x)));
 
-  std::vector<Tensor> inputs{x_in};
-  std::vector<Tensor> saved{x};
-  if (weight.defined()) inputs.push_back(weight), saved.push_back(w);
-  if (bias.defined()) inputs.push_back(bias);
-  const int w_at = weight.defined() ? 1 : -1;
-  const int b_at = bias.defined() ? (weight.defined() ? 2 : 1) : -1;
+  const AffineInputs graph = affine_inputs(x_in, x, weight, w, bias);
+  const int w_at = graph.w_at, b_at = graph.b_at;
   return record(
-      std::move(out), "LayerNormBackward", inputs, saved,
+      std::move(out), "LayerNormBackward", graph.inputs, graph.saved,
       [rows, d, dt, dev, mean, invstd, w_at, b_at, pshape = normalized_shape](
           const BackwardArgs& a) {
         const Tensor& xs = a.saved[0];
