@@ -7,6 +7,18 @@
 
 namespace lockstep::nn {
 
+double union_length(std::vector<std::pair<double, double>> intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  double total = 0;
+  for (size_t i = 0; i < intervals.size();) {
+    auto [start, end] = intervals[i];
+    for (++i; i < intervals.size() && intervals[i].first <= end; ++i)
+      end = std::max(end, intervals[i].second);
+    total += end - start;
+  }
+  return total;
+}
+
 double DdpStats::hidden_fraction() const {
   if (comm_ms <= 0) return 0.0;
   return std::clamp(1.0 - exposed_comm_ms / comm_ms, 0.0, 1.0);

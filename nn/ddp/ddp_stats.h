@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lockstep::nn {
@@ -32,5 +33,9 @@ struct DdpStats {
   std::string str() const;
   std::string to_json() const;
 };
+
+// Total length of the union of [start, end] intervals: communication time
+// when buckets' collectives overlap.
+double union_length(std::vector<std::pair<double, double>> intervals);
 
 }  // namespace lockstep::nn

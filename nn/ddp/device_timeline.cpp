@@ -23,7 +23,7 @@ struct DeviceTimeline::Events {
   std::vector<std::pair<cuda::Event, cuda::Event>> buckets;  // launched, done
   size_t launched = 0;
   bool complete = false;  // every mark of the iteration recorded
-  bool forward_seen = false;
+  bool timeable = false;  // every bucket so far completes on the device
 };
 
 namespace {
@@ -38,7 +38,7 @@ DeviceTimeline::~DeviceTimeline() = default;
 void DeviceTimeline::forward_started() {
   Events& e = *events_;
   e.forward_start.record(cuda::current_stream(e.device));
-  e.forward_seen = true;
+  e.timeable = true;
   e.complete = false;
   e.launched = 0;
 }
@@ -51,7 +51,7 @@ void DeviceTimeline::bucket_launched(size_t index, collectives::Work& work) {
   Events& e = *events_;
   if (index != e.launched) return;  // out of step: leave this iteration host-timed
   if (!work.waits_on_device()) {
-    e.forward_seen = false;  // a host-side backend: host clocks are the truth
+    e.timeable = false;  // a host-side backend: host clocks are the truth
     return;
   }
   if (e.buckets.size() <= index) e.buckets.emplace_back(timing_event(), timing_event());
@@ -63,7 +63,7 @@ void DeviceTimeline::bucket_launched(size_t index, collectives::Work& work) {
     done.record(e.side);
   } catch (...) {
     // The error surfaces again where the reducer waits for the bucket.
-    e.forward_seen = false;
+    e.timeable = false;
     return;
   }
   ++e.launched;
@@ -76,7 +76,7 @@ void DeviceTimeline::backward_ended() {
 void DeviceTimeline::buckets_waited() {
   Events& e = *events_;
   e.waited.record(cuda::current_stream(e.device));
-  e.complete = e.forward_seen && e.launched > 0;
+  e.complete = e.timeable && e.launched > 0;
 }
 
 bool DeviceTimeline::resolve(DdpStats& stats) {
@@ -90,17 +90,9 @@ bool DeviceTimeline::resolve(DdpStats& stats) {
     const double start = e.forward_end.elapsed_ms(launched);
     intervals.emplace_back(start, std::max(start, double{e.forward_end.elapsed_ms(done)}));
   }
-  std::sort(intervals.begin(), intervals.end());
-  double comm = 0;
-  for (size_t i = 0; i < intervals.size();) {
-    auto [start, end] = intervals[i];
-    for (++i; i < intervals.size() && intervals[i].first <= end; ++i)
-      end = std::max(end, intervals[i].second);
-    comm += end - start;
-  }
   stats.forward_ms = e.forward_start.elapsed_ms(e.forward_end);
   stats.backward_ms = e.forward_end.elapsed_ms(e.backward_end);
-  stats.comm_ms = comm;
+  stats.comm_ms = union_length(std::move(intervals));
   stats.exposed_comm_ms = e.backward_end.elapsed_ms(e.waited);
   stats.device_clock = true;
   e.complete = false;  // resolved once; the values now live in stats

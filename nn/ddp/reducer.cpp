@@ -24,21 +24,6 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// Total length of the union of [start, end] intervals, in ms.
-double union_ms(std::vector<std::pair<std::chrono::steady_clock::time_point,
-                                      std::chrono::steady_clock::time_point>> intervals) {
-  std::sort(intervals.begin(), intervals.end());
-  double total = 0;
-  for (size_t i = 0; i < intervals.size();) {
-    auto [start, end] = intervals[i];
-    for (++i; i < intervals.size() && intervals[i].first <= end; ++i) {
-      end = std::max(end, intervals[i].second);
-    }
-    total += ms_between(start, end);
-  }
-  return total;
-}
-
 // dst = src * scale in one pass over memory where both are contiguous f32
 // (the common case: a gradient into its bucket slot); the same rounding as
 // copy_ then mul_ (the factor is rounded to f32 first), which other dtypes use.
@@ -326,11 +311,13 @@ void Reducer::finalize() {
     used = Tensor::from_vector(locally_used_, {static_cast<int64_t>(locally_used_.size())});
     used_work = group_.allreduce(used, {.op = collectives::ReduceOp::Sum});
   }
-  std::vector<std::pair<Clock::time_point, Clock::time_point>> intervals;
+  std::vector<std::pair<double, double>> intervals;  // ms after forward's end
   for (auto& b : buckets_) {
     b.result.work->wait();
     if (b.result.then) b.result.then();
-    intervals.emplace_back(b.launched_at, std::max(b.launched_at, b.result.work->finished_at()));
+    intervals.emplace_back(
+        ms_between(forward_end_, b.launched_at),
+        ms_between(forward_end_, std::max(b.launched_at, b.result.work->finished_at())));
     b.result = {};
   }
   std::vector<int32_t> globally_used(params_.size(), 1);
@@ -345,7 +332,7 @@ void Reducer::finalize() {
   ++synced_iterations_;
   stats_.iteration += 1;
   stats_.backward_ms = ms_between(forward_end_, backward_end);
-  stats_.comm_ms = union_ms(intervals);
+  stats_.comm_ms = union_length(std::move(intervals));
   stats_.exposed_comm_ms = ms_between(backward_end, waited_until);
   if (!rebuilt_) rebuild_buckets();
   write_gradients(globally_used);
