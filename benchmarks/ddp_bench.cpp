@@ -96,13 +96,6 @@ double median(std::vector<double> v) {
 
 // The maximum of `value` over all ranks, through a tensor on `device` (nccl
 // takes CUDA tensors only).
-double max_over_ranks(double value, const runtime::Device& device,
-                      const std::shared_ptr<collectives::ProcessGroup>& group) {
-  Tensor t = Tensor::from_vector(std::vector<double>{value}, {1}).to(device);
-  group->allreduce(t, {.op = collectives::ReduceOp::Max})->wait();
-  return t.item();  // a host read: waits for the all-reduce on a CUDA tensor
-}
-
 std::shared_ptr<nn::Module> seeded_model(const std::string& name, const Options& o,
                                          const runtime::Device& device) {
   runtime::Generator gen(o.seed);
@@ -203,7 +196,7 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
     r.overhead_pct = 100.0 * (r.rank0_median_ms - r.plain_median_ms) / r.plain_median_ms;
   }
   // The slowest rank's mean step time (after the loop: no barrier inside it).
-  r.step_ms = max_over_ranks(r.rank0_step_ms, device, group);
+  r.step_ms = bench::max_over_ranks(*group, r.rank0_step_ms, device);
   return r;
 }
 

@@ -27,6 +27,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/device.h"
 #include "harness.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/activation.h"
@@ -151,9 +152,7 @@ Result run_one(const std::string& name, const std::string& mode, const Options& 
     return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
   };
   r.opt_ms = mean(opts);
-  Tensor t = Tensor::from_vector(std::vector<double>{mean(steps)}, {1});
-  group->allreduce(t, {.op = collectives::ReduceOp::Max})->wait();
-  r.step_ms = t.item();
+  r.step_ms = bench::max_over_ranks(*group, mean(steps));
   return r;
 }
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include "common/device.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/config.h"
 #include "lockstep/runtime/env.h"
@@ -46,9 +47,7 @@ class GroupRunner final : public AllreduceRunner {
   // Through a tensor on the runner's device (nccl takes CUDA tensors only);
   // item() reads it on the host, after the all-reduce.
   double max_over_ranks(double value) override {
-    runtime::Tensor t = runtime::Tensor::from_vector(std::vector<double>{value}, {1}).to(device_);
-    group_->allreduce(t, {.op = ReduceOp::Max})->wait();
-    return t.item();
+    return bench::max_over_ranks(*group_, value, device_);
   }
 
  private:

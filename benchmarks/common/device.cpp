@@ -1,5 +1,7 @@
 #include "common/device.h"
 
+#include <vector>
+
 #include "harness.h"
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda_available.h"
@@ -70,6 +72,13 @@ void set_allow_tf32(bool allow) {
 #else
   LOCKSTEP_CHECK(!allow, "--tf32: this build of lockstep has no CUDA");
 #endif
+}
+
+double max_over_ranks(collectives::ProcessGroup& group, double value,
+                      const runtime::Device& device) {
+  runtime::Tensor t = runtime::Tensor::from_vector(std::vector<double>{value}, {1}).to(device);
+  group.allreduce(t, {.op = collectives::ReduceOp::Max})->wait();
+  return t.item();  // a host read: waits for the all-reduce on a CUDA tensor
 }
 
 }  // namespace lockstep::bench

@@ -5,8 +5,10 @@
 // is a lockstep::Error that says why.
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "lockstep/collectives/process_group.h"
 #include "lockstep/runtime/dtype.h"
 
 namespace lockstep::bench {
@@ -29,6 +31,11 @@ std::string device_name(const runtime::Device& device);
 
 // bench::machine_description(), plus the GPU's name for a CUDA device.
 std::string machine_description(const runtime::Device& device);
+
+// The largest of every rank's `value` (e.g. the slowest rank's step time),
+// through a tensor on `device` (NCCL takes CUDA tensors only).
+double max_over_ranks(collectives::ProcessGroup& group, double value,
+                      const runtime::Device& device = runtime::Device::cpu());
 
 // TF32 tensor cores for f32 matmul and convolution (runtime/cuda/ops/math_mode.h).
 // Throws when CUDA is not built in and `allow` is true.
