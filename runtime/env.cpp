@@ -171,6 +171,10 @@ EnvLookup process_env() {
   };
 }
 
+std::optional<int> read_host_cache_mb(const EnvLookup& env) {
+  return read_int(env, "LOCKSTEP_HOST_CACHE_MB", 0);
+}
+
 std::pair<std::string, int> parse_host_port(const std::string& text, const std::string& what) {
   std::string host;
   std::string port;

@@ -23,7 +23,8 @@
 // Other variables read here: LOCKSTEP_TOKEN (the store token, any source),
 // LOCKSTEP_BACKEND (collectives backend to use, e.g. "gloo" or "mpi"),
 // LOCKSTEP_DEBUG ("off", "info" or "detail"), LOCKSTEP_TIMEOUT_S (default
-// collective timeout in seconds), LOCKSTEP_NODE_ID (overrides this rank's node
+// collective timeout in seconds), LOCKSTEP_HOST_CACHE_MB (see
+// read_host_cache_mb below), LOCKSTEP_NODE_ID (overrides this rank's node
 // identity, which is otherwise the host name and boot id: ranks with the same
 // value count as one node, e.g. for containers sharing a host, or to make one
 // machine look like several nodes in tests; see collectives/node_topology.h).
@@ -73,6 +74,11 @@ struct RankInfoOptions {
 // local world size), or when world size > 1 has no store address (unless
 // allowed), saying what to set.
 RankInfo read_rank_info(const EnvLookup& env = process_env(), RankInfoOptions options = {});
+
+// LOCKSTEP_HOST_CACHE_MB, the bound on cached CPU blocks (cpu/host_cache.h);
+// nullopt when unset. Throws naming the variable when it is not a whole
+// number >= 0.
+std::optional<int> read_host_cache_mb(const EnvLookup& env = process_env());
 
 // "host:port" -> (host, port); throws naming `what` (the variable) when malformed.
 std::pair<std::string, int> parse_host_port(const std::string& text, const std::string& what);

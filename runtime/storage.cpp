@@ -6,6 +6,7 @@
 #include <new>
 
 #include "lockstep/config.h"
+#include "lockstep/runtime/cpu/host_cache.h"
 #if LOCKSTEP_HAVE_CUDA
 #include "lockstep/runtime/cuda/caching_allocator.h"
 #include "lockstep/runtime/cuda/device.h"
@@ -14,8 +15,6 @@
 namespace lockstep::runtime {
 
 namespace {
-constexpr size_t kAlignment = 64;  // a cache line; also enough for AVX-512 loads
-
 #if LOCKSTEP_HAVE_CUDA
 // CUDA memory comes from the caching allocator, for use on the device's
 // current stream (where ops queue their kernels).
@@ -44,8 +43,7 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
 #endif
   }
   if (nbytes == 0) return;
-  size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-  data_ = std::aligned_alloc(kAlignment, rounded);
+  data_ = cpu::host_alloc(nbytes);
   if (data_ == nullptr)
     throw Error(fmt::format("out of host memory allocating {} bytes", nbytes));
 }
@@ -62,7 +60,7 @@ Storage::~Storage() {
     return;
   }
 #endif
-  std::free(data_);
+  cpu::host_free(data_, nbytes_);
 }
 
 }  // namespace lockstep::runtime

@@ -1,7 +1,8 @@
 // Storage: one owned allocation on a device, with the version counter that
 // autograd uses to detect in-place changes. On the CPU 64-byte aligned host
-// memory; on a CUDA device a block of the caching allocator
-// (cuda/caching_allocator.h) for the device's current stream.
+// memory (large blocks are reused: cpu/host_cache.h); on a CUDA device a
+// block of the caching allocator (cuda/caching_allocator.h) for the device's
+// current stream.
 #pragma once
 
 #include <cstddef>

@@ -259,6 +259,20 @@ TEST_CASE("env: LOCKSTEP_BACKEND and LOCKSTEP_TOKEN", "[env]") {
   CHECK(read(merged(kTorchrun, {{"LOCKSTEP_TOKEN", "t0k"}})).token == "t0k");
 }
 
+TEST_CASE("env: LOCKSTEP_HOST_CACHE_MB", "[env]") {
+  CHECK_FALSE(lockstep::runtime::read_host_cache_mb(lookup({})).has_value());
+  CHECK(lockstep::runtime::read_host_cache_mb(lookup({{"LOCKSTEP_HOST_CACHE_MB", "0"}})) == 0);
+  CHECK(lockstep::runtime::read_host_cache_mb(lookup({{"LOCKSTEP_HOST_CACHE_MB", "512"}})) == 512);
+  CHECK_THAT(error_of([] {
+               lockstep::runtime::read_host_cache_mb(lookup({{"LOCKSTEP_HOST_CACHE_MB", "1G"}}));
+             }),
+             Contains("LOCKSTEP_HOST_CACHE_MB='1G' is not a whole number"));
+  CHECK_THAT(error_of([] {
+               lockstep::runtime::read_host_cache_mb(lookup({{"LOCKSTEP_HOST_CACHE_MB", "-1"}}));
+             }),
+             Contains("LOCKSTEP_HOST_CACHE_MB=-1 is out of range"));
+}
+
 TEST_CASE("env: parse_host_port", "[env]") {
   CHECK(parse_host_port("127.0.0.1:29500", "X") == std::pair<std::string, int>("127.0.0.1", 29500));
   CHECK(parse_host_port("node-7.example:1", "X") == std::pair<std::string, int>("node-7.example", 1));
