@@ -8,6 +8,7 @@
 #include "lockstep/runtime/autograd/accumulate_grad.h"
 #include "lockstep/runtime/autograd/backward_callbacks.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/cpu/simd.h"
 #include "lockstep/runtime/error.h"
 
 #include "lockstep/config.h"
@@ -35,7 +36,17 @@ void copy_scaled(Tensor& dst, const Tensor& src, double scale) {
     const float* s = src.data_ptr<float>();
     const float f = static_cast<float>(scale);
     const int64_t n = dst.numel();
-    for (int64_t i = 0; i < n; ++i) d[i] = s[i] * f;
+    // Explicit vectors: the compiler kept this loop scalar (it may alias).
+    using runtime::cpu::kLanes;
+    const auto vf = runtime::cpu::splat(f);
+    int64_t i = 0;
+    for (; i + 4 * kLanes<float> <= n; i += 4 * kLanes<float>) {
+      for (int u = 0; u < 4; ++u) {
+        const int64_t k = i + u * kLanes<float>;
+        runtime::cpu::store(d + k, runtime::cpu::load(s + k) * vf);
+      }
+    }
+    for (; i < n; ++i) d[i] = s[i] * f;
     dst.storage()->bump_version();
     return;
   }
@@ -362,22 +373,38 @@ void Reducer::rebuild_buckets() {
   for (size_t p = 0; p < params_.size(); ++p) slot_view(p).copy_(values[p]);
 }
 
+// Where nothing but the parameter can see its .grad (the usual case: the
+// tensor autograd made in this backward after zero_grad(set_to_none)), the
+// bucket's slot itself becomes .grad and the bucket gets a fresh buffer for
+// the next iteration: the same values as a copy, without copying. A .grad
+// that anyone else holds, or that is undefined, is written as before.
 void Reducer::write_gradients(const std::vector<int32_t>& globally_used) {
   runtime::NoGradGuard no_grad;
+  std::vector<bool> handed_out(buckets_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (globally_used[i] == 0) continue;  // no rank produced one: leave .grad as it is
     Tensor& param = params_[i].second;
     Tensor slot = slot_view(i);
-    Tensor grad = param.grad();
+    const Tensor& grad = param.grad();
     if (options_.gradient_as_bucket_view) {
       if (!(same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset())) {
         param.set_grad(slot);
       }
-    } else if (grad.defined() && !same_storage(grad, slot)) {
-      grad.copy_(slot);
+    } else if (!grad.defined() || (grad.use_count() == 1 && grad.storage().use_count() == 1 &&
+                                   !same_storage(grad, slot))) {
+      param.set_grad(slot);
+      handed_out[slots_[i].bucket] = true;
+    } else if (!same_storage(grad, slot)) {
+      Tensor(grad).copy_(slot);
     } else {
       param.set_grad(slot.clone());
     }
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!handed_out[b]) continue;
+    const Tensor& old = buckets_[b].buffer;
+    // Every slot is written again before the bucket is next reduced.
+    buckets_[b].buffer = Tensor::empty(old.shape(), old.dtype(), old.device());
   }
 }
 

@@ -119,6 +119,57 @@ TEST_CASE("DDP: gradient_as_bucket_view makes .grad a view into the bucket", "[d
   REQUIRE(all_problems(problems).empty());
 }
 
+TEST_CASE("DDP: a .grad kept from one iteration is left alone by the next", "[ddp]") {
+  // With .grad set to none between iterations, DDP hands the bucket's slot
+  // out as .grad and reduces the next iteration elsewhere; with .grad kept,
+  // the next iteration accumulates into it, as without DDP.
+  const int size = 2;
+  const auto first = lt::global_batch(8, 31), second = lt::global_batch(8, 32);
+  const auto expected_first = reference_grads(first, 1);
+  const auto expected_second = reference_grads(second, 1);
+  const bool set_to_none = GENERATE(true, false);
+  CAPTURE(set_to_none);
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group);
+    const auto params = ddp->module().named_parameters();
+    for (int round = 0; round < 3; ++round) {  // the third reuses the first's memory
+      lt::loss_of(*ddp, lt::shard(first, r, size)).backward();
+      std::vector<Tensor> kept, values;
+      for (const auto& [name, p] : params) {
+        kept.push_back(p.grad());
+        values.push_back(p.grad().clone());
+      }
+      for (size_t i = 0; i < params.size(); ++i) {
+        auto problem = lt::mismatch(params[i].first, values[i], expected_first[i], kTol);
+        if (!problem.empty()) return fmt::format("round {}, first backward: {}", round, problem);
+      }
+      if (set_to_none) {
+        for (const auto& [name, p] : params) Tensor(p).set_grad(Tensor{});
+      }
+      lt::loss_of(*ddp, lt::shard(second, r, size)).backward();
+      for (size_t i = 0; i < params.size(); ++i) {
+        const std::string& name = params[i].first;
+        const Tensor& now = params[i].second.grad();
+        if (set_to_none) {
+          if (now.storage() == kept[i].storage()) return name + ": the new .grad reuses the kept one";
+          auto problem = lt::mismatch(name + " (kept)", kept[i], values[i], 0.0);
+          if (!problem.empty()) return fmt::format("round {}: {}", round, problem);
+          problem = lt::mismatch(name, now, expected_second[i], kTol);
+          if (!problem.empty()) return fmt::format("round {}: {}", round, problem);
+        } else {
+          if (now.storage() != kept[i].storage()) return name + ": .grad was replaced, not accumulated";
+          auto problem = lt::mismatch(name, now, lockstep::runtime::add(expected_first[i], expected_second[i]), kTol);
+          if (!problem.empty()) return fmt::format("round {}: {}", round, problem);
+        }
+      }
+      for (const auto& [name, p] : params) Tensor(p).set_grad(Tensor{});
+    }
+    return "";
+  });
+  INFO(all_problems(problems));
+  REQUIRE(all_problems(problems).empty());
+}
+
 TEST_CASE("DDP: no_sync accumulates locally and the next backward averages the sum", "[ddp]") {
   const int size = 2;
   const auto first = lt::global_batch(8, 21), second = lt::global_batch(8, 22);
