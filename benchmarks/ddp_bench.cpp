@@ -73,9 +73,13 @@ struct Result {
   double step_ms = 0;        // slowest rank's mean
   double rank0_step_ms = 0;  // rank 0's mean
   double rank0_median_ms = 0;
-  double forward_ms = 0, backward_ms = 0, comm_ms = 0, exposed_ms = 0;
+  double forward_ms = 0, backward_ms = 0;  // rank 0's means
+  // Per step, from the rank that finished backward last (see last_rank_figures).
+  double comm_ms = 0, exposed_ms = 0;
+  double hidden = 0;        // mean over steps of 1 - exposed / comm
+  double imbalance_ms = 0;  // mean over steps: longest wait after backward minus the shortest
+  double rank0_comm_ms = 0, rank0_exposed_ms = 0, rank0_hidden = 0;
   int64_t batch = 0;
-  double hidden = 0;  // mean over steps of DdpStats::hidden_fraction()
   double ready_at_first_launch = 0;
   int64_t gradients_expected = 0;
   std::vector<int64_t> bucket_bytes;  // in launch order
@@ -94,8 +98,39 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The maximum of `value` over all ranks, through a tensor on `device` (nccl
-// takes CUDA tensors only).
+/* Communication figures per step from the rank that finished backward last.
+ *
+ * A rank that finishes backward ahead of the others waits after it for
+ * their gradients as well as for the communication; that extra wait is load
+ * imbalance (noise in compute time), not communication. The rank that
+ * finished last, which is the one that waited least, waits only for
+ * communication still running. So per step, that rank's comm and exposed
+ * times give the share hidden; imbalance is the longest wait minus the
+ * shortest. `comm` and `exposed` are every rank's per-step values, rank
+ * after rank (bench::gather_over_ranks). */
+void last_rank_figures(const std::vector<double>& comm, const std::vector<double>& exposed,
+                       int world, Result& r) {
+  const size_t steps = exposed.size() / static_cast<size_t>(world);
+  std::vector<double> last_comm, last_exposed, hidden, imbalance;
+  for (size_t i = 0; i < steps; ++i) {
+    size_t least = i, most = i;
+    for (int q = 1; q < world; ++q) {
+      const size_t k = static_cast<size_t>(q) * steps + i;
+      if (exposed[k] < exposed[least]) least = k;
+      if (exposed[k] > exposed[most]) most = k;
+    }
+    last_comm.push_back(comm[least]);
+    last_exposed.push_back(exposed[least]);
+    const double share = comm[least] > 0 ? 1.0 - exposed[least] / comm[least] : 0.0;
+    hidden.push_back(std::clamp(share, 0.0, 1.0));
+    imbalance.push_back(exposed[most] - exposed[least]);
+  }
+  r.comm_ms = mean(last_comm);
+  r.exposed_ms = mean(last_exposed);
+  r.hidden = mean(hidden);
+  r.imbalance_ms = mean(imbalance);
+}
+
 std::shared_ptr<nn::Module> seeded_model(const std::string& name, const Options& o,
                                          const runtime::Device& device) {
   runtime::Generator gen(o.seed);
@@ -186,9 +221,11 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
   r.rank0_median_ms = median(times);
   r.forward_ms = mean(fwd);
   r.backward_ms = mean(bwd);
-  r.comm_ms = mean(comm);
-  r.exposed_ms = mean(exposed);
-  r.hidden = mean(hidden);
+  r.rank0_comm_ms = mean(comm);
+  r.rank0_exposed_ms = mean(exposed);
+  r.rank0_hidden = mean(hidden);
+  last_rank_figures(bench::gather_over_ranks(*group, comm, device),
+                    bench::gather_over_ranks(*group, exposed, device), group->size(), r);
   r.ready_at_first_launch = mean(ready);
   if (plain) {
     r.plain_ms = mean(plain_times);
@@ -258,7 +295,7 @@ int run(const Options& o) {
         fmt::format("{:.2f}", r.step_ms), fmt::format("{:.0f}", sps),
         fmt::format("{:.2f}", r.forward_ms), fmt::format("{:.2f}", r.backward_ms),
         fmt::format("{:.2f}", r.comm_ms), fmt::format("{:.2f}", r.exposed_ms),
-        fmt::format("{:.0f}", r.hidden * 100)};
+        fmt::format("{:.0f}", r.hidden * 100), fmt::format("{:.2f}", r.imbalance_ms)};
     if (o.compare_plain) {
       row.push_back(fmt::format("{:.2f}", r.plain_median_ms));
       row.push_back(fmt::format("{:.2f}", r.rank0_median_ms));
@@ -274,7 +311,10 @@ int run(const Options& o) {
                         {"rank0_median_step_ms", r.rank0_median_ms}, {"samples_per_s", sps},
                         {"forward_ms", r.forward_ms}, {"backward_ms", r.backward_ms},
                         {"comm_ms", r.comm_ms}, {"exposed_comm_ms", r.exposed_ms},
-                        {"hidden_fraction", r.hidden},
+                        {"hidden_fraction", r.hidden}, {"imbalance_ms", r.imbalance_ms},
+                        {"rank0_comm_ms", r.rank0_comm_ms},
+                        {"rank0_exposed_comm_ms", r.rank0_exposed_ms},
+                        {"rank0_hidden_fraction", r.rank0_hidden},
                         {"ready_at_first_launch", r.ready_at_first_launch},
                         {"gradients_expected", r.gradients_expected},
                         {"buckets", r.bucket_bytes.size()}, {"bucket_bytes", r.bucket_bytes}});
@@ -294,11 +334,13 @@ int run(const Options& o) {
               {"threads", o.threads}, {"results", jresults}};
   if (device.is_cuda()) doc["gpu"] = bench::device_name(device);
   fmt::print("# ddp_bench {}: {} ranks, backend {}, {} warm-up + {} timed steps; "
-             "step = slowest rank's mean; comm/exposed/hidden = rank 0's means\n# {}\n",
+             "step = slowest rank's mean; fwd/bwd = rank 0's means; comm/exposed/hidden = "
+             "per step, the rank that finished backward last; imbalance = per step, the longest "
+             "wait after backward minus the shortest\n# {}\n",
              date, world, group->backend(), o.warmup, o.iters, machine);
   std::vector<std::string> header{"model", "device", "ranks", "backend", "batch", "bucket cap MB",
                                   "buckets", "step ms", "samples/s", "fwd ms", "bwd ms",
-                                  "comm ms", "exposed ms", "hidden %"};
+                                  "comm ms", "exposed ms", "hidden %", "imbalance ms"};
   if (o.compare_plain)
     header.insert(header.end(), {"plain median ms", "DDP median ms", "DDP overhead %"});
   fmt::print("{}", bench::format_table(header, rows));

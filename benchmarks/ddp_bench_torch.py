@@ -19,7 +19,8 @@ the span from the first bucket's all-reduce launch to the end of backward's
 wait for all buckets (backward computation in between included, so it is
 longer than the all-reduces' busy time even at world size 1), exposed_comm_ms
 the part of it after backward's computation ended, hidden_fraction the rest
-over comm_ms.
+over comm_ms; each per step from the rank that finished backward last (the
+others' longer wait is load imbalance, imbalance_ms), as ddp_bench does.
 
 The BLAS thread count (--threads, default 1) is set through the environment
 before torch loads, and checked: exit 3 when PyTorch is not on OpenBLAS, 4 when
@@ -141,8 +142,10 @@ def run_one(a, cap_mb, rank, world, device):
     t = torch.tensor([mean_s], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     step_s = t.item()
-    comm_ms = statistics.mean(comm) if comm else None
-    overlap_ms = statistics.mean(overlap) if overlap else None
+    exposed = [c - o for c, o in zip(comm, overlap)]
+    rank0_comm_ms = statistics.mean(comm) if comm else None
+    rank0_exposed_ms = statistics.mean(exposed) if comm else None
+    last = last_rank_figures(comm, exposed)
     return {
         "impl": "pytorch", "model": a.model, "world_size": world,
         "backend": dist.get_backend(), "device": str(device),
@@ -152,11 +155,34 @@ def run_one(a, cap_mb, rank, world, device):
         "samples_per_s": world * a.batch / step_s,
         "forward_ms": statistics.mean(fwd) if fwd else None,
         "backward_ms": statistics.mean(bwd) if bwd else None,
-        "comm_ms": comm_ms,
-        "exposed_comm_ms": (comm_ms - overlap_ms) if comm else None,
-        "hidden_fraction": (min(1.0, overlap_ms / comm_ms) if comm and comm_ms > 0 else None),
+        **last,
+        "rank0_comm_ms": rank0_comm_ms, "rank0_exposed_comm_ms": rank0_exposed_ms,
         "buckets": len(bucket_bytes), "bucket_bytes": bucket_bytes,
     }
+
+
+def last_rank_figures(comm, exposed):
+    """Per step, the communication figures of the rank that finished backward
+    last, i.e. waited least after it, as ddp_bench reports them: the other
+    ranks' longer wait is load imbalance (they were ahead), not communication.
+    imbalance_ms is the longest wait minus the shortest, per step."""
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (comm, exposed))
+    steps = min(len(c) for c, _ in every)
+    if steps == 0:
+        return {"comm_ms": None, "exposed_comm_ms": None, "hidden_fraction": None,
+                "imbalance_ms": None}
+    last_comm, last_exposed, hidden, imbalance = [], [], [], []
+    for i in range(steps):
+        waits = [e[i] for _, e in every]
+        q = min(range(len(every)), key=lambda k: waits[k])
+        c, e = every[q][0][i], waits[q]
+        last_comm.append(c)
+        last_exposed.append(e)
+        hidden.append(min(1.0, max(0.0, 1.0 - e / c)) if c > 0 else 0.0)
+        imbalance.append(max(waits) - e)
+    return {"comm_ms": statistics.mean(last_comm), "exposed_comm_ms": statistics.mean(last_exposed),
+            "hidden_fraction": statistics.mean(hidden), "imbalance_ms": statistics.mean(imbalance)}
 
 
 def main():

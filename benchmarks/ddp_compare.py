@@ -46,6 +46,10 @@ TORCH_COMM_NOTE = (
     "of backward's wait\n#   (compute in between included), so comm ms and hidden % are larger "
     "than lockstep's busy-time figures;\n#   exposed ms (waited for after backward's compute) "
     "compares like for like.")
+LAST_RANK_NOTE = (
+    "# comm, exposed and hidden are, per step, those of the rank that finished backward last; "
+    "imbalance ms is\n#   how much longer the other ranks waited after backward (for that rank, "
+    "not for communication).")
 
 
 def csv(text, kind=str):
@@ -245,14 +249,14 @@ def main():
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
           + (f"; {max(sizes)} ranks oversubscribe the cores" if max(sizes) > (os.cpu_count() or 1) else ""))
     header = ["model", "N", "path", "step ms", "samples/s", "scaling eff", "comm ms", "exposed ms",
-              "hidden %", "vs torch"]
+              "hidden %", "imbalance ms", "vs torch"]
     rows = []
     for model in models:
         for n in sizes:
             for path in paths + (["no comm"] if ceiling and n > 1 else []):
                 r = res[(model, n, path)]
                 if r is None:
-                    rows.append([model, str(n), path] + ["failed"] + ["n/a"] * 6)
+                    rows.append([model, str(n), path] + ["failed"] + ["n/a"] * 7)
                     continue
                 hid = r.get("hidden_fraction")
                 star = "*" if path == "torch gloo" else ""
@@ -260,8 +264,10 @@ def main():
                              fmt(efficiency(model, n, path)), fmt(r.get("comm_ms")) + star,
                              fmt(r.get("exposed_comm_ms")),
                              fmt(None if hid is None else hid * 100, ".0f") + star,
+                             fmt(r.get("imbalance_ms")),
                              "-" if path in ("torch gloo", "no comm") else fmt(ratio(model, n, path), ".2f")])
     print_table(header, rows)
+    print(LAST_RANK_NOTE)
     if not a.no_torch:
         print(TORCH_COMM_NOTE)
     if ceiling:

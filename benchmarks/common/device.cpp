@@ -81,4 +81,14 @@ double max_over_ranks(collectives::ProcessGroup& group, double value,
   return t.item();  // a host read: waits for the all-reduce on a CUDA tensor
 }
 
+std::vector<double> gather_over_ranks(collectives::ProcessGroup& group,
+                                      const std::vector<double>& values,
+                                      const runtime::Device& device) {
+  const auto n = static_cast<int64_t>(values.size());
+  runtime::Tensor mine = runtime::Tensor::from_vector(values, {n}).to(device);
+  runtime::Tensor all = runtime::Tensor::zeros({n * group.size()}, mine.dtype(), device);
+  group.allgather(all, mine)->wait();
+  return all.to(runtime::Device::cpu()).to_vector<double>();
+}
+
 }  // namespace lockstep::bench

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lockstep/collectives/process_group.h"
 #include "lockstep/runtime/dtype.h"
@@ -36,6 +37,12 @@ std::string machine_description(const runtime::Device& device);
 // through a tensor on `device` (NCCL takes CUDA tensors only).
 double max_over_ranks(collectives::ProcessGroup& group, double value,
                       const runtime::Device& device = runtime::Device::cpu());
+
+// Every rank's `values` (the same count on each), rank 0's first, through a
+// tensor on `device`.
+std::vector<double> gather_over_ranks(collectives::ProcessGroup& group,
+                                      const std::vector<double>& values,
+                                      const runtime::Device& device = runtime::Device::cpu());
 
 // TF32 tensor cores for f32 matmul and convolution (runtime/cuda/ops/math_mode.h).
 // Throws when CUDA is not built in and `allow` is true.

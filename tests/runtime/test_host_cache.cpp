@@ -31,7 +31,8 @@ TEST_CASE("host cache: size classes are at most 1/8 larger than the request", "[
   CHECK(host_block_size(kMinCachedBytes + 1) == kMinCachedBytes + kMinCachedBytes / 8);
   CHECK(host_block_size(std::size_t{6} << 20) == std::size_t{6} << 20);
   std::size_t previous = 0;
-  for (std::size_t bytes = kMinCachedBytes; bytes < (std::size_t{64} << 20); bytes = bytes * 9 / 8 + 4093) {
+  for (std::size_t bytes = kMinCachedBytes; bytes < (std::size_t{64} << 20);
+       bytes = bytes * 9 / 8 + 4093) {
     const std::size_t size = host_block_size(bytes);
     INFO(bytes);
     CHECK(size >= bytes);
