@@ -69,7 +69,9 @@ struct Comm::Header {
 struct Comm::Slot {
   alignas(64) std::atomic<uint32_t> arrivals;
   std::atomic<uint32_t> sleepers;  // ranks sleeping on `arrivals`
-  std::atomic<int64_t> last_arrival_ns;  // steady clock (CLOCK_MONOTONIC, node-wide)
+  // The last arrival, or wake-up inside a wait: steady clock (CLOCK_MONOTONIC,
+  // node-wide). Recent: the rank is busy in collectives.
+  std::atomic<int64_t> last_active_ns;
   alignas(64) ProcessIdentity identity;
 };
 
@@ -130,23 +132,27 @@ std::byte* Comm::buffer(int q, int half) const {
 void Comm::barrier(Clock::time_point deadline) {
   ++arrived_;
   Slot& mine = slot(rank_);
-  mine.last_arrival_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  mine.last_active_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   mine.arrivals.store(arrived_, std::memory_order_seq_cst);
-  if (mine.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(mine.arrivals);
+  const bool woke = mine.sleepers.load(std::memory_order_seq_cst) != 0;
+  if (woke) futex_wake_all(mine.arrivals);
   for (int q = 0; q < size_; ++q) {
-    if (q != rank_) wait_for(q, arrived_, deadline);
+    if (q != rank_) wait_for(q, arrived_, deadline, woke);
   }
 }
 
-void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline) {
+void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline, bool woke_peers) {
   Slot& s = slot(q);
   if (reached(s.arrivals.load(std::memory_order_acquire), target)) return;
-  // Spin while rank q is busy with collectives (it arrived somewhere within
-  // the last spin_) and a thread of this rank waits for the result, never
-  // longer than kMaxSpin: the peer is then microseconds away, and waking from
-  // a futex costs far more (tens of microseconds, more in a VM). A rank still
-  // computing has been silent longer, and while nobody here waits this rank's
-  // own compute needs the core more: then sleep at once.
+  // Spin while rank q is busy with collectives (it arrived somewhere, or woke
+  // up in a wait, within the last spin_) and a thread of this rank waits for
+  // the result, never longer than kMaxSpin: the peer is then microseconds
+  // away, and waking from a futex costs far more (tens of microseconds,
+  // hundreds in a busy VM). A rank still computing has been silent longer,
+  // and while nobody here waits this rank's own compute needs the core more:
+  // then sleep at once. A rank this one has just woken is on its way too,
+  // however long it slept: waiting for it asleep would make both ranks pay a
+  // futex wake-up at every barrier from then on.
   const auto start = Clock::now();
   for (uint32_t i = 1;; ++i) {
     cpu_relax();
@@ -154,9 +160,9 @@ void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline) {
     if ((i & 63) != 0) continue;
     const auto now = Clock::now();
     if (now - start < kMinSpin) continue;
-    const Clock::time_point last{Clock::duration(s.last_arrival_ns.load(std::memory_order_relaxed))};
+    const Clock::time_point last{Clock::duration(s.last_active_ns.load(std::memory_order_relaxed))};
     const bool urgent = waiters_ == nullptr || waiters_->load(std::memory_order_relaxed) > 0;
-    if (!urgent || now - start >= kMaxSpin || now - last >= spin_) break;
+    if (!urgent || now - start >= kMaxSpin || (!woke_peers && now - last >= spin_)) break;
   }
   for (;;) {
     check_abort();
@@ -175,7 +181,11 @@ void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline) {
     const uint32_t seen = s.arrivals.load(std::memory_order_seq_cst);
     if (!reached(seen, target)) futex_wait(s.arrivals, seen, std::min<Clock::duration>(kSleepSlice, deadline - now));
     s.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-    if (reached(s.arrivals.load(std::memory_order_acquire), target)) return;
+    if (reached(s.arrivals.load(std::memory_order_acquire), target)) {
+      slot(rank_).last_active_ns.store(Clock::now().time_since_epoch().count(),
+                                       std::memory_order_relaxed);
+      return;
+    }
   }
 }
 

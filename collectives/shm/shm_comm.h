@@ -10,12 +10,13 @@
 // Synchronisation: rank r's counter counts its arrivals; every rank arrives
 // the same number of times in the same order, so "rank q has arrived k times"
 // is a point in q's program. barrier() arrives and waits for every other
-// rank's counter to reach the same k. A wait spins only while the awaited
-// rank is busy in collectives (it arrived somewhere moments ago, so it is
-// microseconds away) and a thread of this rank is blocked on the result, and
-// at most 2 ms; otherwise it sleeps on the futex in slices, checking between slices the deadline, the abort word and whether
-// the awaited peer's process has exited. An arriving rank wakes the futex only
-// when someone sleeps on it.
+// rank's counter to reach the same k. A wait spins only while a thread of
+// this rank is blocked on the result and the awaited rank is busy in
+// collectives, so microseconds away (it arrived, or woke up in a wait,
+// moments ago, or this rank's arrival has just woken it), and at most 2 ms;
+// otherwise it sleeps on the futex in slices, checking between slices the
+// deadline, the abort word and whether the awaited peer's process has
+// exited. An arriving rank wakes the futex only when someone sleeps on it.
 #pragma once
 
 #include <atomic>
@@ -86,7 +87,8 @@ class Comm {
   struct Slot;
   Header& header() const;
   Slot& slot(int q) const;
-  void wait_for(int q, uint32_t target, Clock::time_point deadline);
+  // `woke_peers`: this rank's arrival just woke ranks asleep on it.
+  void wait_for(int q, uint32_t target, Clock::time_point deadline, bool woke_peers);
   void check_abort() const;
 
   Segment segment_;
