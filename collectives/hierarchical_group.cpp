@@ -1,5 +1,6 @@
 #include "lockstep/collectives/hierarchical_group.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -69,6 +70,10 @@ class HierarchicalGroup final : public ProcessGroup {
   void run_collectives();
   void step(const Running& op, const std::string& label, const Issue& issue);
   void run_allreduce(const Running& op, Tensor& t, ReduceOp op_kind);
+  void run_broadcast(const Running& op, Tensor& t, int root);
+  void run_reduce(const Running& op, Tensor& t, ReduceOp op_kind, int root);
+  void run_barrier(const Running& op);
+  int local_index_of(int rank) const;  // a rank of this node -> its local rank
   void check_sizes(std::string_view op, const Tensor& big, const Tensor& small) const;
 
   NodeTopology topology_;
@@ -122,7 +127,8 @@ HierarchicalGroup::HierarchicalGroup(const std::shared_ptr<runtime::Store>& stor
   const auto local_store = prefixed(fmt::format("node{}", topology.node));
   const std::string local_name = fmt::format("{}.node{}", name, topology.node);
   if (intra_ == "shm") {
-    // Only reduce and broadcast run here: shm's own group for send/recv is not needed.
+    // Only reduce, broadcast and barrier run here: shm's own group for send/recv
+    // is not needed.
     local_ = make_shm_group(local_store, topology.local_rank, topology.local_size, local_name,
                             timeout, ShmOptions{.p2p = false});
   } else {
@@ -280,8 +286,101 @@ std::shared_ptr<Work> HierarchicalGroup::allreduce(Tensor& tensor, const Allredu
                  });
 }
 
-// The other collectives run over the flat gloo group, still in issue order on
-// the worker.
+/* Hierarchical broadcast from `root`, on node R:
+ *
+ *   1. broadcast  within node R, from the root           (R's local group)
+ *   2. broadcast  among the node leaders, from R's leader (leaders group)
+ *   3. broadcast  within every other node, from its leader (local groups)
+ *
+ * Every byte crosses the network once per node, as in the all-reduce. */
+void HierarchicalGroup::run_broadcast(const Running& op, Tensor& t, int root) {
+  if (t.numel() == 0) return;
+  const int root_node = topology_.node_of_rank[static_cast<size_t>(root)];
+  const bool on_root_node = topology_.node == root_node;
+  if (on_root_node && local_->size() > 1) {
+    step(op, fmt::format("step 1 of 3 (broadcast within the root's node over {})", intra_),
+         [&](milliseconds left) {
+           return local_->broadcast(t, {.root = local_index_of(root), .timeout = left});
+         });
+  }
+  if (topology_.local_rank == 0 && leaders_->size() > 1) {
+    step(op, fmt::format("step 2 of 3 (broadcast among the {} node leaders over gloo)",
+                         leaders_->size()),
+         [&](milliseconds left) {
+           return leaders_->broadcast(t, {.root = root_node, .timeout = left});
+         });
+  }
+  if (!on_root_node && local_->size() > 1) {
+    step(op, fmt::format("step 3 of 3 (broadcast from the node's leader over {})", intra_),
+         [&](milliseconds left) { return local_->broadcast(t, {.root = 0, .timeout = left}); });
+  }
+}
+
+/* Hierarchical reduce to `root`, on node R:
+ *
+ *   1. reduce     within every node, to its leader        (local groups)
+ *   2. reduce     among the node leaders, to R's leader   (leaders group)
+ *   3. broadcast  within node R from its leader, when the root is another
+ *                 rank of R (a reduce leaves the other ranks' tensors
+ *                 unspecified, so this may overwrite them)
+ *
+ * Avg sums and divides once on R's leader, as run_allreduce explains. */
+void HierarchicalGroup::run_reduce(const Running& op, Tensor& t, ReduceOp op_kind, int root) {
+  if (t.numel() == 0) return;
+  const ReduceOp combine_op = op_kind == ReduceOp::Avg ? ReduceOp::Sum : op_kind;
+  const int root_node = topology_.node_of_rank[static_cast<size_t>(root)];
+  const bool on_root_node = topology_.node == root_node;
+  if (local_->size() > 1) {
+    step(op, fmt::format("step 1 of 3 (reduce to the node's leader over {})", intra_),
+         [&](milliseconds left) {
+           return local_->reduce(t, {.op = combine_op, .root = 0, .timeout = left});
+         });
+  }
+  if (topology_.local_rank == 0) {
+    if (leaders_->size() > 1) {
+      step(op, fmt::format("step 2 of 3 (reduce among the {} node leaders over gloo)",
+                           leaders_->size()),
+           [&](milliseconds left) {
+             return leaders_->reduce(t, {.op = combine_op, .root = root_node, .timeout = left});
+           });
+    }
+    if (on_root_node && op_kind == ReduceOp::Avg) {
+      divide_by(t.raw_data(), t.dtype(), static_cast<size_t>(t.numel()), size());
+    }
+  }
+  if (on_root_node && root != topology_.leaders[static_cast<size_t>(root_node)] &&
+      local_->size() > 1) {
+    step(op, fmt::format("step 3 of 3 (broadcast from the node's leader to the root over {})",
+                         intra_),
+         [&](milliseconds left) { return local_->broadcast(t, {.root = 0, .timeout = left}); });
+  }
+}
+
+// A barrier within every node, among the leaders, then within every node
+// again: no rank leaves before every rank of every node has arrived.
+void HierarchicalGroup::run_barrier(const Running& op) {
+  const auto local_barrier = [&](const char* label) {
+    if (local_->size() > 1) {
+      step(op, fmt::format("{} (barrier within the node over {})", label, intra_),
+           [&](milliseconds left) { return local_->barrier({.timeout = left}); });
+    }
+  };
+  local_barrier("step 1 of 3");
+  if (topology_.local_rank == 0 && leaders_->size() > 1) {
+    step(op, fmt::format("step 2 of 3 (barrier among the {} node leaders over gloo)",
+                         leaders_->size()),
+         [&](milliseconds left) { return leaders_->barrier({.timeout = left}); });
+  }
+  local_barrier("step 3 of 3");
+}
+
+int HierarchicalGroup::local_index_of(int r) const {
+  const auto& ranks = topology_.local_ranks;
+  const auto it = std::find(ranks.begin(), ranks.end(), r);
+  LOCKSTEP_ASSERT(it != ranks.end());
+  return static_cast<int>(it - ranks.begin());
+}
+
 std::shared_ptr<Work> HierarchicalGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
   check_tensor("broadcast", tensor);
   check_root("broadcast", opts.root);
@@ -290,9 +389,7 @@ std::shared_ptr<Work> HierarchicalGroup::broadcast(Tensor& tensor, const Broadca
   return enqueue(describe("broadcast", &tensor, fmt::format("root {}", opts.root)),
                  timeout_of(opts.timeout),
                  [this, t = tensor, root = opts.root](const Running& op) mutable {
-                   step(op, "the broadcast over gloo among all ranks", [&](milliseconds left) {
-                     return all_->broadcast(t, {.root = root, .timeout = left});
-                   });
+                   run_broadcast(op, t, root);
                  });
 }
 
@@ -305,9 +402,7 @@ std::shared_ptr<Work> HierarchicalGroup::reduce(Tensor& tensor, const ReduceOpti
       describe("reduce", &tensor, fmt::format("{}, root {}", to_string(opts.op), opts.root)),
       timeout_of(opts.timeout),
       [this, t = tensor, op_kind = opts.op, root = opts.root](const Running& op) mutable {
-        step(op, "the reduce over gloo among all ranks", [&](milliseconds left) {
-          return all_->reduce(t, {.op = op_kind, .root = root, .timeout = left});
-        });
+        run_reduce(op, t, op_kind, root);
       });
 }
 
@@ -324,6 +419,9 @@ void HierarchicalGroup::check_sizes(std::string_view op, const Tensor& big,
                  small.numel() * size());
 }
 
+// allgather and reduce_scatter run over the flat gloo group (their chunks
+// follow rank order, which need not follow the nodes), still in issue order
+// on the worker.
 std::shared_ptr<Work> HierarchicalGroup::allgather(Tensor& output, const Tensor& input,
                                                    const AllgatherOptions& opts) {
   check_tensor("allgather", input);
@@ -360,10 +458,7 @@ std::shared_ptr<Work> HierarchicalGroup::barrier(const BarrierOptions& opts) {
   throw_if_aborted("barrier");
   next_seq();
   return enqueue(describe("barrier", nullptr, ""), timeout_of(opts.timeout),
-                 [this](const Running& op) {
-                   step(op, "the barrier over gloo among all ranks",
-                        [&](milliseconds left) { return all_->barrier({.timeout = left}); });
-                 });
+                 [this](const Running& op) { run_barrier(op); });
 }
 
 // Posted at once rather than queued: gloo matches sends and recvs by issue

@@ -87,7 +87,7 @@ TEST_CASE("hierarchical allreduce: every layout, dtype, op and count",
   });
 }
 
-TEST_CASE("hierarchical group: the other collectives go through the flat group",
+TEST_CASE("hierarchical group: broadcast, reduce and barrier by levels, the rest flat",
           "[collectives][hierarchical]") {
   const Keys keys = GENERATE(from_range(kLayouts));
   INFO("nodes " << layout_name(keys));
@@ -103,12 +103,15 @@ TEST_CASE("hierarchical group: the other collectives go through the flat group",
           g.broadcast(b, {.root = root, .timeout = {}})->wait();
           add_failure(failures, mismatch(b, [&](int64_t i) { return double(input_value(root, i)); },
                                          fmt::format("broadcast {} root {} n={}", d, root, n)));
-          Tensor t = input(r, n, dtype);
-          g.reduce(t, {.op = lc::ReduceOp::Avg, .root = root, .timeout = {}})->wait();
-          if (r == root) {
-            add_failure(failures, mismatch(t, [&](int64_t i) {
-                          return expected_value(lc::ReduceOp::Avg, dtype, size, i);
-                        }, fmt::format("reduce {} avg root {} n={}", d, root, n)));
+          for (lc::ReduceOp op : lt::kOps) {
+            Tensor t = input(r, n, dtype);
+            g.reduce(t, {.op = op, .root = root, .timeout = {}})->wait();
+            if (r == root) {
+              add_failure(failures, mismatch(t, [&](int64_t i) {
+                            return expected_value(op, dtype, size, i);
+                          }, fmt::format("reduce {} {} root {} n={}", d, lc::to_string(op), root,
+                                         n)));
+            }
           }
         }
         Tensor in = input(r, n, dtype);
