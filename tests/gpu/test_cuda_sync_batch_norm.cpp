@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/backends.h"
 #include "lockstep/config.h"
 #include "support/gpu_skip.h"
 #include "support/subprocess.h"
@@ -44,6 +45,10 @@ using namespace std::chrono_literals;
 namespace {
 
 void run_worker(int ranks, const std::string& backend) {
+  if (!lockstep::collectives::is_built_in(backend)) {
+    std::cout << "SKIPPED: lockstep built without " << backend << "\n";
+    return;
+  }
   const auto result = lt::run_process(
       {lt::bin_path("lockstep-run"), "-np", std::to_string(ranks), "--tag-output",
        lt::bin_path("sync_bn_worker"), "--backend", backend, "--device", "cuda"},
@@ -61,30 +66,18 @@ void run_worker(int ranks, const std::string& backend) {
 TEST_CASE("SyncBatchNorm on CUDA, 2 processes sharing one GPU over gloo, equals BatchNorm",
           "[gpu][syncbn][multiprocess]") {
   LOCKSTEP_SKIP_UNLESS_GPU();
-#if !LOCKSTEP_HAVE_GLOO
-  std::cout << "SKIPPED: lockstep built without gloo\n";
-  return;
-#endif
   run_worker(2, "gloo");
 }
 
 TEST_CASE("SyncBatchNorm on CUDA, 3 processes sharing one GPU over gloo, one empty",
           "[gpu][syncbn][multiprocess]") {
   LOCKSTEP_SKIP_UNLESS_GPU();
-#if !LOCKSTEP_HAVE_GLOO
-  std::cout << "SKIPPED: lockstep built without gloo\n";
-  return;
-#endif
   run_worker(3, "gloo");
 }
 
 TEST_CASE("SyncBatchNorm on CUDA, 2 processes on 2 GPUs over NCCL, equals BatchNorm",
           "[gpu][syncbn][multiprocess]") {
   LOCKSTEP_SKIP_UNLESS_GPUS(2);
-#if !LOCKSTEP_HAVE_NCCL
-  std::cout << "SKIPPED: lockstep built without NCCL\n";
-  return;
-#endif
   run_worker(2, "nccl");
 }
 
