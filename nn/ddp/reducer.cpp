@@ -390,14 +390,13 @@ void Reducer::write_gradients(const std::vector<int32_t>& globally_used) {
       if (!(same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset())) {
         param.set_grad(slot);
       }
-    } else if (!grad.defined() || (grad.use_count() == 1 && grad.storage().use_count() == 1 &&
-                                   !same_storage(grad, slot))) {
+    } else if (same_storage(grad, slot)) {
+      param.set_grad(slot.clone());
+    } else if (!grad.defined() || (grad.use_count() == 1 && grad.storage().use_count() == 1)) {
       param.set_grad(slot);
       handed_out[slots_[i].bucket] = true;
-    } else if (!same_storage(grad, slot)) {
-      Tensor(grad).copy_(slot);
     } else {
-      param.set_grad(slot.clone());
+      Tensor(grad).copy_(slot);
     }
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
