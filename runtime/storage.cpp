@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <utility>
 
 #include "lockstep/config.h"
 #include "lockstep/runtime/cpu/host_cache.h"
@@ -48,7 +49,14 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
     throw Error(fmt::format("out of host memory allocating {} bytes", nbytes));
 }
 
+Storage::Storage(void* data, size_t nbytes, Device device, std::function<void()> release)
+    : data_(data), nbytes_(nbytes), device_(device), release_(std::move(release)) {}
+
 Storage::~Storage() {
+  if (release_) {
+    release_();
+    return;
+  }
 #if LOCKSTEP_HAVE_CUDA
   if (device_.is_cuda()) {
     if (data_ == nullptr) return;

@@ -2,11 +2,13 @@
 // autograd uses to detect in-place changes. On the CPU 64-byte aligned host
 // memory (large blocks are reused: cpu/host_cache.h); on a CUDA device a
 // block of the caching allocator (cuda/caching_allocator.h) for the device's
-// current stream.
+// current stream. Memory owned elsewhere (a shared-memory pool, say) can be
+// adopted with a release callback that runs when the storage dies.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "lockstep/runtime/dtype.h"
 
@@ -15,6 +17,9 @@ namespace lockstep::runtime {
 class Storage {
  public:
   Storage(size_t nbytes, Device device);
+  // Adopts `nbytes` at `data` on `device`; `release` runs once, on whichever
+  // thread drops the last reference.
+  Storage(void* data, size_t nbytes, Device device, std::function<void()> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -32,6 +37,7 @@ class Storage {
   size_t nbytes_ = 0;
   Device device_;
   uint64_t version_ = 0;
+  std::function<void()> release_;  // adopted memory only
 };
 
 }  // namespace lockstep::runtime
