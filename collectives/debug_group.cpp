@@ -33,6 +33,10 @@ class DebugGroup final : public ProcessGroup {
 
   std::string backend() const override { return inner_->backend(); }
 
+  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
+    return inner_->reserve_shared_pool(bytes);
+  }
+
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts) override {
     check_tensor("allreduce", tensor);
     check_same(call("allreduce", tensor, to_string(opts.op)), opts.timeout);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "lockstep/collectives/shared_pool.h"
 #include "lockstep/collectives/types.h"
 #include "lockstep/collectives/work.h"
 #include "lockstep/runtime/tensor.h"
@@ -53,6 +54,14 @@ class ProcessGroup {
   // Point to point; matched by (peer, tag) in issue order.
   virtual std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts = {}) = 0;
   virtual std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts = {}) = 0;
+
+  // Collective (every rank, the same `bytes`, at the same point among the
+  // group's calls): sets aside `bytes` per rank from which to take tensors
+  // that this group's all-reduce and reduce read in place on every rank,
+  // skipping their staging copies (shm: memory all ranks map). nullptr, on
+  // every rank alike, where the backend has no such memory or it could not be
+  // had (a full /dev/shm); ordinary tensors work as before either way.
+  virtual std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes);
 
  protected:
   ProcessGroup(int rank, int size, std::string name, std::chrono::milliseconds timeout);

@@ -102,6 +102,11 @@ class StagingGroup final : public ProcessGroup {
 
   std::string backend() const override { return inner_->backend(); }
 
+  // CPU tensors pass through untouched, so the inner group's pool serves them.
+  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
+    return inner_->reserve_shared_pool(bytes);
+  }
+
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts) override {
     Stager s(*this, "allreduce");
     Tensor t = s.stage(tensor, true, true);

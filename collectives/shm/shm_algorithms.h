@@ -9,7 +9,9 @@
 // So ranks never wait for each other except at barriers, and one rank may be
 // copying round t + 1 in while a slower one still copies round t out: the
 // rounds pipeline. Messages larger than a buffer take several rounds, so a
-// 64 MiB all-reduce needs no 64 MiB of scratch.
+// 64 MiB all-reduce needs no 64 MiB of scratch. An all-reduce or reduce of
+// data that lies in a shared tensor pool on every rank (shm_pool.h) stages
+// nothing: ranks read each other's data in place.
 //
 // Reductions are deterministic: every element is reduced by exactly one
 // rank, or by every rank in rank order, so all ranks end with the same bits.

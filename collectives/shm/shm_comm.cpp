@@ -72,6 +72,9 @@ struct Comm::Slot {
   // The last arrival, or wake-up inside a wait: steady clock (CLOCK_MONOTONIC,
   // node-wide). Recent: the rank is busy in collectives.
   std::atomic<int64_t> last_active_ns;
+  // publish_view's: the pool (-1: none) and the offset in this rank's segment.
+  std::atomic<int32_t> view_pool;
+  std::atomic<int64_t> view_offset;
   alignas(64) ProcessIdentity identity;
 };
 
@@ -107,6 +110,24 @@ Comm::Comm(Segment segment, int rank, int size, size_t buffer_bytes, std::chrono
                    segment_.name(), h.world_size, h.buffer_bytes, size, buffer_bytes);
   }
   slot(rank).identity = this_process();
+}
+
+void Comm::publish_view(const void* data, size_t bytes) {
+  int32_t pool = -1;
+  int64_t offset = 0;
+  for (size_t i = 0; i < pools_.size() && pool < 0; ++i) {
+    offset = pools_[i]->offset_of(data, bytes);
+    if (offset >= 0) pool = static_cast<int32_t>(i);
+  }
+  // Relaxed: the barrier's arrival publishes them.
+  slot(rank_).view_offset.store(offset, std::memory_order_relaxed);
+  slot(rank_).view_pool.store(pool, std::memory_order_relaxed);
+}
+
+std::byte* Comm::peer_view(int q) const {
+  const int32_t pool = slot(q).view_pool.load(std::memory_order_relaxed);
+  if (pool < 0 || static_cast<size_t>(pool) >= pools_.size()) return nullptr;
+  return pools_[static_cast<size_t>(pool)]->at(q, slot(q).view_offset.load(std::memory_order_relaxed));
 }
 
 void Comm::watch_peers() {

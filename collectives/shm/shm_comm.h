@@ -17,16 +17,22 @@
 // otherwise it sleeps on the futex in slices, checking between slices the
 // deadline, the abort word and whether the awaited peer's process has
 // exited. An arriving rank wakes the futex only when someone sleeps on it.
+//
+// Shared tensor pools (shm_pool.h) added to the Comm let a collective read a
+// peer's data in place: each rank publishes in its slot where its data lies
+// (which pool, what offset) before a barrier, and reads the others' after it.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "lockstep/collectives/shm/process_watch.h"
+#include "lockstep/collectives/shm/shm_pool.h"
 #include "lockstep/collectives/shm/shm_segment.h"
 #include "lockstep/runtime/error.h"
 
@@ -76,6 +82,17 @@ class Comm {
   // peer's process exited or some rank aborted the group.
   void barrier(Clock::time_point deadline);
 
+  // Pools in reservation order (the same on every rank, added at the same
+  // point of the collective sequence).
+  void add_pool(std::shared_ptr<Pool> pool) { pools_.push_back(std::move(pool)); }
+  bool has_pools() const { return !pools_.empty(); }
+  // Publishes where [data, data + bytes) lies among this rank's pools (or
+  // that it lies in none), for the others to read after the next barrier.
+  void publish_view(const void* data, size_t bytes);
+  // After that barrier, and before this rank's next arrival: where rank q's
+  // published data lies in this process, or nullptr when it lies in no pool.
+  std::byte* peer_view(int q) const;
+
   // Marks the group failed for every rank (first reason wins) and wakes them.
   void abort(const std::string& reason);
   // The reason the group was aborted (by any rank), or "".
@@ -102,6 +119,7 @@ class Comm {
   std::vector<ProcessWatch> peers_;
   std::vector<ProcessIdentity> identities_;
   const std::atomic<int>* waiters_ = nullptr;
+  std::vector<std::shared_ptr<Pool>> pools_;
 };
 
 }  // namespace lockstep::collectives::shm

@@ -1,6 +1,5 @@
 #include "lockstep/collectives/shm/shm_group.h"
 
-#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -13,6 +12,7 @@
 
 #include "lockstep/collectives/shm/shm_algorithms.h"
 #include "lockstep/collectives/shm/shm_comm.h"
+#include "lockstep/collectives/shm/shm_rendezvous.h"
 #include "lockstep/config.h"
 
 #if LOCKSTEP_HAVE_GLOO
@@ -248,6 +248,17 @@ class ShmGroup final : public ProcessGroup {
                   [](shm::Comm& c, Clock::time_point d) { c.barrier(d); });
   }
 
+  // The pool joins the group's collectives at this point of their sequence
+  // on every rank, so all ranks agree on which collectives may read in place.
+  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
+    auto pool = shm::join_pool(*store_, prefix_, pools_++, rank(), size(), bytes, timeout());
+    if (pool == nullptr) return nullptr;
+    submit(fmt::format("adding shared pool #{}", pools_), {},
+           [pool](shm::Comm& c, Clock::time_point) { c.add_pool(pool); })
+        ->wait();
+    return pool;
+  }
+
   std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts) override {
     return p2p("send").send(tensor, dst, opts);
   }
@@ -286,6 +297,9 @@ class ShmGroup final : public ProcessGroup {
   std::shared_ptr<Work> submit(std::string description, const Timeout& timeout, Executor::Body body);
   ProcessGroup& p2p(std::string_view op);
 
+  std::shared_ptr<runtime::Store> store_;
+  std::string prefix_;  // of this group's keys in the store
+  int pools_ = 0;       // reserved so far
   std::shared_ptr<Executor> executor_;
   std::shared_ptr<ProcessGroup> p2p_;  // gloo, for send and recv
 };
@@ -314,78 +328,9 @@ ProcessGroup& ShmGroup::p2p(std::string_view op) {
   return *p2p_;
 }
 
-std::string host_name() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-
-// The rendezvous, in the store under "<group>/shm/<instance>/": rank 0 creates
-// the segment and publishes "segment" = "<name> <buffer bytes> <host>" (or
-// "error <message>"); each rank maps it and sets "attached/<rank>" ("ok" or
-// "error <message>"); rank 0 unlinks the name once all have and sets "ready".
-std::unique_ptr<shm::Comm> rendezvous(runtime::Store& store, int rank, int size,
-                                      const std::string& name, milliseconds timeout,
-                                      size_t buffer_bytes, std::chrono::microseconds spin) {
-  static std::atomic<uint64_t> serial{0};
-  const int64_t instance = store.add(fmt::format("{}/shm/instances/{}", name, rank), 1);
-  const std::string prefix = fmt::format("{}/shm/{}/", name, instance);
-  std::unique_ptr<shm::Comm> comm;
-  if (rank == 0) {
-    const std::string segment_name =
-        fmt::format("/{}{}-{}", shm::segment_prefix(), ::getpid(), serial++);
-    try {
-      comm = std::make_unique<shm::Comm>(
-          shm::Segment::create(segment_name, shm::Comm::segment_bytes(size, buffer_bytes)), 0, size,
-          buffer_bytes, spin, true);
-    } catch (const std::exception& e) {
-      store.set(prefix + "segment", fmt::format("error {}", e.what()));
-      throw;
-    }
-    store.set(prefix + "segment", fmt::format("{} {} {}", segment_name, buffer_bytes, host_name()));
-    std::vector<std::string> keys;
-    for (int q = 1; q < size; ++q) keys.push_back(fmt::format("{}attached/{}", prefix, q));
-    store.wait(keys, timeout);
-    std::string trouble;
-    for (int q = 1; q < size && trouble.empty(); ++q) {
-      const std::string status = store.get_string(keys[static_cast<size_t>(q - 1)]);
-      if (status != "ok") trouble = fmt::format("rank {}: {}", q, status.substr(6));
-    }
-    comm->segment().unlink();  // every rank has it mapped: nothing is left behind from here on
-    store.set(prefix + "ready", trouble.empty() ? std::string("ok") : "error " + trouble);
-    LOCKSTEP_CHECK(trouble.empty(), "shm group '{}': {}", name, trouble);
-  } else {
-    store.wait({prefix + "segment"}, timeout);
-    const std::string published = store.get_string(prefix + "segment");
-    LOCKSTEP_CHECK(published.rfind("error ", 0) != 0,
-                   "shm group '{}': rank 0 could not create the shared segment: {}", name,
-                   published.substr(6));
-    const auto first = published.find(' ');
-    const auto second = published.find(' ', first + 1);
-    const std::string segment_name = published.substr(0, first);
-    const size_t bytes = std::stoull(published.substr(first + 1, second - first - 1));
-    try {
-      comm = std::make_unique<shm::Comm>(
-          shm::Segment::open(segment_name, shm::Comm::segment_bytes(size, bytes)), rank, size, bytes,
-          spin, false);
-    } catch (const std::exception& e) {
-      const std::string why = fmt::format("{} (rank 0 runs on host {}, this rank on {})", e.what(),
-                                          published.substr(second + 1), host_name());
-      store.set(fmt::format("{}attached/{}", prefix, rank), "error " + why);
-      throw Error(fmt::format("shm group '{}': rank {} could not join: {}", name, rank, why));
-    }
-    store.set(fmt::format("{}attached/{}", prefix, rank), std::string("ok"));
-    store.wait({prefix + "ready"}, timeout);
-    const std::string ready = store.get_string(prefix + "ready");
-    LOCKSTEP_CHECK(ready == "ok", "shm group '{}': {}", name, ready.substr(6));
-  }
-  comm->watch_peers();
-  return comm;
-}
-
 ShmGroup::ShmGroup(std::shared_ptr<runtime::Store> store, int rank, int size,
                    const std::string& name, milliseconds timeout, const ShmOptions& options)
-    : ProcessGroup(rank, size, name, timeout) {
+    : ProcessGroup(rank, size, name, timeout), store_(store) {
   LOCKSTEP_CHECK(store != nullptr, "shm group '{}': a store is needed for the rendezvous", name);
   LOCKSTEP_CHECK(size <= kMaxRanks, "shm group '{}': {} ranks is more than the {} one node supports",
                  name, size, kMaxRanks);
@@ -393,8 +338,9 @@ ShmGroup::ShmGroup(std::shared_ptr<runtime::Store> store, int rank, int size,
                             ? kDefaultBufferBytes
                             : std::max(kMinBufferBytes, (options.buffer_bytes + 63) / 64 * 64);
   const auto spin = options.spin.count() >= 0 ? options.spin : shm::Comm::kDefaultSpin;
+  prefix_ = shm::rendezvous_prefix(*store, name, rank);
   executor_ = std::make_shared<Executor>(
-      rendezvous(*store, rank, size, name, timeout, buffer, spin),
+      shm::join_group(*store, prefix_, name, rank, size, timeout, buffer, spin),
       fmt::format("rank {} of group '{}' (shm, {} ranks)", rank, name, size));
 #if LOCKSTEP_HAVE_GLOO
   if (options.p2p) p2p_ = make_gloo_group(store, rank, size, name + "/p2p", timeout, "127.0.0.1");

@@ -111,7 +111,7 @@ Segment Segment::create(const std::string& name, size_t bytes) {
     ::shm_unlink(name.c_str());
     throw Error(fmt::format(
         "could not reserve {:.1f} MiB in /dev/shm for shm segment {}: {}; free space there "
-        "(in a container: raise --shm-size) or lower LOCKSTEP_SHM_BUFFER_KB",
+        "(in a container: raise --shm-size)",
         static_cast<double>(total) / (1 << 20), name, std::strerror(reserve)));
   }
   void* p = nullptr;
