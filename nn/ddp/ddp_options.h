@@ -29,6 +29,12 @@ struct DdpOptions {
   // The set of used parameters never changes: with find_unused_parameters the
   // graph is walked on the first iteration only.
   bool static_graph = false;
+  // Take CPU buckets from memory that the process group's collectives read in
+  // place on every rank, where it has such memory (shm backend: a shared pool
+  // of twice the gradients' bytes per rank in /dev/shm), so an all-reduce
+  // skips its staging copies. Off, or where the pool cannot be had: ordinary
+  // memory, staged as before. The results are the same bits either way.
+  bool buckets_in_shared_memory = true;
 };
 
 // One bucket as a communication hook sees it. `buffer` is flat, of one dtype

@@ -30,6 +30,7 @@ struct BucketInfo {
   std::vector<std::string> names;  // in bucket order
   int64_t bytes = 0;
   DType dtype = DType::f32;
+  bool in_shared_memory = false;  // DdpOptions::buckets_in_shared_memory took
 };
 
 class DistributedDataParallel : public Module {

@@ -74,6 +74,7 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> params,
       group_(group),
       options_(options),
       comm_hook_(comm_hooks::allreduce()) {
+  reserve_shared_pool();
   build_buckets(reverse_order(params_.size()));
   ready_.assign(params_.size(), false);
   locally_used_.assign(params_.size(), 0);
@@ -109,6 +110,28 @@ Reducer::~Reducer() {
   }
 }
 
+// Twice the gradients' bytes: the buckets, and the buffers last handed out as
+// .grad (write_gradients), which return to the pool when the next ones
+// replace them. Collective: every rank builds the same reducer here.
+void Reducer::reserve_shared_pool() {
+  if (!options_.buckets_in_shared_memory || group_.size() == 1 || params_.empty() ||
+      !params_.front().second.device().is_cpu())
+    return;
+  size_t bytes = 0;
+  for (const auto& [name, p] : params_) {
+    bytes += static_cast<size_t>(p.numel()) * p.element_size() + 64;  // + a cache line per bucket at most
+  }
+  pool_ = group_.reserve_shared_pool(2 * bytes);
+}
+
+Tensor Reducer::new_bucket_buffer(int64_t numel, DType dtype, runtime::Device device) const {
+  if (pool_ && device.is_cpu()) {
+    Tensor t = pool_->empty({numel}, dtype);
+    if (t.defined()) return t;
+  }
+  return Tensor::empty({numel}, dtype, device);
+}
+
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   std::vector<BucketParam> specs;
   for (const auto& [name, p] : params_) {
@@ -129,7 +152,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       total += params_[p].second.numel();
     }
     const Tensor& first = params_[plan[b].front()].second;
-    bucket.buffer = Tensor::zeros({total}, first.dtype(), first.device());
+    bucket.buffer = new_bucket_buffer(total, first.dtype(), first.device());
+    bucket.buffer.fill_(0);
     bucket.pending = bucket.members.size();
     buckets.push_back(std::move(bucket));
   }
@@ -157,6 +181,7 @@ std::vector<BucketInfo> Reducer::bucket_info() const {
     for (size_t p : b.members) info.names.push_back(params_[p].first);
     info.bytes = b.buffer.numel() * static_cast<int64_t>(b.buffer.element_size());
     info.dtype = b.buffer.dtype();
+    info.in_shared_memory = pool_ && pool_->holds(b.buffer);
     out.push_back(std::move(info));
   }
   return out;
@@ -403,7 +428,7 @@ void Reducer::write_gradients(const std::vector<int32_t>& globally_used) {
     if (!handed_out[b]) continue;
     const Tensor& old = buckets_[b].buffer;
     // Every slot is written again before the bucket is next reduced.
-    buckets_[b].buffer = Tensor::empty(old.shape(), old.dtype(), old.device());
+    buckets_[b].buffer = new_bucket_buffer(old.numel(), old.dtype(), old.device());
   }
 }
 

@@ -8,7 +8,9 @@
 // while backward goes on. The first hook of a backward queues finalize(),
 // which runs once backward has finished: it waits for each bucket and writes
 // the averaged values into every param.grad. After the first iteration the
-// buckets are rebuilt in the order rank 0 saw gradients become ready.
+// buckets are rebuilt in the order rank 0 saw gradients become ready. CPU
+// buckets come from the group's shared pool where it has one, so that its
+// all-reduce reads them in place.
 #pragma once
 
 #include <chrono>
@@ -60,6 +62,8 @@ class Reducer {
     int64_t offset = 0;
   };
 
+  void reserve_shared_pool();
+  Tensor new_bucket_buffer(int64_t numel, DType dtype, runtime::Device device) const;
   void build_buckets(const std::vector<size_t>& order);
   Tensor slot_view(size_t param) const;
   void on_gradient_ready(size_t param);
@@ -78,6 +82,7 @@ class Reducer {
   CommHook comm_hook_;
   std::vector<int64_t> hook_ids_;
 
+  std::shared_ptr<collectives::SharedTensorPool> pool_;  // of bucket buffers, if any
   std::vector<Bucket> buckets_;
   std::vector<Slot> slots_;  // per parameter
 

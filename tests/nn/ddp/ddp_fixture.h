@@ -1,5 +1,5 @@
 // Small models, batches and a multi-rank runner for DDP's in-process tests:
-// one thread per rank over gloo groups (tests/collectives/rank_threads.h).
+// one thread per rank over gloo (or shm) groups (tests/collectives/rank_threads.h).
 #pragma once
 
 #include <cmath>
@@ -73,12 +73,13 @@ inline std::string mismatch(const std::string& what, const Tensor& a, const Tens
   return "";
 }
 
-// Runs fn(rank, group) on `size` rank threads; returns each rank's problems
-// (fn returns "" when fine; an exception's message counts as a problem).
+// Runs fn(rank, group) on `size` rank threads over `backend`; returns each
+// rank's problems (fn returns "" when fine; an exception's message counts as
+// a problem).
 inline std::vector<std::string> on_ranks(
     int size, const std::function<std::string(int, std::shared_ptr<collectives::ProcessGroup>)>& fn,
-    const std::string& name = "ddp") {
-  const auto groups = make_groups("gloo", size, name, std::chrono::seconds(30));
+    const std::string& name = "ddp", const std::string& backend = "gloo") {
+  const auto groups = make_groups(backend, size, name, std::chrono::seconds(30));
   std::vector<std::string> problems(static_cast<size_t>(size));
   const auto errors = run_ranks(size, [&](int r) {
     problems[static_cast<size_t>(r)] = fn(r, groups[static_cast<size_t>(r)]);

@@ -1,6 +1,7 @@
-// DDP's gradient promises, in-process over gloo: averaged (not summed)
-// gradients equal to one process on the whole batch, no_sync accumulation,
-// unused parameters, compression hooks, gradient_as_bucket_view, overlap.
+// DDP's gradient promises, in-process over gloo (and shm where the buckets'
+// memory matters): averaged (not summed) gradients equal to one process on
+// the whole batch, no_sync accumulation, unused parameters, compression
+// hooks, gradient_as_bucket_view, buckets in shared memory, overlap.
 #include <catch2/catch.hpp>
 
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -18,8 +19,8 @@ namespace {
 // differ from the one-process mean in the last bits: 1e-5 relative.
 constexpr double kTol = 1e-5;
 
-std::vector<Tensor> reference_grads(const lt::Batch& global, uint64_t seed) {
-  auto model = lt::small_mlp(seed);
+std::vector<Tensor> reference_grads(const lt::Batch& global, uint64_t seed, int64_t hidden = 16) {
+  auto model = lt::small_mlp(seed, 12, hidden);
   lt::loss_of(*model, global).backward();
   std::vector<Tensor> grads;
   for (const Tensor& p : model->parameters()) grads.push_back(p.grad());
@@ -82,6 +83,39 @@ TEST_CASE("DDP: options that change how, not what: small buckets, bucket views",
   REQUIRE(all_problems(problems).empty());
 }
 
+TEST_CASE("DDP over shm: buckets in the group's shared pool give the bits of ordinary ones",
+          "[ddp]") {
+  const int size = GENERATE(2, 3);
+  // Per bucket placement, per rank: every gradient of two iterations, in order.
+  std::vector<std::vector<std::vector<float>>> seen(2, std::vector<std::vector<float>>(size));
+  for (const bool shared : {true, false}) {
+    const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+      auto ddp = std::make_shared<DistributedDataParallel>(
+          lt::small_mlp(1, 12, 128), group, DdpOptions{.buckets_in_shared_memory = shared});
+      for (const auto& bucket : ddp->buckets()) {
+        if (bucket.in_shared_memory != shared) return "a bucket placed against the option";
+      }
+      auto& out = seen[shared ? 0 : 1][static_cast<size_t>(r)];
+      for (uint64_t seed : {51, 52}) {
+        lt::loss_of(*ddp, lt::shard(lt::global_batch(6 * size, seed), r, size)).backward();
+        for (const Tensor& p : ddp->module().parameters()) {
+          const auto g = p.grad().to_vector<float>();
+          out.insert(out.end(), g.begin(), g.end());
+          Tensor(p).set_grad(Tensor{});
+        }
+      }
+      return "";
+    }, "ddp-pool", "shm");
+    INFO(all_problems(problems));
+    REQUIRE(all_problems(problems).empty());
+  }
+  for (int r = 0; r < size; ++r) {
+    CAPTURE(r);
+    CHECK(seen[0][static_cast<size_t>(r)] == seen[1][static_cast<size_t>(r)]);
+    CHECK(seen[0][static_cast<size_t>(r)] == seen[0][0]);
+  }
+}
+
 TEST_CASE("DDP: fp16 and bf16 compression hooks stay within their rounding", "[ddp]") {
   const int size = 2;
   const auto global = lt::global_batch(16, 9);
@@ -122,15 +156,22 @@ TEST_CASE("DDP: gradient_as_bucket_view makes .grad a view into the bucket", "[d
 TEST_CASE("DDP: a .grad kept from one iteration is left alone by the next", "[ddp]") {
   // With .grad set to none between iterations, DDP hands the bucket's slot
   // out as .grad and reduces the next iteration elsewhere; with .grad kept,
-  // the next iteration accumulates into it, as without DDP.
+  // the next iteration accumulates into it, as without DDP. Over shm the
+  // buckets (75 KB, past the one-round path) come from the group's shared
+  // pool and are all-reduced in place.
   const int size = 2;
+  const int64_t hidden = 128;
   const auto first = lt::global_batch(8, 31), second = lt::global_batch(8, 32);
-  const auto expected_first = reference_grads(first, 1);
-  const auto expected_second = reference_grads(second, 1);
+  const auto expected_first = reference_grads(first, 1, hidden);
+  const auto expected_second = reference_grads(second, 1, hidden);
   const bool set_to_none = GENERATE(true, false);
-  CAPTURE(set_to_none);
+  const std::string backend = GENERATE("gloo", "shm");
+  CAPTURE(set_to_none, backend);
   const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
-    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group);
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1, 12, hidden), group);
+    if (ddp->buckets().at(0).in_shared_memory != (backend == "shm")) {
+      return "buckets in shared memory: expected only over shm";
+    }
     const auto params = ddp->module().named_parameters();
     for (int round = 0; round < 3; ++round) {  // the third reuses the first's memory
       lt::loss_of(*ddp, lt::shard(first, r, size)).backward();
@@ -165,7 +206,7 @@ TEST_CASE("DDP: a .grad kept from one iteration is left alone by the next", "[dd
       for (const auto& [name, p] : params) Tensor(p).set_grad(Tensor{});
     }
     return "";
-  });
+  }, "ddp", backend);
   INFO(all_problems(problems));
   REQUIRE(all_problems(problems).empty());
 }
