@@ -59,6 +59,7 @@ struct Options {
   std::vector<double> bucket_caps_mb{25.0};
   double first_bucket_cap_mb = 1.0;
   bool gradient_as_bucket_view = false;
+  bool staged_buckets = false;  // DdpOptions::buckets_in_shared_memory = false
   std::string backend;  // empty: LOCKSTEP_BACKEND, else the default (nccl on cuda)
   std::string device = "cpu";
   bool compare_plain = false;
@@ -83,6 +84,7 @@ struct Result {
   double ready_at_first_launch = 0;
   int64_t gradients_expected = 0;
   std::vector<int64_t> bucket_bytes;  // in launch order
+  size_t shared_buckets = 0;          // in the group's shared pool
   // --compare-plain: rank 0's plain (no DDP) steps, and DDP's overhead over
   // them, (median DDP - median plain) / median plain.
   double plain_ms = 0, plain_median_ms = 0, overhead_pct = 0;
@@ -150,6 +152,7 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
   ddp_options.bucket_cap_mb = cap_mb;
   ddp_options.first_bucket_cap_mb = o.first_bucket_cap_mb;
   ddp_options.gradient_as_bucket_view = o.gradient_as_bucket_view;
+  ddp_options.buckets_in_shared_memory = !o.staged_buckets;
   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group, ddp_options);
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
 
@@ -216,6 +219,7 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
     r.gradients_expected = s.gradients_expected;
     r.bucket_bytes = s.bucket_bytes;
   }
+  for (const auto& b : ddp->buckets()) r.shared_buckets += b.in_shared_memory ? 1 : 0;
 
   r.rank0_step_ms = mean(times);
   r.rank0_median_ms = median(times);
@@ -317,7 +321,8 @@ int run(const Options& o) {
                         {"rank0_hidden_fraction", r.rank0_hidden},
                         {"ready_at_first_launch", r.ready_at_first_launch},
                         {"gradients_expected", r.gradients_expected},
-                        {"buckets", r.bucket_bytes.size()}, {"bucket_bytes", r.bucket_bytes}});
+                        {"buckets", r.bucket_bytes.size()}, {"bucket_bytes", r.bucket_bytes},
+                        {"buckets_in_shared_memory", r.shared_buckets}});
     if (o.compare_plain) {
       json& j = jresults.back();
       j["plain_step_ms"] = r.plain_ms;
@@ -353,9 +358,9 @@ int run(const Options& o) {
   }
   for (const auto& r : results)
     fmt::print("# {} cap {:g} MB: bucket bytes in launch order {}; {:.1f} of {} gradients ready "
-               "at the first launch\n",
+               "at the first launch; {} of {} buckets in shared memory\n",
                r.model, r.cap_mb, bytes_list(r.bucket_bytes), r.ready_at_first_launch,
-               r.gradients_expected);
+               r.gradients_expected, r.shared_buckets, r.bucket_bytes.size());
   bench::print_json(doc, o.json_file);
   return 0;
 }
@@ -385,6 +390,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view);
+  app.add_flag("--staged-buckets", o.staged_buckets,
+               "buckets in ordinary memory, staged by the all-reduce (default over shm: in the "
+               "group's shared pool, read in place)");
   app.add_option("--backend", o.backend,
                  "nccl, shm, shm+gloo, gloo or mpi (default: LOCKSTEP_BACKEND, else nccl with "
                  "--device cuda, else what init_process_group picks: shm on one node)")

@@ -36,6 +36,13 @@ class HierarchicalGroup final : public ProcessGroup {
 
   std::string backend() const override { return intra_ + "+gloo"; }
 
+  // This node's pool: the reduce within the node reads its tensors in place
+  // (the leaders' all-reduce and the broadcast back stage as before). Nodes
+  // decide alone; a node of one rank has nothing to share.
+  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
+    return local_->size() > 1 ? local_->reserve_shared_pool(bytes) : nullptr;
+  }
+
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts) override;
   std::shared_ptr<Work> reduce(Tensor& tensor, const ReduceOptions& opts) override;

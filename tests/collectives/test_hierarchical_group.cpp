@@ -283,6 +283,35 @@ TEST_CASE("make_process_group(\"shm+gloo\"): nodes from the ranks' node keys",
   }
 }
 
+TEST_CASE("shm+gloo: each node's pool serves the reduce within it; a lone rank has none",
+          "[collectives][hierarchical][shm][pool]") {
+  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  const Keys keys = {"a", "a", "a", "b"};
+  constexpr int64_t n = 20483;  // past the one-round path
+  std::vector<std::string> results(4);
+  const auto errors = lt::run_ranks(4, [&](int r) {
+    auto g = lc::make_process_group("shm+gloo", store, r, 4, "hier-pool", 60s,
+                                    lockstep::runtime::DebugLevel::Off, keys[static_cast<size_t>(r)]);
+    auto pool = g->reserve_shared_pool(1 << 20);
+    Tensor t = input(r, n, DType::f64);
+    if (pool) {
+      Tensor in_pool = pool->empty({n}, DType::f64);
+      in_pool.copy_(t);
+      t = in_pool;
+    }
+    g->allreduce(t)->wait();
+    results[static_cast<size_t>(r)] =
+        fmt::format("pool {} ", pool != nullptr) +
+        mismatch(t, [](int64_t i) { return expected_value(lc::ReduceOp::Sum, DType::f64, 4, i); },
+                 "allreduce");
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
+    CHECK(results[static_cast<size_t>(r)] == (r < 3 ? "pool true " : "pool false "));
+  }
+}
+
 TEST_CASE("init_process_group: the default is shm on one node, shm+gloo across nodes",
           "[collectives][hierarchical][shm]") {
   const auto backends_of = [](const Keys& keys) {
