@@ -3,6 +3,9 @@
 table with ratios (and --json FILE):
 
   lockstep shm    lockstep-run -np N allreduce_perf --backend shm (the default on one node)
+  lockstep shm pool
+                  the same with --shared-pool: the buffer in the group's shared pool, read
+                  in place by the other ranks (how DDP's buckets are all-reduced)
   lockstep hier   shm within a node + gloo across: two lockstep-run launches on this host
                   posing as two nodes of N/2 ranks (LOCKSTEP_NODE_ID differs), default backend
   lockstep gloo   lockstep-run -np N allreduce_perf --backend gloo
@@ -46,10 +49,11 @@ def run(cmd, env=None):
     return r
 
 
-def perf_path(a, launcher, backend):
+def perf_path(a, launcher, backend, extra=()):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         perf = [os.path.join(a.build, "bin", "allreduce_perf"), "-b", a.b, "-e", a.e, "-f", str(a.f),
-                "-w", str(a.w), "-n", str(a.n), "-c", "1", "--backend", backend, "--json", out.name]
+                "-w", str(a.w), "-n", str(a.n), "-c", "1", "--backend", backend, "--json", out.name,
+                *extra]
         if launcher == "lockstep-run":
             cmd = [os.path.join(a.build, "bin", "lockstep-run"), "-np", str(a.np), "--"] + perf
             env = None
@@ -131,6 +135,7 @@ def main():
 
     paths = {
         "lockstep shm": perf_path(a, "lockstep-run", "shm"),
+        "lockstep shm pool": perf_path(a, "lockstep-run", "shm", ["--shared-pool"]),
         "lockstep hier": hierarchical_path(a),
         "lockstep gloo": perf_path(a, "lockstep-run", "gloo"),
         "raw gloo": perf_path(a, "lockstep-run", "raw-gloo"),
@@ -154,11 +159,13 @@ def main():
         return f"{size / t / 1e3 * 2 * (a.np - 1) / a.np:.2f}" if t else "n/a"
 
     header = ["size (B)"] + [f"{n} (us)" for n in paths] + [
-        "shm/MPI", "gloo/raw", "gloo/torch", "mpi/raw", "busbw shm", "busbw raw MPI"]
+        "shm/MPI", "pool/MPI", "gloo/raw", "gloo/torch", "mpi/raw", "busbw shm", "busbw pool",
+        "busbw raw MPI"]
     rows = [[str(size)] + [cell(n, size) for n in paths] + [
-        ratio("lockstep shm", "raw MPI", size), ratio("lockstep gloo", "raw gloo", size),
+        ratio("lockstep shm", "raw MPI", size), ratio("lockstep shm pool", "raw MPI", size),
+        ratio("lockstep gloo", "raw gloo", size),
         ratio("lockstep gloo", "torch gloo", size), ratio("lockstep mpi", "raw MPI", size),
-        busbw("lockstep shm", size), busbw("raw MPI", size)]
+        busbw("lockstep shm", size), busbw("lockstep shm pool", size), busbw("raw MPI", size)]
         for size in sizes]
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"

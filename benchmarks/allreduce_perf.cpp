@@ -47,6 +47,7 @@ struct Options {
   std::string op = "sum";
   std::string backend;  // empty: gloo on the CPU, nccl on cuda
   std::string device = "cpu";
+  bool shared_pool = false;
   std::string json_file;
 };
 
@@ -158,8 +159,13 @@ int run(const Options& o) {
   const int rank = runner->rank();
   const int n = runner->size();
   const size_t esize = runtime::dtype_size(dtype);
-  Tensor buffer =
-      Tensor::empty({static_cast<int64_t>(std::max<size_t>(max_bytes / esize, 1))}, dtype, device);
+  const int64_t max_count = static_cast<int64_t>(std::max<size_t>(max_bytes / esize, 1));
+  Tensor buffer = o.shared_pool ? runner->shared_tensor(max_count, dtype)
+                                : Tensor::empty({max_count}, dtype, device);
+  LOCKSTEP_CHECK(buffer.defined(),
+                 "--shared-pool: backend {} on {} has no shared pool (lockstep's shm and shm+gloo "
+                 "on the CPU have, where /dev/shm has room for {} bytes per rank)",
+                 backend, device.str(), max_count * static_cast<int64_t>(esize));
 
   std::vector<std::vector<std::string>> rows;
   json results = json::array();
@@ -199,9 +205,10 @@ int run(const Options& o) {
   }
 
   if (rank == 0) {
-    std::cout << fmt::format("# allreduce_perf: backend {}, {} ranks, {}{} warm-up + {} timed "
+    std::cout << fmt::format("# allreduce_perf: backend {}, {} ranks, {}{}{} warm-up + {} timed "
                              "iterations per size, in place\n# {}\n",
-                             backend, n, device.is_cuda() ? "CUDA tensors, " : "", o.warmup,
+                             backend, n, device.is_cuda() ? "CUDA tensors, " : "",
+                             o.shared_pool ? "the buffer in the group's shared pool, " : "", o.warmup,
                              o.iters, bench::machine_description(device));
     std::cout << bench::format_table({"size (B)", "count", "type", "redop", "time (us)",
                                       "algbw (GB/s)", "busbw (GB/s)", "#wrong"},
@@ -211,7 +218,7 @@ int run(const Options& o) {
     if (!o.json_file.empty()) {
       json doc{{"benchmark", "allreduce_perf"}, {"backend", backend}, {"ranks", n},
                {"device", device.is_cuda() ? fmt::format("cuda:{}", device.index) : "cpu"},
-               {"warmup", o.warmup}, {"iters", o.iters},
+               {"warmup", o.warmup}, {"iters", o.iters}, {"shared_pool", o.shared_pool},
                {"machine", bench::machine_description(device)}, {"results", results}};
       if (device.is_cuda()) doc["gpu"] = bench::device_name(device);
       bench::write_json_file(doc, o.json_file);
@@ -240,6 +247,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu, or cuda: the buffer on cuda:(local rank % GPUs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  app.add_flag("--shared-pool", o.shared_pool,
+               "take the buffer from the group's shared pool, which shm's all-reduce reads in "
+               "place (as DDP's buckets)");
   app.add_option("--json", o.json_file, "also write the results as JSON to this file (rank 0)");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -49,9 +49,15 @@ class GroupRunner final : public AllreduceRunner {
   double max_over_ranks(double value) override {
     return bench::max_over_ranks(*group_, value, device_);
   }
+  runtime::Tensor shared_tensor(int64_t count, DType dtype) override {
+    if (!device_.is_cpu()) return {};
+    pool_ = group_->reserve_shared_pool(static_cast<size_t>(count) * runtime::dtype_size(dtype));
+    return pool_ ? pool_->empty({count}, dtype) : runtime::Tensor();
+  }
 
  private:
   std::shared_ptr<collectives::ProcessGroup> group_;
+  std::shared_ptr<collectives::SharedTensorPool> pool_;
   runtime::Device device_;
 };
 

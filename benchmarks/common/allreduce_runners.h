@@ -33,6 +33,10 @@ class AllreduceRunner {
   virtual void barrier() = 0;
   // The maximum of `value` over all ranks (for timings).
   virtual double max_over_ranks(double value) = 0;
+  // Collective: a CPU tensor of `count` elements from the group's shared
+  // pool, which its all-reduce reads in place (lockstep's shm and shm+gloo);
+  // undefined where there is none.
+  virtual runtime::Tensor shared_tensor(int64_t /*count*/, runtime::DType /*dtype*/) { return {}; }
 };
 
 // Backends this build can run, for --help.
