@@ -25,9 +25,7 @@ Pool::Pool(int rank, std::vector<Segment> segments) : rank_(rank), segments_(std
 // First fit: a pool holds a few large buckets, allocated in the same order
 // every iteration, so the free list stays short.
 runtime::Tensor Pool::empty(const runtime::Shape& shape, runtime::DType dtype) {
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  const size_t nbytes = static_cast<size_t>(numel) * runtime::dtype_size(dtype);
+  const size_t nbytes = static_cast<size_t>(runtime::shape_numel(shape)) * runtime::dtype_size(dtype);
   const size_t bytes = round_up(std::max<size_t>(nbytes, 1));
   size_t offset = 0;
   {
@@ -44,10 +42,8 @@ runtime::Tensor Pool::empty(const runtime::Shape& shape, runtime::DType dtype) {
   auto storage = std::make_shared<runtime::Storage>(
       at(rank_, static_cast<int64_t>(offset)), nbytes, runtime::Device::cpu(),
       [pool = shared_from_this(), offset, bytes] { pool->release(offset, bytes); });
-  runtime::Shape strides(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
-  return runtime::Tensor(
-      std::make_shared<runtime::TensorImpl>(std::move(storage), shape, strides, 0, dtype));
+  return runtime::Tensor(std::make_shared<runtime::TensorImpl>(
+      std::move(storage), shape, runtime::contiguous_strides(shape), 0, dtype));
 }
 
 void Pool::release(size_t offset, size_t bytes) {
