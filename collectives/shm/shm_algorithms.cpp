@@ -24,6 +24,10 @@ struct Slice {
   size_t size() const { return end - begin; }
 };
 
+// Pieces of the in-place reduce: small enough to stay in L1 between being
+// reduced and being written to the other ranks.
+constexpr size_t kInPlacePieceBytes = 16 << 10;
+
 Slice slice_of(size_t b0, size_t k, int q, int n) {
   return {b0 + k * static_cast<size_t>(q) / static_cast<size_t>(n),
           b0 + k * (static_cast<size_t>(q) + 1) / static_cast<size_t>(n)};
@@ -97,36 +101,38 @@ void reduce_in_slices(Comm& comm, Span data, ReduceOp op, int root, Clock::time_
  * staged. Rank r owns slice r of the whole message.
  *   every rank publishes where its data lies; barrier; if some rank's data
  *   lies in no pool, every rank sees it and they take the staged path;
- *   rank r reduces slice r in place: its own data, then every other rank's
- *   slice r read where that rank's data lies, in rank order; barrier;
- *   every rank copies the other ranks' reduced slices out of their data (for
- *   reduce: only the root); barrier, so that no rank returns, and changes its
- *   data, while another still reads it.
- * Against reduce_in_slices this saves the staging of the input and of the
- * result: two of the four passes over the data, with the same bits out. */
+ *   rank r reduces slice r a cache-sized piece at a time, in place: its own
+ *   data, then every other rank's slice r read where that rank's data lies,
+ *   in rank order; while the piece is still in cache it writes it into every
+ *   other rank's data (for reduce: only the root's);
+ *   barrier, so that no rank returns before its data is complete, or changes
+ *   it while another still reads it.
+ * Only rank r reads or writes anyone's slice r, so one barrier suffices
+ * between publishing and returning. Against reduce_in_slices this saves the
+ * staging of the input and of the result and the reading back of the other
+ * ranks' results, with the same bits out. */
 bool reduce_in_place(Comm& comm, Span data, ReduceOp op, int root, Clock::time_point deadline) {
   const size_t e = runtime::dtype_size(data.dtype);
   const int n = comm.size();
   const int r = comm.rank();
   comm.publish_view(data.data, data.count * e);
   comm.barrier(deadline);
-  std::vector<const std::byte*> peer(static_cast<size_t>(n));
+  std::vector<std::byte*> peer(static_cast<size_t>(n));
   for (int q = 0; q < n; ++q) {
     peer[static_cast<size_t>(q)] = comm.peer_view(q);
     if (peer[static_cast<size_t>(q)] == nullptr) return false;
   }
   const Slice own = slice_of(0, data.count, r, n);
-  std::byte* out = at(data.data, own.begin, e);
-  for (int q = 0; q < n; ++q) {
-    if (q != r) combine(data.dtype, op, out, out, at(peer[static_cast<size_t>(q)], own.begin, e), own.size());
-  }
-  if (op == ReduceOp::Avg) divide_by(out, data.dtype, own.size(), n);
-  comm.barrier(deadline);
-  if (root < 0 || r == root) {
+  const size_t piece = std::max<size_t>(1, kInPlacePieceBytes / e);
+  for (size_t i = own.begin; i < own.end; i += piece) {
+    const size_t m = std::min(piece, own.end - i);
+    std::byte* out = at(data.data, i, e);
     for (int q = 0; q < n; ++q) {
-      if (q == r) continue;
-      const Slice s = slice_of(0, data.count, q, n);
-      std::memcpy(at(data.data, s.begin, e), at(peer[static_cast<size_t>(q)], s.begin, e), s.size() * e);
+      if (q != r) combine(data.dtype, op, out, out, at(peer[static_cast<size_t>(q)], i, e), m);
+    }
+    if (op == ReduceOp::Avg) divide_by(out, data.dtype, m, n);
+    for (int q = 0; q < n; ++q) {
+      if (q != r && (root < 0 || q == root)) std::memcpy(at(peer[static_cast<size_t>(q)], i, e), out, m * e);
     }
   }
   comm.barrier(deadline);
