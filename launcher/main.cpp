@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "launcher/child_env.h"
+#include "launcher/cpu_binding.h"
 #include "launcher/node_link.h"
 #include "launcher/options.h"
 #include "launcher/spawn.h"
@@ -78,12 +79,27 @@ int run(const Options& options) {
   std::vector<std::string> base;
   for (char** e = environ; *e != nullptr; ++e) base.emplace_back(*e);
 
+  std::vector<std::vector<int>> cpus(static_cast<size_t>(options.nproc_per_node));
+  if (options.bind_to_core) {
+    const auto cores = allowed_cores();
+    const auto shares = share_cores(cores, options.nproc_per_node);
+    if (shares.empty()) {
+      size_t n = 0;
+      for (const auto& core : cores) n += core.size();
+      fmt::print(stderr, "lockstep-run: --bind-to core: {} ranks on this node but {} CPUs; the "
+                 "ranks are not bound\n", options.nproc_per_node, n);
+    } else {
+      cpus = shares;
+    }
+  }
+
   std::vector<RankProcess> ranks;
   for (int local = 0; local < options.nproc_per_node; ++local) {
     const RankSlot slot = rank_slot(options, local);
     const auto child_env = child_environment(base, options, slot, address);
     ranks.push_back({slot.rank, local,
-                     spawn_child(*program, options.command, child_env, options.tag_output)});
+                     spawn_child(*program, options.command, child_env, options.tag_output,
+                                 cpus[static_cast<size_t>(local)])});
   }
 
   SupervisorOptions supervisor;

@@ -13,11 +13,11 @@ namespace {
 const std::set<std::string> kValueOptions = {
     "-n", "--np", "-x", "--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank",
     "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port",
-    "--token", "--grace-period"};
+    "--token", "--grace-period", "--bind-to"};
 
 // mpirun spells some long options with one dash; CLI11 wants two.
 std::string normalise(const std::string& arg) {
-  for (const char* name : {"-np", "-tag-output"}) {
+  for (const char* name : {"-np", "-tag-output", "-bind-to"}) {
     const std::string n = name;
     if (arg == n || arg.rfind(n + "=", 0) == 0) return "-" + arg;
   }
@@ -134,6 +134,12 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
   app.add_option("-x", exports, "Export VAR=value to the ranks, or VAR with the launcher's "
                  "value (repeatable)")->take_all()->expected(1);
   app.add_flag("--tag-output", o.tag_output, "Prefix each line of output with [rank N]");
+  std::string bind_to = "none";
+  app.add_option("--bind-to", bind_to, "core: each rank on its own even share of this node's "
+                 "cores (whole cores; SMT siblings stay together), as mpirun binds; none: "
+                 "wherever the kernel schedules it")
+      ->check(CLI::IsMember({"none", "core"}))
+      ->capture_default_str();
   app.add_option("--grace-period", o.grace_period_s, "Seconds between SIGTERM and SIGKILL when "
                  "stopping ranks")->capture_default_str();
   app.footer(
@@ -167,6 +173,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
     throw UsageError(fmt::format("-np {} must be at least 1", np));
   if (app.count("--nproc-per-node") && o.nproc_per_node < 1)
     throw UsageError(fmt::format("--nproc-per-node {} must be at least 1", o.nproc_per_node));
+  o.bind_to_core = bind_to == "core";
   o.command = std::move(command);
   for (const auto& spec : exports) o.exports.push_back(resolve_export(spec, env));
   validate(o, app.count("-n") > 0, env);

@@ -1,6 +1,6 @@
 // lockstep-run's command line: what to start, how many, and on which node.
 //
-//   lockstep-run -np 4 [--tag-output] [-x VAR[=value]]... [--] prog args...
+//   lockstep-run -np 4 [--tag-output] [--bind-to core] [-x VAR[=value]]... [--] prog args...
 //   lockstep-run --nnodes 2 --node-rank 0 --nproc-per-node 4
 //                --master-addr 10.0.0.1 --master-port 29500 --token T prog args...
 #pragma once
@@ -29,6 +29,7 @@ struct Options {
   std::string token;        // --token, else LOCKSTEP_TOKEN; empty: a random one
   std::vector<std::pair<std::string, std::string>> exports;  // -x, resolved to values
   bool tag_output = false;
+  bool bind_to_core = false;  // --bind-to core (see cpu_binding.h); default none
   double grace_period_s = 5.0;  // SIGTERM -> SIGKILL
   std::vector<std::string> command;  // program and its arguments
 

@@ -1,6 +1,7 @@
 #include "launcher/spawn.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -27,7 +28,7 @@ void write_str(int fd, const char* text) {
 
 // Runs in the forked child: only async-signal-safe calls until execve.
 [[noreturn]] void exec_child(pid_t launcher, const char* program, char* const* argv,
-                             char* const* envp, int out_fd, int err_fd) {
+                             char* const* envp, int out_fd, int err_fd, const cpu_set_t* cpus) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != launcher) _exit(127);  // the launcher died before prctl
@@ -43,9 +44,15 @@ void write_str(int fd, const char* text) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
-  execve(program, argv, envp);
-  const int error = errno;
-  write_str(STDERR_FILENO, "lockstep-run: cannot execute ");
+  int error = 0;
+  if (cpus != nullptr && sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) {
+    error = errno;
+    write_str(STDERR_FILENO, "lockstep-run: --bind-to core: cannot bind the rank running ");
+  } else {
+    execve(program, argv, envp);
+    error = errno;
+    write_str(STDERR_FILENO, "lockstep-run: cannot execute ");
+  }
   write_str(STDERR_FILENO, program);
   write_str(STDERR_FILENO, ": ");
   const char* desc = strerrordesc_np(error);
@@ -75,7 +82,8 @@ std::optional<std::string> find_program(const std::string& name, const std::stri
 }
 
 SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
-                         const std::vector<std::string>& env, bool capture_output) {
+                         const std::vector<std::string>& env, bool capture_output,
+                         const std::vector<int>& cpus) {
   std::vector<char*> args, envp;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -88,10 +96,16 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
     LOCKSTEP_CHECK(pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0,
                    "cannot create output pipes for rank: {}", strerror(errno));
   }
+  cpu_set_t cpu_set;
+  CPU_ZERO(&cpu_set);
+  for (int cpu : cpus) CPU_SET(cpu, &cpu_set);
   const pid_t launcher = getpid();
   const pid_t pid = fork();
   LOCKSTEP_CHECK(pid >= 0, "cannot fork a rank process: {}", strerror(errno));
-  if (pid == 0) exec_child(launcher, program.c_str(), args.data(), envp.data(), out[1], err[1]);
+  if (pid == 0) {
+    exec_child(launcher, program.c_str(), args.data(), envp.data(), out[1], err[1],
+               cpus.empty() ? nullptr : &cpu_set);
+  }
 
   setpgid(pid, pid);  // also here, so the group exists before we may signal it
   SpawnedChild child;

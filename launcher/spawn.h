@@ -26,8 +26,10 @@ struct SpawnedChild {
 // it started too. It dies with the launcher (PR_SET_PDEATHSIG), reads stdin
 // from /dev/null, and with `capture_output` writes to pipes the launcher reads.
 // The caller must have blocked the signals it handles (see supervisor.h); the
-// child unblocks them. Exec failure: the child prints why and exits 127.
+// child unblocks them. With `cpus` non-empty the child runs only on those
+// CPUs. Exec (or binding) failure: the child prints why and exits 127.
 SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
-                         const std::vector<std::string>& env, bool capture_output);
+                         const std::vector<std::string>& env, bool capture_output,
+                         const std::vector<int>& cpus = {});
 
 }  // namespace lockstep::launcher

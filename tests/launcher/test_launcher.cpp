@@ -2,6 +2,7 @@
 // launcher_probe worker (tests/workers/launcher_probe.cpp) under a time limit.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 
@@ -59,6 +60,18 @@ std::map<int, std::map<std::string, std::string>> probe_lines(const std::string&
     out[std::stoi(kv["rank"])] = kv;
   }
   return out;
+}
+
+// The CPUs this process may run on (the launcher inherits them).
+std::set<int> own_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  std::set<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.insert(cpu);
+  }
+  return cpus;
 }
 
 // A scratch directory for the probes' pid files, removed at the end.
@@ -232,6 +245,7 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
        "fixed --master-port"},
       {{lr, "--nnodes", "2", "--node-rank", "2", "--nproc-per-node", "1", "true"},
        "--node-rank 2 is out of range"},
+      {{lr, "-np", "2", "--bind-to", "socket", "true"}, "--bind-to"},
   };
   for (const auto& c : cases) {
     const auto r = run_process(c.args, kLimit, {"LOCKSTEP_TOKEN="});
@@ -244,8 +258,52 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
   CHECK(help.exit_code == 0);
   for (const char* option : {"-np", "--nproc-per-node", "--nnodes", "--node-rank",
                              "--master-addr", "--master-port", "--token", "-x", "--tag-output",
-                             "--grace-period"})
+                             "--grace-period", "--bind-to"})
     CHECK_THAT(help.output, Contains(option));
+}
+
+TEST_CASE("launcher: --bind-to core gives each rank its own CPUs; none leaves them alone",
+          "[launcher]") {
+  const auto mine = own_cpus();
+  const auto cpus_of = [](const std::map<std::string, std::string>& line) {
+    std::set<int> cpus;
+    std::istringstream in(line.at("cpus"));
+    std::string cpu;
+    while (std::getline(in, cpu, ',')) cpus.insert(std::stoi(cpu));
+    return cpus;
+  };
+  const int n = static_cast<int>(mine.size());
+
+  SECTION("none (the default): every rank may run where the launcher may") {
+    const auto r = launch({"-np", "2"}, {"print", "cpus"});
+    REQUIRE(r.ok());
+    const auto lines = probe_lines(r.output);
+    REQUIRE(lines.size() == 2);
+    for (const auto& [rank, line] : lines) CHECK(cpus_of(line) == mine);
+  }
+  SECTION("core: disjoint shares that cover the launcher's CPUs, as even as they divide") {
+    const int np = std::min(n, 3);
+    const auto r = launch({"-np", std::to_string(np), "--bind-to", "core"}, {"print", "cpus"});
+    REQUIRE(r.ok());
+    const auto lines = probe_lines(r.output);
+    REQUIRE(lines.size() == static_cast<size_t>(np));
+    std::set<int> all;
+    for (const auto& [rank, line] : lines) {
+      const auto cpus = cpus_of(line);
+      INFO("rank " << rank << " cpus " << line.at("cpus"));
+      CHECK(!cpus.empty());
+      CHECK(cpus.size() <= static_cast<size_t>((n + np - 1) / np) * 2);  // SMT pairs at most double it
+      for (int cpu : cpus) CHECK(all.insert(cpu).second);  // no CPU shared by two ranks
+    }
+    CHECK(all == mine);
+  }
+  SECTION("core with more ranks than CPUs: not bound, and said so") {
+    const auto r = launch({"-np", std::to_string(n + 1), "--bind-to", "core"}, {"print", "cpus"});
+    REQUIRE(r.ok());
+    CHECK_THAT(r.output, Contains(fmt::format("--bind-to core: {} ranks on this node but {} CPUs; "
+                                              "the ranks are not bound", n + 1, n)));
+    for (const auto& [rank, line] : probe_lines(r.output)) CHECK(cpus_of(line) == mine);
+  }
 }
 
 TEST_CASE("launcher: the program's own options are passed through", "[launcher]") {

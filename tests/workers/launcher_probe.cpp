@@ -2,6 +2,7 @@
 // order (R is a rank):
 //   print            print this rank's variables on one line
 //   show=NAME        add NAME=<value or (unset)> to that line
+//   cpus             add cpus=<the CPUs it may run on, comma-separated>
 //   pid-dir=DIR      write DIR/<rank>.pid; exit=/kill=/kill-parent= first wait
 //                    (up to 10 s) until every rank has written one
 //   exit=R:CODE      rank R exits with CODE
@@ -12,6 +13,7 @@
 //   store-sum        every rank adds rank+1 to a counter in the job's store,
 //                    waits for all, checks the sum is W(W+1)/2; exit 1 if not
 //   sleep            then wait until killed (default: exit 0)
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -76,6 +78,19 @@ int store_sum(const lockstep::runtime::RankInfo& info) {
   return sum == expected ? 0 : 1;
 }
 
+std::string allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return "unknown";
+  std::string list;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    if (!list.empty()) list += ',';
+    list += std::to_string(cpu);
+  }
+  return list;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,6 +107,7 @@ int main(int argc, char** argv) {
     if (a == "sleep") sleep = true;
     if (a == "store-sum") sum = true;
     if (a == "ignore-term") signal(SIGTERM, SIG_IGN);
+    if (a == "cpus") line += " cpus=" + allowed_cpus();
     if (a.rfind("show=", 0) == 0) line += fmt::format(" {}={}", a.substr(5), var(a.substr(5).c_str()));
     if (a.rfind("pid-dir=", 0) == 0) pid_dir = a.substr(8);
   }
