@@ -24,10 +24,6 @@ struct Slice {
   size_t size() const { return end - begin; }
 };
 
-// Pieces of the in-place reduce: small enough to stay in L1 between being
-// reduced and being written to the other ranks.
-constexpr size_t kInPlacePieceBytes = 16 << 10;
-
 Slice slice_of(size_t b0, size_t k, int q, int n) {
   return {b0 + k * static_cast<size_t>(q) / static_cast<size_t>(n),
           b0 + k * (static_cast<size_t>(q) + 1) / static_cast<size_t>(n)};
@@ -96,6 +92,10 @@ void reduce_in_slices(Comm& comm, Span data, ReduceOp op, int root, Clock::time_
     }
   }
 }
+
+// Pieces of the in-place reduce: small enough to stay in L1 between being
+// reduced and being written to the other ranks.
+constexpr size_t kInPlacePieceBytes = 16 << 10;
 
 /* In place, when every rank's data lies in a shared tensor pool: nothing is
  * staged. Rank r owns slice r of the whole message.

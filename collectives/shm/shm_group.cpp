@@ -1,6 +1,5 @@
 #include "lockstep/collectives/shm/shm_group.h"
 
-
 #include <atomic>
 #include <condition_variable>
 #include <deque>
