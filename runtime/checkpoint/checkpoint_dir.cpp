@@ -128,8 +128,10 @@ std::vector<CheckpointEntry> CheckpointDir::list() const {
 std::optional<CheckpointEntry> CheckpointDir::best() const {
   if (options_.best == BestMode::none) return std::nullopt;
   std::optional<CheckpointEntry> best;
-  for (auto& e : list())
-    if (e.metric && (!best || better(*e.metric, *best->metric))) best = e;
+  for (auto& e : list()) {
+    if (!e.metric || std::isnan(*e.metric)) continue;  // a NaN never counts as best
+    if (!best || better(*e.metric, *best->metric)) best = e;
+  }
   return best;
 }
 

@@ -61,6 +61,16 @@ TEST_CASE("checkpoint dir: keeps the best as well, by min or max", "[checkpoint]
     dir.save(small_content(), 4, 0.75);  // a new best: the old one goes
     CHECK(steps(dir) == std::vector<int64_t>{4});
   }
+  SECTION("a NaN first, and only NaNs, are never best") {
+    CheckpointDir dir(tmp.str(), {.keep_last = 1, .best = BestMode::min});
+    dir.save(small_content(), 1, std::nan(""));
+    dir.save(small_content(), 2, std::nan(""));
+    CHECK_FALSE(dir.best());
+    CHECK(steps(dir) == std::vector<int64_t>{2});
+    dir.save(small_content(), 3, 0.4);
+    REQUIRE(dir.best());
+    CHECK(dir.best()->step == 3);
+  }
 }
 
 TEST_CASE("checkpoint dir: a new instance recovers the state from the files", "[checkpoint]") {
