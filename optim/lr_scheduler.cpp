@@ -18,6 +18,8 @@ double cosine_between(double from, double to, double fraction) {
 
 std::string base_lr_key(size_t group) { return fmt::format("base_lr.{}", group); }
 
+const std::string kOptionPrefix = "option.";
+
 }  // namespace
 
 // ---- LRScheduler --------------------------------------------------------------
@@ -57,24 +59,55 @@ void LRScheduler::apply() {
 SchedulerState LRScheduler::state_dict() const {
   SchedulerState s{{"last_epoch", static_cast<double>(last_epoch_)}};
   for (size_t g = 0; g < base_lrs_.size(); ++g) s[base_lr_key(g)] = base_lrs_[g];
+  for (const auto& [key, value] : options()) s[kOptionPrefix + key] = value;
   return s;
 }
 
-void LRScheduler::load_state_dict(const SchedulerState& state) {
+void LRScheduler::check_state_dict(const SchedulerState& state) const {
   auto epoch = state.find("last_epoch");
   LOCKSTEP_CHECK(epoch != state.end() && epoch->second >= -1 &&
                      epoch->second == std::floor(epoch->second),
                  "{}.load_state_dict: the state has no valid \"last_epoch\"; it is not a "
                  "scheduler state",
                  name_);
-  std::vector<double> base;
-  while (state.contains(base_lr_key(base.size()))) base.push_back(state.at(base_lr_key(base.size())));
-  LOCKSTEP_CHECK(base.size() == base_lrs_.size(),
+  size_t groups = 0;
+  while (state.contains(base_lr_key(groups))) ++groups;
+  LOCKSTEP_CHECK(groups == base_lrs_.size(),
                  "{}.load_state_dict: the state is for {} parameter group(s), this scheduler's "
                  "optimizer has {}",
-                 name_, base.size(), base_lrs_.size());
+                 name_, groups, base_lrs_.size());
+  const SchedulerState mine = options();
+  bool any = false;
+  for (auto it = state.lower_bound(kOptionPrefix);
+       it != state.end() && it->first.starts_with(kOptionPrefix); ++it) {
+    any = true;
+    const std::string key = it->first.substr(kOptionPrefix.size());
+    auto own = mine.find(key);
+    LOCKSTEP_CHECK(own != mine.end(),
+                   "{}.load_state_dict: the saved schedule has setting \"{}\", which this {} "
+                   "does not have; build the scheduler the run was saved with",
+                   name_, key, name_);
+    LOCKSTEP_CHECK(own->second == it->second,
+                   "{}.load_state_dict: the saved schedule has {} = {:g}, this one has {:g}; "
+                   "build the scheduler with the settings of the run that saved it (the same "
+                   "epochs and steps), or start a new run",
+                   name_, key, it->second, own->second);
+  }
+  if (!any) return;
+  for (const auto& [key, value] : mine) {
+    LOCKSTEP_CHECK(state.contains(kOptionPrefix + key),
+                   "{}.load_state_dict: the saved schedule has no setting \"{}\" (this one has "
+                   "{:g}); build the scheduler the run was saved with",
+                   name_, key, value);
+  }
+}
+
+void LRScheduler::load_state_dict(const SchedulerState& state) {
+  check_state_dict(state);
+  std::vector<double> base;
+  while (state.contains(base_lr_key(base.size()))) base.push_back(state.at(base_lr_key(base.size())));
   base_lrs_ = std::move(base);
-  last_epoch_ = static_cast<int64_t>(epoch->second);
+  last_epoch_ = static_cast<int64_t>(state.at("last_epoch"));
   apply();
 }
 
@@ -86,6 +119,10 @@ StepLR::StepLR(Optimizer& optimizer, StepLROptions options)
   start();
 }
 
+SchedulerState StepLR::options() const {
+  return {{"step_size", static_cast<double>(o_.step_size)}, {"gamma", o_.gamma}};
+}
+
 double StepLR::lr_at(int64_t epoch, double base_lr) const {
   return base_lr * std::pow(o_.gamma, static_cast<double>(epoch / o_.step_size));
 }
@@ -95,6 +132,13 @@ MultiStepLR::MultiStepLR(Optimizer& optimizer, MultiStepLROptions options)
   LOCKSTEP_CHECK(std::is_sorted(o_.milestones.begin(), o_.milestones.end()),
                  "MultiStepLR: milestones must be in increasing order");
   start();
+}
+
+SchedulerState MultiStepLR::options() const {
+  SchedulerState s{{"gamma", o_.gamma}, {"milestones", static_cast<double>(o_.milestones.size())}};
+  for (size_t i = 0; i < o_.milestones.size(); ++i)
+    s[fmt::format("milestone.{}", i)] = static_cast<double>(o_.milestones[i]);
+  return s;
 }
 
 double MultiStepLR::lr_at(int64_t epoch, double base_lr) const {
@@ -111,6 +155,10 @@ CosineLR::CosineLR(Optimizer& optimizer, CosineLROptions options)
   start();
 }
 
+SchedulerState CosineLR::options() const {
+  return {{"t_max", static_cast<double>(o_.t_max)}, {"eta_min", o_.eta_min}};
+}
+
 double CosineLR::lr_at(int64_t epoch, double base_lr) const {
   return cosine_between(base_lr, o_.eta_min, static_cast<double>(epoch) / o_.t_max);
 }
@@ -123,6 +171,12 @@ LinearLR::LinearLR(Optimizer& optimizer, LinearLROptions options)
                  "LinearLR: end_factor {} must be in [0, 1]", o_.end_factor);
   LOCKSTEP_CHECK(o_.total_steps >= 1, "LinearLR: total_steps {} must be >= 1", o_.total_steps);
   start();
+}
+
+SchedulerState LinearLR::options() const {
+  return {{"start_factor", o_.start_factor},
+          {"end_factor", o_.end_factor},
+          {"total_steps", static_cast<double>(o_.total_steps)}};
 }
 
 double LinearLR::lr_at(int64_t epoch, double base_lr) const {
@@ -138,6 +192,13 @@ WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, WarmupCosineLROptions optio
   LOCKSTEP_CHECK(o_.start_factor > 0.0 && o_.start_factor <= 1.0,
                  "WarmupCosineLR: start_factor {} must be in (0, 1]", o_.start_factor);
   start();
+}
+
+SchedulerState WarmupCosineLR::options() const {
+  return {{"warmup_steps", static_cast<double>(o_.warmup_steps)},
+          {"total_steps", static_cast<double>(o_.total_steps)},
+          {"start_factor", o_.start_factor},
+          {"eta_min", o_.eta_min}};
 }
 
 double WarmupCosineLR::lr_at(int64_t epoch, double base_lr) const {
@@ -173,6 +234,18 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
                    "cycle_momentum = false");
   }
   start();
+}
+
+SchedulerState OneCycleLR::options() const {
+  return {{"max_lr", o_.max_lr},
+          {"total_steps", static_cast<double>(o_.total_steps)},
+          {"pct_start", o_.pct_start},
+          {"cosine", o_.cosine ? 1.0 : 0.0},
+          {"cycle_momentum", o_.cycle_momentum ? 1.0 : 0.0},
+          {"base_momentum", o_.base_momentum},
+          {"max_momentum", o_.max_momentum},
+          {"div_factor", o_.div_factor},
+          {"final_div_factor", o_.final_div_factor}};
 }
 
 // PyTorch's two phases: [0, pct_start * total - 1] rising, then [.., total - 1]

@@ -21,8 +21,9 @@
 
 namespace lockstep::optim {
 
-// {"last_epoch": ..., "base_lr.0": ..., "base_lr.1": ...}: numbers only, so a
-// checkpoint can keep it in its metadata.
+// {"last_epoch": ..., "base_lr.0": ..., "option.gamma": ...}: numbers only,
+// so a checkpoint can keep it in its metadata. The "option." entries are the
+// schedule's settings: a resumed run must be built with the same ones.
 using SchedulerState = std::map<std::string, double>;
 
 class LRScheduler {
@@ -40,9 +41,15 @@ class LRScheduler {
   const std::string& name() const { return name_; }
 
   SchedulerState state_dict() const;
+  // Throws, naming what differs, unless `state` fits this scheduler: a valid
+  // position, one base rate per group, and the same settings (a state
+  // without "option." entries, from an older file, skips that check).
+  void check_state_dict(const SchedulerState& state) const;
   // Restores the position and the base rates and writes the current rates
-  // into the optimizer. The group count must match; checked first.
+  // into the optimizer; checks first, and changes nothing when it throws.
   void load_state_dict(const SchedulerState& state);
+  // The schedule's settings, by name ("gamma", "milestone.0", ...).
+  virtual SchedulerState options() const = 0;
 
  protected:
   // Subclasses call start() at the end of their constructor (after checking
@@ -73,6 +80,7 @@ struct StepLROptions {
 class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& optimizer, StepLROptions options);
+  SchedulerState options() const override;
 
  protected:
   double lr_at(int64_t epoch, double base_lr) const override;
@@ -87,6 +95,7 @@ struct MultiStepLROptions {
 class MultiStepLR : public LRScheduler {
  public:
   MultiStepLR(Optimizer& optimizer, MultiStepLROptions options);
+  SchedulerState options() const override;
 
  protected:
   double lr_at(int64_t epoch, double base_lr) const override;
@@ -101,6 +110,7 @@ struct CosineLROptions {
 class CosineLR : public LRScheduler {
  public:
   CosineLR(Optimizer& optimizer, CosineLROptions options);
+  SchedulerState options() const override;
 
  protected:
   double lr_at(int64_t epoch, double base_lr) const override;
@@ -117,6 +127,7 @@ struct LinearLROptions {
 class LinearLR : public LRScheduler {
  public:
   LinearLR(Optimizer& optimizer, LinearLROptions options);
+  SchedulerState options() const override;
 
  protected:
   double lr_at(int64_t epoch, double base_lr) const override;
@@ -136,6 +147,7 @@ struct WarmupCosineLROptions {
 class WarmupCosineLR : public LRScheduler {
  public:
   WarmupCosineLR(Optimizer& optimizer, WarmupCosineLROptions options);
+  SchedulerState options() const override;
 
  protected:
   double lr_at(int64_t epoch, double base_lr) const override;
@@ -161,6 +173,7 @@ struct OneCycleLROptions {
 class OneCycleLR : public LRScheduler {
  public:
   OneCycleLR(Optimizer& optimizer, OneCycleLROptions options);
+  SchedulerState options() const override;
 
  protected:
   double lr_at(int64_t epoch, double base_lr) const override;

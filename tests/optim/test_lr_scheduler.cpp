@@ -79,3 +79,32 @@ TEST_CASE("Schedulers reject bad options and foreign states", "[optim][lr_schedu
   CHECK_THROWS_WITH(sched.load_state_dict({{"last_epoch", 3}, {"base_lr.0", 0.1}, {"base_lr.1", 0.1}}),
                     Contains("2 parameter group(s)"));
 }
+
+TEST_CASE("A scheduler refuses a state saved with other settings, and changes nothing",
+          "[optim][lr_scheduler]") {
+  Tensor p = param();
+  SGD a({p}, {.lr = 0.2});
+  WarmupCosineLR sa(a, {.warmup_steps = 4, .total_steps = 20});
+  for (int i = 0; i < 7; ++i) sa.step();
+  const SchedulerState saved = sa.state_dict();
+  CHECK(saved.at("option.total_steps") == 20);
+
+  SGD b({param()}, {.lr = 0.2});
+  WarmupCosineLR longer(b, {.warmup_steps = 4, .total_steps = 30});  // a resume with more epochs
+  const double before = lr(b);
+  CHECK_THROWS_WITH(longer.load_state_dict(saved),
+                    Contains("total_steps = 20, this one has 30") && Contains("settings of the run"));
+  CHECK(longer.last_epoch() == 0);
+  CHECK(lr(b) == before);
+
+  SGD c({param()}, {.lr = 0.2});
+  MultiStepLR multi(c, {.milestones = {3, 6}});
+  SchedulerState other = MultiStepLR(c, {.milestones = {3, 8}}).state_dict();
+  CHECK_THROWS_WITH(multi.load_state_dict(other), Contains("milestone.1 = 8, this one has 6"));
+  CHECK_THROWS_WITH(multi.load_state_dict(saved), Contains("setting \"eta_min\""));
+
+  // A state from before settings were saved restores the position alone.
+  SchedulerState old{{"last_epoch", 7}, {"base_lr.0", 0.2}};
+  longer.load_state_dict(old);
+  CHECK(longer.last_epoch() == 7);
+}
