@@ -71,6 +71,12 @@ class Metadata {
   const std::string& file_;
 };
 
+// Rank 0's generators keep the keys of files from before per-rank states.
+std::string rng_key(size_t generator, size_t rank, std::string_view what) {
+  return rank == 0 ? fmt::format("rng.{}.{}", generator, what)
+                   : fmt::format("rng.{}.rank.{}.{}", generator, rank, what);
+}
+
 std::string group_key(size_t g, const std::string& what) {
   return fmt::format("optimizer.group.{}.{}", g, what);
 }
@@ -147,10 +153,47 @@ OptimizerState read_optimizer(const CheckpointContent& c, const Metadata& meta,
   return state;
 }
 
+// Every rank's generator states, on every rank (one all-gather).
+std::vector<GeneratorStates> all_generator_states(const TrainingParts& parts,
+                                                  collectives::ProcessGroup* group) {
+  const GeneratorStates mine = generator_states(parts);
+  if (group == nullptr || group->size() == 1) return {mine};
+  // Bit patterns through int64: seeds use all 64 bits. The count goes first,
+  // so ranks given different generator lists are told so.
+  std::vector<int64_t> flat{static_cast<int64_t>(mine.size())};
+  const size_t width = 1 + 2 * parts.generators.size();
+  for (const auto& [seed, offset] : mine) {
+    flat.push_back(static_cast<int64_t>(seed));
+    flat.push_back(static_cast<int64_t>(offset));
+  }
+  Tensor in = Tensor::from_vector(flat, {static_cast<int64_t>(width)});
+  Tensor out = Tensor::zeros({static_cast<int64_t>(width) * group->size()}, runtime::DType::i64);
+  group->allgather(out, in)->wait();
+  const auto values = out.to_vector<int64_t>();
+  std::vector<GeneratorStates> all(static_cast<size_t>(group->size()));
+  for (size_t r = 0; r < all.size(); ++r) {
+    const int64_t* at = values.data() + r * width;
+    LOCKSTEP_CHECK(at[0] == static_cast<int64_t>(mine.size()),
+                   "save_training_checkpoint on rank {}: rank {} has {} random generator(s) to "
+                   "save, this rank has {}; give every rank the same TrainingParts::generators",
+                   group->rank(), r, at[0], mine.size());
+    for (size_t i = 0; i < mine.size(); ++i)
+      all[r].emplace_back(static_cast<uint64_t>(at[1 + 2 * i]), static_cast<uint64_t>(at[2 + 2 * i]));
+  }
+  return all;
+}
+
 }  // namespace
 
+GeneratorStates generator_states(const TrainingParts& parts) {
+  GeneratorStates states;
+  for (const runtime::Generator* g : parts.generators) states.emplace_back(g->seed(), g->offset());
+  return states;
+}
+
 CheckpointContent training_checkpoint_content(const TrainingParts& parts,
-                                              const TrainingProgress& progress) {
+                                              const TrainingProgress& progress,
+                                              const std::vector<GeneratorStates>& ranks) {
   LOCKSTEP_CHECK(parts.model != nullptr, "save_training_checkpoint: TrainingParts has no model");
   CheckpointContent c;
   c.metadata[kFormatKey] = kFormat;
@@ -162,10 +205,19 @@ CheckpointContent training_checkpoint_content(const TrainingParts& parts,
     for (const auto& [key, value] : parts.scheduler->state_dict())
       c.metadata["scheduler.state." + key] = number(value);
   }
+  const std::vector<GeneratorStates> all =
+      ranks.empty() ? std::vector<GeneratorStates>{generator_states(parts)} : ranks;
   c.metadata["rng.count"] = std::to_string(parts.generators.size());
-  for (size_t i = 0; i < parts.generators.size(); ++i) {
-    c.metadata[fmt::format("rng.{}.seed", i)] = std::to_string(parts.generators[i]->seed());
-    c.metadata[fmt::format("rng.{}.offset", i)] = std::to_string(parts.generators[i]->offset());
+  c.metadata["rng.ranks"] = std::to_string(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    LOCKSTEP_CHECK(all[r].size() == parts.generators.size(),
+                   "save_training_checkpoint: rank {} has {} random generator(s) to save, rank 0 "
+                   "has {}; give every rank the same TrainingParts::generators",
+                   r, all[r].size(), parts.generators.size());
+    for (size_t i = 0; i < all[r].size(); ++i) {
+      c.metadata[rng_key(i, r, "seed")] = std::to_string(all[r][i].first);
+      c.metadata[rng_key(i, r, "offset")] = std::to_string(all[r][i].second);
+    }
   }
   c.metadata["training.epoch"] = std::to_string(progress.epoch);
   c.metadata["training.batch"] = std::to_string(progress.batch);
@@ -176,7 +228,7 @@ CheckpointContent training_checkpoint_content(const TrainingParts& parts,
 }
 
 TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const TrainingParts& parts,
-                                             const std::string& file) {
+                                             const std::string& file, int rank, int world) {
   LOCKSTEP_CHECK(parts.model != nullptr, "load_training_checkpoint: TrainingParts has no model");
   const Metadata meta(c.metadata, file);
   LOCKSTEP_CHECK(meta.has(kFormatKey) && meta.text(kFormatKey) == kFormat,
@@ -209,23 +261,39 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
                    file, saved, parts.scheduler->name());
     for (const auto& [key, text] : meta.under("scheduler.state."))
       sched_state[key] = meta.real("scheduler.state." + key);
+    try {
+      parts.scheduler->check_state_dict(sched_state);
+    } catch (const Error& e) {
+      throw Error(fmt::format("checkpoint {}: {}", file, e.what()));
+    }
   }
   const auto rng_count = meta.integer<size_t>("rng.count");
   LOCKSTEP_CHECK(rng_count == parts.generators.size(),
                  "checkpoint {}: holds {} random generator state(s), {} were given to restore",
                  file, rng_count, parts.generators.size());
-  std::vector<std::pair<uint64_t, uint64_t>> rng;
+  const auto saved_ranks = meta.has("rng.ranks") ? meta.integer<size_t>("rng.ranks") : size_t{1};
+  const size_t from =
+      saved_ranks == static_cast<size_t>(world) ? static_cast<size_t>(rank) : size_t{0};
+  GeneratorStates rng;
   for (size_t i = 0; i < rng_count; ++i)
-    rng.emplace_back(meta.integer<uint64_t>(fmt::format("rng.{}.seed", i)),
-                     meta.integer<uint64_t>(fmt::format("rng.{}.offset", i)));
+    rng.emplace_back(meta.integer<uint64_t>(rng_key(i, from, "seed")),
+                     meta.integer<uint64_t>(rng_key(i, from, "offset")));
   TrainingProgress progress{.epoch = meta.integer<int64_t>("training.epoch"),
                             .batch = meta.integer<int64_t>("training.batch"),
                             .step = meta.integer<int64_t>("training.step")};
   if (meta.has("training.best_metric")) progress.best_metric = meta.real("training.best_metric");
   progress.user = meta.under("user.");
 
+  // The optimizer's own checks (state shapes against its parameters) run
+  // inside its load_state_dict, which changes nothing when it throws: first.
+  if (parts.optimizer) {
+    try {
+      parts.optimizer->load_state_dict(*opt_state);
+    } catch (const Error& e) {
+      throw Error(fmt::format("checkpoint {}: {}", file, e.what()));
+    }
+  }
   parts.model->load_state_dict(nn::StateDict(model_tensors));
-  if (parts.optimizer) parts.optimizer->load_state_dict(*opt_state);
   if (parts.scheduler) parts.scheduler->load_state_dict(sched_state);
   for (size_t i = 0; i < rng_count; ++i) {
     parts.generators[i]->manual_seed(rng[i].first);
@@ -242,11 +310,13 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
   const int rank = group ? group->rank() : 0;
   if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(parts.optimizer))
     zero->consolidate_state_dict(0);
+  const std::vector<GeneratorStates> generators = all_generator_states(parts, group);
   runtime::CheckpointEntry entry{dir.path_for_step(progress.step), progress.step, metric};
   std::string error;
   if (rank == 0) {
     try {
-      entry = dir.save(training_checkpoint_content(parts, progress), progress.step, metric);
+      entry = dir.save(training_checkpoint_content(parts, progress, generators), progress.step,
+                       metric);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -264,15 +334,53 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
   return entry;
 }
 
+std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
+    const runtime::CheckpointDir& dir, collectives::ProcessGroup* group) {
+  const int rank = group ? group->rank() : 0;
+  std::optional<runtime::CheckpointEntry> chosen;
+  if (rank == 0) chosen = dir.latest();
+  if (group == nullptr || group->size() == 1) return chosen;
+  // Rank 0's choice: {step, or -1 for none; whether it has a metric; the metric}.
+  Tensor pick = Tensor::from_vector<double>(
+      {chosen ? static_cast<double>(chosen->step) : -1.0, chosen && chosen->metric ? 1.0 : 0.0,
+       chosen && chosen->metric ? *chosen->metric : 0.0},
+      {3});
+  group->broadcast(pick, {.root = 0})->wait();
+  const auto p = pick.to_vector<double>();
+  if (p[0] < 0) return std::nullopt;
+  if (rank != 0) {
+    chosen = runtime::CheckpointEntry{.path = dir.path_for_step(static_cast<int64_t>(p[0])),
+                                      .step = static_cast<int64_t>(p[0])};
+    if (p[1] != 0) chosen->metric = p[2];
+  }
+  // Every rank must see the file; otherwise all of them stop, saying who cannot.
+  std::error_code ec;
+  Tensor sees = Tensor::from_vector<int32_t>({std::filesystem::is_regular_file(chosen->path, ec) ? 1 : 0}, {1});
+  Tensor all = Tensor::zeros({group->size()}, runtime::DType::i32);
+  group->allgather(all, sees)->wait();
+  std::vector<int> blind;
+  const auto seen = all.to_vector<int32_t>();
+  for (int r = 0; r < group->size(); ++r)
+    if (seen[static_cast<size_t>(r)] == 0) blind.push_back(r);
+  LOCKSTEP_CHECK(blind.empty(),
+                 "resume on rank {}: rank 0 picked checkpoint {}, which rank(s) {} cannot see; "
+                 "put the checkpoint directory where every rank reads the same files (a shared "
+                 "file system on several nodes)",
+                 rank, chosen->path.string(), fmt::join(blind, ", "));
+  return chosen;
+}
+
 TrainingProgress load_training_checkpoint(const std::filesystem::path& path,
-                                          const TrainingParts& parts) {
+                                          const TrainingParts& parts,
+                                          collectives::ProcessGroup* group) {
   Device device = Device::cpu();
   if (parts.model != nullptr) {
     const auto params = parts.model->parameters();
     if (!params.empty()) device = params.front().device();
   }
   const CheckpointContent content = runtime::load_checkpoint(path, {.device = device});
-  return restore_training_checkpoint(content, parts, path.string());
+  return restore_training_checkpoint(content, parts, path.string(), group ? group->rank() : 0,
+                                     group ? group->size() : 1);
 }
 
 }  // namespace lockstep::optim

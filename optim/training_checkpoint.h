@@ -8,20 +8,21 @@
 //   optim::save_training_checkpoint(dir, parts, {.epoch = e, .batch = 0, .step = s},
 //                                   accuracy, group.get());          // every rank calls it
 //   ...
-//   if (auto last = dir.latest())
-//     progress = optim::load_training_checkpoint(last->path, parts);  // every rank
+//   if (auto last = optim::latest_training_checkpoint(dir, group.get()))  // every rank
+//     progress = optim::load_training_checkpoint(last->path, parts, group.get());
 //
 // What the file holds: tensors "model.<name>" (the model's state_dict:
 // parameters and buffers) and "optimizer.state.<i>.<key>"; metadata with the
-// optimizer's parameter groups and type, the scheduler's state, the progress
-// below, and the random generators' seeds and positions. Python reads the
-// weights as any safetensors file.
+// optimizer's parameter groups and type, the scheduler's state and settings,
+// the progress below, and every rank's random generators (seed and position).
+// Python reads the weights as any safetensors file.
 #pragma once
 
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lockstep/collectives/process_group.h"
@@ -52,15 +53,25 @@ struct TrainingParts {
   std::vector<runtime::Generator*> generators{&runtime::default_generator()};
 };
 
+// One rank's generators, in TrainingParts::generators order: (seed, position).
+using GeneratorStates = std::vector<std::pair<uint64_t, uint64_t>>;
+GeneratorStates generator_states(const TrainingParts& parts);
+
 // The checkpoint content for `parts` at `progress` (the optimizer's full
 // state must be available here: on rank 0 after consolidation under ZeRO).
+// `ranks`: every rank's generator states, by rank; empty: this process's only.
 runtime::CheckpointContent training_checkpoint_content(const TrainingParts& parts,
-                                                       const TrainingProgress& progress);
+                                                       const TrainingProgress& progress,
+                                                       const std::vector<GeneratorStates>& ranks = {});
 // Checks `content` against `parts` (every tensor name, shape and dtype, the
-// optimizer's type and groups, the scheduler's type), then restores them all;
-// on error nothing has changed. Returns the saved progress.
+// optimizer's type, groups and state, the scheduler's type and settings),
+// then restores them all; on error nothing has changed. Rank `rank` of
+// `world` takes its own generator states when the file has one per rank for
+// that many ranks, and rank 0's otherwise (a run resumed on another number of
+// ranks continues, but not bit for bit). Returns the saved progress.
 TrainingProgress restore_training_checkpoint(const runtime::CheckpointContent& content,
-                                             const TrainingParts& parts, const std::string& file);
+                                             const TrainingParts& parts, const std::string& file,
+                                             int rank = 0, int world = 1);
 
 // Every rank calls it (with `group`; null for one process). Rank 0 writes
 // through `dir` as checkpoint progress.step with `metric`; the others wait
@@ -70,9 +81,16 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
                                                   const TrainingProgress& progress,
                                                   std::optional<double> metric,
                                                   collectives::ProcessGroup* group);
+// The checkpoint to resume from, the same on every rank: rank 0 picks the
+// newest one that loads (CheckpointDir::latest()) and tells the others; every
+// rank calls it (with `group`; null for one process), and all throw, naming
+// the ranks, when some rank cannot see the file rank 0 picked.
+std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
+    const runtime::CheckpointDir& dir, collectives::ProcessGroup* group);
 // Every rank reads the file itself (a path all ranks can reach) onto its own
-// parameters' device.
+// parameters' device; `group` tells it its rank (null: rank 0 of 1).
 TrainingProgress load_training_checkpoint(const std::filesystem::path& path,
-                                          const TrainingParts& parts);
+                                          const TrainingParts& parts,
+                                          collectives::ProcessGroup* group = nullptr);
 
 }  // namespace lockstep::optim

@@ -122,8 +122,8 @@ int run(const Options& o) {
     checkpoints.emplace(o.checkpoint_dir, runtime::CheckpointDirOptions{
                                               .keep_last = o.keep_last, .best = runtime::BestMode::max});
     if (o.resume) {
-      if (auto last = checkpoints->latest()) {
-        progress = optim::load_training_checkpoint(last->path, parts);
+      if (auto last = optim::latest_training_checkpoint(*checkpoints, group.get())) {
+        progress = optim::load_training_checkpoint(last->path, parts, group.get());
         print(rank, "resumed from {}: epoch {}, batch {}/{}, step {}\n", last->path.string(),
               progress.epoch + 1, progress.batch, batches, progress.step);
       } else {

@@ -39,6 +39,8 @@ void train_step(nn::Module& model, Optimizer& opt) {
   opt.step();
 }
 
+// Compared inside CHECK((a == b)): a failing vector comparison would print
+// every element.
 std::vector<float> flat_parameters(const nn::Module& model) {
   std::vector<float> out;
   for (const auto& [name, t] : model.state_dict()) {
@@ -83,7 +85,7 @@ TEST_CASE("A training checkpoint restores model, optimizer, schedule, RNG and pr
   CHECK(back.best_metric == 0.75);
   CHECK(back.user == std::map<std::string, std::string>{{"note", "hello"}});
   CHECK(runtime::default_generator().offset() == rng_offset);
-  CHECK(flat_parameters(*other) == flat_parameters(*model));
+  CHECK((flat_parameters(*other) == flat_parameters(*model)));
   CHECK(other_sched.last_epoch() == sched.last_epoch());
   CHECK(other_opt.param_groups()[0].options == opt.param_groups()[0].options);
 
@@ -92,7 +94,7 @@ TEST_CASE("A training checkpoint restores model, optimizer, schedule, RNG and pr
   train_step(*model, opt);
   runtime::default_generator().set_offset(seed_state);
   train_step(*other, other_opt);
-  CHECK(flat_parameters(*other) == flat_parameters(*model));
+  CHECK((flat_parameters(*other) == flat_parameters(*model)));
   fs::remove_all(dir);
 }
 
@@ -112,7 +114,7 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
     const auto before = flat_parameters(*cnn);
     CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = cnn.get()}),
                       Contains(entry.path.string()));
-    CHECK(flat_parameters(*cnn) == before);
+    CHECK((flat_parameters(*cnn) == before));
   }
   SECTION("another optimizer") {
     auto same = nn::models::fashion_mlp(2);
@@ -120,15 +122,31 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
     SGD sgd(same->parameters(), {.lr = 0.1, .momentum = 0.9});
     CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &sgd}),
                       Contains("the saved Adam optimizer has option"));
-    CHECK(flat_parameters(*same) == before);
+    CHECK((flat_parameters(*same) == before));
   }
   SECTION("a scheduler the run did not have") {
     auto same = nn::models::fashion_mlp(2);
     Adam adam(same->parameters(), {});
     CosineLR sched(adam, {.t_max = 10});
+    const auto before = flat_parameters(*same);
     CHECK_THROWS_WITH(load_training_checkpoint(
                           entry.path, {.model = same.get(), .optimizer = &adam, .scheduler = &sched}),
                       Contains("saved with LR scheduler none, this one is CosineLR"));
+    CHECK((flat_parameters(*same) == before));
+  }
+  SECTION("optimizer state that does not fit the parameters") {
+    // The same layout but a transposed first weight: names and groups match,
+    // the Adam moments' shapes do not; the optimizer refuses, the model is untouched.
+    auto content = training_checkpoint_content({.model = model.get(), .optimizer = &opt}, {.step = 1});
+    for (auto& [name, t] : content.tensors)
+      if (name.starts_with("optimizer.state.0.") && t.dim() == 2) t = t.transpose(0, 1).contiguous();
+    auto same = nn::models::fashion_mlp(2);
+    Adam adam(same->parameters(), {});
+    const auto before = flat_parameters(*same);
+    CHECK_THROWS_WITH(restore_training_checkpoint(content, {.model = same.get(), .optimizer = &adam},
+                                                  "edited.safetensors"),
+                      Contains("edited.safetensors") && Contains("has shape"));
+    CHECK((flat_parameters(*same) == before));
   }
   SECTION("a plain weights file is not a training checkpoint") {
     const fs::path plain = dir / "weights.safetensors";
@@ -157,5 +175,84 @@ TEST_CASE("A checkpoint rank 0 cannot write fails every rank", "[optim][checkpoi
   REQUIRE(errors[0]);
   REQUIRE(errors[1]);
   CHECK_THAT(testing::message_of(errors[1]), Contains("rank 0 could not write checkpoint step 5"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A schedule saved with other settings is refused before anything changes",
+          "[optim][checkpoint]") {
+  const fs::path dir = scratch("schedule");
+  auto model = nn::models::fashion_mlp(1);
+  SGD opt(model->parameters(), {.lr = 0.1});
+  CosineLR sched(opt, {.t_max = 100});
+  runtime::CheckpointDir ckpt(dir);
+  const auto entry = save_training_checkpoint(
+      ckpt, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {.step = 1},
+      std::nullopt, nullptr);
+
+  auto other = nn::models::fashion_mlp(2);
+  SGD other_opt(other->parameters(), {.lr = 0.1});
+  CosineLR longer(other_opt, {.t_max = 150});  // e.g. resumed with more --epochs
+  const auto before = flat_parameters(*other);
+  CHECK_THROWS_WITH(
+      load_training_checkpoint(entry.path,
+                               {.model = other.get(), .optimizer = &other_opt, .scheduler = &longer}),
+      Contains(entry.path.string()) && Contains("t_max = 100, this one has 150"));
+  CHECK((flat_parameters(*other) == before));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Every rank's generators are saved, and each rank gets its own back",
+          "[optim][checkpoint]") {
+  const fs::path dir = scratch("rng-ranks");
+  auto groups = testing::make_groups("gloo", 2, "ckpt-rng");
+  std::vector<std::pair<uint64_t, uint64_t>> saved(2), restored(2), other_world(2);
+  std::vector<std::optional<int64_t>> picked(2);
+  const auto errors = testing::run_ranks(2, [&](int r) {
+    auto* group = groups[static_cast<size_t>(r)].get();
+    auto model = nn::models::fashion_mlp(1);
+    runtime::Generator gen(100 + static_cast<uint64_t>(r));
+    for (int i = 0; i < 10 * (r + 1); ++i) (void)gen.next_u32();  // ranks drew differently
+    saved[static_cast<size_t>(r)] = {gen.seed(), gen.offset()};
+    const TrainingParts parts{.model = model.get(), .generators = {&gen}};
+    runtime::CheckpointDir ckpt(dir);  // one directory that both ranks see
+    save_training_checkpoint(ckpt, parts, {.step = 3}, std::nullopt, group);
+
+    gen.manual_seed(7);
+    auto last = latest_training_checkpoint(ckpt, group);
+    if (last) picked[static_cast<size_t>(r)] = last->step;
+    load_training_checkpoint(last->path, parts, group);
+    restored[static_cast<size_t>(r)] = {gen.seed(), gen.offset()};
+    // Resumed on one rank: rank 0's states.
+    load_training_checkpoint(last->path, parts, nullptr);
+    other_world[static_cast<size_t>(r)] = {gen.seed(), gen.offset()};
+  });
+  REQUIRE_FALSE(errors[0]);
+  REQUIRE_FALSE(errors[1]);
+  CHECK(saved[0] != saved[1]);
+  CHECK(restored == saved);
+  CHECK(other_world[0] == saved[0]);
+  CHECK(other_world[1] == saved[0]);
+  CHECK(picked[0] == 3);
+  CHECK(picked[1] == 3);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A checkpoint some rank cannot see stops every rank, naming it", "[optim][checkpoint]") {
+  const fs::path dir = scratch("unseen");
+  auto groups = testing::make_groups("gloo", 2, "ckpt-unseen");
+  auto model = nn::models::fashion_mlp(1);
+  {
+    runtime::CheckpointDir ckpt(dir / "0");
+    save_training_checkpoint(ckpt, {.model = model.get()}, {.step = 4}, std::nullopt, nullptr);
+  }
+  const auto errors = testing::run_ranks(2, [&](int r) {
+    // Each rank looks in its own directory: rank 1's is empty.
+    runtime::CheckpointDir ckpt(dir / std::to_string(r));
+    latest_training_checkpoint(ckpt, groups[static_cast<size_t>(r)].get());
+  });
+  REQUIRE(errors[0]);
+  REQUIRE(errors[1]);
+  CHECK_THAT(testing::message_of(errors[0]), Contains("which rank(s) 1 cannot see"));
+  CHECK_THAT(testing::message_of(errors[1]), Contains("which rank(s) 1 cannot see"));
   fs::remove_all(dir);
 }
