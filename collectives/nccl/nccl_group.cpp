@@ -6,6 +6,7 @@
 
 #include "lockstep/collectives/nccl/nccl_check.h"
 #include "lockstep/collectives/nccl/nccl_comm.h"
+#include "lockstep/collectives/nccl/nccl_host_staging.h"
 #include "lockstep/collectives/nccl/nccl_types.h"
 #include "lockstep/collectives/nccl/nccl_watchdog.h"
 #include "lockstep/collectives/nccl/nccl_work.h"
@@ -73,10 +74,6 @@ NcclGroup::~NcclGroup() { watchdog_->stop(); }
 
 void NcclGroup::check_cuda(std::string_view op, const Tensor& tensor) const {
   check_tensor(op, tensor);
-  LOCKSTEP_CHECK(tensor.device().is_cuda(),
-                 "{} on group '{}': the tensor is on the CPU, but nccl serves CUDA tensors; use "
-                 "gloo/shm for CPU tensors or move it with .to(Device::cuda({}))",
-                 op, name(), device_);
   LOCKSTEP_CHECK(tensor.device().index == device_,
                  "{} on group '{}': the tensor is on {}, but this group's communicator is on "
                  "cuda:{} (one process, one device); move it with .to(Device::cuda({}))",
@@ -152,6 +149,12 @@ std::shared_ptr<Work> NcclGroup::issue(std::string_view op, const Tensor* descri
 }
 
 std::shared_ptr<Work> NcclGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
+  if (tensor.device().is_cpu()) {
+    check_tensor("allreduce", tensor);
+    detail::NcclHostStaging s(device_);
+    Tensor staged = s.stage(tensor, true);
+    return s.wrap(allreduce(staged, opts));
+  }
   check_cuda("allreduce", tensor);
   return issue("allreduce", &tensor, to_string(opts.op), opts.timeout, {tensor}, false,
                [&](ncclComm_t comm, cudaStream_t stream) {
@@ -164,6 +167,13 @@ std::shared_ptr<Work> NcclGroup::allreduce(Tensor& tensor, const AllreduceOption
 
 std::shared_ptr<Work> NcclGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
                                                      const AllreduceOptions& opts) {
+  detail::NcclHostStaging s(device_);
+  std::vector<Tensor> staged;
+  for (const Tensor& t : tensors) {
+    check_tensor("allreduce_coalesced", t);
+    staged.push_back(s.stage(t, true));
+  }
+  if (s.any()) return s.wrap(allreduce_coalesced(staged, opts));
   int64_t elements = 0;
   for (const Tensor& t : tensors) {
     check_cuda("allreduce_coalesced", t);
@@ -190,6 +200,12 @@ std::shared_ptr<Work> NcclGroup::allreduce_coalesced(std::vector<Tensor>& tensor
 }
 
 std::shared_ptr<Work> NcclGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
+  if (tensor.device().is_cpu()) {
+    check_tensor("broadcast", tensor);
+    detail::NcclHostStaging s(device_);
+    Tensor staged = s.stage(tensor, rank() != opts.root);
+    return s.wrap(broadcast(staged, opts));
+  }
   check_cuda("broadcast", tensor);
   check_root("broadcast", opts.root);
   return issue("broadcast", &tensor, fmt::format("root {}", opts.root), opts.timeout, {tensor},
@@ -202,6 +218,12 @@ std::shared_ptr<Work> NcclGroup::broadcast(Tensor& tensor, const BroadcastOption
 }
 
 std::shared_ptr<Work> NcclGroup::reduce(Tensor& tensor, const ReduceOptions& opts) {
+  if (tensor.device().is_cpu()) {
+    check_tensor("reduce", tensor);
+    detail::NcclHostStaging s(device_);
+    Tensor staged = s.stage(tensor, true);
+    return s.wrap(reduce(staged, opts));
+  }
   check_cuda("reduce", tensor);
   check_root("reduce", opts.root);
   return issue("reduce", &tensor, fmt::format("{}, root {}", to_string(opts.op), opts.root),
@@ -215,6 +237,14 @@ std::shared_ptr<Work> NcclGroup::reduce(Tensor& tensor, const ReduceOptions& opt
 
 std::shared_ptr<Work> NcclGroup::allgather(Tensor& output, const Tensor& input,
                                            const AllgatherOptions& opts) {
+  if (output.device().is_cpu() || input.device().is_cpu()) {
+    check_tensor("allgather", output);
+    check_tensor("allgather", input);
+    detail::NcclHostStaging s(device_);
+    Tensor out = s.stage(output, true);
+    const Tensor in = s.stage(input, false);
+    return s.wrap(allgather(out, in, opts));
+  }
   check_pair("allgather", "output", output, "input", input);
   return issue("allgather", &input, "", opts.timeout, {output, input}, false,
                [&](ncclComm_t comm, cudaStream_t stream) {
@@ -227,6 +257,14 @@ std::shared_ptr<Work> NcclGroup::allgather(Tensor& output, const Tensor& input,
 
 std::shared_ptr<Work> NcclGroup::reduce_scatter(Tensor& output, const Tensor& input,
                                                 const ReduceScatterOptions& opts) {
+  if (output.device().is_cpu() || input.device().is_cpu()) {
+    check_tensor("reduce_scatter", output);
+    check_tensor("reduce_scatter", input);
+    detail::NcclHostStaging s(device_);
+    Tensor out = s.stage(output, true);
+    const Tensor in = s.stage(input, false);
+    return s.wrap(reduce_scatter(out, in, opts));
+  }
   check_pair("reduce_scatter", "input", input, "output", output);
   return issue("reduce_scatter", &output, to_string(opts.op), opts.timeout, {output, input},
                false, [&](ncclComm_t comm, cudaStream_t stream) {
@@ -246,6 +284,12 @@ std::shared_ptr<Work> NcclGroup::barrier(const BarrierOptions& opts) {
 }
 
 std::shared_ptr<Work> NcclGroup::send(const Tensor& tensor, int dst, const SendRecvOptions& opts) {
+  if (tensor.device().is_cpu()) {
+    check_tensor("send", tensor);
+    detail::NcclHostStaging s(device_);
+    const Tensor staged = s.stage(tensor, false);
+    return s.wrap(send(staged, dst, opts));
+  }
   check_cuda("send", tensor);
   LOCKSTEP_CHECK(dst >= 0 && dst < size() && dst != rank(),
                  "send on group '{}': peer {} must be another rank of this group of {} ranks "
@@ -260,6 +304,12 @@ std::shared_ptr<Work> NcclGroup::send(const Tensor& tensor, int dst, const SendR
 }
 
 std::shared_ptr<Work> NcclGroup::recv(Tensor& tensor, int src, const SendRecvOptions& opts) {
+  if (tensor.device().is_cpu()) {
+    check_tensor("recv", tensor);
+    detail::NcclHostStaging s(device_);
+    Tensor staged = s.stage(tensor, true);
+    return s.wrap(recv(staged, src, opts));
+  }
   check_cuda("recv", tensor);
   LOCKSTEP_CHECK(src >= 0 && src < size() && src != rank(),
                  "recv on group '{}': peer {} must be another rank of this group of {} ranks "

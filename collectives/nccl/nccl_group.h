@@ -12,6 +12,10 @@
 // done, so the caching allocator cannot reuse their memory early.
 // Errors and timeouts: a watchdog thread aborts the communicator and fails the
 // Works (nccl_watchdog.h); the group is unusable afterwards.
+// CPU tensors are staged through the group's device (nccl_host_staging.h):
+// their wait() blocks the host until the results are back in host memory.
+// That serves small control tensors (DDP's parameter checks, checkpoint
+// flags); keep gradients and parameters on the device.
 // Point to point: NCCL matches the sends and recvs between two ranks in issue
 // order only; `tag` is accepted but does not reorder them. Each runs alone on
 // the communication stream, so two ranks that both send before they recv may

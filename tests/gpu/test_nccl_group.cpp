@@ -2,7 +2,8 @@
 // every collective, dtype, op and count at world size 1 with exact values, in
 // this process over a MemoryStore and through lockstep-run; the ordering of
 // the communication stream against the caller's; the watchdog's timeout.
-// Without a GPU, asking for nccl must still fail with a clear message.
+// Without a GPU, asking for nccl must still fail with a clear message; with
+// one, CPU tensors are staged through the device.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -53,11 +54,23 @@ TEST_CASE("nccl refuses clearly where it cannot serve", "[collectives][nccl]") {
     CHECK_THROWS_WITH(make(), Contains("needs a CUDA device") && Contains("gloo or shm"));
     return;
   }
+  // CPU tensors are staged through the device, and wait() leaves the results
+  // in host memory (DDP's and the checkpoints' control tensors take this path).
   auto group = make();
-  Tensor t = Tensor::ones({4});
-  CHECK_THROWS_WITH(group->allreduce(t), Contains("nccl serves CUDA tensors") &&
-                                             Contains("use gloo/shm for CPU tensors") &&
-                                             Contains(".to(Device::cuda("));
+  Tensor t = Tensor::from_vector<float>({1, 2, 3, 4}, {4});
+  group->allreduce(t)->wait();
+  CHECK(t.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  Tensor gathered = Tensor::zeros({4});
+  group->allgather(gathered, t)->wait();
+  CHECK(gathered.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  Tensor scattered = Tensor::zeros({4});
+  group->reduce_scatter(scattered, t)->wait();
+  CHECK(scattered.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  Tensor on_device = Tensor::zeros({4}).to(Device::cuda(0));
+  group->allgather(on_device, t)->wait();  // a CPU input into a CUDA output
+  CHECK(on_device.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  Tensor flags = Tensor::from_vector<uint8_t>({1}, {1});
+  CHECK_THROWS_WITH(group->broadcast(flags), Contains("dtype"));
 }
 
 #if LOCKSTEP_HAVE_NCCL
