@@ -181,7 +181,7 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
                    "backward(): a gradient can be created implicitly only for a one-element "
                    "output; this output has shape {}, so pass a gradient of that shape",
                    shape_str(shape()));
-    seed = Tensor::ones(shape(), dtype());
+    seed = Tensor::ones(shape(), dtype(), device());
   }
   LOCKSTEP_CHECK(seed.shape() == shape(),
                  "backward(): gradient has shape {} but the output has shape {}",
