@@ -61,12 +61,13 @@ Tensor along_last(const Tensor& x, int64_t dim, F f) {
 }  // namespace
 
 Tensor relu(const Tensor& x) {
-  Tensor out =
-      map_act(x, "relu", UnaryOp::relu, [](auto v) { return v > 0 ? v : decltype(v)(0); });
+  // NaN passes through forward and backward, as PyTorch's clamp and threshold_backward.
+  Tensor out = map_act(x, "relu", UnaryOp::relu,
+                       [](auto v) { return (v > 0 || v != v) ? v : decltype(v)(0); });
   return record(out, "ReluBackward", {x}, {out}, [](const BackwardArgs& g) {
     return std::vector<Tensor>{zip_act(g.grad, g.saved[0], "relu backward",
                                        BinaryOp::relu_backward, [](auto gy, auto y) {
-                                         return y > 0 ? gy : decltype(gy)(0);
+                                         return y <= 0 ? decltype(gy)(0) : gy;
                                        })};
   });
 }

@@ -164,3 +164,18 @@ TEST_CASE("relu and sigmoid gradients have the right values", "[runtime][ops][ac
     CHECK(g[i] == Approx(s * (1 - s)));
   }
 }
+
+TEST_CASE("relu passes NaN through, forward and backward, as PyTorch does",
+          "[runtime][ops][activation]") {
+  Tensor x = Tensor::from_vector<float>({std::nanf(""), -1.0f, 2.0f, 0.0f}, {4});
+  x.requires_grad_();
+  Tensor y = relu(x);
+  const auto out = y.to_vector<float>();
+  CHECK(std::isnan(out[0]));
+  CHECK(out[1] == 0.0f);
+  CHECK(out[2] == 2.0f);
+  CHECK(out[3] == 0.0f);
+  y.backward(Tensor::from_vector<float>({5.0f, 5.0f, 5.0f, 5.0f}, {4}));
+  // threshold_backward: the gradient passes where the output is not <= 0.
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{5.0f, 0.0f, 5.0f, 0.0f});
+}

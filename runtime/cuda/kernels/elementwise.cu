@@ -159,11 +159,11 @@ struct Unary {
     else if constexpr (kOp == UnaryOp::exp) r = exp(x);
     else if constexpr (kOp == UnaryOp::log) r = log(x);
     else if constexpr (kOp == UnaryOp::sqrt) r = sqrt(x);
-    else if constexpr (kOp == UnaryOp::abs) r = x < C(0) ? -x : x;
+    else if constexpr (kOp == UnaryOp::abs) r = x < C(0) ? -x : x + C(0);  // -0 -> +0, as std::abs
     else if constexpr (kOp == UnaryOp::add_scalar) r = x + s;
     else if constexpr (kOp == UnaryOp::mul_scalar) r = x * s;
     else if constexpr (kOp == UnaryOp::pow_scalar) r = s == C(2) ? x * x : pow(x, s);
-    else if constexpr (kOp == UnaryOp::relu) r = x > C(0) ? x : C(0);
+    else if constexpr (kOp == UnaryOp::relu) r = (x > C(0) || x != x) ? x : C(0);  // NaN passes
     else if constexpr (kOp == UnaryOp::sigmoid) r = C(1) / (C(1) + exp(-x));
     else if constexpr (kOp == UnaryOp::tanh) r = tanh(x);
     else if constexpr (kOp == UnaryOp::sign) r = C((x > C(0)) - (x < C(0)));
@@ -237,7 +237,7 @@ struct Binary {
       // NaN propagates, as in PyTorch's maximum/minimum.
       else if constexpr (kOp == BinaryOp::maximum) r = (a != a || a > b) ? a : b;
       else if constexpr (kOp == BinaryOp::minimum) r = (a != a || a < b) ? a : b;
-      else if constexpr (kOp == BinaryOp::relu_backward) r = b > C(0) ? a : C(0);
+      else if constexpr (kOp == BinaryOp::relu_backward) r = b <= C(0) ? C(0) : a;
       else if constexpr (kOp == BinaryOp::sigmoid_backward) r = a * b * (C(1) - b);
       else if constexpr (kOp == BinaryOp::tanh_backward) r = a * (C(1) - b * b);
       else {  // gelu_backward: d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
