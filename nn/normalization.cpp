@@ -36,7 +36,7 @@ Tensor BatchNormBase::forward(const Tensor& x) {
   if (is_training() && options.track_running_stats) {
     {
       runtime::NoGradGuard no_grad;
-      num_batches_tracked.add_(Tensor::scalar(1, DType::i64));
+      num_batches_tracked.add_(Tensor::full({}, 1.0, DType::i64, num_batches_tracked.device()));
     }
     if (!options.momentum) factor = 1.0 / num_batches_tracked.item();
   }

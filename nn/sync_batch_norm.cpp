@@ -295,7 +295,7 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
   if (options.track_running_stats) {
     {
       runtime::NoGradGuard no_grad;
-      num_batches_tracked.add_(Tensor::scalar(1, DType::i64));
+      num_batches_tracked.add_(Tensor::full({}, 1.0, DType::i64, num_batches_tracked.device()));
     }
     if (!options.momentum) factor = 1.0 / num_batches_tracked.item();
   }

@@ -121,7 +121,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
       [=](const BackwardArgs& a) -> std::vector<Tensor> {
         const Tensor& xs = a.saved[0];
         DeviceGuard guard(dev.index);
-        const Tensor gy = a.grad.contiguous();
+        const Tensor gy = a.grad.to(dt).contiguous();  // the kernels read gy as dt
         const Tensor ws = w_at >= 0 ? a.saved[1].contiguous() : ones;
         const bool need_w = w_at >= 0 && a.needs[w_at];
         const bool need_b = b_at >= 0 && a.needs[b_at];
@@ -200,7 +200,7 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
           const BackwardArgs& a) {
         const Tensor& xs = a.saved[0];
         DeviceGuard guard(dev.index);
-        const Tensor gy = a.grad.contiguous();
+        const Tensor gy = a.grad.to(dt).contiguous();  // the kernels read gy as dt
         const cudaStream_t stream = stream_of(xs);
         const kernels::ScalarType st = scalar_type(dt);
         std::vector<Tensor> grads(a.needs.size());
