@@ -22,7 +22,10 @@ void check_norm_type(double norm_type) {
 
 // sum |g|^p (or max |g|) over one gradient, in double.
 double partial_of(const Tensor& grad, double norm_type) {
-  const Tensor g = grad.contiguous();
+  // Read on the host, in double, as on the CPU: a CUDA gradient is copied
+  // over first (the norm is a host number anyway, so the wait is inherent).
+  const Tensor g =
+      grad.device().is_cpu() ? grad.contiguous() : grad.detach().to(runtime::Device::cpu());
   return runtime::dispatch_float(g.dtype(), "clip_grad_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* x = g.data_ptr<T>();

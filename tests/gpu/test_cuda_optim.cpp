@@ -7,11 +7,13 @@
 #include <catch2/catch.hpp>
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
 #include "gpu/cuda_op_check.h"
 #include "lockstep/optim/adam.h"
+#include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/sgd.h"
 #include "support/gpu_skip.h"
 
@@ -86,4 +88,22 @@ TEST_CASE("a CUDA optimizer refuses parameters it cannot fuse", "[gpu][cuda_opti
   p.set_grad(Tensor::zeros({4, 4}, DType::bf16, cuda0()));
   optim::SGD sgd({p}, {.lr = 0.1});
   CHECK_THROWS_WITH(sgd.step(), Catch::Contains("f32") && Catch::Contains("bf16"));
+}
+
+TEST_CASE("clip_grad_norm on CUDA gradients equals the CPU's", "[gpu][cuda_optim]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  for (double norm_type : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
+    std::vector<Tensor> cpu, dev;
+    for (size_t i = 0; i < kShapes.size(); ++i) {
+      cpu.push_back(randn_cpu(kShapes[i], 200 + i).requires_grad_());
+      cpu.back().set_grad(randn_cpu(kShapes[i], 300 + i));
+      dev.push_back(cpu.back().detach().to(cuda0()).requires_grad_());
+      dev.back().set_grad(cpu.back().grad().to(cuda0()));
+    }
+    const double a = optim::clip_grad_norm(cpu, 0.5, norm_type);
+    const double b = optim::clip_grad_norm(dev, 0.5, norm_type);
+    CHECK(b == a);  // both read the same floats on the host, in double
+    for (size_t i = 0; i < cpu.size(); ++i)
+      check_close_to(dev[i].grad(), cpu[i].grad(), 1e-6, 1e-7, "clipped gradient " + std::to_string(i));
+  }
 }
