@@ -153,32 +153,29 @@ OptimizerState read_optimizer(const CheckpointContent& c, const Metadata& meta,
   return state;
 }
 
-// Every rank's generator states, on every rank (one all-gather).
+// Every rank's generator states, on every rank (one all-gather; every rank
+// must pass as many generators, as the header asks).
 std::vector<GeneratorStates> all_generator_states(const TrainingParts& parts,
                                                   collectives::ProcessGroup* group) {
   const GeneratorStates mine = generator_states(parts);
   if (group == nullptr || group->size() == 1) return {mine};
-  // Bit patterns through int64: seeds use all 64 bits. The count goes first,
-  // so ranks given different generator lists are told so.
-  std::vector<int64_t> flat{static_cast<int64_t>(mine.size())};
-  const size_t width = 1 + 2 * parts.generators.size();
+  // Bit patterns through int64: seeds use all 64 bits.
+  std::vector<int64_t> flat;
   for (const auto& [seed, offset] : mine) {
     flat.push_back(static_cast<int64_t>(seed));
     flat.push_back(static_cast<int64_t>(offset));
   }
-  Tensor in = Tensor::from_vector(flat, {static_cast<int64_t>(width)});
-  Tensor out = Tensor::zeros({static_cast<int64_t>(width) * group->size()}, runtime::DType::i64);
+  const auto width = static_cast<int64_t>(flat.size());
+  Tensor in = Tensor::from_vector(flat, {width});
+  Tensor out = Tensor::zeros({width * group->size()}, runtime::DType::i64);
   group->allgather(out, in)->wait();
   const auto values = out.to_vector<int64_t>();
   std::vector<GeneratorStates> all(static_cast<size_t>(group->size()));
   for (size_t r = 0; r < all.size(); ++r) {
-    const int64_t* at = values.data() + r * width;
-    LOCKSTEP_CHECK(at[0] == static_cast<int64_t>(mine.size()),
-                   "save_training_checkpoint on rank {}: rank {} has {} random generator(s) to "
-                   "save, this rank has {}; give every rank the same TrainingParts::generators",
-                   group->rank(), r, at[0], mine.size());
-    for (size_t i = 0; i < mine.size(); ++i)
-      all[r].emplace_back(static_cast<uint64_t>(at[1 + 2 * i]), static_cast<uint64_t>(at[2 + 2 * i]));
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const size_t at = r * flat.size() + 2 * i;
+      all[r].emplace_back(static_cast<uint64_t>(values[at]), static_cast<uint64_t>(values[at + 1]));
+    }
   }
   return all;
 }
@@ -355,7 +352,8 @@ std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
   }
   // Every rank must see the file; otherwise all of them stop, saying who cannot.
   std::error_code ec;
-  Tensor sees = Tensor::from_vector<int32_t>({std::filesystem::is_regular_file(chosen->path, ec) ? 1 : 0}, {1});
+  const int32_t visible = std::filesystem::is_regular_file(chosen->path, ec) ? 1 : 0;
+  Tensor sees = Tensor::from_vector<int32_t>({visible}, {1});
   Tensor all = Tensor::zeros({group->size()}, runtime::DType::i32);
   group->allgather(all, sees)->wait();
   std::vector<int> blind;

@@ -53,7 +53,7 @@ class HostResultWork final : public Work {
 Tensor NcclHostStaging::stage(const Tensor& t, bool result) {
   if (!t.device().is_cpu()) return t;
   // On this thread's current stream: the collective, issued next, waits for it.
-  Tensor copy = t.contiguous().to(runtime::Device::cuda(device_));
+  Tensor copy = t.to(runtime::Device::cuda(device_));
   staged_.push_back({t, copy, result});
   return copy;
 }

@@ -60,8 +60,6 @@ std::optional<int64_t> CheckpointDir::step_of(const std::string& name) const {
 }
 
 bool CheckpointDir::better(double a, double b) const {
-  if (std::isnan(a)) return false;
-  if (std::isnan(b)) return true;
   return options_.best == BestMode::min ? a < b : a > b;
 }
 
