@@ -139,12 +139,24 @@ void Adam::validate(const GroupOptions& options) const {
 
 void Adam::step() {
   NoGradGuard no_grad;
+  // Everything that can refuse the step is checked before anything changes.
   for (auto& group : groups_) {
     validate(group.options);  // a scheduler or the user may have edited them
-    const AdamOptions o = AdamOptions::from_map(group.options);
 #if LOCKSTEP_HAVE_CUDA
-    std::vector<runtime::cuda::FusedParam> on_cuda;  // stepped together below
+    for (auto& param : group.params) {
+      if (!param.grad().defined() || !param.device().is_cuda()) continue;
+      runtime::cuda::check_fusable(name_.c_str(), "parameter", param);
+      runtime::cuda::check_fusable_state(name_.c_str(), find_state(param),
+                                         {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
+    }
 #endif
+  }
+#if LOCKSTEP_HAVE_CUDA
+  runtime::cuda::FusedAdamStep on_cuda;  // every CUDA parameter, stepped together below
+#endif
+  for (auto& group : groups_) {
+    const AdamOptions o = AdamOptions::from_map(group.options);
+    const bool decay = o.weight_decay != 0.0;
     for (auto& param : group.params) {
       if (!param.grad().defined()) continue;
       Tensor grad = param.grad();
@@ -165,15 +177,34 @@ void Adam::step() {
       const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
 #if LOCKSTEP_HAVE_CUDA
       if (param.device().is_cuda()) {
-        runtime::cuda::check_fusable(name_.c_str(), "parameter", param);
-        runtime::cuda::check_fusable(name_.c_str(), "exp_avg", m);
-        runtime::cuda::check_fusable(name_.c_str(), "exp_avg_sq", v);
-        if (vmax.defined()) runtime::cuda::check_fusable(name_.c_str(), "max_exp_avg_sq", vmax);
-        on_cuda.push_back({.param = param,
-                           .grad = grad,
-                           .state = {m, v, vmax},
-                           .coef = {static_cast<float>(-(o.lr / bias_correction1)),
-                                    static_cast<float>(std::sqrt(bias_correction2))}});
+        namespace k = runtime::cuda::kernels;
+        const uint32_t flags = (o.maximize ? k::kMaximize : 0u) | (o.amsgrad ? k::kAmsgrad : 0u) |
+                               (decay && !decoupled_weight_decay_ ? k::kL2 : 0u) |
+                               (decay && decoupled_weight_decay_ ? k::kDecoupled : 0u);
+        auto f32 = [](const Tensor& t) {
+          return t.defined() ? static_cast<float*>(t.raw_data()) : nullptr;
+        };
+        // Coefficients rounded to f32 as for the CPU's f32 parameters.
+        on_cuda.add(param, grad,
+                    {.param = f32(param),
+                     .grad = f32(grad),
+                     .exp_avg = f32(m),
+                     .exp_avg_sq = f32(v),
+                     .max_exp_avg_sq = f32(vmax),
+                     .end = 0,
+                     .neg_step_size = static_cast<float>(-(o.lr / bias_correction1)),
+                     .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2)),
+                     .decay = static_cast<float>(1.0 - o.lr * o.weight_decay),
+                     .weight_decay = static_cast<float>(o.weight_decay),
+                     .beta1 = static_cast<float>(o.beta1),
+                     .one_minus_beta1 = static_cast<float>(1.0 - o.beta1),
+                     .beta2 = static_cast<float>(o.beta2),
+                     .one_minus_beta2 = static_cast<float>(1.0 - o.beta2),
+                     .eps = static_cast<float>(o.eps),
+                     .flags = flags});
+        // Written through raw pointers: bump the versions as in-place ops would.
+        for (const Tensor* t : {&param, &m, &v, &vmax})
+          if (t->defined()) t->storage()->bump_version();
         continue;
       }
 #endif
@@ -189,7 +220,6 @@ void Adam::step() {
                           .bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2)),
                           .eps = static_cast<T>(o.eps),
                           .neg_step_size = static_cast<T>(-(o.lr / bias_correction1))};
-        const bool decay = o.weight_decay != 0.0;
         adam_dispatch<T>(p.data_ptr<T>(), grad.data_ptr<T>(), m.data_ptr<T>(), v.data_ptr<T>(),
                          vmax.defined() ? vmax.data_ptr<T>() : nullptr, p.numel(), c,
                          decay && !decoupled_weight_decay_, decay && decoupled_weight_decay_,
@@ -202,29 +232,10 @@ void Adam::step() {
       if (vmax.defined()) vmax.storage()->bump_version();
       if (!p.is_same(param)) param.copy_(p);
     }
-#if LOCKSTEP_HAVE_CUDA
-    if (!on_cuda.empty()) {
-      const bool decay = o.weight_decay != 0.0;
-      runtime::cuda::fused_adam_step(
-          on_cuda, {.decay = static_cast<float>(1.0 - o.lr * o.weight_decay),
-                    .weight_decay = static_cast<float>(o.weight_decay),
-                    .beta1 = static_cast<float>(o.beta1),
-                    .one_minus_beta1 = static_cast<float>(1.0 - o.beta1),
-                    .beta2 = static_cast<float>(o.beta2),
-                    .one_minus_beta2 = static_cast<float>(1.0 - o.beta2),
-                    .eps = static_cast<float>(o.eps),
-                    .l2 = decay && !decoupled_weight_decay_,
-                    .decoupled = decay && decoupled_weight_decay_,
-                    .amsgrad = o.amsgrad,
-                    .maximize = o.maximize});
-      for (const auto& f : on_cuda) {
-        f.param.storage()->bump_version();
-        for (const Tensor& s : f.state)
-          if (s.defined()) s.storage()->bump_version();
-      }
-    }
-#endif
   }
+#if LOCKSTEP_HAVE_CUDA
+  on_cuda.launch();
+#endif
 }
 
 }  // namespace lockstep::optim

@@ -40,7 +40,8 @@ class Adam : public Optimizer {
   explicit Adam(std::vector<Tensor> params, AdamOptions options = {});
   explicit Adam(std::vector<ParamGroup> groups, AdamOptions defaults = {});
 
-  // In place, one fused loop per parameter over its contiguous data.
+  // In place: on the CPU one fused loop per parameter over its contiguous
+  // data; on CUDA one kernel launch for all parameters of a device.
   void step() override;
 
  protected:

@@ -74,6 +74,11 @@ class Optimizer {
   virtual void validate(const GroupOptions& options) const = 0;
   // Per-parameter state, created empty on first use.
   std::map<std::string, Tensor>& state_of(const Tensor& param) { return state_[param.impl_ptr()]; }
+  // The state of `param`, or null while it has none (creates nothing).
+  const std::map<std::string, Tensor>* find_state(const Tensor& param) const {
+    const auto it = state_.find(param.impl_ptr());
+    return it == state_.end() ? nullptr : &it->second;
+  }
 
   const std::string name_;
   const GroupOptions defaults_;

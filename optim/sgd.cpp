@@ -71,26 +71,46 @@ void sgd_dispatch(T* p, const T* grad, T* buf, int64_t n, const Coeffs<T>& c, bo
 }
 
 #if LOCKSTEP_HAVE_CUDA
-// A CUDA parameter's part of the fused step; creates its momentum buffer
+namespace k = runtime::cuda::kernels;
+
+float* f32(const Tensor& t) { return t.defined() ? static_cast<float*>(t.raw_data()) : nullptr; }
+
+// A CUDA parameter's entry in the fused step; creates its momentum buffer
 // (filled by the kernel from the gradient) on first use.
-runtime::cuda::FusedParam cuda_param(Tensor& param, std::map<std::string, Tensor>* state) {
-  runtime::cuda::FusedParam f{.param = param, .grad = param.grad()};
-  if (f.grad.dtype() != param.dtype()) f.grad = f.grad.to(param.dtype());
-  f.grad = f.grad.contiguous();
-  runtime::cuda::check_fusable("SGD", "parameter", param);
+void add_cuda(runtime::cuda::FusedSgdStep& step, const Tensor& param, const SGDOptions& o,
+              std::map<std::string, Tensor>* state) {
+  Tensor grad = param.grad();
+  if (grad.dtype() != param.dtype()) grad = grad.to(param.dtype());
+  grad = grad.contiguous();
+  uint32_t flags =
+      (o.maximize ? k::kMaximize : 0u) | (o.weight_decay != 0.0 ? k::kWeightDecay : 0u);
+  Tensor buf;
   if (state != nullptr) {  // with momentum
+    flags |= k::kMomentum | (o.nesterov ? k::kNesterov : 0u);
     auto& st = *state;
     auto it = st.find("momentum_buffer");
     if (it == st.end()) {
-      f.state[0] = Tensor::empty(param.shape(), param.dtype(), param.device());
-      f.coef[0] = 1.0f;
+      buf = Tensor::empty(param.shape(), param.dtype(), param.device());
+      flags |= k::kFirstStep;
     } else {
-      f.state[0] = it->second;
-      runtime::cuda::check_fusable("SGD", "momentum buffer", f.state[0]);
+      buf = it->second;
     }
-    st["momentum_buffer"] = f.state[0];
+    st["momentum_buffer"] = buf;
+    // Written through raw pointers: bump the versions as in-place ops would.
+    buf.storage()->bump_version();
   }
-  return f;
+  param.storage()->bump_version();
+  // Coefficients rounded to f32 as for the CPU's f32 parameters.
+  step.add(param, grad,
+           {.param = f32(param),
+            .grad = f32(grad),
+            .momentum_buffer = f32(buf),
+            .end = 0,
+            .neg_lr = static_cast<float>(-o.lr),
+            .momentum = static_cast<float>(o.momentum),
+            .one_minus_dampening = static_cast<float>(1.0 - o.dampening),
+            .weight_decay = static_cast<float>(o.weight_decay),
+            .flags = flags});
 }
 #endif
 
@@ -140,17 +160,29 @@ void SGD::validate(const GroupOptions& options) const {
 
 void SGD::step() {
   NoGradGuard no_grad;
+  // Everything that can refuse the step is checked before anything changes.
   for (auto& group : groups_) {
     validate(group.options);  // a scheduler or the user may have edited them
-    const SGDOptions o = SGDOptions::from_map(group.options);
 #if LOCKSTEP_HAVE_CUDA
-    std::vector<runtime::cuda::FusedParam> on_cuda;  // stepped together below
+    const bool momentum = SGDOptions::from_map(group.options).momentum != 0.0;
+    for (auto& param : group.params) {
+      if (!param.grad().defined() || !param.device().is_cuda()) continue;
+      runtime::cuda::check_fusable("SGD", "parameter", param);
+      if (momentum)
+        runtime::cuda::check_fusable_state("SGD", find_state(param), {"momentum_buffer"});
+    }
 #endif
+  }
+#if LOCKSTEP_HAVE_CUDA
+  runtime::cuda::FusedSgdStep on_cuda;  // every CUDA parameter, stepped together below
+#endif
+  for (auto& group : groups_) {
+    const SGDOptions o = SGDOptions::from_map(group.options);
     for (auto& param : group.params) {
       if (!param.grad().defined()) continue;
 #if LOCKSTEP_HAVE_CUDA
       if (param.device().is_cuda()) {
-        on_cuda.push_back(cuda_param(param, o.momentum != 0.0 ? &state_of(param) : nullptr));
+        add_cuda(on_cuda, param, o, o.momentum != 0.0 ? &state_of(param) : nullptr);
         continue;
       }
 #endif
@@ -190,25 +222,10 @@ void SGD::step() {
       if (buf.defined()) buf.storage()->bump_version();
       if (!p.is_same(param)) param.copy_(p);
     }
-#if LOCKSTEP_HAVE_CUDA
-    if (!on_cuda.empty()) {
-      // Coefficients rounded to f32 as for the CPU's f32 parameters.
-      runtime::cuda::fused_sgd_step(
-          on_cuda, {.neg_lr = static_cast<float>(-o.lr),
-                    .momentum = static_cast<float>(o.momentum),
-                    .one_minus_dampening = static_cast<float>(1.0 - o.dampening),
-                    .weight_decay = static_cast<float>(o.weight_decay),
-                    .has_weight_decay = o.weight_decay != 0.0,
-                    .has_momentum = o.momentum != 0.0,
-                    .nesterov = o.nesterov,
-                    .maximize = o.maximize});
-      for (const auto& f : on_cuda) {
-        f.param.storage()->bump_version();
-        if (f.state[0].defined()) f.state[0].storage()->bump_version();
-      }
-    }
-#endif
   }
+#if LOCKSTEP_HAVE_CUDA
+  on_cuda.launch();
+#endif
 }
 
 }  // namespace lockstep::optim

@@ -37,7 +37,8 @@ class SGD : public Optimizer {
   // Groups with their own options, e.g. {{.params = head, .options = {{"lr", 0.1}}}}.
   explicit SGD(std::vector<ParamGroup> groups, SGDOptions defaults = {});
 
-  // In place, one fused loop per parameter over its contiguous data.
+  // In place: on the CPU one fused loop per parameter over its contiguous
+  // data; on CUDA one kernel launch for all parameters of a device.
   void step() override;
 
  protected:

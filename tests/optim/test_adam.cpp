@@ -82,6 +82,18 @@ TEST_CASE("Adam skips parameters without a gradient and works in f64", "[optim][
     CHECK(after[i] == Approx(p_before[i] * (1 - 1e-3 * 1e-2) - 1e-3 / (1 + 1e-8)).epsilon(1e-12));
 }
 
+TEST_CASE("Adam checks every group before stepping any", "[optim][adam]") {
+  Tensor a = param(), b = param();
+  const std::vector<double> before = a.to_vector<double>();
+  Adam opt(std::vector<ParamGroup>{{{a}, {}}, {{b}, {}}}, {.lr = 0.1});
+  opt.param_groups()[1].options["beta1"] = 1.5;  // the second group is invalid
+  set_grad(a, 1.0);
+  set_grad(b, 1.0);
+  CHECK_THROWS_WITH(opt.step(), Contains("invalid beta1 1.5"));
+  CHECK(a.to_vector<double>() == before);  // the first group was not stepped
+  CHECK(opt.state_dict().state.empty());   // nor did its step count move
+}
+
 TEST_CASE("Adam rejects invalid options", "[optim][adam]") {
   Tensor p = param();
   CHECK_THROWS_WITH(Adam({p}, {.lr = -1}), Contains("invalid learning rate -1"));

@@ -182,6 +182,17 @@ TEST_CASE("SGD rejects invalid options with a clear message", "[optim][sgd]") {
   CHECK_THAT(error_of([&] { opt.step(); }), Contains("invalid learning rate -1"));
 }
 
+TEST_CASE("SGD checks every group before stepping any", "[optim][sgd]") {
+  Tensor a = param({1.0}), b = param({1.0});
+  SGD opt(std::vector<ParamGroup>{{{a}, {}}, {{b}, {}}}, {.lr = 0.1, .momentum = 0.9});
+  opt.param_groups()[1].options["lr"] = -1;  // the second group is invalid
+  set_grad(a, {1.0});
+  set_grad(b, {1.0});
+  CHECK_THAT(error_of([&] { opt.step(); }), Contains("invalid learning rate -1"));
+  CHECK(a.item() == 1.0);                      // the first group was not stepped
+  CHECK(opt.state_dict().state.empty());       // nor given a momentum buffer
+}
+
 TEST_CASE("SGD param groups take their own options; lr can be changed", "[optim][sgd]") {
   Tensor a = param({1.0}), b = param({1.0});
   SGD opt(std::vector<ParamGroup>{{{a}, {}}, {{b}, {{"lr", 0.5}}}}, {.lr = 0.1});

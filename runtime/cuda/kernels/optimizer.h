@@ -1,8 +1,10 @@
-// Fused optimizer updates: one kernel launch steps many f32 parameters
-// (SGD with momentum, Adam/AdamW), instead of one launch per parameter and
-// op. The per-parameter pointers travel in the kernel's parameter block
-// (CUDA 12.1+ allows 32 KiB of it on sm_70 and newer), so nothing is copied
-// to the device first and the host never waits.
+// Fused optimizer updates: one kernel launch steps every f32 parameter of a
+// device (SGD with momentum, Adam/AdamW), whatever their number and their
+// parameter groups. The launch reads a table of tensors from device memory:
+// one entry per tensor with its pointers, its place in the launch and its
+// coefficients (so groups with different options share the launch). The
+// host fills the table in pinned memory and copies it asynchronously on the
+// launch's stream, so the host never waits.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,35 +13,46 @@
 
 namespace lockstep::runtime::cuda::kernels {
 
-inline constexpr int kMaxFusedTensors = 320;
-
-// Up to kMaxFusedTensors tensors with K pointers each (the parameter, its
-// gradient, its state tensors), all f32 and contiguous, and two per-tensor
-// coefficients. Tensor i holds elements [end[i-1], end[i]) of the launch.
-template <int K>
-struct TensorTable {
-  int count = 0;
-  int64_t end[kMaxFusedTensors] = {};
-  float* ptr[K][kMaxFusedTensors] = {};
-  float coef[2][kMaxFusedTensors] = {};
+// Flags of a table entry.
+enum FusedFlag : uint32_t {
+  kMaximize = 1u << 0,
+  kWeightDecay = 1u << 1,  // SGD: d += weight_decay * p
+  kMomentum = 1u << 2,     // SGD
+  kNesterov = 1u << 3,     // SGD
+  kFirstStep = 1u << 4,    // SGD: the momentum buffer is new and starts as d, as in PyTorch
+  kL2 = 1u << 5,           // Adam: g += weight_decay * p
+  kDecoupled = 1u << 6,    // AdamW: p *= decay
+  kAmsgrad = 1u << 7,      // Adam/AdamW
 };
 
-// Pointers: param, grad, momentum buffer. coef[0]: 1 when the buffer is new
-// (it starts as the gradient, as in PyTorch), else 0.
-struct SgdCoefficients {
+// Tensor k of a launch holds its elements [end of k-1, end of k): threads
+// stride over all elements of the launch as one range.
+struct SgdTensor {
+  float* param;
+  const float* grad;
+  float* momentum_buffer;  // null without momentum
+  int64_t end;
   float neg_lr, momentum, one_minus_dampening, weight_decay;
-  bool has_weight_decay, has_momentum, nesterov, maximize;
+  uint32_t flags;
 };
-cudaError_t sgd_step(const TensorTable<3>& table, const SgdCoefficients& c, cudaStream_t stream);
 
-// Pointers: param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq (amsgrad only).
-// coef[0]: -lr / bias_correction1, coef[1]: sqrt(bias_correction2), per
-// tensor since each counts its own steps.
-struct AdamCoefficients {
+// neg_step_size is -lr / bias_correction1 and bias_correction2_sqrt
+// sqrt(bias_correction2), per tensor since each counts its own steps.
+struct AdamTensor {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  float* max_exp_avg_sq;  // null unless kAmsgrad
+  int64_t end;
+  float neg_step_size, bias_correction2_sqrt;
   float decay;  // AdamW: 1 - lr * weight_decay
   float weight_decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-  bool l2, decoupled, amsgrad, maximize;
+  uint32_t flags;
 };
-cudaError_t adam_step(const TensorTable<5>& table, const AdamCoefficients& c, cudaStream_t stream);
+
+// `table` is `count` entries in device memory; `total` the end of the last.
+cudaError_t sgd_step(const SgdTensor* table, int count, int64_t total, cudaStream_t stream);
+cudaError_t adam_step(const AdamTensor* table, int count, int64_t total, cudaStream_t stream);
 
 }  // namespace lockstep::runtime::cuda::kernels

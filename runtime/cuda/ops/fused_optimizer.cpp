@@ -1,46 +1,70 @@
 #include "lockstep/runtime/cuda/ops/fused_optimizer.h"
 
+#include <atomic>
+#include <climits>
+#include <cstring>
+
+#include "lockstep/runtime/cuda/caching_allocator.h"
 #include "lockstep/runtime/cuda/device.h"
 #include "lockstep/runtime/cuda/device_guard.h"
+#include "lockstep/runtime/cuda/pinned.h"
 #include "lockstep/runtime/cuda/stream.h"
 
 namespace lockstep::runtime::cuda {
 
 namespace {
 
-float* f32_ptr(const Tensor& t) { return t.defined() ? static_cast<float*>(t.raw_data()) : nullptr; }
+std::atomic<int64_t> launches{0};
 
-// Fills tables of K pointers (param, grad, state...) and launches each once
-// it is full, or at the end; a table never mixes devices.
-template <int K, class Launch>
-void for_each_table(const std::vector<FusedParam>& params, Launch launch) {
-  kernels::TensorTable<K> table;
-  int device = -1;
-  int64_t total = 0;
-  auto flush = [&] {
-    if (table.count == 0) return;
-    DeviceGuard guard(device);
-    LOCKSTEP_CUDA_CHECK(launch(table, current_stream(device).handle));
-    table = {};
-    total = 0;
-  };
-  for (const FusedParam& p : params) {
-    if (table.count == kernels::kMaxFusedTensors || (table.count > 0 && p.param.device().index != device))
-      flush();
-    device = p.param.device().index;
-    const int i = table.count++;
-    total += p.param.numel();
-    table.end[i] = total;
-    table.ptr[0][i] = f32_ptr(p.param);
-    table.ptr[1][i] = f32_ptr(p.grad);
-    for (int s = 0; s + 2 < K; ++s) table.ptr[s + 2][i] = f32_ptr(p.state[s]);
-    table.coef[0][i] = p.coef[0];
-    table.coef[1][i] = p.coef[1];
-  }
-  flush();
+cudaError_t launch_kernel(const kernels::SgdTensor* t, int n, int64_t total, cudaStream_t s) {
+  return kernels::sgd_step(t, n, total, s);
+}
+cudaError_t launch_kernel(const kernels::AdamTensor* t, int n, int64_t total, cudaStream_t s) {
+  return kernels::adam_step(t, n, total, s);
 }
 
 }  // namespace
+
+template <class Entry>
+void FusedStep<Entry>::add(const Tensor& param, const Tensor& grad, Entry entry) {
+  const int device = param.device().index;
+  OnDevice* on = nullptr;
+  for (OnDevice& d : devices_)
+    if (d.device == device) on = &d;
+  if (on == nullptr) on = &devices_.emplace_back(OnDevice{.device = device});
+  on->total += param.numel();
+  entry.end = on->total;
+  on->entries.push_back(entry);
+  keep_.push_back(grad);
+}
+
+template <class Entry>
+void FusedStep<Entry>::launch() {
+  for (const OnDevice& d : devices_) {
+    if (d.total == 0) continue;  // only empty tensors
+    LOCKSTEP_CHECK(d.entries.size() <= INT_MAX, "fused optimizer step: {} tensors on one device "
+                   "is more than one launch takes", d.entries.size());
+    DeviceGuard guard(d.device);
+    const StreamView stream = current_stream(d.device);
+    // Pinned staging, then a device copy on the launch's stream: both are
+    // reused only after the kernel has run (record_stream / stream order).
+    const std::size_t bytes = d.entries.size() * sizeof(Entry);
+    PinnedBuffer host(bytes);
+    std::memcpy(host.data(), d.entries.data(), bytes);
+    DeviceBuffer table(bytes, stream);
+    copy_to_device_async(table.data(), host, bytes, stream);
+    LOCKSTEP_CUDA_CHECK(launch_kernel(static_cast<const Entry*>(table.data()),
+                                      static_cast<int>(d.entries.size()), d.total, stream.handle));
+    launches.fetch_add(1, std::memory_order_relaxed);
+  }
+  devices_.clear();
+  keep_.clear();  // freed in stream order: the kernel reads them first
+}
+
+template class FusedStep<kernels::SgdTensor>;
+template class FusedStep<kernels::AdamTensor>;
+
+int64_t fused_optimizer_launches() { return launches.load(std::memory_order_relaxed); }
 
 void check_fusable(const char* optimizer, const char* what, const Tensor& t) {
   LOCKSTEP_CHECK(t.device().is_cuda() && t.dtype() == DType::f32 && t.is_contiguous(),
@@ -50,17 +74,13 @@ void check_fusable(const char* optimizer, const char* what, const Tensor& t) {
                  t.is_contiguous() ? "" : " and not contiguous");
 }
 
-void fused_sgd_step(const std::vector<FusedParam>& params, const kernels::SgdCoefficients& c) {
-  for_each_table<3>(params, [&](const kernels::TensorTable<3>& t, cudaStream_t s) {
-    return kernels::sgd_step(t, c, s);
-  });
-}
-
-void fused_adam_step(const std::vector<FusedParam>& params, const kernels::AdamCoefficients& c) {
-  // Pointers: param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq.
-  for_each_table<5>(params, [&](const kernels::TensorTable<5>& t, cudaStream_t s) {
-    return kernels::adam_step(t, c, s);
-  });
+void check_fusable_state(const char* optimizer, const std::map<std::string, Tensor>* state,
+                         std::initializer_list<const char*> keys) {
+  if (state == nullptr) return;
+  for (const char* key : keys) {
+    const auto it = state->find(key);
+    if (it != state->end()) check_fusable(optimizer, key, it->second);
+  }
 }
 
 }  // namespace lockstep::runtime::cuda
