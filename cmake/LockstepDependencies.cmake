@@ -80,8 +80,7 @@ if(NOT LOCKSTEP_CUDA STREQUAL "OFF")
   if(NOT CUDAToolkit_FOUND)
     list(APPEND _missing "the CUDA toolkit")
   elseif(CUDAToolkit_VERSION VERSION_LESS 12.8)
-    # The fused optimizer passes an 18 KB parameter table (CUDA 12.1+) and the
-    # pinned-memory cache asks a stream for its device (cudaStreamGetDevice, 12.8+).
+    # The pinned-memory cache asks a stream for its device (cudaStreamGetDevice).
     list(APPEND _missing "CUDA 12.8 or newer (found ${CUDAToolkit_VERSION} in ${CUDAToolkit_BIN_DIR})")
   else()
     get_filename_component(LOCKSTEP_CUDA_TOOLKIT_ROOT "${CUDAToolkit_BIN_DIR}" DIRECTORY)
@@ -134,9 +133,9 @@ if(NOT LOCKSTEP_NCCL STREQUAL "OFF")
     lockstep_find_nccl()
     if(NOT LOCKSTEP_NCCL_FOUND)
       list(APPEND _missing "NCCL (nccl.h, libnccl)")
-    elseif(LOCKSTEP_NCCL_VERSION AND LOCKSTEP_NCCL_VERSION VERSION_LESS 2.10)
-      # ncclAvg, which averaging all-reduces use, came with NCCL 2.10.
-      list(APPEND _missing "NCCL 2.10 or newer (found ${LOCKSTEP_NCCL_VERSION} in ${LOCKSTEP_NCCL_LIBRARY})")
+    elseif(LOCKSTEP_NCCL_VERSION AND LOCKSTEP_NCCL_VERSION VERSION_LESS 2.14)
+      # Non-blocking communicators (a bounded wait for peers) came with NCCL 2.14.
+      list(APPEND _missing "NCCL 2.14 or newer (found ${LOCKSTEP_NCCL_VERSION} in ${LOCKSTEP_NCCL_LIBRARY})")
     endif()
   endif()
 endif()

@@ -23,3 +23,15 @@ namespace lockstep::collectives::detail {
       ::lockstep::collectives::detail::throw_nccl_error(lockstep_nccl_result_,     \
                                                         #expr, __FILE__, __LINE__); \
   } while (0)
+
+// The same for calls on a non-blocking communicator inside NcclComm::use(),
+// where ncclInProgress means "accepted, still being enqueued" (use() waits
+// for it to finish).
+#define LOCKSTEP_NCCL_CHECK_ASYNC(expr)                                            \
+  do {                                                                             \
+    const ncclResult_t lockstep_nccl_result_ = (expr);                             \
+    if (lockstep_nccl_result_ != ncclSuccess &&                                    \
+        lockstep_nccl_result_ != ncclInProgress)                                   \
+      ::lockstep::collectives::detail::throw_nccl_error(lockstep_nccl_result_,     \
+                                                        #expr, __FILE__, __LINE__); \
+  } while (0)

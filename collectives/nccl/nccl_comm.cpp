@@ -1,6 +1,7 @@
 #include "lockstep/collectives/nccl/nccl_comm.h"
 
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -12,6 +13,23 @@ namespace {
 
 // How long abort() waits for a use() to leave NCCL before aborting under it.
 constexpr std::chrono::milliseconds kAbortGrace{200};
+// How long the destructor lets NCCL finish its work before aborting instead.
+constexpr std::chrono::seconds kFinalizeWait{10};
+// Between two polls of a communicator that is still in progress.
+constexpr std::chrono::microseconds kPollInterval{50};
+
+// NCCL's last error message for `comm` (may be null), never empty.
+std::string last_error(ncclComm_t comm) {
+  const char* m = ncclGetLastError(comm);
+  return m != nullptr && *m != '\0' ? m : "NCCL gave no detail";
+}
+
+// ncclCommGetAsyncError's answer, or its own failure.
+ncclResult_t state_of(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+  return r != ncclSuccess ? r : state;
+}
 constexpr std::string_view kErrorPrefix = "error ";
 
 ncclUniqueId fetch_unique_id(runtime::Store& store, int rank, const std::string& group,
@@ -59,14 +77,36 @@ NcclComm::NcclComm(runtime::Store& store, int rank, int size, const std::string&
   const std::string key = fmt::format("{}/nccl/{}/unique_id", group, instance);
   const ncclUniqueId id = fetch_unique_id(store, rank, group, key, timeout);
   runtime::cuda::DeviceGuard guard(device);
-  try {
-    LOCKSTEP_NCCL_CHECK(ncclCommInitRank(&handle_, size, id, rank));
-  } catch (const std::exception& e) {
-    throw Error(fmt::format(
-        "nccl group '{}': rank {} of {} could not create its communicator on cuda:{}: {}. Each "
-        "rank needs its own GPU (NCCL refuses two ranks on one device); to share a GPU use "
-        "the gloo or shm backend",
-        group, rank, size, device, e.what()));
+  const auto fail = [&](const std::string& why) {
+    if (handle_ != nullptr) (void)ncclCommAbort(handle_);
+    handle_ = nullptr;
+    return Error(fmt::format(
+        "nccl group '{}': rank {} of {} could not create its communicator on cuda:{}: {}", group,
+        rank, size, device, why));
+  };
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // see the header
+  const ncclResult_t r = ncclCommInitRankConfig(&handle_, size, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    throw fail(fmt::format("{} ({}). Each rank needs its own GPU (NCCL refuses two ranks on one "
+                           "device); to share a GPU use the gloo or shm backend",
+                           ncclGetErrorString(r), last_error(handle_)));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (ncclResult_t state = state_of(handle_); state != ncclSuccess; state = state_of(handle_)) {
+    if (state != ncclInProgress) {
+      throw fail(fmt::format("{} ({}). Each rank needs its own GPU (NCCL refuses two ranks on "
+                             "one device); to share a GPU use the gloo or shm backend",
+                             ncclGetErrorString(state), last_error(handle_)));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw fail(fmt::format(
+          "NCCL did not connect the {} ranks within {:.3g} s; a rank may have died or not be "
+          "making this group, or the ranks cannot reach each other (check NCCL_SOCKET_IFNAME "
+          "and the firewall; NCCL_DEBUG=INFO shows what NCCL tried)",
+          size, static_cast<double>(timeout.count()) / 1000.0));
+    }
+    std::this_thread::sleep_for(kPollInterval);
   }
 }
 
@@ -75,13 +115,31 @@ NcclComm::~NcclComm() {
   std::lock_guard lock(mutex_);
   try {
     runtime::cuda::DeviceGuard guard(device_);
-    if (const ncclResult_t r = ncclCommDestroy(handle_); r != ncclSuccess) {
-      fmt::print(stderr, "lockstep: warning: ncclCommDestroy of group '{}' failed: {}\n", group_,
-                 ncclGetErrorString(r));
-    }
+    destroy();
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep: warning: destroying the NCCL communicator of group '{}': {}\n",
                group_, e.what());
+  }
+}
+
+// Finalize (flushes this rank's outstanding work, non-blocking), then free.
+// A finalize that fails or does not finish in time is given up for an abort.
+void NcclComm::destroy() noexcept {
+  ncclResult_t r = ncclCommFinalize(handle_);
+  const auto deadline = std::chrono::steady_clock::now() + kFinalizeWait;
+  while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(kPollInterval);
+    r = state_of(handle_);
+  }
+  if (r != ncclSuccess) {
+    fmt::print(stderr, "lockstep: warning: ncclCommFinalize of group '{}' {}; aborting it\n",
+               group_, r == ncclInProgress ? "did not finish" : ncclGetErrorString(r));
+    (void)ncclCommAbort(handle_);
+    return;
+  }
+  if (r = ncclCommDestroy(handle_); r != ncclSuccess) {
+    fmt::print(stderr, "lockstep: warning: ncclCommDestroy of group '{}' failed: {}\n", group_,
+               ncclGetErrorString(r));
   }
 }
 
@@ -108,6 +166,16 @@ void NcclComm::abort() noexcept {
   if (r != ncclSuccess) {
     fmt::print(stderr, "lockstep: warning: ncclCommAbort of group '{}' failed: {}\n", group_,
                ncclGetErrorString(r));
+  }
+}
+
+void NcclComm::wait_until_ready() {
+  for (ncclResult_t state = state_of(handle_); state != ncclSuccess; state = state_of(handle_)) {
+    if (state != ncclInProgress)
+      throw_nccl_error(state, "ncclCommGetAsyncError", __FILE__, __LINE__);
+    // The watchdog gave up on this operation: leave the handle to its abort.
+    throw_if_aborted();
+    std::this_thread::sleep_for(kPollInterval);
   }
 }
 

@@ -1,12 +1,17 @@
 // NcclComm: one NCCL communicator (RAII), made through the store, and the
 // rules for using and aborting it from several threads.
 //
+// The communicator is non-blocking (NCCL 2.14+): creating it and enqueuing
+// on it return at once, possibly with ncclInProgress, and are then polled
+// (ncclCommGetAsyncError) until done. So a rank whose peers never come fails
+// its creation after the timeout, naming itself, instead of hanging inside
+// ncclCommInitRank.
+//
 // Threads: the issuing thread enqueues through use(); the watchdog thread
-// polls async_error() and may abort() while a use() is blocked inside NCCL
-// (a blocking communicator can wait on the host for peers that never come:
-// aborting from another thread is NCCL's way to unblock it). abort() first
-// waits a short while for the issuing thread to leave NCCL, so that in the
-// usual case the handle is never freed under a running call.
+// polls async_error() and may abort() while a use() is still waiting for an
+// enqueue to finish. abort() first waits a short while for the issuing
+// thread to leave use() (which notices the abort while polling), so that the
+// handle is not freed under a running call.
 #pragma once
 
 #include <atomic>
@@ -25,8 +30,9 @@ class NcclComm {
   // Rank 0 makes the ncclUniqueId and publishes it under
   // "<group>/nccl/<instance>/unique_id" (instance: this rank's count of nccl
   // groups of that name, so a group made again under an old name does not
-  // read a stale id); every rank then calls ncclCommInitRank on `device`.
-  // Waits at most `timeout` for rank 0's id.
+  // read a stale id); every rank then calls ncclCommInitRankConfig on
+  // `device`. Waits at most `timeout` for rank 0's id, and as long again for
+  // NCCL to connect the ranks; throws naming this rank on either timeout.
   NcclComm(runtime::Store& store, int rank, int size, const std::string& group, int device,
            std::chrono::milliseconds timeout);
   // ncclCommDestroy when healthy; nothing once aborted (abort freed it).
@@ -34,13 +40,16 @@ class NcclComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  // Runs fn(handle) while holding the communicator; throws lockstep::Error
-  // if it was aborted.
+  // Runs fn(handle) while holding the communicator, then waits until NCCL
+  // has finished enqueuing what fn asked for; throws lockstep::Error if the
+  // communicator was aborted or NCCL reports an error. fn's NCCL calls may
+  // return ncclInProgress (check them with LOCKSTEP_NCCL_CHECK_ASYNC).
   template <class Fn>
   void use(Fn&& fn) {
     std::lock_guard lock(mutex_);
     throw_if_aborted();
     fn(handle_);
+    wait_until_ready();
   }
 
   // ncclCommGetAsyncError; ncclSuccess once aborted, and while a use() holds
@@ -54,6 +63,10 @@ class NcclComm {
 
  private:
   void throw_if_aborted() const;
+  // Polls ncclCommGetAsyncError while it says ncclInProgress; throws on an
+  // error, or once abort() was called.
+  void wait_until_ready();
+  void destroy() noexcept;
 
   std::timed_mutex mutex_;
   ncclComm_t handle_ = nullptr;

@@ -159,9 +159,9 @@ std::shared_ptr<Work> NcclGroup::allreduce(Tensor& tensor, const AllreduceOption
   return issue("allreduce", &tensor, to_string(opts.op), opts.timeout, {tensor}, false,
                [&](ncclComm_t comm, cudaStream_t stream) {
                  if (tensor.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK(ncclAllReduce(tensor.raw_data(), tensor.raw_data(),
-                                                   count(tensor), nccl_dtype(tensor.dtype()),
-                                                   nccl_op(opts.op), comm, stream));
+                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllReduce(tensor.raw_data(), tensor.raw_data(),
+                                                         count(tensor), nccl_dtype(tensor.dtype()),
+                                                         nccl_op(opts.op), comm, stream));
                });
 }
 
@@ -183,19 +183,19 @@ std::shared_ptr<Work> NcclGroup::allreduce_coalesced(std::vector<Tensor>& tensor
                                         to_string(opts.op));
   return issue("allreduce_coalesced", nullptr, extra, opts.timeout, tensors, false,
                [&](ncclComm_t comm, cudaStream_t stream) {
-                 LOCKSTEP_NCCL_CHECK(ncclGroupStart());
+                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclGroupStart());
                  try {
                    for (Tensor& t : tensors) {
                      if (t.numel() == 0) continue;
-                     LOCKSTEP_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), count(t),
-                                                       nccl_dtype(t.dtype()), nccl_op(opts.op),
-                                                       comm, stream));
+                     LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllReduce(t.raw_data(), t.raw_data(), count(t),
+                                                             nccl_dtype(t.dtype()),
+                                                             nccl_op(opts.op), comm, stream));
                    }
                  } catch (...) {
                    (void)ncclGroupEnd();  // close the group before reporting the first error
                    throw;
                  }
-                 LOCKSTEP_NCCL_CHECK(ncclGroupEnd());
+                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclGroupEnd());
                });
 }
 
@@ -211,9 +211,9 @@ std::shared_ptr<Work> NcclGroup::broadcast(Tensor& tensor, const BroadcastOption
   return issue("broadcast", &tensor, fmt::format("root {}", opts.root), opts.timeout, {tensor},
                false, [&](ncclComm_t comm, cudaStream_t stream) {
                  if (tensor.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK(ncclBroadcast(tensor.raw_data(), tensor.raw_data(),
-                                                   count(tensor), nccl_dtype(tensor.dtype()),
-                                                   opts.root, comm, stream));
+                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclBroadcast(tensor.raw_data(), tensor.raw_data(),
+                                                         count(tensor), nccl_dtype(tensor.dtype()),
+                                                         opts.root, comm, stream));
                });
 }
 
@@ -229,9 +229,9 @@ std::shared_ptr<Work> NcclGroup::reduce(Tensor& tensor, const ReduceOptions& opt
   return issue("reduce", &tensor, fmt::format("{}, root {}", to_string(opts.op), opts.root),
                opts.timeout, {tensor}, false, [&](ncclComm_t comm, cudaStream_t stream) {
                  if (tensor.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK(ncclReduce(tensor.raw_data(), tensor.raw_data(),
-                                                count(tensor), nccl_dtype(tensor.dtype()),
-                                                nccl_op(opts.op), opts.root, comm, stream));
+                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclReduce(tensor.raw_data(), tensor.raw_data(),
+                                                      count(tensor), nccl_dtype(tensor.dtype()),
+                                                      nccl_op(opts.op), opts.root, comm, stream));
                });
 }
 
@@ -249,9 +249,9 @@ std::shared_ptr<Work> NcclGroup::allgather(Tensor& output, const Tensor& input,
   return issue("allgather", &input, "", opts.timeout, {output, input}, false,
                [&](ncclComm_t comm, cudaStream_t stream) {
                  if (input.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK(ncclAllGather(input.raw_data(), output.raw_data(),
-                                                   count(input), nccl_dtype(input.dtype()), comm,
-                                                   stream));
+                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllGather(input.raw_data(), output.raw_data(),
+                                                         count(input), nccl_dtype(input.dtype()),
+                                                         comm, stream));
                });
 }
 
@@ -269,17 +269,19 @@ std::shared_ptr<Work> NcclGroup::reduce_scatter(Tensor& output, const Tensor& in
   return issue("reduce_scatter", &output, to_string(opts.op), opts.timeout, {output, input},
                false, [&](ncclComm_t comm, cudaStream_t stream) {
                  if (output.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK(ncclReduceScatter(input.raw_data(), output.raw_data(),
-                                                       count(output), nccl_dtype(output.dtype()),
-                                                       nccl_op(opts.op), comm, stream));
+                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclReduceScatter(input.raw_data(), output.raw_data(),
+                                                             count(output),
+                                                             nccl_dtype(output.dtype()),
+                                                             nccl_op(opts.op), comm, stream));
                });
 }
 
 std::shared_ptr<Work> NcclGroup::barrier(const BarrierOptions& opts) {
   return issue("barrier", nullptr, "", opts.timeout, {}, true,
                [&](ncclComm_t comm, cudaStream_t stream) {
-                 LOCKSTEP_NCCL_CHECK(ncclAllReduce(barrier_buffer_.data(), barrier_buffer_.data(),
-                                                   1, ncclFloat32, ncclSum, comm, stream));
+                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllReduce(barrier_buffer_.data(),
+                                                         barrier_buffer_.data(), 1, ncclFloat32,
+                                                         ncclSum, comm, stream));
                });
 }
 
@@ -298,8 +300,8 @@ std::shared_ptr<Work> NcclGroup::send(const Tensor& tensor, int dst, const SendR
   return issue("send", &tensor, fmt::format("to rank {}, tag {}", dst, opts.tag), opts.timeout,
                {tensor}, false, [&](ncclComm_t comm, cudaStream_t stream) {
                  if (tensor.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK(ncclSend(tensor.raw_data(), count(tensor),
-                                              nccl_dtype(tensor.dtype()), dst, comm, stream));
+                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclSend(tensor.raw_data(), count(tensor),
+                                                    nccl_dtype(tensor.dtype()), dst, comm, stream));
                });
 }
 
@@ -318,8 +320,8 @@ std::shared_ptr<Work> NcclGroup::recv(Tensor& tensor, int src, const SendRecvOpt
   return issue("recv", &tensor, fmt::format("from rank {}, tag {}", src, opts.tag), opts.timeout,
                {tensor}, false, [&](ncclComm_t comm, cudaStream_t stream) {
                  if (tensor.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK(ncclRecv(tensor.raw_data(), count(tensor),
-                                              nccl_dtype(tensor.dtype()), src, comm, stream));
+                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclRecv(tensor.raw_data(), count(tensor),
+                                                    nccl_dtype(tensor.dtype()), src, comm, stream));
                });
 }
 

@@ -10,9 +10,10 @@
 #include "lockstep/collectives/types.h"
 #include "lockstep/runtime/dtype.h"
 
-// ncclAvg and ncclBfloat16 came in 2.10, ncclGetLastError (nccl_check.cpp) in 2.13.
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 13, 0)
-#error "lockstep's NCCL backend needs NCCL 2.13 or newer (or configure with -DLOCKSTEP_NCCL=OFF)"
+// ncclAvg and ncclBfloat16 came in 2.10, ncclGetLastError (nccl_check.cpp) in
+// 2.13, non-blocking communicators (nccl_comm.cpp) in 2.14.
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "lockstep's NCCL backend needs NCCL 2.14 or newer (or configure with -DLOCKSTEP_NCCL=OFF)"
 #endif
 
 namespace lockstep::collectives::detail {

@@ -1,7 +1,8 @@
 // The nccl backend. [gpu] tests run on a CUDA device (skipped without one):
 // every collective, dtype, op and count at world size 1 with exact values, in
 // this process over a MemoryStore and through lockstep-run; the ordering of
-// the communication stream against the caller's; the watchdog's timeout.
+// the communication stream against the caller's; the watchdog's timeout; a
+// creation whose peer never comes.
 // Without a GPU, asking for nccl must still fail with a clear message; with
 // one, CPU tensors are staged through the device.
 #include <catch2/catch.hpp>
@@ -198,6 +199,17 @@ TEST_CASE("nccl: a collective past its timeout is aborted by the watchdog, namin
   CHECK_THROWS_WITH(g->allreduce(t),
                     Contains("unusable because allreduce #1 (f32, 16 elements, sum) timed out"));
   CHECK_THROWS_WITH(g->barrier(), Contains("unusable"));
+}
+
+TEST_CASE("nccl: a rank whose peer never comes fails its creation after the timeout",
+          "[gpu][collectives][nccl]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  // Rank 0 of 2 publishes the unique id and waits in NCCL for rank 1, which
+  // is never started: creation must end with an error, not hang.
+  auto store = std::make_shared<lr::MemoryStore>();
+  CHECK_THROWS_WITH(lc::make_process_group("nccl", store, 0, 2, "nccl-lonely", 2s),
+                    Contains("rank 0 of 2 could not create its communicator") &&
+                        Contains("did not connect the 2 ranks within 2 s"));
 }
 
 TEST_CASE("nccl at world size 1 through lockstep-run: every collective and dtype",
