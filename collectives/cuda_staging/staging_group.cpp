@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lockstep/collectives/cuda_staging/host_tensor_pool.h"
+#include "lockstep/runtime/cuda/caching_allocator.h"
 #include "lockstep/runtime/cuda/pinned.h"
 #include "lockstep/runtime/cuda/stream.h"
 
@@ -81,7 +82,12 @@ class StagingWork final : public Work {
       const size_t bytes = nbytes(s.host);
       cuda::PinnedBuffer pinned(bytes);
       std::memcpy(pinned.data(), s.host.raw_data(), bytes);
-      cuda::copy_to_device_async(s.device.raw_data(), pinned, bytes, stream_of(s.device));
+      const cuda::StreamView stream = stream_of(s.device);
+      cuda::copy_to_device_async(s.device.raw_data(), pinned, bytes, stream);
+      // The caller's current stream now may not be the one the tensor's
+      // memory was allocated for: if the tensor dies before the copy is done,
+      // the allocator must not hand the block to that stream's next user.
+      cuda::record_stream(s.device.storage()->data(), stream);
     }
     for (Staged& s : staged_) pool_->give_back(std::move(s.host));
     staged_.clear();

@@ -3,7 +3,8 @@
 // straight through. With one ([gpu]): every collective of CUDA tensors over
 // shm and gloo at 2 ranks (threads over a MemoryStore) gives the exact CPU
 // results, and 2 processes sharing one GPU run every collective through
-// lockstep-run.
+// lockstep-run; a result copied back on a stream other than its memory's
+// keeps that memory from reuse until the copy is done.
 #include <catch2/catch.hpp>
 
 #include "lockstep/config.h"
@@ -21,6 +22,8 @@
 #include "lockstep/collectives/backends.h"
 #include "lockstep/collectives/cuda_staging/host_tensor_pool.h"
 #include "lockstep/collectives/cuda_staging/staging_group.h"
+#include "lockstep/runtime/cuda/stream.h"
+#include "gpu/stream_gate.h"
 #include "support/gpu_skip.h"
 #include "support/subprocess.h"
 
@@ -145,6 +148,30 @@ TEST_CASE("staging group: CUDA tensors over a CPU backend give the exact CPU res
   lt::on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {
     check_every_collective(g, failures, Device::cuda(0));
   });
+}
+
+TEST_CASE("staging group: a copy back on another stream keeps the memory until it is done",
+          "[gpu][collectives][staging]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  const std::string backend = GENERATE(as<std::string>{}, "shm", "gloo");
+  if (!lc::is_built_in(backend)) return;
+  INFO(backend);
+  const Groups groups = lt::make_groups(backend, 1, "staging-stream-" + backend);
+  const lr::cuda::StreamView allocation_stream = lr::cuda::current_stream(0);
+  Tensor t = Tensor::ones({1 << 16}, DType::f32, Device::cuda(0));  // for allocation_stream
+  void* const block = t.storage()->data();
+  lr::cuda::synchronize(allocation_stream);
+  lr::cuda::Stream other(0);
+  lt::StreamGate gate(other);
+  {
+    lr::cuda::StreamGuard on_other(other);
+    groups[0]->allreduce(t, {.timeout = {}})->wait();  // the copy back waits behind the gate
+  }
+  t = Tensor();  // dropped before the copy into it has run
+  Tensor next = Tensor::empty({1 << 16}, DType::f32, Device::cuda(0));  // allocation_stream
+  CHECK(next.storage()->data() != block);  // not handed out while `other` may still write it
+  gate.release();
+  other.synchronize();
 }
 
 TEST_CASE("staging group: 2 processes sharing one GPU, every collective through lockstep-run",

@@ -31,6 +31,7 @@
 #include "lockstep/collectives/nccl/nccl_group.h"
 #include "lockstep/runtime/cuda/device.h"
 #include "lockstep/runtime/cuda/stream.h"
+#include "gpu/stream_gate.h"
 #endif
 
 namespace lc = lockstep::collectives;
@@ -77,21 +78,7 @@ TEST_CASE("nccl refuses clearly where it cannot serve", "[collectives][nccl]") {
 #if LOCKSTEP_HAVE_NCCL
 namespace {
 
-// Holds a stream until release(): a host function queued on it spins on a flag.
-class StreamGate {
- public:
-  explicit StreamGate(lr::cuda::StreamView stream) {
-    LOCKSTEP_CUDA_CHECK(cudaLaunchHostFunc(stream.handle, &StreamGate::hold, &open_));
-  }
-  ~StreamGate() { release(); }
-  void release() { open_.store(true); }
-
- private:
-  static void hold(void* flag) {
-    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
-  }
-  std::atomic<bool> open_{false};
-};
+using lt::StreamGate;
 
 std::shared_ptr<lc::NcclGroup> solo_group(const std::string& name) {
   return lc::make_nccl_group(std::make_shared<lr::MemoryStore>(), 0, 1, name, 60s);
