@@ -1,5 +1,6 @@
-// conv2d on cuDNN: descriptors, the cached algorithm choice, forward and
-// backward, and the autograd record.
+// conv2d on cuDNN: the graph API first (cudnn_graph_conv.h), the legacy API
+// as the fallback (its descriptors and cached algorithm choice), the bias,
+// and the autograd record.
 #include "lockstep/runtime/cuda/ops/cudnn_conv.h"
 
 #include <array>
@@ -14,6 +15,7 @@
 #include "lockstep/runtime/cuda/cudnn_check.h"
 #include "lockstep/runtime/cuda/device_guard.h"
 #include "lockstep/runtime/cuda/ops/cudnn_descriptors.h"
+#include "lockstep/runtime/cuda/ops/cudnn_graph_conv.h"
 #include "lockstep/runtime/cuda/ops/cudnn_handle.h"
 #include "lockstep/runtime/cuda/ops/math_mode.h"
 #include "lockstep/runtime/cuda/stream.h"
@@ -45,10 +47,10 @@ cudnnMathType_t requested_math(DType d, bool tf32) {
   return CUDNN_TENSOR_OP_MATH;
 }
 
-// Descriptors of one call: input, output, weight, bias, convolution.
+// Legacy descriptors of one call: input, output, weight, convolution.
 struct Descriptors {
   cudnnDataType_t type;
-  TensorDescriptor x, y, b;
+  TensorDescriptor x, y;
   FilterDescriptor w;
   ConvolutionDescriptor conv;
 
@@ -56,7 +58,6 @@ struct Descriptors {
       : type(cudnn_data_type(dtype, "conv2d")),
         x(type, to_int(s.n), to_int(s.c_in), to_int(s.h), to_int(s.w)),
         y(type, to_int(s.n), to_int(s.c_out), to_int(s.oh), to_int(s.ow)),
-        b(type, 1, to_int(s.c_out), 1, 1),
         w(type, to_int(s.c_out), to_int(s.cin_g()), to_int(s.kh), to_int(s.kw)) {
     const cudnnDataType_t compute = dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
     LOCKSTEP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
@@ -69,7 +70,7 @@ struct Descriptors {
   }
 };
 
-// ---- algorithm cache -------------------------------------------------------
+// ---- legacy algorithm cache ------------------------------------------------
 
 struct Choice {
   int algo = 0;  // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
@@ -197,26 +198,55 @@ DeviceBuffer workspace(std::size_t bytes, int device) {
   return bytes == 0 ? DeviceBuffer() : DeviceBuffer(bytes, current_stream(device));
 }
 
-void forward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
-  const int device = x.device().index;
-  const DType dt = x.dtype();
-  const Descriptors d(s, dt);
-  cudnnHandle_t h = cudnn_handle(device);
-  const Choice c = algorithm(kForward, h, d, s, dt, device);
-  DeviceBuffer ws = workspace(c.workspace, device);
-  LOCKSTEP_CUDNN_CHECK(cudnnConvolutionForward(
-      h, one(dt), d.x.get(), x.raw_data(), d.w.get(), w.raw_data(), d.conv.get(),
-      static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.data(), c.workspace, zero(dt),
-      d.y.get(), y.raw_data()));
-  if (!b.defined()) return;
+// Legacy descriptors of the bias [c_out] and the output it broadcasts over.
+struct BiasDescriptors {
+  TensorDescriptor b, y;
+  BiasDescriptors(const ConvShape& s, cudnnDataType_t type)
+      : b(type, 1, to_int(s.c_out), 1, 1),
+        y(type, to_int(s.n), to_int(s.c_out), to_int(s.oh), to_int(s.ow)) {}
+};
+
+// y += bias over every image and pixel.
+void add_bias(cudnnHandle_t h, const ConvShape& s, const Tensor& b, Tensor& y) {
+  const DType dt = y.dtype();
   if (dt == DType::bf16) {
     // cuDNN's legacy tensor ops do not promise bf16: our broadcast add (f32 math).
     NoGradGuard no_grad;
     y.add_(b.view({1, s.c_out, 1, 1}));
     return;
   }
+  const BiasDescriptors d(s, cudnn_data_type(dt, "conv2d"));
   LOCKSTEP_CUDNN_CHECK(
       cudnnAddTensor(h, one(dt), d.b.get(), b.raw_data(), one(dt), d.y.get(), y.raw_data()));
+}
+
+// gb = gy summed over every image and pixel.
+void bias_grad(cudnnHandle_t h, const ConvShape& s, const Tensor& gy, Tensor& gb) {
+  const DType dt = gy.dtype();
+  if (dt == DType::bf16) {
+    gb = sum(gy, {0, 2, 3});  // as for the bias add above
+    return;
+  }
+  const BiasDescriptors d(s, cudnn_data_type(dt, "conv2d"));
+  LOCKSTEP_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, one(dt), d.y.get(), gy.raw_data(),
+                                                    zero(dt), d.b.get(), gb.raw_data()));
+}
+
+void forward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+  const int device = x.device().index;
+  const DType dt = x.dtype();
+  cudnnHandle_t h = cudnn_handle(device);
+  if (!graph_conv(h, ConvDirection::forward, s, dt, device,
+                  {x.raw_data(), w.raw_data(), y.raw_data()})) {
+    const Descriptors d(s, dt);
+    const Choice c = algorithm(kForward, h, d, s, dt, device);
+    DeviceBuffer ws = workspace(c.workspace, device);
+    LOCKSTEP_CUDNN_CHECK(cudnnConvolutionForward(
+        h, one(dt), d.x.get(), x.raw_data(), d.w.get(), w.raw_data(), d.conv.get(),
+        static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.data(), c.workspace, zero(dt),
+        d.y.get(), y.raw_data()));
+  }
+  if (b.defined()) add_bias(h, s, b, y);
 }
 
 // Any of gx, gw, gb may be undefined (not wanted); the others are overwritten.
@@ -224,9 +254,15 @@ void backward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor
               Tensor& gw, Tensor& gb) {
   const int device = x.device().index;
   const DType dt = x.dtype();
-  const Descriptors d(s, dt);
   cudnnHandle_t h = cudnn_handle(device);
-  if (gx.defined()) {
+  std::optional<Descriptors> legacy;  // made when a direction falls back
+  auto descriptors = [&]() -> const Descriptors& {
+    if (!legacy) legacy.emplace(s, dt);
+    return *legacy;
+  };
+  if (gx.defined() && !graph_conv(h, ConvDirection::backward_data, s, dt, device,
+                                  {gx.raw_data(), w.raw_data(), gy.raw_data()})) {
+    const Descriptors& d = descriptors();
     const Choice c = algorithm(kBackwardData, h, d, s, dt, device);
     DeviceBuffer ws = workspace(c.workspace, device);
     LOCKSTEP_CUDNN_CHECK(cudnnConvolutionBackwardData(
@@ -234,7 +270,9 @@ void backward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor
         static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), ws.data(), c.workspace, zero(dt),
         d.x.get(), gx.raw_data()));
   }
-  if (gw.defined()) {
+  if (gw.defined() && !graph_conv(h, ConvDirection::backward_filter, s, dt, device,
+                                  {x.raw_data(), gw.raw_data(), gy.raw_data()})) {
+    const Descriptors& d = descriptors();
     const Choice c = algorithm(kBackwardFilter, h, d, s, dt, device);
     DeviceBuffer ws = workspace(c.workspace, device);
     LOCKSTEP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
@@ -242,12 +280,7 @@ void backward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor
         static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), ws.data(), c.workspace, zero(dt),
         d.w.get(), gw.raw_data()));
   }
-  if (gb.defined() && dt == DType::bf16) {
-    gb = sum(gy, {0, 2, 3});  // as for the bias add above
-  } else if (gb.defined()) {
-    LOCKSTEP_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, one(dt), d.y.get(), gy.raw_data(),
-                                                      zero(dt), d.b.get(), gb.raw_data()));
-  }
+  if (gb.defined()) bias_grad(h, s, gy, gb);
 }
 
 // No pixels or no output channels: nothing for cuDNN to do (it rejects

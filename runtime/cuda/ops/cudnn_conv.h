@@ -1,15 +1,21 @@
-// conv2d of CUDA tensors on cuDNN (the legacy descriptor API, still in
-// cuDNN 9): the device side of runtime/ops/conv.cpp, which checks the
-// arguments and computes the geometry for both devices.
+// conv2d of CUDA tensors on cuDNN: the device side of runtime/ops/conv.cpp,
+// which checks the arguments and computes the geometry for both devices.
 //
-// Algorithms come from cuDNN's heuristics (cudnnGet*Algorithm_v7, which run
-// nothing on the GPU and never synchronise), chosen once per (device, dtype,
-// geometry, TF32 mode) and cached for the process. Workspaces come from the
-// caching allocator on the current stream. f32 runs without TF32 unless
-// allow_tf32() (math_mode.h); bf16 and f16 compute in f32 on tensor cores.
-// Bias: cudnnAddTensor and cudnnConvolutionBackwardBias, except for bf16,
-// which cuDNN's legacy tensor ops do not promise: lockstep's broadcast add_
-// and sum() there.
+// Forward, backward-data and backward-filter go through cuDNN's graph API
+// first (cudnn_graph_conv.h): one execution plan per key (direction,
+// geometry, dtype, device, TF32 mode, handle, pointer alignment), chosen from
+// cuDNN's heuristics and cached for the process. Where cuDNN cannot build a
+// plan for a key, that key falls back, for good, to the legacy descriptor API
+// (deprecated in cuDNN 9), whose algorithms come from cudnnGet*Algorithm_v7
+// and are cached per (device, dtype, geometry, TF32 mode).
+// LOCKSTEP_CUDNN_LEGACY=1 sends every convolution to the legacy API (read
+// once). Neither path benchmarks: choosing runs nothing on the GPU.
+//
+// Workspaces come from the caching allocator on the current stream. f32 runs
+// without TF32 unless allow_tf32() (math_mode.h); bf16 and f16 compute in
+// f32 on tensor cores. Bias: cudnnAddTensor and cudnnConvolutionBackwardBias,
+// except for bf16, which cuDNN's legacy tensor ops do not promise:
+// lockstep's broadcast add_ and sum() there.
 #pragma once
 
 #include "lockstep/runtime/ops/conv_kernels.h"

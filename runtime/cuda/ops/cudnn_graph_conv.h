@@ -1,0 +1,68 @@
+// conv2d forward, backward-data and backward-filter through cuDNN's graph
+// (backend) API, each a graph of one convolution operation. cudnn_conv.cpp
+// tries this first and falls back to cuDNN's legacy API where it says no.
+//
+// Plans are built once per key and cached for the process. The key: the
+// direction, geometry, dtype, device, TF32 mode, the cuDNN handle (a plan is
+// bound to the handle it was built with; handles are one per device per
+// thread, see cudnn_handle.h) and the byte alignment (up to 16) of each data
+// pointer, which a plan may assume. Building runs nothing on the GPU.
+//
+// Engine choice: cuDNN's heuristics in mode A, then mode FALLBACK; the first
+// engine config whose plan finalizes with a workspace of at most 1 GiB (else
+// the one needing the least). Engines that would change the numerics are
+// passed over: those that down-convert inputs or reduce in reduced precision
+// (bf16 and f16 accumulate in f32), and for f32 without allow_tf32()
+// (math_mode.h) those on tensor cores, which compute f32 in TF32.
+//
+// When no plan can be built for a key (cuDNN refuses the graph or has no
+// engine for it that keeps the numerics), that is remembered: the key goes to
+// the legacy API from then on, without asking again. Errors while executing a
+// built plan are thrown, not hidden by a fallback.
+#pragma once
+
+#include <cudnn.h>
+
+#include <cstdint>
+
+#include "lockstep/runtime/dtype.h"
+#include "lockstep/runtime/ops/conv_kernels.h"
+
+namespace lockstep::runtime::cuda {
+
+enum class ConvDirection { forward, backward_data, backward_filter };
+
+// Device pointers of one convolution, packed NCHW, one dtype: x the input
+// side [n, c_in, h, w], w the weight [c_out, c_in / groups, kh, kw], y the
+// output side [n, c_out, oh, ow]. forward writes y from x and w;
+// backward_data writes x (the input gradient) from y (the output gradient)
+// and w; backward_filter writes w (the weight gradient) from x and y.
+struct ConvOperands {
+  void* x = nullptr;
+  void* w = nullptr;
+  void* y = nullptr;
+};
+
+// Runs the convolution through the graph API on `handle` (the calling
+// thread's for `device`, current; see cudnn_handle.h) and returns true; or
+// returns false having run nothing, when the graph API is switched off or has
+// no plan for this key: the caller then runs the legacy API. Throws
+// lockstep::Error when executing a plan fails.
+bool graph_conv(cudnnHandle_t handle, ConvDirection dir, const conv_kernels::ConvShape& s,
+                DType dtype, int device, const ConvOperands& p);
+
+// True when LOCKSTEP_CUDNN_LEGACY=1 (read once, on first use): every cuDNN
+// convolution then takes the legacy API. Unset or 0: the graph API first.
+// Throws naming the variable for any other value.
+bool cudnn_legacy_forced();
+
+// cuDNN convolutions run so far in this process, by API. Every graph_conv()
+// call counts once: as graph when it ran the convolution, as legacy when it
+// returned false. For tests.
+struct ConvPathStats {
+  int64_t graph = 0;
+  int64_t legacy = 0;
+};
+ConvPathStats conv_path_stats();
+
+}  // namespace lockstep::runtime::cuda
