@@ -137,7 +137,9 @@ void NcclComm::destroy() noexcept {
     (void)ncclCommAbort(handle_);
     return;
   }
-  if (r = ncclCommDestroy(handle_); r != ncclSuccess) {
+  // Destroy and abort free local resources only; a non-blocking communicator
+  // may still answer ncclInProgress for them, which is no failure.
+  if (r = ncclCommDestroy(handle_); r != ncclSuccess && r != ncclInProgress) {
     fmt::print(stderr, "lockstep: warning: ncclCommDestroy of group '{}' failed: {}\n", group_,
                ncclGetErrorString(r));
   }
@@ -153,7 +155,7 @@ ncclResult_t NcclComm::async_error() {
 
 void NcclComm::abort() noexcept {
   if (aborted_.exchange(true) || handle_ == nullptr) return;
-  // Not acquired: a use() is stuck inside NCCL, which this abort unblocks.
+  // Not acquired: a use() did not leave in time (stuck inside NCCL); abort anyway.
   std::unique_lock lock(mutex_, std::defer_lock);
   (void)lock.try_lock_for(kAbortGrace);
   ncclResult_t r = ncclSuccess;
@@ -163,7 +165,7 @@ void NcclComm::abort() noexcept {
   } catch (const std::exception&) {  // the device could not be made current: abort anyway
     r = ncclCommAbort(handle_);
   }
-  if (r != ncclSuccess) {
+  if (r != ncclSuccess && r != ncclInProgress) {
     fmt::print(stderr, "lockstep: warning: ncclCommAbort of group '{}' failed: {}\n", group_,
                ncclGetErrorString(r));
   }
