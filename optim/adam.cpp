@@ -1,6 +1,8 @@
 #include "lockstep/optim/adam.h"
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -153,6 +155,8 @@ void Adam::step() {
   }
 #if LOCKSTEP_HAVE_CUDA
   runtime::cuda::FusedAdamStep on_cuda;  // every CUDA parameter, stepped together below
+  // Their step counts, kept in the state once the launch ran.
+  std::vector<std::pair<std::map<std::string, Tensor>*, double>> counted;
 #endif
   for (auto& group : groups_) {
     const AdamOptions o = AdamOptions::from_map(group.options);
@@ -168,7 +172,6 @@ void Adam::step() {
       // steps taken.
       auto step_it = st.find("step");
       const double step = (step_it == st.end() ? 0.0 : step_it->second.item()) + 1.0;
-      st["step"] = Tensor::scalar(step, runtime::DType::f32);
       Tensor m = state_tensor(st, "exp_avg", param);
       Tensor v = state_tensor(st, "exp_avg_sq", param);
       Tensor vmax = o.amsgrad ? state_tensor(st, "max_exp_avg_sq", param) : Tensor{};
@@ -205,9 +208,11 @@ void Adam::step() {
         // Written through raw pointers: bump the versions as in-place ops would.
         for (const Tensor* t : {&param, &m, &v, &vmax})
           if (t->defined()) t->storage()->bump_version();
+        counted.emplace_back(&st, step);
         continue;
       }
 #endif
+      st["step"] = Tensor::scalar(step, runtime::DType::f32);
       Tensor p = param.contiguous();
       runtime::dispatch_float(p.dtype(), "Adam.step", [&](auto tag) {
         using T = decltype(tag);
@@ -235,6 +240,9 @@ void Adam::step() {
   }
 #if LOCKSTEP_HAVE_CUDA
   on_cuda.launch();
+  // Only now: a launch that failed leaves the counts as they were (and the
+  // new moments at zero, as for a parameter not yet stepped).
+  for (const auto& [st, step] : counted) (*st)["step"] = Tensor::scalar(step, runtime::DType::f32);
 #endif
 }
 

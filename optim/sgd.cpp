@@ -75,10 +75,16 @@ namespace k = runtime::cuda::kernels;
 
 float* f32(const Tensor& t) { return t.defined() ? static_cast<float*>(t.raw_data()) : nullptr; }
 
-// A CUDA parameter's entry in the fused step; creates its momentum buffer
-// (filled by the kernel from the gradient) on first use.
+// A momentum buffer made for a step, kept in the state once the step ran.
+struct NewBuffer {
+  std::map<std::string, Tensor>* state;
+  Tensor buffer;
+};
+
+// A CUDA parameter's entry in the fused step; makes its momentum buffer
+// (filled by the kernel from the gradient) on first use, into `made`.
 void add_cuda(runtime::cuda::FusedSgdStep& step, const Tensor& param, const SGDOptions& o,
-              std::map<std::string, Tensor>* state) {
+              std::map<std::string, Tensor>* state, std::vector<NewBuffer>& made) {
   Tensor grad = param.grad();
   if (grad.dtype() != param.dtype()) grad = grad.to(param.dtype());
   grad = grad.contiguous();
@@ -92,10 +98,10 @@ void add_cuda(runtime::cuda::FusedSgdStep& step, const Tensor& param, const SGDO
     if (it == st.end()) {
       buf = Tensor::empty(param.shape(), param.dtype(), param.device());
       flags |= k::kFirstStep;
+      made.push_back({&st, buf});
     } else {
       buf = it->second;
     }
-    st["momentum_buffer"] = buf;
     // Written through raw pointers: bump the versions as in-place ops would.
     buf.storage()->bump_version();
   }
@@ -175,6 +181,7 @@ void SGD::step() {
   }
 #if LOCKSTEP_HAVE_CUDA
   runtime::cuda::FusedSgdStep on_cuda;  // every CUDA parameter, stepped together below
+  std::vector<NewBuffer> made;          // their new momentum buffers
 #endif
   for (auto& group : groups_) {
     const SGDOptions o = SGDOptions::from_map(group.options);
@@ -182,7 +189,7 @@ void SGD::step() {
       if (!param.grad().defined()) continue;
 #if LOCKSTEP_HAVE_CUDA
       if (param.device().is_cuda()) {
-        add_cuda(on_cuda, param, o, o.momentum != 0.0 ? &state_of(param) : nullptr);
+        add_cuda(on_cuda, param, o, o.momentum != 0.0 ? &state_of(param) : nullptr, made);
         continue;
       }
 #endif
@@ -225,6 +232,8 @@ void SGD::step() {
   }
 #if LOCKSTEP_HAVE_CUDA
   on_cuda.launch();
+  // Only now: a launch that failed leaves no unwritten buffer behind.
+  for (NewBuffer& b : made) (*b.state)["momentum_buffer"] = std::move(b.buffer);
 #endif
 }
 
