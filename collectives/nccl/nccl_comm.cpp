@@ -11,8 +11,11 @@
 namespace lockstep::collectives::detail {
 namespace {
 
-// How long abort() waits for a use() to leave NCCL before aborting under it.
-constexpr std::chrono::milliseconds kAbortGrace{200};
+// How long abort() waits for a use() to leave before aborting under it. A
+// use() leaves within one poll of the abort (non-blocking calls do not wait
+// on peers), so this only bounds a thread stuck for another reason; long, so
+// that a descheduled issuing thread is not left polling a freed handle.
+constexpr std::chrono::seconds kAbortGrace{10};
 // How long the destructor lets NCCL finish its work before aborting instead.
 constexpr std::chrono::seconds kFinalizeWait{10};
 // Between two polls of a communicator that is still in progress.

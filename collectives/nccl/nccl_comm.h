@@ -9,9 +9,9 @@
 //
 // Threads: the issuing thread enqueues through use(); the watchdog thread
 // polls async_error() and may abort() while a use() is still waiting for an
-// enqueue to finish. abort() first waits a short while for the issuing
-// thread to leave use() (which notices the abort while polling), so that the
-// handle is not freed under a running call.
+// enqueue to finish. abort() first waits for the issuing thread to leave
+// use(), which notices the abort at its next poll, so that the handle is not
+// freed under a running call (it gives up waiting after 10 s).
 #pragma once
 
 #include <atomic>
