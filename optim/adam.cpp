@@ -184,16 +184,14 @@ void Adam::step() {
         const uint32_t flags = (o.maximize ? k::kMaximize : 0u) | (o.amsgrad ? k::kAmsgrad : 0u) |
                                (decay && !decoupled_weight_decay_ ? k::kL2 : 0u) |
                                (decay && decoupled_weight_decay_ ? k::kDecoupled : 0u);
-        auto f32 = [](const Tensor& t) {
-          return t.defined() ? static_cast<float*>(t.raw_data()) : nullptr;
-        };
+        using runtime::cuda::fused_data;
         // Coefficients rounded to f32 as for the CPU's f32 parameters.
         on_cuda.add(param, grad,
-                    {.param = f32(param),
-                     .grad = f32(grad),
-                     .exp_avg = f32(m),
-                     .exp_avg_sq = f32(v),
-                     .max_exp_avg_sq = f32(vmax),
+                    {.param = fused_data(param),
+                     .grad = fused_data(grad),
+                     .exp_avg = fused_data(m),
+                     .exp_avg_sq = fused_data(v),
+                     .max_exp_avg_sq = fused_data(vmax),
                      .end = 0,
                      .neg_step_size = static_cast<float>(-(o.lr / bias_correction1)),
                      .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2)),

@@ -73,8 +73,6 @@ void sgd_dispatch(T* p, const T* grad, T* buf, int64_t n, const Coeffs<T>& c, bo
 #if LOCKSTEP_HAVE_CUDA
 namespace k = runtime::cuda::kernels;
 
-float* f32(const Tensor& t) { return t.defined() ? static_cast<float*>(t.raw_data()) : nullptr; }
-
 // A momentum buffer made for a step, kept in the state once the step ran.
 struct NewBuffer {
   std::map<std::string, Tensor>* state;
@@ -108,9 +106,9 @@ void add_cuda(runtime::cuda::FusedSgdStep& step, const Tensor& param, const SGDO
   param.storage()->bump_version();
   // Coefficients rounded to f32 as for the CPU's f32 parameters.
   step.add(param, grad,
-           {.param = f32(param),
-            .grad = f32(grad),
-            .momentum_buffer = f32(buf),
+           {.param = runtime::cuda::fused_data(param),
+            .grad = runtime::cuda::fused_data(grad),
+            .momentum_buffer = runtime::cuda::fused_data(buf),
             .end = 0,
             .neg_lr = static_cast<float>(-o.lr),
             .momentum = static_cast<float>(o.momentum),

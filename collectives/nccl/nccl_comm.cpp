@@ -89,19 +89,10 @@ NcclComm::NcclComm(runtime::Store& store, int rank, int size, const std::string&
   };
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // see the header
-  const ncclResult_t r = ncclCommInitRankConfig(&handle_, size, id, rank, &config);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    throw fail(fmt::format("{} ({}). Each rank needs its own GPU (NCCL refuses two ranks on one "
-                           "device); to share a GPU use the gloo or shm backend",
-                           ncclGetErrorString(r), last_error(handle_)));
-  }
+  ncclResult_t state = ncclCommInitRankConfig(&handle_, size, id, rank, &config);
+  if (state == ncclSuccess) state = state_of(handle_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (ncclResult_t state = state_of(handle_); state != ncclSuccess; state = state_of(handle_)) {
-    if (state != ncclInProgress) {
-      throw fail(fmt::format("{} ({}). Each rank needs its own GPU (NCCL refuses two ranks on "
-                             "one device); to share a GPU use the gloo or shm backend",
-                             ncclGetErrorString(state), last_error(handle_)));
-    }
+  while (state == ncclInProgress) {
     if (std::chrono::steady_clock::now() >= deadline) {
       throw fail(fmt::format(
           "NCCL did not connect the {} ranks within {:.3g} s; a rank may have died or not be "
@@ -110,6 +101,12 @@ NcclComm::NcclComm(runtime::Store& store, int rank, int size, const std::string&
           size, static_cast<double>(timeout.count()) / 1000.0));
     }
     std::this_thread::sleep_for(kPollInterval);
+    state = state_of(handle_);
+  }
+  if (state != ncclSuccess) {
+    throw fail(fmt::format("{} ({}). Each rank needs its own GPU (NCCL refuses two ranks on one "
+                           "device); to share a GPU use the gloo or shm backend",
+                           ncclGetErrorString(state), last_error(handle_)));
   }
 }
 

@@ -41,6 +41,12 @@ class FusedStep {
 using FusedSgdStep = FusedStep<kernels::SgdTensor>;
 using FusedAdamStep = FusedStep<kernels::AdamTensor>;
 
+// The data of `t` as a table entry's pointer: null when `t` is undefined (a
+// state tensor the step does not use).
+inline float* fused_data(const Tensor& t) {
+  return t.defined() ? static_cast<float*>(t.raw_data()) : nullptr;
+}
+
 // Fused optimizer kernels launched by this process so far (all devices).
 int64_t fused_optimizer_launches();
 
