@@ -75,8 +75,8 @@ void check_conv(const ConvCase& c, const Tensor& x, const Tensor& x_dev, const T
 
 // Every convolution since `before` was counted once, and, unless the legacy
 // API is forced, some went through the graph API.
-void check_paths(const cuda::ConvPathStats& before, int64_t convolutions) {
-  const cuda::ConvPathStats after = cuda::conv_path_stats();
+void check_paths(const cuda::CudnnPathStats& before, int64_t convolutions) {
+  const cuda::CudnnPathStats after = cuda::conv_path_stats();
   INFO("graph " << after.graph - before.graph << ", legacy " << after.legacy - before.legacy);
   CHECK(after.graph - before.graph + after.legacy - before.legacy == convolutions);
   if (cuda::cudnn_legacy_forced()) {
@@ -102,7 +102,7 @@ TEST_CASE("CUDA conv2d through cuDNN's graph API matches the CPU", "[gpu][cuda_c
        "2 groups, uneven stride, padding and dilation"},
       {{4, 16, 16, 16}, {32, 8, 3, 3}, {{2, 2}, {2, 2}, {2, 2}, 2}, "2 groups, 16 channels"},
   };
-  const cuda::ConvPathStats before = cuda::conv_path_stats();
+  const cuda::CudnnPathStats before = cuda::conv_path_stats();
   int64_t convolutions = 0;
   uint64_t seed = 1;
   for (const ConvCase& c : cases) {
@@ -123,7 +123,7 @@ TEST_CASE("CUDA conv2d through cuDNN's graph API follows the data's alignment",
   poison_device_memory();
   const ConvCase c{{2, 3, 7, 9}, {4, 3, 3, 3}, {{2, 2}, {1, 1}, {2, 2}, 1}, "aligned x"};
   const Tensor x = randn_cpu(c.x, 101), w = randn_cpu(c.w, 102), b = randn_cpu({4}, 103);
-  const cuda::ConvPathStats before = cuda::conv_path_stats();
+  const cuda::CudnnPathStats before = cuda::conv_path_stats();
   check_conv(c, x, x.to(cuda0()), w, b, 104);
 
   // Images 1 and 2 of a batch of 3 on the device: 3 * 7 * 9 floats in, the

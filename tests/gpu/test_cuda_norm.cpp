@@ -1,5 +1,6 @@
-// batch_norm (cuDNN) and layer_norm (own kernels) on CUDA against the CPU
-// ops, forward and backward (input, weight and bias gradients).
+// batch_norm (cuDNN in training, own kernels in eval) and layer_norm (own
+// kernels) on CUDA against the CPU ops, forward and backward (input, weight
+// and bias gradients); training f32 must go through cuDNN's graph API.
 // batch_norm: training and eval, 2-D to 5-D inputs, with and without affine
 // parameters and running statistics, the running statistics after one and
 // two steps (momentum, unbiased variance), f32 and f64.
@@ -20,11 +21,16 @@
 #include <vector>
 
 #include "gpu/cuda_op_check.h"
+#include "lockstep/config.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/norm.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/gpu_skip.h"
 #include "support/test_util.h"
+
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/runtime/cuda/ops/cudnn_graph_batch_norm.h"
+#endif
 
 using namespace lockstep::runtime;
 using namespace lockstep::testing;
@@ -123,16 +129,35 @@ TEST_CASE("CUDA batch_norm in training matches the CPU, running statistics inclu
   LOCKSTEP_SKIP_UNLESS_GPU();
   poison_device_memory();
   const DType dt = GENERATE(DType::f32, DType::f64);
+#if LOCKSTEP_HAVE_CUDA
+  const cuda::CudnnPathStats before = cuda::batch_norm_path_stats();
+#endif
   uint64_t seed = 1;
+  int64_t calls = 0;  // training forwards and backwards on cuDNN
   for (const BnCase& c : kBnCases) {
     const Tensor x = randn_cpu(c.x, seed++, dt).mul_(2.0).add_(Tensor::scalar(0.5, dt));
-    for (double momentum : {0.1, 0.7})
+    for (double momentum : {0.1, 0.7}) {
       check_batch_norm(c, x, x.to(cuda0()), true, momentum,
                        bn_name(c) + " momentum " + std::to_string(momentum), seed += 10);
+      calls += 3;  // two steps forward, one backward
+    }
   }
   const BnCase& c = kBnCases[1];
   const Tensor x = randn_cpu(c.x, seed++, dt);
   check_batch_norm(c, x, transposed_on_device(x, 0, 2), true, 0.1, "non-contiguous", seed++);
+  calls += 3;
+#if LOCKSTEP_HAVE_CUDA
+  // Each call counted once; f32 goes through cuDNN's graph API unless the
+  // legacy API is forced, f64 always takes the legacy calls.
+  const cuda::CudnnPathStats after = cuda::batch_norm_path_stats();
+  INFO("graph " << after.graph - before.graph << ", legacy " << after.legacy - before.legacy);
+  CHECK(after.graph - before.graph + after.legacy - before.legacy == calls);
+  if (dt == DType::f32 && !cuda::cudnn_legacy_forced()) {
+    CHECK(after.graph > before.graph);
+  } else {
+    CHECK(after.graph == before.graph);
+  }
+#endif
 }
 
 TEST_CASE("CUDA batch_norm in eval mode matches the CPU", "[gpu][cuda][norm]") {

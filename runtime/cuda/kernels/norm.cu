@@ -238,6 +238,21 @@ __global__ void layer_norm_param_finish(int64_t d, int64_t chunks,
 // ---- batch norm, eval mode ---------------------------------------------------
 
 template <class T>
+__global__ void batch_norm_eval_forward_kernel(int64_t total, int64_t c, int64_t inner,
+                                               const T* __restrict__ x, const T* __restrict__ w,
+                                               const T* __restrict__ b,
+                                               const T* __restrict__ mean,
+                                               const T* __restrict__ var, T eps,
+                                               T* __restrict__ y) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t ch = (i / inner) % c;
+    const T k = (w != nullptr ? w[ch] : T(1)) * inv_sqrt(var[ch] + eps);
+    y[i] = (x[i] - mean[ch]) * k + (b != nullptr ? b[ch] : T(0));
+  }
+}
+
+template <class T>
 __global__ void batch_norm_eval_input_kernel(int64_t total, int64_t c, int64_t inner,
                                              const T* __restrict__ gy, const T* __restrict__ w,
                                              const T* __restrict__ var, T eps,
@@ -250,29 +265,32 @@ __global__ void batch_norm_eval_input_kernel(int64_t total, int64_t c, int64_t i
   }
 }
 
-// One block per channel (channels in a grid-stride loop).
+// One block per channel (channels in a grid-stride loop). Sums in f64, as
+// the CPU op and SyncBatchNorm's reductions: a channel may hold millions of
+// values.
 template <class T>
 __global__ void batch_norm_eval_params_kernel(int64_t n, int64_t c, int64_t inner,
                                               const T* __restrict__ gy, const T* __restrict__ x,
                                               const T* __restrict__ mean,
                                               const T* __restrict__ var, T eps,
                                               T* __restrict__ gw, T* __restrict__ gb) {
-  __shared__ Pair<T> smem[33];
+  __shared__ Pair<double> smem[33];
   const int64_t count = n * inner;
   for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
-    const T m = mean[ch];
-    Pair<T> s{T(0), T(0)};
+    const double m = static_cast<double>(mean[ch]);
+    Pair<double> s{0.0, 0.0};
     for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
       const int64_t img = j / inner;
       const int64_t idx = (img * c + ch) * inner + (j - img * inner);
-      const T g = gy[idx];
+      const double g = static_cast<double>(gy[idx]);
       s.a += g;
-      s.b += g * (x[idx] - m);
+      s.b += g * (static_cast<double>(x[idx]) - m);
     }
-    s = block_allreduce(s, AddPair<T>{}, Pair<T>{T(0), T(0)}, smem);
+    s = block_allreduce(s, AddPair<double>{}, Pair<double>{0.0, 0.0}, smem);
     if (threadIdx.x == 0) {
-      if (gw != nullptr) gw[ch] = s.b * inv_sqrt(var[ch] + eps);
-      if (gb != nullptr) gb[ch] = s.a;
+      const double k = static_cast<double>(inv_sqrt(var[ch] + eps));
+      if (gw != nullptr) gw[ch] = static_cast<T>(s.b * k);
+      if (gb != nullptr) gb[ch] = static_cast<T>(s.a);
     }
   }
 }
@@ -640,6 +658,21 @@ cudaError_t layer_norm_backward_params(ScalarType dtype, int64_t rows, int64_t d
     }
     layer_norm_param_finish<T><<<grid_for(d), kBlock, 0, stream>>>(
         d, chunks, part_w, part_b, static_cast<T*>(grad_w), static_cast<T*>(grad_b));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t batch_norm_eval_forward(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
+                                    const void* x, const void* w, const void* b, const void* mean,
+                                    const void* var, double eps, void* y, cudaStream_t stream) {
+  const int64_t total = n * c * inner;
+  if (total == 0) return cudaSuccess;
+  return dispatch_f32_f64(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    batch_norm_eval_forward_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(
+        total, c, inner, static_cast<const T*>(x), static_cast<const T*>(w),
+        static_cast<const T*>(b), static_cast<const T*>(mean), static_cast<const T*>(var),
+        static_cast<T>(eps), static_cast<T*>(y));
     return cudaGetLastError();
   });
 }

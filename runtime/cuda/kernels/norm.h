@@ -1,5 +1,5 @@
-// Normalisation kernels: layer norm forward and backward, the parts of batch
-// norm cuDNN does not cover (the eval-mode backward), and SyncBatchNorm's
+// Normalisation kernels: layer norm forward and backward, batch norm in eval
+// mode (cuDNN runs the training mode), and SyncBatchNorm's
 // per-channel passes around its collectives. Raw pointers to contiguous
 // data; the host side (cuda/ops/norm.cpp, cuda/ops/sync_batch_norm.cpp)
 // checks and allocates.
@@ -57,6 +57,11 @@ cudaError_t layer_norm_backward_params(ScalarType dtype, int64_t rows, int64_t d
 
 // ---- batch norm in eval mode over x viewed as [n, c, inner] -----------------
 // (statistics are the running ones: mean[c], var[c], in the data's dtype)
+
+// y = (x - mean[c]) * w[c] / sqrt(var[c] + eps) + b[c], w and b optional.
+cudaError_t batch_norm_eval_forward(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
+                                    const void* x, const void* w, const void* b, const void* mean,
+                                    const void* var, double eps, void* y, cudaStream_t stream);
 
 // grad_x = grad_y * w[c] / sqrt(var[c] + eps), w optional.
 cudaError_t batch_norm_eval_backward_input(ScalarType dtype, int64_t n, int64_t c, int64_t inner,

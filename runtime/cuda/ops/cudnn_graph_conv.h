@@ -2,29 +2,18 @@
 // (backend) API, each a graph of one convolution operation. cudnn_conv.cpp
 // tries this first and falls back to cuDNN's legacy API where it says no.
 //
-// Plans are built once per key and cached for the process. The key: the
-// direction, geometry, dtype, device, TF32 mode, the cuDNN handle (a plan is
-// bound to the handle it was built with; handles are one per device per
-// thread, see cudnn_handle.h) and the byte alignment (up to 16) of each data
-// pointer, which a plan may assume. Building runs nothing on the GPU.
-//
-// Engine choice: cuDNN's heuristics in mode A, then mode FALLBACK; the first
-// engine config whose plan finalizes with a workspace of at most 1 GiB (else
-// the one needing the least). Engines that would change the numerics are
-// passed over: those that down-convert inputs or reduce in reduced precision
-// (bf16 and f16 accumulate in f32), and for f32 without allow_tf32()
-// (math_mode.h) those on tensor cores, which compute f32 in TF32.
-//
-// When no plan can be built for a key (cuDNN refuses the graph or has no
-// engine for it that keeps the numerics), that is remembered: the key goes to
-// the legacy API from then on, without asking again. Errors while executing a
-// built plan are thrown, not hidden by a fallback.
+// Plans are built once per key and cached for the process (the rules of
+// engine choice and of the cache: cudnn_graph_plan.h). The key: the
+// direction, geometry, dtype, device, TF32 mode, the cuDNN handle and the
+// byte alignment (up to 16) of each data pointer, which a plan may assume.
+// Errors while executing a built plan are thrown, not hidden by a fallback.
 #pragma once
 
 #include <cudnn.h>
 
 #include <cstdint>
 
+#include "lockstep/runtime/cuda/ops/cudnn_graph_plan.h"
 #include "lockstep/runtime/dtype.h"
 #include "lockstep/runtime/ops/conv_kernels.h"
 
@@ -51,18 +40,9 @@ struct ConvOperands {
 bool graph_conv(cudnnHandle_t handle, ConvDirection dir, const conv_kernels::ConvShape& s,
                 DType dtype, int device, const ConvOperands& p);
 
-// True when LOCKSTEP_CUDNN_LEGACY=1 (read once, on first use): every cuDNN
-// convolution then takes the legacy API. Unset or 0: the graph API first.
-// Throws naming the variable for any other value.
-bool cudnn_legacy_forced();
-
 // cuDNN convolutions run so far in this process, by API. Every graph_conv()
 // call counts once: as graph when it ran the convolution, as legacy when it
-// returned false. For tests.
-struct ConvPathStats {
-  int64_t graph = 0;
-  int64_t legacy = 0;
-};
-ConvPathStats conv_path_stats();
+// returned false (cudnn_legacy_forced() included). For tests.
+CudnnPathStats conv_path_stats();
 
 }  // namespace lockstep::runtime::cuda

@@ -1,4 +1,5 @@
-// batch_norm on cuDNN and layer_norm on kernels/norm.cu, with their autograd
+// batch_norm on cuDNN (training) and kernels/norm.cu (eval), layer_norm on
+// kernels/norm.cu, with their autograd
 // records (the same inputs and saved tensors as the CPU ops in ops/norm.cpp).
 #include "lockstep/runtime/cuda/ops/norm.h"
 
@@ -12,6 +13,7 @@
 #include "lockstep/runtime/cuda/device_guard.h"
 #include "lockstep/runtime/cuda/kernels/norm.h"
 #include "lockstep/runtime/cuda/ops/cudnn_descriptors.h"
+#include "lockstep/runtime/cuda/ops/cudnn_graph_batch_norm.h"
 #include "lockstep/runtime/cuda/ops/cudnn_handle.h"
 #include "lockstep/runtime/cuda/tensor_args.h"
 
@@ -24,13 +26,19 @@ int to_int(int64_t v, const char* op) {
   return static_cast<int>(v);
 }
 
-// x viewed as [n, c, inner, 1] and the per-channel [1, c, 1, 1] parameters.
+// x viewed as [n, c, inner, 1] and the per-channel [1, c, 1, 1] parameters,
+// for the legacy calls (32-bit sizes and strides).
 struct BatchNormDescriptors {
   TensorDescriptor x, param;
   BatchNormDescriptors(DType dtype, int64_t n, int64_t c, int64_t inner)
       : x(cudnn_data_type(dtype, "batch_norm"), to_int(n, "batch_norm"), to_int(c, "batch_norm"),
           to_int(inner, "batch_norm"), 1),
-        param(cudnn_data_type(dtype, "batch_norm"), 1, to_int(c, "batch_norm"), 1, 1) {}
+        param(cudnn_data_type(dtype, "batch_norm"), 1, to_int(c, "batch_norm"), 1, 1) {
+    LOCKSTEP_CHECK(n * c * inner <= INT_MAX,
+                   "batch_norm on CUDA: {} elements exceed cuDNN's legacy 32-bit strides; split "
+                   "the batch",
+                   n * c * inner);
+  }
 };
 
 // A running statistic as cuDNN reads and writes it: contiguous, of the data's
@@ -85,17 +93,37 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
       rv = stat_buffer(running_var, dt);
     }
     if (!empty) {
-      const BatchNormDescriptors d(dt, n, c, inner);
-      // factor = momentum: running = (1 - momentum) * running + momentum * batch.
-      LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-          cudnn_handle(dev.index), CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt),
-          d.x.get(), x.raw_data(), d.x.get(), out.raw_data(), d.param.get(), w.raw_data(),
-          b.raw_data(), momentum, rm.defined() ? rm.raw_data() : nullptr,
-          rv.defined() ? rv.raw_data() : nullptr, eps, save_mean.raw_data(),
-          save_invstd.raw_data()));
+      // The graph API writes updated running statistics into buffers of their
+      // own; the legacy call updates rm and rv in place.
+      Tensor rm_next, rv_next;
       if (rm.defined()) {
-        write_back(running_mean, rm);
-        write_back(running_var, rv);
+        rm_next = Tensor::empty({c}, dt, dev);
+        rv_next = Tensor::empty({c}, dt, dev);
+      }
+      const cudnnHandle_t handle = cudnn_handle(dev.index);
+      BatchNormForwardOperands p{x.raw_data(), w.raw_data(), b.raw_data(), out.raw_data(),
+                                 save_mean.raw_data(), save_invstd.raw_data()};
+      if (rm.defined()) {
+        p.running_mean_in = rm.raw_data();
+        p.running_var_in = rv.raw_data();
+        p.running_mean_out = rm_next.raw_data();
+        p.running_var_out = rv_next.raw_data();
+      }
+      if (!graph_batch_norm_forward(handle, n, c, inner, dt, dev.index, momentum, eps, p)) {
+        const BatchNormDescriptors d(dt, n, c, inner);
+        // factor = momentum: running = (1 - momentum) * running + momentum * batch.
+        LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+            handle, CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt), d.x.get(),
+            x.raw_data(), d.x.get(), out.raw_data(), d.param.get(), w.raw_data(), b.raw_data(),
+            momentum, rm.defined() ? rm.raw_data() : nullptr,
+            rv.defined() ? rv.raw_data() : nullptr, eps, save_mean.raw_data(),
+            save_invstd.raw_data()));
+        rm_next = rm;
+        rv_next = rv;
+      }
+      if (rm.defined()) {
+        write_back(running_mean, rm_next);
+        write_back(running_var, rv_next);
       }
     }
   } else {
@@ -103,13 +131,9 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
     // place before this backward runs (the CPU op copies them to the host).
     eval_mean = running_mean.detach().to(dt).clone();
     eval_var = running_var.detach().to(dt).clone();
-    if (!empty) {
-      const BatchNormDescriptors d(dt, n, c, inner);
-      LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-          cudnn_handle(dev.index), CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt),
-          d.x.get(), x.raw_data(), d.x.get(), out.raw_data(), d.param.get(), w.raw_data(),
-          b.raw_data(), eval_mean.raw_data(), eval_var.raw_data(), eps));
-    }
+    LOCKSTEP_CUDA_CHECK(kernels::batch_norm_eval_forward(
+        scalar_type(dt), n, c, inner, x.raw_data(), w.raw_data(), b.raw_data(),
+        eval_mean.raw_data(), eval_var.raw_data(), eps, out.raw_data(), stream_of(x)));
   }
 
   const AffineInputs graph = affine_inputs(x_in, x, weight, weight, bias);
@@ -136,12 +160,19 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
           // cuDNN computes all three; dx needs the parameter gradients' sums anyway.
           Tensor gx = Tensor::empty(xs.shape(), dt, dev);
           Tensor gw = Tensor::empty({c}, dt, dev), gb = Tensor::empty({c}, dt, dev);
-          const BatchNormDescriptors d(dt, n, c, inner);
-          LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-              cudnn_handle(dev.index), CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt),
-              cudnn_one(dt), cudnn_zero(dt), d.x.get(), xs.raw_data(), d.x.get(), gy.raw_data(),
-              d.x.get(), gx.raw_data(), d.param.get(), ws.raw_data(), gw.raw_data(),
-              gb.raw_data(), eps, save_mean.raw_data(), save_invstd.raw_data()));
+          const cudnnHandle_t handle = cudnn_handle(dev.index);
+          const BatchNormBackwardOperands p{xs.raw_data(),        gy.raw_data(),
+                                            ws.raw_data(),        save_mean.raw_data(),
+                                            save_invstd.raw_data(), gx.raw_data(),
+                                            gw.raw_data(),        gb.raw_data()};
+          if (!graph_batch_norm_backward(handle, n, c, inner, dt, dev.index, p)) {
+            const BatchNormDescriptors d(dt, n, c, inner);
+            LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+                handle, CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt), cudnn_one(dt),
+                cudnn_zero(dt), d.x.get(), xs.raw_data(), d.x.get(), gy.raw_data(), d.x.get(),
+                gx.raw_data(), d.param.get(), ws.raw_data(), gw.raw_data(), gb.raw_data(), eps,
+                save_mean.raw_data(), save_invstd.raw_data()));
+          }
           if (a.needs[0]) grads[0] = gx;
           if (need_w) grads[w_at] = gw;
           if (need_b) grads[b_at] = gb;

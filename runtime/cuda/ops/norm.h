@@ -3,11 +3,12 @@
 // calls these for CUDA inputs. Same semantics as the CPU ops (see
 // runtime/ops/norm.h), autograd included.
 //
-// batch_norm runs on cuDNN (spatial mode: statistics per channel over N and
-// the spatial dims): training forward and backward with the batch
-// statistics, eval forward with the running ones; the eval backward, which
-// cuDNN does not offer, on kernels/norm.cu. cuDNN updates the running
-// variance with the unbiased batch variance, as the CPU op does. f32 and f64.
+// batch_norm in training mode runs on cuDNN (statistics per channel over N
+// and the spatial dims): through its graph API (cudnn_graph_batch_norm.h),
+// else its legacy batch-norm calls, which cuDNN 9 marks deprecated but still
+// ships (f64 always takes them). Both update the running variance with the
+// unbiased batch variance, as the CPU op does. Eval mode, forward and
+// backward, runs on kernels/norm.cu with the running statistics. f32 and f64.
 // layer_norm runs on kernels/norm.cu; f32, f64, bf16 and f16 (statistics in
 // f32, f64 for f64).
 #pragma once
