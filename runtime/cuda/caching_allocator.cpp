@@ -84,6 +84,13 @@ void* device_alloc(std::size_t bytes) { return device_alloc(bytes, current_strea
 void device_free(void* ptr) { caching_allocator().free(ptr); }
 
 void record_stream(void* ptr, StreamView stream) {
+  // A stream handle means nothing on another device (the legacy stream's,
+  // null, would even pass for the block's own).
+  const int device = caching_allocator().block_device(ptr);
+  LOCKSTEP_CHECK(stream.device == device,
+                 "record_stream: a block of CUDA device {} used on a stream of device {}; copy the "
+                 "tensor to that device instead",
+                 device, stream.device);
   caching_allocator().record_stream(ptr, stream.handle);
 }
 

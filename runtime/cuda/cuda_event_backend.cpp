@@ -9,8 +9,15 @@ EventKey CudaEventBackend::record_on(int device, cudaStream_t stream) {
   DeviceGuard guard(device);
   cudaEvent_t event = nullptr;
   LOCKSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  LOCKSTEP_CUDA_CHECK(cudaEventRecord(event, stream));
+  if (const cudaError_t error = cudaEventRecord(event, stream); error != cudaSuccess) {
+    cudaEventDestroy(event);  // not leaked with the error
+    runtime::detail::throw_cuda_error(error, "cudaEventRecord(event, stream)", __FILE__, __LINE__);
+  }
   return event;
+}
+
+void CudaEventBackend::wait_event(EventKey event) {
+  LOCKSTEP_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
 }
 
 bool CudaEventBackend::event_completed(EventKey event) {

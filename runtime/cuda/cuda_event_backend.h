@@ -12,6 +12,7 @@ namespace lockstep::runtime::cuda {
 class CudaEventBackend : public AllocatorBackend {
  public:
   bool event_completed(EventKey event) override;
+  void wait_event(EventKey event) override;
   void destroy_event(EventKey event) override;
 
  protected:

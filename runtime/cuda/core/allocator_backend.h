@@ -30,6 +30,8 @@ class AllocatorBackend {
   virtual EventKey record_event(int device, StreamKey stream) = 0;
   // True once the event has completed; never blocks.
   virtual bool event_completed(EventKey event) = 0;
+  // Blocks until the event has completed (only when out of memory).
+  virtual void wait_event(EventKey event) = 0;
   virtual void destroy_event(EventKey event) = 0;
 
   // One line on the device's memory for out-of-memory messages (e.g. "the GPU

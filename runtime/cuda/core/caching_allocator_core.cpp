@@ -141,6 +141,13 @@ struct CachingAllocatorCore::Impl {
     d.pending.erase(keep, d.pending.end());
   }
 
+  // Waits for every event of the device's freed blocks, which then return to
+  // the pool (only when out of memory: the host blocks on other streams).
+  void wait_pending(DeviceState& d) {
+    for (const PendingEvent& p : d.pending) backend.wait_event(p.event);
+    process_events(d);
+  }
+
   // Returns every cached whole segment of `device` to the backend; the bytes.
   std::size_t release_cached(int device, DeviceState& d) {
     std::size_t released = 0;
@@ -206,6 +213,13 @@ CachingAllocatorCore::~CachingAllocatorCore() {
 void* CachingAllocatorCore::allocate(int device, std::size_t bytes, StreamKey stream) {
   Impl& m = *impl_;
   LOCKSTEP_CHECK(device >= 0, "{} allocator: device index {} is negative", m.name, device);
+  // Beyond any memory, and rounding it up would wrap around to a small size.
+  if (bytes > kMaxRequest) {
+    throw OutOfMemoryError(fmt::format(
+        "{} allocator: a request of {} bytes on device {} is larger than any device's memory; "
+        "the size was probably computed from a negative or overflowing number",
+        m.name, bytes, device));
+  }
   std::lock_guard lock(m.mutex);
   DeviceState& d = m.devices[device];
   m.process_events(d);
@@ -221,6 +235,7 @@ void* CachingAllocatorCore::allocate(int device, std::size_t bytes, StreamKey st
     void* ptr = m.backend.allocate(device, segment);
     if (ptr == nullptr) {
       ++d.stats.oom_retries;
+      m.wait_pending(d);
       const std::size_t released = m.release_cached(device, d);
       ptr = m.backend.allocate(device, segment);
       if (ptr == nullptr) m.throw_oom(device, d, bytes, size, segment, released);
@@ -264,21 +279,32 @@ void CachingAllocatorCore::free(void* ptr) {
   std::lock_guard lock(m.mutex);
   Block* b = m.allocated_block(ptr, "free");
   DeviceState& d = m.devices[b->device];
+  // The events first: should recording one fail, the block stays allocated
+  // (lost to the cache, never handed out while another stream may use it).
+  std::vector<EventKey> events;
+  try {
+    for (StreamKey stream : b->uses) events.push_back(m.backend.record_event(b->device, stream));
+  } catch (...) {
+    for (EventKey e : events) {
+      try {
+        m.backend.destroy_event(e);
+      } catch (const std::exception&) {  // the first error is the one to report
+      }
+    }
+    throw;
+  }
+  b->uses.clear();
   b->allocated = false;
   d.stats.allocated_bytes -= b->size;
   d.stats.requested_bytes -= b->requested;
   --d.stats.active_blocks;
-  if (b->uses.empty()) {
+  if (events.empty()) {
     m.return_to_pool(d, b);
     return;
   }
   ++d.stats.pending_blocks;
-  std::vector<StreamKey> uses;
-  uses.swap(b->uses);
-  for (StreamKey stream : uses) {
-    d.pending.push_back({m.backend.record_event(b->device, stream), b});
-    ++b->pending_events;
-  }
+  for (EventKey e : events) d.pending.push_back({e, b});
+  b->pending_events += static_cast<int>(events.size());
 }
 
 void CachingAllocatorCore::record_stream(void* ptr, StreamKey stream) {
@@ -318,6 +344,11 @@ void CachingAllocatorCore::reset_peak_stats(int device) {
 std::size_t CachingAllocatorCore::block_size(const void* ptr) const {
   std::lock_guard lock(impl_->mutex);
   return impl_->allocated_block(ptr, "block_size")->size;
+}
+
+int CachingAllocatorCore::block_device(const void* ptr) const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->allocated_block(ptr, "block_device")->device;
 }
 
 }  // namespace lockstep::runtime::cuda

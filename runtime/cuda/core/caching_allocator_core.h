@@ -21,9 +21,12 @@
 //                 becomes reusable only once all those events have completed
 //                 (checked, without blocking, at each allocate and
 //                 empty_cache).
-//   out of memory when the backend is out of memory, the device's cached free
-//                 segments are returned and the allocation is retried once;
-//                 failing again throws OutOfMemoryError with the statistics.
+//   out of memory when the backend is out of memory, the device's freed blocks
+//                 still waiting for other streams are waited for (the host
+//                 blocks), its cached free segments are returned and the
+//                 allocation is retried once; failing again throws
+//                 OutOfMemoryError with the statistics. So does a request
+//                 beyond kMaxRequest, at once.
 //
 // Thread-safe: one mutex guards everything, backend calls included.
 #pragma once
@@ -43,6 +46,7 @@ inline constexpr std::size_t kMinBlockSize = 512;              // small requests
 inline constexpr std::size_t kSmallSize = std::size_t{1} << 20;  // largest "small" request
 inline constexpr std::size_t kSmallSegment = std::size_t{2} << 20;  // segment for small blocks
 inline constexpr std::size_t kLargeRound = std::size_t{2} << 20;    // large requests round to this
+inline constexpr std::size_t kMaxRequest = std::size_t{1} << 60;    // larger: surely a bad size
 
 // The size a request of `bytes` occupies (see the size classes above).
 std::size_t round_allocation_size(std::size_t bytes);
@@ -85,7 +89,9 @@ class CachingAllocatorCore {
 
   // Gives the block back to the cache of its (device, stream). Throws
   // lockstep::Error for a pointer not from allocate() (or not the start of a
-  // block) and for a block already freed.
+  // block) and for a block already freed; when recording an event for a
+  // stream that used it fails, throws that error and keeps the block
+  // allocated (never reused).
   void free(void* ptr);
 
   // Declares that `stream` uses the block at `ptr` too: when the block is freed
@@ -104,6 +110,8 @@ class CachingAllocatorCore {
   // The size of the block at `ptr` (rounded); throws like free() for a pointer
   // that is not allocated.
   std::size_t block_size(const void* ptr) const;
+  // The device of the block at `ptr`; throws like block_size().
+  int block_device(const void* ptr) const;
 
  private:
   struct Impl;

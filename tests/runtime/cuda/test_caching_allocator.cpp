@@ -49,11 +49,16 @@ class FakeBackend : public AllocatorBackend {
     ++deallocate_calls;
   }
   EventKey record_event(int, StreamKey stream) override {
+    if (fail_record_on == stream) throw lockstep::Error("fake: cannot record an event there");
     const auto id = ++next_event;
     events[id] = {stream, false};
     return reinterpret_cast<EventKey>(id);
   }
   bool event_completed(EventKey event) override { return events.at(key(event)).done; }
+  void wait_event(EventKey event) override {
+    ++wait_calls;
+    events.at(key(event)).done = true;  // as if the host had blocked until the stream got there
+  }
   void destroy_event(EventKey event) override { REQUIRE(events.erase(key(event)) == 1); }
   std::string describe_memory(int) override { return "the fake device has no more memory"; }
 
@@ -78,6 +83,8 @@ class FakeBackend : public AllocatorBackend {
   int fail_allocations = 0;
   int allocate_calls = 0;
   int deallocate_calls = 0;
+  int wait_calls = 0;
+  std::optional<StreamKey> fail_record_on;  // record_event on this stream throws
 
  private:
   static std::uintptr_t key(EventKey e) { return reinterpret_cast<std::uintptr_t>(e); }
@@ -302,6 +309,55 @@ TEST_CASE("out of memory empties the cache and retries once", "[cuda_allocator]"
     CHECK(alloc.stats(0).allocated_bytes == 4 * MiB);
     alloc.free(held);
   }
+}
+
+TEST_CASE("out of memory waits for blocks other streams still use", "[cuda_allocator]") {
+  FakeBackend backend;
+  backend.capacity = 8 * MiB;
+  CachingAllocatorCore alloc(backend);
+  void* a = alloc.allocate(0, 6 * MiB, stream(1));
+  alloc.record_stream(a, stream(2));
+  alloc.free(a);  // waits on stream 2's event, which has not completed
+  CHECK(alloc.stats(0).pending_blocks == 1);
+  // Only fits once a's segment is given back, which needs stream 2's event.
+  void* b = alloc.allocate(0, 6 * MiB, stream(3));
+  REQUIRE(b != nullptr);
+  CHECK(backend.wait_calls == 1);
+  CHECK(alloc.stats(0).pending_blocks == 0);
+  CHECK(alloc.stats(0).backend_frees == 1);
+  CHECK(backend.events.empty());
+  alloc.free(b);
+}
+
+TEST_CASE("a request beyond any memory is refused before it is rounded", "[cuda_allocator]") {
+  FakeBackend backend;
+  CachingAllocatorCore alloc(backend);
+  // Rounded up to 2 MiB, this size would wrap around to 0.
+  const std::size_t huge = static_cast<std::size_t>(-1) - 5;
+  CHECK_THROWS_AS(alloc.allocate(0, huge, stream(1)), OutOfMemoryError);
+  CHECK_THROWS_WITH(alloc.allocate(0, huge, stream(1)),
+                    Catch::Contains("larger than any device's memory"));
+  CHECK(backend.allocate_calls == 0);
+  CHECK(alloc.stats(0).active_blocks == 0);
+}
+
+TEST_CASE("a block whose event cannot be recorded stays allocated", "[cuda_allocator]") {
+  FakeBackend backend;
+  CachingAllocatorCore alloc(backend);
+  void* a = alloc.allocate(0, 64 * KiB, stream(1));
+  alloc.record_stream(a, stream(2));
+  alloc.record_stream(a, stream(3));
+  backend.fail_record_on = stream(3);
+  CHECK_THROWS_WITH(alloc.free(a), Catch::Contains("cannot record an event"));
+  CHECK(backend.events.empty());  // stream 2's event was destroyed again
+  CHECK(alloc.stats(0).active_blocks == 1);
+  CHECK(alloc.block_size(a) == 64 * KiB);  // still allocated: never handed out again
+  void* b = alloc.allocate(0, 64 * KiB, stream(1));
+  CHECK(b != a);
+  backend.fail_record_on.reset();
+  alloc.free(a);  // now it can be given back, waiting on both streams
+  CHECK(backend.events.size() == 2);
+  alloc.free(b);
 }
 
 TEST_CASE("freeing a foreign pointer or a block twice is an error", "[cuda_allocator]") {
