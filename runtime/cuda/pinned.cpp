@@ -1,6 +1,7 @@
 #include "lockstep/runtime/cuda/pinned.h"
 
 #include <iostream>
+#include <optional>
 
 #include <cuda_runtime_api.h>
 
@@ -69,12 +70,24 @@ PinnedBuffer::PinnedBuffer(std::size_t bytes)
 
 void PinnedBuffer::record_stream(StreamView stream) {
   LOCKSTEP_CHECK(data_ != nullptr, "PinnedBuffer::record_stream on an empty buffer");
+  if (stream.handle == nullptr) {
+    // The legacy stream's key (null) does not say whose it is: the buffer does.
+    LOCKSTEP_CHECK(legacy_device_ < 0 || legacy_device_ == stream.device,
+                   "a pinned buffer used on the legacy default streams of devices {} and {}; "
+                   "use one buffer per device, or non-default streams",
+                   legacy_device_, stream.device);
+    legacy_device_ = stream.device;
+  }
   pinned_allocator().record_stream(data_, stream.handle);
 }
 
 void PinnedBuffer::reset() noexcept {
   if (data_ == nullptr) return;
   try {
+    // An event for a legacy-stream use goes on the current device's (see
+    // PinnedBackend::record_event): make that the device it was used on.
+    std::optional<DeviceGuard> guard;
+    if (legacy_device_ >= 0) guard.emplace(std::exchange(legacy_device_, -1));
     pinned_allocator().free(std::exchange(data_, nullptr));
   } catch (const std::exception& e) {
     std::cerr << "lockstep: warning: freeing a pinned buffer failed: " << e.what() << std::endl;

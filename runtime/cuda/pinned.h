@@ -24,12 +24,15 @@ class PinnedBuffer {
   explicit PinnedBuffer(std::size_t bytes);  // throws OutOfMemoryError, lockstep::Error
   ~PinnedBuffer() { reset(); }
   PinnedBuffer(PinnedBuffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(other.size_) {}
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(other.size_),
+        legacy_device_(std::exchange(other.legacy_device_, -1)) {}
   PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
     if (this != &other) {
       reset();
       data_ = std::exchange(other.data_, nullptr);
       size_ = other.size_;
+      legacy_device_ = std::exchange(other.legacy_device_, -1);
     }
     return *this;
   }
@@ -40,14 +43,16 @@ class PinnedBuffer {
   std::size_t size() const { return size_; }
   // `stream` uses this buffer: when the buffer is given back, an event is
   // recorded on `stream` and the buffer is not reused before it completes.
-  // The legacy default stream ({nullptr, d}) is taken to be that of the device
-  // current when the buffer is given back (one device per process).
+  // For the legacy default stream ({nullptr, d}) the buffer remembers d and
+  // records on d's when given back; a buffer is used on the legacy stream of
+  // one device at most (throws naming both otherwise).
   void record_stream(StreamView stream);
   void reset() noexcept;
 
  private:
   void* data_ = nullptr;
   std::size_t size_ = 0;
+  int legacy_device_ = -1;  // the device whose legacy stream used it, if any
 };
 
 // Returns cached pinned memory that no buffer uses to CUDA.

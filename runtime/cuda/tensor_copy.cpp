@@ -71,8 +71,13 @@ void copy_device_to_host(const Tensor& dst, const Tensor& src) {
 void copy_between_devices(const Tensor& dst, const Tensor& src) {
   Tensor packed = dense_like(src, dst.shape(), dst.dtype());
   Tensor landed = dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
-  // The source's work must be done before the destination's stream reads it.
-  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(stream_of(packed)));
+  {
+    // The source's work must be done before the destination's stream reads
+    // it. Under the source's device: its current stream may be the legacy
+    // one, whose handle (null) names the legacy stream of the current device.
+    DeviceGuard source(src.device().index);
+    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(stream_of(packed)));
+  }
   DeviceGuard guard(dst.device().index);
   LOCKSTEP_CUDA_CHECK(cudaMemcpyPeerAsync(landed.raw_data(), dst.device().index, packed.raw_data(),
                                           src.device().index,

@@ -126,7 +126,8 @@ TEST_CASE("CUDA conv2d matches the CPU, forward and backward", "[gpu][cuda][conv
   }
 }
 
-TEST_CASE("CUDA conv2d of non-contiguous inputs and an empty batch", "[gpu][cuda][conv]") {
+TEST_CASE("CUDA conv2d of non-contiguous inputs, an empty batch and no input values",
+          "[gpu][cuda][conv]") {
   LOCKSTEP_SKIP_UNLESS_GPU();
   poison_device_memory();
   uint64_t seed = 101;
@@ -146,6 +147,15 @@ TEST_CASE("CUDA conv2d of non-contiguous inputs and an empty batch", "[gpu][cuda
   ye.backward(Tensor::zeros(ye.shape(), DType::f32, cuda0()));
   check_equal_to(we.grad(), Tensor::zeros(e.w), "empty batch grad w");
   check_equal_to(be.grad(), Tensor::zeros({4}), "empty batch grad b");
+
+  // No input value reaches the output (no input channels; an empty image that
+  // padding alone covers): the output is the bias, as on the CPU.
+  const ConvCase no_channels{{2, 0, 5, 5}, {4, 0, 3, 3}, {}};
+  const ConvCase empty_image{{1, 3, 0, 5}, {4, 3, 1, 1}, {{1, 1}, {1, 1}, {1, 1}, 1}};
+  for (const ConvCase& d : {no_channels, empty_image}) {
+    const Tensor xd = randn_cpu(d.x, seed++), wd = randn_cpu(d.w, seed++);
+    check_conv(d, xd, xd.to(cuda0()), wd, randn_cpu({4}, seed++), describe(d), seed++);
+  }
 }
 
 TEST_CASE("CUDA conv2d of bf16 and f16 computes in f32", "[gpu][cuda][conv]") {

@@ -218,7 +218,8 @@ TEST_CASE("pinned buffers round-trip through the device asynchronously", "[gpu][
 
   // Given back after the stream finished, a buffer is reused for the same size.
   void* first = back.data();
-  back.reset();
+  back.reset();        // records an event on `stream` for the copy that used it
+  stream.synchronize();  // ... and lets it complete before the next allocation looks
   PinnedBuffer again(n * sizeof(float));
   CHECK(again.data() == first);
   CHECK(pinned_stats().cache_hits >= 1);

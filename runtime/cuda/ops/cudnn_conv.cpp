@@ -283,9 +283,14 @@ void backward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor
   if (gb.defined()) bias_grad(h, s, gy, gb);
 }
 
-// No pixels or no output channels: nothing for cuDNN to do (it rejects
-// zero-sized descriptors); the gradients are zeros.
-bool degenerate(const ConvShape& s) { return s.n == 0 || s.c_out == 0; }
+// No output, or no input value reaching it (no input channels, an empty
+// kernel or an empty image that padding alone covers): nothing for cuDNN to do
+// (it rejects zero-sized descriptors). The output is then the bias alone, the
+// input and weight gradients are zeros, the bias gradient the sum of gy.
+bool degenerate(const ConvShape& s) {
+  return s.n == 0 || s.c_out == 0 || s.cin_g() == 0 || s.kh == 0 || s.kw == 0 || s.h == 0 ||
+         s.w == 0;
+}
 
 }  // namespace
 
@@ -298,7 +303,13 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const Tensor weight = weight_in.contiguous();
   const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
   Tensor out = Tensor::empty({s.n, s.c_out, s.oh, s.ow}, x.dtype(), x.device());
-  if (!degenerate(s)) forward(s, x, weight, bias, out);
+  if (!degenerate(s)) {
+    forward(s, x, weight, bias, out);
+  } else if (out.numel() > 0) {
+    NoGradGuard no_grad;
+    out.zero_();
+    if (bias.defined()) out.add_(bias.detach().view({1, s.c_out, 1, 1}));
+  }
 
   std::vector<Tensor> inputs{x_in, weight_in};
   if (bias_in.defined()) inputs.push_back(bias_in);
@@ -317,9 +328,13 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                   if (a.needs[1]) grads[1] = make(ws.shape());
                   if (a.needs.size() > 2 && a.needs[2]) grads[2] = make({s.c_out});
                   Tensor none;
-                  if (!degenerate(s))
+                  if (!degenerate(s)) {
                     backward(s, xs, ws, gy, grads[0], grads[1],
                              grads.size() > 2 ? grads[2] : none);
+                  } else if (grads.size() > 2 && grads[2].defined() && gy.numel() > 0) {
+                    NoGradGuard no_grad;
+                    grads[2] = runtime::sum(gy, {0, 2, 3});
+                  }
                   return grads;
                 });
 }
