@@ -50,6 +50,7 @@ class NcclComm {
     throw_if_aborted();
     fn(handle_);
     wait_until_ready();
+    throw_if_aborted();  // aborted while fn ran: what it enqueued may never run
   }
 
   // ncclCommGetAsyncError; ncclSuccess once aborted, and while a use() holds

@@ -125,16 +125,18 @@ std::shared_ptr<Work> NcclGroup::issue(std::string_view op, const Tensor* descri
   const milliseconds t = timeout_of(timeout);
   auto work = std::make_shared<detail::NcclWork>(description, Work::Clock::now() + t,
                                                  timeout_message(description, t), device_,
-                                                 host_wait);
+                                                 host_wait, abort_);
   // Kept alive until done instead of record_stream() on the caching allocator:
   // this holds for any storage, and the watchdog drops them only once no
   // kernel can touch them.
   work->keep_alive(std::move(tensors));
   runtime::cuda::DeviceGuard guard(device_);
-  ready_.record(runtime::cuda::current_stream(device_));
-  ready_.wait(stream_);
   watchdog_->watch(work);
   try {
+    // Numbered already: a failure from here on must make the group unusable,
+    // or this rank would skip a collective its peers run.
+    ready_.record(runtime::cuda::current_stream(device_));
+    ready_.wait(stream_);
     comm_->use([&](ncclComm_t comm) { enqueue(comm, stream_.handle()); });
     work->end_event().record(stream_);
   } catch (const std::exception& e) {

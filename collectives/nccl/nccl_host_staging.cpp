@@ -1,6 +1,8 @@
 #include "lockstep/collectives/nccl/nccl_host_staging.h"
 
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 namespace lockstep::collectives::detail {
@@ -29,7 +31,12 @@ class HostResultWork final : public Work {
     if (!copied_back_) {
       copied_back_ = true;
       try {
-        inner_->wait();  // orders this thread's current stream after the collective
+        // On the host first: a CPU result promises a blocking wait, and only
+        // the collective's own completion says whether it succeeded (one cut
+        // short by an abort must not have its output copied as a result). The
+        // watchdog ends it at its deadline at the latest.
+        while (!inner_->is_completed()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        inner_->wait();  // rethrows its error; orders this thread's current stream after it
         // Each copy to the host runs on that stream and returns once it is done.
         for (auto& [host, device] : results_) host.copy_(device.to(runtime::Device::cpu()));
         finish();

@@ -71,6 +71,11 @@ void NcclWatchdog::run() {
     }
     if (!request.empty()) {
       abort_all(works, request, nullptr, nullptr);
+    } else if (comm_.aborted()) {
+      // Issued around an abort (still incoming while abort_all ran): the
+      // abort may have cut their kernels short, so their end events say
+      // nothing. They fail like the rest.
+      abort_all(works, abort_->reason(), nullptr, nullptr);
     } else {
       check(works);
     }

@@ -2,22 +2,34 @@
 
 #include <thread>
 
+#include <fmt/format.h>
+
 namespace lockstep::collectives::detail {
 
 NcclWork::NcclWork(std::string description, Clock::time_point deadline,
-                   std::string timeout_message, int device, bool host_wait)
+                   std::string timeout_message, int device, bool host_wait,
+                   std::shared_ptr<AbortState> abort)
     : Work(std::move(description), deadline, timeout_message),
       deadline_(deadline),
       timeout_message_(std::move(timeout_message)),
       device_(device),
-      host_wait_(host_wait) {}
+      host_wait_(host_wait),
+      abort_(std::move(abort)) {}
 
 bool NcclWork::poll() {
   if (Work::is_completed()) return true;
   if (!armed_.load(std::memory_order_acquire) || !end_.query()) return false;
-  // The watchdog fails every Work before it aborts the communicator, so an end
-  // event completed by an abort never reads as success here.
-  finish();
+  // The watchdog fails the Works it knows of before it aborts the
+  // communicator; one still on its way to it when the group is marked
+  // unusable is failed here, as its end event may have completed only because
+  // the abort cut its kernel short.
+  const std::string reason = abort_ != nullptr ? abort_->reason() : std::string();
+  if (reason.empty()) {
+    finish();
+  } else {
+    finish(std::make_exception_ptr(CollectiveError(fmt::format(
+        "{} was aborted: the group became unusable because {}", description(), reason))));
+  }
   return true;
 }
 

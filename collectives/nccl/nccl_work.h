@@ -16,9 +16,11 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "lockstep/collectives/abort_state.h"
 #include "lockstep/collectives/work.h"
 #include "lockstep/runtime/cuda/stream.h"
 #include "lockstep/runtime/tensor.h"
@@ -28,8 +30,10 @@ namespace lockstep::collectives::detail {
 class NcclWork final : public Work {
  public:
   // `host_wait`: wait() blocks the host until the collective is done (barrier).
+  // `abort`: the group's; once it is set, an end event that completes is no
+  // success (the abort may have cut the kernel short).
   NcclWork(std::string description, Clock::time_point deadline, std::string timeout_message,
-           int device, bool host_wait);
+           int device, bool host_wait, std::shared_ptr<AbortState> abort);
 
   bool is_completed() override;
   void wait() override;
@@ -58,6 +62,7 @@ class NcclWork final : public Work {
   std::string timeout_message_;
   int device_;
   bool host_wait_;
+  std::shared_ptr<AbortState> abort_;
 };
 
 }  // namespace lockstep::collectives::detail
