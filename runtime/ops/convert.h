@@ -15,7 +15,9 @@ inline U convert(T v) {
   if constexpr (std::is_same_v<U, T>) {
     return v;
   } else if constexpr (std::is_same_v<U, bool>) {
-    return static_cast<float>(v) != 0.0f;
+    // Compared in the source type: a tiny f64 is not zero just because f32 would round it to 0.
+    if constexpr (is_half_v<T>) return static_cast<float>(v) != 0.0f;
+    else return v != T(0);
   } else if constexpr (is_half_v<U> || is_half_v<T>) {
     return static_cast<U>(static_cast<float>(v));
   } else {

@@ -79,7 +79,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
       for (int64_t j = 0; j < c; ++j) prow[j] /= se;
       const T nll = lse - row[tp[i]];
       const T smooth = lse - sum_x / static_cast<T>(c);  // mean over classes of -logp
-      lp[i] = (1 - s) * nll + s * smooth;
+      // Without smoothing, a -inf logit (an infinite smooth) must not give 0 * inf.
+      lp[i] = s > 0 ? (1 - s) * nll + s * smooth : nll;
     }
   });
   Tensor out = reduce(losses, reduction);

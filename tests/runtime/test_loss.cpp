@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "lockstep/runtime/ops/activation.h"
@@ -89,6 +90,18 @@ TEST_CASE("cross_entropy is stable for large logits", "[runtime][ops][loss]") {
   CHECK(l[0] == Approx(0.0).margin(1e-6));
   // logsumexp(0, 1, -1) - (-1)
   CHECK(l[1] == Approx(std::log(1 + std::exp(1.0) + std::exp(-1.0)) + 1).epsilon(1e-5));
+}
+
+TEST_CASE("cross_entropy without smoothing takes -inf (masked) logits", "[runtime][ops][loss]") {
+  // The smoothing term is infinite here; weighted by 0 it must not turn into NaN.
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor logits = Tensor::from_vector<double>({0, -inf, 1, 1}, {2, 2});
+  logits.requires_grad_();
+  Tensor target = Tensor::from_vector<int64_t>({0, 1}, {2});
+  Tensor loss = cross_entropy(logits, target, 0.0, Reduction::Sum);
+  CHECK(loss.item() == Approx(std::log(2.0)));
+  loss.backward();
+  check_close(logits.grad(), {0, 0, 0.5, -0.5}, 1e-12);
 }
 
 TEST_CASE("cross_entropy gradient is (softmax - target distribution) / N",

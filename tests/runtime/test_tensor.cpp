@@ -184,6 +184,9 @@ TEST_CASE("to(DType) rounds and truncates as C++ conversions do", "[runtime][ten
   Tensor f = Tensor::from_vector<float>({2.7f, -2.7f, 0.5f, -0.0f}, {4});
   CHECK(values(f.to(DType::i32)) == std::vector<double>{2, -2, 0, 0});  // toward zero
   CHECK(values(f.to(DType::boolean)) == std::vector<double>{1, 1, 1, 0});
+  // Nonzero is judged in the source type: f32 would round 1e-50 to 0.
+  Tensor tiny = Tensor::from_vector<double>({1e-50, -0.0}, {2});
+  CHECK(values(tiny.to(DType::boolean)) == std::vector<double>{1, 0});
   // f32 -> bf16 / f16 round to nearest even.
   Tensor g = Tensor::from_vector<float>({1.0f + 0x1.0p-8f, 1.0f + 3 * 0x1.0p-8f}, {2});
   CHECK(values(g.to(DType::bf16)) == std::vector<double>{1.0, 1.0 + 4 * 0x1.0p-8});

@@ -164,7 +164,10 @@ struct Unary {
     else if constexpr (kOp == UnaryOp::mul_scalar) r = x * s;
     else if constexpr (kOp == UnaryOp::pow_scalar) r = s == C(2) ? x * x : pow(x, s);
     else if constexpr (kOp == UnaryOp::relu) r = (x > C(0) || x != x) ? x : C(0);  // NaN passes
-    else if constexpr (kOp == UnaryOp::sigmoid) r = C(1) / (C(1) + exp(-x));
+    else if constexpr (kOp == UnaryOp::sigmoid) {
+      // Split by sign, as the CPU op: exp(-x) would overflow for very negative x.
+      r = x >= C(0) ? C(1) / (C(1) + exp(-x)) : exp(x) / (C(1) + exp(x));
+    }
     else if constexpr (kOp == UnaryOp::tanh) r = tanh(x);
     else if constexpr (kOp == UnaryOp::sign) r = C((x > C(0)) - (x < C(0)));
     else r = gelu_of(x);

@@ -41,10 +41,11 @@ __device__ __forceinline__ MaxSum<C> max_sum_identity() {
 }
 
 // Adds one element. -inf elements add nothing (exp(-inf - m) = 0), also when
-// m is still -inf, where exp(x - m) would be NaN; a NaN element makes s NaN.
+// m is still -inf, where exp(x - m) would be NaN. A NaN element becomes m, so
+// that it is kept whatever comes after (s turns NaN too), as on the CPU.
 template <class C>
 __device__ __forceinline__ void max_sum_add(MaxSum<C>& st, C x) {
-  if (x > st.m) {
+  if (x > st.m || x != x) {
     st.s = (st.m == C(-INFINITY) ? C(0) : st.s * exp_c(st.m - x)) + C(1);
     st.m = x;
   } else if (x != C(-INFINITY)) {
@@ -55,6 +56,8 @@ __device__ __forceinline__ void max_sum_add(MaxSum<C>& st, C x) {
 struct MaxSumCombine {
   template <class C>
   __device__ MaxSum<C> operator()(MaxSum<C> a, MaxSum<C> b) const {
+    if (a.m != a.m) return a;  // a NaN seen on either side wins
+    if (b.m != b.m) return b;
     if (a.m < b.m) {
       const MaxSum<C> t = a;
       a = b;
@@ -258,7 +261,8 @@ __global__ void __launch_bounds__(256)
         const C s = static_cast<C>(a.smoothing);
         const C nll = lse - convert<C>(xr[target]);
         const C smooth = lse - acc.sum_x / static_cast<C>(a.c);  // mean of -log p over classes
-        l = (C(1) - s) * nll + s * smooth;
+        // Without smoothing, a -inf logit (an infinite smooth) must not give 0 * inf.
+        l = s > C(0) ? (C(1) - s) * nll + s * smooth : nll;
       }
       loss[r] = convert<L>(l);
       lse_out[r] = lse;
