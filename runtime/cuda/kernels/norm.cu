@@ -237,31 +237,21 @@ __global__ void layer_norm_param_finish(int64_t d, int64_t chunks,
 
 // ---- batch norm, eval mode ---------------------------------------------------
 
+// out = (in - mean[ch]) * w[ch] / sqrt(var[ch] + eps) + b[ch], with mean, w
+// and b optional (0, 1, 0): the eval forward, and with in = gy, no mean and
+// no b, the eval input gradient.
 template <class T>
-__global__ void batch_norm_eval_forward_kernel(int64_t total, int64_t c, int64_t inner,
-                                               const T* __restrict__ x, const T* __restrict__ w,
-                                               const T* __restrict__ b,
-                                               const T* __restrict__ mean,
-                                               const T* __restrict__ var, T eps,
-                                               T* __restrict__ y) {
+__global__ void batch_norm_eval_affine_kernel(int64_t total, int64_t c, int64_t inner,
+                                              const T* __restrict__ in, const T* __restrict__ w,
+                                              const T* __restrict__ b,
+                                              const T* __restrict__ mean,
+                                              const T* __restrict__ var, T eps,
+                                              T* __restrict__ out) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t ch = (i / inner) % c;
     const T k = (w != nullptr ? w[ch] : T(1)) * inv_sqrt(var[ch] + eps);
-    y[i] = (x[i] - mean[ch]) * k + (b != nullptr ? b[ch] : T(0));
-  }
-}
-
-template <class T>
-__global__ void batch_norm_eval_input_kernel(int64_t total, int64_t c, int64_t inner,
-                                             const T* __restrict__ gy, const T* __restrict__ w,
-                                             const T* __restrict__ var, T eps,
-                                             T* __restrict__ gx) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t ch = (i / inner) % c;
-    const T k = (w != nullptr ? w[ch] : T(1)) * inv_sqrt(var[ch] + eps);
-    gx[i] = gy[i] * k;
+    out[i] = (in[i] - (mean != nullptr ? mean[ch] : T(0))) * k + (b != nullptr ? b[ch] : T(0));
   }
 }
 
@@ -662,33 +652,37 @@ cudaError_t layer_norm_backward_params(ScalarType dtype, int64_t rows, int64_t d
   });
 }
 
-cudaError_t batch_norm_eval_forward(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
-                                    const void* x, const void* w, const void* b, const void* mean,
-                                    const void* var, double eps, void* y, cudaStream_t stream) {
+namespace {
+
+cudaError_t launch_batch_norm_eval_affine(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
+                                          const void* in, const void* w, const void* b,
+                                          const void* mean, const void* var, double eps, void* out,
+                                          cudaStream_t stream) {
   const int64_t total = n * c * inner;
   if (total == 0) return cudaSuccess;
   return dispatch_f32_f64(dtype, [&](auto tag) {
     using T = decltype(tag);
-    batch_norm_eval_forward_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(
-        total, c, inner, static_cast<const T*>(x), static_cast<const T*>(w),
+    batch_norm_eval_affine_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(
+        total, c, inner, static_cast<const T*>(in), static_cast<const T*>(w),
         static_cast<const T*>(b), static_cast<const T*>(mean), static_cast<const T*>(var),
-        static_cast<T>(eps), static_cast<T*>(y));
+        static_cast<T>(eps), static_cast<T*>(out));
     return cudaGetLastError();
   });
+}
+
+}  // namespace
+
+cudaError_t batch_norm_eval_forward(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
+                                    const void* x, const void* w, const void* b, const void* mean,
+                                    const void* var, double eps, void* y, cudaStream_t stream) {
+  return launch_batch_norm_eval_affine(dtype, n, c, inner, x, w, b, mean, var, eps, y, stream);
 }
 
 cudaError_t batch_norm_eval_backward_input(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
                                            const void* grad_y, const void* w, const void* var,
                                            double eps, void* grad_x, cudaStream_t stream) {
-  const int64_t total = n * c * inner;
-  if (total == 0) return cudaSuccess;
-  return dispatch_f32_f64(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    batch_norm_eval_input_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(
-        total, c, inner, static_cast<const T*>(grad_y), static_cast<const T*>(w),
-        static_cast<const T*>(var), static_cast<T>(eps), static_cast<T*>(grad_x));
-    return cudaGetLastError();
-  });
+  return launch_batch_norm_eval_affine(dtype, n, c, inner, grad_y, w, nullptr, nullptr, var, eps,
+                                       grad_x, stream);
 }
 
 cudaError_t batch_norm_eval_backward_params(ScalarType dtype, int64_t n, int64_t c,

@@ -94,6 +94,23 @@ std::optional<Choice> choose(cudnnHandle_t handle, const BackendDescriptor& grap
   return smallest;
 }
 
+// A finalized tensor descriptor; by value: the variant pack gives a host
+// pointer to its one element.
+BackendDescriptor tensor_descriptor(int64_t uid, cudnnDataType_t type,
+                                    std::span<const int64_t> dims,
+                                    std::span<const int64_t> strides, int64_t alignment,
+                                    bool by_value) {
+  BackendDescriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  t.set_data_type(CUDNN_ATTR_TENSOR_DATA_TYPE, type);
+  t.set_int64s(CUDNN_ATTR_TENSOR_DIMENSIONS, dims);
+  t.set_int64s(CUDNN_ATTR_TENSOR_STRIDES, strides);
+  t.set_int64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
+  t.set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, alignment);
+  if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+  t.finalize();
+  return t;
+}
+
 }  // namespace
 
 int64_t pointer_alignment(const void* p) {
@@ -105,28 +122,12 @@ int64_t pointer_alignment(const void* p) {
 
 BackendDescriptor graph_tensor(int64_t uid, cudnnDataType_t type, std::span<const int64_t> dims,
                                std::span<const int64_t> strides, int64_t alignment) {
-  BackendDescriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  t.set_data_type(CUDNN_ATTR_TENSOR_DATA_TYPE, type);
-  t.set_int64s(CUDNN_ATTR_TENSOR_DIMENSIONS, dims);
-  t.set_int64s(CUDNN_ATTR_TENSOR_STRIDES, strides);
-  t.set_int64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
-  t.set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, alignment);
-  t.finalize();
-  return t;
+  return tensor_descriptor(uid, type, dims, strides, alignment, /*by_value=*/false);
 }
 
 BackendDescriptor graph_scalar(int64_t uid, cudnnDataType_t type) {
   const std::array<int64_t, 4> ones{1, 1, 1, 1};
-  const bool by_value = true;
-  BackendDescriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  t.set_data_type(CUDNN_ATTR_TENSOR_DATA_TYPE, type);
-  t.set_int64s(CUDNN_ATTR_TENSOR_DIMENSIONS, ones);
-  t.set_int64s(CUDNN_ATTR_TENSOR_STRIDES, ones);
-  t.set_int64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid);
-  t.set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16);
-  t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
-  t.finalize();
-  return t;
+  return tensor_descriptor(uid, type, ones, ones, 16, /*by_value=*/true);
 }
 
 std::shared_ptr<const GraphPlan> make_plan(cudnnHandle_t handle, BackendDescriptor op,
