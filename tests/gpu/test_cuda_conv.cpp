@@ -154,7 +154,8 @@ TEST_CASE("CUDA conv2d of non-contiguous inputs, an empty batch and no input val
   const ConvCase empty_image{{1, 3, 0, 5}, {4, 3, 1, 1}, {{1, 1}, {1, 1}, {1, 1}, 1}};
   for (const ConvCase& d : {no_channels, empty_image}) {
     const Tensor xd = randn_cpu(d.x, seed++), wd = randn_cpu(d.w, seed++);
-    check_conv(d, xd, xd.to(cuda0()), wd, randn_cpu({4}, seed++), describe(d), seed++);
+    const Tensor bd = randn_cpu({4}, seed++);
+    check_conv(d, xd, xd.to(cuda0()), wd, bd, describe(d), seed++);
   }
 }
 
