@@ -39,6 +39,9 @@ const Spec* find_spec(uint8_t type) {
   return nullptr;
 }
 
+// Input buffer capacity a parser keeps between frames; more is released.
+constexpr size_t kKeepCapacity = 1u << 20;
+
 uint32_t load_u32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
          static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
@@ -122,6 +125,8 @@ void FrameParser::feed(const void* data, size_t size) {
     buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<std::ptrdiff_t>(consumed_));
     consumed_ = 0;
   }
+  // One big frame must not pin its memory for the rest of the connection.
+  if (buffer_.empty() && buffer_.capacity() > kKeepCapacity) std::vector<uint8_t>().swap(buffer_);
   const auto* bytes = static_cast<const uint8_t*>(data);
   buffer_.insert(buffer_.end(), bytes, bytes + size);
 }

@@ -36,10 +36,17 @@ namespace lockstep::runtime::store_protocol {
  *   DELETE         key                                 OK existed (0 or 1)
  *   NUM_KEYS       -                                   OK count
  *
- * The first frame of a connection must be AUTH. One request is outstanding
- * per connection: the client sends the next request after the reply. GET and
- * WAIT carry the client's timeout; the server answers TIMEOUT when it passes,
- * so a client that gave up never finds a stale reply on its connection.
+ * The first frame of a connection must be AUTH. Until the server has
+ * accepted it, a connection may send only a few KiB in all (the server's
+ * max_unauthenticated_bytes, never less than its own AUTH frame); a larger
+ * frame closes it. A server that will not serve a new connection (too many
+ * open) answers ERROR "busy: <why>" in place of the AUTH reply and closes: the
+ * client may retry later. Any other ERROR reply to AUTH is final.
+ *
+ * One request is outstanding per connection: the client sends the next
+ * request after the reply. GET and WAIT carry the client's timeout; the server
+ * answers TIMEOUT when it passes, so a client that gave up never finds a stale
+ * reply on its connection.
  */
 
 inline constexpr char kMagic[4] = {'L', 'K', 'S', '1'};
@@ -47,6 +54,9 @@ inline constexpr size_t kHeaderBytes = 9;
 // Bounds the per-frame bookkeeping whatever the body size (a WAIT on more
 // keys than this is refused as too large).
 inline constexpr size_t kMaxFields = 65536;
+// How an ERROR reply to AUTH starts when the server is too busy to serve the
+// connection (not a refused token): the client retries those.
+inline constexpr std::string_view kBusyPrefix = "busy: ";
 
 enum class MessageType : uint8_t {
   Auth = 1,
@@ -100,6 +110,10 @@ class FrameParser {
 
   explicit FrameParser(uint32_t max_body_bytes);
 
+  // Applies from the next frame's header on (the server raises it once a
+  // client has authenticated).
+  void set_max_body_bytes(uint32_t max_body_bytes) { max_body_bytes_ = max_body_bytes; }
+
   void feed(const void* data, size_t size);
   // Frame: `out` holds the next frame. Error: see error() and message().
   Status next(Frame& out);
@@ -110,6 +124,8 @@ class FrameParser {
   // True when bytes of an incomplete frame are buffered (a disconnect now
   // would cut a frame).
   bool mid_frame() const { return buffer_.size() > consumed_; }
+  // Memory held for input, consumed or not (the buffer's capacity).
+  size_t buffered_bytes() const { return buffer_.capacity(); }
 
  private:
   Status fail(ParseError error, std::string message);

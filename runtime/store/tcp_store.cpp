@@ -89,6 +89,9 @@ struct TcpStore::Impl {
 
   void connect_with_backoff();
   std::optional<int> try_connect(Clock::time_point deadline, std::string& error);
+  enum class Sent { All, TimedOut, Failed };
+  Sent try_send_all(const std::vector<uint8_t>& bytes, Clock::time_point deadline,
+                    std::string& error);
   void send_all(const std::vector<uint8_t>& bytes, Clock::time_point deadline,
                 const std::string& what);
   std::optional<proto::Frame> read_frame(Clock::time_point deadline, const std::string& what);
@@ -142,20 +145,23 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
 }
 
 /*
- * Connecting: the server may not be up yet (rank 0 still starting), so each
- * failed attempt sleeps and retries, the sleep doubling from 10 ms to 1 s with
- * some jitter (hundreds of ranks do not retry in step), until connect_timeout.
- * A connection is ready once the server has accepted our AUTH frame; a refused
- * token is final and not retried.
+ * Connecting: the server may not be up yet (rank 0 still starting), or may
+ * turn connections away as busy for a while, so each failed attempt sleeps and
+ * retries, the sleep doubling from 10 ms to 1 s with some jitter (hundreds of
+ * ranks do not retry in step), until connect_timeout. A connection is ready
+ * once the server has accepted our AUTH frame; a refused token is final and
+ * not retried.
  */
 void TcpStore::Impl::connect_with_backoff() {
   const auto deadline = deadline_after(options.connect_timeout);
   std::minstd_rand jitter(static_cast<unsigned>(Clock::now().time_since_epoch().count()));
   milliseconds backoff = kFirstBackoff;
   std::string error = "timed out";
+  bool busy = false;  // the last attempt was turned away as busy
   int attempts = 0;
   while (true) {
     ++attempts;
+    busy = false;
     if (auto s = try_connect(deadline, error)) {
       fd = *s;
       int one = 1;
@@ -164,14 +170,25 @@ void TcpStore::Impl::connect_with_backoff() {
       const auto auth_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(1));
       std::optional<std::string> refused;
       try {
-        send_all(proto::encode_frame(proto::MessageType::Auth, {options.token}), auth_deadline,
-                 "authenticating");
+        // A server that turns us away replies and closes at once, so our send
+        // may fail; its reply is still there to read.
+        std::string send_error;
+        try_send_all(proto::encode_frame(proto::MessageType::Auth, {options.token}),
+                     auth_deadline, send_error);
         auto reply = read_frame(auth_deadline, "authenticating");
         if (reply && reply->type == proto::MessageType::Ok) break;
         if (reply && reply->type == proto::MessageType::Error && !reply->fields.empty()) {
-          refused = reply->fields[0];
+          if (reply->fields[0].starts_with(proto::kBusyPrefix)) {
+            busy = true;
+            error = fmt::format("the server turned the connection away: {}",
+                                reply->fields[0].substr(proto::kBusyPrefix.size()));
+          } else {
+            refused = reply->fields[0];
+          }
+        } else {
+          error = reply ? "unexpected reply to AUTH"
+                        : (send_error.empty() ? "no reply to AUTH" : send_error);
         }
-        error = reply ? "unexpected reply to AUTH" : "no reply to AUTH";
       } catch (const Error& e) {
         error = e.what();  // e.g. the server closed the connection: retry
       }
@@ -187,12 +204,16 @@ void TcpStore::Impl::connect_with_backoff() {
     }
     const auto now = Clock::now();
     if (now >= deadline) {
-      throw StoreTimeout(fmt::format(
-          "could not connect to the lockstep store at {} within {} ms ({} attempts; last "
-          "error: {}). Check that the store server (rank 0, or lockstep-run) is running and "
-          "reachable there, and that the address (LOCKSTEP_STORE_ADDR, or MASTER_ADDR and "
-          "MASTER_PORT) names it",
-          address, options.connect_timeout.count(), attempts, error));
+      const std::string advice =
+          busy ? "The server is up but serves no more connections: close clients of it that "
+                 "are not needed (see the server's log for who holds them)"
+               : "Check that the store server (rank 0, or lockstep-run) is running and "
+                 "reachable there, and that the address (LOCKSTEP_STORE_ADDR, or MASTER_ADDR "
+                 "and MASTER_PORT) names it";
+      throw StoreTimeout(
+          fmt::format("could not connect to the lockstep store at {} within {} ms ({} attempts; "
+                      "last error: {}). {}",
+                      address, options.connect_timeout.count(), attempts, error, advice));
     }
     const auto sleep = std::min<Clock::duration>(
         backoff + milliseconds(jitter() % (backoff.count() / 2 + 1)), deadline - now);
@@ -217,8 +238,9 @@ void TcpStore::Impl::lost(const std::string& what, const std::string& cause) {
                   address, what, cause));
 }
 
-void TcpStore::Impl::send_all(const std::vector<uint8_t>& bytes, Clock::time_point deadline,
-                              const std::string& what) {
+TcpStore::Impl::Sent TcpStore::Impl::try_send_all(const std::vector<uint8_t>& bytes,
+                                                   Clock::time_point deadline,
+                                                   std::string& error) {
   size_t sent = 0;
   while (sent < bytes.size()) {
     const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
@@ -227,16 +249,31 @@ void TcpStore::Impl::send_all(const std::vector<uint8_t>& bytes, Clock::time_poi
       continue;
     }
     if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) lost(what, strerror(errno));
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      error = strerror(errno);
+      return Sent::Failed;
+    }
     pollfd p{fd, POLLOUT, 0};
-    const int ready = poll(&p, 1, poll_ms(deadline));
-    if (ready == 0) {
+    if (poll(&p, 1, poll_ms(deadline)) == 0) {
+      error = "the server took no data before the timeout";
+      return Sent::TimedOut;
+    }
+  }
+  return Sent::All;
+}
+
+void TcpStore::Impl::send_all(const std::vector<uint8_t>& bytes, Clock::time_point deadline,
+                              const std::string& what) {
+  std::string error;
+  switch (try_send_all(bytes, deadline, error)) {
+    case Sent::All: return;
+    case Sent::Failed: lost(what, error);
+    case Sent::TimedOut:
       disconnect();
       throw StoreTimeout(
           fmt::format("lockstep store at {}: {}: the server took no data before "
                       "the timeout; it may be stuck or overloaded",
                       address, what));
-    }
   }
 }
 

@@ -4,7 +4,8 @@
 // TcpStore client connected to it. The wire protocol is in protocol.h. A
 // client first presents the job's token; the server refuses clients with the
 // wrong token. Connecting retries with exponential backoff until the
-// connect timeout, then fails with a message naming the address.
+// connect timeout (also while the server turns connections away as busy),
+// then fails with a message naming the address and the last error.
 #pragma once
 
 #include <chrono>
@@ -20,14 +21,38 @@ namespace lockstep::runtime {
 struct TcpStoreServerOptions {
   std::string host = "0.0.0.0";  // address to listen on
   uint16_t port = 0;             // 0: the kernel picks a free port (see port())
-  std::string token;             // clients must present exactly this
+  // Clients must present exactly this in their AUTH frame. Empty: any client
+  // that sends an empty AUTH frame is served (the other limits still apply).
+  std::string token;
   uint32_t max_frame_bytes = 64u << 20;  // larger frames are rejected
+  // All a connection may send before its AUTH frame is accepted (raised to
+  // fit an AUTH frame carrying `token`): a client without the token cannot
+  // make the server hold more than this.
+  uint32_t max_unauthenticated_bytes = 4096;
+  // Connections served at once, in all and from one peer IP address; more are
+  // turned away with a "busy" reply. One rank holds one connection (a node's
+  // launcher two more), so one node of 512 ranks needs ~520 from its address.
+  uint32_t max_connections = 16384;
+  uint32_t max_connections_per_address = 2048;
+};
+
+// What the server holds now, and what it turned away since the start.
+struct TcpStoreServerStats {
+  int64_t connections = 0;      // open now
+  int64_t unauthenticated = 0;  // of those, not yet past AUTH
+  int64_t buffered_bytes = 0;   // input and output buffers of the open connections
+  int64_t refused_connections = 0;  // over max_connections(_per_address)
+  int64_t failed_accepts = 0;       // accept() failures, e.g. out of descriptors
 };
 
 // Serves the store from one background thread running an epoll event loop.
 // Malformed input from a client (garbage, a frame over the size limit, a bad
-// token, a disconnect mid-frame) closes that client with a logged error; the
-// server and the other clients carry on.
+// token, a disconnect mid-frame, more than max_unauthenticated_bytes before
+// AUTH) closes that client with a logged error; the server and the other
+// clients carry on. A warning that repeats (connections turned away, accept()
+// failing for want of descriptors) is logged at most once per 10 s with a
+// count of what it held back; out of descriptors, the server retries accept()
+// every 100 ms and serves its open connections meanwhile.
 class TcpStoreServer {
  public:
   explicit TcpStoreServer(TcpStoreServerOptions options);
@@ -36,8 +61,11 @@ class TcpStoreServer {
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
   uint16_t port() const;
-  // Clients that were refused or dropped for bad input, since the start.
+  // Clients that were refused or dropped for bad input, since the start
+  // (connections turned away by the caps are counted in stats()).
   int64_t rejected_clients() const;
+  // A snapshot from any thread; cheap (atomic loads).
+  TcpStoreServerStats stats() const;
 
  private:
   struct Impl;

@@ -1,5 +1,6 @@
 // TcpStoreServer: the store's data and one epoll event loop serving every
-// client from a background thread.
+// client from a background thread. What it holds back (connection caps,
+// repeated warnings) is counted in server_limits.h.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -23,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/runtime/store/protocol.h"
+#include "lockstep/runtime/store/server_limits.h"
 #include "lockstep/runtime/store/tcp_store.h"
 
 namespace lockstep::runtime {
@@ -34,6 +36,11 @@ namespace {
 
 // A client must authenticate this soon after connecting, or it is dropped.
 constexpr auto kAuthTimeout = std::chrono::seconds(60);
+// Out of descriptors, accept() is retried this often (not spun on).
+constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
+// A warning that repeats (failed accepts, refused connections) is written at
+// most this often, with a count of what was held back.
+constexpr auto kWarningInterval = std::chrono::seconds(10);
 // Past this much unsent reply data a connection's requests wait for its reader.
 constexpr size_t kOutputHighWater = 4u << 20;
 constexpr size_t kReadChunk = 64u << 10;
@@ -41,14 +48,25 @@ constexpr size_t kReadChunk = 64u << 10;
 // not overflow the clock.
 constexpr int64_t kMaxTimeoutMs = int64_t{100} * 365 * 24 * 3600 * 1000;
 
-std::string peer_name(const sockaddr_storage& addr, socklen_t len) {
+struct Peer {
+  std::string address;  // the IP, what connection caps count by
+  std::string name;     // "ip:port", for messages
+};
+
+Peer peer_of(const sockaddr_storage& addr, socklen_t len) {
   char host[NI_MAXHOST], port[NI_MAXSERV];
   if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof host, port,
                   sizeof port, NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-    return "<unknown peer>";
+    return {"<unknown peer>", "<unknown peer>"};
   }
-  return addr.ss_family == AF_INET6 ? fmt::format("[{}]:{}", host, port)
-                                    : fmt::format("{}:{}", host, port);
+  return {host, addr.ss_family == AF_INET6 ? fmt::format("[{}]:{}", host, port)
+                                           : fmt::format("{}:{}", host, port)};
+}
+
+void log_line(const std::string& text) { fmt::print(stderr, "lockstep store server: {}\n", text); }
+
+std::string held_back(uint64_t n, std::string_view what) {
+  return n == 0 ? std::string() : fmt::format("; {} more {} since the last report", n, what);
 }
 
 /*
@@ -56,17 +74,22 @@ std::string peer_name(const sockaddr_storage& addr, socklen_t len) {
  * WAIT is pending (`waiting`) or too many reply bytes are unsent, the loop
  * stops reading from the socket (its epoll interest drops EPOLLIN and keeps
  * EPOLLRDHUP, so a hang-up is still seen), which bounds what a client can make
- * the server buffer to one frame in and a few MiB out.
+ * the server buffer to one frame in and a few MiB out. Before its AUTH frame
+ * is accepted a connection is read only up to the unauthenticated allowance,
+ * so a client without the token holds a few KiB, not a frame.
  */
 struct Conn {
-  Conn(int fd, std::string peer, uint32_t max_body)
-      : fd(fd), peer(std::move(peer)), parser(max_body) {}
+  Conn(int fd, Peer peer, uint32_t max_body)
+      : fd(fd), address(std::move(peer.address)), peer(std::move(peer.name)), parser(max_body) {}
 
   int fd;
+  std::string address;
   std::string peer;
   proto::FrameParser parser;
   std::vector<uint8_t> out;
   size_t out_sent = 0;
+  size_t read_before_auth = 0;  // bytes taken from the socket before AUTH was accepted
+  size_t counted_bytes = 0;     // this connection's share of Stats::buffered_bytes
   bool authed = false;
   bool closing = false;  // close once `out` is flushed (a refused token)
   bool dead = false;     // dropped; closed at the end of the current batch
@@ -84,14 +107,28 @@ struct Conn {
 // counted by rejected_clients()), or for our own failure (logged).
 enum class Drop { Quiet, Reject, Internal };
 
+// The counters behind TcpStoreServer::stats(): written by the loop thread,
+// read by any.
+struct Stats {
+  std::atomic<int64_t> connections{0};
+  std::atomic<int64_t> unauthenticated{0};
+  std::atomic<int64_t> buffered_bytes{0};
+  std::atomic<int64_t> refused_connections{0};
+  std::atomic<int64_t> failed_accepts{0};
+};
+
 }  // namespace
 
 struct TcpStoreServer::Impl {
   TcpStoreServerOptions options;
+  // What a connection may send before its AUTH is accepted: the option, but
+  // never less than a frame carrying our own token.
+  size_t unauthenticated_allowance;
   int listen_fd = -1, epoll_fd = -1, wake_fd = -1;
   uint16_t port = 0;
   std::atomic<bool> stop{false};
   std::atomic<int64_t> rejected{0};
+  Stats stats;
   std::thread thread;
 
   // Touched only by the loop thread.
@@ -102,8 +139,19 @@ struct TcpStoreServer::Impl {
   std::vector<int> resume;    // fds whose buffered requests may go on
   std::vector<int> to_close;  // fds dropped during this batch
   std::optional<Clock::time_point> accept_paused_until;
+  store_limits::ConnectionCounter counter;
+  store_limits::RateLimitedLog accept_failures{kWarningInterval};
+  store_limits::RateLimitedLog refusals{kWarningInterval};
 
-  explicit Impl(TcpStoreServerOptions opts) : options(std::move(opts)) {
+  explicit Impl(TcpStoreServerOptions opts)
+      : options(std::move(opts)),
+        unauthenticated_allowance(std::max<size_t>(
+            options.max_unauthenticated_bytes, proto::kHeaderBytes + 4 + options.token.size())),
+        counter(options.max_connections, options.max_connections_per_address) {
+    LOCKSTEP_CHECK(options.max_frame_bytes >= unauthenticated_allowance - proto::kHeaderBytes,
+                   "TcpStoreServer: max_frame_bytes {} is too small for an AUTH frame of {} "
+                   "bytes; raise it",
+                   options.max_frame_bytes, unauthenticated_allowance);
     listen_on();
     epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -231,26 +279,63 @@ struct TcpStoreServer::Impl {
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          // Out of descriptors: stop polling the listener for a moment rather
-          // than spin on it; pending clients wait in the backlog and retry.
-          fmt::print(stderr,
-                     "lockstep store server: cannot accept a client: {} ({} clients "
-                     "connected); raise the open-files limit (ulimit -n)\n",
-                     strerror(errno), conns.size());
-          accept_paused_until = Clock::now() + std::chrono::milliseconds(100);
-          watch(listen_fd, 0);
+          out_of_descriptors(errno);
         }
         return;
       }
+      Peer peer = peer_of(addr, len);
+      if (auto why = counter.admit(peer.address)) {
+        turn_away(fd, peer, *why);
+        continue;
+      }
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      auto conn = std::make_unique<Conn>(fd, peer_name(addr, len), options.max_frame_bytes);
+      auto conn = std::make_unique<Conn>(
+          fd, std::move(peer),
+          static_cast<uint32_t>(unauthenticated_allowance - proto::kHeaderBytes));
       Conn& c = *conn;
       conns.emplace(fd, std::move(conn));
+      ++stats.connections;
+      ++stats.unauthenticated;
       c.interest = EPOLLIN | EPOLLRDHUP;
       watch(fd, c.interest, EPOLL_CTL_ADD);
       set_deadline(c, Clock::now() + kAuthTimeout);
     }
+  }
+
+  // Out of descriptors: stop polling the listener for a moment rather than
+  // spin on it; pending clients wait in the backlog (or retry). One line per
+  // kWarningInterval, however often it recurs.
+  void out_of_descriptors(int error) {
+    ++stats.failed_accepts;
+    accept_paused_until = Clock::now() + kAcceptRetry;
+    watch(listen_fd, 0);
+    const auto held = accept_failures.note(Clock::now());
+    if (!held) return;
+    log_line(fmt::format(
+        "cannot accept a client: {} ({} clients connected{}); raise the open-files limit "
+        "(ulimit -n). Retrying every {} ms; reported at most every {} s",
+        strerror(error), conns.size(), held_back(*held, "failed accepts"), kAcceptRetry.count(),
+        std::chrono::duration_cast<std::chrono::seconds>(kWarningInterval).count()));
+  }
+
+  // A connection over the caps: says why (in place of the AUTH reply the
+  // client waits for) and closes. What the client sent already is read
+  // first, so that the close is a plain FIN rather than a reset.
+  void turn_away(int fd, const Peer& peer, const std::string& why) {
+    ++stats.refused_connections;
+    const std::string text = fmt::format("{}{}", proto::kBusyPrefix, why);
+    const auto frame = proto::encode_frame(proto::MessageType::Error, {text});
+    [[maybe_unused]] ssize_t n = send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    shutdown(fd, SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 4 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+    }
+    close(fd);
+    const auto held = refusals.note(Clock::now());
+    if (!held) return;
+    log_line(fmt::format("turned away client {}: {}{}", peer.name, why,
+                         held_back(*held, "connections turned away")));
   }
 
   void on_event(Conn& c, uint32_t events) {
@@ -268,9 +353,22 @@ struct TcpStoreServer::Impl {
 
   void read_some(Conn& c) {
     char buffer[kReadChunk];
+    size_t want = sizeof buffer;
+    if (!c.authed) {
+      // (The parser's pre-AUTH frame limit ends the connection before this
+      // runs out; this bounds what it buffers whatever the parser does.)
+      if (c.read_before_auth >= unauthenticated_allowance) {
+        drop(c,
+             fmt::format("sent {} bytes without a complete AUTH frame",
+                         c.read_before_auth),
+             Drop::Reject);
+        return;
+      }
+      want = std::min(want, unauthenticated_allowance - c.read_before_auth);
+    }
     ssize_t n;
     do {
-      n = recv(c.fd, buffer, sizeof buffer, 0);
+      n = recv(c.fd, buffer, want, 0);
     } while (n < 0 && errno == EINTR);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n <= 0) {
@@ -282,8 +380,16 @@ struct TcpStoreServer::Impl {
       }
       return;
     }
+    if (!c.authed) c.read_before_auth += static_cast<size_t>(n);
     c.parser.feed(buffer, static_cast<size_t>(n));
     process(c);
+  }
+
+  // Keeps stats.buffered_bytes equal to what the live connections hold.
+  void count_buffers(Conn& c) {
+    const size_t now = c.dead ? 0 : c.parser.buffered_bytes() + c.out.capacity();
+    stats.buffered_bytes += static_cast<int64_t>(now) - static_cast<int64_t>(c.counted_bytes);
+    c.counted_bytes = now;
   }
 
   // Handles the complete requests buffered for `c`, in order, until one has to
@@ -295,8 +401,8 @@ struct TcpStoreServer::Impl {
       if (status == proto::FrameParser::Status::NeedMore) break;
       if (status == proto::FrameParser::Status::Error) {
         drop(c,
-             fmt::format("malformed input ({}): {}", proto::parse_error_name(c.parser.error()),
-                         c.parser.message()),
+             fmt::format("malformed input{} ({}): {}", c.authed ? "" : " before AUTH",
+                         proto::parse_error_name(c.parser.error()), c.parser.message()),
              Drop::Reject);
         return;
       }
@@ -329,6 +435,8 @@ struct TcpStoreServer::Impl {
         return;
       }
       c.authed = true;
+      --stats.unauthenticated;
+      c.parser.set_max_body_bytes(options.max_frame_bytes);
       set_deadline(c, std::nullopt);
       reply(c, T::Ok, {});
       return;
@@ -403,6 +511,8 @@ struct TcpStoreServer::Impl {
     if (c.out_sent == c.out.size()) {
       c.out.clear();
       c.out_sent = 0;
+      // One big reply must not pin its memory for the rest of the connection.
+      if (c.out.capacity() > (1u << 20)) std::vector<uint8_t>().swap(c.out);
     } else if (c.out_sent > (1u << 20)) {
       c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(c.out_sent));
       c.out_sent = 0;
@@ -426,6 +536,7 @@ struct TcpStoreServer::Impl {
       c.interest = want;
       watch(c.fd, want);
     }
+    count_buffers(c);
   }
 
   void watch(int fd, uint32_t events, int op = EPOLL_CTL_MOD) {
@@ -451,7 +562,15 @@ struct TcpStoreServer::Impl {
     for (int fd : to_close) {
       epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
       close(fd);
-      conns.erase(fd);
+      auto it = conns.find(fd);
+      if (it != conns.end()) {
+        Conn& c = *it->second;
+        count_buffers(c);  // dead: its share goes back to 0
+        counter.release(c.address);
+        --stats.connections;
+        if (!c.authed) --stats.unauthenticated;
+        conns.erase(it);
+      }
     }
     to_close.clear();
   }
@@ -555,5 +674,14 @@ TcpStoreServer::~TcpStoreServer() = default;
 uint16_t TcpStoreServer::port() const { return impl_->port; }
 
 int64_t TcpStoreServer::rejected_clients() const { return impl_->rejected.load(); }
+
+TcpStoreServerStats TcpStoreServer::stats() const {
+  const Stats& s = impl_->stats;
+  return {.connections = s.connections.load(),
+          .unauthenticated = s.unauthenticated.load(),
+          .buffered_bytes = s.buffered_bytes.load(),
+          .refused_connections = s.refused_connections.load(),
+          .failed_accepts = s.failed_accepts.load()};
+}
 
 }  // namespace lockstep::runtime

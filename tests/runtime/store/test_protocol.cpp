@@ -172,6 +172,40 @@ TEST_CASE("store protocol: a frame cut short waits for more and reports mid_fram
   CHECK_FALSE(parser.mid_frame());
 }
 
+TEST_CASE("store protocol: a raised body limit applies from the next frame", "[store]") {
+  // As the server does: a small limit until AUTH, then the full one.
+  FrameParser parser(64);
+  proto::Frame out;
+  auto stream = proto::encode_frame(MessageType::Auth, {"token"});
+  proto::append_frame(stream, MessageType::Set, {"key", std::string(1000, 'v')});
+  parser.feed(stream.data(), stream.size());
+  REQUIRE(parser.next(out) == FrameParser::Status::Frame);
+  CHECK(out.type == MessageType::Auth);
+  parser.set_max_body_bytes(4096);
+  REQUIRE(parser.next(out) == FrameParser::Status::Frame);
+  CHECK(out.fields.at(1).size() == 1000);
+
+  FrameParser strict(64);
+  strict.feed(stream.data(), stream.size());
+  REQUIRE(strict.next(out) == FrameParser::Status::Frame);
+  CHECK(strict.next(out) == FrameParser::Status::Error);
+  CHECK(strict.error() == ParseError::TooLarge);
+}
+
+TEST_CASE("store protocol: a big frame's buffer is released once it is handed out", "[store]") {
+  FrameParser parser(8u << 20);
+  const auto big = proto::encode_frame(MessageType::Set, {"key", std::string(4u << 20, 'v')});
+  parser.feed(big.data(), big.size());
+  CHECK(parser.buffered_bytes() >= big.size());
+  proto::Frame out;
+  REQUIRE(parser.next(out) == FrameParser::Status::Frame);
+  const auto small = proto::encode_frame(MessageType::NumKeys, {});
+  parser.feed(small.data(), small.size());
+  CHECK(parser.buffered_bytes() < (1u << 20));
+  REQUIRE(parser.next(out) == FrameParser::Status::Frame);
+  CHECK(out.type == MessageType::NumKeys);
+}
+
 TEST_CASE("store protocol: counters add as decimal text and refuse other values", "[store]") {
   int64_t result = 0;
   std::string error;

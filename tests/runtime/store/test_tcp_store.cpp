@@ -18,6 +18,7 @@
 #include "lockstep/runtime/store/prefix_store.h"
 #include "lockstep/runtime/store/protocol.h"
 #include "lockstep/runtime/store/tcp_store.h"
+#include "raw_store_client.h"
 #include "support/test_util.h"
 
 using namespace lockstep::runtime;
@@ -46,66 +47,7 @@ bool eventually(const std::function<bool()>& done, std::chrono::milliseconds lim
   return true;
 }
 
-// A plain TCP socket to the server, for sending it whatever bytes we like.
-class RawClient {
- public:
-  explicit RawClient(uint16_t port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  }
-  ~RawClient() { close_now(); }
-
-  void send_bytes(const std::vector<uint8_t>& bytes) {
-    // The server may already have closed on us; that is fine here.
-    (void)::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-  }
-  void send_frame(proto::MessageType type, const std::vector<std::string_view>& fields) {
-    send_bytes(proto::encode_frame(type, fields));
-  }
-  // The next frame the server sends, or nullopt when it closes or 20 s pass.
-  std::optional<proto::Frame> read_frame() {
-    proto::Frame frame;
-    while (true) {
-      auto status = parser_.next(frame);
-      if (status == proto::FrameParser::Status::Frame) return frame;
-      if (status == proto::FrameParser::Status::Error) return std::nullopt;
-      char buffer[4096];
-      const ssize_t n = read_some(buffer, sizeof buffer);
-      if (n <= 0) return std::nullopt;
-      parser_.feed(buffer, static_cast<size_t>(n));
-    }
-  }
-  // True when the server closes the connection within 20 s.
-  bool closed_by_server() {
-    char buffer[4096];
-    while (true) {
-      const ssize_t n = read_some(buffer, sizeof buffer);
-      if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
-      if (n < 0) return false;
-    }
-  }
-  void close_now() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  ssize_t read_some(char* buffer, size_t size) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 20000) <= 0) {
-      errno = ETIMEDOUT;
-      return -1;
-    }
-    return recv(fd_, buffer, size, 0);
-  }
-
-  int fd_ = -1;
-  proto::FrameParser parser_{1u << 20};
-};
+using RawClient = lockstep::testing::RawStoreClient;
 
 void authenticate(RawClient& raw) {
   raw.send_frame(proto::MessageType::Auth, {kToken});
