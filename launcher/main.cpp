@@ -10,6 +10,7 @@
 
 #include "launcher/child_env.h"
 #include "launcher/cpu_binding.h"
+#include "launcher/group_reaper.h"
 #include "launcher/node_link.h"
 #include "launcher/options.h"
 #include "launcher/spawn.h"
@@ -49,6 +50,9 @@ int run(const Options& options) {
                                      ? " in PATH"
                                      : " (or not an executable file)"));
   }
+
+  // Before the store server's thread starts: the reaper is a fork of this process.
+  GroupReaper reaper = GroupReaper::start();
 
   StoreAddress address;
   address.host = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
@@ -100,6 +104,7 @@ int run(const Options& options) {
     ranks.push_back({slot.rank, local,
                      spawn_child(*program, options.command, child_env, options.tag_output,
                                  cpus[static_cast<size_t>(local)])});
+    reaper.watch(ranks.back().child.pid);
   }
 
   SupervisorOptions supervisor;
@@ -114,6 +119,7 @@ int run(const Options& options) {
   }
   const int code = supervise(std::move(ranks), supervisor);
   if (link) link->finish(code == 0, std::chrono::minutes(5));
+  reaper.disarm();  // every rank was stopped and reaped
   return code;
 }
 

@@ -38,9 +38,16 @@ void write_str(int fd, const char* text) {
   if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
   // Nothing else of the launcher's (store sockets, other ranks' pipes) leaks.
   close_range(3, ~0U, 0);
+  // Every signal at its default: an ignored signal stays ignored through exec,
+  // and the launcher ignores SIGPIPE itself and may have been started with
+  // SIGINT and SIGQUIT ignored (`lockstep-run ... &` in a script), which would
+  // make the ranks shrug off the SIGINT it forwards. (Glibc's internal
+  // signals refuse the call; that is fine.)
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
-  sigaction(SIGPIPE, &dfl, nullptr);  // the launcher ignores it; exec keeps that
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, nullptr);
+  }
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -23,10 +23,12 @@ struct SpawnedChild {
 // Forks and execs `program` with `argv` (argv[0] included) and `env`. The
 // child leads its own process group, so the launcher alone receives a
 // terminal's Ctrl-C and forwards it once, and stopping a rank stops whatever
-// it started too. It dies with the launcher (PR_SET_PDEATHSIG), reads stdin
-// from /dev/null, and with `capture_output` writes to pipes the launcher reads.
-// The caller must have blocked the signals it handles (see supervisor.h); the
-// child unblocks them. With `cpus` non-empty the child runs only on those
+// it started too. It dies with the launcher (PR_SET_PDEATHSIG; the rest of
+// its group is GroupReaper's), reads stdin from /dev/null, and with
+// `capture_output` writes to pipes the launcher reads. The caller must have
+// blocked the signals it handles (see supervisor.h); the child starts with no
+// signal blocked and every signal at its default disposition, whatever the
+// launcher inherited. With `cpus` non-empty the child runs only on those
 // CPUs. Exec (or binding) failure: the child prints why and exits 127.
 SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
                          const std::vector<std::string>& env, bool capture_output,

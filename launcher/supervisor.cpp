@@ -186,7 +186,11 @@ class Supervisor {
   void stop(int sig) {
     stopping_ = true;
     for (const auto& r : ranks_) {
-      if (r.alive) kill(-r.process.child.pid, sig);
+      if (!r.alive) continue;
+      kill(-r.process.child.pid, sig);
+      // A stopped rank (SIGSTOP, a debugger gone) acts on the signal only once
+      // it runs again; otherwise it would take the whole grace period.
+      kill(-r.process.child.pid, SIGCONT);
     }
     kill_at_ = Clock::now() + options_.grace_period;
   }

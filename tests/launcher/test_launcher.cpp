@@ -2,17 +2,22 @@
 // launcher_probe worker (tests/workers/launcher_probe.cpp) under a time limit.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <fstream>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -103,6 +108,65 @@ void check_no_orphans(const std::string& dir, size_t expected) {
     INFO("pid " << pid);
     CHECK((kill(pid, 0) == -1 && errno == ESRCH));
   }
+}
+
+// Alive and not a zombie (a killed orphan may wait a while for whoever
+// adopted it to reap it; it is gone all the same).
+bool running(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
+}
+
+// Polls `done` until it holds or `limit` passes.
+bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+// A process the test itself starts, so that it can SIGKILL it: output to
+// `log`, in its own process group; killed and reaped at the end if still there.
+struct Background {
+  pid_t pid = -1;
+  Background(const std::vector<std::string>& argv, const std::string& log) {
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      setpgid(0, 0);
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Background() {
+    if (pid > 0) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  int kill_and_reap(int sig) {
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return status;
+  }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 }  // namespace
@@ -222,6 +286,74 @@ TEST_CASE("launcher: SIGTERM to the launcher is forwarded to every rank", "[laun
   CHECK(r.exit_code == 128 + SIGTERM);
   CHECK_THAT(r.output, Contains("received SIGTERM; forwarding it to 3 ranks"));
   check_no_orphans(dir.path, 3);
+}
+
+TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wrapper or not",
+          "[launcher]") {
+  TempDir dir;
+  // `; true` keeps sh from exec'ing the probe: each rank is a shell and the
+  // probe (which writes the pid file, then sleeps) is its child.
+  Background launcher({bin_path("lockstep-run"), "-np", "2", "/bin/sh", "-c", "\"$0\" \"$@\"; true",
+                       bin_path("launcher_probe"), "pid-dir=" + dir.path, "sleep"},
+                      dir.path + "/launcher.log");
+  const bool started = eventually([&] { return pids_in(dir.path).size() == 2; }, kLimit);
+  INFO("launcher output:\n" << read_file(dir.path + "/launcher.log"));
+  REQUIRE(started);
+  const auto grandchildren = pids_in(dir.path);
+  for (pid_t pid : grandchildren) REQUIRE(running(pid));
+
+  const int status = launcher.kill_and_reap(SIGKILL);
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+  // Generous: the machine may be busy; the orphans must end, not linger.
+  const bool gone = eventually(
+      [&] {
+        for (pid_t pid : grandchildren) {
+          if (running(pid)) return false;
+        }
+        return true;
+      },
+      20s);
+  CHECK(gone);
+  for (pid_t pid : grandchildren) {
+    if (running(pid)) kill(pid, SIGKILL);  // do not leave them behind
+  }
+}
+
+TEST_CASE("launcher: SIGINT reaches the ranks even when the launcher was started ignoring it",
+          "[launcher]") {
+  TempDir dir;
+  // As `lockstep-run ... &` in a script does: SIGINT ignored, inherited through exec.
+  const std::string ignoring_sigint = "trap '' INT; exec \"$0\" \"$@\"";
+  const auto setup = run_process({"/bin/sh", "-c", ignoring_sigint, bin_path("launcher_probe"),
+                                  "print", "sigint"},
+                                 kLimit);
+  REQUIRE(setup.ok());
+  REQUIRE_THAT(setup.output, Contains("sigint=ignored"));  // the case under test is real
+
+  SECTION("the ranks start with SIGINT at its default") {
+    const auto r = run_process({"/bin/sh", "-c", ignoring_sigint, bin_path("lockstep-run"), "-np",
+                                "2", bin_path("launcher_probe"), "print", "sigint"},
+                               kLimit);
+    INFO(describe(r) << "\n" << r.output);
+    REQUIRE(r.ok());
+    const auto lines = probe_lines(r.output);
+    REQUIRE(lines.size() == 2);
+    for (const auto& [rank, kv] : lines) CHECK(kv.at("sigint") == "default");
+  }
+  SECTION("a SIGINT to the launcher is forwarded and ends them") {
+    // Rank 1 sends SIGINT to the launcher. The grace period outlasts the test's
+    // limit, so only the forwarded SIGINT itself can end the ranks in time.
+    const auto r = run_process({"/bin/sh", "-c", ignoring_sigint, bin_path("lockstep-run"), "-np",
+                                "2", "--grace-period", "600", bin_path("launcher_probe"),
+                                "pid-dir=" + dir.path, "kill-parent=1:2", "sleep"},
+                               kLimit);
+    INFO(describe(r) << "\n" << r.output);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code == 128 + SIGINT);
+    CHECK_THAT(r.output, Contains("received SIGINT; forwarding it to 2 ranks"));
+    CHECK_THAT(r.output, !Contains("SIGKILL"));
+    check_no_orphans(dir.path, 2);
+  }
 }
 
 TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {

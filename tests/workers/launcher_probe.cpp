@@ -3,6 +3,8 @@
 //   print            print this rank's variables on one line
 //   show=NAME        add NAME=<value or (unset)> to that line
 //   cpus             add cpus=<the CPUs it may run on, comma-separated>
+//   sigint           add sigint=<default|ignored|handled>: how SIGINT would
+//                    find this process (what it inherited through exec)
 //   pid-dir=DIR      write DIR/<rank>.pid; exit=/kill=/kill-parent= first wait
 //                    (up to 10 s) until every rank has written one
 //   exit=R:CODE      rank R exits with CODE
@@ -78,6 +80,14 @@ int store_sum(const lockstep::runtime::RankInfo& info) {
   return sum == expected ? 0 : 1;
 }
 
+std::string sigint_disposition() {
+  struct sigaction current {};
+  sigaction(SIGINT, nullptr, &current);
+  if (current.sa_handler == SIG_DFL) return "default";
+  if (current.sa_handler == SIG_IGN) return "ignored";
+  return "handled";
+}
+
 std::string allowed_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -108,6 +118,7 @@ int main(int argc, char** argv) {
     if (a == "store-sum") sum = true;
     if (a == "ignore-term") signal(SIGTERM, SIG_IGN);
     if (a == "cpus") line += " cpus=" + allowed_cpus();
+    if (a == "sigint") line += " sigint=" + sigint_disposition();
     if (a.rfind("show=", 0) == 0) line += fmt::format(" {}={}", a.substr(5), var(a.substr(5).c_str()));
     if (a.rfind("pid-dir=", 0) == 0) pid_dir = a.substr(8);
   }

@@ -1,0 +1,125 @@
+#include "launcher/group_reaper.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::launcher {
+namespace {
+
+// One message on the pipe; smaller than PIPE_BUF, so written and read whole.
+struct Record {
+  enum Kind : int32_t { Watch = 1, Disarm = 2 };
+  int32_t kind = 0;
+  int32_t pgid = 0;
+  uint64_t start_time = 0;  // of the group's leader, in clock ticks since boot
+};
+
+// Field 22 of /proc/<pid>/stat: when the process started. nullopt when there
+// is no such process.
+std::optional<uint64_t> start_time(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(in, text)) return std::nullopt;
+  // The command name (field 2) may hold spaces and parentheses: count from
+  // the last ')', which field 3 follows.
+  const auto paren = text.rfind(')');
+  if (paren == std::string::npos) return std::nullopt;
+  size_t at = paren + 1;
+  for (int field = 3; field <= 22; ++field) {
+    at = text.find_first_not_of(' ', at);
+    if (at == std::string::npos) return std::nullopt;
+    if (field == 22) {
+      uint64_t ticks = 0;
+      const auto [end, ec] = std::from_chars(text.data() + at, text.data() + text.size(), ticks);
+      return ec == std::errc() ? std::optional(ticks) : std::nullopt;
+    }
+    at = text.find(' ', at);
+  }
+  return std::nullopt;
+}
+
+[[noreturn]] void reaper_main(int read_fd) {
+  setpgid(0, 0);
+  prctl(PR_SET_NAME, "lockstep-reaper");
+  const int devnull = open("/dev/null", O_RDWR);
+  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) dup2(devnull, fd);
+  dup2(read_fd, 3);
+  close_range(4, ~0U, 0);  // the pipe's write end too, or its end of file never comes
+
+  std::vector<Record> groups;
+  bool disarmed = false;
+  Record record;
+  for (;;) {
+    const ssize_t n = read(3, &record, sizeof record);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof record)) break;  // end of file: the launcher is gone
+    if (record.kind == Record::Watch) groups.push_back(record);
+    if (record.kind == Record::Disarm) disarmed = true;
+  }
+  if (!disarmed) {
+    for (const Record& group : groups) {
+      const auto now = start_time(group.pgid);
+      if (!now || *now == group.start_time) kill(-group.pgid, SIGKILL);
+    }
+  }
+  _exit(0);
+}
+
+void send(int fd, const Record& record) {
+  ssize_t n;
+  do {
+    n = write(fd, &record, sizeof record);
+  } while (n < 0 && errno == EINTR);
+  // A reaper that is gone (EPIPE) cannot be helped; the ranks still die with
+  // the launcher by PR_SET_PDEATHSIG.
+}
+
+}  // namespace
+
+GroupReaper GroupReaper::start() {
+  int fds[2];
+  LOCKSTEP_CHECK(pipe2(fds, O_CLOEXEC) == 0, "cannot create the pipe to the rank reaper: {}",
+                 std::strerror(errno));
+  const pid_t pid = fork();
+  if (pid == 0) reaper_main(fds[0]);
+  const int error = errno;
+  close(fds[0]);
+  if (pid < 0) {
+    close(fds[1]);
+    throw Error(fmt::format("cannot fork the rank reaper process: {}", std::strerror(error)));
+  }
+  return GroupReaper(fds[1]);
+}
+
+GroupReaper::GroupReaper(GroupReaper&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+
+GroupReaper::~GroupReaper() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void GroupReaper::watch(pid_t pgid) {
+  // The rank is our unreaped child, so its start time is its own, not a
+  // reused pid's.
+  send(fd_, {.kind = Record::Watch,
+             .pgid = static_cast<int32_t>(pgid),
+             .start_time = start_time(pgid).value_or(0)});
+}
+
+void GroupReaper::disarm() { send(fd_, {.kind = Record::Disarm}); }
+
+}  // namespace lockstep::launcher
