@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lockstep/optim/broadcast_text.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
 #include "lockstep/runtime/error.h"
 
@@ -225,7 +226,8 @@ CheckpointContent training_checkpoint_content(const TrainingParts& parts,
 }
 
 TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const TrainingParts& parts,
-                                             const std::string& file, int rank, int world) {
+                                             const std::string& file, int rank, int world,
+                                             const RestoreOptions& options) {
   LOCKSTEP_CHECK(parts.model != nullptr, "load_training_checkpoint: TrainingParts has no model");
   const Metadata meta(c.metadata, file);
   LOCKSTEP_CHECK(meta.has(kFormatKey) && meta.text(kFormatKey) == kFormat,
@@ -248,6 +250,16 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
                    "restore; leave TrainingParts::optimizer null to load the model only",
                    file);
     opt_state = read_optimizer(c, meta, *parts.optimizer, file);
+    if (options.lr) {
+      for (size_t g = 0; g < opt_state->param_groups.size(); ++g) {
+        auto& group_options = opt_state->param_groups[g].options;
+        LOCKSTEP_CHECK(group_options.contains("lr"),
+                       "checkpoint {}: parameter group {} of the saved {} optimizer has no "
+                       "learning rate to replace",
+                       file, g, meta.text("optimizer.type"));
+        group_options["lr"] = *options.lr;
+      }
+    }
   }
   SchedulerState sched_state;
   if (parts.scheduler) {
@@ -258,6 +270,11 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
                    file, saved, parts.scheduler->name());
     for (const auto& [key, text] : meta.under("scheduler.state."))
       sched_state[key] = meta.real("scheduler.state." + key);
+    // The schedule goes on from the new rate: its value at the saved
+    // position, computed from the new base.
+    if (options.lr)
+      for (auto& [key, value] : sched_state)
+        if (key.starts_with("base_lr.")) value = *options.lr;
     try {
       parts.scheduler->check_state_dict(sched_state);
     } catch (const Error& e) {
@@ -318,15 +335,12 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
       error = e.what();
     }
   }
-  // Rank 0's outcome reaches every rank, which doubles as the barrier.
-  if (group && group->size() > 1) {
-    Tensor failed = Tensor::from_vector<int64_t>({error.empty() ? 0 : 1}, {1});
-    group->broadcast(failed, {.root = 0})->wait();
-    if (rank != 0 && failed.to_vector<int64_t>()[0] != 0)
-      throw Error(fmt::format("rank {}: rank 0 could not write checkpoint step {} into {}; its "
-                              "error is in rank 0's output",
-                              rank, progress.step, dir.path().string()));
-  }
+  // Rank 0's outcome reaches every rank, which doubles as the barrier; the
+  // reason travels too, as the first rank to stop may be the one heard.
+  error = broadcast_text(error, group);
+  if (rank != 0 && !error.empty())
+    throw Error(fmt::format("rank {}: rank 0 could not write checkpoint step {} into {}: {}", rank,
+                            progress.step, dir.path().string(), error));
   if (!error.empty()) throw Error(error);
   return entry;
 }
@@ -350,9 +364,15 @@ std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
                                       .step = static_cast<int64_t>(p[0])};
     if (p[1] != 0) chosen->metric = p[2];
   }
-  // Every rank must see the file; otherwise all of them stop, saying who cannot.
+  check_every_rank_sees(chosen->path, group);
+  return chosen;
+}
+
+void check_every_rank_sees(const std::filesystem::path& path, collectives::ProcessGroup* group) {
+  if (group == nullptr || group->size() == 1) return;
+  const int rank = group->rank();
   std::error_code ec;
-  const int32_t visible = std::filesystem::is_regular_file(chosen->path, ec) ? 1 : 0;
+  const int32_t visible = std::filesystem::is_regular_file(path, ec) ? 1 : 0;
   Tensor sees = Tensor::from_vector<int32_t>({visible}, {1});
   Tensor all = Tensor::zeros({group->size()}, runtime::DType::i32);
   group->allgather(all, sees)->wait();
@@ -364,13 +384,13 @@ std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
                  "resume on rank {}: rank 0 picked checkpoint {}, which rank(s) {} cannot see; "
                  "put the checkpoint directory where every rank reads the same files (a shared "
                  "file system on several nodes)",
-                 rank, chosen->path.string(), fmt::join(blind, ", "));
-  return chosen;
+                 rank, path.string(), fmt::join(blind, ", "));
 }
 
 TrainingProgress load_training_checkpoint(const std::filesystem::path& path,
                                           const TrainingParts& parts,
-                                          collectives::ProcessGroup* group) {
+                                          collectives::ProcessGroup* group,
+                                          const RestoreOptions& options) {
   Device device = Device::cpu();
   if (parts.model != nullptr) {
     const auto params = parts.model->parameters();
@@ -378,7 +398,7 @@ TrainingProgress load_training_checkpoint(const std::filesystem::path& path,
   }
   const CheckpointContent content = runtime::load_checkpoint(path, {.device = device});
   return restore_training_checkpoint(content, parts, path.string(), group ? group->rank() : 0,
-                                     group ? group->size() : 1);
+                                     group ? group->size() : 1, options);
 }
 
 }  // namespace lockstep::optim

@@ -11,6 +11,10 @@
 //   if (auto last = optim::latest_training_checkpoint(dir, group.get()))  // every rank
 //     progress = optim::load_training_checkpoint(last->path, parts, group.get());
 //
+// A program whose checkpoints must belong to their run (refusing another
+// run's directory, checking a resume's settings) starts through
+// training_run.h instead of latest_training_checkpoint().
+//
 // What the file holds: tensors "model.<name>" (the model's state_dict:
 // parameters and buffers) and "optimizer.state.<i>.<key>"; metadata with the
 // optimizer's parameter groups and type, the scheduler's state and settings,
@@ -63,15 +67,26 @@ GeneratorStates generator_states(const TrainingParts& parts);
 runtime::CheckpointContent training_checkpoint_content(const TrainingParts& parts,
                                                        const TrainingProgress& progress,
                                                        const std::vector<GeneratorStates>& ranks = {});
+// What a restore changes on purpose, for settings a resume may change
+// (see run_settings.h).
+struct RestoreOptions {
+  // The learning rate to go on with instead of the saved one: written into
+  // every parameter group's "lr" and, with a scheduler, into its base rates,
+  // so that the schedule continues from it.
+  std::optional<double> lr;
+};
+
 // Checks `content` against `parts` (every tensor name, shape and dtype, the
 // optimizer's type, groups and state, the scheduler's type and settings),
 // then restores them all; on error nothing has changed. Rank `rank` of
 // `world` takes its own generator states when the file has one per rank for
 // that many ranks, and rank 0's otherwise (a run resumed on another number of
-// ranks continues, but not bit for bit). Returns the saved progress.
+// ranks continues, but not bit for bit; open_training_run refuses that).
+// Returns the saved progress.
 TrainingProgress restore_training_checkpoint(const runtime::CheckpointContent& content,
                                              const TrainingParts& parts, const std::string& file,
-                                             int rank = 0, int world = 1);
+                                             int rank = 0, int world = 1,
+                                             const RestoreOptions& options = {});
 
 // Every rank calls it (with `group`; null for one process). Rank 0 writes
 // through `dir` as checkpoint progress.step with `metric`; the others wait
@@ -87,10 +102,14 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
 // the ranks, when some rank cannot see the file rank 0 picked.
 std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
     const runtime::CheckpointDir& dir, collectives::ProcessGroup* group);
+// Every rank calls it: returns when every rank sees `path` as a file, and
+// otherwise throws on every rank, naming the ranks that do not.
+void check_every_rank_sees(const std::filesystem::path& path, collectives::ProcessGroup* group);
 // Every rank reads the file itself (a path all ranks can reach) onto its own
 // parameters' device; `group` tells it its rank (null: rank 0 of 1).
 TrainingProgress load_training_checkpoint(const std::filesystem::path& path,
                                           const TrainingParts& parts,
-                                          collectives::ProcessGroup* group = nullptr);
+                                          collectives::ProcessGroup* group = nullptr,
+                                          const RestoreOptions& options = {});
 
 }  // namespace lockstep::optim

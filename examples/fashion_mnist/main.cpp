@@ -12,7 +12,12 @@
 // per step (the global batch is world size times that); only rank 0 prints.
 // With --checkpoint-dir, rank 0 saves every --checkpoint-every steps (and at
 // each epoch's end, with the test accuracy as the metric that picks the best
-// checkpoint); --resume continues from the newest one exactly where it was.
+// checkpoint); --resume continues the run from its newest checkpoint exactly
+// where it was. The checkpoints belong to the run (optim/training_run.h): a
+// new run refuses a directory that holds another run's (--restart moves them
+// aside), and a resume refuses settings that would change what the run
+// computes (resume_settings.h), while --lr, --epochs and the like may change.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -27,6 +32,7 @@
 #include "lockstep/nn/models.h"
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/optim/training_checkpoint.h"
+#include "lockstep/optim/training_run.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/data/distributed_sampler.h"
 #include "lockstep/runtime/data/loader.h"
@@ -34,6 +40,7 @@
 #include "lockstep/runtime/threads.h"
 #include "optimizer_setup.h"
 #include "options.h"
+#include "resume_settings.h"
 
 namespace fashion_mnist {
 namespace {
@@ -87,11 +94,26 @@ uint64_t digest(const nn::Module& model) {
   return h;
 }
 
-int run(const Options& o) {
+int run(Options o) {
   runtime::set_num_threads(o.threads);
   runtime::manual_seed(o.seed);
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank(), world = group->size();
+  // The checkpoint directory first: one that cannot be written, or that
+  // holds another run, stops every rank before the data is even read.
+  std::optional<optim::TrainingRun> checkpoints;
+  if (!o.checkpoint_dir.empty()) {
+    checkpoints.emplace(optim::open_training_run(
+        o.checkpoint_dir, {.keep_last = o.keep_last, .best = runtime::BestMode::max},
+        {.resume = o.resume,
+         .restart = o.restart,
+         .resume_hint = "add --resume",
+         .restart_hint = "add --restart to move those files into a subdirectory (nothing is "
+                         "deleted)"},
+        group.get()));
+    for (const auto& note : checkpoints->notes) print(rank, "{}\n", note);
+    if (checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
+  }
   auto train = runtime::load_fashion_mnist(o.data, runtime::Split::train);
   auto test = runtime::load_fashion_mnist(o.data, runtime::Split::test);
   if (o.train_samples > 0 && o.train_samples < train.size()) {
@@ -108,6 +130,7 @@ int run(const Options& o) {
   const int64_t batches = loader.num_batches();
   auto opt = make_optimizer(o, model->parameters(), group);
   auto sched = make_scheduler(o, *opt, batches, batches * o.epochs);
+
   print(rank, "model {} ({} parameters{}), {} training and {} test samples, {} rank{} ({} backend) x "
         "batch {}, {} lr {}{}{}, seed {}\n",
         o.model, model->num_parameters(), o.sync_bn ? ", SyncBatchNorm" : "", train.size(),
@@ -117,23 +140,25 @@ int run(const Options& o) {
 
   optim::TrainingParts parts{.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get()};
   optim::TrainingProgress progress;
-  std::optional<runtime::CheckpointDir> checkpoints;
-  if (!o.checkpoint_dir.empty()) {
-    checkpoints.emplace(o.checkpoint_dir, runtime::CheckpointDirOptions{
-                                              .keep_last = o.keep_last, .best = runtime::BestMode::max});
-    if (o.resume) {
-      if (auto last = optim::latest_training_checkpoint(*checkpoints, group.get())) {
-        progress = optim::load_training_checkpoint(last->path, parts, group.get());
-        print(rank, "resumed from {}: epoch {}, batch {}/{}, step {}\n", last->path.string(),
-              progress.epoch + 1, progress.batch, batches, progress.step);
-      } else {
-        print(rank, "no checkpoint in {} yet: starting from scratch\n", o.checkpoint_dir);
-      }
+  if (checkpoints) {
+    // Refuses a resume with other fixed settings, naming each, on every rank.
+    bool lr_changed = false;
+    for (const auto& c :
+         optim::record_run_settings(*checkpoints, run_settings(o, train.size(), sched.get()))) {
+      print(rank, "{} {} from the command line replaces the saved {}\n", c.name, c.now, c.saved);
+      lr_changed = lr_changed || c.name == "lr";
+    }
+    if (const auto& last = checkpoints->resume_from) {
+      std::optional<double> lr;
+      if (lr_changed) lr = learning_rate(o);
+      progress = optim::load_training_checkpoint(last->path, parts, group.get(), {.lr = lr});
+      print(rank, "resumed from {}: epoch {}, batch {}/{}, step {}\n", last->path.string(),
+            progress.epoch + 1, progress.batch, batches, progress.step);
     }
   }
   auto save = [&](const optim::TrainingProgress& at, std::optional<double> metric) {
     if (!checkpoints) return;
-    auto entry = optim::save_training_checkpoint(*checkpoints, parts, at, metric, group.get());
+    auto entry = optim::save_training_checkpoint(checkpoints->dir, parts, at, metric, group.get());
     print(rank, "saved {}\n", entry.path.string());
   };
 
@@ -227,8 +252,15 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--keep-last", o.keep_last, "checkpoints kept besides the best")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--resume", o.resume,
-               "continue from the newest checkpoint in --checkpoint-dir (none yet: start fresh)");
+  auto* resume = app.add_flag(
+      "--resume", o.resume,
+      "continue the run in --checkpoint-dir from its newest checkpoint (none yet: start fresh); "
+      "options left out take the run's saved values, and --lr, --epochs, --clip-grad-norm, "
+      "--log-every and --checkpoint-every may change");
+  app.add_flag("--restart", o.restart,
+               "start a new run in --checkpoint-dir, moving the checkpoints there into a "
+               "subdirectory (nothing is deleted)")
+      ->excludes(resume);
   app.add_option("--seed", o.seed, "seed for initialisation and shuffling");
   app.add_option("--data", o.data, "directory with the Fashion-MNIST IDX files");
   app.add_option("--log-every", o.log_every, "steps between progress lines")
@@ -240,10 +272,15 @@ int main(int argc, char** argv) {
                  "process-group backend (shm, shm+gloo, gloo, mpi); default: LOCKSTEP_BACKEND, "
                  "else shm when all ranks share a node, shm+gloo across nodes");
   CLI11_PARSE(app, argc, argv);
-  if (o.resume && o.checkpoint_dir.empty()) {
-    fmt::print(stderr, "fashion_mnist: error: --resume needs --checkpoint-dir DIR (where to find "
-                       "the checkpoints)\n");
+  if ((o.resume || o.restart) && o.checkpoint_dir.empty()) {
+    fmt::print(stderr, "fashion_mnist: error: {} needs --checkpoint-dir DIR (where the run's "
+                       "checkpoints are)\n", o.resume ? "--resume" : "--restart");
     return 2;
+  }
+  for (const char* name : {"lr", "epochs", "clip_grad_norm", "log_every", "checkpoint_every"}) {
+    std::string flag = std::string("--") + name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (app.count(flag) > 0) o.given.insert(name);
   }
   try {
     return fashion_mnist::run(o);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "lockstep/runtime/data/fashion_mnist.h"
@@ -25,12 +26,16 @@ struct Options {
   int64_t checkpoint_every = 0;  // steps; 0: at the end of each epoch
   int keep_last = 2;
   bool resume = false;
+  bool restart = false;  // move the checkpoints in --checkpoint-dir aside, start a new run
   uint64_t seed = 0;
   std::string data = lockstep::runtime::kFashionMnistDir;
   int log_every = 100;
   int threads = 1;
   bool sync_bn = false;
   std::string backend;
+  // The changeable run settings set on the command line ("lr", "epochs",
+  // ...; resume_settings.h): a resume takes the others from the checkpoint.
+  std::set<std::string> given;
 };
 
 }  // namespace fashion_mnist

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <fstream>
+#include <string>
 
 #include "lockstep/runtime/checkpoint/file_io.h"
 #include "lockstep/runtime/error.h"
@@ -35,6 +37,28 @@ pid_t temp_file_pid(std::string_view name) {
   return ec2 == std::errc() && q == end ? pid : 0;
 }
 
+// A writer that can write no more: no such process, or one that has exited
+// and waits only to be reaped (state Z or X in /proc/<pid>/stat). A process
+// we may not signal (EPERM) still runs.
+bool writer_is_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;  // no /proc: trust kill()
+  // "<pid> (<command, may hold spaces and parentheses>) <state> ..."
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
+  const char state = line[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
+// The next temporary name for `file_name` in `dir`; the sequence number keeps two
+// threads of one process apart.
+std::string temp_name_for(const fs::path& dir, const std::string& file_name) {
+  static std::atomic<unsigned> sequence{0};
+  return (dir / fmt::format(".{}{}{}-{}", file_name, kTempMarker, ::getpid(), sequence++)).string();
+}
+
 }  // namespace
 
 bool is_temp_file_name(std::string_view name) { return temp_file_pid(name) != 0; }
@@ -47,12 +71,8 @@ void fsync_directory(const fs::path& dir) {
 
 void write_file_atomically(const fs::path& path,
                            const std::function<void(int fd, const std::string& temp_path)>& fill) {
-  // The sequence number keeps two threads of one process apart.
-  static std::atomic<unsigned> sequence{0};
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  const std::string temp = (dir / fmt::format(".{}{}{}-{}", path.filename().string(), kTempMarker,
-                                              ::getpid(), sequence++))
-                               .string();
+  const std::string temp = temp_name_for(dir, path.filename().string());
   UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (!fd) throw_errno("cannot create temporary checkpoint file", temp);
   try {
@@ -75,10 +95,18 @@ std::vector<fs::path> remove_stale_temp_files(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const pid_t pid = temp_file_pid(entry.path().filename().string());
     if (pid == 0 || pid == ::getpid()) continue;
-    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // still running (or not ours to ask)
+    if (!writer_is_gone(pid)) continue;
     if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
   }
   return removed;
+}
+
+void check_can_create_files(const fs::path& dir) {
+  const std::string probe = temp_name_for(dir, "write-check");
+  UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (!fd) throw_errno("cannot create files in", dir.string());
+  fd.reset();
+  ::unlink(probe.c_str());
 }
 
 }  // namespace lockstep::runtime

@@ -29,9 +29,15 @@ void write_file_atomically(const std::filesystem::path& path,
 bool is_temp_file_name(std::string_view name);
 
 // Removes the temporary files in `dir` whose writer process no longer runs
-// on this host (checked by pid); returns their paths. Meant for a directory
-// that processes of one host write, as rank 0 does for checkpoints.
+// on this host (checked by pid; a zombie, exited but not yet reaped by its
+// parent, counts as gone); returns their paths. Meant for a directory that
+// processes of one host write, as rank 0 does for checkpoints.
 std::vector<std::filesystem::path> remove_stale_temp_files(const std::filesystem::path& dir);
+
+// Throws lockstep::Error naming `dir` and the system's reason unless this
+// process can create files in it (tried with a temporary file, removed at
+// once): a read-only or foreign directory fails here, not at the first write.
+void check_can_create_files(const std::filesystem::path& dir);
 
 // fsync of a directory, so that renames and unlinks in it are durable.
 void fsync_directory(const std::filesystem::path& dir);

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <ctime>
 #include <iostream>
+#include <random>
 #include <set>
 
 #include "lockstep/runtime/checkpoint/atomic_file.h"
@@ -26,7 +28,23 @@ std::optional<double> parse_metric(const std::map<std::string, std::string>& met
   }
 }
 
+// "20261126-142501": when a set-aside folder was made, in UTC.
+std::string utc_timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y%m%d-%H%M%S", &tm);
+  return text;
+}
+
 }  // namespace
+
+std::string new_run_id() {
+  std::random_device device;
+  const uint64_t high = device(), low = device();
+  return fmt::format("{:016x}", (high << 32) ^ low);
+}
 
 CheckpointDir::CheckpointDir(fs::path dir, CheckpointDirOptions options)
     : dir_(std::move(dir)), options_(std::move(options)) {
@@ -35,9 +53,22 @@ CheckpointDir::CheckpointDir(fs::path dir, CheckpointDirOptions options)
   LOCKSTEP_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
                  "CheckpointDir {}: prefix '{}' must be a non-empty file name part", dir_.string(),
                  options_.prefix);
+  if (options_.read_only) return;
   std::error_code ec;
   fs::create_directories(dir_, ec);
-  LOCKSTEP_CHECK(!ec, "CheckpointDir: cannot create directory {}: {}", dir_.string(), ec.message());
+  LOCKSTEP_CHECK(!ec,
+                 "cannot create checkpoint directory {}: {}; pick a directory this user can "
+                 "create and write",
+                 dir_.string(), ec.message());
+  try {
+    check_can_create_files(dir_);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}; pick a checkpoint directory this user can write", e.what()));
+  }
+  remove_stale_temp_files_with_warning();
+}
+
+void CheckpointDir::remove_stale_temp_files_with_warning() const {
   for (const auto& p : remove_stale_temp_files(dir_))
     warn(fmt::format("removed {}, left by a checkpoint writer that did not finish", p.string()));
 }
@@ -72,27 +103,39 @@ void CheckpointDir::warn(const std::string& message) const {
 
 CheckpointEntry CheckpointDir::save(const CheckpointContent& content, int64_t step,
                                     std::optional<double> metric, const SaveOptions& save) {
+  LOCKSTEP_CHECK(!options_.read_only, "CheckpointDir {}: opened read-only, cannot save",
+                 dir_.string());
   LOCKSTEP_CHECK(step >= 0, "CheckpointDir {}: step {} is negative", dir_.string(), step);
-  // The step and metric go into the file itself, so the directory alone tells
-  // a restarted run which checkpoint is the best.
+  // A writer that died since the last save (a zombie included) left its
+  // temporary file; it is nobody's now.
+  remove_stale_temp_files_with_warning();
+  if (run_.id.empty()) run_.id = new_run_id();
+  // The step, metric and run go into the file itself, so the directory alone
+  // tells a restarted run which checkpoints are its own and which is best.
   CheckpointContent c{.tensors = content.tensors, .metadata = content.metadata};
+  for (const auto& [key, value] : run_.metadata) c.metadata[key] = value;
   c.metadata[kStepKey] = std::to_string(step);
+  c.metadata[kRunKey] = run_.id;
   c.metadata.erase(kMetricKey);
   if (metric) c.metadata[kMetricKey] = fmt::format("{:.17g}", *metric);
-  CheckpointEntry saved{.path = path_for_step(step), .step = step, .metric = metric};
+  CheckpointEntry saved{.path = path_for_step(step), .step = step, .metric = metric,
+                        .run_id = run_.id};
   save_checkpoint(saved.path, c, save);
 
-  // Retention, after the new file is durable: a crash in between leaves one
-  // file too many, never one too few.
-  const auto entries = list();
-  std::set<fs::path> keep;
-  for (size_t i = entries.size() > size_t(options_.keep_last) ? entries.size() - options_.keep_last
-                                                              : 0;
-       i < entries.size(); ++i)
-    keep.insert(entries[i].path);
-  if (auto b = best()) keep.insert(b->path);
+  // Retention, after the new file is durable (a crash in between leaves one
+  // file too many, never one too few), among this run's files up to the
+  // newest save: the last keep_last of them (the new one among them) and the
+  // best. Other runs' files and unreadable ones are not ours to delete.
+  std::vector<CheckpointEntry> mine;
+  for (auto& e : list())
+    if (e.run_id == run_.id && e.step <= step) mine.push_back(std::move(e));
+  std::set<fs::path> keep = {saved.path};
+  for (size_t i = mine.size() > size_t(options_.keep_last) ? mine.size() - options_.keep_last : 0;
+       i < mine.size(); ++i)
+    keep.insert(mine[i].path);
+  if (auto b = best_of(mine)) keep.insert(b->path);
   bool removed = false;
-  for (const auto& e : entries) {
+  for (const auto& e : mine) {
     if (keep.count(e.path)) continue;
     std::error_code ec;
     fs::remove(e.path, ec);
@@ -103,19 +146,25 @@ CheckpointEntry CheckpointDir::save(const CheckpointContent& content, int64_t st
   return saved;
 }
 
+CheckpointEntry CheckpointDir::entry_for(const fs::path& file) const {
+  CheckpointEntry e{.path = file, .step = step_of(file.filename().string()).value_or(0)};
+  try {
+    const auto metadata = read_safetensors_header(file.string()).metadata;
+    e.metric = parse_metric(metadata);
+    if (auto it = metadata.find(kRunKey); it != metadata.end()) e.run_id = it->second;
+  } catch (const Error& error) {
+    e.unreadable = error.what();  // latest() and load reports say the rest
+  }
+  return e;
+}
+
 std::vector<CheckpointEntry> CheckpointDir::list() const {
   std::vector<CheckpointEntry> out;
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(dir_, ec)) {
     auto step = step_of(f.path().filename().string());
     if (!step || !f.is_regular_file(ec)) continue;
-    CheckpointEntry e{.path = f.path(), .step = *step};
-    try {
-      e.metric = parse_metric(read_safetensors_header(f.path().string()).metadata);
-    } catch (const Error&) {
-      // Listed without a metric: latest() and load reports say what is wrong.
-    }
-    out.push_back(std::move(e));
+    out.push_back(entry_for(f.path()));
   }
   LOCKSTEP_CHECK(!ec, "CheckpointDir: cannot list {}: {}", dir_.string(), ec.message());
   std::sort(out.begin(), out.end(),
@@ -123,14 +172,22 @@ std::vector<CheckpointEntry> CheckpointDir::list() const {
   return out;
 }
 
-std::optional<CheckpointEntry> CheckpointDir::best() const {
+std::optional<CheckpointEntry> CheckpointDir::best_of(
+    const std::vector<CheckpointEntry>& entries) const {
   if (options_.best == BestMode::none) return std::nullopt;
   std::optional<CheckpointEntry> best;
-  for (auto& e : list()) {
+  for (const auto& e : entries) {
     if (!e.metric || std::isnan(*e.metric)) continue;  // a NaN never counts as best
     if (!best || better(*e.metric, *best->metric)) best = e;
   }
   return best;
+}
+
+std::optional<CheckpointEntry> CheckpointDir::best() const {
+  std::vector<CheckpointEntry> entries = list();
+  if (!run_.id.empty())
+    std::erase_if(entries, [&](const CheckpointEntry& e) { return e.run_id != run_.id; });
+  return best_of(entries);
 }
 
 std::optional<LoadedCheckpoint> CheckpointDir::load_latest(const LoadOptions& load) const {
@@ -152,6 +209,30 @@ std::optional<CheckpointEntry> CheckpointDir::latest() const {
   auto loaded = load_latest();
   if (!loaded) return std::nullopt;
   return loaded->entry;
+}
+
+fs::path CheckpointDir::set_aside() {
+  LOCKSTEP_CHECK(!options_.read_only, "CheckpointDir {}: opened read-only, cannot move files",
+                 dir_.string());
+  const auto entries = list();
+  if (entries.empty()) return {};
+  // A new folder every time: files set aside earlier are never mixed in or replaced.
+  const std::string stem = fmt::format("{}-set-aside-{}", options_.prefix, utc_timestamp());
+  fs::path target = dir_ / stem;
+  std::error_code ec;
+  for (int n = 2; !fs::create_directory(target, ec); ++n) {
+    LOCKSTEP_CHECK(!ec && n < 1000, "cannot create {} to move old checkpoints into: {}",
+                   target.string(), ec ? ec.message() : "too many folders of that name");
+    target = dir_ / fmt::format("{}-{}", stem, n);
+  }
+  for (const auto& e : entries) {
+    fs::rename(e.path, target / e.path.filename(), ec);
+    LOCKSTEP_CHECK(!ec, "cannot move {} into {}: {}", e.path.string(), target.string(),
+                   ec.message());
+  }
+  fsync_directory(target);
+  fsync_directory(dir_);
+  return target;
 }
 
 }  // namespace lockstep::runtime

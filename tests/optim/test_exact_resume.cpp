@@ -8,14 +8,10 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
-#include <iostream>
-#include <map>
-#include <regex>
 
 #include <fmt/format.h>
 
-#include "lockstep/runtime/data/fashion_mnist.h"
-#include "support/subprocess.h"
+#include "optim/fashion_mnist_runs.h"
 #include "support/test_util.h"
 
 using namespace lockstep::testing;
@@ -23,55 +19,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool have_dataset() {
-  return fs::exists(fs::path(lockstep::runtime::kFashionMnistDir) / "train-images-idx3-ubyte.gz");
-}
-
-// Why this machine cannot run these tests, or empty.
-std::string skip_reason() {
-  if (!have_dataset()) return "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
-  if (!fs::exists(bin_path("fashion_mnist")))
-    return "the fashion_mnist example is not built (LOCKSTEP_BUILD_EXAMPLES=OFF)";
-  return {};
-}
-
-#define SKIP_WITHOUT_DATASET()                                        \
-  if (const std::string why = skip_reason(); !why.empty()) {          \
-    std::cout << "SKIPPED: " << why << std::endl;                     \
-    return;                                                           \
-  }
-
-struct Run {
-  ProcessResult result;
-  std::string digest;
-  std::map<std::string, std::string> losses;  // "epoch 2 step 5" -> "0.512345"
-};
-
-Run parse(ProcessResult r) {
-  Run run{std::move(r), {}, {}};
-  std::smatch m;
-  const std::regex digest("parameters digest: ([0-9a-f]+)");
-  if (std::regex_search(run.result.output, m, digest)) run.digest = m[1];
-  const std::regex loss("(epoch \\d+ step \\d+)/\\d+ loss ([0-9.]+)");
-  for (auto it = std::sregex_iterator(run.result.output.begin(), run.result.output.end(), loss);
-       it != std::sregex_iterator(); ++it)
-    run.losses[(*it)[1]] = (*it)[2];
-  return run;
-}
+using Run = FashionMnistRun;
 
 std::vector<std::string> command(int ranks, const std::vector<std::string>& args) {
-  std::vector<std::string> argv;
-  if (ranks > 1) argv = {bin_path("lockstep-run"), "-np", std::to_string(ranks)};
-  argv.push_back(bin_path("fashion_mnist"));
-  for (const char* a : {"--model", "mlp", "--train-samples", "2048", "--batch-size", "64",
-                        "--log-every", "1", "--optimizer", "adam"})
-    argv.push_back(a);
-  argv.insert(argv.end(), args.begin(), args.end());
-  return argv;
+  std::vector<std::string> all = {"--model",      "mlp", "--train-samples", "2048",
+                                  "--batch-size", "64",  "--log-every",     "1",
+                                  "--optimizer",  "adam"};
+  all.insert(all.end(), args.begin(), args.end());
+  return fashion_mnist_command(ranks, all);
 }
 
 Run train(int ranks, const std::vector<std::string>& args) {
-  Run run = parse(run_process(command(ranks, args), std::chrono::seconds(300)));
+  Run run = parse_fashion_mnist(run_process(command(ranks, args), std::chrono::seconds(300)));
   INFO(run.result.output);
   REQUIRE(run.result.ok());
   REQUIRE(!run.digest.empty());
@@ -90,12 +49,6 @@ void check_same_losses(const Run& straight, const Run& resumed, size_t at_least)
   CHECK(compared >= at_least);
 }
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-resume-{}-{}", name, getpid());
-  fs::remove_all(dir);
-  return dir.string();
-}
-
 void epoch_boundary_resume(int ranks, bool zero) {
   std::vector<std::string> extra = {"--lr-schedule", "step"};
   if (zero) extra.push_back("--zero");
@@ -104,7 +57,7 @@ void epoch_boundary_resume(int ranks, bool zero) {
     return args;
   };
   const Run straight = train(ranks, with({"--epochs", "2"}));
-  const std::string dir = fresh_dir(fmt::format("{}{}", ranks, zero ? "z" : ""));
+  const std::string dir = fresh_checkpoint_dir(fmt::format("{}{}", ranks, zero ? "z" : ""));
   const Run first = train(ranks, with({"--epochs", "1", "--checkpoint-dir", dir}));
   const Run resumed = train(ranks, with({"--epochs", "2", "--checkpoint-dir", dir, "--resume"}));
   INFO(resumed.result.output);
@@ -119,33 +72,33 @@ void epoch_boundary_resume(int ranks, bool zero) {
 }  // namespace
 
 TEST_CASE("Resume after an epoch is exact: one process", "[optim][checkpoint][resume]") {
-  SKIP_WITHOUT_DATASET();
+  SKIP_WITHOUT_FASHION_MNIST();
   epoch_boundary_resume(1, false);
 }
 
 TEST_CASE("Resume after an epoch is exact: two ranks", "[optim][checkpoint][resume]") {
-  SKIP_WITHOUT_DATASET();
+  SKIP_WITHOUT_FASHION_MNIST();
   epoch_boundary_resume(2, false);
 }
 
 TEST_CASE("Resume after an epoch is exact: two ranks with ZeRO", "[optim][checkpoint][resume][zero]") {
-  SKIP_WITHOUT_DATASET();
+  SKIP_WITHOUT_FASHION_MNIST();
   epoch_boundary_resume(2, true);
 }
 
 TEST_CASE("Resume after an epoch is exact: one process with ZeRO", "[optim][checkpoint][resume][zero]") {
-  SKIP_WITHOUT_DATASET();
+  SKIP_WITHOUT_FASHION_MNIST();
   epoch_boundary_resume(1, true);
 }
 
 TEST_CASE("A run SIGKILLed mid-epoch resumes exactly from its newest checkpoint",
           "[optim][checkpoint][resume]") {
-  SKIP_WITHOUT_DATASET();
+  SKIP_WITHOUT_FASHION_MNIST();
   for (int ranks : {1, 2}) {
     DYNAMIC_SECTION(ranks << " rank(s)") {
       const std::vector<std::string> args = {"--epochs", "2", "--lr-schedule", "cosine"};
       const Run straight = train(ranks, args);
-      const std::string dir = fresh_dir(fmt::format("kill{}", ranks));
+      const std::string dir = fresh_checkpoint_dir(fmt::format("kill{}", ranks));
       auto with_dir = args;
       for (const char* a : {"--checkpoint-dir", "", "--checkpoint-every", "5"}) with_dir.push_back(a);
       with_dir[with_dir.size() - 3] = dir;

@@ -1,5 +1,7 @@
 // CheckpointDir: file naming, retention (last K plus the best), state
 // recovered from the directory alone, temporary files, corrupt newest files.
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -86,6 +88,9 @@ TEST_CASE("checkpoint dir: a new instance recovers the state from the files", "[
   CHECK(again.best()->step == 10);
   CHECK(again.best()->metric == 0.25);
   CHECK(again.latest()->step == 30);
+  // Continuing the run that saved them: retention goes on over its files.
+  REQUIRE(again.latest()->run_id);
+  again.set_run({.id = *again.latest()->run_id});
   again.save(small_content(), 40, 0.9);
   CHECK(steps(again) == std::vector<int64_t>{10, 30, 40});
 }
@@ -119,6 +124,44 @@ TEST_CASE("checkpoint dir: stale temporary files of dead writers are removed", "
   CHECK(fs::exists(ours));
   REQUIRE(warnings.size() == 1);
   CHECK_THAT(warnings[0], Contains("did not finish"));
+}
+
+TEST_CASE("checkpoint dir: a zombie writer's temporary file is removed by the next save",
+          "[checkpoint]") {
+  TempDir tmp;
+  std::vector<std::string> warnings;
+  CheckpointDir dir(tmp.str(), {.warn = [&](const std::string& w) { warnings.push_back(w); }});
+  // A writer that exited without finishing and that its parent has not
+  // reaped yet: its pid still answers kill(pid, 0), but it writes no more.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const std::string name = tmp.file(".ckpt-0000000009.safetensors.tmp-" +
+                                      std::to_string(::getpid()) + "-0");
+    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    ::_exit(fd >= 0 && ::write(fd, "partial", 7) == 7 ? 0 : 1);
+  }
+  const std::string temp =
+      tmp.file(".ckpt-0000000009.safetensors.tmp-" + std::to_string(child) + "-0");
+  auto state = [&] {
+    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    return paren == std::string::npos || paren + 2 >= line.size() ? '?' : line[paren + 2];
+  };
+  for (int i = 0; i < 6000 && state() != 'Z'; ++i) ::usleep(10000);
+  REQUIRE(state() == 'Z');
+  REQUIRE(fs::exists(temp));
+
+  dir.save(small_content(), 10);
+  CHECK_FALSE(fs::exists(temp));
+  CHECK(steps(dir) == std::vector<int64_t>{10});
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Contains(temp) && Contains("did not finish"));
+  int status = 0;
+  CHECK(::waitpid(child, &status, 0) == child);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
 }
 
 TEST_CASE("checkpoint dir: a corrupt newest checkpoint is skipped or reported", "[checkpoint]") {

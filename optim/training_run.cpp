@@ -1,0 +1,189 @@
+#include "lockstep/optim/training_run.h"
+
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "lockstep/optim/broadcast_text.h"
+#include "lockstep/optim/training_checkpoint.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::optim {
+
+namespace fs = std::filesystem;
+using runtime::CheckpointEntry;
+
+namespace {
+
+// What rank 0 decided: the checkpoint to resume from (none: a new run) and
+// what to tell the user.
+struct Decision {
+  std::optional<fs::path> pick;
+  std::vector<std::string> notes;
+};
+
+// "<path>: <why>", where the message does not start so already.
+std::string about(const fs::path& file, const std::string& message) {
+  const std::string head = file.string() + ": ";
+  return message.starts_with(head) ? message : head + message;
+}
+
+std::string steps_of(const std::vector<const CheckpointEntry*>& files) {
+  const int64_t first = files.front()->step, last = files.back()->step;
+  return first == last ? fmt::format("step {}", first) : fmt::format("steps {} to {}", first, last);
+}
+
+// What a directory holds, one part per run and per kind of file without one:
+// "run 3f..: 3 file(s), steps 100 to 300; 1 file(s) whose header does not read: ckpt-..".
+std::string describe_contents(const std::vector<CheckpointEntry>& entries) {
+  std::map<std::string, std::vector<const CheckpointEntry*>> by_run;
+  std::vector<const CheckpointEntry*> without_id, unreadable;
+  for (const auto& e : entries) {
+    if (!e.unreadable.empty())
+      unreadable.push_back(&e);
+    else if (e.run_id)
+      by_run[*e.run_id].push_back(&e);
+    else
+      without_id.push_back(&e);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [id, files] : by_run)
+    parts.push_back(fmt::format("run {}: {} file(s), {}", id, files.size(), steps_of(files)));
+  if (!without_id.empty())
+    parts.push_back(fmt::format("{} file(s) saved without a run id, {}", without_id.size(),
+                                steps_of(without_id)));
+  if (!unreadable.empty()) {
+    std::string names;
+    for (const auto* e : unreadable)
+      names += (names.empty() ? "" : ", ") + e->path.filename().string();
+    parts.push_back(fmt::format("{} file(s) whose header does not read: {}", unreadable.size(), names));
+  }
+  std::string text;
+  for (const auto& p : parts) text += (text.empty() ? "" : "; ") + p;
+  return text;
+}
+
+Decision start_new(runtime::CheckpointDir& dir, const TrainingRunOptions& options,
+                   const std::vector<CheckpointEntry>& entries) {
+  if (entries.empty()) return {};
+  LOCKSTEP_CHECK(options.restart,
+                 "checkpoint directory {} already holds checkpoints of another run ({}). To "
+                 "continue that run, {}; to start a new run, use another checkpoint directory, "
+                 "or {}.",
+                 dir.path().string(), describe_contents(entries), options.resume_hint,
+                 options.restart_hint);
+  const std::string what = describe_contents(entries);
+  const fs::path moved_to = dir.set_aside();
+  return {.notes = {fmt::format("moved the {} checkpoint file(s) that were in {} ({}) into {}",
+                                entries.size(), dir.path().string(), what, moved_to.string())}};
+}
+
+Decision pick_to_resume(const runtime::CheckpointDir& dir, const TrainingRunOptions& options,
+                        const std::vector<CheckpointEntry>& entries) {
+  if (entries.empty())
+    return {.notes = {fmt::format("no checkpoint in {} yet: starting a new run", dir.path().string())}};
+  std::set<std::string> runs;
+  for (const auto& e : entries)
+    if (e.run_id) runs.insert(*e.run_id);
+  LOCKSTEP_CHECK(runs.size() <= 1,
+                 "cannot resume: checkpoint directory {} holds checkpoints of {} runs ({}); a "
+                 "resume continues one run: move the others' files into another directory",
+                 dir.path().string(), runs.size(), describe_contents(entries));
+  // The run's files, and those whose header does not say whose they are.
+  // Files saved without a run id are candidates only where no run has one.
+  std::vector<const CheckpointEntry*> candidates;
+  for (const auto& e : entries)
+    if (runs.empty() || !e.unreadable.empty() || e.run_id == *runs.begin())
+      candidates.push_back(&e);
+
+  Decision decision;
+  std::vector<std::string> failures;
+  const CheckpointEntry* picked = nullptr;
+  for (auto it = candidates.rbegin(); it != candidates.rend() && !picked; ++it) {
+    try {
+      (void)runtime::load_checkpoint((*it)->path);  // verifies every checksum
+      picked = *it;
+    } catch (const Error& e) {
+      failures.push_back(about((*it)->path, e.what()));
+    }
+  }
+  if (!picked) {
+    std::string list;
+    for (const auto& f : failures) list += "\n  " + f;
+    throw Error(fmt::format(
+        "cannot resume: no checkpoint in {} loads ({} file(s) tried):{}\nNothing was changed or "
+        "deleted. To start a new run instead, use another checkpoint directory, or {}.",
+        dir.path().string(), failures.size(), list, options.restart_hint));
+  }
+  decision.pick = picked->path;
+  for (const auto& f : failures)
+    decision.notes.push_back("skipped a checkpoint that does not load: " + f);
+  if (!picked->run_id)
+    decision.notes.push_back(fmt::format(
+        "{} was saved without a run id (by an earlier version): continuing it as a new run; its "
+        "settings cannot be checked, and files without a run id stay as they are",
+        picked->path.string()));
+  return decision;
+}
+
+}  // namespace
+
+TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOptions dir_options,
+                              const TrainingRunOptions& options, collectives::ProcessGroup* group) {
+  const int rank = group ? group->rank() : 0;
+  const int world = group ? group->size() : 1;
+  LOCKSTEP_CHECK(!(options.resume && options.restart),
+                 "open_training_run: resume and restart exclude each other (resume continues the "
+                 "run in {}, restart moves it aside)",
+                 path.string());
+  if (rank != 0) dir_options.read_only = true;
+
+  std::optional<runtime::CheckpointDir> dir;
+  Decision decision;
+  std::string error;
+  if (rank == 0) {
+    try {
+      dir.emplace(path, dir_options);
+      const auto entries = dir->list();
+      decision = options.resume ? pick_to_resume(*dir, options, entries)
+                                : start_new(*dir, options, entries);
+    } catch (const std::exception& e) {
+      error = *e.what() ? e.what() : "an error without a message";
+    }
+  }
+  // Rank 0's outcome reaches every rank before anything else happens, the
+  // reason included: whichever rank reports first says what is wrong.
+  if (const std::string failure = broadcast_text(error, group); !failure.empty()) {
+    if (rank == 0) throw Error(failure);
+    throw Error(fmt::format("rank {}: rank 0 could not start the run: {}", rank, failure));
+  }
+  if (rank != 0) dir.emplace(path, dir_options);
+  const std::string picked = broadcast_text(decision.pick ? decision.pick->string() : "", group);
+
+  TrainingRun run{.dir = std::move(*dir), .notes = std::move(decision.notes), .world_size = world};
+  if (!picked.empty()) {
+    check_every_rank_sees(picked, group);
+    // Each rank reads the run and its settings from the header itself.
+    run.resume_from = run.dir.entry_for(picked);
+    const auto metadata = runtime::read_safetensors_header(picked).metadata;
+    if (auto it = metadata.find(runtime::kRunKey); it != metadata.end()) run.run_id = it->second;
+    run.saved = read_run_settings(metadata);
+  }
+  // Saves continue the resumed run, even where no settings are recorded.
+  run.dir.set_run({.id = run.run_id});
+  return run;
+}
+
+std::vector<SettingChange> record_run_settings(TrainingRun& run, RunSettings now) {
+  now.fixed[kWorldSizeSetting] = std::to_string(run.world_size);
+  std::vector<SettingChange> changes;
+  if (run.saved) {
+    changes = compare_run_settings(*run.saved, now, run.resume_from->path.string());
+    for (const auto& [name, value] : run.saved->changeable) now.changeable.try_emplace(name, value);
+  }
+  run.dir.set_run({.id = run.run_id, .metadata = run_settings_metadata(now)});
+  return changes;
+}
+
+}  // namespace lockstep::optim

@@ -1,0 +1,80 @@
+// Starting a training run whose checkpoints belong to it: a new run, a
+// resumed one, or a restart, agreed by every rank before any training.
+//
+//   optim::TrainingRun run = optim::open_training_run(
+//       "ckpt", {.keep_last = 2, .best = runtime::BestMode::max},
+//       {.resume = resume, .restart = restart}, group.get());        // every rank
+//   ... fill unset options from run.saved, build the optimizer and schedule ...
+//   for (auto& c : optim::record_run_settings(run, settings))        // every rank
+//     print("{} {} replaces the saved {}", c.name, c.now, c.saved);
+//   if (run.resume_from)
+//     progress = optim::load_training_checkpoint(run.resume_from->path, parts, group.get());
+//   ... optim::save_training_checkpoint(run.dir, parts, progress, metric, group.get()) ...
+//
+// What open_training_run decides, on rank 0, for every rank:
+//   - the directory must be creatable and writable by rank 0, or it throws;
+//   - without resume or restart, a directory holding any checkpoint file
+//     (another run's, one saved before runs had ids, a damaged one) is
+//     refused with a message that lists what is there and the ways out;
+//   - with restart, those files move into a subdirectory (nothing deleted)
+//     and a new run starts;
+//   - with resume: no checkpoint at all starts a new run; files of more than
+//     one run are refused; otherwise the run's newest checkpoint that loads
+//     (verified in full) is picked, and when none loads it throws, naming
+//     every file and why it does not load. A file saved before runs had ids
+//     is adopted (with a note): its settings cannot be checked, and its
+//     files are never deleted by the new saves' retention.
+// record_run_settings then refuses a resume whose fixed settings differ
+// (run_settings.h; the world size is always one) and returns the changes.
+// Every rank throws when one does: rank 0 with the reason, the others naming
+// rank 0's output. Rank 0 alone writes; the other ranks open the directory
+// read-only and must see the files rank 0 picked.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lockstep/collectives/process_group.h"
+#include "lockstep/optim/run_settings.h"
+#include "lockstep/runtime/checkpoint/checkpoint_dir.h"
+
+namespace lockstep::optim {
+
+struct TrainingRunOptions {
+  bool resume = false;   // continue the run whose checkpoints are in the directory
+  bool restart = false;  // move the directory's checkpoints aside and start a new run
+  // How the program's user asks for each, for messages: "add --resume".
+  std::string resume_hint = "resume the run";
+  std::string restart_hint = "restart (which moves the old files into a subdirectory)";
+};
+
+struct TrainingRun {
+  runtime::CheckpointDir dir;  // saves go here (rank 0 writes)
+  // The checkpoint to continue from; null: a new run, from scratch.
+  std::optional<runtime::CheckpointEntry> resume_from;
+  // resume_from's run id and settings; empty or null for a new run, and for
+  // a checkpoint saved before runs recorded them.
+  std::string run_id;
+  std::optional<RunSettings> saved;
+  // Rank 0 only: what it did that the user should know, one line each.
+  std::vector<std::string> notes;
+  int world_size = 1;
+};
+
+// Every rank calls it (with `group`; null for one process). See above.
+TrainingRun open_training_run(const std::filesystem::path& dir,
+                              runtime::CheckpointDirOptions dir_options,
+                              const TrainingRunOptions& options,
+                              collectives::ProcessGroup* group);
+
+// Every rank calls it with the same `now`, before the first save. Adds the
+// world size to now.fixed; for a resumed run, compares with run.saved
+// (throwing on any fixed difference, compare_run_settings) and keeps the
+// saved value of each changeable setting `now` lacks. The run's later saves
+// record the result under the run's id. Returns the changeable settings that
+// differ from the saved ones (none for a new run).
+std::vector<SettingChange> record_run_settings(TrainingRun& run, RunSettings now);
+
+}  // namespace lockstep::optim

@@ -1,0 +1,229 @@
+// Checkpoints belong to their run, end to end: fashion_mnist through
+// lockstep-run on a 512-sample slice of the real dataset. A new run refuses a
+// directory that holds another run's checkpoints (and --restart moves them
+// aside); a resume that would change what the run computes is refused with
+// every difference named; settings that may change are applied and printed;
+// a directory where no checkpoint loads, or that cannot be written, fails
+// before any training.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "optim/fashion_mnist_runs.h"
+#include "runtime/checkpoint/checkpoint_test_util.h"
+
+using namespace lockstep::testing;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The base options (a quick run), each replaced where `extra` gives it too.
+std::vector<std::string> args_with(const std::vector<std::string>& extra) {
+  const std::vector<std::pair<std::string, std::string>> base = {
+      {"--model", "mlp"},   {"--train-samples", "512"}, {"--batch-size", "64"},
+      {"--log-every", "1"}, {"--optimizer", "adam"},    {"--lr-schedule", "step"}};
+  std::vector<std::string> args;
+  for (const auto& [flag, value] : base) {
+    if (std::find(extra.begin(), extra.end(), flag) != extra.end()) continue;
+    args.push_back(flag);
+    args.push_back(value);
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+FashionMnistRun train_ok(int ranks, const std::vector<std::string>& extra) {
+  FashionMnistRun run = run_fashion_mnist(ranks, args_with(extra));
+  INFO(run.result.output);
+  REQUIRE(run.result.ok());
+  REQUIRE(!run.digest.empty());
+  return run;
+}
+
+// A run that must stop before training, with a non-zero exit.
+FashionMnistRun refused(int ranks, const std::vector<std::string>& extra) {
+  FashionMnistRun run = run_fashion_mnist(ranks, args_with(extra));
+  INFO(run.result.output);
+  CHECK(run.result.exit_code != 0);
+  CHECK_FALSE(run.result.timed_out);
+  CHECK_FALSE(run.trained());
+  return run;
+}
+
+// The checkpoint files under `dir`, by name, with the folder they are in.
+std::set<std::string> checkpoint_files(const fs::path& dir, bool recursive) {
+  std::set<std::string> out;
+  auto add = [&](const fs::directory_entry& e) {
+    if (e.is_regular_file() && e.path().extension() == ".safetensors")
+      out.insert(fs::relative(e.path(), dir).string());
+  };
+  if (recursive)
+    for (const auto& e : fs::recursive_directory_iterator(dir)) add(e);
+  else
+    for (const auto& e : fs::directory_iterator(dir)) add(e);
+  return out;
+}
+
+// A directory that exists but where this process cannot create files, or
+// empty when there is none to be had.
+std::string unwritable_dir(const std::string& scratch) {
+  std::vector<std::string> candidates;
+  if (::geteuid() != 0) {
+    fs::create_directories(scratch);
+    fs::permissions(scratch, fs::perms::owner_read | fs::perms::owner_exec);
+    candidates.push_back(scratch);
+  } else {
+    candidates.push_back("/sys/kernel");  // root ignores permission bits; sysfs refuses files
+  }
+  for (const auto& dir : candidates) {
+    const std::string probe = dir + "/.lockstep-write-probe";
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return dir;
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("A new run refuses a directory with another run's checkpoints; --restart moves them aside",
+          "[optim][checkpoint][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("other-run");
+  train_ok(2, {"--epochs", "1", "--checkpoint-dir", dir});
+  const auto before = checkpoint_files(dir, false);
+  REQUIRE(!before.empty());
+
+  const FashionMnistRun again = refused(2, {"--epochs", "1", "--checkpoint-dir", dir});
+  INFO(again.result.output);
+  CHECK_THAT(again.result.output, Contains("holds checkpoints of another run") &&
+                                      Contains("--resume") && Contains("--restart") &&
+                                      Contains(dir));
+  CHECK(checkpoint_files(dir, false) == before);  // nothing touched
+
+  const FashionMnistRun restarted = train_ok(2, {"--epochs", "1", "--checkpoint-dir", dir, "--restart"});
+  INFO(restarted.result.output);
+  CHECK_THAT(restarted.result.output, Contains("moved"));
+  // The old files now live, unchanged in name, in one subdirectory; the new
+  // run's files are in the directory itself.
+  std::set<std::string> moved;
+  for (const auto& f : checkpoint_files(dir, true))
+    if (fs::path(f).has_parent_path()) moved.insert(fs::path(f).filename().string());
+  CHECK(moved == before);
+  CHECK_FALSE(checkpoint_files(dir, false).empty());
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A resume that would change what the run computes is refused, naming each difference",
+          "[optim][checkpoint][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("changed");
+  train_ok(1, {"--epochs", "1", "--checkpoint-dir", dir});
+  const auto before = checkpoint_files(dir, false);
+
+  SECTION("the number of ranks alone") {
+    const FashionMnistRun r = refused(2, {"--epochs", "2", "--checkpoint-dir", dir, "--resume"});
+    INFO(r.result.output);
+    CHECK_THAT(r.result.output, Contains("world_size: saved 1, now 2") && Contains("ranks"));
+  }
+  SECTION("everything that shapes the run") {
+    const FashionMnistRun r = refused(
+        2, {"--epochs", "2", "--checkpoint-dir", dir, "--resume", "--model", "cnn", "--batch-size",
+            "32", "--train-samples", "256", "--optimizer", "sgd", "--lr-schedule", "cosine"});
+    INFO(r.result.output);
+    for (const char* name :
+         {"world_size", "batch_size", "train_samples", "model", "optimizer", "lr_schedule"})
+      CHECK_THAT(r.result.output, Contains(std::string(name) + ": saved"));
+  }
+  CHECK(checkpoint_files(dir, false) == before);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Settings a resume may change are applied, printed and kept by the run",
+          "[optim][checkpoint][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("changes");
+  const std::string same_lr = dir + "-same-lr";
+  fs::remove_all(same_lr);
+  train_ok(2, {"--epochs", "1", "--checkpoint-dir", dir});
+  fs::copy(dir, same_lr, fs::copy_options::recursive);
+
+  const FashionMnistRun changed =
+      train_ok(2, {"--epochs", "2", "--lr", "0.01", "--checkpoint-dir", dir, "--resume"});
+  INFO(changed.result.output);
+  CHECK_THAT(changed.result.output,
+             Contains("lr 0.01 from the command line replaces the saved 0.001") &&
+                 Contains("epochs 2 from the command line replaces the saved 1"));
+  // Not printed only: the learning rate is what the run then trains with.
+  const FashionMnistRun kept = train_ok(2, {"--epochs", "2", "--checkpoint-dir", same_lr, "--resume"});
+  INFO(kept.result.output);
+  CHECK(kept.result.output.find("replaces the saved 0.001") == std::string::npos);
+  CHECK(changed.digest != kept.digest);
+
+  // The run's later checkpoints carry the new values: resuming again without
+  // the options continues with them, and nothing is reported as changed.
+  const FashionMnistRun later = train_ok(2, {"--checkpoint-dir", dir, "--resume"});
+  INFO(later.result.output);
+  CHECK(later.result.output.find("replaces the saved") == std::string::npos);
+  CHECK(later.digest == changed.digest);  // epochs 2 of 2 done: nothing left to train
+  fs::remove_all(dir);
+  fs::remove_all(same_lr);
+}
+
+TEST_CASE("A resume where no checkpoint loads fails, naming every file and why",
+          "[optim][checkpoint][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("damaged");
+  train_ok(2, {"--epochs", "2", "--checkpoint-every", "2", "--keep-last", "3", "--checkpoint-dir", dir});
+  const auto files = checkpoint_files(dir, false);
+  REQUIRE(files.size() >= 3);
+  int i = 0;
+  for (const auto& name : files) {
+    const std::string path = (fs::path(dir) / name).string();
+    switch (i++ % 3) {
+      case 0: fs::resize_file(path, fs::file_size(path) / 2); break;          // cut short
+      case 1: flip_bit(path, data_offset_of(path) + 5); break;               // bad checksum
+      default: write_bytes(path, "not a checkpoint at all, just some text");  // no header
+    }
+  }
+  const FashionMnistRun r = refused(2, {"--epochs", "2", "--checkpoint-dir", dir, "--resume"});
+  INFO(r.result.output);
+  CHECK_THAT(r.result.output, Contains("no checkpoint in " + dir + " loads"));
+  for (const auto& name : files) CHECK_THAT(r.result.output, Contains(name + ": "));
+  CHECK(checkpoint_files(dir, false) == files);  // evidence kept
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A checkpoint directory that cannot be written fails at start-up",
+          "[optim][checkpoint][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string scratch = fresh_checkpoint_dir("unwritable");
+  SECTION("it exists but takes no files") {
+    const std::string dir = unwritable_dir(scratch);
+    if (dir.empty()) {
+      std::cout << "SKIPPED: no directory here refuses new files to this user" << std::endl;
+      return;
+    }
+    const FashionMnistRun r = refused(2, {"--epochs", "1", "--checkpoint-dir", dir});
+    INFO(r.result.output);
+    CHECK_THAT(r.result.output, Contains(dir) && Contains("cannot"));
+  }
+  SECTION("it cannot be created") {
+    fs::create_directories(scratch);
+    std::ofstream(scratch + "/file") << "a file, not a directory";
+    const FashionMnistRun r = refused(2, {"--epochs", "1", "--checkpoint-dir", scratch + "/file/ckpt"});
+    INFO(r.result.output);
+    CHECK_THAT(r.result.output, Contains(scratch + "/file/ckpt") && Contains("cannot"));
+  }
+  std::error_code ec;
+  fs::permissions(scratch, fs::perms::owner_all, ec);
+  fs::remove_all(scratch, ec);
+}

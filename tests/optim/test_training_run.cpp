@@ -1,0 +1,260 @@
+// Training runs in one process and over two rank threads: what
+// open_training_run decides for a new run, a restart and a resume, how
+// record_run_settings checks a resume, and a learning rate that a resume
+// changes. End to end through fashion_mnist: test_run_checkpoints.cpp.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "collectives/rank_threads.h"
+#include "lockstep/nn/models.h"
+#include "lockstep/optim/sgd.h"
+#include "lockstep/optim/training_checkpoint.h"
+#include "lockstep/optim/training_run.h"
+#include "runtime/checkpoint/checkpoint_test_util.h"
+#include "support/test_util.h"
+
+using namespace lockstep;
+using namespace lockstep::optim;
+using Catch::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-run-{}-{}", name, getpid());
+  fs::remove_all(dir);
+  return dir;
+}
+
+const runtime::CheckpointDirOptions kQuiet{.keep_last = 2, .warn = [](const std::string&) {}};
+
+RunSettings settings(const std::string& model, const std::string& lr) {
+  return {.fixed = {{"model", model}, {"batch_size", "64"}},
+          .changeable = {{"lr", lr}, {"epochs", "2"}}};
+}
+
+// A run of one process that saved `steps` with `s`; returns its id.
+std::string saved_run(const fs::path& dir, const RunSettings& s, std::vector<int64_t> steps) {
+  TrainingRun run = open_training_run(dir, kQuiet, {}, nullptr);
+  record_run_settings(run, s);
+  auto model = nn::models::fashion_mlp(1);
+  for (int64_t step : steps)
+    save_training_checkpoint(run.dir, {.model = model.get()}, {.step = step}, std::nullopt, nullptr);
+  return run.dir.run().id;
+}
+
+}  // namespace
+
+TEST_CASE("A run's id and settings ride in its checkpoints and survive a resume",
+          "[optim][checkpoint][run]") {
+  const fs::path dir = scratch("ids");
+  const std::string id = saved_run(dir, settings("mlp", "0.05"), {10, 20});
+  REQUIRE(id.size() == 16);
+  for (const auto& e : runtime::CheckpointDir(dir).list()) CHECK(e.run_id == id);
+
+  TrainingRun resumed = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+  REQUIRE(resumed.resume_from);
+  CHECK(resumed.resume_from->step == 20);
+  CHECK(resumed.run_id == id);
+  REQUIRE(resumed.saved);
+  CHECK(resumed.saved->fixed.at("world_size") == "1");
+  CHECK(resumed.saved->changeable.at("lr") == "0.05");
+
+  // An unchanged resume reports nothing; later saves keep the id and
+  // retention goes on over the run's files (keep_last 2).
+  CHECK(record_run_settings(resumed, settings("mlp", "0.05")).empty());
+  auto model = nn::models::fashion_mlp(1);
+  save_training_checkpoint(resumed.dir, {.model = model.get()}, {.step = 30}, std::nullopt, nullptr);
+  std::vector<int64_t> steps;
+  for (const auto& e : resumed.dir.list()) {
+    steps.push_back(e.step);
+    CHECK(e.run_id == id);
+  }
+  CHECK(steps == std::vector<int64_t>{20, 30});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A resume with other fixed settings is refused, naming each; changeable ones are returned",
+          "[optim][checkpoint][run]") {
+  const fs::path dir = scratch("settings");
+  saved_run(dir, settings("mlp", "0.05"), {5});
+
+  TrainingRun resumed = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+  RunSettings other = settings("cnn", "0.5");
+  other.fixed["batch_size"] = "32";
+  other.fixed["optimizer"] = "adam";
+  const std::string message = testing::error_of([&] { record_run_settings(resumed, other); });
+  CHECK_THAT(message, Contains(resumed.resume_from->path.string()) &&
+                          Contains("model: saved mlp, now cnn") &&
+                          Contains("batch_size: saved 64, now 32") &&
+                          Contains("optimizer: saved (not set), now adam"));
+  CHECK(message.find("lr:") == std::string::npos);  // a changeable setting is no reason
+
+  TrainingRun again = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+  RunSettings changed = settings("mlp", "0.5");
+  changed.changeable.erase("epochs");  // left out: keeps the saved 2
+  const auto changes = record_run_settings(again, changed);
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].name == "lr");
+  CHECK(changes[0].saved == "0.05");
+  CHECK(changes[0].now == "0.5");
+  CHECK(run_settings_metadata({.changeable = {{"epochs", "2"}}}).at("run.changeable.epochs") ==
+        again.dir.run().metadata.at("run.changeable.epochs"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A new run refuses a directory with checkpoints; restart moves them aside",
+          "[optim][checkpoint][run]") {
+  const fs::path dir = scratch("refuse");
+  const std::string old_id = saved_run(dir, settings("mlp", "0.05"), {100, 200});
+  std::ofstream(dir / "ckpt-0000000300.safetensors") << "damaged";
+
+  const std::string message = testing::error_of([&] { open_training_run(dir, kQuiet, {}, nullptr); });
+  CHECK_THAT(message, Contains("already holds checkpoints of another run") &&
+                          Contains("run " + old_id + ": 2 file(s), steps 100 to 200") &&
+                          Contains("1 file(s) whose header does not read: ckpt-0000000300") &&
+                          Contains("resume the run") && Contains("restart"));
+  CHECK(runtime::CheckpointDir(dir).list().size() == 3);
+
+  TrainingRun fresh = open_training_run(dir, kQuiet, {.restart = true}, nullptr);
+  CHECK_FALSE(fresh.resume_from);
+  REQUIRE(fresh.notes.size() == 1);
+  CHECK_THAT(fresh.notes[0], Contains("moved the 3 checkpoint file(s)"));
+  CHECK(fresh.dir.list().empty());
+  size_t moved = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) ++moved;
+  CHECK(moved == 3);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A resume where no checkpoint loads names every file; files of two runs are refused",
+          "[optim][checkpoint][run]") {
+  const fs::path dir = scratch("damaged");
+  saved_run(dir, settings("mlp", "0.05"), {1, 2});
+  runtime::CheckpointDir listing(dir);
+  const std::string first = listing.path_for_step(1).string(), second = listing.path_for_step(2).string();
+
+  SECTION("the newest does not load: the one before it, with a note") {
+    testing::flip_bit(second, testing::data_offset_of(second) + 1);
+    TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+    REQUIRE(run.resume_from);
+    CHECK(run.resume_from->step == 1);
+    REQUIRE(run.notes.size() == 1);
+    CHECK_THAT(run.notes[0], Contains(second) && Contains("fails its checksum"));
+  }
+  SECTION("none loads") {
+    testing::flip_bit(second, testing::data_offset_of(second) + 1);
+    fs::resize_file(first, 20);
+    const std::string message =
+        testing::error_of([&] { open_training_run(dir, kQuiet, {.resume = true}, nullptr); });
+    CHECK_THAT(message, Contains("no checkpoint in " + dir.string() + " loads (2 file(s) tried)") &&
+                            Contains(first + ": ") && Contains(second + ": ") &&
+                            Contains("fails its checksum") && Contains("Nothing was changed"));
+    CHECK(fs::exists(first));
+    CHECK(fs::exists(second));
+  }
+  SECTION("two runs") {
+    runtime::CheckpointDir other(dir, kQuiet);  // a second run, saved by hand
+    other.save(testing::small_content(), 7);
+    CHECK_THAT(testing::error_of([&] { open_training_run(dir, kQuiet, {.resume = true}, nullptr); }),
+               Contains("holds checkpoints of 2 runs"));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A checkpoint saved without a run id is adopted, with a note", "[optim][checkpoint][run]") {
+  const fs::path dir = scratch("legacy");
+  saved_run(dir, settings("mlp", "0.05"), {4});
+  // As an earlier version wrote it: no run id and no settings.
+  const fs::path file = runtime::CheckpointDir(dir).path_for_step(4);
+  runtime::CheckpointContent c = runtime::load_checkpoint(file);
+  for (auto it = c.metadata.begin(); it != c.metadata.end();)
+    it = it->first == runtime::kRunKey || it->first.starts_with("run.") ? c.metadata.erase(it)
+                                                                        : std::next(it);
+  runtime::save_checkpoint(file, c);
+
+  TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+  REQUIRE(run.resume_from);
+  CHECK(run.run_id.empty());
+  CHECK_FALSE(run.saved);
+  REQUIRE(run.notes.size() == 1);
+  CHECK_THAT(run.notes[0], Contains("without a run id"));
+  CHECK(record_run_settings(run, settings("cnn", "1")).empty());  // nothing to check against
+  auto model = nn::models::fashion_mlp(1);
+  save_training_checkpoint(run.dir, {.model = model.get()}, {.step = 5}, std::nullopt, nullptr);
+  const auto entries = run.dir.list();
+  REQUIRE(entries.size() == 2);
+  CHECK_FALSE(entries[0].run_id);  // the adopted file stays as it was
+  CHECK(entries[1].run_id == run.dir.run().id);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Every rank agrees: a refusal on rank 0 stops both, a resume finds the same run",
+          "[optim][checkpoint][run]") {
+  const fs::path dir = scratch("ranks");
+  auto groups = testing::make_groups("gloo", 2, "training-run");
+  std::vector<std::string> errors(2), ids(2), saved_lr(2);
+  const auto first = testing::run_ranks(2, [&](int r) {
+    TrainingRun run = open_training_run(dir, kQuiet, {}, groups[size_t(r)].get());
+    record_run_settings(run, settings("mlp", "0.05"));
+    auto model = nn::models::fashion_mlp(1);
+    save_training_checkpoint(run.dir, {.model = model.get()}, {.step = 3}, std::nullopt,
+                             groups[size_t(r)].get());
+  });
+  REQUIRE_FALSE(first[0]);
+  REQUIRE_FALSE(first[1]);
+
+  const auto refused = testing::run_ranks(2, [&](int r) {
+    open_training_run(dir, kQuiet, {}, groups[size_t(r)].get());
+  });
+  CHECK_THAT(testing::message_of(refused[0]), Contains("already holds checkpoints of another run"));
+  CHECK_THAT(testing::message_of(refused[1]), Contains("rank 1: rank 0 could not start the run"));
+
+  const auto resumed = testing::run_ranks(2, [&](int r) {
+    TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, groups[size_t(r)].get());
+    ids[size_t(r)] = run.run_id;
+    saved_lr[size_t(r)] = run.saved->changeable.at("lr");
+    // One rank alone may not resume a run of two.
+    TrainingRun alone = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+    errors[size_t(r)] = testing::error_of([&] { record_run_settings(alone, settings("mlp", "0.05")); });
+  });
+  REQUIRE_FALSE(resumed[0]);
+  REQUIRE_FALSE(resumed[1]);
+  CHECK(ids[0] == ids[1]);
+  CHECK_FALSE(ids[0].empty());
+  CHECK(saved_lr == std::vector<std::string>{"0.05", "0.05"});
+  CHECK_THAT(errors[0], Contains("world_size: saved 2, now 1") && Contains("ranks"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A resume that changes the learning rate trains with it, schedule included",
+          "[optim][checkpoint][run]") {
+  const fs::path dir = scratch("lr");
+  auto model = nn::models::fashion_mlp(1);
+  SGD opt(model->parameters(), {.lr = 0.1});
+  StepLR sched(opt, {.step_size = 2, .gamma = 0.5});
+  for (int i = 0; i < 3; ++i) sched.step();  // at 0.05
+  runtime::CheckpointDir ckpt(dir, kQuiet);
+  const auto entry = save_training_checkpoint(
+      ckpt, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {.step = 3},
+      std::nullopt, nullptr);
+
+  auto other = nn::models::fashion_mlp(1);
+  SGD other_opt(other->parameters(), {.lr = 1.0});
+  StepLR other_sched(other_opt, {.step_size = 2, .gamma = 0.5});
+  const TrainingParts parts{.model = other.get(), .optimizer = &other_opt, .scheduler = &other_sched};
+  load_training_checkpoint(entry.path, parts, nullptr, {.lr = 1.0});
+  CHECK(other_sched.base_lrs() == std::vector<double>{1.0});
+  CHECK(other_opt.param_groups()[0].options.at("lr") == 0.5);  // 1.0 x 0.5^(3/2)
+  other_sched.step();
+  CHECK(other_opt.param_groups()[0].options.at("lr") == 0.25);
+
+  load_training_checkpoint(entry.path, parts, nullptr);  // without: the saved rate
+  CHECK(other_opt.param_groups()[0].options.at("lr") == 0.05);
+  fs::remove_all(dir);
+}
