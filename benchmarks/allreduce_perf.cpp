@@ -13,10 +13,13 @@
 // device synchronize, as in nccl-tests.
 //
 // Columns: size (B), count (elements), type, redop, time (us per all-reduce,
-// the slowest rank's mean over -n iterations), algbw = size / time, busbw =
+// the slowest rank's mean over -n iterations), median (us: the slowest
+// rank's median iteration, CPU tensors only), algbw = size / time, busbw =
 // algbw * 2(n-1)/n (the rate each link must sustain in a ring), #wrong
 // (elements that differ from the expected result with -c 1). In place only.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <fstream>
 #include <iostream>
 
@@ -178,11 +181,30 @@ int run(const Options& o) {
     for (int i = 0; i < o.warmup; ++i) runner->allreduce(data, op);
     bench::synchronize(device);  // no-op on the CPU
     runner->barrier();
+    // On the CPU each iteration is timed too: a VM's occasional stall of a
+    // few milliseconds moves the mean of thousands of microsecond calls, not
+    // their median. (CUDA calls return before the work is done: mean only.)
+    std::vector<double> each;
+    each.reserve(device.is_cpu() ? static_cast<size_t>(o.iters) : 0);
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < o.iters; ++i) runner->allreduce(data, op);
+    auto last = start;
+    for (int i = 0; i < o.iters; ++i) {
+      runner->allreduce(data, op);
+      if (device.is_cpu()) {
+        const auto now = std::chrono::steady_clock::now();
+        each.push_back(std::chrono::duration<double>(now - last).count());
+        last = now;
+      }
+    }
     bench::synchronize(device);
     const double local = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double seconds = runner->max_over_ranks(local) / o.iters;
+    double median = std::numeric_limits<double>::quiet_NaN();
+    if (!each.empty()) {
+      std::nth_element(each.begin(), each.begin() + static_cast<std::ptrdiff_t>(each.size() / 2),
+                       each.end());
+      median = runner->max_over_ranks(each[each.size() / 2]);
+    }
 
     int64_t wrong = 0;
     if (o.check) {
@@ -196,10 +218,14 @@ int run(const Options& o) {
     busbw_sum += busbw;
     wrong_total += wrong;
     rows.push_back({std::to_string(count * esize), std::to_string(count), o.type, o.op,
-                    fmt::format("{:.1f}", seconds * 1e6), gbps(algbw), gbps(busbw),
+                    fmt::format("{:.1f}", seconds * 1e6),
+                    std::isnan(median) ? std::string("-") : fmt::format("{:.1f}", median * 1e6),
+                    gbps(algbw), gbps(busbw),
                     o.check ? std::to_string(wrong) : "N/A"});
     results.push_back({{"size_bytes", count * esize}, {"count", count}, {"type", o.type},
-                       {"redop", o.op}, {"time_us", seconds * 1e6}, {"algbw_gbps", algbw},
+                       {"redop", o.op}, {"time_us", seconds * 1e6},
+                       {"median_us", std::isnan(median) ? json(nullptr) : json(median * 1e6)},
+                       {"algbw_gbps", algbw},
                        {"busbw_gbps", busbw}, {"wrong", o.check ? json(wrong) : json(nullptr)}});
     if (bytes == 0) break;
   }
@@ -211,7 +237,7 @@ int run(const Options& o) {
                              o.shared_pool ? "the buffer in the group's shared pool, " : "", o.warmup,
                              o.iters, bench::machine_description(device));
     std::cout << bench::format_table({"size (B)", "count", "type", "redop", "time (us)",
-                                      "algbw (GB/s)", "busbw (GB/s)", "#wrong"},
+                                      "median (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"},
                                      rows);
     std::cout << fmt::format("# Avg bus bandwidth: {:.3f} GB/s\n",
                              rows.empty() ? 0.0 : busbw_sum / static_cast<double>(rows.size()));
