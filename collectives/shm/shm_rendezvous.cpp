@@ -30,6 +30,18 @@ std::string rendezvous_prefix(runtime::Store& store, const std::string& name, in
   return fmt::format("{}/shm/{}/", name, instance);
 }
 
+namespace {
+
+// Why a rank has no group segment, with the way around shared memory.
+std::string no_segment(const std::string& name, const std::string& why) {
+  return fmt::format(
+      "shm group '{}': rank 0 could not create the shared segment: {}; or do without shared "
+      "memory: LOCKSTEP_BACKEND=gloo works over loopback TCP (slower on one node)",
+      name, why);
+}
+
+}  // namespace
+
 std::unique_ptr<Comm> join_group(runtime::Store& store, const std::string& prefix,
                                  const std::string& name, int rank, int size,
                                  std::chrono::milliseconds timeout, size_t buffer_bytes,
@@ -43,7 +55,7 @@ std::unique_ptr<Comm> join_group(runtime::Store& store, const std::string& prefi
           buffer_bytes, spin, true);
     } catch (const std::exception& e) {
       store.set(prefix + "segment", fmt::format("error {}", e.what()));
-      throw;
+      throw Error(no_segment(name, e.what()));
     }
     store.set(prefix + "segment", fmt::format("{} {} {}", segment_name, buffer_bytes, host_name()));
     std::vector<std::string> keys;
@@ -60,9 +72,7 @@ std::unique_ptr<Comm> join_group(runtime::Store& store, const std::string& prefi
   } else {
     store.wait({prefix + "segment"}, timeout);
     const std::string published = store.get_string(prefix + "segment");
-    LOCKSTEP_CHECK(published.rfind("error ", 0) != 0,
-                   "shm group '{}': rank 0 could not create the shared segment: {}", name,
-                   published.substr(6));
+    LOCKSTEP_CHECK(published.rfind("error ", 0) != 0, "{}", no_segment(name, published.substr(6)));
     const auto first = published.find(' ');
     const auto second = published.find(' ', first + 1);
     const std::string segment_name = published.substr(0, first);

@@ -524,3 +524,18 @@ TEST_CASE("shm: a dead process's segment is removed, a live one's is kept", "[co
   segment.unlink();
   CHECK_FALSE(shm_file_exists(live));
 }
+
+TEST_CASE("shm: a segment /dev/shm cannot hold fails every rank, naming gloo as the way out",
+          "[collectives][shm]") {
+  // Staging buffers of 1 TiB per rank: far more than /dev/shm holds anywhere.
+  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    lc::make_shm_group(store, r, 2, "too-big", 30s, {.buffer_bytes = size_t{1} << 40});
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(lt::message_of(errors[static_cast<size_t>(r)]),
+               Contains("rank 0 could not create the shared segment") &&
+                   Contains("/dev/shm") && Contains("LOCKSTEP_BACKEND=gloo"));
+  }
+}
