@@ -3,6 +3,7 @@
 // the group; the first reason set wins.
 #pragma once
 
+#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -10,10 +11,16 @@ namespace lockstep::collectives {
 
 class AbortState {
  public:
-  void set(std::string reason) {
+  // True when this call set the reason (it was the first).
+  bool set(std::string reason) {
     std::lock_guard lock(mutex_);
-    if (reason_.empty()) reason_ = std::move(reason);
+    if (!reason_.empty() || reason.empty()) return false;
+    reason_ = std::move(reason);
+    is_set_.store(true, std::memory_order_release);
+    return true;
   }
+  // Cheap, for every call's check: reason() is non-empty once this is true.
+  bool is_set() const { return is_set_.load(std::memory_order_acquire); }
   std::string reason() {
     std::lock_guard lock(mutex_);
     return reason_;
@@ -22,6 +29,7 @@ class AbortState {
  private:
   std::mutex mutex_;
   std::string reason_;
+  std::atomic<bool> is_set_{false};
 };
 
 }  // namespace lockstep::collectives

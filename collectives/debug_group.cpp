@@ -37,55 +37,51 @@ class DebugGroup final : public ProcessGroup {
     return inner_->reserve_shared_pool(bytes);
   }
 
-  std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts) override {
-    check_tensor("allreduce", tensor);
-    check_same(call("allreduce", tensor, to_string(opts.op)), opts.timeout);
-    return inner_->allreduce(tensor, opts);
+
+ protected:
+  void check_device(std::string_view, const Tensor&) const override {}  // the inner front checks
+  void abort_peers(const std::string& reason) override { inner_->abort(reason); }
+
+  std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override {
+    check_same(call);
+    return inner_->allreduce(tensor, {.op = op, .timeout = call.timeout});
   }
-  std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts) override {
-    check_tensor("broadcast", tensor);
-    check_same(call("broadcast", tensor, fmt::format("root {}", opts.root)), opts.timeout);
-    return inner_->broadcast(tensor, opts);
+  std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override {
+    check_same(call);
+    return inner_->broadcast(tensor, {.root = root, .timeout = call.timeout});
   }
-  std::shared_ptr<Work> reduce(Tensor& tensor, const ReduceOptions& opts) override {
-    check_tensor("reduce", tensor);
-    check_same(call("reduce", tensor, fmt::format("{}, root {}", to_string(opts.op), opts.root)),
-               opts.timeout);
-    return inner_->reduce(tensor, opts);
+  std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
+                                   int root) override {
+    check_same(call);
+    return inner_->reduce(tensor, {.op = op, .root = root, .timeout = call.timeout});
   }
-  std::shared_ptr<Work> allgather(Tensor& output, const Tensor& input,
-                                  const AllgatherOptions& opts) override {
-    check_tensor("allgather", input);
-    check_same(call("allgather", input, ""), opts.timeout);
-    return inner_->allgather(output, input, opts);
+  std::shared_ptr<Work> run_allgather(Call call, Tensor& output,
+                                      const Tensor& input) override {
+    check_same(call);
+    return inner_->allgather(output, input, {.timeout = call.timeout});
   }
-  std::shared_ptr<Work> reduce_scatter(Tensor& output, const Tensor& input,
-                                       const ReduceScatterOptions& opts) override {
-    check_tensor("reduce_scatter", output);
-    check_same(call("reduce_scatter", output, to_string(opts.op)), opts.timeout);
-    return inner_->reduce_scatter(output, input, opts);
+  std::shared_ptr<Work> run_reduce_scatter(Call call, Tensor& output, const Tensor& input,
+                                           ReduceOp op) override {
+    check_same(call);
+    return inner_->reduce_scatter(output, input, {.op = op, .timeout = call.timeout});
   }
-  std::shared_ptr<Work> barrier(const BarrierOptions& opts) override {
-    check_same("barrier()", opts.timeout);
-    return inner_->barrier(opts);
+  std::shared_ptr<Work> run_barrier(Call call) override {
+    check_same(call);
+    return inner_->barrier({.timeout = call.timeout});
   }
-  std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts) override {
-    return inner_->send(tensor, dst, opts);
+  std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst,
+                                 int tag) override {
+    return inner_->send(tensor, dst, {.tag = tag, .timeout = call.timeout});
   }
-  std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts) override {
-    return inner_->recv(tensor, src, opts);
+  std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override {
+    return inner_->recv(tensor, src, {.tag = tag, .timeout = call.timeout});
   }
 
  private:
-  // The fingerprint: "allreduce(f32, 1000 elements, sum)".
-  static std::string call(std::string_view op, const Tensor& t, std::string_view extra) {
-    return fmt::format("{}({}, {} elements{}{})", op, runtime::dtype_name(t.dtype()), t.numel(),
-                       extra.empty() ? "" : ", ", extra);
-  }
   std::string key(uint64_t seq, int rank) const { return fmt::format("{}{}/{}", prefix_, seq, rank); }
   std::string last_key(int rank) const { return fmt::format("{}last/{}", prefix_, rank); }
 
-  void check_same(const std::string& fingerprint, const Timeout& timeout);
+  void check_same(const Call& call);
   [[noreturn]] void throw_missing(uint64_t seq, const std::string& fingerprint,
                                   std::chrono::milliseconds timeout);
 
@@ -97,9 +93,10 @@ class DebugGroup final : public ProcessGroup {
 // Publish, wait for every rank's fingerprint of the same call, compare.
 // Deleting this rank's key of call seq-2 is safe: every rank has published
 // seq-1, so every rank has finished reading seq-2.
-void DebugGroup::check_same(const std::string& fingerprint, const Timeout& timeout) {
-  const uint64_t seq = next_seq();
-  const std::chrono::milliseconds t = timeout_of(timeout);
+void DebugGroup::check_same(const Call& call) {
+  const uint64_t seq = call.signature.seq;
+  const std::string fingerprint = call.signature.text();
+  const std::chrono::milliseconds t = call.timeout;
   store_->set(key(seq, rank()), fingerprint);
   store_->set(last_key(rank()), fmt::format("collective #{}: {}", seq, fingerprint));
   std::vector<std::string> keys;

@@ -1,18 +1,16 @@
 #include "lockstep/collectives/hierarchical_group.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
 
-#include "lockstep/collectives/abort_state.h"
+#include "lockstep/collectives/backend_registry.h"
 #include "lockstep/collectives/backends.h"
-#include "lockstep/collectives/init.h"
 #include "lockstep/collectives/reduce_kernels.h"
+#include "lockstep/collectives/serial_executor.h"
 #include "lockstep/collectives/shm/shm_group.h"
 #include "lockstep/runtime/store/prefix_store.h"
 
@@ -21,11 +19,6 @@ namespace {
 
 using Clock = Work::Clock;
 using std::chrono::milliseconds;
-
-// How long after a collective's deadline its Work gives up by itself. Each
-// step waits at most until the deadline, so the worker's error, which names
-// the step, normally arrives first; this only guards against a stuck worker.
-constexpr milliseconds kWorkerGrace{2000};
 
 class HierarchicalGroup final : public ProcessGroup {
  public:
@@ -43,58 +36,46 @@ class HierarchicalGroup final : public ProcessGroup {
     return local_->size() > 1 ? local_->reserve_shared_pool(bytes) : nullptr;
   }
 
-  std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts) override;
-  std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts) override;
-  std::shared_ptr<Work> reduce(Tensor& tensor, const ReduceOptions& opts) override;
-  std::shared_ptr<Work> allgather(Tensor& output, const Tensor& input,
-                                  const AllgatherOptions& opts) override;
-  std::shared_ptr<Work> reduce_scatter(Tensor& output, const Tensor& input,
-                                       const ReduceScatterOptions& opts) override;
-  std::shared_ptr<Work> barrier(const BarrierOptions& opts) override;
-  std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts) override;
-  std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts) override;
+ protected:
+  std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override;
+  std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override;
+  std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
+                                   int root) override;
+  std::shared_ptr<Work> run_allgather(Call call, Tensor& output,
+                                      const Tensor& input) override;
+  std::shared_ptr<Work> run_reduce_scatter(Call call, Tensor& output, const Tensor& input,
+                                           ReduceOp op) override;
+  std::shared_ptr<Work> run_barrier(Call call) override;
+  std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst,
+                                 int tag) override;
+  std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override;
+  // Every member group is aborted: this node's ranks learn at once through
+  // shared memory, the other nodes' leaders when gloo's connections close.
+  void abort_peers(const std::string& reason) override;
 
  private:
-  // A collective on the worker: its description and deadline, and a body that
-  // runs its steps.
-  struct Running {
-    std::string description;
-    Clock::time_point deadline;
-    milliseconds timeout;
-  };
-  using Body = std::function<void(const Running&)>;
-  struct Queued {
-    std::shared_ptr<Work> work;
-    Running op;
-    Body body;
-  };
   // Issues a collective of a member group with the time left before the
   // deadline and waits for it.
   using Issue = std::function<std::shared_ptr<Work>(milliseconds left)>;
 
-  void throw_if_aborted(std::string_view op);
-  std::shared_ptr<Work> enqueue(std::string description, milliseconds timeout, Body body);
-  void run_collectives();
-  void step(const Running& op, const std::string& label, const Issue& issue);
-  void run_allreduce(const Running& op, Tensor& t, ReduceOp op_kind);
-  void run_broadcast(const Running& op, Tensor& t, int root);
-  void run_reduce(const Running& op, Tensor& t, ReduceOp op_kind, int root);
-  void run_barrier(const Running& op);
+  // Step `step` of 3 of `call` on `member`, checked there as that step of
+  // `call` (ProcessGroup::check_next_as).
+  void step(const Call& call, uint8_t step, ProcessGroup& member, const std::string& label,
+            const Issue& issue);
+  void allreduce_steps(const Call& call, Tensor& t, ReduceOp op_kind);
+  void broadcast_steps(const Call& call, Tensor& t, int root);
+  void reduce_steps(const Call& call, Tensor& t, ReduceOp op_kind, int root);
+  void barrier_steps(const Call& call);
   int local_index_of(int rank) const;  // a rank of this node -> its local rank
-  void check_sizes(std::string_view op, const Tensor& big, const Tensor& small) const;
 
   NodeTopology topology_;
   std::string intra_;
   std::shared_ptr<ProcessGroup> local_;    // this node's ranks, over intra_
   std::shared_ptr<ProcessGroup> leaders_;  // one rank per node, over gloo; null off leaders
   std::shared_ptr<ProcessGroup> all_;      // every rank, over gloo
-  std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
-
-  std::mutex mutex_;
-  std::condition_variable queue_cv_;
-  std::deque<Queued> queue_;
-  bool stopping_ = false;
-  std::thread worker_;
+  std::shared_ptr<SerialExecutor> executor_;
+  mutable std::mutex step_mutex_;
+  std::string current_step_;  // for stall reports; guarded by step_mutex_
 };
 
 // The member groups meet under "<name>/hierarchical/<instance>/" in the store:
@@ -130,7 +111,9 @@ HierarchicalGroup::HierarchicalGroup(const std::shared_ptr<runtime::Store>& stor
     return std::make_shared<runtime::PrefixStore>(fmt::format("{}/{}", base, part), store);
   };
   // Made in the same order on every rank (local, leaders, all), so no rank
-  // waits in one rendezvous for a peer that waits for it in another.
+  // waits in one rendezvous for a peer that waits for it in another. Bare
+  // backends: this group is the one wrapped (CUDA staging, desync checks),
+  // and its steps reach the members' own call checks directly.
   const auto local_store = prefixed(fmt::format("node{}", topology.node));
   const std::string local_name = fmt::format("{}.node{}", name, topology.node);
   if (intra_ == "shm") {
@@ -139,104 +122,75 @@ HierarchicalGroup::HierarchicalGroup(const std::shared_ptr<runtime::Store>& stor
     local_ = make_shm_group(local_store, topology.local_rank, topology.local_size, local_name,
                             timeout, ShmOptions{.p2p = false});
   } else {
-    local_ = make_process_group(intra_, local_store, topology.local_rank, topology.local_size,
-                                local_name, timeout);
+    local_ = make_backend_group(intra_, {.store = local_store,
+                                         .rank = topology.local_rank,
+                                         .size = topology.local_size,
+                                         .name = local_name,
+                                         .timeout = timeout});
   }
   if (topology.local_rank == 0) {
-    leaders_ = make_process_group("gloo", prefixed("leaders"), topology.node, topology.nodes,
-                                  fmt::format("{}.leaders", name), timeout);
+    leaders_ = make_backend_group("gloo", {.store = prefixed("leaders"),
+                                           .rank = topology.node,
+                                           .size = topology.nodes,
+                                           .name = fmt::format("{}.leaders", name),
+                                           .timeout = timeout});
   }
-  all_ = make_process_group("gloo", prefixed("all"), rank, size, fmt::format("{}.all", name),
-                            timeout);
-  worker_ = std::thread([this] { run_collectives(); });
+  all_ = make_backend_group("gloo", {.store = prefixed("all"),
+                                     .rank = rank,
+                                     .size = size,
+                                     .name = fmt::format("{}.all", name),
+                                     .timeout = timeout});
+  // Calls run on the worker alone; a waiting thread reports a stall naming
+  // the step (the member groups name the ranks).
+  executor_ = std::make_shared<SerialExecutor>(SerialExecutor::Hooks{
+      .where = where(),
+      .abort = abort_state(),
+      .timeout_message = [this](const Call& call,
+                                std::string_view detail) { return timeout_message(call, detail); },
+      .fail = [this](const std::string& reason) { abort(reason); },
+      .waiting_on =
+          [this] {
+            std::lock_guard lock(step_mutex_);
+            return current_step_.empty() ? std::string() : "it is in " + current_step_;
+          },
+      .run_on_waiter = false,
+  });
+  executor_->start();
 }
 
 HierarchicalGroup::~HierarchicalGroup() {
+  executor_->stop();  // a collective already running finishes or reaches its deadline first
+}
+
+void HierarchicalGroup::abort_peers(const std::string& reason) {
+  for (const auto& member : {local_, leaders_, all_}) {
+    if (member != nullptr) member->abort(reason);
+  }
+}
+
+void HierarchicalGroup::step(const Call& call, uint8_t step, ProcessGroup& member,
+                             const std::string& label, const Issue& issue) {
+  const auto left = std::chrono::duration_cast<milliseconds>(call.deadline - Clock::now());
   {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
+    std::lock_guard lock(step_mutex_);
+    current_step_ = label;
   }
-  queue_cv_.notify_all();
-  // A collective already running finishes or reaches its deadline first.
-  worker_.join();
-}
-
-void HierarchicalGroup::throw_if_aborted(std::string_view op) {
-  const std::string reason = abort_->reason();
-  if (reason.empty()) return;
-  throw CollectiveError(fmt::format(
-      "{} on rank {} of group '{}' ({}): the group is unusable because {}; the ranks may now "
-      "disagree on which collectives ran, so create a new process group on every rank (or "
-      "restart the job)",
-      op, rank(), name(), backend(), reason));
-}
-
-std::shared_ptr<Work> HierarchicalGroup::enqueue(std::string description, milliseconds timeout,
-                                                 Body body) {
-  std::weak_ptr<AbortState> abort = abort_;
-  auto work = std::make_shared<Work>(description, Clock::now() + timeout + kWorkerGrace,
-                                     timeout_message(description, timeout), [abort, description] {
-                                       if (auto state = abort.lock()) {
-                                         state->set(fmt::format("{} timed out", description));
-                                       }
-                                     });
-  {
-    std::lock_guard lock(mutex_);
-    queue_.push_back({work, {std::move(description), Clock::now() + timeout, timeout},
-                      std::move(body)});
-  }
-  queue_cv_.notify_one();
-  return work;
-}
-
-// The worker: one collective at a time, in issue order (the same on every
-// rank, so the member groups see their collectives in the same order too).
-// After a failure the group is aborted and what is still queued fails at once.
-void HierarchicalGroup::run_collectives() {
-  for (;;) {
-    Queued q;
-    bool stopping = false;
-    {
-      std::unique_lock lock(mutex_);
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      q = std::move(queue_.front());
-      queue_.pop_front();
-      stopping = stopping_;
-    }
-    std::string refusal;
-    if (stopping) {
-      refusal = "the group was destroyed first";
-    } else if (const std::string reason = abort_->reason(); !reason.empty()) {
-      refusal = fmt::format("the group is unusable because {}", reason);
-    }
-    if (!refusal.empty()) {
-      q.work->finish(std::make_exception_ptr(
-          CollectiveError(fmt::format("{} on rank {} of group '{}' ({}) did not run: {}",
-                                      q.op.description, rank(), name(), backend(), refusal))));
-      continue;
-    }
-    try {
-      q.body(q.op);
-      q.work->finish();
-    } catch (const std::exception& e) {
-      abort_->set(fmt::format("{} failed", q.op.description));
-      q.work->finish(std::make_exception_ptr(CollectiveError(e.what())));
-    }
-  }
-}
-
-void HierarchicalGroup::step(const Running& op, const std::string& label, const Issue& issue) {
-  const auto left = std::chrono::duration_cast<milliseconds>(op.deadline - Clock::now());
   try {
-    LOCKSTEP_CHECK(left.count() > 0, "its timeout of {:.3g} s ran out before this step began",
-                   static_cast<double>(op.timeout.count()) / 1000.0);
+    if (left.count() <= 0) {
+      throw DeadlineExceeded(fmt::format("its timeout ran out before {} began", label));
+    }
+    check_next_as(member, call, step);
     issue(left)->wait();
+  } catch (const CollectiveMismatch&) {
+    throw;  // already worded as this group's call
+  } catch (const DeadlineExceeded&) {
+    throw;
   } catch (const std::exception& e) {
-    throw CollectiveError(fmt::format("{} failed on rank {} of group '{}' ({}, {} ranks) in {}: {}",
-                                      op.description, rank(), name(), backend(), size(), label,
+    throw CollectiveError(fmt::format("{} failed on {} in {}: {}", call.description(), where(), label,
                                       e.what()));
   }
+  std::lock_guard lock(step_mutex_);
+  current_step_.clear();
 }
 
 // Hierarchical all-reduce. With ranks on N nodes, one leader per node (its
@@ -255,20 +209,24 @@ void HierarchicalGroup::step(const Running& op, const std::string& label, const 
 // Sum and the leader divides once, before step 3, truncating toward zero for
 // integers as the other backends do. A step whose group has one rank is
 // skipped (a node of one rank; one node).
-void HierarchicalGroup::run_allreduce(const Running& op, Tensor& t, ReduceOp op_kind) {
-  if (t.numel() == 0) return;
+//
+// Each step is checked in its member group as that step of this group's call
+// (check_next_as): every rank is checked against its leader within the node,
+// and the leaders against each other, so all ranks agree or all fail.
+void HierarchicalGroup::allreduce_steps(const Call& call, Tensor& t, ReduceOp op_kind) {
   const ReduceOp combine_op = op_kind == ReduceOp::Avg ? ReduceOp::Sum : op_kind;
   const bool leader = topology_.local_rank == 0;
   if (local_->size() > 1) {
-    step(op, fmt::format("step 1 of 3 (reduce to the node's leader over {})", intra_),
+    step(call, 1, *local_, fmt::format("step 1 of 3 (reduce to the node's leader over {})", intra_),
          [&](milliseconds left) {
            return local_->reduce(t, {.op = combine_op, .root = 0, .timeout = left});
          });
   }
   if (leader) {
     if (leaders_->size() > 1) {
-      step(op, fmt::format("step 2 of 3 (allreduce among the {} node leaders over gloo)",
-                           leaders_->size()),
+      step(call, 2, *leaders_,
+           fmt::format("step 2 of 3 (allreduce among the {} node leaders over gloo)",
+                       leaders_->size()),
            [&](milliseconds left) {
              return leaders_->allreduce(t, {.op = combine_op, .timeout = left});
            });
@@ -278,19 +236,10 @@ void HierarchicalGroup::run_allreduce(const Running& op, Tensor& t, ReduceOp op_
     }
   }
   if (local_->size() > 1) {
-    step(op, fmt::format("step 3 of 3 (broadcast from the node's leader over {})", intra_),
+    step(call, 3, *local_,
+         fmt::format("step 3 of 3 (broadcast from the node's leader over {})", intra_),
          [&](milliseconds left) { return local_->broadcast(t, {.root = 0, .timeout = left}); });
   }
-}
-
-std::shared_ptr<Work> HierarchicalGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
-  check_tensor("allreduce", tensor);
-  throw_if_aborted("allreduce");
-  next_seq();
-  return enqueue(describe("allreduce", &tensor, to_string(opts.op)), timeout_of(opts.timeout),
-                 [this, t = tensor, op_kind = opts.op](const Running& op) mutable {
-                   run_allreduce(op, t, op_kind);
-                 });
 }
 
 /* Hierarchical broadcast from `root`, on node R:
@@ -300,25 +249,27 @@ std::shared_ptr<Work> HierarchicalGroup::allreduce(Tensor& tensor, const Allredu
  *   3. broadcast  within every other node, from its leader (local groups)
  *
  * Every byte crosses the network once per node, as in the all-reduce. */
-void HierarchicalGroup::run_broadcast(const Running& op, Tensor& t, int root) {
-  if (t.numel() == 0) return;
+void HierarchicalGroup::broadcast_steps(const Call& call, Tensor& t, int root) {
   const int root_node = topology_.node_of_rank[static_cast<size_t>(root)];
   const bool on_root_node = topology_.node == root_node;
   if (on_root_node && local_->size() > 1) {
-    step(op, fmt::format("step 1 of 3 (broadcast within the root's node over {})", intra_),
+    step(call, 1, *local_,
+         fmt::format("step 1 of 3 (broadcast within the root's node over {})", intra_),
          [&](milliseconds left) {
            return local_->broadcast(t, {.root = local_index_of(root), .timeout = left});
          });
   }
   if (topology_.local_rank == 0 && leaders_->size() > 1) {
-    step(op, fmt::format("step 2 of 3 (broadcast among the {} node leaders over gloo)",
-                         leaders_->size()),
+    step(call, 2, *leaders_,
+         fmt::format("step 2 of 3 (broadcast among the {} node leaders over gloo)",
+                     leaders_->size()),
          [&](milliseconds left) {
            return leaders_->broadcast(t, {.root = root_node, .timeout = left});
          });
   }
   if (!on_root_node && local_->size() > 1) {
-    step(op, fmt::format("step 3 of 3 (broadcast from the node's leader over {})", intra_),
+    step(call, 3, *local_,
+         fmt::format("step 3 of 3 (broadcast from the node's leader over {})", intra_),
          [&](milliseconds left) { return local_->broadcast(t, {.root = 0, .timeout = left}); });
   }
 }
@@ -331,22 +282,22 @@ void HierarchicalGroup::run_broadcast(const Running& op, Tensor& t, int root) {
  *                 rank of R (a reduce leaves the other ranks' tensors
  *                 unspecified, so this may overwrite them)
  *
- * Avg sums and divides once on R's leader, as run_allreduce explains. */
-void HierarchicalGroup::run_reduce(const Running& op, Tensor& t, ReduceOp op_kind, int root) {
-  if (t.numel() == 0) return;
+ * Avg sums and divides once on R's leader, as allreduce_steps explains. */
+void HierarchicalGroup::reduce_steps(const Call& call, Tensor& t, ReduceOp op_kind, int root) {
   const ReduceOp combine_op = op_kind == ReduceOp::Avg ? ReduceOp::Sum : op_kind;
   const int root_node = topology_.node_of_rank[static_cast<size_t>(root)];
   const bool on_root_node = topology_.node == root_node;
   if (local_->size() > 1) {
-    step(op, fmt::format("step 1 of 3 (reduce to the node's leader over {})", intra_),
+    step(call, 1, *local_, fmt::format("step 1 of 3 (reduce to the node's leader over {})", intra_),
          [&](milliseconds left) {
            return local_->reduce(t, {.op = combine_op, .root = 0, .timeout = left});
          });
   }
   if (topology_.local_rank == 0) {
     if (leaders_->size() > 1) {
-      step(op, fmt::format("step 2 of 3 (reduce among the {} node leaders over gloo)",
-                           leaders_->size()),
+      step(call, 2, *leaders_,
+           fmt::format("step 2 of 3 (reduce among the {} node leaders over gloo)",
+                       leaders_->size()),
            [&](milliseconds left) {
              return leaders_->reduce(t, {.op = combine_op, .root = root_node, .timeout = left});
            });
@@ -357,28 +308,30 @@ void HierarchicalGroup::run_reduce(const Running& op, Tensor& t, ReduceOp op_kin
   }
   if (on_root_node && root != topology_.leaders[static_cast<size_t>(root_node)] &&
       local_->size() > 1) {
-    step(op, fmt::format("step 3 of 3 (broadcast from the node's leader to the root over {})",
-                         intra_),
+    step(call, 3, *local_,
+         fmt::format("step 3 of 3 (broadcast from the node's leader to the root over {})",
+                     intra_),
          [&](milliseconds left) { return local_->broadcast(t, {.root = 0, .timeout = left}); });
   }
 }
 
 // A barrier within every node, among the leaders, then within every node
 // again: no rank leaves before every rank of every node has arrived.
-void HierarchicalGroup::run_barrier(const Running& op) {
-  const auto local_barrier = [&](const char* label) {
+void HierarchicalGroup::barrier_steps(const Call& call) {
+  const auto local_barrier = [&](uint8_t number, const char* label) {
     if (local_->size() > 1) {
-      step(op, fmt::format("{} (barrier within the node over {})", label, intra_),
+      step(call, number, *local_, fmt::format("{} (barrier within the node over {})", label, intra_),
            [&](milliseconds left) { return local_->barrier({.timeout = left}); });
     }
   };
-  local_barrier("step 1 of 3");
+  local_barrier(1, "step 1 of 3");
   if (topology_.local_rank == 0 && leaders_->size() > 1) {
-    step(op, fmt::format("step 2 of 3 (barrier among the {} node leaders over gloo)",
-                         leaders_->size()),
+    step(call, 2, *leaders_,
+         fmt::format("step 2 of 3 (barrier among the {} node leaders over gloo)",
+                     leaders_->size()),
          [&](milliseconds left) { return leaders_->barrier({.timeout = left}); });
   }
-  local_barrier("step 3 of 3");
+  local_barrier(3, "step 3 of 3");
 }
 
 int HierarchicalGroup::local_index_of(int r) const {
@@ -388,98 +341,64 @@ int HierarchicalGroup::local_index_of(int r) const {
   return static_cast<int>(it - ranks.begin());
 }
 
-std::shared_ptr<Work> HierarchicalGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
-  check_tensor("broadcast", tensor);
-  check_root("broadcast", opts.root);
-  throw_if_aborted("broadcast");
-  next_seq();
-  return enqueue(describe("broadcast", &tensor, fmt::format("root {}", opts.root)),
-                 timeout_of(opts.timeout),
-                 [this, t = tensor, root = opts.root](const Running& op) mutable {
-                   run_broadcast(op, t, root);
-                 });
+// A collective that moves nothing still runs its steps, so that every rank's
+// call is checked.
+std::shared_ptr<Work> HierarchicalGroup::run_allreduce(Call call, Tensor& tensor,
+                                                       ReduceOp op) {
+  return executor_->submit(std::move(call), [this, t = tensor, op](const Call& c) mutable {
+    allreduce_steps(c, t, op);
+  });
 }
 
-std::shared_ptr<Work> HierarchicalGroup::reduce(Tensor& tensor, const ReduceOptions& opts) {
-  check_tensor("reduce", tensor);
-  check_root("reduce", opts.root);
-  throw_if_aborted("reduce");
-  next_seq();
-  return enqueue(
-      describe("reduce", &tensor, fmt::format("{}, root {}", to_string(opts.op), opts.root)),
-      timeout_of(opts.timeout),
-      [this, t = tensor, op_kind = opts.op, root = opts.root](const Running& op) mutable {
-        run_reduce(op, t, op_kind, root);
-      });
+std::shared_ptr<Work> HierarchicalGroup::run_broadcast(Call call, Tensor& tensor,
+                                                       int root) {
+  return executor_->submit(std::move(call), [this, t = tensor, root](const Call& c) mutable {
+    broadcast_steps(c, t, root);
+  });
 }
 
-// `big` must hold size() * small.numel() elements of small's dtype.
-void HierarchicalGroup::check_sizes(std::string_view op, const Tensor& big,
-                                    const Tensor& small) const {
-  LOCKSTEP_CHECK(big.dtype() == small.dtype(),
-                 "{} on group '{}': the tensors have dtypes {} and {}; they must match", op,
-                 name(), runtime::dtype_name(big.dtype()), runtime::dtype_name(small.dtype()));
-  LOCKSTEP_CHECK(big.numel() == small.numel() * size(),
-                 "{} on group '{}': the larger tensor has {} elements but needs size() * {} = "
-                 "{} * {} = {}",
-                 op, name(), big.numel(), small.numel(), size(), small.numel(),
-                 small.numel() * size());
+std::shared_ptr<Work> HierarchicalGroup::run_reduce(Call call, Tensor& tensor, ReduceOp op,
+                                                    int root) {
+  return executor_->submit(std::move(call), [this, t = tensor, op, root](const Call& c) mutable {
+    reduce_steps(c, t, op, root);
+  });
 }
 
 // allgather and reduce_scatter run over the flat gloo group (their chunks
 // follow rank order, which need not follow the nodes), still in issue order
 // on the worker.
-std::shared_ptr<Work> HierarchicalGroup::allgather(Tensor& output, const Tensor& input,
-                                                   const AllgatherOptions& opts) {
-  check_tensor("allgather", input);
-  check_tensor("allgather", output);
-  check_sizes("allgather", output, input);
-  throw_if_aborted("allgather");
-  next_seq();
-  return enqueue(describe("allgather", &input, ""), timeout_of(opts.timeout),
-                 [this, out = output, in = input](const Running& op) mutable {
-                   step(op, "the allgather over gloo among all ranks", [&](milliseconds left) {
-                     return all_->allgather(out, in, {.timeout = left});
-                   });
-                 });
+std::shared_ptr<Work> HierarchicalGroup::run_allgather(Call call, Tensor& output,
+                                                       const Tensor& input) {
+  return executor_->submit(std::move(call), [this, out = output, in = input](const Call& c) mutable {
+    step(c, 1, *all_, "the allgather over gloo among all ranks", [&](milliseconds left) {
+      return all_->allgather(out, in, {.timeout = left});
+    });
+  });
 }
 
-std::shared_ptr<Work> HierarchicalGroup::reduce_scatter(Tensor& output, const Tensor& input,
-                                                        const ReduceScatterOptions& opts) {
-  check_tensor("reduce_scatter", input);
-  check_tensor("reduce_scatter", output);
-  check_sizes("reduce_scatter", input, output);
-  throw_if_aborted("reduce_scatter");
-  next_seq();
-  return enqueue(describe("reduce_scatter", &output, to_string(opts.op)),
-                 timeout_of(opts.timeout),
-                 [this, out = output, in = input, op_kind = opts.op](const Running& op) mutable {
-                   step(op, "the reduce_scatter over gloo among all ranks",
-                        [&](milliseconds left) {
-                          return all_->reduce_scatter(out, in, {.op = op_kind, .timeout = left});
-                        });
-                 });
+std::shared_ptr<Work> HierarchicalGroup::run_reduce_scatter(Call call, Tensor& output,
+                                                            const Tensor& input, ReduceOp op) {
+  return executor_->submit(std::move(call), [this, out = output, in = input, op](const Call& c) mutable {
+    step(c, 1, *all_, "the reduce_scatter over gloo among all ranks", [&](milliseconds left) {
+      return all_->reduce_scatter(out, in, {.op = op, .timeout = left});
+    });
+  });
 }
 
-std::shared_ptr<Work> HierarchicalGroup::barrier(const BarrierOptions& opts) {
-  throw_if_aborted("barrier");
-  next_seq();
-  return enqueue(describe("barrier", nullptr, ""), timeout_of(opts.timeout),
-                 [this](const Running& op) { run_barrier(op); });
+std::shared_ptr<Work> HierarchicalGroup::run_barrier(Call call) {
+  return executor_->submit(std::move(call), [this](const Call& c) { barrier_steps(c); });
 }
 
 // Posted at once rather than queued: gloo matches sends and recvs by issue
 // order, and a recv waited for on the worker would block a later send.
-std::shared_ptr<Work> HierarchicalGroup::send(const Tensor& tensor, int dst,
-                                              const SendRecvOptions& opts) {
-  throw_if_aborted("send");
-  return all_->send(tensor, dst, opts);
+std::shared_ptr<Work> HierarchicalGroup::run_send(Call call, const Tensor& tensor, int dst,
+                                                  int tag) {
+  return all_->send(tensor, dst, {.tag = tag, .timeout = call.timeout});
 }
 
-std::shared_ptr<Work> HierarchicalGroup::recv(Tensor& tensor, int src,
-                                              const SendRecvOptions& opts) {
-  throw_if_aborted("recv");
-  return all_->recv(tensor, src, opts);
+std::shared_ptr<Work> HierarchicalGroup::run_recv(Call call, Tensor& tensor, int src,
+                                                  int tag) {
+  return all_->recv(tensor, src, {.tag = tag, .timeout = call.timeout});
 }
 
 }  // namespace

@@ -11,26 +11,17 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "lockstep/collectives/backends.h"
+#include "lockstep/collectives/backend_registry.h"
 #include "lockstep/collectives/debug_group.h"
-#include "lockstep/collectives/hierarchical_group.h"
 #include "lockstep/collectives/node_topology.h"
-#include "lockstep/collectives/shm/shm_group.h"
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda/core/error_context.h"
 #include "lockstep/runtime/store/memory_store.h"
 #include "lockstep/runtime/store/prefix_store.h"
 #include "lockstep/runtime/store/tcp_store.h"
 
-#if LOCKSTEP_HAVE_GLOO
-#include "lockstep/collectives/gloo/gloo_group.h"
-#endif
 #if LOCKSTEP_HAVE_MPI
-#include "lockstep/collectives/mpi/mpi_group.h"
 #include "lockstep/collectives/mpi/mpi_runtime.h"
-#endif
-#if LOCKSTEP_HAVE_NCCL
-#include "lockstep/collectives/nccl/nccl_group.h"
 #endif
 #if LOCKSTEP_HAVE_CUDA
 #include "lockstep/collectives/cuda_staging/staging_group.h"
@@ -41,9 +32,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// shm within each node, gloo across nodes (hierarchical_group.h).
-constexpr std::string_view kHierarchical = "shm+gloo";
-
 // What the returned group keeps alive: the store server rank 0 may run, the
 // store, and the group itself (destroyed first, the server last).
 struct GroupHolder {
@@ -51,25 +39,6 @@ struct GroupHolder {
   std::shared_ptr<runtime::Store> store;
   std::shared_ptr<ProcessGroup> group;
 };
-
-std::string require_backend(const std::string& backend) {
-  if (backend == kHierarchical) {  // shm is always built in; gloo may not be
-    LOCKSTEP_CHECK(is_built_in("gloo"),
-                   "collectives backend 'shm+gloo' (shared memory within each node, gloo "
-                   "across nodes: the default when the ranks span several nodes) needs gloo, "
-                   "which is not built into this lockstep; {}; or choose another backend with "
-                   "LOCKSTEP_BACKEND or InitOptions::backend (e.g. mpi)",
-                   how_to_enable("gloo"));
-    return backend;
-  }
-  const std::string how = how_to_enable(backend);  // throws for unknown names
-  const auto built_in = built_in_backends();
-  LOCKSTEP_CHECK(is_built_in(backend),
-                 "collectives backend '{}' is not built into this lockstep (built in: {}); {}",
-                 backend, built_in.empty() ? std::string("none") : fmt::format("{}", fmt::join(built_in, ", ")),
-                 how);
-  return backend;
-}
 
 #if LOCKSTEP_HAVE_MPI
 // Where peers reach this host's TCP listeners: the loopback address when all
@@ -157,13 +126,6 @@ void make_store(const runtime::RankInfo& info, milliseconds timeout, GroupHolder
 #endif
 }
 
-std::string bind_address_of(const std::shared_ptr<runtime::Store>& store) {
-  std::shared_ptr<runtime::Store> s = store;
-  while (auto prefix = std::dynamic_pointer_cast<runtime::PrefixStore>(s)) s = prefix->inner();
-  if (auto tcp = std::dynamic_pointer_cast<runtime::TcpStore>(s)) return tcp->local_address();
-  return "127.0.0.1";
-}
-
 runtime::RankInfo rank_info_from_env() {
   const auto env = runtime::process_env();
   if (!LOCKSTEP_HAVE_MPI) return runtime::read_rank_info(env);
@@ -178,40 +140,18 @@ runtime::RankInfo rank_info_from_env() {
 }
 
 // make_process_group() with, for shm+gloo, the topology when the caller
-// already has it (else it is discovered with `node_key`).
+// already has it (else it is discovered with `node_key`), and the stall
+// report interval.
 std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
                                          std::shared_ptr<runtime::Store> store, int rank,
                                          int size, const std::string& name, milliseconds timeout,
                                          runtime::DebugLevel debug, const NodeTopology* topology,
-                                         const std::string& node_key) {
-  require_backend(backend);
-  std::shared_ptr<ProcessGroup> group;
-  if (backend == kHierarchical) {
-    LOCKSTEP_CHECK(store != nullptr, "group '{}' (shm+gloo) needs a store to find each rank's "
-                   "node", name);
-    const NodeTopology found =
-        topology != nullptr
-            ? *topology
-            : discover_topology(*store, rank, size, name,
-                                node_key.empty() ? this_node_key(runtime::RankInfo{}) : node_key,
-                                timeout);
-    group = make_hierarchical_group(store, rank, size, name, timeout, found);
-  }
-#if LOCKSTEP_HAVE_GLOO
-  if (backend == "gloo") {
-    group = make_gloo_group(store, rank, size, name, timeout, bind_address_of(store));
-  }
-#endif
-  if (backend == "shm") group = make_shm_group(store, rank, size, name, timeout);
-#if LOCKSTEP_HAVE_MPI
-  if (backend == "mpi") group = make_mpi_group(rank, size, name, timeout);
-#endif
-#if LOCKSTEP_HAVE_NCCL
-  if (backend == "nccl") group = make_nccl_group(store, rank, size, name, timeout);
-#endif
-  LOCKSTEP_CHECK(group != nullptr,
-                 "collectives backend '{}' is built in but make_process_group cannot create it",
-                 backend);
+                                         const std::string& node_key,
+                                         std::optional<milliseconds> stall_report = {}) {
+  std::shared_ptr<ProcessGroup> group = make_backend_group(
+      backend, {.store = store, .rank = rank, .size = size, .name = name, .timeout = timeout,
+                .topology = topology, .node_key = node_key});
+  if (stall_report) group->report_stalls_after(*stall_report);
 #if LOCKSTEP_HAVE_CUDA
   // The CPU backends take CUDA tensors too, staged through host memory.
   if (backend != "nccl") group = make_cuda_staging_group(std::move(group));
@@ -249,7 +189,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     // The default: shared memory where every rank shares this node, else
     // hierarchical (init.h).
     topology = discover_topology(*holder->store, rank, size, options.name, node_key, timeout);
-    backend = topology->single_node() ? "shm" : std::string(kHierarchical);
+    backend = topology->single_node() ? "shm" : "shm+gloo";
   }
 #if LOCKSTEP_HAVE_MPI
   if (backend == "mpi") {
@@ -261,7 +201,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   // CUDA, cuBLAS, cuDNN and NCCL errors name this rank from now on.
   runtime::cuda::set_process_rank(rank);
   holder->group = make_group(backend, holder->store, rank, size, options.name, timeout, info.debug,
-                             topology ? &*topology : nullptr, node_key);
+                             topology ? &*topology : nullptr, node_key, info.stall_report);
   ProcessGroup* group = holder->group.get();
   return std::shared_ptr<ProcessGroup>(std::move(holder), group);
 }

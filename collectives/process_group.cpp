@@ -4,6 +4,8 @@
 
 namespace lockstep::collectives {
 
+using runtime::DType;
+
 std::shared_ptr<SharedTensorPool> ProcessGroup::reserve_shared_pool(size_t /*bytes*/) {
   return nullptr;  // staging copies are cheap next to this backend's own transfers
 }
@@ -18,30 +20,146 @@ ProcessGroup::ProcessGroup(int rank, int size, std::string name, std::chrono::mi
                  name_, timeout.count());
 }
 
-std::string ProcessGroup::describe(std::string_view op, const Tensor* tensor,
-                                   std::string_view extra) const {
-  std::string text = fmt::format("{} #{}", op, seq_);
-  if (tensor != nullptr) {
-    text += fmt::format(" ({}, {} elements{}{})", runtime::dtype_name(tensor->dtype()),
-                        tensor->numel(), extra.empty() ? "" : ", ", extra);
-  } else if (!extra.empty()) {
-    text += fmt::format(" ({})", extra);
-  }
-  return text;
+std::shared_ptr<Work> ProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
+  check_tensor("allreduce", tensor);
+  const CallSignature signature{.kind = CollectiveKind::allreduce,
+                                .dtype = tensor.dtype(),
+                                .count = tensor.numel(),
+                                .op = opts.op};
+  return issue(signature, "allreduce", &tensor, "", opts.timeout,
+               [&](Call&& call) { return run_allreduce(std::move(call), tensor, opts.op); });
 }
 
-std::string ProcessGroup::timeout_message(const std::string& description,
-                                          std::chrono::milliseconds t) const {
-  return fmt::format(
-      "{} timed out after {:.3g} s on rank {} of group '{}' ({}, {} ranks): some rank did not "
-      "join this collective in time (it may have died, be stuck, or be issuing a different "
-      "collective; LOCKSTEP_DEBUG=detail names divergent calls); raise the timeout with "
-      "LOCKSTEP_TIMEOUT_S or the call's .timeout if the wait was legitimate",
-      description, static_cast<double>(t.count()) / 1000.0, rank_, name_, backend(), size_);
+std::shared_ptr<Work> ProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
+  check_tensor("broadcast", tensor);
+  check_root("broadcast", opts.root);
+  const CallSignature signature{.kind = CollectiveKind::broadcast,
+                                .dtype = tensor.dtype(),
+                                .count = tensor.numel(),
+                                .root = opts.root};
+  return issue(signature, "broadcast", &tensor, "", opts.timeout,
+               [&](Call&& call) { return run_broadcast(std::move(call), tensor, opts.root); });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce(Tensor& tensor, const ReduceOptions& opts) {
+  check_tensor("reduce", tensor);
+  check_root("reduce", opts.root);
+  const CallSignature signature{.kind = CollectiveKind::reduce,
+                                .dtype = tensor.dtype(),
+                                .count = tensor.numel(),
+                                .root = opts.root,
+                                .op = opts.op};
+  return issue(signature, "reduce", &tensor, "", opts.timeout, [&](Call&& call) {
+    return run_reduce(std::move(call), tensor, opts.op, opts.root);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::allgather(Tensor& output, const Tensor& input,
+                                              const AllgatherOptions& opts) {
+  check_tensor("allgather", input);
+  check_tensor("allgather", output);
+  check_sizes("allgather", "output", output, "input", input);
+  const CallSignature signature{
+      .kind = CollectiveKind::allgather, .dtype = input.dtype(), .count = input.numel()};
+  return issue(signature, "allgather", &input, "", opts.timeout,
+               [&](Call&& call) { return run_allgather(std::move(call), output, input); });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,
+                                                   const ReduceScatterOptions& opts) {
+  check_tensor("reduce_scatter", input);
+  check_tensor("reduce_scatter", output);
+  check_sizes("reduce_scatter", "input", input, "output", output);
+  const CallSignature signature{.kind = CollectiveKind::reduce_scatter,
+                                .dtype = output.dtype(),
+                                .count = output.numel(),
+                                .op = opts.op};
+  return issue(signature, "reduce_scatter", &output, "", opts.timeout, [&](Call&& call) {
+    return run_reduce_scatter(std::move(call), output, input, opts.op);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& opts) {
+  return issue({.kind = CollectiveKind::barrier}, "barrier", nullptr, "", opts.timeout,
+               [&](Call&& call) { return run_barrier(std::move(call)); });
+}
+
+std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst,
+                                         const SendRecvOptions& opts) {
+  check_tensor("send", tensor);
+  check_peer("send", dst, opts.tag);
+  return issue({}, "send", &tensor, fmt::format("to rank {}, tag {}", dst, opts.tag), opts.timeout,
+               [&](Call&& call) { return run_send(std::move(call), tensor, dst, opts.tag); });
+}
+
+std::shared_ptr<Work> ProcessGroup::recv(Tensor& tensor, int src, const SendRecvOptions& opts) {
+  check_tensor("recv", tensor);
+  check_peer("recv", src, opts.tag);
+  return issue({}, "recv", &tensor, fmt::format("from rank {}, tag {}", src, opts.tag),
+               opts.timeout,
+               [&](Call&& call) { return run_recv(std::move(call), tensor, src, opts.tag); });
+}
+
+void ProcessGroup::abort(const std::string& reason) {
+  if (!abort_->set(reason)) return;
+  abort_peers(reason);
+}
+
+Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const Tensor* tensor,
+                             std::string_view extra, const Timeout& timeout) {
+  if (abort_->is_set()) {
+    const std::string reason = abort_->reason();
+    throw CollectiveError(fmt::format(
+        "{} on {}: the group is unusable because {}; the ranks may now disagree on which "
+        "collectives ran, so create a new process group on every rank (or restart the job)",
+        op, where(), reason));
+  }
+  const bool collective = op != "send" && op != "recv";
+  Call call;
+  call.timeout = timeout.value_or(timeout_);
+  call.deadline = Work::Clock::now() + call.timeout;
+  call.stall_report = stall_report_;
+  if (label_ == nullptr) {
+    label_ = std::make_shared<const std::string>(
+        fmt::format("group '{}' ({}, {} ranks)", name_, backend(), size_));
+  }
+  call.group = label_;
+  signature.rank = rank_;
+  if (collective) signature.seq = ++seq_;
+  if (!collective) {
+    signature.dtype = tensor->dtype();
+    signature.count = tensor->numel();
+  }
+  call.op = op;
+  call.has_tensor = tensor != nullptr;
+  call.extra = extra;
+  call.own = signature;
+  call.signature = signature;
+  if (collective && next_origin_) {
+    // Checked as the composite's call: its number, op and caller.
+    call.signature = next_origin_->signature;
+    call.signature.step = next_step_;
+    call.group = next_origin_->group;
+    next_origin_.reset();
+  }
+  return call;
+}
+
+void ProcessGroup::check_next_as(ProcessGroup& member, const Call& origin, uint8_t step) {
+  std::lock_guard lock(member.issue_mutex_);
+  member.next_origin_ = origin;
+  member.next_step_ = step;
+}
+
+std::string ProcessGroup::where() const {
+  return fmt::format("rank {} of group '{}' ({}, {} ranks)", rank_, name_, backend(), size_);
+}
+
+std::string ProcessGroup::timeout_message(const Call& call, std::string_view detail) const {
+  return collectives::timeout_message(call, where(), detail);
 }
 
 void ProcessGroup::check_tensor(std::string_view op, const Tensor& tensor) const {
-  using runtime::DType;
   LOCKSTEP_CHECK(tensor.defined(), "{} on group '{}': the tensor is undefined", op, name_);
   const DType d = tensor.dtype();
   LOCKSTEP_CHECK(d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16 ||
@@ -53,12 +171,41 @@ void ProcessGroup::check_tensor(std::string_view op, const Tensor& tensor) const
                  "{} on group '{}': the tensor must be contiguous; call .contiguous() and copy "
                  "the result back after the collective",
                  op, name_);
+  check_device(op, tensor);
+}
+
+void ProcessGroup::check_device(std::string_view op, const Tensor& tensor) const {
+  LOCKSTEP_CHECK(tensor.device().is_cpu(),
+                 "{} on group '{}': the {} backend takes CPU tensors, this one is on {}; copy it "
+                 "with .to(Device::cpu()) or use the nccl backend for CUDA tensors",
+                 op, name_, backend(), tensor.device().str());
 }
 
 void ProcessGroup::check_root(std::string_view op, int root) const {
   LOCKSTEP_CHECK(root >= 0 && root < size_,
                  "{} on group '{}': root {} is not a rank of this group of {} ranks", op, name_,
                  root, size_);
+}
+
+void ProcessGroup::check_peer(std::string_view op, int peer, int tag) const {
+  LOCKSTEP_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+                 "{} on group '{}': peer {} must be another rank of this group of {} ranks (this "
+                 "is rank {})",
+                 op, name_, peer, size_, rank_);
+  LOCKSTEP_CHECK(tag >= 0, "{} on group '{}': tag {} must be >= 0", op, name_, tag);
+}
+
+void ProcessGroup::check_sizes(std::string_view op, std::string_view big_name, const Tensor& big,
+                               std::string_view small_name, const Tensor& small) const {
+  LOCKSTEP_CHECK(big.dtype() == small.dtype(),
+                 "{} on group '{}': {} has dtype {} but {} has {}; they must match", op, name_,
+                 big_name, runtime::dtype_name(big.dtype()), small_name,
+                 runtime::dtype_name(small.dtype()));
+  LOCKSTEP_CHECK(big.numel() == small.numel() * size_,
+                 "{} on group '{}': {} has {} elements but needs size() * {}.numel() = {} * {} "
+                 "= {}",
+                 op, name_, big_name, big.numel(), small_name, size_, small.numel(),
+                 small.numel() * size_);
 }
 
 }  // namespace lockstep::collectives

@@ -1,17 +1,32 @@
 // ProcessGroup: the ranks of a job and the collectives among them.
 //
-// All ranks must issue the same collectives, with the same dtype and count,
-// in the same order (LOCKSTEP_DEBUG=detail checks this; see debug_group.h).
+// All ranks must issue the same collectives, with the same dtype, count and
+// root, in the same order. Every backend checks this as it moves the data:
+// a rank whose call differs fails on every rank at once, naming the call
+// number and what each rank called, and the group is unusable afterwards
+// (LOCKSTEP_DEBUG=detail adds a store-based report; see debug_group.h).
 // Every call returns a Work at once; the tensors must stay alive and
-// untouched until Work::wait() returns. Tensors must be contiguous, on this
-// backend's device, of dtype f32, f64, bf16, f16, i32 or i64 (anything else
-// is refused with a clear error before anything is sent).
+// untouched until Work::wait() returns. Tensors must be contiguous, on a
+// device the backend takes, of dtype f32, f64, bf16, f16, i32 or i64
+// (anything else is refused with a clear error before anything is sent).
+//
+// The class is the front every backend shares (as c10d's ProcessGroup over
+// its Backends): the public calls validate their arguments, refuse calls on
+// an unusable group, number the call and describe it (call.h), in one place;
+// a backend implements the protected run_* hooks, which only move the data
+// and check the call's signature against the other ranks'.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 
+#include "lockstep/collectives/abort_state.h"
+#include "lockstep/collectives/call.h"
 #include "lockstep/collectives/shared_pool.h"
 #include "lockstep/collectives/types.h"
 #include "lockstep/collectives/work.h"
@@ -36,24 +51,25 @@ class ProcessGroup {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // In place: every rank ends with the reduction of all ranks' `tensor`.
-  virtual std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) = 0;
+  std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {});
   // In place: every rank ends with `root`'s `tensor`.
-  virtual std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {}) = 0;
+  std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {});
   // In place on `root` (the reduction of all ranks); others' tensors are left
   // unspecified.
-  virtual std::shared_ptr<Work> reduce(Tensor& tensor, const ReduceOptions& opts = {}) = 0;
+  std::shared_ptr<Work> reduce(Tensor& tensor, const ReduceOptions& opts = {});
   // `output` holds size() * input.numel() elements: rank r's `input` at
   // offset r * input.numel() (PyTorch's all_gather_into_tensor).
-  virtual std::shared_ptr<Work> allgather(Tensor& output, const Tensor& input,
-                                          const AllgatherOptions& opts = {}) = 0;
+  std::shared_ptr<Work> allgather(Tensor& output, const Tensor& input,
+                                  const AllgatherOptions& opts = {});
   // `input` holds size() * output.numel() elements; rank r's `output` gets
   // the reduction over ranks of input's r-th chunk.
-  virtual std::shared_ptr<Work> reduce_scatter(Tensor& output, const Tensor& input,
-                                               const ReduceScatterOptions& opts = {}) = 0;
-  virtual std::shared_ptr<Work> barrier(const BarrierOptions& opts = {}) = 0;
-  // Point to point; matched by (peer, tag) in issue order.
-  virtual std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts = {}) = 0;
-  virtual std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts = {}) = 0;
+  std::shared_ptr<Work> reduce_scatter(Tensor& output, const Tensor& input,
+                                       const ReduceScatterOptions& opts = {});
+  std::shared_ptr<Work> barrier(const BarrierOptions& opts = {});
+  // Point to point; matched by (peer, tag) in issue order. Not numbered or
+  // checked: only two ranks take part.
+  std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts = {});
+  std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts = {});
 
   // Collective (every rank, the same `bytes`, at the same point among the
   // group's calls): sets aside `bytes` per rank from which to take tensors
@@ -63,29 +79,98 @@ class ProcessGroup {
   // had (a full /dev/shm); ordinary tensors work as before either way.
   virtual std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes);
 
+  // Makes the group unusable on this rank (later calls fail naming
+  // `reason`) and tells the other ranks where the backend can (shm: at once;
+  // gloo: by closing this rank's connections). The first reason stays.
+  void abort(const std::string& reason);
+  // Why the group is unusable, or "" while it is usable.
+  std::string unusable_reason() const { return abort_->reason(); }
+
+  // A collective that waits this long for other ranks prints one line to
+  // standard error saying what it waits for and on whom (the default, 1
+  // minute, is LOCKSTEP_STALL_REPORT_S's under init_process_group()); the
+  // wait itself goes on until the timeout. Where the backend can tell.
+  void report_stalls_after(std::chrono::milliseconds after) { stall_report_ = after; }
+  std::chrono::milliseconds stall_report_after() const { return stall_report_; }
+
  protected:
   ProcessGroup(int rank, int size, std::string name, std::chrono::milliseconds timeout);
 
-  // The deadline of a call: its own timeout, else the group's.
-  std::chrono::milliseconds timeout_of(const Timeout& t) const { return t.value_or(timeout_); }
-  // "allreduce #12 (f32, 1000 elements, sum)" style descriptions and the
-  // timeout message "... timed out after 600 s on rank 1 of group 'default'
-  // (gloo, 4 ranks)". seq is the group's running count of collectives.
-  std::string describe(std::string_view op, const Tensor* tensor, std::string_view extra) const;
-  std::string timeout_message(const std::string& description, std::chrono::milliseconds t) const;
-  // Validates dtype and contiguity (backends check the device they serve);
-  // throws naming the op and what to do.
-  void check_tensor(std::string_view op, const Tensor& tensor) const;
-  void check_root(std::string_view op, int root) const;
-  uint64_t next_seq() { return ++seq_; }
-  uint64_t seq() const { return seq_; }
+  // The backend's part: move the data of `call`, which the front has
+  // validated and numbered, and check as part of it that every rank issued
+  // call.signature (a mismatch: CollectiveMismatch on every rank). Each
+  // returns at once. On failure the backend makes the group unusable.
+  virtual std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) = 0;
+  virtual std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
+                                           int root) = 0;
+  virtual std::shared_ptr<Work> run_allgather(Call call, Tensor& output,
+                                              const Tensor& input) = 0;
+  virtual std::shared_ptr<Work> run_reduce_scatter(Call call, Tensor& output,
+                                                   const Tensor& input, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> run_barrier(Call call) = 0;
+  // call.signature is unused: point to point is not numbered.
+  virtual std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst,
+                                         int tag) = 0;
+  virtual std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) = 0;
+
+  // Throws, saying what to do, when the backend cannot take `tensor` on its
+  // device. The default takes CPU tensors only.
+  virtual void check_device(std::string_view op, const Tensor& tensor) const;
+  // Tells the other ranks that this group is unusable, where the backend has
+  // a way (called once, by abort()).
+  virtual void abort_peers(const std::string& /*reason*/) {}
+
+  // Shared with Works and worker threads that may outlive the group.
+  const std::shared_ptr<AbortState>& abort_state() const { return abort_; }
+  // "rank 1 of group 'default' (shm, 4 ranks)".
+  std::string where() const;
+  // "<description> timed out after 600 s on <where>: <detail>; raise the
+  // timeout ...". An empty `detail` says some rank did not join in time.
+  std::string timeout_message(const Call& call, std::string_view detail = {}) const;
+
+  // Numbers and describes a call (`op`: "allreduce", ...; "send" and "recv"
+  // are not numbered) and hands it to `run` with the issue lock held, so that
+  // calls reach the backend in number order. Refuses calls on an unusable
+  // group. The public calls use it; so may a backend's own collectives.
+  template <class Run>
+  std::shared_ptr<Work> issue(const CallSignature& signature, std::string_view op,
+                              const Tensor* tensor, std::string_view extra, const Timeout& timeout,
+                              Run&& run) {
+    std::lock_guard lock(issue_mutex_);
+    return run(make_call(signature, op, tensor, extra, timeout));
+  }
+
+  // Composite groups (hierarchical_group.h): the next collective issued on
+  // `member` (a group the composite made and alone issues on) is checked as
+  // step `step` of the composite's `origin`, so a mismatch names the
+  // composite's call and ranks.
+  static void check_next_as(ProcessGroup& member, const Call& origin, uint8_t step);
 
  private:
+  // issue()'s, with the issue lock held.
+  Call make_call(CallSignature signature, std::string_view op, const Tensor* tensor,
+                 std::string_view extra, const Timeout& timeout);
+  void check_tensor(std::string_view op, const Tensor& tensor) const;
+  void check_root(std::string_view op, int root) const;
+  void check_peer(std::string_view op, int peer, int tag) const;
+  // `big` holds size() times `small`'s elements, of the same dtype.
+  void check_sizes(std::string_view op, std::string_view big_name, const Tensor& big,
+                   std::string_view small_name, const Tensor& small) const;
+
   int rank_;
   int size_;
   std::string name_;
   std::chrono::milliseconds timeout_;
-  uint64_t seq_ = 0;
+  std::chrono::milliseconds stall_report_ = std::chrono::minutes(1);
+  std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
+  std::mutex issue_mutex_;  // held from numbering a call to handing it to the backend
+  uint64_t seq_ = 0;        // collectives numbered so far
+  // "group 'default' (shm, 4 ranks)", made at the first call.
+  std::shared_ptr<const std::string> label_;
+  // check_next_as's, consumed by the next collective.
+  std::optional<Call> next_origin_;
+  uint8_t next_step_ = 0;
 };
 
 }  // namespace lockstep::collectives

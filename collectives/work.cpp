@@ -19,11 +19,11 @@ void Work::wait() {
   if (!done_cv_.wait_until(lock, deadline_, [&] { return done_; })) {
     // Timed out: the backend's thread may still be inside the collective.
     // Record the timeout as this Work's error so later waits rethrow it.
-    error_ = std::make_exception_ptr(CollectiveError(timeout_message_));
+    const std::string message = timeout_text();
+    error_ = std::make_exception_ptr(CollectiveError(message));
     done_ = true;
-    auto on_timeout = std::move(on_timeout_);
     lock.unlock();
-    if (on_timeout) on_timeout();
+    timed_out(message);
     std::rethrow_exception(error_);
   }
   if (error_) std::rethrow_exception(error_);

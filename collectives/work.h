@@ -32,6 +32,21 @@ class CollectiveError : public Error {
   using Error::Error;
 };
 
+// The ranks issued different collectives at the same point of the group's
+// sequence (call.h's mismatch_message words it); every rank involved gets it.
+class CollectiveMismatch : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
+// Thrown inside a backend when a call's deadline passed; what() is the
+// detail (who did not arrive), which the group words into its timeout
+// message.
+class DeadlineExceeded : public Error {
+ public:
+  using Error::Error;
+};
+
 class Work {
  public:
   using Clock = std::chrono::steady_clock;
@@ -60,6 +75,14 @@ class Work {
   void finish(std::exception_ptr error = nullptr);
 
  protected:
+  // What wait() throws when the deadline passes (by default the message given
+  // at construction), and what it does next (by default on_timeout); a
+  // subclass may word the message only then, as few calls ever time out.
+  virtual std::string timeout_text() { return timeout_message_; }
+  virtual void timed_out(const std::string& /*message*/) {
+    if (on_timeout_) on_timeout_();
+  }
+
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;

@@ -12,6 +12,26 @@
 namespace lockstep::runtime {
 namespace {
 
+// A positive number of seconds, up to a year (anything longer is a typo, and
+// keeps the milliseconds in range); nullopt when unset.
+std::optional<std::chrono::milliseconds> read_seconds(const EnvLookup& env, const char* name,
+                                                      const char* what, int example) {
+  const auto text = env(name);
+  if (!text) return std::nullopt;
+  double seconds = 0;
+  const char* first = text->data();
+  const char* last = first + text->size();
+  const auto [end, ec] = std::from_chars(first, last, seconds);
+  const bool ok = !text->empty() && ec == std::errc() && end == last && std::isfinite(seconds) &&
+                  seconds > 0 && seconds <= 365.0 * 24 * 3600;
+  LOCKSTEP_CHECK(ok, "{}='{}' is not {}; set it to a positive number of seconds (e.g. {}={}) or "
+                 "unset it for the default",
+                 name, *text, what, name, example);
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, static_cast<int64_t>(std::llround(seconds * 1000.0))));
+}
+
+
 // The variable names one launcher sets. Empty names: the launcher has none.
 struct Source {
   const char* name;  // RankInfo::source
@@ -145,20 +165,8 @@ void read_settings(const EnvLookup& env, RankInfo& info) {
     }
   }
 
-  if (auto timeout = env("LOCKSTEP_TIMEOUT_S")) {
-    double seconds = 0;
-    const char* first = timeout->data();
-    const char* last = first + timeout->size();
-    const auto [end, ec] = std::from_chars(first, last, seconds);
-    // Up to a year: anything longer is a typo, and keeps the milliseconds in range.
-    const bool ok = !timeout->empty() && ec == std::errc() && end == last &&
-                    std::isfinite(seconds) && seconds > 0 && seconds <= 365.0 * 24 * 3600;
-    LOCKSTEP_CHECK(ok, "LOCKSTEP_TIMEOUT_S='{}' is not a timeout; set it to a positive number "
-                   "of seconds (e.g. LOCKSTEP_TIMEOUT_S=600) or unset it for the default",
-                   *timeout);
-    info.timeout = std::chrono::milliseconds(
-        std::max<int64_t>(1, static_cast<int64_t>(std::llround(seconds * 1000.0))));
-  }
+  info.timeout = read_seconds(env, "LOCKSTEP_TIMEOUT_S", "a timeout", 600);
+  info.stall_report = read_seconds(env, "LOCKSTEP_STALL_REPORT_S", "a stall report interval", 60);
 }
 
 }  // namespace

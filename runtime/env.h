@@ -23,7 +23,9 @@
 // Other variables read here: LOCKSTEP_TOKEN (the store token, any source),
 // LOCKSTEP_BACKEND (collectives backend to use, e.g. "gloo" or "mpi"),
 // LOCKSTEP_DEBUG ("off", "info" or "detail"), LOCKSTEP_TIMEOUT_S (default
-// collective timeout in seconds), LOCKSTEP_HOST_CACHE_MB (see
+// collective timeout in seconds), LOCKSTEP_STALL_REPORT_S (seconds a
+// collective waits for other ranks before it prints one line saying for whom;
+// default 60), LOCKSTEP_HOST_CACHE_MB (see
 // read_host_cache_mb below), LOCKSTEP_NODE_ID (overrides this rank's node
 // identity, which is otherwise the host name and boot id: ranks with the same
 // value count as one node, e.g. for containers sharing a host, or to make one
@@ -58,6 +60,7 @@ struct RankInfo {
   std::string backend;     // LOCKSTEP_BACKEND; empty: the default
   DebugLevel debug = DebugLevel::Off;
   std::optional<std::chrono::milliseconds> timeout;  // LOCKSTEP_TIMEOUT_S
+  std::optional<std::chrono::milliseconds> stall_report;  // LOCKSTEP_STALL_REPORT_S
   std::string node_id;     // LOCKSTEP_NODE_ID; empty: the host's own identity
 
   bool has_store_address() const { return !store_host.empty(); }

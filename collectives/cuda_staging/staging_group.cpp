@@ -113,61 +113,71 @@ class StagingGroup final : public ProcessGroup {
     return inner_->reserve_shared_pool(bytes);
   }
 
-  std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts) override {
-    Stager s(*this, "allreduce");
+  // CPU tensors pass through untouched; CUDA tensors are staged.
+  void check_device(std::string_view, const Tensor&) const override {}
+
+ protected:
+  void abort_peers(const std::string& reason) override { inner_->abort(reason); }
+
+  std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override {
+    Stager s(*this);
     Tensor t = s.stage(tensor, true, true);
-    return s.run([&] { return inner_->allreduce(t, opts); });
+    return s.run([&] { return inner_->allreduce(t, {.op = op, .timeout = call.timeout}); });
   }
-  std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts) override {
-    Stager s(*this, "broadcast");
-    Tensor t = s.stage(tensor, rank() == opts.root, true);
-    return s.run([&] { return inner_->broadcast(t, opts); });
+  std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override {
+    Stager s(*this);
+    Tensor t = s.stage(tensor, rank() == root, true);
+    return s.run([&] { return inner_->broadcast(t, {.root = root, .timeout = call.timeout}); });
   }
-  std::shared_ptr<Work> reduce(Tensor& tensor, const ReduceOptions& opts) override {
-    Stager s(*this, "reduce");
+  std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
+                                   int root) override {
+    Stager s(*this);
     Tensor t = s.stage(tensor, true, true);
-    return s.run([&] { return inner_->reduce(t, opts); });
+    return s.run(
+        [&] { return inner_->reduce(t, {.op = op, .root = root, .timeout = call.timeout}); });
   }
-  std::shared_ptr<Work> allgather(Tensor& output, const Tensor& input,
-                                  const AllgatherOptions& opts) override {
-    Stager s(*this, "allgather");
+  std::shared_ptr<Work> run_allgather(Call call, Tensor& output,
+                                      const Tensor& input) override {
+    Stager s(*this);
     Tensor out = s.stage(output, false, true);
     const Tensor in = s.stage(input, true, false);
-    return s.run([&] { return inner_->allgather(out, in, opts); });
+    return s.run([&] { return inner_->allgather(out, in, {.timeout = call.timeout}); });
   }
-  std::shared_ptr<Work> reduce_scatter(Tensor& output, const Tensor& input,
-                                       const ReduceScatterOptions& opts) override {
-    Stager s(*this, "reduce_scatter");
+  std::shared_ptr<Work> run_reduce_scatter(Call call, Tensor& output, const Tensor& input,
+                                           ReduceOp op) override {
+    Stager s(*this);
     Tensor out = s.stage(output, false, true);
     const Tensor in = s.stage(input, true, false);
-    return s.run([&] { return inner_->reduce_scatter(out, in, opts); });
+    return s.run(
+        [&] { return inner_->reduce_scatter(out, in, {.op = op, .timeout = call.timeout}); });
   }
-  std::shared_ptr<Work> barrier(const BarrierOptions& opts) override {
-    return inner_->barrier(opts);
+  std::shared_ptr<Work> run_barrier(Call call) override {
+    return inner_->barrier({.timeout = call.timeout});
   }
-  std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts) override {
-    Stager s(*this, "send");
+  std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst,
+                                 int tag) override {
+    Stager s(*this);
     const Tensor t = s.stage(tensor, true, false);
-    return s.run([&] { return inner_->send(t, dst, opts); });
+    return s.run([&] { return inner_->send(t, dst, {.tag = tag, .timeout = call.timeout}); });
   }
-  std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts) override {
-    Stager s(*this, "recv");
+  std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override {
+    Stager s(*this);
     Tensor t = s.stage(tensor, false, true);
-    return s.run([&] { return inner_->recv(t, src, opts); });
+    return s.run([&] { return inner_->recv(t, src, {.tag = tag, .timeout = call.timeout}); });
   }
 
  private:
   // The tensors of one call: stage() each, then run() the inner collective.
   class Stager {
    public:
-    Stager(StagingGroup& group, std::string_view op) : group_(group), op_(op) {}
+    explicit Stager(StagingGroup& group) : group_(group) {}
 
     // What the inner group gets for `t`: `t` itself unless it is a CUDA
     // tensor, else a host tensor of its dtype and size. `in`: its contents
     // matter (copied at run()); `out`: it is written (copied back by wait()).
     Tensor stage(const Tensor& t, bool in, bool out) {
+      // The front checked it is contiguous: its bytes are its elements.
       if (!t.defined() || !t.device().is_cuda()) return t;
-      group_.check_tensor(op_, t);  // contiguous, so its bytes are its elements
       Tensor host = group_.pool_->take(t.dtype(), t.numel());
       staged_.push_back({t, host, out});
       if (in) inputs_.push_back(staged_.size() - 1);
@@ -207,7 +217,6 @@ class StagingGroup final : public ProcessGroup {
     }
 
     StagingGroup& group_;
-    std::string_view op_;
     std::vector<Staged> staged_;
     std::vector<size_t> inputs_;  // indices into staged_
   };

@@ -4,11 +4,11 @@
 
 #include <climits>
 #include <functional>
-#include <mutex>
 #include <type_traits>
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/mpi/mpi_call_check.h"
 #include "lockstep/collectives/mpi/mpi_progress.h"
 #include "lockstep/collectives/mpi/mpi_runtime.h"
 #include "lockstep/collectives/mpi/mpi_shutdown.h"
@@ -57,7 +57,8 @@ class MpiGroup final : public ProcessGroup {
     LOCKSTEP_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found));
     tag_ub_ = found != 0 && tag_ub != nullptr ? *tag_ub : 32767;  // 32767: the MPI minimum
     progress_ = std::make_shared<mpi::MpiProgress>(
-        comm, fmt::format("rank {} of group '{}' (mpi, {} ranks)", rank, name, size));
+        comm, fmt::format("rank {} of group '{}' (mpi, {} ranks)", rank, name, size),
+        abort_state());
     progress_->start_thread();
     hook_id_ = mpi::add_shutdown_hook([progress = progress_] { progress->shutdown(); });
   }
@@ -69,62 +70,53 @@ class MpiGroup final : public ProcessGroup {
 
   std::string backend() const override { return "mpi"; }
 
-  std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts) override {
-    check("allreduce", tensor);
-    const int count = mpi_count("allreduce", tensor.numel());
+  // MPI cannot cancel a call: the other ranks learn of the abort when this
+  // process exits (mpirun then ends the job).
+  void abort_peers(const std::string& reason) override { progress_->abort(reason); }
+
+ protected:
+  std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override {
+    const int count = mpi_count(call, tensor.numel());
     const MPI_Datatype type = mpi::mpi_datatype(tensor.dtype());
-    const MPI_Op op = mpi::mpi_op(opts.op, tensor.dtype());
+    const MPI_Op mpi_op = mpi::mpi_op(op, tensor.dtype());
     void* data = tensor.raw_data();
     return enqueue(
-        "allreduce", &tensor, to_string(opts.op), opts.timeout,
+        call,
         [=, keep = tensor](MPI_Comm comm) {
-          LOCKSTEP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, op, comm));
+          LOCKSTEP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi_op, comm));
         },
-        average_step(opts.op, tensor));
+        average_step(op, tensor));
   }
 
-  std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts) override {
-    check("broadcast", tensor);
-    check_root("broadcast", opts.root);
-    const int count = mpi_count("broadcast", tensor.numel());
+  std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override {
+    const int count = mpi_count(call, tensor.numel());
     const MPI_Datatype type = mpi::mpi_datatype(tensor.dtype());
-    const int root = opts.root;
     void* data = tensor.raw_data();
-    return enqueue("broadcast", &tensor, fmt::format("root {}", root), opts.timeout,
-                   [=, keep = tensor](MPI_Comm comm) {
-                     LOCKSTEP_MPI_CHECK(MPI_Bcast(data, count, type, root, comm));
-                   });
+    return enqueue(call, [=, keep = tensor](MPI_Comm comm) {
+      LOCKSTEP_MPI_CHECK(MPI_Bcast(data, count, type, root, comm));
+    });
   }
 
-  std::shared_ptr<Work> reduce(Tensor& tensor, const ReduceOptions& opts) override {
-    check("reduce", tensor);
-    check_root("reduce", opts.root);
-    const int count = mpi_count("reduce", tensor.numel());
+  std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
+                                   int root) override {
+    const int count = mpi_count(call, tensor.numel());
     const MPI_Datatype type = mpi::mpi_datatype(tensor.dtype());
-    const MPI_Op op = mpi::mpi_op(opts.op, tensor.dtype());
-    const int root = opts.root;
+    const MPI_Op mpi_op = mpi::mpi_op(op, tensor.dtype());
     const bool is_root = root == rank();
     void* data = tensor.raw_data();
     return enqueue(
-        "reduce", &tensor, fmt::format("{}, root {}", to_string(opts.op), root), opts.timeout,
+        call,
         [=, keep = tensor](MPI_Comm comm) {
           // The root reduces into its own tensor; the others only send.
           LOCKSTEP_MPI_CHECK(MPI_Reduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr,
-                                        count, type, op, root, comm));
+                                        count, type, mpi_op, root, comm));
         },
-        is_root ? average_step(opts.op, tensor) : nullptr);
+        is_root ? average_step(op, tensor) : nullptr);
   }
 
-  std::shared_ptr<Work> allgather(Tensor& output, const Tensor& input,
-                                  const AllgatherOptions& opts) override {
-    check("allgather", input);
-    check("allgather", output);
-    check_same_dtype("allgather", output, input);
-    LOCKSTEP_CHECK(output.numel() == input.numel() * size(),
-                   "allgather on group '{}': output has {} elements, expected size() * "
-                   "input.numel() = {} * {}; allocate the output with {} elements",
-                   name(), output.numel(), size(), input.numel(), input.numel() * size());
-    const int count = mpi_count("allgather", output.numel()) / size();
+  std::shared_ptr<Work> run_allgather(Call call, Tensor& output,
+                                      const Tensor& input) override {
+    const int count = mpi_count(call, output.numel()) / size();
     const MPI_Datatype type = mpi::mpi_datatype(input.dtype());
     void* out = output.raw_data();
     // An input that is this rank's chunk of the output is gathered in place.
@@ -133,60 +125,47 @@ class MpiGroup final : public ProcessGroup {
     if (in == static_cast<char*>(out) + my_offset) {
       in = MPI_IN_PLACE;
     }
-    return enqueue("allgather", &input, "", opts.timeout,
-                   [=, keep_in = input, keep_out = output](MPI_Comm comm) {
-                     LOCKSTEP_MPI_CHECK(
-                         MPI_Allgather(in, count, type, out, count, type, comm));
-                   });
+    return enqueue(call, [=, keep_in = input, keep_out = output](MPI_Comm comm) {
+      LOCKSTEP_MPI_CHECK(MPI_Allgather(in, count, type, out, count, type, comm));
+    });
   }
 
-  std::shared_ptr<Work> reduce_scatter(Tensor& output, const Tensor& input,
-                                       const ReduceScatterOptions& opts) override {
-    check("reduce_scatter", input);
-    check("reduce_scatter", output);
-    check_same_dtype("reduce_scatter", output, input);
-    LOCKSTEP_CHECK(input.numel() == output.numel() * size(),
-                   "reduce_scatter on group '{}': input has {} elements, expected size() * "
-                   "output.numel() = {} * {}; the input must hold one output-sized chunk per rank",
-                   name(), input.numel(), size(), output.numel());
-    mpi_count("reduce_scatter", input.numel());
+  std::shared_ptr<Work> run_reduce_scatter(Call call, Tensor& output, const Tensor& input,
+                                           ReduceOp op) override {
+    mpi_count(call, input.numel());
     const int count = static_cast<int>(output.numel());
     const MPI_Datatype type = mpi::mpi_datatype(input.dtype());
-    const MPI_Op op = mpi::mpi_op(opts.op, input.dtype());
+    const MPI_Op mpi_op = mpi::mpi_op(op, input.dtype());
     const void* in = input.raw_data();
     void* out = output.raw_data();
     return enqueue(
-        "reduce_scatter", &output, to_string(opts.op), opts.timeout,
+        call,
         [=, keep_in = input, keep_out = output](MPI_Comm comm) {
-          LOCKSTEP_MPI_CHECK(MPI_Reduce_scatter_block(in, out, count, type, op, comm));
+          LOCKSTEP_MPI_CHECK(MPI_Reduce_scatter_block(in, out, count, type, mpi_op, comm));
         },
-        average_step(opts.op, output));
+        average_step(op, output));
   }
 
-  std::shared_ptr<Work> barrier(const BarrierOptions& opts) override {
-    return enqueue("barrier", nullptr, "", opts.timeout,
-                   [](MPI_Comm comm) { LOCKSTEP_MPI_CHECK(MPI_Barrier(comm)); });
+  // The call check is itself a barrier.
+  std::shared_ptr<Work> run_barrier(Call call) override {
+    return enqueue(call, [](MPI_Comm) {});
   }
 
-  std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts) override {
-    check("send", tensor);
-    check_peer("send", dst, opts.tag);
-    const int count = mpi_count("send", tensor.numel());
+  std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst,
+                                 int tag) override {
+    check_tag(call, tag);
+    const int count = mpi_count(call, tensor.numel());
     const MPI_Datatype type = mpi::mpi_datatype(tensor.dtype());
-    const int tag = opts.tag;
     const void* data = tensor.raw_data();
-    return enqueue_p2p("send", &tensor, fmt::format("to rank {}, tag {}", dst, tag), opts.timeout,
-                   [=, keep = tensor](MPI_Comm comm, MPI_Request* request) {
-                     LOCKSTEP_MPI_CHECK(MPI_Isend(data, count, type, dst, tag, comm, request));
-                   });
+    return enqueue_p2p(call, [=, keep = tensor](MPI_Comm comm, MPI_Request* request) {
+      LOCKSTEP_MPI_CHECK(MPI_Isend(data, count, type, dst, tag, comm, request));
+    });
   }
 
-  std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts) override {
-    check("recv", tensor);
-    check_peer("recv", src, opts.tag);
-    const int count = mpi_count("recv", tensor.numel());
+  std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override {
+    check_tag(call, tag);
+    const int count = mpi_count(call, tensor.numel());
     const MPI_Datatype type = mpi::mpi_datatype(tensor.dtype());
-    const int tag = opts.tag;
     void* data = tensor.raw_data();
     // A shorter message than the tensor is an error too (MPI reports only a
     // longer one), since the rest of the tensor would be left stale.
@@ -199,7 +178,7 @@ class MpiGroup final : public ProcessGroup {
                      received, src, count);
     };
     return enqueue_p2p(
-        "recv", &tensor, fmt::format("from rank {}, tag {}", src, tag), opts.timeout,
+        call,
         [=, keep = tensor](MPI_Comm comm, MPI_Request* request) {
           LOCKSTEP_MPI_CHECK(MPI_Irecv(data, count, type, src, tag, comm, request));
         },
@@ -207,35 +186,16 @@ class MpiGroup final : public ProcessGroup {
   }
 
  private:
-  void check(std::string_view op, const Tensor& tensor) const {
-    check_tensor(op, tensor);
-    LOCKSTEP_CHECK(tensor.device().is_cpu(),
-                   "{} on group '{}': the mpi backend takes CPU tensors, this one is on {}; "
-                   "copy it with .to(Device::cpu()) or use the nccl backend for CUDA tensors",
-                   op, name(), tensor.device().str());
+  void check_tag(const Call& call, int tag) const {
+    LOCKSTEP_CHECK(tag <= tag_ub_, "{} on group '{}': tag {} is outside MPI's range [0, {}]",
+                   call.description(), name(), tag, tag_ub_);
   }
 
-  void check_same_dtype(std::string_view op, const Tensor& output, const Tensor& input) const {
-    LOCKSTEP_CHECK(output.dtype() == input.dtype(),
-                   "{} on group '{}': output dtype {} differs from input dtype {}; use one dtype",
-                   op, name(), runtime::dtype_name(output.dtype()),
-                   runtime::dtype_name(input.dtype()));
-  }
-
-  void check_peer(std::string_view op, int peer, int tag) const {
-    LOCKSTEP_CHECK(peer >= 0 && peer < size(),
-                   "{} on group '{}': peer {} is not a rank of this group of {} ranks", op, name(),
-                   peer, size());
-    LOCKSTEP_CHECK(tag >= 0 && tag <= tag_ub_,
-                   "{} on group '{}': tag {} is outside MPI's range [0, {}]", op, name(), tag,
-                   tag_ub_);
-  }
-
-  int mpi_count(std::string_view op, int64_t numel) const {
+  int mpi_count(const Call& call, int64_t numel) const {
     LOCKSTEP_CHECK(numel <= INT_MAX,
                    "{} on group '{}': {} elements is more than one MPI call can carry ({}); "
                    "split the tensor into several collectives",
-                   op, name(), numel, INT_MAX);
+                   call.description(), name(), numel, INT_MAX);
     return static_cast<int>(numel);
   }
 
@@ -253,41 +213,40 @@ class MpiGroup final : public ProcessGroup {
         name());
   }
 
-  // A collective: MPI's blocking call, run on the progress thread.
-  std::shared_ptr<Work> enqueue(std::string_view op_name, const Tensor* tensor,
-                                std::string_view extra, const Timeout& timeout,
-                                std::function<void(MPI_Comm)> run,
+  // A collective: the call check, then MPI's blocking call, both run on the
+  // progress thread.
+  std::shared_ptr<Work> enqueue(const Call& call, std::function<void(MPI_Comm)> run,
                                 std::function<void(const MPI_Status&)> complete = nullptr) {
     auto op = std::make_shared<mpi::MpiOp>();
-    op->run = std::move(run);
+    op->run = [call, run = std::move(run)](MPI_Comm comm) {
+      mpi::check_same_call(comm, call);
+      run(comm);
+    };
     op->complete = std::move(complete);
-    return submit(op_name, tensor, extra, timeout, std::move(op));
+    return submit(call, std::move(op));
   }
 
   // A send or recv: MPI's non-blocking call, tested until done.
-  std::shared_ptr<Work> enqueue_p2p(std::string_view op_name, const Tensor* tensor,
-                                    std::string_view extra, const Timeout& timeout,
+  std::shared_ptr<Work> enqueue_p2p(const Call& call,
                                     std::function<void(MPI_Comm, MPI_Request*)> start,
                                     std::function<void(const MPI_Status&)> complete = nullptr) {
     auto op = std::make_shared<mpi::MpiOp>();
     op->start = std::move(start);
     op->complete = std::move(complete);
-    return submit(op_name, tensor, extra, timeout, std::move(op));
+    return submit(call, std::move(op));
   }
 
-  std::shared_ptr<Work> submit(std::string_view op_name, const Tensor* tensor,
-                               std::string_view extra, const Timeout& timeout,
-                               std::shared_ptr<mpi::MpiOp> op) {
-    // One lock from numbering to queueing: sequence numbers follow issue order.
-    std::lock_guard lock(mutex_);
-    next_seq();
-    op->description = describe(op_name, tensor, extra);
-    const auto t = timeout_of(timeout);
-    op->deadline = Work::Clock::now() + t;
-    op->timeout_message = timeout_message(op->description, t) + abort_note();
+  // The front numbers calls under its lock while handing them here, so they
+  // reach the progress thread in sequence order.
+  std::shared_ptr<Work> submit(const Call& call, std::shared_ptr<mpi::MpiOp> op) {
+    op->description = call.description();
+    op->deadline = call.deadline;
+    op->timeout_message = timeout_message(call) + abort_note();
     std::weak_ptr<mpi::MpiProgress> progress = progress_;
+    std::weak_ptr<AbortState> abort = abort_state();
     op->work = std::make_shared<Work>(op->description, op->deadline, op->timeout_message,
-                                      [progress, why = op->timeout_message] {
+                                      [progress, abort, why = op->timeout_message] {
+                                        if (auto state = abort.lock()) state->set(why);
                                         if (auto p = progress.lock()) p->abort(why);
                                       });
     auto work = op->work;
@@ -298,7 +257,6 @@ class MpiGroup final : public ProcessGroup {
   MPI_Comm comm_;
   int tag_ub_ = 32767;
   int hook_id_ = -1;
-  std::mutex mutex_;
   std::shared_ptr<mpi::MpiProgress> progress_;
 };
 

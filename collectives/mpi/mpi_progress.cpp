@@ -40,7 +40,8 @@ class Backoff {
 
 }  // namespace
 
-MpiProgress::MpiProgress(MPI_Comm comm, std::string where) : comm_(comm), where_(std::move(where)) {}
+MpiProgress::MpiProgress(MPI_Comm comm, std::string where, std::shared_ptr<AbortState> abort)
+    : comm_(comm), where_(std::move(where)), group_abort_(std::move(abort)) {}
 
 void MpiProgress::start_thread() {
   // The thread co-owns the engine, so a thread detached inside MPI (see
@@ -67,6 +68,7 @@ void MpiProgress::abort(const std::string& why) {
     aborted_ = true;
     abort_reason_ = why;
   }
+  if (group_abort_) group_abort_->set(why);
   cv_.notify_all();
 }
 
@@ -135,16 +137,19 @@ void MpiProgress::run_blocking(MpiOp& op) {
   try {
     op.run(comm_);
     if (op.complete) op.complete(MPI_Status{});
+  } catch (const CollectiveMismatch& e) {
+    cause = e.what();  // worded already, the same on every rank
+    error = std::current_exception();
   } catch (const std::exception& e) {
-    cause = e.what();
-    error = failure(op, cause);
+    cause = fmt::format("{} failed: {}", op.description, e.what());
+    error = failure(op, e.what());
   }
   {
     std::lock_guard lock(mutex_);
     blocking_ = nullptr;
   }
   op.work->finish(error);
-  if (error) abort(fmt::format("{} failed: {}", op.description, cause));
+  if (error) abort(cause);
 }
 
 bool MpiProgress::start_nonblocking(std::shared_ptr<MpiOp>& op) {

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "lockstep/collectives/abort_state.h"
 #include "lockstep/collectives/work.h"
 
 namespace lockstep::collectives::mpi {
@@ -45,8 +46,9 @@ struct MpiOp {
 
 class MpiProgress : public std::enable_shared_from_this<MpiProgress> {
  public:
-  // `where` names this rank and group in errors: "rank 1 of group 'g' (mpi, 2 ranks)".
-  MpiProgress(MPI_Comm comm, std::string where);
+  // `where` names this rank and group in errors: "rank 1 of group 'g' (mpi, 2
+  // ranks)". `abort`: the group's, set too when the group is aborted here.
+  MpiProgress(MPI_Comm comm, std::string where, std::shared_ptr<AbortState> abort = nullptr);
   void start_thread();
 
   // Queues `op`; throws CollectiveError if the group was aborted.
@@ -66,6 +68,7 @@ class MpiProgress : public std::enable_shared_from_this<MpiProgress> {
 
   MPI_Comm comm_;
   const std::string where_;
+  const std::shared_ptr<AbortState> group_abort_;
   std::thread thread_;
   std::vector<std::shared_ptr<MpiOp>> in_flight_;  // thread only
   std::vector<std::shared_ptr<MpiOp>> abandoned_;  // thread only, then shutdown()

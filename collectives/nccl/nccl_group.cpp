@@ -66,66 +66,30 @@ NcclGroup::NcclGroup(std::shared_ptr<runtime::Store> store, int rank, int size,
         cudaMemsetAsync(barrier_buffer_.data(), 0, sizeof(float), stream_.handle()));
   }
   watchdog_ = std::make_unique<detail::NcclWatchdog>(
-      *comm_, stream_, abort_,
+      *comm_, stream_, abort_state(),
       fmt::format("rank {} of group '{}' (nccl, {} ranks)", rank, name, size));
 }
 
 NcclGroup::~NcclGroup() { watchdog_->stop(); }
 
-void NcclGroup::check_cuda(std::string_view op, const Tensor& tensor) const {
-  check_tensor(op, tensor);
+void NcclGroup::check_device(std::string_view op, const Tensor& tensor) const {
+  if (tensor.device().is_cpu()) return;  // staged through the device
   LOCKSTEP_CHECK(tensor.device().index == device_,
                  "{} on group '{}': the tensor is on {}, but this group's communicator is on "
                  "cuda:{} (one process, one device); move it with .to(Device::cuda({}))",
                  op, name(), tensor.device().str(), device_, device_);
 }
 
-// `big` must hold size() times `small`'s elements, of the same dtype.
-void NcclGroup::check_pair(std::string_view op, std::string_view big_name, const Tensor& big,
-                           std::string_view small_name, const Tensor& small) const {
-  check_cuda(op, big);
-  check_cuda(op, small);
-  LOCKSTEP_CHECK(big.dtype() == small.dtype(),
-                 "{} on group '{}': {} has dtype {} but {} has {}; they must match", op, name(),
-                 big_name, runtime::dtype_name(big.dtype()), small_name,
-                 runtime::dtype_name(small.dtype()));
-  LOCKSTEP_CHECK(big.numel() == small.numel() * size(),
-                 "{} on group '{}': {} has {} elements but needs size() * {}.numel() = {} * {} = "
-                 "{}",
-                 op, name(), big_name, big.numel(), small_name, size(), small.numel(),
-                 small.numel() * size());
-}
-
-void NcclGroup::throw_if_aborted(std::string_view op) {
-  const std::string reason = abort_->reason();
-  if (reason.empty()) return;
-  throw CollectiveError(fmt::format(
-      "{} on rank {} of group '{}' (nccl): the group is unusable because {}; the ranks may now "
-      "disagree on which collectives ran, so create a new process group on every rank (or "
-      "restart the job)",
-      op, rank(), name(), reason));
-}
+void NcclGroup::abort_peers(const std::string& reason) { watchdog_->request_abort(reason); }
 
 // Enqueues one collective on the communication stream, after the work the
 // caller queued on its current stream so far. The Work is watched from before
 // the enqueue, so a host blocked inside NCCL is caught by the deadline too.
-std::shared_ptr<Work> NcclGroup::issue(std::string_view op, const Tensor* described,
-                                       std::string_view extra, const Timeout& timeout,
-                                       std::vector<Tensor> tensors, bool host_wait,
-                                       const Enqueue& enqueue) {
-  std::lock_guard lock(issue_mutex_);
-  throw_if_aborted(op);
-  // Sends and recvs are not numbered: only collectives count (as in gloo).
-  const bool p2p = op == "send" || op == "recv";
-  if (!p2p) next_seq();
-  const std::string description =
-      p2p ? fmt::format("{} ({}, {} elements, {})", op, runtime::dtype_name(described->dtype()),
-                        described->numel(), extra)
-          : describe(op, described, extra);
-  const milliseconds t = timeout_of(timeout);
-  auto work = std::make_shared<detail::NcclWork>(description, Work::Clock::now() + t,
-                                                 timeout_message(description, t), device_,
-                                                 host_wait, abort_);
+std::shared_ptr<Work> NcclGroup::enqueue(const Call& call, std::vector<Tensor> tensors,
+                                         bool host_wait, const Enqueue& enqueue) {
+  auto work = std::make_shared<detail::NcclWork>(call.description(), call.deadline,
+                                                 timeout_message(call), device_, host_wait,
+                                                 abort_state());
   // Kept alive until done instead of record_stream() on the caching allocator:
   // this holds for any storage, and the watchdog drops them only once no
   // kernel can touch them.
@@ -140,191 +104,147 @@ std::shared_ptr<Work> NcclGroup::issue(std::string_view op, const Tensor* descri
     comm_->use([&](ncclComm_t comm) { enqueue(comm, stream_.handle()); });
     work->end_event().record(stream_);
   } catch (const std::exception& e) {
-    work->finish(std::make_exception_ptr(CollectiveError(fmt::format(
-        "{} failed on rank {} of group '{}' (nccl, {} ranks): {}; the group is unusable now",
-        description, rank(), name(), size(), e.what()))));
-    watchdog_->request_abort(fmt::format("{} failed to start: {}", description, e.what()));
+    work->finish(std::make_exception_ptr(CollectiveError(
+        fmt::format("{} failed on {}: {}; the group is unusable now", call.description(), where(),
+                    e.what()))));
+    watchdog_->request_abort(fmt::format("{} failed to start: {}", call.description(), e.what()));
     return work;
   }
   work->arm();
   return work;
 }
 
-std::shared_ptr<Work> NcclGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
-  if (tensor.device().is_cpu()) {
-    check_tensor("allreduce", tensor);
-    detail::NcclHostStaging s(device_);
-    Tensor staged = s.stage(tensor, true);
-    return s.wrap(allreduce(staged, opts));
-  }
-  check_cuda("allreduce", tensor);
-  return issue("allreduce", &tensor, to_string(opts.op), opts.timeout, {tensor}, false,
-               [&](ncclComm_t comm, cudaStream_t stream) {
-                 if (tensor.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllReduce(tensor.raw_data(), tensor.raw_data(),
-                                                         count(tensor), nccl_dtype(tensor.dtype()),
-                                                         nccl_op(opts.op), comm, stream));
-               });
+std::shared_ptr<Work> NcclGroup::run_allreduce(Call call, Tensor& tensor, ReduceOp op) {
+  detail::NcclHostStaging s(device_);
+  Tensor t = s.stage(tensor, true);
+  auto work = enqueue(call, {t}, false, [&](ncclComm_t comm, cudaStream_t stream) {
+    if (t.numel() == 0) return;
+    LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllReduce(t.raw_data(), t.raw_data(), count(t),
+                                            nccl_dtype(t.dtype()), nccl_op(op), comm, stream));
+  });
+  return s.any() ? s.wrap(std::move(work)) : work;
 }
 
 std::shared_ptr<Work> NcclGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
                                                      const AllreduceOptions& opts) {
   detail::NcclHostStaging s(device_);
   std::vector<Tensor> staged;
-  for (const Tensor& t : tensors) {
-    check_tensor("allreduce_coalesced", t);
-    staged.push_back(s.stage(t, true));
-  }
-  if (s.any()) return s.wrap(allreduce_coalesced(staged, opts));
   int64_t elements = 0;
   for (const Tensor& t : tensors) {
-    check_cuda("allreduce_coalesced", t);
+    LOCKSTEP_CHECK(t.defined() && t.is_contiguous(),
+                   "allreduce_coalesced on group '{}': every tensor must be defined and "
+                   "contiguous",
+                   name());
+    check_device("allreduce_coalesced", t);
+    staged.push_back(s.stage(t, true));
     elements += t.numel();
   }
   const std::string extra = fmt::format("{} tensors, {} elements, {}", tensors.size(), elements,
                                         to_string(opts.op));
-  return issue("allreduce_coalesced", nullptr, extra, opts.timeout, tensors, false,
-               [&](ncclComm_t comm, cudaStream_t stream) {
-                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclGroupStart());
-                 try {
-                   for (Tensor& t : tensors) {
-                     if (t.numel() == 0) continue;
-                     LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllReduce(t.raw_data(), t.raw_data(), count(t),
-                                                             nccl_dtype(t.dtype()),
-                                                             nccl_op(opts.op), comm, stream));
-                   }
-                 } catch (...) {
-                   (void)ncclGroupEnd();  // close the group before reporting the first error
-                   throw;
-                 }
-                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclGroupEnd());
-               });
+  const CallSignature signature{.kind = CollectiveKind::allreduce,
+                                .dtype = tensors.empty() ? runtime::DType::f32 : tensors[0].dtype(),
+                                .count = elements,
+                                .op = opts.op};
+  auto work = issue(signature, "allreduce_coalesced", nullptr, extra, opts.timeout,
+                    [&](const Call& call) {
+                      return enqueue(call, staged, false, [&](ncclComm_t comm, cudaStream_t stream) {
+                        LOCKSTEP_NCCL_CHECK_ASYNC(ncclGroupStart());
+                        try {
+                          for (Tensor& t : staged) {
+                            if (t.numel() == 0) continue;
+                            LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllReduce(
+                                t.raw_data(), t.raw_data(), count(t), nccl_dtype(t.dtype()),
+                                nccl_op(opts.op), comm, stream));
+                          }
+                        } catch (...) {
+                          (void)ncclGroupEnd();  // close the group before reporting the first error
+                          throw;
+                        }
+                        LOCKSTEP_NCCL_CHECK_ASYNC(ncclGroupEnd());
+                      });
+                    });
+  return s.any() ? s.wrap(std::move(work)) : work;
 }
 
-std::shared_ptr<Work> NcclGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
-  if (tensor.device().is_cpu()) {
-    check_tensor("broadcast", tensor);
-    detail::NcclHostStaging s(device_);
-    Tensor staged = s.stage(tensor, rank() != opts.root);
-    return s.wrap(broadcast(staged, opts));
-  }
-  check_cuda("broadcast", tensor);
-  check_root("broadcast", opts.root);
-  return issue("broadcast", &tensor, fmt::format("root {}", opts.root), opts.timeout, {tensor},
-               false, [&](ncclComm_t comm, cudaStream_t stream) {
-                 if (tensor.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclBroadcast(tensor.raw_data(), tensor.raw_data(),
-                                                         count(tensor), nccl_dtype(tensor.dtype()),
-                                                         opts.root, comm, stream));
-               });
+std::shared_ptr<Work> NcclGroup::run_broadcast(Call call, Tensor& tensor, int root) {
+  detail::NcclHostStaging s(device_);
+  Tensor t = s.stage(tensor, rank() != root);
+  auto work = enqueue(call, {t}, false, [&](ncclComm_t comm, cudaStream_t stream) {
+    if (t.numel() == 0) return;
+    LOCKSTEP_NCCL_CHECK_ASYNC(ncclBroadcast(t.raw_data(), t.raw_data(), count(t),
+                                            nccl_dtype(t.dtype()), root, comm, stream));
+  });
+  return s.any() ? s.wrap(std::move(work)) : work;
 }
 
-std::shared_ptr<Work> NcclGroup::reduce(Tensor& tensor, const ReduceOptions& opts) {
-  if (tensor.device().is_cpu()) {
-    check_tensor("reduce", tensor);
-    detail::NcclHostStaging s(device_);
-    Tensor staged = s.stage(tensor, true);
-    return s.wrap(reduce(staged, opts));
-  }
-  check_cuda("reduce", tensor);
-  check_root("reduce", opts.root);
-  return issue("reduce", &tensor, fmt::format("{}, root {}", to_string(opts.op), opts.root),
-               opts.timeout, {tensor}, false, [&](ncclComm_t comm, cudaStream_t stream) {
-                 if (tensor.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclReduce(tensor.raw_data(), tensor.raw_data(),
-                                                      count(tensor), nccl_dtype(tensor.dtype()),
-                                                      nccl_op(opts.op), opts.root, comm, stream));
-               });
+std::shared_ptr<Work> NcclGroup::run_reduce(Call call, Tensor& tensor, ReduceOp op,
+                                            int root) {
+  detail::NcclHostStaging s(device_);
+  Tensor t = s.stage(tensor, true);
+  auto work = enqueue(call, {t}, false, [&](ncclComm_t comm, cudaStream_t stream) {
+    if (t.numel() == 0) return;
+    LOCKSTEP_NCCL_CHECK_ASYNC(ncclReduce(t.raw_data(), t.raw_data(), count(t),
+                                         nccl_dtype(t.dtype()), nccl_op(op), root, comm, stream));
+  });
+  return s.any() ? s.wrap(std::move(work)) : work;
 }
 
-std::shared_ptr<Work> NcclGroup::allgather(Tensor& output, const Tensor& input,
-                                           const AllgatherOptions& opts) {
-  if (output.device().is_cpu() || input.device().is_cpu()) {
-    check_tensor("allgather", output);
-    check_tensor("allgather", input);
-    detail::NcclHostStaging s(device_);
-    Tensor out = s.stage(output, true);
-    const Tensor in = s.stage(input, false);
-    return s.wrap(allgather(out, in, opts));
-  }
-  check_pair("allgather", "output", output, "input", input);
-  return issue("allgather", &input, "", opts.timeout, {output, input}, false,
-               [&](ncclComm_t comm, cudaStream_t stream) {
-                 if (input.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllGather(input.raw_data(), output.raw_data(),
-                                                         count(input), nccl_dtype(input.dtype()),
-                                                         comm, stream));
-               });
+std::shared_ptr<Work> NcclGroup::run_allgather(Call call, Tensor& output,
+                                               const Tensor& input) {
+  detail::NcclHostStaging s(device_);
+  Tensor out = s.stage(output, true);
+  const Tensor in = s.stage(input, false);
+  auto work = enqueue(call, {out, in}, false, [&](ncclComm_t comm, cudaStream_t stream) {
+    if (in.numel() == 0) return;
+    LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllGather(in.raw_data(), out.raw_data(), count(in),
+                                            nccl_dtype(in.dtype()), comm, stream));
+  });
+  return s.any() ? s.wrap(std::move(work)) : work;
 }
 
-std::shared_ptr<Work> NcclGroup::reduce_scatter(Tensor& output, const Tensor& input,
-                                                const ReduceScatterOptions& opts) {
-  if (output.device().is_cpu() || input.device().is_cpu()) {
-    check_tensor("reduce_scatter", output);
-    check_tensor("reduce_scatter", input);
-    detail::NcclHostStaging s(device_);
-    Tensor out = s.stage(output, true);
-    const Tensor in = s.stage(input, false);
-    return s.wrap(reduce_scatter(out, in, opts));
-  }
-  check_pair("reduce_scatter", "input", input, "output", output);
-  return issue("reduce_scatter", &output, to_string(opts.op), opts.timeout, {output, input},
-               false, [&](ncclComm_t comm, cudaStream_t stream) {
-                 if (output.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclReduceScatter(input.raw_data(), output.raw_data(),
-                                                             count(output),
-                                                             nccl_dtype(output.dtype()),
-                                                             nccl_op(opts.op), comm, stream));
-               });
+std::shared_ptr<Work> NcclGroup::run_reduce_scatter(Call call, Tensor& output,
+                                                    const Tensor& input, ReduceOp op) {
+  detail::NcclHostStaging s(device_);
+  Tensor out = s.stage(output, true);
+  const Tensor in = s.stage(input, false);
+  auto work = enqueue(call, {out, in}, false, [&](ncclComm_t comm, cudaStream_t stream) {
+    if (out.numel() == 0) return;
+    LOCKSTEP_NCCL_CHECK_ASYNC(ncclReduceScatter(in.raw_data(), out.raw_data(), count(out),
+                                                nccl_dtype(out.dtype()), nccl_op(op), comm,
+                                                stream));
+  });
+  return s.any() ? s.wrap(std::move(work)) : work;
 }
 
-std::shared_ptr<Work> NcclGroup::barrier(const BarrierOptions& opts) {
-  return issue("barrier", nullptr, "", opts.timeout, {}, true,
-               [&](ncclComm_t comm, cudaStream_t stream) {
-                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllReduce(barrier_buffer_.data(),
-                                                         barrier_buffer_.data(), 1, ncclFloat32,
-                                                         ncclSum, comm, stream));
-               });
+std::shared_ptr<Work> NcclGroup::run_barrier(Call call) {
+  return enqueue(call, {}, true, [&](ncclComm_t comm, cudaStream_t stream) {
+    LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllReduce(barrier_buffer_.data(), barrier_buffer_.data(), 1,
+                                            ncclFloat32, ncclSum, comm, stream));
+  });
 }
 
-std::shared_ptr<Work> NcclGroup::send(const Tensor& tensor, int dst, const SendRecvOptions& opts) {
-  if (tensor.device().is_cpu()) {
-    check_tensor("send", tensor);
-    detail::NcclHostStaging s(device_);
-    const Tensor staged = s.stage(tensor, false);
-    return s.wrap(send(staged, dst, opts));
-  }
-  check_cuda("send", tensor);
-  LOCKSTEP_CHECK(dst >= 0 && dst < size() && dst != rank(),
-                 "send on group '{}': peer {} must be another rank of this group of {} ranks "
-                 "(this is rank {})",
-                 name(), dst, size(), rank());
-  return issue("send", &tensor, fmt::format("to rank {}, tag {}", dst, opts.tag), opts.timeout,
-               {tensor}, false, [&](ncclComm_t comm, cudaStream_t stream) {
-                 if (tensor.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclSend(tensor.raw_data(), count(tensor),
-                                                    nccl_dtype(tensor.dtype()), dst, comm, stream));
-               });
+std::shared_ptr<Work> NcclGroup::run_send(Call call, const Tensor& tensor, int dst,
+                                          int /*tag*/) {
+  detail::NcclHostStaging s(device_);
+  const Tensor t = s.stage(tensor, false);
+  auto work = enqueue(call, {t}, false, [&](ncclComm_t comm, cudaStream_t stream) {
+    if (t.numel() == 0) return;
+    LOCKSTEP_NCCL_CHECK_ASYNC(
+        ncclSend(t.raw_data(), count(t), nccl_dtype(t.dtype()), dst, comm, stream));
+  });
+  return s.any() ? s.wrap(std::move(work)) : work;
 }
 
-std::shared_ptr<Work> NcclGroup::recv(Tensor& tensor, int src, const SendRecvOptions& opts) {
-  if (tensor.device().is_cpu()) {
-    check_tensor("recv", tensor);
-    detail::NcclHostStaging s(device_);
-    Tensor staged = s.stage(tensor, true);
-    return s.wrap(recv(staged, src, opts));
-  }
-  check_cuda("recv", tensor);
-  LOCKSTEP_CHECK(src >= 0 && src < size() && src != rank(),
-                 "recv on group '{}': peer {} must be another rank of this group of {} ranks "
-                 "(this is rank {})",
-                 name(), src, size(), rank());
-  return issue("recv", &tensor, fmt::format("from rank {}, tag {}", src, opts.tag), opts.timeout,
-               {tensor}, false, [&](ncclComm_t comm, cudaStream_t stream) {
-                 if (tensor.numel() == 0) return;
-                 LOCKSTEP_NCCL_CHECK_ASYNC(ncclRecv(tensor.raw_data(), count(tensor),
-                                                    nccl_dtype(tensor.dtype()), src, comm, stream));
-               });
+std::shared_ptr<Work> NcclGroup::run_recv(Call call, Tensor& tensor, int src,
+                                          int /*tag*/) {
+  detail::NcclHostStaging s(device_);
+  Tensor t = s.stage(tensor, true);
+  auto work = enqueue(call, {t}, false, [&](ncclComm_t comm, cudaStream_t stream) {
+    if (t.numel() == 0) return;
+    LOCKSTEP_NCCL_CHECK_ASYNC(
+        ncclRecv(t.raw_data(), count(t), nccl_dtype(t.dtype()), src, comm, stream));
+  });
+  return s.any() ? s.wrap(std::move(work)) : work;
 }
 
 std::shared_ptr<NcclGroup> make_nccl_group(std::shared_ptr<runtime::Store> store, int rank,

@@ -20,6 +20,9 @@
 // order only; `tag` is accepted but does not reorder them. Each runs alone on
 // the communication stream, so two ranks that both send before they recv may
 // deadlock once a message exceeds NCCL's buffers.
+// The call check: NCCL offers no cheap way to compare the ranks' calls before
+// a collective runs without a host synchronisation on every call, so nccl
+// groups compare them only under LOCKSTEP_DEBUG=detail (debug_group.h).
 #pragma once
 
 #include <chrono>
@@ -63,43 +66,44 @@ class NcclGroup final : public ProcessGroup {
   int device() const { return device_; }
   runtime::cuda::StreamView comm_stream() const { return stream_.view(); }
 
-  std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) override;
-  std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {}) override;
-  std::shared_ptr<Work> reduce(Tensor& tensor, const ReduceOptions& opts = {}) override;
-  std::shared_ptr<Work> allgather(Tensor& output, const Tensor& input,
-                                  const AllgatherOptions& opts = {}) override;
-  std::shared_ptr<Work> reduce_scatter(Tensor& output, const Tensor& input,
-                                       const ReduceScatterOptions& opts = {}) override;
-  // An all-reduce of one element, then wait() blocks the host until it is done.
-  std::shared_ptr<Work> barrier(const BarrierOptions& opts = {}) override;
-  std::shared_ptr<Work> send(const Tensor& tensor, int dst,
-                             const SendRecvOptions& opts = {}) override;
-  std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts = {}) override;
-
   // Every tensor all-reduced in place, all in one ncclGroupStart/ncclGroupEnd
   // (one launch for many small buckets), with one Work. Dtypes and sizes may
-  // differ; all tensors are on this group's device.
+  // differ; all tensors are on this group's device (or all on the CPU).
   std::shared_ptr<Work> allreduce_coalesced(std::vector<Tensor>& tensors,
                                             const AllreduceOptions& opts = {});
+
+ protected:
+  std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override;
+  std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override;
+  std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
+                                   int root) override;
+  std::shared_ptr<Work> run_allgather(Call call, Tensor& output,
+                                      const Tensor& input) override;
+  std::shared_ptr<Work> run_reduce_scatter(Call call, Tensor& output, const Tensor& input,
+                                           ReduceOp op) override;
+  // An all-reduce of one element, then wait() blocks the host until it is done.
+  std::shared_ptr<Work> run_barrier(Call call) override;
+  std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst,
+                                 int tag) override;
+  std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override;
+  // CUDA tensors on this group's device, and CPU tensors (staged).
+  void check_device(std::string_view op, const Tensor& tensor) const override;
+  // The watchdog aborts the communicator: peers blocked in a collective
+  // with this rank fail at their own watchdog's deadline.
+  void abort_peers(const std::string& reason) override;
 
  private:
   using Enqueue = std::function<void(ncclComm_t comm, cudaStream_t stream)>;
 
-  void check_cuda(std::string_view op, const Tensor& tensor) const;
-  void check_pair(std::string_view op, std::string_view big_name, const Tensor& big,
-                  std::string_view small_name, const Tensor& small) const;
-  void throw_if_aborted(std::string_view op);
-  std::shared_ptr<Work> issue(std::string_view op, const Tensor* described, std::string_view extra,
-                              const Timeout& timeout, std::vector<Tensor> tensors, bool host_wait,
-                              const Enqueue& enqueue);
+  // Enqueues `call` on the communication stream (tensors on the device).
+  std::shared_ptr<Work> enqueue(const Call& call, std::vector<Tensor> tensors, bool host_wait,
+                                const Enqueue& enqueue);
 
   int device_;
   std::unique_ptr<detail::NcclComm> comm_;
   runtime::cuda::Stream stream_;
   runtime::cuda::Event ready_;  // recorded on the caller's stream, waited for by stream_
-  std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
   std::unique_ptr<detail::NcclWatchdog> watchdog_;
-  std::mutex issue_mutex_;  // one collective enqueued at a time, in sequence order
   runtime::cuda::DeviceBuffer barrier_buffer_;  // the one element a barrier all-reduces
 };
 

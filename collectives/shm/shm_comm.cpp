@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/work.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -75,10 +77,32 @@ struct Comm::Slot {
   // publish_view's: the pool (-1: none) and the offset in this rank's segment.
   std::atomic<int32_t> view_pool;
   std::atomic<int64_t> view_offset;
+  // The call whose first barrier is this rank's arrival number a, at [a & 1]
+  // (see the call check in shm_comm.h): its hash here, on the line a waiting
+  // rank reads anyway, and its signature, read only when a hash differs.
+  std::atomic<uint64_t> call_hash[2];
+  alignas(64) std::atomic<uint64_t> call[2][4];
+  // The last call this rank completed (seq 0: none yet).
+  alignas(64) std::atomic<uint64_t> done[4];
   alignas(64) ProcessIdentity identity;
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+namespace {
+
+void store_signature(std::atomic<uint64_t> (&to)[4], const PackedSignature& words) {
+  for (size_t i = 0; i < 4; ++i) to[i].store(words[i], std::memory_order_relaxed);
+}
+
+CallSignature load_signature(const std::atomic<uint64_t> (&from)[4]) {
+  PackedSignature words;
+  for (size_t i = 0; i < 4; ++i) words[i] = from[i].load(std::memory_order_relaxed);
+  return unpack(words);
+}
+
+}  // namespace
 
 size_t Comm::segment_bytes(int size, size_t buffer_bytes) {
   return round_up(kPage + static_cast<size_t>(size) * kSlotBytes, kPage) +
@@ -150,9 +174,29 @@ std::byte* Comm::buffer(int q, int half) const {
   return buffers_ + (static_cast<size_t>(q) * 2 + static_cast<size_t>(half)) * buffer_bytes_;
 }
 
+void Comm::begin_call(const Call& call) {
+  call_ = &call;
+  call_hash_ = call_hash(call.signature);
+  check_pending_ = size_ > 1;
+  stall_reported_ = false;
+  call_start_ = Clock::now();
+}
+
+void Comm::end_call(bool completed) {
+  if (completed && call_ != nullptr) store_signature(slot(rank_).done, pack(call_->signature));
+  call_ = nullptr;
+  check_pending_ = false;
+}
+
 void Comm::barrier(Clock::time_point deadline) {
   ++arrived_;
   Slot& mine = slot(rank_);
+  const bool check = check_pending_;
+  // Published by the arrival's seq_cst store below.
+  if (check) {
+    store_signature(mine.call[arrived_ & 1], pack(call_->signature));
+    mine.call_hash[arrived_ & 1].store(call_hash_, std::memory_order_relaxed);
+  }
   mine.last_active_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   mine.arrivals.store(arrived_, std::memory_order_seq_cst);
   const bool woke = mine.sleepers.load(std::memory_order_seq_cst) != 0;
@@ -160,6 +204,54 @@ void Comm::barrier(Clock::time_point deadline) {
   for (int q = 0; q < size_; ++q) {
     if (q != rank_) wait_for(q, arrived_, deadline, woke);
   }
+  if (check) check_same_call();
+}
+
+void Comm::check_same_call() {
+  check_pending_ = false;
+  bool same = true;
+  for (int q = 0; q < size_ && same; ++q) {
+    same = q == rank_ || slot(q).call_hash[arrived_ & 1].load(std::memory_order_relaxed) == call_hash_;
+  }
+  if (same) return;
+  std::vector<CallSignature> every_rank;
+  for (int q = 0; q < size_; ++q) every_rank.push_back(load_signature(slot(q).call[arrived_ & 1]));
+  const std::string message = mismatch_message(*call_, every_rank);
+  abort(message);
+  throw CollectiveMismatch(message);
+}
+
+std::string Comm::who_is_missing(uint32_t target) const {
+  std::vector<std::string> missing;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_ || reached(slot(q).arrivals.load(std::memory_order_acquire), target)) continue;
+    const CallSignature done = load_signature(slot(q).done);
+    const std::string pid =
+        identities_.size() == static_cast<size_t>(size_)
+            ? fmt::format(" (pid {})", identities_[static_cast<size_t>(q)].pid)
+            : std::string();
+    missing.push_back(done.seq == 0
+                          ? fmt::format("rank {}{} did not join it and has completed no "
+                                        "collective on this group",
+                                        q, pid)
+                          : fmt::format("rank {}{} did not join it; the last collective it "
+                                        "completed was #{} {}",
+                                        q, pid, done.seq, done.text()));
+  }
+  if (missing.empty()) return "every rank arrived just as the time ran out";
+  std::string text = missing.front();
+  for (size_t i = 1; i < missing.size(); ++i) text += "; " + missing[i];
+  return text + " (a rank stopped, deadlocked, or still computing)";
+}
+
+void Comm::report_stall(uint32_t target) {
+  if (stall_reported_ || call_ == nullptr) return;
+  const auto waited = Clock::now() - call_start_;
+  if (waited < call_->stall_report) return;
+  stall_reported_ = true;
+  const std::string where = fmt::format("rank {} of {}", call_->signature.rank, *call_->group);
+  fmt::print(stderr, "{}\n", stall_message(*call_, where, waited, who_is_missing(target)));
+  std::fflush(stderr);
 }
 
 void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline, bool woke_peers) {
@@ -186,11 +278,11 @@ void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline, bool wok
     if (!urgent || now - start >= kMaxSpin || (!woke_peers && now - last >= spin_)) break;
   }
   for (;;) {
+    if (reached(s.arrivals.load(std::memory_order_acquire), target)) return;
     check_abort();
     const auto now = Clock::now();
-    if (now >= deadline) {
-      throw WaitTimeout(fmt::format("rank {} waited for rank {}", rank_, q));
-    }
+    if (now >= deadline) throw DeadlineExceeded(who_is_missing(target));
+    report_stall(target);
     if (peers_.size() == static_cast<size_t>(size_) && peers_[static_cast<size_t>(q)].exited()) {
       const std::string reason = fmt::format(
           "rank {} (pid {}) exited while rank {} waited for it in a collective", q,

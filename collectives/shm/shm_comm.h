@@ -21,6 +21,19 @@
 // Shared tensor pools (shm_pool.h) added to the Comm let a collective read a
 // peer's data in place: each rank publishes in its slot where its data lies
 // (which pool, what offset) before a barrier, and reads the others' after it.
+//
+// The call check: before the first barrier of each collective every rank
+// writes the call's signature (call.h) into its slot, at the half of its
+// two signature places that the barrier's arrival number selects, and after
+// that barrier compares every other rank's with its own, before it reads any
+// peer's data. All ranks compare at the same barrier (every collective
+// arrives at least once, so arrival numbers and calls stay paired until the
+// first difference), so a difference fails every rank there, with the same
+// message. Two places, because a rank may write its next call's signature
+// before a slower rank has read this one; it cannot write the one after
+// before that rank arrives again. Each rank also keeps in its slot the last
+// call it completed, which a waiting rank names when it gives up or reports
+// a stall.
 #pragma once
 
 #include <atomic>
@@ -31,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/collectives/call.h"
 #include "lockstep/collectives/shm/process_watch.h"
 #include "lockstep/collectives/shm/shm_pool.h"
 #include "lockstep/collectives/shm/shm_segment.h"
@@ -39,12 +53,6 @@
 namespace lockstep::collectives::shm {
 
 using Clock = std::chrono::steady_clock;
-
-// A wait passed its deadline; the group words the message (it knows the op).
-class WaitTimeout : public Error {
- public:
-  using Error::Error;
-};
 
 class Comm {
  public:
@@ -78,9 +86,21 @@ class Comm {
   int next_half() { return static_cast<int>(round_++ & 1); }
 
   // Arrive, then wait until every rank has arrived as often. Throws
-  // WaitTimeout past `deadline`, and lockstep::Error naming the rank when a
-  // peer's process exited or some rank aborted the group.
+  // DeadlineExceeded past `deadline` (naming the ranks that did not arrive
+  // and the last call each completed), and lockstep::Error naming the rank
+  // when a peer's process exited or some rank aborted the group.
   void barrier(Clock::time_point deadline);
+
+  // The collective now running: the next barrier checks that every rank is
+  // in the same call (see the top), and long waits name it. The Call must
+  // outlive the collective.
+  void begin_call(const Call& call);
+  // True while the check is still to happen: a collective that did not
+  // arrive anywhere (nothing to move) arrives once more so that it does.
+  bool check_pending() const { return check_pending_; }
+  // The collective finished on this rank; when it `completed`, it is
+  // recorded for the others to name.
+  void end_call(bool completed);
 
   // Pools in reservation order (the same on every rank, added at the same
   // point of the collective sequence).
@@ -107,6 +127,14 @@ class Comm {
   // `woke_peers`: this rank's arrival just woke ranks asleep on it.
   void wait_for(int q, uint32_t target, Clock::time_point deadline, bool woke_peers);
   void check_abort() const;
+  // After a barrier: every rank's signature of this call, compared.
+  void check_same_call();
+  // The ranks that have not arrived `target` times, with the last call each
+  // completed: "rank 1 (pid 42) did not join it; the last collective it
+  // completed was #7 allreduce(f32, 10 elements, sum)".
+  std::string who_is_missing(uint32_t target) const;
+  // Once per call, a wait longer than the call's stall_report prints a line.
+  void report_stall(uint32_t target);
 
   Segment segment_;
   int rank_;
@@ -120,6 +148,11 @@ class Comm {
   std::vector<ProcessIdentity> identities_;
   const std::atomic<int>* waiters_ = nullptr;
   std::vector<std::shared_ptr<Pool>> pools_;
+  const Call* call_ = nullptr;  // begin_call's, until end_call
+  uint64_t call_hash_ = 0;      // of call_'s signature
+  bool check_pending_ = false;
+  bool stall_reported_ = false;
+  Clock::time_point call_start_{};
 };
 
 }  // namespace lockstep::collectives::shm

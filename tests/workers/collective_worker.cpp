@@ -16,7 +16,9 @@
 //        --die-at-rank R       rank R exits with code 3 after the first barrier
 //        --kill-at-rank R      rank R SIGKILLs itself after the first barrier
 //        --diverge-at-rank R   rank R issues a broadcast where the others issue
-//                              an allreduce (for LOCKSTEP_DEBUG=detail)
+//                              an allreduce (every backend must refuse it)
+//        --stop-at-rank R      rank R stops itself (SIGSTOP) after the first
+//                              barrier, as a hung rank
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,6 +55,7 @@ struct Flags {
   int die_at = -1;
   int kill_at = -1;
   int diverge_at = -1;
+  int stop_at = -1;
 };
 
 Flags parse(int argc, char** argv) {
@@ -75,6 +78,8 @@ Flags parse(int argc, char** argv) {
       f.kill_at = std::stoi(value);
     } else if (arg == "--diverge-at-rank") {
       f.diverge_at = std::stoi(value);
+    } else if (arg == "--stop-at-rank") {
+      f.stop_at = std::stoi(value);
     } else {
       throw lockstep::Error(fmt::format("collective_worker: unknown flag {}", arg));
     }
@@ -239,6 +244,11 @@ int main(int argc, char** argv) {
       std::printf("%s: killing itself with SIGKILL (--kill-at-rank)\n", who.c_str());
       std::fflush(stdout);
       std::raise(SIGKILL);
+    }
+    if (rank == flags.stop_at) {
+      std::printf("%s: stopping itself with SIGSTOP (--stop-at-rank)\n", who.c_str());
+      std::fflush(stdout);
+      std::raise(SIGSTOP);
     }
     if (flags.diverge_at >= 0) {
       Tensor t = zeros(1000, DType::f32);

@@ -15,6 +15,9 @@
 //                          a 300 ms timeout and checks the error (the job then
 //                          ends non-zero: that barrier never completes)
 //        --timeout-ms T    the group's timeout (default 60000)
+//        --diverge-at-rank R  before the checks, rank R all-reduces 2 i64 where
+//                          the others all-reduce 1000 f32: every rank must fail
+//                          naming both calls
 #include "lockstep/config.h"
 
 #if LOCKSTEP_HAVE_MPI
@@ -350,6 +353,7 @@ int main(int argc, char** argv) {
   int die_at_rank = -1;
   bool timeout_case = false;
   long timeout_ms = 60000;
+  int diverge_at_rank = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--die-at-rank" && i + 1 < argc) {
@@ -358,8 +362,12 @@ int main(int argc, char** argv) {
       timeout_ms = std::atol(argv[++i]);
     } else if (arg == "--timeout-case") {
       timeout_case = true;
+    } else if (arg == "--diverge-at-rank" && i + 1 < argc) {
+      diverge_at_rank = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--die-at-rank R] [--timeout-case] [--timeout-ms T]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--die-at-rank R] [--timeout-case] [--timeout-ms T] "
+                   "[--diverge-at-rank R]\n",
                    argv[0]);
       return 2;
     }
@@ -375,6 +383,11 @@ int main(int argc, char** argv) {
                  g_rank, g_size);
       std::fflush(stdout);
       std::_Exit(3);  // like a crash: no MPI_Finalize
+    }
+    if (diverge_at_rank >= 0) {
+      Tensor t = g_rank == diverge_at_rank ? Tensor::zeros({2}, lr::DType::i64) : Tensor::zeros({1000});
+      group->allreduce(t)->wait();
+      fail("the mismatched allreduce returned without an error");
     }
     check_dtype<float>(*group);
     check_dtype<double>(*group);

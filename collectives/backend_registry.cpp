@@ -1,0 +1,130 @@
+#include "lockstep/collectives/backend_registry.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
+
+#include "lockstep/collectives/backends.h"
+#include "lockstep/collectives/hierarchical_group.h"
+#include "lockstep/collectives/shm/shm_group.h"
+#include "lockstep/config.h"
+#include "lockstep/runtime/store/prefix_store.h"
+#include "lockstep/runtime/store/tcp_store.h"
+
+#if LOCKSTEP_HAVE_GLOO
+#include "lockstep/collectives/gloo/gloo_group.h"
+#endif
+#if LOCKSTEP_HAVE_MPI
+#include "lockstep/collectives/mpi/mpi_group.h"
+#endif
+#if LOCKSTEP_HAVE_NCCL
+#include "lockstep/collectives/nccl/nccl_group.h"
+#endif
+
+namespace lockstep::collectives {
+namespace {
+
+// shm within each node, gloo across nodes (hierarchical_group.h).
+constexpr std::string_view kHierarchical = "shm+gloo";
+
+using Factory = std::shared_ptr<ProcessGroup> (*)(const GroupArgs&);
+
+struct Entry {
+  std::string_view name;
+  Factory make;  // null: not built in
+};
+
+#if LOCKSTEP_HAVE_GLOO
+// Where gloo listens: the interface this rank reaches the store through, so
+// that peers on other hosts can reach it too.
+std::string bind_address_of(const std::shared_ptr<runtime::Store>& store) {
+  std::shared_ptr<runtime::Store> s = store;
+  while (auto prefix = std::dynamic_pointer_cast<runtime::PrefixStore>(s)) s = prefix->inner();
+  if (auto tcp = std::dynamic_pointer_cast<runtime::TcpStore>(s)) return tcp->local_address();
+  return "127.0.0.1";
+}
+
+std::shared_ptr<ProcessGroup> make_gloo(const GroupArgs& a) {
+  return make_gloo_group(a.store, a.rank, a.size, a.name, a.timeout, bind_address_of(a.store));
+}
+
+std::shared_ptr<ProcessGroup> make_hierarchical(const GroupArgs& a) {
+  LOCKSTEP_CHECK(a.store != nullptr, "group '{}' (shm+gloo) needs a store to find each rank's node",
+                 a.name);
+  const NodeTopology topology =
+      a.topology != nullptr
+          ? *a.topology
+          : discover_topology(*a.store, a.rank, a.size, a.name,
+                              a.node_key.empty() ? this_node_key(runtime::RankInfo{}) : a.node_key,
+                              a.timeout);
+  return make_hierarchical_group(a.store, a.rank, a.size, a.name, a.timeout, topology);
+}
+#endif
+
+#if LOCKSTEP_HAVE_MPI
+std::shared_ptr<ProcessGroup> make_mpi(const GroupArgs& a) {
+  return make_mpi_group(a.rank, a.size, a.name, a.timeout);
+}
+#endif
+
+#if LOCKSTEP_HAVE_NCCL
+std::shared_ptr<ProcessGroup> make_nccl(const GroupArgs& a) {
+  return make_nccl_group(a.store, a.rank, a.size, a.name, a.timeout);
+}
+#endif
+
+std::shared_ptr<ProcessGroup> make_shm(const GroupArgs& a) {
+  return make_shm_group(a.store, a.rank, a.size, a.name, a.timeout);
+}
+
+constexpr std::array<Entry, 5> kRegistry{{
+#if LOCKSTEP_HAVE_GLOO
+    {"gloo", &make_gloo},
+    {kHierarchical, &make_hierarchical},
+#else
+    {"gloo", nullptr},
+    {kHierarchical, nullptr},
+#endif
+#if LOCKSTEP_HAVE_MPI
+    {"mpi", &make_mpi},
+#else
+    {"mpi", nullptr},
+#endif
+#if LOCKSTEP_HAVE_NCCL
+    {"nccl", &make_nccl},
+#else
+    {"nccl", nullptr},
+#endif
+    {"shm", &make_shm},
+}};
+
+}  // namespace
+
+void require_backend(std::string_view backend) {
+  if (backend == kHierarchical) {  // shm is always built in; gloo may not be
+    LOCKSTEP_CHECK(is_built_in("gloo"),
+                   "collectives backend 'shm+gloo' (shared memory within each node, gloo "
+                   "across nodes: the default when the ranks span several nodes) needs gloo, "
+                   "which is not built into this lockstep; {}; or choose another backend with "
+                   "LOCKSTEP_BACKEND or InitOptions::backend (e.g. mpi)",
+                   how_to_enable("gloo"));
+    return;
+  }
+  const std::string how = how_to_enable(backend);  // throws for unknown names
+  const auto built_in = built_in_backends();
+  LOCKSTEP_CHECK(
+      is_built_in(backend),
+      "collectives backend '{}' is not built into this lockstep (built in: {}); {}", backend,
+      built_in.empty() ? std::string("none") : fmt::format("{}", fmt::join(built_in, ", ")), how);
+}
+
+std::shared_ptr<ProcessGroup> make_backend_group(std::string_view backend, const GroupArgs& args) {
+  require_backend(backend);
+  for (const Entry& entry : kRegistry) {
+    if (entry.name == backend && entry.make != nullptr) return entry.make(args);
+  }
+  throw Error(fmt::format("collectives backend '{}' is built in but has no factory", backend));
+}
+
+}  // namespace lockstep::collectives

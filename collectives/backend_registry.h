@@ -1,0 +1,38 @@
+// Backend name -> the function that makes a group of it: one table, with an
+// entry for every backend of backends.h that is built in, and "shm+gloo".
+// init_process_group() and make_process_group() make every group through it.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "lockstep/collectives/node_topology.h"
+#include "lockstep/collectives/process_group.h"
+#include "lockstep/runtime/store/store.h"
+
+namespace lockstep::collectives {
+
+struct GroupArgs {
+  std::shared_ptr<runtime::Store> store;
+  int rank = 0;
+  int size = 1;
+  std::string name;
+  std::chrono::milliseconds timeout{ProcessGroup::kDefaultTimeout};
+  // shm+gloo: the node topology when the caller has it; else it is found
+  // through the store with `node_key` (empty: this host's; see node_topology.h).
+  const NodeTopology* topology = nullptr;
+  std::string node_key;
+};
+
+// Throws, saying what is built in and how to build `backend` in, unless it is
+// a known backend that this build has ("gloo", "mpi", "nccl", "shm",
+// "shm+gloo").
+void require_backend(std::string_view backend);
+
+// A group of `backend` (require_backend's check first), as the backend itself
+// makes it: no CUDA staging or desync checking around it.
+std::shared_ptr<ProcessGroup> make_backend_group(std::string_view backend, const GroupArgs& args);
+
+}  // namespace lockstep::collectives
