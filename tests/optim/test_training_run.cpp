@@ -19,16 +19,11 @@
 
 using namespace lockstep;
 using namespace lockstep::optim;
+using lockstep::testing::TempDir;
 using Catch::Contains;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-run-{}-{}", name, getpid());
-  fs::remove_all(dir);
-  return dir;
-}
 
 const runtime::CheckpointDirOptions kQuiet{.keep_last = 2, .warn = [](const std::string&) {}};
 
@@ -51,7 +46,8 @@ std::string saved_run(const fs::path& dir, const RunSettings& s, std::vector<int
 
 TEST_CASE("A run's id and settings ride in its checkpoints and survive a resume",
           "[optim][checkpoint][run]") {
-  const fs::path dir = scratch("ids");
+  TempDir tmp;
+  const fs::path dir = tmp.file("ids");
   const std::string id = saved_run(dir, settings("mlp", "0.05"), {10, 20});
   REQUIRE(id.size() == 16);
   for (const auto& e : runtime::CheckpointDir(dir).list()) CHECK(e.run_id == id);
@@ -80,7 +76,8 @@ TEST_CASE("A run's id and settings ride in its checkpoints and survive a resume"
 
 TEST_CASE("A resume with other fixed settings is refused, naming each; changeable ones are returned",
           "[optim][checkpoint][run]") {
-  const fs::path dir = scratch("settings");
+  TempDir tmp;
+  const fs::path dir = tmp.file("settings");
   saved_run(dir, settings("mlp", "0.05"), {5});
 
   TrainingRun resumed = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
@@ -109,7 +106,8 @@ TEST_CASE("A resume with other fixed settings is refused, naming each; changeabl
 
 TEST_CASE("A new run refuses a directory with checkpoints; restart moves them aside",
           "[optim][checkpoint][run]") {
-  const fs::path dir = scratch("refuse");
+  TempDir tmp;
+  const fs::path dir = tmp.file("refuse");
   const std::string old_id = saved_run(dir, settings("mlp", "0.05"), {100, 200});
   std::ofstream(dir / "ckpt-0000000300.safetensors") << "damaged";
 
@@ -134,7 +132,8 @@ TEST_CASE("A new run refuses a directory with checkpoints; restart moves them as
 
 TEST_CASE("A resume where no checkpoint loads names every file; files of two runs are refused",
           "[optim][checkpoint][run]") {
-  const fs::path dir = scratch("damaged");
+  TempDir tmp;
+  const fs::path dir = tmp.file("damaged");
   saved_run(dir, settings("mlp", "0.05"), {1, 2});
   runtime::CheckpointDir listing(dir);
   const std::string first = listing.path_for_step(1).string(), second = listing.path_for_step(2).string();
@@ -168,7 +167,8 @@ TEST_CASE("A resume where no checkpoint loads names every file; files of two run
 }
 
 TEST_CASE("A checkpoint saved without a run id is adopted, with a note", "[optim][checkpoint][run]") {
-  const fs::path dir = scratch("legacy");
+  TempDir tmp;
+  const fs::path dir = tmp.file("legacy");
   saved_run(dir, settings("mlp", "0.05"), {4});
   // As an earlier version wrote it: no run id and no settings.
   const fs::path file = runtime::CheckpointDir(dir).path_for_step(4);
@@ -196,7 +196,8 @@ TEST_CASE("A checkpoint saved without a run id is adopted, with a note", "[optim
 
 TEST_CASE("Every rank agrees: a refusal on rank 0 stops both, a resume finds the same run",
           "[optim][checkpoint][run]") {
-  const fs::path dir = scratch("ranks");
+  TempDir tmp;
+  const fs::path dir = tmp.file("ranks");
   auto groups = testing::make_groups("gloo", 2, "training-run");
   std::vector<std::string> errors(2), ids(2), saved_lr(2);
   const auto first = testing::run_ranks(2, [&](int r) {
@@ -234,7 +235,8 @@ TEST_CASE("Every rank agrees: a refusal on rank 0 stops both, a resume finds the
 
 TEST_CASE("A resume that changes the learning rate trains with it, schedule included",
           "[optim][checkpoint][run]") {
-  const fs::path dir = scratch("lr");
+  TempDir tmp;
+  const fs::path dir = tmp.file("lr");
   auto model = nn::models::fashion_mlp(1);
   SGD opt(model->parameters(), {.lr = 0.1});
   StepLR sched(opt, {.step_size = 2, .gamma = 0.5});

@@ -5,9 +5,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "lockstep/runtime/dtype.h"
@@ -69,6 +71,17 @@ inline std::string error_of(const std::function<void()>& fn) {
     return std::string("<not a lockstep::Error: ") + e.what() + ">";
   }
   return "<no exception>";
+}
+
+// Polls `done` until it holds or `limit` passes (generous: a loaded CI VM).
+inline bool eventually(const std::function<bool()>& done,
+                       std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
 }
 
 }  // namespace lockstep::testing

@@ -8,12 +8,21 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "data/data_test_util.h"  // TempDir
 #include "lockstep/runtime/checkpoint/checkpoint.h"
+#include "lockstep/runtime/checkpoint/checkpoint_dir.h"
 #include "lockstep/runtime/tensor.h"
 
 namespace lockstep::testing {
+
+// The steps of the checkpoints a directory lists, in its order.
+inline std::vector<int64_t> steps(const runtime::CheckpointDir& d) {
+  std::vector<int64_t> s;
+  for (const auto& e : d.list()) s.push_back(e.step);
+  return s;
+}
 
 // A tensor of `shape` whose bytes are pseudo-random (bool: 0 or 1), so a
 // round trip is checked on every bit, NaN payloads included.

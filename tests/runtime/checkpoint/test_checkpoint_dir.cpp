@@ -17,16 +17,6 @@ using namespace lockstep::testing;
 using Catch::Contains;
 namespace fs = std::filesystem;
 
-namespace {
-
-std::vector<int64_t> steps(const CheckpointDir& d) {
-  std::vector<int64_t> s;
-  for (const auto& e : d.list()) s.push_back(e.step);
-  return s;
-}
-
-}  // namespace
-
 TEST_CASE("checkpoint dir: keeps the last K", "[checkpoint]") {
   TempDir tmp;
   CheckpointDir dir(tmp.str(), {.keep_last = 2});

@@ -19,12 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<int64_t> steps(const CheckpointDir& d) {
-  std::vector<int64_t> s;
-  for (const auto& e : d.list()) s.push_back(e.step);
-  return s;
-}
-
 CheckpointDirOptions quiet(int keep_last, BestMode best = BestMode::none) {
   return {.keep_last = keep_last, .best = best, .warn = [](const std::string&) {}};
 }

@@ -23,6 +23,7 @@
 
 using namespace lockstep::runtime;
 using lockstep::testing::error_of;
+using lockstep::testing::eventually;
 using namespace std::chrono_literals;
 namespace proto = lockstep::runtime::store_protocol;
 
@@ -37,15 +38,6 @@ TcpStoreOptions client_options(uint16_t port) {
       .host = "127.0.0.1", .port = port, .token = kToken, .connect_timeout = 30s, .timeout = 30s};
 }
 
-// Polls `done` until it holds or `limit` passes (generous: a loaded CI VM).
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 20s) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 using RawClient = lockstep::testing::RawStoreClient;
 

@@ -30,6 +30,7 @@
 
 using namespace lockstep::runtime;
 using lockstep::testing::error_of;
+using lockstep::testing::eventually;
 using lockstep::testing::RawStoreClient;
 using namespace std::chrono_literals;
 namespace proto = lockstep::runtime::store_protocol;
@@ -45,14 +46,6 @@ TcpStoreOptions client_options(uint16_t port) {
       .host = "127.0.0.1", .port = port, .token = kToken, .connect_timeout = 30s, .timeout = 30s};
 }
 
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = 20s) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 // A frame header: magic, type, and a body length the bytes that follow need not honour.
 std::vector<uint8_t> header(proto::MessageType type, uint32_t body_bytes) {
