@@ -140,6 +140,7 @@ Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const
     call.signature = next_origin_->signature;
     call.signature.step = next_step_;
     call.group = next_origin_->group;
+    call.stall_report = next_origin_->stall_report;
     next_origin_.reset();
   }
   return call;
