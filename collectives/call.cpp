@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cstring>
 
 namespace lockstep::collectives {
 namespace {
@@ -18,14 +17,13 @@ bool has_op(CollectiveKind kind) {
          kind == CollectiveKind::reduce_scatter;
 }
 
-// "rank 1", "ranks 0 and 2", "ranks 0, 1 and 3".
+}  // namespace
+
 std::string ranks_text(const std::vector<int>& ranks) {
   if (ranks.size() == 1) return fmt::format("rank {}", ranks[0]);
   const std::vector<int> head(ranks.begin(), ranks.end() - 1);
   return fmt::format("ranks {} and {}", fmt::join(head, ", "), ranks.back());
 }
-
-}  // namespace
 
 std::string_view to_string(CollectiveKind kind) {
   switch (kind) {

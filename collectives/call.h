@@ -92,6 +92,9 @@ struct Call {
 // (by rank; ranks with the same call are named together).
 std::string mismatch_message(const Call& call, const std::vector<CallSignature>& every_rank);
 
+// "rank 1", "ranks 0 and 2", "ranks 0, 1 and 3".
+std::string ranks_text(const std::vector<int>& ranks);
+
 // "<description> timed out after 600 s on <where>: <detail>; raise the
 // timeout ...", `where` naming this rank ("rank 1 of group 'default' (shm, 4
 // ranks)"). An empty `detail` says that some rank did not join in time.

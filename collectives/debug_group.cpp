@@ -10,13 +10,6 @@
 namespace lockstep::collectives {
 namespace {
 
-// "rank 1", "ranks 0 and 2", "ranks 0, 1 and 3".
-std::string ranks_text(const std::vector<int>& ranks) {
-  if (ranks.size() == 1) return fmt::format("rank {}", ranks[0]);
-  const std::vector<int> head(ranks.begin(), ranks.end() - 1);
-  return fmt::format("ranks {} and {}", fmt::join(head, ", "), ranks.back());
-}
-
 class DebugGroup final : public ProcessGroup {
  public:
   DebugGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<runtime::Store> store)

@@ -145,8 +145,6 @@ HierarchicalGroup::HierarchicalGroup(const std::shared_ptr<runtime::Store>& stor
   executor_ = std::make_shared<SerialExecutor>(SerialExecutor::Hooks{
       .where = where(),
       .abort = abort_state(),
-      .timeout_message = [this](const Call& call,
-                                std::string_view detail) { return timeout_message(call, detail); },
       .fail = [this](const std::string& reason) { abort(reason); },
       .waiting_on =
           [this] {

@@ -176,7 +176,7 @@ std::exception_ptr SerialExecutor::run(Op& op) {
     message = e.what();
     error = std::current_exception();
   } catch (const DeadlineExceeded& e) {
-    message = hooks_.timeout_message(op.call, e.what());
+    message = timeout_message(op.call, hooks_.where, e.what());
     error = std::make_exception_ptr(CollectiveError(message));
   } catch (const std::exception& e) {
     message = fmt::format("{} failed on {}: {}", op.call.description(), hooks_.where, e.what());

@@ -9,7 +9,7 @@
 // tells the peers where the backend can), and every queued or later call
 // fails at once without running. What a body throws is worded so:
 //   CollectiveError   passes as it is (the backend worded it);
-//   DeadlineExceeded  the group's timeout message, with what() as its detail;
+//   DeadlineExceeded  the timeout message (call.h), with what() as its detail;
 //   anything else     "<description> failed on <where>: <what()>".
 // Shared (shared_ptr) with the Works, which may outlive the group. The hooks
 // may use the group: none is called once stop() has returned, so a group
@@ -38,9 +38,6 @@ class SerialExecutor : public std::enable_shared_from_this<SerialExecutor> {
   struct Hooks {
     std::string where;  // "rank 1 of group 'default' (shm, 4 ranks)"
     std::shared_ptr<AbortState> abort;
-    // The group's timeout message for `call` with a body's detail ("" when
-    // there is none).
-    std::function<std::string(const Call& call, std::string_view detail)> timeout_message;
     // Makes the group unusable with `reason` and tells the peers.
     std::function<void(const std::string& reason)> fail;
     // Optional, thread-safe: whom the running call waits for. A thread that

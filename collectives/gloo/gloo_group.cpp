@@ -151,8 +151,6 @@ GlooGroup::GlooGroup(std::shared_ptr<runtime::Store> store, int rank, int size,
   executor_ = std::make_shared<SerialExecutor>(SerialExecutor::Hooks{
       .where = where(),
       .abort = abort_state(),
-      .timeout_message = [this](const Call& call,
-                                std::string_view detail) { return timeout_message(call, detail); },
       .fail = [this](const std::string& reason) { abort(reason); },
       .waiting_on = [this] { return check_->waiting_on(); },
       .run_on_waiter = false,

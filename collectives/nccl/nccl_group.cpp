@@ -122,7 +122,7 @@ std::shared_ptr<Work> NcclGroup::run_allreduce(Call call, Tensor& tensor, Reduce
     LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllReduce(t.raw_data(), t.raw_data(), count(t),
                                             nccl_dtype(t.dtype()), nccl_op(op), comm, stream));
   });
-  return s.any() ? s.wrap(std::move(work)) : work;
+  return s.wrap(std::move(work));
 }
 
 std::shared_ptr<Work> NcclGroup::allreduce_coalesced(std::vector<Tensor>& tensors,
@@ -163,7 +163,7 @@ std::shared_ptr<Work> NcclGroup::allreduce_coalesced(std::vector<Tensor>& tensor
                         LOCKSTEP_NCCL_CHECK_ASYNC(ncclGroupEnd());
                       });
                     });
-  return s.any() ? s.wrap(std::move(work)) : work;
+  return s.wrap(std::move(work));
 }
 
 std::shared_ptr<Work> NcclGroup::run_broadcast(Call call, Tensor& tensor, int root) {
@@ -174,7 +174,7 @@ std::shared_ptr<Work> NcclGroup::run_broadcast(Call call, Tensor& tensor, int ro
     LOCKSTEP_NCCL_CHECK_ASYNC(ncclBroadcast(t.raw_data(), t.raw_data(), count(t),
                                             nccl_dtype(t.dtype()), root, comm, stream));
   });
-  return s.any() ? s.wrap(std::move(work)) : work;
+  return s.wrap(std::move(work));
 }
 
 std::shared_ptr<Work> NcclGroup::run_reduce(Call call, Tensor& tensor, ReduceOp op,
@@ -186,7 +186,7 @@ std::shared_ptr<Work> NcclGroup::run_reduce(Call call, Tensor& tensor, ReduceOp 
     LOCKSTEP_NCCL_CHECK_ASYNC(ncclReduce(t.raw_data(), t.raw_data(), count(t),
                                          nccl_dtype(t.dtype()), nccl_op(op), root, comm, stream));
   });
-  return s.any() ? s.wrap(std::move(work)) : work;
+  return s.wrap(std::move(work));
 }
 
 std::shared_ptr<Work> NcclGroup::run_allgather(Call call, Tensor& output,
@@ -199,7 +199,7 @@ std::shared_ptr<Work> NcclGroup::run_allgather(Call call, Tensor& output,
     LOCKSTEP_NCCL_CHECK_ASYNC(ncclAllGather(in.raw_data(), out.raw_data(), count(in),
                                             nccl_dtype(in.dtype()), comm, stream));
   });
-  return s.any() ? s.wrap(std::move(work)) : work;
+  return s.wrap(std::move(work));
 }
 
 std::shared_ptr<Work> NcclGroup::run_reduce_scatter(Call call, Tensor& output,
@@ -213,7 +213,7 @@ std::shared_ptr<Work> NcclGroup::run_reduce_scatter(Call call, Tensor& output,
                                                 nccl_dtype(out.dtype()), nccl_op(op), comm,
                                                 stream));
   });
-  return s.any() ? s.wrap(std::move(work)) : work;
+  return s.wrap(std::move(work));
 }
 
 std::shared_ptr<Work> NcclGroup::run_barrier(Call call) {
@@ -232,7 +232,7 @@ std::shared_ptr<Work> NcclGroup::run_send(Call call, const Tensor& tensor, int d
     LOCKSTEP_NCCL_CHECK_ASYNC(
         ncclSend(t.raw_data(), count(t), nccl_dtype(t.dtype()), dst, comm, stream));
   });
-  return s.any() ? s.wrap(std::move(work)) : work;
+  return s.wrap(std::move(work));
 }
 
 std::shared_ptr<Work> NcclGroup::run_recv(Call call, Tensor& tensor, int src,
@@ -244,7 +244,7 @@ std::shared_ptr<Work> NcclGroup::run_recv(Call call, Tensor& tensor, int src,
     LOCKSTEP_NCCL_CHECK_ASYNC(
         ncclRecv(t.raw_data(), count(t), nccl_dtype(t.dtype()), src, comm, stream));
   });
-  return s.any() ? s.wrap(std::move(work)) : work;
+  return s.wrap(std::move(work));
 }
 
 std::shared_ptr<NcclGroup> make_nccl_group(std::shared_ptr<runtime::Store> store, int rank,

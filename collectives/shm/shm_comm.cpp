@@ -176,6 +176,7 @@ std::byte* Comm::buffer(int q, int half) const {
 
 void Comm::begin_call(const Call& call) {
   call_ = &call;
+  call_words_ = pack(call.signature);
   call_hash_ = call_hash(call.signature);
   check_pending_ = size_ > 1;
   stall_reported_ = false;
@@ -183,7 +184,7 @@ void Comm::begin_call(const Call& call) {
 }
 
 void Comm::end_call(bool completed) {
-  if (completed && call_ != nullptr) store_signature(slot(rank_).done, pack(call_->signature));
+  if (completed && call_ != nullptr) store_signature(slot(rank_).done, call_words_);
   call_ = nullptr;
   check_pending_ = false;
 }
@@ -194,7 +195,7 @@ void Comm::barrier(Clock::time_point deadline) {
   const bool check = check_pending_;
   // Published by the arrival's seq_cst store below.
   if (check) {
-    store_signature(mine.call[arrived_ & 1], pack(call_->signature));
+    store_signature(mine.call[arrived_ & 1], call_words_);
     mine.call_hash[arrived_ & 1].store(call_hash_, std::memory_order_relaxed);
   }
   mine.last_active_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);

@@ -149,7 +149,8 @@ class Comm {
   const std::atomic<int>* waiters_ = nullptr;
   std::vector<std::shared_ptr<Pool>> pools_;
   const Call* call_ = nullptr;  // begin_call's, until end_call
-  uint64_t call_hash_ = 0;      // of call_'s signature
+  PackedSignature call_words_{};  // call_'s signature, packed
+  uint64_t call_hash_ = 0;        // and hashed
   bool check_pending_ = false;
   bool stall_reported_ = false;
   Clock::time_point call_start_{};

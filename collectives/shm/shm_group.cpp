@@ -147,18 +147,10 @@ ShmGroup::ShmGroup(std::shared_ptr<runtime::Store> store, int rank, int size,
   const auto spin = options.spin.count() >= 0 ? options.spin : shm::Comm::kDefaultSpin;
   prefix_ = shm::rendezvous_prefix(*store, name, rank);
   comm_ = shm::join_group(*store, prefix_, name, rank, size, timeout, buffer, spin);
-  // The hooks hold only what outlives the group with the Works: the abort
-  // state and the segment.
   executor_ = std::make_shared<SerialExecutor>(SerialExecutor::Hooks{
       .where = where(),
       .abort = abort_state(),
-      .timeout_message = [where = where()](const Call& call, std::string_view detail) {
-        return collectives::timeout_message(call, where, detail);
-      },
-      .fail =
-          [abort = abort_state(), comm = comm_](const std::string& reason) {
-            if (abort->set(reason)) comm->abort(reason);
-          },
+      .fail = [this](const std::string& reason) { abort(reason); },
   });
   comm_->set_waiters(executor_->waiters());
 #if LOCKSTEP_HAVE_GLOO
