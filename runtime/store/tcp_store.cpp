@@ -111,6 +111,13 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
       getaddrinfo(options.host.c_str(), std::to_string(options.port).c_str(), &hints, &found);
   if (rc != 0) {
     error = fmt::format("cannot resolve host '{}': {}", options.host, gai_strerror(rc));
+    // A name the resolver says does not exist will not appear by waiting;
+    // only a temporary failure (EAI_AGAIN) is worth retrying.
+    LOCKSTEP_CHECK(rc != EAI_NONAME && rc != EAI_FAIL,
+                   "cannot reach the lockstep store at {}: {}. The store's host must be a name "
+                   "or address every rank can resolve (set MASTER_ADDR, or LOCKSTEP_STORE_ADDR, "
+                   "to one)",
+                   address, error);
     return std::nullopt;
   }
   std::optional<int> connected;
@@ -153,7 +160,9 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
  * not retried.
  */
 void TcpStore::Impl::connect_with_backoff() {
+  const auto started = Clock::now();
   const auto deadline = deadline_after(options.connect_timeout);
+  auto next_report = started + options.report_waiting_every;
   std::minstd_rand jitter(static_cast<unsigned>(Clock::now().time_since_epoch().count()));
   milliseconds backoff = kFirstBackoff;
   std::string error = "timed out";
@@ -214,6 +223,15 @@ void TcpStore::Impl::connect_with_backoff() {
           fmt::format("could not connect to the lockstep store at {} within {} ms ({} attempts; "
                       "last error: {}). {}",
                       address, options.connect_timeout.count(), attempts, error, advice));
+    }
+    if (options.report_waiting_every.count() > 0 && now >= next_report) {
+      using Seconds = std::chrono::duration<double>;
+      fmt::print(stderr, "lockstep: {} has been connecting to the store at {} for {:.1f} s; "
+                 "still trying until the connect timeout ({:.0f} s). Last error: {}\n",
+                 options.who.empty() ? "this process" : options.who, address,
+                 Seconds(now - started).count(), Seconds(options.connect_timeout).count(), error);
+      std::fflush(stderr);
+      next_report = now + options.report_waiting_every;
     }
     const auto sleep = std::min<Clock::duration>(
         backoff + milliseconds(jitter() % (backoff.count() / 2 + 1)), deadline - now);

@@ -78,6 +78,11 @@ struct TcpStoreOptions {
   std::string token;
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(60);
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;  // for get and wait
+  // While connecting takes longer than this, print one line to stderr per
+  // interval saying who waits for which store and the last error (a long
+  // connect timeout is otherwise silent). Zero: never.
+  std::chrono::milliseconds report_waiting_every{0};
+  std::string who;  // names this client in that line, e.g. "rank 3 of 8 (from slurm)"
 };
 
 // A client connection. Calls from several threads are serialised.

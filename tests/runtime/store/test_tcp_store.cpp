@@ -284,6 +284,18 @@ TEST_CASE("tcp store: connecting where nobody serves fails within connect_timeou
   CHECK(elapsed < 20s);  // bounded, not a hang
 }
 
+TEST_CASE("tcp store: a host name that does not exist fails at once, not at the timeout",
+          "[store]") {
+  // The resolver's "no such name" is final (only EAI_AGAIN is retried): the
+  // connect timeout here is a day, so only the final error can end this.
+  auto options = client_options(1);
+  options.host = "no-such-host.invalid";
+  options.connect_timeout = std::chrono::hours(24);
+  const std::string message = error_of([&] { TcpStore store(options); });
+  CHECK_THAT(message, Catch::Contains("no-such-host.invalid:1") &&
+                          Catch::Contains("every rank can resolve"));
+}
+
 TEST_CASE("tcp store: a client started before the server connects once it is up", "[store]") {
   const uint16_t port = unused_port();
   std::unique_ptr<TcpStoreServer> server;
