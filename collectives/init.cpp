@@ -16,6 +16,7 @@
 #include "lockstep/collectives/node_topology.h"
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda/core/error_context.h"
+#include "lockstep/runtime/store/listen_address.h"
 #include "lockstep/runtime/store/memory_store.h"
 #include "lockstep/runtime/store/prefix_store.h"
 #include "lockstep/runtime/store/tcp_store.h"
@@ -71,7 +72,11 @@ std::string fresh_token() {
 }
 #endif
 
-std::shared_ptr<runtime::TcpStore> connect_store(const std::string& host, int port,
+// A rank's client; while the store is not there yet it says so every stall
+// report interval (LOCKSTEP_STALL_REPORT_S), naming the rank and where the
+// address came from.
+std::shared_ptr<runtime::TcpStore> connect_store(const runtime::RankInfo& info,
+                                                 const std::string& host, int port,
                                                  const std::string& token, milliseconds timeout) {
   runtime::TcpStoreOptions options;
   options.host = host;
@@ -79,24 +84,42 @@ std::shared_ptr<runtime::TcpStore> connect_store(const std::string& host, int po
   options.token = token;
   options.connect_timeout = timeout;
   options.timeout = timeout;
+  options.report_waiting_every = info.stall_report.value_or(std::chrono::minutes(1));
+  options.who = fmt::format("rank {} of {} (from {}{})", info.rank, info.world_size, info.source,
+                            info.store_address_from.empty()
+                                ? ""
+                                : "; store address from " + info.store_address_from);
   return std::make_shared<runtime::TcpStore>(options);
 }
 
-std::shared_ptr<runtime::TcpStoreServer> serve_store(uint16_t port, const std::string& token) {
+std::shared_ptr<runtime::TcpStoreServer> serve_store(const std::string& host, uint16_t port,
+                                                     const std::string& token) {
   runtime::TcpStoreServerOptions options;
+  options.host = host;
   options.port = port;
   options.token = token;
   return std::make_shared<runtime::TcpStoreServer>(options);
 }
 
+// Rank 0's server at the job's address, on the interface the ranks reach it by.
+std::shared_ptr<runtime::TcpStoreServer> serve_job_store(const runtime::RankInfo& info) {
+  const bool one_host = info.local_world_size == info.world_size;
+  try {
+    return serve_store(runtime::listen_host_for(info.store_host, one_host),
+                       static_cast<uint16_t>(info.store_port), info.token);
+  } catch (const Error& e) {
+    throw Error(fmt::format("rank 0 of {} (from {}) cannot serve the job's store at {}:{}, "
+                            "taken from {}: {}",
+                            info.world_size, info.source, info.store_host, info.store_port,
+                            info.store_address_from, e.what()));
+  }
+}
+
 // The job's store, as init.h describes; fills holder.server and holder.store.
 void make_store(const runtime::RankInfo& info, milliseconds timeout, GroupHolder& holder) {
   if (info.has_store_address()) {
-    // torchrun names rank 0's host and port but serves nothing: rank 0 does.
-    if (info.source == "torchrun" && info.rank == 0) {
-      holder.server = serve_store(static_cast<uint16_t>(info.store_port), info.token);
-    }
-    holder.store = connect_store(info.store_host, info.store_port, info.token, timeout);
+    if (info.rank0_serves_store && info.rank == 0) holder.server = serve_job_store(info);
+    holder.store = connect_store(info, info.store_host, info.store_port, info.token, timeout);
     return;
   }
   if (info.world_size == 1) {
@@ -116,13 +139,13 @@ void make_store(const runtime::RankInfo& info, milliseconds timeout, GroupHolder
   std::string shared;
   if (info.rank == 0) {
     const std::string token = fresh_token();
-    holder.server = serve_store(0, token);
+    holder.server = serve_store("0.0.0.0", 0, token);
     shared = fmt::format("{}:{}:{}", address_for_peers(info), holder.server->port(), token);
   }
   shared = mpi::broadcast_string(shared, 0);
   const auto last = shared.rfind(':');
   const auto [host, port] = runtime::parse_host_port(shared.substr(0, last), "the store address from rank 0");
-  holder.store = connect_store(host, port, shared.substr(last + 1), timeout);
+  holder.store = connect_store(info, host, port, shared.substr(last + 1), timeout);
 #endif
 }
 

@@ -20,10 +20,13 @@
 // A backend that is not built in gives an error listing those that are and
 // how to build the missing one in.
 //
-// Store: lockstep-run serves it and passes LOCKSTEP_STORE_ADDR; with
-// torchrun's MASTER_ADDR/MASTER_PORT, rank 0 serves it on that port; under
-// mpirun with no address given and MPI built in, rank 0 serves it on a free
-// port and shares the address (and a fresh token) through MPI.
+// Store: lockstep-run serves it and passes LOCKSTEP_STORE_ADDR; where the
+// environment says rank 0 serves it (RankInfo::rank0_serves_store: torchrun,
+// MASTER_ADDR/MASTER_PORT, Slurm's derived address; runtime/env.h), rank 0
+// serves it there, listening on the address's own interface where it is one
+// of this host's (runtime/store/listen_address.h); under mpirun with no
+// address given and MPI built in, rank 0 serves it on a free port and shares
+// the address (and a fresh token) through MPI.
 #pragma once
 
 #include <chrono>

@@ -15,6 +15,7 @@
 #include "launcher/options.h"
 #include "launcher/spawn.h"
 #include "launcher/supervisor.h"
+#include "lockstep/runtime/store/listen_address.h"
 #include "lockstep/runtime/store/tcp_store.h"
 
 extern char** environ;
@@ -62,9 +63,8 @@ int run(const Options& options) {
   std::unique_ptr<runtime::TcpStoreServer> server;
   if (options.node_rank == 0) {
     runtime::TcpStoreServerOptions server_options;
-    // Reachable from other nodes only when it has to be.
-    const bool ipv6 = address.host.find(':') != std::string::npos;
-    server_options.host = address.host == "127.0.0.1" ? "127.0.0.1" : (ipv6 ? "::" : "0.0.0.0");
+    // Reachable only where the ranks look for it.
+    server_options.host = runtime::listen_host_for(address.host, options.nnodes == 1);
     server_options.port = static_cast<uint16_t>(options.master_port);
     server_options.token = address.token;
     server = std::make_unique<runtime::TcpStoreServer>(server_options);

@@ -6,8 +6,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <vector>
 
+#include "lockstep/runtime/env_slurm.h"
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/stable_hash.h"
 
 namespace lockstep::runtime {
 namespace {
@@ -42,25 +45,36 @@ struct Source {
   const char* node_rank;
 };
 
-// In precedence order. Slurm is only recognised by SLURM_PROCID: SLURM_NTASKS
-// alone is also set in an allocation shell, where a program runs as one process.
-constexpr std::array<Source, 5> kSources = {{
+// In precedence order. Slurm's world and local sizes are read through
+// slurm_view() below.
+constexpr std::array<Source, 6> kSources = {{
     {"lockstep-run", "LOCKSTEP_RANK", "LOCKSTEP_WORLD_SIZE", "LOCKSTEP_LOCAL_RANK",
      "LOCKSTEP_LOCAL_WORLD_SIZE", "LOCKSTEP_NODE_RANK"},
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"},
     {"open-mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE", ""},
     {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", ""},
-    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-     "SLURM_NODEID"},
+    {"slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
+     "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"},
+    {"pmix", "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "PMIX_LOCAL_SIZE", ""},
 }};
 
 bool is_set(const EnvLookup& env, const char* name) {
   return name[0] != '\0' && env(name).has_value();
 }
 
+bool is(const Source* source, std::string_view name) {
+  return source != nullptr && source->name == name;
+}
+
+// A Slurm task is one of a step (srun): a batch script's shell has
+// SLURM_PROCID and SLURM_NTASKS too, but no step id.
+bool is_slurm_task(const EnvLookup& env) {
+  return is_set(env, "SLURM_PROCID") && (is_set(env, "SLURM_STEP_ID") || is_set(env, "SLURM_STEPID"));
+}
+
 bool detected(const EnvLookup& env, const Source& source) {
-  if (std::string_view(source.name) == "slurm") return is_set(env, source.rank);
+  if (is(&source, "slurm")) return is_slurm_task(env);
   return is_set(env, source.rank) || is_set(env, source.world_size);
 }
 
@@ -84,6 +98,29 @@ std::optional<int> read_int(const EnvLookup& env, const char* name, int minimum)
   const auto text = env(name);
   if (!text) return std::nullopt;
   return parse_int(name, *text, minimum);
+}
+
+// Slurm's variables as one number each: the step's task count (a step may
+// use fewer tasks than its job), and this node's entry of the run-length
+// encoded tasks-per-node list, which Slurm always sets (SLURM_NTASKS_PER_NODE
+// only with --ntasks-per-node).
+EnvLookup slurm_view(const EnvLookup& env) {
+  return [env](const std::string& name) -> std::optional<std::string> {
+    if (name == "SLURM_STEP_NUM_TASKS") {
+      if (auto tasks = env(name)) return tasks;
+      return env("SLURM_NTASKS");
+    }
+    if (name == "SLURM_STEP_TASKS_PER_NODE") {
+      for (const char* list : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+        if (const auto text = env(list)) {
+          const int node = read_int(env, "SLURM_NODEID", 0).value_or(0);
+          return std::to_string(slurm::tasks_on_node(*text, node, list));
+        }
+      }
+      return env("SLURM_NTASKS_PER_NODE");
+    }
+    return env(name);
+  };
 }
 
 int require_int(const EnvLookup& env, const Source& source, const char* name, int minimum) {
@@ -121,21 +158,89 @@ void read_master(const EnvLookup& env, RankInfo& info) {
                  info.store_port);
 }
 
+// torchrun's agent serves its own store on MASTER_PORT under the default
+// (static) rendezvous and tells its workers so; with --standalone or a c10d
+// rendezvous MASTER_PORT is a free port left for rank 0.
+bool torchrun_agent_serves_master_port(const EnvLookup& env) {
+  const auto flag = env("TORCHELASTIC_USE_AGENT_STORE");
+  return flag && (lower(*flag) == "true" || *flag == "1");
+}
+
+// Slurm without MASTER_ADDR/MASTER_PORT: rank 0 serves on the step's first
+// node, where Slurm places task 0, at a port from the job and step ids.
+void read_slurm_store(const EnvLookup& env, RankInfo& info) {
+  const char* list_name = is_set(env, "SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST"
+                          : is_set(env, "SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST"
+                                                              : "SLURM_NODELIST";
+  const auto list = env(list_name);
+  const auto job = env("SLURM_JOB_ID") ? env("SLURM_JOB_ID") : env("SLURM_JOBID");
+  const auto step = env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : env("SLURM_STEPID");
+  if (!list || !job || !step) return;  // not enough to derive: the caller's error says what to set
+  info.store_host = slurm::first_host(*list, list_name);
+  info.store_port = slurm::store_port(*job, *step);
+  info.rank0_serves_store = true;
+  info.store_address_from = fmt::format(
+      "the first node of {} and a port from SLURM_JOB_ID={} and SLURM_STEP_ID={}; set "
+      "MASTER_ADDR and MASTER_PORT to choose them yourself",
+      list_name, *job, *step);
+  const auto node = env("SLURMD_NODENAME");
+  LOCKSTEP_CHECK(info.rank != 0 || !node || *node == info.store_host,
+                 "Slurm placed task 0 on node {}, not on the step's first node {} ({}={}), so "
+                 "the other tasks would look for its store in the wrong place; set MASTER_ADDR "
+                 "to task 0's host and MASTER_PORT to a free port on every task (e.g. in the "
+                 "batch script, before srun)",
+                 *node, info.store_host, list_name, *list);
+}
+
 void read_store_address(const EnvLookup& env, const Source* source, RankInfo& info) {
-  const bool torchrun = source != nullptr && std::string_view(source->name) == "torchrun";
-  const auto addr = torchrun ? std::nullopt : env("LOCKSTEP_STORE_ADDR");
+  // lockstep-run's address, or one set by hand for a store served elsewhere
+  // (torchrun's workers ignore it: torchrun always gives MASTER_*).
+  const auto addr = is(source, "torchrun") ? std::nullopt : env("LOCKSTEP_STORE_ADDR");
   if (addr) {
     std::tie(info.store_host, info.store_port) = parse_host_port(*addr, "LOCKSTEP_STORE_ADDR");
-  } else if (source == nullptr || std::string_view(source->name) != "lockstep-run") {
-    read_master(env, info);
+    info.store_address_from = "LOCKSTEP_STORE_ADDR";
+    return;
   }
+  if (is(source, "lockstep-run")) return;
+  read_master(env, info);
+  if (info.has_store_address()) {
+    info.rank0_serves_store = true;
+    info.store_address_from = "MASTER_ADDR/MASTER_PORT";
+    if (is(source, "torchrun") && torchrun_agent_serves_master_port(env)) {
+      const int agent_port = info.store_port;
+      info.store_port = agent_port < 65535 ? agent_port + 1 : agent_port - 1;
+      info.store_address_from = fmt::format(
+          "MASTER_ADDR and the port next to MASTER_PORT={}, where torchrun's agent serves its "
+          "own store; start torchrun with another --master_port to move both",
+          agent_port);
+    }
+  } else if (is(source, "slurm") && info.world_size > 1) {
+    read_slurm_store(env, info);
+  }
+}
+
+// A token every rank of one launch derives alike, where the launcher gives
+// no secret: it keeps another job's (or an earlier attempt's) ranks out.
+std::string derived_token(const EnvLookup& env, const Source* source, const RankInfo& info) {
+  std::string identity = fmt::format("{}|{}|{}|{}", source->name, info.world_size,
+                                     info.store_host, info.store_port);
+  const std::vector<const char*> names =
+      is(source, "torchrun")
+          ? std::vector<const char*>{"TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"}
+          : std::vector<const char*>{"SLURM_CLUSTER_NAME", "SLURM_JOB_ID", "SLURM_STEP_ID"};
+  for (const char* name : names) {
+    identity += '|';
+    identity += env(name).value_or("");
+  }
+  return fmt::format("{:016x}{:016x}", stable_hash(identity), stable_hash(identity, 0x6c6f636b));
 }
 
 // Which variable to set for a missing store address, for the error message.
 std::string store_hint(const Source& source) {
   if (std::string_view(source.name) == "lockstep-run") return "LOCKSTEP_STORE_ADDR=host:port";
   if (std::string_view(source.name) == "torchrun") return "MASTER_ADDR and MASTER_PORT";
-  return "LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT)";
+  return "MASTER_ADDR and MASTER_PORT (rank 0 serves the store there) or "
+         "LOCKSTEP_STORE_ADDR=host:port (a store served elsewhere)";
 }
 
 void read_settings(const EnvLookup& env, RankInfo& info) {
@@ -215,24 +320,25 @@ std::pair<std::string, int> parse_host_port(const std::string& text, const std::
   return {host, value};
 }
 
-RankInfo read_rank_info(const EnvLookup& env, RankInfoOptions options) {
+RankInfo read_rank_info(const EnvLookup& process, RankInfoOptions options) {
   RankInfo info;
-  read_settings(env, info);
+  read_settings(process, info);
 
   const Source* source = nullptr;
   for (const auto& candidate : kSources) {
-    if (detected(env, candidate)) {
+    if (detected(process, candidate)) {
       source = &candidate;
       break;
     }
   }
   if (source == nullptr) {
     info.source = "none";
-    read_store_address(env, source, info);
+    read_store_address(process, source, info);
     return info;
   }
 
   info.source = source->name;
+  const EnvLookup env = is(source, "slurm") ? slurm_view(process) : process;
   info.world_size = require_int(env, *source, source->world_size, 1);
   info.rank = require_int(env, *source, source->rank, 0);
   LOCKSTEP_CHECK(info.rank < info.world_size,
@@ -264,6 +370,9 @@ RankInfo read_rank_info(const EnvLookup& env, RankInfoOptions options) {
   }
 
   read_store_address(env, source, info);
+  if (info.rank0_serves_store && (is(source, "torchrun") || is(source, "slurm")) &&
+      !env("LOCKSTEP_TOKEN"))
+    info.token = derived_token(env, source, info);
   LOCKSTEP_CHECK(info.world_size == 1 || info.has_store_address() || options.allow_missing_store,
                  "{}={} but no store address is set, so the ranks cannot find each other; "
                  "set {}, or start the job with lockstep-run",

@@ -6,30 +6,54 @@
 //   lockstep-run   LOCKSTEP_RANK, LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_RANK,
 //                  LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK,
 //                  LOCKSTEP_STORE_ADDR (host:port), LOCKSTEP_TOKEN
-//   torchrun       RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-//                  MASTER_ADDR, MASTER_PORT
+//   torchrun       RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+//                  MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE,
+//                  TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT
 //   Open MPI       OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
 //   MPICH / PMI    PMI_RANK, PMI_SIZE (local rank and size: MPI_LOCALRANKID,
 //                  MPI_LOCALNRANKS where set)
-//   Slurm          SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID
-//                  (local size: SLURM_NTASKS_PER_NODE where set)
+//   Slurm (srun)   SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS),
+//                  SLURM_LOCALID, SLURM_NODEID, and the local size from
+//                  SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE, else
+//                  SLURM_NTASKS_PER_NODE). Only a task of a step counts: one
+//                  with SLURM_STEP_ID. A batch script's shell has SLURM_PROCID=0
+//                  and SLURM_NTASKS=N too, and a program it runs before srun
+//                  is one process.
+//   PMIx           PMIX_RANK, PMIX_SIZE, PMIX_LOCAL_RANK, PMIX_LOCAL_SIZE
 //   none           one process: rank 0 of world size 1
 //
-// For every source but lockstep-run and torchrun, the store address may come
-// from LOCKSTEP_STORE_ADDR or MASTER_ADDR/MASTER_PORT; under mpirun with the
-// MPI backend built in, rank 0 may instead start the store and share its
-// address through MPI (see collectives/init.h).
+// Who serves the store, and where (RankInfo::rank0_serves_store):
+//   - lockstep-run serves it and passes LOCKSTEP_STORE_ADDR. Set by hand
+//     under any other launcher, LOCKSTEP_STORE_ADDR also names a store that
+//     something else serves: every rank only connects.
+//   - MASTER_ADDR/MASTER_PORT (torchrun's, or set by hand under any launcher,
+//     as PyTorch reads them): rank 0 serves there. Under torchrun's default
+//     (static) rendezvous its agent already serves its own store on
+//     MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), so rank 0 serves on
+//     the next port, MASTER_PORT+1 (MASTER_PORT-1 for 65535).
+//   - Slurm without either: rank 0 serves on the first host of
+//     SLURM_STEP_NODELIST (where Slurm puts task 0), on a port from
+//     SLURM_JOB_ID and SLURM_STEP_ID (env_slurm.h).
+//   - Open MPI / PMI without either, with MPI built in: rank 0 serves on a
+//     free port and shares its address through MPI (see collectives/init.h).
 //
-// Other variables read here: LOCKSTEP_TOKEN (the store token, any source),
-// LOCKSTEP_BACKEND (collectives backend to use, e.g. "gloo" or "mpi"),
-// LOCKSTEP_DEBUG ("off", "info" or "detail"), LOCKSTEP_TIMEOUT_S (default
-// collective timeout in seconds), LOCKSTEP_STALL_REPORT_S (seconds a
-// collective waits for other ranks before it prints one line saying for whom;
-// default 60), LOCKSTEP_HOST_CACHE_MB (see
-// read_host_cache_mb below), LOCKSTEP_NODE_ID (overrides this rank's node
-// identity, which is otherwise the host name and boot id: ranks with the same
-// value count as one node, e.g. for containers sharing a host, or to make one
-// machine look like several nodes in tests; see collectives/node_topology.h).
+// The token: LOCKSTEP_TOKEN where set. Otherwise, under torchrun and Slurm,
+// one every rank derives from the job's identity (torchrun's run id, restart
+// count and address; Slurm's job and step ids): it keeps ranks of another job
+// or an earlier attempt out of this one's store, but it is no secret. Set
+// LOCKSTEP_TOKEN to a secret on every rank to authenticate the store.
+//
+// Other variables read here: LOCKSTEP_BACKEND (collectives backend to use,
+// e.g. "gloo" or "mpi"), LOCKSTEP_DEBUG ("off", "info" or "detail"),
+// LOCKSTEP_TIMEOUT_S (default collective timeout in seconds),
+// LOCKSTEP_STALL_REPORT_S (seconds a collective waits for other ranks before
+// it prints one line saying for whom, and a rank connecting to a store that
+// is not there yet between lines saying so; default 60), LOCKSTEP_HOST_CACHE_MB
+// (see read_host_cache_mb below), LOCKSTEP_NODE_ID (overrides this rank's
+// node identity, which is otherwise the host name and boot id: ranks with the
+// same value count as one node, e.g. for containers sharing a host, or to
+// make one machine look like several nodes in tests; see
+// collectives/node_topology.h).
 #pragma once
 
 #include <chrono>
@@ -56,7 +80,12 @@ struct RankInfo {
   std::string store_host;  // empty: no store address was given
   int store_port = 0;
   std::string token;       // the store token; may be empty
-  std::string source;      // "lockstep-run", "torchrun", "open-mpi", "pmi", "slurm" or "none"
+  // Whether this job's rank 0 serves the store at store_host:store_port (else
+  // a launcher or another program does, and every rank only connects).
+  bool rank0_serves_store = false;
+  // Where the address came from, for errors: e.g. "MASTER_ADDR/MASTER_PORT".
+  std::string store_address_from;
+  std::string source;      // "lockstep-run", "torchrun", "open-mpi", "pmi", "slurm", "pmix" or "none"
   std::string backend;     // LOCKSTEP_BACKEND; empty: the default
   DebugLevel debug = DebugLevel::Off;
   std::optional<std::chrono::milliseconds> timeout;  // LOCKSTEP_TIMEOUT_S

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "lockstep/runtime/env.h"
+#include "lockstep/runtime/env_slurm.h"
 #include "support/test_util.h"
 
 using lockstep::runtime::DebugLevel;
@@ -137,12 +138,11 @@ TEST_CASE("env: MPICH / PMI variables", "[env]") {
 }
 
 TEST_CASE("env: Slurm variables", "[env]") {
-  const auto info = read({{"SLURM_PROCID", "3"},
-                          {"SLURM_NTASKS", "4"},
-                          {"SLURM_LOCALID", "1"},
-                          {"SLURM_NTASKS_PER_NODE", "2"},
-                          {"SLURM_NODEID", "1"},
-                          {"LOCKSTEP_STORE_ADDR", "[::1]:29500"}});
+  const Vars task = {{"SLURM_PROCID", "3"},        {"SLURM_NTASKS", "4"},
+                     {"SLURM_LOCALID", "1"},       {"SLURM_NTASKS_PER_NODE", "2"},
+                     {"SLURM_NODEID", "1"},        {"SLURM_STEP_ID", "0"},
+                     {"LOCKSTEP_STORE_ADDR", "[::1]:29500"}};
+  const auto info = read(task);
   CHECK(info.source == "slurm");
   CHECK(info.rank == 3);
   CHECK(info.world_size == 4);
@@ -151,21 +151,162 @@ TEST_CASE("env: Slurm variables", "[env]") {
   CHECK(info.node_rank == 1);
   CHECK(info.store_host == "::1");
   CHECK(info.store_port == 29500);
+  CHECK_FALSE(info.rank0_serves_store);  // LOCKSTEP_STORE_ADDR: served elsewhere
 
-  // SLURM_NTASKS alone (an allocation shell, no srun) is one process.
+  // The step's own counts win over the job's: srun -n2 inside sbatch -n4.
+  const auto step = read(merged(task, {{"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "0"},
+                                       {"SLURM_STEP_NUM_TASKS", "2"},
+                                       {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}}));
+  CHECK(step.world_size == 2);
+  CHECK(step.local_world_size == 1);
+
+  // Without --ntasks-per-node only the run-length list tells this node's size:
+  // node 1 of "3,1(x2)" has 1 task.
+  Vars uneven = merged(task, {{"SLURM_TASKS_PER_NODE", "3,1(x2)"}, {"SLURM_NTASKS", "5"},
+                              {"SLURM_LOCALID", "0"}});
+  uneven.erase("SLURM_NTASKS_PER_NODE");
+  CHECK(read(uneven).local_world_size == 1);
+  CHECK(read(merged(uneven, {{"SLURM_NODEID", "0"}, {"SLURM_PROCID", "2"}, {"SLURM_LOCALID", "2"}}))
+            .local_world_size == 3);
+  CHECK_THAT(error_for(merged(uneven, {{"SLURM_TASKS_PER_NODE", "3,x"}})),
+             Contains("SLURM_TASKS_PER_NODE='3,x'"));
+
+  // SLURM_NTASKS alone (an allocation shell, no srun) is one process, and so
+  // is a batch script's shell, which has SLURM_PROCID=0 but no step.
   CHECK(read({{"SLURM_NTASKS", "4"}}).source == "none");
+  const auto batch = read({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "7"},
+                           {"SLURM_TASKS_PER_NODE", "2"}, {"SLURM_NODELIST", "n1"}});
+  CHECK(batch.source == "none");
+  CHECK(batch.world_size == 1);
+  CHECK(read({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEPID", "0"},
+              {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})
+            .source == "slurm");  // older Slurm: SLURM_STEPID only
 }
 
-TEST_CASE("env: precedence lockstep-run > torchrun > Open MPI > PMI > Slurm", "[env]") {
+TEST_CASE("env: under srun rank 0 serves the store at an address every task derives",
+          "[env]") {
+  const Vars task = {{"SLURM_PROCID", "1"},          {"SLURM_STEP_NUM_TASKS", "4"},
+                     {"SLURM_LOCALID", "1"},         {"SLURM_NODEID", "0"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                     {"SLURM_JOB_ID", "4242"},       {"SLURM_STEP_ID", "3"},
+                     {"SLURM_STEP_NODELIST", "gpu[007-008]"}, {"SLURMD_NODENAME", "gpu007"}};
+  const auto info = read(task);
+  CHECK(info.store_host == "gpu007");
+  CHECK(info.store_port >= 20000);
+  CHECK(info.store_port < 32000);
+  CHECK(info.rank0_serves_store);
+  CHECK_THAT(info.store_address_from, Contains("SLURM_STEP_NODELIST") && Contains("MASTER_PORT"));
+  // Every task derives the same port and token; the next step other ones.
+  const auto other_task = read(merged(task, {{"SLURM_PROCID", "3"}, {"SLURM_NODEID", "1"},
+                                             {"SLURMD_NODENAME", "gpu008"}}));
+  CHECK(other_task.store_port == info.store_port);
+  CHECK(other_task.token == info.token);
+  CHECK(info.token.size() == 32);
+  const auto next_step = read(merged(task, {{"SLURM_STEP_ID", "4"}}));
+  CHECK(next_step.store_port != info.store_port);
+  CHECK(next_step.token != info.token);
+  CHECK(read(merged(task, {{"SLURM_JOB_ID", "4243"}})).token != info.token);
+  // LOCKSTEP_TOKEN, when set, is the token.
+  CHECK(read(merged(task, {{"LOCKSTEP_TOKEN", "secret"}})).token == "secret");
+  // MASTER_ADDR/MASTER_PORT choose the address; rank 0 still serves it.
+  const auto master = read(merged(task, {{"MASTER_ADDR", "10.1.1.1"}, {"MASTER_PORT", "3000"}}));
+  CHECK(master.store_host == "10.1.1.1");
+  CHECK(master.store_port == 3000);
+  CHECK(master.rank0_serves_store);
+  // One task needs no store at all.
+  CHECK_FALSE(read(merged(task, {{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"},
+                                 {"SLURM_STEP_NUM_TASKS", "1"},
+                                 {"SLURM_STEP_TASKS_PER_NODE", "1"}}))
+                  .has_store_address());
+  // Task 0 must be where the others look for it.
+  CHECK_THAT(error_for(merged(task, {{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"},
+                                     {"SLURMD_NODENAME", "gpu008"}})),
+             Contains("gpu008") && Contains("gpu007") && Contains("MASTER_ADDR"));
+  CHECK_THAT(error_for(merged(task, {{"SLURM_STEP_NODELIST", "gpu[007-008"}})),
+             Contains("SLURM_STEP_NODELIST"));
+}
+
+TEST_CASE("env: Slurm's node lists and tasks-per-node lists", "[env]") {
+  using lockstep::runtime::slurm::first_host;
+  using lockstep::runtime::slurm::tasks_on_node;
+  CHECK(first_host("node01", "L") == "node01");
+  CHECK(first_host("node[01-04,07],gpu5", "L") == "node01");
+  CHECK(first_host("node[7,1-3]", "L") == "node7");
+  CHECK(first_host("rack[2-3]-n[005-006]", "L") == "rack2-n005");
+  CHECK(first_host("a.example.org,b.example.org", "L") == "a.example.org");
+  CHECK_THAT(error_of([] { first_host("", "L"); }), Contains("L=''"));
+  CHECK_THAT(error_of([] { first_host("node[01-04", "L"); }), Contains("node[01-04"));
+  CHECK_THAT(error_of([] { first_host("node[x-y]", "L"); }), Contains("[x-y]"));
+  CHECK_THAT(error_of([] { first_host("node]1", "L"); }), Contains("node]1"));
+
+  CHECK(tasks_on_node("4", 0, "T") == 4);
+  CHECK(tasks_on_node("2(x3),1", 0, "T") == 2);
+  CHECK(tasks_on_node("2(x3),1", 2, "T") == 2);
+  CHECK(tasks_on_node("2(x3),1", 3, "T") == 1);
+  CHECK_THAT(error_of([] { tasks_on_node("2(x3),1", 4, "T"); }),
+             Contains("lists 4 nodes") && Contains("node 4"));
+  for (const char* bad : {"", "2(x)", "2(3)", "0", "2,,1", "x", "2(x3"})
+    CHECK_THAT(error_of([&] { tasks_on_node(bad, 0, "T"); }), Contains("T='"));
+}
+
+TEST_CASE("env: under torchrun rank 0 serves the store beside the agent's", "[env]") {
+  // --standalone and c10d rendezvous: MASTER_PORT is free for rank 0.
+  const auto standalone = read(merged(kTorchrun, {{"TORCHELASTIC_USE_AGENT_STORE", "False"},
+                                                  {"TORCHELASTIC_RUN_ID", "a1b2"}}));
+  CHECK(standalone.store_port == 29500);
+  CHECK(standalone.rank0_serves_store);
+  CHECK(standalone.token.size() == 32);
+  // The static rendezvous: the agent's store is on MASTER_PORT; lockstep's on the next.
+  const Vars agent = merged(kTorchrun, {{"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                        {"TORCHELASTIC_RUN_ID", "none"},
+                                        {"TORCHELASTIC_RESTART_COUNT", "0"}});
+  const auto info = read(agent);
+  CHECK(info.store_host == "node0");
+  CHECK(info.store_port == 29501);
+  CHECK(info.rank0_serves_store);
+  CHECK_THAT(info.store_address_from, Contains("MASTER_PORT=29500") && Contains("--master_port"));
+  CHECK(read(merged(agent, {{"MASTER_PORT", "65535"}})).store_port == 65534);
+  // Every worker derives the same token; a restarted attempt another.
+  CHECK(read(merged(agent, {{"RANK", "0"}, {"LOCAL_RANK", "0"}})).token == info.token);
+  CHECK(read(merged(agent, {{"TORCHELASTIC_RESTART_COUNT", "1"}})).token != info.token);
+  CHECK(read(merged(agent, {{"LOCKSTEP_TOKEN", "s"}})).token == "s");
+  CHECK(read(merged(agent, {{"LOCKSTEP_TOKEN", ""}})).token.empty());
+}
+
+TEST_CASE("env: MASTER_ADDR/MASTER_PORT under any launcher mean rank 0 serves there", "[env]") {
+  const auto mpi = read({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                         {"MASTER_ADDR", "h"}, {"MASTER_PORT", "5"}});
+  CHECK(mpi.rank0_serves_store);
+  CHECK(mpi.store_address_from == "MASTER_ADDR/MASTER_PORT");
+  CHECK(mpi.token.empty());  // only torchrun and Slurm derive one
+  const auto elsewhere = read({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                               {"LOCKSTEP_STORE_ADDR", "h:5"}});
+  CHECK_FALSE(elsewhere.rank0_serves_store);
+  CHECK_FALSE(read(kLockstep).rank0_serves_store);
+}
+
+TEST_CASE("env: PMIx variables", "[env]") {
+  const auto info = read({{"PMIX_RANK", "1"}, {"PMIX_SIZE", "2"}, {"PMIX_LOCAL_RANK", "1"},
+                          {"PMIX_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "5"}});
+  CHECK(info.source == "pmix");
+  CHECK(info.rank == 1);
+  CHECK(info.world_size == 2);
+  CHECK(info.local_world_size == 2);
+  CHECK_THAT(error_for({{"PMIX_RANK", "0"}}), Contains("PMIX_SIZE is not set"));
+}
+
+TEST_CASE("env: precedence lockstep-run > torchrun > Open MPI > PMI > Slurm > PMIx", "[env]") {
   const Vars ompi = {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}};
   const Vars pmi = {{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}};
-  const Vars slurm = {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}};
+  const Vars slurm = {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_ID", "0"}};
+  const Vars pmix = {{"PMIX_RANK", "0"}, {"PMIX_SIZE", "1"}};
   CHECK(read(merged(merged(merged(merged(kLockstep, kTorchrun), ompi), pmi), slurm)).source ==
         "lockstep-run");
   CHECK(read(merged(merged(merged(kTorchrun, ompi), pmi), slurm)).source == "torchrun");
   CHECK(read(merged(merged(ompi, pmi), slurm)).source == "open-mpi");
   CHECK(read(merged(pmi, slurm)).source == "pmi");
-  CHECK(read(slurm).source == "slurm");
+  CHECK(read(merged(slurm, pmix)).source == "slurm");
+  CHECK(read(pmix).source == "pmix");
 
   // lockstep-run's store address wins over MASTER_*; torchrun uses only MASTER_*.
   const auto both = read(merged(kLockstep, kTorchrun));
@@ -203,7 +344,8 @@ TEST_CASE("env: inconsistent rank variables name the variable", "[env]") {
   CHECK_THAT(error_for({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "2"}}),
              Contains("OMPI_COMM_WORLD_RANK=2"));
   CHECK_THAT(error_for({{"PMI_RANK", "0"}, {"PMI_SIZE", "x"}}), Contains("PMI_SIZE"));
-  CHECK_THAT(error_for({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "-1"}}),
+  CHECK_THAT(error_for({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_ID", "0"},
+                        {"SLURM_LOCALID", "-1"}}),
              Contains("SLURM_LOCALID"));
 }
 
