@@ -451,9 +451,12 @@ TEST_CASE("launcher: two nodes in two network namespaces", "[launcher]") {
   // run every gloo collective across the veth link (collective_worker checks
   // the results exactly).
   const auto script = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/launcher/two_node_test.sh";
-  const auto r = run_process({"/bin/bash", script, bin_path("lockstep-run"),
-                              bin_path("collective_worker"), "--backend", "gloo"},
-                             120s);
+  const auto r = run_process(
+      {"/bin/bash", script,
+       fmt::format("{} --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 1 --master-addr "
+                   "$NODE0_ADDR --master-port 29500 --tag-output -- {} --backend gloo",
+                   bin_path("lockstep-run"), bin_path("collective_worker"))},
+      120s);
   INFO(describe(r) << "\n" << r.output);
   if (r.exit_code == 0 && r.output.find("SKIPPED:") != std::string::npos) {
     // ctest's SKIP_REGULAR_EXPRESSION turns this line into a skipped test.

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # Two "nodes" on one machine: two network namespaces joined by a veth pair
-# (10.77.0.1/24 and 10.77.0.2/24), one lockstep-run in each with --nnodes 2,
-# running WORKER as one rank per node. Passes when both launchers exit 0.
+# (10.77.0.1/24 and 10.77.0.2/24), COMMAND run by bash in each with NODE_RANK
+# (0 or 1) and NODE0_ADDR (10.77.0.1) set: one launcher per node. Passes
+# when both exit 0.
 #
-#   two_node_test.sh LOCKSTEP_RUN WORKER [WORKER_ARGS...]
+#   two_node_test.sh COMMAND
 #
 # Where namespaces cannot be made (not root, no CAP_SYS_ADMIN, no iproute2)
 # it prints "SKIPPED: <reason>" and exits 0. The namespaces are always removed.
 set -u
 
-if [ $# -lt 2 ]; then
-  echo "usage: $0 LOCKSTEP_RUN WORKER [WORKER_ARGS...]" >&2
+if [ $# -ne 1 ]; then
+  echo "usage: $0 COMMAND" >&2
   exit 2
 fi
-launcher=$1
-shift
+command=$1
 
 skip() {
   echo "SKIPPED: $*"
@@ -58,14 +58,11 @@ set +e
 
 # Every node's launcher must share the store token.
 LOCKSTEP_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
-export LOCKSTEP_TOKEN
-common=(--nnodes 2 --nproc-per-node 1 --master-addr 10.77.0.1 --master-port 29500 --tag-output)
+export LOCKSTEP_TOKEN NODE0_ADDR=10.77.0.1
 
-timeout -k 5 60 ip netns exec "$ns0" "$launcher" "${common[@]}" --node-rank 0 -- "$@" \
-  >"$logs/node0" 2>&1 &
+NODE_RANK=0 timeout -k 5 90 ip netns exec "$ns0" bash -c "$command" >"$logs/node0" 2>&1 &
 pid0=$!
-timeout -k 5 60 ip netns exec "$ns1" "$launcher" "${common[@]}" --node-rank 1 -- "$@" \
-  >"$logs/node1" 2>&1 &
+NODE_RANK=1 timeout -k 5 90 ip netns exec "$ns1" bash -c "$command" >"$logs/node1" 2>&1 &
 pid1=$!
 wait "$pid0"
 rc0=$?
@@ -74,5 +71,5 @@ rc1=$?
 
 sed 's/^/node 0: /' "$logs/node0"
 sed 's/^/node 1: /' "$logs/node1"
-echo "node 0 launcher exit $rc0, node 1 launcher exit $rc1"
+echo "node 0 exit $rc0, node 1 exit $rc1"
 [ "$rc0" = 0 ] && [ "$rc1" = 0 ]

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Runs COMMAND inside a single-node Slurm cluster of its own: munged,
+# slurmctld and slurmd started as root from Debian's packages (slurm-wlm,
+# munge), with a minimal slurm.conf in a temporary directory, on ports of
+# their own, so nothing of the machine's configuration is used or changed.
+# COMMAND runs with SLURM_CONF pointing at that configuration; this script
+# exits with its status. The daemons and the directory are always removed.
+#
+#   with_slurm.sh COMMAND [ARGS...]
+#
+# Where that cannot be done (not root, the packages missing, this host's name
+# not resolvable) it prints "SKIPPED: <reason>" and exits 0.
+set -u
+
+if [ $# -lt 1 ]; then
+  echo "usage: $0 COMMAND [ARGS...]" >&2
+  exit 2
+fi
+
+skip() {
+  echo "SKIPPED: $*"
+  exit 0
+}
+
+[ "$(id -u)" = 0 ] || skip "starting slurmctld, slurmd and munged needs root"
+for tool in munged slurmctld slurmd srun sbatch sinfo; do
+  PATH=$PATH:/usr/sbin command -v "$tool" >/dev/null 2>&1 ||
+    skip "$tool is not installed (apt-get install slurm-wlm munge)"
+done
+[ -r /etc/munge/munge.key ] || skip "munge has no key (/etc/munge/munge.key); reinstall munge"
+node=$(hostname -s)
+# Tasks find rank 0 by the step's first node name, as on a real cluster.
+getent hosts "$node" >/dev/null || skip "this host's name '$node' does not resolve"
+export PATH=$PATH:/usr/sbin
+
+dir=$(mktemp -d /tmp/lockstep-slurm-XXXXXX)
+chmod 755 "$dir"
+pids=()
+
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null
+  done
+  [ -f "$dir/munged.pid" ] && kill "$(cat "$dir/munged.pid")" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "with_slurm.sh: $*" >&2
+  for log in munged slurmctld slurmd; do
+    [ -f "$dir/$log.log" ] && { echo "--- $log.log" >&2; tail -20 "$dir/$log.log" >&2; }
+  done
+  exit 1
+}
+
+# Ports of this run's own (outside Linux's ephemeral range).
+port=$((40000 - (RANDOM % 5000) * 2))
+
+munged --force --socket="$dir/munge.socket" --key-file=/etc/munge/munge.key \
+  --pid-file="$dir/munged.pid" --log-file="$dir/munged.log" --seed-file="$dir/munge.seed" ||
+  fail "munged did not start"
+
+mkdir -p "$dir/state" "$dir/spool"
+cat >"$dir/slurm.conf" <<EOF
+ClusterName=lockstep-test
+SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge.socket
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
+PartitionName=test Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
+EOF
+export SLURM_CONF=$dir/slurm.conf
+
+slurmctld -D -i >>"$dir/slurmctld.log" 2>&1 &
+pids+=($!)
+slurmd -D -N "$node" >>"$dir/slurmd.log" 2>&1 &
+pids+=($!)
+
+# Ready when the node is idle.
+for _ in $(seq 150); do
+  [ "$(sinfo -h -n "$node" -o %T 2>/dev/null)" = idle ] && break
+  sleep 0.2
+done
+[ "$(sinfo -h -n "$node" -o %T 2>/dev/null)" = idle ] || fail "the node did not become idle in 30 s"
+
+"$@"
