@@ -1,9 +1,5 @@
 #include "lockstep/collectives/init.h"
 
-#include <ifaddrs.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
-
 #include <optional>
 #include <random>
 #include <string_view>
@@ -46,20 +42,7 @@ struct GroupHolder {
 // ranks run on this host, else the first non-loopback IPv4 address.
 std::string address_for_peers(const runtime::RankInfo& info) {
   if (info.local_world_size == info.world_size) return "127.0.0.1";
-  ifaddrs* list = nullptr;
-  LOCKSTEP_CHECK(getifaddrs(&list) == 0,
-                 "rank 0 could not list its network interfaces to serve the store; set "
-                 "LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT) instead");
-  std::string found;
-  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
-    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
-    if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
-    char text[INET_ADDRSTRLEN] = {};
-    inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
-    found = text;
-  }
-  freeifaddrs(list);
+  const std::string found = runtime::first_interface_ipv4();
   LOCKSTEP_CHECK(!found.empty(),
                  "rank 0 found no non-loopback IPv4 address for the other hosts to reach its "
                  "store; set LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT)");

@@ -68,4 +68,17 @@ std::string listen_host_for(const std::string& host, bool clients_on_this_host) 
   return any_ipv4 ? "0.0.0.0" : "::";
 }
 
+std::string first_interface_ipv4() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return {};
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || is_loopback(a->ifa_addr))
+      continue;
+    found = numeric(a->ifa_addr, sizeof(sockaddr_in));
+  }
+  freeifaddrs(list);
+  return found;
+}
+
 }  // namespace lockstep::runtime

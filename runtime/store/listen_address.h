@@ -1,5 +1,5 @@
-// listen_host_for(): which address a store server listens on, given the
-// address its clients reach it by.
+// Where a store server listens and what it tells other hosts: the address
+// its clients reach it by, and this host's own address.
 #pragma once
 
 #include <string>
@@ -14,5 +14,9 @@ namespace lockstep::runtime {
 // use for it. A host that does not resolve here gives every interface too;
 // connecting to it then fails with the resolver's own error.
 std::string listen_host_for(const std::string& host, bool clients_on_this_host);
+
+// This host's first non-loopback IPv4 address (what other hosts may reach it
+// by when no address is given), or empty when it has none.
+std::string first_interface_ipv4();
 
 }  // namespace lockstep::runtime

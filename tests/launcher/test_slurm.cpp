@@ -7,7 +7,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <string>
 #include <vector>
 
@@ -20,6 +19,7 @@ using lockstep::testing::bin_path;
 using lockstep::testing::describe;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::run_process;
+using lockstep::testing::script_skipped;
 using Catch::Matchers::Contains;
 using namespace std::chrono_literals;
 
@@ -33,14 +33,6 @@ ProcessResult with_slurm(const std::string& command, std::chrono::seconds limit 
   return r;
 }
 
-bool skipped(const ProcessResult& r) {
-  const auto at = r.output.find("SKIPPED:");
-  if (r.exit_code != 0 || at == std::string::npos) return false;
-  // ctest's SKIP_REGULAR_EXPRESSION turns this line into a skipped test.
-  std::cout << r.output.substr(at) << std::endl;
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("slurm: srun -n2 runs every collective with no variables of lockstep's own",
@@ -51,7 +43,7 @@ TEST_CASE("slurm: srun -n2 runs every collective with no variables of lockstep's
   const auto r = with_slurm(fmt::format("srun -n2 {0} print && srun -n2 {1} && srun -n2 {1}",
                                         bin_path("launcher_probe"),
                                         bin_path("collective_worker")));
-  if (skipped(r)) return;
+  if (script_skipped(r)) return;
   CHECK(r.ok());
   CHECK_THAT(r.output, Contains("rank=0 world=2 local=0 local_world=2 node=0 source=slurm"));
   CHECK_THAT(r.output, Contains("rank=1 world=2 local=1 local_world=2 node=0 source=slurm"));
@@ -66,7 +58,7 @@ TEST_CASE("slurm: srun -n2 fashion_mnist trains as lockstep-run -np 2 does", "[l
   std::string command = "srun -n2 " + bin_path("fashion_mnist");
   for (const auto& a : args) command += " " + a;
   const auto slurm = lockstep::testing::parse_fashion_mnist(with_slurm(command, 300s));
-  if (skipped(slurm.result)) return;
+  if (script_skipped(slurm.result)) return;
   const auto reference = lockstep::testing::run_fashion_mnist(2, args);
   INFO("lockstep-run output:\n" << reference.result.output);
   REQUIRE(reference.result.ok());
@@ -93,7 +85,7 @@ TEST_CASE("slurm: an sbatch script's shell is one process; its srun steps are th
                                         "cat {0}/out.txt; exit $rc",
                                         dir.string()));
   fs::remove_all(dir);
-  if (skipped(r)) return;
+  if (script_skipped(r)) return;
   CHECK(r.ok());
   // The batch shell has SLURM_PROCID=0 and SLURM_NTASKS=2 but is no task.
   CHECK_THAT(r.output, Contains("rank=0 world=1 local=0 local_world=1 node=0 source=none"));
@@ -107,7 +99,7 @@ TEST_CASE("slurm: srun --mpi=pmix tasks are ranks too", "[launcher][slurm]") {
       "if ! srun --mpi=list 2>&1 | grep -qw pmix; then echo 'SKIPPED: this Slurm has no pmix "
       "plugin'; exit 0; fi; srun -n2 --mpi=pmix {0} print show=PMIX_RANK && srun -n2 --mpi=pmix {1}",
       bin_path("launcher_probe"), bin_path("collective_worker")));
-  if (skipped(r)) return;
+  if (script_skipped(r)) return;
   CHECK(r.ok());
   CHECK_THAT(r.output, Contains("rank=1 world=2 local=1 local_world=2 node=0 source=slurm "
                                 "PMIX_RANK=1"));
@@ -119,7 +111,7 @@ TEST_CASE("slurm: a killed task ends the step within seconds, named", "[launcher
   // for it in a collective. Within the limit: the group's timeout is 10 min.
   const auto r = with_slurm(
       fmt::format("srun -n2 {} --kill-at-rank 1", bin_path("collective_worker")), 60s);
-  if (skipped(r)) return;
+  if (script_skipped(r)) return;
   CHECK_FALSE(r.timed_out);
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.output, Contains("rank 1 (pid"));

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <map>
 #include <stdexcept>
 
@@ -98,6 +99,14 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
 
 std::string bin_path(const std::string& name) {
   return std::string(LOCKSTEP_BINARY_DIR) + "/bin/" + name;
+}
+
+bool script_skipped(const ProcessResult& result) {
+  const auto at = result.output.find("SKIPPED:");
+  if (result.exit_code != 0 || at == std::string::npos) return false;
+  const auto end = result.output.find('\n', at);
+  std::cout << result.output.substr(at, end == std::string::npos ? end : end - at) << std::endl;
+  return true;
 }
 
 std::string describe(const ProcessResult& result) {

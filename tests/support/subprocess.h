@@ -33,6 +33,11 @@ std::string bin_path(const std::string& name);
 // address that refuses connections.
 int unused_tcp_port();
 
+// Whether a script that skips by printing "SKIPPED: <reason>" and exiting 0
+// did so; if it did, prints that line (ctest's SKIP_REGULAR_EXPRESSION then
+// reports the test as skipped).
+bool script_skipped(const ProcessResult& result);
+
 // "exit 0", "exit 3", "signal SIGKILL", "timed out after 12.0 s", for messages.
 std::string describe(const ProcessResult& result);
 

@@ -1,37 +1,13 @@
 // listen_host_for(): a store listens where its clients look for it.
 #include <catch2/catch.hpp>
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
-
 #include <string>
 
 #include "lockstep/runtime/store/listen_address.h"
 #include "lockstep/runtime/store/tcp_store.h"
 
+using lockstep::runtime::first_interface_ipv4;
 using lockstep::runtime::listen_host_for;
-
-namespace {
-
-// This machine's first non-loopback IPv4 address, or empty.
-std::string first_interface_address() {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return {};
-  std::string found;
-  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
-    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
-    if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
-    char text[INET_ADDRSTRLEN] = {};
-    inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
-    found = text;
-  }
-  freeifaddrs(list);
-  return found;
-}
-
-}  // namespace
 
 TEST_CASE("listen address: loopback only while every client is on this host", "[store]") {
   CHECK(listen_host_for("127.0.0.1", true) == "127.0.0.1");
@@ -43,7 +19,7 @@ TEST_CASE("listen address: loopback only while every client is on this host", "[
 }
 
 TEST_CASE("listen address: one of this host's interfaces, else every interface", "[store]") {
-  const std::string mine = first_interface_address();
+  const std::string mine = first_interface_ipv4();
   if (!mine.empty()) {
     CHECK(listen_host_for(mine, false) == mine);
   }
