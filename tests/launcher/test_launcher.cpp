@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "support/subprocess.h"
+#include "support/backend_skip.h"
 
 using lockstep::testing::bin_path;
 using lockstep::testing::describe;
@@ -447,6 +448,7 @@ TEST_CASE("launcher: the program's own options are passed through", "[launcher]"
 }
 
 TEST_CASE("launcher: two nodes in two network namespaces", "[launcher]") {
+  LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
   // One launcher per namespace; the ranks meet through node 0's store and then
   // run every gloo collective across the veth link (collective_worker checks
   // the results exactly).

@@ -13,6 +13,7 @@
 
 #include "optim/fashion_mnist_runs.h"
 #include "support/subprocess.h"
+#include "support/backend_skip.h"
 
 using lockstep::testing::bin_path;
 using lockstep::testing::describe;
@@ -113,6 +114,7 @@ TEST_CASE("torchrun: two nodes in two network namespaces", "[launcher][torchrun]
   // lockstep's store beside node 0's agent store, on node 0's veth address
   // only, and the ranks run every gloo collective across the link.
   SKIP_WITHOUT_TORCHRUN();
+  LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
   const auto script = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/launcher/two_node_test.sh";
   const auto r = run_process(
       {"/bin/bash", script,

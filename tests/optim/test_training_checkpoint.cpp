@@ -15,6 +15,7 @@
 #include "lockstep/optim/sgd.h"
 #include "lockstep/optim/training_checkpoint.h"
 #include "lockstep/runtime/ops.h"
+#include "support/backend_skip.h"
 
 using namespace lockstep;
 using namespace lockstep::optim;
@@ -159,7 +160,7 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
 
 TEST_CASE("A checkpoint rank 0 cannot write fails every rank", "[optim][checkpoint]") {
   const fs::path dir = scratch("unwritable");
-  auto groups = testing::make_groups("gloo", 2, "ckpt-fail");
+  auto groups = testing::make_groups(testing::kThreadRankBackend, 2, "ckpt-fail");
   std::vector<std::string> messages(2);
   const auto errors = testing::run_ranks(2, [&](int r) {
     auto model = nn::models::fashion_mlp(1);
@@ -204,7 +205,7 @@ TEST_CASE("A schedule saved with other settings is refused before anything chang
 TEST_CASE("Every rank's generators are saved, and each rank gets its own back",
           "[optim][checkpoint]") {
   const fs::path dir = scratch("rng-ranks");
-  auto groups = testing::make_groups("gloo", 2, "ckpt-rng");
+  auto groups = testing::make_groups(testing::kThreadRankBackend, 2, "ckpt-rng");
   std::vector<std::pair<uint64_t, uint64_t>> saved(2), restored(2), other_world(2);
   std::vector<std::optional<int64_t>> picked(2);
   const auto errors = testing::run_ranks(2, [&](int r) {
@@ -239,7 +240,7 @@ TEST_CASE("Every rank's generators are saved, and each rank gets its own back",
 
 TEST_CASE("A checkpoint some rank cannot see stops every rank, naming it", "[optim][checkpoint]") {
   const fs::path dir = scratch("unseen");
-  auto groups = testing::make_groups("gloo", 2, "ckpt-unseen");
+  auto groups = testing::make_groups(testing::kThreadRankBackend, 2, "ckpt-unseen");
   auto model = nn::models::fashion_mlp(1);
   {
     runtime::CheckpointDir ckpt(dir / "0");

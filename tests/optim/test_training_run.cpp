@@ -16,6 +16,7 @@
 #include "lockstep/optim/training_run.h"
 #include "runtime/checkpoint/checkpoint_test_util.h"
 #include "support/test_util.h"
+#include "support/backend_skip.h"
 
 using namespace lockstep;
 using namespace lockstep::optim;
@@ -198,7 +199,7 @@ TEST_CASE("Every rank agrees: a refusal on rank 0 stops both, a resume finds the
           "[optim][checkpoint][run]") {
   TempDir tmp;
   const fs::path dir = tmp.file("ranks");
-  auto groups = testing::make_groups("gloo", 2, "training-run");
+  auto groups = testing::make_groups(testing::kThreadRankBackend, 2, "training-run");
   std::vector<std::string> errors(2), ids(2), saved_lr(2);
   const auto first = testing::run_ranks(2, [&](int r) {
     TrainingRun run = open_training_run(dir, kQuiet, {}, groups[size_t(r)].get());

@@ -30,6 +30,7 @@
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
 #include "support/test_util.h"
+#include "support/backend_skip.h"
 
 namespace lc = lockstep::collectives;
 namespace lt = lockstep::testing;
@@ -117,7 +118,7 @@ std::string state_mismatch(const OptimizerState& got, const OptimizerState& want
 // Runs fn(rank, group) on `size` rank threads; each returns its problem or "".
 std::vector<std::string> on_ranks(int size, const std::function<std::string(int, GroupPtr)>& fn,
                                   const std::string& name) {
-  const auto groups = lt::make_groups("gloo", size, name, std::chrono::seconds(30));
+  const auto groups = lt::make_groups(lt::kThreadRankBackend, size, name, std::chrono::seconds(30));
   std::vector<std::string> problems(static_cast<size_t>(size));
   const auto errors = lt::run_ranks(size, [&](int r) {
     problems[static_cast<size_t>(r)] = fn(r, groups[static_cast<size_t>(r)]);

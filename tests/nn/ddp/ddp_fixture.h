@@ -17,6 +17,7 @@
 #include "lockstep/nn/linear.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
+#include "support/backend_skip.h"
 
 namespace lockstep::testing {
 
@@ -78,7 +79,7 @@ inline std::string mismatch(const std::string& what, const Tensor& a, const Tens
 // a problem).
 inline std::vector<std::string> on_ranks(
     int size, const std::function<std::string(int, std::shared_ptr<collectives::ProcessGroup>)>& fn,
-    const std::string& name = "ddp", const std::string& backend = "gloo") {
+    const std::string& name = "ddp", const std::string& backend = kThreadRankBackend) {
   const auto groups = make_groups(backend, size, name, std::chrono::seconds(30));
   std::vector<std::string> problems(static_cast<size_t>(size));
   const auto errors = run_ranks(size, [&](int r) {

@@ -11,6 +11,7 @@
 
 #include "support/mpirun.h"
 #include "support/subprocess.h"
+#include "support/backend_skip.h"
 
 namespace lt = lockstep::testing;
 using namespace std::chrono_literals;
@@ -39,6 +40,7 @@ TEST_CASE("DDP promises across processes: the default backend (shm) through lock
 }
 
 TEST_CASE("DDP promises across processes: gloo through lockstep-run", "[ddp][multiprocess]") {
+  LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
   const int ranks = GENERATE(2, 4);
   const auto result = lt::run_process({lt::bin_path("lockstep-run"), "-np", std::to_string(ranks),
                                        lt::bin_path("ddp_worker"), "--backend", "gloo"},

@@ -1,0 +1,35 @@
+// Tests that need an optional collectives backend (gloo, mpi) skip where it
+// is not built in, printing "SKIPPED: <reason>" as the GPU tests do
+// (gpu_skip.h). Tests whose ranks are threads and that test something above
+// the collectives use kThreadRankBackend, which every build has.
+#pragma once
+
+#include <iostream>
+#include <string>
+
+#include "lockstep/collectives/backend_registry.h"
+#include "lockstep/config.h"
+
+namespace lockstep::testing {
+
+// gloo where built in (the backend these tests were written against), else
+// shm, which is always built in.
+inline constexpr const char* kThreadRankBackend = LOCKSTEP_HAVE_GLOO ? "gloo" : "shm";
+
+// Empty when `backend` is built in; otherwise why the test cannot run.
+inline std::string backend_skip_reason(const std::string& backend) {
+  try {
+    collectives::require_backend(backend);
+    return {};
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+}  // namespace lockstep::testing
+
+#define LOCKSTEP_SKIP_UNLESS_BACKEND(backend)                                               \
+  if (const std::string why = ::lockstep::testing::backend_skip_reason(backend); !why.empty()) { \
+    std::cout << "SKIPPED: " << why << std::endl;                                             \
+    return;                                                                                   \
+  }
