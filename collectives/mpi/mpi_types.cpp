@@ -47,13 +47,26 @@ void create_ops(MPI_Op* out) {
   LOCKSTEP_MPI_CHECK(MPI_Op_create(&half_reduce<Half, Max>, 1, &out[3]));
 }
 
-// Created once and never freed: MPI_Finalize releases them.
+// MPI_Finalize deletes MPI_COMM_SELF's attributes before anything else (MPI
+// 4.0, section 11.2.4), whoever calls it: the ops are freed there.
+int free_ops_at_finalize(MPI_Comm, int, void* attribute, void*) {
+  for (auto& per_dtype : static_cast<HalfOps*>(attribute)->ops)
+    for (MPI_Op& op : per_dtype) MPI_Op_free(&op);
+  return MPI_SUCCESS;
+}
+
+// Created once, on first use; freed by MPI_Finalize.
 const HalfOps& half_ops() {
   static std::once_flag once;
   static HalfOps ops;
   std::call_once(once, [] {
     create_ops<runtime::bf16>(ops.ops[0]);
     create_ops<runtime::f16>(ops.ops[1]);
+    int key = MPI_KEYVAL_INVALID;
+    LOCKSTEP_MPI_CHECK(
+        MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_ops_at_finalize, &key, nullptr));
+    LOCKSTEP_MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, key, &ops));
+    LOCKSTEP_MPI_CHECK(MPI_Comm_free_keyval(&key));  // the attribute keeps it until then
   });
   return ops;
 }

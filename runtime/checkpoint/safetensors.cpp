@@ -61,8 +61,10 @@ class StreamWriter {
         kicked_(offset),
         on_progress_(on_progress) {}
 
-  // Appends n bytes at p.
+  // Appends n bytes at p (which may be null when n is 0: an empty tensor's
+  // data, which memcpy must not be given even for 0 bytes).
   void append(const char* p, size_t n) {
+    if (n == 0) return;
     if (n < kGatherBelow) {
       if (fill_ + n > kChunk) flush();
       if (!buffer_) buffer_.reset(new char[kChunk]);
