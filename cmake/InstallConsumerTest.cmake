@@ -7,6 +7,8 @@
 #   CONFIG                build configuration (Release, Debug, ...)
 #   GENERATOR             CMake generator for the consumer build
 #   CXX_COMPILER          the C++ compiler lockstep was built with
+#   SANITIZE_FLAGS        lockstep's sanitizer flags (LOCKSTEP_SANITIZE), if any:
+#                         its static libraries need them at the consumer's link
 cmake_policy(VERSION 3.25)
 
 foreach(var LOCKSTEP_BINARY_DIR CONSUMER_SOURCE_DIR WORK_DIR CONFIG GENERATOR CXX_COMPILER)
@@ -37,8 +39,15 @@ file(MAKE_DIRECTORY "${WORK_DIR}")
 run_step("install into ${prefix}"
   "${CMAKE_COMMAND}" --install "${LOCKSTEP_BINARY_DIR}" --prefix "${prefix}" --config "${CONFIG}")
 
+set(sanitize_options "")
+if(SANITIZE_FLAGS)
+  list(JOIN SANITIZE_FLAGS " " flags)
+  set(sanitize_options "-DCMAKE_CXX_FLAGS=${flags}" "-DCMAKE_EXE_LINKER_FLAGS=${flags}")
+endif()
+
 run_step("configure the consumer project"
   "${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${consumer_build}" -G "${GENERATOR}"
+  ${sanitize_options}
   "-DCMAKE_BUILD_TYPE=${CONFIG}"
   "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
   "-DCMAKE_PREFIX_PATH=${prefix}"

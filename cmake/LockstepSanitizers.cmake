@@ -1,0 +1,36 @@
+# LOCKSTEP_SANITIZE: build the library, tools, tests, examples and benchmarks
+# with compiler sanitizers. A comma-separated list of "address", "undefined",
+# "leak" and "thread" (thread excludes address and leak), e.g.
+#   -DLOCKSTEP_SANITIZE=address,undefined     AddressSanitizer (with leaks) + UBSan
+#   -DLOCKSTEP_SANITIZE=thread                ThreadSanitizer
+# Undefined behaviour stops the program at its first report
+# (-fno-sanitize-recover). Tests run with the options tests/CMakeLists.txt
+# sets (the leak suppressions in tests/sanitizers/). C++ only: CUDA device code is
+# not instrumented. LOCKSTEP_SANITIZE_FLAGS holds the flags, for builds that
+# link against this one (the install test's consumer).
+set(LOCKSTEP_SANITIZE "" CACHE STRING
+  "Sanitizers for everything built: address,undefined or thread (empty: none)")
+
+set(LOCKSTEP_SANITIZE_FLAGS "")
+if(LOCKSTEP_SANITIZE)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    message(FATAL_ERROR "LOCKSTEP_SANITIZE needs GCC or Clang, not ${CMAKE_CXX_COMPILER_ID}")
+  endif()
+  string(REPLACE "," ";" _sanitizers "${LOCKSTEP_SANITIZE}")
+  foreach(s IN LISTS _sanitizers)
+    if(NOT s MATCHES "^(address|undefined|leak|thread)$")
+      message(FATAL_ERROR "LOCKSTEP_SANITIZE=${LOCKSTEP_SANITIZE}: '${s}' is not one of "
+        "address, undefined, leak, thread (e.g. -DLOCKSTEP_SANITIZE=address,undefined)")
+    endif()
+  endforeach()
+  if("thread" IN_LIST _sanitizers AND ("address" IN_LIST _sanitizers OR "leak" IN_LIST _sanitizers))
+    message(FATAL_ERROR "LOCKSTEP_SANITIZE=${LOCKSTEP_SANITIZE}: ThreadSanitizer cannot be "
+      "combined with AddressSanitizer or LeakSanitizer; build them separately")
+  endif()
+  set(LOCKSTEP_SANITIZE_FLAGS -fsanitize=${LOCKSTEP_SANITIZE} -fno-omit-frame-pointer)
+  if("undefined" IN_LIST _sanitizers)
+    list(APPEND LOCKSTEP_SANITIZE_FLAGS -fno-sanitize-recover=undefined)
+  endif()
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${LOCKSTEP_SANITIZE_FLAGS}>")
+  add_link_options(${LOCKSTEP_SANITIZE_FLAGS})
+endif()
