@@ -167,13 +167,17 @@ class ChildServer {
   [[noreturn]] static void serve(int port_fd, int control_fd, int spare) {
     try {
       TcpStoreServer server(server_options());
-      limit_descriptors(spare);
+      const rlimit before = limit_descriptors(spare);
       // (port_fd stays open: closing it would free one more descriptor)
       const uint16_t port = server.port();
       if (write(port_fd, &port, sizeof port) != sizeof port) _exit(3);
       char byte;
       while (read(control_fd, &byte, 1) > 0) {
       }
+      // Descriptors back before the server shuts down: a sanitizer may need
+      // one there (UBSan's type check opens a pipe to probe memory, and reads
+      // a failed pipe as a bad object).
+      setrlimit(RLIMIT_NOFILE, &before);
     } catch (...) {
       _exit(2);
     }
@@ -183,7 +187,8 @@ class ChildServer {
   // Fills every free descriptor number up to one past the highest open one,
   // then sets the limit so that exactly `spare` numbers above those stay
   // free: the next `spare` opens succeed, then EMFILE.
-  static void limit_descriptors(int spare) {
+  // Returns the limit it replaced.
+  static rlimit limit_descriptors(int spare) {
     int highest = 0;
     if (DIR* dir = opendir("/proc/self/fd")) {
       const int own = dirfd(dir);
@@ -199,8 +204,10 @@ class ChildServer {
     // (the loop's last open, kept, is `highest` + 1)
     rlimit limit{};
     getrlimit(RLIMIT_NOFILE, &limit);
+    const rlimit before = limit;
     limit.rlim_cur = static_cast<rlim_t>(highest + 2 + spare);
     setrlimit(RLIMIT_NOFILE, &limit);
+    return before;
   }
 
   bool read_log(int timeout_ms) {
