@@ -17,6 +17,7 @@
 #include "lockstep/runtime/data/fashion_mnist.h"
 #include "support/mpirun.h"
 #include "support/subprocess.h"
+#include "support/skip.h"
 
 namespace lt = lockstep::testing;
 using Catch::Matchers::Contains;
@@ -81,10 +82,7 @@ TEST_CASE("across processes: a stopped rank is named in a stall line and in the 
 
 TEST_CASE("mpi across processes: allreduce(i64, 2) against allreduce(f32, 1000) fails every rank",
           "[collectives][call_check][mpi]") {
-  if (const auto reason = lt::mpi_skip_reason(); !reason.empty()) {
-    std::cout << "SKIPPED: " << reason << std::endl;
-    return;
-  }
+  LOCKSTEP_SKIP_IF(lt::mpi_skip_reason());
   const auto result =
       lt::run_under_mpirun(3, "mpi_collective_worker", {"--diverge-at-rank", "2"}, 60s);
   INFO(lt::describe(result) << "\n" << result.output);

@@ -19,6 +19,7 @@
 #include "lockstep/config.h"
 #include "support/mpirun.h"
 #include "support/subprocess.h"
+#include "support/skip.h"
 
 namespace {
 
@@ -41,10 +42,7 @@ bool contains(const std::string& text, const std::string& needle) {
 
 void check_every_rank_ok(int ranks) {
   const std::string mpirun = find_mpirun();
-  if (const auto reason = skip_reason(mpirun); !reason.empty()) {
-    std::cout << "SKIPPED: " << reason << std::endl;
-    return;
-  }
+  LOCKSTEP_SKIP_IF(skip_reason(mpirun));
   const auto result = run_worker(mpirun, ranks, {}, std::chrono::seconds(180));
   INFO("mpirun: " << describe(result) << "\n" << result.output);
   CHECK(result.ok());
@@ -69,10 +67,7 @@ TEST_CASE("mpi backend: every collective, dtype and op is exact on 4 ranks",
 TEST_CASE("mpi backend: a rank that exits early ends the job, naming its exit code",
           "[collectives][mpi]") {
   const std::string mpirun = find_mpirun();
-  if (const auto reason = skip_reason(mpirun); !reason.empty()) {
-    std::cout << "SKIPPED: " << reason << std::endl;
-    return;
-  }
+  LOCKSTEP_SKIP_IF(skip_reason(mpirun));
   // The others wait in their first collective; their own timeout (200 s) is
   // beyond the limit, so the job ending at all means mpirun stopped them.
   const auto result = run_worker(mpirun, 4, {"--die-at-rank", "1", "--timeout-ms", "200000"},
@@ -93,10 +88,7 @@ TEST_CASE("mpi backend: a rank that exits early ends the job, naming its exit co
 TEST_CASE("mpi backend: a timed-out collective names the op, rank and group and aborts the group",
           "[collectives][mpi]") {
   const std::string mpirun = find_mpirun();
-  if (const auto reason = skip_reason(mpirun); !reason.empty()) {
-    std::cout << "SKIPPED: " << reason << std::endl;
-    return;
-  }
+  LOCKSTEP_SKIP_IF(skip_reason(mpirun));
   // Rank 0 alone issues a barrier with a 300 ms timeout; the worker checks
   // the error's text and that later calls fail at once. That barrier never
   // completes, so rank 0 skips MPI_Finalize and the job ends non-zero.

@@ -16,6 +16,7 @@
 #include "lockstep/config.h"
 #include "support/mpirun.h"
 #include "support/subprocess.h"
+#include "support/skip.h"
 
 namespace lt = lockstep::testing;
 using Catch::Matchers::Contains;
@@ -33,10 +34,7 @@ void check_every_rank_ok(const lt::ProcessResult& result, int np) {
 }
 
 void run_mpi(int np) {
-  if (const auto reason = lt::mpi_skip_reason(); !reason.empty()) {
-    std::cout << "SKIPPED: " << reason << std::endl;
-    return;
-  }
+  LOCKSTEP_SKIP_IF(lt::mpi_skip_reason());
   check_every_rank_ok(lt::run_under_mpirun(np, "sync_bn_worker", {"--backend", "mpi"}, 180s,
                                            {"LOCKSTEP_TIMEOUT_S=60"}),
                       np);

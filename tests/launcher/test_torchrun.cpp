@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
-#include <iostream>
 #include <string>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "optim/fashion_mnist_runs.h"
 #include "support/subprocess.h"
 #include "support/backend_skip.h"
+#include "support/skip.h"
 
 using lockstep::testing::bin_path;
 using lockstep::testing::describe;
@@ -24,8 +24,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Debian's torchrun (PyTorch 1.13, Python 3.11) needs --no_python to start a
-// binary, and fails in its own option parsing without --redirects and --tee.
 std::string torchrun_skip_reason() {
   const auto r = run_process({"/bin/sh", "-c", "torchrun --help >/dev/null 2>&1 || "
                                                "/usr/bin/torchrun --help >/dev/null"}, 60s);
@@ -34,11 +32,15 @@ std::string torchrun_skip_reason() {
   return {};
 }
 
-#define SKIP_WITHOUT_TORCHRUN()                                     \
-  if (const std::string why = torchrun_skip_reason(); !why.empty()) { \
-    std::cout << "SKIPPED: " << why << std::endl;                     \
-    return;                                                           \
-  }
+#define SKIP_WITHOUT_TORCHRUN() LOCKSTEP_SKIP_IF(torchrun_skip_reason())
+
+// The shell words that start torchrun on binaries, its logs in `log_dir`.
+// Debian's torchrun (PyTorch 1.13, Python 3.11) needs --no_python to start a
+// binary, and fails in its own option parsing without --redirects and --tee.
+std::string torchrun_command(const std::string& log_dir) {
+  return "\"$(command -v torchrun || echo /usr/bin/torchrun)\" --no_python --redirects 1 --tee 1 "
+         "--log_dir " + log_dir;
+}
 
 // torchrun with 2 workers on this node running `program`; `mode` are
 // torchrun's rendezvous options.
@@ -47,8 +49,7 @@ ProcessResult torchrun(const std::vector<std::string>& mode, const std::vector<s
   namespace fs = std::filesystem;
   const fs::path logs = fs::temp_directory_path() / fmt::format("lockstep-torchrun-{}", ::getpid());
   fs::remove_all(logs);
-  std::string command = "exec \"$(command -v torchrun || echo /usr/bin/torchrun)\" --no_python "
-                        "--redirects 1 --tee 1 --log_dir " + logs.string() + " --nproc_per_node 2";
+  std::string command = "exec " + torchrun_command(logs.string()) + " --nproc_per_node 2";
   for (const auto& word : mode) command += " " + word;
   for (const auto& word : program) command += " " + word;
   auto r = run_process({"/bin/sh", "-c", command}, limit);
@@ -118,11 +119,10 @@ TEST_CASE("torchrun: two nodes in two network namespaces", "[launcher][torchrun]
   const auto script = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/launcher/two_node_test.sh";
   const auto r = run_process(
       {"/bin/bash", script,
-       fmt::format("logs=$(mktemp -d); \"$(command -v torchrun || echo /usr/bin/torchrun)\" "
-                   "--no_python --redirects 1 --tee 1 --log_dir $logs --nnodes 2 --node_rank "
-                   "$NODE_RANK --nproc_per_node 1 --master_addr $NODE0_ADDR --master_port 29500 "
-                   "{} --backend gloo; rc=$?; rm -rf $logs; exit $rc",
-                   bin_path("collective_worker"))},
+       fmt::format("logs=$(mktemp -d); {} --nnodes 2 --node_rank $NODE_RANK --nproc_per_node 1 "
+                   "--master_addr $NODE0_ADDR --master_port 29500 {} --backend gloo; "
+                   "rc=$?; rm -rf $logs; exit $rc",
+                   torchrun_command("$logs"), bin_path("collective_worker"))},
       150s);
   INFO(describe(r) << "\n" << r.output);
   if (lockstep::testing::script_skipped(r)) return;

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <iostream>
 #include <map>
 #include <regex>
 #include <string>
@@ -16,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/runtime/data/fashion_mnist.h"
+#include "support/skip.h"
 #include "support/subprocess.h"
 
 namespace lockstep::testing {
@@ -30,11 +30,8 @@ inline std::string fashion_mnist_skip_reason() {
   return {};
 }
 
-#define SKIP_WITHOUT_FASHION_MNIST()                                                     \
-  if (const std::string why = ::lockstep::testing::fashion_mnist_skip_reason(); !why.empty()) { \
-    std::cout << "SKIPPED: " << why << std::endl;                                         \
-    return;                                                                               \
-  }
+#define SKIP_WITHOUT_FASHION_MNIST() \
+  LOCKSTEP_SKIP_IF(::lockstep::testing::fashion_mnist_skip_reason())
 
 struct FashionMnistRun {
   ProcessResult result;

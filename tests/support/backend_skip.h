@@ -4,11 +4,11 @@
 // the collectives use kThreadRankBackend, which every build has.
 #pragma once
 
-#include <iostream>
 #include <string>
 
 #include "lockstep/collectives/backend_registry.h"
 #include "lockstep/config.h"
+#include "support/skip.h"
 
 namespace lockstep::testing {
 
@@ -28,8 +28,5 @@ inline std::string backend_skip_reason(const std::string& backend) {
 
 }  // namespace lockstep::testing
 
-#define LOCKSTEP_SKIP_UNLESS_BACKEND(backend)                                               \
-  if (const std::string why = ::lockstep::testing::backend_skip_reason(backend); !why.empty()) { \
-    std::cout << "SKIPPED: " << why << std::endl;                                             \
-    return;                                                                                   \
-  }
+#define LOCKSTEP_SKIP_UNLESS_BACKEND(backend) \
+  LOCKSTEP_SKIP_IF(::lockstep::testing::backend_skip_reason(backend))

@@ -9,12 +9,12 @@
 // ctest reports them as skipped, neither passed nor failed.
 #pragma once
 
-#include <iostream>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "lockstep/config.h"
+#include "support/skip.h"
 
 #if LOCKSTEP_HAVE_CUDA
 #include "lockstep/runtime/cuda/device.h"
@@ -37,14 +37,7 @@ inline std::string gpu_skip_reason(int min_devices = 1) {
 
 }  // namespace lockstep::testing
 
-#define LOCKSTEP_SKIP_UNLESS_GPUS(min_devices)                                         \
-  do {                                                                                 \
-    const std::string lockstep_skip_reason_ =                                          \
-        ::lockstep::testing::gpu_skip_reason(min_devices);                             \
-    if (!lockstep_skip_reason_.empty()) {                                              \
-      std::cout << "SKIPPED: " << lockstep_skip_reason_ << std::endl;                  \
-      return;                                                                          \
-    }                                                                                  \
-  } while (0)
+#define LOCKSTEP_SKIP_UNLESS_GPUS(min_devices) \
+  LOCKSTEP_SKIP_IF(::lockstep::testing::gpu_skip_reason(min_devices))
 
 #define LOCKSTEP_SKIP_UNLESS_GPU() LOCKSTEP_SKIP_UNLESS_GPUS(1)

@@ -12,6 +12,7 @@
 #include "support/mpirun.h"
 #include "support/subprocess.h"
 #include "support/backend_skip.h"
+#include "support/skip.h"
 
 namespace lt = lockstep::testing;
 using namespace std::chrono_literals;
@@ -49,10 +50,7 @@ TEST_CASE("DDP promises across processes: gloo through lockstep-run", "[ddp][mul
 }
 
 TEST_CASE("DDP promises across processes: mpi through mpirun", "[ddp][multiprocess][mpi]") {
-  if (const auto reason = lt::mpi_skip_reason(); !reason.empty()) {
-    std::cout << "SKIPPED: " << reason << std::endl;
-    return;
-  }
+  LOCKSTEP_SKIP_IF(lt::mpi_skip_reason());
   const int ranks = GENERATE(2, 4);
   require_every_rank_ok(lt::run_under_mpirun(ranks, "ddp_worker", {"--backend", "mpi"}, 120s),
                         ranks);
