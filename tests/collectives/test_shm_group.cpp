@@ -264,9 +264,9 @@ TEST_CASE("shm small staging buffer: every collective over many rounds", "[colle
   const auto groups = make_shm_groups(size, "small-buffer", {.buffer_bytes = 4096});
   on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {
     check_backend(g, failures);
-    // 100003 elements of 4 or 8 bytes: about 100 or 200 buffer-fulls, and a
+    // 12007 elements of 4 or 8 bytes: about 12 or 24 buffer-fulls, and a
     // count divisible by none of 2, 3 and 4.
-    constexpr int64_t n = 100003;
+    constexpr int64_t n = 12007;
     for (DType dtype : {DType::f32, DType::i64, DType::bf16}) {
       every_collective(g, failures, dtype, n, {lc::ReduceOp::Sum});
     }
