@@ -55,7 +55,8 @@ std::pair<Tensor, Tensor> shard(int step, int rank, int ranks, lr::Device device
 // Without a group (the CPU reference of an NCCL run at world size 1, where
 // DDP changes nothing) the model trains alone.
 // `stats`, when given, receives DDP's statistics of the last step.
-std::vector<Tensor> train(const std::shared_ptr<lc::ProcessGroup>& group, int rank, int ranks,
+// (Unused in builds without CUDA, where main only says so.)
+[[maybe_unused]] std::vector<Tensor> train(const std::shared_ptr<lc::ProcessGroup>& group, int rank, int ranks,
                           bool cnn, lr::Device device, nn::DdpStats* stats = nullptr) {
   // Ranks start from different weights: DDP broadcasts rank 0's.
   std::shared_ptr<nn::Module> model =
