@@ -122,4 +122,5 @@ function(lockstep_add_program name)
   target_link_libraries(${name} PRIVATE lockstep::lockstep CLI11::CLI11
     nlohmann_json::nlohmann_json)
   lockstep_target_warnings(${name})
+  lockstep_driver_code(${name})
 endfunction()

@@ -34,3 +34,14 @@ if(LOCKSTEP_SANITIZE)
   add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${LOCKSTEP_SANITIZE_FLAGS}>")
   add_link_options(${LOCKSTEP_SANITIZE_FLAGS})
 endif()
+
+# lockstep_driver_code(<target>): a target whose own code only drives the
+# library (tests, their workers, examples, benchmarks). Sanitized, it is
+# compiled at -O0: optimising instrumented code takes two to three times as
+# long, and little of a test's time is spent in its own code. The library keeps
+# the build type's optimisation, so what the tests exercise runs at speed.
+function(lockstep_driver_code target)
+  if(LOCKSTEP_SANITIZE)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O0>)
+  endif()
+endfunction()
