@@ -114,12 +114,9 @@ int run(Options o) {
     for (const auto& note : checkpoints->notes) print(rank, "{}\n", note);
     if (checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
   }
-  auto train = runtime::load_fashion_mnist(o.data, runtime::Split::train);
-  auto test = runtime::load_fashion_mnist(o.data, runtime::Split::test);
-  if (o.train_samples > 0 && o.train_samples < train.size()) {
-    train = runtime::TensorDataset(train.x().slice(0, 0, o.train_samples),
-                                   train.y().slice(0, 0, o.train_samples));
-  }
+  const auto norm = runtime::kFashionMnistNormalization;
+  auto train = runtime::load_fashion_mnist(o.data, runtime::Split::train, norm, o.train_samples);
+  auto test = runtime::load_fashion_mnist(o.data, runtime::Split::test, norm, o.test_samples);
   std::shared_ptr<nn::Module> model =
       o.model == "cnn" ? nn::models::fashion_cnn(o.seed) : nn::models::fashion_mlp(o.seed);
   if (o.sync_bn) model = nn::convert_sync_batchnorm(model, group);
@@ -144,7 +141,7 @@ int run(Options o) {
     // Refuses a resume with other fixed settings, naming each, on every rank.
     bool lr_changed = false;
     for (const auto& c :
-         optim::record_run_settings(*checkpoints, run_settings(o, train.size(), sched.get()))) {
+         optim::record_run_settings(*checkpoints, run_settings(o, train.size(), test.size(), sched.get()))) {
       print(rank, "{} {} from the command line replaces the saved {}\n", c.name, c.now, c.saved);
       lr_changed = lr_changed || c.name == "lr";
     }
@@ -224,6 +221,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--train-samples", o.train_samples,
                  "train on the first N training samples only (quick runs); default: all")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--test-samples", o.test_samples,
+                 "evaluate on the first N test samples only (quick runs); default: all")
       ->check(CLI::PositiveNumber);
   app.add_option("--optimizer", o.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}));

@@ -14,6 +14,7 @@ struct Options {
   int epochs = 1;
   int64_t batch_size = 64;
   int64_t train_samples = 0;  // 0: the whole training set
+  int64_t test_samples = 0;   // 0: the whole test set
   std::string optimizer = "sgd";
   double lr = 0;  // 0: the optimizer's usual rate (SGD 0.05, Adam/AdamW 1e-3)
   double momentum = 0.9;

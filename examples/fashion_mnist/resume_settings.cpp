@@ -36,12 +36,13 @@ void parse_saved(const std::string& name, const std::string& text, T& field) {
 
 }  // namespace
 
-optim::RunSettings run_settings(const Options& o, int64_t train_samples,
+optim::RunSettings run_settings(const Options& o, int64_t train_samples, int64_t test_samples,
                                 const optim::LRScheduler* scheduler) {
   return {.fixed = {{"model", o.model},
                     {"sync_bn", on_off(o.sync_bn)},
                     {"batch_size", std::to_string(o.batch_size)},
                     {"train_samples", std::to_string(train_samples)},
+                    {"test_samples", std::to_string(test_samples)},
                     {"optimizer", optimizer_setting(o)},
                     {"zero", on_off(o.zero)},
                     {"lr_schedule", optim::schedule_setting(scheduler)},

@@ -3,7 +3,8 @@
 // options its command line leaves out.
 //
 // Fixed (a resume must match them; the world size is added by the library):
-// model, sync_bn, batch_size (per rank), train_samples, optimizer (with
+// model, sync_bn, batch_size (per rank), train_samples, test_samples (the
+// best checkpoint is the one with the best test accuracy), optimizer (with
 // momentum and weight decay), zero, lr_schedule (with every setting of the
 // schedule, its length in steps included), seed.
 // Changeable: lr, epochs, clip_grad_norm, log_every, checkpoint_every.
@@ -18,6 +19,7 @@
 namespace fashion_mnist {
 
 lockstep::optim::RunSettings run_settings(const Options& o, int64_t train_samples,
+                                          int64_t test_samples,
                                           const lockstep::optim::LRScheduler* scheduler);
 
 // For each changeable setting not in o.given, the value `saved` records

@@ -43,14 +43,19 @@ std::string find_file(const std::string& dir, const std::string& base) {
 
 }  // namespace
 
-TensorDataset load_fashion_mnist(const std::string& dir, Split split, Normalization norm) {
+TensorDataset load_fashion_mnist(const std::string& dir, Split split, Normalization norm,
+                                 int64_t max_samples) {
   LOCKSTEP_CHECK(norm.std > 0.0f, "load_fashion_mnist: normalization std must be > 0, got {}",
                  norm.std);
+  LOCKSTEP_CHECK(max_samples >= 0, "load_fashion_mnist: max_samples must be >= 0 (0: all), got {}",
+                 max_samples);
+  IdxReadOptions read_options;
+  if (max_samples > 0) read_options.max_rows = static_cast<uint64_t>(max_samples);
   const std::string prefix = split == Split::train ? "train" : "t10k";
   const std::string images_path = find_file(dir, prefix + "-images-idx3-ubyte");
   const std::string labels_path = find_file(dir, prefix + "-labels-idx1-ubyte");
-  const IdxArray images = read_idx(images_path);
-  const IdxArray labels = read_idx(labels_path);
+  const IdxArray images = read_idx(images_path, read_options);
+  const IdxArray labels = read_idx(labels_path, read_options);
 
   LOCKSTEP_CHECK(images.type == IdxType::u8 && images.dims.size() == 3 &&
                      images.dims[1] == kSide && images.dims[2] == kSide,

@@ -25,11 +25,14 @@ struct Normalization {
 inline constexpr Normalization kFashionMnistNormalization{.mean = 0.2860f, .std = 0.3530f};
 
 // Loads one split from `dir`: x f32 [N, 1, 28, 28] normalised by `norm`,
-// y i64 [N] with labels in [0, 10). Each file may also be stored uncompressed
-// (the name without .gz). Errors name the file and the problem; a missing
-// file in the default directory says how to install the package.
+// y i64 [N] with labels in [0, 10). `max_samples` > 0 loads only the first
+// that many samples (all of them where the split holds fewer), reading no
+// further into the files. Each file may also be stored uncompressed (the name
+// without .gz). Errors name the file and the problem; a missing file in the
+// default directory says how to install the package.
 TensorDataset load_fashion_mnist(const std::string& dir = kFashionMnistDir,
                                  Split split = Split::train,
-                                 Normalization norm = kFashionMnistNormalization);
+                                 Normalization norm = kFashionMnistNormalization,
+                                 int64_t max_samples = 0);
 
 }  // namespace lockstep::runtime

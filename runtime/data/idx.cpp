@@ -251,6 +251,15 @@ IdxArray read_idx(const std::string& path, const IdxReadOptions& options) {
                  "(IdxReadOptions::max_bytes)",
                  name, shape, idx_type_name(array.type), total, options.max_bytes);
 
+  // A prefix read takes the first rows only; `total` becomes their size.
+  LOCKSTEP_CHECK(options.max_rows >= 1, "{}: IdxReadOptions::max_rows must be at least 1", name);
+  const uint64_t rows = static_cast<uint64_t>(array.dims[0]);
+  const bool prefix = rows > options.max_rows;
+  if (prefix) {
+    total = total / rows * options.max_rows;
+    array.dims[0] = static_cast<int64_t>(options.max_rows);
+  }
+
   // Reserve the claimed size (address space only: pages are committed when
   // written), then fill it a chunk at a time, so a file that lies about its
   // size costs the memory of what it holds, not of what it claims.
@@ -271,8 +280,12 @@ IdxArray read_idx(const std::string& path, const IdxReadOptions& options) {
   }
   LOCKSTEP_CHECK(have == total,
                  "{}: short data: dims {} of {} need {} bytes after the {}-byte header, got {}{}",
-                 name, shape, idx_type_name(array.type), total, header, have,
-                 src.short_reason());
+                 name, prefix ? dims_str(array.dims) + " (the first rows of " + shape + ")" : shape,
+                 idx_type_name(array.type), total, header, have, src.short_reason());
+  if (prefix) {
+    to_native_order(array.bytes, elem);
+    return array;
+  }
 
   // Anything after the data means the header and the data disagree. Count a
   // bounded amount of it for the message.

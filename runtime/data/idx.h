@@ -44,9 +44,14 @@ struct IdxReadOptions {
   // leaves room for any MNIST-like set while a corrupt header cannot make us
   // allocate or inflate without bound.
   uint64_t max_bytes = uint64_t{4} << 30;
+  // Read only the first `max_rows` entries along dimension 0 (dims[0] becomes
+  // the smaller of the two): a quick run on the first N samples of a big file
+  // inflates and converts only those. The header is checked as for a whole
+  // read; the rows after them are neither read nor checked.
+  uint64_t max_rows = UINT64_MAX;
 };
 
-// Reads a whole IDX file (plain or gzip).
+// Reads an IDX file (plain or gzip): all of it, or its first rows.
 IdxArray read_idx(const std::string& path, const IdxReadOptions& options = {});
 
 // The array as a CPU tensor of shape `dims`: u8 -> u8, i8/i16/i32 -> i32,

@@ -53,6 +53,19 @@ TEST_CASE("load_fashion_mnist reads and normalises a split", "[data][fashion_mni
         std::vector<int64_t>{3, 4});
 }
 
+TEST_CASE("load_fashion_mnist loads the first max_samples samples", "[data][fashion_mnist]") {
+  TempDir dir;
+  write_split(dir, "train", 3, 255, {9, 0, 4});
+  const Normalization norm = kFashionMnistNormalization;
+  TensorDataset first = load_fashion_mnist(dir.str(), Split::train, norm, 2);
+  CHECK(first.x().shape() == Shape{2, 1, 28, 28});
+  CHECK(first.y().to_vector<int64_t>() == std::vector<int64_t>{9, 0});
+  CHECK(load_fashion_mnist(dir.str(), Split::train, norm, 10).size() == 3);
+  CHECK(load_fashion_mnist(dir.str(), Split::train, norm, 0).size() == 3);
+  CHECK_THAT(error_of([&] { load_fashion_mnist(dir.str(), Split::train, norm, -1); }),
+             Contains("max_samples must be >= 0"));
+}
+
 TEST_CASE("load_fashion_mnist: clear errors for bad directories and files",
           "[data][fashion_mnist]") {
   TempDir dir;
@@ -127,4 +140,11 @@ TEST_CASE("Fashion-MNIST from the installed dataset", "[data][fashion_mnist]") {
   CHECK(b.x.shape() == Shape{64, 1, 28, 28});
   CHECK(b.y.shape() == Shape{64});
   CHECK(loader.batch(937).size() == 60000 - 937 * 64);
+
+  // The first 2048 samples alone are the same as in the whole set.
+  TensorDataset head =
+      load_fashion_mnist(kFashionMnistDir, Split::train, kFashionMnistNormalization, 2048);
+  REQUIRE(head.size() == 2048);
+  CHECK(head.x().to_vector<float>() == train.x().slice(0, 0, 2048).to_vector<float>());
+  CHECK(head.y().to_vector<int64_t>() == train.y().slice(0, 0, 2048).to_vector<int64_t>());
 }

@@ -205,6 +205,49 @@ TEST_CASE("read_idx: short data and trailing garbage", "[data][idx]") {
   CHECK_THAT(read_error(huge, gz), Contains("trailing garbage: at least"));
 }
 
+TEST_CASE("read_idx with max_rows reads the first rows and stops there", "[data][idx]") {
+  const bool gz = GENERATE(false, true);
+  INFO((gz ? "gzip" : "plain"));
+  TempDir dir;
+  // Row 1 is cut short and followed by garbage: a prefix read of row 0 never
+  // gets there, a whole read fails.
+  Bytes damaged = small_u8_idx();
+  damaged.resize(damaged.size() - 2);
+  damaged.insert(damaged.end(), {7, 7, 7, 7, 7});
+  const std::string path = dir.file("f.idx");
+  write_file(path, gz ? gzip(damaged) : damaged);
+  IdxArray first = read_idx(path, {.max_rows = 1});
+  CHECK(first.dims == Shape{1, 3, 2});
+  REQUIRE(first.bytes.size() == 6);
+  for (size_t i = 0; i < 6; ++i) CHECK(first.bytes[i] == i);
+  CHECK_THAT(error_of([&] { read_idx(path); }), Contains("trailing garbage"));
+
+  // As many rows as the file holds or more: the whole file, checked as such.
+  write_file(path, gz ? gzip(small_u8_idx()) : small_u8_idx());
+  for (uint64_t rows : {2, 3, 1000}) {
+    IdxArray a = read_idx(path, {.max_rows = rows});
+    CHECK(a.dims == Shape{2, 3, 2});
+    CHECK(a.bytes.size() == 12);
+  }
+  // Multi-byte elements are converted in a prefix read too.
+  write_file(path, idx_file(0x0C, {3}, big_endian<int32_t>({-5, 70000, 1})));
+  IdxArray ints = read_idx(path, {.max_rows = 2});
+  REQUIRE(ints.bytes.size() == 8);
+  int32_t v[2];
+  std::memcpy(v, ints.bytes.data(), 8);
+  CHECK(v[0] == -5);
+  CHECK(v[1] == 70000);
+  // A prefix still needs its rows; the header is checked as for a whole read.
+  const Bytes whole = small_u8_idx();
+  const Bytes short_data(whole.begin(), whole.begin() + 16 + 4);
+  CHECK_THAT(read_error(short_data, gz, {.max_rows = 1}),
+             Contains("short data") && Contains("the first rows of [2, 3, 2]") &&
+                 Contains("got 4"));
+  CHECK_THAT(read_error(whole, gz, {.max_bytes = 11, .max_rows = 1}),
+             Contains("more than the limit of 11"));
+  CHECK_THAT(read_error(whole, gz, {.max_rows = 0}), Contains("max_rows must be at least 1"));
+}
+
 TEST_CASE("read_idx: damaged gzip streams", "[data][idx]") {
   const Bytes ok = small_u8_idx();
   const Bytes z = gzip(ok);

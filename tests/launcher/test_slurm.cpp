@@ -53,8 +53,9 @@ TEST_CASE("slurm: srun -n2 runs every collective with no variables of lockstep's
 
 TEST_CASE("slurm: srun -n2 fashion_mnist trains as lockstep-run -np 2 does", "[launcher][slurm]") {
   SKIP_WITHOUT_FASHION_MNIST();
-  const std::vector<std::string> args = {"--epochs", "1", "--train-samples", "512",
-                                         "--batch-size", "32", "--log-every", "4"};
+  const std::vector<std::string> args = {"--epochs",       "1",    "--train-samples", "512",
+                                         "--test-samples", "1000", "--batch-size",    "32",
+                                         "--log-every",    "4"};
   std::string command = "srun -n2 " + bin_path("fashion_mnist");
   for (const auto& a : args) command += " " + a;
   const auto slurm = lockstep::testing::parse_fashion_mnist(with_slurm(command, 300s));

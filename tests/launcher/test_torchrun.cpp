@@ -85,8 +85,9 @@ TEST_CASE("torchrun: --standalone runs every collective", "[launcher][torchrun]"
 TEST_CASE("torchrun: fashion_mnist trains as under lockstep-run", "[launcher][torchrun]") {
   SKIP_WITHOUT_TORCHRUN();
   SKIP_WITHOUT_FASHION_MNIST();
-  const std::vector<std::string> args = {"--epochs", "1", "--train-samples", "512",
-                                         "--batch-size", "32", "--log-every", "4"};
+  const std::vector<std::string> args = {"--epochs",       "1",    "--train-samples", "512",
+                                         "--test-samples", "1000", "--batch-size",    "32",
+                                         "--log-every",    "4"};
   std::vector<std::string> program = {bin_path("fashion_mnist")};
   program.insert(program.end(), args.begin(), args.end());
   const auto run =

@@ -27,8 +27,9 @@ namespace {
 // The base options (a quick run), each replaced where `extra` gives it too.
 std::vector<std::string> args_with(const std::vector<std::string>& extra) {
   const std::vector<std::pair<std::string, std::string>> base = {
-      {"--model", "mlp"},   {"--train-samples", "512"}, {"--batch-size", "64"},
-      {"--log-every", "1"}, {"--optimizer", "adam"},    {"--lr-schedule", "step"}};
+      {"--model", "mlp"},     {"--train-samples", "512"}, {"--test-samples", "1000"},
+      {"--batch-size", "64"}, {"--log-every", "1"},       {"--optimizer", "adam"},
+      {"--lr-schedule", "step"}};
   std::vector<std::string> args;
   for (const auto& [flag, value] : base) {
     if (std::find(extra.begin(), extra.end(), flag) != extra.end()) continue;
@@ -137,10 +138,11 @@ TEST_CASE("A resume that would change what the run computes is refused, naming e
   SECTION("everything that shapes the run") {
     const FashionMnistRun r = refused(
         2, {"--epochs", "2", "--checkpoint-dir", dir, "--resume", "--model", "cnn", "--batch-size",
-            "32", "--train-samples", "256", "--optimizer", "sgd", "--lr-schedule", "cosine"});
+            "32", "--train-samples", "256", "--test-samples", "500", "--optimizer", "sgd",
+            "--lr-schedule", "cosine"});
     INFO(r.result.output);
-    for (const char* name :
-         {"world_size", "batch_size", "train_samples", "model", "optimizer", "lr_schedule"})
+    for (const char* name : {"world_size", "batch_size", "train_samples", "test_samples", "model",
+                             "optimizer", "lr_schedule"})
       CHECK_THAT(r.result.output, Contains(std::string(name) + ": saved"));
   }
   CHECK(checkpoint_files(dir, false) == before);
