@@ -28,6 +28,7 @@
 #include "common/allreduce_runners.h"
 #include "common/device.h"
 #include "harness.h"
+#include "lockstep/runtime/device_select.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 
@@ -151,12 +152,8 @@ int run(const Options& o) {
   const DType dtype = parse_type(o.type);
   const ReduceOp op = parse_op(o.op);
 
-  // The rank's GPU must be current before the group exists (NCCL's
-  // communicator). Under mpirun the store address may come later, through MPI.
-  runtime::RankInfo info;
-  if (o.device == "cuda")
-    info = runtime::read_rank_info(runtime::process_env(), {.allow_missing_store = true});
-  const runtime::Device device = bench::select_device(o.device, info.local_rank);
+  // The rank's GPU must be current before the group exists (NCCL's communicator).
+  const runtime::Device device = runtime::select_device({.request = o.device});
   const std::string backend = !o.backend.empty() ? o.backend : device.is_cuda() ? "nccl" : "gloo";
   auto runner = bench::make_runner(backend, device);
   const int rank = runner->rank();

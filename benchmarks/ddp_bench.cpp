@@ -39,6 +39,7 @@
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/optim/sgd.h"
+#include "lockstep/runtime/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
 
@@ -256,7 +257,7 @@ std::string cuda_backend(const Options& o, const runtime::RankInfo& info) {
   if (!o.backend.empty()) return o.backend;
   if (!info.backend.empty()) return info.backend;
   // NCCL refuses two ranks on one GPU; say so before a rendezvous that would fail.
-  const int gpus = bench::gpu_count();
+  const int gpus = runtime::probe_gpus().count;
   LOCKSTEP_CHECK(info.local_world_size <= gpus,
                  "--device cuda: {} ranks on this node share {} GPU(s), and nccl needs one GPU "
                  "per rank; use --backend gloo or shm (CUDA tensors staged through host memory)",
@@ -272,7 +273,7 @@ int run(const Options& o) {
   runtime::RankInfo info;
   if (o.device == "cuda")
     info = runtime::read_rank_info(runtime::process_env(), {.allow_missing_store = true});
-  const runtime::Device device = bench::select_device(o.device, info.local_rank);
+  const runtime::Device device = runtime::select_device({.request = o.device});
   const std::string backend = device.is_cuda() ? cuda_backend(o, info) : o.backend;
   auto group = collectives::init_process_group({.backend = backend});
   const int rank = group->rank();

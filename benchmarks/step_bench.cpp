@@ -25,6 +25,7 @@
 #include "common/device.h"
 #include "harness.h"
 #include "lockstep/optim/sgd.h"
+#include "lockstep/runtime/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
 
@@ -123,7 +124,7 @@ json peer_step(const std::string& name, int64_t batch, const Device& device, con
 int run(const Options& o) {
   runtime::set_num_threads(o.threads);
   LOCKSTEP_CHECK(!o.tf32 || o.device == "cuda", "--tf32 needs --device cuda");
-  const Device device = bench::select_device(o.device);
+  const Device device = runtime::select_device({.request = o.device});
   bench::set_allow_tf32(o.tf32);
   const std::string machine = bench::machine_description(device);
   const std::string device_str = device.is_cuda() ? fmt::format("cuda:{}", device.index) : "cpu";

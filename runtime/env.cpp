@@ -288,6 +288,10 @@ std::optional<int> read_host_cache_mb(const EnvLookup& env) {
   return read_int(env, "LOCKSTEP_HOST_CACHE_MB", 0);
 }
 
+DeviceEnv read_device_env(const EnvLookup& env) {
+  return {.device = env("LOCKSTEP_DEVICE"), .cuda_visible_devices = env("CUDA_VISIBLE_DEVICES")};
+}
+
 std::pair<std::string, int> parse_host_port(const std::string& text, const std::string& what) {
   std::string host;
   std::string port;

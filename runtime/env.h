@@ -44,7 +44,10 @@
 // LOCKSTEP_TOKEN to a secret on every rank to authenticate the store.
 //
 // Other variables read here: LOCKSTEP_BACKEND (collectives backend to use,
-// e.g. "gloo" or "mpi"), LOCKSTEP_DEBUG ("off", "info" or "detail"),
+// e.g. "gloo" or "mpi"), LOCKSTEP_DEVICE (the device each rank computes on
+// unless the program says: auto, cpu, cuda or cuda:N; see
+// runtime/device_select.h) with CUDA_VISIBLE_DEVICES (read for messages only:
+// CUDA applies it itself), LOCKSTEP_DEBUG ("off", "info" or "detail"),
 // LOCKSTEP_TIMEOUT_S (default collective timeout in seconds),
 // LOCKSTEP_STALL_REPORT_S (seconds a collective waits for other ranks before
 // it prints one line saying for whom, and a rank connecting to a store that
@@ -111,6 +114,14 @@ RankInfo read_rank_info(const EnvLookup& env = process_env(), RankInfoOptions op
 // nullopt when unset. Throws naming the variable when it is not a whole
 // number >= 0.
 std::optional<int> read_host_cache_mb(const EnvLookup& env = process_env());
+
+// LOCKSTEP_DEVICE and CUDA_VISIBLE_DEVICES, each nullopt when unset.
+// device_select.h checks the request and names the variable in its errors.
+struct DeviceEnv {
+  std::optional<std::string> device;
+  std::optional<std::string> cuda_visible_devices;
+};
+DeviceEnv read_device_env(const EnvLookup& env = process_env());
 
 // "host:port" -> (host, port); throws naming `what` (the variable) when malformed.
 std::pair<std::string, int> parse_host_port(const std::string& text, const std::string& what);

@@ -4,7 +4,6 @@
 
 #include "harness.h"
 #include "lockstep/config.h"
-#include "lockstep/runtime/cuda_available.h"
 #include "lockstep/runtime/error.h"
 
 #if LOCKSTEP_HAVE_CUDA
@@ -16,31 +15,6 @@
 #endif
 
 namespace lockstep::bench {
-
-runtime::Device select_device(const std::string& name, int local_rank) {
-  if (name == "cpu") return runtime::Device::cpu();
-  LOCKSTEP_CHECK(name == "cuda", "--device '{}': use cpu or cuda", name);
-#if LOCKSTEP_HAVE_CUDA
-  const int count = runtime::cuda_device_count();
-  LOCKSTEP_CHECK(count > 0, "--device cuda: {}; run on a machine with a GPU, or use --device cpu",
-                 runtime::cuda_unavailable_reason());
-  const int index = local_rank % count;
-  LOCKSTEP_CUDA_CHECK(cudaSetDevice(index));
-  return runtime::Device::cuda(index);
-#else
-  (void)local_rank;
-  throw Error("--device cuda: this build of lockstep has no CUDA (configure with "
-              "-DLOCKSTEP_CUDA=ON where the CUDA toolkit is installed), or use --device cpu");
-#endif
-}
-
-int gpu_count() {
-#if LOCKSTEP_HAVE_CUDA
-  return runtime::cuda_device_count();
-#else
-  return 0;
-#endif
-}
 
 void synchronize(const runtime::Device& device) {
   if (!device.is_cuda()) return;

@@ -1,8 +1,7 @@
-// Where a benchmark runs (--device cpu|cuda), and the few CUDA steps a
-// benchmark needs: picking this rank's GPU, waiting for it before reading the
-// clock, naming it in the results, TF32. Builds with and without CUDA; on the
-// CPU the CUDA-only steps are no-ops, and asking for cuda where there is none
-// is a lockstep::Error that says why.
+// The few CUDA steps a benchmark needs besides choosing its device
+// (runtime/device_select.h): waiting for the GPU before reading the clock,
+// naming it in the results, TF32. Builds with and without CUDA; on the CPU the
+// CUDA-only steps are no-ops.
 #pragma once
 
 #include <memory>
@@ -13,14 +12,6 @@
 #include "lockstep/runtime/dtype.h"
 
 namespace lockstep::bench {
-
-// "cpu" -> cpu. "cuda" -> cuda:(local_rank % visible GPUs), made the calling
-// thread's current device (NCCL communicators and the current stream follow
-// it). Throws when CUDA is not built in or no GPU is usable.
-runtime::Device select_device(const std::string& name, int local_rank = 0);
-
-// GPUs this process can use; 0 without CUDA or without a usable GPU.
-int gpu_count();
 
 // Blocks the host until every stream of `device` is idle (cudaDeviceSynchronize):
 // kernels are asynchronous, so a step timed without it measures the launches
