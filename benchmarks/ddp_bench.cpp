@@ -252,30 +252,13 @@ std::string bytes_list(const std::vector<int64_t>& bytes) {
   return s;
 }
 
-// On CUDA: --backend, else LOCKSTEP_BACKEND, else nccl.
-std::string cuda_backend(const Options& o, const runtime::RankInfo& info) {
-  if (!o.backend.empty()) return o.backend;
-  if (!info.backend.empty()) return info.backend;
-  // NCCL refuses two ranks on one GPU; say so before a rendezvous that would fail.
-  const int gpus = runtime::probe_gpus().count;
-  LOCKSTEP_CHECK(info.local_world_size <= gpus,
-                 "--device cuda: {} ranks on this node share {} GPU(s), and nccl needs one GPU "
-                 "per rank; use --backend gloo or shm (CUDA tensors staged through host memory)",
-                 info.local_world_size, gpus);
-  return "nccl";
-}
-
 int run(const Options& o) {
   runtime::set_num_threads(o.threads);
   // The rank's GPU must be current before the group exists: NCCL's
-  // communicator and the staging buffers live on the current device. (Under
-  // mpirun the store address may come later, through MPI.)
-  runtime::RankInfo info;
-  if (o.device == "cuda")
-    info = runtime::read_rank_info(runtime::process_env(), {.allow_missing_store = true});
+  // communicator and the staging buffers live on the current device. The
+  // default backend follows the device (nccl with a GPU per rank).
   const runtime::Device device = runtime::select_device({.request = o.device});
-  const std::string backend = device.is_cuda() ? cuda_backend(o, info) : o.backend;
-  auto group = collectives::init_process_group({.backend = backend});
+  auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank();
   const int world = group->size();
 
@@ -395,8 +378,8 @@ int main(int argc, char** argv) {
                "buckets in ordinary memory, staged by the all-reduce (default over shm: in the "
                "group's shared pool, read in place)");
   app.add_option("--backend", o.backend,
-                 "nccl, shm, shm+gloo, gloo or mpi (default: LOCKSTEP_BACKEND, else nccl with "
-                 "--device cuda, else what init_process_group picks: shm on one node)")
+                 "nccl, shm, shm+gloo, gloo or mpi (default: LOCKSTEP_BACKEND, else what "
+                 "init_process_group picks: nccl with a GPU per rank, shm on one node)")
       ->check(CLI::IsMember({"nccl", "shm", "shm+gloo", "gloo", "mpi"}));
   app.add_option("--device", o.device, "cpu, or cuda: each rank on cuda:(local rank % GPUs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))

@@ -1,5 +1,6 @@
 #include "lockstep/collectives/init.h"
 
+#include <cstdio>
 #include <optional>
 #include <random>
 #include <string_view>
@@ -7,11 +8,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lockstep/collectives/backend_choice.h"
 #include "lockstep/collectives/backend_registry.h"
+#include "lockstep/collectives/backends.h"
 #include "lockstep/collectives/debug_group.h"
 #include "lockstep/collectives/node_topology.h"
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda/core/error_context.h"
+#include "lockstep/runtime/device_select.h"
 #include "lockstep/runtime/store/listen_address.h"
 #include "lockstep/runtime/store/memory_store.h"
 #include "lockstep/runtime/store/prefix_store.h"
@@ -192,10 +196,20 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   const std::string node_key = this_node_key(info);
   std::optional<NodeTopology> topology;
   if (backend.empty()) {
-    // The default: shared memory where every rank shares this node, else
-    // hierarchical (init.h).
+    // The default, from every rank's node and device (backend_choice.h).
     topology = discover_topology(*holder->store, rank, size, options.name, node_key, timeout);
-    backend = topology->single_node() ? "shm" : "shm+gloo";
+    const runtime::Device device =
+        options.device.value_or(runtime::selected_device().value_or(runtime::Device::cpu()));
+    const std::vector<std::string> devices = exchange_through_store(
+        *holder->store, rank, size, options.name, "device", device.str(), "device", timeout);
+    std::vector<RankPlacement> placements;
+    for (int r = 0; r < size; ++r)
+      placements.push_back({std::to_string(topology->node_of_rank[static_cast<size_t>(r)]),
+                            runtime::Device::parse(devices[static_cast<size_t>(r)])});
+    const BackendChoice choice = choose_default_backend(placements, is_built_in("nccl"));
+    if (!choice.note.empty() && rank == 0)
+      std::fprintf(stderr, "lockstep: group '%s': %s\n", options.name.c_str(), choice.note.c_str());
+    backend = choice.backend;
   }
 #if LOCKSTEP_HAVE_MPI
   if (backend == "mpi") {

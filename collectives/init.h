@@ -3,20 +3,22 @@
 //
 // Backend choice: the one asked for (InitOptions::backend or
 // LOCKSTEP_BACKEND: "nccl", "gloo", "mpi", "shm" or "shm+gloo"), else one
-// picked from where the ranks run. Every rank publishes its node (host name
-// and boot id, or LOCKSTEP_NODE_ID; see node_topology.h) through the store,
-// then:
-//   all ranks on one node    "shm": collectives through shared memory, far
+// picked from where the ranks run and what they compute on. Every rank
+// publishes its node (host name and boot id, or LOCKSTEP_NODE_ID; see
+// node_topology.h) and its device (InitOptions::device) through the store,
+// then backend_choice.h decides, the same on every rank:
+//   CPU ranks on one node    "shm": collectives through shared memory, far
 //                            faster than any socket on one host;
-//   ranks on several nodes   "shm+gloo": all-reduce within each node over shm
+//   on several nodes         "shm+gloo": all-reduce within each node over shm
 //                            and across nodes over gloo among one leader per
 //                            node; other collectives over gloo
 //                            (hierarchical_group.h). Needs gloo built in.
-// "nccl" (CUDA tensors, one GPU per rank; nccl/nccl_group.h) is used only when
-// asked for; its communicator is on the calling thread's current CUDA device,
-// so make each rank's GPU current first. With CUDA built in, the CPU backends
-// take CUDA tensors too, staged through host memory
-// (cuda_staging/staging_group.h): ranks that share one GPU use those.
+//   a GPU per rank           "nccl" (nccl/nccl_group.h); its communicator is
+//                            on the calling thread's current CUDA device,
+//                            which runtime::select_device() sets.
+//   ranks sharing a GPU      "shm" or "shm+gloo", CUDA tensors staged through
+//                            host memory (cuda_staging/staging_group.h); rank
+//                            0 prints a note saying so.
 // A backend that is not built in gives an error listing those that are and
 // how to build the missing one in.
 //
@@ -35,6 +37,7 @@
 #include <string>
 
 #include "lockstep/collectives/process_group.h"
+#include "lockstep/runtime/dtype.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/store/store.h"
 
@@ -45,6 +48,9 @@ struct InitOptions {
   std::string backend;
   std::optional<std::chrono::milliseconds> timeout;  // default: LOCKSTEP_TIMEOUT_S, else 10 min
   std::string name = "default";
+  // What this rank computes on, for the default backend: default
+  // runtime::selected_device(), else the CPU.
+  std::optional<runtime::Device> device;
   std::optional<runtime::RankInfo> rank_info;  // default: read_rank_info()
   std::shared_ptr<runtime::Store> store;       // default: connect as described above
 };

@@ -64,18 +64,21 @@ NodeTopology topology_from_keys(const std::vector<std::string>& keys, int rank) 
   return t;
 }
 
-// Every rank publishes its key under "<group>/topology/<instance>/<rank>",
-// where <instance> counts this rank's discoveries for the group name: all
-// ranks of one making of a group agree on it, and a later making does not see
-// the keys of an earlier one.
-NodeTopology discover_topology(runtime::Store& store, int rank, int size,
-                               const std::string& group_name, const std::string& node_key,
-                               std::chrono::milliseconds timeout) {
-  LOCKSTEP_CHECK(rank >= 0 && rank < size, "node topology of group '{}': rank {} is not in a "
-                 "group of {} ranks", group_name, rank, size);
-  const int64_t instance = store.add(fmt::format("{}/topology/instances/{}", group_name, rank), 1);
-  const std::string prefix = fmt::format("{}/topology/{}", group_name, instance);
-  store.set(key_of(prefix, rank), node_key);
+// Every rank publishes its value under "<group>/<topic>/<instance>/<rank>",
+// where <instance> counts this rank's exchanges of the topic for the group
+// name: all ranks of one making of a group agree on it, and a later making
+// does not see the values of an earlier one.
+std::vector<std::string> exchange_through_store(runtime::Store& store, int rank, int size,
+                                                const std::string& group_name,
+                                                const std::string& topic,
+                                                const std::string& value, const std::string& what,
+                                                std::chrono::milliseconds timeout) {
+  LOCKSTEP_CHECK(rank >= 0 && rank < size, "{} of group '{}': rank {} is not in a group of {} ranks",
+                 topic, group_name, rank, size);
+  const int64_t instance =
+      store.add(fmt::format("{}/{}/instances/{}", group_name, topic, rank), 1);
+  const std::string prefix = fmt::format("{}/{}/{}", group_name, topic, instance);
+  store.set(key_of(prefix, rank), value);
 
   std::vector<std::string> all;
   for (int r = 0; r < size; ++r) all.push_back(key_of(prefix, r));
@@ -91,13 +94,21 @@ NodeTopology discover_topology(runtime::Store& store, int rank, int size,
       }
     }
     throw Error(fmt::format(
-        "rank {} of group '{}' ({} ranks) waited {} ms for every rank's node identity, but rank "
+        "rank {} of group '{}' ({} ranks) waited {} ms for every rank's {}, but rank "
         "{} did not publish one; check that every rank started and uses the same store",
-        rank, group_name, size, timeout.count(), fmt::join(missing, ", rank ")));
+        rank, group_name, size, timeout.count(), what, fmt::join(missing, ", rank ")));
   }
-  std::vector<std::string> keys;
-  for (const auto& k : all) keys.push_back(store.get_string(k));
-  return topology_from_keys(keys, rank);
+  std::vector<std::string> values;
+  for (const auto& k : all) values.push_back(store.get_string(k));
+  return values;
+}
+
+NodeTopology discover_topology(runtime::Store& store, int rank, int size,
+                               const std::string& group_name, const std::string& node_key,
+                               std::chrono::milliseconds timeout) {
+  return topology_from_keys(exchange_through_store(store, rank, size, group_name, "topology",
+                                                   node_key, "node identity", timeout),
+                            rank);
 }
 
 }  // namespace lockstep::collectives

@@ -44,6 +44,16 @@ NodeTopology discover_topology(runtime::Store& store, int rank, int size,
                                const std::string& group_name, const std::string& node_key,
                                std::chrono::milliseconds timeout);
 
+// Every rank's `value` (rank 0's first) through the store: each rank of the
+// group calls it with the same `group_name` and `topic`, and a later call
+// reads fresh values. Throws, naming the ranks whose `what` did not arrive
+// within `timeout`.
+std::vector<std::string> exchange_through_store(runtime::Store& store, int rank, int size,
+                                                const std::string& group_name,
+                                                const std::string& topic,
+                                                const std::string& value, const std::string& what,
+                                                std::chrono::milliseconds timeout);
+
 // The topology from a known node key per rank (what discover_topology() ends
 // with); tests build explicit topologies with it.
 NodeTopology topology_from_keys(const std::vector<std::string>& keys, int rank);

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstdio>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -9,6 +10,9 @@
 
 namespace lockstep::runtime {
 namespace {
+
+std::mutex selected_mutex;
+std::optional<Device> selected;
 
 // The request as its user wrote it: "--device cuda", "LOCKSTEP_DEVICE=cuda".
 std::string written(const std::string& origin, const std::string& text) {
@@ -96,7 +100,14 @@ Device select_device(const SelectDeviceOptions& options) {
   if (choice.device.is_cuda()) set_current_gpu(choice.device.index);
   if (!choice.note.empty() && info.local_rank == 0)
     std::fprintf(stderr, "lockstep: %s\n", choice.note.c_str());
+  std::lock_guard lock(selected_mutex);
+  selected = choice.device;
   return choice.device;
+}
+
+std::optional<Device> selected_device() {
+  std::lock_guard lock(selected_mutex);
+  return selected;
 }
 
 }  // namespace lockstep::runtime

@@ -59,4 +59,8 @@ struct SelectDeviceOptions {
 // rank 0. Returns the device.
 Device select_device(const SelectDeviceOptions& options = {});
 
+// What select_device() last returned in this process; nullopt before it runs.
+// init_process_group() chooses its default backend by it.
+std::optional<Device> selected_device();
+
 }  // namespace lockstep::runtime

@@ -1,0 +1,117 @@
+// The default backend over injected layouts (backend_choice.h), and
+// init_process_group() choosing it from every rank's device through a store,
+// ranks as threads.
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "lockstep/collectives/backend_choice.h"
+#include "lockstep/collectives/init.h"
+#include "lockstep/runtime/store/memory_store.h"
+#include "support/test_util.h"
+
+using namespace lockstep;
+using collectives::choose_default_backend;
+using collectives::RankPlacement;
+using runtime::Device;
+using lockstep::testing::error_of;
+using Catch::Matchers::Contains;
+
+namespace {
+
+RankPlacement cpu(const std::string& node) { return {node, Device::cpu()}; }
+RankPlacement gpu(const std::string& node, int index) { return {node, Device::cuda(index)}; }
+
+}  // namespace
+
+TEST_CASE("CPU ranks: shm on one node, shm+gloo across nodes", "[collectives][backend_choice]") {
+  CHECK(choose_default_backend({cpu("a")}, true).backend == "shm");
+  CHECK(choose_default_backend({cpu("a"), cpu("a")}, true).backend == "shm");
+  const auto two_nodes = choose_default_backend({cpu("a"), cpu("b")}, true);
+  CHECK(two_nodes.backend == "shm+gloo");
+  CHECK(two_nodes.note.empty());
+}
+
+TEST_CASE("A GPU per rank: nccl, on one node or several", "[collectives][backend_choice]") {
+  CHECK(choose_default_backend({gpu("a", 0)}, true).backend == "nccl");
+  const auto one_node = choose_default_backend({gpu("a", 0), gpu("a", 1)}, true);
+  CHECK(one_node.backend == "nccl");
+  CHECK(one_node.note.empty());
+  // The same index on different nodes is a different GPU.
+  CHECK(choose_default_backend({gpu("a", 0), gpu("b", 0)}, true).backend == "nccl");
+}
+
+TEST_CASE("Ranks sharing a GPU, or no NCCL: staged CPU backends, with a note",
+          "[collectives][backend_choice]") {
+  const auto shared = choose_default_backend({gpu("a", 0), gpu("a", 1), gpu("a", 0)}, true);
+  CHECK(shared.backend == "shm");
+  CHECK_THAT(shared.note, Contains("ranks 0, 2 share cuda:0") &&
+                              Contains("NCCL needs one GPU per rank") &&
+                              Contains("over shm with CUDA tensors staged through host memory"));
+  const auto across = choose_default_backend({gpu("a", 0), gpu("a", 0), gpu("b", 0)}, true);
+  CHECK(across.backend == "shm+gloo");
+  CHECK_THAT(across.note, Contains("share cuda:0 of one node"));
+  const auto no_nccl = choose_default_backend({gpu("a", 0), gpu("a", 1)}, false);
+  CHECK(no_nccl.backend == "shm");
+  CHECK_THAT(no_nccl.note, Contains("no NCCL"));
+}
+
+TEST_CASE("Some ranks on GPUs and others on the CPU is an error naming them",
+          "[collectives][backend_choice]") {
+  const std::string e = error_of(
+      [] { choose_default_backend({gpu("a", 0), cpu("a"), gpu("a", 1), cpu("b")}, true); });
+  CHECK_THAT(e, Contains("ranks 1, 3 compute on the CPU and ranks 0, 2 on GPUs") &&
+                    Contains("--device cpu"));
+  CHECK_THAT(error_of([] { choose_default_backend({cpu("a"), gpu("a", 0)}, true); }),
+             Contains("rank 0 computes on the CPU and rank 1 on GPUs"));
+}
+
+TEST_CASE("init_process_group's default follows every rank's device, the same on each",
+          "[collectives][backend_choice]") {
+  auto store = std::make_shared<runtime::MemoryStore>();
+  constexpr int kRanks = 2;
+  std::string errors[kRanks];
+  std::string backends[kRanks];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      runtime::RankInfo info;
+      info.rank = r;
+      info.world_size = kRanks;
+      info.local_rank = r;
+      info.local_world_size = kRanks;
+      // Rank 1 on a GPU, rank 0 on the CPU: both refuse, naming the ranks.
+      const Device device = r == 1 ? Device::cuda(0) : Device::cpu();
+      try {
+        auto group = collectives::init_process_group(
+            {.name = "mixed", .device = device, .rank_info = info, .store = store});
+        backends[r] = group->backend();
+      } catch (const Error& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r << ": " << backends[r]);
+    CHECK_THAT(errors[r], Contains("rank 0 computes on the CPU and rank 1 on GPUs"));
+  }
+
+  // Every rank on the CPU: shm, as before devices were asked.
+  threads.clear();
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      runtime::RankInfo info;
+      info.rank = r;
+      info.world_size = kRanks;
+      info.local_rank = r;
+      info.local_world_size = kRanks;
+      auto group = collectives::init_process_group(
+          {.name = "cpu", .device = Device::cpu(), .rank_info = info, .store = store});
+      backends[r] = group->backend();
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(backends[0] == "shm");
+  CHECK(backends[1] == "shm");
+}
