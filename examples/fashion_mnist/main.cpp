@@ -1,15 +1,18 @@
 // Trains the Fashion-MNIST MLP or CNN with DistributedDataParallel on one or
-// more processes and reports test accuracy over the whole test set.
+// more processes and reports its accuracy on the test set.
 //
 //   build/bin/fashion_mnist --model cnn --epochs 2                      (one process)
 //   build/bin/lockstep-run -np 2 build/bin/fashion_mnist --model cnn --epochs 2
 //       --batch-size 32 --sync-bn                                        (two ranks)
 //   mpirun -np 2 build/bin/fashion_mnist --model cnn --batch-size 32     (Open MPI)
+//   ... --device cpu                      (the CPU even where there are GPUs)
 //   ... --optimizer adamw --lr-schedule warmup-cosine --zero
 //   ... --checkpoint-dir ckpt --checkpoint-every 200 [--resume]
 //
 // Each rank trains on its DistributedSampler shard with --batch-size samples
-// per step (the global batch is world size times that); only rank 0 prints.
+// per step (the global batch is world size times that), on its own GPU where
+// there are GPUs (runtime/device_select.h; NCCL then all-reduces), else on
+// the CPU; only rank 0 prints.
 // With --checkpoint-dir, rank 0 saves every --checkpoint-every steps (and at
 // each epoch's end, with the test accuracy as the metric that picks the best
 // checkpoint); --resume continues the run from its newest checkpoint exactly
@@ -23,9 +26,11 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
@@ -36,6 +41,7 @@
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/data/distributed_sampler.h"
 #include "lockstep/runtime/data/loader.h"
+#include "lockstep/runtime/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
 #include "optimizer_setup.h"
@@ -59,7 +65,8 @@ void print(int rank, fmt::format_string<Args...> format, Args&&... args) {
 // Accuracy over the whole test set: each rank classifies its shard (every
 // sample exactly once across ranks, no padding), then one all-reduce sums the
 // correct predictions and the counts.
-double evaluate(nn::Module& model, const runtime::Dataset& data, collectives::ProcessGroup& group) {
+double evaluate(nn::Module& model, const runtime::Dataset& data, collectives::ProcessGroup& group,
+                const runtime::Device& device) {
   runtime::NoGradGuard no_grad;
   model.eval();
   auto sampler = std::make_unique<runtime::DistributedSampler>(
@@ -68,8 +75,8 @@ double evaluate(nn::Module& model, const runtime::Dataset& data, collectives::Pr
   runtime::DataLoader loader(data, std::move(sampler), {.batch_size = 1000});
   int64_t correct = 0, seen = 0;
   for (const runtime::Batch& b : loader) {
-    Tensor pred = runtime::argmax(model(b.x), 1);
-    correct += static_cast<int64_t>(runtime::sum(runtime::eq(pred, b.y)).item());
+    Tensor pred = runtime::argmax(model(b.x.to(device)), 1);
+    correct += static_cast<int64_t>(runtime::sum(runtime::eq(pred, b.y.to(device))).item());
     seen += b.size();
   }
   Tensor totals = Tensor::from_vector<int64_t>({correct, seen}, {2});
@@ -86,7 +93,7 @@ double evaluate(nn::Module& model, const runtime::Dataset& data, collectives::Pr
 uint64_t digest(const nn::Module& model) {
   uint64_t h = 1469598103934665603ull;
   for (const auto& [name, t] : model.state_dict()) {
-    const Tensor c = t.contiguous();
+    const Tensor c = t.to(runtime::Device::cpu()).contiguous();
     const auto* bytes = static_cast<const unsigned char*>(c.raw_data());
     const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
     for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
@@ -94,9 +101,28 @@ uint64_t digest(const nn::Module& model) {
   return h;
 }
 
+// "1 rank (shm backend)" on the CPU; "2 ranks on cuda:0, cuda:1 (nccl backend)"
+// on GPUs, from every rank's device.
+std::string ranks_line(collectives::ProcessGroup& group, const runtime::Device& device) {
+  const int world = group.size();
+  const std::string ranks = fmt::format("{} rank{}", world, world > 1 ? "s" : "");
+  Tensor mine = Tensor::from_vector<int64_t>({device.is_cuda() ? device.index : -1}, {1});
+  Tensor all = Tensor::zeros({world}, runtime::DType::i64);
+  group.allgather(all, mine)->wait();
+  const auto indices = all.to_vector<int64_t>();
+  if (std::all_of(indices.begin(), indices.end(), [](int64_t i) { return i < 0; }))
+    return fmt::format("{} ({} backend)", ranks, group.backend());
+  std::vector<std::string> names;
+  for (int64_t i : indices) names.push_back(i < 0 ? "cpu" : fmt::format("cuda:{}", i));
+  return fmt::format("{} on {} ({} backend)", ranks, fmt::join(names, ", "), group.backend());
+}
+
 int run(Options o) {
   runtime::set_num_threads(o.threads);
   runtime::manual_seed(o.seed);
+  // The rank's device first: the group's default backend follows it (nccl
+  // with a GPU per rank), and NCCL's communicator lives on it.
+  const runtime::Device device = runtime::select_device({.request = o.device});
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank(), world = group->size();
   // The checkpoint directory first: one that cannot be written, or that
@@ -119,6 +145,7 @@ int run(Options o) {
   auto test = runtime::load_fashion_mnist(o.data, runtime::Split::test, norm, o.test_samples);
   std::shared_ptr<nn::Module> model =
       o.model == "cnn" ? nn::models::fashion_cnn(o.seed) : nn::models::fashion_mlp(o.seed);
+  model->to(device);
   if (o.sync_bn) model = nn::convert_sync_batchnorm(model, group);
   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group);
   auto sampler = std::make_unique<runtime::DistributedSampler>(
@@ -128,10 +155,11 @@ int run(Options o) {
   auto opt = make_optimizer(o, model->parameters(), group);
   auto sched = make_scheduler(o, *opt, batches, batches * o.epochs);
 
-  print(rank, "model {} ({} parameters{}), {} training and {} test samples, {} rank{} ({} backend) x "
+  const std::string ranks = ranks_line(*group, device);
+  print(rank, "model {} ({} parameters{}), {} training and {} test samples, {} x "
         "batch {}, {} lr {}{}{}, seed {}\n",
         o.model, model->num_parameters(), o.sync_bn ? ", SyncBatchNorm" : "", train.size(),
-        test.size(), world, world > 1 ? "s" : "", group->backend(), o.batch_size, o.optimizer,
+        test.size(), ranks, o.batch_size, o.optimizer,
         learning_rate(o), o.lr_schedule == "none" ? "" : " (" + o.lr_schedule + ")",
         o.zero ? ", ZeRO" : "", o.seed);
 
@@ -168,7 +196,7 @@ int run(Options o) {
     double window_loss = 0;
     while (progress.batch < batches) {
       const runtime::Batch b = loader.batch(progress.batch);
-      Tensor loss = runtime::cross_entropy((*ddp)(b.x), b.y);
+      Tensor loss = runtime::cross_entropy((*ddp)(b.x.to(device)), b.y.to(device));
       opt->zero_grad();
       loss.backward();
       if (o.clip_grad_norm > 0) clip_gradients(*opt, o.clip_grad_norm);
@@ -192,7 +220,7 @@ int run(Options o) {
         save(progress, std::nullopt);
     }
     if (checkpoints || progress.epoch + 1 == o.epochs) {
-      accuracy = evaluate(*model, test, *group);
+      accuracy = evaluate(*model, test, *group, device);
       print(rank, "epoch {} test accuracy: {:.4f}\n", progress.epoch + 1, *accuracy);
       if (!progress.best_metric || *accuracy > *progress.best_metric) progress.best_metric = accuracy;
       // Saved as the start of the next epoch, where a resumed run goes on.
@@ -203,7 +231,7 @@ int run(Options o) {
     }
   }
   // Resumed after the last epoch: nothing trained, report what was loaded.
-  if (!accuracy) accuracy = evaluate(*model, test, *group);
+  if (!accuracy) accuracy = evaluate(*model, test, *group, device);
   print(rank, "test accuracy: {:.4f}\n", *accuracy);
   print(rank, "parameters digest: {:016x}\n", digest(*model));
   return 0;
@@ -268,9 +296,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(CLI::PositiveNumber);
   app.add_flag("--sync-bn", o.sync_bn,
                "replace BatchNorm with SyncBatchNorm (statistics of the global batch)");
+  app.add_option("--device", o.device,
+                 "auto (each rank on its own GPU where there are GPUs, else the CPU), cpu, cuda "
+                 "or cuda:N; default: LOCKSTEP_DEVICE, else auto");
   app.add_option("--backend", o.backend,
-                 "process-group backend (shm, shm+gloo, gloo, mpi); default: LOCKSTEP_BACKEND, "
-                 "else shm when all ranks share a node, shm+gloo across nodes");
+                 "process-group backend (nccl, shm, shm+gloo, gloo, mpi); default: "
+                 "LOCKSTEP_BACKEND, else nccl with a GPU per rank, shm when all ranks share a "
+                 "node, shm+gloo across nodes");
   CLI11_PARSE(app, argc, argv);
   if ((o.resume || o.restart) && o.checkpoint_dir.empty()) {
     fmt::print(stderr, "fashion_mnist: error: {} needs --checkpoint-dir DIR (where the run's "

@@ -33,6 +33,7 @@ struct Options {
   int log_every = 100;
   int threads = 1;
   bool sync_bn = false;
+  std::string device;   // empty: LOCKSTEP_DEVICE, else auto
   std::string backend;
   // The changeable run settings set on the command line ("lr", "epochs",
   // ...; resume_settings.h): a resume takes the others from the checkpoint.
