@@ -288,6 +288,10 @@ std::optional<int> read_host_cache_mb(const EnvLookup& env) {
   return read_int(env, "LOCKSTEP_HOST_CACHE_MB", 0);
 }
 
+std::optional<std::string> read_async_error_handling(const EnvLookup& env) {
+  return env("LOCKSTEP_ASYNC_ERROR_HANDLING");
+}
+
 DeviceEnv read_device_env(const EnvLookup& env) {
   return {.device = env("LOCKSTEP_DEVICE"), .cuda_visible_devices = env("CUDA_VISIBLE_DEVICES")};
 }

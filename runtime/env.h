@@ -47,7 +47,8 @@
 // e.g. "gloo" or "mpi"), LOCKSTEP_DEVICE (the device each rank computes on
 // unless the program says: auto, cpu, cuda or cuda:N; see
 // runtime/device_select.h) with CUDA_VISIBLE_DEVICES (read for messages only:
-// CUDA applies it itself), LOCKSTEP_DEBUG ("off", "info" or "detail"),
+// CUDA applies it itself), LOCKSTEP_ASYNC_ERROR_HANDLING (end-process or
+// fail-works; collectives/async_error.h), LOCKSTEP_DEBUG ("off", "info" or "detail"),
 // LOCKSTEP_TIMEOUT_S (default collective timeout in seconds),
 // LOCKSTEP_STALL_REPORT_S (seconds a collective waits for other ranks before
 // it prints one line saying for whom, and a rank connecting to a store that
@@ -114,6 +115,10 @@ RankInfo read_rank_info(const EnvLookup& env = process_env(), RankInfoOptions op
 // nullopt when unset. Throws naming the variable when it is not a whole
 // number >= 0.
 std::optional<int> read_host_cache_mb(const EnvLookup& env = process_env());
+
+// LOCKSTEP_ASYNC_ERROR_HANDLING (what a collective that fails with no caller
+// waiting does to the process: collectives/async_error.h); nullopt when unset.
+std::optional<std::string> read_async_error_handling(const EnvLookup& env = process_env());
 
 // LOCKSTEP_DEVICE and CUDA_VISIBLE_DEVICES, each nullopt when unset.
 // device_select.h checks the request and names the variable in its errors.

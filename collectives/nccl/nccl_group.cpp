@@ -67,7 +67,8 @@ NcclGroup::NcclGroup(std::shared_ptr<runtime::Store> store, int rank, int size,
   }
   watchdog_ = std::make_unique<detail::NcclWatchdog>(
       *comm_, stream_, abort_state(),
-      fmt::format("rank {} of group '{}' (nccl, {} ranks)", rank, name, size));
+      fmt::format("rank {} of group '{}' (nccl, {} ranks)", rank, name, size),
+      options.async_errors.value_or(async_error_handling_from_env()));
 }
 
 NcclGroup::~NcclGroup() { watchdog_->stop(); }

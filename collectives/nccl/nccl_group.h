@@ -11,7 +11,8 @@
 // blocks the host. The tensors are held by the Work until the collective is
 // done, so the caching allocator cannot reuse their memory early.
 // Errors and timeouts: a watchdog thread aborts the communicator and fails the
-// Works (nccl_watchdog.h); the group is unusable afterwards.
+// Works (nccl_watchdog.h); the group is unusable afterwards. By default the
+// process then ends, naming the op, the rank and the reason (async_error.h).
 // CPU tensors are staged through the group's device (nccl_host_staging.h):
 // their wait() blocks the host until the results are back in host memory.
 // That serves small control tensors (DDP's parameter checks, checkpoint
@@ -35,6 +36,7 @@
 #include <nccl.h>
 
 #include "lockstep/collectives/abort_state.h"
+#include "lockstep/collectives/async_error.h"
 #include "lockstep/collectives/process_group.h"
 #include "lockstep/runtime/cuda/caching_allocator.h"
 #include "lockstep/runtime/cuda/stream.h"
@@ -51,6 +53,9 @@ class NcclWork;
 struct NcclOptions {
   int device = -1;  // the communicator's CUDA device; -1: the calling thread's current one
   bool high_priority_stream = true;  // communication ahead of compute when both are ready
+  // What a timeout or an asynchronous NCCL error does to the process
+  // (async_error.h); default: LOCKSTEP_ASYNC_ERROR_HANDLING, else end-process.
+  std::optional<AsyncErrorHandling> async_errors;
 };
 
 class NcclGroup final : public ProcessGroup {

@@ -24,8 +24,13 @@ std::string nccl_error_text(ncclResult_t error) {
 }  // namespace
 
 NcclWatchdog::NcclWatchdog(NcclComm& comm, const runtime::cuda::Stream& stream,
-                           std::shared_ptr<AbortState> abort, std::string where)
-    : comm_(comm), stream_(stream), abort_(std::move(abort)), where_(std::move(where)) {
+                           std::shared_ptr<AbortState> abort, std::string where,
+                           AsyncErrorHandling handling)
+    : comm_(comm),
+      stream_(stream),
+      abort_(std::move(abort)),
+      where_(std::move(where)),
+      handling_(handling) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -109,8 +114,9 @@ void NcclWatchdog::check(std::vector<std::shared_ptr<NcclWork>>& works) {
   try {
     for (const auto& work : works) work->poll();
   } catch (const std::exception& e) {  // a CUDA error while querying an end event
-    abort_all(works, fmt::format("checking a collective's completion failed: {}", e.what()),
-              nullptr, nullptr);
+    const std::string reason = fmt::format("checking a collective's completion failed: {}", e.what());
+    abort_all(works, reason, nullptr, nullptr);
+    on_async_failure(handling_, {where_, reason});
     return;
   }
   std::erase_if(works, [&](const std::shared_ptr<NcclWork>& work) {
@@ -141,15 +147,18 @@ void NcclWatchdog::check(std::vector<std::shared_ptr<NcclWork>>& works) {
           culprit->description(), where_, text)));
     }
     abort_all(works, reason, culprit, culprit_error);
+    on_async_failure(handling_, {where_, reason});
     return;
   }
 
   const auto now = Work::Clock::now();
   for (const auto& work : works) {
     if (now < work->deadline()) continue;
+    const std::string timed_out = work->timeout_message();
     abort_all(works, fmt::format("{} timed out", work->description()), work.get(),
-              std::make_exception_ptr(CollectiveError(fmt::format(
-                  "{} (nccl: this rank's communicator was aborted)", work->timeout_message()))));
+              std::make_exception_ptr(CollectiveError(
+                  fmt::format("{} (nccl: this rank's communicator was aborted)", timed_out))));
+    on_async_failure(handling_, {where_, timed_out});
     return;
   }
 }

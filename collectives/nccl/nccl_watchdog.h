@@ -15,7 +15,10 @@
 //   4. the Works' tensors are kept until the communication stream is idle:
 //      work queued there behind a stalled event may still run and write them.
 //      A group destroyed before that leaks them rather than let the caching
-//      allocator hand out memory a late kernel writes.
+//      allocator hand out memory a late kernel writes;
+//   5. for an error or timeout it found itself (not an abort the issuing
+//      thread asked for), the group's AsyncErrorHandling applies: by default
+//      the process ends with a report (async_error.h).
 // Only this thread aborts the communicator and drops tensors.
 #pragma once
 
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "lockstep/collectives/abort_state.h"
+#include "lockstep/collectives/async_error.h"
 #include "lockstep/collectives/nccl/nccl_comm.h"
 #include "lockstep/collectives/nccl/nccl_work.h"
 #include "lockstep/runtime/cuda/stream.h"
@@ -41,7 +45,8 @@ class NcclWatchdog {
   // `where`: "rank 1 of group 'default' (nccl, 4 ranks)", for messages.
   // `stream`: the communication stream; it and `comm` outlive the watchdog.
   NcclWatchdog(NcclComm& comm, const runtime::cuda::Stream& stream,
-               std::shared_ptr<AbortState> abort, std::string where);
+               std::shared_ptr<AbortState> abort, std::string where,
+               AsyncErrorHandling handling);
   ~NcclWatchdog() { stop(); }
   NcclWatchdog(const NcclWatchdog&) = delete;
   NcclWatchdog& operator=(const NcclWatchdog&) = delete;
@@ -68,6 +73,7 @@ class NcclWatchdog {
   const runtime::cuda::Stream& stream_;
   std::shared_ptr<AbortState> abort_;
   std::string where_;
+  AsyncErrorHandling handling_;
   std::vector<runtime::Tensor> graveyard_;  // tensors of aborted Works (this thread only)
 
   std::mutex mutex_;

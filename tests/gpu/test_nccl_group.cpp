@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -80,8 +81,23 @@ namespace {
 
 using lt::StreamGate;
 
-std::shared_ptr<lc::NcclGroup> solo_group(const std::string& name) {
-  return lc::make_nccl_group(std::make_shared<lr::MemoryStore>(), 0, 1, name, 60s);
+std::shared_ptr<lc::NcclGroup> solo_group(
+    const std::string& name,
+    lc::AsyncErrorHandling async_errors = lc::AsyncErrorHandling::end_process) {
+  return lc::make_nccl_group(std::make_shared<lr::MemoryStore>(), 0, 1, name, 60s,
+                             {.async_errors = async_errors});
+}
+
+// An all-reduce with a 300 ms timeout behind a gated current stream (it cannot
+// start); returns once the watchdog has failed it, or after 20 s.
+std::shared_ptr<lc::Work> timed_out_allreduce(lc::NcclGroup& g, Tensor& t) {
+  auto work = g.allreduce(t, {.op = lc::ReduceOp::Sum, .timeout = 300ms});
+  work->wait();  // nothing reported yet: the host is not blocked
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (!work->is_completed() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(5ms);
+  }
+  return work;
 }
 
 }  // namespace
@@ -164,18 +180,14 @@ TEST_CASE("nccl: the collective follows the caller's stream, and wait() does not
 TEST_CASE("nccl: a collective past its timeout is aborted by the watchdog, naming op and rank",
           "[gpu][collectives][nccl]") {
   LOCKSTEP_SKIP_UNLESS_GPU();
-  auto g = solo_group("nccl-timeout");
+  // fail-works: the process goes on, so this test can look at the Work.
+  auto g = solo_group("nccl-timeout", lc::AsyncErrorHandling::fail_works);
   lr::cuda::Stream compute(g->device());
   lr::cuda::StreamGuard current(compute);
   Tensor t = Tensor::zeros({16}, DType::f32, Device::cuda(g->device()));
   compute.synchronize();
   StreamGate gate(compute);  // the all-reduce cannot start: it times out
-  auto work = g->allreduce(t, {.op = lc::ReduceOp::Sum, .timeout = 300ms});
-  work->wait();  // nothing reported yet: the host is not blocked
-  const auto give_up = std::chrono::steady_clock::now() + 20s;
-  while (!work->is_completed() && std::chrono::steady_clock::now() < give_up) {
-    std::this_thread::sleep_for(5ms);
-  }
+  auto work = timed_out_allreduce(*g, t);
   REQUIRE(work->is_completed());
   const std::string message = lt::message_of(work->exception());
   CHECK_THAT(message, Contains("allreduce #1 (f32, 16 elements, sum) timed out after 0.3 s") &&
@@ -186,6 +198,40 @@ TEST_CASE("nccl: a collective past its timeout is aborted by the watchdog, namin
   CHECK_THROWS_WITH(g->allreduce(t),
                     Contains("unusable because allreduce #1 (f32, 16 elements, sum) timed out"));
   CHECK_THROWS_WITH(g->barrier(), Contains("unusable"));
+}
+
+// Run by the next test in a process of its own: under the default handling
+// the watchdog ends the process, so this never gets past the wait.
+TEST_CASE("nccl probe: a timed-out all-reduce under the default handling",
+          "[.][nccl-end-process-probe]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  auto g = solo_group("nccl-probe");
+  lr::cuda::Stream compute(g->device());
+  lr::cuda::StreamGuard current(compute);
+  Tensor t = Tensor::zeros({16}, DType::f32, Device::cuda(g->device()));
+  compute.synchronize();
+  StreamGate gate(compute);
+  timed_out_allreduce(*g, t);
+  std::printf("nccl probe: still running\n");
+  std::fflush(stdout);
+}
+
+TEST_CASE("nccl: by default a watchdog timeout ends the process, and lockstep-run names the rank",
+          "[gpu][collectives][nccl]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  const auto result = lt::run_process({lt::bin_path("lockstep-run"), "-np", "1",
+                                       lt::bin_path("lockstep_tests"),
+                                       "[nccl-end-process-probe]"},
+                                      60s);
+  INFO(lt::describe(result) << "\n" << result.output);
+  CHECK(result.exit_code == 1);
+  CHECK_FALSE(result.timed_out);
+  CHECK_THAT(result.output,
+             Contains("lockstep: rank 0 of group 'nccl-probe' (nccl, 1 ranks): allreduce #1 (f32, "
+                      "16 elements, sum) timed out after 0.3 s") &&
+                 Contains("this process ends now") && Contains("rank 0") &&
+                 Contains("exited with code 1"));
+  CHECK_THAT(result.output, !Contains("nccl probe: still running"));
 }
 
 TEST_CASE("nccl: a rank whose peer never comes fails its creation after the timeout",

@@ -262,6 +262,34 @@ TEST_CASE("launcher: a failing rank stops the others", "[launcher]") {
   check_no_orphans(dir.path, 3);
 }
 
+TEST_CASE("launcher: a collective failing with no caller waiting ends its rank and the job",
+          "[launcher][async_error]") {
+  // What the NCCL watchdog does on a timeout (collectives/async_error.h), on
+  // rank 1 of 2, in the default setting and in fail-works.
+  TempDir dir;
+  const auto ended = launch({"-np", "2"}, {"pid-dir=" + dir.path, "async-failure=1", "sleep"});
+  CHECK(ended.exit_code == 1);
+  CHECK_FALSE(ended.timed_out);
+  CHECK_THAT(ended.output,
+             Contains("lockstep: rank 1 of group 'probe' (nccl, 2 ranks): allreduce #3 (f32, "
+                      "1024 elements, sum) timed out after 0.3 s; the communicator was aborted, "
+                      "and this process ends now") &&
+                 Contains("rank 1 (local rank 1 on node 0") &&
+                 Contains("exited with code 1; stopping the other 1 rank"));
+  CHECK_THAT(ended.output, !Contains("still running"));
+  check_no_orphans(dir.path, 2);
+
+  const auto kept = launch({"-np", "2"}, {"async-failure=1"},
+                           {"LOCKSTEP_ASYNC_ERROR_HANDLING=fail-works"});
+  CHECK(kept.exit_code == 0);
+  CHECK_THAT(kept.output, Contains("rank 1: still running") && !Contains("ends now"));
+
+  const auto bad = launch({"-np", "1"}, {"async-failure=0"},
+                          {"LOCKSTEP_ASYNC_ERROR_HANDLING=abort"});
+  CHECK(bad.exit_code != 0);
+  CHECK_THAT(bad.output, Contains("LOCKSTEP_ASYNC_ERROR_HANDLING='abort': use end-process"));
+}
+
 TEST_CASE("launcher: ranks that ignore SIGTERM get SIGKILL after the grace period", "[launcher]") {
   TempDir dir;
   const auto r = launch({"-np", "2", "--grace-period", "0.5"},

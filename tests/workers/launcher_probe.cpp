@@ -5,7 +5,7 @@
 //   cpus             add cpus=<the CPUs it may run on, comma-separated>
 //   sigint           add sigint=<default|ignored|handled>: how SIGINT would
 //                    find this process (what it inherited through exec)
-//   pid-dir=DIR      write DIR/<rank>.pid; exit=/kill=/kill-parent= first wait
+//   pid-dir=DIR      write DIR/<rank>.pid; exit=/kill=/kill-parent=/async-failure= first wait
 //                    (up to 10 s) until every rank has written one
 //   exit=R:CODE      rank R exits with CODE
 //   kill=R:SIGNAL    rank R raises SIGNAL (a number)
@@ -14,6 +14,10 @@
 //   partial          print a last line without its newline
 //   store-sum        every rank adds rank+1 to a counter in the job's store,
 //                    waits for all, checks the sum is W(W+1)/2; exit 1 if not
+//   async-failure=R  rank R reports a timed-out collective from a thread of its
+//                    own, as the NCCL watchdog does (collectives/async_error.h,
+//                    LOCKSTEP_ASYNC_ERROR_HANDLING); if the process is still
+//                    there a second later it prints "rank R: still running"
 //   sleep            then wait until killed (default: exit 0)
 #include <sched.h>
 #include <signal.h>
@@ -30,6 +34,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/async_error.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/store/tcp_store.h"
 
@@ -131,6 +136,22 @@ int main(int argc, char** argv) {
     std::filesystem::rename(path + ".tmp", path);
   }
   if (sum) return store_sum(info);
+
+  for (const auto& a : args) {
+    if (a != fmt::format("async-failure={}", info.rank)) continue;
+    if (!pid_dir.empty()) wait_for_pid_files(pid_dir, info.world_size);
+    const auto handling = lockstep::collectives::async_error_handling_from_env();
+    std::thread watchdog([&] {
+      lockstep::collectives::on_async_failure(
+          handling, {fmt::format("rank {} of group 'probe' (nccl, {} ranks)", info.rank,
+                                 info.world_size),
+                     "allreduce #3 (f32, 1024 elements, sum) timed out after 0.3 s"});
+    });
+    watchdog.join();
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    fmt::print("rank {}: still running\n", info.rank);
+    std::fflush(stdout);
+  }
 
   for (const auto& a : args) {
     int value = 0;
