@@ -22,6 +22,13 @@ namespace {
 RankPlacement cpu(const std::string& node) { return {node, Device::cpu()}; }
 RankPlacement gpu(const std::string& node, int index) { return {node, Device::cuda(index)}; }
 
+runtime::RankInfo rank_info(int rank, int size) {
+  runtime::RankInfo info;
+  info.rank = info.local_rank = rank;
+  info.world_size = info.local_world_size = size;
+  return info;
+}
+
 }  // namespace
 
 TEST_CASE("CPU ranks: shm on one node, shm+gloo across nodes", "[collectives][backend_choice]") {
@@ -75,11 +82,7 @@ TEST_CASE("init_process_group's default follows every rank's device, the same on
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
-      runtime::RankInfo info;
-      info.rank = r;
-      info.world_size = kRanks;
-      info.local_rank = r;
-      info.local_world_size = kRanks;
+      const runtime::RankInfo info = rank_info(r, kRanks);
       // Rank 1 on a GPU, rank 0 on the CPU: both refuse, naming the ranks.
       const Device device = r == 1 ? Device::cuda(0) : Device::cpu();
       try {
@@ -101,11 +104,7 @@ TEST_CASE("init_process_group's default follows every rank's device, the same on
   threads.clear();
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
-      runtime::RankInfo info;
-      info.rank = r;
-      info.world_size = kRanks;
-      info.local_rank = r;
-      info.local_world_size = kRanks;
+      const runtime::RankInfo info = rank_info(r, kRanks);
       auto group = collectives::init_process_group(
           {.name = "cpu", .device = Device::cpu(), .rank_info = info, .store = store});
       backends[r] = group->backend();
