@@ -196,16 +196,20 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   const std::string node_key = this_node_key(info);
   std::optional<NodeTopology> topology;
   if (backend.empty()) {
-    // The default, from every rank's node and device (backend_choice.h).
-    topology = discover_topology(*holder->store, rank, size, options.name, node_key, timeout);
+    // The default, from every rank's node and device (backend_choice.h), in
+    // one exchange: "<device> <node key>" (a device's name has no space).
     const runtime::Device device =
         options.device.value_or(runtime::selected_device().value_or(runtime::Device::cpu()));
-    const std::vector<std::string> devices = exchange_through_store(
-        *holder->store, rank, size, options.name, "device", device.str(), "device", timeout);
+    std::vector<std::string> node_keys;
     std::vector<RankPlacement> placements;
-    for (int r = 0; r < size; ++r)
-      placements.push_back({std::to_string(topology->node_of_rank[static_cast<size_t>(r)]),
-                            runtime::Device::parse(devices[static_cast<size_t>(r)])});
+    for (const std::string& value :
+         exchange_through_store(*holder->store, rank, size, options.name, "placement",
+                                device.str() + " " + node_key, "node and device", timeout)) {
+      const size_t space = value.find(' ');
+      node_keys.push_back(value.substr(space + 1));
+      placements.push_back({node_keys.back(), runtime::Device::parse(value.substr(0, space))});
+    }
+    topology = topology_from_keys(node_keys, rank);
     const BackendChoice choice = choose_default_backend(placements, is_built_in("nccl"));
     if (!choice.note.empty() && rank == 0)
       std::fprintf(stderr, "lockstep: group '%s': %s\n", options.name.c_str(), choice.note.c_str());

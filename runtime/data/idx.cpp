@@ -201,6 +201,28 @@ size_t idx_type_size(IdxType t) {
   return 0;
 }
 
+namespace {
+
+// Anything after the data means the header and the data disagree. Counts a
+// bounded amount of it for the message.
+void check_nothing_after(ByteSource& src, const std::string& name, uint64_t total,
+                         const std::string& shape, IdxType type) {
+  uint64_t extra = 0;
+  uint8_t sink[4096];
+  for (size_t n; extra < (uint64_t{1} << 20) && (n = src.read(sink, sizeof sink)) > 0;) extra += n;
+  LOCKSTEP_CHECK(extra == 0,
+                 "{}: trailing garbage: {}{} bytes after the {} data bytes that dims {} of {} "
+                 "describe",
+                 name, extra >= (uint64_t{1} << 20) ? "at least " : "", extra, total, shape,
+                 idx_type_name(type));
+  LOCKSTEP_CHECK(!src.truncated(),
+                 "{}: corrupt gzip file: the file ends before the end of the gzip stream "
+                 "(truncated download?)",
+                 name);
+}
+
+}  // namespace
+
 IdxArray read_idx(const std::string& path, const IdxReadOptions& options) {
   ByteSource src(path);
   const std::string name = src.gzip() ? path + " (gzip)" : path;
@@ -282,25 +304,8 @@ IdxArray read_idx(const std::string& path, const IdxReadOptions& options) {
                  "{}: short data: dims {} of {} need {} bytes after the {}-byte header, got {}{}",
                  name, prefix ? dims_str(array.dims) + " (the first rows of " + shape + ")" : shape,
                  idx_type_name(array.type), total, header, have, src.short_reason());
-  if (prefix) {
-    to_native_order(array.bytes, elem);
-    return array;
-  }
-
-  // Anything after the data means the header and the data disagree. Count a
-  // bounded amount of it for the message.
-  uint64_t extra = 0;
-  uint8_t sink[4096];
-  for (size_t n; extra < (uint64_t{1} << 20) && (n = src.read(sink, sizeof sink)) > 0;) extra += n;
-  LOCKSTEP_CHECK(extra == 0,
-                 "{}: trailing garbage: {}{} bytes after the {} data bytes that dims {} of {} "
-                 "describe",
-                 name, extra >= (uint64_t{1} << 20) ? "at least " : "", extra, total, shape,
-                 idx_type_name(array.type));
-  LOCKSTEP_CHECK(!src.truncated(),
-                 "{}: corrupt gzip file: the file ends before the end of the gzip stream "
-                 "(truncated download?)",
-                 name);
+  // A whole read checks that the file ends where the header says.
+  if (!prefix) check_nothing_after(src, name, total, shape, array.type);
 
   to_native_order(array.bytes, elem);
   return array;
