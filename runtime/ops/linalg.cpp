@@ -108,6 +108,14 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b, const T
                  op, a.device().str(), (a.device() == b.device() ? c : b).device().str());
 }
 
+// [.., k] as [rows, k]. The row count is spelled out: reshape's -1 cannot be
+// inferred when k is 0.
+Tensor as_rows(const Tensor& t) {
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) rows *= t.shape()[i];
+  return t.reshape({rows, t.shape().back()});
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -122,7 +130,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (b.dim() == 2) {
     Shape out_shape = a.shape();
     out_shape.back() = b.shape()[1];
-    Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, a.shape().back()});
+    Tensor a2 = a.dim() == 2 ? a : as_rows(a);
     out = mm(a2, b).reshape(out_shape);
   } else {
     LOCKSTEP_CHECK(a.dim() == 3 && a.shape()[0] == b.shape()[0],
@@ -135,9 +143,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     const Tensor &a = g.saved[0], &b = g.saved[1];
     Tensor ga, gb;
     if (b.dim() == 2) {
-      Tensor g2 = g.grad.reshape({-1, g.grad.shape().back()});
+      Tensor g2 = as_rows(g.grad);
       if (g.needs[0]) ga = mm(g2, b.t()).reshape(a.shape());
-      if (g.needs[1]) gb = mm(a.reshape({-1, a.shape().back()}).t(), g2);
+      if (g.needs[1]) gb = mm(as_rows(a).t(), g2);
     } else {
       if (g.needs[0]) ga = matmul(g.grad, b.transpose(1, 2));
       if (g.needs[1]) gb = matmul(a.transpose(1, 2), g.grad);
@@ -157,7 +165,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                  "linear: bias must be [{}], got {}", weight.shape()[0], shape_str(bias.shape()));
   check_same_device("linear", x, weight, bias);
   const int64_t in = weight.shape()[1], out_f = weight.shape()[0];
-  Tensor x2 = x.reshape({-1, in});
+  Tensor x2 = as_rows(x);
   Tensor out = Tensor::empty({x2.shape()[0], out_f}, x.dtype(), x.device());
   if (bias.defined()) out.copy_(bias.detach());  // broadcast rows, then gemm adds onto them
   detail::gemm(x2, weight.t(), out, 1.0, bias.defined() ? 1.0 : 0.0);
@@ -167,7 +175,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return record(out, "LinearBackward", {x, weight, bias}, {x2, weight},
                 [x_shape = x.shape()](const BackwardArgs& g) {
                   const Tensor &x2 = g.saved[0], &w = g.saved[1];
-                  Tensor g2 = g.grad.reshape({-1, w.shape()[0]});
+                  Tensor g2 = as_rows(g.grad);
                   Tensor gx, gw, gb;
                   if (g.needs[0]) gx = mm(g2, w).view(x_shape);
                   if (g.needs[1]) gw = mm(g2.t(), x2);

@@ -125,6 +125,30 @@ TEST_CASE("matmul with empty dims", "[runtime][ops][linalg]") {
   CHECK(values(k0) == std::vector<double>(6, 0.0));
 }
 
+TEST_CASE("matmul and linear backward with an empty inner or outer dim", "[runtime][ops][linalg]") {
+  // k == 0: the product is zeros, and the gradients are empty or zeros.
+  for (const Shape& sa : {Shape{4, 0}, Shape{2, 4, 0}}) {
+    INFO(shape_str(sa));
+    Tensor a = Tensor::ones(sa).requires_grad_();
+    Tensor b = Tensor::ones({0, 3}).requires_grad_();
+    sum(matmul(a, b)).backward();
+    CHECK(a.grad().shape() == sa);
+    CHECK(b.grad().shape() == Shape{0, 3});
+  }
+  Tensor x = Tensor::ones({5, 0}).requires_grad_();
+  Tensor w = Tensor::ones({3, 0}).requires_grad_();
+  Tensor bias = Tensor::ones({3}).requires_grad_();
+  sum(linear(x, w, bias)).backward();
+  CHECK(x.grad().shape() == Shape{5, 0});
+  CHECK(w.grad().shape() == Shape{3, 0});
+  CHECK(values(bias.grad()) == std::vector<double>(3, 5.0));
+  // n == 0: an empty product, and zero gradients for the operands.
+  Tensor a = Tensor::ones({4, 2}).requires_grad_();
+  Tensor b = Tensor::ones({2, 0}).requires_grad_();
+  sum(matmul(a, b)).backward();
+  CHECK(values(a.grad()) == std::vector<double>(8, 0.0));
+}
+
 TEST_CASE("matmul shape and dtype errors", "[runtime][ops][linalg]") {
   Tensor a = Tensor::zeros({2, 3});
   CHECK_THROWS_WITH(matmul(a, Tensor::zeros({4, 2})),
