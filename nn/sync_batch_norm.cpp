@@ -304,13 +304,16 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
 
 namespace {
 
-// A SyncBatchNorm with `bn`'s options, mode, dtype and values.
+// A SyncBatchNorm with `bn`'s options, mode, dtype, device and values.
 std::shared_ptr<SyncBatchNorm> to_sync(const BatchNormBase& bn,
                                        const std::shared_ptr<ProcessGroup>& group) {
   auto sync = std::make_shared<SyncBatchNorm>(bn.num_features, group, bn.options);
   const std::vector<Tensor> params = bn.parameters(false);
-  if (!params.empty()) sync->to(params.front().dtype());
-  else if (bn.running_mean.defined()) sync->to(bn.running_mean.dtype());
+  const Tensor like = !params.empty() ? params.front() : bn.running_mean;
+  if (like.defined()) {
+    sync->to(like.dtype());
+    sync->to(like.device());
+  }
   sync->load_state_dict(bn.state_dict());
   if (bn.weight.defined()) {  // a frozen BatchNorm stays frozen
     sync->weight.requires_grad_(bn.weight.requires_grad());
