@@ -25,9 +25,9 @@ AsyncErrorHandling async_error_handling_from_env(const runtime::EnvLookup& env) 
 
 std::string async_failure_report(const AsyncFailure& failure) {
   return fmt::format(
-      "lockstep: {}: {}; the communicator was aborted, and this process ends now so that "
-      "nothing goes on with a partly reduced result (LOCKSTEP_ASYNC_ERROR_HANDLING=fail-works "
-      "keeps it running, with the group unusable)\n",
+      "lockstep: {}: {}; this process ends now, its communicator with it, so that nothing "
+      "goes on with a partly reduced result (LOCKSTEP_ASYNC_ERROR_HANDLING=fail-works keeps it "
+      "running, with the group unusable)\n",
       failure.where, failure.reason);
 }
 

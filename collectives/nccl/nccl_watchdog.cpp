@@ -115,8 +115,8 @@ void NcclWatchdog::check(std::vector<std::shared_ptr<NcclWork>>& works) {
     for (const auto& work : works) work->poll();
   } catch (const std::exception& e) {  // a CUDA error while querying an end event
     const std::string reason = fmt::format("checking a collective's completion failed: {}", e.what());
+    on_async_failure(handling_, {where_, reason});  // under end-process, does not return
     abort_all(works, reason, nullptr, nullptr);
-    on_async_failure(handling_, {where_, reason});
     return;
   }
   std::erase_if(works, [&](const std::shared_ptr<NcclWork>& work) {
@@ -146,8 +146,8 @@ void NcclWatchdog::check(std::vector<std::shared_ptr<NcclWork>>& works) {
           "unusable: create a new process group on every rank (or restart the job)",
           culprit->description(), where_, text)));
     }
-    abort_all(works, reason, culprit, culprit_error);
     on_async_failure(handling_, {where_, reason});
+    abort_all(works, reason, culprit, culprit_error);
     return;
   }
 
@@ -155,10 +155,10 @@ void NcclWatchdog::check(std::vector<std::shared_ptr<NcclWork>>& works) {
   for (const auto& work : works) {
     if (now < work->deadline()) continue;
     const std::string timed_out = work->timeout_message();
+    on_async_failure(handling_, {where_, timed_out});
     abort_all(works, fmt::format("{} timed out", work->description()), work.get(),
               std::make_exception_ptr(CollectiveError(
                   fmt::format("{} (nccl: this rank's communicator was aborted)", timed_out))));
-    on_async_failure(handling_, {where_, timed_out});
     return;
   }
 }

@@ -5,7 +5,11 @@
 // it finishes the Works whose end event completed and drops their tensors,
 // asks NCCL for an asynchronous error of the communicator (a peer died, the
 // network failed, ...), and compares each Work's deadline with the clock. On
-// an error, a passed deadline or an abort request it aborts, in this order:
+// an error or a passed deadline it found itself, under the default
+// AsyncErrorHandling (end_process), it ends the process with a report
+// (async_error.h) before anything else: no Work is seen failed, so no caller
+// goes on with a partly reduced result. Otherwise (fail_works, or an abort
+// request of the issuing thread) it aborts, in this order:
 //   1. the group is marked unusable (AbortState): later calls throw;
 //   2. every Work in flight fails with a CollectiveError naming its op and this
 //      rank (the one whose deadline passed: the timeout message);
@@ -15,10 +19,7 @@
 //   4. the Works' tensors are kept until the communication stream is idle:
 //      work queued there behind a stalled event may still run and write them.
 //      A group destroyed before that leaks them rather than let the caching
-//      allocator hand out memory a late kernel writes;
-//   5. for an error or timeout it found itself (not an abort the issuing
-//      thread asked for), the group's AsyncErrorHandling applies: by default
-//      the process ends with a report (async_error.h).
+//      allocator hand out memory a late kernel writes.
 // Only this thread aborts the communicator and drops tensors.
 #pragma once
 

@@ -272,8 +272,8 @@ TEST_CASE("launcher: a collective failing with no caller waiting ends its rank a
   CHECK_FALSE(ended.timed_out);
   CHECK_THAT(ended.output,
              Contains("lockstep: rank 1 of group 'probe' (nccl, 2 ranks): allreduce #3 (f32, "
-                      "1024 elements, sum) timed out after 0.3 s; the communicator was aborted, "
-                      "and this process ends now") &&
+                      "1024 elements, sum) timed out after 0.3 s; this process ends now, its "
+                      "communicator with it") &&
                  Contains("rank 1 (local rank 1 on node 0") &&
                  Contains("exited with code 1; stopping the other 1 rank"));
   CHECK_THAT(ended.output, !Contains("still running"));
