@@ -161,11 +161,14 @@ TEST_CASE("staging group: a copy back on another stream keeps the memory until i
   Tensor t = Tensor::ones({1 << 16}, DType::f32, Device::cuda(0));  // for allocation_stream
   void* const block = t.storage()->data();
   lr::cuda::synchronize(allocation_stream);
+  // Issued on allocation_stream (the copy in is waited for), copied back on
+  // `other`, where it waits behind the gate.
+  auto work = groups[0]->allreduce(t, {.timeout = {}});
   lr::cuda::Stream other(0);
   lt::StreamGate gate(other);
   {
     lr::cuda::StreamGuard on_other(other);
-    groups[0]->allreduce(t, {.timeout = {}})->wait();  // the copy back waits behind the gate
+    work->wait();
   }
   t = Tensor();  // dropped before the copy into it has run
   Tensor next = Tensor::empty({1 << 16}, DType::f32, Device::cuda(0));  // allocation_stream

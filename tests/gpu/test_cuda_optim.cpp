@@ -141,7 +141,7 @@ TEST_CASE("one fused launch steps all parameters of all groups", "[gpu][cuda_opt
   poison_device_memory();
   check_grouped(
       [](std::vector<optim::ParamGroup> g) {
-        g[1].options = {{"momentum", 0.0}, {"weight_decay", 1e-2}, {"lr", 0.3}};
+        g[1].options = {{"momentum", 0.0}, {"nesterov", 0.0}, {"weight_decay", 1e-2}, {"lr", 0.3}};
         return std::make_unique<optim::SGD>(
             std::move(g), optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true});
       },

@@ -23,10 +23,13 @@
 #include "support/subprocess.h"
 
 #if LOCKSTEP_HAVE_CUDA
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 
+#include "gpu/cuda_op_check.h"
 #include "lockstep/runtime/cuda/kernels/norm.h"
+#include "lockstep/runtime/cuda/ops/sync_batch_norm.h"
 #endif
 
 #if LOCKSTEP_HAVE_CUDA && LOCKSTEP_HAVE_GLOO
@@ -35,6 +38,8 @@
 #include "collectives/rank_threads.h"
 #include "gpu/cuda_op_check.h"
 #include "lockstep/collectives/cuda_staging/staging_group.h"
+#include "lockstep/nn/container.h"
+#include "lockstep/nn/normalization.h"
 #include "lockstep/nn/sync_batch_norm.h"
 #include "nn/sync_bn_check.h"
 #endif
@@ -102,6 +107,48 @@ TEST_CASE("SyncBatchNorm reductions: chunks per channel and workspace", "[syncbn
     CHECK(chunks <= 65535);  // grid.y
     CHECK(k::channel_reduce_workspace(n, c, inner) ==
           static_cast<size_t>(3 * chunks * c) * sizeof(double));
+  }
+}
+
+// One rank's statistics, before any collective: the kernels alone, for one
+// and several chunks per channel, planes and rows, against the definition.
+TEST_CASE("SyncBatchNorm's local statistics on CUDA equal the definition", "[gpu][syncbn]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  namespace lr = lockstep::runtime;
+  namespace k = lockstep::runtime::cuda::kernels;
+  lt::poison_device_memory();
+  uint64_t seed = 7;
+  for (const lr::Shape& shape : {lr::Shape{3, 4, 5}, lr::Shape{2, 3, 40, 40},
+                                 lr::Shape{9, 3, 40, 40}, lr::Shape{7, 3, 40, 40},
+                                 lr::Shape{150, 40}, lr::Shape{70, 40}}) {
+    const int64_t n = shape[0], c = shape[1], count = lr::shape_numel(shape) / c;
+    INFO(lr::shape_str(shape) << ": " << k::channel_reduce_chunks(n, c, count / n) << " chunks");
+    // Values around 5 (as after a ReLU), so a mean or variance that is off shows.
+    const lr::Tensor x = lr::add(lr::mul(lt::randn_cpu(shape, seed++, lr::DType::f64), 3.0), 5.0);
+    const std::vector<double> v = x.to_vector<double>();
+    const int64_t inner = count / n;
+    std::vector<double> want(static_cast<size_t>(2 * c + 1));
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double sum = 0, sq = 0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < inner; ++j) sum += v[static_cast<size_t>((i * c + ch) * inner + j)];
+      const double mean = sum / static_cast<double>(count);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < inner; ++j) {
+          const double d = v[static_cast<size_t>((i * c + ch) * inner + j)] - mean;
+          sq += d * d;
+        }
+      want[static_cast<size_t>(ch)] = mean;
+      want[static_cast<size_t>(c + ch)] = sq / static_cast<double>(count);
+    }
+    want[static_cast<size_t>(2 * c)] = static_cast<double>(count);
+    for (lr::DType dt : {lr::DType::f64, lr::DType::f32}) {
+      INFO(lr::dtype_name(dt));
+      const lr::Tensor xd = x.to(dt).to(lt::cuda0());
+      const lr::Tensor got = lr::cuda::sync_bn::local_stats(xd);
+      lt::check_close_to(got, lr::Tensor::from_vector<double>(want, {2 * c + 1}),
+                         dt == lr::DType::f64 ? 1e-12 : 1e-6, 1e-6, "mean | var | count");
+    }
   }
 }
 
@@ -219,6 +266,22 @@ TEST_CASE("SyncBatchNorm on CUDA: parameters on another device are refused, nami
   for (const auto& e : errors) {
     CHECK_THAT(lt::message_of(e), Contains("cuda:0") && Contains("cpu") && Contains("weight"));
   }
+}
+
+TEST_CASE("convert_sync_batchnorm keeps a CUDA model's BatchNorm on its device",
+          "[gpu][syncbn]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  auto groups = staged_groups(1, "cuda-syncbn-convert");
+  auto sequential = std::make_shared<lockstep::nn::Sequential>();
+  sequential->push_back(std::make_shared<lockstep::nn::BatchNorm2d>(3));
+  sequential->to(lt::cuda0());
+  const auto model = lockstep::nn::convert_sync_batchnorm(sequential, groups[0]);
+  for (const auto& [name, t] : model->state_dict()) {
+    INFO(name);
+    CHECK(t.device() == lt::cuda0());
+  }
+  const Tensor y = (*model)(Tensor::ones({2, 3, 4, 4}, DType::f32, lt::cuda0()));
+  CHECK(y.device() == lt::cuda0());
 }
 
 TEST_CASE("SyncBatchNorm on CUDA: bf16 is refused with a clear error", "[gpu][syncbn]") {
