@@ -73,8 +73,11 @@ bool poison_allocations() { return poison.load(); }
 void* device_alloc(std::size_t bytes, StreamView stream) {
   void* ptr = caching_allocator().allocate(stream.device, bytes, stream.handle);
   if (poison.load(std::memory_order_relaxed) && ptr != nullptr && bytes > 0) {
+    // The whole block, not only the bytes asked for: a kernel reading past
+    // its request then also finds NaN, not what the block held before.
     DeviceGuard guard(stream.device);
-    LOCKSTEP_CUDA_CHECK(cudaMemsetAsync(ptr, 0xFF, bytes, stream.handle));
+    LOCKSTEP_CUDA_CHECK(
+        cudaMemsetAsync(ptr, 0xFF, caching_allocator().block_size(ptr), stream.handle));
   }
   return ptr;
 }

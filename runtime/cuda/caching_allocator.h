@@ -30,9 +30,9 @@ void* device_alloc(std::size_t bytes);
 void device_free(void* ptr);
 // `stream` (of the block's device) uses the block too; see above.
 void record_stream(void* ptr, StreamView stream);
-// Tests: while on, every block device_alloc hands out is first filled with
-// 0xFF bytes (NaN in every floating dtype), so an element a kernel forgot to
-// write shows up. Off by default.
+// Tests: while on, every block device_alloc hands out is first filled, whole,
+// with 0xFF bytes (NaN in every floating dtype), so an element a kernel forgot
+// to write, or read past its request, shows up. Off by default.
 void set_poison_allocations(bool on);
 bool poison_allocations();
 // Returns cached memory no block in use needs to CUDA (all devices).
