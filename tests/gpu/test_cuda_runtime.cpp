@@ -19,6 +19,7 @@
 
 #include "lockstep/runtime/cuda/caching_allocator.h"
 #include "lockstep/runtime/cuda/core/error_context.h"
+#include "lockstep/runtime/cuda/cublas_api.h"
 #include "lockstep/runtime/cuda/cublas_check.h"
 #include "lockstep/runtime/cuda/cudnn_check.h"
 #include "lockstep/runtime/cuda/device.h"
@@ -57,7 +58,8 @@ TEST_CASE("the checking macros name the rank, file:line and the library's messag
   CHECK_THAT(what, Catch::StartsWith("cuBLAS error on rank 2 at "));
   CHECK_THAT(what, Catch::Contains("test_cuda_runtime.cpp:"));
   CHECK_THAT(what, Catch::Contains("CUBLAS_STATUS_NOT_INITIALIZED failed"));
-  CHECK_THAT(what, Catch::Contains(cublasGetStatusString(CUBLAS_STATUS_NOT_INITIALIZED)));
+  CHECK_THAT(what, Catch::Contains(lockstep::runtime::cuda::cublas().get_status_string(
+                       CUBLAS_STATUS_NOT_INITIALIZED)));
 
   what = error_of([] { LOCKSTEP_CUDNN_CHECK(CUDNN_STATUS_BAD_PARAM); });
   CHECK_THAT(what, Catch::StartsWith("cuDNN error on rank 2 at "));
@@ -82,6 +84,29 @@ TEST_CASE("the checking macros name the rank, file:line and the library's messag
   CHECK(calls == 2);
 }
 #endif
+
+TEST_CASE("cuBLAS opens on first use; a library that cannot serve is named with its reason",
+          "[cuda]") {
+  namespace lc = lockstep::runtime::cuda;
+  const std::vector<std::string> candidates = lc::default_cublas_candidates();
+  REQUIRE(candidates.size() == 2);
+  CHECK_THAT(candidates[0], Catch::StartsWith("libcublas.so."));
+  // No GPU needed: the library loads and answers without one.
+  const lc::CublasApi& api = lc::cublas();
+  CHECK(std::string(api.get_status_name(CUBLAS_STATUS_NOT_INITIALIZED)) ==
+        "CUBLAS_STATUS_NOT_INITIALIZED");
+  CHECK(&lc::cublas() == &api);  // once per process
+
+  std::string what =
+      error_of([] { lc::load_cublas({"libno-such-blas.so.1", "/no/such/dir/libcublas.so"}); });
+  CHECK_THAT(what, Catch::Contains("cuBLAS (for matmul on CUDA) could not be loaded") &&
+                       Catch::Contains("libno-such-blas.so.1: ") &&
+                       Catch::Contains("/no/such/dir/libcublas.so: ") &&
+                       Catch::Contains("LD_LIBRARY_PATH"));
+  // A library that loads but is not cuBLAS: the first entry point it lacks.
+  what = error_of([] { lc::load_cublas({"libz.so.1"}); });
+  CHECK_THAT(what, Catch::Contains("libz.so.1: it has no cublasCreate_v2"));
+}
 
 TEST_CASE("DeviceGuard and StreamGuard set and restore the device and stream", "[gpu][cuda]") {
   LOCKSTEP_SKIP_UNLESS_GPU();

@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 
 #include "lockstep/runtime/cuda/caching_allocator.h"
+#include "lockstep/runtime/cuda/cublas_api.h"
 #include "lockstep/runtime/cuda/cublas_check.h"
 #include "lockstep/runtime/cuda/device_guard.h"
 #include "lockstep/runtime/cuda/ops/math_mode.h"
@@ -73,7 +74,7 @@ struct ThreadHandles {
     }
     if (h == nullptr) {
       DeviceGuard guard(device);
-      LOCKSTEP_CUBLAS_CHECK(cublasCreate(&h));
+      LOCKSTEP_CUBLAS_CHECK(cublas().create(&h));
     }
     by_device.emplace(device, h);
     return h;
@@ -97,10 +98,10 @@ cublasHandle_t bound_handle(int device) {
   thread_local ThreadHandles handles;
   const StreamView stream = current_stream(device);
   cublasHandle_t h = handles.handle(device);
-  LOCKSTEP_CUBLAS_CHECK(cublasSetStream(h, stream.handle));
+  LOCKSTEP_CUBLAS_CHECK(cublas().set_stream(h, stream.handle));
   // cublasSetStream resets the workspace to cuBLAS's own; set ours after it.
   DeviceBuffer& ws = handles.workspace(stream);
-  LOCKSTEP_CUBLAS_CHECK(cublasSetWorkspace(h, ws.data(), ws.size()));
+  LOCKSTEP_CUBLAS_CHECK(cublas().set_workspace(h, ws.data(), ws.size()));
   return h;
 }
 
@@ -178,12 +179,12 @@ void run(const Product& p, DType dtype, int device) {
     const auto* bd = static_cast<const double*>(b);
     auto* cd = static_cast<double*>(p.c);
     if (batch == 1) {
-      LOCKSTEP_CUBLAS_CHECK(cublasDgemm(h, p.b.op, p.a.op, n, m, k, &alpha, bd, ldb, ad, lda,
-                                        &beta, cd, ldc));
+      LOCKSTEP_CUBLAS_CHECK(cublas().dgemm(h, p.b.op, p.a.op, n, m, k, &alpha, bd, ldb, ad, lda,
+                                           &beta, cd, ldc));
     } else {
-      LOCKSTEP_CUBLAS_CHECK(cublasDgemmStridedBatched(h, p.b.op, p.a.op, n, m, k, &alpha, bd,
-                                                      ldb, p.stride_b, ad, lda, p.stride_a,
-                                                      &beta, cd, ldc, p.stride_c, batch));
+      LOCKSTEP_CUBLAS_CHECK(cublas().dgemm_strided_batched(
+          h, p.b.op, p.a.op, n, m, k, &alpha, bd, ldb, p.stride_b, ad, lda, p.stride_a, &beta, cd,
+          ldc, p.stride_c, batch));
     }
     return;
   }
@@ -193,10 +194,11 @@ void run(const Product& p, DType dtype, int device) {
                                           : CUBLAS_COMPUTE_32F;
   const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
   if (batch == 1) {
-    LOCKSTEP_CUBLAS_CHECK(cublasGemmEx(h, p.b.op, p.a.op, n, m, k, &alpha, b, type, ldb, a, type,
-                                       lda, &beta, p.c, type, ldc, compute, CUBLAS_GEMM_DEFAULT));
+    LOCKSTEP_CUBLAS_CHECK(cublas().gemm_ex(h, p.b.op, p.a.op, n, m, k, &alpha, b, type, ldb, a,
+                                           type, lda, &beta, p.c, type, ldc, compute,
+                                           CUBLAS_GEMM_DEFAULT));
   } else {
-    LOCKSTEP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+    LOCKSTEP_CUBLAS_CHECK(cublas().gemm_strided_batched_ex(
         h, p.b.op, p.a.op, n, m, k, &alpha, b, type, ldb, p.stride_b, a, type, lda, p.stride_a,
         &beta, p.c, type, ldc, p.stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
   }
