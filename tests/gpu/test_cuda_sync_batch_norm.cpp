@@ -28,8 +28,11 @@
 #include <tuple>
 
 #include "gpu/cuda_op_check.h"
+#include "lockstep/runtime/cuda/device.h"
 #include "lockstep/runtime/cuda/kernels/norm.h"
 #include "lockstep/runtime/cuda/ops/sync_batch_norm.h"
+#include "lockstep/runtime/cuda/stream.h"
+#include "lockstep/runtime/cuda/tensor_args.h"
 #endif
 
 #if LOCKSTEP_HAVE_CUDA && LOCKSTEP_HAVE_GLOO
@@ -110,6 +113,34 @@ TEST_CASE("SyncBatchNorm reductions: chunks per channel and workspace", "[syncbn
   }
 }
 
+namespace {
+
+// The per-chunk partial results channel_stats combines, read back from a
+// workspace zeroed first (so that a slot no block wrote reads 0 0 0): what a
+// failure of the test below needs to be told apart.
+std::string channel_partials(const lockstep::runtime::Tensor& xd) {
+  namespace lr = lockstep::runtime;
+  namespace k = lr::cuda::kernels;
+  const int64_t n = xd.size(0), c = xd.size(1), inner = xd.numel() / (n * c);
+  const int64_t chunks = k::channel_reduce_chunks(n, c, inner);
+  lr::Tensor ws = lr::Tensor::zeros({3 * chunks * c}, lr::DType::f64, xd.device());
+  lr::Tensor out = lr::Tensor::empty({2 * c + 1}, lr::DType::f64, xd.device());
+  double* p = out.data_ptr<double>();
+  LOCKSTEP_CUDA_CHECK(k::channel_stats(lr::cuda::scalar_type(xd.dtype()), n, c, inner,
+                                       xd.raw_data(), p, p + c, p + 2 * c, ws.raw_data(),
+                                       lr::cuda::current_stream(xd.device().index).handle));
+  const std::vector<double> v = ws.to_vector<double>();
+  std::string text = "partials [mean m2 count] by chunk, channel:";
+  for (int64_t q = 0; q < chunks; ++q)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const size_t at = static_cast<size_t>(3 * (q * c + ch));
+      text += fmt::format("\n  {} {}: {} {} {}", q, ch, v[at], v[at + 1], v[at + 2]);
+    }
+  return text;
+}
+
+}  // namespace
+
 // One rank's statistics, before any collective: the kernels alone, for one
 // and several chunks per channel, planes and rows, against the definition.
 TEST_CASE("SyncBatchNorm's local statistics on CUDA equal the definition", "[gpu][syncbn]") {
@@ -146,6 +177,7 @@ TEST_CASE("SyncBatchNorm's local statistics on CUDA equal the definition", "[gpu
       INFO(lr::dtype_name(dt));
       const lr::Tensor xd = x.to(dt).to(lt::cuda0());
       const lr::Tensor got = lr::cuda::sync_bn::local_stats(xd);
+      INFO(channel_partials(xd));
       lt::check_close_to(got, lr::Tensor::from_vector<double>(want, {2 * c + 1}),
                          dt == lr::DType::f64 ? 1e-12 : 1e-6, 1e-6, "mean | var | count");
     }
