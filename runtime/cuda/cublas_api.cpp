@@ -24,6 +24,15 @@
 
 namespace lockstep::runtime::cuda {
 
+// The Ex types name exactly one of cuBLAS's declarations (this does not
+// compile otherwise; decltype keeps it from needing the library at link time).
+static_assert(std::is_same_v<decltype(static_cast<CublasApi::GemmEx>(&cublasGemmEx)),
+                             CublasApi::GemmEx>);
+static_assert(
+    std::is_same_v<decltype(static_cast<CublasApi::GemmStridedBatchedEx>(
+                       &cublasGemmStridedBatchedEx)),
+                   CublasApi::GemmStridedBatchedEx>);
+
 std::vector<std::string> default_cublas_candidates() {
   return {LOCKSTEP_CUBLAS_SONAME, LOCKSTEP_CUBLAS_LIBRARY};
 }
