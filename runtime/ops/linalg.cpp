@@ -164,7 +164,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   LOCKSTEP_CHECK(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == weight.shape()[0]),
                  "linear: bias must be [{}], got {}", weight.shape()[0], shape_str(bias.shape()));
   check_same_device("linear", x, weight, bias);
-  const int64_t in = weight.shape()[1], out_f = weight.shape()[0];
+  const int64_t out_f = weight.shape()[0];
   Tensor x2 = as_rows(x);
   Tensor out = Tensor::empty({x2.shape()[0], out_f}, x.dtype(), x.device());
   if (bias.defined()) out.copy_(bias.detach());  // broadcast rows, then gemm adds onto them

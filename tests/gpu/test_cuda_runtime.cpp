@@ -85,6 +85,7 @@ TEST_CASE("the checking macros name the rank, file:line and the library's messag
 }
 #endif
 
+#if LOCKSTEP_HAVE_CUDA
 TEST_CASE("cuBLAS opens on first use; a library that cannot serve is named with its reason",
           "[cuda]") {
   namespace lc = lockstep::runtime::cuda;
@@ -107,6 +108,7 @@ TEST_CASE("cuBLAS opens on first use; a library that cannot serve is named with 
   what = error_of([] { lc::load_cublas({"libz.so.1"}); });
   CHECK_THAT(what, Catch::Contains("libz.so.1: it has no cublasCreate_v2"));
 }
+#endif
 
 TEST_CASE("DeviceGuard and StreamGuard set and restore the device and stream", "[gpu][cuda]") {
   LOCKSTEP_SKIP_UNLESS_GPU();
