@@ -356,6 +356,7 @@ TEST_CASE("launcher: SIGINT reaches the ranks even when the launcher was started
   const auto setup = run_process({"/bin/sh", "-c", ignoring_sigint, bin_path("launcher_probe"),
                                   "print", "sigint"},
                                  kLimit);
+  INFO(describe(setup) << "\n" << setup.output);
   REQUIRE(setup.ok());
   REQUIRE_THAT(setup.output, Contains("sigint=ignored"));  // the case under test is real
 
