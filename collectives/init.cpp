@@ -1,5 +1,8 @@
 #include "lockstep/collectives/init.h"
 
+#include <unistd.h>
+
+#include <climits>
 #include <cstdio>
 #include <optional>
 #include <random>
@@ -58,6 +61,37 @@ std::string fresh_token() {
   return fmt::format("{:08x}{:08x}{:08x}{:08x}", random(), random(), random(), random());
 }
 #endif
+
+// This process, as the other ranks' errors name it: host and pid, and a
+// random tag because pids repeat across containers and hosts' names can.
+const std::string& this_process() {
+  static const std::string name = [] {
+    char host[HOST_NAME_MAX + 1] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
+    std::random_device random;
+    return fmt::format("{} pid {} (tag {:08x})", host, ::getpid(), random());
+  }();
+  return name;
+}
+
+// One process per rank of a group on one store. Two jobs given the same
+// store address and token (two Slurm clusters whose job and step ids
+// coincide, a MASTER_PORT reused) or a rank started twice would otherwise
+// share the store's keys and wait on each other's values without end. The
+// first process to claim the rank keeps it (a group made again by the same
+// process claims it again); any other fails here, before it touches a key.
+void claim_rank(runtime::Store& store, const std::string& group, int rank) {
+  const std::string key = fmt::format("{}/rank-owner/{}", group, rank);
+  const std::string owner = runtime::to_string(
+      store.compare_set(key, {}, runtime::to_bytes(this_process())));
+  if (owner == this_process()) return;
+  throw Error(fmt::format(
+      "rank {} of group '{}' is already taken on this store by {}; this process ({}) is a "
+      "second rank {}: two jobs were given the same store address (and token), or one rank "
+      "was started twice. Give each job its own MASTER_ADDR:MASTER_PORT (under Slurm, its own "
+      "job and step, or set them before srun) and start every rank once",
+      rank, group, owner, this_process(), rank));
+}
 
 // A rank's client; while the store is not there yet it says so every stall
 // report interval (LOCKSTEP_STALL_REPORT_S), naming the rank and where the
@@ -191,6 +225,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   } else {
     make_store(info, timeout, *holder);
   }
+  claim_rank(*holder->store, options.name, info.rank);
   int rank = info.rank;
   int size = info.world_size;
   const std::string node_key = this_node_key(info);

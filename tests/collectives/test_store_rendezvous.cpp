@@ -1,16 +1,22 @@
 // init_process_group()'s store from launcher variables alone, in real
 // processes: rank 0 serves it at MASTER_ADDR/MASTER_PORT under any launcher
 // (here MPICH's PMI variables, set by hand), and a rank whose store never
-// comes says so while it waits. torchrun and Slurm themselves are tested in
+// comes says so while it waits, and a second process claiming a rank already
+// taken fails at once. torchrun and Slurm themselves are tested in
 // tests/launcher/.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <future>
+#include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "lockstep/runtime/store/tcp_store.h"
 #include "support/subprocess.h"
 
 using lockstep::testing::bin_path;
@@ -60,4 +66,50 @@ TEST_CASE("store rendezvous: a rank whose store never comes says so while it wai
                                   "127.0.0.1:{}",
                                   port)));
   CHECK_THAT(r.output, Contains("could not connect"));
+}
+
+TEST_CASE("store rendezvous: a second process claiming a rank already taken fails at once, "
+          "naming the first",
+          "[collectives][store]") {
+  // Two jobs given one store address and token (two Slurm clusters whose job
+  // and step ids coincide, a reused MASTER_PORT) used to mix their ranks'
+  // keys and wait on each other without end. Here rank 1 is started twice
+  // around a store served by the test, so every process reaches it.
+  const std::string token = fmt::format("duplicate-rank-{}", ::getpid());
+  lockstep::runtime::TcpStoreServer server({.host = "127.0.0.1", .port = 0, .token = token});
+  const std::string address = fmt::format("127.0.0.1:{}", server.port());
+  const int ranks[] = {0, 1, 1};
+  std::vector<ProcessResult> results(3);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      const int r = ranks[i];
+      results[i] = run_process(
+          {bin_path("collective_worker")}, 60s,
+          {fmt::format("LOCKSTEP_RANK={}", r), "LOCKSTEP_WORLD_SIZE=2",
+           fmt::format("LOCKSTEP_LOCAL_RANK={}", r), "LOCKSTEP_LOCAL_WORLD_SIZE=2",
+           "LOCKSTEP_STORE_ADDR=" + address, "LOCKSTEP_TOKEN=" + token, "LOCKSTEP_TIMEOUT_S=30"});
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::string all;
+  for (size_t i = 0; i < 3; ++i) {
+    all += fmt::format("--- process {} (rank {}): {} after {:.1f} s\n{}", i, ranks[i],
+                       describe(results[i]), results[i].seconds, results[i].output);
+  }
+  INFO(all);
+  CHECK(results[0].ok());
+  // Whichever rank 1 claimed first trains with rank 0; the other is refused
+  // before it touches a key, long before the group's timeout.
+  REQUIRE(results[1].ok() != results[2].ok());
+  const ProcessResult& winner = results[1].ok() ? results[1] : results[2];
+  const ProcessResult& loser = results[1].ok() ? results[2] : results[1];
+  CHECK_THAT(winner.output, Contains("collective_worker rank 1/2: OK"));
+  std::smatch m;
+  REQUIRE(std::regex_search(winner.output, m, std::regex(R"(collective_worker rank 1 pid (\d+))")));
+  CHECK(loser.exit_code == 1);
+  CHECK(loser.seconds < 20.0);
+  CHECK_THAT(loser.output, Contains("rank 1 of group 'default' is already taken on this store by"));
+  CHECK_THAT(loser.output, Contains(fmt::format(" pid {} (tag ", m[1].str())));
+  CHECK_THAT(loser.output, Contains("two jobs were given the same store address"));
 }

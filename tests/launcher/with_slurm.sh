@@ -58,6 +58,10 @@ fail() {
 
 # Ports of this run's own (outside Linux's ephemeral range).
 port=$((40000 - (RANDOM % 5000) * 2))
+# A cluster name and first job id of its own too: tasks derive their store's
+# port and token from them, and two clusters started side by side (ctest -j)
+# would otherwise both number their first job 1 and meet in one store.
+first_job_id=$((1000 + (RANDOM * 32768 + RANDOM) % 60000000))
 
 munged --force --socket="$dir/munge.socket" --key-file=/etc/munge/munge.key \
   --pid-file="$dir/munged.pid" --log-file="$dir/munged.log" --seed-file="$dir/munge.seed" ||
@@ -65,7 +69,8 @@ munged --force --socket="$dir/munge.socket" --key-file=/etc/munge/munge.key \
 
 mkdir -p "$dir/state" "$dir/spool"
 cat >"$dir/slurm.conf" <<EOF
-ClusterName=lockstep-test
+ClusterName=lockstep-test-$$
+FirstJobId=$first_job_id
 SlurmctldHost=$node(127.0.0.1)
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
