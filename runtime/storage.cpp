@@ -6,42 +6,15 @@
 #include <new>
 #include <utility>
 
-#include "lockstep/config.h"
 #include "lockstep/runtime/cpu/host_cache.h"
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/caching_allocator.h"
-#include "lockstep/runtime/cuda/device.h"
-#endif
+#include "lockstep/runtime/device_backend.h"
 
 namespace lockstep::runtime {
 
-namespace {
-#if LOCKSTEP_HAVE_CUDA
-// CUDA memory comes from the caching allocator, for use on the device's
-// current stream (where ops queue their kernels).
-void* cuda_alloc(size_t nbytes, Device device) {
-  const int count = cuda_device_count();
-  LOCKSTEP_CHECK(count > 0, "cannot allocate {} bytes on {}: {}", nbytes, device.str(),
-                 cuda_unavailable_reason());
-  LOCKSTEP_CHECK(device.index >= 0 && device.index < count,
-                 "cannot allocate on {}: this process sees {} CUDA device(s) (cuda:0 to cuda:{}); "
-                 "check the device index and CUDA_VISIBLE_DEVICES",
-                 device.str(), count, count - 1);
-  return cuda::device_alloc(nbytes, cuda::current_stream(device.index));
-}
-#endif
-}  // namespace
-
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
-  if (device.is_cuda()) {
-#if LOCKSTEP_HAVE_CUDA
-    if (nbytes > 0) data_ = cuda_alloc(nbytes, device);
+  if (!device.is_cpu()) {
+    data_ = device_backend(device).allocate(nbytes, device);
     return;
-#else
-    throw Error(fmt::format("cannot allocate {} bytes on {}: this lockstep was built without "
-                            "CUDA; rebuild with -DLOCKSTEP_CUDA=ON or use Device::cpu()",
-                            nbytes, device.str()));
-#endif
   }
   if (nbytes == 0) return;
   data_ = cpu::host_alloc(nbytes);
@@ -57,17 +30,16 @@ Storage::~Storage() {
     release_();
     return;
   }
-#if LOCKSTEP_HAVE_CUDA
-  if (device_.is_cuda()) {
+  if (!device_.is_cpu()) {
     if (data_ == nullptr) return;
     try {
-      cuda::device_free(data_);
+      device_backend(device_).free(data_, device_);
     } catch (const std::exception& e) {  // a destructor must not throw
-      std::fprintf(stderr, "lockstep: warning: freeing CUDA storage failed: %s\n", e.what());
+      std::fprintf(stderr, "lockstep: warning: freeing %s storage failed: %s\n",
+                   device_.str().c_str(), e.what());
     }
     return;
   }
-#endif
   cpu::host_free(data_, nbytes_);
 }
 

@@ -1,15 +1,11 @@
 // In-place writes: copy_, fill_, zero_, add_, mul_. Each bumps the storage's
 // version so that autograd notices a change to a tensor saved for backward.
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/convert.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/strided_loop.h"
 #include "lockstep/runtime/tensor.h"
-
-#include "lockstep/config.h"
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/tensor_copy.h"
-#endif
 
 namespace lockstep::runtime {
 
@@ -23,13 +19,10 @@ void check_inplace(const Tensor& t, const char* op) {
                  op, shape_str(t.shape()));
 }
 
-// Whether this in-place op runs on CUDA (dst there, or src there for copy_).
-bool on_cuda(const Tensor& dst, const Tensor* src = nullptr) {
-  const bool cuda = dst.device().is_cuda() || (src != nullptr && src->device().is_cuda());
-#if !LOCKSTEP_HAVE_CUDA
-  LOCKSTEP_CHECK(!cuda, "CUDA tensor in a lockstep built without CUDA");
-#endif
-  return cuda;
+// The device whose backend runs an in-place op: dst's, or src's for a copy_
+// from a device into host memory. The CPU's loops below when both are there.
+Device kernel_device(const Tensor& dst, const Tensor* src = nullptr) {
+  return dst.device().is_cpu() && src != nullptr ? src->device() : dst.device();
 }
 
 // dst op= f(src) elementwise, src broadcast to dst's shape and already of dst's dtype.
@@ -69,15 +62,11 @@ Tensor& Tensor::copy_(const Tensor& src) {
   LOCKSTEP_CHECK(broadcasts_to(src.shape(), shape()),
                  "copy_: source of shape {} does not broadcast to {}", shape_str(src.shape()),
                  shape_str(shape()));
-#if LOCKSTEP_HAVE_CUDA
-  if (on_cuda(*this, &src)) {
-    cuda::copy_tensor(*this, src);
+  if (const Device d = kernel_device(*this, &src); !d.is_cpu()) {
+    device_backend(d).copy(*this, src);
     storage()->bump_version();
     return *this;
   }
-#else
-  on_cuda(*this, &src);
-#endif
   dispatch_all(dtype(), [&](auto dtag) {
     using D = decltype(dtag);
     dispatch_all(src.dtype(), [&](auto stag) {
@@ -104,13 +93,11 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
-#if LOCKSTEP_HAVE_CUDA
-  if (on_cuda(*this)) {
-    cuda::fill_tensor(*this, value);
+  if (!device().is_cpu()) {
+    device_backend(device()).fill(*this, value);
     storage()->bump_version();
     return *this;
   }
-#endif
   dispatch_all(dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T v = detail::convert<T>(value);
@@ -132,13 +119,11 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   LOCKSTEP_CHECK(broadcasts_to(other.shape(), shape()),
                  "add_: operand of shape {} does not broadcast to {}", shape_str(other.shape()),
                  shape_str(shape()));
-#if LOCKSTEP_HAVE_CUDA
-  if (on_cuda(*this)) {
-    cuda::add_tensor(*this, other, alpha);
+  if (!device().is_cpu()) {
+    device_backend(device()).add_into(*this, other, alpha);
     storage()->bump_version();
     return *this;
   }
-#endif
   Tensor src = other.to(dtype());
   dispatch_arith(dtype(), "add_", [&](auto tag) {
     using T = decltype(tag);
@@ -157,13 +142,11 @@ Tensor& Tensor::mul_(const Tensor& other) {
   LOCKSTEP_CHECK(broadcasts_to(other.shape(), shape()),
                  "mul_: operand of shape {} does not broadcast to {}", shape_str(other.shape()),
                  shape_str(shape()));
-#if LOCKSTEP_HAVE_CUDA
-  if (on_cuda(*this)) {
-    cuda::mul_tensor(*this, other);
+  if (!device().is_cpu()) {
+    device_backend(device()).mul_into(*this, other);
     storage()->bump_version();
     return *this;
   }
-#endif
   Tensor src = other.to(dtype());
   dispatch_arith(dtype(), "mul_", [&](auto tag) {
     using T = decltype(tag);
@@ -174,14 +157,12 @@ Tensor& Tensor::mul_(const Tensor& other) {
 }
 
 Tensor& Tensor::mul_(double factor) {
-#if LOCKSTEP_HAVE_CUDA
-  if (on_cuda(*this)) {
+  if (!device().is_cpu()) {
     check_inplace(*this, "mul_");
-    cuda::mul_scalar(*this, factor);
+    device_backend(device()).mul_scalar_into(*this, factor);
     storage()->bump_version();
     return *this;
   }
-#endif
   return mul_(Tensor::scalar(factor, dtype()));
 }
 

@@ -8,13 +8,8 @@
 #include "lockstep/runtime/autograd/accumulate_grad.h"
 #include "lockstep/runtime/autograd/backward_callbacks.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
-#include "lockstep/runtime/cpu/simd.h"
 #include "lockstep/runtime/error.h"
-
-#include "lockstep/config.h"
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/tensor_copy.h"
-#endif
+#include "lockstep/runtime/ops/scale_into.h"
 
 namespace lockstep::nn {
 namespace {
@@ -23,43 +18,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-// dst = src * scale in one pass over memory where both are contiguous f32
-// (the common case: a gradient into its bucket slot); the same rounding as
-// copy_ then mul_ (the factor is rounded to f32 first), which other dtypes use.
-void copy_scaled(Tensor& dst, const Tensor& src, double scale) {
-  if (dst.dtype() == runtime::DType::f32 && src.dtype() == runtime::DType::f32 &&
-      dst.is_contiguous() && src.is_contiguous() && dst.device().is_cpu() &&
-      src.device().is_cpu() && dst.numel() == src.numel()) {
-    float* d = dst.data_ptr<float>();
-    const float* s = src.data_ptr<float>();
-    const float f = static_cast<float>(scale);
-    const int64_t n = dst.numel();
-    // Explicit vectors: the compiler kept this loop scalar (it may alias).
-    using runtime::cpu::kLanes;
-    const auto vf = runtime::cpu::splat(f);
-    int64_t i = 0;
-    for (; i + 4 * kLanes<float> <= n; i += 4 * kLanes<float>) {
-      for (int u = 0; u < 4; ++u) {
-        const int64_t k = i + u * kLanes<float>;
-        runtime::cpu::store(d + k, runtime::cpu::load(s + k) * vf);
-      }
-    }
-    for (; i < n; ++i) d[i] = s[i] * f;
-    dst.storage()->bump_version();
-    return;
-  }
-#if LOCKSTEP_HAVE_CUDA
-  if (dst.device().is_cuda() && src.device() == dst.device() && src.dtype() == dst.dtype() &&
-      dst.numel() == src.numel()) {  // one kernel on the compute stream
-    runtime::cuda::scale_into(dst, src, scale);
-    dst.storage()->bump_version();
-    return;
-  }
-#endif
-  dst.copy_(src);
-  if (scale != 1.0) dst.mul_(scale);
 }
 
 bool same_storage(const Tensor& a, const Tensor& b) {
@@ -290,7 +248,7 @@ void Reducer::mark_ready(size_t param, bool used) {
     if (same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset()) {
       if (scale != 1.0) slot.mul_(scale);  // grad is already the bucket view
     } else {
-      copy_scaled(slot, grad, scale);
+      runtime::scale_into(slot, grad, scale);
     }
     locally_used_[param] = 1;
     ready_order_.push_back(param);

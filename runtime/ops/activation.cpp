@@ -1,46 +1,33 @@
 // Activations and (log-)softmax with their gradients. Autograd is recorded
-// here for both devices; CUDA tensors run the elementwise kernels
-// (cuda/ops/elementwise.h) and the softmax kernels (cuda/ops/activation.h).
+// once per op, for every device; tensors off the CPU run their device
+// backend's elementwise and softmax kernels (device_backend.h).
 #include "lockstep/runtime/ops/activation.h"
 
 #include <cmath>
 
-#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
-#include "lockstep/runtime/cuda/kernels/elementwise_ops.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/float_map.h"
 #include "lockstep/runtime/ops/reduce.h"
-
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/activation.h"
-#include "lockstep/runtime/cuda/ops/elementwise.h"
-#endif
 
 namespace lockstep::runtime {
 
 namespace {
 
-using cuda::kernels::BinaryOp;
-using cuda::kernels::UnaryOp;
-
-// f(x) elementwise: the CUDA kernel `op` for CUDA tensors.
+// f(x) elementwise: the device kernel `op` off the CPU.
 template <class F>
-Tensor map_act(const Tensor& x, const char* name, [[maybe_unused]] UnaryOp op, F f) {
-#if LOCKSTEP_HAVE_CUDA
-  if (x.device().is_cuda()) return cuda::unary_op(op, x, 0.0, name);
-#endif
+Tensor map_act(const Tensor& x, const char* name, UnaryOp op, F f) {
+  if (!x.device().is_cpu()) return device_backend(x.device()).unary(op, x, 0.0, name);
   return detail::map_float(x, name, f);
 }
 
-// f(grad, saved) elementwise in saved's dtype: the CUDA kernel `op` for CUDA
-// tensors.
+// f(grad, saved) elementwise in saved's dtype: the device kernel `op` off the
+// CPU.
 template <class F>
-Tensor zip_act(const Tensor& grad, const Tensor& saved, const char* name,
-               [[maybe_unused]] BinaryOp op, F f) {
-#if LOCKSTEP_HAVE_CUDA
-  if (saved.device().is_cuda()) return cuda::binary_op(op, grad, saved, saved.dtype(), 1.0, name);
-#endif
+Tensor zip_act(const Tensor& grad, const Tensor& saved, const char* name, BinaryOp op, F f) {
+  if (!saved.device().is_cpu())
+    return device_backend(saved.device()).binary(op, grad, saved, saved.dtype(), 1.0, name);
   return detail::zip_float(grad, saved, name, f);
 }
 
@@ -113,16 +100,10 @@ Tensor tanh(const Tensor& x) {
   });
 }
 
-Tensor softmax(const Tensor& x, int64_t dim) {
-#if LOCKSTEP_HAVE_CUDA
-  if (x.device().is_cuda()) {
-    Tensor out = cuda::softmax_forward(x, dim, /*log=*/false);
-    return record(out, "SoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
-      return std::vector<Tensor>{cuda::softmax_backward(g.saved[0], g.grad, dim, false)};
-    });
-  }
-#endif
-  Tensor out = along_last(x, dim, [&](const Tensor& in, Tensor& o, int64_t rows, int64_t n) {
+namespace {
+
+Tensor softmax_cpu(const Tensor& x, int64_t dim) {
+  return along_last(x, dim, [&](const Tensor& in, Tensor& o, int64_t rows, int64_t n) {
     dispatch_float(x.dtype(), "softmax", [&](auto tag) {
       using T = decltype(tag);
       const T* ip = in.data_ptr<T>();
@@ -138,25 +119,10 @@ Tensor softmax(const Tensor& x, int64_t dim) {
       }
     });
   });
-  return record(out, "SoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
-    // dx = y * (dy - sum(dy * y))
-    const Tensor& y = g.saved[0];
-    Tensor gy = g.grad.to(y.dtype());
-    Tensor dot = sum(mul(gy, y), {dim}, true);
-    return std::vector<Tensor>{mul(y, sub(gy, dot))};
-  });
 }
 
-Tensor log_softmax(const Tensor& x, int64_t dim) {
-#if LOCKSTEP_HAVE_CUDA
-  if (x.device().is_cuda()) {
-    Tensor out = cuda::softmax_forward(x, dim, /*log=*/true);
-    return record(out, "LogSoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
-      return std::vector<Tensor>{cuda::softmax_backward(g.saved[0], g.grad, dim, true)};
-    });
-  }
-#endif
-  Tensor out = along_last(x, dim, [&](const Tensor& in, Tensor& o, int64_t rows, int64_t n) {
+Tensor log_softmax_cpu(const Tensor& x, int64_t dim) {
+  return along_last(x, dim, [&](const Tensor& in, Tensor& o, int64_t rows, int64_t n) {
     dispatch_float(x.dtype(), "log_softmax", [&](auto tag) {
       using T = decltype(tag);
       const T* ip = in.data_ptr<T>();
@@ -173,9 +139,32 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
       }
     });
   });
-  return record(out, "LogSoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
-    // dx = dy - softmax * sum(dy)
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) {
+  Tensor out = !x.device().is_cpu() ? device_backend(x.device()).softmax_forward(x, dim, false)
+                                    : softmax_cpu(x, dim);
+  return record(out, "SoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
     const Tensor& y = g.saved[0];
+    if (!y.device().is_cpu())
+      return std::vector<Tensor>{device_backend(y.device()).softmax_backward(y, g.grad, dim, false)};
+    // dx = y * (dy - sum(dy * y))
+    Tensor gy = g.grad.to(y.dtype());
+    Tensor dot = sum(mul(gy, y), {dim}, true);
+    return std::vector<Tensor>{mul(y, sub(gy, dot))};
+  });
+}
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  Tensor out = !x.device().is_cpu() ? device_backend(x.device()).softmax_forward(x, dim, true)
+                                    : log_softmax_cpu(x, dim);
+  return record(out, "LogSoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
+    const Tensor& y = g.saved[0];
+    if (!y.device().is_cpu())
+      return std::vector<Tensor>{device_backend(y.device()).softmax_backward(y, g.grad, dim, true)};
+    // dx = dy - softmax * sum(dy)
     Tensor gy = g.grad.to(y.dtype());
     return std::vector<Tensor>{sub(gy, mul(exp(y), sum(gy, {dim}, true)))};
   });

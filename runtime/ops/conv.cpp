@@ -1,14 +1,11 @@
-// conv2d: argument checks for both devices; on CPU the autograd wiring here
-// and the arithmetic in conv_kernels.cpp, on CUDA cuDNN (cuda/ops/cudnn_conv.h).
+// conv2d: argument checks for every device; on CPU the autograd wiring here
+// and the arithmetic in conv_kernels.cpp, elsewhere the device backend's
+// whole op (cuDNN for CUDA).
 #include "lockstep/runtime/ops/conv.h"
 
-#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/conv_kernels.h"
-
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/cudnn_conv.h"
-#endif
 
 namespace lockstep::runtime {
 namespace {
@@ -72,11 +69,7 @@ ConvShape check_and_shape(const Tensor& x, const Tensor& weight, const Tensor& b
 Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
               const Conv2dOptions& opts) {
   const ConvShape s = check_and_shape(x_in, weight_in, bias_in, opts);
-#if LOCKSTEP_HAVE_CUDA
-  if (x_in.device().is_cuda()) return cuda::conv2d(x_in, weight_in, bias_in, s);
-#endif
-  LOCKSTEP_CHECK(x_in.device().is_cpu(), "conv2d: no kernel for device {} in this build",
-                 x_in.device().str());
+  if (!x_in.device().is_cpu()) return device_backend(x_in.device()).conv2d(x_in, weight_in, bias_in, s);
   const Tensor x = x_in.contiguous();
   const Tensor weight = weight_in.contiguous();
   const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();

@@ -5,15 +5,10 @@
 
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/float_map.h"
 #include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/ops/strided_loop.h"
-
-#include "lockstep/config.h"
-#include "lockstep/runtime/cuda/kernels/elementwise_ops.h"
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/elementwise.h"
-#endif
 
 namespace lockstep::runtime {
 
@@ -60,12 +55,11 @@ Tensor binary_loop(const Tensor& a, const Tensor& b, DType out_dtype, F f) {
   return out;
 }
 
-using cuda::kernels::BinaryOp;
-using cuda::kernels::UnaryOp;
-
-#if LOCKSTEP_HAVE_CUDA
-bool on_cuda(const Tensor& a, const Tensor& b) { return a.device().is_cuda() || b.device().is_cuda(); }
-#endif
+// The device of a binary op's kernel: a's, or b's when only b is off the CPU
+// (the backend then says whether it takes the pair).
+Device kernel_device(const Tensor& a, const Tensor& b) {
+  return a.device().is_cpu() ? b.device() : a.device();
+}
 
 // Arithmetic binary op in the promoted dtype, without autograd.
 template <class F>
@@ -73,12 +67,8 @@ Tensor arith(const Tensor& a, const Tensor& b, const char* name, F f, BinaryOp o
              double alpha = 1.0) {
   DType dt = promote_types(a.dtype(), b.dtype());
   if (dt == DType::boolean || dt == DType::u8) dt = DType::i64;
-#if LOCKSTEP_HAVE_CUDA
-  if (on_cuda(a, b)) return cuda::binary_op(op, a, b, dt, alpha, name);
-#else
-  (void)op;
-  (void)alpha;
-#endif
+  if (const Device d = kernel_device(a, b); !d.is_cpu())
+    return device_backend(d).binary(op, a, b, dt, alpha, name);
   Tensor ca = a.to(dt), cb = b.to(dt);
   return dispatch_arith(dt, name, [&](auto tag) {
     using T = decltype(tag);
@@ -90,11 +80,8 @@ template <class F>
 Tensor compare(const Tensor& a, const Tensor& b, const char* name, F f, BinaryOp op) {
   DType dt = promote_types(a.dtype(), b.dtype());
   if (dt == DType::boolean || dt == DType::u8) dt = DType::i64;
-#if LOCKSTEP_HAVE_CUDA
-  if (on_cuda(a, b)) return cuda::binary_op(op, a, b, dt, 1.0, name);
-#else
-  (void)op;
-#endif
+  if (const Device d = kernel_device(a, b); !d.is_cpu())
+    return device_backend(d).binary(op, a, b, dt, 1.0, name);
   Tensor ca = a.to(dt), cb = b.to(dt);
   return dispatch_arith(dt, name, [&](auto tag) {
     using T = decltype(tag);
@@ -105,12 +92,7 @@ Tensor compare(const Tensor& a, const Tensor& b, const char* name, F f, BinaryOp
 // f(x) over floating `a` (f32, f64 on the CPU; also bf16, f16 on CUDA).
 template <class F>
 Tensor unary(const Tensor& a, const char* name, F f, UnaryOp op, double scalar = 0.0) {
-#if LOCKSTEP_HAVE_CUDA
-  if (a.device().is_cuda()) return cuda::unary_op(op, a, scalar, name);
-#else
-  (void)op;
-  (void)scalar;
-#endif
+  if (!a.device().is_cpu()) return device_backend(a.device()).unary(op, a, scalar, name);
   return detail::map_float(a, name, f);
 }
 
@@ -210,7 +192,7 @@ Tensor add(const Tensor& a, double s) {
 Tensor mul(const Tensor& a, double s) {
   DType dt = a.dtype();
   if (!is_floating(dt) && s != std::floor(s)) dt = DType::f32;
-  Tensor out = a.device().is_cuda()
+  Tensor out = !a.device().is_cpu()
                    ? unary(a.to(dt), "mul", [](auto x) { return x; }, UnaryOp::mul_scalar, s)
                    : arith(a.to(dt), Tensor::scalar(s, dt), "mul",
                            [](auto x, auto y) { return x * y; }, BinaryOp::mul);

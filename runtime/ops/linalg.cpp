@@ -1,17 +1,13 @@
-// matmul and linear: checks and autograd wiring for both devices; the
-// products on OpenBLAS gemm (CPU) or cuBLAS (CUDA, cuda/ops/cublas_matmul.h).
+// matmul and linear: checks and autograd wiring for every device; the
+// products on OpenBLAS gemm (CPU) or the device backend's (device_backend.h).
 #include "lockstep/runtime/ops/linalg.h"
 
 #include <cblas.h>
 
-#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/gemm.h"
 #include "lockstep/runtime/ops/reduce.h"
-
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/cublas_matmul.h"
-#endif
 
 namespace lockstep::runtime {
 
@@ -40,9 +36,7 @@ BlasView blas_view(const Tensor& x) {
 }  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
-#if LOCKSTEP_HAVE_CUDA
-  if (a.device().is_cuda()) return cuda::gemm(a, b, c, alpha, beta);
-#endif
+  if (!a.device().is_cpu()) return device_backend(a.device()).gemm(a, b, c, alpha, beta);
   LOCKSTEP_ASSERT(a.dim() == 2 && b.dim() == 2 && c.dim() == 2);
   const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
   LOCKSTEP_ASSERT(b.shape()[0] == k && c.shape()[0] == m && c.shape()[1] == n);
@@ -84,9 +78,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 
 // out[i] = a[i] @ b[i] over the leading dim of 3-D operands.
 void bmm(const Tensor& a, const Tensor& b, Tensor& out) {
-#if LOCKSTEP_HAVE_CUDA
-  if (a.device().is_cuda()) return cuda::gemm_batched(a, b, out);
-#endif
+  if (!a.device().is_cpu()) return device_backend(a.device()).gemm_batched(a, b, out);
   for (int64_t i = 0; i < a.shape()[0]; ++i) {
     Tensor c = out.select(0, i);
     detail::gemm(a.select(0, i), b.select(0, i), c);
@@ -95,9 +87,7 @@ void bmm(const Tensor& a, const Tensor& b, Tensor& out) {
 
 // Sum over the rows of a 2-D gradient: the bias gradient of linear.
 Tensor sum_rows(const Tensor& g2) {
-#if LOCKSTEP_HAVE_CUDA
-  if (g2.device().is_cuda()) return cuda::sum_rows(g2);
-#endif
+  if (!g2.device().is_cpu()) return device_backend(g2.device()).sum_rows(g2);
   return sum(g2, {0});
 }
 

@@ -1,18 +1,14 @@
-// Cross-entropy (fused log-softmax + NLL, with label smoothing) and MSE. On
-// CUDA, cross_entropy runs cuda/ops/loss.h after the checks here; mse_loss is
-// built from ops that run on either device.
+// Cross-entropy (fused log-softmax + NLL, with label smoothing) and MSE. Off
+// the CPU, cross_entropy runs the device backend's after the checks here;
+// mse_loss is built from ops that run on every device.
 #include "lockstep/runtime/ops/loss.h"
 
 #include <cmath>
 
-#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/reduce.h"
-
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/loss.h"
-#endif
 
 namespace lockstep::runtime {
 
@@ -41,9 +37,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
                  dtype_name(target.dtype()));
   LOCKSTEP_CHECK(smoothing >= 0.0 && smoothing <= 1.0,
                  "cross_entropy: label_smoothing must be in [0, 1], got {}", smoothing);
-#if LOCKSTEP_HAVE_CUDA
-  if (logits.device().is_cuda()) return cuda::cross_entropy(logits, target, smoothing, reduction);
-#endif
+  if (!logits.device().is_cpu())
+    return device_backend(logits.device()).cross_entropy(logits, target, smoothing, reduction);
   LOCKSTEP_CHECK(logits.device().is_cpu() && target.device().is_cpu(),
                  "cross_entropy: logits are on {} and target on {}; both must be on one device",
                  logits.device().str(), target.device().str());

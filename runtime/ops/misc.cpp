@@ -1,17 +1,13 @@
 // dropout, embedding and cat: small ops whose CPU loops fit next to their
-// wiring. Autograd is recorded here for both devices; CUDA tensors run the
-// kernels behind cuda/ops/misc.h, and cat's copies run on Tensor::copy_.
+// wiring. Autograd is recorded here for every device; tensors off the CPU run
+// their device backend's kernels, and cat's copies run on Tensor::copy_.
 #include "lockstep/runtime/ops/misc.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
-
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/misc.h"
-#endif
+#include "lockstep/runtime/device_backend.h"
 
 namespace lockstep::runtime {
 namespace {
@@ -20,14 +16,7 @@ void check_defined(const char* op, const Tensor& t, const char* what) {
   LOCKSTEP_CHECK(t.defined(), "{}: {} is undefined", op, what);
 }
 
-bool on_cuda(const Tensor& t) {
-#if LOCKSTEP_HAVE_CUDA
-  return t.device().is_cuda();
-#else
-  (void)t;
-  return false;
-#endif
-}
+bool on_device(const Tensor& t) { return !t.device().is_cpu(); }
 
 // Draws per chunk: the mask is built from the generator's stream in order, so
 // chunking does not change it.
@@ -81,7 +70,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& g) {
   Tensor out = Tensor::empty(xc.shape(), xc.dtype(), xc.device());
   if (p == 1.0) {
     // Everything dropped: no draws needed, and no 1 / (1 - p).
-    if (on_cuda(xc)) {
+    if (on_device(xc)) {
       LOCKSTEP_CHECK(is_floating(xc.dtype()), "dropout: needs a floating tensor, got {}",
                      dtype_name(xc.dtype()));
       out.zero_();
@@ -98,10 +87,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& g) {
   const double scale = 1.0 / (1.0 - p);
   const uint64_t threshold = static_cast<uint64_t>((1.0 - p) * 4294967296.0);
   Tensor mask = Tensor::empty(xc.shape(), DType::u8, xc.device());
-  if (on_cuda(xc)) {
-#if LOCKSTEP_HAVE_CUDA
-    cuda::dropout_forward(xc, out, mask, threshold, scale, g);
-#endif
+  if (on_device(xc)) {
+    device_backend(xc.device()).dropout_forward(xc, out, mask, threshold, scale, g);
   } else {
     dropout_cpu(xc, out, mask, threshold, scale, g);
   }
@@ -109,10 +96,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& g) {
                 [mask, scale](const BackwardArgs& a) {
                   const Tensor gy = a.grad.contiguous();
                   Tensor gx = Tensor::empty(gy.shape(), gy.dtype(), gy.device());
-                  if (on_cuda(gy)) {
-#if LOCKSTEP_HAVE_CUDA
-                    cuda::dropout_backward(gy, mask, scale, gx);
-#endif
+                  if (on_device(gy)) {
+                    device_backend(gy.device()).dropout_backward(gy, mask, scale, gx);
                   } else {
                     dropout_backward_cpu(gy, mask, scale, gx);
                   }
@@ -163,11 +148,9 @@ Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
   Shape shape = indices.shape();
   shape.push_back(dim);
   Tensor out = Tensor::empty(shape, weight.dtype(), weight.device());
-  if (on_cuda(weight)) {
+  if (on_device(weight)) {
     // Indices are not checked here: that would wait for the device.
-#if LOCKSTEP_HAVE_CUDA
-    cuda::embedding_forward(indices, weight, out);
-#endif
+    device_backend(weight.device()).embedding_forward(indices, weight, out);
   } else {
     if (indices.dtype() == DType::i64)
       check_indices(indices.data_ptr<int64_t>(), n, rows);
@@ -186,10 +169,9 @@ Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
                 [rows, dim](const BackwardArgs& a) {
                   const Tensor& idx = a.saved[0];
                   const Tensor gy = a.grad.contiguous();
-#if LOCKSTEP_HAVE_CUDA
-                  if (on_cuda(gy))
-                    return std::vector<Tensor>{cuda::embedding_backward(gy, idx, rows, dim)};
-#endif
+                  if (on_device(gy))
+                    return std::vector<Tensor>{
+                        device_backend(gy.device()).embedding_backward(gy, idx, rows, dim)};
                   Tensor gw = Tensor::zeros({rows, dim}, gy.dtype());
                   dispatch_float(gy.dtype(), "embedding backward", [&](auto tag) {
                     using T = decltype(tag);
@@ -242,7 +224,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   const int64_t total = shape[d];
 
   Tensor out = Tensor::empty(shape, ref.dtype(), ref.device());
-  if (on_cuda(out)) {
+  if (on_device(out)) {
     // One strided copy kernel per input into its slice of the output.
     int64_t offset = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -264,7 +246,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 
   return record(std::move(out), "CatBackward", tensors, {},
                 [sizes, d, outer, inner, total](const BackwardArgs& a) {
-                  if (on_cuda(a.grad)) {
+                  if (on_device(a.grad)) {
                     // Fresh tensors, as on the CPU: gradients never alias each other.
                     std::vector<Tensor> grads(sizes.size());
                     int64_t offset = 0;

@@ -1,20 +1,16 @@
-// batch_norm and layer_norm: argument checks for both devices; on CPU the
-// running statistics, autograd wiring and loops (norm_kernels.cpp) here, on
-// CUDA cuDNN and kernels (cuda/ops/norm.h).
+// batch_norm and layer_norm: argument checks for every device; on CPU the
+// running statistics, autograd wiring and loops (norm_kernels.cpp) here,
+// elsewhere the device backend's whole op (device_backend.h).
 #include "lockstep/runtime/ops/norm.h"
 
 #include <cmath>
 #include <memory>
 
-#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/affine_inputs.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/norm_kernels.h"
-
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/norm.h"
-#endif
 
 namespace lockstep::runtime {
 namespace {
@@ -73,13 +69,9 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   LOCKSTEP_CHECK(!training || s.count() > 1,
                  "batch_norm: expected more than 1 value per channel when training, got input {}",
                  shape_str(x_in.shape()));
-#if LOCKSTEP_HAVE_CUDA
-  if (x_in.device().is_cuda())
-    return cuda::batch_norm(x_in, weight, bias, running_mean, running_var, training, momentum,
-                            eps);
-#endif
-  LOCKSTEP_CHECK(x_in.device().is_cpu(), "batch_norm: no kernel for device {} in this build",
-                 x_in.device().str());
+  if (!x_in.device().is_cpu())
+    return device_backend(x_in.device())
+        .batch_norm(x_in, weight, bias, running_mean, running_var, training, momentum, eps);
 
   const Tensor x = x_in.contiguous();
   auto co = std::make_shared<Stats>();
@@ -197,11 +189,8 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
                  shape_str(normalized_shape), shape_str(x_in.shape()));
   check_param("layer_norm", "weight", weight, normalized_shape, x_in);
   check_param("layer_norm", "bias", bias, normalized_shape, x_in);
-#if LOCKSTEP_HAVE_CUDA
-  if (x_in.device().is_cuda()) return cuda::layer_norm(x_in, normalized_shape, weight, bias, eps);
-#endif
-  LOCKSTEP_CHECK(x_in.device().is_cpu(), "layer_norm: no kernel for device {} in this build",
-                 x_in.device().str());
+  if (!x_in.device().is_cpu())
+    return device_backend(x_in.device()).layer_norm(x_in, normalized_shape, weight, bias, eps);
 
   const Tensor x = x_in.contiguous();
   const Tensor w = weight.defined() ? weight.contiguous() : Tensor();

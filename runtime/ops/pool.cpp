@@ -1,16 +1,12 @@
-// Pooling ops: argument checks and autograd wiring for both devices; loops in
-// pool_kernels.cpp on the CPU, kernels behind cuda/ops/pool.h on CUDA.
+// Pooling ops: argument checks and autograd wiring for every device; loops in
+// pool_kernels.cpp on the CPU, the device backend's kernels elsewhere.
 #include "lockstep/runtime/ops/pool.h"
 
 #include <cstdint>
 
-#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/pool_kernels.h"
-
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/pool.h"
-#endif
 
 namespace lockstep::runtime {
 namespace {
@@ -56,14 +52,7 @@ Shape out_shape(const Tensor& x, const PoolShape& s) {
   return shape;
 }
 
-bool on_cuda(const Tensor& t) {
-#if LOCKSTEP_HAVE_CUDA
-  return t.device().is_cuda();
-#else
-  (void)t;
-  return false;
-#endif
-}
+bool on_device(const Tensor& t) { return !t.device().is_cpu(); }
 
 // Shared wiring of the two average pools (their kernels have the same shape).
 template <class Fwd, class Bwd>
@@ -71,10 +60,8 @@ Tensor average_pool(const char* op, const char* node, bool adaptive, const Tenso
                     const PoolShape& s, Fwd forward, Bwd backward) {
   const Tensor x = x_in.contiguous();
   Tensor out = Tensor::empty(out_shape(x, s), x.dtype(), x.device());
-  if (on_cuda(x)) {
-#if LOCKSTEP_HAVE_CUDA
-    cuda::avg_pool2d_forward(s, adaptive, x, out);
-#endif
+  if (on_device(x)) {
+    device_backend(x.device()).avg_pool2d_forward(s, adaptive, x, out);
   } else {
     dispatch_float(x.dtype(), op, [&](auto tag) {
       using T = decltype(tag);
@@ -85,10 +72,8 @@ Tensor average_pool(const char* op, const char* node, bool adaptive, const Tenso
                 [s, in_shape = x.shape(), op, adaptive, backward](const BackwardArgs& a) {
                   const Tensor gy = a.grad.contiguous();
                   Tensor gx = Tensor::empty(in_shape, gy.dtype(), gy.device());
-                  if (on_cuda(gy)) {
-#if LOCKSTEP_HAVE_CUDA
-                    cuda::avg_pool2d_backward(s, adaptive, gy, gx);
-#endif
+                  if (on_device(gy)) {
+                    device_backend(gy.device()).avg_pool2d_backward(s, adaptive, gy, gx);
                   } else {
                     dispatch_float(gy.dtype(), op, [&](auto tag) {
                       using T = decltype(tag);
@@ -110,10 +95,8 @@ Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& opts) {
   // Flat in-plane index of each window's maximum; internal, so i32 halves
   // its memory traffic compared with PyTorch's i64 indices.
   Tensor argmax = Tensor::empty(out.shape(), DType::i32, x.device());
-  if (on_cuda(x)) {
-#if LOCKSTEP_HAVE_CUDA
-    cuda::max_pool2d_forward(s, x, out, argmax);
-#endif
+  if (on_device(x)) {
+    device_backend(x.device()).max_pool2d_forward(s, x, out, argmax);
   } else {
     dispatch_float(x.dtype(), "max_pool2d", [&](auto tag) {
       using T = decltype(tag);
@@ -125,10 +108,8 @@ Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& opts) {
                 [s, argmax, in_shape = x.shape()](const BackwardArgs& a) {
                   const Tensor gy = a.grad.contiguous();
                   Tensor gx = Tensor::empty(in_shape, gy.dtype(), gy.device());
-                  if (on_cuda(gy)) {
-#if LOCKSTEP_HAVE_CUDA
-                    cuda::max_pool2d_backward(s, gy, argmax, gx);
-#endif
+                  if (on_device(gy)) {
+                    device_backend(gy.device()).max_pool2d_backward(s, gy, argmax, gx);
                   } else {
                     dispatch_float(gy.dtype(), "max_pool2d backward", [&](auto tag) {
                       using T = decltype(tag);

@@ -1,20 +1,16 @@
 // Reductions: sum and mean over dims (accumulating in double for floats on
-// the CPU; cuda/ops/reduce.h on CUDA), max and argmax. Autograd is recorded
-// here for both devices.
+// the CPU; the device backend's kernels elsewhere), max and argmax. Autograd
+// is recorded here, once per op, for every device.
 #include "lockstep/runtime/ops/reduce.h"
 
 #include <algorithm>
 #include <limits>
 
-#include "lockstep/config.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/convert.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/strided_loop.h"
-
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/reduce.h"
-#endif
 
 namespace lockstep::runtime {
 
@@ -78,12 +74,10 @@ Tensor sum_impl(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim,
   Shape keep = kept_shape(a.shape(), dims);
   Tensor acc;
   DType out_dtype = is_floating(a.dtype()) ? a.dtype() : DType::i64;
-#if LOCKSTEP_HAVE_CUDA
-  if (a.device().is_cuda()) {
-    Tensor out = cuda::sum(a, dims, scale, out_dtype);
+  if (!a.device().is_cpu()) {
+    Tensor out = device_backend(a.device()).sum(a, dims, scale, out_dtype);
     return keepdim ? out : out.reshape(dropped_shape(a.shape(), dims));
   }
-#endif
   if (is_floating(a.dtype())) {
     Tensor x = a.dtype() == DType::f32 || a.dtype() == DType::f64 ? a : a.to(DType::f32);
     acc = dispatch_float(x.dtype(), "sum", [&](auto tag) {
@@ -127,12 +121,10 @@ MaxResult max_impl(const Tensor& a, int64_t dim, bool want_values) {
   for (int64_t d = 0; d < a.dim(); ++d)
     if (d != dim) perm.push_back(d);
   if (a.dim() > 0) perm.push_back(dim);
-#if LOCKSTEP_HAVE_CUDA
-  if (a.device().is_cuda()) {
-    cuda::MaxAlong m = cuda::max_along(a, dim, want_values);
+  if (!a.device().is_cpu()) {
+    ValuesAndIndices m = device_backend(a.device()).max_along(a, dim, want_values);
     return {m.values, m.indices};
   }
-#endif
   Tensor moved = a.dim() == 0 ? a.reshape({1}) : a.permute(perm).contiguous();
   Shape out_shape = a.dim() == 0 ? Shape{} : dropped_shape(a.shape(), {dim});
   const int64_t rows = shape_numel(out_shape);
@@ -169,16 +161,14 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) 
   int64_t count = 1;
   for (int64_t d : dims) count *= a.shape()[d];
   const double scale = 1.0 / static_cast<double>(count);
-#if LOCKSTEP_HAVE_CUDA
-  if (a.device().is_cuda()) {
-    Tensor out = sum_impl(a, dims, keepdim, scale);
-    Shape in_shape = a.shape(), keep = kept_shape(a.shape(), dims);
-    return record(out, "MeanBackward", {a}, {}, [in_shape, keep, scale](const BackwardArgs& g) {
-      return std::vector<Tensor>{mul(g.grad.reshape(keep).expand(in_shape), scale)};
-    });
-  }
-#endif
-  return mul(sum(a, dims, keepdim), scale);
+  // A device kernel scales as it sums (one rounding for bf16/f16); the CPU
+  // sums in double, then scales.
+  Tensor out = !a.device().is_cpu() ? sum_impl(a, dims, keepdim, scale)
+                                    : mul(sum_impl(a, dims, keepdim), scale);
+  Shape in_shape = a.shape(), keep = kept_shape(a.shape(), dims);
+  return record(out, "MeanBackward", {a}, {}, [in_shape, keep, scale](const BackwardArgs& g) {
+    return std::vector<Tensor>{mul(g.grad, scale).reshape(keep).expand(in_shape)};
+  });
 }
 
 Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
@@ -191,10 +181,8 @@ Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
   return record(values, "MaxBackward", {a}, {}, [=](const BackwardArgs& g) {
     // Scatter each gradient to the position of its maximum.
     Tensor gv = keepdim && !in_shape.empty() ? g.grad.squeeze(d) : g.grad;
-#if LOCKSTEP_HAVE_CUDA
-    if (idx.device().is_cuda())
-      return std::vector<Tensor>{cuda::max_backward(gv, idx, in_shape, d, dt)};
-#endif
+    if (!idx.device().is_cpu())
+      return std::vector<Tensor>{device_backend(idx.device()).max_backward(gv, idx, in_shape, d, dt)};
     Tensor grad = Tensor::zeros(in_shape, dt);
     gv = gv.contiguous().to(dt);
     const int64_t* ip = idx.data_ptr<int64_t>();

@@ -7,10 +7,13 @@
 
 #include <cuda_runtime_api.h>
 
-#include "lockstep/runtime/cuda/kernels/elementwise_ops.h"
 #include "lockstep/runtime/cuda/kernels/kernel_types.h"
+#include "lockstep/runtime/ops/elementwise_codes.h"
 
 namespace lockstep::runtime::cuda::kernels {
+
+using runtime::BinaryOp;
+using runtime::UnaryOp;
 
 // out (operand 0) = convert(in (operand 1)), any dtypes.
 cudaError_t copy(const ElementwiseArgs<2>& args, cudaStream_t stream);

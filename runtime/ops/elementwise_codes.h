@@ -1,10 +1,10 @@
-// The op codes of the elementwise CUDA kernels (elementwise.h). No CUDA
-// header, so that runtime/ops can name them in builds without CUDA too.
+// The op codes of the device backends' elementwise kernels
+// (device_backend.h: DeviceBackend::unary and binary).
 #pragma once
 
 #include <cstdint>
 
-namespace lockstep::runtime::cuda::kernels {
+namespace lockstep::runtime {
 
 enum class UnaryOp : uint8_t {
   neg, exp, log, sqrt, abs,
@@ -26,4 +26,4 @@ enum class BinaryOp : uint8_t {
   gelu_backward,     // a (grad) * gelu'(b (input))
 };
 
-}  // namespace lockstep::runtime::cuda::kernels
+}  // namespace lockstep::runtime

@@ -1,0 +1,162 @@
+// The CUDA backend: device_backend.h's one registration point for CUDA, each
+// entry the kernel of runtime/cuda/ that does the work.
+#include "lockstep/runtime/device_backend.h"
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/cuda/caching_allocator.h"
+#include "lockstep/runtime/cuda/device.h"
+#include "lockstep/runtime/cuda/ops/activation.h"
+#include "lockstep/runtime/cuda/ops/cublas_matmul.h"
+#include "lockstep/runtime/cuda/ops/cudnn_conv.h"
+#include "lockstep/runtime/cuda/ops/elementwise.h"
+#include "lockstep/runtime/cuda/ops/loss.h"
+#include "lockstep/runtime/cuda/ops/misc.h"
+#include "lockstep/runtime/cuda/ops/norm.h"
+#include "lockstep/runtime/cuda/ops/pool.h"
+#include "lockstep/runtime/cuda/ops/reduce.h"
+#include "lockstep/runtime/cuda/stream.h"
+#include "lockstep/runtime/cuda/tensor_copy.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::runtime {
+namespace {
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  GpuInventory probe() const override {
+    GpuInventory gpus{.cuda_built = true, .count = cuda_device_count()};
+    if (gpus.count == 0) gpus.unavailable_reason = cuda_unavailable_reason();
+    return gpus;
+  }
+  void set_current(int index) const override { LOCKSTEP_CUDA_CHECK(cudaSetDevice(index)); }
+
+  // From the caching allocator, for use on the device's current stream
+  // (where ops queue their kernels).
+  void* allocate(size_t nbytes, Device device) const override {
+    if (nbytes == 0) return nullptr;
+    const int count = cuda_device_count();
+    LOCKSTEP_CHECK(count > 0, "cannot allocate {} bytes on {}: {}", nbytes, device.str(),
+                   cuda_unavailable_reason());
+    LOCKSTEP_CHECK(device.index >= 0 && device.index < count,
+                   "cannot allocate on {}: this process sees {} CUDA device(s) (cuda:0 to "
+                   "cuda:{}); check the device index and CUDA_VISIBLE_DEVICES",
+                   device.str(), count, count - 1);
+    return cuda::device_alloc(nbytes, cuda::current_stream(device.index));
+  }
+  void free(void* data, Device) const override { cuda::device_free(data); }
+
+  void copy(const Tensor& dst, const Tensor& src) const override { cuda::copy_tensor(dst, src); }
+  void fill(const Tensor& dst, double value) const override { cuda::fill_tensor(dst, value); }
+  void add_into(const Tensor& dst, const Tensor& other, double alpha) const override {
+    cuda::add_tensor(dst, other, alpha);
+  }
+  void mul_into(const Tensor& dst, const Tensor& other) const override {
+    cuda::mul_tensor(dst, other);
+  }
+  void mul_scalar_into(const Tensor& dst, double factor) const override {
+    cuda::mul_scalar(dst, factor);
+  }
+  void scale_into(const Tensor& dst, const Tensor& src, double factor) const override {
+    cuda::scale_into(dst, src, factor);
+  }
+
+  Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, DType dtype, double alpha,
+                const char* name) const override {
+    return cuda::binary_op(op, a, b, dtype, alpha, name);
+  }
+  Tensor unary(UnaryOp op, const Tensor& a, double scalar, const char* name) const override {
+    return cuda::unary_op(op, a, scalar, name);
+  }
+
+  Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, double scale,
+             DType out_dtype) const override {
+    return cuda::sum(a, dims, scale, out_dtype);
+  }
+  ValuesAndIndices max_along(const Tensor& a, int64_t dim, bool want_values) const override {
+    cuda::MaxAlong m = cuda::max_along(a, dim, want_values);
+    return {std::move(m.values), std::move(m.indices)};
+  }
+  Tensor max_backward(const Tensor& grad, const Tensor& indices, const Shape& in_shape,
+                      int64_t dim, DType dtype) const override {
+    return cuda::max_backward(grad, indices, in_shape, dim, dtype);
+  }
+
+  void gemm(const Tensor& a, const Tensor& b, Tensor& c, double alpha,
+            double beta) const override {
+    cuda::gemm(a, b, c, alpha, beta);
+  }
+  void gemm_batched(const Tensor& a, const Tensor& b, Tensor& out) const override {
+    cuda::gemm_batched(a, b, out);
+  }
+  Tensor sum_rows(const Tensor& x) const override { return cuda::sum_rows(x); }
+
+  Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) const override {
+    return cuda::softmax_forward(x, dim, log);
+  }
+  Tensor softmax_backward(const Tensor& y, const Tensor& grad, int64_t dim,
+                          bool log) const override {
+    return cuda::softmax_backward(y, grad, dim, log);
+  }
+
+  void dropout_forward(const Tensor& x, const Tensor& y, const Tensor& mask, uint64_t threshold,
+                       double scale, Generator& g) const override {
+    cuda::dropout_forward(x, y, mask, threshold, scale, g);
+  }
+  void dropout_backward(const Tensor& grad_y, const Tensor& mask, double scale,
+                        const Tensor& grad_x) const override {
+    cuda::dropout_backward(grad_y, mask, scale, grad_x);
+  }
+  void embedding_forward(const Tensor& indices, const Tensor& weight,
+                         const Tensor& out) const override {
+    cuda::embedding_forward(indices, weight, out);
+  }
+  Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows,
+                            int64_t dim) const override {
+    return cuda::embedding_backward(grad, indices, rows, dim);
+  }
+
+  void max_pool2d_forward(const pool_kernels::PoolShape& s, const Tensor& x, const Tensor& y,
+                          const Tensor& argmax) const override {
+    cuda::max_pool2d_forward(s, x, y, argmax);
+  }
+  void max_pool2d_backward(const pool_kernels::PoolShape& s, const Tensor& grad_y,
+                           const Tensor& argmax, const Tensor& grad_x) const override {
+    cuda::max_pool2d_backward(s, grad_y, argmax, grad_x);
+  }
+  void avg_pool2d_forward(const pool_kernels::PoolShape& s, bool adaptive, const Tensor& x,
+                          const Tensor& y) const override {
+    cuda::avg_pool2d_forward(s, adaptive, x, y);
+  }
+  void avg_pool2d_backward(const pool_kernels::PoolShape& s, bool adaptive,
+                           const Tensor& grad_y, const Tensor& grad_x) const override {
+    cuda::avg_pool2d_backward(s, adaptive, grad_y, grad_x);
+  }
+
+  Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                const conv_kernels::ConvShape& s) const override {
+    return cuda::conv2d(x, weight, bias, s);
+  }
+  Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    const Tensor& running_mean, const Tensor& running_var, bool training,
+                    double momentum, double eps) const override {
+    return cuda::batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  }
+  Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
+                    const Tensor& weight, const Tensor& bias, double eps) const override {
+    return cuda::layer_norm(x, normalized_shape, weight, bias, eps);
+  }
+  Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
+                       Reduction reduction) const override {
+    return cuda::cross_entropy(logits, target, label_smoothing, reduction);
+  }
+};
+
+}  // namespace
+
+const DeviceBackend* registered_cuda_backend() {
+  static const CudaBackend backend;
+  return &backend;
+}
+
+}  // namespace lockstep::runtime

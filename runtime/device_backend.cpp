@@ -1,0 +1,123 @@
+#include "lockstep/runtime/device_backend.h"
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::runtime {
+
+void DeviceBackend::missing(const char* what) const {
+  throw Error(fmt::format("{}: lockstep was built without CUDA (configure with "
+                          "-DLOCKSTEP_CUDA=ON where the CUDA toolkit is installed); use the CPU",
+                          what));
+}
+
+GpuInventory DeviceBackend::probe() const { return {}; }
+
+void DeviceBackend::set_current(int index) const {
+  missing(fmt::format("cannot use cuda:{}", index).c_str());
+}
+
+void* DeviceBackend::allocate(size_t nbytes, Device device) const {
+  missing(fmt::format("cannot allocate {} bytes on {}", nbytes, device.str()).c_str());
+}
+
+void DeviceBackend::free(void*, Device) const { missing("free device memory"); }
+
+void DeviceBackend::copy(const Tensor&, const Tensor&) const { missing("copy_"); }
+void DeviceBackend::fill(const Tensor&, double) const { missing("fill_"); }
+void DeviceBackend::add_into(const Tensor&, const Tensor&, double) const { missing("add_"); }
+void DeviceBackend::mul_into(const Tensor&, const Tensor&) const { missing("mul_"); }
+void DeviceBackend::mul_scalar_into(const Tensor&, double) const { missing("mul_"); }
+void DeviceBackend::scale_into(const Tensor&, const Tensor&, double) const {
+  missing("scale_into");
+}
+
+Tensor DeviceBackend::binary(BinaryOp, const Tensor&, const Tensor&, DType, double,
+                             const char* name) const {
+  missing(name);
+}
+Tensor DeviceBackend::unary(UnaryOp, const Tensor&, double, const char* name) const {
+  missing(name);
+}
+
+Tensor DeviceBackend::sum(const Tensor&, const std::vector<int64_t>&, double, DType) const {
+  missing("sum");
+}
+ValuesAndIndices DeviceBackend::max_along(const Tensor&, int64_t, bool) const { missing("max"); }
+Tensor DeviceBackend::max_backward(const Tensor&, const Tensor&, const Shape&, int64_t,
+                                   DType) const {
+  missing("max backward");
+}
+
+void DeviceBackend::gemm(const Tensor&, const Tensor&, Tensor&, double, double) const {
+  missing("matmul");
+}
+void DeviceBackend::gemm_batched(const Tensor&, const Tensor&, Tensor&) const {
+  missing("bmm");
+}
+Tensor DeviceBackend::sum_rows(const Tensor&) const { missing("linear backward"); }
+
+Tensor DeviceBackend::softmax_forward(const Tensor&, int64_t, bool log) const {
+  missing(log ? "log_softmax" : "softmax");
+}
+Tensor DeviceBackend::softmax_backward(const Tensor&, const Tensor&, int64_t, bool log) const {
+  missing(log ? "log_softmax backward" : "softmax backward");
+}
+
+void DeviceBackend::dropout_forward(const Tensor&, const Tensor&, const Tensor&, uint64_t, double,
+                                    Generator&) const {
+  missing("dropout");
+}
+void DeviceBackend::dropout_backward(const Tensor&, const Tensor&, double, const Tensor&) const {
+  missing("dropout backward");
+}
+void DeviceBackend::embedding_forward(const Tensor&, const Tensor&, const Tensor&) const {
+  missing("embedding");
+}
+Tensor DeviceBackend::embedding_backward(const Tensor&, const Tensor&, int64_t, int64_t) const {
+  missing("embedding backward");
+}
+
+void DeviceBackend::max_pool2d_forward(const pool_kernels::PoolShape&, const Tensor&,
+                                       const Tensor&, const Tensor&) const {
+  missing("max_pool2d");
+}
+void DeviceBackend::max_pool2d_backward(const pool_kernels::PoolShape&, const Tensor&,
+                                        const Tensor&, const Tensor&) const {
+  missing("max_pool2d backward");
+}
+void DeviceBackend::avg_pool2d_forward(const pool_kernels::PoolShape&, bool, const Tensor&,
+                                       const Tensor&) const {
+  missing("avg_pool2d");
+}
+void DeviceBackend::avg_pool2d_backward(const pool_kernels::PoolShape&, bool, const Tensor&,
+                                        const Tensor&) const {
+  missing("avg_pool2d backward");
+}
+
+Tensor DeviceBackend::conv2d(const Tensor&, const Tensor&, const Tensor&,
+                             const conv_kernels::ConvShape&) const {
+  missing("conv2d");
+}
+Tensor DeviceBackend::batch_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, bool, double, double) const {
+  missing("batch_norm");
+}
+Tensor DeviceBackend::layer_norm(const Tensor&, const std::vector<int64_t>&, const Tensor&,
+                                 const Tensor&, double) const {
+  missing("layer_norm");
+}
+Tensor DeviceBackend::cross_entropy(const Tensor&, const Tensor&, double, Reduction) const {
+  missing("cross_entropy");
+}
+
+const DeviceBackend& device_backend(Device device) {
+  LOCKSTEP_CHECK(device.is_cuda(), "no device backend for {}: the CPU's kernels are the ops' own",
+                 device.str());
+  static const DeviceBackend without_cuda;
+  const DeviceBackend* cuda = registered_cuda_backend();
+  return cuda != nullptr ? *cuda : without_cuda;
+}
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,130 @@
+// What a device other than the CPU gives lockstep: memory, in-place tensor
+// writes, and the kernels runtime/ops reaches through device_backend(). An op
+// checks its arguments, records its autograd node, and calls the CPU loop or
+// device_backend(x.device()).<kernel>; it never names CUDA. The CUDA backend
+// implements this class in runtime/cuda/cuda_backend.cpp, its one
+// registration point; a build without CUDA gets this base class, whose every
+// kernel throws "lockstep was built without CUDA", naming the op.
+//
+// Kernels take tensors on the backend's device with their shapes and dtypes
+// already checked by the op, and queue work on the device's current stream.
+// conv2d, batch_norm, layer_norm and cross_entropy are still whole ops here
+// (they record their own autograd node); the rest are forward or backward
+// kernels.
+//
+// Mixed precision (autocast) will choose each op's compute dtype at the same
+// point, before the call: a policy table keyed by op, of the shape
+//   {op: "matmul" | "conv2d" | ..., cast: lower | f32 | widest_input}
+// applied to the arguments, with casts of parameters cached per scope.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "lockstep/runtime/cuda_available.h"
+#include "lockstep/runtime/ops/elementwise_codes.h"
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::runtime {
+
+class Generator;
+enum class Reduction;
+namespace conv_kernels {
+struct ConvShape;
+}
+namespace pool_kernels {
+struct PoolShape;
+}
+
+struct ValuesAndIndices {
+  Tensor values;  // undefined when not asked for
+  Tensor indices;
+};
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+
+  // Devices and memory.
+  virtual GpuInventory probe() const;
+  virtual void set_current(int index) const;
+  virtual void* allocate(size_t nbytes, Device device) const;
+  virtual void free(void* data, Device device) const;
+
+  // In-place writes of `dst` (Tensor::copy_, fill_, add_, mul_; scale_into
+  // is dst = factor * src in one kernel).
+  virtual void copy(const Tensor& dst, const Tensor& src) const;
+  virtual void fill(const Tensor& dst, double value) const;
+  virtual void add_into(const Tensor& dst, const Tensor& other, double alpha) const;
+  virtual void mul_into(const Tensor& dst, const Tensor& other) const;
+  virtual void mul_scalar_into(const Tensor& dst, double factor) const;
+  virtual void scale_into(const Tensor& dst, const Tensor& src, double factor) const;
+
+  // Elementwise, broadcasting; the result in `dtype` (bool for comparisons).
+  virtual Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, DType dtype, double alpha,
+                        const char* name) const;
+  virtual Tensor unary(UnaryOp op, const Tensor& a, double scalar, const char* name) const;
+
+  // Reductions: sum over `dims` (kept as size 1) times `scale`; the maximum
+  // along `dim` with its index; max's backward scatters `grad` to `indices`.
+  virtual Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, double scale,
+                     DType out_dtype) const;
+  virtual ValuesAndIndices max_along(const Tensor& a, int64_t dim, bool want_values) const;
+  virtual Tensor max_backward(const Tensor& grad, const Tensor& indices, const Shape& in_shape,
+                              int64_t dim, DType dtype) const;
+
+  // c = alpha * a @ b + beta * c (2-D); out[i] = a[i] @ b[i] (3-D); the sum
+  // of a 2-D tensor's rows.
+  virtual void gemm(const Tensor& a, const Tensor& b, Tensor& c, double alpha,
+                    double beta) const;
+  virtual void gemm_batched(const Tensor& a, const Tensor& b, Tensor& out) const;
+  virtual Tensor sum_rows(const Tensor& x) const;
+
+  virtual Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) const;
+  virtual Tensor softmax_backward(const Tensor& y, const Tensor& grad, int64_t dim,
+                                  bool log) const;
+
+  virtual void dropout_forward(const Tensor& x, const Tensor& y, const Tensor& mask,
+                               uint64_t threshold, double scale, Generator& g) const;
+  virtual void dropout_backward(const Tensor& grad_y, const Tensor& mask, double scale,
+                                const Tensor& grad_x) const;
+  virtual void embedding_forward(const Tensor& indices, const Tensor& weight,
+                                 const Tensor& out) const;
+  virtual Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows,
+                                    int64_t dim) const;
+
+  virtual void max_pool2d_forward(const pool_kernels::PoolShape& s, const Tensor& x,
+                                  const Tensor& y, const Tensor& argmax) const;
+  virtual void max_pool2d_backward(const pool_kernels::PoolShape& s, const Tensor& grad_y,
+                                   const Tensor& argmax, const Tensor& grad_x) const;
+  virtual void avg_pool2d_forward(const pool_kernels::PoolShape& s, bool adaptive,
+                                  const Tensor& x, const Tensor& y) const;
+  virtual void avg_pool2d_backward(const pool_kernels::PoolShape& s, bool adaptive,
+                                   const Tensor& grad_y, const Tensor& grad_x) const;
+
+  // Whole ops (see above).
+  virtual Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const conv_kernels::ConvShape& s) const;
+  virtual Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            const Tensor& running_mean, const Tensor& running_var,
+                            bool training, double momentum, double eps) const;
+  virtual Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
+                            const Tensor& weight, const Tensor& bias, double eps) const;
+  virtual Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+                               double label_smoothing, Reduction reduction) const;
+
+ protected:
+  // The error every kernel of the base class throws.
+  [[noreturn]] void missing(const char* what) const;
+};
+
+// The backend of `device` (not the CPU). Throws, naming `device`, for a kind
+// this build has no backend for.
+const DeviceBackend& device_backend(Device device);
+
+// The CUDA backend: runtime/cuda/cuda_backend.cpp in a CUDA build, else null
+// (runtime/no_cuda/cuda_backend.cpp). CMake builds exactly one of the two.
+const DeviceBackend* registered_cuda_backend();
+
+}  // namespace lockstep::runtime
