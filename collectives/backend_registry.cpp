@@ -21,6 +21,9 @@
 #if LOCKSTEP_HAVE_NCCL
 #include "lockstep/collectives/nccl/nccl_group.h"
 #endif
+#if LOCKSTEP_HAVE_CUDA
+#include "lockstep/collectives/cuda_staging/staging_group.h"
+#endif
 
 namespace lockstep::collectives {
 namespace {
@@ -125,6 +128,16 @@ std::shared_ptr<ProcessGroup> make_backend_group(std::string_view backend, const
     if (entry.name == backend && entry.make != nullptr) return entry.make(args);
   }
   throw Error(fmt::format("collectives backend '{}' is built in but has no factory", backend));
+}
+
+std::shared_ptr<ProcessGroup> with_device_staging(std::shared_ptr<ProcessGroup> group,
+                                                  std::string_view backend) {
+#if LOCKSTEP_HAVE_CUDA
+  if (backend != "nccl") return make_cuda_staging_group(std::move(group));
+#else
+  (void)backend;
+#endif
+  return group;
 }
 
 }  // namespace lockstep::collectives

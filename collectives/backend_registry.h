@@ -1,6 +1,8 @@
 // Backend name -> the function that makes a group of it: one table, with an
 // entry for every backend of backends.h that is built in, and "shm+gloo".
 // init_process_group() and make_process_group() make every group through it.
+// The one place in collectives/ (outside its CUDA folders) that knows which
+// of them the build has.
 #pragma once
 
 #include <chrono>
@@ -34,5 +36,12 @@ void require_backend(std::string_view backend);
 // A group of `backend` (require_backend's check first), as the backend itself
 // makes it: no CUDA staging or desync checking around it.
 std::shared_ptr<ProcessGroup> make_backend_group(std::string_view backend, const GroupArgs& args);
+
+// `group` of `backend`, taking device tensors too where the build has a
+// device and the backend does not take them itself (CPU backends' collectives
+// on CUDA tensors are staged through host memory; nccl's group is returned
+// as it is).
+std::shared_ptr<ProcessGroup> with_device_staging(std::shared_ptr<ProcessGroup> group,
+                                                  std::string_view backend);
 
 }  // namespace lockstep::collectives

@@ -27,9 +27,6 @@
 #if LOCKSTEP_HAVE_MPI
 #include "lockstep/collectives/mpi/mpi_runtime.h"
 #endif
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/collectives/cuda_staging/staging_group.h"
-#endif
 
 namespace lockstep::collectives {
 namespace {
@@ -196,10 +193,7 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
       backend, {.store = store, .rank = rank, .size = size, .name = name, .timeout = timeout,
                 .topology = topology, .node_key = node_key});
   if (stall_report) group->report_stalls_after(*stall_report);
-#if LOCKSTEP_HAVE_CUDA
-  // The CPU backends take CUDA tensors too, staged through host memory.
-  if (backend != "nccl") group = make_cuda_staging_group(std::move(group));
-#endif
+  group = with_device_staging(std::move(group), backend);
   if (debug == runtime::DebugLevel::Detail) {
     LOCKSTEP_CHECK(store != nullptr,
                    "LOCKSTEP_DEBUG=detail on group '{}' needs a store to compare the ranks' calls",
