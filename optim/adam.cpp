@@ -10,10 +10,7 @@
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
-#include "lockstep/config.h"
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/fused_optimizer.h"
-#endif
+#include "lockstep/runtime/ops/fused_step.h"
 
 namespace lockstep::optim {
 
@@ -144,20 +141,16 @@ void Adam::step() {
   // Everything that can refuse the step is checked before anything changes.
   for (auto& group : groups_) {
     validate(group.options);  // a scheduler or the user may have edited them
-#if LOCKSTEP_HAVE_CUDA
     for (auto& param : group.params) {
-      if (!param.grad().defined() || !param.device().is_cuda()) continue;
-      runtime::cuda::check_fusable(name_.c_str(), "parameter", param);
-      runtime::cuda::check_fusable_state(name_.c_str(), find_state(param),
-                                         {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
+      if (!param.grad().defined() || param.device().is_cpu()) continue;
+      runtime::check_fusable(name_.c_str(), "parameter", param);
+      runtime::check_fusable_state(name_.c_str(), find_state(param),
+                                   {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
     }
-#endif
   }
-#if LOCKSTEP_HAVE_CUDA
-  runtime::cuda::FusedAdamStep on_cuda;  // every CUDA parameter, stepped together below
+  runtime::FusedStep<runtime::AdamTensor> on_device;  // every device parameter, stepped together below
   // Their step counts, kept in the state once the launch ran.
   std::vector<std::pair<std::map<std::string, Tensor>*, double>> counted;
-#endif
   for (auto& group : groups_) {
     const AdamOptions o = AdamOptions::from_map(group.options);
     const bool decay = o.weight_decay != 0.0;
@@ -178,15 +171,14 @@ void Adam::step() {
 
       const double bias_correction1 = 1.0 - std::pow(o.beta1, step);
       const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
-#if LOCKSTEP_HAVE_CUDA
-      if (param.device().is_cuda()) {
-        namespace k = runtime::cuda::kernels;
+      if (!param.device().is_cpu()) {
+        namespace k = runtime;
         const uint32_t flags = (o.maximize ? k::kMaximize : 0u) | (o.amsgrad ? k::kAmsgrad : 0u) |
                                (decay && !decoupled_weight_decay_ ? k::kL2 : 0u) |
                                (decay && decoupled_weight_decay_ ? k::kDecoupled : 0u);
-        using runtime::cuda::fused_data;
+        using runtime::fused_data;
         // Coefficients rounded to f32 as for the CPU's f32 parameters.
-        on_cuda.add(param, grad,
+        on_device.add(param, grad,
                     {.param = fused_data(param),
                      .grad = fused_data(grad),
                      .exp_avg = fused_data(m),
@@ -209,7 +201,6 @@ void Adam::step() {
         counted.emplace_back(&st, step);
         continue;
       }
-#endif
       st["step"] = Tensor::scalar(step, runtime::DType::f32);
       Tensor p = param.contiguous();
       runtime::dispatch_float(p.dtype(), "Adam.step", [&](auto tag) {
@@ -236,12 +227,10 @@ void Adam::step() {
       if (!p.is_same(param)) param.copy_(p);
     }
   }
-#if LOCKSTEP_HAVE_CUDA
-  on_cuda.launch();
+  on_device.launch();
   // Only now: a launch that failed leaves the counts as they were (and the
   // new moments at zero, as for a parameter not yet stepped).
   for (const auto& [st, step] : counted) (*st)["step"] = Tensor::scalar(step, runtime::DType::f32);
-#endif
 }
 
 }  // namespace lockstep::optim

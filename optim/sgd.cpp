@@ -6,10 +6,7 @@
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
-#include "lockstep/config.h"
-#if LOCKSTEP_HAVE_CUDA
-#include "lockstep/runtime/cuda/ops/fused_optimizer.h"
-#endif
+#include "lockstep/runtime/ops/fused_step.h"
 
 namespace lockstep::optim {
 
@@ -70,19 +67,18 @@ void sgd_dispatch(T* p, const T* grad, T* buf, int64_t n, const Coeffs<T>& c, bo
   });
 }
 
-#if LOCKSTEP_HAVE_CUDA
-namespace k = runtime::cuda::kernels;
-
 // A momentum buffer made for a step, kept in the state once the step ran.
 struct NewBuffer {
   std::map<std::string, Tensor>* state;
   Tensor buffer;
 };
 
-// A CUDA parameter's entry in the fused step; makes its momentum buffer
+// A device parameter's entry in the fused step; makes its momentum buffer
 // (filled by the kernel from the gradient) on first use, into `made`.
-void add_cuda(runtime::cuda::FusedSgdStep& step, const Tensor& param, const SGDOptions& o,
-              std::map<std::string, Tensor>* state, std::vector<NewBuffer>& made) {
+void add_fused(runtime::FusedStep<runtime::SgdTensor>& step, const Tensor& param,
+               const SGDOptions& o, std::map<std::string, Tensor>* state,
+               std::vector<NewBuffer>& made) {
+  namespace k = runtime;
   Tensor grad = param.grad();
   if (grad.dtype() != param.dtype()) grad = grad.to(param.dtype());
   grad = grad.contiguous();
@@ -106,9 +102,9 @@ void add_cuda(runtime::cuda::FusedSgdStep& step, const Tensor& param, const SGDO
   param.storage()->bump_version();
   // Coefficients rounded to f32 as for the CPU's f32 parameters.
   step.add(param, grad,
-           {.param = runtime::cuda::fused_data(param),
-            .grad = runtime::cuda::fused_data(grad),
-            .momentum_buffer = runtime::cuda::fused_data(buf),
+           {.param = runtime::fused_data(param),
+            .grad = runtime::fused_data(grad),
+            .momentum_buffer = runtime::fused_data(buf),
             .end = 0,
             .neg_lr = static_cast<float>(-o.lr),
             .momentum = static_cast<float>(o.momentum),
@@ -116,7 +112,6 @@ void add_cuda(runtime::cuda::FusedSgdStep& step, const Tensor& param, const SGDO
             .weight_decay = static_cast<float>(o.weight_decay),
             .flags = flags});
 }
-#endif
 
 }  // namespace
 
@@ -167,30 +162,23 @@ void SGD::step() {
   // Everything that can refuse the step is checked before anything changes.
   for (auto& group : groups_) {
     validate(group.options);  // a scheduler or the user may have edited them
-#if LOCKSTEP_HAVE_CUDA
     const bool momentum = SGDOptions::from_map(group.options).momentum != 0.0;
     for (auto& param : group.params) {
-      if (!param.grad().defined() || !param.device().is_cuda()) continue;
-      runtime::cuda::check_fusable("SGD", "parameter", param);
-      if (momentum)
-        runtime::cuda::check_fusable_state("SGD", find_state(param), {"momentum_buffer"});
+      if (!param.grad().defined() || param.device().is_cpu()) continue;
+      runtime::check_fusable("SGD", "parameter", param);
+      if (momentum) runtime::check_fusable_state("SGD", find_state(param), {"momentum_buffer"});
     }
-#endif
   }
-#if LOCKSTEP_HAVE_CUDA
-  runtime::cuda::FusedSgdStep on_cuda;  // every CUDA parameter, stepped together below
-  std::vector<NewBuffer> made;          // their new momentum buffers
-#endif
+  runtime::FusedStep<runtime::SgdTensor> on_device;  // every device parameter, stepped together below
+  std::vector<NewBuffer> made;                        // their new momentum buffers
   for (auto& group : groups_) {
     const SGDOptions o = SGDOptions::from_map(group.options);
     for (auto& param : group.params) {
       if (!param.grad().defined()) continue;
-#if LOCKSTEP_HAVE_CUDA
-      if (param.device().is_cuda()) {
-        add_cuda(on_cuda, param, o, o.momentum != 0.0 ? &state_of(param) : nullptr, made);
+      if (!param.device().is_cpu()) {
+        add_fused(on_device, param, o, o.momentum != 0.0 ? &state_of(param) : nullptr, made);
         continue;
       }
-#endif
       // The fast path is the usual case: contiguous parameter and gradient of
       // the same dtype. Anything else goes through contiguous copies.
       Tensor grad = param.grad();
@@ -228,11 +216,9 @@ void SGD::step() {
       if (!p.is_same(param)) param.copy_(p);
     }
   }
-#if LOCKSTEP_HAVE_CUDA
-  on_cuda.launch();
+  on_device.launch();
   // Only now: a launch that failed leaves no unwritten buffer behind.
   for (NewBuffer& b : made) (*b.state)["momentum_buffer"] = std::move(b.buffer);
-#endif
 }
 
 }  // namespace lockstep::optim

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/ops/sync_batch_norm.h"
 
 namespace lockstep::runtime {
 
@@ -17,6 +18,22 @@ GpuInventory DeviceBackend::probe() const { return {}; }
 void DeviceBackend::set_current(int index) const {
   missing(fmt::format("cannot use cuda:{}", index).c_str());
 }
+
+std::shared_ptr<void> DeviceBackend::make_current(Device device) const {
+  missing(fmt::format("cannot use {}", device.str()).c_str());
+}
+
+std::unique_ptr<DeviceMarks> DeviceBackend::timing_marks(Device device) const {
+  missing(fmt::format("time {}", device.str()).c_str());
+}
+
+void DeviceBackend::synchronize(Device device) const {
+  missing(fmt::format("synchronize {}", device.str()).c_str());
+}
+std::string DeviceBackend::name(Device device) const {
+  missing(fmt::format("name {}", device.str()).c_str());
+}
+void DeviceBackend::set_allow_tf32(bool) const { missing("TF32"); }
 
 void* DeviceBackend::allocate(size_t nbytes, Device device) const {
   missing(fmt::format("cannot allocate {} bytes on {}", nbytes, device.str()).c_str());
@@ -96,6 +113,31 @@ void DeviceBackend::avg_pool2d_backward(const pool_kernels::PoolShape&, bool, co
   missing("avg_pool2d backward");
 }
 
+void DeviceBackend::fused_sgd_step(const std::vector<FusedParam<SgdTensor>>&) const {
+  missing("SGD.step");
+}
+void DeviceBackend::fused_adam_step(const std::vector<FusedParam<AdamTensor>>&) const {
+  missing("Adam.step");
+}
+
+Tensor DeviceBackend::sync_bn_local_stats(const Tensor&) const { missing("SyncBatchNorm"); }
+sync_bn::Combined DeviceBackend::sync_bn_combine(const Tensor&, int, DType, const Tensor&,
+                                                 const Tensor&, const Tensor&, const Tensor&,
+                                                 double, double) const {
+  missing("SyncBatchNorm");
+}
+Tensor DeviceBackend::sync_bn_affine(const Tensor&, const Tensor&, const Tensor&) const {
+  missing("SyncBatchNorm");
+}
+sync_bn::GradSums DeviceBackend::sync_bn_grad_sums(const Tensor&, const Tensor&, const Tensor&,
+                                                   bool, bool) const {
+  missing("SyncBatchNorm backward");
+}
+Tensor DeviceBackend::sync_bn_grad_input(const Tensor&, const Tensor&, const Tensor&,
+                                         const Tensor&, const Tensor&) const {
+  missing("SyncBatchNorm backward");
+}
+
 Tensor DeviceBackend::conv2d(const Tensor&, const Tensor&, const Tensor&,
                              const conv_kernels::ConvShape&) const {
   missing("conv2d");
@@ -110,6 +152,10 @@ Tensor DeviceBackend::layer_norm(const Tensor&, const std::vector<int64_t>&, con
 }
 Tensor DeviceBackend::cross_entropy(const Tensor&, const Tensor&, double, Reduction) const {
   missing("cross_entropy");
+}
+
+CurrentDevice::CurrentDevice(Device device) {
+  if (!device.is_cpu()) guard_ = device_backend(device).make_current(device);
 }
 
 const DeviceBackend& device_backend(Device device) {

@@ -20,6 +20,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "lockstep/runtime/cuda_available.h"
@@ -30,12 +33,38 @@ namespace lockstep::runtime {
 
 class Generator;
 enum class Reduction;
+struct SgdTensor;
+struct AdamTensor;
+template <class Entry>
+struct FusedParam;
+namespace sync_bn {
+struct Combined;
+struct GradSums;
+}
 namespace conv_kernels {
 struct ConvShape;
 }
 namespace pool_kernels {
 struct PoolShape;
 }
+
+// Timing marks on one device (DDP's device timeline): each recorded where
+// the device is when asked, read back once complete. Marks are numbered by
+// the caller and made on first use.
+class DeviceMarks {
+ public:
+  virtual ~DeviceMarks() = default;
+  // Records `mark` on the device's current stream.
+  virtual void record(size_t mark) = 0;
+  // Makes a side stream current (one that waits for nothing else), runs
+  // `queue_waits` (e.g. a collective's wait(), which makes the current stream
+  // wait for it), and records `mark` there: the compute stream is not held back.
+  virtual void record_after_on_side(size_t mark, const std::function<void()>& queue_waits) = 0;
+  // Blocks the host until `mark`'s work is done.
+  virtual void synchronize(size_t mark) = 0;
+  // Milliseconds from `from` to `to`, both recorded and complete.
+  virtual double elapsed_ms(size_t from, size_t to) = 0;
+};
 
 struct ValuesAndIndices {
   Tensor values;  // undefined when not asked for
@@ -46,9 +75,18 @@ class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
 
-  // Devices and memory.
+  // Devices and memory. make_current: `device` is the calling thread's
+  // current device until the returned guard is destroyed.
   virtual GpuInventory probe() const;
   virtual void set_current(int index) const;
+  virtual std::shared_ptr<void> make_current(Device device) const;
+  virtual std::unique_ptr<DeviceMarks> timing_marks(Device device) const;
+  // Blocks the host until everything queued on `device` is done.
+  virtual void synchronize(Device device) const;
+  // The device's product name, e.g. "NVIDIA H100 80GB HBM3".
+  virtual std::string name(Device device) const;
+  // Whether f32 matrix products may use TF32 tensor cores (off by default).
+  virtual void set_allow_tf32(bool allow) const;
   virtual void* allocate(size_t nbytes, Device device) const;
   virtual void free(void* data, Device device) const;
 
@@ -103,6 +141,25 @@ class DeviceBackend {
   virtual void avg_pool2d_backward(const pool_kernels::PoolShape& s, bool adaptive,
                                    const Tensor& grad_y, const Tensor& grad_x) const;
 
+  // One optimizer step for every parameter given (all on this backend's
+  // devices; ops/fused_step.h): one launch per device.
+  virtual void fused_sgd_step(const std::vector<FusedParam<SgdTensor>>& params) const;
+  virtual void fused_adam_step(const std::vector<FusedParam<AdamTensor>>& params) const;
+
+  // SyncBatchNorm's passes around its collectives (ops/sync_batch_norm.h).
+  virtual Tensor sync_bn_local_stats(const Tensor& x) const;
+  virtual sync_bn::Combined sync_bn_combine(const Tensor& gathered, int world, DType dtype,
+                                            const Tensor& weight, const Tensor& bias,
+                                            const Tensor& running_mean,
+                                            const Tensor& running_var, double momentum,
+                                            double eps) const;
+  virtual Tensor sync_bn_affine(const Tensor& x, const Tensor& scale, const Tensor& shift) const;
+  virtual sync_bn::GradSums sync_bn_grad_sums(const Tensor& gy, const Tensor& x,
+                                              const Tensor& stats, bool need_weight,
+                                              bool need_bias) const;
+  virtual Tensor sync_bn_grad_input(const Tensor& gy, const Tensor& x, const Tensor& total,
+                                    const Tensor& stats, const Tensor& weight) const;
+
   // Whole ops (see above).
   virtual Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                         const conv_kernels::ConvShape& s) const;
@@ -117,6 +174,16 @@ class DeviceBackend {
  protected:
   // The error every kernel of the base class throws.
   [[noreturn]] void missing(const char* what) const;
+};
+
+// While alive, `device` is the calling thread's current device (nothing for
+// the CPU).
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(Device device);
+
+ private:
+  std::shared_ptr<void> guard_;
 };
 
 // The backend of `device` (not the CPU). Throws, naming `device`, for a kind

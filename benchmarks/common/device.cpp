@@ -3,36 +3,18 @@
 #include <vector>
 
 #include "harness.h"
-#include "lockstep/config.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/error.h"
-
-#if LOCKSTEP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "lockstep/runtime/cuda/device.h"
-#include "lockstep/runtime/cuda/device_guard.h"
-#include "lockstep/runtime/cuda/ops/math_mode.h"
-#endif
 
 namespace lockstep::bench {
 
 void synchronize(const runtime::Device& device) {
-  if (!device.is_cuda()) return;
-#if LOCKSTEP_HAVE_CUDA
-  runtime::cuda::DeviceGuard guard(device.index);
-  LOCKSTEP_CUDA_CHECK(cudaDeviceSynchronize());
-#endif
+  if (!device.is_cpu()) runtime::device_backend(device).synchronize(device);
 }
 
 std::string device_name(const runtime::Device& device) {
-  if (!device.is_cuda()) return {};
-#if LOCKSTEP_HAVE_CUDA
-  cudaDeviceProp props{};
-  LOCKSTEP_CUDA_CHECK(cudaGetDeviceProperties(&props, device.index));
-  return props.name;
-#else
-  return "CUDA device";
-#endif
+  if (device.is_cpu()) return {};
+  return runtime::device_backend(device).name(device);
 }
 
 std::string machine_description(const runtime::Device& device) {
@@ -41,11 +23,12 @@ std::string machine_description(const runtime::Device& device) {
 }
 
 void set_allow_tf32(bool allow) {
-#if LOCKSTEP_HAVE_CUDA
-  runtime::cuda::set_allow_tf32(allow);
-#else
-  LOCKSTEP_CHECK(!allow, "--tf32: this build of lockstep has no CUDA");
-#endif
+  const runtime::DeviceBackend* cuda = runtime::registered_cuda_backend();
+  if (cuda == nullptr) {
+    LOCKSTEP_CHECK(!allow, "--tf32: this build of lockstep has no CUDA");
+    return;
+  }
+  cuda->set_allow_tf32(allow);
 }
 
 double max_over_ranks(collectives::ProcessGroup& group, double value,

@@ -1,4 +1,5 @@
-// DDP's timings on a CUDA device, where host clocks only see kernel launches.
+// DDP's timings on a device, where host clocks only see kernel launches; the
+// marks are the device backend's (runtime/device_backend.h: DeviceMarks).
 //
 // Events on the compute stream mark the start and end of forward, the end of
 // backward's computation and the end of the wait for the buckets. For each
@@ -13,12 +14,17 @@
 
 #include "lockstep/collectives/work.h"
 #include "lockstep/nn/ddp/ddp_stats.h"
+#include "lockstep/runtime/dtype.h"
+
+namespace lockstep::runtime {
+class DeviceMarks;
+}
 
 namespace lockstep::nn {
 
 class DeviceTimeline {
  public:
-  explicit DeviceTimeline(int device);
+  explicit DeviceTimeline(runtime::Device device);
   ~DeviceTimeline();
   DeviceTimeline(const DeviceTimeline&) = delete;
   DeviceTimeline& operator=(const DeviceTimeline&) = delete;
@@ -36,8 +42,10 @@ class DeviceTimeline {
   bool resolve(DdpStats& stats);
 
  private:
-  struct Events;
-  std::unique_ptr<Events> events_;
+  std::unique_ptr<runtime::DeviceMarks> marks_;
+  size_t launched_ = 0;    // buckets timed this iteration
+  bool complete_ = false;  // every mark of the iteration recorded
+  bool timeable_ = false;  // every bucket so far completes on the device
 };
 
 }  // namespace lockstep::nn

@@ -41,8 +41,8 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> params,
     hook_ids_.push_back(params_[i].second.register_post_accumulate_grad_hook(
         [this, i](Tensor&) { on_gradient_ready(i); }));
   }
-  if (!params_.empty() && params_.front().second.device().is_cuda())
-    timeline_ = std::make_unique<DeviceTimeline>(params_.front().second.device().index);
+  if (!params_.empty() && !params_.front().second.device().is_cpu())
+    timeline_ = std::make_unique<DeviceTimeline>(params_.front().second.device());
 }
 
 const DdpStats& Reducer::stats() const {

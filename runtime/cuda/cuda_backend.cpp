@@ -2,25 +2,65 @@
 // entry the kernel of runtime/cuda/ that does the work.
 #include "lockstep/runtime/device_backend.h"
 
+#include <deque>
+
 #include <fmt/format.h>
 
 #include "lockstep/runtime/cuda/caching_allocator.h"
 #include "lockstep/runtime/cuda/device.h"
+#include "lockstep/runtime/cuda/device_guard.h"
 #include "lockstep/runtime/cuda/ops/activation.h"
 #include "lockstep/runtime/cuda/ops/cublas_matmul.h"
 #include "lockstep/runtime/cuda/ops/cudnn_conv.h"
 #include "lockstep/runtime/cuda/ops/elementwise.h"
+#include "lockstep/runtime/cuda/ops/fused_optimizer.h"
+#include "lockstep/runtime/cuda/ops/math_mode.h"
 #include "lockstep/runtime/cuda/ops/loss.h"
 #include "lockstep/runtime/cuda/ops/misc.h"
 #include "lockstep/runtime/cuda/ops/norm.h"
 #include "lockstep/runtime/cuda/ops/pool.h"
 #include "lockstep/runtime/cuda/ops/reduce.h"
+#include "lockstep/runtime/cuda/ops/sync_batch_norm.h"
 #include "lockstep/runtime/cuda/stream.h"
 #include "lockstep/runtime/cuda/tensor_copy.h"
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/ops/fused_step.h"
 
 namespace lockstep::runtime {
 namespace {
+
+class CudaMarks final : public DeviceMarks {
+ public:
+  explicit CudaMarks(int device) : device_(device), side_(device) {}
+
+  void record(size_t mark) override { event(mark).record(cuda::current_stream(device_)); }
+  void record_after_on_side(size_t mark, const std::function<void()>& queue_waits) override {
+    cuda::StreamGuard on_side(side_);
+    queue_waits();
+    event(mark).record(side_);
+  }
+  void synchronize(size_t mark) override { event(mark).synchronize(); }
+  double elapsed_ms(size_t from, size_t to) override {
+    return event(from).elapsed_ms(event(to));
+  }
+
+ private:
+  cuda::Event& event(size_t mark) {
+    while (events_.size() <= mark) events_.emplace_back(cuda::EventOptions{.timing = true});
+    return events_[mark];
+  }
+
+  int device_;
+  cuda::Stream side_;  // waits for what record_after_on_side queues, nothing else
+  std::deque<cuda::Event> events_;  // a deque: growing never moves a recorded event
+};
+
+template <class Entry>
+void launch_fused(const std::vector<FusedParam<Entry>>& params) {
+  cuda::FusedLaunch<Entry> launch;
+  for (const FusedParam<Entry>& p : params) launch.add(p.param, p.grad, p.entry);
+  launch.launch();
+}
 
 class CudaBackend final : public DeviceBackend {
  public:
@@ -30,6 +70,22 @@ class CudaBackend final : public DeviceBackend {
     return gpus;
   }
   void set_current(int index) const override { LOCKSTEP_CUDA_CHECK(cudaSetDevice(index)); }
+  std::shared_ptr<void> make_current(Device device) const override {
+    return std::make_shared<cuda::DeviceGuard>(device.index);
+  }
+  std::unique_ptr<DeviceMarks> timing_marks(Device device) const override {
+    return std::make_unique<CudaMarks>(device.index);
+  }
+  void synchronize(Device device) const override {
+    cuda::DeviceGuard guard(device.index);
+    LOCKSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  std::string name(Device device) const override {
+    cudaDeviceProp props{};
+    LOCKSTEP_CUDA_CHECK(cudaGetDeviceProperties(&props, device.index));
+    return props.name;
+  }
+  void set_allow_tf32(bool allow) const override { cuda::set_allow_tf32(allow); }
 
   // From the caching allocator, for use on the device's current stream
   // (where ops queue their kernels).
@@ -131,6 +187,36 @@ class CudaBackend final : public DeviceBackend {
   void avg_pool2d_backward(const pool_kernels::PoolShape& s, bool adaptive,
                            const Tensor& grad_y, const Tensor& grad_x) const override {
     cuda::avg_pool2d_backward(s, adaptive, grad_y, grad_x);
+  }
+
+  void fused_sgd_step(const std::vector<FusedParam<SgdTensor>>& params) const override {
+    launch_fused(params);
+  }
+  void fused_adam_step(const std::vector<FusedParam<AdamTensor>>& params) const override {
+    launch_fused(params);
+  }
+
+  Tensor sync_bn_local_stats(const Tensor& x) const override {
+    return cuda::sync_bn::local_stats(x);
+  }
+  sync_bn::Combined sync_bn_combine(const Tensor& gathered, int world, DType dtype,
+                                    const Tensor& weight, const Tensor& bias,
+                                    const Tensor& running_mean, const Tensor& running_var,
+                                    double momentum, double eps) const override {
+    return cuda::sync_bn::combine(gathered, world, dtype, weight, bias, running_mean,
+                                  running_var, momentum, eps);
+  }
+  Tensor sync_bn_affine(const Tensor& x, const Tensor& scale,
+                        const Tensor& shift) const override {
+    return cuda::sync_bn::affine(x, scale, shift);
+  }
+  sync_bn::GradSums sync_bn_grad_sums(const Tensor& gy, const Tensor& x, const Tensor& stats,
+                                      bool need_weight, bool need_bias) const override {
+    return cuda::sync_bn::grad_sums(gy, x, stats, need_weight, need_bias);
+  }
+  Tensor sync_bn_grad_input(const Tensor& gy, const Tensor& x, const Tensor& total,
+                            const Tensor& stats, const Tensor& weight) const override {
+    return cuda::sync_bn::grad_input(gy, x, total, stats, weight);
   }
 
   Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,

@@ -26,7 +26,7 @@ cudaError_t launch_kernel(const kernels::AdamTensor* t, int n, int64_t total, cu
 }  // namespace
 
 template <class Entry>
-void FusedStep<Entry>::add(const Tensor& param, const Tensor& grad, Entry entry) {
+void FusedLaunch<Entry>::add(const Tensor& param, const Tensor& grad, Entry entry) {
   const int device = param.device().index;
   OnDevice* on = nullptr;
   for (OnDevice& d : devices_)
@@ -39,7 +39,7 @@ void FusedStep<Entry>::add(const Tensor& param, const Tensor& grad, Entry entry)
 }
 
 template <class Entry>
-void FusedStep<Entry>::launch() {
+void FusedLaunch<Entry>::launch() {
   for (const OnDevice& d : devices_) {
     if (d.total == 0) continue;  // only empty tensors
     LOCKSTEP_CHECK(d.entries.size() <= INT_MAX, "fused optimizer step: {} tensors on one device "
@@ -61,26 +61,9 @@ void FusedStep<Entry>::launch() {
   keep_.clear();  // freed in stream order: the kernel reads them first
 }
 
-template class FusedStep<kernels::SgdTensor>;
-template class FusedStep<kernels::AdamTensor>;
+template class FusedLaunch<kernels::SgdTensor>;
+template class FusedLaunch<kernels::AdamTensor>;
 
 int64_t fused_optimizer_launches() { return launches.load(std::memory_order_relaxed); }
-
-void check_fusable(const char* optimizer, const char* what, const Tensor& t) {
-  LOCKSTEP_CHECK(t.device().is_cuda() && t.dtype() == DType::f32 && t.is_contiguous(),
-                 "{}: the CUDA update takes contiguous f32 tensors; the {} is {} on {}{} (keep "
-                 "parameters in f32 on CUDA, e.g. with .to(DType::f32))",
-                 optimizer, what, dtype_name(t.dtype()), t.device().str(),
-                 t.is_contiguous() ? "" : " and not contiguous");
-}
-
-void check_fusable_state(const char* optimizer, const std::map<std::string, Tensor>* state,
-                         std::initializer_list<const char*> keys) {
-  if (state == nullptr) return;
-  for (const char* key : keys) {
-    const auto it = state->find(key);
-    if (it != state->end()) check_fusable(optimizer, key, it->second);
-  }
-}
 
 }  // namespace lockstep::runtime::cuda

@@ -1,13 +1,11 @@
 // Host side of the fused optimizer kernels (kernels/optimizer.h): gathers the
 // CUDA parameters of one optimizer step, across all its parameter groups,
 // and updates them with one kernel launch per device on that device's
-// current stream. optim/SGD and optim/Adam use it.
+// current stream. The CUDA backend's fused_sgd_step and fused_adam_step
+// (runtime/ops/fused_step.h) run on it.
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
-#include <map>
-#include <string>
 #include <vector>
 
 #include "lockstep/runtime/cuda/kernels/optimizer.h"
@@ -17,10 +15,10 @@ namespace lockstep::runtime::cuda {
 
 // The tensors of one fused step. Entry is kernels::SgdTensor or AdamTensor.
 template <class Entry>
-class FusedStep {
+class FusedLaunch {
  public:
   // Adds a parameter: `entry` holds its pointers (contiguous f32 on the
-  // parameter's device, see check_fusable), flags and coefficients; its
+  // parameter's device, see runtime::check_fusable), flags and coefficients; its
   // `end` is set here. `grad` is kept alive until launch().
   void add(const Tensor& param, const Tensor& grad, Entry entry);
   // One launch per device (the table is copied to the device first); then
@@ -38,23 +36,10 @@ class FusedStep {
   std::vector<Tensor> keep_;  // gradients converted for the step
 };
 
-using FusedSgdStep = FusedStep<kernels::SgdTensor>;
-using FusedAdamStep = FusedStep<kernels::AdamTensor>;
-
-// The data of `t` as a table entry's pointer: null when `t` is undefined (a
-// state tensor the step does not use).
-inline float* fused_data(const Tensor& t) {
-  return t.defined() ? static_cast<float*>(t.raw_data()) : nullptr;
-}
+using FusedSgdStep = FusedLaunch<kernels::SgdTensor>;
+using FusedAdamStep = FusedLaunch<kernels::AdamTensor>;
 
 // Fused optimizer kernels launched by this process so far (all devices).
 int64_t fused_optimizer_launches();
-
-// Throws naming `optimizer` unless `t` suits a fused step: f32, contiguous,
-// on a CUDA device.
-void check_fusable(const char* optimizer, const char* what, const Tensor& t);
-// The same for each of `keys` present in a parameter's `state` (may be null).
-void check_fusable_state(const char* optimizer, const std::map<std::string, Tensor>* state,
-                         std::initializer_list<const char*> keys);
 
 }  // namespace lockstep::runtime::cuda

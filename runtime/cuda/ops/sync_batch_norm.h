@@ -1,7 +1,7 @@
-// The device side of nn::SyncBatchNorm (nn/sync_batch_norm.cpp) for CUDA
-// tensors: the per-channel passes before and after its two collectives, on
-// kernels/norm.cu. nn/ issues the collectives (runtime cannot see the process
-// group); every buffer that crosses ranks is an f64 tensor on x's device.
+// The CUDA backend's SyncBatchNorm passes (runtime/ops/sync_batch_norm.h):
+// the per-channel work before and after nn::SyncBatchNorm's two collectives,
+// on kernels/norm.cu. Every buffer that crosses ranks is an f64 tensor on x's
+// device.
 //
 //   forward   local_stats -> all-gather -> combine -> affine
 //   backward  grad_sums -> all-reduce (sum) -> grad_input
@@ -12,18 +12,17 @@
 // x's device; nothing waits for the device.
 #pragma once
 
+#include "lockstep/runtime/ops/sync_batch_norm.h"
 #include "lockstep/runtime/tensor.h"
 
 namespace lockstep::runtime::cuda::sync_bn {
 
+using runtime::sync_bn::Combined;  // ops/sync_batch_norm.h
+using runtime::sync_bn::GradSums;
+
 // This rank's f64 [2c + 1] = [mean | biased var | count] (mean and var 0 when
 // the local batch is empty).
 Tensor local_stats(const Tensor& x);
-
-struct Combined {
-  Tensor stats;         // f64 [2c + 1]: [global mean | invstd | global count]
-  Tensor scale, shift;  // [c], x's dtype: y = x * scale + shift
-};
 
 // The global statistics from `gathered`, f64 [world * (2c + 1)]: every rank's
 // local_stats in rank order. When running_mean/var are defined and the global
@@ -34,11 +33,6 @@ Combined combine(const Tensor& gathered, int world, DType dtype, const Tensor& w
                  double momentum, double eps);
 
 Tensor affine(const Tensor& x, const Tensor& scale, const Tensor& shift);
-
-struct GradSums {
-  Tensor sums;                     // f64 [2c]: [sum(gy) | sum(gy * (x - mean))], this rank's
-  Tensor grad_weight, grad_bias;   // [c], x's dtype; defined when asked for
-};
 
 // `stats` from combine(). The weight and bias gradients are local (DDP
 // averages them); `sums`, summed over ranks, feed grad_input.
