@@ -138,9 +138,13 @@ Tensor DeviceBackend::sync_bn_grad_input(const Tensor&, const Tensor&, const Ten
   missing("SyncBatchNorm backward");
 }
 
-Tensor DeviceBackend::conv2d(const Tensor&, const Tensor&, const Tensor&,
-                             const conv_kernels::ConvShape&) const {
+void DeviceBackend::conv2d_forward(const conv_kernels::ConvShape&, const Tensor&, const Tensor&,
+                                   const Tensor&, Tensor&) const {
   missing("conv2d");
+}
+void DeviceBackend::conv2d_backward(const conv_kernels::ConvShape&, const Tensor&, const Tensor&,
+                                    const Tensor&, Tensor&, Tensor&, Tensor&) const {
+  missing("conv2d backward");
 }
 Tensor DeviceBackend::batch_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                  const Tensor&, bool, double, double) const {
@@ -150,8 +154,13 @@ Tensor DeviceBackend::layer_norm(const Tensor&, const std::vector<int64_t>&, con
                                  const Tensor&, double) const {
   missing("layer_norm");
 }
-Tensor DeviceBackend::cross_entropy(const Tensor&, const Tensor&, double, Reduction) const {
+LossForward DeviceBackend::cross_entropy_forward(const Tensor&, const Tensor&, double,
+                                                 Reduction) const {
   missing("cross_entropy");
+}
+Tensor DeviceBackend::cross_entropy_backward(const std::vector<Tensor>&, const Tensor&, double,
+                                             Reduction) const {
+  missing("cross_entropy backward");
 }
 
 CurrentDevice::CurrentDevice(Device device) {

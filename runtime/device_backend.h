@@ -8,9 +8,8 @@
 //
 // Kernels take tensors on the backend's device with their shapes and dtypes
 // already checked by the op, and queue work on the device's current stream.
-// conv2d, batch_norm, layer_norm and cross_entropy are still whole ops here
-// (they record their own autograd node); the rest are forward or backward
-// kernels.
+// batch_norm and layer_norm are still whole ops here (they record their own
+// autograd node); the rest are forward or backward kernels.
 //
 // Mixed precision (autocast) will choose each op's compute dtype at the same
 // point, before the call: a policy table keyed by op, of the shape
@@ -64,6 +63,12 @@ class DeviceMarks {
   virtual void synchronize(size_t mark) = 0;
   // Milliseconds from `from` to `to`, both recorded and complete.
   virtual double elapsed_ms(size_t from, size_t to) = 0;
+};
+
+// A loss's forward on a device: its value, and what its backward reads.
+struct LossForward {
+  Tensor out;
+  std::vector<Tensor> saved;
 };
 
 struct ValuesAndIndices {
@@ -160,16 +165,28 @@ class DeviceBackend {
   virtual Tensor sync_bn_grad_input(const Tensor& gy, const Tensor& x, const Tensor& total,
                                     const Tensor& stats, const Tensor& weight) const;
 
+  // out = conv2d(x, weight) + bias; the backward writes each gradient that is
+  // defined. All contiguous; `s` is their checked geometry.
+  virtual void conv2d_forward(const conv_kernels::ConvShape& s, const Tensor& x,
+                              const Tensor& weight, const Tensor& bias, Tensor& out) const;
+  virtual void conv2d_backward(const conv_kernels::ConvShape& s, const Tensor& x,
+                               const Tensor& weight, const Tensor& gy, Tensor& grad_x,
+                               Tensor& grad_weight, Tensor& grad_bias) const;
+
+  // x: contiguous logits [N, C], t: contiguous i64 targets [N], checked. The
+  // backward gets what the forward saved.
+  virtual LossForward cross_entropy_forward(const Tensor& x, const Tensor& t,
+                                            double label_smoothing, Reduction reduction) const;
+  virtual Tensor cross_entropy_backward(const std::vector<Tensor>& saved, const Tensor& grad,
+                                        double label_smoothing, Reduction reduction) const;
+
   // Whole ops (see above).
-  virtual Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        const conv_kernels::ConvShape& s) const;
   virtual Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             const Tensor& running_mean, const Tensor& running_var,
                             bool training, double momentum, double eps) const;
   virtual Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
                             const Tensor& weight, const Tensor& bias, double eps) const;
-  virtual Tensor cross_entropy(const Tensor& logits, const Tensor& target,
-                               double label_smoothing, Reduction reduction) const;
+
 
  protected:
   // The error every kernel of the base class throws.

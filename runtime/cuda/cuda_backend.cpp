@@ -219,9 +219,14 @@ class CudaBackend final : public DeviceBackend {
     return cuda::sync_bn::grad_input(gy, x, total, stats, weight);
   }
 
-  Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                const conv_kernels::ConvShape& s) const override {
-    return cuda::conv2d(x, weight, bias, s);
+  void conv2d_forward(const conv_kernels::ConvShape& s, const Tensor& x, const Tensor& weight,
+                      const Tensor& bias, Tensor& out) const override {
+    cuda::conv2d_forward(s, x, weight, bias, out);
+  }
+  void conv2d_backward(const conv_kernels::ConvShape& s, const Tensor& x, const Tensor& weight,
+                       const Tensor& gy, Tensor& grad_x, Tensor& grad_weight,
+                       Tensor& grad_bias) const override {
+    cuda::conv2d_backward(s, x, weight, gy, grad_x, grad_weight, grad_bias);
   }
   Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                     const Tensor& running_mean, const Tensor& running_var, bool training,
@@ -232,9 +237,13 @@ class CudaBackend final : public DeviceBackend {
                     const Tensor& weight, const Tensor& bias, double eps) const override {
     return cuda::layer_norm(x, normalized_shape, weight, bias, eps);
   }
-  Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
-                       Reduction reduction) const override {
-    return cuda::cross_entropy(logits, target, label_smoothing, reduction);
+  LossForward cross_entropy_forward(const Tensor& x, const Tensor& t, double label_smoothing,
+                                    Reduction reduction) const override {
+    return cuda::cross_entropy_forward(x, t, label_smoothing, reduction);
+  }
+  Tensor cross_entropy_backward(const std::vector<Tensor>& saved, const Tensor& grad,
+                                double label_smoothing, Reduction reduction) const override {
+    return cuda::cross_entropy_backward(saved, grad, label_smoothing, reduction);
   }
 };
 

@@ -1,6 +1,6 @@
-// conv2d: argument checks for every device; on CPU the autograd wiring here
-// and the arithmetic in conv_kernels.cpp, elsewhere the device backend's
-// whole op (cuDNN for CUDA).
+// conv2d: argument checks and autograd wiring for every device; the
+// arithmetic in conv_kernels.cpp on the CPU, elsewhere the device backend's
+// kernels (cuDNN for CUDA).
 #include "lockstep/runtime/ops/conv.h"
 
 #include "lockstep/runtime/autograd/node.h"
@@ -69,17 +69,20 @@ ConvShape check_and_shape(const Tensor& x, const Tensor& weight, const Tensor& b
 Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
               const Conv2dOptions& opts) {
   const ConvShape s = check_and_shape(x_in, weight_in, bias_in, opts);
-  if (!x_in.device().is_cpu()) return device_backend(x_in.device()).conv2d(x_in, weight_in, bias_in, s);
   const Tensor x = x_in.contiguous();
   const Tensor weight = weight_in.contiguous();
   const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
-  Tensor out = Tensor::empty({s.n, s.c_out, s.oh, s.ow}, x.dtype());
-  dispatch_float(x.dtype(), "conv2d", [&](auto tag) {
-    using T = decltype(tag);
-    conv_kernels::conv2d_forward<T>(s, x.data_ptr<T>(), weight.data_ptr<T>(),
-                                    bias.defined() ? bias.data_ptr<T>() : nullptr,
-                                    out.data_ptr<T>());
-  });
+  Tensor out = Tensor::empty({s.n, s.c_out, s.oh, s.ow}, x.dtype(), x.device());
+  if (!x.device().is_cpu()) {
+    device_backend(x.device()).conv2d_forward(s, x, weight, bias, out);
+  } else {
+    dispatch_float(x.dtype(), "conv2d", [&](auto tag) {
+      using T = decltype(tag);
+      conv_kernels::conv2d_forward<T>(s, x.data_ptr<T>(), weight.data_ptr<T>(),
+                                      bias.defined() ? bias.data_ptr<T>() : nullptr,
+                                      out.data_ptr<T>());
+    });
+  }
 
   std::vector<Tensor> inputs{x_in, weight_in};
   if (bias_in.defined()) inputs.push_back(bias_in);
@@ -89,10 +92,17 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                   const Tensor& ws = a.saved[1];
                   const Tensor gy = a.grad.contiguous();
                   std::vector<Tensor> grads(a.needs.size());
-                  if (a.needs[0]) grads[0] = Tensor::empty(xs.shape(), xs.dtype());
-                  if (a.needs[1]) grads[1] = Tensor::empty(ws.shape(), ws.dtype());
+                  const Device device = xs.device();
+                  if (a.needs[0]) grads[0] = Tensor::empty(xs.shape(), xs.dtype(), device);
+                  if (a.needs[1]) grads[1] = Tensor::empty(ws.shape(), ws.dtype(), device);
                   if (a.needs.size() > 2 && a.needs[2])
-                    grads[2] = Tensor::empty({s.c_out}, ws.dtype());
+                    grads[2] = Tensor::empty({s.c_out}, ws.dtype(), device);
+                  if (!device.is_cpu()) {
+                    Tensor no_bias;
+                    device_backend(device).conv2d_backward(
+                        s, xs, ws, gy, grads[0], grads[1], grads.size() > 2 ? grads[2] : no_bias);
+                    return grads;
+                  }
                   dispatch_float(gy.dtype(), "conv2d backward", [&](auto tag) {
                     using T = decltype(tag);
                     auto ptr = [](const Tensor& t) {

@@ -1,6 +1,7 @@
-// Cross-entropy (fused log-softmax + NLL, with label smoothing) and MSE. Off
-// the CPU, cross_entropy runs the device backend's after the checks here;
-// mse_loss is built from ops that run on every device.
+// Cross-entropy (fused log-softmax + NLL, with label smoothing) and MSE.
+// cross_entropy checks its arguments and records its node here for every
+// device; its kernels are the CPU's below or the device backend's. mse_loss
+// is built from ops that run on every device.
 #include "lockstep/runtime/ops/loss.h"
 
 #include <cmath>
@@ -23,35 +24,15 @@ Tensor reduce(const Tensor& losses, Reduction r) {
   return losses;
 }
 
-}  // namespace
-
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing,
-                     Reduction reduction) {
-  LOCKSTEP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got {}",
-                 shape_str(logits.shape()));
-  LOCKSTEP_CHECK(target.dim() == 1 && target.shape()[0] == logits.shape()[0],
-                 "cross_entropy: target must be [N] = [{}] class indices, got {}",
-                 logits.shape()[0], shape_str(target.shape()));
-  LOCKSTEP_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32,
-                 "cross_entropy: target must hold class indices (i64 or i32), got {}",
-                 dtype_name(target.dtype()));
-  LOCKSTEP_CHECK(smoothing >= 0.0 && smoothing <= 1.0,
-                 "cross_entropy: label_smoothing must be in [0, 1], got {}", smoothing);
-  if (!logits.device().is_cpu())
-    return device_backend(logits.device()).cross_entropy(logits, target, smoothing, reduction);
-  LOCKSTEP_CHECK(logits.device().is_cpu() && target.device().is_cpu(),
-                 "cross_entropy: logits are on {} and target on {}; both must be on one device",
-                 logits.device().str(), target.device().str());
-  const int64_t n = logits.shape()[0], c = logits.shape()[1];
-  Tensor x = logits.contiguous();
-  Tensor t = target.to(DType::i64).contiguous();
+// The CPU's forward: per-sample loss -(1-s) * logp[t] - (s/C) * sum_j logp[j];
+// saves the probabilities and the targets for backward.
+LossForward cross_entropy_cpu(const Tensor& x, const Tensor& t, double smoothing,
+                              Reduction reduction) {
+  const int64_t n = x.shape()[0], c = x.shape()[1];
   const int64_t* tp = t.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i)
     LOCKSTEP_CHECK(tp[i] >= 0 && tp[i] < c,
                    "cross_entropy: target[{}] = {} is not a class index in [0, {})", i, tp[i], c);
-
-  // Per-sample loss: -(1-s) * logp[t] - (s/C) * sum_j logp[j]; keep the
-  // probabilities for backward.
   Tensor probs = Tensor::empty({n, c}, x.dtype());
   Tensor losses = Tensor::empty({n}, x.dtype());
   dispatch_float(x.dtype(), "cross_entropy", [&](auto tag) {
@@ -79,28 +60,65 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
     }
   });
   Tensor out = reduce(losses, reduction);
-  // The reduction is part of this node so backward is one fused pass.
+  // The reduction is part of the loss's node so backward is one fused pass.
   if (reduction != Reduction::None) out = out.detach();
-  return record(out, "CrossEntropyBackward", {logits}, {probs, t},
-                [smoothing, reduction, n, c](const BackwardArgs& g) {
-                  const Tensor &probs = g.saved[0], &t = g.saved[1];
-                  Tensor gy = g.grad.to(probs.dtype()).contiguous();
-                  Tensor gx = Tensor::empty({n, c}, probs.dtype());
-                  dispatch_float(probs.dtype(), "cross_entropy backward", [&](auto tag) {
-                    using T = decltype(tag);
-                    const T* pp = probs.data_ptr<T>();
-                    const T* gp = gy.data_ptr<T>();
-                    const int64_t* tp = t.data_ptr<int64_t>();
-                    T* op = gx.data_ptr<T>();
-                    const T s = static_cast<T>(smoothing), off = s / static_cast<T>(c);
-                    for (int64_t i = 0; i < n; ++i) {
-                      T w = reduction == Reduction::None ? gp[i] : gp[0];
-                      if (reduction == Reduction::Mean) w /= static_cast<T>(n);
-                      for (int64_t j = 0; j < c; ++j) op[i * c + j] = w * (pp[i * c + j] - off);
-                      op[i * c + tp[i]] -= w * (1 - s);
-                    }
-                  });
-                  return std::vector<Tensor>{gx};
+  return {out, {probs, t}};
+}
+
+Tensor cross_entropy_backward_cpu(const std::vector<Tensor>& saved, const Tensor& grad,
+                                  double smoothing, Reduction reduction) {
+  const Tensor &probs = saved[0], &t = saved[1];
+  const int64_t n = probs.shape()[0], c = probs.shape()[1];
+  Tensor gy = grad.to(probs.dtype()).contiguous();
+  Tensor gx = Tensor::empty({n, c}, probs.dtype());
+  dispatch_float(probs.dtype(), "cross_entropy backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pp = probs.data_ptr<T>();
+    const T* gp = gy.data_ptr<T>();
+    const int64_t* tp = t.data_ptr<int64_t>();
+    T* op = gx.data_ptr<T>();
+    const T s = static_cast<T>(smoothing), off = s / static_cast<T>(c);
+    for (int64_t i = 0; i < n; ++i) {
+      T w = reduction == Reduction::None ? gp[i] : gp[0];
+      if (reduction == Reduction::Mean) w /= static_cast<T>(n);
+      for (int64_t j = 0; j < c; ++j) op[i * c + j] = w * (pp[i * c + j] - off);
+      op[i * c + tp[i]] -= w * (1 - s);
+    }
+  });
+  return gx;
+}
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing,
+                     Reduction reduction) {
+  LOCKSTEP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got {}",
+                 shape_str(logits.shape()));
+  LOCKSTEP_CHECK(target.dim() == 1 && target.shape()[0] == logits.shape()[0],
+                 "cross_entropy: target must be [N] = [{}] class indices, got {}",
+                 logits.shape()[0], shape_str(target.shape()));
+  LOCKSTEP_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32,
+                 "cross_entropy: target must hold class indices (i64 or i32), got {}",
+                 dtype_name(target.dtype()));
+  LOCKSTEP_CHECK(smoothing >= 0.0 && smoothing <= 1.0,
+                 "cross_entropy: label_smoothing must be in [0, 1], got {}", smoothing);
+  LOCKSTEP_CHECK(logits.device() == target.device(),
+                 "cross_entropy: logits are on {} and target on {}; both must be on one device",
+                 logits.device().str(), target.device().str());
+  const Tensor x = logits.contiguous();
+  const Tensor t = target.to(DType::i64).contiguous();
+  const LossForward f =
+      x.device().is_cpu()
+          ? cross_entropy_cpu(x, t, smoothing, reduction)
+          : device_backend(x.device()).cross_entropy_forward(x, t, smoothing, reduction);
+  return record(f.out, "CrossEntropyBackward", {logits}, f.saved,
+                [smoothing, reduction](const BackwardArgs& g) {
+                  const Device device = g.saved[0].device();
+                  return std::vector<Tensor>{
+                      device.is_cpu() ? cross_entropy_backward_cpu(g.saved, g.grad, smoothing,
+                                                                   reduction)
+                                      : device_backend(device).cross_entropy_backward(
+                                            g.saved, g.grad, smoothing, reduction)};
                 });
 }
 

@@ -294,15 +294,11 @@ bool degenerate(const ConvShape& s) {
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
-              const ConvShape& s) {
-  check_device("conv2d", x_in.device(), {&x_in, &weight_in, &bias_in});
-  (void)cudnn_data_type(x_in.dtype(), "conv2d");
-  DeviceGuard guard(x_in.device().index);
-  const Tensor x = x_in.contiguous();
-  const Tensor weight = weight_in.contiguous();
-  const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
-  Tensor out = Tensor::empty({s.n, s.c_out, s.oh, s.ow}, x.dtype(), x.device());
+void conv2d_forward(const ConvShape& s, const Tensor& x, const Tensor& weight,
+                    const Tensor& bias, Tensor& out) {
+  check_device("conv2d", x.device(), {&x, &weight, &bias, &out});
+  (void)cudnn_data_type(x.dtype(), "conv2d");
+  DeviceGuard guard(x.device().index);
   if (!degenerate(s)) {
     forward(s, x, weight, bias, out);
   } else if (out.numel() > 0) {
@@ -310,33 +306,22 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     out.zero_();
     if (bias.defined()) out.add_(bias.detach().view({1, s.c_out, 1, 1}));
   }
+}
 
-  std::vector<Tensor> inputs{x_in, weight_in};
-  if (bias_in.defined()) inputs.push_back(bias_in);
-  return record(std::move(out), "Conv2dBackward", inputs, {x, weight},
-                [s](const BackwardArgs& a) -> std::vector<Tensor> {
-                  const Tensor& xs = a.saved[0];
-                  const Tensor& ws = a.saved[1];
-                  DeviceGuard guard(xs.device().index);
-                  const Tensor gy = a.grad.contiguous();
-                  std::vector<Tensor> grads(a.needs.size());
-                  auto make = [&](const Shape& shape) {
-                    return degenerate(s) ? Tensor::zeros(shape, xs.dtype(), xs.device())
-                                         : Tensor::empty(shape, xs.dtype(), xs.device());
-                  };
-                  if (a.needs[0]) grads[0] = make(xs.shape());
-                  if (a.needs[1]) grads[1] = make(ws.shape());
-                  if (a.needs.size() > 2 && a.needs[2]) grads[2] = make({s.c_out});
-                  Tensor none;
-                  if (!degenerate(s)) {
-                    backward(s, xs, ws, gy, grads[0], grads[1],
-                             grads.size() > 2 ? grads[2] : none);
-                  } else if (grads.size() > 2 && grads[2].defined() && gy.numel() > 0) {
-                    NoGradGuard no_grad;
-                    grads[2] = runtime::sum(gy, {0, 2, 3});
-                  }
-                  return grads;
-                });
+void conv2d_backward(const ConvShape& s, const Tensor& x, const Tensor& weight, const Tensor& gy,
+                     Tensor& grad_x, Tensor& grad_weight, Tensor& grad_bias) {
+  DeviceGuard guard(x.device().index);
+  if (!degenerate(s)) {
+    backward(s, x, weight, gy, grad_x, grad_weight, grad_bias);
+    return;
+  }
+  NoGradGuard no_grad;
+  if (grad_x.defined()) grad_x.zero_();
+  if (grad_weight.defined()) grad_weight.zero_();
+  if (grad_bias.defined()) {
+    if (gy.numel() > 0) grad_bias.copy_(runtime::sum(gy, {0, 2, 3}));
+    else grad_bias.zero_();
+  }
 }
 
 }  // namespace lockstep::runtime::cuda

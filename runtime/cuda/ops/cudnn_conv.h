@@ -1,5 +1,6 @@
-// conv2d of CUDA tensors on cuDNN: the device side of runtime/ops/conv.cpp,
-// which checks the arguments and computes the geometry for both devices.
+// conv2d's CUDA kernels on cuDNN, reached through the CUDA backend from
+// runtime/ops/conv.cpp, which checks the arguments, computes the geometry and
+// records the autograd node for every device.
 //
 // Forward, backward-data and backward-filter go through cuDNN's graph API
 // first (cudnn_graph_conv.h): one execution plan per key (direction,
@@ -23,11 +24,16 @@
 
 namespace lockstep::runtime::cuda {
 
-// y = conv2d(x, weight) + bias, recorded for autograd with a cuDNN backward
-// (input, weight and bias gradients). x [n, c_in, h, w], weight
-// [c_out, c_in / groups, kh, kw], bias [c_out] or undefined, all on one CUDA
-// device with one dtype; `s` is their geometry, already checked.
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-              const conv_kernels::ConvShape& s);
+// out = conv2d(x, weight) + bias. x [n, c_in, h, w], weight
+// [c_out, c_in / groups, kh, kw], bias [c_out] or undefined, out
+// [n, c_out, oh, ow], all contiguous on one CUDA device with one dtype; `s` is
+// their geometry, already checked.
+void conv2d_forward(const conv_kernels::ConvShape& s, const Tensor& x, const Tensor& weight,
+                    const Tensor& bias, Tensor& out);
+
+// Writes each gradient that is defined (input, weight, bias) from gy, the
+// contiguous gradient of out.
+void conv2d_backward(const conv_kernels::ConvShape& s, const Tensor& x, const Tensor& weight,
+                     const Tensor& gy, Tensor& grad_x, Tensor& grad_weight, Tensor& grad_bias);
 
 }  // namespace lockstep::runtime::cuda

@@ -1,6 +1,5 @@
 #include "lockstep/runtime/cuda/ops/loss.h"
 
-#include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/cuda/device.h"
 #include "lockstep/runtime/cuda/device_guard.h"
 #include "lockstep/runtime/cuda/kernels/softmax_loss.h"
@@ -24,16 +23,14 @@ kernels::CrossEntropyArgs kernel_args(const Tensor& x, const Tensor& t, double s
 
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing,
-                     Reduction reduction) {
-  LOCKSTEP_CHECK(is_floating(logits.dtype()),
+LossForward cross_entropy_forward(const Tensor& x, const Tensor& t, double smoothing,
+                                  Reduction reduction) {
+  LOCKSTEP_CHECK(is_floating(x.dtype()),
                  "cross_entropy: logits must be floating (f32, f64, bf16, f16), got {}",
-                 dtype_name(logits.dtype()));
-  check_device("cross_entropy", logits.device(), {&target});
-  const Device device = logits.device();
-  const int64_t n = logits.size(0);
-  const Tensor x = logits.contiguous();
-  const Tensor t = target.to(DType::i64).contiguous();
+                 dtype_name(x.dtype()));
+  check_device("cross_entropy", x.device(), {&t});
+  const Device device = x.device();
+  const int64_t n = x.size(0);
   const DType compute = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const bool per_row = reduction == Reduction::None;
   Tensor lse = Tensor::empty({n}, compute, device);
@@ -48,21 +45,22 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
     const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(n) : 1.0;
     out = cuda::sum(losses, {0}, scale, x.dtype()).reshape({});
   }
-  return record(out, "CrossEntropyBackward", {logits}, {x, t, lse},
-                [smoothing, reduction, n](const BackwardArgs& g) {
-                  const Tensor &x = g.saved[0], &t = g.saved[1], &lse = g.saved[2];
-                  check_device("cross_entropy backward", x.device(), {&g.grad});
-                  const Tensor gy = g.grad.to(x.dtype()).contiguous();
-                  Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());
-                  const bool per_row = reduction == Reduction::None;
-                  const double divisor =
-                      reduction == Reduction::Mean ? static_cast<double>(n) : 1.0;
-                  DeviceGuard guard(x.device().index);
-                  LOCKSTEP_CUDA_CHECK(kernels::cross_entropy_backward(
-                      kernel_args(x, t, smoothing), lse.raw_data(), gy.raw_data(), per_row,
-                      divisor, gx.raw_data(), stream_of(x)));
-                  return std::vector<Tensor>{gx};
-                });
+  return {out, {x, t, lse}};
+}
+
+Tensor cross_entropy_backward(const std::vector<Tensor>& saved, const Tensor& grad,
+                              double smoothing, Reduction reduction) {
+  const Tensor &x = saved[0], &t = saved[1], &lse = saved[2];
+  check_device("cross_entropy backward", x.device(), {&grad});
+  const Tensor gy = grad.to(x.dtype()).contiguous();
+  Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const bool per_row = reduction == Reduction::None;
+  const double divisor = reduction == Reduction::Mean ? static_cast<double>(x.size(0)) : 1.0;
+  DeviceGuard guard(x.device().index);
+  LOCKSTEP_CUDA_CHECK(kernels::cross_entropy_backward(kernel_args(x, t, smoothing),
+                                                      lse.raw_data(), gy.raw_data(), per_row,
+                                                      divisor, gx.raw_data(), stream_of(x)));
+  return gx;
 }
 
 }  // namespace lockstep::runtime::cuda

@@ -1,6 +1,7 @@
-// cross_entropy of CUDA logits (runtime/ops/loss.h), autograd included;
-// runtime/ops/loss.cpp checks shapes and dtypes first. f32, f64, bf16 and f16
-// logits, computed in f32 (f64 for f64); the result has the logits' dtype.
+// cross_entropy's CUDA kernels, reached through the CUDA backend from
+// runtime/ops/loss.cpp, which checks shapes and dtypes and records the
+// autograd node. f32, f64, bf16 and f16 logits, computed in f32 (f64 for
+// f64); the result has the logits' dtype.
 //
 // Fused: one kernel computes each row's log-sum-exp and loss; a mean or sum
 // over rows is a deterministic reduction kernel (cuda/ops/reduce.h), with no
@@ -10,12 +11,19 @@
 // [0, C) makes its row's loss and gradient NaN.
 #pragma once
 
+#include <vector>
+
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/loss.h"
 #include "lockstep/runtime/tensor.h"
 
 namespace lockstep::runtime::cuda {
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
-                     Reduction reduction);
+// x: contiguous logits [N, C]; t: contiguous i64 targets [N]. Saves
+// {x, t, per-row log-sum-exp}.
+LossForward cross_entropy_forward(const Tensor& x, const Tensor& t, double label_smoothing,
+                                  Reduction reduction);
+Tensor cross_entropy_backward(const std::vector<Tensor>& saved, const Tensor& grad,
+                              double label_smoothing, Reduction reduction);
 
 }  // namespace lockstep::runtime::cuda
