@@ -150,9 +150,14 @@ Tensor DeviceBackend::batch_norm(const Tensor&, const Tensor&, const Tensor&, co
                                  const Tensor&, bool, double, double) const {
   missing("batch_norm");
 }
-Tensor DeviceBackend::layer_norm(const Tensor&, const std::vector<int64_t>&, const Tensor&,
-                                 const Tensor&, double) const {
+RowStats DeviceBackend::layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, int64_t,
+                                           int64_t, double, Tensor&) const {
   missing("layer_norm");
+}
+void DeviceBackend::layer_norm_backward(const Tensor&, const Tensor&, const Tensor&,
+                                        const RowStats&, int64_t, int64_t, Tensor&, Tensor&,
+                                        Tensor&) const {
+  missing("layer_norm backward");
 }
 LossForward DeviceBackend::cross_entropy_forward(const Tensor&, const Tensor&, double,
                                                  Reduction) const {

@@ -8,8 +8,8 @@
 //
 // Kernels take tensors on the backend's device with their shapes and dtypes
 // already checked by the op, and queue work on the device's current stream.
-// batch_norm and layer_norm are still whole ops here (they record their own
-// autograd node); the rest are forward or backward kernels.
+// batch_norm is still a whole op here (it records its own autograd node); the
+// rest are forward or backward kernels.
 //
 // Mixed precision (autocast) will choose each op's compute dtype at the same
 // point, before the call: a policy table keyed by op, of the shape
@@ -69,6 +69,12 @@ class DeviceMarks {
 struct LossForward {
   Tensor out;
   std::vector<Tensor> saved;
+};
+
+// Per-row normalisation statistics (layer_norm), in the backend's dtype.
+struct RowStats {
+  Tensor mean;
+  Tensor invstd;
 };
 
 struct ValuesAndIndices {
@@ -180,12 +186,20 @@ class DeviceBackend {
   virtual Tensor cross_entropy_backward(const std::vector<Tensor>& saved, const Tensor& grad,
                                         double label_smoothing, Reduction reduction) const;
 
+  // out = layer_norm over the last `d` values of each of `rows` rows of x;
+  // w and b optional, all contiguous. The backward writes each gradient that
+  // is defined.
+  virtual RowStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                                      int64_t rows, int64_t d, double eps, Tensor& out) const;
+  virtual void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w,
+                                   const RowStats& stats, int64_t rows, int64_t d,
+                                   Tensor& grad_x, Tensor& grad_weight, Tensor& grad_bias) const;
+
   // Whole ops (see above).
   virtual Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             const Tensor& running_mean, const Tensor& running_var,
                             bool training, double momentum, double eps) const;
-  virtual Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
-                            const Tensor& weight, const Tensor& bias, double eps) const;
+
 
 
  protected:

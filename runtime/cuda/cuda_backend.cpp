@@ -233,9 +233,14 @@ class CudaBackend final : public DeviceBackend {
                     double momentum, double eps) const override {
     return cuda::batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps);
   }
-  Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
-                    const Tensor& weight, const Tensor& bias, double eps) const override {
-    return cuda::layer_norm(x, normalized_shape, weight, bias, eps);
+  RowStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t rows,
+                              int64_t d, double eps, Tensor& out) const override {
+    return cuda::layer_norm_forward(x, w, b, rows, d, eps, out);
+  }
+  void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w,
+                           const RowStats& stats, int64_t rows, int64_t d, Tensor& grad_x,
+                           Tensor& grad_weight, Tensor& grad_bias) const override {
+    cuda::layer_norm_backward(grad, x, w, stats, rows, d, grad_x, grad_weight, grad_bias);
   }
   LossForward cross_entropy_forward(const Tensor& x, const Tensor& t, double label_smoothing,
                                     Reduction reduction) const override {

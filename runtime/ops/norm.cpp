@@ -1,6 +1,7 @@
-// batch_norm and layer_norm: argument checks for every device; on CPU the
-// running statistics, autograd wiring and loops (norm_kernels.cpp) here,
-// elsewhere the device backend's whole op (device_backend.h).
+// batch_norm and layer_norm: argument checks for every device. layer_norm's
+// autograd wiring is here for every device, with its loops in
+// norm_kernels.cpp on the CPU and the device backend's kernels elsewhere;
+// batch_norm's wiring is here for the CPU, elsewhere the backend's whole op.
 #include "lockstep/runtime/ops/norm.h"
 
 #include <cmath>
@@ -31,8 +32,8 @@ void check_param(const char* op, const char* name, const Tensor& p, const Shape&
 // A small parameter or buffer read as doubles (detached: nothing to record).
 std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
 
-// Normalisation statistics of one call, in double: per channel for batch
-// norm, per row for layer norm. Shared with the backward closure.
+// Batch norm's statistics of one call, per channel, in double. Shared with
+// the backward closure.
 struct Stats {
   std::vector<double> mean, invstd;
 };
@@ -189,26 +190,26 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
                  shape_str(normalized_shape), shape_str(x_in.shape()));
   check_param("layer_norm", "weight", weight, normalized_shape, x_in);
   check_param("layer_norm", "bias", bias, normalized_shape, x_in);
-  if (!x_in.device().is_cpu())
-    return device_backend(x_in.device()).layer_norm(x_in, normalized_shape, weight, bias, eps);
-
   const Tensor x = x_in.contiguous();
   const Tensor w = weight.defined() ? weight.contiguous() : Tensor();
   const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
   const int64_t d = shape_numel(normalized_shape);
   const int64_t rows = d == 0 ? 0 : x.numel() / d;
-  auto stats = std::make_shared<Stats>();
-  stats->mean.resize(rows);
-  stats->invstd.resize(rows);
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
-  dispatch_float(x.dtype(), "layer_norm", [&](auto tag) {
-    using T = decltype(tag);
-    norm_kernels::layer_norm_forward<T>(rows, d, x.data_ptr<T>(),
-                                        w.defined() ? w.data_ptr<T>() : nullptr,
-                                        b.defined() ? b.data_ptr<T>() : nullptr, eps,
-                                        out.data_ptr<T>(), stats->mean.data(),
-                                        stats->invstd.data());
-  });
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  RowStats stats;
+  if (!x.device().is_cpu()) {
+    stats = device_backend(x.device()).layer_norm_forward(x, w, b, rows, d, eps, out);
+  } else {
+    stats = {Tensor::empty({rows}, DType::f64), Tensor::empty({rows}, DType::f64)};
+    dispatch_float(x.dtype(), "layer_norm", [&](auto tag) {
+      using T = decltype(tag);
+      norm_kernels::layer_norm_forward<T>(rows, d, x.data_ptr<T>(),
+                                          w.defined() ? w.data_ptr<T>() : nullptr,
+                                          b.defined() ? b.data_ptr<T>() : nullptr, eps,
+                                          out.data_ptr<T>(), stats.mean.data_ptr<double>(),
+                                          stats.invstd.data_ptr<double>());
+    });
+  }
 
   const AffineInputs graph = affine_inputs(x_in, x, weight, w, bias);
   const int w_at = graph.w_at, b_at = graph.b_at;
@@ -216,20 +217,29 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
       std::move(out), "LayerNormBackward", graph.inputs, graph.saved,
       [rows, d, stats, w_at, b_at, pshape = normalized_shape](const BackwardArgs& a) {
         const Tensor& xs = a.saved[0];
+        const Tensor ws = w_at >= 0 ? a.saved[1] : Tensor();
         const Tensor gy = a.grad.contiguous();
+        const Device device = xs.device();
         std::vector<Tensor> grads(a.needs.size());
-        if (a.needs[0]) grads[0] = Tensor::empty(xs.shape(), xs.dtype());
-        if (w_at >= 0 && a.needs[w_at]) grads[w_at] = Tensor::empty(pshape, xs.dtype());
-        if (b_at >= 0 && a.needs[b_at]) grads[b_at] = Tensor::empty(pshape, xs.dtype());
+        if (a.needs[0]) grads[0] = Tensor::empty(xs.shape(), xs.dtype(), device);
+        if (w_at >= 0 && a.needs[w_at]) grads[w_at] = Tensor::empty(pshape, xs.dtype(), device);
+        if (b_at >= 0 && a.needs[b_at]) grads[b_at] = Tensor::empty(pshape, xs.dtype(), device);
+        if (!device.is_cpu()) {
+          Tensor none;
+          device_backend(device).layer_norm_backward(gy, xs, ws, stats, rows, d, grads[0],
+                                                     w_at >= 0 ? grads[w_at] : none,
+                                                     b_at >= 0 ? grads[b_at] : none);
+          return grads;
+        }
         dispatch_float(gy.dtype(), "layer_norm backward", [&](auto tag) {
           using T = decltype(tag);
           auto ptr = [&](int at) -> T* {
             return at >= 0 && grads[at].defined() ? grads[at].data_ptr<T>() : nullptr;
           };
           norm_kernels::layer_norm_backward<T>(
-              rows, d, gy.data_ptr<T>(), xs.data_ptr<T>(),
-              w_at >= 0 ? a.saved[1].data_ptr<T>() : nullptr, stats->mean.data(),
-              stats->invstd.data(), ptr(0), ptr(w_at), ptr(b_at));
+              rows, d, gy.data_ptr<T>(), xs.data_ptr<T>(), ws.defined() ? ws.data_ptr<T>() : nullptr,
+              stats.mean.data_ptr<double>(), stats.invstd.data_ptr<double>(), ptr(0), ptr(w_at),
+              ptr(b_at));
         });
         return grads;
       });

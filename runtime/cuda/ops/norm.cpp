@@ -1,6 +1,6 @@
-// batch_norm on cuDNN (training) and kernels/norm.cu (eval), layer_norm on
-// kernels/norm.cu, with their autograd
-// records (the same inputs and saved tensors as the CPU ops in ops/norm.cpp).
+// batch_norm on cuDNN (training) and kernels/norm.cu (eval), with its
+// autograd record (the same inputs and saved tensors as the CPU op in
+// ops/norm.cpp); layer_norm's forward and backward kernels on kernels/norm.cu.
 #include "lockstep/runtime/cuda/ops/norm.h"
 
 #include <climits>
@@ -201,64 +201,45 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
       });
 }
 
-Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_shape,
-                  const Tensor& weight, const Tensor& bias, double eps) {
-  check_device("layer_norm", x_in.device(), {&x_in, &weight, &bias});
-  const DType dt = x_in.dtype();
+RowStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t rows,
+                            int64_t d, double eps, Tensor& out) {
+  check_device("layer_norm", x.device(), {&x, &w, &b, &out});
+  const DType dt = x.dtype();
   LOCKSTEP_CHECK(is_floating(dt), "layer_norm on CUDA: dtype {} is not supported; use f32, f64, "
                  "bf16 or f16 (convert with .to())", dtype_name(dt));
-  const Device dev = x_in.device();
+  const Device dev = x.device();
   DeviceGuard guard(dev.index);
-  const Tensor x = x_in.contiguous();
-  const Tensor w = weight.defined() ? weight.contiguous() : Tensor();
-  const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
-  const int64_t d = shape_numel(normalized_shape);
-  const int64_t rows = d == 0 ? 0 : x.numel() / d;
   const DType stat_dt = dt == DType::f64 ? DType::f64 : DType::f32;
-  const Tensor mean = Tensor::empty({rows}, stat_dt, dev);
-  const Tensor invstd = Tensor::empty({rows}, stat_dt, dev);
-  Tensor out = Tensor::empty(x.shape(), dt, dev);
+  RowStats stats{Tensor::empty({rows}, stat_dt, dev), Tensor::empty({rows}, stat_dt, dev)};
   LOCKSTEP_CUDA_CHECK(kernels::layer_norm_forward(
       scalar_type(dt), rows, d, x.raw_data(), w.defined() ? w.raw_data() : nullptr,
-      b.defined() ? b.raw_data() : nullptr, eps, out.raw_data(), mean.raw_data(),
-      invstd.raw_data(), stream_of(x)));
+      b.defined() ? b.raw_data() : nullptr, eps, out.raw_data(), stats.mean.raw_data(),
+      stats.invstd.raw_data(), stream_of(x)));
+  return stats;
+}
 
-  const AffineInputs graph = affine_inputs(x_in, x, weight, w, bias);
-  const int w_at = graph.w_at, b_at = graph.b_at;
-  return record(
-      std::move(out), "LayerNormBackward", graph.inputs, graph.saved,
-      [rows, d, dt, dev, mean, invstd, w_at, b_at, pshape = normalized_shape](
-          const BackwardArgs& a) {
-        const Tensor& xs = a.saved[0];
-        DeviceGuard guard(dev.index);
-        const Tensor gy = a.grad.to(dt).contiguous();  // the kernels read gy as dt
-        const cudaStream_t stream = stream_of(xs);
-        const kernels::ScalarType st = scalar_type(dt);
-        std::vector<Tensor> grads(a.needs.size());
-        if (a.needs[0]) {
-          Tensor gx = Tensor::empty(xs.shape(), dt, dev);
-          LOCKSTEP_CUDA_CHECK(kernels::layer_norm_backward_input(
-              st, rows, d, gy.raw_data(), xs.raw_data(),
-              w_at >= 0 ? a.saved[1].raw_data() : nullptr, mean.raw_data(), invstd.raw_data(),
-              gx.raw_data(), stream));
-          grads[0] = gx;
-        }
-        const bool need_w = w_at >= 0 && a.needs[w_at];
-        const bool need_b = b_at >= 0 && a.needs[b_at];
-        if (need_w || need_b) {
-          Tensor gw = need_w ? Tensor::empty(pshape, dt, dev) : Tensor();
-          Tensor gb = need_b ? Tensor::empty(pshape, dt, dev) : Tensor();
-          DeviceBuffer workspace(kernels::layer_norm_param_workspace(rows, d),
-                                 current_stream(dev.index));
-          LOCKSTEP_CUDA_CHECK(kernels::layer_norm_backward_params(
-              st, rows, d, gy.raw_data(), xs.raw_data(), mean.raw_data(), invstd.raw_data(),
-              need_w ? gw.raw_data() : nullptr, need_b ? gb.raw_data() : nullptr,
-              workspace.data(), stream));
-          if (need_w) grads[w_at] = gw;
-          if (need_b) grads[b_at] = gb;
-        }
-        return grads;
-      });
+void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w,
+                         const RowStats& stats, int64_t rows, int64_t d, Tensor& grad_x,
+                         Tensor& grad_weight, Tensor& grad_bias) {
+  const DType dt = x.dtype();
+  const Device dev = x.device();
+  DeviceGuard guard(dev.index);
+  const Tensor gy = grad.to(dt).contiguous();  // the kernels read gy as dt
+  const cudaStream_t stream = stream_of(x);
+  const kernels::ScalarType st = scalar_type(dt);
+  if (grad_x.defined()) {
+    LOCKSTEP_CUDA_CHECK(kernels::layer_norm_backward_input(
+        st, rows, d, gy.raw_data(), x.raw_data(), w.defined() ? w.raw_data() : nullptr,
+        stats.mean.raw_data(), stats.invstd.raw_data(), grad_x.raw_data(), stream));
+  }
+  if (grad_weight.defined() || grad_bias.defined()) {
+    DeviceBuffer workspace(kernels::layer_norm_param_workspace(rows, d),
+                           current_stream(dev.index));
+    LOCKSTEP_CUDA_CHECK(kernels::layer_norm_backward_params(
+        st, rows, d, gy.raw_data(), x.raw_data(), stats.mean.raw_data(), stats.invstd.raw_data(),
+        grad_weight.defined() ? grad_weight.raw_data() : nullptr,
+        grad_bias.defined() ? grad_bias.raw_data() : nullptr, workspace.data(), stream));
+  }
 }
 
 }  // namespace lockstep::runtime::cuda

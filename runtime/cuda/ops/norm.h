@@ -9,12 +9,13 @@
 // ships (f64 always takes them). Both update the running variance with the
 // unbiased batch variance, as the CPU op does. Eval mode, forward and
 // backward, runs on kernels/norm.cu with the running statistics. f32 and f64.
-// layer_norm runs on kernels/norm.cu; f32, f64, bf16 and f16 (statistics in
-// f32, f64 for f64).
+// layer_norm's kernels (runtime/ops/norm.cpp records its node) run on
+// kernels/norm.cu; f32, f64, bf16 and f16 (statistics in f32, f64 for f64).
 #pragma once
 
 #include <vector>
 
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/tensor.h"
 
 namespace lockstep::runtime::cuda {
@@ -23,7 +24,12 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum, double eps);
 
-Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
-                  const Tensor& weight, const Tensor& bias, double eps);
+// x, w, b (w and b optional) and out contiguous on one device; `rows` rows of
+// `d` values. The backward writes each gradient that is defined.
+RowStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t rows,
+                            int64_t d, double eps, Tensor& out);
+void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w,
+                         const RowStats& stats, int64_t rows, int64_t d, Tensor& grad_x,
+                         Tensor& grad_weight, Tensor& grad_bias);
 
 }  // namespace lockstep::runtime::cuda
