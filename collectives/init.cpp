@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <climits>
 #include <cstdio>
 #include <optional>
 #include <random>
@@ -63,10 +62,8 @@ std::string fresh_token() {
 // random tag because pids repeat across containers and hosts' names can.
 const std::string& this_process() {
   static const std::string name = [] {
-    char host[HOST_NAME_MAX + 1] = {};
-    if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
     std::random_device random;
-    return fmt::format("{} pid {} (tag {:08x})", host, ::getpid(), random());
+    return fmt::format("{} pid {} (tag {:08x})", host_name(), ::getpid(), random());
   }();
   return name;
 }

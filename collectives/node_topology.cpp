@@ -12,13 +12,13 @@
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::collectives {
-namespace {
-
 std::string host_name() {
   char name[HOST_NAME_MAX + 1] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
   return name;
 }
+
+namespace {
 
 // The kernel's id of this boot: the same for every process (and container)
 // of one running kernel, different across machines and reboots.

@@ -20,6 +20,9 @@ namespace lockstep::collectives {
 // read). The boot id tells apart machines that share a host name.
 std::string this_node_key(const runtime::RankInfo& info);
 
+// This host's name (gethostname), or "unknown-host".
+std::string host_name();
+
 struct NodeTopology {
   // Nodes are numbered 0, 1, ... in order of their lowest rank.
   std::vector<int> node_of_rank;  // rank -> node

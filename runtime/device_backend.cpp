@@ -7,7 +7,7 @@
 
 namespace lockstep::runtime {
 
-void DeviceBackend::missing(const char* what) const {
+void DeviceBackend::missing(std::string_view what) const {
   throw Error(fmt::format("{}: lockstep was built without CUDA (configure with "
                           "-DLOCKSTEP_CUDA=ON where the CUDA toolkit is installed); use the CPU",
                           what));
@@ -16,27 +16,27 @@ void DeviceBackend::missing(const char* what) const {
 GpuInventory DeviceBackend::probe() const { return {}; }
 
 void DeviceBackend::set_current(int index) const {
-  missing(fmt::format("cannot use cuda:{}", index).c_str());
+  missing(fmt::format("cannot use cuda:{}", index));
 }
 
 std::shared_ptr<void> DeviceBackend::make_current(Device device) const {
-  missing(fmt::format("cannot use {}", device.str()).c_str());
+  missing(fmt::format("cannot use {}", device.str()));
 }
 
 std::unique_ptr<DeviceMarks> DeviceBackend::timing_marks(Device device) const {
-  missing(fmt::format("time {}", device.str()).c_str());
+  missing(fmt::format("time {}", device.str()));
 }
 
 void DeviceBackend::synchronize(Device device) const {
-  missing(fmt::format("synchronize {}", device.str()).c_str());
+  missing(fmt::format("synchronize {}", device.str()));
 }
 std::string DeviceBackend::name(Device device) const {
-  missing(fmt::format("name {}", device.str()).c_str());
+  missing(fmt::format("name {}", device.str()));
 }
 void DeviceBackend::set_allow_tf32(bool) const { missing("TF32"); }
 
 void* DeviceBackend::allocate(size_t nbytes, Device device) const {
-  missing(fmt::format("cannot allocate {} bytes on {}", nbytes, device.str()).c_str());
+  missing(fmt::format("cannot allocate {} bytes on {}", nbytes, device.str()));
 }
 
 void DeviceBackend::free(void*, Device) const { missing("free device memory"); }

@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lockstep/runtime/cuda_available.h"
@@ -204,7 +205,7 @@ class DeviceBackend {
 
  protected:
   // The error every kernel of the base class throws.
-  [[noreturn]] void missing(const char* what) const;
+  [[noreturn]] void missing(std::string_view what) const;
 };
 
 // While alive, `device` is the calling thread's current device (nothing for
