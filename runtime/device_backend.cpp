@@ -146,18 +146,24 @@ void DeviceBackend::conv2d_backward(const conv_kernels::ConvShape&, const Tensor
                                     const Tensor&, Tensor&, Tensor&, Tensor&) const {
   missing("conv2d backward");
 }
-Tensor DeviceBackend::batch_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                 const Tensor&, bool, double, double) const {
-  missing("batch_norm");
-}
-RowStats DeviceBackend::layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, int64_t,
+NormStats DeviceBackend::layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, int64_t,
                                            int64_t, double, Tensor&) const {
   missing("layer_norm");
 }
 void DeviceBackend::layer_norm_backward(const Tensor&, const Tensor&, const Tensor&,
-                                        const RowStats&, int64_t, int64_t, Tensor&, Tensor&,
+                                        const NormStats&, int64_t, int64_t, Tensor&, Tensor&,
                                         Tensor&) const {
   missing("layer_norm backward");
+}
+NormStats DeviceBackend::batch_norm_forward(const Tensor&, const Tensor&, const Tensor&,
+                                            const Tensor&, const Tensor&, bool, double, double,
+                                            Tensor&) const {
+  missing("batch_norm");
+}
+void DeviceBackend::batch_norm_backward(const Tensor&, const Tensor&, const Tensor&,
+                                        const NormStats&, bool, double, Tensor&, Tensor&,
+                                        Tensor&) const {
+  missing("batch_norm backward");
 }
 LossForward DeviceBackend::cross_entropy_forward(const Tensor&, const Tensor&, double,
                                                  Reduction) const {

@@ -8,8 +8,8 @@
 //
 // Kernels take tensors on the backend's device with their shapes and dtypes
 // already checked by the op, and queue work on the device's current stream.
-// batch_norm is still a whole op here (it records its own autograd node); the
-// rest are forward or backward kernels.
+// Each op's forward and backward are separate kernels here; the op records
+// the autograd node between them, once for every device.
 //
 // Mixed precision (autocast) will choose each op's compute dtype at the same
 // point, before the call: a policy table keyed by op, of the shape
@@ -72,8 +72,10 @@ struct LossForward {
   std::vector<Tensor> saved;
 };
 
-// Per-row normalisation statistics (layer_norm), in the backend's dtype.
-struct RowStats {
+// What a normalisation's forward saves for its backward: per row (layer_norm)
+// or per channel (batch_norm), mean and 1 / sqrt(var + eps), in the dtype the
+// backend keeps them in.
+struct NormStats {
   Tensor mean;
   Tensor invstd;
 };
@@ -190,18 +192,23 @@ class DeviceBackend {
   // out = layer_norm over the last `d` values of each of `rows` rows of x;
   // w and b optional, all contiguous. The backward writes each gradient that
   // is defined.
-  virtual RowStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+  virtual NormStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                                       int64_t rows, int64_t d, double eps, Tensor& out) const;
   virtual void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w,
-                                   const RowStats& stats, int64_t rows, int64_t d,
+                                   const NormStats& stats, int64_t rows, int64_t d,
                                    Tensor& grad_x, Tensor& grad_weight, Tensor& grad_bias) const;
 
-  // Whole ops (see above).
-  virtual Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                            const Tensor& running_mean, const Tensor& running_var,
-                            bool training, double momentum, double eps) const;
-
-
+  // out = batch_norm(x) over x viewed as [n, c, inner], with the batch's
+  // statistics when training (then running_mean/var, when defined, are
+  // updated in place) or else the running ones; w and b optional, x and out
+  // contiguous. The backward writes each gradient that is defined.
+  virtual NormStats batch_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                                       const Tensor& running_mean, const Tensor& running_var,
+                                       bool training, double momentum, double eps,
+                                       Tensor& out) const;
+  virtual void batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w,
+                                   const NormStats& stats, bool training, double eps,
+                                   Tensor& grad_x, Tensor& grad_weight, Tensor& grad_bias) const;
 
  protected:
   // The error every kernel of the base class throws.

@@ -228,17 +228,24 @@ class CudaBackend final : public DeviceBackend {
                        Tensor& grad_bias) const override {
     cuda::conv2d_backward(s, x, weight, gy, grad_x, grad_weight, grad_bias);
   }
-  Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                    const Tensor& running_mean, const Tensor& running_var, bool training,
-                    double momentum, double eps) const override {
-    return cuda::batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  NormStats batch_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                               const Tensor& running_mean, const Tensor& running_var,
+                               bool training, double momentum, double eps,
+                               Tensor& out) const override {
+    return cuda::batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, eps,
+                                    out);
   }
-  RowStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t rows,
+  void batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w,
+                           const NormStats& stats, bool training, double eps, Tensor& grad_x,
+                           Tensor& grad_weight, Tensor& grad_bias) const override {
+    cuda::batch_norm_backward(grad, x, w, stats, training, eps, grad_x, grad_weight, grad_bias);
+  }
+  NormStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t rows,
                               int64_t d, double eps, Tensor& out) const override {
     return cuda::layer_norm_forward(x, w, b, rows, d, eps, out);
   }
   void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w,
-                           const RowStats& stats, int64_t rows, int64_t d, Tensor& grad_x,
+                           const NormStats& stats, int64_t rows, int64_t d, Tensor& grad_x,
                            Tensor& grad_weight, Tensor& grad_bias) const override {
     cuda::layer_norm_backward(grad, x, w, stats, rows, d, grad_x, grad_weight, grad_bias);
   }

@@ -1,17 +1,16 @@
-// batch_norm and layer_norm: argument checks for every device. layer_norm's
-// autograd wiring is here for every device, with its loops in
-// norm_kernels.cpp on the CPU and the device backend's kernels elsewhere;
-// batch_norm's wiring is here for the CPU, elsewhere the backend's whole op.
+// batch_norm and layer_norm: argument checks and the autograd wiring for
+// every device; the loops are in norm_kernels.cpp on the CPU and the device
+// backend's kernels elsewhere.
 #include "lockstep/runtime/ops/norm.h"
 
 #include <cmath>
 #include <memory>
 
 #include "lockstep/runtime/autograd/affine_inputs.h"
-#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/norm_kernels.h"
+#include "lockstep/runtime/ops/running_stats.h"
 
 namespace lockstep::runtime {
 namespace {
@@ -32,11 +31,87 @@ void check_param(const char* op, const char* name, const Tensor& p, const Shape&
 // A small parameter or buffer read as doubles (detached: nothing to record).
 std::vector<double> values(const Tensor& t) { return t.detach().to_vector<double>(); }
 
-// Batch norm's statistics of one call, per channel, in double. Shared with
-// the backward closure.
-struct Stats {
-  std::vector<double> mean, invstd;
-};
+// The CPU's batch_norm kernels: statistics (f64 [c] tensors) and running
+// updates in double, the passes in norm_kernels.
+NormStats cpu_batch_norm_forward(const ChannelShape& s, const Tensor& x, const Tensor& weight,
+                                 const Tensor& bias, const Tensor& running_mean,
+                                 const Tensor& running_var, bool training, double momentum,
+                                 double eps, Tensor& out) {
+  const int64_t c = s.c;
+  std::vector<double> mean(c), invstd(c);
+  if (training) {
+    std::vector<double> var(c);
+    dispatch_float(x.dtype(), "batch_norm", [&](auto tag) {
+      using T = decltype(tag);
+      norm_kernels::channel_stats<T>(s, x.data_ptr<T>(), mean.data(), var.data());
+    });
+    for (int64_t i = 0; i < c; ++i) invstd[i] = 1.0 / std::sqrt(var[i] + eps);
+    if (running_mean.defined())
+      update_running_stats(running_mean, running_var, mean.data(), var.data(), s.count(),
+                           momentum);
+  } else {
+    mean = values(running_mean);
+    const std::vector<double> rv = values(running_var);
+    for (int64_t i = 0; i < c; ++i) invstd[i] = 1.0 / std::sqrt(rv[i] + eps);
+  }
+
+  // y = x * scale + shift with scale = w * invstd, shift = b - mean * scale.
+  const std::vector<double> w = weight.defined() ? values(weight) : std::vector<double>(c, 1.0);
+  const std::vector<double> b = bias.defined() ? values(bias) : std::vector<double>(c, 0.0);
+  dispatch_float(x.dtype(), "batch_norm", [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> scale(c), shift(c);
+    for (int64_t i = 0; i < c; ++i) {
+      scale[i] = static_cast<T>(w[i] * invstd[i]);
+      shift[i] = static_cast<T>(b[i] - mean[i] * w[i] * invstd[i]);
+    }
+    norm_kernels::channel_affine<T>(s, x.data_ptr<T>(), scale.data(), shift.data(),
+                                    out.data_ptr<T>());
+  });
+  return {Tensor::from_vector(mean, {c}), Tensor::from_vector(invstd, {c})};
+}
+
+void cpu_batch_norm_backward(const ChannelShape& s, const Tensor& gy, const Tensor& x,
+                             const Tensor& weight, const NormStats& stats, bool training,
+                             Tensor& grad_x, Tensor& grad_w, Tensor& grad_b) {
+  const int64_t c = s.c;
+  const double* mean = stats.mean.data_ptr<double>();
+  const double* invstd = stats.invstd.data_ptr<double>();
+  const std::vector<double> w = weight.defined() ? values(weight) : std::vector<double>(c, 1.0);
+  dispatch_float(gy.dtype(), "batch_norm backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = gy.data_ptr<T>();
+    const T* xp = x.data_ptr<T>();
+    std::vector<double> sum_gy(c), sum_gy_xc(c);
+    if (grad_w.defined() || grad_b.defined() || (training && grad_x.defined()))
+      norm_kernels::channel_grad_sums<T>(s, g, xp, mean, sum_gy.data(), sum_gy_xc.data());
+    if (grad_x.defined()) {
+      // Training: gx = w*invstd * (gy - mean(gy) - xhat * mean(gy * xhat)),
+      // folded into gx = gy * ka + x * kb + kc. Eval: gx = gy * w * invstd.
+      const double m = static_cast<double>(s.count());
+      std::vector<T> ka(c), kb(c), kc(c);
+      for (int64_t i = 0; i < c; ++i) {
+        const double is = invstd[i], k1 = w[i] * is;
+        double b = 0, k = 0;
+        if (training) {
+          b = -k1 * is * is * sum_gy_xc[i] / m;
+          k = -k1 * sum_gy[i] / m - b * mean[i];
+        }
+        ka[i] = static_cast<T>(k1), kb[i] = static_cast<T>(b), kc[i] = static_cast<T>(k);
+      }
+      if (training) {
+        norm_kernels::channel_grad_input<T>(s, g, xp, ka.data(), kb.data(), kc.data(),
+                                            grad_x.data_ptr<T>());
+      } else {
+        norm_kernels::channel_affine<T>(s, g, ka.data(), kc.data(), grad_x.data_ptr<T>());
+      }
+    }
+    for (int64_t i = 0; i < c; ++i) {
+      if (grad_w.defined()) grad_w.data_ptr<T>()[i] = static_cast<T>(sum_gy_xc[i] * invstd[i]);
+      if (grad_b.defined()) grad_b.data_ptr<T>()[i] = static_cast<T>(sum_gy[i]);
+    }
+  });
+}
 
 }  // namespace
 
@@ -70,109 +145,40 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   LOCKSTEP_CHECK(!training || s.count() > 1,
                  "batch_norm: expected more than 1 value per channel when training, got input {}",
                  shape_str(x_in.shape()));
-  if (!x_in.device().is_cpu())
-    return device_backend(x_in.device())
-        .batch_norm(x_in, weight, bias, running_mean, running_var, training, momentum, eps);
-
   const Tensor x = x_in.contiguous();
-  auto co = std::make_shared<Stats>();
-  co->mean.resize(c);
-  co->invstd.resize(c);
-  if (training) {
-    std::vector<double> var(c);
-    dispatch_float(x.dtype(), "batch_norm", [&](auto tag) {
-      using T = decltype(tag);
-      norm_kernels::channel_stats<T>(s, x.data_ptr<T>(), co->mean.data(), var.data());
-    });
-    for (int64_t i = 0; i < c; ++i) co->invstd[i] = 1.0 / std::sqrt(var[i] + eps);
-    if (running_mean.defined()) {
-      // running = (1 - momentum) * running + momentum * batch, with the
-      // unbiased variance, as PyTorch. copy_ bumps the buffers' versions;
-      // NoGradGuard keeps the update off the tape.
-      NoGradGuard no_grad;
-      const double unbias = static_cast<double>(s.count()) / (s.count() - 1);
-      std::vector<double> rm = values(running_mean), rv = values(running_var);
-      for (int64_t i = 0; i < c; ++i) {
-        rm[i] = (1 - momentum) * rm[i] + momentum * co->mean[i];
-        rv[i] = (1 - momentum) * rv[i] + momentum * var[i] * unbias;
-      }
-      Tensor(running_mean).copy_(Tensor::from_vector(rm, {c}));
-      Tensor(running_var).copy_(Tensor::from_vector(rv, {c}));
-    }
-  } else {
-    co->mean = values(running_mean);
-    const std::vector<double> rv = values(running_var);
-    for (int64_t i = 0; i < c; ++i) co->invstd[i] = 1.0 / std::sqrt(rv[i] + eps);
-  }
+  const Tensor w = weight.defined() ? weight.contiguous() : Tensor();
+  const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const NormStats stats =
+      x.device().is_cpu()
+          ? cpu_batch_norm_forward(s, x, w, b, running_mean, running_var, training, momentum,
+                                   eps, out)
+          : device_backend(x.device())
+                .batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, eps,
+                                    out);
 
-  // y = x * scale + shift with scale = w * invstd, shift = b - mean * scale.
-  const std::vector<double> w = weight.defined() ? values(weight) : std::vector<double>(c, 1.0);
-  const std::vector<double> b = bias.defined() ? values(bias) : std::vector<double>(c, 0.0);
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
-  dispatch_float(x.dtype(), "batch_norm", [&](auto tag) {
-    using T = decltype(tag);
-    std::vector<T> scale(c), shift(c);
-    for (int64_t i = 0; i < c; ++i) {
-      scale[i] = static_cast<T>(w[i] * co->invstd[i]);
-      shift[i] = static_cast<T>(b[i] - co->mean[i] * w[i] * co->invstd[i]);
-    }
-    norm_kernels::channel_affine<T>(s, x.data_ptr<T>(), scale.data(), shift.data(),
-                                    out.data_ptr<T>());
-  });
-
-  const AffineInputs graph = affine_inputs(x_in, x, weight, weight, bias);
+  const AffineInputs graph = affine_inputs(x_in, x, weight, w, bias);
   const int w_at = graph.w_at, b_at = graph.b_at;
   return record(
       std::move(out), training ? "BatchNormBackward" : "BatchNormEvalBackward", graph.inputs,
-      graph.saved,
-      [s, co, training, w_at, b_at](const BackwardArgs& a) -> std::vector<Tensor> {
+      graph.saved, [s, stats, training, eps, w_at, b_at](const BackwardArgs& a) {
         const Tensor& xs = a.saved[0];
+        const Tensor ws = w_at >= 0 ? a.saved[1] : Tensor();
         const Tensor gy = a.grad.contiguous();
-        const int64_t c = s.c;
-        const std::vector<double> w =
-            w_at >= 0 ? a.saved[1].to_vector<double>() : std::vector<double>(c, 1.0);
-        const bool need_x = a.needs[0];
-        const bool need_w = w_at >= 0 && a.needs[w_at];
-        const bool need_b = b_at >= 0 && a.needs[b_at];
+        const Device device = xs.device();
         std::vector<Tensor> grads(a.needs.size());
-        dispatch_float(gy.dtype(), "batch_norm backward", [&](auto tag) {
-          using T = decltype(tag);
-          const T* g = gy.data_ptr<T>();
-          const T* xp = xs.data_ptr<T>();
-          std::vector<double> sum_gy(c), sum_gy_xc(c);
-          if (need_w || need_b || (training && need_x))
-            norm_kernels::channel_grad_sums<T>(s, g, xp, co->mean.data(), sum_gy.data(),
-                                               sum_gy_xc.data());
-          if (need_x) {
-            // Training: gx = w*invstd * (gy - mean(gy) - xhat * mean(gy * xhat)),
-            // folded into gx = gy * ka + x * kb + kc. Eval: gx = gy * w * invstd.
-            const double m = static_cast<double>(s.count());
-            std::vector<T> ka(c), kb(c), kc(c);
-            for (int64_t i = 0; i < c; ++i) {
-              const double is = co->invstd[i], k1 = w[i] * is;
-              double b = 0, k = 0;
-              if (training) {
-                b = -k1 * is * is * sum_gy_xc[i] / m;
-                k = -k1 * sum_gy[i] / m - b * co->mean[i];
-              }
-              ka[i] = static_cast<T>(k1), kb[i] = static_cast<T>(b), kc[i] = static_cast<T>(k);
-            }
-            Tensor gx = Tensor::empty(xs.shape(), xs.dtype());
-            if (training) {
-              norm_kernels::channel_grad_input<T>(s, g, xp, ka.data(), kb.data(), kc.data(),
-                                                  gx.data_ptr<T>());
-            } else {
-              norm_kernels::channel_affine<T>(s, g, ka.data(), kc.data(), gx.data_ptr<T>());
-            }
-            grads[0] = gx;
-          }
-          if (need_w) {
-            std::vector<double> gw(c);
-            for (int64_t i = 0; i < c; ++i) gw[i] = sum_gy_xc[i] * co->invstd[i];
-            grads[w_at] = Tensor::from_vector(gw, {c}).to(gy.dtype());
-          }
-          if (need_b) grads[b_at] = Tensor::from_vector(sum_gy, {c}).to(gy.dtype());
-        });
+        if (a.needs[0]) grads[0] = Tensor::empty(xs.shape(), xs.dtype(), device);
+        if (w_at >= 0 && a.needs[w_at]) grads[w_at] = Tensor::empty({s.c}, xs.dtype(), device);
+        if (b_at >= 0 && a.needs[b_at]) grads[b_at] = Tensor::empty({s.c}, xs.dtype(), device);
+        Tensor none;
+        Tensor& gw = w_at >= 0 ? grads[w_at] : none;
+        Tensor& gb = b_at >= 0 ? grads[b_at] : none;
+        if (device.is_cpu()) {
+          cpu_batch_norm_backward(s, gy, xs, ws, stats, training, grads[0], gw, gb);
+        } else {
+          device_backend(device).batch_norm_backward(gy, xs, ws, stats, training, eps, grads[0],
+                                                     gw, gb);
+        }
         return grads;
       });
 }
@@ -196,7 +202,7 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
   const int64_t d = shape_numel(normalized_shape);
   const int64_t rows = d == 0 ? 0 : x.numel() / d;
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  RowStats stats;
+  NormStats stats;
   if (!x.device().is_cpu()) {
     stats = device_backend(x.device()).layer_norm_forward(x, w, b, rows, d, eps, out);
   } else {

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <vector>
 
-#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/norm_kernels.h"
+#include "lockstep/runtime/ops/running_stats.h"
 
 namespace lockstep::runtime::sync_bn {
 namespace {
@@ -79,17 +79,8 @@ Combined combine(const Tensor& gathered, int world, DType dtype, const Tensor& w
   stats.push_back(static_cast<double>(count));
   const double* invstd = stats.data() + c;
 
-  if (running_mean.defined() && count > 1) {
-    NoGradGuard no_grad;
-    const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
-    std::vector<double> rm = values(running_mean), rv = values(running_var);
-    for (int64_t i = 0; i < c; ++i) {
-      rm[i] = (1 - momentum) * rm[i] + momentum * mean[i];
-      rv[i] = (1 - momentum) * rv[i] + momentum * var[i] * unbias;
-    }
-    Tensor(running_mean).copy_(Tensor::from_vector(rm, {c}));
-    Tensor(running_var).copy_(Tensor::from_vector(rv, {c}));
-  }
+  if (running_mean.defined() && count > 1)
+    update_running_stats(running_mean, running_var, mean.data(), var.data(), count, momentum);
 
   const std::vector<double> w = weight.defined() ? values(weight) : std::vector<double>(c, 1.0);
   const std::vector<double> b = bias.defined() ? values(bias) : std::vector<double>(c, 0.0);

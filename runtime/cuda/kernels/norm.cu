@@ -237,7 +237,7 @@ __global__ void layer_norm_param_finish(int64_t d, int64_t chunks,
 
 // ---- batch norm, eval mode ---------------------------------------------------
 
-// out = (in - mean[ch]) * w[ch] / sqrt(var[ch] + eps) + b[ch], with mean, w
+// out = (in - mean[ch]) * w[ch] * invstd[ch] + b[ch], with mean, w
 // and b optional (0, 1, 0): the eval forward, and with in = gy, no mean and
 // no b, the eval input gradient.
 template <class T>
@@ -245,12 +245,12 @@ __global__ void batch_norm_eval_affine_kernel(int64_t total, int64_t c, int64_t 
                                               const T* __restrict__ in, const T* __restrict__ w,
                                               const T* __restrict__ b,
                                               const T* __restrict__ mean,
-                                              const T* __restrict__ var, T eps,
+                                              const T* __restrict__ invstd,
                                               T* __restrict__ out) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t ch = (i / inner) % c;
-    const T k = (w != nullptr ? w[ch] : T(1)) * inv_sqrt(var[ch] + eps);
+    const T k = (w != nullptr ? w[ch] : T(1)) * invstd[ch];
     out[i] = (in[i] - (mean != nullptr ? mean[ch] : T(0))) * k + (b != nullptr ? b[ch] : T(0));
   }
 }
@@ -262,7 +262,7 @@ template <class T>
 __global__ void batch_norm_eval_params_kernel(int64_t n, int64_t c, int64_t inner,
                                               const T* __restrict__ gy, const T* __restrict__ x,
                                               const T* __restrict__ mean,
-                                              const T* __restrict__ var, T eps,
+                                              const T* __restrict__ invstd,
                                               T* __restrict__ gw, T* __restrict__ gb) {
   __shared__ Pair<double> smem[33];
   const int64_t count = n * inner;
@@ -278,7 +278,7 @@ __global__ void batch_norm_eval_params_kernel(int64_t n, int64_t c, int64_t inne
     }
     s = block_allreduce(s, AddPair<double>{}, Pair<double>{0.0, 0.0}, smem);
     if (threadIdx.x == 0) {
-      const double k = static_cast<double>(inv_sqrt(var[ch] + eps));
+      const double k = static_cast<double>(invstd[ch]);
       if (gw != nullptr) gw[ch] = static_cast<T>(s.b * k);
       if (gb != nullptr) gb[ch] = static_cast<T>(s.a);
     }
@@ -656,7 +656,7 @@ namespace {
 
 cudaError_t launch_batch_norm_eval_affine(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
                                           const void* in, const void* w, const void* b,
-                                          const void* mean, const void* var, double eps, void* out,
+                                          const void* mean, const void* invstd, void* out,
                                           cudaStream_t stream) {
   const int64_t total = n * c * inner;
   if (total == 0) return cudaSuccess;
@@ -664,8 +664,8 @@ cudaError_t launch_batch_norm_eval_affine(ScalarType dtype, int64_t n, int64_t c
     using T = decltype(tag);
     batch_norm_eval_affine_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(
         total, c, inner, static_cast<const T*>(in), static_cast<const T*>(w),
-        static_cast<const T*>(b), static_cast<const T*>(mean), static_cast<const T*>(var),
-        static_cast<T>(eps), static_cast<T*>(out));
+        static_cast<const T*>(b), static_cast<const T*>(mean), static_cast<const T*>(invstd),
+        static_cast<T*>(out));
     return cudaGetLastError();
   });
 }
@@ -674,29 +674,29 @@ cudaError_t launch_batch_norm_eval_affine(ScalarType dtype, int64_t n, int64_t c
 
 cudaError_t batch_norm_eval_forward(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
                                     const void* x, const void* w, const void* b, const void* mean,
-                                    const void* var, double eps, void* y, cudaStream_t stream) {
-  return launch_batch_norm_eval_affine(dtype, n, c, inner, x, w, b, mean, var, eps, y, stream);
+                                    const void* invstd, void* y, cudaStream_t stream) {
+  return launch_batch_norm_eval_affine(dtype, n, c, inner, x, w, b, mean, invstd, y, stream);
 }
 
 cudaError_t batch_norm_eval_backward_input(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
-                                           const void* grad_y, const void* w, const void* var,
-                                           double eps, void* grad_x, cudaStream_t stream) {
-  return launch_batch_norm_eval_affine(dtype, n, c, inner, grad_y, w, nullptr, nullptr, var, eps,
+                                           const void* grad_y, const void* w, const void* invstd,
+                                           void* grad_x, cudaStream_t stream) {
+  return launch_batch_norm_eval_affine(dtype, n, c, inner, grad_y, w, nullptr, nullptr, invstd,
                                        grad_x, stream);
 }
 
 cudaError_t batch_norm_eval_backward_params(ScalarType dtype, int64_t n, int64_t c,
                                             int64_t inner, const void* grad_y, const void* x,
-                                            const void* mean, const void* var, double eps,
-                                            void* grad_w, void* grad_b, cudaStream_t stream) {
+                                            const void* mean, const void* invstd, void* grad_w,
+                                            void* grad_b, cudaStream_t stream) {
   if (c == 0 || (grad_w == nullptr && grad_b == nullptr)) return cudaSuccess;
   return dispatch_f32_f64(dtype, [&](auto tag) {
     using T = decltype(tag);
     const unsigned grid = static_cast<unsigned>(c < 65535 ? c : 65535);
     batch_norm_eval_params_kernel<T><<<grid, kBlock, 0, stream>>>(
         n, c, inner, static_cast<const T*>(grad_y), static_cast<const T*>(x),
-        static_cast<const T*>(mean), static_cast<const T*>(var), static_cast<T>(eps),
-        static_cast<T*>(grad_w), static_cast<T*>(grad_b));
+        static_cast<const T*>(mean), static_cast<const T*>(invstd), static_cast<T*>(grad_w),
+        static_cast<T*>(grad_b));
     return cudaGetLastError();
   });
 }

@@ -56,24 +56,25 @@ cudaError_t layer_norm_backward_params(ScalarType dtype, int64_t rows, int64_t d
                                        void* workspace, cudaStream_t stream);
 
 // ---- batch norm in eval mode over x viewed as [n, c, inner] -----------------
-// (statistics are the running ones: mean[c], var[c], in the data's dtype)
+// (statistics are the running ones: mean[c] and invstd[c] = 1 / sqrt(var[c] +
+// eps), in the data's dtype)
 
-// y = (x - mean[c]) * w[c] / sqrt(var[c] + eps) + b[c], w and b optional.
+// y = (x - mean[c]) * w[c] * invstd[c] + b[c], w and b optional.
 cudaError_t batch_norm_eval_forward(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
                                     const void* x, const void* w, const void* b, const void* mean,
-                                    const void* var, double eps, void* y, cudaStream_t stream);
+                                    const void* invstd, void* y, cudaStream_t stream);
 
-// grad_x = grad_y * w[c] / sqrt(var[c] + eps), w optional.
+// grad_x = grad_y * w[c] * invstd[c], w optional.
 cudaError_t batch_norm_eval_backward_input(ScalarType dtype, int64_t n, int64_t c, int64_t inner,
-                                           const void* grad_y, const void* w, const void* var,
-                                           double eps, void* grad_x, cudaStream_t stream);
+                                           const void* grad_y, const void* w, const void* invstd,
+                                           void* grad_x, cudaStream_t stream);
 
-// grad_w[c] = sum(grad_y * (x - mean[c])) / sqrt(var[c] + eps), grad_b[c] =
-// sum(grad_y), over n and inner; either may be null.
+// grad_w[c] = sum(grad_y * (x - mean[c])) * invstd[c], grad_b[c] = sum(grad_y),
+// over n and inner; either may be null.
 cudaError_t batch_norm_eval_backward_params(ScalarType dtype, int64_t n, int64_t c,
                                             int64_t inner, const void* grad_y, const void* x,
-                                            const void* mean, const void* var, double eps,
-                                            void* grad_w, void* grad_b, cudaStream_t stream);
+                                            const void* mean, const void* invstd, void* grad_w,
+                                            void* grad_b, cudaStream_t stream);
 
 // ---- SyncBatchNorm over x viewed as [n, c, inner] ----------------------------
 // f32 and f64 data (`dtype`); statistics, gradient sums and the buffers that

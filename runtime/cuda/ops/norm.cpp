@@ -1,13 +1,12 @@
-// batch_norm on cuDNN (training) and kernels/norm.cu (eval), with its
-// autograd record (the same inputs and saved tensors as the CPU op in
-// ops/norm.cpp); layer_norm's forward and backward kernels on kernels/norm.cu.
+// batch_norm's forward and backward kernels on cuDNN (training) and
+// kernels/norm.cu (eval); layer_norm's on kernels/norm.cu. runtime/ops/norm.cpp
+// records the autograd node around them.
 #include "lockstep/runtime/cuda/ops/norm.h"
 
 #include <climits>
 
-#include "lockstep/runtime/autograd/affine_inputs.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
-#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/cuda/caching_allocator.h"
 #include "lockstep/runtime/cuda/cudnn_check.h"
 #include "lockstep/runtime/cuda/device_guard.h"
@@ -60,148 +59,122 @@ void write_back(const Tensor& original, const Tensor& buffer) {
 
 }  // namespace
 
-Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
-                  const Tensor& running_mean, const Tensor& running_var, bool training,
-                  double momentum, double eps) {
-  check_device("batch_norm", x_in.device(), {&x_in, &weight, &bias, &running_mean, &running_var});
-  const DType dt = x_in.dtype();
+NormStats batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                             const Tensor& running_mean, const Tensor& running_var,
+                             bool training, double momentum, double eps, Tensor& out) {
+  check_device("batch_norm", x.device(), {&x, &weight, &bias, &running_mean, &running_var, &out});
+  const DType dt = x.dtype();
   LOCKSTEP_CHECK(dt == DType::f32 || dt == DType::f64,
                  "batch_norm on CUDA: dtype {} is not supported; use f32 or f64 (convert with "
                  ".to())",
                  dtype_name(dt));
-  const Device dev = x_in.device();
+  const Device dev = x.device();
   DeviceGuard guard(dev.index);
-  const int64_t n = x_in.size(0), c = x_in.size(1);
-  int64_t inner = 1;
-  for (int64_t d = 2; d < x_in.dim(); ++d) inner *= x_in.size(d);
-  const bool empty = x_in.numel() == 0;
-
-  const Tensor x = x_in.contiguous();
+  const int64_t n = x.size(0), c = x.size(1), inner = n == 0 || c == 0 ? 0 : x.numel() / (n * c);
   // cuDNN always scales and shifts: ones and zeros stand in for missing ones.
-  const Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor::ones({c}, dt, dev);
-  const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor::zeros({c}, dt, dev);
-  Tensor out = Tensor::empty(x.shape(), dt, dev);
+  const Tensor w = weight.defined() ? weight.detach() : Tensor::ones({c}, dt, dev);
+  const Tensor b = bias.defined() ? bias.detach() : Tensor::zeros({c}, dt, dev);
 
-  Tensor save_mean, save_invstd;  // training: the batch statistics, for backward
-  Tensor eval_mean, eval_var;     // eval: the running statistics as they were, for backward
-  if (training) {
-    save_mean = Tensor::empty({c}, dt, dev);
-    save_invstd = Tensor::empty({c}, dt, dev);
-    Tensor rm, rv;
-    if (running_mean.defined()) {
-      rm = stat_buffer(running_mean, dt);
-      rv = stat_buffer(running_var, dt);
-    }
-    if (!empty) {
-      // The graph API writes updated running statistics into buffers of their
-      // own; the legacy call updates rm and rv in place.
-      Tensor rm_next, rv_next;
-      if (rm.defined()) {
-        rm_next = Tensor::empty({c}, dt, dev);
-        rv_next = Tensor::empty({c}, dt, dev);
-      }
-      const cudnnHandle_t handle = cudnn_handle(dev.index);
-      BatchNormForwardOperands p{x.raw_data(), w.raw_data(), b.raw_data(), out.raw_data(),
-                                 save_mean.raw_data(), save_invstd.raw_data()};
-      if (rm.defined()) {
-        p.running_mean_in = rm.raw_data();
-        p.running_var_in = rv.raw_data();
-        p.running_mean_out = rm_next.raw_data();
-        p.running_var_out = rv_next.raw_data();
-      }
-      if (!graph_batch_norm_forward(handle, n, c, inner, dt, dev.index, momentum, eps, p)) {
-        const BatchNormDescriptors d(dt, n, c, inner);
-        // factor = momentum: running = (1 - momentum) * running + momentum * batch.
-        LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-            handle, CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt), d.x.get(),
-            x.raw_data(), d.x.get(), out.raw_data(), d.param.get(), w.raw_data(), b.raw_data(),
-            momentum, rm.defined() ? rm.raw_data() : nullptr,
-            rv.defined() ? rv.raw_data() : nullptr, eps, save_mean.raw_data(),
-            save_invstd.raw_data()));
-        rm_next = rm;
-        rv_next = rv;
-      }
-      if (rm.defined()) {
-        write_back(running_mean, rm_next);
-        write_back(running_var, rv_next);
-      }
-    }
-  } else {
+  if (!training) {
     // Copies: a later training step may update the running statistics in
-    // place before this backward runs (the CPU op copies them to the host).
-    eval_mean = running_mean.detach().to(dt).clone();
-    eval_var = running_var.detach().to(dt).clone();
+    // place before this backward runs.
+    NoGradGuard no_grad;
+    NormStats stats{running_mean.detach().to(dt).clone(),
+                    pow(running_var.detach().to(dt) + eps, -0.5)};
     LOCKSTEP_CUDA_CHECK(kernels::batch_norm_eval_forward(
         scalar_type(dt), n, c, inner, x.raw_data(), w.raw_data(), b.raw_data(),
-        eval_mean.raw_data(), eval_var.raw_data(), eps, out.raw_data(), stream_of(x)));
+        stats.mean.raw_data(), stats.invstd.raw_data(), out.raw_data(), stream_of(x)));
+    return stats;
   }
 
-  const AffineInputs graph = affine_inputs(x_in, x, weight, weight, bias);
-  const int w_at = graph.w_at, b_at = graph.b_at;
-  const Tensor ones = weight.defined() ? Tensor() : w;
-  return record(
-      std::move(out), training ? "BatchNormBackward" : "BatchNormEvalBackward", graph.inputs,
-      graph.saved,
-      [=](const BackwardArgs& a) -> std::vector<Tensor> {
-        const Tensor& xs = a.saved[0];
-        DeviceGuard guard(dev.index);
-        const Tensor gy = a.grad.to(dt).contiguous();  // the kernels read gy as dt
-        const Tensor ws = w_at >= 0 ? a.saved[1].contiguous() : ones;
-        const bool need_w = w_at >= 0 && a.needs[w_at];
-        const bool need_b = b_at >= 0 && a.needs[b_at];
-        std::vector<Tensor> grads(a.needs.size());
-        if (empty) {
-          if (a.needs[0]) grads[0] = Tensor::zeros(xs.shape(), dt, dev);
-          if (need_w) grads[w_at] = Tensor::zeros({c}, dt, dev);
-          if (need_b) grads[b_at] = Tensor::zeros({c}, dt, dev);
-          return grads;
-        }
-        if (training) {
-          // cuDNN computes all three; dx needs the parameter gradients' sums anyway.
-          Tensor gx = Tensor::empty(xs.shape(), dt, dev);
-          Tensor gw = Tensor::empty({c}, dt, dev), gb = Tensor::empty({c}, dt, dev);
-          const cudnnHandle_t handle = cudnn_handle(dev.index);
-          const BatchNormBackwardOperands p{xs.raw_data(),        gy.raw_data(),
-                                            ws.raw_data(),        save_mean.raw_data(),
-                                            save_invstd.raw_data(), gx.raw_data(),
-                                            gw.raw_data(),        gb.raw_data()};
-          if (!graph_batch_norm_backward(handle, n, c, inner, dt, dev.index, p)) {
-            const BatchNormDescriptors d(dt, n, c, inner);
-            LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-                handle, CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt), cudnn_one(dt),
-                cudnn_zero(dt), d.x.get(), xs.raw_data(), d.x.get(), gy.raw_data(), d.x.get(),
-                gx.raw_data(), d.param.get(), ws.raw_data(), gw.raw_data(), gb.raw_data(), eps,
-                save_mean.raw_data(), save_invstd.raw_data()));
-          }
-          if (a.needs[0]) grads[0] = gx;
-          if (need_w) grads[w_at] = gw;
-          if (need_b) grads[b_at] = gb;
-          return grads;
-        }
-        const cudaStream_t stream = stream_of(xs);
-        const kernels::ScalarType st = scalar_type(dt);
-        if (a.needs[0]) {
-          Tensor gx = Tensor::empty(xs.shape(), dt, dev);
-          LOCKSTEP_CUDA_CHECK(kernels::batch_norm_eval_backward_input(
-              st, n, c, inner, gy.raw_data(), w_at >= 0 ? ws.raw_data() : nullptr,
-              eval_var.raw_data(), eps, gx.raw_data(), stream));
-          grads[0] = gx;
-        }
-        if (need_w || need_b) {
-          Tensor gw = need_w ? Tensor::empty({c}, dt, dev) : Tensor();
-          Tensor gb = need_b ? Tensor::empty({c}, dt, dev) : Tensor();
-          LOCKSTEP_CUDA_CHECK(kernels::batch_norm_eval_backward_params(
-              st, n, c, inner, gy.raw_data(), xs.raw_data(), eval_mean.raw_data(),
-              eval_var.raw_data(), eps, need_w ? gw.raw_data() : nullptr,
-              need_b ? gb.raw_data() : nullptr, stream));
-          if (need_w) grads[w_at] = gw;
-          if (need_b) grads[b_at] = gb;
-        }
-        return grads;
-      });
+  // The batch statistics, for backward (the op's checks make the batch non-empty).
+  NormStats stats{Tensor::empty({c}, dt, dev), Tensor::empty({c}, dt, dev)};
+  Tensor rm, rv;
+  if (running_mean.defined()) {
+    rm = stat_buffer(running_mean, dt);
+    rv = stat_buffer(running_var, dt);
+  }
+  // The graph API writes updated running statistics into buffers of their
+  // own; the legacy call updates rm and rv in place.
+  Tensor rm_next, rv_next;
+  if (rm.defined()) {
+    rm_next = Tensor::empty({c}, dt, dev);
+    rv_next = Tensor::empty({c}, dt, dev);
+  }
+  const cudnnHandle_t handle = cudnn_handle(dev.index);
+  BatchNormForwardOperands p{x.raw_data(),          w.raw_data(),
+                             b.raw_data(),          out.raw_data(),
+                             stats.mean.raw_data(), stats.invstd.raw_data()};
+  if (rm.defined()) {
+    p.running_mean_in = rm.raw_data();
+    p.running_var_in = rv.raw_data();
+    p.running_mean_out = rm_next.raw_data();
+    p.running_var_out = rv_next.raw_data();
+  }
+  if (!graph_batch_norm_forward(handle, n, c, inner, dt, dev.index, momentum, eps, p)) {
+    const BatchNormDescriptors d(dt, n, c, inner);
+    // factor = momentum: running = (1 - momentum) * running + momentum * batch.
+    LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+        handle, CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt), d.x.get(), x.raw_data(),
+        d.x.get(), out.raw_data(), d.param.get(), w.raw_data(), b.raw_data(), momentum,
+        rm.defined() ? rm.raw_data() : nullptr, rv.defined() ? rv.raw_data() : nullptr, eps,
+        stats.mean.raw_data(), stats.invstd.raw_data()));
+    rm_next = rm;
+    rv_next = rv;
+  }
+  if (rm.defined()) {
+    write_back(running_mean, rm_next);
+    write_back(running_var, rv_next);
+  }
+  return stats;
 }
 
-RowStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t rows,
+void batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                         const NormStats& stats, bool training, double eps, Tensor& grad_x,
+                         Tensor& grad_weight, Tensor& grad_bias) {
+  const DType dt = x.dtype();
+  const Device dev = x.device();
+  DeviceGuard guard(dev.index);
+  const int64_t n = x.size(0), c = x.size(1), inner = n == 0 || c == 0 ? 0 : x.numel() / (n * c);
+  const Tensor gy = grad.to(dt).contiguous();  // the kernels read gy as dt
+  if (training) {
+    // cuDNN computes all three; dx needs the parameter gradients' sums anyway.
+    const Tensor w = weight.defined() ? weight : Tensor::ones({c}, dt, dev);
+    const Tensor gx = grad_x.defined() ? grad_x : Tensor::empty(x.shape(), dt, dev);
+    const Tensor gw = grad_weight.defined() ? grad_weight : Tensor::empty({c}, dt, dev);
+    const Tensor gb = grad_bias.defined() ? grad_bias : Tensor::empty({c}, dt, dev);
+    const cudnnHandle_t handle = cudnn_handle(dev.index);
+    const BatchNormBackwardOperands p{x.raw_data(),          gy.raw_data(),
+                                      w.raw_data(),          stats.mean.raw_data(),
+                                      stats.invstd.raw_data(), gx.raw_data(),
+                                      gw.raw_data(),         gb.raw_data()};
+    if (!graph_batch_norm_backward(handle, n, c, inner, dt, dev.index, p)) {
+      const BatchNormDescriptors d(dt, n, c, inner);
+      LOCKSTEP_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+          handle, CUDNN_BATCHNORM_SPATIAL, cudnn_one(dt), cudnn_zero(dt), cudnn_one(dt),
+          cudnn_zero(dt), d.x.get(), x.raw_data(), d.x.get(), gy.raw_data(), d.x.get(),
+          gx.raw_data(), d.param.get(), w.raw_data(), gw.raw_data(), gb.raw_data(), eps,
+          stats.mean.raw_data(), stats.invstd.raw_data()));
+    }
+    return;
+  }
+  // Eval: the kernels write zeros for an empty batch.
+  const cudaStream_t stream = stream_of(x);
+  const kernels::ScalarType st = scalar_type(dt);
+  if (grad_x.defined()) {
+    LOCKSTEP_CUDA_CHECK(kernels::batch_norm_eval_backward_input(
+        st, n, c, inner, gy.raw_data(), weight.defined() ? weight.raw_data() : nullptr,
+        stats.invstd.raw_data(), grad_x.raw_data(), stream));
+  }
+  if (grad_weight.defined() || grad_bias.defined()) {
+    LOCKSTEP_CUDA_CHECK(kernels::batch_norm_eval_backward_params(
+        st, n, c, inner, gy.raw_data(), x.raw_data(), stats.mean.raw_data(),
+        stats.invstd.raw_data(), grad_weight.defined() ? grad_weight.raw_data() : nullptr,
+        grad_bias.defined() ? grad_bias.raw_data() : nullptr, stream));
+  }
+}
+
+NormStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, int64_t rows,
                             int64_t d, double eps, Tensor& out) {
   check_device("layer_norm", x.device(), {&x, &w, &b, &out});
   const DType dt = x.dtype();
@@ -210,7 +183,7 @@ RowStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, i
   const Device dev = x.device();
   DeviceGuard guard(dev.index);
   const DType stat_dt = dt == DType::f64 ? DType::f64 : DType::f32;
-  RowStats stats{Tensor::empty({rows}, stat_dt, dev), Tensor::empty({rows}, stat_dt, dev)};
+  NormStats stats{Tensor::empty({rows}, stat_dt, dev), Tensor::empty({rows}, stat_dt, dev)};
   LOCKSTEP_CUDA_CHECK(kernels::layer_norm_forward(
       scalar_type(dt), rows, d, x.raw_data(), w.defined() ? w.raw_data() : nullptr,
       b.defined() ? b.raw_data() : nullptr, eps, out.raw_data(), stats.mean.raw_data(),
@@ -219,7 +192,7 @@ RowStats layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, i
 }
 
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w,
-                         const RowStats& stats, int64_t rows, int64_t d, Tensor& grad_x,
+                         const NormStats& stats, int64_t rows, int64_t d, Tensor& grad_x,
                          Tensor& grad_weight, Tensor& grad_bias) {
   const DType dt = x.dtype();
   const Device dev = x.device();
