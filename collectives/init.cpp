@@ -51,11 +51,6 @@ std::string address_for_peers(const runtime::RankInfo& info) {
                  "store; set LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT)");
   return found;
 }
-
-std::string fresh_token() {
-  std::random_device random;
-  return fmt::format("{:08x}{:08x}{:08x}{:08x}", random(), random(), random(), random());
-}
 #endif
 
 // This process, as the other ranks' errors name it: host and pid, and a
@@ -153,7 +148,7 @@ void make_store(const runtime::RankInfo& info, milliseconds timeout, GroupHolder
   mpi::ensure_mpi_initialized();
   std::string shared;
   if (info.rank == 0) {
-    const std::string token = fresh_token();
+    const std::string token = runtime::random_token();
     holder.server = serve_store("0.0.0.0", 0, token);
     shared = fmt::format("{}:{}:{}", address_for_peers(info), holder.server->port(), token);
   }

@@ -2,7 +2,7 @@
 
 #include <map>
 
-#include <fmt/format.h>
+#include "lockstep/runtime/env.h"
 
 namespace lockstep::launcher {
 
@@ -22,25 +22,16 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
   // Ranks, not BLAS threads, use the cores (DESIGN.md, performance habits).
   vars.try_emplace("OMP_NUM_THREADS", "1");
 
-  const bool ipv6 = store.host.find(':') != std::string::npos;
-  const std::string addr = ipv6 ? fmt::format("[{}]:{}", store.host, store.port)
-                                : fmt::format("{}:{}", store.host, store.port);
-  const auto set = [&](const char* name, const auto& value) { vars[name] = fmt::format("{}", value); };
-  set("LOCKSTEP_RANK", slot.rank);
-  set("LOCKSTEP_WORLD_SIZE", options.world_size());
-  set("LOCKSTEP_LOCAL_RANK", slot.local_rank);
-  set("LOCKSTEP_LOCAL_WORLD_SIZE", options.nproc_per_node);
-  set("LOCKSTEP_NODE_RANK", options.node_rank);
-  set("LOCKSTEP_NUM_NODES", options.nnodes);
-  set("LOCKSTEP_STORE_ADDR", addr);
-  set("LOCKSTEP_TOKEN", store.token);
-  // torchrun's names, for programs that read those.
-  set("RANK", slot.rank);
-  set("WORLD_SIZE", options.world_size());
-  set("LOCAL_RANK", slot.local_rank);
-  set("LOCAL_WORLD_SIZE", options.nproc_per_node);
-  set("MASTER_ADDR", store.host);
-  set("MASTER_PORT", store.port);
+  runtime::RankInfo info;
+  info.rank = slot.rank;
+  info.world_size = options.world_size();
+  info.local_rank = slot.local_rank;
+  info.local_world_size = options.nproc_per_node;
+  info.node_rank = options.node_rank;
+  info.store_host = store.host;
+  info.store_port = store.port;
+  info.token = store.token;
+  for (auto& [name, value] : runtime::rank_variables(info, options.nnodes)) vars[name] = value;
 
   std::vector<std::string> out;
   out.reserve(vars.size());

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include <fmt/format.h>
@@ -22,18 +21,6 @@ extern char** environ;
 
 namespace lockstep::launcher {
 namespace {
-
-// 128 random bits as hex: the store refuses clients without it.
-std::string random_token() {
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  unsigned char bytes[16] = {};
-  urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes);
-  LOCKSTEP_CHECK(urandom.good(), "cannot read /dev/urandom for the store token; set "
-                 "LOCKSTEP_TOKEN to a secret string instead");
-  std::string hex;
-  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
-  return hex;
-}
 
 std::string hostname() {
   char name[256] = {};
@@ -58,7 +45,7 @@ int run(const Options& options) {
   StoreAddress address;
   address.host = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
   address.port = options.master_port;
-  address.token = options.token.empty() ? random_token() : options.token;
+  address.token = options.token.empty() ? runtime::random_token() : options.token;
 
   std::unique_ptr<runtime::TcpStoreServer> server;
   if (options.node_rank == 0) {

@@ -13,12 +13,17 @@
 
 #include <fmt/format.h>
 
-#include "launcher/exit_status.h"
 #include "launcher/line_tagger.h"
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/exit_status.h"
 
 namespace lockstep::launcher {
 namespace {
+
+using runtime::describe_wait_status;
+using runtime::ended_in_failure;
+using runtime::exit_code_of;
+using runtime::signal_name;
 
 using Clock = std::chrono::steady_clock;
 
@@ -157,7 +162,7 @@ class Supervisor {
       for (auto& r : ranks_) {
         if (r.process.child.pid == pid && r.alive) {
           r.alive = false;
-          if (failed(status) && !stopping_) on_first_failure(r, status);
+          if (ended_in_failure(status) && !stopping_) on_first_failure(r, status);
         }
       }
     }

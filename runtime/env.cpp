@@ -388,4 +388,28 @@ RankInfo read_rank_info(const EnvLookup& process, RankInfoOptions options) {
   return info;
 }
 
+std::vector<std::pair<std::string, std::string>> rank_variables(const RankInfo& info,
+                                                                int num_nodes) {
+  const bool ipv6 = info.store_host.find(':') != std::string::npos;
+  const std::string port = std::to_string(info.store_port);
+  const std::string addr =
+      ipv6 ? "[" + info.store_host + "]:" + port : info.store_host + ":" + port;
+  return {
+      {"LOCKSTEP_RANK", std::to_string(info.rank)},
+      {"LOCKSTEP_WORLD_SIZE", std::to_string(info.world_size)},
+      {"LOCKSTEP_LOCAL_RANK", std::to_string(info.local_rank)},
+      {"LOCKSTEP_LOCAL_WORLD_SIZE", std::to_string(info.local_world_size)},
+      {"LOCKSTEP_NODE_RANK", std::to_string(info.node_rank)},
+      {"LOCKSTEP_NUM_NODES", std::to_string(num_nodes)},
+      {"LOCKSTEP_STORE_ADDR", addr},
+      {"LOCKSTEP_TOKEN", info.token},
+      {"RANK", std::to_string(info.rank)},
+      {"WORLD_SIZE", std::to_string(info.world_size)},
+      {"LOCAL_RANK", std::to_string(info.local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(info.local_world_size)},
+      {"MASTER_ADDR", info.store_host},
+      {"MASTER_PORT", port},
+  };
+}
+
 }  // namespace lockstep::runtime

@@ -64,6 +64,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace lockstep::runtime {
 
@@ -127,6 +129,13 @@ struct DeviceEnv {
   std::optional<std::string> cuda_visible_devices;
 };
 DeviceEnv read_device_env(const EnvLookup& env = process_env());
+
+// The variables a launcher gives one rank, which read_rank_info() reads back
+// as lockstep-run's: rank, sizes and node rank from `info`, the store at
+// info.store_host:store_port (IPv6 without brackets) with info.token, and
+// the same values under torchrun's names for programs that read those.
+std::vector<std::pair<std::string, std::string>> rank_variables(const RankInfo& info,
+                                                                int num_nodes);
 
 // "host:port" -> (host, port); throws naming `what` (the variable) when malformed.
 std::pair<std::string, int> parse_host_port(const std::string& text, const std::string& what);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <thread>
@@ -455,6 +456,17 @@ std::string TcpStore::address() const { return impl_->address; }
 std::string TcpStore::local_address() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->local;
+}
+
+std::string random_token() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16] = {};
+  urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes);
+  LOCKSTEP_CHECK(urandom.good(), "cannot read /dev/urandom for the store token; set "
+                 "LOCKSTEP_TOKEN to a secret string instead");
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
 }
 
 }  // namespace lockstep::runtime

@@ -85,6 +85,10 @@ struct TcpStoreOptions {
   std::string who;  // names this client in that line, e.g. "rank 3 of 8 (from slurm)"
 };
 
+// 128 random bits from /dev/urandom as hex: a fresh token for a job's store,
+// which refuses clients without it. Throws when /dev/urandom cannot be read.
+std::string random_token();
+
 // A client connection. Calls from several threads are serialised.
 class TcpStore final : public Store {
  public:

@@ -428,3 +428,40 @@ TEST_CASE("env: parse_host_port", "[env]") {
   }
   CHECK_THAT(error_of([&] { parse_host_port("h:99999", "MY_VAR"); }), Contains("bad port"));
 }
+
+TEST_CASE("rank_variables: what a launcher sets reads back as the same rank, under both names",
+          "[env]") {
+  for (const std::string host : {"10.0.0.7", "fd00::7"}) {
+    INFO("store host " << host);
+    RankInfo info;
+    info.rank = 5;
+    info.world_size = 8;
+    info.local_rank = 1;
+    info.local_world_size = 4;
+    info.node_rank = 1;
+    info.store_host = host;
+    info.store_port = 29512;
+    info.token = "secret";
+    Vars vars;
+    for (const auto& [name, value] : lockstep::runtime::rank_variables(info, 2)) vars[name] = value;
+    const RankInfo back = read(vars);
+    CHECK(back.source == "lockstep-run");
+    CHECK(back.rank == 5);
+    CHECK(back.world_size == 8);
+    CHECK(back.local_rank == 1);
+    CHECK(back.local_world_size == 4);
+    CHECK(back.node_rank == 1);
+    CHECK(back.store_host == host);
+    CHECK(back.store_port == 29512);
+    CHECK(back.token == "secret");
+    CHECK_FALSE(back.rank0_serves_store);
+    CHECK(vars.at("LOCKSTEP_NUM_NODES") == "2");
+    // torchrun's names carry the same values, for programs that read those.
+    CHECK(vars.at("RANK") == "5");
+    CHECK(vars.at("WORLD_SIZE") == "8");
+    CHECK(vars.at("LOCAL_RANK") == "1");
+    CHECK(vars.at("LOCAL_WORLD_SIZE") == "4");
+    CHECK(vars.at("MASTER_ADDR") == host);
+    CHECK(vars.at("MASTER_PORT") == "29512");
+  }
+}

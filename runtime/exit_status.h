@@ -1,9 +1,10 @@
-// How a child ended, in words and as the launcher's exit code.
+// How a child process ended (its waitpid status), in words and as an exit
+// code: for lockstep-run and collectives::spawn.
 #pragma once
 
 #include <string>
 
-namespace lockstep::launcher {
+namespace lockstep::runtime {
 
 // "SIGKILL", or "signal 42" for one without a name.
 std::string signal_name(int signal);
@@ -12,9 +13,9 @@ std::string signal_name(int signal);
 std::string describe_wait_status(int status);
 
 // True unless the child exited with code 0.
-bool failed(int status);
+bool ended_in_failure(int status);
 
-// The launcher's exit code for a failed child: its code, or 128 + signal.
+// The exit code a shell would report for the child: its code, or 128 + signal.
 int exit_code_of(int status);
 
-}  // namespace lockstep::launcher
+}  // namespace lockstep::runtime

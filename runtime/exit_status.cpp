@@ -1,11 +1,11 @@
-#include "launcher/exit_status.h"
+#include "lockstep/runtime/exit_status.h"
 
 #include <string.h>
 #include <sys/wait.h>
 
 #include <fmt/format.h>
 
-namespace lockstep::launcher {
+namespace lockstep::runtime {
 
 std::string signal_name(int signal) {
   const char* abbrev = sigabbrev_np(signal);
@@ -22,7 +22,7 @@ std::string describe_wait_status(int status) {
   return fmt::format("ended with wait status {:#x}", status);
 }
 
-bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+bool ended_in_failure(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -30,4 +30,4 @@ int exit_code_of(int status) {
   return 1;
 }
 
-}  // namespace lockstep::launcher
+}  // namespace lockstep::runtime

@@ -1,0 +1,371 @@
+#include "lockstep/collectives/spawn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/env.h"
+#include "lockstep/runtime/exit_status.h"
+#include "lockstep/runtime/store/tcp_store.h"
+#include "lockstep/runtime/threads.h"
+
+namespace lockstep::collectives {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What the parent holds of one child.
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;      // also its process group id
+  int go_fd = -1;      // write end: the store's port, then closed
+  int error_fd = -1;   // read end: the child's exception message
+  int pid_fd = -1;     // readable once the child has exited (-1: kernel without pidfd)
+  std::string error;   // what has come through error_fd
+  bool alive = true;
+  int status = 0;
+};
+
+// A descriptor that polls readable once `pid` has exited; -1 where the kernel
+// has no pidfd_open (before 5.3).
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+    } else if (!(n < 0 && errno == EINTR)) {
+      return;
+    }
+  }
+}
+
+// The store's port, sent by the parent once it serves; empty when the parent
+// gave up before (the pipe closed without it).
+std::string read_port(int fd) {
+  std::string text;
+  char c = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || c == '\n') return n <= 0 ? std::string() : text;
+    text += c;
+  }
+}
+
+[[noreturn]] void run_child(int rank, int nprocs, pid_t parent, int go_fd, int error_fd,
+                            const std::string& token, bool one_thread,
+                            const std::function<void(int)>& fn, const SpawnOptions& options) {
+  // Dies with the parent, even if the parent died between fork and prctl.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(1);
+  ::setpgid(0, 0);
+  // Stopping works whatever handlers the caller installed (a test framework's,
+  // a training loop's checkpoint-on-SIGTERM); fn may install its own.
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD}) ::signal(sig, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  const std::string port = read_port(go_fd);
+  ::close(go_fd);
+  if (port.empty()) ::_exit(1);  // the parent could not start the store
+
+  runtime::RankInfo info;
+  info.rank = rank;
+  info.world_size = nprocs;
+  info.local_rank = rank;
+  info.local_world_size = nprocs;
+  info.store_host = "127.0.0.1";
+  info.store_port = std::atoi(port.c_str());
+  info.token = token;
+  for (const auto& [name, value] : runtime::rank_variables(info, 1))
+    ::setenv(name.c_str(), value.c_str(), 1);
+  for (const auto& [name, value] : options.env) ::setenv(name.c_str(), value.c_str(), 1);
+
+  int code = 0;
+  try {
+    if (one_thread) {
+      ::setenv("OMP_NUM_THREADS", "1", 1);
+      runtime::set_num_threads(1);
+    }
+    fn(rank);
+  } catch (const std::exception& e) {
+    write_all(error_fd, e.what());
+    code = 1;
+  } catch (...) {
+    write_all(error_fd, "an exception that is not a std::exception");
+    code = 1;
+  }
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) text += i + 1 == ranks.size() ? " and " : ", ";
+    text += std::to_string(ranks[i]);
+  }
+  return text;
+}
+
+class Supervisor {
+ public:
+  Supervisor(std::vector<Child>& children, const SpawnOptions& options)
+      : children_(children), options_(options) {}
+
+  // Waits for every child; the first failure, if any.
+  std::optional<SpawnError> run() {
+    const auto start = Clock::now();
+    for (;;) {
+      reap();
+      if (alive() == 0) break;
+      const auto now = Clock::now();
+      if (kill_at_ && now >= *kill_at_) {
+        for (auto& c : children_)
+          if (c.alive) ::kill(-c.pid, SIGKILL);
+        kill_at_.reset();
+      }
+      const bool timing = !failure_ && options_.timeout.has_value();
+      if (timing && now - start >= *options_.timeout) {
+        on_timeout();
+        continue;
+      }
+
+      std::vector<pollfd> fds;
+      bool all_pidfds = true;
+      for (auto& c : children_) {
+        if (c.error_fd >= 0) fds.push_back({c.error_fd, POLLIN, 0});
+        if (c.alive && c.pid_fd >= 0) fds.push_back({c.pid_fd, POLLIN, 0});
+        if (c.alive && c.pid_fd < 0) all_pidfds = false;
+      }
+      // Without pidfds (kernels before 5.3), look for exits every 20 ms.
+      int timeout_ms = all_pidfds ? -1 : 20;
+      const auto until = [&](Clock::time_point at) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(at - now).count();
+        const int ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
+        timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+      };
+      if (kill_at_) until(*kill_at_);
+      if (timing) until(start + *options_.timeout);
+      if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR)
+        throw Error(fmt::format("spawn: poll failed: {}", std::strerror(errno)));
+      for (auto& c : children_) read_error(c, /*to_the_end=*/false);
+    }
+    // What the children wrote before they exited (a grandchild that still
+    // holds a pipe open does not keep us here).
+    for (auto& c : children_) read_error(c, /*to_the_end=*/true);
+    if (failed_rank_ >= 0) failure_ = child_failure();
+    return failure_;
+  }
+
+ private:
+  int alive() const {
+    return static_cast<int>(std::count_if(children_.begin(), children_.end(),
+                                          [](const Child& c) { return c.alive; }));
+  }
+
+  void reap() {
+    for (auto& c : children_) {
+      if (!c.alive) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+      if (r == 0 || (r < 0 && errno == EINTR)) continue;
+      c.alive = false;
+      c.status = r < 0 ? 0 : status;  // ECHILD: reaped elsewhere (SIGCHLD ignored)
+      close_fd(c.pid_fd);
+      if (!failure_ && failed_rank_ < 0 && runtime::ended_in_failure(c.status)) {
+        failed_rank_ = c.rank;
+        stop();
+      }
+    }
+  }
+
+  // Appends what the child's error pipe holds now (or, with to_the_end, all
+  // it holds), closing it at end of file.
+  static void read_error(Child& c, bool to_the_end) {
+    char buffer[4096];
+    while (c.error_fd >= 0) {
+      const ssize_t n = ::read(c.error_fd, buffer, sizeof buffer);
+      if (n > 0) {
+        c.error.append(buffer, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0 || errno != EAGAIN || to_the_end) close_fd(c.error_fd);
+      return;
+    }
+  }
+
+  SpawnError child_failure() const {
+    const Child& c = children_[static_cast<size_t>(failed_rank_)];
+    const std::string how = !c.error.empty() ? fmt::format("threw: {}", c.error)
+                                             : runtime::describe_wait_status(c.status);
+    const std::string stopped =
+        stopped_ == 0 ? ""
+                      : fmt::format("; stopped the other {}",
+                                    stopped_ == 1 ? "rank" : fmt::format("{} ranks", stopped_));
+    return SpawnError(fmt::format("spawn: rank {} of {} (pid {}) {}{}", c.rank, children_.size(),
+                                  c.pid, how, stopped),
+                      c.rank, runtime::exit_code_of(c.status));
+  }
+
+  void on_timeout() {
+    std::vector<int> running;
+    for (const auto& c : children_)
+      if (c.alive) running.push_back(c.rank);
+    const double seconds = std::chrono::duration<double>(*options_.timeout).count();
+    failure_.emplace(fmt::format("spawn: {} of {} still running after the timeout of {:g} s (a "
+                                 "hang? a collective waiting for a rank that never calls it?); "
+                                 "stopped {}",
+                                 ranks_text(running), children_.size(), seconds,
+                                 running.size() == 1 ? "it" : "them"),
+                     running.front(), -1);
+    stop();
+  }
+
+  void stop() {
+    stopped_ = alive();
+    for (auto& c : children_) {
+      if (!c.alive) continue;
+      ::kill(-c.pid, SIGTERM);
+      ::kill(-c.pid, SIGCONT);  // a stopped child acts on SIGTERM only once it runs
+    }
+    kill_at_ = Clock::now() + options_.grace_period;
+  }
+
+  std::vector<Child>& children_;
+  const SpawnOptions& options_;
+  std::optional<SpawnError> failure_;  // a timeout
+  int failed_rank_ = -1;               // the first child that ended in failure
+  int stopped_ = 0;                    // children still running when we stopped them
+  std::optional<Clock::time_point> kill_at_;
+};
+
+// Stops and reaps children already started when spawn cannot go on.
+void abandon(std::vector<Child>& children) {
+  for (auto& c : children) {
+    close_fd(c.go_fd);  // a child still waiting for the port exits
+    ::kill(-c.pid, SIGKILL);
+  }
+  for (auto& c : children) {
+    int status = 0;
+    while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    close_fd(c.error_fd);
+    close_fd(c.pid_fd);
+  }
+}
+
+}  // namespace
+
+void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptions& options) {
+  LOCKSTEP_CHECK(nprocs >= 1, "spawn: nprocs must be at least 1, got {}", nprocs);
+  LOCKSTEP_CHECK(static_cast<bool>(fn), "spawn: fn is empty; give the function each rank runs");
+  const std::string token = runtime::random_token();
+  const bool one_thread = std::getenv("OMP_NUM_THREADS") == nullptr;
+  const pid_t parent = ::getpid();
+  // Output buffered now would be written again by every child.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+
+  std::vector<Child> children;
+  children.reserve(static_cast<size_t>(nprocs));
+  for (int rank = 0; rank < nprocs; ++rank) {
+    int go[2], error[2];
+    if (::pipe2(go, O_CLOEXEC) != 0 || ::pipe2(error, O_CLOEXEC) != 0) {
+      const std::string why = std::strerror(errno);
+      abandon(children);
+      throw Error(fmt::format("spawn: cannot make a pipe for rank {}: {}", rank, why));
+    }
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      for (auto& c : children) {  // the parent's ends of the earlier children's pipes
+        ::close(c.go_fd);
+        ::close(c.error_fd);
+        if (c.pid_fd >= 0) ::close(c.pid_fd);
+      }
+      ::close(go[1]);
+      ::close(error[0]);
+      run_child(rank, nprocs, parent, go[0], error[1], token, one_thread, fn, options);
+    }
+    ::close(go[0]);
+    ::close(error[1]);
+    if (pid < 0) {
+      const std::string why = std::strerror(errno);
+      ::close(go[1]);
+      ::close(error[0]);
+      abandon(children);
+      throw Error(fmt::format("spawn: cannot start rank {} of {}: fork failed: {}", rank, nprocs,
+                              why));
+    }
+    ::setpgid(pid, pid);  // as the child does: whichever runs first
+    Child c;
+    c.rank = rank;
+    c.pid = pid;
+    c.go_fd = go[1];
+    c.error_fd = error[0];
+    c.pid_fd = open_pidfd(pid);
+    ::fcntl(c.error_fd, F_SETFL, ::fcntl(c.error_fd, F_GETFL) | O_NONBLOCK);
+    children.push_back(c);
+  }
+
+  // The store, served from this process's thread once the children exist (so
+  // none of them holds its sockets), and its port sent to each.
+  std::unique_ptr<runtime::TcpStoreServer> server;
+  try {
+    runtime::TcpStoreServerOptions server_options;
+    server_options.host = "127.0.0.1";
+    server_options.token = token;
+    server = std::make_unique<runtime::TcpStoreServer>(server_options);
+  } catch (...) {
+    abandon(children);
+    throw;
+  }
+  const std::string port = fmt::format("{}\n", server->port());
+  for (auto& c : children) {
+    write_all(c.go_fd, port);
+    close_fd(c.go_fd);
+  }
+
+  std::optional<SpawnError> failure = Supervisor(children, options).run();
+  for (auto& c : children) {
+    close_fd(c.error_fd);
+    close_fd(c.pid_fd);
+  }
+  if (failure) throw *failure;
+}
+
+}  // namespace lockstep::collectives

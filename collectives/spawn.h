@@ -1,0 +1,75 @@
+// spawn(): N ranks started from inside one program, as PyTorch's
+// torch.multiprocessing.spawn(fn, nprocs=N, join=True) with the fork start
+// method.
+//
+//   collectives::spawn(4, [&](int rank) {
+//     auto group = collectives::init_process_group();   // rank `rank` of 4
+//     ...train...
+//   });
+//
+// Each child is a fork of the caller. It gets the variables
+// init_process_group() reads (runtime::rank_variables(): rank r of N on one
+// node, and a store this process serves on 127.0.0.1 for the call), runs
+// fn(r) and exits 0, or 1 when fn throws, its message passed to the parent.
+// The parent supervises as lockstep-run does: the first child to fail (an
+// exception, a non-zero exit, a signal) stops the others (SIGTERM to each
+// child's process group, SIGKILL after the grace period) and spawn throws
+// SpawnError naming its rank, how it ended and its message; children still
+// running at the timeout are a hang and end the same way. spawn returns when
+// every child has exited 0.
+//
+// Fork, not exec: a child starts with a copy of the caller's memory, so fn may
+// capture anything, but call spawn before this process starts threads of its
+// own or touches CUDA (a forked child cannot use its parent's CUDA context,
+// as in PyTorch); each child picks its GPU as a lockstep-run rank does. The
+// children share the caller's stdout and stderr, each leads its own process
+// group, and they die with the caller (PR_SET_PDEATHSIG). A child starts with
+// no signal blocked and SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE and SIGCHLD
+// at their defaults, whatever the caller had; fn may install its own. A child leaves with
+// _exit once fn has returned and its output is flushed: what fn's scope owns
+// is destroyed as usual, statics the child made are not (as Python's forked
+// children). Unless OMP_NUM_THREADS is set, each child's CPU kernels run on
+// one thread, as under lockstep-run.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::collectives {
+
+struct SpawnOptions {
+  // How long the children may run in all; none: as long as they run.
+  std::optional<std::chrono::milliseconds> timeout;
+  // Between SIGTERM and SIGKILL when stopping the children.
+  std::chrono::milliseconds grace_period{5000};
+  // Set in every child before fn runs (after the rank variables).
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+class SpawnError : public Error {
+ public:
+  SpawnError(const std::string& what, int rank, int exit_code)
+      : Error(what), rank_(rank), exit_code_(exit_code) {}
+  // The first rank that failed; at a timeout, the lowest still running.
+  int rank() const { return rank_; }
+  // Its exit code (128 + the signal when one killed it); -1 at a timeout.
+  int exit_code() const { return exit_code_; }
+
+ private:
+  int rank_;
+  int exit_code_;
+};
+
+// Runs fn(0) ... fn(nprocs - 1) in nprocs child processes and waits for them
+// all. Throws SpawnError as above, and lockstep::Error when nprocs < 1 or a
+// process or the store cannot be started (any child already started is
+// stopped first).
+void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptions& options = {});
+
+}  // namespace lockstep::collectives

@@ -1,0 +1,232 @@
+// collectives::spawn: real child processes, a real store and group; each
+// child reports through a file the parent reads.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "lockstep/collectives/init.h"
+#include "lockstep/collectives/spawn.h"
+#include "lockstep/optim/sgd.h"
+#include "nn/ddp/ddp_fixture.h"
+#include "support/subprocess.h"
+#include "support/test_util.h"
+
+namespace fs = std::filesystem;
+namespace lt = lockstep::testing;
+using lockstep::collectives::spawn;
+using lockstep::collectives::SpawnError;
+using lockstep::collectives::SpawnOptions;
+using lockstep::runtime::Tensor;
+
+namespace {
+
+// A fresh directory the children write to, removed at the end.
+struct ScratchDir {
+  ScratchDir() : path(fs::temp_directory_path() / fmt::format("lockstep-spawn-{}", ::getpid())) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~ScratchDir() { fs::remove_all(path); }
+  fs::path file(int rank) const { return path / fmt::format("rank{}", rank); }
+  fs::path path;
+};
+
+void write_text(const fs::path& file, const std::string& text) {
+  std::ofstream(file) << text;
+}
+
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs spawn and returns the SpawnError it throws (none: a failed CHECK).
+SpawnError spawn_error(int nprocs, const std::function<void(int)>& fn,
+                       const SpawnOptions& options = {}) {
+  try {
+    spawn(nprocs, fn, options);
+  } catch (const SpawnError& e) {
+    return e;
+  }
+  FAIL("spawn returned without an error");
+  return SpawnError("", -2, -2);
+}
+
+void sleep_long() { std::this_thread::sleep_for(std::chrono::minutes(10)); }
+
+}  // namespace
+
+TEST_CASE("spawn runs fn(rank) in N processes that form a group over the store it serves, "
+          "on every CPU backend built in",
+          "[spawn]") {
+  for (const std::string backend : {"shm", "gloo", "shm+gloo"}) {
+    INFO("backend " << backend);
+    if (const std::string why = lt::backend_skip_reason(backend); !why.empty()) {
+      WARN("not run over " << backend << ": " << why);
+      continue;
+    }
+    ScratchDir dir;
+    SpawnOptions options;
+    options.env = {{"LOCKSTEP_BACKEND", backend}};
+    spawn(
+        3,
+        [&](int rank) {
+          auto group = lockstep::collectives::init_process_group();
+          Tensor t = Tensor::from_vector(std::vector<float>{float(rank + 1), float(10 * rank)}, {2});
+          group->allreduce(t)->wait();
+          const auto v = t.to_vector<double>();
+          write_text(dir.file(rank), fmt::format("{} {} {} {} {} {} {}", std::getenv("LOCKSTEP_RANK"),
+                                                 group->rank(), group->size(), group->backend(),
+                                                 ::getppid(), v[0], v[1]));
+        },
+        options);
+    for (int r = 0; r < 3; ++r) {
+      INFO("rank " << r);
+      CHECK(read_text(dir.file(r)) == fmt::format("{} {} 3 {} {} 6 30", r, r, backend, ::getpid()));
+    }
+  }
+}
+
+TEST_CASE("spawn: a child that throws stops the others; the error names its rank and message",
+          "[spawn]") {
+  ScratchDir dir;
+  const SpawnError e = spawn_error(3, [&](int rank) {
+    if (rank == 1) throw lockstep::Error("bad shard on rank 1");
+    sleep_long();
+    write_text(dir.file(rank), "ran to the end");
+  });
+  CHECK(e.rank() == 1);
+  CHECK(e.exit_code() == 1);
+  CHECK_THAT(e.what(), Catch::StartsWith("spawn: rank 1 of 3 (pid ") &&
+                           Catch::Contains("threw: bad shard on rank 1") &&
+                           Catch::EndsWith("; stopped the other 2 ranks"));
+  CHECK_FALSE(fs::exists(dir.file(0)));
+  CHECK_FALSE(fs::exists(dir.file(2)));
+}
+
+TEST_CASE("spawn: a child killed by a signal or exiting non-zero is named with how it ended",
+          "[spawn]") {
+  const SpawnError killed = spawn_error(2, [](int rank) {
+    if (rank == 0) ::raise(SIGKILL);
+    sleep_long();
+  });
+  CHECK(killed.rank() == 0);
+  CHECK(killed.exit_code() == 128 + SIGKILL);
+  CHECK_THAT(killed.what(), Catch::Contains("rank 0 of 2") &&
+                                Catch::Contains("was killed by SIGKILL; stopped the other rank"));
+
+  const SpawnError exited = spawn_error(2, [](int rank) {
+    if (rank == 1) ::_exit(3);
+  });
+  CHECK(exited.rank() == 1);
+  CHECK(exited.exit_code() == 3);
+  CHECK_THAT(exited.what(), Catch::Contains("rank 1 of 2") && Catch::Contains("exited with code 3"));
+}
+
+TEST_CASE("spawn: children still running at the timeout are stopped and named, SIGKILL for one "
+          "that ignores SIGTERM",
+          "[spawn]") {
+  SpawnOptions options;
+  options.timeout = std::chrono::milliseconds(1500);
+  options.grace_period = std::chrono::milliseconds(300);
+  const SpawnError e = spawn_error(
+      3,
+      [](int rank) {
+        if (rank == 0) return;
+        if (rank == 2) ::signal(SIGTERM, SIG_IGN);
+        sleep_long();
+      },
+      options);
+  CHECK(e.rank() == 1);
+  CHECK(e.exit_code() == -1);
+  CHECK_THAT(e.what(), Catch::StartsWith("spawn: ranks 1 and 2 of 3 still running after the "
+                                         "timeout of 1.5 s"));
+}
+
+TEST_CASE("spawn: options.env reaches every child; OMP_NUM_THREADS is 1 unless set", "[spawn]") {
+  ScratchDir dir;
+  SpawnOptions options;
+  options.env = {{"LOCKSTEP_SPAWN_TEST", "yes"}};
+  spawn(
+      2,
+      [&](int rank) {
+        write_text(dir.file(rank), fmt::format("{} {}", std::getenv("LOCKSTEP_SPAWN_TEST"),
+                                               std::getenv("OMP_NUM_THREADS")));
+      },
+      options);
+  const char* outer = std::getenv("OMP_NUM_THREADS");
+  const std::string threads = outer != nullptr ? outer : "1";
+  CHECK(read_text(dir.file(0)) == "yes " + threads);
+  CHECK(read_text(dir.file(1)) == "yes " + threads);
+}
+
+TEST_CASE("spawn refuses nprocs < 1 and an empty function", "[spawn]") {
+  CHECK_THROWS_WITH(spawn(0, [](int) {}), Catch::Contains("nprocs must be at least 1, got 0"));
+  CHECK_THROWS_WITH(spawn(2, std::function<void(int)>()), Catch::Contains("fn is empty"));
+}
+
+TEST_CASE("spawn runs DDP training: every rank ends with the parameters of one process "
+          "training on the whole batch",
+          "[spawn][ddp]") {
+  ScratchDir dir;
+  const auto batch = lt::global_batch(16, 3);
+  const int steps = 3;
+  const auto train = [&](lockstep::nn::Module& model, lockstep::nn::Module& runner,
+                         const lt::Batch& b) {
+    lockstep::optim::SGD sgd(model.parameters(), {.lr = 0.1});
+    for (int s = 0; s < steps; ++s) {
+      sgd.zero_grad();
+      lt::loss_of(runner, b).backward();
+      sgd.step();
+    }
+  };
+  spawn(2, [&](int rank) {
+    auto group = lockstep::collectives::init_process_group();
+    auto model = lt::small_mlp(7);
+    lockstep::nn::DistributedDataParallel ddp(model, group);
+    train(*model, ddp, lt::shard(batch, rank, 2));
+    std::string text;
+    for (const Tensor& p : model->parameters())
+      for (double v : p.to_vector<double>()) text += fmt::format("{:.9g} ", v);
+    write_text(dir.file(rank), text);
+  });
+
+  auto alone = lt::small_mlp(7);
+  train(*alone, *alone, batch);
+  std::vector<double> expected;
+  for (const Tensor& p : alone->parameters())
+    for (double v : p.to_vector<double>()) expected.push_back(v);
+
+  const std::string rank0 = read_text(dir.file(0));
+  CHECK(read_text(dir.file(1)) == rank0);  // every rank took the same steps
+  std::istringstream in(rank0);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    double v = 0;
+    REQUIRE(in >> v);
+    INFO("parameter value " << i);
+    CHECK(v == Approx(expected[i]).epsilon(1e-5).margin(1e-6));
+  }
+}
+
+TEST_CASE("spawn from a program's main: its ranks select their device and all-reduce",
+          "[spawn][multiprocess]") {
+  using namespace std::chrono_literals;
+  const auto result = lt::run_process(
+      {lt::bin_path("spawn_worker"), "--nprocs", "3", "--device", "cpu"}, 120s);
+  INFO(lt::describe(result) << "\n" << result.output);
+  REQUIRE(result.ok());
+  for (int r = 0; r < 3; ++r)
+    CHECK(result.output.find(fmt::format("spawn_worker rank {}/3 on cpu (", r)) !=
+          std::string::npos);
+}
