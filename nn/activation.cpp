@@ -28,4 +28,15 @@ std::string Flatten::extra_repr() const {
   return fmt::format("start_dim={}, end_dim={}", start_dim, end_dim);
 }
 
+std::shared_ptr<Module> ReLU::replicate() const { return std::make_shared<ReLU>(); }
+std::shared_ptr<Module> GELU::replicate() const { return std::make_shared<GELU>(); }
+std::shared_ptr<Module> Flatten::replicate() const {
+  return std::make_shared<Flatten>(start_dim, end_dim);
+}
+std::shared_ptr<Module> Dropout::replicate() const {
+  auto copy = std::make_shared<Dropout>(p);
+  copy->generator = generator;
+  return copy;
+}
+
 }  // namespace lockstep::nn

@@ -11,6 +11,7 @@ class ReLU : public Module {
  public:
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "ReLU"; }
+  std::shared_ptr<Module> replicate() const override;
 };
 
 // The exact (erf) form, PyTorch's default approximate='none'.
@@ -18,6 +19,7 @@ class GELU : public Module {
  public:
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "GELU"; }
+  std::shared_ptr<Module> replicate() const override;
 };
 
 // In training, zeroes each element with probability p and scales the rest by
@@ -28,6 +30,7 @@ class Dropout : public Module {
   explicit Dropout(double p = 0.5, std::optional<uint64_t> seed = std::nullopt);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Dropout"; }
+  std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
   const double p;
@@ -41,6 +44,7 @@ class Flatten : public Module {
       : start_dim(start_dim), end_dim(end_dim) {}
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Flatten"; }
+  std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
   const int64_t start_dim;

@@ -17,4 +17,10 @@ std::shared_ptr<Module> Sequential::operator[](size_t i) const {
   return child_list()[i].second;
 }
 
+std::shared_ptr<Module> Sequential::replicate() const {
+  auto copy = std::make_shared<Sequential>();
+  for (const auto& child : child_list()) copy->push_back(child.second->replicate());
+  return copy;
+}
+
 }  // namespace lockstep::nn

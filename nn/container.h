@@ -23,6 +23,7 @@ class Sequential : public Module {
 
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Sequential"; }
+  std::shared_ptr<Module> replicate() const override;
 
   size_t size() const { return child_list().size(); }
   std::shared_ptr<Module> operator[](size_t i) const;

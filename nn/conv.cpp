@@ -58,4 +58,9 @@ std::string Conv2d::extra_repr() const {
   return s;
 }
 
+std::shared_ptr<Module> Conv2d::replicate() const {
+  Generator unused;
+  return std::make_shared<Conv2d>(in_channels, out_channels, kernel_size, options, unused);
+}
+
 }  // namespace lockstep::nn

@@ -24,6 +24,7 @@ class Conv2d : public Module {
          Generator& gen = runtime::default_generator());
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Conv2d"; }
+  std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
   const int64_t in_channels;

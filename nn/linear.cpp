@@ -50,4 +50,13 @@ std::string Embedding::extra_repr() const {
   return fmt::format("{}, {}", num_embeddings, embedding_dim);
 }
 
+std::shared_ptr<Module> Linear::replicate() const {
+  Generator unused;
+  return std::make_shared<Linear>(in_features, out_features, bias.defined(), unused);
+}
+std::shared_ptr<Module> Embedding::replicate() const {
+  Generator unused;
+  return std::make_shared<Embedding>(num_embeddings, embedding_dim, unused);
+}
+
 }  // namespace lockstep::nn

@@ -14,6 +14,7 @@ class Linear : public Module {
          Generator& gen = runtime::default_generator());
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Linear"; }
+  std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
   const int64_t in_features;
@@ -30,6 +31,7 @@ class Embedding : public Module {
             Generator& gen = runtime::default_generator());
   Tensor forward(const Tensor& indices) override;
   std::string type_name() const override { return "Embedding"; }
+  std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
   const int64_t num_embeddings;

@@ -36,4 +36,9 @@ Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
   return runtime::mse_loss(input, target, reduction);
 }
 
+std::shared_ptr<Module> CrossEntropyLoss::replicate() const {
+  return std::make_shared<CrossEntropyLoss>(options);
+}
+std::shared_ptr<Module> MSELoss::replicate() const { return std::make_shared<MSELoss>(reduction); }
+
 }  // namespace lockstep::nn

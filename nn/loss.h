@@ -22,6 +22,7 @@ class CrossEntropyLoss : public Module {
   Tensor operator()(const Tensor& logits, const Tensor& target) { return forward(logits, target); }
   Tensor forward(const Tensor& input) override;  // an error: a loss needs a target
   std::string type_name() const override { return "CrossEntropyLoss"; }
+  std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
   const CrossEntropyLossOptions options;
@@ -34,6 +35,7 @@ class MSELoss : public Module {
   Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
   Tensor forward(const Tensor& input) override;  // an error
   std::string type_name() const override { return "MSELoss"; }
+  std::shared_ptr<Module> replicate() const override;
 
   const Reduction reduction;
 };

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/autograd/rebind.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::nn {
@@ -15,18 +16,6 @@ using runtime::NoGradGuard;
 using runtime::TensorImpl;
 
 namespace {
-
-// Points `t` (and every copy of its handle) at `src`'s data, keeping the
-// TensorImpl and so the tensor's identity and autograd state. This is what
-// PyTorch's Module._apply does with `param.data = fn(param)`.
-void assign_data(Tensor& t, const Tensor& src) {
-  TensorImpl* impl = t.impl_ptr();
-  impl->storage = src.storage();
-  impl->shape = src.shape();
-  impl->strides = src.strides();
-  impl->offset = src.storage_offset();
-  impl->dtype = src.dtype();
-}
 
 std::string quoted_list(const std::vector<std::string>& names) {
   std::string out;
@@ -259,7 +248,7 @@ Module& Module::to(Device device) {
   NoGradGuard no_grad;
   for_each_tensor([&](Tensor& t) {
     if (t.device() == device) return;  // also skips a tensor shared by two modules the 2nd time
-    assign_data(t, t.detach().to(device));
+    runtime::rebind(t, t.detach().to(device));
     if (t.grad().defined()) t.set_grad(t.grad().to(device));
   });
   return *this;
@@ -272,7 +261,7 @@ Module& Module::to(DType dtype) {
   NoGradGuard no_grad;
   for_each_tensor([&](Tensor& t) {
     if (!runtime::is_floating(t.dtype()) || t.dtype() == dtype) return;
-    assign_data(t, t.detach().to(dtype));
+    runtime::rebind(t, t.detach().to(dtype));
     if (t.grad().defined()) t.set_grad(t.grad().to(dtype));
   });
   return *this;
@@ -280,6 +269,14 @@ Module& Module::to(DType dtype) {
 
 void Module::zero_grad() {
   for (auto& t : parameters()) t.set_grad(Tensor{});
+}
+
+std::shared_ptr<Module> Module::replicate() const {
+  throw Error(fmt::format(
+      "{}: cannot be replicated for DataParallel; give the class a replicate() that builds a "
+      "module of the same configuration with its submodules replicated (as the built-in layers "
+      "do; see nn/module.h)",
+      type_name()));
 }
 
 // ---- printing ----

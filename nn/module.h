@@ -98,6 +98,16 @@ class Module {
   // Drops every parameter's gradient (PyTorch's set_to_none=True default).
   void zero_grad();
 
+  // ---- replication (nn::DataParallel) ----
+  // A new module of the same type and configuration with tensors of its own
+  // (their values unspecified: DataParallel copies this module's in before
+  // each forward), its submodules replicated too, so that named_parameters()
+  // and named_buffers() list the same names in the same order. Every built-in
+  // module has one; a module of your own needs one to be wrapped by
+  // DataParallel (the base class throws, naming the type), as libtorch's
+  // Cloneable. Draws no random numbers from the default generator.
+  virtual std::shared_ptr<Module> replicate() const;
+
   // ---- printing, in PyTorch's format ----
   virtual std::string type_name() const { return "Module"; }
   virtual std::string extra_repr() const { return ""; }

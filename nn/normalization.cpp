@@ -88,4 +88,14 @@ std::string LayerNorm::extra_repr() const {
   return fmt::format("{}, eps={}, elementwise_affine={}", shape, eps, weight.defined());
 }
 
+std::shared_ptr<Module> BatchNorm1d::replicate() const {
+  return std::make_shared<BatchNorm1d>(num_features, options);
+}
+std::shared_ptr<Module> BatchNorm2d::replicate() const {
+  return std::make_shared<BatchNorm2d>(num_features, options);
+}
+std::shared_ptr<Module> LayerNorm::replicate() const {
+  return std::make_shared<LayerNorm>(normalized_shape, eps, weight.defined());
+}
+
 }  // namespace lockstep::nn

@@ -44,6 +44,7 @@ class BatchNorm1d : public BatchNormBase {
   explicit BatchNorm1d(int64_t num_features, BatchNormOptions options = {})
       : BatchNormBase(num_features, options) {}
   std::string type_name() const override { return "BatchNorm1d"; }
+  std::shared_ptr<Module> replicate() const override;
 
  protected:
   void check_input_dim(const Tensor& input) const override;
@@ -55,6 +56,7 @@ class BatchNorm2d : public BatchNormBase {
   explicit BatchNorm2d(int64_t num_features, BatchNormOptions options = {})
       : BatchNormBase(num_features, options) {}
   std::string type_name() const override { return "BatchNorm2d"; }
+  std::shared_ptr<Module> replicate() const override;
 
  protected:
   void check_input_dim(const Tensor& input) const override;
@@ -67,6 +69,7 @@ class LayerNorm : public Module {
                      bool elementwise_affine = true);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "LayerNorm"; }
+  std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
   const std::vector<int64_t> normalized_shape;

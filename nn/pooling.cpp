@@ -58,4 +58,14 @@ std::string AdaptiveAvgPool2d::extra_repr() const {
   return "output_size=" + output_size.short_str();
 }
 
+std::shared_ptr<Module> MaxPool2d::replicate() const {
+  return std::make_shared<MaxPool2d>(kernel_size, stride, padding);
+}
+std::shared_ptr<Module> AvgPool2d::replicate() const {
+  return std::make_shared<AvgPool2d>(kernel_size, stride, padding);
+}
+std::shared_ptr<Module> AdaptiveAvgPool2d::replicate() const {
+  return std::make_shared<AdaptiveAvgPool2d>(output_size);
+}
+
 }  // namespace lockstep::nn

@@ -12,6 +12,7 @@ class MaxPool2d : public Module {
   explicit MaxPool2d(Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "MaxPool2d"; }
+  std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
   const Size2 kernel_size, stride, padding;  // stride already resolved
@@ -23,6 +24,7 @@ class AvgPool2d : public Module {
   explicit AvgPool2d(Size2 kernel_size, Size2 stride = 0, Size2 padding = 0);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "AvgPool2d"; }
+  std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
   const Size2 kernel_size, stride, padding;
@@ -33,6 +35,7 @@ class AdaptiveAvgPool2d : public Module {
   explicit AdaptiveAvgPool2d(Size2 output_size) : output_size(output_size) {}
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "AdaptiveAvgPool2d"; }
+  std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
   const Size2 output_size;

@@ -70,4 +70,16 @@ Tensor ResNet::forward(const Tensor& x) {
   return (*fc)(out);
 }
 
+std::shared_ptr<Module> BasicBlock::replicate() const {
+  Generator unused;
+  return std::make_shared<BasicBlock>(conv1->in_channels, conv1->out_channels,
+                                      conv1->options.stride.h, unused);
+}
+std::shared_ptr<Module> ResNet::replicate() const {
+  std::vector<int64_t> blocks_per_stage;
+  for (const auto& layer : layers) blocks_per_stage.push_back(static_cast<int64_t>(layer->size()));
+  Generator unused;
+  return std::make_shared<ResNet>(blocks_per_stage, fc->out_features, unused);
+}
+
 }  // namespace lockstep::nn

@@ -24,6 +24,7 @@ class BasicBlock : public Module {
              Generator& gen = runtime::default_generator());
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "BasicBlock"; }
+  std::shared_ptr<Module> replicate() const override;
 
   std::shared_ptr<Conv2d> conv1, conv2;
   std::shared_ptr<BatchNorm2d> bn1, bn2;
@@ -41,6 +42,7 @@ class ResNet : public Module {
          Generator& gen = runtime::default_generator());
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "ResNet"; }
+  std::shared_ptr<Module> replicate() const override;
 
   std::shared_ptr<Conv2d> conv1;
   std::shared_ptr<BatchNorm2d> bn1;

@@ -1,0 +1,62 @@
+// nn::DataParallel: one process, several devices, as PyTorch's
+// nn.DataParallel.
+//
+// Each forward splits the input along `dim` into chunks as torch.chunk does
+// (ceil(N / devices) rows each, so a small batch gives fewer chunks than
+// devices), copies the wrapped module's parameters and buffers onto one
+// replica per further device, runs the chunks at the same time (one thread
+// per device; the first chunk on the wrapped module itself, on devices[0]),
+// and concatenates the outputs on the output device. Backward flows back
+// through that concatenation, the replicas and the copies, so each
+// parameter's gradient is the sum of its replicas' gradients: with a loss
+// that is a mean over the whole batch, the gradient of one device on the
+// whole batch. Only the first replica's buffer updates persist (BatchNorm's
+// running statistics come from the first chunk, as in PyTorch). A parameter
+// changed by hand reaches every replica at the next forward.
+//
+// Devices may all be the CPU (CPU replicas, one BLAS thread each while they
+// run), so it can be used where there is no GPU. The wrapped module (and each
+// submodule) needs replicate() (nn/module.h), which every built-in module has.
+// The replicas' backward passes run one after the other on the calling thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "lockstep/nn/module.h"
+
+namespace lockstep::nn {
+
+struct DataParallelOptions {
+  std::optional<Device> output_device;  // where forward returns; default devices[0]
+  int64_t dim = 0;                      // the scatter and gather dimension
+};
+
+class DataParallel : public Module {
+ public:
+  // `module` must be on devices[0] already. Empty `devices`: every CUDA
+  // device (an error where there is none; name CPU replicas explicitly, as
+  // {Device::cpu(), Device::cpu()}).
+  DataParallel(std::shared_ptr<Module> module, std::vector<Device> devices = {},
+               DataParallelOptions options = {});
+
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "DataParallel"; }
+
+  Module& module() { return *module_; }
+  const std::shared_ptr<Module>& module_ptr() const { return module_; }
+  const std::vector<Device>& devices() const { return devices_; }
+
+ private:
+  // Replica i (devices_[i], i >= 1) with the wrapped module's parameters
+  // (differentiable copies) and buffers (plain copies) of this forward.
+  Module& refreshed_replica(size_t i);
+
+  std::shared_ptr<Module> module_;
+  std::vector<Device> devices_;
+  DataParallelOptions options_;
+  std::vector<std::shared_ptr<Module>> replicas_;  // [i - 1] for devices_[i]; made on first use
+};
+
+}  // namespace lockstep::nn

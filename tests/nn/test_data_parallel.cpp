@@ -1,0 +1,181 @@
+// nn::DataParallel on CPU replicas: PyTorch's semantics, each against one
+// device doing the same work.
+#include <catch2/catch.hpp>
+
+#include <fmt/format.h>
+
+#include "lockstep/nn/data_parallel.h"
+#include "lockstep/nn/models.h"
+#include "lockstep/nn/normalization.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "nn/ddp/ddp_fixture.h"
+#include "support/test_util.h"
+
+namespace lt = lockstep::testing;
+namespace nn = lockstep::nn;
+namespace lr = lockstep::runtime;
+using lockstep::runtime::Device;
+using lockstep::runtime::Tensor;
+
+namespace {
+
+std::vector<Device> cpus(int n) { return std::vector<Device>(static_cast<size_t>(n), Device::cpu()); }
+
+// "" when every parameter's gradient of `a` is within tol of `b`'s.
+std::string grad_mismatch(nn::Module& a, nn::Module& b, double tol = 1e-5) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  if (pa.size() != pb.size()) return "parameter counts differ";
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (!pa[i].second.grad().defined()) return pa[i].first + ": no gradient";
+    if (auto m = lt::mismatch(pa[i].first, pa[i].second.grad(), pb[i].second.grad(), tol); !m.empty())
+      return m;
+  }
+  return "";
+}
+
+// Fashion-MNIST-shaped images, seeded.
+Tensor images(int64_t n, uint64_t seed) {
+  lr::Generator g(seed);
+  return lr::randn({n, 1, 28, 28}, lr::DType::f32, g);
+}
+
+Tensor labels(int64_t n) {
+  std::vector<int64_t> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) y[static_cast<size_t>(i)] = (i * 3) % 10;
+  return Tensor::from_vector(y, {n});
+}
+
+// A module of this test's own, without replicate().
+class Custom : public nn::Module {
+ public:
+  Tensor forward(const Tensor& x) override { return x; }
+  std::string type_name() const override { return "Custom"; }
+};
+
+}  // namespace
+
+TEST_CASE("DataParallel: the gradient equals one device's on the whole batch, even and uneven "
+          "splits and a batch smaller than the devices",
+          "[data_parallel]") {
+  for (const auto& [devices, rows] : std::vector<std::pair<int, int64_t>>{{2, 16}, {3, 10}, {4, 2}}) {
+    INFO(devices << " devices, batch " << rows);
+    const auto batch = lt::global_batch(rows, 4);
+    auto model = lt::small_mlp(9);
+    nn::DataParallel dp(model, cpus(devices));
+    Tensor out = dp.forward(batch.x);
+    CHECK(out.shape() == lr::Shape{rows, 5});
+    lr::cross_entropy(out, batch.y).backward();
+
+    auto alone = lt::small_mlp(9);
+    lt::loss_of(*alone, batch).backward();
+    CHECK(grad_mismatch(*model, *alone) == "");
+  }
+}
+
+TEST_CASE("DataParallel: a CNN with BatchNorm gets the gradient of one device running the same "
+          "chunks; in eval mode, of the whole batch",
+          "[data_parallel]") {
+  const Tensor x = images(10, 1), y = labels(10);
+  auto model = nn::models::fashion_cnn(3);
+  nn::DataParallel dp(model, cpus(2));
+  lr::cross_entropy(dp.forward(x), y).backward();
+  // Training mode: each replica normalises with its own chunk's statistics.
+  auto alone = nn::models::fashion_cnn(3);
+  auto* first_bn = dynamic_cast<nn::BatchNorm2d*>((*alone)[1].get());
+  REQUIRE(first_bn != nullptr);
+  const Tensor first = alone->forward(x.slice(0, 0, 5));
+  const Tensor running_after_first = first_bn->running_mean.clone();
+  const Tensor second = alone->forward(x.slice(0, 5, 10));
+  lr::cross_entropy(lr::cat({first, second}, 0), y).backward();
+  CHECK(grad_mismatch(*model, *alone, 1e-4) == "");
+  // Only the first chunk's update of the running statistics persists.
+  auto* dp_bn = dynamic_cast<nn::BatchNorm2d*>((*model)[1].get());
+  CHECK(lt::bitwise_equal(dp_bn->running_mean, running_after_first));
+
+  // Eval mode: the running statistics (the same on both sides), so the whole
+  // batch's gradient.
+  alone->load_state_dict(model->state_dict());
+  model->zero_grad();
+  alone->zero_grad();
+  dp.eval();
+  alone->eval();
+  lr::cross_entropy(dp.forward(x), y).backward();
+  lt::loss_of(*alone, {x, y}).backward();
+  CHECK(grad_mismatch(*model, *alone, 1e-4) == "");
+}
+
+TEST_CASE("DataParallel: BatchNorm's running mean is the first half's (the forum's example)",
+          "[data_parallel]") {
+  // BatchNorm2d(3, momentum=1.0); the first half of the batch has mean 7 and
+  // standard deviation 12, the second mean -9 and standard deviation 5.
+  lr::Generator g(11);
+  const Tensor first = lr::randn({8, 3, 4, 4}, lr::DType::f32, g) * 12.0 + 7.0;
+  const Tensor second = lr::randn({8, 3, 4, 4}, lr::DType::f32, g) * 5.0 - 9.0;
+  auto bn = std::make_shared<nn::BatchNorm2d>(3, nn::BatchNormOptions{.momentum = 1.0});
+  nn::DataParallel dp(bn, cpus(2));
+  dp.forward(lr::cat({first, second}, 0));
+  nn::BatchNorm2d alone(3, {.momentum = 1.0});
+  alone.forward(first);
+  CHECK(lt::bitwise_equal(bn->running_mean, alone.running_mean));
+  for (double m : lt::values(bn->running_mean)) CHECK(m == Approx(7.0).margin(3.0));
+}
+
+TEST_CASE("DataParallel: a parameter changed by hand reaches every replica at the next forward",
+          "[data_parallel]") {
+  const auto batch = lt::global_batch(12, 2);
+  auto model = lt::small_mlp(5);
+  nn::DataParallel dp(model, cpus(3));
+  dp.forward(batch.x);
+  {
+    lr::NoGradGuard no_grad;
+    model->parameters()[0].fill_(0.25);
+  }
+  const Tensor out = dp.forward(batch.x);
+  auto alone = lt::small_mlp(5);
+  {
+    lr::NoGradGuard no_grad;
+    alone->parameters()[0].fill_(0.25);
+  }
+  CHECK(lt::mismatch("output", out, alone->forward(batch.x), 1e-6) == "");
+}
+
+TEST_CASE("DataParallel: a wrapped submodule inside a larger model, gradients accumulated over "
+          "two forwards, and PyTorch's state_dict names",
+          "[data_parallel]") {
+  const auto a = lt::global_batch(9, 6), b = lt::global_batch(9, 7);
+  const auto make = [](uint64_t seed) {
+    lr::Generator g(seed);
+    auto body = std::make_shared<nn::Sequential>();
+    body->push_back(std::make_shared<nn::Linear>(12, 16, true, g));
+    body->push_back(std::make_shared<nn::ReLU>());
+    auto head = std::make_shared<nn::Linear>(16, 5, true, g);
+    return std::make_pair(body, head);
+  };
+  auto [body, head] = make(8);
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::DataParallel>(body, cpus(2)));
+  model->push_back(head);
+  auto [alone_body, alone_head] = make(8);
+  auto alone = std::make_shared<nn::Sequential>();
+  alone->push_back(alone_body);
+  alone->push_back(alone_head);
+  for (const auto* batch : {&a, &b}) {  // no zero_grad between: the gradients add up
+    lt::loss_of(*model, *batch).backward();
+    lt::loss_of(*alone, *batch).backward();
+  }
+  CHECK(grad_mismatch(*model, *alone) == "");
+  const auto names = model->state_dict();
+  CHECK(names.contains("0.module.0.weight"));
+  CHECK(names.contains("1.bias"));
+}
+
+TEST_CASE("DataParallel: errors name what is wrong and what to do", "[data_parallel]") {
+  CHECK_THROWS_WITH(nn::DataParallel(std::make_shared<Custom>(), cpus(2)).forward(Tensor::ones({4, 2})),
+                    Catch::Contains("Custom: cannot be replicated for DataParallel"));
+  CHECK_THROWS_WITH(nn::DataParallel(lt::small_mlp(1), {Device::cuda(0)}),
+                    Catch::Contains("parameter '0.weight' is on cpu but devices[0] is cuda:0"));
+  nn::DataParallel dp(lt::small_mlp(1), cpus(2));
+  CHECK_THROWS_WITH(dp.forward(Tensor::ones({0, 12})), Catch::Contains("has no rows along dim 0"));
+  CHECK_THROWS_WITH(dp.forward(Tensor::ones({4, 7})),
+                    Catch::Contains("DataParallel: replica ") && Catch::Contains("on cpu:"));
+}
