@@ -1,11 +1,13 @@
 #include "lockstep/nn/data_parallel.h"
 
 #include <exception>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/autograd/rebind.h"
 #include "lockstep/runtime/cuda_available.h"
 #include "lockstep/runtime/device_backend.h"
@@ -26,22 +28,6 @@ std::vector<Device> every_cuda_device() {
   for (int i = 0; i < gpus.count; ++i) devices.push_back(Device::cuda(i));
   return devices;
 }
-
-// While alive, CPU kernels run on one BLAS thread: several CPU replicas at once.
-class OneBlasThread {
- public:
-  explicit OneBlasThread(bool active) : previous_(active ? runtime::num_threads() : 0) {
-    if (previous_ > 1) runtime::set_num_threads(1);
-  }
-  ~OneBlasThread() {
-    if (previous_ > 1) runtime::set_num_threads(previous_);
-  }
-  OneBlasThread(const OneBlasThread&) = delete;
-  OneBlasThread& operator=(const OneBlasThread&) = delete;
-
- private:
-  int previous_;
-};
 
 }  // namespace
 
@@ -126,13 +112,16 @@ Tensor DataParallel::forward(const Tensor& input) {
     try {
       runtime::set_grad_enabled(grad);
       runtime::CurrentDevice on(devices_[i]);
+      // Replica i's nodes run on a thread of their own in backward too.
+      std::optional<runtime::AutogradLane> lane;
+      if (i > 0) lane.emplace(static_cast<int>(i), devices_[i]);
       outputs[i] = runners[i]->forward(inputs[i]);
     } catch (...) {
       errors[i] = std::current_exception();
     }
   };
   {
-    OneBlasThread blas(cpu_replicas);
+    runtime::NumThreadsAtMost one_blas_thread(1, cpu_replicas);
     std::vector<std::thread> threads;
     for (size_t i = 1; i < chunks; ++i) threads.emplace_back(run, i);
     run(0);

@@ -17,7 +17,10 @@
 // Devices may all be the CPU (CPU replicas, one BLAS thread each while they
 // run), so it can be used where there is no GPU. The wrapped module (and each
 // submodule) needs replicate() (nn/module.h), which every built-in module has.
-// The replicas' backward passes run one after the other on the calling thread.
+// Backward runs the replicas' parts of the graph at the same time too, each
+// on a thread of its own (replica i's nodes are recorded under
+// runtime::AutogradLane i), and sums their gradients in a fixed order: the
+// bits do not depend on which thread finishes first.
 #pragma once
 
 #include <memory>

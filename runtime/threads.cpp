@@ -13,4 +13,14 @@ void set_num_threads(int n) {
 
 int num_threads() { return openblas_get_num_threads(); }
 
+NumThreadsAtMost::NumThreadsAtMost(int n, bool active) {
+  if (!active || num_threads() <= n) return;
+  previous_ = num_threads();
+  set_num_threads(n);
+}
+
+NumThreadsAtMost::~NumThreadsAtMost() {
+  if (previous_ > 0) set_num_threads(previous_);
+}
+
 }  // namespace lockstep::runtime

@@ -1,15 +1,22 @@
 #include "lockstep/runtime/autograd/engine.h"
 
+#include <algorithm>
+#include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <queue>
+#include <thread>
 #include <unordered_map>
 
 #include "lockstep/runtime/autograd/backward_callbacks.h"
-
 #include "lockstep/runtime/autograd/grad_mode.h"
-#include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/autograd/meta.h"
+#include "lockstep/runtime/device_backend.h"
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/threads.h"
 
 namespace lockstep::runtime {
 
@@ -58,6 +65,115 @@ std::unordered_map<Node*, int> count_dependencies(Node* root) {
   return deps;
 }
 
+using ReadyQueue = std::priority_queue<Node*, std::vector<Node*>, LaterFirst>;
+
+// A backward pass over a graph with lanes (AutogradLane in node.h): one thread
+// per lane, lane 0 the caller's. Everything shared is guarded by `mutex`; a
+// node's apply() runs outside it.
+class LanePass {
+ public:
+  LanePass(std::unordered_map<Node*, int> deps, bool retain_graph)
+      : deps_(std::move(deps)), remaining_(deps_.size()), retain_graph_(retain_graph) {
+    for (const auto& entry : deps_) lanes_.try_emplace(entry.first->lane(), entry.first->lane_device());
+  }
+
+  void run(Node* root, const Tensor& grad) {
+    inputs_[root].push_back({{0, 0}, grad});
+    ready_[root->lane()].push(root);
+    bool cpu_lanes = false;
+    for (const auto& [lane, device] : lanes_) cpu_lanes = cpu_lanes || (lane != 0 && device.is_cpu());
+    // Several lanes of CPU kernels at once: one BLAS thread each.
+    NumThreadsAtMost one_thread(1, cpu_lanes);
+    std::vector<std::thread> threads;
+    for (const auto& [lane, device] : lanes_) {
+      if (lane != 0) threads.emplace_back([this, lane = lane, device = device] { work(lane, device); });
+    }
+    work(0, Device::cpu());
+    for (auto& t : threads) t.join();
+    if (error_) std::rethrow_exception(error_);
+    for (auto& fn : worker_callbacks_) queue_backward_callback(std::move(fn));
+  }
+
+ private:
+  // A gradient and who sent it: the sender's lane, and its sequence number
+  // negated (within one lane, nodes are numbered in the order one thread
+  // recorded them; across lanes the numbers interleave as the threads ran).
+  using Sender = std::pair<int, int64_t>;
+  using Contribution = std::pair<Sender, Tensor>;
+
+  void work(int lane, Device device) {
+    std::unique_ptr<CallbackFrame> frame;
+    std::unique_ptr<CurrentDevice> current;
+    try {
+      if (lane != 0) {
+        frame = std::make_unique<CallbackFrame>();
+        current = std::make_unique<CurrentDevice>(device);
+      }
+      NoGradGuard no_grad;
+      std::unique_lock<std::mutex> lock(mutex_);
+      for (;;) {
+        cv_.wait(lock, [&] { return error_ || remaining_ == 0 || !ready_[lane].empty(); });
+        if (error_ || remaining_ == 0) break;
+        Node* node = ready_[lane].top();
+        ready_[lane].pop();
+        std::vector<Contribution> contributions = std::move(inputs_[node]);
+        inputs_.erase(node);
+        lock.unlock();
+        std::vector<Tensor> outputs;
+        if (Tensor input = summed(contributions); input.defined()) outputs = node->apply(input);
+        contributions.clear();
+        if (!retain_graph_) node->release_saved();
+        lock.lock();
+        for (size_t i = 0; i < node->next.size(); ++i) {
+          Node* next = node->next[i].get();
+          if (!next) continue;
+          if (i < outputs.size() && outputs[i].defined())
+            inputs_[next].push_back({sender(*node), std::move(outputs[i])});
+          if (--deps_[next] == 0) ready_[next->lane()].push(next);
+        }
+        --remaining_;
+        cv_.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (!error_) error_ = std::current_exception();
+      cv_.notify_all();
+    }
+    if (frame) {
+      std::lock_guard<std::mutex> guard(mutex_);
+      for (auto& fn : callback_frames.back()) worker_callbacks_.push_back(std::move(fn));
+      callback_frames.back().clear();
+    }
+  }
+
+  static Sender sender(const Node& node) {
+    return {node.lane(), -static_cast<int64_t>(node.sequence_nr())};
+  }
+
+  // The sum in the order of the senders (by lane, then within a lane latest
+  // first, as a pass without lanes adds them), whatever order they arrived in
+  // and however the lanes' recording interleaved.
+  static Tensor summed(std::vector<Contribution>& contributions) {
+    if (contributions.empty()) return Tensor();
+    std::sort(contributions.begin(), contributions.end(),
+              [](const Contribution& a, const Contribution& b) { return a.first < b.first; });
+    Tensor sum = std::move(contributions[0].second);
+    for (size_t i = 1; i < contributions.size(); ++i) sum = add(sum, contributions[i].second);
+    return sum;
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::unordered_map<Node*, int> deps_;
+  std::unordered_map<Node*, std::vector<Contribution>> inputs_;
+  std::map<int, ReadyQueue> ready_;
+  std::map<int, Device> lanes_;
+  size_t remaining_;
+  bool retain_graph_;
+  std::exception_ptr error_;
+  std::vector<std::function<void()>> worker_callbacks_;
+};
+
 }  // namespace
 
 /*
@@ -83,6 +199,13 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   std::shared_ptr<Node> root_node = gradient_edge(root);
   LOCKSTEP_ASSERT(root_node != nullptr);
   std::unordered_map<Node*, int> deps = count_dependencies(root_node.get());
+  const bool lanes = std::any_of(deps.begin(), deps.end(),
+                                 [](const auto& entry) { return entry.first->lane() != 0; });
+  if (lanes) {
+    LanePass(std::move(deps), retain_graph).run(root_node.get(), grad);
+    frame.run_all();
+    return;
+  }
   std::unordered_map<Node*, Tensor> buffers;
   buffers[root_node.get()] = grad;
 

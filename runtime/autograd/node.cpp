@@ -10,6 +10,8 @@ namespace lockstep::runtime {
 
 namespace {
 std::atomic<uint64_t> g_next_sequence_nr{0};
+thread_local int g_lane = 0;
+thread_local Device g_lane_device;
 
 // A node whose backward is a lambda over its saved tensors.
 class FunctionNode final : public Node {
@@ -41,7 +43,24 @@ class FunctionNode final : public Node {
 };
 }  // namespace
 
-Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(g_next_sequence_nr++) {}
+Node::Node(std::string name)
+    : name_(std::move(name)),
+      sequence_nr_(g_next_sequence_nr++),
+      lane_(g_lane),
+      lane_device_(g_lane_device) {}
+
+AutogradLane::AutogradLane(int id, Device device)
+    : previous_id_(g_lane), previous_device_(g_lane_device) {
+  LOCKSTEP_CHECK(id >= 1, "AutogradLane: lane ids start at 1 (0 is the calling thread's), got {}",
+                 id);
+  g_lane = id;
+  g_lane_device = device;
+}
+
+AutogradLane::~AutogradLane() {
+  g_lane = previous_id_;
+  g_lane_device = previous_device_;
+}
 
 SavedTensor::SavedTensor(const Tensor& t) : was_defined_(t.defined()) {
   if (!t.defined()) return;

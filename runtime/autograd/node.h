@@ -29,12 +29,38 @@ class Node {
 
   const std::string& name() const { return name_; }
   uint64_t sequence_nr() const { return sequence_nr_; }
+  // The lane recorded with the node (AutogradLane below); 0 by default.
+  int lane() const { return lane_; }
+  Device lane_device() const { return lane_device_; }
 
   std::vector<std::shared_ptr<Node>> next;
 
  private:
   std::string name_;
   uint64_t sequence_nr_;  // creation order; the engine runs later nodes first
+  int lane_;
+  Device lane_device_;
+};
+
+// While alive, the nodes this thread records belong to lane `id` (>= 1) on
+// `device`. A backward pass runs each lane's nodes on a thread of its own
+// (with `device` current), at the same time as the other lanes', as PyTorch's
+// engine runs each device's part of the graph on its own thread; lane 0's
+// (every node recorded outside a lane) run on the thread that called
+// backward. Gradients that meet in one node are summed in the order of the
+// nodes that sent them (by lane, then by recording order within the lane),
+// never in the order they arrive, so the bits do not depend on timing. nn::DataParallel records replica i under lane i; a graph
+// without lanes runs as before, on the calling thread alone.
+class AutogradLane {
+ public:
+  AutogradLane(int id, Device device);
+  ~AutogradLane();
+  AutogradLane(const AutogradLane&) = delete;
+  AutogradLane& operator=(const AutogradLane&) = delete;
+
+ private:
+  int previous_id_;
+  Device previous_device_;
 };
 
 // A tensor saved for backward. Remembers the storage version at save time so

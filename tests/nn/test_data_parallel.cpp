@@ -179,3 +179,17 @@ TEST_CASE("DataParallel: errors name what is wrong and what to do", "[data_paral
   CHECK_THROWS_WITH(dp.forward(Tensor::ones({4, 7})),
                     Catch::Contains("DataParallel: replica ") && Catch::Contains("on cpu:"));
 }
+
+TEST_CASE("DataParallel: backward gives the same bits every time, the replicas' parts run "
+          "concurrently",
+          "[data_parallel]") {
+  const Tensor x = images(12, 5), y = labels(12);
+  std::vector<Tensor> grads;
+  for (int run = 0; run < 4; ++run) {
+    auto model = nn::models::fashion_cnn(2);
+    nn::DataParallel dp(model, cpus(3));
+    lr::cross_entropy(dp.forward(x), y).backward();
+    grads.push_back(model->parameters()[0].grad());
+  }
+  for (size_t i = 1; i < grads.size(); ++i) CHECK(lt::bitwise_equal(grads[i], grads[0]));
+}
