@@ -63,10 +63,11 @@ void fill_with(Tensor& t, F next_value) {
 }  // namespace
 
 void Generator::fill_u32(uint32_t* out, size_t n) {
+  uint64_t at = reserve(n);
   size_t i = 0;
   while (i < n) {
-    Block b = philox(offset_ / 4, seed_);
-    for (uint64_t w = offset_ % 4; w < 4 && i < n; ++w, ++i, ++offset_) out[i] = b.w[w];
+    Block b = philox(at / 4, seed_);
+    for (uint64_t w = at % 4; w < 4 && i < n; ++w, ++i, ++at) out[i] = b.w[w];
   }
 }
 

@@ -3,6 +3,7 @@
 // and draws in the same order gets the same values, on any machine.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -14,11 +15,21 @@ namespace lockstep::runtime {
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  Generator(const Generator& other) : seed_(other.seed_), offset_(other.offset()) {}
+  Generator& operator=(const Generator& other) {
+    seed_ = other.seed_;
+    offset_ = other.offset();
+    return *this;
+  }
   void manual_seed(uint64_t seed) { seed_ = seed; offset_ = 0; }
   uint64_t seed() const { return seed_; }
   // Position in the stream, in 32-bit draws; save and restore it to resume.
-  uint64_t offset() const { return offset_; }
+  uint64_t offset() const { return offset_.load(); }
   void set_offset(uint64_t offset) { offset_ = offset; }
+  // Takes the next n draws of the stream for the caller: returns their first
+  // position and moves past them. Threads drawing from one generator at once
+  // (DataParallel's CPU replicas sharing the default one) get disjoint draws.
+  uint64_t reserve(uint64_t n) { return offset_.fetch_add(n); }
 
   // The next n 32-bit draws of the stream.
   void fill_u32(uint32_t* out, size_t n);
@@ -27,7 +38,7 @@ class Generator {
 
  private:
   uint64_t seed_;
-  uint64_t offset_ = 0;
+  std::atomic<uint64_t> offset_{0};
 };
 
 // The process-wide generator used when none is passed.

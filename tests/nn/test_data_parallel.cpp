@@ -193,3 +193,17 @@ TEST_CASE("DataParallel: backward gives the same bits every time, the replicas' 
   }
   for (size_t i = 1; i < grads.size(); ++i) CHECK(lt::bitwise_equal(grads[i], grads[0]));
 }
+
+TEST_CASE("DataParallel: Dropout replicas draw disjoint numbers from the generator they share",
+          "[data_parallel]") {
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Dropout>(0.5));
+  nn::DataParallel dp(model, cpus(3));
+  // Three identical chunks: the same mask in two of them would mean shared draws.
+  const Tensor out = dp.forward(Tensor::ones({3, 256}));
+  std::vector<std::vector<double>> masks;
+  for (int64_t r = 0; r < 3; ++r) masks.push_back(lt::values(out.slice(0, r, r + 1)));
+  CHECK(masks[0] != masks[1]);
+  CHECK(masks[0] != masks[2]);
+  CHECK(masks[1] != masks[2]);
+}

@@ -20,8 +20,7 @@ void dropout_forward(const Tensor& x, const Tensor& y, const Tensor& mask, uint6
                      double scale, Generator& g) {
   check_float("dropout", x.dtype());
   const int64_t n = x.numel();
-  const uint64_t offset = g.offset();
-  g.set_offset(offset + static_cast<uint64_t>(n));  // the draws this op consumes
+  const uint64_t offset = g.reserve(static_cast<uint64_t>(n));  // the draws this op consumes
   DeviceGuard guard(x.device().index);
   LOCKSTEP_CUDA_CHECK(kernels::dropout_forward(scalar_type(x.dtype()), x.raw_data(),
                                                y.raw_data(), mask.data_ptr<uint8_t>(), n,
