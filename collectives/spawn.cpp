@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 struct Child {
   int rank = 0;
   pid_t pid = -1;      // also its process group id
-  int go_fd = -1;      // write end: the store's port, then closed
+  int go_fd = -1;      // our end of a socket pair: the store's port, then closed
   int error_fd = -1;   // read end: the child's exception message
   int pid_fd = -1;     // readable once the child has exited (-1: kernel without pidfd)
   std::string error;   // what has come through error_fd
@@ -305,7 +306,11 @@ void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptio
   children.reserve(static_cast<size_t>(nprocs));
   for (int rank = 0; rank < nprocs; ++rank) {
     int go[2], error[2];
-    if (::pipe2(go, O_CLOEXEC) != 0 || ::pipe2(error, O_CLOEXEC) != 0) {
+    // The port goes over a socket pair, not a pipe: send() with MSG_NOSIGNAL
+    // to a child that died first gives EPIPE instead of killing this process
+    // with SIGPIPE.
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) != 0 ||
+        ::pipe2(error, O_CLOEXEC) != 0) {
       const std::string why = std::strerror(errno);
       abandon(children);
       throw Error(fmt::format("spawn: cannot make a pipe for rank {}: {}", rank, why));
@@ -356,7 +361,8 @@ void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptio
   }
   const std::string port = fmt::format("{}\n", server->port());
   for (auto& c : children) {
-    write_all(c.go_fd, port);
+    // A child that is already gone misses its port; its exit is reported below.
+    (void)::send(c.go_fd, port.data(), port.size(), MSG_NOSIGNAL);
     close_fd(c.go_fd);
   }
 

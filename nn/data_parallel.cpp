@@ -29,6 +29,11 @@ std::vector<Device> every_cuda_device() {
   return devices;
 }
 
+// `t` on `device` as a tensor of its own (a copy even where it already is).
+Tensor copy_to(const Tensor& t, Device device) {
+  return t.device() == device ? t.clone() : t.to(device);
+}
+
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<Module> module, std::vector<Device> devices,
@@ -46,15 +51,14 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, std::vector<Device> d
   register_module("module", module_);
 }
 
-Module& DataParallel::refreshed_replica(size_t i) {
+Module& DataParallel::refreshed_replica(size_t i, const std::vector<Tensor>& params,
+                                        const std::vector<Tensor>& buffers) {
   if (replicas_.size() < i) replicas_.resize(i);
   std::shared_ptr<Module>& replica = replicas_[i - 1];
   if (!replica) replica = module_->replicate();
   const Device device = devices_[i];
-  const auto params = module_->named_parameters();
-  const auto replica_params = replica->named_parameters();
-  const auto buffers = module_->named_buffers();
-  const auto replica_buffers = replica->named_buffers();
+  const auto replica_params = replica->parameters();
+  const auto replica_buffers = replica->buffers();
   LOCKSTEP_CHECK(params.size() == replica_params.size() && buffers.size() == replica_buffers.size(),
                  "DataParallel: {}::replicate() made a module with {} parameters and {} buffers, "
                  "not {} and {}",
@@ -63,16 +67,11 @@ Module& DataParallel::refreshed_replica(size_t i) {
   // Differentiable copies, so that backward through the replica sums into the
   // wrapped module's gradients; plain copies of the buffers, whose updates
   // in the replica are dropped.
-  for (size_t k = 0; k < params.size(); ++k) {
-    const Tensor& p = params[k].second;
-    const Tensor copy = p.device() == device ? p.clone() : p.to(device);
-    runtime::rebind(replica_params[k].second, copy, /*with_history=*/true);
-  }
+  for (size_t k = 0; k < params.size(); ++k)
+    runtime::rebind(replica_params[k], copy_to(params[k], device), /*with_history=*/true);
   runtime::NoGradGuard no_grad;
-  for (size_t k = 0; k < buffers.size(); ++k) {
-    const Tensor& b = buffers[k].second;
-    runtime::rebind(replica_buffers[k].second, b.device() == device ? b.clone() : b.to(device));
-  }
+  for (size_t k = 0; k < buffers.size(); ++k)
+    runtime::rebind(replica_buffers[k], copy_to(buffers[k], device));
   replica->train(is_training());
   return *replica;
 }
@@ -97,11 +96,12 @@ Tensor DataParallel::forward(const Tensor& input) {
 
   std::vector<Tensor> inputs(chunks), outputs(chunks);
   std::vector<Module*> runners(chunks);
+  const std::vector<Tensor> params = module_->parameters(), buffers = module_->buffers();
   bool cpu_replicas = false;
   for (size_t i = 0; i < chunks; ++i) {
     const int64_t lo = static_cast<int64_t>(i) * per;
     inputs[i] = input.slice(dim, lo, std::min(n, lo + per)).to(devices_[i]);
-    runners[i] = i == 0 ? module_.get() : &refreshed_replica(i);
+    runners[i] = i == 0 ? module_.get() : &refreshed_replica(i, params, buffers);
     cpu_replicas = cpu_replicas || devices_[i].is_cpu();
   }
 

@@ -52,9 +52,10 @@ class DataParallel : public Module {
   const std::vector<Device>& devices() const { return devices_; }
 
  private:
-  // Replica i (devices_[i], i >= 1) with the wrapped module's parameters
-  // (differentiable copies) and buffers (plain copies) of this forward.
-  Module& refreshed_replica(size_t i);
+  // Replica i (devices_[i], i >= 1) holding copies of the wrapped module's
+  // `params` (differentiable) and `buffers` (plain), as of this forward.
+  Module& refreshed_replica(size_t i, const std::vector<Tensor>& params,
+                            const std::vector<Tensor>& buffers);
 
   std::shared_ptr<Module> module_;
   std::vector<Device> devices_;
