@@ -12,6 +12,12 @@ Tensor Sequential::forward(const Tensor& input) {
   return x;
 }
 
+Values Sequential::forward_values(const Values& inputs) {
+  Values x = inputs;
+  for (const auto& [name, m] : child_list()) x = m->forward_values(x);
+  return x;
+}
+
 std::shared_ptr<Module> Sequential::operator[](size_t i) const {
   LOCKSTEP_CHECK(i < size(), "Sequential: index {} is out of range for {} modules", i, size());
   return child_list()[i].second;

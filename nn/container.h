@@ -1,5 +1,6 @@
 // Sequential: runs its children in order; they are named "0", "1", ... so
-// parameter names match a PyTorch nn.Sequential of the same layers.
+// parameter names match a PyTorch nn.Sequential of the same layers. Through
+// forward_values, each child's outputs are the next one's inputs.
 #pragma once
 
 #include <initializer_list>
@@ -22,6 +23,7 @@ class Sequential : public Module {
   }
 
   Tensor forward(const Tensor& input) override;
+  Values forward_values(const Values& inputs) override;
   std::string type_name() const override { return "Sequential"; }
   std::shared_ptr<Module> replicate() const override;
 

@@ -78,29 +78,79 @@ Module& DataParallel::refreshed_replica(size_t i, const std::vector<Tensor>& par
 
 Tensor DataParallel::forward(const Tensor& input) {
   LOCKSTEP_CHECK(input.defined(), "DataParallel: the input is undefined");
-  const int64_t dims = input.dim();
+  Values out = forward_values(Values{input});
+  LOCKSTEP_CHECK(out.size() == 1 && out.is_tensor(0),
+                 "DataParallel: the wrapped {} returned {} values; call forward_values() to get "
+                 "them all",
+                 module_->type_name(), out.size());
+  return out.tensor(0);
+}
+
+int64_t DataParallel::split_dim(const Tensor& t, size_t position) const {
+  const int64_t dims = t.dim();
   const int64_t dim = options_.dim < 0 ? options_.dim + dims : options_.dim;
   LOCKSTEP_CHECK(dim >= 0 && dim < dims,
-                 "DataParallel: dim {} is out of range for an input of shape {}", options_.dim,
-                 runtime::shape_str(input.shape()));
-  const int64_t n = input.size(dim);
-  LOCKSTEP_CHECK(n > 0, "DataParallel: the input {} has no rows along dim {} to split",
-                 runtime::shape_str(input.shape()), dim);
+                 "DataParallel: dim {} is out of range for input {} of shape {}", options_.dim,
+                 position, runtime::shape_str(t.shape()));
+  return dim;
+}
+
+Values DataParallel::forward_values(const Values& inputs) {
+  // Every tensor input is split along dim; each must have the same length there.
+  int64_t n = -1;
+  size_t first = 0;
+  for (size_t p = 0; p < inputs.size(); ++p) {
+    if (!inputs.is_tensor(p)) continue;
+    const Tensor& t = inputs.tensor(p);
+    const int64_t rows = t.size(split_dim(t, p));
+    if (n < 0) {
+      n = rows;
+      first = p;
+    }
+    LOCKSTEP_CHECK(rows == n,
+                   "DataParallel: input {} has {} rows along dim {} but input {} has {}; every "
+                   "tensor input is split along that dim, so their lengths there must agree",
+                   p, rows, options_.dim, first, n);
+  }
+  LOCKSTEP_CHECK(n >= 0, "DataParallel: none of the {} inputs is a tensor to split",
+                 inputs.size());
+  LOCKSTEP_CHECK(n > 0, "DataParallel: input {} of shape {} has no rows along dim {} to split",
+                 first, runtime::shape_str(inputs.tensor(first).shape()), options_.dim);
   const Device out_device = options_.output_device.value_or(devices_[0]);
 
   // torch.chunk's split: ceil(n / devices) rows per chunk, the last ones shorter.
   const int64_t devices = static_cast<int64_t>(devices_.size());
   const int64_t per = (n + devices - 1) / devices;
   const size_t chunks = static_cast<size_t>((n + per - 1) / per);
-  if (chunks == 1) return module_->forward(input.to(devices_[0])).to(out_device);
+  // Chunk i of the inputs: tensors sliced and moved to devices_[i], the rest as given.
+  const auto chunk_of = [&](size_t i) {
+    Values chunk;
+    for (size_t p = 0; p < inputs.size(); ++p) {
+      if (!inputs.is_tensor(p)) {
+        chunk.push_back(inputs[p]);
+        continue;
+      }
+      const Tensor& t = inputs.tensor(p);
+      const int64_t lo = static_cast<int64_t>(i) * per;
+      Tensor part = chunks == 1 ? t : t.slice(split_dim(t, p), lo, std::min(n, lo + per));
+      chunk.push_back(part.to(devices_[i]));
+    }
+    return chunk;
+  };
+  if (chunks == 1) {
+    Values out = module_->forward_values(chunk_of(0));
+    Values moved;
+    for (size_t p = 0; p < out.size(); ++p)
+      moved.push_back(out.is_tensor(p) ? Value(out.tensor(p).to(out_device)) : out[p]);
+    return moved;
+  }
 
-  std::vector<Tensor> inputs(chunks), outputs(chunks);
+  std::vector<Values> chunk_inputs(chunks), outputs(chunks);
   std::vector<Module*> runners(chunks);
   const std::vector<Tensor> params = module_->parameters(), buffers = module_->buffers();
   bool cpu_replicas = false;
   for (size_t i = 0; i < chunks; ++i) {
-    const int64_t lo = static_cast<int64_t>(i) * per;
-    inputs[i] = input.slice(dim, lo, std::min(n, lo + per)).to(devices_[i]);
+    chunk_inputs[i] = chunk_of(i);
     runners[i] = i == 0 ? module_.get() : &refreshed_replica(i, params, buffers);
     cpu_replicas = cpu_replicas || devices_[i].is_cpu();
   }
@@ -115,7 +165,7 @@ Tensor DataParallel::forward(const Tensor& input) {
       // Replica i's nodes run on a thread of their own in backward too.
       std::optional<runtime::AutogradLane> lane;
       if (i > 0) lane.emplace(static_cast<int>(i), devices_[i]);
-      outputs[i] = runners[i]->forward(inputs[i]);
+      outputs[i] = runners[i]->forward_values(chunk_inputs[i]);
     } catch (...) {
       errors[i] = std::current_exception();
     }
@@ -135,9 +185,35 @@ Tensor DataParallel::forward(const Tensor& input) {
       throw Error(fmt::format("DataParallel: replica {} on {}: {}", i, devices_[i].str(), e.what()));
     }
   }
+  return gather(outputs, out_device);
+}
 
-  for (auto& out : outputs) out = out.to(out_device);
-  return runtime::cat(outputs, dim);
+Values DataParallel::gather(const std::vector<Values>& outputs, Device out_device) const {
+  const size_t count = outputs[0].size();
+  for (size_t i = 1; i < outputs.size(); ++i) {
+    LOCKSTEP_CHECK(outputs[i].size() == count,
+                   "DataParallel: replica 0 returned {} values but replica {} returned {}", count,
+                   i, outputs[i].size());
+  }
+  Values gathered;
+  for (size_t p = 0; p < count; ++p) {
+    if (!outputs[0].is_tensor(p)) {  // not gathered: replica 0's, as given
+      gathered.push_back(outputs[0][p]);
+      continue;
+    }
+    // A scalar per replica (a loss) becomes one element each, as PyTorch's gather.
+    const bool scalars = outputs[0].tensor(p).dim() == 0;
+    std::vector<Tensor> parts;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      LOCKSTEP_CHECK(outputs[i].is_tensor(p),
+                     "DataParallel: output {} is a tensor on replica 0 but {} on replica {}", p,
+                     describe(outputs[i][p]), i);
+      const Tensor part = outputs[i].tensor(p).to(out_device);
+      parts.push_back(scalars ? part.reshape({1}) : part);
+    }
+    gathered.push_back(runtime::cat(parts, scalars ? 0 : split_dim(parts[0], p)));
+  }
+  return gathered;
 }
 
 }  // namespace lockstep::nn

@@ -14,6 +14,12 @@
 // running statistics come from the first chunk, as in PyTorch). A parameter
 // changed by hand reaches every replica at the next forward.
 //
+// forward_values (several inputs and outputs): every tensor input is split
+// along `dim` (all must have the same length there), other inputs go to every
+// replica as given; tensor outputs are concatenated along `dim`, a scalar
+// tensor from each replica (a loss) becomes a vector of one per replica, as
+// PyTorch's gather makes it, and other outputs are replica 0's.
+//
 // Devices may all be the CPU (CPU replicas, one BLAS thread each while they
 // run), so it can be used where there is no GPU. The wrapped module (and each
 // submodule) needs replicate() (nn/module.h), which every built-in module has.
@@ -45,6 +51,7 @@ class DataParallel : public Module {
                DataParallelOptions options = {});
 
   Tensor forward(const Tensor& input) override;
+  Values forward_values(const Values& inputs) override;
   std::string type_name() const override { return "DataParallel"; }
 
   Module& module() { return *module_; }
@@ -56,6 +63,10 @@ class DataParallel : public Module {
   // `params` (differentiable) and `buffers` (plain), as of this forward.
   Module& refreshed_replica(size_t i, const std::vector<Tensor>& params,
                             const std::vector<Tensor>& buffers);
+
+  // `options_.dim` for input (or output) `position` `t`, checked.
+  int64_t split_dim(const Tensor& t, size_t position) const;
+  Values gather(const std::vector<Values>& outputs, Device out_device) const;
 
   std::shared_ptr<Module> module_;
   std::vector<Device> devices_;

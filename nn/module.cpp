@@ -36,10 +36,55 @@ std::string add_indent(const std::string& s, int spaces) {
 
 }  // namespace
 
-Tensor Module::forward(const Tensor&) {
-  throw Error(fmt::format("{}: has no forward() of its own; override Module::forward in the "
-                          "subclass (or call the submodules directly)",
-                          type_name()));
+namespace {
+
+// The module whose default forward is running on this thread: the other
+// default finding it there means the subclass overrides neither.
+thread_local const Module* defaulting = nullptr;
+
+class Defaulting {
+ public:
+  explicit Defaulting(const Module* m) : previous_(defaulting) { defaulting = m; }
+  ~Defaulting() { defaulting = previous_; }
+  Defaulting(const Defaulting&) = delete;
+  Defaulting& operator=(const Defaulting&) = delete;
+
+ private:
+  const Module* previous_;
+};
+
+[[noreturn]] void no_forward(const Module& m) {
+  throw Error(fmt::format("{}: has no forward() of its own; override Module::forward (one tensor "
+                          "in, one out) or Module::forward_values (several) in the subclass, or "
+                          "call the submodules directly",
+                          m.type_name()));
+}
+
+}  // namespace
+
+Tensor Module::forward(const Tensor& input) {
+  if (defaulting == this) no_forward(*this);
+  Values out;
+  {
+    Defaulting guard(this);
+    out = forward_values(Values{input});
+  }
+  LOCKSTEP_CHECK(out.size() == 1 && out.is_tensor(0),
+                 "{}: forward(Tensor) needs a module that returns one tensor, but this one "
+                 "returned {} values{}; call forward_values() to get them all",
+                 type_name(), out.size(), out.size() == 1 ? " (" + describe(out[0]) + ")" : "");
+  return out.tensor(0);
+}
+
+Values Module::forward_values(const Values& inputs) {
+  if (defaulting == this) no_forward(*this);
+  LOCKSTEP_CHECK(inputs.size() == 1 && inputs.is_tensor(0),
+                 "{}: takes one tensor (it overrides only forward(Tensor)), but was called with "
+                 "{} values{}",
+                 type_name(), inputs.size(),
+                 inputs.size() == 1 ? " (" + describe(inputs[0]) + ")" : "");
+  Defaulting guard(this);
+  return Values{forward(inputs.tensor(0))};
 }
 
 void Module::check_new_name(const std::string& name, const char* what) const {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "lockstep/nn/state_dict.h"
+#include "lockstep/nn/values.h"
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
 
@@ -47,9 +48,17 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  // The computation. The base class has none: calling it is an error.
+  // The computation. A module overrides one of the two forwards: the first
+  // for one tensor in and one out (most layers), the second for several
+  // inputs or outputs (nn/values.h). Each one's default calls the other: a
+  // module with only forward_values can still be called with one tensor
+  // (when it returns one), and one with only forward(Tensor) through
+  // forward_values with one tensor, which is how DDP and DataParallel pass
+  // any call through. A module that overrides neither throws.
   virtual Tensor forward(const Tensor& input);
+  virtual Values forward_values(const Values& inputs);
   Tensor operator()(const Tensor& input) { return forward(input); }
+  Values operator()(const Values& inputs) { return forward_values(inputs); }
 
   // ---- registration (names: non-empty, no '.', unique within the module) ----
   // Sets requires_grad on `value` and returns it (the same shared handle).

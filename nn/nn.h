@@ -4,6 +4,7 @@
 #include "lockstep/nn/activation.h"
 #include "lockstep/nn/container.h"
 #include "lockstep/nn/conv.h"
+#include "lockstep/nn/data_parallel.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/functional.h"
 #include "lockstep/nn/linear.h"
@@ -13,3 +14,4 @@
 #include "lockstep/nn/pooling.h"
 #include "lockstep/nn/state_dict.h"
 #include "lockstep/nn/sync_batch_norm.h"
+#include "lockstep/nn/values.h"

@@ -40,7 +40,8 @@ void DistributedDataParallel::broadcast_parameters() {
   broadcast_coalesced(tensors, *group_, 0);
 }
 
-Tensor DistributedDataParallel::forward(const Tensor& input) {
+template <class Run>
+void DistributedDataParallel::run_forward(Run&& run) {
   const auto start = std::chrono::steady_clock::now();
   reducer_->forward_started();
   // Training only: in eval the buffers are read, not updated, and ranks may
@@ -49,11 +50,28 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
     const auto buffers = module_->buffers();
     if (!buffers.empty()) broadcast_coalesced(buffers, *group_, 0);
   }
-  Tensor output = module_->forward(input);
+  const std::vector<Tensor> outputs = run();
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  reducer_->prepare_for_backward(output, require_sync_, ms);
+  reducer_->prepare_for_backward(outputs, require_sync_, ms);
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  Tensor output;
+  run_forward([&] {
+    output = module_->forward(input);
+    return std::vector<Tensor>{output};
+  });
   return output;
+}
+
+Values DistributedDataParallel::forward_values(const Values& inputs) {
+  Values outputs;
+  run_forward([&] {
+    outputs = module_->forward_values(inputs);
+    return outputs.tensors();
+  });
+  return outputs;
 }
 
 void DistributedDataParallel::register_comm_hook(CommHook hook) {

@@ -40,8 +40,11 @@ class DistributedDataParallel : public Module {
   ~DistributedDataParallel() override;
 
   // Broadcasts buffers from rank 0 (broadcast_buffers), runs the module, and
-  // prepares the reducer for the backward that follows.
+  // prepares the reducer for the backward that follows. forward_values passes
+  // several inputs and outputs through unchanged; the unused-parameter search
+  // walks back from every tensor returned.
   Tensor forward(const Tensor& input) override;
+  Values forward_values(const Values& inputs) override;
 
   Module& module() { return *module_; }
   const std::shared_ptr<Module>& module_ptr() const { return module_; }
@@ -78,6 +81,11 @@ class DistributedDataParallel : public Module {
   std::string type_name() const override { return "DistributedDataParallel"; }
 
  private:
+  // Broadcasts the buffers, calls run() (which returns the output tensors),
+  // and prepares the reducer.
+  template <class Run>
+  void run_forward(Run&& run);
+
   std::shared_ptr<Module> module_;
   std::shared_ptr<collectives::ProcessGroup> group_;
   DdpOptions options_;

@@ -145,14 +145,18 @@ std::vector<BucketInfo> Reducer::bucket_info() const {
   return out;
 }
 
-std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves(const Tensor& output) const {
+std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves(
+    const std::vector<Tensor>& outputs) const {
   std::unordered_set<const runtime::TensorImpl*> leaves;
-  if (!output.grad_fn()) {
-    if (output.requires_grad()) leaves.insert(output.impl_ptr());
-    return leaves;
-  }
   std::unordered_set<const runtime::Node*> seen;
-  std::vector<runtime::Node*> stack{output.grad_fn().get()};
+  std::vector<runtime::Node*> stack;
+  for (const Tensor& output : outputs) {
+    if (output.grad_fn()) {
+      stack.push_back(output.grad_fn().get());
+    } else if (output.requires_grad()) {
+      leaves.insert(output.impl_ptr());
+    }
+  }
   while (!stack.empty()) {
     runtime::Node* node = stack.back();
     stack.pop_back();
@@ -167,12 +171,16 @@ std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves(const T
   return leaves;
 }
 
-void Reducer::prepare_for_backward(const Tensor& output, bool synced, double forward_ms) {
+void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool synced,
+                                   double forward_ms) {
   if (mode_ == Mode::sync && backward_started_) drain_and_reset();
   forward_ms_ = forward_ms;
   forward_end_ = Clock::now();
   if (timeline_) timeline_->forward_ended();
-  const bool expects_backward = runtime::grad_enabled() && output.defined() && output.requires_grad();
+  const bool expects_backward =
+      runtime::grad_enabled() &&
+      std::any_of(outputs.begin(), outputs.end(),
+                  [](const Tensor& t) { return t.defined() && t.requires_grad(); });
   if (!expects_backward) {
     mode_ = Mode::idle;
     return;
@@ -185,7 +193,7 @@ void Reducer::prepare_for_backward(const Tensor& output, bool synced, double for
   mode_ = Mode::sync;
   backward_started_ = false;
   if (options_.find_unused_parameters && !(options_.static_graph && unused_known_)) {
-    const auto reached = reachable_leaves(output);
+    const auto reached = reachable_leaves(outputs);
     for (size_t i = 0; i < params_.size(); ++i) {
       unused_[i] = reached.count(params_[i].second.impl_ptr()) == 0;
     }

@@ -40,7 +40,9 @@ class Reducer {
   // Called at the start and the end of every DDP forward. `synced` is false
   // under no_sync().
   void forward_started();
-  void prepare_for_backward(const Tensor& output, bool synced, double forward_ms);
+  // After forward: `outputs` are every tensor the module returned (the
+  // unused-parameter search walks back from all of them).
+  void prepare_for_backward(const std::vector<Tensor>& outputs, bool synced, double forward_ms);
   void register_comm_hook(CommHook hook);
   std::vector<BucketInfo> bucket_info() const;
   // On CUDA over NCCL this waits for the last iteration's device times.
@@ -74,7 +76,8 @@ class Reducer {
   void rebuild_buckets();
   void write_gradients(const std::vector<int32_t>& globally_used);
   void drain_and_reset();
-  std::unordered_set<const runtime::TensorImpl*> reachable_leaves(const Tensor& output) const;
+  std::unordered_set<const runtime::TensorImpl*> reachable_leaves(
+      const std::vector<Tensor>& outputs) const;
 
   std::vector<std::pair<std::string, Tensor>> params_;
   collectives::ProcessGroup& group_;
