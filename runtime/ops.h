@@ -2,6 +2,7 @@
 #pragma once
 
 #include "lockstep/runtime/ops/activation.h"
+#include "lockstep/runtime/ops/attention.h"
 #include "lockstep/runtime/ops/conv.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/linalg.h"

@@ -62,14 +62,15 @@ void fill_with(Tensor& t, F next_value) {
 
 }  // namespace
 
-void Generator::fill_u32(uint32_t* out, size_t n) {
-  uint64_t at = reserve(n);
+void philox_u32(uint64_t seed, uint64_t at, uint32_t* out, size_t n) {
   size_t i = 0;
   while (i < n) {
-    Block b = philox(at / 4, seed_);
+    Block b = philox(at / 4, seed);
     for (uint64_t w = at % 4; w < 4 && i < n; ++w, ++i, ++at) out[i] = b.w[w];
   }
 }
+
+void Generator::fill_u32(uint32_t* out, size_t n) { philox_u32(seed_, reserve(n), out, n); }
 
 uint32_t Generator::next_u32() {
   uint32_t v;

@@ -41,6 +41,11 @@ class Generator {
   std::atomic<uint64_t> offset_{0};
 };
 
+// The n 32-bit draws at positions [at, at + n) of the stream of `seed`, with
+// no generator: how a kernel redraws what it took earlier with
+// Generator::reserve (attention's dropout mask, redrawn in backward).
+void philox_u32(uint64_t seed, uint64_t at, uint32_t* out, size_t n);
+
 // The process-wide generator used when none is passed.
 Generator& default_generator();
 void manual_seed(uint64_t seed);

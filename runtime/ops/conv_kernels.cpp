@@ -32,37 +32,15 @@
 #include <cstring>
 #include <vector>
 
-#include <cblas.h>
-
 #include "lockstep/runtime/cpu/scratch.h"
 #include "lockstep/runtime/cpu/simd.h"
+#include "lockstep/runtime/ops/gemm.h"
 
 namespace lockstep::runtime::conv_kernels {
 namespace {
 
 using cpu::ScratchSlot;
-
-// Row-major C = alpha * op(A) op(B) + beta * C on OpenBLAS; op(A) [m, k],
-// op(B) [k, n]; lda/ldb/ldc are row strides.
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-          int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
-}
-
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
-          int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
-}
+using detail::gemm;
 
 // Images per gemm: enough that the gemm's N dimension (b * P) is at least
 // ~kMinColumns, so that thin per-image products are merged (measured on

@@ -1,0 +1,61 @@
+// CPU kernels behind scaled_dot_product_attention: a blocked forward with an
+// online softmax, and a backward that recomputes each tile of the attention
+// weights from the forward's per-row logsumexp (FlashAttention-2). Raw
+// pointers over contiguous data; attention.cpp does the checking and the
+// autograd wiring. The algorithm is described in attention_kernels.cpp.
+#pragma once
+
+#include <cstdint>
+
+namespace lockstep::runtime::attention_kernels {
+
+// q [bh, l, e], k [bh, s, e], v [bh, s, ev]; out [bh, l, ev]; bh = heads
+// (every leading dim) together.
+struct Dims {
+  int64_t bh = 0, l = 0, s = 0, e = 0, ev = 0;
+};
+
+// The mask, read in place: element (head b, query i, key j) sits at
+// at[b] + i * row_stride + j * col_stride (strides 0 where it broadcasts).
+// At most one of keep and bias is set.
+template <class T>
+struct Mask {
+  const bool* keep = nullptr;  // true = may attend
+  const T* bias = nullptr;     // added to the scaled scores
+  const int64_t* at = nullptr;  // [bh]
+  int64_t row_stride = 0, col_stride = 0;
+};
+
+// Weight (b, i, j) is kept when the Philox draw of `seed` at position
+// base + (b * l + i) * s + j is below `threshold`, then scaled by `scale`.
+struct Dropout {
+  bool on = false;
+  uint64_t seed = 0, base = 0;
+  uint64_t threshold = 0;
+  double scale = 1.0;
+};
+
+template <class T>
+struct Problem {
+  Dims dims;
+  const T* q = nullptr;
+  const T* k = nullptr;
+  const T* v = nullptr;
+  T scale = 1;  // of the scores q . k
+  bool causal = false;
+  Mask<T> mask;
+  Dropout dropout;
+};
+
+// out [bh, l, ev] and lse [bh, l]: the log of each row's softmax denominator
+// (scores included), +inf for a row whose keys are all masked (its output is 0).
+template <class T>
+void forward(const Problem<T>& p, T* out, T* lse);
+
+// Gradients are added into grad_q/grad_k/grad_v (zeroed by the caller); each
+// may be null when not wanted.
+template <class T>
+void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out, T* grad_q,
+              T* grad_k, T* grad_v);
+
+}  // namespace lockstep::runtime::attention_kernels
