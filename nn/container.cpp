@@ -29,4 +29,10 @@ std::shared_ptr<Module> Sequential::replicate() const {
   return copy;
 }
 
+std::shared_ptr<Module> ModuleDict::replicate() const {
+  auto copy = std::make_shared<ModuleDict>();
+  for (const auto& [name, child] : child_list()) copy->insert(name, child->replicate());
+  return copy;
+}
+
 }  // namespace lockstep::nn

@@ -35,6 +35,18 @@ class Sequential : public Module {
 
 };
 
+// Named children and no computation of its own, as nn.ModuleDict: groups
+// submodules under a prefix ("transformer.wte.weight").
+class ModuleDict : public Module {
+ public:
+  template <class M>
+  std::shared_ptr<M> insert(std::string name, std::shared_ptr<M> module) {
+    return register_module(std::move(name), std::move(module));
+  }
+  std::string type_name() const override { return "ModuleDict"; }
+  std::shared_ptr<Module> replicate() const override;
+};
+
 template <class M>
 std::shared_ptr<M> Sequential::at(size_t i) const {
   auto m = std::dynamic_pointer_cast<M>((*this)[i]);

@@ -23,6 +23,18 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator& gen)
   }
 }
 
+Linear::Linear(Tensor w, Tensor b)
+    : in_features(w.defined() && w.dim() == 2 ? w.size(1) : 0),
+      out_features(w.defined() && w.dim() == 2 ? w.size(0) : 0) {
+  LOCKSTEP_CHECK(w.defined() && w.dim() == 2, "Linear: the weight given must be a 2-D tensor "
+                 "[out_features, in_features]");
+  LOCKSTEP_CHECK(!b.defined() || b.shape() == Shape{out_features},
+                 "Linear: the bias given has shape {}, not [{}]", runtime::shape_str(b.shape()),
+                 out_features);
+  weight = register_parameter("weight", w);
+  if (b.defined()) bias = register_parameter("bias", b);
+}
+
 Tensor Linear::forward(const Tensor& x) {
   LOCKSTEP_CHECK(x.dim() >= 1 && x.size(-1) == in_features,
                  "Linear(in_features={}, out_features={}): input of shape {} must end in {}",

@@ -12,6 +12,10 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true,
          Generator& gen = runtime::default_generator());
+  // A Linear over `weight` [out, in] and `bias` [out] (or none) as given,
+  // shared with whoever else holds them: weight tying, as PyTorch's
+  // `lm_head.weight = wte.weight`.
+  explicit Linear(Tensor weight, Tensor bias = {});
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Linear"; }
   std::shared_ptr<Module> replicate() const override;

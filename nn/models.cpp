@@ -56,4 +56,13 @@ std::shared_ptr<ResNet> resnet18_cifar(uint64_t seed) {
   return resnet18_cifar(gen);
 }
 
+std::shared_ptr<Gpt> gpt(const GptConfig& config, Generator& gen) {
+  return std::make_shared<Gpt>(config, gen);
+}
+
+std::shared_ptr<Gpt> gpt(const GptConfig& config, uint64_t seed) {
+  Generator gen(seed);
+  return gpt(config, gen);
+}
+
 }  // namespace lockstep::nn::models

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "lockstep/nn/container.h"
+#include "lockstep/nn/gpt.h"
 #include "lockstep/nn/resnet.h"
 
 namespace lockstep::nn::models {
@@ -32,5 +33,10 @@ std::shared_ptr<Sequential> fashion_cnn(uint64_t seed);
 // 11,173,962 parameters.
 std::shared_ptr<ResNet> resnet18_cifar(Generator& gen = runtime::default_generator());
 std::shared_ptr<ResNet> resnet18_cifar(uint64_t seed);
+
+// A GPT (nn/gpt.h): GptConfig::gpt2() is GPT-2's 124M model
+// (124,439,808 parameters); the gpt example trains small ones on the CPU.
+std::shared_ptr<Gpt> gpt(const GptConfig& config, Generator& gen = runtime::default_generator());
+std::shared_ptr<Gpt> gpt(const GptConfig& config, uint64_t seed);
 
 }  // namespace lockstep::nn::models

@@ -2,11 +2,13 @@
 #pragma once
 
 #include "lockstep/nn/activation.h"
+#include "lockstep/nn/attention.h"
 #include "lockstep/nn/container.h"
 #include "lockstep/nn/conv.h"
 #include "lockstep/nn/data_parallel.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/functional.h"
+#include "lockstep/nn/gpt.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/loss.h"
 #include "lockstep/nn/module.h"

@@ -1,0 +1,185 @@
+#include "lockstep/nn/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/error.h"
+#include "lockstep/runtime/ops.h"
+
+namespace lockstep::nn {
+
+GptConfig GptConfig::gpt2() { return {}; }
+GptConfig GptConfig::gpt2_medium() { return {.n_layer = 24, .n_head = 16, .n_embd = 1024}; }
+GptConfig GptConfig::gpt2_large() { return {.n_layer = 36, .n_head = 20, .n_embd = 1280}; }
+
+int64_t GptConfig::num_parameters() const {
+  const int64_t c = n_embd;
+  const int64_t per_block = 2 * 2 * c              // ln_1, ln_2
+                            + (3 * c * c + 3 * c)  // attn.c_attn
+                            + (c * c + c)          // attn.c_proj
+                            + (4 * c * c + 4 * c)  // mlp.c_fc
+                            + (4 * c * c + c);     // mlp.c_proj
+  return vocab_size * c + block_size * c + n_layer * per_block + 2 * c;
+}
+
+namespace {
+
+void check_config(const GptConfig& c) {
+  LOCKSTEP_CHECK(c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 &&
+                     c.n_embd > 0 && c.n_embd % c.n_head == 0,
+                 "GPT: vocab_size ({}), block_size ({}), n_layer ({}), n_head ({}) and n_embd ({}) "
+                 "must be positive, n_embd a multiple of n_head",
+                 c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd);
+  LOCKSTEP_CHECK(c.dropout >= 0.0 && c.dropout < 1.0, "GPT: dropout {} must be in [0, 1)",
+                 c.dropout);
+}
+
+void init_linear(Linear& l, double std, Generator& g) {
+  runtime::NoGradGuard no_grad;
+  runtime::normal_(l.weight, 0.0, std, g);
+  if (l.bias.defined()) l.bias.zero_();
+}
+
+}  // namespace
+
+GptMlp::GptMlp(const GptConfig& config, Generator& gen) : config(config) {
+  c_fc = register_module("c_fc", std::make_shared<Linear>(config.n_embd, 4 * config.n_embd, true, gen));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * config.n_embd, config.n_embd, true, gen));
+}
+
+Tensor GptMlp::forward(const Tensor& x) {
+  return runtime::dropout((*c_proj)(runtime::gelu((*c_fc)(x))), config.dropout, is_training());
+}
+
+std::shared_ptr<Module> GptMlp::replicate() const {
+  Generator unused;
+  return std::make_shared<GptMlp>(config, unused);
+}
+
+GptBlock::GptBlock(const GptConfig& config, Generator& gen) : config(config) {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(std::vector<int64_t>{config.n_embd}));
+  attn = register_module("attn", std::make_shared<MultiheadSelfAttention>(
+                                     config.n_embd, config.n_head,
+                                     SelfAttentionOptions{.causal = true, .dropout = config.dropout},
+                                     gen));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(std::vector<int64_t>{config.n_embd}));
+  mlp = register_module("mlp", std::make_shared<GptMlp>(config, gen));
+}
+
+Tensor GptBlock::forward(const Tensor& x) {
+  const Tensor y = runtime::add(x, (*attn)((*ln_1)(x)));
+  return runtime::add(y, (*mlp)((*ln_2)(y)));
+}
+
+std::shared_ptr<Module> GptBlock::replicate() const {
+  Generator unused;
+  return std::make_shared<GptBlock>(config, unused);
+}
+
+Gpt::Gpt(GptConfig cfg, Generator& gen) : config(cfg) {
+  check_config(config);
+  const int64_t c = config.n_embd;
+  transformer = register_module("transformer", std::make_shared<ModuleDict>());
+  wte = transformer->insert("wte", std::make_shared<Embedding>(config.vocab_size, c, gen));
+  wpe = transformer->insert("wpe", std::make_shared<Embedding>(config.block_size, c, gen));
+  h = transformer->insert("h", std::make_shared<Sequential>());
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(std::make_shared<GptBlock>(config, gen));
+  ln_f = transformer->insert("ln_f", std::make_shared<LayerNorm>(std::vector<int64_t>{c}));
+  lm_head = register_module("lm_head", std::make_shared<Linear>(wte->weight));
+
+  // nanoGPT's initialisation, in its module order.
+  runtime::NoGradGuard no_grad;
+  runtime::normal_(wte->weight, 0.0, 0.02, gen);
+  runtime::normal_(wpe->weight, 0.0, 0.02, gen);
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  for (size_t i = 0; i < h->size(); ++i) {
+    const auto block = h->at<GptBlock>(i);
+    init_linear(*block->attn->c_attn, 0.02, gen);
+    init_linear(*block->attn->c_proj, residual_std, gen);
+    init_linear(*block->mlp->c_fc, 0.02, gen);
+    init_linear(*block->mlp->c_proj, residual_std, gen);
+  }
+}
+
+Tensor Gpt::forward(const Tensor& idx) {
+  LOCKSTEP_CHECK(idx.dim() == 2 && (idx.dtype() == DType::i64 || idx.dtype() == DType::i32),
+                 "GPT: token ids must be an integer tensor [B, T], got {} {}",
+                 runtime::shape_str(idx.shape()), runtime::dtype_name(idx.dtype()));
+  const int64_t t = idx.size(1);
+  LOCKSTEP_CHECK(t >= 1 && t <= config.block_size,
+                 "GPT: a sequence of {} tokens does not fit block_size {}; pass at most {} (crop "
+                 "the context to its last block_size tokens)",
+                 t, config.block_size, config.block_size);
+  const Tensor positions = Tensor::arange(t).to(idx.device());
+  Tensor x = runtime::add((*wte)(idx), (*wpe)(positions));
+  x = runtime::dropout(x, config.dropout, is_training());
+  x = (*ln_f)((*h)(x));
+  return (*lm_head)(x);
+}
+
+Values Gpt::forward_values(const Values& inputs) {
+  const Tensor& idx = inputs.tensor(0);
+  const Tensor logits = forward(idx);
+  const Tensor targets = inputs.optional_tensor(1);
+  if (!targets.defined()) return {logits, Value{}};
+  LOCKSTEP_CHECK(targets.shape() == idx.shape(),
+                 "GPT: targets {} must have the shape of the token ids {}",
+                 runtime::shape_str(targets.shape()), runtime::shape_str(idx.shape()));
+  const int64_t rows = idx.numel();
+  const Tensor loss = runtime::cross_entropy(logits.reshape({rows, config.vocab_size}),
+                                             targets.reshape({rows}));
+  return {logits, loss};
+}
+
+std::shared_ptr<Module> Gpt::replicate() const {
+  Generator unused;
+  return std::make_shared<Gpt>(config, unused);
+}
+
+std::vector<int64_t> sample(Gpt& model, const std::vector<int64_t>& prompt, int64_t count,
+                            Generator& g, SampleOptions options) {
+  LOCKSTEP_CHECK(!prompt.empty(), "sample: the prompt is empty; give at least one token");
+  LOCKSTEP_CHECK(options.temperature > 0.0, "sample: temperature {} must be positive",
+                 options.temperature);
+  const int64_t vocab = model.config.vocab_size;
+  for (const int64_t token : prompt) {
+    LOCKSTEP_CHECK(token >= 0 && token < vocab, "sample: prompt token {} is outside [0, {})",
+                   token, vocab);
+  }
+  const Device device = model.wte->weight.device();
+  runtime::NoGradGuard no_grad;
+  std::vector<int64_t> tokens = prompt, out;
+  for (int64_t n = 0; n < count; ++n) {
+    const int64_t context = std::min<int64_t>(static_cast<int64_t>(tokens.size()),
+                                              model.config.block_size);
+    const std::vector<int64_t> window(tokens.end() - context, tokens.end());
+    const Tensor logits = model(Tensor::from_vector(window, {1, context}).to(device));
+    std::vector<double> p = logits.select(1, context - 1).to_vector<double>();
+    // Softmax of logits / temperature over the top k.
+    std::vector<double> sorted = p;
+    const int64_t k = options.top_k > 0 ? std::min(options.top_k, vocab) : vocab;
+    std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<>());
+    const double cutoff = sorted[static_cast<size_t>(k - 1)];
+    const double top = *std::max_element(p.begin(), p.end());
+    double total = 0;
+    for (double& v : p) {
+      v = v < cutoff ? 0.0 : std::exp((v - top) / options.temperature);
+      total += v;
+    }
+    double u = g.next_uniform() * total;
+    int64_t next = vocab - 1;
+    for (int64_t i = 0; i < vocab; ++i) {
+      u -= p[static_cast<size_t>(i)];
+      if (u < 0) {
+        next = i;
+        break;
+      }
+    }
+    tokens.push_back(next);
+    out.push_back(next);
+  }
+  return out;
+}
+
+}  // namespace lockstep::nn

@@ -1,0 +1,99 @@
+// GPT: a decoder-only transformer as GPT-2, with nanoGPT's parameter names
+// ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", ...,
+// "lm_head.weight"), so weights can be exchanged with a nanoGPT model by
+// name through state_dict() or safetensors.
+//
+//   wte: token embedding [V, C]; wpe: learned position embedding [block, C]
+//   h.i: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))   (pre-LayerNorm)
+//        attn: causal MultiheadSelfAttention; mlp: c_fc [4C, C], GELU, c_proj
+//   ln_f, then lm_head [V, C], whose weight IS wte's (tied; listed once by
+//   parameters(), under both names by state_dict(), as in PyTorch)
+//
+// Initialised as nanoGPT: every Linear and Embedding weight ~ N(0, 0.02),
+// biases 0, each residual projection (c_proj) ~ N(0, 0.02 / sqrt(2 n_layer)).
+// Dropout (config.dropout, training only) draws from default_generator().
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "lockstep/nn/activation.h"
+#include "lockstep/nn/attention.h"
+#include "lockstep/nn/container.h"
+#include "lockstep/nn/linear.h"
+#include "lockstep/nn/normalization.h"
+
+namespace lockstep::nn {
+
+struct GptConfig {
+  int64_t vocab_size = 50257;
+  int64_t block_size = 1024;  // the longest sequence
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  double dropout = 0.0;
+
+  // GPT-2's sizes: 124M, 350M, 774M parameters.
+  static GptConfig gpt2();
+  static GptConfig gpt2_medium();
+  static GptConfig gpt2_large();
+  // Every parameter (position embeddings included, the tied weight once).
+  int64_t num_parameters() const;
+};
+
+// The feed-forward half of a block: c_fc, GELU, c_proj, dropout.
+class GptMlp : public Module {
+ public:
+  GptMlp(const GptConfig& config, Generator& gen);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "MLP"; }
+  std::shared_ptr<Module> replicate() const override;
+
+  const GptConfig config;
+  std::shared_ptr<Linear> c_fc, c_proj;
+};
+
+class GptBlock : public Module {
+ public:
+  GptBlock(const GptConfig& config, Generator& gen);
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Block"; }
+  std::shared_ptr<Module> replicate() const override;
+
+  const GptConfig config;
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<MultiheadSelfAttention> attn;
+  std::shared_ptr<GptMlp> mlp;
+};
+
+class Gpt : public Module {
+ public:
+  explicit Gpt(GptConfig config, Generator& gen = runtime::default_generator());
+  // Token ids [B, T] (i64 or i32, T <= block_size) -> logits [B, T, V].
+  Tensor forward(const Tensor& idx) override;
+  // {idx, targets [B, T] (optional)} -> {logits, loss}: the mean
+  // cross-entropy over every position, in nats, or none without targets.
+  Values forward_values(const Values& inputs) override;
+  std::string type_name() const override { return "GPT"; }
+  std::shared_ptr<Module> replicate() const override;
+
+  const GptConfig config;
+  std::shared_ptr<ModuleDict> transformer;  // wte, wpe, h, ln_f
+  std::shared_ptr<Embedding> wte, wpe;
+  std::shared_ptr<Sequential> h;  // the blocks, "h.0" ... "h.{n_layer-1}"
+  std::shared_ptr<LayerNorm> ln_f;
+  std::shared_ptr<Linear> lm_head;  // no bias; weight tied to wte's
+};
+
+struct SampleOptions {
+  double temperature = 1.0;  // > 0; lower is more conservative
+  int64_t top_k = 0;         // sample among the k likeliest tokens; 0: all
+};
+
+// `count` tokens sampled after `prompt` (non-empty), one at a time, each from
+// the model's distribution given the last block_size tokens, with `g`. Runs
+// without gradients; the caller picks the mode (eval() for no dropout).
+std::vector<int64_t> sample(Gpt& model, const std::vector<int64_t>& prompt, int64_t count,
+                            Generator& g, SampleOptions options = {});
+
+}  // namespace lockstep::nn
