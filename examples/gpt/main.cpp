@@ -1,0 +1,363 @@
+// Trains a byte-level GPT (nn/gpt.h) with DistributedDataParallel on the
+// fortune databases of Debian's `fortunes` package, reports the validation
+// loss in bits per byte against the unigram baseline, and prints a sample.
+//
+//   build/bin/gpt_train                                         (one process)
+//   build/bin/lockstep-run -np 2 build/bin/gpt_train            (two ranks)
+//   ... --n-layer 6 --n-embd 256 --seq-len 256 --steps 2000     (a bigger model)
+//   ... --checkpoint-dir ckpt --checkpoint-every 100 [--resume]
+//
+// Data (corpus.h): every 10th fortune entry is held out for validation; each
+// step, each rank trains on --batch-size windows of --seq-len + 1 bytes at
+// offsets drawn from a stream keyed by the seed and the step, so a resumed
+// run sees exactly the batches an uninterrupted one would. Optimizer: AdamW
+// (weight decay on matrices and embeddings only, as nanoGPT), linear warmup
+// then cosine to --min-lr, gradient clipping at --clip-grad-norm.
+// Checkpoints and --resume/--restart behave as fashion_mnist's: the files
+// belong to the run, and a resume refuses other model, batch, optimizer,
+// schedule, data or seed settings (run_settings() below); the clipping and
+// the logging, evaluation and checkpoint intervals may change.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "corpus.h"
+#include "lockstep/collectives/init.h"
+#include "lockstep/nn/ddp/distributed_data_parallel.h"
+#include "lockstep/nn/models.h"
+#include "lockstep/optim/adam.h"
+#include "lockstep/optim/clip_grad.h"
+#include "lockstep/optim/lr_scheduler.h"
+#include "lockstep/optim/training_checkpoint.h"
+#include "lockstep/optim/training_run.h"
+#include "lockstep/optim/zero_redundancy_optimizer.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/device_select.h"
+#include "lockstep/runtime/ops.h"
+#include "lockstep/runtime/threads.h"
+#include "options.h"
+
+namespace gpt_example {
+namespace {
+
+using namespace lockstep;
+using runtime::Tensor;
+
+template <class... Args>
+void print(int rank, fmt::format_string<Args...> format, Args&&... args) {
+  if (rank != 0) return;
+  fmt::print(format, std::forward<Args>(args)...);
+  std::fflush(stdout);
+}
+
+nn::GptConfig model_config(const Options& o) {
+  return {.vocab_size = 256,
+          .block_size = o.seq_len,
+          .n_layer = o.n_layer,
+          .n_head = o.n_head,
+          .n_embd = o.n_embd,
+          .dropout = o.dropout};
+}
+
+// Mean validation loss in bits per byte over the evaluation windows: each
+// rank takes every world-th window, one all-reduce sums losses and counts.
+double evaluate(nn::Gpt& model, const std::string& text, const Options& o,
+                collectives::ProcessGroup& group, const runtime::Device& device) {
+  runtime::NoGradGuard no_grad;
+  model.eval();
+  const auto offsets = evaluation_offsets(text, o.eval_windows, o.seq_len);
+  double nats = 0, count = 0;
+  std::vector<int64_t> mine;
+  for (size_t w = static_cast<size_t>(group.rank()); w < offsets.size();
+       w += static_cast<size_t>(group.size()))
+    mine.push_back(offsets[w]);
+  for (size_t at = 0; at < mine.size(); at += static_cast<size_t>(o.batch_size)) {
+    const std::vector<int64_t> part(mine.begin() + static_cast<std::ptrdiff_t>(at),
+                                    mine.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                       mine.size(), at + static_cast<size_t>(o.batch_size))));
+    const TokenBatch b = windows_at(text, part, o.seq_len);
+    const nn::Values out = model.forward_values({b.x.to(device), b.y.to(device)});
+    const double tokens = static_cast<double>(b.x.numel());
+    nats += out.tensor(1).item() * tokens;
+    count += tokens;
+  }
+  Tensor totals = Tensor::from_vector<double>({nats, count}, {2});
+  group.allreduce(totals, {.op = collectives::ReduceOp::Sum})->wait();
+  const auto t = totals.to_vector<double>();
+  model.train();
+  return t[0] / t[1] / std::log(2.0);
+}
+
+// Decay on matrices and embeddings, none on biases and LayerNorm (nanoGPT).
+std::unique_ptr<optim::Optimizer> make_optimizer(const Options& o, nn::Module& model,
+                                                 std::shared_ptr<collectives::ProcessGroup> group) {
+  std::vector<Tensor> decay, no_decay;
+  for (const Tensor& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  std::vector<optim::ParamGroup> groups{{decay, {{"weight_decay", o.weight_decay}}},
+                                        {no_decay, {{"weight_decay", 0.0}}}};
+  optim::OptimizerFactory factory = [&o](std::vector<optim::ParamGroup> g) {
+    optim::AdamWOptions w;
+    w.lr = o.lr;
+    w.beta2 = 0.99;
+    w.weight_decay = o.weight_decay;
+    return std::unique_ptr<optim::Optimizer>(std::make_unique<optim::AdamW>(std::move(g), w));
+  };
+  if (o.zero)
+    return std::make_unique<optim::ZeroRedundancyOptimizer>(std::move(groups), std::move(group),
+                                                            factory);
+  return factory(std::move(groups));
+}
+
+double clip(optim::Optimizer& opt, double max_norm) {
+  if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(&opt))
+    return zero->clip_grad_norm(max_norm);
+  std::vector<Tensor> params;
+  for (const auto& g : opt.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
+  return optim::clip_grad_norm(params, max_norm);
+}
+
+// What a resume must match (fixed) and what it may change.
+optim::RunSettings run_settings(const Options& o, const optim::LRScheduler* sched) {
+  return {.fixed = {{"model", fmt::format("gpt n_layer={} n_head={} n_embd={} seq_len={} "
+                                          "dropout={}",
+                                          o.n_layer, o.n_head, o.n_embd, o.seq_len, o.dropout)},
+                    {"batch_size", std::to_string(o.batch_size)},
+                    {"optimizer", fmt::format("adamw lr={} min_lr={} weight_decay={}", o.lr,
+                                              o.min_lr, o.weight_decay)},
+                    {"zero", o.zero ? "on" : "off"},
+                    {"lr_schedule", optim::schedule_setting(sched)},
+                    {"data", o.data},
+                    {"seed", std::to_string(o.seed)}},
+          .changeable = {{"clip_grad_norm", fmt::format("{}", o.clip_grad_norm)},
+                         {"log_every", std::to_string(o.log_every)},
+                         {"eval_every", std::to_string(o.eval_every)},
+                         {"checkpoint_every", std::to_string(o.checkpoint_every)}}};
+}
+
+void take_saved_settings(Options& o, const optim::RunSettings& saved) {
+  const auto take = [&](const std::string& name, auto& field) {
+    auto it = saved.changeable.find(name);
+    if (o.given.contains(name) || it == saved.changeable.end()) return;
+    field = static_cast<std::decay_t<decltype(field)>>(std::stod(it->second));
+  };
+  take("clip_grad_norm", o.clip_grad_norm);
+  take("log_every", o.log_every);
+  take("eval_every", o.eval_every);
+  take("checkpoint_every", o.checkpoint_every);
+}
+
+// FNV-1a over every parameter's bytes: equal digests, identical models.
+uint64_t digest(const nn::Module& model) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, t] : model.state_dict()) {
+    const Tensor c = t.to(runtime::Device::cpu()).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.raw_data());
+    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+// Bytes as text, with anything unprintable but newline and tab escaped.
+std::string printable(const std::vector<int64_t>& bytes) {
+  std::string out;
+  for (const int64_t b : bytes) {
+    if (b == '\n' || b == '\t' || (b >= 32 && b < 127)) {
+      out += static_cast<char>(b);
+    } else {
+      out += fmt::format("\\x{:02x}", b);
+    }
+  }
+  return out;
+}
+
+int run(Options o) {
+  runtime::set_num_threads(o.threads);
+  runtime::manual_seed(o.seed);
+  const runtime::Device device = runtime::select_device({.request = o.device});
+  auto group = collectives::init_process_group({.backend = o.backend});
+  const int rank = group->rank(), world = group->size();
+  std::optional<optim::TrainingRun> checkpoints;
+  if (!o.checkpoint_dir.empty()) {
+    checkpoints.emplace(optim::open_training_run(
+        o.checkpoint_dir, {.keep_last = o.keep_last, .best = runtime::BestMode::min},
+        {.resume = o.resume,
+         .restart = o.restart,
+         .resume_hint = "add --resume",
+         .restart_hint = "add --restart to move those files into a subdirectory (nothing is "
+                         "deleted)"},
+        group.get()));
+    for (const auto& note : checkpoints->notes) print(rank, "{}\n", note);
+    if (checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
+  }
+  const Corpus corpus = load_fortunes(o.data);
+  const double unigram = unigram_bits_per_byte(corpus.train, corpus.validation);
+
+  auto model = nn::models::gpt(model_config(o), o.seed);
+  model->to(device);
+  auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group);
+  auto opt = make_optimizer(o, *model, group);
+  const int64_t warmup = std::min(o.warmup_steps, o.steps - 1);
+  optim::WarmupCosineLR sched(*opt, {.warmup_steps = warmup,
+                                     .total_steps = o.steps,
+                                     .start_factor = 0.01,
+                                     .eta_min = o.min_lr});
+
+  print(rank, "corpus {}: {} files; {} training entries ({} bytes), {} held out ({} bytes)\n",
+        o.data, corpus.files, corpus.train_entries, corpus.train.size(),
+        corpus.validation_entries, corpus.validation.size());
+  print(rank, "unigram baseline: {:.4f} bits/byte on the held-out entries\n", unigram);
+  print(rank, "model gpt ({} parameters: {} layers, {} heads, width {}, context {}), {} "
+        "rank{} x batch {} x {} bytes, adamw lr {} (warmup {}, cosine to {}), seed {}\n",
+        model->num_parameters(), o.n_layer, o.n_head, o.n_embd, o.seq_len, world,
+        world > 1 ? "s" : "", o.batch_size, o.seq_len, o.lr, warmup, o.min_lr, o.seed);
+
+  optim::TrainingParts parts{.model = model.get(), .optimizer = opt.get(), .scheduler = &sched};
+  optim::TrainingProgress progress;
+  if (checkpoints) {
+    for (const auto& c : optim::record_run_settings(*checkpoints, run_settings(o, &sched)))
+      print(rank, "{} {} from the command line replaces the saved {}\n", c.name, c.now, c.saved);
+    if (const auto& last = checkpoints->resume_from) {
+      progress = optim::load_training_checkpoint(last->path, parts, group.get());
+      print(rank, "resumed from {}: step {}\n", last->path.string(), progress.step);
+    }
+  }
+  const auto save = [&](std::optional<double> metric) {
+    if (!checkpoints) return;
+    progress.batch = progress.step;
+    auto entry = optim::save_training_checkpoint(checkpoints->dir, parts, progress, metric, group.get());
+    print(rank, "saved {}\n", entry.path.string());
+  };
+
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto window_start = start;
+  double window_loss = 0;
+  int64_t window_steps = 0;
+  std::optional<double> val;
+  while (progress.step < o.steps) {
+    const TokenBatch b =
+        train_batch(corpus.train, progress.step, rank, world, o.batch_size, o.seq_len, o.seed);
+    const Tensor loss = ddp->forward_values({b.x.to(device), b.y.to(device)}).tensor(1);
+    opt->zero_grad();
+    loss.backward();
+    if (o.clip_grad_norm > 0) clip(*opt, o.clip_grad_norm);
+    opt->step();
+    sched.step();
+    ++progress.step;
+    window_loss += loss.item();
+    ++window_steps;
+    if (progress.step % o.log_every == 0 || progress.step == o.steps) {
+      const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
+      const double tokens = static_cast<double>(window_steps * o.batch_size * o.seq_len * world);
+      print(rank, "step {}/{} loss {:.6f} ({:.3f} bits/byte) lr {:.3g} tokens/s {:.0f} elapsed {:.0f}s\n",
+            progress.step, o.steps, window_loss / static_cast<double>(window_steps),
+            window_loss / static_cast<double>(window_steps) / std::log(2.0),
+            opt->param_groups()[0].options.at("lr"), tokens / secs,
+            std::chrono::duration<double>(Clock::now() - start).count());
+      window_start = Clock::now();
+      window_loss = 0;
+      window_steps = 0;
+    }
+    const bool eval_now = progress.step % o.eval_every == 0 || progress.step == o.steps;
+    if (eval_now) {
+      val = evaluate(*model, corpus.validation, o, *group, device);
+      print(rank, "step {} validation {:.4f} bits/byte (unigram {:.4f})\n", progress.step, *val,
+            unigram);
+      if (!progress.best_metric || *val < *progress.best_metric) progress.best_metric = val;
+    }
+    const bool checkpoint_now =
+        (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0) || progress.step == o.steps;
+    if (checkpoint_now) save(eval_now ? val : std::nullopt);
+  }
+  if (!val) val = evaluate(*model, corpus.validation, o, *group, device);
+  print(rank, "validation: {:.4f} bits/byte against the unigram baseline's {:.4f}\n", *val, unigram);
+  print(rank, "parameters digest: {:016x}\n", digest(*model));
+  if (rank == 0 && o.sample_bytes > 0) {
+    model->eval();
+    runtime::Generator g(o.seed);
+    std::vector<int64_t> prompt;
+    for (const char ch : o.prompt) prompt.push_back(static_cast<unsigned char>(ch));
+    const auto text = nn::sample(*model, prompt, o.sample_bytes, g, {.temperature = o.temperature});
+    print(rank, "sample (temperature {}):\n{}{}\n", o.temperature, o.prompt, printable(text));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace gpt_example
+
+int main(int argc, char** argv) {
+  gpt_example::Options o;
+  CLI::App app{"Train a byte-level GPT on Debian's fortunes with lockstep on one or more processes."};
+  app.add_option("--n-layer", o.n_layer, "transformer blocks")->check(CLI::PositiveNumber);
+  app.add_option("--n-head", o.n_head, "attention heads (dividing --n-embd)")->check(CLI::PositiveNumber);
+  app.add_option("--n-embd", o.n_embd, "width")->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", o.seq_len, "context length in bytes")->check(CLI::PositiveNumber);
+  app.add_option("--dropout", o.dropout, "dropout in training")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", o.batch_size, "sequences per step on each rank")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--clip-grad-norm", o.clip_grad_norm, "global gradient norm limit (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--zero", o.zero, "shard the optimizer state across ranks");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "also checkpoint every N steps")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--keep-last", o.keep_last, "checkpoints kept besides the best")
+      ->check(CLI::PositiveNumber);
+  auto* resume = app.add_flag("--resume", o.resume,
+                              "continue the run in --checkpoint-dir from its newest checkpoint");
+  app.add_flag("--restart", o.restart, "start a new run in --checkpoint-dir (old files moved aside)")
+      ->excludes(resume);
+  app.add_option("--eval-every", o.eval_every, "steps between validation passes (and at the end)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--eval-windows", o.eval_windows, "validation windows of --seq-len bytes")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--log-every", o.log_every, "steps between progress lines")->check(CLI::PositiveNumber);
+  app.add_option("--prompt", o.prompt, "text the final sample continues");
+  app.add_option("--sample-bytes", o.sample_bytes, "bytes to sample at the end (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--temperature", o.temperature, "sampling temperature")->check(CLI::PositiveNumber);
+  app.add_option("--seed", o.seed, "seed for initialisation, batches and sampling");
+  app.add_option("--data", o.data, "directory of fortune databases");
+  app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(CLI::PositiveNumber);
+  app.add_option("--device", o.device, "auto, cpu, cuda or cuda:N (default: LOCKSTEP_DEVICE, else auto)");
+  app.add_option("--backend", o.backend, "process-group backend (default: LOCKSTEP_BACKEND, else chosen)");
+  CLI11_PARSE(app, argc, argv);
+  if ((o.resume || o.restart) && o.checkpoint_dir.empty()) {
+    fmt::print(stderr, "gpt_train: error: {} needs --checkpoint-dir DIR\n",
+               o.resume ? "--resume" : "--restart");
+    return 2;
+  }
+  if (o.n_embd % o.n_head != 0) {
+    fmt::print(stderr, "gpt_train: error: --n-embd {} must be a multiple of --n-head {}\n",
+               o.n_embd, o.n_head);
+    return 2;
+  }
+  for (const char* name : {"clip_grad_norm", "log_every", "eval_every", "checkpoint_every"}) {
+    std::string flag = std::string("--") + name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (app.count(flag) > 0) o.given.insert(name);
+  }
+  try {
+    return gpt_example::run(o);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "gpt_train: error: {}\n", e.what());
+    return 1;
+  }
+}

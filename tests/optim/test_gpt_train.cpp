@@ -1,0 +1,157 @@
+// The gpt_train example end to end: its corpus split and errors, and exact
+// resume after a SIGKILL (same per-step losses and final parameters as an
+// uninterrupted run), at one and two ranks, on a small model.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "support/skip.h"
+#include "support/subprocess.h"
+
+using namespace lockstep::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kFortunes = "/usr/share/games/fortunes";
+
+std::string skip_reason() {
+  if (!fs::exists(bin_path("gpt_train")))
+    return "the gpt_train example is not built (LOCKSTEP_BUILD_EXAMPLES=OFF)";
+  return {};
+}
+
+std::string fortunes_skip_reason() {
+  if (auto r = skip_reason(); !r.empty()) return r;
+  if (!fs::exists(fs::path(kFortunes) / "fortunes.dat"))
+    return "Debian's fortunes are not installed (apt-get install fortunes)";
+  return {};
+}
+
+struct GptRun {
+  ProcessResult result;
+  std::string digest;
+  std::map<std::string, std::string> losses;  // "step 5" -> "4.123456"
+};
+
+GptRun parse(ProcessResult r) {
+  GptRun run{std::move(r), {}, {}};
+  std::smatch m;
+  if (std::regex_search(run.result.output, m, std::regex("parameters digest: ([0-9a-f]+)")))
+    run.digest = m[1];
+  const std::regex loss("(step \\d+)/\\d+ loss ([0-9.]+)");
+  for (auto it = std::sregex_iterator(run.result.output.begin(), run.result.output.end(), loss);
+       it != std::sregex_iterator(); ++it)
+    run.losses[(*it)[1]] = (*it)[2];
+  return run;
+}
+
+std::vector<std::string> command(int ranks, const std::vector<std::string>& args) {
+  std::vector<std::string> argv;
+  if (ranks > 1) argv = {bin_path("lockstep-run"), "-np", std::to_string(ranks)};
+  for (const char* a : {"--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
+                        "--batch-size", "4", "--eval-windows", "8", "--eval-every", "100",
+                        "--log-every", "1", "--sample-bytes", "0", "--dropout", "0.1"})
+    argv.emplace_back(a);
+  argv.insert(argv.begin() + (ranks > 1 ? 3 : 0), bin_path("gpt_train"));
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+std::string scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-gpt-{}-{}", name, ::getpid());
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+// A fortune database: `entries` entries "entry N", with its .dat beside it.
+void write_fortunes(const fs::path& file, int first, int entries) {
+  std::ofstream out(file);
+  for (int i = first; i < first + entries; ++i)
+    out << "entry " << i << "\nthe second line of entry " << i << "\n%\n";
+  std::ofstream(fs::path(file).concat(".dat")) << "index";
+}
+
+}  // namespace
+
+TEST_CASE("gpt_train: every 10th entry is held out; missing data is a clear error",
+          "[example][gpt]") {
+  LOCKSTEP_SKIP_IF(skip_reason());
+  const fs::path dir = scratch("corpus");
+  fs::create_directories(dir);
+  write_fortunes(dir / "b", 0, 12);
+  write_fortunes(dir / "a", 12, 13);
+  std::ofstream(dir / "notes.txt") << "not a database\n%\n";  // no .dat: skipped
+  const auto r = run_process(command(1, {"--data", dir.string(), "--steps", "2"}),
+                             std::chrono::seconds(120));
+  INFO(r.output);
+  REQUIRE(r.ok());
+  // 25 entries: the 10th and 20th held out.
+  CHECK_THAT(r.output, Catch::Contains("2 files; 23 training entries") &&
+                           Catch::Contains("2 held out"));
+
+  const auto missing = run_process(command(1, {"--data", (dir / "absent").string()}),
+                                   std::chrono::seconds(60));
+  CHECK(missing.exit_code == 1);
+  CHECK_THAT(missing.output, Catch::Contains("apt-get install fortunes"));
+  fs::remove(dir / "a.dat");
+  fs::remove(dir / "b.dat");
+  const auto none = run_process(command(1, {"--data", dir.string()}), std::chrono::seconds(60));
+  CHECK(none.exit_code == 1);
+  CHECK_THAT(none.output, Catch::Contains("holds no fortune database"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("gpt_train: a run SIGKILLed after a checkpoint resumes exactly", "[example][gpt][resume]") {
+  LOCKSTEP_SKIP_IF(fortunes_skip_reason());
+  for (int ranks : {1, 2}) {
+    DYNAMIC_SECTION(ranks << " rank(s)") {
+      // Long enough that the kill lands well before the end.
+      const std::vector<std::string> args = {"--steps", "300"};
+      const GptRun straight = parse(run_process(command(ranks, args), std::chrono::seconds(300)));
+      INFO(straight.result.output);
+      REQUIRE(straight.result.ok());
+      REQUIRE(!straight.digest.empty());
+
+      const std::string dir = scratch(fmt::format("kill{}", ranks));
+      auto with_dir = args;
+      for (const std::string a : {"--checkpoint-dir", dir.c_str(), "--checkpoint-every", "4"})
+        with_dir.push_back(a);
+      // Wait for the step-8 checkpoint (files appear only complete), then
+      // SIGKILL the ranks and the launcher: the run dies somewhere after it.
+      const std::string script = "\"$@\" & pid=$!; for i in $(seq 2400); do [ -e '" + dir +
+                                 "/ckpt-0000000008.safetensors' ] && break; sleep 0.025; done; "
+                                 "pkill -KILL -P $pid; kill -KILL $pid; wait $pid; echo exit $?";
+      std::vector<std::string> argv = {"/bin/bash", "-c", script, "bash"};
+      for (auto& a : command(ranks, with_dir)) argv.push_back(a);
+      const ProcessResult killed = run_process(argv, std::chrono::seconds(300));
+      INFO(killed.output);
+      REQUIRE(killed.exit_code == 0);  // bash's own
+      CHECK(killed.output.find("parameters digest") == std::string::npos);  // it did not finish
+
+      auto resume_args = with_dir;
+      resume_args.push_back("--resume");
+      const GptRun resumed = parse(run_process(command(ranks, resume_args), std::chrono::seconds(300)));
+      INFO(resumed.result.output);
+      REQUIRE(resumed.result.ok());
+      CHECK_THAT(resumed.result.output, Catch::Contains("resumed from"));
+      size_t compared = 0;
+      for (const auto& [where, value] : resumed.losses) {
+        INFO(where);
+        REQUIRE(straight.losses.contains(where));
+        CHECK(straight.losses.at(where) == value);
+        ++compared;
+      }
+      CHECK(compared >= 200);
+      CHECK(resumed.digest == straight.digest);
+      fs::remove_all(dir);
+    }
+  }
+}
