@@ -44,6 +44,7 @@
 #include "lockstep/runtime/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
+#include "common/run_support.h"
 #include "optimizer_setup.h"
 #include "options.h"
 #include "resume_settings.h"
@@ -54,13 +55,7 @@ namespace {
 using namespace lockstep;
 using runtime::Tensor;
 
-// Progress lines come from rank 0 only.
-template <class... Args>
-void print(int rank, fmt::format_string<Args...> format, Args&&... args) {
-  if (rank != 0) return;
-  fmt::print(format, std::forward<Args>(args)...);
-  std::fflush(stdout);
-}
+using examples::print;
 
 // Accuracy over the whole test set: each rank classifies its shard (every
 // sample exactly once across ranks, no padding), then one all-reduce sums the
@@ -86,19 +81,6 @@ double evaluate(nn::Module& model, const runtime::Dataset& data, collectives::Pr
                  data.size());
   model.train();
   return static_cast<double>(t[0]) / static_cast<double>(t[1]);
-}
-
-// FNV-1a over every parameter and buffer's bytes: equal digests mean
-// bit-identical models (e.g. a resumed run against an uninterrupted one).
-uint64_t digest(const nn::Module& model) {
-  uint64_t h = 1469598103934665603ull;
-  for (const auto& [name, t] : model.state_dict()) {
-    const Tensor c = t.to(runtime::Device::cpu()).contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(c.raw_data());
-    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  }
-  return h;
 }
 
 // "1 rank (shm backend)" on the CPU; "2 ranks on cuda:0, cuda:1 (nccl backend)"
@@ -127,19 +109,9 @@ int run(Options o) {
   const int rank = group->rank(), world = group->size();
   // The checkpoint directory first: one that cannot be written, or that
   // holds another run, stops every rank before the data is even read.
-  std::optional<optim::TrainingRun> checkpoints;
-  if (!o.checkpoint_dir.empty()) {
-    checkpoints.emplace(optim::open_training_run(
-        o.checkpoint_dir, {.keep_last = o.keep_last, .best = runtime::BestMode::max},
-        {.resume = o.resume,
-         .restart = o.restart,
-         .resume_hint = "add --resume",
-         .restart_hint = "add --restart to move those files into a subdirectory (nothing is "
-                         "deleted)"},
-        group.get()));
-    for (const auto& note : checkpoints->notes) print(rank, "{}\n", note);
-    if (checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
-  }
+  std::optional<optim::TrainingRun> checkpoints = examples::open_checkpoints(
+      {o.checkpoint_dir, o.keep_last, o.resume, o.restart}, runtime::BestMode::max, *group);
+  if (checkpoints && checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
   const auto norm = runtime::kFashionMnistNormalization;
   auto train = runtime::load_fashion_mnist(o.data, runtime::Split::train, norm, o.train_samples);
   auto test = runtime::load_fashion_mnist(o.data, runtime::Split::test, norm, o.test_samples);
@@ -199,7 +171,7 @@ int run(Options o) {
       Tensor loss = runtime::cross_entropy((*ddp)(b.x.to(device)), b.y.to(device));
       opt->zero_grad();
       loss.backward();
-      if (o.clip_grad_norm > 0) clip_gradients(*opt, o.clip_grad_norm);
+      if (o.clip_grad_norm > 0) examples::clip_gradients(*opt, o.clip_grad_norm);
       opt->step();
       if (sched) sched->step();
       ++progress.batch;
@@ -233,7 +205,7 @@ int run(Options o) {
   // Resumed after the last epoch: nothing trained, report what was loaded.
   if (!accuracy) accuracy = evaluate(*model, test, *group, device);
   print(rank, "test accuracy: {:.4f}\n", *accuracy);
-  print(rank, "parameters digest: {:016x}\n", digest(*model));
+  print(rank, "parameters digest: {:016x}\n", examples::parameters_digest(*model));
   return 0;
 }
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "lockstep/optim/adam.h"
-#include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
 #include "lockstep/runtime/error.h"
@@ -62,14 +61,6 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const Options& o, optim::Opti
     return std::make_unique<optim::OneCycleLR>(
         opt, optim::OneCycleLROptions{.max_lr = learning_rate(o), .total_steps = total_steps});
   throw Error("unknown --lr-schedule " + s);
-}
-
-double clip_gradients(optim::Optimizer& opt, double max_norm) {
-  if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(&opt))
-    return zero->clip_grad_norm(max_norm);
-  std::vector<runtime::Tensor> params;
-  for (const auto& g : opt.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
-  return optim::clip_grad_norm(params, max_norm);
 }
 
 }  // namespace fashion_mnist

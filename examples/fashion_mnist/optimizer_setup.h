@@ -26,7 +26,4 @@ std::unique_ptr<lockstep::optim::LRScheduler> make_scheduler(const Options& o,
                                                              int64_t steps_per_epoch,
                                                              int64_t total_steps);
 
-// Clips by the global norm (across ZeRO shards too); returns the norm.
-double clip_gradients(lockstep::optim::Optimizer& opt, double max_norm);
-
 }  // namespace fashion_mnist

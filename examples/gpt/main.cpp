@@ -29,12 +29,12 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/run_support.h"
 #include "corpus.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/optim/adam.h"
-#include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/lr_scheduler.h"
 #include "lockstep/optim/training_checkpoint.h"
 #include "lockstep/optim/training_run.h"
@@ -51,12 +51,7 @@ namespace {
 using namespace lockstep;
 using runtime::Tensor;
 
-template <class... Args>
-void print(int rank, fmt::format_string<Args...> format, Args&&... args) {
-  if (rank != 0) return;
-  fmt::print(format, std::forward<Args>(args)...);
-  std::fflush(stdout);
-}
+using examples::print;
 
 nn::GptConfig model_config(const Options& o) {
   return {.vocab_size = 256,
@@ -116,14 +111,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Options& o, nn::Module& m
   return factory(std::move(groups));
 }
 
-double clip(optim::Optimizer& opt, double max_norm) {
-  if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(&opt))
-    return zero->clip_grad_norm(max_norm);
-  std::vector<Tensor> params;
-  for (const auto& g : opt.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
-  return optim::clip_grad_norm(params, max_norm);
-}
-
 // What a resume must match (fixed) and what it may change.
 optim::RunSettings run_settings(const Options& o, const optim::LRScheduler* sched) {
   return {.fixed = {{"model", fmt::format("gpt n_layer={} n_head={} n_embd={} seq_len={} "
@@ -154,18 +141,6 @@ void take_saved_settings(Options& o, const optim::RunSettings& saved) {
   take("checkpoint_every", o.checkpoint_every);
 }
 
-// FNV-1a over every parameter's bytes: equal digests, identical models.
-uint64_t digest(const nn::Module& model) {
-  uint64_t h = 1469598103934665603ull;
-  for (const auto& [name, t] : model.state_dict()) {
-    const Tensor c = t.to(runtime::Device::cpu()).contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(c.raw_data());
-    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  }
-  return h;
-}
-
 // Bytes as text, with anything unprintable but newline and tab escaped.
 std::string printable(const std::vector<int64_t>& bytes) {
   std::string out;
@@ -185,19 +160,9 @@ int run(Options o) {
   const runtime::Device device = runtime::select_device({.request = o.device});
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank(), world = group->size();
-  std::optional<optim::TrainingRun> checkpoints;
-  if (!o.checkpoint_dir.empty()) {
-    checkpoints.emplace(optim::open_training_run(
-        o.checkpoint_dir, {.keep_last = o.keep_last, .best = runtime::BestMode::min},
-        {.resume = o.resume,
-         .restart = o.restart,
-         .resume_hint = "add --resume",
-         .restart_hint = "add --restart to move those files into a subdirectory (nothing is "
-                         "deleted)"},
-        group.get()));
-    for (const auto& note : checkpoints->notes) print(rank, "{}\n", note);
-    if (checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
-  }
+  std::optional<optim::TrainingRun> checkpoints = examples::open_checkpoints(
+      {o.checkpoint_dir, o.keep_last, o.resume, o.restart}, runtime::BestMode::min, *group);
+  if (checkpoints && checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
   const Corpus corpus = load_fortunes(o.data);
   const double unigram = unigram_bits_per_byte(corpus.train, corpus.validation);
 
@@ -249,7 +214,7 @@ int run(Options o) {
     const Tensor loss = ddp->forward_values({b.x.to(device), b.y.to(device)}).tensor(1);
     opt->zero_grad();
     loss.backward();
-    if (o.clip_grad_norm > 0) clip(*opt, o.clip_grad_norm);
+    if (o.clip_grad_norm > 0) examples::clip_gradients(*opt, o.clip_grad_norm);
     opt->step();
     sched.step();
     ++progress.step;
@@ -280,7 +245,7 @@ int run(Options o) {
   }
   if (!val) val = evaluate(*model, corpus.validation, o, *group, device);
   print(rank, "validation: {:.4f} bits/byte against the unigram baseline's {:.4f}\n", *val, unigram);
-  print(rank, "parameters digest: {:016x}\n", digest(*model));
+  print(rank, "parameters digest: {:016x}\n", examples::parameters_digest(*model));
   if (rank == 0 && o.sample_bytes > 0) {
     model->eval();
     runtime::Generator g(o.seed);

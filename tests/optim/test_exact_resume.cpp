@@ -102,15 +102,10 @@ TEST_CASE("A run SIGKILLed mid-epoch resumes exactly from its newest checkpoint"
       auto with_dir = args;
       for (const char* a : {"--checkpoint-dir", "", "--checkpoint-every", "5"}) with_dir.push_back(a);
       with_dir[with_dir.size() - 3] = dir;
-      // Start it, wait for the step-20 checkpoint (files appear only
-      // complete), then SIGKILL the ranks (and the launcher): the run dies
-      // somewhere after that step, mid-epoch.
-      std::string script = "\"$@\" & pid=$!; for i in $(seq 1200); do [ -e '" + dir +
-                           "/ckpt-0000000020.safetensors' ] && break; sleep 0.05; done; "
-                           "pkill -KILL -P $pid; kill -KILL $pid; wait $pid; echo exit $?";
-      std::vector<std::string> argv = {"/bin/bash", "-c", script, "bash"};
-      for (auto& a : command(ranks, with_dir)) argv.push_back(a);
-      const ProcessResult killed = run_process(argv, std::chrono::seconds(300));
+      // SIGKILL the ranks and the launcher once the step-20 checkpoint
+      // exists: the run dies somewhere after that step, mid-epoch.
+      const ProcessResult killed =
+          run_until_file_then_kill(command(ranks, with_dir), dir + "/ckpt-0000000020.safetensors");
       INFO(killed.output);
       REQUIRE(killed.exit_code == 0);  // bash's own
       CHECK(killed.output.find("parameters digest") == std::string::npos);  // it did not finish

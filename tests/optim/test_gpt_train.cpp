@@ -124,14 +124,9 @@ TEST_CASE("gpt_train: a run SIGKILLed after a checkpoint resumes exactly", "[exa
       auto with_dir = args;
       for (const std::string a : {"--checkpoint-dir", dir.c_str(), "--checkpoint-every", "4"})
         with_dir.push_back(a);
-      // Wait for the step-8 checkpoint (files appear only complete), then
-      // SIGKILL the ranks and the launcher: the run dies somewhere after it.
-      const std::string script = "\"$@\" & pid=$!; for i in $(seq 2400); do [ -e '" + dir +
-                                 "/ckpt-0000000008.safetensors' ] && break; sleep 0.025; done; "
-                                 "pkill -KILL -P $pid; kill -KILL $pid; wait $pid; echo exit $?";
-      std::vector<std::string> argv = {"/bin/bash", "-c", script, "bash"};
-      for (auto& a : command(ranks, with_dir)) argv.push_back(a);
-      const ProcessResult killed = run_process(argv, std::chrono::seconds(300));
+      // SIGKILL the ranks and the launcher once the step-8 checkpoint exists.
+      const ProcessResult killed =
+          run_until_file_then_kill(command(ranks, with_dir), dir + "/ckpt-0000000008.safetensors");
       INFO(killed.output);
       REQUIRE(killed.exit_code == 0);  // bash's own
       CHECK(killed.output.find("parameters digest") == std::string::npos);  // it did not finish

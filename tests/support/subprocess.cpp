@@ -97,6 +97,18 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
   return result;
 }
 
+ProcessResult run_until_file_then_kill(const std::vector<std::string>& argv,
+                                       const std::string& file,
+                                       std::chrono::milliseconds limit) {
+  // Polls every 25 ms for up to a minute; pkill -P reaches the launcher's ranks.
+  const std::string script = "\"$@\" & pid=$!; for i in $(seq 2400); do [ -e '" + file +
+                             "' ] && break; sleep 0.025; done; "
+                             "pkill -KILL -P $pid; kill -KILL $pid; wait $pid; echo exit $?";
+  std::vector<std::string> bash = {"/bin/bash", "-c", script, "bash"};
+  bash.insert(bash.end(), argv.begin(), argv.end());
+  return run_process(bash, limit);
+}
+
 std::string bin_path(const std::string& name) {
   return std::string(LOCKSTEP_BINARY_DIR) + "/bin/" + name;
 }

@@ -26,6 +26,14 @@ ProcessResult run_process(const std::vector<std::string>& argv,
                           std::chrono::milliseconds limit = std::chrono::seconds(120),
                           const std::vector<std::string>& env = {});
 
+// Runs argv as run_process does, waits until `file` exists (a checkpoint:
+// files appear only complete), then SIGKILLs the program and its children
+// (a launcher and its ranks): the run dies somewhere after that point. The
+// result is the shell's: exit 0, and the program's output so far.
+ProcessResult run_until_file_then_kill(const std::vector<std::string>& argv,
+                                       const std::string& file,
+                                       std::chrono::milliseconds limit = std::chrono::seconds(300));
+
 // Path of an executable built into build/bin/ (lockstep-run, test workers).
 std::string bin_path(const std::string& name);
 

@@ -1,0 +1,45 @@
+#include "common/run_support.h"
+
+#include "lockstep/optim/clip_grad.h"
+#include "lockstep/optim/zero_redundancy_optimizer.h"
+
+namespace examples {
+
+using namespace lockstep;
+
+std::optional<optim::TrainingRun> open_checkpoints(const CheckpointFlags& flags,
+                                                   runtime::BestMode best,
+                                                   collectives::ProcessGroup& group) {
+  if (flags.dir.empty()) return std::nullopt;
+  optim::TrainingRun run = optim::open_training_run(
+      flags.dir, {.keep_last = flags.keep_last, .best = best},
+      {.resume = flags.resume,
+       .restart = flags.restart,
+       .resume_hint = "add --resume",
+       .restart_hint = "add --restart to move those files into a subdirectory (nothing is "
+                       "deleted)"},
+      &group);
+  for (const auto& note : run.notes) print(group.rank(), "{}\n", note);
+  return run;
+}
+
+double clip_gradients(optim::Optimizer& opt, double max_norm) {
+  if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(&opt))
+    return zero->clip_grad_norm(max_norm);
+  std::vector<runtime::Tensor> params;
+  for (const auto& g : opt.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
+  return optim::clip_grad_norm(params, max_norm);
+}
+
+uint64_t parameters_digest(const nn::Module& model) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, t] : model.state_dict()) {
+    const runtime::Tensor c = t.to(runtime::Device::cpu()).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.raw_data());
+    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace examples

@@ -1,0 +1,50 @@
+// What the training examples share: printing from rank 0, opening a run's
+// checkpoint directory, clipping through any optimizer, and a digest of a
+// model's bytes.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "lockstep/nn/module.h"
+#include "lockstep/optim/optimizer.h"
+#include "lockstep/optim/training_run.h"
+
+namespace examples {
+
+// Progress lines come from rank 0 only.
+template <class... Args>
+void print(int rank, fmt::format_string<Args...> format, Args&&... args) {
+  if (rank != 0) return;
+  fmt::print(format, std::forward<Args>(args)...);
+  std::fflush(stdout);
+}
+
+struct CheckpointFlags {
+  std::string dir;  // empty: no checkpoints
+  int keep_last = 2;
+  bool resume = false;
+  bool restart = false;
+};
+
+// The run in flags.dir (optim/training_run.h), with the examples' --resume
+// and --restart named in its messages; rank 0 prints its notes. Null without
+// a directory. Every rank calls it.
+std::optional<lockstep::optim::TrainingRun> open_checkpoints(
+    const CheckpointFlags& flags, lockstep::runtime::BestMode best,
+    lockstep::collectives::ProcessGroup& group);
+
+// Clips the gradients of every parameter the optimizer steps to a global L2
+// norm (across ranks for a ZeroRedundancyOptimizer); returns the norm.
+double clip_gradients(lockstep::optim::Optimizer& opt, double max_norm);
+
+// FNV-1a over every parameter and buffer's bytes: equal digests mean
+// bit-identical models (a resumed run against an uninterrupted one).
+uint64_t parameters_digest(const lockstep::nn::Module& model);
+
+}  // namespace examples
