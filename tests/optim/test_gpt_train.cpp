@@ -57,8 +57,7 @@ std::vector<std::string> command(int ranks, const std::vector<std::string>& args
   std::vector<std::string> argv;
   if (ranks > 1) argv = {bin_path("lockstep-run"), "-np", std::to_string(ranks)};
   for (const char* a : {"--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
-                        "--batch-size", "4", "--eval-windows", "8", "--eval-every", "100",
-                        "--log-every", "1", "--sample-bytes", "0", "--dropout", "0.1"})
+                        "--batch-size", "4", "--log-every", "1", "--sample-bytes", "0", "--dropout", "0.1"})
     argv.emplace_back(a);
   argv.insert(argv.begin() + (ranks > 1 ? 3 : 0), bin_path("gpt_train"));
   argv.insert(argv.end(), args.begin(), args.end());
@@ -114,8 +113,15 @@ TEST_CASE("gpt_train: a run SIGKILLed after a checkpoint resumes exactly", "[exa
   for (int ranks : {1, 2}) {
     DYNAMIC_SECTION(ranks << " rank(s)") {
       // Long enough that the kill lands well before the end.
-      const std::vector<std::string> args = {"--steps", "300"};
-      const GptRun straight = parse(run_process(command(ranks, args), std::chrono::seconds(300)));
+      const std::vector<std::string> args = {"--steps", "120"};
+      // Validation: rarely and small, or after every step and large.
+      const auto validating = [](std::vector<std::string> a, bool often) {
+        for (const char* v : {"--eval-every", often ? "1" : "100", "--eval-windows", often ? "512" : "8"})
+          a.emplace_back(v);
+        return a;
+      };
+      const GptRun straight =
+          parse(run_process(command(ranks, validating(args, false)), std::chrono::seconds(300)));
       INFO(straight.result.output);
       REQUIRE(straight.result.ok());
       REQUIRE(!straight.digest.empty());
@@ -125,13 +131,15 @@ TEST_CASE("gpt_train: a run SIGKILLed after a checkpoint resumes exactly", "[exa
       for (const std::string a : {"--checkpoint-dir", dir.c_str(), "--checkpoint-every", "4"})
         with_dir.push_back(a);
       // SIGKILL the ranks and the launcher once the step-8 checkpoint exists.
-      const ProcessResult killed =
-          run_until_file_then_kill(command(ranks, with_dir), dir + "/ckpt-0000000008.safetensors");
+      // A large validation pass after every step (it changes nothing the
+      // run computes) keeps this run going long after that.
+      const ProcessResult killed = run_until_file_then_kill(
+          command(ranks, validating(with_dir, true)), dir + "/ckpt-0000000008.safetensors");
       INFO(killed.output);
       REQUIRE(killed.exit_code == 0);  // bash's own
       CHECK(killed.output.find("parameters digest") == std::string::npos);  // it did not finish
 
-      auto resume_args = with_dir;
+      auto resume_args = validating(with_dir, false);
       resume_args.push_back("--resume");
       const GptRun resumed = parse(run_process(command(ranks, resume_args), std::chrono::seconds(300)));
       INFO(resumed.result.output);
@@ -144,7 +152,7 @@ TEST_CASE("gpt_train: a run SIGKILLed after a checkpoint resumes exactly", "[exa
         CHECK(straight.losses.at(where) == value);
         ++compared;
       }
-      CHECK(compared >= 200);
+      CHECK(compared >= 80);
       CHECK(resumed.digest == straight.digest);
       fs::remove_all(dir);
     }
