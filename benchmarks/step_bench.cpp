@@ -1,11 +1,24 @@
 // Times one training step (forward + backward + SGD with momentum) of the
-// Fashion-MNIST MLP and CNN, or a ResNet-18 for 32x32 inputs, at a fixed
-// batch, on the CPU (a fixed number of threads) or one GPU, and runs PyTorch
-// on the identical model in the same run when it is installed.
+// Fashion-MNIST MLP and CNN, a ResNet-18 for 32x32 inputs, or a GPT, at a
+// fixed batch, on the CPU (a fixed number of threads) or one GPU, and runs
+// PyTorch on the identical model in the same run when it is installed.
 //
 //   build/bin/step_bench                                   CPU, mlp and cnn, table
 //   build/bin/step_bench --json                            JSON
 //   build/bin/step_bench --device cuda --model mlp,cnn,resnet18 --python python3
+//   build/bin/step_bench --model gpt --batch-size 8 --seq-len 128
+//
+// The GPT (bench::gpt_config) is, on the CPU, a small byte-level one: vocab
+// 256, block 128, 4 layers, 4 heads, n_embd 128 (842,496 parameters), about
+// 6 GFLOP a step at batch 8 x 128 tokens, so tens of milliseconds at one
+// thread; on CUDA it is GPT-2 124M at batch 8 x 1024 tokens. Its tokens are
+// random ids from a seeded generator, each sequence's targets the same ids
+// shifted by one; the loss is forward_values' mean cross-entropy, the
+// optimizer the same SGD with momentum. Its rows add tokens/s (batch x
+// sequence / step time), and the parameter counts of both sides are compared
+// (a mismatch is reported as the peer's error). PyTorch's twin is nanoGPT's
+// module tree, with scaled_dot_product_attention where torch has it (2.x) and
+// attention written out otherwise.
 //
 // On CUDA each timed step ends with a device synchronize (kernels run
 // asynchronously: without it the clock would stop after the launches), the
@@ -13,17 +26,20 @@
 // issue's goals: >= 2x PyTorch eager's samples/s for the MLP and CNN at batch
 // 64, >= 1.0x for ResNet-18 at batch 256. TF32 is off on both sides unless
 // --tf32 (PyTorch's cuDNN would otherwise use it by default).
+#include <algorithm>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "common/bench_models.h"
 #include "common/device.h"
 #include "harness.h"
+#include "lockstep/nn/models.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/device_select.h"
 #include "lockstep/runtime/ops.h"
@@ -43,6 +59,7 @@ using nlohmann::json;
 struct Options {
   std::vector<std::string> models{"mlp", "cnn"};
   int64_t batch_size = 0;  // 0: bench::default_batch(model)
+  int64_t seq_len = 0;     // gpt only; 0: the config's block_size
   int steps = 100;
   int warmup = 10;
   int threads = 1;
@@ -65,6 +82,13 @@ std::optional<double> goal_speedup(const std::string& name, int64_t batch, const
   if ((name == "mlp" || name == "cnn") && batch == 64) return 2.0;
   if (name == "resnet18" && batch == 256) return 1.0;
   return std::nullopt;
+}
+
+// The step benchmark's models: bench::model_names() and the GPT.
+std::vector<std::string> step_model_names() {
+  std::vector<std::string> names = bench::model_names();
+  names.push_back("gpt");
+  return names;
 }
 
 double lockstep_step_ms(const std::string& name, int64_t batch, const Device& device,
@@ -91,8 +115,58 @@ double lockstep_step_ms(const std::string& name, int64_t batch, const Device& de
   return bench::median_seconds(step, o.warmup, o.steps) * 1e3;
 }
 
+struct GptStep {
+  double ms = 0;
+  int64_t parameters = 0;  // the tied wte / lm_head weight once, as PyTorch counts
+};
+
+// The GPT's step on `batch` sequences of `seq_len` random token ids.
+GptStep lockstep_gpt_step(const nn::GptConfig& config, int64_t batch, int64_t seq_len,
+                          const Device& device, const Options& o) {
+  runtime::Generator g(0);
+  auto model = nn::models::gpt(config, g);
+  GptStep r;
+  for (const auto& p : model->parameters()) r.parameters += p.numel();
+  // Each row is seq_len + 1 ids: the first seq_len the input, the last seq_len its targets.
+  std::vector<int64_t> ids(static_cast<size_t>(batch * seq_len)), targets(ids.size());
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t previous = g.next_u32() % config.vocab_size;
+    for (int64_t t = 0; t < seq_len; ++t) {
+      const auto i = static_cast<size_t>(b * seq_len + t);
+      ids[i] = previous;
+      targets[i] = previous = g.next_u32() % config.vocab_size;
+    }
+  }
+  Tensor idx = Tensor::from_vector(ids, {batch, seq_len});
+  Tensor y = Tensor::from_vector(targets, {batch, seq_len});
+  if (device.is_cuda()) {
+    model->to(device);
+    idx = idx.to(device);
+    y = y.to(device);
+  }
+  optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  auto step = [&] {
+    opt.zero_grad();
+    Tensor loss = model->forward_values({idx, y}).tensor(1);
+    loss.backward();
+    opt.step();
+    bench::synchronize(device);  // no-op on the CPU
+  };
+  r.ms = bench::median_seconds(step, o.warmup, o.steps) * 1e3;
+  return r;
+}
+
+// " --seq-len 128 --vocab-size 256 ...": the GPT's shape for the peer.
+std::string gpt_peer_args(const nn::GptConfig& c, int64_t seq_len) {
+  return fmt::format(" --seq-len {} --vocab-size {} --block-size {} --n-layer {} --n-head {} "
+                     "--n-embd {}",
+                     seq_len, c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd);
+}
+
 // The peer's JSON, or a json object with "error" when it cannot run.
-json peer_step(const std::string& name, int64_t batch, const Device& device, const Options& o) {
+// `extra_args` are appended to its command line (the GPT's shape; empty otherwise).
+json peer_step(const std::string& name, int64_t batch, const std::string& extra_args,
+               const Device& device, const Options& o) {
   if (!bench::program_exists(o.python))
     return {{"error", o.python + " not found (apt-get install python3-torch, or --python)"}};
   if (!std::filesystem::exists(o.peer_script))
@@ -108,10 +182,10 @@ json peer_step(const std::string& name, int64_t batch, const Device& device, con
                         "(torch.cuda.is_available() is false); pass --python with a CUDA build"}};
   }
   auto r = bench::run_command(fmt::format("{} {} --model {} --batch-size {} --steps {} --warmup {} "
-                                          "--threads {} --device {}{}",
+                                          "--threads {} --device {}{}{}",
                                           o.python, o.peer_script, name, batch, o.steps, o.warmup,
                                           o.threads, device.is_cuda() ? "cuda" : "cpu",
-                                          o.tf32 ? " --tf32" : ""));
+                                          o.tf32 ? " --tf32" : "", extra_args));
   json j = json::parse(r.output, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return {{"error", "peer printed no JSON (exit " + std::to_string(r.exit_code) + ")"}};
   if (r.exit_code == 3) j["error"] = "PyTorch is not on OpenBLAS: install libopenblas0";
@@ -128,23 +202,55 @@ int run(const Options& o) {
   bench::set_allow_tf32(o.tf32);
   const std::string machine = bench::machine_description(device);
   const std::string device_str = device.is_cuda() ? fmt::format("cuda:{}", device.index) : "cpu";
+  // The GPT's rows add tokens/s columns and a line under the table; without
+  // it the output is what it was before the GPT existed.
+  const bool has_gpt = std::find(o.models.begin(), o.models.end(), "gpt") != o.models.end();
+  const nn::GptConfig gpt = bench::gpt_config(device);
+  const int64_t seq_len = o.seq_len > 0 ? o.seq_len : gpt.block_size;
+  LOCKSTEP_CHECK(o.seq_len == 0 || has_gpt, "--seq-len is for --model gpt only");
+  LOCKSTEP_CHECK(seq_len <= gpt.block_size, "--seq-len {} exceeds the gpt's block_size {}",
+                 seq_len, gpt.block_size);
+  std::string gpt_note;
 
   json results = json::array();
   std::vector<std::vector<std::string>> rows;
   for (const auto& name : o.models) {
     const int64_t batch = batch_for(name, o);
-    const double ours = lockstep_step_ms(name, batch, device, o);
+    const bool is_gpt = name == "gpt";
+    const GptStep gpt_step = is_gpt ? lockstep_gpt_step(gpt, batch, seq_len, device, o) : GptStep{};
+    const double ours = is_gpt ? gpt_step.ms : lockstep_step_ms(name, batch, device, o);
+    const auto tokens_per_s = [&](double ms) {
+      return static_cast<double>(batch * seq_len) / (ms / 1e3);
+    };
     const auto goal = goal_speedup(name, batch, device);
     json row = {{"model", name}, {"device", device_str}, {"batch_size", batch},
                 {"threads", o.threads}, {"lockstep_ms", ours},
                 {"lockstep_samples_per_s", static_cast<double>(batch) / (ours / 1e3)}};
     std::string peer_cell = "-", ratio_cell = "-", goal_cell = "-";
+    std::string tokens_cell = "-", peer_tokens_cell = "-", peer_parameters = "n/a";
+    if (is_gpt) {
+      row["seq_len"] = seq_len;
+      row["gpt_config"] = {{"vocab_size", gpt.vocab_size}, {"block_size", gpt.block_size},
+                           {"n_layer", gpt.n_layer},       {"n_head", gpt.n_head},
+                           {"n_embd", gpt.n_embd},         {"dropout", gpt.dropout}};
+      row["parameters"] = gpt_step.parameters;
+      row["lockstep_tokens_per_s"] = tokens_per_s(ours);
+      tokens_cell = fmt::format("{:.0f}", tokens_per_s(ours));
+    }
     if (goal) {
       row["goal_speedup"] = *goal;
       goal_cell = fmt::format(">= {:.1f}x", *goal);
     }
     if (o.peer) {
-      json p = peer_step(name, batch, device, o);
+      json p = peer_step(name, batch, is_gpt ? gpt_peer_args(gpt, seq_len) : "", device, o);
+      if (is_gpt && p.contains("parameters")) {
+        const auto theirs = p["parameters"].get<int64_t>();
+        peer_parameters = std::to_string(theirs);
+        if (theirs != gpt_step.parameters && !p.contains("error"))
+          p["error"] = fmt::format("PyTorch's GPT has {} parameters, lockstep's {}: not the same "
+                                   "model",
+                                   theirs, gpt_step.parameters);
+      }
       row["pytorch"] = p;
       if (!p.contains("error")) {
         const double theirs = p["median_ms"].get<double>();
@@ -153,6 +259,10 @@ int run(const Options& o) {
         row["speedup_vs_pytorch"] = speedup;
         peer_cell = fmt::format("{:.2f}", theirs);
         ratio_cell = fmt::format("{:.2f}x", speedup);
+        if (is_gpt) {
+          row["pytorch_tokens_per_s"] = tokens_per_s(theirs);
+          peer_tokens_cell = fmt::format("{:.0f}", tokens_per_s(theirs));
+        }
         if (goal) {
           row["goal_met"] = speedup >= *goal;
           goal_cell += speedup >= *goal ? " met" : " NOT met";
@@ -163,9 +273,26 @@ int run(const Options& o) {
                   << p["error"].get<std::string>() << "\n";
       }
     }
+    if (is_gpt) {
+      gpt_note = fmt::format("gpt: {}vocab {}, block {}, {} layers, {} heads, n_embd {}; batch "
+                             "{} x {} tokens; {} parameters (PyTorch: {})\n",
+                             device.is_cuda() ? "GPT-2 124M, " : "", gpt.vocab_size,
+                             gpt.block_size, gpt.n_layer, gpt.n_head, gpt.n_embd, batch, seq_len,
+                             gpt_step.parameters, peer_parameters);
+    }
     results.push_back(row);
-    std::vector<std::string> cells{name, device_str, std::to_string(batch), std::to_string(o.threads),
-                                   fmt::format("{:.2f}", ours), peer_cell, ratio_cell};
+    std::vector<std::string> cells{name,
+                                   device_str,
+                                   is_gpt ? fmt::format("{}x{}", batch, seq_len)
+                                          : std::to_string(batch),
+                                   std::to_string(o.threads),
+                                   fmt::format("{:.2f}", ours),
+                                   peer_cell,
+                                   ratio_cell};
+    if (has_gpt) {
+      cells.push_back(tokens_cell);
+      cells.push_back(peer_tokens_cell);
+    }
     if (device.is_cuda()) cells.push_back(goal_cell);
     rows.push_back(cells);
   }
@@ -187,8 +314,12 @@ int run(const Options& o) {
                o.steps, o.warmup, device.is_cuda() ? (o.tf32 ? "; TF32 on" : "; TF32 off") : "");
     std::vector<std::string> header{"model", "device", "batch", "threads", "lockstep ms/step",
                                     "PyTorch ms/step", "lockstep speedup"};
+    if (has_gpt) {
+      header.push_back("lockstep tokens/s");
+      header.push_back("PyTorch tokens/s");
+    }
     if (device.is_cuda()) header.push_back("goal");
-    fmt::print("{}", bench::format_table(header, rows));
+    fmt::print("{}{}", bench::format_table(header, rows), gpt_note);
   }
   return 0;
 }
@@ -198,11 +329,16 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Time forward+backward+SGD of the benchmark models, beside PyTorch."};
-  app.add_option("--model", o.models, "mlp, cnn and/or resnet18 (default: mlp and cnn)")
-      ->check(CLI::IsMember(bench::model_names()))
+  app.add_option("--model", o.models, "mlp, cnn, resnet18 and/or gpt (default: mlp and cnn)")
+      ->check(CLI::IsMember(step_model_names()))
       ->delimiter(',');
   app.add_option("--batch-size", o.batch_size,
-                 "samples per step (default: 64 for mlp and cnn, 256 for resnet18)")
+                 "samples per step (default: 64 for mlp and cnn, 256 for resnet18, 8 sequences "
+                 "for gpt)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", o.seq_len,
+                 "tokens per sequence, gpt only (default: its block_size, 128 on the CPU, 1024 on "
+                 "CUDA)")
       ->check(CLI::PositiveNumber);
   app.add_option("--steps", o.steps, "timed steps (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);

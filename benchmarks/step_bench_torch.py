@@ -1,7 +1,16 @@
 #!/usr/bin/env python3
 """PyTorch peer for step_bench: times forward + backward + SGD step of the
-Fashion-MNIST MLP or CNN, or ResNet-18 for 32x32 inputs, on the CPU or one
-GPU, and prints one JSON object.
+Fashion-MNIST MLP or CNN, ResNet-18 for 32x32 inputs, or a GPT (nanoGPT's
+model, its shape given by --vocab-size ... --n-embd), on the CPU or one GPU,
+and prints one JSON object.
+
+GPT: the module tree and parameter names of nanoGPT (transformer.wte, wpe,
+h.N.ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, ln_f, lm_head
+tied to wte), exact GELU, no dropout; attention through
+scaled_dot_product_attention(is_causal=True) where torch has it (2.x), else
+written out (softmax of masked q k^T / sqrt(d), times v) for torch 1.13. Its
+weights are drawn here, as nanoGPT draws them, not copied from lockstep: the
+two sides share the architecture and the parameter count, which is reported.
 
 CPU: refuses to report (exit 3) when PyTorch is not running on OpenBLAS, since
 a comparison against the reference BLAS would be meaningless.
@@ -17,6 +26,7 @@ loads, and the count OpenBLAS really uses is read back and reported."""
 import argparse
 import ctypes
 import json
+import math
 import os
 import statistics
 import sys
@@ -102,6 +112,91 @@ def resnet18():
     return ResNet((2, 2, 2, 2), 10)
 
 
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd, n_head, block_size):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head = n_head
+        self.sdpa = hasattr(nn.functional, "scaled_dot_product_attention")
+        if not self.sdpa:
+            mask = torch.tril(torch.ones(block_size, block_size, dtype=torch.bool))
+            self.register_buffer("bias", mask.view(1, 1, block_size, block_size),
+                                 persistent=False)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if self.sdpa:
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(~self.bias[:, :, :T, :T], float("-inf"))
+            y = nn.functional.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, n_embd):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
+        self.gelu = nn.GELU()  # exact (erf), as lockstep's
+        self.c_proj = nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd, n_head, block_size):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, block_size)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.mlp = MLP(n_embd)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """nanoGPT's GPT (lockstep's nn::Gpt), without dropout."""
+
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, n_embd),
+            wpe=nn.Embedding(block_size, n_embd),
+            h=nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)]),
+            ln_f=nn.LayerNorm(n_embd)))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx, targets):
+        T = idx.size(1)
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
 MODELS = {"mlp": mlp, "cnn": cnn, "resnet18": resnet18}
 INPUT_SHAPES = {"mlp": (1, 28, 28), "cnn": (1, 28, 28), "resnet18": (3, 32, 32)}
 
@@ -130,7 +225,7 @@ def openblas_threads(blas):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=sorted(MODELS), required=True)
+    ap.add_argument("--model", choices=sorted([*MODELS, "gpt"]), required=True)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
@@ -139,6 +234,13 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--tf32", action="store_true",
                     help="TF32 for cuBLAS and cuDNN (CUDA only; off by default)")
+    gpt = ap.add_argument_group("gpt", "the GPT's shape (step_bench passes lockstep's)")
+    gpt.add_argument("--seq-len", type=int, default=128)
+    gpt.add_argument("--vocab-size", type=int, default=256)
+    gpt.add_argument("--block-size", type=int, default=128)
+    gpt.add_argument("--n-layer", type=int, default=4)
+    gpt.add_argument("--n-head", type=int, default=4)
+    gpt.add_argument("--n-embd", type=int, default=128)
     a = ap.parse_args()
 
     cuda = a.device == "cuda"
@@ -153,15 +255,33 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     device = torch.device("cuda:0" if cuda else "cpu")
-    model = MODELS[a.model]().to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x = torch.randn(a.batch_size, *INPUT_SHAPES[a.model]).to(device)
-    y = torch.randint(0, 10, (a.batch_size,)).to(device)
-    loss_fn = nn.CrossEntropyLoss()
+    gpt_fields = {}
+    if a.model == "gpt":
+        model = GPT(a.vocab_size, a.block_size, a.n_layer, a.n_head, a.n_embd).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        # Each row's targets are its ids shifted by one.
+        tokens = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len + 1)).to(device)
+        x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        gpt_fields = {"seq_len": a.seq_len,
+                      "parameters": sum(p.numel() for p in model.parameters()),
+                      "attention": ("scaled_dot_product_attention"
+                                    if model.transformer.h[0].attn.sdpa else "explicit")}
+
+        def loss_of():
+            return model(x, y)
+    else:
+        model = MODELS[a.model]().to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        x = torch.randn(a.batch_size, *INPUT_SHAPES[a.model]).to(device)
+        y = torch.randint(0, 10, (a.batch_size,)).to(device)
+        loss_fn = nn.CrossEntropyLoss()
+
+        def loss_of():
+            return loss_fn(model(x), y)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        loss = loss_of()
         loss.backward()
         opt.step()
         if cuda:
@@ -180,7 +300,7 @@ def main():
                           "device": "cuda", "gpu": torch.cuda.get_device_name(device),
                           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
                           "tf32": a.tf32, "batch_size": a.batch_size,
-                          "median_ms": statistics.median(times) * 1e3}))
+                          "median_ms": statistics.median(times) * 1e3, **gpt_fields}))
         return 0  # OpenBLAS plays no part on the GPU
 
     blas = loaded_blas()
@@ -189,7 +309,7 @@ def main():
     result = {"blas_threads": blas_threads, "peer": "pytorch", "version": torch.__version__,
               "model": a.model, "device": "cpu", "batch_size": a.batch_size, "threads": a.threads,
               "median_ms": statistics.median(times) * 1e3, "blas": blas,
-              "on_openblas": on_openblas}
+              "on_openblas": on_openblas, **gpt_fields}
     print(json.dumps(result))
     if not on_openblas:
         print("step_bench_torch: PyTorch is not using OpenBLAS (loaded: %s). Install "

@@ -22,6 +22,14 @@ runtime::Shape input_shape(const std::string& name, int64_t batch) {
   return {batch, 1, 28, 28};
 }
 
-int64_t default_batch(const std::string& name) { return name == "resnet18" ? 256 : 64; }
+int64_t default_batch(const std::string& name) {
+  if (name == "gpt") return 8;
+  return name == "resnet18" ? 256 : 64;
+}
+
+nn::GptConfig gpt_config(const runtime::Device& device) {
+  if (device.is_cuda()) return nn::GptConfig::gpt2();
+  return {.vocab_size = 256, .block_size = 128, .n_layer = 4, .n_head = 4, .n_embd = 128};
+}
 
 }  // namespace lockstep::bench
