@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/autograd/rebind.h"
@@ -157,10 +158,12 @@ Values DataParallel::forward_values(const Values& inputs) {
 
   // One thread per further chunk; the first runs here.
   const bool grad = runtime::grad_enabled();
+  const runtime::AutocastState autocast = runtime::autocast_state();
   std::vector<std::exception_ptr> errors(chunks);
   const auto run = [&](size_t i) {
     try {
       runtime::set_grad_enabled(grad);
+      runtime::AutocastGuard same_autocast(autocast);
       runtime::CurrentDevice on(devices_[i]);
       // Replica i's nodes run on a thread of their own in backward too.
       std::optional<runtime::AutogradLane> lane;

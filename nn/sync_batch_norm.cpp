@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/affine_inputs.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
@@ -39,6 +40,11 @@ Tensor sync_batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& b
                        const Tensor& running_mean, const Tensor& running_var, double momentum,
                        double eps, const std::shared_ptr<ProcessGroup>& group) {
   namespace sbn = runtime::sync_bn;
+  // Under autocast, as batch_norm: in f32; the running statistics as they are.
+  if (auto c = runtime::detail::autocast_inputs(runtime::detail::CastPolicy::f32,
+                                                {x_in, weight, bias}))
+    return sync_batch_norm((*c)[0], (*c)[1], (*c)[2], running_mean, running_var, momentum, eps,
+                           group);
   for (const auto& [name, t] : {std::pair{"weight", &weight}, std::pair{"bias", &bias},
                                 std::pair{"running_mean", &running_mean},
                                 std::pair{"running_var", &running_var}}) {

@@ -11,10 +11,10 @@
 // Each op's forward and backward are separate kernels here; the op records
 // the autograd node between them, once for every device.
 //
-// Mixed precision (autocast) will choose each op's compute dtype at the same
-// point, before the call: a policy table keyed by op, of the shape
-//   {op: "matmul" | "conv2d" | ..., cast: lower | f32 | widest_input}
-// applied to the arguments, with casts of parameters cached per scope.
+// Autocast (runtime/autocast.h) chooses each op's compute dtype at the same
+// point, before the kernel call: the op casts its arguments by its policy
+// row (lower, f32, or the widest input) and calls itself again, so kernels
+// only ever see arguments of one dtype.
 #pragma once
 
 #include <cstddef>
@@ -159,6 +159,7 @@ class DeviceBackend {
   // devices; ops/fused_step.h): one launch per device.
   virtual void fused_sgd_step(const std::vector<FusedParam<SgdTensor>>& params) const;
   virtual void fused_adam_step(const std::vector<FusedParam<AdamTensor>>& params) const;
+
 
   // SyncBatchNorm's passes around its collectives (ops/sync_batch_norm.h).
   virtual Tensor sync_bn_local_stats(const Tensor& x) const;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/half.h"
@@ -15,6 +16,8 @@ enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, u8, boolean };
 size_t dtype_size(DType d);
 std::string_view dtype_name(DType d);  // "f32", "f64", "bf16", ... "bool"
 bool is_floating(DType d);             // f32, f64, bf16, f16
+// bf16, f16: on the CPU storage types that compute in f32 (half.h).
+inline bool is_reduced_float(DType d) { return d == DType::bf16 || d == DType::f16; }
 
 // C++ type <-> DType. bool is stored as one byte.
 template <class T> struct dtype_of;
@@ -73,6 +76,22 @@ decltype(auto) dispatch_float(DType d, std::string_view op, Fn&& fn) {
   }
 }
 
+// Calls fn(T{}) for every floating dtype (f32, f64, bf16, f16): for kernels
+// that load and store T and compute in compute_t<T> (half.h).
+template <class Fn>
+decltype(auto) dispatch_floating(DType d, std::string_view op, Fn&& fn) {
+  switch (d) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::bf16: return fn(bf16{});
+    case DType::f16: return fn(f16{});
+    default:
+      throw Error(fmt::format("{}: dtype {} is not a floating dtype; convert with "
+                              ".to(DType::f32)",
+                              op, dtype_name(d)));
+  }
+}
+
 // Calls fn(T{}) for the dtypes with arithmetic kernels (f32, f64, i32, i64).
 template <class Fn>
 decltype(auto) dispatch_arith(DType d, std::string_view op, Fn&& fn) {
@@ -85,6 +104,14 @@ decltype(auto) dispatch_arith(DType d, std::string_view op, Fn&& fn) {
       throw Error(fmt::format("{}: no CPU kernel for dtype {}; convert with .to(DType::f32)", op,
                               dtype_name(d)));
   }
+}
+
+// Calls fn(T{}) for dispatch_arith's dtypes and bf16, f16 (whose kernels
+// compute in compute_t<T>).
+template <class Fn>
+decltype(auto) dispatch_compute(DType d, std::string_view op, Fn&& fn) {
+  if (is_reduced_float(d)) return dispatch_floating(d, op, std::forward<Fn>(fn));
+  return dispatch_arith(d, op, std::forward<Fn>(fn));
 }
 
 // The dtype both operands of a binary op are converted to: floating beats

@@ -69,4 +69,10 @@ struct f16 {
   }
 };
 
+// The type a kernel computes in for storage type T: float for bf16 and f16.
+template <class T> struct compute_type { using type = T; };
+template <> struct compute_type<bf16> { using type = float; };
+template <> struct compute_type<f16> { using type = float; };
+template <class T> using compute_t = typename compute_type<T>::type;
+
 }  // namespace lockstep::runtime

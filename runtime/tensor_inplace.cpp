@@ -125,13 +125,14 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
     return *this;
   }
   Tensor src = other.to(dtype());
-  dispatch_arith(dtype(), "add_", [&](auto tag) {
+  dispatch_compute(dtype(), "add_", [&](auto tag) {
     using T = decltype(tag);
-    const T a = static_cast<T>(alpha);
+    using C = compute_t<T>;
+    const C a = static_cast<C>(alpha);
     if (alpha == 1.0)
-      apply_inplace<T>(*this, src, [](T x, T y) { return x + y; });
+      apply_inplace<T>(*this, src, [](T x, T y) { return static_cast<T>(C(x) + C(y)); });
     else
-      apply_inplace<T>(*this, src, [a](T x, T y) { return x + a * y; });
+      apply_inplace<T>(*this, src, [a](T x, T y) { return static_cast<T>(C(x) + a * C(y)); });
   });
   storage()->bump_version();
   return *this;
@@ -148,9 +149,10 @@ Tensor& Tensor::mul_(const Tensor& other) {
     return *this;
   }
   Tensor src = other.to(dtype());
-  dispatch_arith(dtype(), "mul_", [&](auto tag) {
+  dispatch_compute(dtype(), "mul_", [&](auto tag) {
     using T = decltype(tag);
-    apply_inplace<T>(*this, src, [](T x, T y) { return x * y; });
+    using C = compute_t<T>;
+    apply_inplace<T>(*this, src, [](T x, T y) { return static_cast<T>(C(x) * C(y)); });
   });
   storage()->bump_version();
   return *this;

@@ -11,6 +11,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/backward_callbacks.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/meta.h"
@@ -195,6 +196,9 @@ void queue_backward_callback(std::function<void()> fn) {
 }
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  // Each op's backward runs at the dtypes its forward ran at, even when
+  // backward() is called inside an autocast scope.
+  AutocastGuard no_autocast(AutocastState{});
   CallbackFrame frame;
   std::shared_ptr<Node> root_node = gradient_edge(root);
   LOCKSTEP_ASSERT(root_node != nullptr);

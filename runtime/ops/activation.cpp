@@ -5,11 +5,13 @@
 
 #include <cmath>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/float_map.h"
 #include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/ops/reduced_float.h"
 
 namespace lockstep::runtime {
 
@@ -144,6 +146,9 @@ Tensor log_softmax_cpu(const Tensor& x, int64_t dim) {
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {x})) return softmax((*c)[0], dim);
+  if (auto low = detail::cpu_reduced_dtype({x}))
+    return detail::in_f32(*low, {x}, [&](const auto& in) { return softmax(in[0], dim); });
   Tensor out = !x.device().is_cpu() ? device_backend(x.device()).softmax_forward(x, dim, false)
                                     : softmax_cpu(x, dim);
   return record(out, "SoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {
@@ -158,6 +163,10 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {x}))
+    return log_softmax((*c)[0], dim);
+  if (auto low = detail::cpu_reduced_dtype({x}))
+    return detail::in_f32(*low, {x}, [&](const auto& in) { return log_softmax(in[0], dim); });
   Tensor out = !x.device().is_cpu() ? device_backend(x.device()).softmax_forward(x, dim, true)
                                     : log_softmax_cpu(x, dim);
   return record(out, "LogSoftmaxBackward", {x}, {out}, [dim](const BackwardArgs& g) {

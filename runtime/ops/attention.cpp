@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/activation.h"
 #include "lockstep/runtime/ops/attention_kernels.h"
@@ -14,6 +15,7 @@
 #include "lockstep/runtime/ops/linalg.h"
 #include "lockstep/runtime/ops/misc.h"
 #include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/ops/reduced_float.h"
 
 namespace lockstep::runtime {
 namespace {
@@ -209,10 +211,21 @@ attention_kernels::Problem<T> problem(const KernelArgs& a, const Tensor& q, cons
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::lower, {q, k, v, options.mask})) {
+    AttentionOptions cast_options = options;
+    cast_options.mask = (*c)[3];
+    return scaled_dot_product_attention((*c)[0], (*c)[1], (*c)[2], cast_options);
+  }
   const Geometry g = check_args(q, k, v, options);
   // No device has an attention kernel yet (cuDNN's comes later): compose it.
   if (!q.device().is_cpu()) return scaled_dot_product_attention_math(q, k, v, options);
 
+  if (auto low = detail::cpu_reduced_dtype({q, k, v, options.mask}))
+    return detail::in_f32(*low, {q, k, v, options.mask}, [&](const auto& in) {
+      AttentionOptions wide_options = options;
+      wide_options.mask = in[3];
+      return scaled_dot_product_attention(in[0], in[1], in[2], wide_options);
+    });
   LOCKSTEP_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::f64,
                  "{}: dtype {} is not supported on CPU; use f32 or f64 (convert with "
                  ".to(DType::f32))", kOp, dtype_name(q.dtype()));

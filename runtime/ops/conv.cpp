@@ -3,9 +3,11 @@
 // kernels (cuDNN for CUDA).
 #include "lockstep/runtime/ops/conv.h"
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/conv_kernels.h"
+#include "lockstep/runtime/ops/reduced_float.h"
 
 namespace lockstep::runtime {
 namespace {
@@ -68,7 +70,12 @@ ConvShape check_and_shape(const Tensor& x, const Tensor& weight, const Tensor& b
 
 Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
               const Conv2dOptions& opts) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::lower, {x_in, weight_in, bias_in}))
+    return conv2d((*c)[0], (*c)[1], (*c)[2], opts);
   const ConvShape s = check_and_shape(x_in, weight_in, bias_in, opts);
+  if (auto low = detail::cpu_reduced_dtype({x_in, weight_in, bias_in}))
+    return detail::in_f32(*low, {x_in, weight_in, bias_in},
+                          [&](const auto& in) { return conv2d(in[0], in[1], in[2], opts); });
   const Tensor x = x_in.contiguous();
   const Tensor weight = weight_in.contiguous();
   const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();

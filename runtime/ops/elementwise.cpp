@@ -70,9 +70,12 @@ Tensor arith(const Tensor& a, const Tensor& b, const char* name, F f, BinaryOp o
   if (const Device d = kernel_device(a, b); !d.is_cpu())
     return device_backend(d).binary(op, a, b, dt, alpha, name);
   Tensor ca = a.to(dt), cb = b.to(dt);
-  return dispatch_arith(dt, name, [&](auto tag) {
+  return dispatch_compute(dt, name, [&](auto tag) {
     using T = decltype(tag);
-    return binary_loop<T, T>(ca, cb, dt, [&](T x, T y) { return static_cast<T>(f(x, y)); });
+    using C = compute_t<T>;
+    return binary_loop<T, T>(ca, cb, dt, [&](T x, T y) {
+      return static_cast<T>(f(static_cast<C>(x), static_cast<C>(y)));
+    });
   });
 }
 
@@ -83,13 +86,16 @@ Tensor compare(const Tensor& a, const Tensor& b, const char* name, F f, BinaryOp
   if (const Device d = kernel_device(a, b); !d.is_cpu())
     return device_backend(d).binary(op, a, b, dt, 1.0, name);
   Tensor ca = a.to(dt), cb = b.to(dt);
-  return dispatch_arith(dt, name, [&](auto tag) {
+  return dispatch_compute(dt, name, [&](auto tag) {
     using T = decltype(tag);
-    return binary_loop<T, bool>(ca, cb, DType::boolean, [&](T x, T y) { return f(x, y); });
+    using C = compute_t<T>;
+    return binary_loop<T, bool>(ca, cb, DType::boolean, [&](T x, T y) {
+      return f(static_cast<C>(x), static_cast<C>(y));
+    });
   });
 }
 
-// f(x) over floating `a` (f32, f64 on the CPU; also bf16, f16 on CUDA).
+// f(x) over floating `a` (bf16 and f16 compute in float on the CPU).
 template <class F>
 Tensor unary(const Tensor& a, const char* name, F f, UnaryOp op, double scalar = 0.0) {
   if (!a.device().is_cpu()) return device_backend(a.device()).unary(op, a, scalar, name);
@@ -181,8 +187,12 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor add(const Tensor& a, double s) {
   DType dt = a.dtype();
   if (!is_floating(dt) && s != std::floor(s)) dt = DType::f32;
+  // bf16 and f16 on the CPU take the scalar in float, not rounded to 16 bits.
   Tensor out = a.device().is_cuda()
                    ? unary(a.to(dt), "add", [](auto x) { return x; }, UnaryOp::add_scalar, s)
+               : is_reduced_float(dt)
+                   ? unary(a, "add", [s](auto x) { return x + static_cast<decltype(x)>(s); },
+                           UnaryOp::add_scalar, s)
                    : arith(a.to(dt), Tensor::scalar(s, dt), "add",
                            [](auto x, auto y) { return x + y; }, BinaryOp::add);
   return record(out, "AddScalarBackward", {a}, {},
@@ -194,6 +204,9 @@ Tensor mul(const Tensor& a, double s) {
   if (!is_floating(dt) && s != std::floor(s)) dt = DType::f32;
   Tensor out = !a.device().is_cpu()
                    ? unary(a.to(dt), "mul", [](auto x) { return x; }, UnaryOp::mul_scalar, s)
+               : is_reduced_float(dt)
+                   ? unary(a, "mul", [s](auto x) { return x * static_cast<decltype(x)>(s); },
+                           UnaryOp::mul_scalar, s)
                    : arith(a.to(dt), Tensor::scalar(s, dt), "mul",
                            [](auto x, auto y) { return x * y; }, BinaryOp::mul);
   return record(out, "MulScalarBackward", {a}, {},

@@ -4,6 +4,8 @@
 
 #include <cblas.h>
 
+#include "lockstep/runtime/autocast.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/gemm.h"
@@ -71,6 +73,15 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta
     else c.mul_(beta);
     return;
   }
+  if (is_reduced_float(a.dtype())) {
+    // OpenBLAS as Debian builds it has no 16-bit gemm: widen the operands
+    // (exactly), multiply and accumulate in f32, round once into c.
+    NoGradGuard no_grad;
+    Tensor c32 = beta == 0.0 ? Tensor::empty(c.shape(), DType::f32) : c.to(DType::f32);
+    gemm(a.to(DType::f32), b.to(DType::f32), c32, alpha, beta);
+    c.copy_(c32);
+    return;
+  }
   BlasView va = blas_view(a), vb = blas_view(b);
   dispatch_float(a.dtype(), "matmul", [&](auto tag) {
     using T = decltype(tag);
@@ -129,6 +140,7 @@ Tensor as_rows(const Tensor& t) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::lower, {a, b})) return matmul((*c)[0], (*c)[1]);
   check_same_device("matmul", a, b);
   LOCKSTEP_CHECK(a.dim() >= 2 && (b.dim() == 2 || b.dim() == a.dim()),
                  "matmul: expected [.., m, k] x [k, n] or batched [b, m, k] x [b, k, n]; got {} x {}",
@@ -165,6 +177,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::lower, {x, weight, bias}))
+    return linear((*c)[0], (*c)[1], (*c)[2]);
   LOCKSTEP_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got {}",
                  shape_str(weight.shape()));
   LOCKSTEP_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1],

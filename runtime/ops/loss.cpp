@@ -6,10 +6,12 @@
 
 #include <cmath>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/ops/reduced_float.h"
 
 namespace lockstep::runtime {
 
@@ -92,6 +94,12 @@ Tensor cross_entropy_backward_cpu(const std::vector<Tensor>& saved, const Tensor
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing,
                      Reduction reduction) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {logits}))
+    return cross_entropy((*c)[0], target, smoothing, reduction);
+  if (auto low = detail::cpu_reduced_dtype({logits}))
+    return detail::in_f32(*low, {logits}, [&](const auto& in) {
+      return cross_entropy(in[0], target, smoothing, reduction);
+    });
   LOCKSTEP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got {}",
                  shape_str(logits.shape()));
   LOCKSTEP_CHECK(target.dim() == 1 && target.shape()[0] == logits.shape()[0],
@@ -123,6 +131,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {input, target}))
+    return mse_loss((*c)[0], (*c)[1], reduction);
   LOCKSTEP_CHECK(input.shape() == target.shape(),
                  "mse_loss: input {} and target {} must have the same shape",
                  shape_str(input.shape()), shape_str(target.shape()));

@@ -26,12 +26,13 @@ constexpr int64_t kDrawChunk = 4096;
 void dropout_cpu(const Tensor& xc, const Tensor& out, const Tensor& mask, uint64_t threshold,
                  double scale, Generator& g) {
   const int64_t n = xc.numel();
-  dispatch_float(xc.dtype(), "dropout", [&](auto tag) {
+  dispatch_floating(xc.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
+    using C = compute_t<T>;
     const T* xp = xc.data_ptr<T>();
     T* yp = out.data_ptr<T>();
     uint8_t* mp = mask.data_ptr<uint8_t>();
-    const T s = static_cast<T>(scale);
+    const C s = static_cast<C>(scale);
     uint32_t draws[kDrawChunk];
     for (int64_t i0 = 0; i0 < n; i0 += kDrawChunk) {
       const int64_t m = std::min(kDrawChunk, n - i0);
@@ -39,20 +40,22 @@ void dropout_cpu(const Tensor& xc, const Tensor& out, const Tensor& mask, uint64
       for (int64_t i = 0; i < m; ++i) {
         const bool keep = draws[i] < threshold;
         mp[i0 + i] = keep;
-        yp[i0 + i] = xp[i0 + i] * (keep ? s : T(0));
+        yp[i0 + i] = static_cast<T>(static_cast<C>(xp[i0 + i]) * (keep ? s : C(0)));
       }
     }
   });
 }
 
 void dropout_backward_cpu(const Tensor& gy, const Tensor& mask, double scale, const Tensor& gx) {
-  dispatch_float(gy.dtype(), "dropout backward", [&](auto tag) {
+  dispatch_floating(gy.dtype(), "dropout backward", [&](auto tag) {
     using T = decltype(tag);
+    using C = compute_t<T>;
     const T* gp = gy.data_ptr<T>();
     const uint8_t* mp = mask.data_ptr<uint8_t>();
     T* out = gx.data_ptr<T>();
-    const T s = static_cast<T>(scale);
-    for (int64_t i = 0, n = gy.numel(); i < n; ++i) out[i] = gp[i] * (mp[i] ? s : T(0));
+    const C s = static_cast<C>(scale);
+    for (int64_t i = 0, n = gy.numel(); i < n; ++i)
+      out[i] = static_cast<T>(static_cast<C>(gp[i]) * (mp[i] ? s : C(0)));
   });
 }
 
@@ -70,16 +73,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& g) {
   Tensor out = Tensor::empty(xc.shape(), xc.dtype(), xc.device());
   if (p == 1.0) {
     // Everything dropped: no draws needed, and no 1 / (1 - p).
-    if (on_device(xc)) {
-      LOCKSTEP_CHECK(is_floating(xc.dtype()), "dropout: needs a floating tensor, got {}",
-                     dtype_name(xc.dtype()));
-      out.zero_();
-    } else {
-      dispatch_float(xc.dtype(), "dropout", [&](auto tag) {
-        using T = decltype(tag);
-        std::memset(out.data_ptr<T>(), 0, sizeof(T) * xc.numel());
-      });
-    }
+    LOCKSTEP_CHECK(is_floating(xc.dtype()), "dropout: needs a floating tensor, got {}",
+                   dtype_name(xc.dtype()));
+    out.zero_();
     return record(std::move(out), "DropoutBackward", {x}, {}, [](const BackwardArgs& a) {
       return std::vector<Tensor>{Tensor::zeros(a.grad.shape(), a.grad.dtype(), a.grad.device())};
     });
@@ -92,8 +88,11 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& g) {
   } else {
     dropout_cpu(xc, out, mask, threshold, scale, g);
   }
-  return record(std::move(out), "DropoutBackward", {x}, {},
-                [mask, scale](const BackwardArgs& a) {
+  // The mask is a saved tensor, not a capture: activation checkpointing can
+  // then drop it with the rest of a region's activations.
+  return record(std::move(out), "DropoutBackward", {x}, {mask},
+                [scale](const BackwardArgs& a) {
+                  const Tensor& mask = a.saved[0];
                   const Tensor gy = a.grad.contiguous();
                   Tensor gx = Tensor::empty(gy.shape(), gy.dtype(), gy.device());
                   if (on_device(gy)) {

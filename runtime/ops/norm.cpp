@@ -6,10 +6,12 @@
 #include <cmath>
 #include <memory>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/affine_inputs.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/norm_kernels.h"
+#include "lockstep/runtime/ops/reduced_float.h"
 #include "lockstep/runtime/ops/running_stats.h"
 
 namespace lockstep::runtime {
@@ -118,6 +120,14 @@ void cpu_batch_norm_backward(const ChannelShape& s, const Tensor& gy, const Tens
 Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum, double eps) {
+  // Running statistics pass as they are: they are updated in place.
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {x_in, weight, bias}))
+    return batch_norm((*c)[0], (*c)[1], (*c)[2], running_mean, running_var, training, momentum,
+                      eps);
+  if (auto low = detail::cpu_reduced_dtype({x_in, weight, bias}))
+    return detail::in_f32(*low, {x_in, weight, bias}, [&](const auto& in) {
+      return batch_norm(in[0], in[1], in[2], running_mean, running_var, training, momentum, eps);
+    });
   LOCKSTEP_CHECK(x_in.defined() && x_in.dim() >= 2,
                  "batch_norm: expected input [N, C] or [N, C, ...], got {}",
                  x_in.defined() ? shape_str(x_in.shape()) : std::string("undefined"));
@@ -185,6 +195,12 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
 
 Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_shape,
                   const Tensor& weight, const Tensor& bias, double eps) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {x_in, weight, bias}))
+    return layer_norm((*c)[0], normalized_shape, (*c)[1], (*c)[2], eps);
+  if (auto low = detail::cpu_reduced_dtype({x_in, weight, bias}))
+    return detail::in_f32(*low, {x_in, weight, bias}, [&](const auto& in) {
+      return layer_norm(in[0], normalized_shape, in[1], in[2], eps);
+    });
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   LOCKSTEP_CHECK(x_in.defined(), "layer_norm: input is undefined");
   bool trailing = k >= 1 && x_in.dim() >= k;

@@ -6,6 +6,7 @@
 
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
+#include "lockstep/runtime/ops/reduced_float.h"
 #include "lockstep/runtime/ops/pool_kernels.h"
 
 namespace lockstep::runtime {
@@ -58,6 +59,10 @@ bool on_device(const Tensor& t) { return !t.device().is_cpu(); }
 template <class Fwd, class Bwd>
 Tensor average_pool(const char* op, const char* node, bool adaptive, const Tensor& x_in,
                     const PoolShape& s, Fwd forward, Bwd backward) {
+  if (auto low = detail::cpu_reduced_dtype({x_in}))
+    return detail::in_f32(*low, {x_in}, [&](const auto& in) {
+      return average_pool(op, node, adaptive, in[0], s, forward, backward);
+    });
   const Tensor x = x_in.contiguous();
   Tensor out = Tensor::empty(out_shape(x, s), x.dtype(), x.device());
   if (on_device(x)) {
@@ -88,6 +93,8 @@ Tensor average_pool(const char* op, const char* node, bool adaptive, const Tenso
 
 Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& opts) {
   const PoolShape s = window_shape("max_pool2d", x_in, opts);
+  if (auto low = detail::cpu_reduced_dtype({x_in}))
+    return detail::in_f32(*low, {x_in}, [&](const auto& in) { return max_pool2d(in[0], opts); });
   const Tensor x = x_in.contiguous();
   LOCKSTEP_CHECK(s.h * s.w <= INT32_MAX, "max_pool2d: an H x W plane of {} elements is too large (at most 2^31 - 1)",
                  s.h * s.w);

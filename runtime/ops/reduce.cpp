@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/convert.h"
@@ -125,6 +126,11 @@ MaxResult max_impl(const Tensor& a, int64_t dim, bool want_values) {
     ValuesAndIndices m = device_backend(a.device()).max_along(a, dim, want_values);
     return {m.values, m.indices};
   }
+  if (is_reduced_float(a.dtype())) {  // widening is exact, so is narrowing the maxima back
+    MaxResult r = max_impl(a.detach().to(DType::f32), dim, want_values);
+    if (want_values) r.values = r.values.to(a.dtype());
+    return r;
+  }
   Tensor moved = a.dim() == 0 ? a.reshape({1}) : a.permute(perm).contiguous();
   Shape out_shape = a.dim() == 0 ? Shape{} : dropped_shape(a.shape(), {dim});
   const int64_t rows = shape_numel(out_shape);
@@ -144,6 +150,7 @@ MaxResult max_impl(const Tensor& a, int64_t dim, bool want_values) {
 Tensor sum(const Tensor& a) { return sum(a, {}, false); }
 
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {a})) return sum((*c)[0], dims_in, keepdim);
   std::vector<int64_t> dims = normalize_dims(dims_in, a.dim());
   Tensor out = sum_impl(a, dims, keepdim);
   Shape in_shape = a.shape(), keep = kept_shape(a.shape(), dims);
@@ -155,6 +162,8 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) {
 Tensor mean(const Tensor& a) { return mean(a, {}, false); }
 
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {a}))
+    return mean((*c)[0], dims_in, keepdim);
   LOCKSTEP_CHECK(is_floating(a.dtype()), "mean: needs a floating tensor, got {}",
                  dtype_name(a.dtype()));
   std::vector<int64_t> dims = normalize_dims(dims_in, a.dim());
@@ -190,7 +199,7 @@ Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
     int64_t inner = 1;
     for (size_t i = d + 1; i < in_shape.size(); ++i) inner *= in_shape[i];
     const int64_t outer = idx.numel() / std::max<int64_t>(inner, 1);
-    dispatch_float(dt, "max backward", [&](auto tag) {
+    dispatch_floating(dt, "max backward", [&](auto tag) {
       using T = decltype(tag);
       T* gp = grad.data_ptr<T>();
       const T* vp = gv.data_ptr<T>();

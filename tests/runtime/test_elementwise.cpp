@@ -108,9 +108,11 @@ TEST_CASE("dtype promotion of binary ops", "[runtime][ops][elementwise]") {
   // Integer arithmetic is exact beyond float precision.
   Tensor big = tensor({double(1LL << 53)}, {1}, DType::i64);
   CHECK(add(big, tensor({1}, {1}, DType::i64)).to_vector<int64_t>()[0] == (1LL << 53) + 1);
-  // Half types have no kernels: a clear error.
-  CHECK_THROWS_WITH(add(tensor({1}, {1}, DType::bf16), tensor({1}, {1}, DType::bf16)),
-                    Contains("add") && Contains("bf16"));
+  // Half types compute in float and round on store (3 + 0.005 rounds to 3 in bf16).
+  Tensor h = add(tensor({1, 3}, {2}, DType::bf16), tensor({0.5, 0.005}, {2}, DType::bf16));
+  CHECK(h.dtype() == DType::bf16);
+  check_close(h, {1.5, 3});
+  CHECK(add(tensor({1}, {1}, DType::bf16), f32.slice(0, 0, 1)).dtype() == DType::f32);
   CHECK_THROWS_WITH(div(i32, i64), Contains("integer division"));
 }
 
