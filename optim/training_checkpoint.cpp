@@ -21,6 +21,7 @@ constexpr const char* kFormatKey = "training.format";
 constexpr const char* kFormat = "lockstep-training-1";
 constexpr std::string_view kModelPrefix = "model.";
 constexpr std::string_view kStatePrefix = "optimizer.state.";
+constexpr std::string_view kScalerPrefix = "grad_scaler.state.";
 
 // Doubles as text that reads back to the same bits.
 std::string number(double v) { return fmt::format("{:.17g}", v); }
@@ -203,6 +204,9 @@ CheckpointContent training_checkpoint_content(const TrainingParts& parts,
     for (const auto& [key, value] : parts.scheduler->state_dict())
       c.metadata["scheduler.state." + key] = number(value);
   }
+  if (parts.scaler)
+    for (const auto& [key, value] : parts.scaler->state_dict())
+      c.metadata[std::string(kScalerPrefix) + key] = number(value);
   const std::vector<GeneratorStates> all =
       ranks.empty() ? std::vector<GeneratorStates>{generator_states(parts)} : ranks;
   c.metadata["rng.count"] = std::to_string(parts.generators.size());
@@ -281,6 +285,20 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
       throw Error(fmt::format("checkpoint {}: {}", file, e.what()));
     }
   }
+  GradScalerState scaler_state;
+  if (parts.scaler && parts.scaler->is_enabled()) {
+    for (const auto& [key, text] : meta.under(std::string(kScalerPrefix)))
+      scaler_state[key] = meta.real(std::string(kScalerPrefix) + key);
+    LOCKSTEP_CHECK(!scaler_state.empty(),
+                   "checkpoint {}: holds no GradScaler state, but an enabled GradScaler was "
+                   "given to restore; resume with the loss scaling the run was saved with",
+                   file);
+    try {
+      parts.scaler->check_state_dict(scaler_state);
+    } catch (const Error& e) {
+      throw Error(fmt::format("checkpoint {}: {}", file, e.what()));
+    }
+  }
   const auto rng_count = meta.integer<size_t>("rng.count");
   LOCKSTEP_CHECK(rng_count == parts.generators.size(),
                  "checkpoint {}: holds {} random generator state(s), {} were given to restore",
@@ -309,6 +327,7 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
   }
   parts.model->load_state_dict(nn::StateDict(model_tensors));
   if (parts.scheduler) parts.scheduler->load_state_dict(sched_state);
+  if (parts.scaler) parts.scaler->load_state_dict(scaler_state);
   for (size_t i = 0; i < rng_count; ++i) {
     parts.generators[i]->manual_seed(rng[i].first);
     parts.generators[i]->set_offset(rng[i].second);

@@ -18,7 +18,8 @@
 // What the file holds: tensors "model.<name>" (the model's state_dict:
 // parameters and buffers) and "optimizer.state.<i>.<key>"; metadata with the
 // optimizer's parameter groups and type, the scheduler's state and settings,
-// the progress below, and every rank's random generators (seed and position).
+// the GradScaler's state, the progress below, and every rank's random
+// generators (seed and position).
 // Python reads the weights as any safetensors file.
 #pragma once
 
@@ -31,6 +32,7 @@
 
 #include "lockstep/collectives/process_group.h"
 #include "lockstep/nn/module.h"
+#include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/lr_scheduler.h"
 #include "lockstep/optim/optimizer.h"
 #include "lockstep/runtime/checkpoint/checkpoint_dir.h"
@@ -54,6 +56,7 @@ struct TrainingParts {
   nn::Module* model = nullptr;
   Optimizer* optimizer = nullptr;
   LRScheduler* scheduler = nullptr;
+  GradScaler* scaler = nullptr;  // saved and restored when enabled
   std::vector<runtime::Generator*> generators{&runtime::default_generator()};
 };
 
@@ -77,7 +80,8 @@ struct RestoreOptions {
 };
 
 // Checks `content` against `parts` (every tensor name, shape and dtype, the
-// optimizer's type, groups and state, the scheduler's type and settings),
+// optimizer's type, groups and state, the scheduler's type and settings, the
+// GradScaler's state),
 // then restores them all; on error nothing has changed. Rank `rank` of
 // `world` takes its own generator states when the file has one per rank for
 // that many ranks, and rank 0's otherwise (a run resumed on another number of

@@ -120,6 +120,14 @@ void DeviceBackend::fused_adam_step(const std::vector<FusedParam<AdamTensor>>&) 
   missing("Adam.step");
 }
 
+void DeviceBackend::amp_unscale(const std::vector<Tensor>&, const Tensor&, const Tensor&) const {
+  missing("unscale gradients");
+}
+void DeviceBackend::amp_update_scale(const Tensor&, const Tensor&, const Tensor&, double, double,
+                                     int64_t) const {
+  missing("update the loss scale");
+}
+
 Tensor DeviceBackend::sync_bn_local_stats(const Tensor&) const { missing("SyncBatchNorm"); }
 sync_bn::Combined DeviceBackend::sync_bn_combine(const Tensor&, int, DType, const Tensor&,
                                                  const Tensor&, const Tensor&, const Tensor&,

@@ -160,6 +160,14 @@ class DeviceBackend {
   virtual void fused_sgd_step(const std::vector<FusedParam<SgdTensor>>& params) const;
   virtual void fused_adam_step(const std::vector<FusedParam<AdamTensor>>& params) const;
 
+  // Loss scaling (ops/amp.h): each gradient *= inv_scale in place, found_inf
+  // set to 1 where one held inf or NaN; the scale's growth or backoff. The
+  // 1-element tensors stay on the device: no host sync.
+  virtual void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf,
+                           const Tensor& inv_scale) const;
+  virtual void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker,
+                                const Tensor& found_inf, double growth_factor,
+                                double backoff_factor, int64_t growth_interval) const;
 
   // SyncBatchNorm's passes around its collectives (ops/sync_batch_norm.h).
   virtual Tensor sync_bn_local_stats(const Tensor& x) const;

@@ -10,6 +10,7 @@
 #include "lockstep/runtime/cuda/device.h"
 #include "lockstep/runtime/cuda/device_guard.h"
 #include "lockstep/runtime/cuda/ops/activation.h"
+#include "lockstep/runtime/cuda/ops/amp.h"
 #include "lockstep/runtime/cuda/ops/cublas_matmul.h"
 #include "lockstep/runtime/cuda/ops/cudnn_conv.h"
 #include "lockstep/runtime/cuda/ops/elementwise.h"
@@ -194,6 +195,17 @@ class CudaBackend final : public DeviceBackend {
   }
   void fused_adam_step(const std::vector<FusedParam<AdamTensor>>& params) const override {
     launch_fused(params);
+  }
+
+  void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf,
+                   const Tensor& inv_scale) const override {
+    cuda::amp_unscale(grads, found_inf, inv_scale);
+  }
+  void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker,
+                        const Tensor& found_inf, double growth_factor, double backoff_factor,
+                        int64_t growth_interval) const override {
+    cuda::amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                           growth_interval);
   }
 
   Tensor sync_bn_local_stats(const Tensor& x) const override {
