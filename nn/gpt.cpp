@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/ops.h"
@@ -68,6 +69,11 @@ GptBlock::GptBlock(const GptConfig& config, Generator& gen) : config(config) {
 }
 
 Tensor GptBlock::forward(const Tensor& x) {
+  if (!config.checkpoint_blocks) return body(x);
+  return runtime::checkpoint([this](const Tensor& in) { return body(in); }, x);
+}
+
+Tensor GptBlock::body(const Tensor& x) {
   const Tensor y = runtime::add(x, (*attn)((*ln_1)(x)));
   return runtime::add(y, (*mlp)((*ln_2)(y)));
 }

@@ -32,6 +32,9 @@ struct GptConfig {
   int64_t n_head = 12;
   int64_t n_embd = 768;
   double dropout = 0.0;
+  // Recompute each block's activations in backward instead of keeping them
+  // (runtime/autograd/checkpoint.h); parameter names do not change.
+  bool checkpoint_blocks = false;
 
   // GPT-2's sizes: 124M, 350M, 774M parameters.
   static GptConfig gpt2();
@@ -56,6 +59,7 @@ class GptMlp : public Module {
 class GptBlock : public Module {
  public:
   GptBlock(const GptConfig& config, Generator& gen);
+  // Checkpointed when config.checkpoint_blocks.
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Block"; }
   std::shared_ptr<Module> replicate() const override;
@@ -64,6 +68,9 @@ class GptBlock : public Module {
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<MultiheadSelfAttention> attn;
   std::shared_ptr<GptMlp> mlp;
+
+ private:
+  Tensor body(const Tensor& x);
 };
 
 class Gpt : public Module {

@@ -3,6 +3,7 @@
 
 #include "lockstep/nn/activation.h"
 #include "lockstep/nn/attention.h"
+#include "lockstep/nn/checkpoint.h"
 #include "lockstep/nn/container.h"
 #include "lockstep/nn/conv.h"
 #include "lockstep/nn/data_parallel.h"

@@ -70,6 +70,19 @@ void philox_u32(uint64_t seed, uint64_t at, uint32_t* out, size_t n) {
   }
 }
 
+namespace detail {
+namespace {
+thread_local DrawLog* t_draw_log = nullptr;
+}  // namespace
+DrawLog* current_draw_log() { return t_draw_log; }
+void set_current_draw_log(DrawLog* log) { t_draw_log = log; }
+}  // namespace detail
+
+uint64_t Generator::reserve(uint64_t n) {
+  if (detail::DrawLog* log = detail::t_draw_log) return log->reserve(*this, n);
+  return take(n);
+}
+
 void Generator::fill_u32(uint32_t* out, size_t n) { philox_u32(seed_, reserve(n), out, n); }
 
 uint32_t Generator::next_u32() {

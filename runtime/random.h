@@ -12,6 +12,21 @@
 
 namespace lockstep::runtime {
 
+class Generator;
+
+namespace detail {
+// While installed on a thread (activation checkpointing), every reservation
+// that thread makes goes through it: recorded in a forward, replayed in a
+// recomputation so that it draws exactly what the forward drew.
+class DrawLog {
+ public:
+  virtual ~DrawLog() = default;
+  virtual uint64_t reserve(Generator& g, uint64_t n) = 0;
+};
+DrawLog* current_draw_log();
+void set_current_draw_log(DrawLog* log);
+}  // namespace detail
+
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
@@ -29,7 +44,9 @@ class Generator {
   // Takes the next n draws of the stream for the caller: returns their first
   // position and moves past them. Threads drawing from one generator at once
   // (DataParallel's CPU replicas sharing the default one) get disjoint draws.
-  uint64_t reserve(uint64_t n) { return offset_.fetch_add(n); }
+  uint64_t reserve(uint64_t n);
+  // reserve() without the thread's DrawLog.
+  uint64_t take(uint64_t n) { return offset_.fetch_add(n); }
 
   // The next n 32-bit draws of the stream.
   void fill_u32(uint32_t* out, size_t n);

@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "lockstep/runtime/autograd/accumulate_grad.h"
+#include "lockstep/runtime/autograd/checkpoint_region.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/meta.h"
 
@@ -16,11 +17,8 @@ thread_local Device g_lane_device;
 // A node whose backward is a lambda over its saved tensors.
 class FunctionNode final : public Node {
  public:
-  FunctionNode(const char* name, std::vector<Tensor> saved, BackwardFn fn)
-      : Node(name), fn_(std::move(fn)) {
-    saved_.reserve(saved.size());
-    for (const Tensor& t : saved) saved_.emplace_back(t);
-  }
+  FunctionNode(const char* name, std::vector<SavedTensor> saved, BackwardFn fn)
+      : Node(name), saved_(std::move(saved)), fn_(std::move(fn)) {}
 
   std::vector<Tensor> apply(const Tensor& grad_output) override {
     std::vector<Tensor> saved;
@@ -68,8 +66,19 @@ SavedTensor::SavedTensor(const Tensor& t) : was_defined_(t.defined()) {
   version_ = t.version();
 }
 
+SavedTensor::SavedTensor(std::shared_ptr<CheckpointRegion> region, size_t slot)
+    : region_(std::move(region)), slot_(slot), was_defined_(true) {}
+
+void SavedTensor::release() {
+  if (region_) region_->release(slot_);
+  region_.reset();
+  tensor_ = Tensor();
+  released_ = true;
+}
+
 Tensor SavedTensor::unpack(const Node& owner, size_t index) const {
   if (!was_defined_) return Tensor();
+  if (region_) return region_->unpack(slot_, owner, index);
   LOCKSTEP_CHECK(!released_,
                  "{}: trying to backward through the graph a second time (its saved tensors "
                  "were freed by the first backward). Pass retain_graph=true to the first "
@@ -92,7 +101,21 @@ bool any_requires_grad(const std::vector<Tensor>& inputs) {
 Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs,
               std::vector<Tensor> saved, BackwardFn backward) {
   if (!grad_enabled() || !any_requires_grad(inputs)) return out;
-  auto node = std::make_shared<FunctionNode>(name, std::move(saved), std::move(backward));
+  std::vector<SavedTensor> kept;
+  kept.reserve(saved.size());
+  if (ActiveRegion* active = active_checkpoint()) {
+    if (active->recomputing) {
+      active->region->collect(name, saved);
+      set_grad_fn(out, recomputed_node(name));
+      return out;
+    }
+    // In a checkpoint region: keep places, not tensors.
+    const size_t first = active->region->add_slots(name, saved.size());
+    for (size_t i = 0; i < saved.size(); ++i) kept.emplace_back(active->region, first + i);
+  } else {
+    for (const Tensor& t : saved) kept.emplace_back(t);
+  }
+  auto node = std::make_shared<FunctionNode>(name, std::move(kept), std::move(backward));
   node->next.reserve(inputs.size());
   for (const Tensor& in : inputs) node->next.push_back(gradient_edge(in));
   set_grad_fn(out, std::move(node));

@@ -66,15 +66,21 @@ class AutogradLane {
 // A tensor saved for backward. Remembers the storage version at save time so
 // that an in-place change before backward is reported instead of silently
 // giving a wrong gradient.
+// Inside a checkpoint region (autograd/checkpoint.h) it keeps no tensor, only
+// its place in the region, which recomputes it on first unpack.
+class CheckpointRegion;
 class SavedTensor {
  public:
   SavedTensor() = default;
   explicit SavedTensor(const Tensor& t);
+  SavedTensor(std::shared_ptr<CheckpointRegion> region, size_t slot);
   Tensor unpack(const Node& owner, size_t index) const;
-  void release() { tensor_ = Tensor(); released_ = true; }
+  void release();
 
  private:
   Tensor tensor_;  // detached alias: no reference back into the graph
+  std::shared_ptr<CheckpointRegion> region_;
+  size_t slot_ = 0;
   uint64_t version_ = 0;
   bool released_ = false;
   bool was_defined_ = false;

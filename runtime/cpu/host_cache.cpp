@@ -1,6 +1,7 @@
 #include "lockstep/runtime/cpu/host_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <functional>
 #include <cstdlib>
@@ -33,6 +34,7 @@ class HostCache {
         it->second.pop_back();
         cached_ -= size;
         ++hits_;
+        note_alloc(size);
         return p;
       }
       ++misses_;
@@ -42,11 +44,13 @@ class HostCache {
       empty();
       p = std::aligned_alloc(kAlignment, size);
     }
+    if (p != nullptr) note_alloc(size);
     return p;
   }
 
   void release(void* ptr, std::size_t bytes) {
     const std::size_t size = host_block_size(bytes);
+    in_use_.fetch_sub(size, std::memory_order_relaxed);
     if (size >= kMinCachedBytes) {
       std::lock_guard lock(mutex_);
       if (cached_ + size <= limit_) {
@@ -70,8 +74,10 @@ class HostCache {
 
   HostCacheStats stats() {
     std::lock_guard lock(mutex_);
-    return {cached_, limit_, hits_, misses_};
+    return {cached_, limit_, hits_, misses_, in_use_.load(), peak_.load()};
   }
+
+  void reset_peak() { peak_ = in_use_.load(); }
 
  private:
   // Frees cached blocks, largest classes first, until at most `bytes` remain.
@@ -94,6 +100,16 @@ class HostCache {
     for (void* p : doomed) std::free(p);
   }
 
+  // Counted outside the mutex: small blocks never take it.
+  void note_alloc(std::size_t size) {
+    const std::size_t now = in_use_.fetch_add(size, std::memory_order_relaxed) + size;
+    std::size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+
+  std::atomic<std::size_t> in_use_{0};
+  std::atomic<std::size_t> peak_{0};
   std::mutex mutex_;
   std::unordered_map<std::size_t, std::vector<void*>> free_;  // by block size
   std::size_t cached_ = 0;
@@ -123,6 +139,7 @@ void host_free(void* ptr, std::size_t bytes) {
 }
 void host_empty_cache() { cache().empty(); }
 HostCacheStats host_cache_stats() { return cache().stats(); }
+void reset_host_peak() { cache().reset_peak(); }
 void set_host_cache_limit(std::size_t bytes) { cache().set_limit(bytes); }
 
 }  // namespace lockstep::runtime::cpu

@@ -39,8 +39,12 @@ struct HostCacheStats {
   std::size_t limit_bytes = 0;   // the bound on cached_bytes
   std::uint64_t hits = 0;        // cacheable requests served from the cache
   std::uint64_t misses = 0;      // ... that went to the system
+  std::size_t in_use_bytes = 0;  // handed out by host_alloc, not yet freed
+  std::size_t peak_bytes = 0;    // the most in use since the last reset_host_peak()
 };
 HostCacheStats host_cache_stats();
+// Starts a new peak: peak_bytes becomes in_use_bytes.
+void reset_host_peak();
 
 // Sets the bound (tests; LOCKSTEP_HOST_CACHE_MB sets it at first use) and
 // releases cached blocks beyond it.

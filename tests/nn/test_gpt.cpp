@@ -16,12 +16,15 @@
 #include "lockstep/runtime/checkpoint/safetensors.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"
+#include "support/tokens.h"
 
 namespace lt = lockstep::testing;
 namespace nn = lockstep::nn;
 namespace lr = lockstep::runtime;
 using lockstep::runtime::Device;
 using lockstep::runtime::Tensor;
+
+using lockstep::testing::tokens;
 
 namespace {
 
@@ -75,14 +78,6 @@ nn::GptConfig tiny() {
   return {.vocab_size = 40, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 32};
 }
 
-// Token ids [rows, t] in [0, vocab), and the next-token targets.
-std::pair<Tensor, Tensor> tokens(int64_t rows, int64_t t, int64_t vocab, uint64_t seed) {
-  lr::Generator g(seed);
-  std::vector<int64_t> ids(static_cast<size_t>(rows * (t + 1)));
-  for (auto& id : ids) id = static_cast<int64_t>(g.next_u32() % static_cast<uint32_t>(vocab));
-  const Tensor all = Tensor::from_vector(ids, {rows, t + 1});
-  return {all.slice(1, 0, t).contiguous(), all.slice(1, 1, t + 1).contiguous()};
-}
 
 }  // namespace
 

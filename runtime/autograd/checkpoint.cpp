@@ -1,0 +1,202 @@
+#include "lockstep/runtime/autograd/checkpoint.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "lockstep/runtime/autograd/checkpoint_region.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::runtime {
+
+namespace {
+
+thread_local ActiveRegion* t_active = nullptr;
+
+// Makes `region` this thread's active region until destroyed.
+class ActiveScope {
+ public:
+  ActiveScope(std::shared_ptr<CheckpointRegion> region, bool recomputing)
+      : active_{std::move(region), recomputing} {
+    t_active = &active_;
+  }
+  ~ActiveScope() { t_active = nullptr; }
+  ActiveScope(const ActiveScope&) = delete;
+  ActiveScope& operator=(const ActiveScope&) = delete;
+
+ private:
+  ActiveRegion active_;
+};
+
+// Installs a DrawLog on this thread until destroyed.
+class DrawLogScope {
+ public:
+  explicit DrawLogScope(detail::DrawLog* log) { detail::set_current_draw_log(log); }
+  ~DrawLogScope() { detail::set_current_draw_log(nullptr); }
+  DrawLogScope(const DrawLogScope&) = delete;
+  DrawLogScope& operator=(const DrawLogScope&) = delete;
+};
+
+// The forward's draws: taken from the generator as usual, and noted.
+class RecordDraws final : public detail::DrawLog {
+ public:
+  explicit RecordDraws(CheckpointRegion& region) : region_(region) {}
+  uint64_t reserve(Generator& g, uint64_t n) override {
+    const uint64_t at = g.take(n);
+    region_.draws.push_back({&g, g.seed(), n, at});
+    return at;
+  }
+
+ private:
+  CheckpointRegion& region_;
+};
+
+// The recomputation's draws: the forward's, in order; the generator stays.
+class ReplayDraws final : public detail::DrawLog {
+ public:
+  explicit ReplayDraws(const std::vector<CheckpointRegion::Draw>& draws) : draws_(draws) {}
+  uint64_t reserve(Generator& g, uint64_t n) override {
+    LOCKSTEP_CHECK(next_ < draws_.size() && draws_[next_].generator == &g && draws_[next_].n == n,
+                   "checkpoint: the recomputation drew random numbers differently from the "
+                   "forward (draw {} of {}): the checkpointed function must draw the same "
+                   "numbers from the same generators each time it runs",
+                   next_ + 1, draws_.size());
+    const CheckpointRegion::Draw& d = draws_[next_++];
+    LOCKSTEP_CHECK(g.seed() == d.seed,
+                   "checkpoint: a generator was re-seeded (seed {} -> {}) between the forward "
+                   "and the backward of a checkpointed region; its dropout cannot be replayed",
+                   d.seed, g.seed());
+    return d.at;
+  }
+  bool finished() const { return next_ == draws_.size(); }
+
+ private:
+  const std::vector<CheckpointRegion::Draw>& draws_;
+  size_t next_ = 0;
+};
+
+// Records in the recomputation only mark their outputs as requiring grad.
+class RecomputedNode final : public Node {
+ public:
+  explicit RecomputedNode(const char* name) : Node(name) {}
+  std::vector<Tensor> apply(const Tensor&) override {
+    LOCKSTEP_CHECK(false, "{}: a checkpoint recomputation's graph is not differentiable",
+                   name());
+    return {};
+  }
+};
+
+}  // namespace
+
+ActiveRegion* active_checkpoint() { return t_active; }
+bool in_checkpoint() { return t_active != nullptr; }
+
+std::shared_ptr<Node> recomputed_node(const char* op) {
+  return std::make_shared<RecomputedNode>(op);
+}
+
+CheckpointRegion::CheckpointRegion(CheckpointFn fn, const std::vector<Tensor>& inputs)
+    : fn_(std::move(fn)), autocast_(autocast_state()) {
+  for (const Tensor& t : inputs) {
+    inputs_.push_back(t.defined() ? t.detach() : Tensor());
+    input_requires_grad_.push_back(t.defined() && t.requires_grad());
+    input_versions_.push_back(t.defined() ? t.version() : 0);
+  }
+}
+
+size_t CheckpointRegion::add_slots(const char* op, size_t n) {
+  const size_t first = slot_ops_.size();
+  slot_ops_.insert(slot_ops_.end(), n, op);
+  return first;
+}
+
+void CheckpointRegion::collect(const char* op, const std::vector<Tensor>& saved) {
+  for (const Tensor& t : saved) {
+    const size_t slot = collected_++;
+    LOCKSTEP_CHECK(slot < slot_ops_.size() && std::strcmp(slot_ops_[slot], op) == 0,
+                   "checkpoint: the recomputation recorded a different graph from the forward: "
+                   "saved tensor {} comes from {} now, from {} in the forward (the forward saved "
+                   "{} tensors). The checkpointed function must run the same ops each time.",
+                   slot, op, slot < slot_ops_.size() ? slot_ops_[slot] : "nothing",
+                   slot_ops_.size());
+    if (!released_[slot]) saved_[slot] = SavedTensor(t);
+  }
+}
+
+void CheckpointRegion::recompute() {
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    LOCKSTEP_CHECK(!inputs_[i].defined() || inputs_[i].version() == input_versions_[i],
+                   "checkpoint: input {} of a checkpointed region was modified in place after "
+                   "the region ran (version {}, expected {}); the recomputation needs it "
+                   "unchanged. clone() it before changing it, or change it outside the region.",
+                   i, inputs_[i].version(), input_versions_[i]);
+  }
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    Tensor t = inputs_[i].defined() ? inputs_[i].detach() : Tensor();
+    if (input_requires_grad_[i]) t.requires_grad_(true);
+    inputs.push_back(std::move(t));
+  }
+  saved_.assign(slot_ops_.size(), SavedTensor());
+  if (released_.size() < slot_ops_.size()) released_.resize(slot_ops_.size(), false);
+  collected_ = 0;
+  {
+    ReplayDraws replay(draws);
+    const bool grad_was = grad_enabled();
+    set_grad_enabled(true);
+    struct RestoreGrad {
+      bool on;
+      ~RestoreGrad() { set_grad_enabled(on); }
+    } restore{grad_was};
+    AutocastGuard autocast(autocast_);
+    ActiveScope active(shared_from_this(), true);
+    DrawLogScope log(&replay);
+    fn_(inputs);  // the outputs and the graph behind them are dropped here
+    LOCKSTEP_CHECK(replay.finished(),
+                   "checkpoint: the recomputation drew fewer random numbers than the forward; "
+                   "the checkpointed function must draw the same numbers each time it runs");
+  }
+  LOCKSTEP_CHECK(collected_ == slot_ops_.size(),
+                 "checkpoint: the recomputation saved {} tensors for backward, the forward {}; "
+                 "the checkpointed function must run the same ops each time",
+                 collected_, slot_ops_.size());
+  recomputed_ = true;
+  // Everything backward needs is in saved_ now.
+  fn_ = nullptr;
+  inputs_.clear();
+}
+
+Tensor CheckpointRegion::unpack(size_t slot, const Node& owner, size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!recomputed_) recompute();
+  return saved_[slot].unpack(owner, index);
+}
+
+void CheckpointRegion::release(size_t slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (released_.size() < slot_ops_.size()) released_.resize(slot_ops_.size(), false);
+  released_[slot] = true;
+  if (slot < saved_.size()) saved_[slot] = SavedTensor();
+}
+
+std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs) {
+  LOCKSTEP_CHECK(fn != nullptr, "checkpoint: the function is empty");
+  LOCKSTEP_CHECK(!in_checkpoint(),
+                 "checkpoint: checkpoint regions do not nest; checkpoint the outer function or "
+                 "the inner ones, not both");
+  if (!grad_enabled()) return fn(inputs);
+  auto region = std::make_shared<CheckpointRegion>(fn, inputs);
+  RecordDraws record(*region);
+  ActiveScope active(region, false);
+  DrawLogScope log(&record);
+  return fn(inputs);
+}
+
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input) {
+  LOCKSTEP_CHECK(fn != nullptr, "checkpoint: the function is empty");
+  return checkpoint([fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; },
+                    {input})[0];
+}
+
+}  // namespace lockstep::runtime

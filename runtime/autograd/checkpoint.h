@@ -1,0 +1,41 @@
+// Activation checkpointing, as torch.utils.checkpoint (non-reentrant): trade
+// compute for memory by keeping only a region's inputs in the forward and
+// recomputing its activations in backward.
+//
+//   Tensor y = runtime::checkpoint([&](const Tensor& x) { return (*block)(x); }, x);
+//
+// The forward runs `fn` once, with grad on, so the graph is whole (DDP's
+// unused-parameter walk sees every parameter, and each gradient is accumulated
+// once, by the normal engine), but every tensor an op inside saves for
+// backward is dropped and kept as its position in the region. The first
+// backward node that needs one reruns `fn` on the saved inputs, collecting
+// what each op saves, in order; the recomputed graph is discarded.
+//
+// The recomputation sees what the forward saw: the same autocast state, and
+// the same random draws (each generator's reservations are recorded in the
+// forward and replayed, whichever generator and whatever other threads drew
+// meanwhile; generators are not moved by the replay). It must record the same
+// ops: a `fn` whose structure changes between runs throws, as does a `fn` that
+// changes its inputs in place, or a generator re-seeded between forward and
+// backward. Module train/eval mode is read again: do not switch it between
+// forward and backward. Regions do not nest (a clear error). Thread-safe: a
+// region recomputes once, under its own lock.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::runtime {
+
+using CheckpointFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// fn(inputs), keeping only `inputs` for backward. Without grad mode, fn(inputs).
+std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs);
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);
+
+// True on a thread running a checkpoint region's forward or recomputation.
+bool in_checkpoint();
+
+}  // namespace lockstep::runtime

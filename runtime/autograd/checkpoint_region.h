@@ -1,0 +1,65 @@
+// Internal: the state of one checkpoint region (checkpoint.h), shared by the
+// saved-tensor handles of the nodes recorded inside it (node.cpp).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "lockstep/runtime/autocast.h"
+#include "lockstep/runtime/autograd/checkpoint.h"
+#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/random.h"
+
+namespace lockstep::runtime {
+
+class CheckpointRegion : public std::enable_shared_from_this<CheckpointRegion> {
+ public:
+  CheckpointRegion(CheckpointFn fn, const std::vector<Tensor>& inputs);
+
+  // Forward: places for the `n` tensors op `op` saves; returns the first.
+  size_t add_slots(const char* op, size_t n);
+  // Recomputation: the tensors op `op` saves, in the order of the forward.
+  void collect(const char* op, const std::vector<Tensor>& saved);
+
+  // Slot `slot`, recomputing the region first if needed (for `owner`'s
+  // saved tensor `index`).
+  Tensor unpack(size_t slot, const Node& owner, size_t index);
+  void release(size_t slot);
+
+  // Records the forward's random draws; replays them in the recomputation.
+  struct Draw {
+    const Generator* generator;
+    uint64_t seed, n, at;
+  };
+  std::vector<Draw> draws;
+
+ private:
+  void recompute();
+
+  std::mutex mutex_;
+  CheckpointFn fn_;
+  std::vector<Tensor> inputs_;  // detached
+  std::vector<bool> input_requires_grad_;
+  std::vector<uint64_t> input_versions_;
+  AutocastState autocast_;
+  std::vector<const char*> slot_ops_;  // the op that saved each slot
+  std::vector<SavedTensor> saved_;     // recomputed, by slot
+  std::vector<bool> released_;
+  bool recomputed_ = false;
+  size_t collected_ = 0;  // slots filled so far by a recomputation
+};
+
+// What this thread's record() does inside a region.
+struct ActiveRegion {
+  std::shared_ptr<CheckpointRegion> region;
+  bool recomputing = false;
+};
+// The thread's active region, or null.
+ActiveRegion* active_checkpoint();
+// The node record() gives an op in a recomputation: it only marks the output
+// as requiring grad, as in the forward.
+std::shared_ptr<Node> recomputed_node(const char* op);
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,190 @@
+// Activation checkpointing of modules: nn::Checkpoint and
+// GptConfig::checkpoint_blocks give the plain model's loss, gradients and
+// generator state bit for bit, use less memory, and train identically under
+// DDP (with and without find_unused_parameters) and DataParallel.
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "lockstep/nn/checkpoint.h"
+#include "lockstep/nn/data_parallel.h"
+#include "lockstep/nn/models.h"
+#include "lockstep/optim/sgd.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/cpu/host_cache.h"
+#include "nn/ddp/ddp_fixture.h"
+#include "support/test_util.h"
+#include "support/tokens.h"
+
+namespace lt = lockstep::testing;
+namespace nn = lockstep::nn;
+namespace lr = lockstep::runtime;
+using lr::Device;
+using lr::Tensor;
+
+using lockstep::testing::tokens;
+
+namespace {
+
+
+nn::GptConfig small(bool checkpointed, double dropout = 0.1) {
+  return {.vocab_size = 40, .block_size = 16, .n_layer = 3, .n_head = 2, .n_embd = 32,
+          .dropout = dropout, .checkpoint_blocks = checkpointed};
+}
+
+
+struct GptRun {
+  Tensor loss;
+  nn::NamedList<Tensor> grads;
+  uint64_t offset;
+};
+
+GptRun gpt_step(const nn::GptConfig& config) {
+  const auto [idx, targets] = tokens(3, 12, config.vocab_size, 2);
+  auto model = nn::models::gpt(config, 7);
+  lr::manual_seed(21);
+  const Tensor loss = model->forward_values({idx, targets}).tensor(1);
+  loss.backward();
+  GptRun r{loss, {}, lr::default_generator().offset()};
+  for (const auto& [name, p] : model->named_parameters()) r.grads.emplace_back(name, p.grad());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: a GPT with checkpointed blocks gives the plain loss and gradients bit for bit",
+          "[nn][checkpoint][gpt]") {
+  const GptRun plain = gpt_step(small(false)), ckpt = gpt_step(small(true));
+  CHECK(lockstep::testing::bitwise_equal(plain.loss, ckpt.loss));
+  REQUIRE(plain.grads.size() == ckpt.grads.size());
+  for (size_t i = 0; i < plain.grads.size(); ++i) {
+    INFO(plain.grads[i].first);
+    CHECK(plain.grads[i].first == ckpt.grads[i].first);
+    REQUIRE(plain.grads[i].second.defined());
+    CHECK(lockstep::testing::bitwise_equal(plain.grads[i].second, ckpt.grads[i].second));
+  }
+  // Dropout drew, and the recomputation moved no generator.
+  CHECK(plain.offset > 0);
+  CHECK(plain.offset == ckpt.offset);
+}
+
+TEST_CASE("checkpoint: checkpoint_blocks keeps nanoGPT's parameter names", "[nn][checkpoint][gpt]") {
+  CHECK(nn::models::gpt(small(true), 1)->state_dict().keys() ==
+        nn::models::gpt(small(false), 1)->state_dict().keys());
+}
+
+TEST_CASE("checkpoint: nn::Checkpoint prefixes names with module. and matches the plain module",
+          "[nn][checkpoint]") {
+  const auto make = [] {
+    lr::Generator g(4);
+    auto m = std::make_shared<nn::Sequential>();
+    m->push_back(std::make_shared<nn::Linear>(6, 10, true, g));
+    m->push_back(std::make_shared<nn::GELU>());
+    m->push_back(std::make_shared<nn::Dropout>(0.3, 17));  // its own generator
+    m->push_back(std::make_shared<nn::Linear>(10, 3, true, g));
+    return m;
+  };
+  auto plain = make();
+  auto wrapped = std::make_shared<nn::Checkpoint>(make());
+  CHECK(wrapped->named_parameters().front().first == "module.0.weight");
+  CHECK(wrapped->state_dict().size() == plain->state_dict().size());
+
+  lr::Generator g(8);
+  const Tensor x = lr::randn({5, 6}, lr::DType::f32, g);
+  lr::sum(lr::mul((*plain)(x), (*plain)(x))).backward();
+  // Through forward_values, with a non-tensor passing through.
+  const nn::Values out = wrapped->forward_values({x});
+  REQUIRE(out.size() == 1);
+  const Tensor y = out.tensor(0);
+  const Tensor y2 = (*wrapped)(x);
+  lr::sum(lr::mul(y, y2)).backward();
+  const auto a = plain->parameters(), b = wrapped->parameters();
+  for (size_t i = 0; i < a.size(); ++i) CHECK(lockstep::testing::bitwise_equal(a[i].grad(), b[i].grad()));
+  // The dropout generators stand where they stand without checkpointing.
+  lr::NoGradGuard no_grad;
+  CHECK(lockstep::testing::bitwise_equal((*plain)(x), (*wrapped)(x)));
+}
+
+TEST_CASE("checkpoint: a checkpointed GPT's forward peaks lower in host memory, as predicted",
+          "[nn][checkpoint][gpt][memory]") {
+  // B = 8, T = 64, C = 64, 4 blocks: N = B*T*C = 32768 floats = 128 KiB.
+  // Without checkpointing each block keeps, in f32: c_attn's input (N), q, k,
+  // v (3N), attention's output (N), c_proj's input (N), ln_2's input (N),
+  // c_fc's input (N), GELU's input (4N) and mlp.c_proj's input (4N): 16N, or
+  // 2 MiB. With it a block keeps its input alone (kept anyway as ln_1's
+  // input), so the forward's peak should drop by about 16N per block, less
+  // the one block whose activations live while it runs (at most 16N):
+  // between 3 and 4 blocks' worth, 6-8 MiB. Dropout masks are kept in both.
+  const nn::GptConfig base{.vocab_size = 64, .block_size = 64, .n_layer = 4, .n_head = 4,
+                           .n_embd = 64, .dropout = 0.1};
+  const auto [idx, targets] = tokens(8, 64, base.vocab_size, 3);
+  const auto peak_of = [&](bool checkpointed) {
+    nn::GptConfig c = base;
+    c.checkpoint_blocks = checkpointed;
+    auto model = nn::models::gpt(c, 1);
+    lr::cpu::reset_host_peak();
+    const size_t before = lr::cpu::host_cache_stats().in_use_bytes;
+    const Tensor loss = model->forward_values({idx, targets}).tensor(1);
+    const size_t peak = lr::cpu::host_cache_stats().peak_bytes - before;
+    loss.backward();
+    return peak;
+  };
+  const double plain = static_cast<double>(peak_of(false));
+  const double ckpt = static_cast<double>(peak_of(true));
+  const double n_bytes = 8.0 * 64 * 64 * 4, predicted = 16 * n_bytes * 3.5;
+  const double saved = plain - ckpt;
+  INFO(fmt::format("forward peak: plain {:.2f} MiB, checkpointed {:.2f} MiB, saved {:.2f} MiB, "
+                   "predicted {:.2f} MiB",
+                   plain / (1 << 20), ckpt / (1 << 20), saved / (1 << 20), predicted / (1 << 20)));
+  CHECK(saved > predicted / 1.5);
+  CHECK(saved < predicted * 1.5);
+}
+
+TEST_CASE("checkpoint: a checkpointed GPT trains as the plain one under DDP at 2 ranks",
+          "[nn][checkpoint][gpt][ddp]") {
+  for (const bool find_unused : {false, true}) {
+    INFO("find_unused_parameters " << find_unused);
+    const auto train = [&](bool checkpointed) {
+      std::vector<std::vector<Tensor>> params(2);
+      const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+        // No dropout: the rank threads would share the default generator.
+        auto model = nn::models::gpt(small(checkpointed, 0.0), 5);
+        nn::DistributedDataParallel ddp(model, group, {.find_unused_parameters = find_unused});
+        lockstep::optim::SGD sgd(model->parameters(), {.lr = 0.1});
+        for (int step = 0; step < 3; ++step) {
+          const auto [idx, targets] = tokens(2, 9, 40, static_cast<uint64_t>(10 * step + r));
+          sgd.zero_grad();
+          ddp.forward_values({idx, targets}).tensor(1).backward();
+          sgd.step();
+        }
+        for (const Tensor& p : model->parameters()) params[static_cast<size_t>(r)].push_back(p.clone());
+        return "";
+      });
+      for (const auto& p : problems) CHECK(p == "");
+      return params;
+    };
+    const auto plain = train(false), ckpt = train(true);
+    for (size_t r = 0; r < 2; ++r) {
+      REQUIRE(plain[r].size() == ckpt[r].size());
+      for (size_t i = 0; i < plain[r].size(); ++i) CHECK(lockstep::testing::bitwise_equal(plain[r][i], ckpt[r][i]));
+    }
+  }
+}
+
+TEST_CASE("checkpoint: DataParallel CPU replicas recompute on their own lanes",
+          "[nn][checkpoint][gpt][data_parallel]") {
+  const auto [idx, targets] = tokens(4, 7, 40, 4);
+  const auto grads = [&](bool checkpointed) {
+    auto model = nn::models::gpt(small(checkpointed, 0.0), 6);
+    nn::DataParallel dp(model, {Device::cpu(), Device::cpu()});
+    lr::mean(dp.forward_values({idx, targets}).tensor(1)).backward();
+    std::vector<Tensor> out;
+    for (const Tensor& p : model->parameters()) out.push_back(p.grad());
+    return out;
+  };
+  const auto plain = grads(false), ckpt = grads(true);
+  for (size_t i = 0; i < plain.size(); ++i) CHECK(lockstep::testing::bitwise_equal(plain[i], ckpt[i]));
+}

@@ -1,0 +1,155 @@
+// Activation checkpointing (runtime/autograd/checkpoint.h) on a small MLP with
+// dropout: the same loss, gradients and generator state as without it, bit
+// for bit, and clear errors where a recomputation cannot match its forward.
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "lockstep/nn/linear.h"
+#include "lockstep/runtime/autograd/checkpoint.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/ops.h"
+#include "lockstep/runtime/random.h"
+#include "support/test_util.h"
+
+namespace nn = lockstep::nn;
+namespace lr = lockstep::runtime;
+using lr::Tensor;
+
+namespace {
+
+
+struct Mlp {
+  lr::Generator init{3};
+  nn::Linear l1{8, 16, true, init}, l2{16, 4, true, init};
+  // Explicitly passed generator, besides the default one.
+  lr::Generator own{11};
+  Tensor forward(const Tensor& x) {
+    Tensor h = lr::dropout(lr::gelu(l1.forward(x)), 0.3, true);
+    h = lr::dropout(h, 0.2, true, own);
+    return l2.forward(h);
+  }
+};
+
+struct Run {
+  Tensor loss, grad_x;
+  std::vector<Tensor> grads;
+  uint64_t default_offset, own_offset;
+};
+
+Run run(bool checkpointed, bool draw_between = false) {
+  lr::manual_seed(5);
+  Mlp m;
+  lr::Generator g(9);
+  Tensor x = lr::randn({6, 8}, lr::DType::f32, g).requires_grad_(true);
+  const Tensor y = checkpointed
+                       ? lr::checkpoint([&m](const Tensor& in) { return m.forward(in); }, x)
+                       : m.forward(x);
+  const Tensor loss = lr::mean(lr::mul(y, y));
+  // Draws after the forward must not change what the recomputation draws.
+  if (draw_between) {
+    lr::default_generator().next_u32();
+    m.own.next_u32();
+  }
+  loss.backward();
+  return {loss, x.grad(), {m.l1.weight.grad(), m.l1.bias.grad(), m.l2.weight.grad(), m.l2.bias.grad()},
+          lr::default_generator().offset(), m.own.offset()};
+}
+
+void check_same(const Run& a, const Run& b) {
+  CHECK(lockstep::testing::bitwise_equal(a.loss, b.loss));
+  CHECK(lockstep::testing::bitwise_equal(a.grad_x, b.grad_x));
+  for (size_t i = 0; i < a.grads.size(); ++i) CHECK(lockstep::testing::bitwise_equal(a.grads[i], b.grads[i]));
+  CHECK(a.default_offset == b.default_offset);
+  CHECK(a.own_offset == b.own_offset);
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: an MLP with dropout gives the plain loss, gradients and generator state",
+          "[autograd][checkpoint]") {
+  const Run plain = run(false), ckpt = run(true);
+  check_same(plain, ckpt);
+  CHECK(plain.default_offset > 0);
+  CHECK(plain.own_offset > 0);
+  // The replay does not read the generators' state at backward time.
+  check_same(run(false, true), run(true, true));
+}
+
+TEST_CASE("checkpoint: several inputs and outputs; retain_graph backwards twice",
+          "[autograd][checkpoint]") {
+  lr::Generator g(1);
+  const auto fn = [](const std::vector<Tensor>& in) {
+    const Tensor p = lr::mul(in[0], in[1]);
+    return std::vector<Tensor>{lr::gelu(p), lr::exp(in[1])};
+  };
+  Tensor a = lr::randn({5}, lr::DType::f32, g).requires_grad_(true);
+  Tensor b = lr::randn({5}, lr::DType::f32, g).requires_grad_(true);
+  const auto plain = fn({a, b});
+  lr::add(lr::sum(plain[0]), lr::sum(plain[1])).backward({}, true);
+  const Tensor ga = a.grad().clone(), gb = b.grad().clone();
+  a.set_grad({});
+  b.set_grad({});
+  const auto ckpt = lr::checkpoint(fn, {a, b});
+  CHECK(lockstep::testing::bitwise_equal(ckpt[0], plain[0]));
+  const Tensor total = lr::add(lr::sum(ckpt[0]), lr::sum(ckpt[1]));
+  total.backward({}, true);
+  CHECK(lockstep::testing::bitwise_equal(a.grad(), ga));
+  CHECK(lockstep::testing::bitwise_equal(b.grad(), gb));
+  total.backward();  // the recomputed tensors were kept for it
+  CHECK(lockstep::testing::bitwise_equal(a.grad(), lr::add(ga, ga)));
+  CHECK_THROWS_WITH(total.backward(), Catch::Contains("backward through the graph a second time"));
+}
+
+TEST_CASE("checkpoint: without grad mode it only runs the function", "[autograd][checkpoint]") {
+  lr::NoGradGuard no_grad;
+  const Tensor x = Tensor::ones({3}).requires_grad_(true);
+  const Tensor y = lr::checkpoint([](const Tensor& in) { return lr::mul(in, 2.0); }, x);
+  CHECK(!y.requires_grad());
+  CHECK(y.to_vector<float>() == std::vector<float>{2, 2, 2});
+}
+
+TEST_CASE("checkpoint: a function whose structure changes is refused in backward",
+          "[autograd][checkpoint]") {
+  const Tensor x = Tensor::ones({4}).requires_grad_(true);
+  int calls = 0;
+  const auto changing = [&calls](const Tensor& in) {
+    Tensor y = lr::gelu(in);
+    if (calls++ == 0) y = lr::mul(y, y);
+    return y;
+  };
+  const Tensor out = lr::sum(lr::checkpoint(changing, x));
+  CHECK_THROWS_WITH(out.backward(), Catch::Contains("checkpoint: the recomputation saved"));
+
+  calls = 0;
+  const auto reordered = [&calls](const Tensor& in) {
+    return calls++ == 0 ? lr::exp(lr::gelu(in)) : lr::gelu(lr::exp(in));
+  };
+  CHECK_THROWS_WITH(lr::sum(lr::checkpoint(reordered, x)).backward(),
+                    Catch::Contains("recorded a different graph"));
+
+  calls = 0;
+  const auto random_once = [&calls](const Tensor& in) {
+    return calls++ == 0 ? lr::dropout(lr::gelu(in), 0.5, true) : lr::gelu(in);
+  };
+  CHECK_THROWS_WITH(lr::sum(lr::checkpoint(random_once, x)).backward(),
+                    Catch::Contains("drew fewer random numbers"));
+}
+
+TEST_CASE("checkpoint: nesting, and an input changed in place, are clear errors",
+          "[autograd][checkpoint]") {
+  const Tensor x = Tensor::ones({4}).requires_grad_(true);
+  const auto inner = [](const Tensor& in) { return lr::gelu(in); };
+  CHECK_THROWS_WITH(lr::checkpoint([&](const Tensor& in) { return lr::checkpoint(inner, in); }, x),
+                    Catch::Contains("do not nest"));
+  CHECK(!lr::in_checkpoint());  // the failed region left nothing behind
+
+  Tensor h = lr::mul(x, 1.0);
+  const Tensor out = lr::sum(lr::checkpoint(inner, h));
+  {
+    lr::NoGradGuard no_grad;
+    h.add_(Tensor::ones({4}));
+  }
+  CHECK_THROWS_WITH(out.backward(), Catch::Contains("modified in place after the region ran"));
+}
