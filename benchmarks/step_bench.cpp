@@ -26,10 +26,23 @@
 // issue's goals: >= 2x PyTorch eager's samples/s for the MLP and CNN at batch
 // 64, >= 1.0x for ResNet-18 at batch 256. TF32 is off on both sides unless
 // --tf32 (PyTorch's cuDNN would otherwise use it by default).
+//
+// The GPT's row also gives lockstep's peak memory over one step: on the CPU
+// the host cache's (runtime/cpu/host_cache.h), on a GPU the caching
+// allocator's. --checkpoint checkpoints every GPT block
+// (GptConfig::checkpoint_blocks; the PyTorch peer does not): run with and
+// without it to compare the peaks and step times.
+//
+// --amp bf16|f16 runs each forward and loss under autocast at that dtype on
+// both sides (runtime/autocast.h; torch.autocast), f32 master weights, f16
+// with a GradScaler (PyTorch's on CUDA; its CPU autocast has no f16, so the
+// CPU peer runs bf16 only). On the CPU lockstep's bf16 and f16 compute in f32
+// and round on store: correct, not fast.
 #include <algorithm>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <vector>
@@ -40,7 +53,11 @@
 #include "common/device.h"
 #include "harness.h"
 #include "lockstep/nn/models.h"
+#include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/sgd.h"
+#include "lockstep/runtime/autocast.h"
+#include "lockstep/runtime/cpu/host_cache.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
@@ -65,6 +82,8 @@ struct Options {
   int threads = 1;
   std::string device = "cpu";
   bool tf32 = false;
+  bool checkpoint = false;  // gpt only: checkpoint every block
+  std::string amp = "none";  // none, bf16, f16: autocast's dtype
   bool json_out = false;
   bool peer = true;
   std::string python = "/usr/bin/python3";
@@ -91,6 +110,31 @@ std::vector<std::string> step_model_names() {
   return names;
 }
 
+// One optimizer step: zero_grad, `loss` under autocast at --amp, backward
+// (through a GradScaler for f16), step.
+class AmpStep {
+ public:
+  explicit AmpStep(const Options& o)
+      : amp_(o.amp), scaler_({.enabled = o.amp == "f16"}) {}
+  void operator()(optim::Optimizer& opt, const std::function<Tensor()>& loss_of) {
+    opt.zero_grad();
+    Tensor loss;
+    {
+      auto scope = runtime::autocast({.dtype = amp_ == "f16" ? runtime::DType::f16
+                                                             : runtime::DType::bf16,
+                                      .enabled = amp_ != "none"});
+      loss = loss_of();
+    }
+    scaler_.scale(loss).backward();
+    scaler_.step(opt);
+    scaler_.update();
+  }
+
+ private:
+  std::string amp_;
+  optim::GradScaler scaler_;
+};
+
 double lockstep_step_ms(const std::string& name, int64_t batch, const Device& device,
                         const Options& o) {
   runtime::Generator g(0);
@@ -105,11 +149,9 @@ double lockstep_step_ms(const std::string& name, int64_t batch, const Device& de
     y = y.to(device);
   }
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  AmpStep amp_step(o);
   auto step = [&] {
-    opt.zero_grad();
-    Tensor loss = runtime::cross_entropy((*model)(x), y);
-    loss.backward();
-    opt.step();
+    amp_step(opt, [&] { return runtime::cross_entropy((*model)(x), y); });
     bench::synchronize(device);  // no-op on the CPU
   };
   return bench::median_seconds(step, o.warmup, o.steps) * 1e3;
@@ -118,7 +160,28 @@ double lockstep_step_ms(const std::string& name, int64_t batch, const Device& de
 struct GptStep {
   double ms = 0;
   int64_t parameters = 0;  // the tied wte / lm_head weight once, as PyTorch counts
+  size_t peak_bytes = 0;  // memory in use at the peak of one step (host or device)
 };
+
+// The GPT as configured, its blocks checkpointed under --checkpoint.
+nn::GptConfig gpt_config_for(const Device& device, const Options& o) {
+  nn::GptConfig c = bench::gpt_config(device);
+  c.checkpoint_blocks = o.checkpoint;
+  return c;
+}
+
+// The most memory in use on `device` during one more run of `step`.
+size_t peak_bytes(const Device& device, const std::function<void()>& step) {
+  if (device.is_cpu()) {
+    runtime::cpu::reset_host_peak();
+    step();
+    return runtime::cpu::host_cache_stats().peak_bytes;
+  }
+  const runtime::DeviceBackend& backend = runtime::device_backend(device);
+  backend.reset_peak_memory(device);
+  step();
+  return backend.peak_allocated_bytes(device);
+}
 
 // The GPT's step on `batch` sequences of `seq_len` random token ids.
 GptStep lockstep_gpt_step(const nn::GptConfig& config, int64_t batch, int64_t seq_len,
@@ -145,14 +208,13 @@ GptStep lockstep_gpt_step(const nn::GptConfig& config, int64_t batch, int64_t se
     y = y.to(device);
   }
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  AmpStep amp_step(o);
   auto step = [&] {
-    opt.zero_grad();
-    Tensor loss = model->forward_values({idx, y}).tensor(1);
-    loss.backward();
-    opt.step();
+    amp_step(opt, [&] { return model->forward_values({idx, y}).tensor(1); });
     bench::synchronize(device);  // no-op on the CPU
   };
   r.ms = bench::median_seconds(step, o.warmup, o.steps) * 1e3;
+  r.peak_bytes = peak_bytes(device, step);
   return r;
 }
 
@@ -173,6 +235,8 @@ json peer_step(const std::string& name, int64_t batch, const std::string& extra_
     return {{"error", "peer script " + o.peer_script + " not found (--peer-script)"}};
   auto probe = bench::run_command(o.python + " -c 'import torch' 2>/dev/null");
   if (probe.exit_code != 0) return {{"error", "PyTorch not installed (apt-get install python3-torch)"}};
+  if (o.amp == "f16" && !device.is_cuda())
+    return {{"error", "PyTorch's CPU autocast has no f16"}};
   if (device.is_cuda()) {
     probe = bench::run_command(o.python + " -c 'import sys, torch; "
                                           "sys.exit(0 if torch.cuda.is_available() else 1)' "
@@ -182,9 +246,9 @@ json peer_step(const std::string& name, int64_t batch, const std::string& extra_
                         "(torch.cuda.is_available() is false); pass --python with a CUDA build"}};
   }
   auto r = bench::run_command(fmt::format("{} {} --model {} --batch-size {} --steps {} --warmup {} "
-                                          "--threads {} --device {}{}{}",
+                                          "--threads {} --device {} --amp {}{}{}",
                                           o.python, o.peer_script, name, batch, o.steps, o.warmup,
-                                          o.threads, device.is_cuda() ? "cuda" : "cpu",
+                                          o.threads, device.is_cuda() ? "cuda" : "cpu", o.amp,
                                           o.tf32 ? " --tf32" : "", extra_args));
   json j = json::parse(r.output, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return {{"error", "peer printed no JSON (exit " + std::to_string(r.exit_code) + ")"}};
@@ -205,7 +269,8 @@ int run(const Options& o) {
   // The GPT's rows add tokens/s columns and a line under the table; without
   // it the output is what it was before the GPT existed.
   const bool has_gpt = std::find(o.models.begin(), o.models.end(), "gpt") != o.models.end();
-  const nn::GptConfig gpt = bench::gpt_config(device);
+  const nn::GptConfig gpt = gpt_config_for(device, o);
+  LOCKSTEP_CHECK(!o.checkpoint || has_gpt, "--checkpoint is for --model gpt only");
   const int64_t seq_len = o.seq_len > 0 ? o.seq_len : gpt.block_size;
   LOCKSTEP_CHECK(o.seq_len == 0 || has_gpt, "--seq-len is for --model gpt only");
   LOCKSTEP_CHECK(seq_len <= gpt.block_size, "--seq-len {} exceeds the gpt's block_size {}",
@@ -228,12 +293,16 @@ int run(const Options& o) {
                 {"lockstep_samples_per_s", static_cast<double>(batch) / (ours / 1e3)}};
     std::string peer_cell = "-", ratio_cell = "-", goal_cell = "-";
     std::string tokens_cell = "-", peer_tokens_cell = "-", peer_parameters = "n/a";
+    std::string peak_cell = "-";
     if (is_gpt) {
       row["seq_len"] = seq_len;
       row["gpt_config"] = {{"vocab_size", gpt.vocab_size}, {"block_size", gpt.block_size},
                            {"n_layer", gpt.n_layer},       {"n_head", gpt.n_head},
-                           {"n_embd", gpt.n_embd},         {"dropout", gpt.dropout}};
+                           {"n_embd", gpt.n_embd},         {"dropout", gpt.dropout},
+                           {"checkpoint_blocks", gpt.checkpoint_blocks}};
       row["parameters"] = gpt_step.parameters;
+      row["peak_bytes"] = gpt_step.peak_bytes;
+      peak_cell = fmt::format("{:.1f}", static_cast<double>(gpt_step.peak_bytes) / (1 << 20));
       row["lockstep_tokens_per_s"] = tokens_per_s(ours);
       tokens_cell = fmt::format("{:.0f}", tokens_per_s(ours));
     }
@@ -275,10 +344,11 @@ int run(const Options& o) {
     }
     if (is_gpt) {
       gpt_note = fmt::format("gpt: {}vocab {}, block {}, {} layers, {} heads, n_embd {}; batch "
-                             "{} x {} tokens; {} parameters (PyTorch: {})\n",
+                             "{} x {} tokens; {} parameters (PyTorch: {}){}\n",
                              device.is_cuda() ? "GPT-2 124M, " : "", gpt.vocab_size,
                              gpt.block_size, gpt.n_layer, gpt.n_head, gpt.n_embd, batch, seq_len,
-                             gpt_step.parameters, peer_parameters);
+                             gpt_step.parameters, peer_parameters,
+                             gpt.checkpoint_blocks ? "; blocks checkpointed" : "");
     }
     results.push_back(row);
     std::vector<std::string> cells{name,
@@ -292,6 +362,7 @@ int run(const Options& o) {
     if (has_gpt) {
       cells.push_back(tokens_cell);
       cells.push_back(peer_tokens_cell);
+      cells.push_back(peak_cell);
     }
     if (device.is_cuda()) cells.push_back(goal_cell);
     rows.push_back(cells);
@@ -303,20 +374,22 @@ int run(const Options& o) {
   if (o.json_out) {
     json out = {{"benchmark", "step_bench"}, {"date", date}, {"machine", machine},
                 {"device", device_str}, {"steps", o.steps}, {"warmup", o.warmup},
-                {"results", results}};
+                {"amp", o.amp},         {"results", results}};
     if (device.is_cuda()) {
       out["gpu"] = bench::device_name(device);
       out["tf32"] = o.tf32;
     }
     std::cout << out.dump(2) << "\n";
   } else {
-    fmt::print("step_bench {} on {} (median of {} steps after {} warm-up{})\n", date, machine,
-               o.steps, o.warmup, device.is_cuda() ? (o.tf32 ? "; TF32 on" : "; TF32 off") : "");
+    fmt::print("step_bench {} on {} (median of {} steps after {} warm-up{}{})\n", date, machine,
+               o.steps, o.warmup, device.is_cuda() ? (o.tf32 ? "; TF32 on" : "; TF32 off") : "",
+               o.amp == "none" ? "" : "; autocast " + o.amp);
     std::vector<std::string> header{"model", "device", "batch", "threads", "lockstep ms/step",
                                     "PyTorch ms/step", "lockstep speedup"};
     if (has_gpt) {
       header.push_back("lockstep tokens/s");
       header.push_back("PyTorch tokens/s");
+      header.push_back("lockstep peak MiB");
     }
     if (device.is_cuda()) header.push_back("goal");
     fmt::print("{}{}", bench::format_table(header, rows), gpt_note);
@@ -348,6 +421,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_flag("--tf32", o.tf32, "TF32 tensor cores for f32 matmul and conv, on both sides");
+  app.add_flag("--checkpoint", o.checkpoint,
+               "gpt only: checkpoint every block (recompute its activations in backward)");
+  app.add_option("--amp", o.amp, "autocast dtype for forward and loss: none, bf16, f16")
+      ->check(CLI::IsMember({"none", "bf16", "f16"}))
+      ->capture_default_str();
   app.add_flag("--json", o.json_out, "print JSON instead of a table");
   app.add_flag("!--no-peer", o.peer, "skip PyTorch");
   app.add_option("--python", o.python, "Python with torch for the peer")->capture_default_str();

@@ -232,6 +232,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--amp", choices=["none", "bf16", "f16"], default="none",
+                    help="autocast dtype for forward and loss (f16 with a GradScaler)")
     ap.add_argument("--tf32", action="store_true",
                     help="TF32 for cuBLAS and cuDNN (CUDA only; off by default)")
     gpt = ap.add_argument_group("gpt", "the GPT's shape (step_bench passes lockstep's)")
@@ -279,11 +281,20 @@ def main():
         def loss_of():
             return loss_fn(model(x), y)
 
+    amp_dtype = {"bf16": torch.bfloat16, "f16": torch.float16}.get(a.amp)
+    if a.amp == "f16" and not cuda:
+        print("step_bench_torch: PyTorch's CPU autocast has no f16", file=sys.stderr)
+        return 6
+    scaler = torch.cuda.amp.GradScaler(enabled=a.amp == "f16")
+
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_of()
-        loss.backward()
-        opt.step()
+        with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16,
+                            enabled=amp_dtype is not None):
+            loss = loss_of()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         if cuda:
             torch.cuda.synchronize()
 
@@ -299,7 +310,7 @@ def main():
         print(json.dumps({"peer": "pytorch", "version": torch.__version__, "model": a.model,
                           "device": "cuda", "gpu": torch.cuda.get_device_name(device),
                           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-                          "tf32": a.tf32, "batch_size": a.batch_size,
+                          "tf32": a.tf32, "amp": a.amp, "batch_size": a.batch_size,
                           "median_ms": statistics.median(times) * 1e3, **gpt_fields}))
         return 0  # OpenBLAS plays no part on the GPU
 
@@ -307,7 +318,8 @@ def main():
     on_openblas = any("openblas" in b for b in blas)
     blas_threads = openblas_threads(blas)
     result = {"blas_threads": blas_threads, "peer": "pytorch", "version": torch.__version__,
-              "model": a.model, "device": "cpu", "batch_size": a.batch_size, "threads": a.threads,
+              "model": a.model, "device": "cpu", "amp": a.amp, "batch_size": a.batch_size,
+              "threads": a.threads,
               "median_ms": statistics.median(times) * 1e3, "blas": blas,
               "on_openblas": on_openblas, **gpt_fields}
     print(json.dumps(result))

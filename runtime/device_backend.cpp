@@ -34,6 +34,12 @@ std::string DeviceBackend::name(Device device) const {
   missing(fmt::format("name {}", device.str()));
 }
 void DeviceBackend::set_allow_tf32(bool) const { missing("TF32"); }
+size_t DeviceBackend::peak_allocated_bytes(Device device) const {
+  missing(fmt::format("peak memory of {}", device.str()));
+}
+void DeviceBackend::reset_peak_memory(Device device) const {
+  missing(fmt::format("peak memory of {}", device.str()));
+}
 
 void* DeviceBackend::allocate(size_t nbytes, Device device) const {
   missing(fmt::format("cannot allocate {} bytes on {}", nbytes, device.str()));

@@ -103,6 +103,10 @@ class DeviceBackend {
   virtual void set_allow_tf32(bool allow) const;
   virtual void* allocate(size_t nbytes, Device device) const;
   virtual void free(void* data, Device device) const;
+  // The most memory the allocator had handed out on `device` at once since
+  // the last reset_peak_memory (which sets it to what is in use now).
+  virtual size_t peak_allocated_bytes(Device device) const;
+  virtual void reset_peak_memory(Device device) const;
 
   // In-place writes of `dst` (Tensor::copy_, fill_, add_, mul_; scale_into
   // is dst = factor * src in one kernel).

@@ -17,6 +17,12 @@
 // belong to the run, and a resume refuses other model, batch, optimizer,
 // schedule, data or seed settings (run_settings() below); the clipping and
 // the logging, evaluation and checkpoint intervals may change.
+//   ... --amp bf16 | f16 [--checkpoint-blocks]
+// --amp runs forward and loss under autocast (runtime/autocast.h), f16 with a
+// GradScaler whose state rides in the checkpoints; --checkpoint-blocks
+// recomputes each block's activations in backward. A resume keeps --amp
+// (it changes what the run computes); --checkpoint-blocks changes nothing
+// but memory and time.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,10 +41,12 @@
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/optim/adam.h"
+#include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/lr_scheduler.h"
 #include "lockstep/optim/training_checkpoint.h"
 #include "lockstep/optim/training_run.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/device_select.h"
 #include "lockstep/runtime/ops.h"
@@ -59,7 +67,14 @@ nn::GptConfig model_config(const Options& o) {
           .n_layer = o.n_layer,
           .n_head = o.n_head,
           .n_embd = o.n_embd,
-          .dropout = o.dropout};
+          .dropout = o.dropout,
+          .checkpoint_blocks = o.checkpoint_blocks};
+}
+
+// The autocast scope --amp asks for (disabled for "none").
+runtime::AutocastGuard amp_scope(const Options& o) {
+  return runtime::autocast({.dtype = o.amp == "f16" ? runtime::DType::f16 : runtime::DType::bf16,
+                            .enabled = o.amp != "none"});
 }
 
 // Mean validation loss in bits per byte over the evaluation windows: each
@@ -79,6 +94,7 @@ double evaluate(nn::Gpt& model, const std::string& text, const Options& o,
                                     mine.begin() + static_cast<std::ptrdiff_t>(std::min(
                                                        mine.size(), at + static_cast<size_t>(o.batch_size))));
     const TokenBatch b = windows_at(text, part, o.seq_len);
+    const auto amp = amp_scope(o);
     const nn::Values out = model.forward_values({b.x.to(device), b.y.to(device)});
     const double tokens = static_cast<double>(b.x.numel());
     nats += out.tensor(1).item() * tokens;
@@ -120,6 +136,7 @@ optim::RunSettings run_settings(const Options& o, const optim::LRScheduler* sche
                     {"optimizer", fmt::format("adamw lr={} min_lr={} weight_decay={}", o.lr,
                                               o.min_lr, o.weight_decay)},
                     {"zero", o.zero ? "on" : "off"},
+                    {"amp", o.amp},
                     {"lr_schedule", optim::schedule_setting(sched)},
                     {"data", o.data},
                     {"seed", std::to_string(o.seed)}},
@@ -184,8 +201,15 @@ int run(Options o) {
         "rank{} x batch {} x {} bytes, adamw lr {} (warmup {}, cosine to {}), seed {}\n",
         model->num_parameters(), o.n_layer, o.n_head, o.n_embd, o.seq_len, world,
         world > 1 ? "s" : "", o.batch_size, o.seq_len, o.lr, warmup, o.min_lr, o.seed);
+  if (o.amp != "none" || o.checkpoint_blocks)
+    print(rank, "{}{}\n", o.amp != "none" ? "autocast " + o.amp : "",
+          o.checkpoint_blocks ? (o.amp != "none" ? ", blocks checkpointed" : "blocks checkpointed")
+                              : "");
 
-  optim::TrainingParts parts{.model = model.get(), .optimizer = opt.get(), .scheduler = &sched};
+  // Loss scaling for f16; every rank agrees on a skipped step.
+  optim::GradScaler scaler(group, {.enabled = o.amp == "f16"});
+  optim::TrainingParts parts{
+      .model = model.get(), .optimizer = opt.get(), .scheduler = &sched, .scaler = &scaler};
   optim::TrainingProgress progress;
   if (checkpoints) {
     for (const auto& c : optim::record_run_settings(*checkpoints, run_settings(o, &sched)))
@@ -211,11 +235,19 @@ int run(Options o) {
   while (progress.step < o.steps) {
     const TokenBatch b =
         train_batch(corpus.train, progress.step, rank, world, o.batch_size, o.seq_len, o.seed);
-    const Tensor loss = ddp->forward_values({b.x.to(device), b.y.to(device)}).tensor(1);
+    Tensor loss;
+    {
+      const auto amp = amp_scope(o);
+      loss = ddp->forward_values({b.x.to(device), b.y.to(device)}).tensor(1);
+    }
     opt->zero_grad();
-    loss.backward();
-    if (o.clip_grad_norm > 0) examples::clip_gradients(*opt, o.clip_grad_norm);
-    opt->step();
+    scaler.scale(loss).backward();
+    if (o.clip_grad_norm > 0) {
+      scaler.unscale_(*opt);
+      examples::clip_gradients(*opt, o.clip_grad_norm);
+    }
+    scaler.step(*opt);  // opt->step() unless f16 overflowed
+    scaler.update();
     sched.step();
     ++progress.step;
     window_loss += loss.item();
@@ -268,6 +300,11 @@ int main(int argc, char** argv) {
   app.add_option("--n-embd", o.n_embd, "width")->check(CLI::PositiveNumber);
   app.add_option("--seq-len", o.seq_len, "context length in bytes")->check(CLI::PositiveNumber);
   app.add_option("--dropout", o.dropout, "dropout in training")->check(CLI::Range(0.0, 0.99));
+  app.add_flag("--checkpoint-blocks", o.checkpoint_blocks,
+               "recompute each block's activations in backward (less memory, more time)");
+  app.add_option("--amp", o.amp, "autocast dtype: none, bf16, f16 (with loss scaling)")
+      ->check(CLI::IsMember({"none", "bf16", "f16"}))
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", o.batch_size, "sequences per step on each rank")
       ->check(CLI::PositiveNumber);

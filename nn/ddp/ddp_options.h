@@ -61,7 +61,14 @@ namespace comm_hooks {
 // The default: all-reduce (sum) of the buffer in place.
 CommHook allreduce();
 // Compress to f16 or bf16, all-reduce, decompress into the buffer: half the
-// bytes on the wire at the cost of rounding each rank's contribution.
+// bytes on the wire at the cost of rounding. Each rank's contribution is
+// rounded once to the wire format (8 significant bits for bf16, 11 for f16:
+// a relative error up to 2^-9 or 2^-12) and each of the N - 1 additions once
+// more, so an element is off by at most about N * 2^-9 (bf16) or N * 2^-12
+// (f16) of the sum of its contributions' magnitudes; the test at 2 ranks
+// checks 1.6e-2 and 2e-3 of the expected gradient. f16's range (65504) is
+// ample for gradients already scaled by 1 / world_size. Without a hook the
+// buckets stay in the parameters' dtype, f32 under autocast too.
 CommHook fp16_compress();
 CommHook bf16_compress();
 }  // namespace comm_hooks

@@ -100,6 +100,7 @@ void record_stream(void* ptr, StreamView stream) {
 void empty_cache() { caching_allocator().empty_cache(); }
 
 AllocatorStats memory_stats(int device) { return caching_allocator().stats(device); }
+void reset_peak_memory_stats(int device) { caching_allocator().reset_peak_stats(device); }
 
 void DeviceBuffer::reset() noexcept {
   if (data_ == nullptr) return;

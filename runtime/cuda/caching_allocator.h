@@ -38,6 +38,8 @@ bool poison_allocations();
 // Returns cached memory no block in use needs to CUDA (all devices).
 void empty_cache();
 AllocatorStats memory_stats(int device);
+// Sets `device`'s peaks to what is in use now.
+void reset_peak_memory_stats(int device);
 
 // Owns one block from the caching allocator. Move-only.
 class DeviceBuffer {

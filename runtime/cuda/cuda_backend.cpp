@@ -87,6 +87,12 @@ class CudaBackend final : public DeviceBackend {
     return props.name;
   }
   void set_allow_tf32(bool allow) const override { cuda::set_allow_tf32(allow); }
+  size_t peak_allocated_bytes(Device device) const override {
+    return cuda::memory_stats(device.index).peak_allocated_bytes;
+  }
+  void reset_peak_memory(Device device) const override {
+    cuda::reset_peak_memory_stats(device.index);
+  }
 
   // From the caching allocator, for use on the device's current stream
   // (where ops queue their kernels).

@@ -158,3 +158,42 @@ TEST_CASE("gpt_train: a run SIGKILLed after a checkpoint resumes exactly", "[exa
     }
   }
 }
+
+TEST_CASE("gpt_train --amp f16 --checkpoint-blocks resumes exactly, the loss scale included",
+          "[example][gpt][resume][autocast]") {
+  LOCKSTEP_SKIP_IF(fortunes_skip_reason());
+  const std::string dir = scratch("amp");
+  const std::vector<std::string> args = {"--steps", "12", "--amp", "f16", "--checkpoint-blocks",
+                                         "--eval-every", "100", "--eval-windows", "8",
+                                         "--checkpoint-dir", dir, "--checkpoint-every", "4",
+                                         "--keep-last", "5"};
+  const GptRun straight = parse(run_process(command(1, args), std::chrono::seconds(300)));
+  INFO(straight.result.output);
+  REQUIRE(straight.result.ok());
+  CHECK_THAT(straight.result.output, Catch::Contains("autocast f16, blocks checkpointed"));
+  REQUIRE(straight.losses.size() == 12);
+  // Back to the step-4 checkpoint, as if the run had died after it.
+  for (const char* later : {"ckpt-0000000008.safetensors", "ckpt-0000000012.safetensors"})
+    REQUIRE(fs::remove(fs::path(dir) / later));
+  auto resume_args = args;
+  resume_args.push_back("--resume");
+  const GptRun resumed = parse(run_process(command(1, resume_args), std::chrono::seconds(300)));
+  INFO(resumed.result.output);
+  REQUIRE(resumed.result.ok());
+  CHECK_THAT(resumed.result.output, Catch::Contains("step 4"));
+  CHECK(resumed.losses.size() == 8);
+  for (const auto& [where, value] : resumed.losses) {
+    INFO(where);
+    REQUIRE(straight.losses.contains(where));
+    CHECK(straight.losses.at(where) == value);
+  }
+  CHECK(resumed.digest == straight.digest);
+  // A resume cannot switch the dtype: it changes what the run computes.
+  auto bf16_args = args;
+  bf16_args[3] = "bf16";
+  bf16_args.push_back("--resume");
+  const ProcessResult refused = run_process(command(1, bf16_args), std::chrono::seconds(300));
+  CHECK_FALSE(refused.ok());
+  CHECK_THAT(refused.output, Catch::Contains("amp"));
+  fs::remove_all(dir);
+}
