@@ -22,6 +22,9 @@
 // wrapper, one plain step before each DDP step (so drift in clocks or load
 // hits both alike), and reports DDP's overhead over the plain step by median:
 // at world size 1 the goal is within 3%.
+// --verify-every K turns on DdpOptions::verify_every (the replicas' parameter
+// hashes compared every K steps) and times one check on its own (median of
+// 20): its cost per step is that over K, reported as a share of the step.
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -38,6 +41,7 @@
 #include "harness.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
+#include "lockstep/nn/ddp/replica_sync.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/device_select.h"
 #include "lockstep/runtime/ops.h"
@@ -61,6 +65,7 @@ struct Options {
   double first_bucket_cap_mb = 1.0;
   bool gradient_as_bucket_view = false;
   bool staged_buckets = false;  // DdpOptions::buckets_in_shared_memory = false
+  int64_t verify_every = 0;     // DdpOptions::verify_every
   std::string backend;  // empty: LOCKSTEP_BACKEND, else the default (nccl on cuda)
   std::string device = "cpu";
   bool compare_plain = false;
@@ -89,6 +94,8 @@ struct Result {
   // --compare-plain: rank 0's plain (no DDP) steps, and DDP's overhead over
   // them, (median DDP - median plain) / median plain.
   double plain_ms = 0, plain_median_ms = 0, overhead_pct = 0;
+  // --verify-every: one check's median time, and its cost per step in % of one.
+  double verify_ms = 0, verify_pct = 0;
 };
 
 double mean(const std::vector<double>& v) {
@@ -154,6 +161,7 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
   ddp_options.first_bucket_cap_mb = o.first_bucket_cap_mb;
   ddp_options.gradient_as_bucket_view = o.gradient_as_bucket_view;
   ddp_options.buckets_in_shared_memory = !o.staged_buckets;
+  ddp_options.verify_every = o.verify_every;
   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group, ddp_options);
   optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
 
@@ -239,6 +247,17 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
   }
   // The slowest rank's mean step time (after the loop: no barrier inside it).
   r.step_ms = bench::max_over_ranks(*group, r.rank0_step_ms, device);
+  if (o.verify_every > 0) {
+    std::vector<double> checks;
+    for (int i = 0; i < 20; ++i) {
+      const auto c0 = std::chrono::steady_clock::now();
+      nn::verify_replicas_identical(model->named_parameters(), *group, "in ddp_bench");
+      checks.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count());
+    }
+    r.verify_ms = bench::max_over_ranks(*group, median(checks), device);
+    r.verify_pct = 100.0 * r.verify_ms / static_cast<double>(o.verify_every) / r.step_ms;
+  }
   return r;
 }
 
@@ -294,6 +313,8 @@ int run(const Options& o) {
                         {"world_size", world}, {"backend", group->backend()}, {"batch", r.batch},
                         {"bucket_cap_mb", r.cap_mb}, {"first_bucket_cap_mb", o.first_bucket_cap_mb},
                         {"gradient_as_bucket_view", o.gradient_as_bucket_view},
+                        {"verify_every", o.verify_every},
+                        {"verify_ms", r.verify_ms}, {"verify_pct_of_step", r.verify_pct},
                         {"iters", o.iters}, {"warmup", o.warmup}, {"step_ms", r.step_ms},
                         {"rank0_step_ms", r.rank0_step_ms},
                         {"rank0_median_step_ms", r.rank0_median_ms}, {"samples_per_s", sps},
@@ -325,8 +346,11 @@ int run(const Options& o) {
   fmt::print("# ddp_bench {}: {} ranks, backend {}, {} warm-up + {} timed steps; "
              "step = slowest rank's mean; fwd/bwd = rank 0's means; comm/exposed/hidden = "
              "per step, the rank that finished backward last; imbalance = per step, the longest "
-             "wait after backward minus the shortest\n# {}\n",
-             date, world, group->backend(), o.warmup, o.iters, machine);
+             "wait after backward minus the shortest{}\n# {}\n",
+             date, world, group->backend(), o.warmup, o.iters,
+             o.verify_every > 0 ? fmt::format("; replicas verified every {} steps", o.verify_every)
+                                : "",
+             machine);
   std::vector<std::string> header{"model", "device", "ranks", "backend", "batch", "bucket cap MB",
                                   "buckets", "step ms", "samples/s", "fwd ms", "bwd ms",
                                   "comm ms", "exposed ms", "hidden %", "imbalance ms"};
@@ -345,6 +369,12 @@ int run(const Options& o) {
                "at the first launch; {} of {} buckets in shared memory\n",
                r.model, r.cap_mb, bytes_list(r.bucket_bytes), r.ready_at_first_launch,
                r.gradients_expected, r.shared_buckets, r.bucket_bytes.size());
+  if (o.verify_every > 0) {
+    for (const auto& r : results)
+      fmt::print("# {}: one replica check takes {:.3f} ms; every {} steps that is {:.3f}% of a "
+                 "{:.2f} ms step (goal: under 1%)\n",
+                 r.model, r.verify_ms, o.verify_every, r.verify_pct, r.step_ms);
+  }
   bench::print_json(doc, o.json_file);
   return 0;
 }
@@ -374,6 +404,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view);
+  app.add_option("--verify-every", o.verify_every,
+                 "compare the replicas' parameters every K steps (DdpOptions::verify_every; 0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--staged-buckets", o.staged_buckets,
                "buckets in ordinary memory, staged by the all-reduce (default over shm: in the "
                "group's shared pool, read in place)");

@@ -35,6 +35,12 @@ struct DdpOptions {
   // skips its staging copies. Off, or where the pool cannot be had: ordinary
   // memory, staged as before. The results are the same bits either way.
   bool buckets_in_shared_memory = true;
+  // Every this many training forwards, check that every rank holds the same
+  // parameter bits (a hash of each, one all-gather; verify_replicas_identical
+  // in replica_sync.h) and fail on every rank, naming the first parameter
+  // that differs and the ranks that hold other bits, so silent corruption or
+  // a nondeterministic kernel is caught near where it starts. 0: never.
+  int64_t verify_every = 0;
 };
 
 // One bucket as a communication hook sees it. `buffer` is flat, of one dtype

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include <fmt/format.h>
+
 #include "lockstep/nn/ddp/reducer.h"
 #include "lockstep/nn/ddp/replica_sync.h"
 #include "lockstep/runtime/error.h"
@@ -16,6 +18,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
   LOCKSTEP_CHECK(group_ != nullptr,
                  "DistributedDataParallel: the process group is null; create one with "
                  "collectives::init_process_group()");
+  LOCKSTEP_CHECK(options_.verify_every >= 0,
+                 "DistributedDataParallel: verify_every must be >= 0 (0: never), got {}",
+                 options_.verify_every);
   LOCKSTEP_CHECK(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
                  "DistributedDataParallel: bucket_cap_mb ({}) and first_bucket_cap_mb ({}) must "
                  "be positive",
@@ -43,6 +48,10 @@ void DistributedDataParallel::broadcast_parameters() {
 template <class Run>
 void DistributedDataParallel::run_forward(Run&& run) {
   const auto start = std::chrono::steady_clock::now();
+  if (is_training() && options_.verify_every > 0 &&
+      ++training_forwards_ % options_.verify_every == 0)
+    verify_replicas_identical(module_->named_parameters(), *group_,
+                              fmt::format("before training forward #{}", training_forwards_));
   reducer_->forward_started();
   // Training only: in eval the buffers are read, not updated, and ranks may
   // evaluate different numbers of batches.

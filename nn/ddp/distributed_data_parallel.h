@@ -91,6 +91,7 @@ class DistributedDataParallel : public Module {
   DdpOptions options_;
   std::unique_ptr<Reducer> reducer_;
   bool require_sync_ = true;
+  int64_t training_forwards_ = 0;  // for DdpOptions::verify_every
 };
 
 }  // namespace lockstep::nn

@@ -8,6 +8,7 @@
 
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/stable_hash.h"
 
 namespace lockstep::nn {
 namespace {
@@ -85,6 +86,42 @@ void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& p
         "{}{} ({} parameters on rank 0). Build the same model on every rank (same layers, "
         "sizes and dtypes, registered in the same order)",
         i, at(lists[0], i), others, lists[0].size()));
+  }
+}
+
+void verify_replicas_identical(const std::vector<std::pair<std::string, Tensor>>& params,
+                               collectives::ProcessGroup& group, const std::string& when) {
+  if (group.size() == 1 || params.empty()) return;
+  const auto count = static_cast<int64_t>(params.size());
+  std::vector<int64_t> mine;
+  mine.reserve(params.size());
+  for (const auto& [name, p] : params) {
+    const Tensor host = p.detach().to(runtime::Device::cpu()).contiguous();
+    const size_t esize = runtime::dtype_size(host.dtype());
+    const auto* data = static_cast<const char*>(host.storage()->data()) +
+                       static_cast<size_t>(host.storage_offset()) * esize;
+    mine.push_back(static_cast<int64_t>(
+        runtime::hash_bytes(data, static_cast<size_t>(host.numel()) * esize)));
+  }
+  // On the parameters' device: NCCL takes device tensors only.
+  const runtime::Device device = params.front().second.device();
+  Tensor hashes = Tensor::from_vector(mine, {count}).to(device);
+  Tensor all = Tensor::empty({count * group.size()}, DType::i64, device);
+  group.allgather(all, hashes, {})->wait();
+  const auto every = all.to(runtime::Device::cpu()).to_vector<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    std::vector<int> differ;
+    for (int r = 1; r < group.size(); ++r)
+      if (every[static_cast<size_t>(r * count + i)] != every[static_cast<size_t>(i)]) differ.push_back(r);
+    if (differ.empty()) continue;
+    throw Error(fmt::format(
+        "DistributedDataParallel: the replicas diverged {}: parameter '{}' (#{} of {}) on rank{} "
+        "{} holds other bits than rank 0's. Every rank must change its parameters the same way: "
+        "a change made by hand on one rank must be made on all, or undone with "
+        "broadcast_parameters(); otherwise suspect a nondeterministic kernel or corrupted memory "
+        "on {}",
+        when, params[static_cast<size_t>(i)].first, i, count, differ.size() > 1 ? "s" : "",
+        fmt::join(differ, ", "), differ.size() > 1 ? "those ranks" : "that rank"));
   }
 }
 

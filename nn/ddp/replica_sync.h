@@ -17,6 +17,14 @@ namespace lockstep::nn {
 void verify_same_parameters(const std::vector<std::pair<std::string, runtime::Tensor>>& params,
                             collectives::ProcessGroup& group);
 
+// Collective. Throws Error on every rank when some parameter's bits differ
+// between ranks (a 64-bit hash of each, one all-gather), naming the first
+// such parameter and the ranks whose bits differ from rank 0's. `when` says
+// where the check ran ("before training forward #300"). Device tensors are
+// hashed on the host (one copy each).
+void verify_replicas_identical(const std::vector<std::pair<std::string, runtime::Tensor>>& params,
+                               collectives::ProcessGroup& group, const std::string& when);
+
 // Collective. Copies `root`'s values of `tensors` into every rank's, one
 // broadcast per dtype (the tensors are packed into one flat buffer).
 void broadcast_coalesced(const std::vector<runtime::Tensor>& tensors,

@@ -292,3 +292,58 @@ TEST_CASE("DDP: hooks sit on every trained parameter and leave with the wrapper"
   });
   REQUIRE(joined(problems).empty());
 }
+
+TEST_CASE("DDP: verify_every finds a parameter changed on one rank, names it and the rank, on "
+          "every rank",
+          "[ddp]") {
+  const auto problems = lt::on_ranks(3, [](int r, auto group) -> std::string {
+    auto model = lt::small_mlp(1);
+    DistributedDataParallel ddp(model, group, DdpOptions{.verify_every = 2});
+    const auto batch = lt::shard(lt::global_batch(12, 5), r, 3);
+    auto train_step = [&] {
+      lt::loss_of(ddp, batch).backward();
+      lockstep::runtime::NoGradGuard no_grad;
+      for (const Tensor& p : ddp.parameters()) Tensor(p).add_(p.grad(), -0.1);
+      for (const Tensor& p : ddp.parameters()) Tensor(p).set_grad(Tensor{});
+    };
+    train_step();  // forward #1: no check
+    train_step();  // forward #2: checked, identical
+    if (r == 2) {  // "I changed a parameter on one GPU"
+      lockstep::runtime::NoGradGuard no_grad;
+      Tensor(model->named_parameters()[2].second).mul_(1.0 + 1e-6);
+    }
+    train_step();  // forward #3: no check
+    std::string error;
+    try {
+      train_step();  // forward #4: checked
+    } catch (const lockstep::Error& e) {
+      error = e.what();
+    }
+    if (error.empty()) return "the divergence was not caught";
+    const std::string name = model->named_parameters()[2].first;
+    for (const std::string& part : {"'" + name + "'", std::string("rank 2 holds other bits"),
+                                    std::string("before training forward #4")})
+      if (error.find(part) == std::string::npos) return "no \"" + part + "\" in: " + error;
+    // The group is still in step: re-broadcasting rank 0's parameters heals it.
+    ddp.broadcast_parameters();
+    for (const Tensor& p : ddp.parameters()) Tensor(p).set_grad(Tensor{});
+    train_step();  // #5
+    train_step();  // #6: checked, identical again
+    return "";
+  });
+  for (const auto& p : problems) CHECK(p == "");
+}
+
+TEST_CASE("DDP: verify_every must not be negative", "[ddp]") {
+  const auto problems = lt::on_ranks(2, [](int, auto group) -> std::string {
+    try {
+      DistributedDataParallel ddp(lt::small_mlp(1), group, DdpOptions{.verify_every = -1});
+    } catch (const lockstep::Error& e) {
+      return std::string(e.what()).find("verify_every must be >= 0") != std::string::npos
+                 ? ""
+                 : e.what();
+    }
+    return "constructed";
+  });
+  for (const auto& p : problems) CHECK(p == "");
+}
