@@ -62,7 +62,7 @@ ProcessResult torchrun(const std::vector<std::string>& mode, const std::vector<s
 // the next one).
 std::vector<std::string> static_rendezvous() {
   return {"--master_addr", "127.0.0.1", "--master_port",
-          std::to_string(lockstep::testing::unused_tcp_port())};
+          std::to_string(lockstep::testing::unused_tcp_port_pair())};
 }
 
 }  // namespace

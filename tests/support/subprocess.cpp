@@ -141,4 +141,30 @@ int unused_tcp_port() {
   return ntohs(addr.sin_port);
 }
 
+namespace {
+
+bool loopback_port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+int unused_tcp_port_pair() {
+  // Below Linux's default ephemeral range (32768-60999); seeded by the pid so
+  // tests running side by side start apart.
+  const int lo = 20000, span = 12000;
+  int port = lo + static_cast<int>(::getpid() * 7919 % span);
+  for (int tries = 0; tries < 200; ++tries, port = lo + (port - lo + 2) % span)
+    if (loopback_port_free(port) && loopback_port_free(port + 1)) return port;
+  throw std::runtime_error("unused_tcp_port_pair: no two free loopback ports found");
+}
+
 }  // namespace lockstep::testing

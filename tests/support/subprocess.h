@@ -41,6 +41,11 @@ std::string bin_path(const std::string& name);
 // address that refuses connections.
 int unused_tcp_port();
 
+// A loopback port P such that P and P + 1 are both free, drawn below the
+// kernel's ephemeral range (which client sockets take their ports from), for
+// a launcher that listens on P + 1 too (torchrun's store, then lockstep's).
+int unused_tcp_port_pair();
+
 // Whether a script that skips by printing "SKIPPED: <reason>" and exiting 0
 // did so; if it did, prints that line (ctest's SKIP_REGULAR_EXPRESSION then
 // reports the test as skipped).
