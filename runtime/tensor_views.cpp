@@ -146,10 +146,14 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   st[d] *= step;
   Shape in_shape = this->shape();
   DType dt = dtype();
+  Device dev = device();
   return record(make_view(*this, shape, st, storage_offset() + start * strides()[d]),
                 "SliceBackward", {*this}, {},
                 [=](const BackwardArgs& a) {
-                  Tensor g = Tensor::zeros(in_shape, dt);
+                  // On the input's device: a CPU buffer here would send a host
+                  // gradient into the device graph (the next gemm then reads
+                  // device pointers on the host).
+                  Tensor g = Tensor::zeros(in_shape, dt, dev);
                   g.slice(d, start, end, step).copy_(a.grad);
                   return std::vector<Tensor>{g};
                 });

@@ -17,8 +17,10 @@ thread_local Device g_lane_device;
 // A node whose backward is a lambda over its saved tensors.
 class FunctionNode final : public Node {
  public:
-  FunctionNode(const char* name, std::vector<SavedTensor> saved, BackwardFn fn)
-      : Node(name), saved_(std::move(saved)), fn_(std::move(fn)) {}
+  FunctionNode(const char* name, std::vector<SavedTensor> saved, BackwardFn fn,
+               std::vector<Device> input_devices)
+      : Node(name), saved_(std::move(saved)), fn_(std::move(fn)),
+        input_devices_(std::move(input_devices)) {}
 
   std::vector<Tensor> apply(const Tensor& grad_output) override {
     std::vector<Tensor> saved;
@@ -28,6 +30,12 @@ class FunctionNode final : public Node {
     for (size_t i = 0; i < next.size(); ++i) needs[i] = next[i] != nullptr;
     std::vector<Tensor> grads = fn_(BackwardArgs{grad_output, saved, needs});
     LOCKSTEP_ASSERT(grads.size() == next.size());
+    // A gradient must live where its input does: one on another device would
+    // be read through the wrong kind of pointer by the next node's kernel.
+    for (size_t i = 0; i < grads.size(); ++i)
+      LOCKSTEP_CHECK(!grads[i].defined() || !next[i] || grads[i].device() == input_devices_[i],
+                     "{}: the gradient for input {} is on {} but the input is on {}", name(), i,
+                     grads[i].device().str(), input_devices_[i].str());
     return grads;
   }
 
@@ -38,6 +46,7 @@ class FunctionNode final : public Node {
  private:
   std::vector<SavedTensor> saved_;
   BackwardFn fn_;
+  std::vector<Device> input_devices_;  // per input, as recorded
 };
 }  // namespace
 
@@ -115,7 +124,11 @@ Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs,
   } else {
     for (const Tensor& t : saved) kept.emplace_back(t);
   }
-  auto node = std::make_shared<FunctionNode>(name, std::move(kept), std::move(backward));
+  std::vector<Device> devices;
+  devices.reserve(inputs.size());
+  for (const Tensor& in : inputs) devices.push_back(in.defined() ? in.device() : Device::cpu());
+  auto node = std::make_shared<FunctionNode>(name, std::move(kept), std::move(backward),
+                                             std::move(devices));
   node->next.reserve(inputs.size());
   for (const Tensor& in : inputs) node->next.push_back(gradient_edge(in));
   set_grad_fn(out, std::move(node));

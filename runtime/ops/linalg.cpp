@@ -59,6 +59,10 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
   if (!a.device().is_cpu()) return device_backend(a.device()).gemm(a, b, c, alpha, beta);
+  LOCKSTEP_CHECK(b.device().is_cpu() && c.device().is_cpu(),
+                 "matmul: operands are on different devices ({}, {} and {}); move them to one "
+                 "with .to(device)",
+                 a.device().str(), b.device().str(), c.device().str());
   LOCKSTEP_ASSERT(a.dim() == 2 && b.dim() == 2 && c.dim() == 2);
   const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
   LOCKSTEP_ASSERT(b.shape()[0] == k && c.shape()[0] == m && c.shape()[1] == n);

@@ -42,8 +42,10 @@ TEST_CASE("CUDA: scaled_dot_product_attention matches the CPU, forward and backw
         mask = Tensor::from_vector(keep, {c.b, 1, 1, c.s}).to(DType::boolean);
       }
       const auto run = [&](Device device) {
-        Tensor qd = q.to(device).requires_grad_(), kd = k.to(device).requires_grad_(),
-               vd = v.to(device).requires_grad_();
+        // Leaves on `device` (to() of a CPU tensor is a graph node there).
+        Tensor qd = q.to(device).detach().requires_grad_(),
+               kd = k.to(device).detach().requires_grad_(),
+               vd = v.to(device).detach().requires_grad_();
         AttentionOptions o{.causal = c.causal};
         if (mask.defined()) o.mask = mask.to(device);
         Tensor y = scaled_dot_product_attention(qd, kd, vd, o);

@@ -171,3 +171,24 @@ TEST_CASE("to(Device) is differentiable", "[gpu][cuda_tensor]") {
   CHECK(x.grad().device() == Device::cpu());
   check_equal_to(x.grad(), Tensor::full({3, 4}, 2.0), "gradient back on the CPU");
 }
+
+// Each view's backward builds its gradient on the view's device (a CPU
+// buffer here once sent a host gradient into the GPT's graph on CUDA).
+TEST_CASE("the views' gradients stay on the CUDA device and equal the CPU's",
+          "[gpu][cuda_tensor]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  const Tensor x = randn_cpu({4, 6}, 17);
+  const Tensor gy = randn_cpu({2, 3}, 18);
+  const auto run = [&](Device device) {
+    Tensor leaf = x.to(device).detach().requires_grad_();
+    // slice with a step, select, transpose, unsqueeze + expand, permute, reshape
+    Tensor v = leaf.slice(1, 1, 6, 2).slice(0, 1, 3);  // [2, 3]
+    Tensor w = leaf.select(0, 3).slice(0, 0, 3).unsqueeze(0).expand({2, 3});
+    Tensor t = leaf.transpose(0, 1).permute({1, 0}).reshape({8, 3}).slice(0, 0, 2);
+    sum(mul(add(add(v, w), t), gy.to(device))).backward();
+    return leaf.grad();
+  };
+  const Tensor got = run(cuda0()), want = run(Device::cpu());
+  CHECK(got.device() == cuda0());
+  check_equal_to(got, want, "gradient through slice, select, expand, transpose, permute");
+}
