@@ -73,7 +73,18 @@ Module& DataParallel::refreshed_replica(size_t i, const std::vector<Tensor>& par
   runtime::NoGradGuard no_grad;
   for (size_t k = 0; k < buffers.size(); ++k)
     runtime::rebind(replica_buffers[k], copy_to(buffers[k], device));
-  replica->train(is_training());
+  // Every submodule in the mode of its original, as PyTorch's replicate()
+  // copies each module's `training` flag: the wrapped module's (set by
+  // model->eval(), or a submodule frozen in eval), not this wrapper's own,
+  // which stays true unless dp.eval() is called. named_modules() walks both
+  // in the same pre-order, so a child's own flag is set after its parent's.
+  const auto originals = module_->named_modules();
+  const auto copies = replica->named_modules();
+  LOCKSTEP_CHECK(originals.size() == copies.size(),
+                 "DataParallel: {}::replicate() made a module with {} submodules, not {}",
+                 module_->type_name(), copies.size(), originals.size());
+  for (size_t k = 0; k < originals.size(); ++k)
+    copies[k].second->train(originals[k].second->is_training());
   return *replica;
 }
 

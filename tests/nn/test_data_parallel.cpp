@@ -104,6 +104,32 @@ TEST_CASE("DataParallel: a CNN with BatchNorm gets the gradient of one device ru
   CHECK(grad_mismatch(*model, *alone, 1e-4) == "");
 }
 
+TEST_CASE("DataParallel: the replicas take the wrapped module's mode, not the wrapper's "
+          "(model->eval() without dp.eval())",
+          "[data_parallel]") {
+  const Tensor x = images(10, 4), y = labels(10);
+  auto model = nn::models::fashion_cnn(3);
+  model->eval();  // the wrapper itself stays in training mode
+  nn::DataParallel dp(model, cpus(2));
+  REQUIRE(dp.is_training());
+  lr::cross_entropy(dp.forward(x), y).backward();
+  auto alone = nn::models::fashion_cnn(3);
+  alone->eval();
+  lt::loss_of(*alone, {x, y}).backward();
+  CHECK(grad_mismatch(*model, *alone, 1e-4) == "");
+
+  // A submodule frozen in eval inside a training model stays frozen in the replicas.
+  auto frozen = nn::models::fashion_cnn(3);
+  (*frozen)[1]->eval();
+  nn::DataParallel dp2(frozen, cpus(2));
+  const Tensor out = dp2.forward(x);
+  auto reference = nn::models::fashion_cnn(3);
+  (*reference)[1]->eval();
+  const Tensor first = reference->forward(x.slice(0, 0, 5));
+  const Tensor second = reference->forward(x.slice(0, 5, 10));
+  CHECK(lt::mismatch("output", out, lr::cat({first, second}, 0), 1e-5) == "");
+}
+
 TEST_CASE("DataParallel: BatchNorm's running mean is the first half's (the forum's example)",
           "[data_parallel]") {
   // BatchNorm2d(3, momentum=1.0); the first half of the batch has mean 7 and
