@@ -285,7 +285,11 @@ def main():
     if a.amp == "f16" and not cuda:
         print("step_bench_torch: PyTorch's CPU autocast has no f16", file=sys.stderr)
         return 6
-    scaler = torch.cuda.amp.GradScaler(enabled=a.amp == "f16")
+    # torch.amp.GradScaler("cuda") since 2.3; torch.cuda.amp's before (1.13).
+    if hasattr(torch.amp, "GradScaler"):
+        scaler = torch.amp.GradScaler("cuda", enabled=a.amp == "f16")
+    else:
+        scaler = torch.cuda.amp.GradScaler(enabled=a.amp == "f16")
 
     def step():
         opt.zero_grad(set_to_none=True)
