@@ -210,6 +210,11 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     holder->store = options.store;
   } else {
     make_store(info, timeout, *holder);
+    // A restarted job's ranks meet on the launcher's store, which still holds
+    // the keys of the attempts before (rank claims, addresses, counters).
+    if (info.restart_count > 0)
+      holder->store = std::make_shared<runtime::PrefixStore>(
+          fmt::format("restart-{}", info.restart_count), holder->store);
   }
   claim_rank(*holder->store, options.name, info.rank);
   int rank = info.rank;

@@ -272,6 +272,7 @@ void read_settings(const EnvLookup& env, RankInfo& info) {
 
   info.timeout = read_seconds(env, "LOCKSTEP_TIMEOUT_S", "a timeout", 600);
   info.stall_report = read_seconds(env, "LOCKSTEP_STALL_REPORT_S", "a stall report interval", 60);
+  info.restart_count = read_restart_count(env);
 }
 
 }  // namespace
@@ -286,6 +287,10 @@ EnvLookup process_env() {
 
 std::optional<int> read_host_cache_mb(const EnvLookup& env) {
   return read_int(env, "LOCKSTEP_HOST_CACHE_MB", 0);
+}
+
+int read_restart_count(const EnvLookup& env) {
+  return read_int(env, "LOCKSTEP_RESTART_COUNT", 0).value_or(0);
 }
 
 std::optional<std::string> read_async_error_handling(const EnvLookup& env) {

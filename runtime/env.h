@@ -97,6 +97,11 @@ struct RankInfo {
   std::optional<std::chrono::milliseconds> timeout;  // LOCKSTEP_TIMEOUT_S
   std::optional<std::chrono::milliseconds> stall_report;  // LOCKSTEP_STALL_REPORT_S
   std::string node_id;     // LOCKSTEP_NODE_ID; empty: the host's own identity
+  // LOCKSTEP_RESTART_COUNT: how many times lockstep-run --max-restarts has
+  // started this job's ranks again (0 the first time). The ranks of attempt
+  // N > 0 keep their store keys under "restart-N/", clear of the keys the
+  // ranks of earlier attempts left in the launcher's store.
+  int restart_count = 0;
 
   bool has_store_address() const { return !store_host.empty(); }
 };
@@ -117,6 +122,10 @@ RankInfo read_rank_info(const EnvLookup& env = process_env(), RankInfoOptions op
 // nullopt when unset. Throws naming the variable when it is not a whole
 // number >= 0.
 std::optional<int> read_host_cache_mb(const EnvLookup& env = process_env());
+
+// LOCKSTEP_RESTART_COUNT (RankInfo::restart_count): 0 when unset; throws
+// naming the variable when it is not a whole number >= 0.
+int read_restart_count(const EnvLookup& env = process_env());
 
 // LOCKSTEP_ASYNC_ERROR_HANDLING (what a collective that fails with no caller
 // waiting does to the process: collectives/async_error.h); nullopt when unset.

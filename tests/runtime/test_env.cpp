@@ -415,6 +415,16 @@ TEST_CASE("env: LOCKSTEP_HOST_CACHE_MB", "[env]") {
              Contains("LOCKSTEP_HOST_CACHE_MB=-1 is out of range"));
 }
 
+TEST_CASE("env: LOCKSTEP_RESTART_COUNT", "[env]") {
+  using lockstep::runtime::read_restart_count;
+  CHECK(read_restart_count(lookup({})) == 0);
+  CHECK(read_restart_count(lookup({{"LOCKSTEP_RESTART_COUNT", "3"}})) == 3);
+  CHECK_THAT(error_of([] { read_restart_count(lookup({{"LOCKSTEP_RESTART_COUNT", "once"}})); }),
+             Contains("LOCKSTEP_RESTART_COUNT='once' is not a whole number"));
+  CHECK_THAT(error_of([] { read_restart_count(lookup({{"LOCKSTEP_RESTART_COUNT", "-1"}})); }),
+             Contains("LOCKSTEP_RESTART_COUNT=-1 is out of range"));
+}
+
 TEST_CASE("env: parse_host_port", "[env]") {
   CHECK(parse_host_port("127.0.0.1:29500", "X") == std::pair<std::string, int>("127.0.0.1", 29500));
   CHECK(parse_host_port("node-7.example:1", "X") == std::pair<std::string, int>("node-7.example", 1));
