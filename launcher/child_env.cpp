@@ -12,7 +12,7 @@ RankSlot rank_slot(const Options& options, int local_rank) {
 
 std::vector<std::string> child_environment(const std::vector<std::string>& base,
                                            const Options& options, const RankSlot& slot,
-                                           const StoreAddress& store) {
+                                           const StoreAddress& store, int restart_count) {
   std::map<std::string, std::string> vars;
   for (const auto& entry : base) {
     const auto eq = entry.find('=');
@@ -32,6 +32,7 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
   info.store_port = store.port;
   info.token = store.token;
   for (auto& [name, value] : runtime::rank_variables(info, options.nnodes)) vars[name] = value;
+  vars["LOCKSTEP_RESTART_COUNT"] = std::to_string(restart_count);
 
   std::vector<std::string> out;
   out.reserve(vars.size());

@@ -25,8 +25,9 @@ struct StoreAddress {
 RankSlot rank_slot(const Options& options, int local_rank);
 
 // "NAME=value" entries; `base` is the launcher's environment in the same form.
+// `restart_count`: LOCKSTEP_RESTART_COUNT, the attempt (0 the first time).
 std::vector<std::string> child_environment(const std::vector<std::string>& base,
                                            const Options& options, const RankSlot& slot,
-                                           const StoreAddress& store);
+                                           const StoreAddress& store, int restart_count = 0);
 
 }  // namespace lockstep::launcher

@@ -2,6 +2,8 @@
 // README.md). Node 0 serves the job's store for the lifetime of the job.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -14,6 +16,7 @@
 #include "launcher/options.h"
 #include "launcher/spawn.h"
 #include "launcher/supervisor.h"
+#include "lockstep/runtime/exit_status.h"
 #include "lockstep/runtime/store/listen_address.h"
 #include "lockstep/runtime/store/tcp_store.h"
 
@@ -21,6 +24,20 @@ extern char** environ;
 
 namespace lockstep::launcher {
 namespace {
+
+// Seconds before restart `done + 1`: the backoff, doubled for each restart
+// before it, at most 60 s.
+double restart_delay_s(double backoff_s, int done) {
+  return std::min(60.0, backoff_s * std::pow(2.0, std::min(done, 30)));
+}
+
+// "3 ranks", or with several nodes "2 ranks of node 1": what this launcher starts.
+std::string ranks_here(const Options& options) {
+  const std::string ranks = options.nproc_per_node == 1
+                                ? std::string("rank")
+                                : fmt::format("{} ranks", options.nproc_per_node);
+  return options.nnodes == 1 ? ranks : fmt::format("{} of node {}", ranks, options.node_rank);
+}
 
 std::string hostname() {
   char name[256] = {};
@@ -84,16 +101,6 @@ int run(const Options& options) {
     }
   }
 
-  std::vector<RankProcess> ranks;
-  for (int local = 0; local < options.nproc_per_node; ++local) {
-    const RankSlot slot = rank_slot(options, local);
-    const auto child_env = child_environment(base, options, slot, address);
-    ranks.push_back({slot.rank, local,
-                     spawn_child(*program, options.command, child_env, options.tag_output,
-                                 cpus[static_cast<size_t>(local)])});
-    reaper.watch(ranks.back().child.pid);
-  }
-
   SupervisorOptions supervisor;
   supervisor.grace_period = std::chrono::milliseconds(
       static_cast<int64_t>(options.grace_period_s * 1000.0));
@@ -103,8 +110,73 @@ int run(const Options& options) {
     supervisor.remote_failure_fd = link->failure_fd();
     supervisor.remote_failure = [&] { return link->remote_failure(); };
     supervisor.on_local_failure = [&](const std::string& what) { link->publish_failure(what); };
+    supervisor.on_signalled = [&](const std::string& why) { link->publish_stop(why); };
   }
-  const int code = supervise(std::move(ranks), supervisor);
+
+  int code = 0;
+  for (int attempt = 0;; ++attempt) {
+    std::vector<RankProcess> ranks;
+    for (int local = 0; local < options.nproc_per_node; ++local) {
+      const RankSlot slot = rank_slot(options, local);
+      const auto child_env = child_environment(base, options, slot, address, attempt);
+      ranks.push_back({slot.rank, local,
+                       spawn_child(*program, options.command, child_env, options.tag_output,
+                                   cpus[static_cast<size_t>(local)])});
+      reaper.watch(ranks.back().child.pid);
+    }
+    const SupervisorResult result = supervise(std::move(ranks), supervisor);
+    code = result.exit_code;
+    // Only a rank's failure, here or on another node, is worth another
+    // attempt: a stop asked for by a signal is the user's.
+    bool failed =
+        result.outcome == Outcome::rank_failed || result.outcome == Outcome::remote_failed;
+    // An attempt succeeds when every node's ranks do: this node's finished,
+    // another's may still fail, and then this node's start again too.
+    if (result.outcome == Outcome::succeeded && link && attempt < options.max_restarts) {
+      try {
+        if (!link->attempt_succeeded_everywhere(std::chrono::minutes(5))) {
+          fmt::print(stderr, "lockstep-run: {}; node {}'s ranks had finished\n",
+                     link->remote_failure(), options.node_rank);
+          failed = true;
+          code = 1;
+        }
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "lockstep-run: could not learn whether the other nodes finished: {}\n",
+                   e.what());
+        code = 1;
+        break;
+      }
+    }
+    if (!failed || options.max_restarts == 0) break;
+    if (attempt == options.max_restarts) {
+      fmt::print(stderr, "lockstep-run: giving up: the ranks failed {} times, and "
+                 "--max-restarts {} allows no further restart\n",
+                 attempt + 1, options.max_restarts);
+      break;
+    }
+    // Every node's ranks are stopped before any node starts its next ones.
+    if (link) {
+      try {
+        if (!link->agree_to_restart(attempt, supervisor.grace_period + std::chrono::seconds(60)))
+          break;
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "lockstep-run: cannot restart: {}\n", e.what());
+        break;
+      }
+    }
+    const double delay_s = restart_delay_s(options.restart_backoff_s, attempt);
+    fmt::print(stderr, "lockstep-run: restart {} of {}: starting the {} again in {:g} s, with "
+               "LOCKSTEP_RESTART_COUNT={}\n",
+               attempt + 1, options.max_restarts, ranks_here(options), delay_s, attempt + 1);
+    if (const int sig = wait_unless_signalled(std::chrono::milliseconds(
+            static_cast<int64_t>(delay_s * 1000.0)));
+        sig != 0) {
+      fmt::print(stderr, "lockstep-run: received {} while waiting to restart; not restarting\n",
+                 runtime::signal_name(sig));
+      code = 128 + sig;
+      break;
+    }
+  }
   if (link) link->finish(code == 0, std::chrono::minutes(5));
   reaper.disarm();  // every rank was stopped and reaped
   return code;

@@ -6,14 +6,17 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
 namespace lockstep::launcher {
 namespace {
 
-const std::string kFailureKey = "lockstep-run/failure";
 const std::string kDoneKey = "lockstep-run/nodes-done";
+// A counter (read with add(0), which never blocks) and, beside it, why.
+const std::string kStopKey = "lockstep-run/stop";
+const std::string kStopWhyKey = "lockstep-run/stop-why";
 constexpr auto kPollInterval = std::chrono::milliseconds(200);
 
 // The launcher blocks these (supervisor.h); one pending means: stop waiting.
@@ -36,16 +39,27 @@ NodeLink::NodeLink(const runtime::TcpStoreOptions& store, int node_rank, int num
 }
 
 NodeLink::~NodeLink() {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  stop_watching();
   close(event_fd_);
 }
 
+// Attempt 0 keeps the key of launchers without restarts.
+std::string NodeLink::failure_key() const {
+  return attempt_ == 0 ? "lockstep-run/failure"
+                       : fmt::format("lockstep-run/attempt-{}/failure", attempt_);
+}
+
+void NodeLink::stop_watching() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
 void NodeLink::watch() {
+  const std::string key = failure_key();
   while (!stop_) {
     try {
-      watcher_->wait({kFailureKey}, kPollInterval);
-      notify(watcher_->get_string(kFailureKey));
+      watcher_->wait({key}, kPollInterval);
+      notify(watcher_->get_string(key));
       return;
     } catch (const runtime::StoreTimeout&) {
       // Nothing yet; look again unless asked to stop.
@@ -73,15 +87,88 @@ std::string NodeLink::remote_failure() const {
 
 void NodeLink::publish_failure(const std::string& what) {
   try {
-    store_->compare_set(kFailureKey, {}, runtime::to_bytes(fmt::format("node {}: {}", node_rank_, what)));
+    store_->compare_set(failure_key(), {},
+                        runtime::to_bytes(fmt::format("node {}: {}", node_rank_, what)));
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep-run: could not tell the other nodes: {}\n", e.what());
   }
 }
 
+void NodeLink::publish_stop(const std::string& why) {
+  try {
+    store_->compare_set(kStopWhyKey, {},
+                        runtime::to_bytes(fmt::format("node {}: {}", node_rank_, why)));
+    store_->add(kStopKey, 1);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "lockstep-run: could not tell the other nodes to stop: {}\n", e.what());
+  }
+}
+
+bool NodeLink::agree_to_restart(int attempt, std::chrono::milliseconds timeout) {
+  stop_watching();
+  const std::string stopped = fmt::format("lockstep-run/attempt-{}/stopped", attempt);
+  const auto node_key = [&](int n) {
+    return fmt::format("lockstep-run/attempt-{}/stopped-node-{}", attempt, n);
+  };
+  std::string missing;
+  try {
+    store_->add(node_key(node_rank_), 1);
+    store_->add(stopped, 1);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (store_->add(kStopKey, 0) > 0) {
+        fmt::print(stderr, "lockstep-run: not restarting: {}\n", store_->get_string(kStopWhyKey));
+        return false;
+      }
+      if (store_->add(stopped, 0) >= num_nodes_) break;
+      if (interrupted()) return false;  // main reads the signal and says so
+      if (std::chrono::steady_clock::now() >= deadline) {
+        for (int n = 0; n < num_nodes_; ++n)
+          if (store_->add(node_key(n), 0) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+        break;
+      }
+      std::this_thread::sleep_for(kPollInterval / 4);
+    }
+  } catch (const std::exception& e) {
+    throw Error(fmt::format(
+        "the job's store is gone ({}): it lives in node 0's launcher, so the job ends. "
+        "Restarting after node 0 is lost would need the store kept outside it (on a host of "
+        "its own, or replicated), which lockstep-run does not do",
+        e.what()));
+  }
+  if (!missing.empty())
+    throw Error(fmt::format(
+        "node(s) {} did not report their ranks stopped within {} s after the failure, so the "
+        "job cannot restart as a whole; their launchers may be gone (check those hosts)",
+        missing, std::chrono::duration_cast<std::chrono::seconds>(timeout).count()));
+  // Watch the next attempt's failures, from a clean slate.
+  uint64_t drained = 0;
+  while (read(event_fd_, &drained, sizeof drained) > 0) {
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    remote_failure_.clear();
+  }
+  attempt_ = attempt + 1;
+  stop_ = false;
+  thread_ = std::thread([this] { watch(); });
+  return true;
+}
+
+bool NodeLink::attempt_succeeded_everywhere(std::chrono::milliseconds timeout) {
+  const std::string done = fmt::format("lockstep-run/attempt-{}/done", attempt_);
+  store_->add(done, 1);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline && !interrupted()) {
+    if (!remote_failure().empty()) return false;
+    if (store_->add(done, 0) >= num_nodes_) return true;
+    std::this_thread::sleep_for(kPollInterval / 4);
+  }
+  return remote_failure().empty();
+}
+
 void NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  stop_watching();
   if (!succeeded) return;  // the failure was published; nobody waits for "done"
   try {
     const int64_t done = store_->add(kDoneKey, 1);
@@ -98,7 +185,7 @@ void NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {
       if (store_->add(kDoneKey, 0) >= num_nodes_) return;
       if (!remote_failure().empty() || interrupted()) return;
       try {
-        store_->wait({kFailureKey}, kPollInterval);
+        store_->wait({failure_key()}, kPollInterval);
         return;  // a node failed; its launcher stops its ranks without the store
       } catch (const runtime::StoreTimeout&) {
       }

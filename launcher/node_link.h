@@ -7,6 +7,10 @@
 //    ended) counts as a failure too.
 //  - Node 0 serves the store, so it keeps it up after its own ranks finish
 //    until every node reports done (or a failure, or a timeout).
+//  - Under --max-restarts, each attempt has its own failure key; after a
+//    failure every node's launcher reports its ranks stopped, and when all
+//    have, each starts the next attempt. A launcher told to stop by a signal
+//    publishes "stop" instead, and no node restarts.
 #pragma once
 
 #include <atomic>
@@ -34,6 +38,18 @@ class NodeLink {
   std::string remote_failure() const;
   // Publishes this node's failure, unless another was published first.
   void publish_failure(const std::string& what);
+  // Tells every node not to restart (this launcher was signalled).
+  void publish_stop(const std::string& why);
+  // After a failed attempt, with this node's ranks stopped: reports so and
+  // waits until every node has (then returns true and watches `attempt + 1`),
+  // a node published stop (false), or `timeout` (throws naming the nodes that
+  // did not report). Throws when the store is gone.
+  bool agree_to_restart(int attempt, std::chrono::milliseconds timeout);
+  // When this node's ranks all succeeded and a restart is still allowed:
+  // reports so and waits for the attempt's verdict. True when every node's
+  // ranks succeeded (or `timeout` passed, as finish() gives up waiting);
+  // false when a node failed in this attempt (remote_failure() says how).
+  bool attempt_succeeded_everywhere(std::chrono::milliseconds timeout);
   // Stops watching. After success, reports this node done and, on node 0,
   // waits for the other nodes (up to `timeout`, or a failure, or SIGINT/
   // SIGTERM) so that their ranks keep their store.
@@ -42,9 +58,12 @@ class NodeLink {
  private:
   void watch();
   void notify(const std::string& what);
+  void stop_watching();
+  std::string failure_key() const;
 
   int node_rank_;
   int num_nodes_;
+  int attempt_ = 0;
   std::unique_ptr<runtime::TcpStore> store_;    // for this thread
   std::unique_ptr<runtime::TcpStore> watcher_;  // for the watcher thread
   int event_fd_ = -1;

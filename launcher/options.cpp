@@ -13,7 +13,8 @@ namespace {
 const std::set<std::string> kValueOptions = {
     "-n", "--np", "-x", "--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank",
     "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port",
-    "--token", "--grace-period", "--bind-to"};
+    "--token", "--grace-period", "--bind-to", "--max-restarts", "--max_restarts",
+    "--restart-backoff"};
 
 // mpirun spells some long options with one dash; CLI11 wants two.
 std::string normalise(const std::string& arg) {
@@ -86,6 +87,11 @@ void validate(Options& o, bool np_given, const runtime::EnvLookup& env) {
     throw UsageError(fmt::format("--master-port {} is not a TCP port (0-65535)", o.master_port));
   if (o.grace_period_s < 0)
     throw UsageError(fmt::format("--grace-period {} must not be negative", o.grace_period_s));
+  if (o.max_restarts < 0)
+    throw UsageError(fmt::format("--max-restarts {} must not be negative", o.max_restarts));
+  if (o.restart_backoff_s < 0)
+    throw UsageError(fmt::format("--restart-backoff {} must not be negative", o.restart_backoff_s));
+
   if (o.token.empty()) o.token = env("LOCKSTEP_TOKEN").value_or("");
   if (o.nnodes > 1) {
     // Every node's launcher must agree on where the store is and on its token.
@@ -142,15 +148,22 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
       ->capture_default_str();
   app.add_option("--grace-period", o.grace_period_s, "Seconds between SIGTERM and SIGKILL when "
                  "stopping ranks")->capture_default_str();
+  app.add_option("--max-restarts,--max_restarts", o.max_restarts, "When a rank fails, stop the "
+                 "others and start the whole group again, up to N times (LOCKSTEP_RESTART_COUNT "
+                 "tells the ranks which attempt they are)")->capture_default_str();
+  app.add_option("--restart-backoff", o.restart_backoff_s, "Seconds before the first restart, "
+                 "doubling for each later one (at most 60)")->capture_default_str();
   app.footer(
       "\nEach rank gets LOCKSTEP_RANK, LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_RANK,\n"
       "LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK, LOCKSTEP_NUM_NODES, LOCKSTEP_STORE_ADDR,\n"
       "LOCKSTEP_TOKEN, torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
-      "MASTER_PORT, and OMP_NUM_THREADS=1 unless set. CUDA_VISIBLE_DEVICES is left alone: a\n"
-      "rank uses cuda:<local rank>. Global rank = node rank * nproc-per-node + local rank.\n"
+      "MASTER_PORT, LOCKSTEP_RESTART_COUNT, and OMP_NUM_THREADS=1 unless set.\n"
+      "CUDA_VISIBLE_DEVICES is left alone: a rank uses cuda:<local rank>. Global rank = node\n"
+      "rank * nproc-per-node + local rank.\n"
       "Ranks read stdin from /dev/null. SIGINT, SIGTERM and SIGHUP are forwarded to every rank\n"
       "(a second one sends SIGKILL). Exit status: 0 when every rank exits 0, else the first\n"
-      "failing rank's code (128 + signal number when it was killed by a signal).");
+      "failing rank's code (128 + signal number when it was killed by a signal) of the last\n"
+      "attempt.");
 
   // CLI11 wants the program name first.
   std::vector<std::string> args = own;

@@ -31,6 +31,11 @@ struct Options {
   bool tag_output = false;
   bool bind_to_core = false;  // --bind-to core (see cpu_binding.h); default none
   double grace_period_s = 5.0;  // SIGTERM -> SIGKILL
+  // --max-restarts: how many times the whole group is started again after a
+  // rank fails (not after the launcher is stopped by a signal); each attempt
+  // waits restart_backoff_s * 2^(restarts before it), at most 60 s, first.
+  int max_restarts = 0;
+  double restart_backoff_s = 1.0;
   std::vector<std::string> command;  // program and its arguments
 
   int world_size() const { return nproc_per_node * nnodes; }

@@ -7,8 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <optional>
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -85,7 +86,7 @@ class Supervisor {
     close(signal_fd_);
   }
 
-  int run() {
+  SupervisorResult run() {
     reap();  // a rank may have ended before the loop started
     for (;;) {
       const auto now = Clock::now();
@@ -124,7 +125,7 @@ class Supervisor {
       }
     }
     for (auto& s : streams_) write_all(s.target, s.tagger.finish());
-    return exit_code_;
+    return result_;
   }
 
  private:
@@ -144,7 +145,8 @@ class Supervisor {
         const std::string why = fmt::format("node {}'s launcher received {}", options_.node_rank,
                                             signal_name(sig));
         say(fmt::format("received {}; forwarding it to {}", signal_name(sig), ranks_word(alive())));
-        exit_code_ = 128 + sig;
+        result_ = {128 + sig, Outcome::signalled, why};
+        if (options_.on_signalled) options_.on_signalled(why);
         if (options_.on_local_failure) options_.on_local_failure(why);
         stop(sig);
       } else {
@@ -176,7 +178,7 @@ class Supervisor {
                                          describe_wait_status(status));
     const int others = alive();
     say(others > 0 ? fmt::format("{}; stopping the other {}", what, ranks_word(others)) : what);
-    exit_code_ = exit_code_of(status);
+    result_ = {exit_code_of(status), Outcome::rank_failed, what};
     if (options_.on_local_failure) options_.on_local_failure(what);
     stop(SIGTERM);
   }
@@ -184,7 +186,7 @@ class Supervisor {
   void on_remote_failure() {
     const std::string what = options_.remote_failure ? options_.remote_failure() : "another node failed";
     say(fmt::format("{}; stopping the {} on node {}", what, ranks_word(alive()), options_.node_rank));
-    exit_code_ = 1;
+    result_ = {1, Outcome::remote_failed, what};
     stop(SIGTERM);
   }
 
@@ -237,7 +239,7 @@ class Supervisor {
   bool stopping_ = false;
   std::optional<Clock::time_point> kill_at_;
   std::optional<Clock::time_point> drain_until_;
-  int exit_code_ = 0;
+  SupervisorResult result_;
 };
 
 }  // namespace
@@ -248,8 +250,29 @@ void block_supervisor_signals() {
   signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher
 }
 
-int supervise(std::vector<RankProcess> ranks, const SupervisorOptions& options) {
+SupervisorResult supervise(std::vector<RankProcess> ranks, const SupervisorOptions& options) {
   return Supervisor(std::move(ranks), options).run();
+}
+
+int wait_unless_signalled(std::chrono::milliseconds delay) {
+  const sigset_t set = handled_signals();
+  const int fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  LOCKSTEP_CHECK(fd >= 0, "signalfd failed: {}", strerror(errno));
+  const auto until = Clock::now() + delay;
+  int received = 0;
+  while (received == 0) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (left <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30))) < 0 && errno != EINTR) break;
+    signalfd_siginfo info{};
+    while (read(fd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      if (sig != SIGCHLD) received = sig;  // a child of an earlier attempt, or the reaper
+    }
+  }
+  close(fd);
+  return received;
 }
 
 }  // namespace lockstep::launcher

@@ -36,13 +36,34 @@ struct SupervisorOptions {
   // which, and this node stops its ranks. -1: one node.
   int remote_failure_fd = -1;
   std::function<std::string()> remote_failure;
-  // Called once with the message when a rank of this node fails first.
+  // Called once with the message when a rank of this node fails first, or
+  // the launcher is signalled (then on_signalled first).
   std::function<void(const std::string&)> on_local_failure;
+  std::function<void(const std::string&)> on_signalled;
 };
 
-// Runs until every rank has exited. Returns the launcher's exit code: 0 when
-// all exited 0, else the first failing rank's code (128 + signal when killed
-// by one; 128 + the signal the launcher received when it was stopped).
-int supervise(std::vector<RankProcess> ranks, const SupervisorOptions& options);
+// How a supervised attempt ended, for the restart decision.
+enum class Outcome {
+  succeeded,       // every rank exited 0
+  rank_failed,     // a rank of this node failed first (`failure` says which and how)
+  remote_failed,   // another node reported a failure first
+  signalled,       // the launcher was told to stop (SIGINT, SIGTERM, SIGHUP)
+};
+
+struct SupervisorResult {
+  // The launcher's exit code: 0 when all exited 0, else the first failing
+  // rank's code (128 + signal when killed by one; 128 + the signal the
+  // launcher received when it was stopped; 1 for another node's failure).
+  int exit_code = 0;
+  Outcome outcome = Outcome::succeeded;
+  std::string failure;  // what failed first, as printed; empty on success
+};
+
+// Runs until every rank has exited.
+SupervisorResult supervise(std::vector<RankProcess> ranks, const SupervisorOptions& options);
+
+// Waits `delay` (a restart's backoff) unless SIGINT, SIGTERM or SIGHUP comes
+// first; returns that signal's number, or 0 when the time passed.
+int wait_unless_signalled(std::chrono::milliseconds delay);
 
 }  // namespace lockstep::launcher

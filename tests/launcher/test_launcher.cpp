@@ -386,6 +386,102 @@ TEST_CASE("launcher: SIGINT reaches the ranks even when the launcher was started
   }
 }
 
+TEST_CASE("launcher: --max-restarts starts the whole group again after a rank fails",
+          "[launcher][restart]") {
+  // Rank 1 fails its first two attempts after the group formed; the third
+  // forms the group again on the same store (under "restart-2/", clear of
+  // the rank claims the first two left) and succeeds.
+  const auto r = launch({"-np", "3", "--max-restarts", "3", "--restart-backoff", "0.1"},
+                        {"group-sum", "fail-attempts=1:2"}, {}, 60s);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output,
+             Contains("rank 1 (local rank 1 on node 0") && Contains("exited with code 7") &&
+                 Contains("restart 1 of 3: starting the 3 ranks again in 0.1 s, with "
+                          "LOCKSTEP_RESTART_COUNT=1") &&
+                 Contains("restart 2 of 3: starting the 3 ranks again in 0.2 s") &&
+                 !Contains("restart 3 of 3"));
+  for (int rank = 0; rank < 3; ++rank)
+    CHECK_THAT(r.output, Contains(fmt::format("group-sum rank={} restart=2 sum=6 ok", rank)));
+  CHECK_THAT(r.output, Contains("rank 1: failing attempt 0") &&
+                           Contains("rank 1: failing attempt 1") &&
+                           !Contains("failing attempt 2"));
+
+  // A success needs no restart; the ranks are told they are attempt 0.
+  const auto once = launch({"-np", "2", "--max-restarts", "2"},
+                           {"print", "show=LOCKSTEP_RESTART_COUNT"});
+  CHECK(once.exit_code == 0);
+  CHECK_THAT(once.output, Contains("LOCKSTEP_RESTART_COUNT=0") && !Contains("restart 1"));
+}
+
+TEST_CASE("launcher: --max-restarts gives up after N restarts, and a signal is not restarted",
+          "[launcher][restart]") {
+  const auto r = launch({"-np", "2", "--max-restarts", "1", "--restart-backoff", "0"},
+                        {"fail-attempts=0:5"});
+  CHECK(r.exit_code == 7);
+  CHECK_THAT(r.output, Contains("restart 1 of 1") &&
+                           Contains("giving up: the ranks failed 2 times, and --max-restarts 1 "
+                                    "allows no further restart"));
+
+  TempDir dir;
+  const auto stopped = launch({"-np", "2", "--max-restarts", "3"},
+                              {"pid-dir=" + dir.path, "kill-parent=1:15", "sleep"});
+  CHECK(stopped.exit_code == 128 + SIGTERM);
+  CHECK_THAT(stopped.output, Contains("received SIGTERM") && !Contains("restart 1"));
+  check_no_orphans(dir.path, 2);
+}
+
+// Two launchers of a two-node job on this host (both nodes on 127.0.0.1),
+// each with `probe_args`; their outputs one after the other, each followed
+// by "node N exit CODE".
+ProcessResult two_local_nodes(const std::vector<std::string>& launcher_args,
+                              const std::vector<std::string>& node0_args,
+                              const std::vector<std::string>& node1_args) {
+  const int port = lockstep::testing::unused_tcp_port();
+  std::string script = "export LOCKSTEP_TOKEN=two-local-nodes; dir=$(mktemp -d); ";
+  for (int node = 0; node < 2; ++node) {
+    std::string line = fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 "
+                                   "--master-addr 127.0.0.1 --master-port {}",
+                                   bin_path("lockstep-run"), node, port);
+    for (const auto& a : launcher_args) line += " " + a;
+    line += " " + bin_path("launcher_probe");
+    for (const auto& a : node == 0 ? node0_args : node1_args) line += " " + a;
+    script += fmt::format("( {} > $dir/{} 2>&1; echo \"node {} exit $?\" >> $dir/{} ) & ", line,
+                          node, node, node);
+  }
+  script += "wait; cat $dir/0 $dir/1; rm -rf $dir";
+  auto result = run_process({"/bin/bash", "-c", script}, 60s);
+  UNSCOPED_INFO("two nodes: " << describe(result) << ", output:\n" << result.output);
+  return result;
+}
+
+TEST_CASE("launcher: --max-restarts across two nodes starts every node's ranks again together",
+          "[launcher][restart]") {
+  // Node 1's rank fails its first attempt after node 0's has finished: node 0
+  // learns it, and both start again (the attempt succeeds only when every
+  // node's ranks do).
+  const auto r = two_local_nodes({"--max-restarts", "2", "--restart-backoff", "0.1"},
+                                 {"group-sum", "fail-attempts=1:1"},
+                                 {"group-sum", "fail-attempts=1:1", "wait-ms=500"});
+  CHECK(r.ok());
+  CHECK_THAT(r.output,
+             Contains("node 1: rank 1 (local rank 0 on node 1") &&
+                 Contains("exited with code 7; node 0's ranks had finished") &&
+                 Contains("restart 1 of 2: starting the rank of node 0 again in 0.1 s") &&
+                 Contains("restart 1 of 2: starting the rank of node 1 again in 0.1 s") &&
+                 Contains("group-sum rank=0 restart=1 sum=3 ok") &&
+                 Contains("group-sum rank=1 restart=1 sum=3 ok") && Contains("node 0 exit 0") &&
+                 Contains("node 1 exit 0") && !Contains("restart 2 of 2"));
+
+  // A launcher told to stop stops the job: no node restarts.
+  const auto stopped = two_local_nodes({"--max-restarts", "2"}, {"sleep"},
+                                       {"wait-ms=300", "kill-parent=1:15", "sleep"});
+  CHECK(stopped.ok());
+  CHECK_THAT(stopped.output,
+             Contains("received SIGTERM; forwarding it to 1 rank") &&
+                 Contains("not restarting: node 1: node 1's launcher received SIGTERM") &&
+                 Contains("node 1 exit 143") && !Contains("restart 1 of 2"));
+}
+
 TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
   const auto lr = bin_path("lockstep-run");
   struct Case {
@@ -408,6 +504,8 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
       {{lr, "--nnodes", "2", "--node-rank", "2", "--nproc-per-node", "1", "true"},
        "--node-rank 2 is out of range"},
       {{lr, "-np", "2", "--bind-to", "socket", "true"}, "--bind-to"},
+      {{lr, "-np", "2", "--max-restarts", "-1", "true"}, "--max-restarts -1 must not be negative"},
+      {{lr, "-np", "2", "--restart-backoff", "-2", "true"}, "--restart-backoff -2 must not be negative"},
   };
   for (const auto& c : cases) {
     const auto r = run_process(c.args, kLimit, {"LOCKSTEP_TOKEN="});
@@ -420,7 +518,8 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
   CHECK(help.exit_code == 0);
   for (const char* option : {"-np", "--nproc-per-node", "--nnodes", "--node-rank",
                              "--master-addr", "--master-port", "--token", "-x", "--tag-output",
-                             "--grace-period", "--bind-to"})
+                             "--grace-period", "--bind-to", "--max-restarts",
+                             "--restart-backoff"})
     CHECK_THAT(help.output, Contains(option));
 }
 

@@ -18,6 +18,12 @@
 //                    own, as the NCCL watchdog does (collectives/async_error.h,
 //                    LOCKSTEP_ASYNC_ERROR_HANDLING); if the process is still
 //                    there a second later it prints "rank R: still running"
+//   group-sum        every rank joins the default process group
+//                    (init_process_group) and all-reduces rank+1; prints
+//                    "group-sum rank=R restart=N sum=S ok" (or WRONG, exit 1)
+//   fail-attempts=R:K  rank R exits 7 (after group-sum, if asked) while
+//                    LOCKSTEP_RESTART_COUNT < K
+//   wait-ms=N        sleep N ms before that
 //   sleep            then wait until killed (default: exit 0)
 #include <sched.h>
 #include <signal.h>
@@ -35,6 +41,8 @@
 #include <fmt/format.h>
 
 #include "lockstep/collectives/async_error.h"
+#include "lockstep/collectives/init.h"
+#include "lockstep/runtime/tensor.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/store/tcp_store.h"
 
@@ -61,6 +69,19 @@ void wait_for_pid_files(const std::string& dir, int world) {
     if (n == world) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+int group_sum(const lockstep::runtime::RankInfo& info) {
+  auto group = lockstep::collectives::init_process_group();
+  lockstep::runtime::Tensor t = lockstep::runtime::Tensor::full({1}, info.rank + 1.0);
+  group->allreduce(t)->wait();
+  const double sum = t.to_vector<float>()[0];
+  const double expected = double(info.world_size) * (info.world_size + 1) / 2;
+  fmt::print("group-sum rank={} restart={} sum={} {}\n", info.rank, info.restart_count, sum,
+             sum == expected ? "ok" : "WRONG");
+  std::fflush(stdout);
+  group->barrier()->wait();
+  return sum == expected ? 0 : 1;
 }
 
 int store_sum(const lockstep::runtime::RankInfo& info) {
@@ -136,6 +157,22 @@ int main(int argc, char** argv) {
     std::filesystem::rename(path + ".tmp", path);
   }
   if (sum) return store_sum(info);
+  for (const auto& a : args) {
+    if (a == "group-sum" && group_sum(info) != 0) return 1;
+  }
+  for (const auto& a : args) {
+    if (a.rfind("wait-ms=", 0) == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(a.substr(8))));
+  }
+  for (const auto& a : args) {
+    int attempts = 0;
+    if (a.rfind("fail-attempts=", 0) == 0 && for_me(a.substr(14), info.rank, &attempts) &&
+        info.restart_count < attempts) {
+      fmt::print("rank {}: failing attempt {}\n", info.rank, info.restart_count);
+      std::fflush(stdout);
+      return 7;
+    }
+  }
 
   for (const auto& a : args) {
     if (a != fmt::format("async-failure={}", info.rank)) continue;
