@@ -2,6 +2,7 @@
 
 #include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
+#include "lockstep/runtime/env.h"
 
 namespace examples {
 
@@ -11,10 +12,17 @@ std::optional<optim::TrainingRun> open_checkpoints(const CheckpointFlags& flags,
                                                    runtime::BestMode best,
                                                    collectives::ProcessGroup& group) {
   if (flags.dir.empty()) return std::nullopt;
+  // Started again by lockstep-run --max-restarts: continue this run from its
+  // newest good checkpoint (or from the start when it saved none yet); the
+  // command line's --restart was for the first attempt only.
+  const int restarts = runtime::read_restart_count();
+  if (restarts > 0)
+    print(group.rank(), "restart {} (LOCKSTEP_RESTART_COUNT): resuming the run in {}\n",
+          restarts, flags.dir);
   optim::TrainingRun run = optim::open_training_run(
       flags.dir, {.keep_last = flags.keep_last, .best = best},
-      {.resume = flags.resume,
-       .restart = flags.restart,
+      {.resume = flags.resume || restarts > 0,
+       .restart = flags.restart && restarts == 0,
        .resume_hint = "add --resume",
        .restart_hint = "add --restart to move those files into a subdirectory (nothing is "
                        "deleted)"},

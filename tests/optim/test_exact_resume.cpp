@@ -121,3 +121,30 @@ TEST_CASE("A run SIGKILLed mid-epoch resumes exactly from its newest checkpoint"
     }
   }
 }
+
+TEST_CASE("lockstep-run --max-restarts: a rank SIGKILLed mid-epoch is restarted and the run "
+          "ends exactly as an uninterrupted one",
+          "[optim][checkpoint][resume][restart]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::vector<std::string> args = {"--epochs", "2", "--lr-schedule", "cosine"};
+  const Run straight = train(2, args);
+  const std::string dir = fresh_checkpoint_dir("restart");
+  std::vector<std::string> argv = command(2, args);
+  // lockstep-run -np 2 --max-restarts 1 --restart-backoff 0 fashion_mnist ...
+  argv.insert(argv.begin() + 3, {"--max-restarts", "1", "--restart-backoff", "0"});
+  for (const char* a : {"--checkpoint-dir", "", "--checkpoint-every", "5"}) argv.emplace_back(a);
+  argv[argv.size() - 3] = dir;
+  // Rank 0 or 1 dies somewhere after the step-20 checkpoint, mid-epoch; the
+  // launcher stops the other and starts both again, which resume by themselves.
+  const Run restarted = parse_fashion_mnist(run_until_file_then_kill_rank(
+      argv, dir + "/ckpt-0000000020.safetensors", "fashion_mnist"));
+  INFO(restarted.result.output);
+  CHECK_THAT(restarted.result.output,
+             Catch::Contains("was killed by SIGKILL") &&
+                 Catch::Contains("restart 1 of 1: starting the 2 ranks again") &&
+                 Catch::Contains("restart 1 (LOCKSTEP_RESTART_COUNT): resuming the run in") &&
+                 Catch::Contains("resumed from") && Catch::Contains("launcher exit 0"));
+  check_same_losses(straight, restarted, 1);
+  CHECK(restarted.digest == straight.digest);
+  fs::remove_all(dir);
+}

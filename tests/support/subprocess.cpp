@@ -109,6 +109,18 @@ ProcessResult run_until_file_then_kill(const std::vector<std::string>& argv,
   return run_process(bash, limit);
 }
 
+ProcessResult run_until_file_then_kill_rank(const std::vector<std::string>& argv,
+                                            const std::string& file, const std::string& rank,
+                                            std::chrono::milliseconds limit) {
+  const std::string script = "\"$@\" & pid=$!; for i in $(seq 2400); do [ -e '" + file +
+                             "' ] && break; sleep 0.025; done; "
+                             "pkill -KILL -o -x -P $pid '" + rank + "'; wait $pid; "
+                             "echo launcher exit $?";
+  std::vector<std::string> bash = {"/bin/bash", "-c", script, "bash"};
+  bash.insert(bash.end(), argv.begin(), argv.end());
+  return run_process(bash, limit);
+}
+
 std::string bin_path(const std::string& name) {
   return std::string(LOCKSTEP_BINARY_DIR) + "/bin/" + name;
 }

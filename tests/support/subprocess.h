@@ -34,6 +34,14 @@ ProcessResult run_until_file_then_kill(const std::vector<std::string>& argv,
                                        const std::string& file,
                                        std::chrono::milliseconds limit = std::chrono::seconds(300));
 
+// Runs a launcher as run_process does, waits until `file` exists, then
+// SIGKILLs one of its ranks: the oldest child of the launcher named `rank`
+// (its reaper is a child too, under another name). The launcher lives on;
+// the result ends with a line "launcher exit N", its exit status.
+ProcessResult run_until_file_then_kill_rank(const std::vector<std::string>& argv,
+                                            const std::string& file, const std::string& rank,
+                                            std::chrono::milliseconds limit = std::chrono::seconds(300));
+
 // Path of an executable built into build/bin/ (lockstep-run, test workers).
 std::string bin_path(const std::string& name);
 
