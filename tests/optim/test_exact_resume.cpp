@@ -148,3 +148,22 @@ TEST_CASE("lockstep-run --max-restarts: a rank SIGKILLed mid-epoch is restarted 
   CHECK(restarted.digest == straight.digest);
   fs::remove_all(dir);
 }
+
+TEST_CASE("chaos: ranks SIGKILLed at start-up, in a checkpoint write and in training, under "
+          "--max-restarts, end bit for bit as an uninterrupted run",
+          "[optim][checkpoint][resume][restart]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  LOCKSTEP_SKIP_IF(std::filesystem::exists("/usr/bin/python3")
+                       ? std::string()
+                       : "no /usr/bin/python3 to run benchmarks/chaos_restart.py");
+  // benchmarks/chaos_restart.py: a straight run, a checkpointed one, and one
+  // whose ranks it kills 3 times; it compares digests and per-step losses.
+  const ProcessResult r = run_process(
+      {"/usr/bin/python3", std::string(LOCKSTEP_SOURCE_DIR) + "/benchmarks/chaos_restart.py",
+       "--build", LOCKSTEP_BINARY_DIR, "--kills", "3", "--quick"},
+      std::chrono::seconds(600));
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("3 of 3 asked") && Catch::Contains("\"digest_equal\": true") &&
+                           Catch::Contains("\"restarts\": 3") && Catch::Contains("PASSED"));
+}
