@@ -18,6 +18,7 @@
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda/core/error_context.h"
 #include "lockstep/runtime/device_select.h"
+#include "lockstep/runtime/liveness.h"
 #include "lockstep/runtime/store/listen_address.h"
 #include "lockstep/runtime/store/memory_store.h"
 #include "lockstep/runtime/store/prefix_store.h"
@@ -199,6 +200,8 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
 
 std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   const runtime::RankInfo info = options.rank_info ? *options.rank_info : rank_info_from_env();
+  // Under lockstep-run: beats that tell it this rank is alive (runtime/liveness.h).
+  runtime::start_heartbeats();
   std::string backend = !options.backend.empty() ? options.backend : info.backend;
   // A backend asked for is checked before connecting; the default needs the store.
   if (!backend.empty()) require_backend(backend);

@@ -1,5 +1,7 @@
 #include "lockstep/collectives/work.h"
 
+#include "lockstep/runtime/liveness.h"
+
 namespace lockstep::collectives {
 
 Work::Work(std::string description, Clock::time_point deadline, std::string timeout_message,
@@ -15,6 +17,8 @@ bool Work::is_completed() {
 }
 
 void Work::wait() {
+  // Waiting for the other ranks is not a hang of this one (runtime/liveness.h).
+  const runtime::BusyScope waiting_for_peers;
   std::unique_lock lock(mutex_);
   if (!done_cv_.wait_until(lock, deadline_, [&] { return done_; })) {
     // Timed out: the backend's thread may still be inside the collective.

@@ -289,6 +289,13 @@ std::optional<int> read_host_cache_mb(const EnvLookup& env) {
   return read_int(env, "LOCKSTEP_HOST_CACHE_MB", 0);
 }
 
+HeartbeatEnv read_heartbeat_env(const EnvLookup& env) {
+  HeartbeatEnv h;
+  h.fd = read_int(env, "LOCKSTEP_HEARTBEAT_FD", 0).value_or(-1);
+  h.interval = std::chrono::milliseconds(read_int(env, "LOCKSTEP_HEARTBEAT_MS", 1).value_or(1000));
+  return h;
+}
+
 int read_restart_count(const EnvLookup& env) {
   return read_int(env, "LOCKSTEP_RESTART_COUNT", 0).value_or(0);
 }

@@ -123,6 +123,15 @@ RankInfo read_rank_info(const EnvLookup& env = process_env(), RankInfoOptions op
 // number >= 0.
 std::optional<int> read_host_cache_mb(const EnvLookup& env = process_env());
 
+// LOCKSTEP_HEARTBEAT_FD (-1 when unset) and LOCKSTEP_HEARTBEAT_MS (1000 when
+// unset): where and how often a rank tells lockstep-run it is alive
+// (runtime/liveness.h). Throws naming the variable when malformed.
+struct HeartbeatEnv {
+  int fd = -1;
+  std::chrono::milliseconds interval{1000};
+};
+HeartbeatEnv read_heartbeat_env(const EnvLookup& env = process_env());
+
 // LOCKSTEP_RESTART_COUNT (RankInfo::restart_count): 0 when unset; throws
 // naming the variable when it is not a whole number >= 0.
 int read_restart_count(const EnvLookup& env = process_env());

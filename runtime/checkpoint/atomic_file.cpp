@@ -13,6 +13,7 @@
 
 #include "lockstep/runtime/checkpoint/file_io.h"
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/liveness.h"
 
 namespace lockstep::runtime {
 
@@ -71,6 +72,8 @@ void fsync_directory(const fs::path& dir) {
 
 void write_file_atomically(const fs::path& path,
                            const std::function<void(int fd, const std::string& temp_path)>& fill) {
+  // Writing and syncing many GB may use little CPU: not a hang.
+  const BusyScope writing;
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   const std::string temp = temp_name_for(dir, path.filename().string());
   UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));

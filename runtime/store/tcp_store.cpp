@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/runtime/liveness.h"
 #include "lockstep/runtime/store/protocol.h"
 #include "lockstep/runtime/store/tcp_store.h"
 
@@ -386,6 +387,7 @@ void TcpStore::set(const std::string& key, const Bytes& value) {
 }
 
 Bytes TcpStore::get(const std::string& key) {
+  const BusyScope waiting_for_peers;  // not a hang (runtime/liveness.h)
   std::lock_guard lock(impl_->mutex);
   const std::string what = fmt::format("get('{}')", key);
   const milliseconds limit = timeout();
@@ -421,6 +423,7 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
   LOCKSTEP_CHECK(keys.size() < proto::kMaxFields,
                  "TcpStore::wait on {} keys: at most {} keys per call; wait in batches",
                  keys.size(), proto::kMaxFields - 1);
+  const BusyScope waiting_for_peers;
   std::lock_guard lock(impl_->mutex);
   const std::string what = fmt::format("wait({})", quoted_list(keys));
   const std::string timeout_field = proto::encode_i64(timeout.count());
