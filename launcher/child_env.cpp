@@ -1,10 +1,18 @@
 #include "launcher/child_env.h"
 
+#include <algorithm>
 #include <map>
 
+#include "launcher/spawn.h"
 #include "lockstep/runtime/env.h"
 
 namespace lockstep::launcher {
+
+int heartbeat_interval_ms(const Options& options) {
+  // Several beats per timeout, at most one a second.
+  const double ms = options.hang_timeout_s * 1000.0 / 5.0;
+  return static_cast<int>(std::clamp(ms, 20.0, 1000.0));
+}
 
 RankSlot rank_slot(const Options& options, int local_rank) {
   return {options.node_rank * options.nproc_per_node + local_rank, local_rank};
@@ -33,6 +41,12 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
   info.token = store.token;
   for (auto& [name, value] : runtime::rank_variables(info, options.nnodes)) vars[name] = value;
   vars["LOCKSTEP_RESTART_COUNT"] = std::to_string(restart_count);
+  if (options.hang_timeout_s > 0) {
+    vars["LOCKSTEP_HEARTBEAT_FD"] = std::to_string(kChildHeartbeatFd);
+    vars["LOCKSTEP_HEARTBEAT_MS"] = std::to_string(heartbeat_interval_ms(options));
+  } else {
+    vars.erase("LOCKSTEP_HEARTBEAT_FD");  // a launcher's own, from an outer launcher
+  }
 
   std::vector<std::string> out;
   out.reserve(vars.size());

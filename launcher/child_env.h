@@ -21,6 +21,9 @@ struct StoreAddress {
   std::string token;
 };
 
+// How often a rank beats under --hang-timeout (LOCKSTEP_HEARTBEAT_MS).
+int heartbeat_interval_ms(const Options& options);
+
 // Global rank of a local rank: node_rank * nproc_per_node + local_rank.
 RankSlot rank_slot(const Options& options, int local_rank);
 

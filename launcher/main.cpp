@@ -104,6 +104,8 @@ int run(const Options& options) {
   SupervisorOptions supervisor;
   supervisor.grace_period = std::chrono::milliseconds(
       static_cast<int64_t>(options.grace_period_s * 1000.0));
+  supervisor.hang_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(options.hang_timeout_s * 1000.0));
   supervisor.node_rank = options.node_rank;
   supervisor.hostname = hostname();
   if (link) {
@@ -121,7 +123,8 @@ int run(const Options& options) {
       const auto child_env = child_environment(base, options, slot, address, attempt);
       ranks.push_back({slot.rank, local,
                        spawn_child(*program, options.command, child_env, options.tag_output,
-                                   cpus[static_cast<size_t>(local)])});
+                                   cpus[static_cast<size_t>(local)],
+                                   /*heartbeat=*/options.hang_timeout_s > 0)});
       reaper.watch(ranks.back().child.pid);
     }
     const SupervisorResult result = supervise(std::move(ranks), supervisor);

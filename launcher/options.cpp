@@ -14,7 +14,7 @@ const std::set<std::string> kValueOptions = {
     "-n", "--np", "-x", "--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank",
     "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port",
     "--token", "--grace-period", "--bind-to", "--max-restarts", "--max_restarts",
-    "--restart-backoff"};
+    "--restart-backoff", "--hang-timeout"};
 
 // mpirun spells some long options with one dash; CLI11 wants two.
 std::string normalise(const std::string& arg) {
@@ -89,6 +89,9 @@ void validate(Options& o, bool np_given, const runtime::EnvLookup& env) {
     throw UsageError(fmt::format("--grace-period {} must not be negative", o.grace_period_s));
   if (o.max_restarts < 0)
     throw UsageError(fmt::format("--max-restarts {} must not be negative", o.max_restarts));
+  if (o.hang_timeout_s < 0)
+    throw UsageError(fmt::format("--hang-timeout {} must not be negative (0 turns it off)",
+                                 o.hang_timeout_s));
   if (o.restart_backoff_s < 0)
     throw UsageError(fmt::format("--restart-backoff {} must not be negative", o.restart_backoff_s));
 
@@ -153,6 +156,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                  "tells the ranks which attempt they are)")->capture_default_str();
   app.add_option("--restart-backoff", o.restart_backoff_s, "Seconds before the first restart, "
                  "doubling for each later one (at most 60)")->capture_default_str();
+  app.add_option("--hang-timeout", o.hang_timeout_s, "A rank that joined its process group and "
+                 "then sends no heartbeat, or makes no progress (no CPU used, not waiting for "
+                 "other ranks, not writing a checkpoint), for this many seconds is hung: the job "
+                 "is stopped, or restarted under --max-restarts; 0: off")->capture_default_str();
   app.footer(
       "\nEach rank gets LOCKSTEP_RANK, LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_RANK,\n"
       "LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK, LOCKSTEP_NUM_NODES, LOCKSTEP_STORE_ADDR,\n"

@@ -36,6 +36,9 @@ struct Options {
   // waits restart_backoff_s * 2^(restarts before it), at most 60 s, first.
   int max_restarts = 0;
   double restart_backoff_s = 1.0;
+  // --hang-timeout: a rank whose heartbeats stop, or say it made no progress,
+  // for this long is hung (runtime/liveness.h); 0: not watched.
+  double hang_timeout_s = 10.0;
   std::vector<std::string> command;  // program and its arguments
 
   int world_size() const { return nproc_per_node * nnodes; }

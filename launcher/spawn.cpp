@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,7 +29,8 @@ void write_str(int fd, const char* text) {
 
 // Runs in the forked child: only async-signal-safe calls until execve.
 [[noreturn]] void exec_child(pid_t launcher, const char* program, char* const* argv,
-                             char* const* envp, int out_fd, int err_fd, const cpu_set_t* cpus) {
+                             char* const* envp, int out_fd, int err_fd, int heartbeat_fd,
+                             const cpu_set_t* cpus) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != launcher) _exit(127);  // the launcher died before prctl
@@ -36,8 +38,15 @@ void write_str(int fd, const char* text) {
   if (devnull >= 0) dup2(devnull, STDIN_FILENO);
   if (out_fd >= 0) dup2(out_fd, STDOUT_FILENO);
   if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
+  int first_closed = 3;
+  if (heartbeat_fd >= 0) {
+    // dup2 clears close-on-exec; onto itself it would not.
+    if (heartbeat_fd == kChildHeartbeatFd) fcntl(heartbeat_fd, F_SETFD, 0);
+    else dup2(heartbeat_fd, kChildHeartbeatFd);
+    first_closed = kChildHeartbeatFd + 1;
+  }
   // Nothing else of the launcher's (store sockets, other ranks' pipes) leaks.
-  close_range(3, ~0U, 0);
+  close_range(static_cast<unsigned>(first_closed), ~0U, 0);
   // Every signal at its default: an ignored signal stays ignored through exec,
   // and the launcher ignores SIGPIPE itself and may have been started with
   // SIGINT and SIGQUIT ignored (`lockstep-run ... &` in a script), which would
@@ -90,7 +99,7 @@ std::optional<std::string> find_program(const std::string& name, const std::stri
 
 SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
                          const std::vector<std::string>& env, bool capture_output,
-                         const std::vector<int>& cpus) {
+                         const std::vector<int>& cpus, bool heartbeat) {
   std::vector<char*> args, envp;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -103,6 +112,11 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
     LOCKSTEP_CHECK(pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0,
                    "cannot create output pipes for rank: {}", strerror(errno));
   }
+  int beats[2] = {-1, -1};  // [0] ours, [1] the child's
+  if (heartbeat) {
+    LOCKSTEP_CHECK(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, beats) == 0,
+                   "cannot create a heartbeat socket for a rank: {}", strerror(errno));
+  }
   cpu_set_t cpu_set;
   CPU_ZERO(&cpu_set);
   for (int cpu : cpus) CPU_SET(cpu, &cpu_set);
@@ -110,7 +124,7 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
   const pid_t pid = fork();
   LOCKSTEP_CHECK(pid >= 0, "cannot fork a rank process: {}", strerror(errno));
   if (pid == 0) {
-    exec_child(launcher, program.c_str(), args.data(), envp.data(), out[1], err[1],
+    exec_child(launcher, program.c_str(), args.data(), envp.data(), out[1], err[1], beats[1],
                cpus.empty() ? nullptr : &cpu_set);
   }
 
@@ -124,6 +138,11 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
     fcntl(err[0], F_SETFL, O_NONBLOCK);
     child.stdout_fd = out[0];
     child.stderr_fd = err[0];
+  }
+  if (heartbeat) {
+    close(beats[1]);
+    fcntl(beats[0], F_SETFL, O_NONBLOCK);
+    child.heartbeat_fd = beats[0];
   }
   return child;
 }

@@ -18,7 +18,11 @@ struct SpawnedChild {
   pid_t pid = -1;  // also its process group id
   int stdout_fd = -1;  // read ends of its output pipes; -1 when it inherits ours
   int stderr_fd = -1;
+  int heartbeat_fd = -1;  // our end of its heartbeat socket (runtime/liveness.h); -1: none
 };
+
+// The descriptor a rank finds its heartbeat socket at (LOCKSTEP_HEARTBEAT_FD).
+inline constexpr int kChildHeartbeatFd = 3;
 
 // Forks and execs `program` with `argv` (argv[0] included) and `env`. The
 // child leads its own process group, so the launcher alone receives a
@@ -29,9 +33,11 @@ struct SpawnedChild {
 // blocked the signals it handles (see supervisor.h); the child starts with no
 // signal blocked and every signal at its default disposition, whatever the
 // launcher inherited. With `cpus` non-empty the child runs only on those
-// CPUs. Exec (or binding) failure: the child prints why and exits 127.
+// CPUs. With `heartbeat` the child gets one end of a datagram socket pair as
+// descriptor kChildHeartbeatFd, and the parent the other (non-blocking).
+// Exec (or binding) failure: the child prints why and exits 127.
 SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
                          const std::vector<std::string>& env, bool capture_output,
-                         const std::vector<int>& cpus = {});
+                         const std::vector<int>& cpus = {}, bool heartbeat = false);
 
 }  // namespace lockstep::launcher

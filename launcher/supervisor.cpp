@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +28,9 @@ using runtime::exit_code_of;
 using runtime::signal_name;
 
 using Clock = std::chrono::steady_clock;
+
+// How often the loop looks for hung ranks while it watches heartbeats.
+constexpr int kHangCheckMs = 100;
 
 sigset_t handled_signals() {
   sigset_t set;
@@ -65,6 +69,8 @@ struct Stream {
 struct Tracked {
   RankProcess process;
   bool alive = true;
+  // From its heartbeats; unset until the first (the rank joined its group).
+  std::optional<Clock::time_point> last_beat, last_progress;
 };
 
 class Supervisor {
@@ -83,6 +89,8 @@ class Supervisor {
   }
   ~Supervisor() {
     for (auto& s : streams_) close(s.fd);
+    for (auto& r : ranks_)
+      if (r.process.child.heartbeat_fd >= 0) close(r.process.child.heartbeat_fd);
     close(signal_fd_);
   }
 
@@ -103,10 +111,20 @@ class Supervisor {
       std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
       const bool watch_remote = options_.remote_failure_fd >= 0 && !stopping_;
       if (watch_remote) fds.push_back({options_.remote_failure_fd, POLLIN, 0});
+      const bool watch_hangs = options_.hang_timeout.count() > 0 && !stopping_;
+      std::vector<size_t> beating;  // ranks_ index of each heartbeat fd polled
+      if (watch_hangs) {
+        for (size_t i = 0; i < ranks_.size(); ++i) {
+          if (!ranks_[i].alive || ranks_[i].process.child.heartbeat_fd < 0) continue;
+          fds.push_back({ranks_[i].process.child.heartbeat_fd, POLLIN, 0});
+          beating.push_back(i);
+        }
+      }
+      const size_t first_beat = fds.size() - beating.size();
       const size_t first_stream = fds.size();
       for (auto& s : streams_) fds.push_back({s.fd, POLLIN, 0});
 
-      int timeout_ms = -1;
+      int timeout_ms = watch_hangs ? kHangCheckMs : -1;
       for (const auto& at : {kill_at_, drain_until_}) {
         if (!at) continue;
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(*at - now).count();
@@ -119,6 +137,10 @@ class Supervisor {
       }
       if (fds[0].revents) read_signals();
       if (watch_remote && fds[1].revents) on_remote_failure();
+      for (size_t b = 0; b < beating.size(); ++b) {
+        if (fds[first_beat + b].revents) read_beats(ranks_[beating[b]]);
+      }
+      if (watch_hangs && !stopping_) find_hung_rank();
       // Back to front, so closing a stream does not shift the ones not yet seen.
       for (size_t i = fds.size(); i-- > first_stream;) {
         if (fds[i].revents) pump(i - first_stream);
@@ -181,6 +203,56 @@ class Supervisor {
     result_ = {exit_code_of(status), Outcome::rank_failed, what};
     if (options_.on_local_failure) options_.on_local_failure(what);
     stop(SIGTERM);
+  }
+
+  void read_beats(Tracked& r) {
+    char beats[64];
+    ssize_t n;
+    while ((n = recv(r.process.child.heartbeat_fd, beats, sizeof beats, MSG_DONTWAIT)) > 0) {
+      const auto now = Clock::now();
+      r.last_beat = now;
+      if (!r.last_progress || std::memchr(beats, 'P', static_cast<size_t>(n)) != nullptr)
+        r.last_progress = now;
+    }
+  }
+
+  // The first rank that stopped beating, or beats "no progress", for longer
+  // than the hang timeout; stops the job as a failure of that rank.
+  void find_hung_rank() {
+    const auto now = Clock::now();
+    for (auto& r : ranks_) {
+      if (!r.alive || !r.last_beat) continue;
+      const auto silent = now - *r.last_beat, idle = now - *r.last_progress;
+      std::string why;
+      if (silent > options_.hang_timeout) {
+        why = fmt::format("sent no heartbeat for {:.1f} s: it is stopped (SIGSTOP, a debugger) "
+                          "or frozen", seconds(silent));
+      } else if (idle > options_.hang_timeout) {
+        why = fmt::format("made no progress for {:.1f} s: it used no CPU and was not waiting "
+                          "for other ranks or writing a checkpoint (a deadlock?)", seconds(idle));
+      } else {
+        continue;
+      }
+      on_hung(r, why);
+      return;
+    }
+  }
+
+  static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+  void on_hung(const Tracked& r, const std::string& why) {
+    const auto& p = r.process;
+    const std::string what = fmt::format(
+        "rank {} (local rank {} on node {}, host {}, pid {}) is hung: it {} (--hang-timeout {:g} s)",
+        p.rank, p.local_rank, options_.node_rank, options_.hostname, p.child.pid, why,
+        seconds(options_.hang_timeout));
+    const int others = alive() - 1;
+    say(others > 0 ? fmt::format("{}; killing it and stopping the other {}", what, ranks_word(others))
+                   : fmt::format("{}; killing it", what));
+    result_ = {1, Outcome::rank_failed, what};
+    if (options_.on_local_failure) options_.on_local_failure(what);
+    stop(SIGTERM);
+    kill(-p.child.pid, SIGKILL);  // a deadlocked rank may not act on SIGTERM
   }
 
   void on_remote_failure() {

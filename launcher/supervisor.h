@@ -30,6 +30,10 @@ struct RankProcess {
 
 struct SupervisorOptions {
   std::chrono::milliseconds grace_period{5000};
+  // A rank that beat once (runtime/liveness.h) and then sends no beat, or
+  // only "no progress" beats, for this long is hung: reported as a failure
+  // of that rank. 0: not watched.
+  std::chrono::milliseconds hang_timeout{0};
   int node_rank = 0;
   std::string hostname;
   // Readable when another node's rank failed; `remote_failure()` then says

@@ -482,6 +482,71 @@ TEST_CASE("launcher: --max-restarts across two nodes starts every node's ranks a
                  Contains("node 1 exit 143") && !Contains("restart 1 of 2"));
 }
 
+TEST_CASE("launcher: a hung rank is found within --hang-timeout and named; busy ranks are not",
+          "[launcher][hang]") {
+  TempDir dir;
+  // Stopped (SIGSTOP): its heartbeats stop. The others sleep inside a
+  // BusyScope meanwhile, so only rank 1 is named.
+  const auto stopped = launch({"-np", "3", "--hang-timeout", "1.5"},
+                              {"pid-dir=" + dir.path, "group-sum", "stop-self=1",
+                               "busy-sleep-ms=30000"});
+  CHECK(stopped.exit_code == 1);
+  CHECK(stopped.seconds < 15);
+  CHECK_THAT(stopped.output,
+             Contains("rank 1 (local rank 1 on node 0") &&
+                 Contains("is hung: it sent no heartbeat for 1.5 s: it is stopped (SIGSTOP, a "
+                          "debugger) or frozen (--hang-timeout 1.5 s); killing it and stopping "
+                          "the other 2 ranks") &&
+                 !Contains("rank 0 (local") && !Contains("rank 2 (local"));
+  check_no_orphans(dir.path, 3);
+
+  // Blocked for good, using no CPU: its beats say "no progress".
+  const auto blocked = launch({"-np", "2", "--hang-timeout", "1.5"},
+                              {"group-sum", "block=0", "busy-sleep-ms=30000"});
+  CHECK(blocked.exit_code == 1);
+  CHECK_THAT(blocked.output, Contains("rank 0 (local rank 0 on node 0") &&
+                                 Contains("is hung: it made no progress for 1.5 s: it used no "
+                                          "CPU and was not waiting for other ranks or writing a "
+                                          "checkpoint (a deadlock?)"));
+
+  // Computing, or waiting on purpose inside a BusyScope, for twice the
+  // timeout is not a hang.
+  const auto busy = launch({"-np", "2", "--hang-timeout", "1"},
+                           {"group-sum", "spin-ms=2500", "busy-sleep-ms=2500"});
+  CHECK(busy.exit_code == 0);
+  CHECK_THAT(busy.output, !Contains("is hung"));
+
+  // Under --max-restarts a hang is a failure like any other: restarted.
+  const auto restarted = launch({"-np", "2", "--hang-timeout", "1", "--max-restarts", "1",
+                                 "--restart-backoff", "0"},
+                                {"group-sum", "block=1", "busy-sleep-ms=30000"});
+  CHECK(restarted.exit_code == 1);
+  CHECK_THAT(restarted.output, Contains("restart 1 of 1") &&
+                                   Contains("group-sum rank=1 restart=1 sum=3 ok") &&
+                                   Contains("giving up: the ranks failed 2 times"));
+
+  // --hang-timeout 0: no heartbeats asked for.
+  const auto off = launch({"-np", "1", "--hang-timeout", "0"},
+                          {"print", "show=LOCKSTEP_HEARTBEAT_FD"});
+  CHECK(off.exit_code == 0);
+  CHECK_THAT(off.output, Contains("LOCKSTEP_HEARTBEAT_FD=(unset)"));
+}
+
+TEST_CASE("launcher: a rank waiting in a collective for a stopped peer is not the hung one",
+          "[launcher][hang]") {
+  // collective_worker --stop-at-rank 1: rank 1 stops after the first barrier
+  // and rank 0 waits for it in the next collective, with a collective timeout
+  // far beyond the hang timeout.
+  const auto r = run_process({bin_path("lockstep-run"), "-np", "2", "--hang-timeout", "2",
+                              bin_path("collective_worker"), "--stop-at-rank", "1"},
+                             kLimit, {"LOCKSTEP_TIMEOUT_S=600"});
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Contains("rank 1 (local rank 1 on node 0") &&
+                           Contains("is hung: it sent no heartbeat") &&
+                           !Contains("rank 0 (local rank 0 on node 0"));
+}
+
 TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
   const auto lr = bin_path("lockstep-run");
   struct Case {
@@ -506,6 +571,7 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
       {{lr, "-np", "2", "--bind-to", "socket", "true"}, "--bind-to"},
       {{lr, "-np", "2", "--max-restarts", "-1", "true"}, "--max-restarts -1 must not be negative"},
       {{lr, "-np", "2", "--restart-backoff", "-2", "true"}, "--restart-backoff -2 must not be negative"},
+      {{lr, "-np", "2", "--hang-timeout", "-1", "true"}, "--hang-timeout -1 must not be negative"},
   };
   for (const auto& c : cases) {
     const auto r = run_process(c.args, kLimit, {"LOCKSTEP_TOKEN="});
@@ -519,7 +585,7 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
   for (const char* option : {"-np", "--nproc-per-node", "--nnodes", "--node-rank",
                              "--master-addr", "--master-port", "--token", "-x", "--tag-output",
                              "--grace-period", "--bind-to", "--max-restarts",
-                             "--restart-backoff"})
+                             "--restart-backoff", "--hang-timeout"})
     CHECK_THAT(help.output, Contains(option));
 }
 

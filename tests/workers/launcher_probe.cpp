@@ -24,6 +24,10 @@
 //   fail-attempts=R:K  rank R exits 7 (after group-sum, if asked) while
 //                    LOCKSTEP_RESTART_COUNT < K
 //   wait-ms=N        sleep N ms before that
+//   spin-ms=N        then use the CPU for N ms (busy, not hung)
+//   busy-sleep-ms=N  then sleep N ms inside a runtime::BusyScope (not hung)
+//   stop-self=R      then rank R stops itself with SIGSTOP (hung: no heartbeat)
+//   block=R          then rank R blocks for good using no CPU (hung: a deadlock)
 //   sleep            then wait until killed (default: exit 0)
 #include <sched.h>
 #include <signal.h>
@@ -44,6 +48,7 @@
 #include "lockstep/collectives/init.h"
 #include "lockstep/runtime/tensor.h"
 #include "lockstep/runtime/env.h"
+#include "lockstep/runtime/liveness.h"
 #include "lockstep/runtime/store/tcp_store.h"
 
 namespace {
@@ -163,6 +168,26 @@ int main(int argc, char** argv) {
   for (const auto& a : args) {
     if (a.rfind("wait-ms=", 0) == 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(a.substr(8))));
+    if (a.rfind("spin-ms=", 0) == 0) {
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(std::stoi(a.substr(8)));
+      volatile uint64_t x = 0;
+      while (std::chrono::steady_clock::now() < until) x = x + 1;
+    }
+    if (a.rfind("busy-sleep-ms=", 0) == 0) {
+      const lockstep::runtime::BusyScope busy;
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(a.substr(14))));
+    }
+    if (a.rfind("stop-self=", 0) == 0 && std::stoi(a.substr(10)) == info.rank) {
+      fmt::print("rank {}: stopping itself with SIGSTOP\n", info.rank);
+      std::fflush(stdout);
+      raise(SIGSTOP);
+    }
+    if (a.rfind("block=", 0) == 0 && std::stoi(a.substr(6)) == info.rank) {
+      fmt::print("rank {}: blocking for good\n", info.rank);
+      std::fflush(stdout);
+      for (;;) pause();
+    }
   }
   for (const auto& a : args) {
     int attempts = 0;
