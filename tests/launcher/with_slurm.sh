@@ -43,7 +43,12 @@ cleanup() {
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null
   done
-  [ -f "$dir/munged.pid" ] && kill "$(cat "$dir/munged.pid")" 2>/dev/null
+  if [ -f "$dir/munged.pid" ]; then
+    munged_pid=$(cat "$dir/munged.pid")
+    kill "$munged_pid" 2>/dev/null
+    # It writes its seed file as it exits: gone first, then the directory.
+    for _ in $(seq 50); do kill -0 "$munged_pid" 2>/dev/null || break; sleep 0.1; done
+  fi
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -56,8 +61,6 @@ fail() {
   exit 1
 }
 
-# Ports of this run's own (outside Linux's ephemeral range).
-port=$((40000 - (RANDOM % 5000) * 2))
 # A cluster name and first job id of its own too: tasks derive their store's
 # port and token from them, and two clusters started side by side (ctest -j)
 # would otherwise both number their first job 1 and meet in one store.
@@ -68,7 +71,8 @@ munged --force --socket="$dir/munge.socket" --key-file=/etc/munge/munge.key \
   fail "munged did not start"
 
 mkdir -p "$dir/state" "$dir/spool"
-cat >"$dir/slurm.conf" <<EOF
+write_conf() {
+  cat >"$dir/slurm.conf" <<EOF
 ClusterName=lockstep-test-$$
 FirstJobId=$first_job_id
 SlurmctldHost=$node(127.0.0.1)
@@ -97,18 +101,47 @@ ReturnToService=2
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
 PartitionName=test Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 EOF
+}
 export SLURM_CONF=$dir/slurm.conf
 
-slurmctld -D -i >>"$dir/slurmctld.log" 2>&1 &
-pids+=($!)
+running() { ps -o stat= -p "$1" 2>/dev/null | grep -qv Z; }
+
+# Ports of this run's own (outside Linux's ephemeral range), drawn again when
+# slurmctld finds its port taken (by another test's cluster, say).
+started=""
+for _ in 1 2 3 4 5; do
+  port=$((40000 - (RANDOM % 5000) * 2))
+  write_conf
+  : >"$dir/slurmctld.log"
+  slurmctld -D -i >>"$dir/slurmctld.log" 2>&1 &
+  ctld=$!
+  # Up when it says so and has not died a moment later (a taken port ends it
+  # at once, with "fatal" in its log; a dead child may linger as a zombie).
+  for _ in $(seq 50); do
+    grep -q fatal "$dir/slurmctld.log" && break
+    running "$ctld" || break
+    grep -q "Running as primary controller" "$dir/slurmctld.log" && sleep 0.3 && break
+    sleep 0.1
+  done
+  if running "$ctld" && ! grep -q fatal "$dir/slurmctld.log"; then
+    pids+=("$ctld")
+    started=yes
+    break
+  fi
+  kill "$ctld" 2>/dev/null
+  wait "$ctld" 2>/dev/null  # gone before the next try (or the cleanup) touches its files
+  grep -q "Address already in use" "$dir/slurmctld.log" || fail "slurmctld did not start"
+done
+[ -n "$started" ] || fail "slurmctld found its port taken 5 times"
 slurmd -D -N "$node" >>"$dir/slurmd.log" 2>&1 &
 pids+=($!)
 
-# Ready when the node is idle.
-for _ in $(seq 150); do
-  [ "$(sinfo -h -n "$node" -o %T 2>/dev/null)" = idle ] && break
+# Ready when the node is idle; sinfo itself can wait long for a controller
+# that is not there, so the wait is bounded by time.
+deadline=$((SECONDS + 30))
+until [ "$(timeout 5 sinfo -h -n "$node" -o %T 2>/dev/null)" = idle ]; do
+  [ $SECONDS -lt $deadline ] || fail "the node did not become idle in 30 s"
   sleep 0.2
 done
-[ "$(sinfo -h -n "$node" -o %T 2>/dev/null)" = idle ] || fail "the node did not become idle in 30 s"
 
 "$@"
