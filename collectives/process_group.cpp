@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/runtime/flight_recorder.h"
+
 namespace lockstep::collectives {
 
 using runtime::DType;
@@ -144,6 +146,21 @@ Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const
     next_origin_.reset();
   }
   return call;
+}
+
+uint64_t ProcessGroup::record_start(const Call& call) const {
+  const CallSignature& own = call.own;
+  return runtime::FlightRecorder::instance().started(
+      {.group = name_,
+       .op = call.op,
+       .dtype = call.has_tensor ? runtime::dtype_name(own.dtype) : std::string_view(),
+       .seq = own.seq,
+       .count = call.has_tensor ? own.count : 0,
+       .root = own.root});
+}
+
+void ProcessGroup::record_failure(uint64_t record) {
+  runtime::FlightRecorder::instance().ended(record, /*ok=*/false);
 }
 
 void ProcessGroup::check_next_as(ProcessGroup& member, const Call& origin, uint8_t step) {

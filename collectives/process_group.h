@@ -132,13 +132,24 @@ class ProcessGroup {
   // Numbers and describes a call (`op`: "allreduce", ...; "send" and "recv"
   // are not numbered) and hands it to `run` with the issue lock held, so that
   // calls reach the backend in number order. Refuses calls on an unusable
-  // group. The public calls use it; so may a backend's own collectives.
+  // group. Records the call in the flight recorder (runtime/flight_recorder.h)
+  // until its Work ends. The public calls use it; so may a backend's own
+  // collectives.
   template <class Run>
   std::shared_ptr<Work> issue(const CallSignature& signature, std::string_view op,
                               const Tensor* tensor, std::string_view extra, const Timeout& timeout,
                               Run&& run) {
     std::lock_guard lock(issue_mutex_);
-    return run(make_call(signature, op, tensor, extra, timeout));
+    Call call = make_call(signature, op, tensor, extra, timeout);
+    const uint64_t record = record_start(call);
+    try {
+      std::shared_ptr<Work> work = run(std::move(call));
+      work->record_end_as(record);
+      return work;
+    } catch (...) {
+      record_failure(record);
+      throw;
+    }
   }
 
   // Composite groups (hierarchical_group.h): the next collective issued on
@@ -151,6 +162,10 @@ class ProcessGroup {
   // issue()'s, with the issue lock held.
   Call make_call(CallSignature signature, std::string_view op, const Tensor* tensor,
                  std::string_view extra, const Timeout& timeout);
+  // The flight recorder's entry for `call` (issued now), and its end when
+  // the backend refused the call at once.
+  uint64_t record_start(const Call& call) const;
+  static void record_failure(uint64_t record);
   void check_tensor(std::string_view op, const Tensor& tensor) const;
   void check_root(std::string_view op, int root) const;
   void check_peer(std::string_view op, int peer, int tag) const;

@@ -111,6 +111,8 @@ std::string read_port(int fd) {
   for (const auto& [name, value] : runtime::rank_variables(info, 1))
     ::setenv(name.c_str(), value.c_str(), 1);
   for (const auto& [name, value] : options.env) ::setenv(name.c_str(), value.c_str(), 1);
+  // The parent's launcher's file for its post-mortem, not this child's.
+  ::unsetenv("LOCKSTEP_FLIGHT_RECORDER");
 
   int code = 0;
   try {

@@ -1,5 +1,8 @@
 #include "lockstep/collectives/work.h"
 
+#include <utility>
+
+#include "lockstep/runtime/flight_recorder.h"
 #include "lockstep/runtime/liveness.h"
 
 namespace lockstep::collectives {
@@ -26,6 +29,7 @@ void Work::wait() {
     const std::string message = timeout_text();
     error_ = std::make_exception_ptr(CollectiveError(message));
     done_ = true;
+    runtime::FlightRecorder::instance().ended(std::exchange(record_, 0), /*ok=*/false);
     lock.unlock();
     timed_out(message);
     std::rethrow_exception(error_);
@@ -43,6 +47,8 @@ Work::Clock::time_point Work::finished_at() {
   return finished_at_;
 }
 
+// The flight recorder's entry ends under mutex_, with done_: whoever sees the
+// Work done finds the entry ended.
 void Work::finish(std::exception_ptr error) {
   {
     std::lock_guard lock(mutex_);
@@ -50,8 +56,18 @@ void Work::finish(std::exception_ptr error) {
     error_ = std::move(error);
     done_ = true;
     finished_at_ = Clock::now();
+    runtime::FlightRecorder::instance().ended(std::exchange(record_, 0), error_ == nullptr);
   }
   done_cv_.notify_all();
+}
+
+void Work::record_end_as(uint64_t record) {
+  std::lock_guard lock(mutex_);
+  if (done_) {
+    runtime::FlightRecorder::instance().ended(record, error_ == nullptr);  // ended already
+  } else {
+    record_ = record;
+  }
 }
 
 }  // namespace lockstep::collectives

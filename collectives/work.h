@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -74,6 +75,11 @@ class Work {
   // Called by the backend exactly once when the collective has finished.
   void finish(std::exception_ptr error = nullptr);
 
+  // Marks flight recorder entry `record` (runtime/flight_recorder.h) ended
+  // when this Work ends: finished, failed or timed out. ProcessGroup::issue
+  // calls it.
+  void record_end_as(uint64_t record);
+
  protected:
   // What wait() throws when the deadline passes (by default the message given
   // at construction), and what it does next (by default on_timeout); a
@@ -88,6 +94,7 @@ class Work {
   bool done_ = false;
   std::exception_ptr error_;
   Clock::time_point finished_at_{};
+  uint64_t record_ = 0;  // the flight recorder's entry; 0: none
 
  private:
   std::string description_;

@@ -20,7 +20,8 @@ RankSlot rank_slot(const Options& options, int local_rank) {
 
 std::vector<std::string> child_environment(const std::vector<std::string>& base,
                                            const Options& options, const RankSlot& slot,
-                                           const StoreAddress& store, int restart_count) {
+                                           const StoreAddress& store, int restart_count,
+                                           const std::string& flight_recorder) {
   std::map<std::string, std::string> vars;
   for (const auto& entry : base) {
     const auto eq = entry.find('=');
@@ -46,6 +47,13 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
     vars["LOCKSTEP_HEARTBEAT_MS"] = std::to_string(heartbeat_interval_ms(options));
   } else {
     vars.erase("LOCKSTEP_HEARTBEAT_FD");  // a launcher's own, from an outer launcher
+  }
+
+  // Not an outer launcher's file: that one belongs to the rank that started us.
+  if (flight_recorder.empty()) {
+    vars.erase("LOCKSTEP_FLIGHT_RECORDER");
+  } else {
+    vars["LOCKSTEP_FLIGHT_RECORDER"] = flight_recorder;
   }
 
   std::vector<std::string> out;

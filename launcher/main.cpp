@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -14,6 +15,7 @@
 #include "launcher/group_reaper.h"
 #include "launcher/node_link.h"
 #include "launcher/options.h"
+#include "launcher/postmortem.h"
 #include "launcher/spawn.h"
 #include "launcher/supervisor.h"
 #include "lockstep/runtime/exit_status.h"
@@ -37,6 +39,26 @@ std::string ranks_here(const Options& options) {
                                 ? std::string("rank")
                                 : fmt::format("{} ranks", options.nproc_per_node);
   return options.nnodes == 1 ? ranks : fmt::format("{} of node {}", ranks, options.node_rank);
+}
+
+// Several nodes: each node's part of the post-mortem goes to node 0, whose
+// report covers every node that answered within the others' grace period
+// (their ranks stop first). True when this node should print a report: node
+// 0, or another whose part could not be handed over.
+bool share_postmortem(NodeLink& link, Postmortem& postmortem, int attempt, const Options& options,
+                      std::chrono::milliseconds grace_period) {
+  try {
+    if (options.node_rank != 0) {
+      link.publish_postmortem(attempt, to_json(postmortem).dump());
+      return false;
+    }
+    for (const auto& part : link.collect_postmortems(attempt, grace_period + std::chrono::seconds(3)))
+      merge(postmortem, postmortem_from_json(nlohmann::json::parse(part)));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "lockstep-run: the post-mortem covers node {} only: {}\n",
+               options.node_rank, e.what());
+  }
+  return true;
 }
 
 std::string hostname() {
@@ -115,20 +137,36 @@ int run(const Options& options) {
     supervisor.on_signalled = [&](const std::string& why) { link->publish_stop(why); };
   }
 
+  const FlightRecorderFiles recorders;
   int code = 0;
   for (int attempt = 0;; ++attempt) {
+    recorders.clear();
     std::vector<RankProcess> ranks;
     for (int local = 0; local < options.nproc_per_node; ++local) {
       const RankSlot slot = rank_slot(options, local);
-      const auto child_env = child_environment(base, options, slot, address, attempt);
+      const auto child_env =
+          child_environment(base, options, slot, address, attempt, recorders.path(slot.rank));
       ranks.push_back({slot.rank, local,
                        spawn_child(*program, options.command, child_env, options.tag_output,
                                    cpus[static_cast<size_t>(local)],
                                    /*heartbeat=*/options.hang_timeout_s > 0)});
       reaper.watch(ranks.back().child.pid);
     }
+    // Read while the ranks are as the failure found them; told once they stopped.
+    std::optional<Postmortem> postmortem;
+    supervisor.before_stop = [&, started = ranks](const std::string& cause) {
+      postmortem = Postmortem{.cause = cause};
+      for (const auto& r : started) {
+        postmortem->ranks.push_back(read_rank_history(recorders.path(r.rank), r.rank,
+                                                      options.node_rank, supervisor.hostname,
+                                                      r.child.pid));
+      }
+    };
     const SupervisorResult result = supervise(std::move(ranks), supervisor);
     code = result.exit_code;
+    if (postmortem &&
+        (!link || share_postmortem(*link, *postmortem, attempt, options, supervisor.grace_period)))
+      publish_report(*postmortem, options.postmortem_dir, options.node_rank, attempt);
     // Only a rank's failure, here or on another node, is worth another
     // attempt: a stop asked for by a signal is the user's.
     bool failed =

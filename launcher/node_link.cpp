@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -165,6 +166,34 @@ bool NodeLink::attempt_succeeded_everywhere(std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(kPollInterval / 4);
   }
   return remote_failure().empty();
+}
+
+namespace {
+std::string postmortem_key(int attempt, int node) {
+  return fmt::format("lockstep-run/attempt-{}/postmortem/{}", attempt, node);
+}
+}  // namespace
+
+void NodeLink::publish_postmortem(int attempt, const std::string& part) {
+  store_->set(postmortem_key(attempt, node_rank_), part);
+}
+
+std::vector<std::string> NodeLink::collect_postmortems(int attempt,
+                                                       std::chrono::milliseconds timeout) {
+  std::vector<std::string> parts;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int node = 0; node < num_nodes_; ++node) {
+    if (node == node_rank_) continue;
+    const std::string key = postmortem_key(attempt, node);
+    try {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      store_->wait({key}, std::max(left, std::chrono::milliseconds(1)));
+      parts.push_back(store_->get_string(key));
+    } catch (const runtime::StoreTimeout&) {
+    }
+  }
+  return parts;
 }
 
 void NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {

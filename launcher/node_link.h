@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "lockstep/runtime/store/tcp_store.h"
 
@@ -50,6 +51,12 @@ class NodeLink {
   // ranks succeeded (or `timeout` passed, as finish() gives up waiting);
   // false when a node failed in this attempt (remote_failure() says how).
   bool attempt_succeeded_everywhere(std::chrono::milliseconds timeout);
+  // The post-mortem's parts (launcher/postmortem.h), by attempt: a node
+  // other than 0 hands node 0 its ranks' part; node 0 collects the parts that
+  // arrive within `timeout` (a node whose launcher is gone sends none).
+  // Either throws when the store is gone.
+  void publish_postmortem(int attempt, const std::string& part);
+  std::vector<std::string> collect_postmortems(int attempt, std::chrono::milliseconds timeout);
   // Stops watching. After success, reports this node done and, on node 0,
   // waits for the other nodes (up to `timeout`, or a failure, or SIGINT/
   // SIGTERM) so that their ranks keep their store.

@@ -14,7 +14,7 @@ const std::set<std::string> kValueOptions = {
     "-n", "--np", "-x", "--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank",
     "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port",
     "--token", "--grace-period", "--bind-to", "--max-restarts", "--max_restarts",
-    "--restart-backoff", "--hang-timeout"};
+    "--restart-backoff", "--hang-timeout", "--postmortem-dir"};
 
 // mpirun spells some long options with one dash; CLI11 wants two.
 std::string normalise(const std::string& arg) {
@@ -160,11 +160,16 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                  "then sends no heartbeat, or makes no progress (no CPU used, not waiting for "
                  "other ranks, not writing a checkpoint), for this many seconds is hung: the job "
                  "is stopped, or restarted under --max-restarts; 0: off")->capture_default_str();
+  app.add_option("--postmortem-dir", o.postmortem_dir, "When a rank fails or hangs, or the job "
+                 "is stopped, the launcher prints what every rank was doing in its last "
+                 "collectives and writes it as JSON to DIR/lockstep-postmortem-node<N>-attempt<K>"
+                 ".json; '' prints it only")->capture_default_str();
   app.footer(
       "\nEach rank gets LOCKSTEP_RANK, LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_RANK,\n"
       "LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK, LOCKSTEP_NUM_NODES, LOCKSTEP_STORE_ADDR,\n"
       "LOCKSTEP_TOKEN, torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
-      "MASTER_PORT, LOCKSTEP_RESTART_COUNT, and OMP_NUM_THREADS=1 unless set.\n"
+      "MASTER_PORT, LOCKSTEP_RESTART_COUNT, LOCKSTEP_FLIGHT_RECORDER, and OMP_NUM_THREADS=1\n"
+      "unless set.\n"
       "CUDA_VISIBLE_DEVICES is left alone: a rank uses cuda:<local rank>. Global rank = node\n"
       "rank * nproc-per-node + local rank.\n"
       "Ranks read stdin from /dev/null. SIGINT, SIGTERM and SIGHUP are forwarded to every rank\n"

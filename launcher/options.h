@@ -39,6 +39,9 @@ struct Options {
   // --hang-timeout: a rank whose heartbeats stop, or say it made no progress,
   // for this long is hung (runtime/liveness.h); 0: not watched.
   double hang_timeout_s = 10.0;
+  // --postmortem-dir: where the post-mortem of a failed attempt is written as
+  // JSON (launcher/postmortem.h); empty: printed only.
+  std::string postmortem_dir = ".";
   std::vector<std::string> command;  // program and its arguments
 
   int world_size() const { return nproc_per_node * nnodes; }

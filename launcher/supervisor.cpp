@@ -263,6 +263,7 @@ class Supervisor {
   }
 
   void stop(int sig) {
+    if (options_.before_stop) options_.before_stop(result_.failure);
     stopping_ = true;
     for (const auto& r : ranks_) {
       if (!r.alive) continue;

@@ -44,6 +44,10 @@ struct SupervisorOptions {
   // the launcher is signalled (then on_signalled first).
   std::function<void(const std::string&)> on_local_failure;
   std::function<void(const std::string&)> on_signalled;
+  // Called once with what stopped the job (a rank's failure or hang, another
+  // node's failure, a signal) just before the ranks are told to stop, while
+  // they are still as the failure found them: the post-mortem reads them.
+  std::function<void(const std::string&)> before_stop;
 };
 
 // How a supervised attempt ended, for the restart decision.

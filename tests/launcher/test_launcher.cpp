@@ -20,6 +20,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "support/subprocess.h"
 #include "support/backend_skip.h"
@@ -545,6 +546,86 @@ TEST_CASE("launcher: a rank waiting in a collective for a stopped peer is not th
   CHECK_THAT(r.output, Contains("rank 1 (local rank 1 on node 0") &&
                            Contains("is hung: it sent no heartbeat") &&
                            !Contains("rank 0 (local rank 0 on node 0"));
+}
+
+// The post-mortem's JSON (launcher/postmortem.h): each rank's last
+// collective of the default group as (seq, state).
+std::map<int, std::pair<uint64_t, std::string>> last_collectives(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  const auto json = nlohmann::json::parse(in);
+  std::map<int, std::pair<uint64_t, std::string>> last;
+  for (const auto& r : json.at("ranks")) {
+    for (const auto& c : r.at("collectives")) {
+      if (c.at("group") == "default" && c.at("seq").get<uint64_t>() > 0)
+        last[r.at("rank").get<int>()] = {c.at("seq").get<uint64_t>(), c.at("state")};
+    }
+  }
+  return last;
+}
+
+TEST_CASE("launcher: a post-mortem names the rank that is behind and where the others wait",
+          "[launcher][postmortem]") {
+  TempDir dir;
+  // Rank 1 stops after three all-reduces; ranks 0 and 2 wait for it in the
+  // fourth until the hang is found.
+  const auto hung = launch({"-np", "3", "--hang-timeout", "1.5", "--postmortem-dir", dir.path},
+                           {"group-sum", "allreduces=3", "stop-self=1", "then-allreduce"});
+  CHECK(hung.exit_code == 1);
+  const std::string json = dir.path + "/lockstep-postmortem-node0-attempt0.json";
+  const auto last = last_collectives(json);
+  REQUIRE(last.size() == 3);
+  const uint64_t n = last.at(1).first;  // rank 1's last: the third all-reduce
+  CHECK(last.at(1) == std::make_pair(n, std::string("finished")));
+  CHECK(last.at(0) == std::make_pair(n + 1, std::string("running")));
+  CHECK(last.at(2) == std::make_pair(n + 1, std::string("running")));
+  CHECK_THAT(hung.output,
+             Contains("post-mortem of the collectives (rank 1 (local rank 1 on node 0") &&
+                 Contains(fmt::format("group 'default': rank 1 is behind: ranks 0 and 2 have "
+                                      "reached, and wait in, allreduce #{} (f32, 1000 elements)",
+                                      n + 1)) &&
+                 Contains(fmt::format("rank 1: finished allreduce #{} (f32, 1000 elements) ", n)) &&
+                 Contains(fmt::format("ranks 0 and 2: in allreduce #{} (f32, 1000 elements) since ",
+                                      n + 1)) &&
+                 Contains("every rank's last collectives: " + json));
+
+  // A failed rank: the record is read as it was when the rank exited.
+  const auto failed = launch({"-np", "2", "--postmortem-dir", dir.path},
+                             {"group-sum", "allreduces=2", "fail-attempts=0:1", "then-allreduce"});
+  CHECK(failed.exit_code == 7);
+  const auto after_failure = last_collectives(json);
+  REQUIRE(after_failure.size() == 2);
+  CHECK(after_failure.at(0).second == "finished");
+  CHECK(after_failure.at(1).first == after_failure.at(0).first + 1);
+  CHECK_THAT(failed.output, Contains("(rank 0 (local rank 0 on node 0") &&
+                                Contains("exited with code 7):") &&
+                                Contains("group 'default': rank 0 is behind: rank 1 has reached"));
+
+  // Nothing to say when no rank issued a collective; a job that succeeds
+  // has no post-mortem.
+  std::filesystem::remove(json);
+  const auto early = launch({"-np", "2", "--postmortem-dir", dir.path}, {"exit=1:3"});
+  CHECK(early.exit_code == 3);
+  const auto fine = launch({"-np", "2", "--postmortem-dir", dir.path}, {"group-sum"});
+  CHECK(fine.exit_code == 0);
+  CHECK_THAT(early.output + fine.output, !Contains("post-mortem"));
+  CHECK_FALSE(std::filesystem::exists(json));
+}
+
+TEST_CASE("launcher: the post-mortem of a two-node job covers both nodes' ranks",
+          "[launcher][postmortem]") {
+  TempDir dir;
+  const auto r = two_local_nodes({"--postmortem-dir", dir.path},
+                                 {"group-sum", "allreduces=2", "then-allreduce"},
+                                 {"group-sum", "allreduces=2", "fail-attempts=1:1"});
+  CHECK_THAT(r.output, Contains("node 0 exit 1") && Contains("node 1 exit 7") &&
+                           Contains("post-mortem of the collectives (node 1: rank 1") &&
+                           Contains("group 'default': rank 1 is behind: rank 0 has reached"));
+  const auto last = last_collectives(dir.path + "/lockstep-postmortem-node0-attempt0.json");
+  REQUIRE(last.size() == 2);
+  CHECK(last.at(0).first == last.at(1).first + 1);
+  // Node 1 handed its part to node 0 and wrote none of its own.
+  CHECK_FALSE(std::filesystem::exists(dir.path + "/lockstep-postmortem-node1-attempt0.json"));
 }
 
 TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {

@@ -23,11 +23,15 @@
 //                    "group-sum rank=R restart=N sum=S ok" (or WRONG, exit 1)
 //   fail-attempts=R:K  rank R exits 7 (after group-sum, if asked) while
 //                    LOCKSTEP_RESTART_COUNT < K
+//   allreduces=N     every rank joins the default process group and runs N
+//                    all-reduces of 1000 f32 values (after group-sum, if asked)
 //   wait-ms=N        sleep N ms before that
 //   spin-ms=N        then use the CPU for N ms (busy, not hung)
 //   busy-sleep-ms=N  then sleep N ms inside a runtime::BusyScope (not hung)
 //   stop-self=R      then rank R stops itself with SIGSTOP (hung: no heartbeat)
 //   block=R          then rank R blocks for good using no CPU (hung: a deadlock)
+//   then-allreduce   then every rank runs one more all-reduce of 1000 values
+//                    (one that stopped, blocked or failed never gets there)
 //   sleep            then wait until killed (default: exit 0)
 #include <sched.h>
 #include <signal.h>
@@ -76,8 +80,19 @@ void wait_for_pid_files(const std::string& dir, int world) {
   }
 }
 
+std::shared_ptr<lockstep::collectives::ProcessGroup> default_group() {
+  static auto group = lockstep::collectives::init_process_group();
+  return group;
+}
+
+void allreduces(int n) {
+  auto group = default_group();
+  lockstep::runtime::Tensor t = lockstep::runtime::Tensor::full({1000}, 1.0);
+  for (int i = 0; i < n; ++i) group->allreduce(t)->wait();
+}
+
 int group_sum(const lockstep::runtime::RankInfo& info) {
-  auto group = lockstep::collectives::init_process_group();
+  auto group = default_group();
   lockstep::runtime::Tensor t = lockstep::runtime::Tensor::full({1}, info.rank + 1.0);
   group->allreduce(t)->wait();
   const double sum = t.to_vector<float>()[0];
@@ -166,6 +181,9 @@ int main(int argc, char** argv) {
     if (a == "group-sum" && group_sum(info) != 0) return 1;
   }
   for (const auto& a : args) {
+    if (a.rfind("allreduces=", 0) == 0) allreduces(std::stoi(a.substr(11)));
+  }
+  for (const auto& a : args) {
     if (a.rfind("wait-ms=", 0) == 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(a.substr(8))));
     if (a.rfind("spin-ms=", 0) == 0) {
@@ -197,6 +215,9 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       return 7;
     }
+  }
+  for (const auto& a : args) {
+    if (a == "then-allreduce") allreduces(1);
   }
 
   for (const auto& a : args) {

@@ -1,0 +1,275 @@
+#include "launcher/postmortem.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/env.h"
+#include "lockstep/runtime/error.h"
+#include "lockstep/runtime/flight_recorder.h"
+
+namespace lockstep::launcher {
+namespace {
+
+double seconds_between(int64_t from_ns, int64_t to_ns) {
+  return static_cast<double>(to_ns - from_ns) / 1e9;
+}
+
+// "rank 1", "ranks 0 and 2", "ranks 0-3, 6 and 8".
+std::string ranks_text(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (j >= i + 2) {
+      parts.push_back(fmt::format("{}-{}", ranks[i], ranks[j]));
+      i = j + 1;
+    } else {
+      parts.push_back(std::to_string(ranks[i++]));
+    }
+  }
+  std::string list = parts.back();
+  if (parts.size() > 1) {
+    parts.pop_back();
+    list = fmt::format("{} and {}", fmt::join(parts, ", "), list);
+  }
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", list);
+}
+
+std::string verb(const std::vector<int>& ranks, const char* one, const char* many) {
+  return ranks.size() == 1 ? one : many;
+}
+
+// "allreduce #12 (f32, 1000 elements)", "broadcast #3 (i64, 2 elements, root 1)",
+// "barrier #5".
+std::string call_text(const PostmortemEntry& e) {
+  if (e.dtype.empty()) return fmt::format("{} #{}", e.op, e.seq);
+  return fmt::format("{} #{} ({}, {} element{}{})", e.op, e.seq, e.dtype, e.count,
+                     e.count == 1 ? "" : "s",
+                     e.root >= 0 ? fmt::format(", root {}", e.root) : std::string());
+}
+
+// The last collective of `group` each rank issued (nullptr: none).
+const PostmortemEntry* last_of(const RankHistory& rank, const std::string& group) {
+  const PostmortemEntry* last = nullptr;
+  for (const auto& e : rank.entries)
+    if (e.group == group && e.seq > 0) last = &e;
+  return last;
+}
+
+void report_group(std::string& out, const Postmortem& pm, const std::string& group) {
+  // Ranks by what they last did: (seq, state) -> ranks; seq 0: nothing.
+  std::map<std::tuple<uint64_t, std::string>, std::vector<int>> classes;
+  std::map<std::tuple<uint64_t, std::string>, const PostmortemEntry*> example;
+  std::map<std::tuple<uint64_t, std::string>, double> oldest;
+  uint64_t newest = 0;
+  for (const auto& r : pm.ranks) {
+    const PostmortemEntry* last = last_of(r, group);
+    const auto key = last ? std::make_tuple(last->seq, last->state)
+                          : std::make_tuple(uint64_t{0}, std::string(r.recorded ? "none" : "unrecorded"));
+    classes[key].push_back(r.rank);
+    if (!last) continue;
+    example[key] = last;
+    const double age = last->state == "running" ? last->started_s_ago : *last->ended_s_ago;
+    oldest[key] = std::max(oldest[key], age);
+    newest = std::max(newest, last->seq);
+  }
+
+  std::vector<int> behind, ahead;
+  for (const auto& [key, ranks] : classes) {
+    auto& into = std::get<0>(key) < newest ? behind : ahead;
+    into.insert(into.end(), ranks.begin(), ranks.end());
+  }
+  std::string headline;
+  const auto& [front_key, front_ranks] = *classes.rbegin();
+  const PostmortemEntry* front = example.at(front_key);
+  if (!behind.empty()) {
+    headline = fmt::format("{} {} behind: {} {} {} {}", ranks_text(behind),
+                           verb(behind, "is", "are"), ranks_text(ahead),
+                           verb(ahead, "has", "have"),
+                           front->state == "running" ? "reached, and wait in," : "reached",
+                           call_text(*front));
+  } else if (classes.size() == 1 && front->state == "running") {
+    headline = fmt::format("every rank is in {}: all issued it; it did not complete",
+                           call_text(*front));
+  } else if (classes.size() == 1 && front->state == "finished") {
+    headline = fmt::format("every rank finished {}; none was in a collective of this group",
+                           call_text(*front));
+  } else {
+    headline = fmt::format("every rank issued {}; they ended it differently", call_text(*front));
+  }
+  out += fmt::format("  group '{}': {}\n", group, headline);
+
+  for (const auto& [key, ranks] : classes) {
+    const auto& state = std::get<1>(key);
+    std::string what;
+    if (state == "unrecorded") {
+      what = "left no record (it did not get as far as making its process group)";
+    } else if (state == "none") {
+      what = "issued no collective on this group";
+    } else {
+      const PostmortemEntry& e = *example.at(key);
+      const double age = oldest.at(key);
+      if (state == "running") {
+        what = fmt::format("in {} since {:.1f} s", call_text(e), age);
+      } else if (state == "failed") {
+        what = fmt::format("{} failed {:.1f} s ago", call_text(e), age);
+      } else {
+        what = fmt::format("finished {} {:.1f} s ago; nothing since", call_text(e), age);
+      }
+    }
+    out += fmt::format("    {}: {}\n", ranks_text(ranks), what);
+  }
+}
+
+}  // namespace
+
+RankHistory read_rank_history(const std::string& path, int rank, int node,
+                              const std::string& host, int64_t pid) {
+  RankHistory h{.rank = rank, .node = node, .host = host, .pid = pid};
+  const int64_t now = runtime::monotonic_ns();
+  try {
+    const auto records = runtime::read_flight_recorder_file(path);
+    if (!records) return h;
+    h.recorded = !records->empty();
+    for (const auto& r : *records) {
+      PostmortemEntry e{.group = r.group,
+                        .op = r.op,
+                        .dtype = r.dtype,
+                        .state = std::string(runtime::to_string(r.state)),
+                        .seq = r.seq,
+                        .count = r.count,
+                        .root = r.root,
+                        .started_s_ago = seconds_between(r.start_ns, now)};
+      if (r.end_ns != 0) e.ended_s_ago = seconds_between(r.end_ns, now);
+      h.entries.push_back(std::move(e));
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "lockstep-run: rank {}'s flight record is unreadable: {}\n", rank, e.what());
+  }
+  return h;
+}
+
+nlohmann::json to_json(const Postmortem& pm) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : pm.ranks) {
+    nlohmann::json entries = nlohmann::json::array();
+    for (const auto& e : r.entries) {
+      nlohmann::json j = {{"group", e.group},   {"op", e.op},       {"seq", e.seq},
+                          {"dtype", e.dtype},   {"count", e.count}, {"root", e.root},
+                          {"state", e.state},   {"started_s_ago", e.started_s_ago}};
+      j["ended_s_ago"] = e.ended_s_ago ? nlohmann::json(*e.ended_s_ago) : nlohmann::json();
+      entries.push_back(std::move(j));
+    }
+    ranks.push_back({{"rank", r.rank},         {"node", r.node},   {"host", r.host},
+                     {"pid", r.pid},           {"recorded", r.recorded},
+                     {"collectives", std::move(entries)}});
+  }
+  return {{"cause", pm.cause}, {"ranks", std::move(ranks)}};
+}
+
+Postmortem postmortem_from_json(const nlohmann::json& json) {
+  Postmortem pm{.cause = json.at("cause").get<std::string>()};
+  for (const auto& r : json.at("ranks")) {
+    RankHistory h{.rank = r.at("rank").get<int>(),
+                  .node = r.at("node").get<int>(),
+                  .host = r.at("host").get<std::string>(),
+                  .pid = r.at("pid").get<int64_t>(),
+                  .recorded = r.at("recorded").get<bool>()};
+    for (const auto& j : r.at("collectives")) {
+      PostmortemEntry e{.group = j.at("group").get<std::string>(),
+                        .op = j.at("op").get<std::string>(),
+                        .dtype = j.at("dtype").get<std::string>(),
+                        .state = j.at("state").get<std::string>(),
+                        .seq = j.at("seq").get<uint64_t>(),
+                        .count = j.at("count").get<int64_t>(),
+                        .root = j.at("root").get<int32_t>(),
+                        .started_s_ago = j.at("started_s_ago").get<double>()};
+      if (!j.at("ended_s_ago").is_null()) e.ended_s_ago = j.at("ended_s_ago").get<double>();
+      h.entries.push_back(std::move(e));
+    }
+    pm.ranks.push_back(std::move(h));
+  }
+  return pm;
+}
+
+void merge(Postmortem& into, const Postmortem& other) {
+  for (const auto& r : other.ranks) {
+    const bool known = std::any_of(into.ranks.begin(), into.ranks.end(),
+                                   [&](const RankHistory& h) { return h.rank == r.rank; });
+    if (!known) into.ranks.push_back(r);
+  }
+  std::sort(into.ranks.begin(), into.ranks.end(),
+            [](const RankHistory& a, const RankHistory& b) { return a.rank < b.rank; });
+}
+
+std::string report_text(const Postmortem& pm) {
+  std::set<std::string> groups;
+  for (const auto& r : pm.ranks)
+    for (const auto& e : r.entries)
+      if (e.seq > 0) groups.insert(e.group);
+  if (groups.empty()) return "";
+  std::string out;
+  // The default group first: the one a training step's collectives use.
+  if (groups.count("default")) report_group(out, pm, "default");
+  for (const auto& g : groups)
+    if (g != "default") report_group(out, pm, g);
+  return out;
+}
+
+void publish_report(const Postmortem& pm, const std::string& dir, int node, int attempt) {
+  const std::string text = report_text(pm);
+  if (text.empty()) return;
+  std::string saved;
+  if (!dir.empty()) {
+    const auto path = std::filesystem::path(dir) /
+                      fmt::format("lockstep-postmortem-node{}-attempt{}.json", node, attempt);
+    std::ofstream out(path);
+    out << to_json(pm).dump(1) << "\n";
+    out.close();
+    saved = out ? fmt::format("  every rank's last collectives: {}\n", path.string())
+                : fmt::format("  could not write {}: {}\n", path.string(), std::strerror(errno));
+  }
+  fmt::print(stderr, "lockstep-run: post-mortem of the collectives ({}):\n{}{}", pm.cause, text,
+             saved);
+}
+
+FlightRecorderFiles::FlightRecorderFiles() {
+  const auto& env = runtime::process_env();
+  std::string base = "/dev/shm";
+  if (!std::filesystem::is_directory(base) || access(base.c_str(), W_OK) != 0)
+    base = env("TMPDIR").value_or("/tmp");
+  std::string pattern = base + "/lockstep-run-XXXXXX";
+  LOCKSTEP_CHECK(mkdtemp(pattern.data()) != nullptr,
+                 "cannot make a directory for the ranks' flight records in {}: {}; set TMPDIR "
+                 "to a writable directory",
+                 base, std::strerror(errno));
+  dir_ = pattern;
+}
+
+FlightRecorderFiles::~FlightRecorderFiles() {
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+std::string FlightRecorderFiles::path(int rank) const { return fmt::format("{}/rank-{}", dir_, rank); }
+
+void FlightRecorderFiles::clear() const {
+  std::error_code ignored;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ignored))
+    std::filesystem::remove(entry.path(), ignored);
+}
+
+}  // namespace lockstep::launcher

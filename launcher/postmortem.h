@@ -1,0 +1,94 @@
+// The post-mortem: when a job fails, hangs or is stopped, what every rank was
+// doing in its collectives, in one report.
+//
+// Each rank records its last collectives in a file of this node's private
+// directory (LOCKSTEP_FLIGHT_RECORDER, runtime/flight_recorder.h). At the
+// first failure, before the ranks are stopped, the launcher reads every
+// file (a stopped or dead rank's too) into a Postmortem; after the ranks
+// have stopped it prints the report and writes it as JSON:
+//
+//   lockstep-run: post-mortem of the collectives (rank 1 ... is hung: ...):
+//     group 'default': rank 1 is behind: ranks 0 and 2 are in allreduce #1235
+//       rank 1: finished allreduce #1234 (f32, 1000 elements) 12.0 s ago; nothing since
+//       ranks 0 and 2: in allreduce #1235 (f32, 1000 elements) since 12.0 s
+//     every rank's last 256 collectives: ./lockstep-postmortem-node0-attempt0.json
+//
+// Several nodes: every node's launcher publishes its ranks' part through the
+// store and node 0's report covers the nodes that answered.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lockstep::launcher {
+
+struct PostmortemEntry {
+  std::string group, op, dtype;
+  std::string state;  // "running", "finished", "failed"
+  uint64_t seq = 0;   // 0: send or recv
+  int64_t count = 0;
+  int32_t root = -1;
+  double started_s_ago = 0;
+  std::optional<double> ended_s_ago;  // unset while running
+};
+
+struct RankHistory {
+  int rank = 0;
+  int node = 0;
+  std::string host;
+  int64_t pid = 0;
+  // False: the rank left no record (it never issued a collective, or did
+  // not get as far as making its process group).
+  bool recorded = false;
+  std::vector<PostmortemEntry> entries;  // oldest first
+};
+
+struct Postmortem {
+  std::string cause;  // what stopped the job, as the launcher said it
+  std::vector<RankHistory> ranks;  // by rank
+};
+
+// Reads one rank's recorder file, with ages measured from now. A file that
+// cannot be read gives an unrecorded history (and a note on stderr).
+RankHistory read_rank_history(const std::string& path, int rank, int node,
+                              const std::string& host, int64_t pid);
+
+nlohmann::json to_json(const Postmortem& postmortem);
+// Throws (nlohmann's errors) on a malformed document.
+Postmortem postmortem_from_json(const nlohmann::json& json);
+
+// Merges other nodes' parts into `into` (ranks sorted; a rank already there
+// is kept).
+void merge(Postmortem& into, const Postmortem& other);
+
+// The report's lines after its title, or "" when no rank issued a collective.
+std::string report_text(const Postmortem& postmortem);
+
+// Prints the report on stderr and writes the JSON to
+// `dir`/lockstep-postmortem-node<node>-attempt<attempt>.json (not when `dir`
+// is empty). Nothing when no rank issued a collective.
+void publish_report(const Postmortem& postmortem, const std::string& dir, int node, int attempt);
+
+// This node's recorder files: one per rank in a private directory (in
+// /dev/shm where there is one: the ranks write it at every collective),
+// removed with this object.
+class FlightRecorderFiles {
+ public:
+  FlightRecorderFiles();  // makes the directory; throws saying why it could not
+  ~FlightRecorderFiles();
+  FlightRecorderFiles(const FlightRecorderFiles&) = delete;
+  FlightRecorderFiles& operator=(const FlightRecorderFiles&) = delete;
+
+  std::string path(int rank) const;
+  // Removes every rank's file: an attempt must not report its predecessor's.
+  void clear() const;
+
+ private:
+  std::string dir_;
+};
+
+}  // namespace lockstep::launcher

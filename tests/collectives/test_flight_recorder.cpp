@@ -1,0 +1,99 @@
+// The flight recorder (runtime/flight_recorder.h): every collective a group
+// issues is recorded with its number, op, dtype and count, and ended as it
+// ended; the newest kFlightRecorderEntries stay.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "collectives/rank_threads.h"
+#include "lockstep/collectives/work.h"
+#include "lockstep/runtime/flight_recorder.h"
+
+namespace lt = lockstep::testing;
+using lockstep::runtime::FlightRecord;
+using lockstep::runtime::FlightRecorder;
+using lockstep::runtime::Tensor;
+
+namespace {
+
+std::vector<FlightRecord> records_of(const std::string& group) {
+  std::vector<FlightRecord> out;
+  for (auto& r : FlightRecorder::instance().snapshot())
+    if (r.group == group) out.push_back(r);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("flight recorder: each collective with its number, op, dtype, count and end",
+          "[collectives][flight-recorder]") {
+  const auto groups = lt::make_groups("shm", 2, "recorded");
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    Tensor x = Tensor::full({10}, 1.0);
+    groups[r]->allreduce(x)->wait();
+    Tensor y = Tensor::zeros({3}, lockstep::runtime::DType::i64);
+    groups[r]->broadcast(y, {.root = 1})->wait();
+    groups[r]->barrier()->wait();
+  });
+  for (const auto& e : errors) REQUIRE(lt::message_of(e) == "<no exception>");
+
+  const auto records = records_of("recorded");
+  REQUIRE(records.size() == 6);  // two ranks, three calls each
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    std::vector<FlightRecord> calls;
+    std::copy_if(records.begin(), records.end(), std::back_inserter(calls),
+                 [&](const FlightRecord& r) { return r.seq == seq; });
+    REQUIRE(calls.size() == 2);
+    for (const auto& c : calls) {
+      INFO("call #" << seq << ": " << c.op);
+      CHECK(c.state == FlightRecord::State::finished);
+      CHECK(c.end_ns >= c.start_ns);
+      CHECK(c.start_ns > 0);
+      if (seq == 1) CHECK((c.op == "allreduce" && c.dtype == "f32" && c.count == 10 && c.root == -1));
+      if (seq == 2) CHECK((c.op == "broadcast" && c.dtype == "i64" && c.count == 3 && c.root == 1));
+      if (seq == 3) CHECK((c.op == "barrier" && c.dtype.empty() && c.count == 0));
+    }
+  }
+}
+
+TEST_CASE("flight recorder: a collective that timed out is recorded as failed",
+          "[collectives][flight-recorder]") {
+  const auto groups = lt::make_groups("shm", 2, "recorded-timeout", std::chrono::milliseconds(300));
+  Tensor x = Tensor::full({4}, 1.0);
+  auto work = groups[0]->allreduce(x);  // rank 1 never joins
+  auto running = records_of("recorded-timeout");
+  REQUIRE(running.size() == 1);
+  CHECK(running[0].state == FlightRecord::State::running);
+  CHECK(running[0].end_ns == 0);
+  CHECK_THROWS_AS(work->wait(), lockstep::collectives::CollectiveError);
+  const auto failed = records_of("recorded-timeout");
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].state == FlightRecord::State::failed);
+  CHECK(failed[0].end_ns >= failed[0].start_ns);
+}
+
+TEST_CASE("flight recorder: the newest entries stay, oldest first", "[collectives][flight-recorder]") {
+  const auto groups = lt::make_groups("shm", 1, "recorded-many");
+  const int n = lockstep::runtime::kFlightRecorderEntries + 44;
+  Tensor x = Tensor::full({1}, 1.0);
+  for (int i = 0; i < n; ++i) groups[0]->allreduce(x)->wait();
+  const auto all = FlightRecorder::instance().snapshot();
+  REQUIRE(all.size() == static_cast<size_t>(lockstep::runtime::kFlightRecorderEntries));
+  for (size_t i = 1; i < all.size(); ++i) CHECK(all[i].ordinal == all[i - 1].ordinal + 1);
+  CHECK(all.back().group == "recorded-many");
+  CHECK(all.back().seq == static_cast<uint64_t>(n));
+}
+
+TEST_CASE("flight recorder: another process's file is read, or refused when it is not one",
+          "[collectives][flight-recorder]") {
+  CHECK_FALSE(lockstep::runtime::read_flight_recorder_file("/nonexistent/rank-0").has_value());
+  const auto path = std::filesystem::temp_directory_path() / "lockstep-not-a-recorder";
+  std::ofstream(path) << "hello";
+  CHECK_THROWS_WITH(lockstep::runtime::read_flight_recorder_file(path.string()),
+                    Catch::Contains("is not a flight recorder file"));
+  std::filesystem::remove(path);
+}
