@@ -14,7 +14,9 @@ struct CrossEntropyLossOptions {
   Reduction reduction = Reduction::Mean;
 };
 
-// logits [N, C], target [N] of class indices (i64 or i32).
+// logits [N, C], target [N] of class indices (i64 or i32). N = 0 (an empty
+// batch, nn::Join): the Mean loss is 0, not PyTorch's NaN, and the gradient
+// is empty.
 class CrossEntropyLoss : public Module {
  public:
   explicit CrossEntropyLoss(CrossEntropyLossOptions options = {});

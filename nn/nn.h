@@ -10,6 +10,7 @@
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/functional.h"
 #include "lockstep/nn/gpt.h"
+#include "lockstep/nn/join.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/loss.h"
 #include "lockstep/nn/module.h"

@@ -33,7 +33,9 @@ Tensor BatchNormBase::forward(const Tensor& x) {
                  type_name(), num_features, runtime::shape_str(x.shape()), x.size(1));
   // Mirrors torch.nn.modules.batchnorm._BatchNorm.forward.
   double factor = options.momentum.value_or(0.0);
-  if (is_training() && options.track_running_stats) {
+  // An empty batch (a joined rank's, nn::Join) is not counted: the running
+  // statistics and the count behind them stay as they are.
+  if (is_training() && options.track_running_stats && x.numel() > 0) {
     {
       runtime::NoGradGuard no_grad;
       num_batches_tracked.add_(Tensor::full({}, 1.0, DType::i64, num_batches_tracked.device()));

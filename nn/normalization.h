@@ -23,7 +23,9 @@ struct BatchNormOptions {
 class BatchNormBase : public Module {
  public:
   // Training: normalise with the batch statistics and update the running ones
-  // in place (unbiased variance). Eval: normalise with the running ones.
+  // in place (unbiased variance). Eval: normalise with the running ones. An
+  // empty batch (N = 0, nn::Join) gives an empty output, leaves the running
+  // statistics and num_batches_tracked as they are, and zero gradients.
   Tensor forward(const Tensor& input) override;
   std::string extra_repr() const override;
   void reset_running_stats();

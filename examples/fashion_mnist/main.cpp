@@ -34,6 +34,7 @@
 
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
+#include "lockstep/nn/join.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/optim/training_checkpoint.h"
@@ -59,7 +60,11 @@ using examples::print;
 
 // Accuracy over the whole test set: each rank classifies its shard (every
 // sample exactly once across ranks, no padding), then one all-reduce sums the
-// correct predictions and the counts.
+// correct predictions and the counts. Unpadded shards can differ by a batch;
+// the Join keeps a rank that has run out answering the others' collectives
+// on an empty batch, so a model whose forward communicates (SyncBatchNorm,
+// DDP's buffer broadcast) cannot mismatch, and the empty batch adds nothing
+// to either count.
 double evaluate(nn::Module& model, const runtime::Dataset& data, collectives::ProcessGroup& group,
                 const runtime::Device& device) {
   runtime::NoGradGuard no_grad;
@@ -69,7 +74,8 @@ double evaluate(nn::Module& model, const runtime::Dataset& data, collectives::Pr
       runtime::DistributedSamplerOptions{.shuffle = false, .pad = false});
   runtime::DataLoader loader(data, std::move(sampler), {.batch_size = 1000});
   int64_t correct = 0, seen = 0;
-  for (const runtime::Batch& b : loader) {
+  nn::Join join(group);
+  for (const runtime::Batch& b : join.batches(loader)) {
     Tensor pred = runtime::argmax(model(b.x.to(device)), 1);
     correct += static_cast<int64_t>(runtime::sum(runtime::eq(pred, b.y.to(device))).item());
     seen += b.size();

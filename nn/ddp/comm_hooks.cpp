@@ -6,8 +6,9 @@
 namespace lockstep::nn::comm_hooks {
 namespace {
 
-// The buffer already holds gradients scaled by 1/world_size, so compressing
-// it cannot overflow where the full-precision sum would not.
+// The buffer already holds gradients scaled by 1/divisor (the world size, or
+// the active ranks under a Join), so compressing it cannot overflow where the
+// full-precision sum would not.
 CommHook compress_to(runtime::DType wire) {
   return [wire](GradBucket& bucket) -> CommHookResult {
     runtime::Tensor compressed = bucket.buffer.to(wire);

@@ -41,11 +41,21 @@ struct DdpOptions {
   // that differs and the ranks that hold other bits, so silent corruption or
   // a nondeterministic kernel is caught near where it starts. 0: never.
   int64_t verify_every = 0;
+  // Under an nn::Join (uneven inputs), the divisor of the summed gradients.
+  // false: the ranks that had a real batch this iteration, so the averaged
+  // gradient is the one-process gradient over the concatenation of their
+  // batches, as with no Join. true: always the world size (PyTorch's name
+  // and PyTorch's default), so once ranks have joined, their zero gradients
+  // shrink the average by active/world. Without a Join both divide by the
+  // world size.
+  bool divide_by_initial_world_size = false;
 };
 
 // One bucket as a communication hook sees it. `buffer` is flat, of one dtype
-// and device, and holds this rank's gradients already scaled by 1/world_size;
-// the hook must leave the sum over ranks of every rank's buffer in it.
+// and device, and holds this rank's gradients already scaled by 1/divisor
+// (the world size, or under a Join the ranks with a real batch; see
+// divide_by_initial_world_size); the hook must leave the sum over ranks of
+// every rank's buffer in it.
 struct GradBucket {
   int index = 0;
   runtime::Tensor buffer;
@@ -73,7 +83,7 @@ CommHook allreduce();
 // more, so an element is off by at most about N * 2^-9 (bf16) or N * 2^-12
 // (f16) of the sum of its contributions' magnitudes; the test at 2 ranks
 // checks 1.6e-2 and 2e-3 of the expected gradient. f16's range (65504) is
-// ample for gradients already scaled by 1 / world_size. Without a hook the
+// ample for gradients already divided by the ranks' count. Without a hook the
 // buckets stay in the parameters' dtype, f32 under autocast too.
 CommHook fp16_compress();
 CommHook bf16_compress();

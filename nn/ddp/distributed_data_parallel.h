@@ -10,7 +10,9 @@
 // shapes, dtypes; an error names the first difference and the ranks), then
 // copies rank 0's parameters and buffers to all ranks. Gradients are summed
 // across ranks and multiplied by 1/world_size: averaged, never left summed.
-// All ranks must run forward and backward the same number of times.
+// All ranks must run forward and backward the same number of times; for
+// ranks with different numbers of batches, iterate them through an nn::Join
+// (join.h), under which the divisor is the ranks that had a real batch.
 #pragma once
 
 #include <memory>

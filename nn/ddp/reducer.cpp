@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/nn/ddp/bucket_plan.h"
+#include "lockstep/nn/join.h"
 #include "lockstep/runtime/autograd/accumulate_grad.h"
 #include "lockstep/runtime/autograd/backward_callbacks.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -236,6 +237,7 @@ void Reducer::begin_backward() {
   num_ready_ = 0;
   next_launch_ = 0;
   ready_order_.clear();
+  scale_ = 1.0 / static_cast<double>(divisor());
   stats_ = DdpStats{.iteration = stats_.iteration,
                     .forward_ms = forward_ms_,
                     .gradients_expected = static_cast<int64_t>(params_.size())};
@@ -246,11 +248,19 @@ void Reducer::begin_backward() {
   }
 }
 
+// The world size; under a Join over this group, the ranks with a real batch
+// this iteration, unless divide_by_initial_world_size. Joined ranks add zero
+// gradients, so this makes the average the one over the active ranks' samples.
+int Reducer::divisor() const {
+  const Join* join = options_.divide_by_initial_world_size ? nullptr : Join::current(group_);
+  return join ? join->active_ranks() : group_.size();
+}
+
 // Puts this rank's gradient (or zeros, for an unused parameter) into the
-// bucket, scaled by 1/world_size.
+// bucket, scaled by 1/divisor().
 void Reducer::mark_ready(size_t param, bool used) {
   Tensor slot = slot_view(param);
-  const double scale = 1.0 / static_cast<double>(group_.size());
+  const double scale = scale_;
   if (used) {
     const Tensor& grad = params_[param].second.grad();
     if (same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset()) {

@@ -1,7 +1,8 @@
 // DDP's reducer: gradient hooks, buckets and the end-of-backward step.
 //
 // Each parameter's post-accumulate-grad hook copies its gradient, times
-// 1/world_size, into its slot of a flat bucket. When a bucket's last gradient
+// 1/world_size (under a Join: 1/the ranks with a real batch), into its slot
+// of a flat bucket. When a bucket's last gradient
 // is in, every bucket up to it that is complete is handed to the
 // communication hook (an asynchronous all-reduce by default), always in
 // bucket order, so every rank issues the same collectives in the same order
@@ -70,6 +71,7 @@ class Reducer {
   Tensor slot_view(size_t param) const;
   void on_gradient_ready(size_t param);
   void begin_backward();
+  int divisor() const;
   void mark_ready(size_t param, bool used);
   void launch_ready_buckets();
   void finalize();
@@ -98,6 +100,7 @@ class Reducer {
   bool unused_known_ = false;          // static_graph: computed once
   size_t num_ready_ = 0;
   size_t next_launch_ = 0;
+  double scale_ = 1.0;                 // 1 / divisor(), fixed when backward begins
   std::vector<size_t> ready_order_;    // this iteration's
   Clock::time_point forward_end_;
   double forward_ms_ = 0;

@@ -21,7 +21,8 @@ std::string describe(const std::string& name, const Tensor& t) {
                      runtime::dtype_name(t.dtype()));
 }
 
-// All ranks' strings, through two all-gathers (lengths, then padded bytes).
+}  // namespace
+
 std::vector<std::string> allgather_strings(const std::string& mine,
                                            collectives::ProcessGroup& group) {
   const int n = group.size();
@@ -44,6 +45,8 @@ std::vector<std::string> allgather_strings(const std::string& mine,
   }
   return out;
 }
+
+namespace {
 
 std::vector<std::string> split_lines(const std::string& s) {
   std::vector<std::string> lines;

@@ -20,6 +20,8 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
   // The samples at `indices`, in that order. Each index must be in [0, size()).
+  // No indices: the empty batch, [0, ...one sample's shape...] with the
+  // dataset's dtypes (what nn::Join gives a rank whose data has run out).
   virtual Batch get_batch(std::span<const int64_t> indices) const = 0;
 };
 

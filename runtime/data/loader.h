@@ -42,6 +42,7 @@ class DataLoader {
   void set_epoch(int64_t epoch);
   int64_t epoch() const { return epoch_; }
 
+  const Dataset& dataset() const { return *dataset_; }
   int64_t num_batches() const;  // per epoch
   int64_t num_samples() const;  // per epoch, after drop_last
   // Batch i of the current epoch: fresh tensors, safe to keep.

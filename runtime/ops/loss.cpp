@@ -90,6 +90,22 @@ Tensor cross_entropy_backward_cpu(const std::vector<Tensor>& saved, const Tensor
   return gx;
 }
 
+// No samples (the empty batch of a rank that has joined, nn::Join): the loss
+// is 0 for Mean as for Sum (PyTorch's mean over nothing is NaN, which would
+// poison a running loss), [0] for None; the gradient is empty, so only zeros
+// reach the parameters. No kernel runs, on any device.
+Tensor empty_cross_entropy(const Tensor& logits, Reduction reduction) {
+  Tensor out = reduction == Reduction::None
+                   ? Tensor::empty({0}, logits.dtype(), logits.device())
+                   : Tensor::zeros({}, logits.dtype(), logits.device());
+  const Shape shape = logits.shape();
+  const DType dtype = logits.dtype();
+  const Device device = logits.device();
+  return record(out, "CrossEntropyBackward", {logits}, {}, [=](const BackwardArgs&) {
+    return std::vector<Tensor>{Tensor::empty(shape, dtype, device)};
+  });
+}
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing,
@@ -113,6 +129,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
   LOCKSTEP_CHECK(logits.device() == target.device(),
                  "cross_entropy: logits are on {} and target on {}; both must be on one device",
                  logits.device().str(), target.device().str());
+  if (logits.shape()[0] == 0) return empty_cross_entropy(logits, reduction);
   const Tensor x = logits.contiguous();
   const Tensor t = target.to(DType::i64).contiguous();
   const LossForward f =
@@ -137,6 +154,8 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
                  "mse_loss: input {} and target {} must have the same shape",
                  shape_str(input.shape()), shape_str(target.shape()));
   Tensor diff = sub(input, target);
+  // Over no elements, Mean is 0 as for cross_entropy, not NaN.
+  if (reduction == Reduction::Mean && diff.numel() == 0) return sum(mul(diff, diff));
   return reduce(mul(diff, diff), reduction);
 }
 

@@ -115,6 +115,27 @@ void cpu_batch_norm_backward(const ChannelShape& s, const Tensor& gy, const Tens
   });
 }
 
+// Normalising no values at all (the empty batch of a rank that has joined,
+// nn::Join): an empty output, no statistics, running statistics untouched,
+// and zero weight and bias gradients (sums over no samples). The same on
+// every device, and no kernel is launched on zero elements.
+Tensor empty_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const AffineInputs graph = affine_inputs(x, x, weight, weight, bias);
+  const int w_at = graph.w_at, b_at = graph.b_at;
+  const Shape x_shape = x.shape(), c_shape{x.size(1)};
+  const DType dtype = x.dtype();
+  const Device device = x.device();
+  return record(Tensor::empty(x_shape, dtype, device), "BatchNormBackward", graph.inputs, {},
+                [=](const BackwardArgs& a) {
+                  std::vector<Tensor> grads(a.needs.size());
+                  if (a.needs[0]) grads[0] = Tensor::empty(x_shape, dtype, device);
+                  for (int at : {w_at, b_at}) {
+                    if (at >= 0 && a.needs[at]) grads[at] = Tensor::zeros(c_shape, dtype, device);
+                  }
+                  return grads;
+                });
+}
+
 }  // namespace
 
 Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
@@ -152,9 +173,11 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   LOCKSTEP_CHECK(training || running_mean.defined(),
                  "batch_norm: eval mode normalises with the running statistics, but none were "
                  "given; pass running_mean/running_var or use training = true");
-  LOCKSTEP_CHECK(!training || s.count() > 1,
-                 "batch_norm: expected more than 1 value per channel when training, got input {}",
+  LOCKSTEP_CHECK(!training || s.count() != 1,
+                 "batch_norm: expected more than 1 value per channel when training (or none: "
+                 "an empty batch), got input {}",
                  shape_str(x_in.shape()));
+  if (s.count() == 0) return empty_batch_norm(x_in, weight, bias);
   const Tensor x = x_in.contiguous();
   const Tensor w = weight.defined() ? weight.contiguous() : Tensor();
   const Tensor b = bias.defined() ? bias.contiguous() : Tensor();

@@ -1,0 +1,118 @@
+#include "lockstep/nn/join.h"
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "lockstep/nn/ddp/replica_sync.h"
+#include "lockstep/runtime/error.h"
+#include "lockstep/runtime/stable_hash.h"
+
+namespace lockstep::nn {
+namespace {
+
+using runtime::Batch;
+using runtime::Tensor;
+
+// Which Join serves which group object. Global rather than thread-local:
+// DDP asks from its gradient hooks, which may run on another thread.
+std::mutex registry_mutex;
+std::unordered_map<const collectives::ProcessGroup*, const Join*> registry;
+
+std::string sample_kind(const Batch& empty) {
+  auto one = [](const Tensor& t) {
+    runtime::Shape sample(t.shape().begin() + 1, t.shape().end());
+    return fmt::format("{} {}", runtime::shape_str(sample), runtime::dtype_name(t.dtype()));
+  };
+  return fmt::format("x {}, y {}", one(empty.x), one(empty.y));
+}
+
+// A 20-bit hash of the sample kind: h and h^2 summed over ranks equal
+// world * h and world * h^2 only when every rank's h is the same (zero
+// variance), and both sums fit in an int64.
+int64_t kind_hash(const std::string& kind) {
+  return static_cast<int64_t>(runtime::stable_hash(kind) & ((1u << 20) - 1));
+}
+
+}  // namespace
+
+Join::Join(collectives::ProcessGroup& group) : group_(group) {
+  const std::lock_guard lock(registry_mutex);
+  LOCKSTEP_CHECK(registry.emplace(&group_, this).second,
+                 "Join on rank {}: another Join over this process group ('{}') is still alive. "
+                 "Use one Join per group at a time: let the first go out of scope before making "
+                 "the next, or iterate the same Join again",
+                 group_.rank(), group_.name());
+}
+
+Join::~Join() {
+  const std::lock_guard lock(registry_mutex);
+  registry.erase(&group_);
+}
+
+const Join* Join::current(const collectives::ProcessGroup& group) {
+  const std::lock_guard lock(registry_mutex);
+  const auto it = registry.find(&group);
+  return it == registry.end() ? nullptr : it->second;
+}
+
+Join::Batches Join::batches(const runtime::DataLoader& loader) & { return Batches(*this, loader); }
+
+// One all-reduce (sum) of [has a batch, h, h^2], h the hash of this rank's
+// sample kind: the first counts the active ranks, the other two tell every
+// rank at once when the ranks iterate different kinds of data.
+bool Join::agree(bool has_batch, const std::string& kind) {
+  const int64_t h = kind_hash(kind);
+  Tensor votes = Tensor::from_vector<int64_t>({has_batch ? 1 : 0, h, h * h}, {3});
+  group_.allreduce(votes, {.op = collectives::ReduceOp::Sum})->wait();
+  const auto sums = votes.to_vector<int64_t>();
+  const int64_t world = group_.size();
+  if (sums[1] != world * h || sums[2] != world * h * h) {
+    in_iteration_ = false;
+    const auto kinds = allgather_strings(kind, group_);
+    std::string all;
+    for (size_t r = 0; r < kinds.size(); ++r) all += fmt::format("\n  rank {}: {}", r, kinds[r]);
+    throw Error(fmt::format(
+        "Join on rank {}: the ranks' datasets hold samples of different shapes or dtypes, so "
+        "the empty batch of a rank that has run out would not fit the others' model:{}\nEvery "
+        "rank must iterate the same kind of dataset",
+        group_.rank(), all));
+  }
+  has_batch_ = has_batch;
+  active_ = static_cast<int>(sums[0]);
+  in_iteration_ = active_ > 0;
+  return in_iteration_;
+}
+
+Join::Batches::Batches(Join& join, const runtime::DataLoader& loader)
+    : join_(&join),
+      loader_(&loader),
+      empty_(loader.dataset().get_batch({})),
+      kind_(sample_kind(empty_)) {}
+
+// A loop left early (break, an exception) ends the iteration for DDP too.
+Join::Batches::~Batches() { join_->in_iteration_ = false; }
+
+Join::Batches::Iterator Join::Batches::begin() {
+  LOCKSTEP_CHECK(!started_,
+                 "Join::batches: this range was iterated already; call join.batches(loader) "
+                 "again for another pass");
+  started_ = true;
+  advance();
+  return Iterator(this);
+}
+
+void Join::Batches::advance() {
+  const bool has_batch = next_ < loader_->num_batches();
+  if (!join_->agree(has_batch, kind_)) {
+    done_ = true;
+    current_ = {};
+    return;
+  }
+  current_ = has_batch ? loader_->batch(next_++) : empty_;
+}
+
+}  // namespace lockstep::nn
