@@ -141,16 +141,21 @@ class ProcessGroup {
                               Run&& run) {
     std::lock_guard lock(issue_mutex_);
     Call call = make_call(signature, op, tensor, extra, timeout);
-    const uint64_t record = record_start(call);
+    const uint64_t record = recorded_ ? record_start(call) : 0;
     try {
       std::shared_ptr<Work> work = run(std::move(call));
-      work->record_end_as(record);
+      if (record != 0) work->record_end_as(record);
       return work;
     } catch (...) {
       record_failure(record);
       throw;
     }
   }
+
+  // A group that hands every call to an inner group's public calls (a
+  // wrapper: LOCKSTEP_DEBUG's checker, CUDA staging) leaves the flight
+  // recorder to the inner group, so each call is recorded once.
+  void leave_recording_to_inner() { recorded_ = false; }
 
   // Composite groups (hierarchical_group.h): the next collective issued on
   // `member` (a group the composite made and alone issues on) is checked as
@@ -181,6 +186,7 @@ class ProcessGroup {
   std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
   std::mutex issue_mutex_;  // held from numbering a call to handing it to the backend
   uint64_t seq_ = 0;        // collectives numbered so far
+  bool recorded_ = true;    // see leave_recording_to_inner()
   // "group 'default' (shm, 4 ranks)", made at the first call.
   std::shared_ptr<const std::string> label_;
   // check_next_as's, consumed by the next collective.

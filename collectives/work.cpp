@@ -62,6 +62,7 @@ void Work::finish(std::exception_ptr error) {
 }
 
 void Work::record_end_as(uint64_t record) {
+  if (record == 0) return;  // not recorded here (a wrapper's inner group records it)
   std::lock_guard lock(mutex_);
   if (done_) {
     runtime::FlightRecorder::instance().ended(record, error_ == nullptr);  // ended already

@@ -104,7 +104,9 @@ class StagingGroup final : public ProcessGroup {
  public:
   explicit StagingGroup(std::shared_ptr<ProcessGroup> inner)
       : ProcessGroup(inner->rank(), inner->size(), inner->name(), inner->timeout()),
-        inner_(std::move(inner)) {}
+        inner_(std::move(inner)) {
+    leave_recording_to_inner();
+  }
 
   std::string backend() const override { return inner_->backend(); }
 

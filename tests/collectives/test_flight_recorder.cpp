@@ -60,6 +60,25 @@ TEST_CASE("flight recorder: each collective with its number, op, dtype, count an
   }
 }
 
+TEST_CASE("flight recorder: a wrapper group's call is recorded once, by the group it wraps",
+          "[collectives][flight-recorder]") {
+  // LOCKSTEP_DEBUG=detail's checker wraps the backend's group, as CUDA
+  // staging does in CUDA builds.
+  const auto groups = lt::make_groups("shm", 2, "recorded-once", std::chrono::seconds(60),
+                                      lockstep::runtime::DebugLevel::Detail);
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    Tensor x = Tensor::full({5}, 1.0);
+    groups[r]->allreduce(x)->wait();
+  });
+  for (const auto& e : errors) REQUIRE(lt::message_of(e) == "<no exception>");
+  const auto records = records_of("recorded-once");
+  REQUIRE(records.size() == 2);  // one per rank
+  for (const auto& r : records) {
+    CHECK(r.seq == 1);
+    CHECK(r.state == FlightRecord::State::finished);
+  }
+}
+
 TEST_CASE("flight recorder: a collective that timed out is recorded as failed",
           "[collectives][flight-recorder]") {
   const auto groups = lt::make_groups("shm", 2, "recorded-timeout", std::chrono::milliseconds(300));
