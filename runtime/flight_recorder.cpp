@@ -37,7 +37,8 @@ struct Text {
 
   void store(std::string_view s) {
     char bytes[N * 8] = {};
-    std::memcpy(bytes, s.data(), std::min(s.size(), N * 8 - 1));
+    // An empty view may have no data at all (a barrier's dtype).
+    if (!s.empty()) std::memcpy(bytes, s.data(), std::min(s.size(), N * 8 - 1));
     for (size_t i = 0; i < N; ++i) {
       uint64_t w;
       std::memcpy(&w, bytes + 8 * i, 8);
