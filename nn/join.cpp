@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/rank_text.h"
 #include "lockstep/nn/ddp/replica_sync.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/stable_hash.h"
@@ -72,7 +73,7 @@ bool Join::agree(bool has_batch, const std::string& kind) {
   const int64_t world = group_.size();
   if (sums[1] != world * h || sums[2] != world * h * h) {
     in_iteration_ = false;
-    const auto kinds = allgather_strings(kind, group_);
+    const auto kinds = collectives::allgather_text(kind, group_);
     std::string all;
     for (size_t r = 0; r < kinds.size(); ++r) all += fmt::format("\n  rank {}: {}", r, kinds[r]);
     throw Error(fmt::format(

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/rank_text.h"
 #include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/zero_state_transfer.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -414,20 +415,13 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
       }
     }
   }
-  const std::string text = describe_entries(mine);
-  Tensor length = Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1});
-  Tensor lengths = Tensor::zeros({n}, DType::i64);
-  group_->allgather(lengths, length)->wait();
-  const auto bytes = lengths.to_vector<int64_t>();
-  const int64_t words = (*std::max_element(bytes.begin(), bytes.end()) + 7) / 8 + 1;
-  Tensor all_words = Tensor::zeros({words * n}, DType::i64);
-  group_->allgather(all_words, words_of(text, words))->wait();
+  const std::vector<std::string> texts = collectives::allgather_text(describe_entries(mine), *group_);
 
   NoGradGuard no_grad;
   auto full = std::make_unique<OptimizerState>();
   Stitcher stitch(all_params_, *full);
   for (int r = 0; r < n; ++r) {
-    const auto entries = parse_entries(text_of(all_words, words * r, bytes[static_cast<size_t>(r)]));
+    const auto entries = parse_entries(texts[static_cast<size_t>(r)]);
     std::set<DType> dtypes;
     for (const auto& e : entries) dtypes.insert(e.dtype);
     for (DType dtype : dtypes) {

@@ -1,6 +1,5 @@
 #include "lockstep/optim/zero_state_transfer.h"
 
-#include <cstring>
 #include <sstream>
 
 #include "lockstep/runtime/error.h"
@@ -12,17 +11,6 @@ using runtime::DType;
 namespace {
 constexpr const char* kName = "ZeroRedundancyOptimizer";
 }  // namespace
-
-// A string as i64 words (what every backend can carry), and back.
-Tensor words_of(const std::string& text, int64_t words) {
-  Tensor t = Tensor::zeros({words}, DType::i64);
-  std::memcpy(t.raw_data(), text.data(), text.size());
-  return t;
-}
-
-std::string text_of(const Tensor& words, int64_t offset, int64_t bytes) {
-  return std::string(static_cast<const char*>(words.raw_data()) + offset * 8, static_cast<size_t>(bytes));
-}
 
 std::string describe_entries(const std::vector<EntryInfo>& entries) {
   std::ostringstream out;

@@ -1,6 +1,6 @@
 // How ZeroRedundancyOptimizer::consolidate_state_dict() moves state between
-// ranks: each rank describes its state tensors as text carried in i64 words
-// (what every backend can send), and the consolidating rank stitches the
+// ranks: each rank describes its state tensors as text (gathered by
+// collectives/rank_text.h), and the consolidating rank stitches the
 // pieces of split parameters back into whole tensors.
 #pragma once
 
@@ -12,10 +12,6 @@
 #include "lockstep/optim/optimizer.h"
 
 namespace lockstep::optim::zero_detail {
-
-// A string as i64 words, and back.
-Tensor words_of(const std::string& text, int64_t words);
-std::string text_of(const Tensor& words, int64_t offset, int64_t bytes);
 
 // One state tensor as consolidate_state_dict() describes it to the others.
 struct EntryInfo {

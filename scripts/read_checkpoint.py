@@ -14,6 +14,14 @@ float64 (what the C++ tests compare against). The checksums lockstep writes
 into the header metadata ("lockstep.checksum", "lockstep.tensor_crc32") are
 verified unless --no-verify is given; files without them load unverified.
 BF16 tensors come back as float32 (numpy has no bfloat16).
+
+A training checkpoint (fashion_mnist, gpt_train, train/training_checkpoint.h)
+names the model's weights and buffers "model.<name>" (its state_dict under
+its module path, e.g. "model.fc1.weight") and the optimizer's state
+"optimizer.state.<i>.<key>" (<i> the parameter's index in the optimizer,
+<key> PyTorch's name: momentum_buffer, step, exp_avg, exp_avg_sq); the rest
+(optimizer groups, schedule, progress, random generators) is metadata.
+docs/checkpoints.md lists every name.
 """
 
 import argparse
@@ -102,7 +110,8 @@ def load(path, verify=True):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file")
     parser.add_argument("--digest", action="store_true", help="CRC-32 of each tensor's float64 values")
     parser.add_argument("--no-verify", action="store_true", help="skip the checksums")

@@ -8,7 +8,7 @@ namespace examples {
 
 using namespace lockstep;
 
-std::optional<optim::TrainingRun> open_checkpoints(const CheckpointFlags& flags,
+std::optional<train::TrainingRun> open_checkpoints(const CheckpointFlags& flags,
                                                    runtime::BestMode best,
                                                    collectives::ProcessGroup& group) {
   if (flags.dir.empty()) return std::nullopt;
@@ -19,14 +19,14 @@ std::optional<optim::TrainingRun> open_checkpoints(const CheckpointFlags& flags,
   if (restarts > 0)
     print(group.rank(), "restart {} (LOCKSTEP_RESTART_COUNT): resuming the run in {}\n",
           restarts, flags.dir);
-  optim::TrainingRun run = optim::open_training_run(
+  train::TrainingRun run = train::open_training_run(
       flags.dir, {.keep_last = flags.keep_last, .best = best},
       {.resume = flags.resume || restarts > 0,
        .restart = flags.restart && restarts == 0,
        .resume_hint = "add --resume",
        .restart_hint = "add --restart to move those files into a subdirectory (nothing is "
                        "deleted)"},
-      &group);
+      group);
   for (const auto& note : run.notes) print(group.rank(), "{}\n", note);
   return run;
 }

@@ -13,7 +13,7 @@
 
 #include "lockstep/nn/module.h"
 #include "lockstep/optim/optimizer.h"
-#include "lockstep/optim/training_run.h"
+#include "lockstep/train/training_run.h"
 
 namespace examples {
 
@@ -32,10 +32,10 @@ struct CheckpointFlags {
   bool restart = false;
 };
 
-// The run in flags.dir (optim/training_run.h), with the examples' --resume
+// The run in flags.dir (train/training_run.h), with the examples' --resume
 // and --restart named in its messages; rank 0 prints its notes. Null without
 // a directory. Every rank calls it.
-std::optional<lockstep::optim::TrainingRun> open_checkpoints(
+std::optional<lockstep::train::TrainingRun> open_checkpoints(
     const CheckpointFlags& flags, lockstep::runtime::BestMode best,
     lockstep::collectives::ProcessGroup& group);
 

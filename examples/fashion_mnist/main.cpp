@@ -8,6 +8,7 @@
 //   ... --device cpu                      (the CPU even where there are GPUs)
 //   ... --optimizer adamw --lr-schedule warmup-cosine --zero
 //   ... --checkpoint-dir ckpt --checkpoint-every 200 [--resume]
+//   ... --log-json run.json               (the curve, for scripts/plot-benchmarks)
 //
 // Each rank trains on its DistributedSampler shard with --batch-size samples
 // per step (the global batch is world size times that), on its own GPU where
@@ -16,7 +17,7 @@
 // With --checkpoint-dir, rank 0 saves every --checkpoint-every steps (and at
 // each epoch's end, with the test accuracy as the metric that picks the best
 // checkpoint); --resume continues the run from its newest checkpoint exactly
-// where it was. The checkpoints belong to the run (optim/training_run.h): a
+// where it was. The checkpoints belong to the run (train/training_run.h): a
 // new run refuses a directory that holds another run's (--restart moves them
 // aside), and a resume refuses settings that would change what the run
 // computes (resume_settings.h), while --lr, --epochs and the like may change.
@@ -37,8 +38,8 @@
 #include "lockstep/nn/join.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/nn/sync_batch_norm.h"
-#include "lockstep/optim/training_checkpoint.h"
-#include "lockstep/optim/training_run.h"
+#include "lockstep/train/training_checkpoint.h"
+#include "lockstep/train/training_run.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/data/distributed_sampler.h"
 #include "lockstep/runtime/data/loader.h"
@@ -49,6 +50,7 @@
 #include "optimizer_setup.h"
 #include "options.h"
 #include "resume_settings.h"
+#include "training_log.h"
 
 namespace fashion_mnist {
 namespace {
@@ -70,7 +72,7 @@ double evaluate(nn::Module& model, const runtime::Dataset& data, collectives::Pr
   runtime::NoGradGuard no_grad;
   model.eval();
   auto sampler = std::make_unique<runtime::DistributedSampler>(
-      data.size(), group.rank(), group.size(),
+      data.size(), group,
       runtime::DistributedSamplerOptions{.shuffle = false, .pad = false});
   runtime::DataLoader loader(data, std::move(sampler), {.batch_size = 1000});
   int64_t correct = 0, seen = 0;
@@ -115,7 +117,7 @@ int run(Options o) {
   const int rank = group->rank(), world = group->size();
   // The checkpoint directory first: one that cannot be written, or that
   // holds another run, stops every rank before the data is even read.
-  std::optional<optim::TrainingRun> checkpoints = examples::open_checkpoints(
+  std::optional<train::TrainingRun> checkpoints = examples::open_checkpoints(
       {o.checkpoint_dir, o.keep_last, o.resume, o.restart}, runtime::BestMode::max, *group);
   if (checkpoints && checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
   const auto norm = runtime::kFashionMnistNormalization;
@@ -127,7 +129,7 @@ int run(Options o) {
   if (o.sync_bn) model = nn::convert_sync_batchnorm(model, group);
   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group);
   auto sampler = std::make_unique<runtime::DistributedSampler>(
-      train.size(), rank, world, runtime::DistributedSamplerOptions{.seed = o.seed});
+      train.size(), *group, runtime::DistributedSamplerOptions{.seed = o.seed});
   runtime::DataLoader loader(train, std::move(sampler), {.batch_size = o.batch_size});
   const int64_t batches = loader.num_batches();
   auto opt = make_optimizer(o, model->parameters(), group);
@@ -141,27 +143,36 @@ int run(Options o) {
         learning_rate(o), o.lr_schedule == "none" ? "" : " (" + o.lr_schedule + ")",
         o.zero ? ", ZeRO" : "", o.seed);
 
-  optim::TrainingParts parts{.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get()};
-  optim::TrainingProgress progress;
+  TrainingLog log(rank == 0 ? o.log_json : std::string(),
+                  {{"model", o.model}, {"parameters", model->num_parameters()},
+                   {"ranks", world}, {"backend", group->backend()},
+                   {"device", device.str()}, {"batch_size", o.batch_size},
+                   {"epochs", o.epochs}, {"train_samples", train.size()},
+                   {"test_samples", test.size()}, {"optimizer", o.optimizer},
+                   {"lr", learning_rate(o)}, {"lr_schedule", o.lr_schedule},
+                   {"sync_bn", o.sync_bn}, {"zero", o.zero}, {"seed", o.seed}});
+
+  train::TrainingParts parts{.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get()};
+  train::TrainingProgress progress;
   if (checkpoints) {
     // Refuses a resume with other fixed settings, naming each, on every rank.
     bool lr_changed = false;
     for (const auto& c :
-         optim::record_run_settings(*checkpoints, run_settings(o, train.size(), test.size(), sched.get()))) {
+         train::record_run_settings(*checkpoints, run_settings(o, train.size(), test.size(), sched.get()))) {
       print(rank, "{} {} from the command line replaces the saved {}\n", c.name, c.now, c.saved);
       lr_changed = lr_changed || c.name == "lr";
     }
     if (const auto& last = checkpoints->resume_from) {
       std::optional<double> lr;
       if (lr_changed) lr = learning_rate(o);
-      progress = optim::load_training_checkpoint(last->path, parts, group.get(), {.lr = lr});
+      progress = train::load_training_checkpoint(last->path, parts, *group, {.lr = lr});
       print(rank, "resumed from {}: epoch {}, batch {}/{}, step {}\n", last->path.string(),
             progress.epoch + 1, progress.batch, batches, progress.step);
     }
   }
-  auto save = [&](const optim::TrainingProgress& at, std::optional<double> metric) {
+  auto save = [&](const train::TrainingProgress& at, std::optional<double> metric) {
     if (!checkpoints) return;
-    auto entry = optim::save_training_checkpoint(checkpoints->dir, parts, at, metric, group.get());
+    auto entry = train::save_training_checkpoint(checkpoints->dir, parts, at, metric, *group);
     print(rank, "saved {}\n", entry.path.string());
   };
 
@@ -189,6 +200,8 @@ int run(Options o) {
         double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
         print(rank, "epoch {} step {}/{} loss {:.6f} samples/s {:.0f}\n", progress.epoch + 1,
               progress.batch, batches, window_loss / window_steps, window_samples / secs);
+        log.window(progress.epoch + 1, progress.step, window_loss / window_steps,
+                   window_samples / secs);
         window_start = Clock::now();
         window_samples = window_steps = 0;
         window_loss = 0;
@@ -197,12 +210,14 @@ int run(Options o) {
           progress.batch < batches)
         save(progress, std::nullopt);
     }
-    if (checkpoints || progress.epoch + 1 == o.epochs) {
+    // Evaluation leaves the parameters as they are: the digest is the same either way.
+    if (checkpoints || !o.log_json.empty() || progress.epoch + 1 == o.epochs) {
       accuracy = evaluate(*model, test, *group, device);
       print(rank, "epoch {} test accuracy: {:.4f}\n", progress.epoch + 1, *accuracy);
+      log.epoch_end(progress.epoch + 1, progress.step, *accuracy);
       if (!progress.best_metric || *accuracy > *progress.best_metric) progress.best_metric = accuracy;
       // Saved as the start of the next epoch, where a resumed run goes on.
-      optim::TrainingProgress next = progress;
+      train::TrainingProgress next = progress;
       ++next.epoch;
       next.batch = 0;
       save(next, accuracy);
@@ -271,6 +286,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "directory with the Fashion-MNIST IDX files");
   app.add_option("--log-every", o.log_every, "steps between progress lines")
       ->check(CLI::PositiveNumber);
+  app.add_option("--log-json", o.log_json,
+                 "also write the loss, throughput and test accuracy as JSON to FILE (rank 0; "
+                 "replaced after every epoch; scripts/plot-benchmarks draws it)");
   app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(CLI::PositiveNumber);
   app.add_flag("--sync-bn", o.sync_bn,
                "replace BatchNorm with SyncBatchNorm (statistics of the global batch)");

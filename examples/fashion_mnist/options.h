@@ -31,6 +31,7 @@ struct Options {
   uint64_t seed = 0;
   std::string data = lockstep::runtime::kFashionMnistDir;
   int log_every = 100;
+  std::string log_json;  // empty: no JSON log (training_log.h)
   int threads = 1;
   bool sync_bn = false;
   std::string device;   // empty: LOCKSTEP_DEVICE, else auto

@@ -36,7 +36,7 @@ void parse_saved(const std::string& name, const std::string& text, T& field) {
 
 }  // namespace
 
-optim::RunSettings run_settings(const Options& o, int64_t train_samples, int64_t test_samples,
+train::RunSettings run_settings(const Options& o, int64_t train_samples, int64_t test_samples,
                                 const optim::LRScheduler* scheduler) {
   return {.fixed = {{"model", o.model},
                     {"sync_bn", on_off(o.sync_bn)},
@@ -45,7 +45,7 @@ optim::RunSettings run_settings(const Options& o, int64_t train_samples, int64_t
                     {"test_samples", std::to_string(test_samples)},
                     {"optimizer", optimizer_setting(o)},
                     {"zero", on_off(o.zero)},
-                    {"lr_schedule", optim::schedule_setting(scheduler)},
+                    {"lr_schedule", train::schedule_setting(scheduler)},
                     {"seed", std::to_string(o.seed)}},
           .changeable = {{"lr", fmt::format("{}", learning_rate(o))},
                          {"epochs", std::to_string(o.epochs)},
@@ -54,7 +54,7 @@ optim::RunSettings run_settings(const Options& o, int64_t train_samples, int64_t
                          {"checkpoint_every", std::to_string(o.checkpoint_every)}}};
 }
 
-void take_saved_settings(Options& o, const optim::RunSettings& saved) {
+void take_saved_settings(Options& o, const train::RunSettings& saved) {
   auto take = [&](const std::string& name, auto& field) {
     auto it = saved.changeable.find(name);
     if (o.given.contains(name) || it == saved.changeable.end()) return;

@@ -1,5 +1,5 @@
 // What shapes a fashion_mnist run, as the settings its checkpoints record
-// (optim/run_settings.h), and how a resume takes the saved values of the
+// (train/run_settings.h), and how a resume takes the saved values of the
 // options its command line leaves out.
 //
 // Fixed (a resume must match them; the world size is added by the library):
@@ -13,17 +13,17 @@
 #include <cstdint>
 
 #include "lockstep/optim/lr_scheduler.h"
-#include "lockstep/optim/run_settings.h"
+#include "lockstep/train/run_settings.h"
 #include "options.h"
 
 namespace fashion_mnist {
 
-lockstep::optim::RunSettings run_settings(const Options& o, int64_t train_samples,
+lockstep::train::RunSettings run_settings(const Options& o, int64_t train_samples,
                                           int64_t test_samples,
                                           const lockstep::optim::LRScheduler* scheduler);
 
 // For each changeable setting not in o.given, the value `saved` records
 // (a resumed run goes on as it was unless told otherwise).
-void take_saved_settings(Options& o, const lockstep::optim::RunSettings& saved);
+void take_saved_settings(Options& o, const lockstep::train::RunSettings& saved);
 
 }  // namespace fashion_mnist

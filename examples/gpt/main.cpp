@@ -43,8 +43,8 @@
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/lr_scheduler.h"
-#include "lockstep/optim/training_checkpoint.h"
-#include "lockstep/optim/training_run.h"
+#include "lockstep/train/training_checkpoint.h"
+#include "lockstep/train/training_run.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -128,7 +128,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Options& o, nn::Module& m
 }
 
 // What a resume must match (fixed) and what it may change.
-optim::RunSettings run_settings(const Options& o, const optim::LRScheduler* sched) {
+train::RunSettings run_settings(const Options& o, const optim::LRScheduler* sched) {
   return {.fixed = {{"model", fmt::format("gpt n_layer={} n_head={} n_embd={} seq_len={} "
                                           "dropout={}",
                                           o.n_layer, o.n_head, o.n_embd, o.seq_len, o.dropout)},
@@ -137,7 +137,7 @@ optim::RunSettings run_settings(const Options& o, const optim::LRScheduler* sche
                                               o.min_lr, o.weight_decay)},
                     {"zero", o.zero ? "on" : "off"},
                     {"amp", o.amp},
-                    {"lr_schedule", optim::schedule_setting(sched)},
+                    {"lr_schedule", train::schedule_setting(sched)},
                     {"data", o.data},
                     {"seed", std::to_string(o.seed)}},
           .changeable = {{"clip_grad_norm", fmt::format("{}", o.clip_grad_norm)},
@@ -146,7 +146,7 @@ optim::RunSettings run_settings(const Options& o, const optim::LRScheduler* sche
                          {"checkpoint_every", std::to_string(o.checkpoint_every)}}};
 }
 
-void take_saved_settings(Options& o, const optim::RunSettings& saved) {
+void take_saved_settings(Options& o, const train::RunSettings& saved) {
   const auto take = [&](const std::string& name, auto& field) {
     auto it = saved.changeable.find(name);
     if (o.given.contains(name) || it == saved.changeable.end()) return;
@@ -177,7 +177,7 @@ int run(Options o) {
   const runtime::Device device = runtime::select_device({.request = o.device});
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank(), world = group->size();
-  std::optional<optim::TrainingRun> checkpoints = examples::open_checkpoints(
+  std::optional<train::TrainingRun> checkpoints = examples::open_checkpoints(
       {o.checkpoint_dir, o.keep_last, o.resume, o.restart}, runtime::BestMode::min, *group);
   if (checkpoints && checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
   const Corpus corpus = load_fortunes(o.data);
@@ -208,21 +208,21 @@ int run(Options o) {
 
   // Loss scaling for f16; every rank agrees on a skipped step.
   optim::GradScaler scaler(group, {.enabled = o.amp == "f16"});
-  optim::TrainingParts parts{
+  train::TrainingParts parts{
       .model = model.get(), .optimizer = opt.get(), .scheduler = &sched, .scaler = &scaler};
-  optim::TrainingProgress progress;
+  train::TrainingProgress progress;
   if (checkpoints) {
-    for (const auto& c : optim::record_run_settings(*checkpoints, run_settings(o, &sched)))
+    for (const auto& c : train::record_run_settings(*checkpoints, run_settings(o, &sched)))
       print(rank, "{} {} from the command line replaces the saved {}\n", c.name, c.now, c.saved);
     if (const auto& last = checkpoints->resume_from) {
-      progress = optim::load_training_checkpoint(last->path, parts, group.get());
+      progress = train::load_training_checkpoint(last->path, parts, *group);
       print(rank, "resumed from {}: step {}\n", last->path.string(), progress.step);
     }
   }
   const auto save = [&](std::optional<double> metric) {
     if (!checkpoints) return;
     progress.batch = progress.step;
-    auto entry = optim::save_training_checkpoint(checkpoints->dir, parts, progress, metric, group.get());
+    auto entry = train::save_training_checkpoint(checkpoints->dir, parts, progress, metric, *group);
     print(rank, "saved {}\n", entry.path.string());
   };
 

@@ -12,7 +12,7 @@ namespace {
 CommHook compress_to(runtime::DType wire) {
   return [wire](GradBucket& bucket) -> CommHookResult {
     runtime::Tensor compressed = bucket.buffer.to(wire);
-    auto work = bucket.group->allreduce(compressed, {.op = collectives::ReduceOp::Sum});
+    auto work = bucket.group.allreduce(compressed, {.op = collectives::ReduceOp::Sum});
     runtime::Tensor buffer = bucket.buffer;
     return {work, [buffer, compressed]() mutable {
               runtime::NoGradGuard no_grad;
@@ -25,7 +25,7 @@ CommHook compress_to(runtime::DType wire) {
 
 CommHook allreduce() {
   return [](GradBucket& bucket) -> CommHookResult {
-    return {bucket.group->allreduce(bucket.buffer, {.op = collectives::ReduceOp::Sum}), nullptr};
+    return {bucket.group.allreduce(bucket.buffer, {.op = collectives::ReduceOp::Sum}), nullptr};
   };
 }
 

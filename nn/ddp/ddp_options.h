@@ -61,7 +61,7 @@ struct GradBucket {
   runtime::Tensor buffer;
   std::vector<runtime::Tensor> parameters;  // in bucket order
   std::vector<std::string> names;
-  collectives::ProcessGroup* group = nullptr;
+  collectives::ProcessGroup& group;  // the DDP's, for the hook's collective
 };
 
 // What a hook returns: the collective it started, and what to run once that

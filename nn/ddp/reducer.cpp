@@ -281,7 +281,7 @@ void Reducer::mark_ready(size_t param, bool used) {
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_];
-    GradBucket view{.index = static_cast<int>(next_launch_), .buffer = b.buffer, .group = &group_};
+    GradBucket view{.index = static_cast<int>(next_launch_), .buffer = b.buffer, .group = group_};
     for (size_t p : b.members) {
       view.parameters.push_back(params_[p].second);
       view.names.push_back(params_[p].first);

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/rank_text.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/stable_hash.h"
@@ -21,33 +22,6 @@ std::string describe(const std::string& name, const Tensor& t) {
                      runtime::dtype_name(t.dtype()));
 }
 
-}  // namespace
-
-std::vector<std::string> allgather_strings(const std::string& mine,
-                                           collectives::ProcessGroup& group) {
-  const int n = group.size();
-  Tensor length = Tensor::from_vector<int64_t>({static_cast<int64_t>(mine.size())}, {1});
-  Tensor lengths = Tensor::empty({n}, DType::i64);
-  group.allgather(lengths, length, {})->wait();
-  const auto all_lengths = lengths.to_vector<int64_t>();
-  const int64_t width = std::max<int64_t>(1, *std::max_element(all_lengths.begin(), all_lengths.end()));
-  Tensor bytes = Tensor::zeros({width}, DType::i32);
-  auto* p = bytes.data_ptr<int32_t>();
-  for (size_t i = 0; i < mine.size(); ++i) p[i] = static_cast<unsigned char>(mine[i]);
-  Tensor all = Tensor::empty({n * width}, DType::i32);
-  group.allgather(all, bytes, {})->wait();
-  const auto* q = all.data_ptr<int32_t>();
-  std::vector<std::string> out(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    for (int64_t i = 0; i < all_lengths[static_cast<size_t>(r)]; ++i) {
-      out[static_cast<size_t>(r)].push_back(static_cast<char>(q[r * width + i]));
-    }
-  }
-  return out;
-}
-
-namespace {
-
 std::vector<std::string> split_lines(const std::string& s) {
   std::vector<std::string> lines;
   std::istringstream in(s);
@@ -62,7 +36,7 @@ void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& p
   if (group.size() == 1) return;
   std::string mine;
   for (const auto& [name, t] : params) mine += describe(name, t) + "\n";
-  const auto all = allgather_strings(mine, group);
+  const auto all = collectives::allgather_text(mine, group);
   if (std::all_of(all.begin(), all.end(), [&](const auto& s) { return s == all[0]; })) return;
 
   // The first parameter index where some rank differs from rank 0.

@@ -25,11 +25,6 @@ void verify_same_parameters(const std::vector<std::pair<std::string, runtime::Te
 void verify_replicas_identical(const std::vector<std::pair<std::string, runtime::Tensor>>& params,
                                collectives::ProcessGroup& group, const std::string& when);
 
-// Collective. Every rank's `mine`, in rank order (two all-gathers: the
-// lengths, then the padded bytes); for error messages that name each rank.
-std::vector<std::string> allgather_strings(const std::string& mine,
-                                           collectives::ProcessGroup& group);
-
 // Collective. Copies `root`'s values of `tensors` into every rank's, one
 // broadcast per dtype (the tensors are packed into one flat buffer).
 void broadcast_coalesced(const std::vector<runtime::Tensor>& tensors,

@@ -3,18 +3,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "lockstep/runtime/checkpoint/atomic_file.h"
 
 namespace lockstep::runtime {
 
 uint64_t save_checkpoint(const std::filesystem::path& path, const CheckpointContent& content,
                          const SaveOptions& options) {
-  uint64_t bytes = 0;
-  write_file_atomically(path, [&](int fd, const std::string& temp) {
-    bytes = write_safetensors(fd, temp, content.tensors, content.metadata,
-                              {.on_progress = options.on_progress});
-  });
-  return bytes;
+  return write_safetensors(path, content.tensors, content.metadata,
+                           {.on_progress = options.on_progress});
 }
 
 CheckpointContent load_checkpoint(const std::filesystem::path& path, const LoadOptions& options) {

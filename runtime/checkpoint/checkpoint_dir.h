@@ -20,7 +20,7 @@
 // save: files of other runs, files saved without a run id, files whose header
 // does not read, and the run's own files of higher steps than the newest save
 // (left by a run that resumed from an earlier step) all stay. Starting and
-// resuming runs across ranks: optim/training_run.h.
+// resuming runs across ranks: train/training_run.h.
 #pragma once
 
 #include <cstdint>

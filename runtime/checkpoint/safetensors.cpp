@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 
+#include "lockstep/runtime/checkpoint/atomic_file.h"
 #include "lockstep/runtime/checkpoint/file_io.h"
 
 namespace lockstep::runtime {
@@ -245,6 +246,16 @@ uint64_t write_safetensors(int fd, const std::string& file, const NamedTensors& 
   LOCKSTEP_ASSERT(header.size() == placeholder.size());
   pwrite_all(fd, header.data(), header.size(), 0, file);
   return total;
+}
+
+uint64_t write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                           const std::map<std::string, std::string>& metadata,
+                           const SafetensorsWriteOptions& options) {
+  uint64_t bytes = 0;
+  write_file_atomically(path, [&](int fd, const std::string& temp) {
+    bytes = write_safetensors(fd, temp, tensors, metadata, options);
+  });
+  return bytes;
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -40,6 +41,13 @@ struct SafetensorsWriteOptions {
 // offset 0. `file` names it in errors. The two checksum keys above are
 // reserved. Does not fsync. Returns the bytes written.
 uint64_t write_safetensors(int fd, const std::string& file, const NamedTensors& tensors,
+                           const std::map<std::string, std::string>& metadata,
+                           const SafetensorsWriteOptions& options = {});
+
+// The same to the file at `path`, replaced atomically and durably
+// (atomic_file.h): readers see the old file or the whole new one. What
+// save_checkpoint() does with a CheckpointContent.
+uint64_t write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                            const std::map<std::string, std::string>& metadata,
                            const SafetensorsWriteOptions& options = {});
 

@@ -16,7 +16,7 @@
 //                   accuracy over the whole test set. Not for training with
 //                   DDP: ranks with one batch fewer would skip a collective.
 //
-//   auto sampler = std::make_unique<DistributedSampler>(train.size(), rank, world);
+//   auto sampler = std::make_unique<DistributedSampler>(train.size(), *group);
 //   DataLoader loader(train, std::move(sampler), {.batch_size = 64});
 //   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
 //     loader.set_epoch(epoch);  // a new shuffle each epoch, the same on every rank
@@ -24,6 +24,7 @@
 //   }
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <vector>
 
@@ -42,6 +43,15 @@ class DistributedSampler : public Sampler {
  public:
   // n >= 0 samples; 0 <= rank < world_size.
   DistributedSampler(int64_t n, int rank, int world_size, DistributedSamplerOptions options = {});
+  // This rank's shard in `group` (a collectives::ProcessGroup, or anything
+  // else with rank() and size(): the data layer sits below the collectives).
+  template <class Group>
+    requires requires(const Group& g) {
+      { g.rank() } -> std::convertible_to<int>;
+      { g.size() } -> std::convertible_to<int>;
+    }
+  DistributedSampler(int64_t n, const Group& group, DistributedSamplerOptions options = {})
+      : DistributedSampler(n, group.rank(), group.size(), options) {}
 
   // This rank's shard of `epoch`'s global order. The epoch is the argument:
   // a DataLoader passes the one given to loader.set_epoch().

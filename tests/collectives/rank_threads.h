@@ -62,4 +62,12 @@ inline std::vector<std::shared_ptr<collectives::ProcessGroup>> make_groups(
   return groups;
 }
 
+// This thread alone as a group (rank 0 of 1), made once per process, for the
+// calls that take a group in a one-process test. Never destroyed: it stays
+// reachable, and no test's end waits on its shutdown.
+inline collectives::ProcessGroup& one_rank_group() {
+  static auto* group = new std::shared_ptr<collectives::ProcessGroup>(make_groups("shm", 1, "alone")[0]);
+  return **group;
+}
+
 }  // namespace lockstep::testing

@@ -7,6 +7,7 @@
 #include <map>
 #include <numeric>
 
+#include "collectives/rank_threads.h"
 #include "lockstep/runtime/data/distributed_sampler.h"
 #include "lockstep/runtime/data/loader.h"
 #include "lockstep/runtime/random.h"
@@ -199,4 +200,16 @@ TEST_CASE("DistributedSampler: a DataLoader batches this rank's shard and passes
   }
   std::sort(seen.begin(), seen.end());
   CHECK(seen == iota_vec(n));
+}
+
+TEST_CASE("DistributedSampler: built from a group, it takes the group's rank and size",
+          "[data][sampler]") {
+  const auto groups = make_groups("shm", 3, "sampler");
+  for (int r = 0; r < 3; ++r) {
+    const DistributedSampler from_group(10, *groups[static_cast<size_t>(r)], {.seed = 7});
+    const DistributedSampler by_hand(10, r, 3, {.seed = 7});
+    CHECK(from_group.rank() == r);
+    CHECK(from_group.world_size() == 3);
+    CHECK(from_group.indices(2) == by_hand.indices(2));
+  }
 }

@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "optim/fashion_mnist_runs.h"
+#include "train/fashion_mnist_runs.h"
 #include "support/subprocess.h"
 
 using lockstep::testing::bin_path;

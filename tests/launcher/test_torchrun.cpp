@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "optim/fashion_mnist_runs.h"
+#include "train/fashion_mnist_runs.h"
 #include "support/subprocess.h"
 #include "support/backend_skip.h"
 #include "support/skip.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "optim/fashion_mnist_runs.h"
+#include "train/fashion_mnist_runs.h"
 #include "support/gpu_skip.h"
 #include "support/test_util.h"
 

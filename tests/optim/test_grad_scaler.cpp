@@ -15,13 +15,14 @@
 #include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/sgd.h"
-#include "lockstep/optim/training_checkpoint.h"
+#include "lockstep/train/training_checkpoint.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
 #include "support/test_util.h"
 
 using namespace lockstep;
 using namespace lockstep::optim;
+using namespace lockstep::train;
 using namespace lockstep::testing;
 using runtime::DType;
 using Catch::Contains;

@@ -160,3 +160,19 @@ TEST_CASE("checkpoint: save reports progress up to the file size", "[checkpoint]
   CHECK(total == size);
   CHECK(size == std::filesystem::file_size(dir.file("p.safetensors")));
 }
+
+TEST_CASE("checkpoint: write_safetensors to a path writes the file save_checkpoint writes",
+          "[checkpoint]") {
+  TempDir dir;
+  const CheckpointContent c = small_content(3);
+  const std::string by_path = dir.file("by_path.safetensors");
+  const std::string by_save = dir.file("by_save.safetensors");
+  const uint64_t bytes = write_safetensors(std::filesystem::path(by_path), c.tensors, c.metadata);
+  CHECK(bytes == save_checkpoint(by_save, c));
+  CHECK(read_bytes(by_path) == read_bytes(by_save));
+  // Over an existing file, and with nothing left beside it.
+  write_safetensors(std::filesystem::path(by_path), small_content(4).tensors, {});
+  CHECK(same_tensor(load_checkpoint(by_path).tensors[0].second,
+                    small_content(4).tensors[0].second));
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.str()), {}) == 2);
+}

@@ -1,19 +1,20 @@
-#include "lockstep/optim/training_checkpoint.h"
+#include "lockstep/train/training_checkpoint.h"
 
 #include <charconv>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "lockstep/optim/broadcast_text.h"
+#include "lockstep/collectives/rank_text.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
 #include "lockstep/runtime/error.h"
 
-namespace lockstep::optim {
+namespace lockstep::train {
 
 using runtime::CheckpointContent;
 using runtime::NamedTensors;
 using runtime::Device;
+using runtime::Tensor;
 
 namespace {
 
@@ -83,8 +84,8 @@ std::string group_key(size_t g, const std::string& what) {
   return fmt::format("optimizer.group.{}.{}", g, what);
 }
 
-void add_optimizer(const Optimizer& opt, CheckpointContent& c) {
-  const OptimizerState state = opt.state_dict();
+void add_optimizer(const optim::Optimizer& opt, CheckpointContent& c) {
+  const optim::OptimizerState state = opt.state_dict();
   c.metadata["optimizer.type"] = opt.name();
   c.metadata["optimizer.groups"] = std::to_string(state.param_groups.size());
   for (size_t g = 0; g < state.param_groups.size(); ++g) {
@@ -115,8 +116,8 @@ std::vector<int64_t> parse_indices(const std::string& text, const std::string& f
   return out;
 }
 
-OptimizerState read_optimizer(const CheckpointContent& c, const Metadata& meta,
-                              const Optimizer& opt, const std::string& file) {
+optim::OptimizerState read_optimizer(const CheckpointContent& c, const Metadata& meta,
+                              const optim::Optimizer& opt, const std::string& file) {
   const std::string saved_type = meta.text("optimizer.type");
   const auto groups = meta.integer<size_t>("optimizer.groups");
   const auto& mine = opt.param_groups();
@@ -124,9 +125,9 @@ OptimizerState read_optimizer(const CheckpointContent& c, const Metadata& meta,
                  "checkpoint {}: the saved {} optimizer has {} parameter group(s), this {} has {}; "
                  "build the optimizer as the run that saved it did",
                  file, saved_type, groups, opt.name(), mine.size());
-  OptimizerState state;
+  optim::OptimizerState state;
   for (size_t g = 0; g < groups; ++g) {
-    OptimizerState::Group group;
+    optim::OptimizerState::Group group;
     group.params = parse_indices(meta.text(group_key(g, "params")), file, group_key(g, "params"));
     LOCKSTEP_CHECK(group.params.size() == mine[g].params.size(),
                    "checkpoint {}: saved parameter group {} has {} parameter(s), this optimizer's "
@@ -158,9 +159,9 @@ OptimizerState read_optimizer(const CheckpointContent& c, const Metadata& meta,
 // Every rank's generator states, on every rank (one all-gather; every rank
 // must pass as many generators, as the header asks).
 std::vector<GeneratorStates> all_generator_states(const TrainingParts& parts,
-                                                  collectives::ProcessGroup* group) {
+                                                  collectives::ProcessGroup& group) {
   const GeneratorStates mine = generator_states(parts);
-  if (group == nullptr || group->size() == 1) return {mine};
+  if (group.size() == 1) return {mine};
   // Bit patterns through int64: seeds use all 64 bits.
   std::vector<int64_t> flat;
   for (const auto& [seed, offset] : mine) {
@@ -169,10 +170,10 @@ std::vector<GeneratorStates> all_generator_states(const TrainingParts& parts,
   }
   const auto width = static_cast<int64_t>(flat.size());
   Tensor in = Tensor::from_vector(flat, {width});
-  Tensor out = Tensor::zeros({width * group->size()}, runtime::DType::i64);
-  group->allgather(out, in)->wait();
+  Tensor out = Tensor::zeros({width * group.size()}, runtime::DType::i64);
+  group.allgather(out, in)->wait();
   const auto values = out.to_vector<int64_t>();
-  std::vector<GeneratorStates> all(static_cast<size_t>(group->size()));
+  std::vector<GeneratorStates> all(static_cast<size_t>(group.size()));
   for (size_t r = 0; r < all.size(); ++r) {
     for (size_t i = 0; i < mine.size(); ++i) {
       const size_t at = r * flat.size() + 2 * i;
@@ -247,7 +248,7 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
   const nn::StateDict current = parts.model->state_dict();
   runtime::check_tensors_match(model_tensors, current.items(), file);
 
-  std::optional<OptimizerState> opt_state;
+  std::optional<optim::OptimizerState> opt_state;
   if (parts.optimizer) {
     LOCKSTEP_CHECK(meta.has("optimizer.type"),
                    "checkpoint {}: holds no optimizer state, but an optimizer was given to "
@@ -265,7 +266,7 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
       }
     }
   }
-  SchedulerState sched_state;
+  optim::SchedulerState sched_state;
   if (parts.scheduler) {
     const std::string saved = meta.has("scheduler.type") ? meta.text("scheduler.type") : "none";
     LOCKSTEP_CHECK(saved == parts.scheduler->name(),
@@ -285,7 +286,7 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
       throw Error(fmt::format("checkpoint {}: {}", file, e.what()));
     }
   }
-  GradScalerState scaler_state;
+  optim::GradScalerState scaler_state;
   if (parts.scaler && parts.scaler->is_enabled()) {
     for (const auto& [key, text] : meta.under(std::string(kScalerPrefix)))
       scaler_state[key] = meta.real(std::string(kScalerPrefix) + key);
@@ -339,9 +340,9 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
                                                   const TrainingParts& parts,
                                                   const TrainingProgress& progress,
                                                   std::optional<double> metric,
-                                                  collectives::ProcessGroup* group) {
-  const int rank = group ? group->rank() : 0;
-  if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(parts.optimizer))
+                                                  collectives::ProcessGroup& group) {
+  const int rank = group.rank();
+  if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(parts.optimizer))
     zero->consolidate_state_dict(0);
   const std::vector<GeneratorStates> generators = all_generator_states(parts, group);
   runtime::CheckpointEntry entry{dir.path_for_step(progress.step), progress.step, metric};
@@ -356,7 +357,7 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
   }
   // Rank 0's outcome reaches every rank, which doubles as the barrier; the
   // reason travels too, as the first rank to stop may be the one heard.
-  error = broadcast_text(error, group);
+  error = collectives::broadcast_text(error, group);
   if (rank != 0 && !error.empty())
     throw Error(fmt::format("rank {}: rank 0 could not write checkpoint step {} into {}: {}", rank,
                             progress.step, dir.path().string(), error));
@@ -365,17 +366,17 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
 }
 
 std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
-    const runtime::CheckpointDir& dir, collectives::ProcessGroup* group) {
-  const int rank = group ? group->rank() : 0;
+    const runtime::CheckpointDir& dir, collectives::ProcessGroup& group) {
+  const int rank = group.rank();
   std::optional<runtime::CheckpointEntry> chosen;
   if (rank == 0) chosen = dir.latest();
-  if (group == nullptr || group->size() == 1) return chosen;
+  if (group.size() == 1) return chosen;
   // Rank 0's choice: {step, or -1 for none; whether it has a metric; the metric}.
   Tensor pick = Tensor::from_vector<double>(
       {chosen ? static_cast<double>(chosen->step) : -1.0, chosen && chosen->metric ? 1.0 : 0.0,
        chosen && chosen->metric ? *chosen->metric : 0.0},
       {3});
-  group->broadcast(pick, {.root = 0})->wait();
+  group.broadcast(pick, {.root = 0})->wait();
   const auto p = pick.to_vector<double>();
   if (p[0] < 0) return std::nullopt;
   if (rank != 0) {
@@ -387,17 +388,17 @@ std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
   return chosen;
 }
 
-void check_every_rank_sees(const std::filesystem::path& path, collectives::ProcessGroup* group) {
-  if (group == nullptr || group->size() == 1) return;
-  const int rank = group->rank();
+void check_every_rank_sees(const std::filesystem::path& path, collectives::ProcessGroup& group) {
+  if (group.size() == 1) return;
+  const int rank = group.rank();
   std::error_code ec;
   const int32_t visible = std::filesystem::is_regular_file(path, ec) ? 1 : 0;
   Tensor sees = Tensor::from_vector<int32_t>({visible}, {1});
-  Tensor all = Tensor::zeros({group->size()}, runtime::DType::i32);
-  group->allgather(all, sees)->wait();
+  Tensor all = Tensor::zeros({group.size()}, runtime::DType::i32);
+  group.allgather(all, sees)->wait();
   std::vector<int> blind;
   const auto seen = all.to_vector<int32_t>();
-  for (int r = 0; r < group->size(); ++r)
+  for (int r = 0; r < group.size(); ++r)
     if (seen[static_cast<size_t>(r)] == 0) blind.push_back(r);
   LOCKSTEP_CHECK(blind.empty(),
                  "resume on rank {}: rank 0 picked checkpoint {}, which rank(s) {} cannot see; "
@@ -408,7 +409,7 @@ void check_every_rank_sees(const std::filesystem::path& path, collectives::Proce
 
 TrainingProgress load_training_checkpoint(const std::filesystem::path& path,
                                           const TrainingParts& parts,
-                                          collectives::ProcessGroup* group,
+                                          collectives::ProcessGroup& group,
                                           const RestoreOptions& options) {
   Device device = Device::cpu();
   if (parts.model != nullptr) {
@@ -416,8 +417,8 @@ TrainingProgress load_training_checkpoint(const std::filesystem::path& path,
     if (!params.empty()) device = params.front().device();
   }
   const CheckpointContent content = runtime::load_checkpoint(path, {.device = device});
-  return restore_training_checkpoint(content, parts, path.string(), group ? group->rank() : 0,
-                                     group ? group->size() : 1, options);
+  return restore_training_checkpoint(content, parts, path.string(), group.rank(),
+                                     group.size(), options);
 }
 
-}  // namespace lockstep::optim
+}  // namespace lockstep::train

@@ -1,15 +1,15 @@
-#include "lockstep/optim/training_run.h"
+#include "lockstep/train/training_run.h"
 
 #include <map>
 #include <set>
 
 #include <fmt/format.h>
 
-#include "lockstep/optim/broadcast_text.h"
-#include "lockstep/optim/training_checkpoint.h"
+#include "lockstep/collectives/rank_text.h"
+#include "lockstep/train/training_checkpoint.h"
 #include "lockstep/runtime/error.h"
 
-namespace lockstep::optim {
+namespace lockstep::train {
 
 namespace fs = std::filesystem;
 using runtime::CheckpointEntry;
@@ -130,9 +130,9 @@ Decision pick_to_resume(const runtime::CheckpointDir& dir, const TrainingRunOpti
 }  // namespace
 
 TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOptions dir_options,
-                              const TrainingRunOptions& options, collectives::ProcessGroup* group) {
-  const int rank = group ? group->rank() : 0;
-  const int world = group ? group->size() : 1;
+                              const TrainingRunOptions& options, collectives::ProcessGroup& group) {
+  const int rank = group.rank();
+  const int world = group.size();
   LOCKSTEP_CHECK(!(options.resume && options.restart),
                  "open_training_run: resume and restart exclude each other (resume continues the "
                  "run in {}, restart moves it aside)",
@@ -154,12 +154,12 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
   }
   // Rank 0's outcome reaches every rank before anything else happens, the
   // reason included: whichever rank reports first says what is wrong.
-  if (const std::string failure = broadcast_text(error, group); !failure.empty()) {
+  if (const std::string failure = collectives::broadcast_text(error, group); !failure.empty()) {
     if (rank == 0) throw Error(failure);
     throw Error(fmt::format("rank {}: rank 0 could not start the run: {}", rank, failure));
   }
   if (rank != 0) dir.emplace(path, dir_options);
-  const std::string picked = broadcast_text(decision.pick ? decision.pick->string() : "", group);
+  const std::string picked = collectives::broadcast_text(decision.pick ? decision.pick->string() : "", group);
 
   TrainingRun run{.dir = std::move(*dir), .notes = std::move(decision.notes), .world_size = world};
   if (!picked.empty()) {
@@ -186,4 +186,4 @@ std::vector<SettingChange> record_run_settings(TrainingRun& run, RunSettings now
   return changes;
 }
 
-}  // namespace lockstep::optim
+}  // namespace lockstep::train

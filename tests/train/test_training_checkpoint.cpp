@@ -13,12 +13,13 @@
 #include "lockstep/nn/models.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/sgd.h"
-#include "lockstep/optim/training_checkpoint.h"
+#include "lockstep/train/training_checkpoint.h"
 #include "lockstep/runtime/ops.h"
 #include "support/backend_skip.h"
 
 using namespace lockstep;
 using namespace lockstep::optim;
+using namespace lockstep::train;
 using Catch::Contains;
 namespace fs = std::filesystem;
 
@@ -68,7 +69,7 @@ TEST_CASE("A training checkpoint restores model, optimizer, schedule, RNG and pr
   TrainingParts parts{.model = model.get(), .optimizer = &opt, .scheduler = &sched};
   const TrainingProgress saved{.epoch = 2, .batch = 7, .step = 3, .best_metric = 0.75,
                                .user = {{"note", "hello"}}};
-  const auto entry = save_training_checkpoint(ckpt, parts, saved, 0.75, nullptr);
+  const auto entry = save_training_checkpoint(ckpt, parts, saved, 0.75, testing::one_rank_group());
   CHECK(entry.step == 3);
   const uint64_t rng_offset = runtime::default_generator().offset();
 
@@ -79,7 +80,7 @@ TEST_CASE("A training checkpoint restores model, optimizer, schedule, RNG and pr
   train_step(*other, other_opt);
   (void)runtime::randn({100});  // move the default generator on
   TrainingParts other_parts{.model = other.get(), .optimizer = &other_opt, .scheduler = &other_sched};
-  const TrainingProgress back = load_training_checkpoint(entry.path, other_parts);
+  const TrainingProgress back = load_training_checkpoint(entry.path, other_parts, testing::one_rank_group());
   CHECK(back.epoch == 2);
   CHECK(back.batch == 7);
   CHECK(back.step == 3);
@@ -108,12 +109,12 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
   runtime::CheckpointDir ckpt(dir);
   const auto entry =
       save_training_checkpoint(ckpt, {.model = model.get(), .optimizer = &opt}, {.step = 1},
-                               std::nullopt, nullptr);
+                               std::nullopt, testing::one_rank_group());
 
   SECTION("another model") {
     auto cnn = nn::models::fashion_cnn(1);
     const auto before = flat_parameters(*cnn);
-    CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = cnn.get()}),
+    CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = cnn.get()}, testing::one_rank_group()),
                       Contains(entry.path.string()));
     CHECK((flat_parameters(*cnn) == before));
   }
@@ -121,7 +122,7 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
     auto same = nn::models::fashion_mlp(2);
     const auto before = flat_parameters(*same);
     SGD sgd(same->parameters(), {.lr = 0.1, .momentum = 0.9});
-    CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &sgd}),
+    CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &sgd}, testing::one_rank_group()),
                       Contains("the saved Adam optimizer has option"));
     CHECK((flat_parameters(*same) == before));
   }
@@ -131,7 +132,8 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
     CosineLR sched(adam, {.t_max = 10});
     const auto before = flat_parameters(*same);
     CHECK_THROWS_WITH(load_training_checkpoint(
-                          entry.path, {.model = same.get(), .optimizer = &adam, .scheduler = &sched}),
+                          entry.path, {.model = same.get(), .optimizer = &adam, .scheduler = &sched},
+                          testing::one_rank_group()),
                       Contains("saved with LR scheduler none, this one is CosineLR"));
     CHECK((flat_parameters(*same) == before));
   }
@@ -152,7 +154,7 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
   SECTION("a plain weights file is not a training checkpoint") {
     const fs::path plain = dir / "weights.safetensors";
     runtime::save_checkpoint(plain, {.tensors = model->state_dict().items(), .metadata = {}});
-    CHECK_THROWS_WITH(load_training_checkpoint(plain, {.model = model.get()}),
+    CHECK_THROWS_WITH(load_training_checkpoint(plain, {.model = model.get()}, testing::one_rank_group()),
                       Contains("not a lockstep training checkpoint"));
   }
   fs::remove_all(dir);
@@ -171,7 +173,7 @@ TEST_CASE("A checkpoint rank 0 cannot write fails every rank", "[optim][checkpoi
       std::ofstream(ckpt.path()) << "not a directory";
     }
     save_training_checkpoint(ckpt, {.model = model.get()}, {.step = 5}, std::nullopt,
-                             groups[static_cast<size_t>(r)].get());
+                             *groups[static_cast<size_t>(r)]);
   });
   REQUIRE(errors[0]);
   REQUIRE(errors[1]);
@@ -188,7 +190,7 @@ TEST_CASE("A schedule saved with other settings is refused before anything chang
   runtime::CheckpointDir ckpt(dir);
   const auto entry = save_training_checkpoint(
       ckpt, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {.step = 1},
-      std::nullopt, nullptr);
+      std::nullopt, testing::one_rank_group());
 
   auto other = nn::models::fashion_mlp(2);
   SGD other_opt(other->parameters(), {.lr = 0.1});
@@ -196,7 +198,8 @@ TEST_CASE("A schedule saved with other settings is refused before anything chang
   const auto before = flat_parameters(*other);
   CHECK_THROWS_WITH(
       load_training_checkpoint(entry.path,
-                               {.model = other.get(), .optimizer = &other_opt, .scheduler = &longer}),
+                               {.model = other.get(), .optimizer = &other_opt, .scheduler = &longer},
+                               testing::one_rank_group()),
       Contains(entry.path.string()) && Contains("t_max = 100, this one has 150"));
   CHECK((flat_parameters(*other) == before));
   fs::remove_all(dir);
@@ -209,7 +212,7 @@ TEST_CASE("Every rank's generators are saved, and each rank gets its own back",
   std::vector<std::pair<uint64_t, uint64_t>> saved(2), restored(2), other_world(2);
   std::vector<std::optional<int64_t>> picked(2);
   const auto errors = testing::run_ranks(2, [&](int r) {
-    auto* group = groups[static_cast<size_t>(r)].get();
+    auto& group = *groups[static_cast<size_t>(r)];
     auto model = nn::models::fashion_mlp(1);
     runtime::Generator gen(100 + static_cast<uint64_t>(r));
     for (int i = 0; i < 10 * (r + 1); ++i) (void)gen.next_u32();  // ranks drew differently
@@ -224,7 +227,7 @@ TEST_CASE("Every rank's generators are saved, and each rank gets its own back",
     load_training_checkpoint(last->path, parts, group);
     restored[static_cast<size_t>(r)] = {gen.seed(), gen.offset()};
     // Resumed on one rank: rank 0's states.
-    load_training_checkpoint(last->path, parts, nullptr);
+    load_training_checkpoint(last->path, parts, testing::one_rank_group());
     other_world[static_cast<size_t>(r)] = {gen.seed(), gen.offset()};
   });
   REQUIRE_FALSE(errors[0]);
@@ -244,12 +247,12 @@ TEST_CASE("A checkpoint some rank cannot see stops every rank, naming it", "[opt
   auto model = nn::models::fashion_mlp(1);
   {
     runtime::CheckpointDir ckpt(dir / "0");
-    save_training_checkpoint(ckpt, {.model = model.get()}, {.step = 4}, std::nullopt, nullptr);
+    save_training_checkpoint(ckpt, {.model = model.get()}, {.step = 4}, std::nullopt, testing::one_rank_group());
   }
   const auto errors = testing::run_ranks(2, [&](int r) {
     // Each rank looks in its own directory: rank 1's is empty.
     runtime::CheckpointDir ckpt(dir / std::to_string(r));
-    latest_training_checkpoint(ckpt, groups[static_cast<size_t>(r)].get());
+    latest_training_checkpoint(ckpt, *groups[static_cast<size_t>(r)]);
   });
   REQUIRE(errors[0]);
   REQUIRE(errors[1]);

@@ -1,4 +1,4 @@
-#include "lockstep/optim/run_settings.h"
+#include "lockstep/train/run_settings.h"
 
 #include <set>
 
@@ -6,7 +6,7 @@
 
 #include "lockstep/runtime/error.h"
 
-namespace lockstep::optim {
+namespace lockstep::train {
 
 namespace {
 
@@ -81,7 +81,7 @@ std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const 
   return changes;
 }
 
-std::string schedule_setting(const LRScheduler* scheduler) {
+std::string schedule_setting(const optim::LRScheduler* scheduler) {
   if (scheduler == nullptr) return "none";
   std::string text = scheduler->name() + "(";
   bool first = true;
@@ -92,4 +92,4 @@ std::string schedule_setting(const LRScheduler* scheduler) {
   return text + ")";
 }
 
-}  // namespace lockstep::optim
+}  // namespace lockstep::train

@@ -3,13 +3,13 @@
 // reads.
 //
 //   runtime::CheckpointDir dir("ckpt", {.keep_last = 2, .best = runtime::BestMode::max});
-//   optim::TrainingParts parts{.model = model.get(), .optimizer = &opt, .scheduler = &sched};
+//   train::TrainingParts parts{.model = model.get(), .optimizer = &opt, .scheduler = &sched};
 //   ...
-//   optim::save_training_checkpoint(dir, parts, {.epoch = e, .batch = 0, .step = s},
-//                                   accuracy, group.get());          // every rank calls it
+//   train::save_training_checkpoint(dir, parts, {.epoch = e, .batch = 0, .step = s},
+//                                   accuracy, *group);          // every rank calls it
 //   ...
-//   if (auto last = optim::latest_training_checkpoint(dir, group.get()))  // every rank
-//     progress = optim::load_training_checkpoint(last->path, parts, group.get());
+//   if (auto last = train::latest_training_checkpoint(dir, *group))  // every rank
+//     progress = train::load_training_checkpoint(last->path, parts, *group);
 //
 // A program whose checkpoints must belong to their run (refusing another
 // run's directory, checking a resume's settings) starts through
@@ -38,7 +38,7 @@
 #include "lockstep/runtime/checkpoint/checkpoint_dir.h"
 #include "lockstep/runtime/random.h"
 
-namespace lockstep::optim {
+namespace lockstep::train {
 
 // Where training stands; a resumed run continues from here.
 struct TrainingProgress {
@@ -54,9 +54,9 @@ struct TrainingProgress {
 // its own shard when loading.
 struct TrainingParts {
   nn::Module* model = nullptr;
-  Optimizer* optimizer = nullptr;
-  LRScheduler* scheduler = nullptr;
-  GradScaler* scaler = nullptr;  // saved and restored when enabled
+  optim::Optimizer* optimizer = nullptr;
+  optim::LRScheduler* scheduler = nullptr;
+  optim::GradScaler* scaler = nullptr;  // saved and restored when enabled
   std::vector<runtime::Generator*> generators{&runtime::default_generator()};
 };
 
@@ -92,28 +92,28 @@ TrainingProgress restore_training_checkpoint(const runtime::CheckpointContent& c
                                              int rank = 0, int world = 1,
                                              const RestoreOptions& options = {});
 
-// Every rank calls it (with `group`; null for one process). Rank 0 writes
+// Every rank of `group` calls it (a one-rank group alone). Rank 0 writes
 // through `dir` as checkpoint progress.step with `metric`; the others wait
 // for it, and every rank then returns the entry or throws rank 0's failure.
 runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
                                                   const TrainingParts& parts,
                                                   const TrainingProgress& progress,
                                                   std::optional<double> metric,
-                                                  collectives::ProcessGroup* group);
+                                                  collectives::ProcessGroup& group);
 // The checkpoint to resume from, the same on every rank: rank 0 picks the
 // newest one that loads (CheckpointDir::latest()) and tells the others; every
-// rank calls it (with `group`; null for one process), and all throw, naming
+// rank of `group` calls it, and all throw, naming
 // the ranks, when some rank cannot see the file rank 0 picked.
 std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
-    const runtime::CheckpointDir& dir, collectives::ProcessGroup* group);
+    const runtime::CheckpointDir& dir, collectives::ProcessGroup& group);
 // Every rank calls it: returns when every rank sees `path` as a file, and
 // otherwise throws on every rank, naming the ranks that do not.
-void check_every_rank_sees(const std::filesystem::path& path, collectives::ProcessGroup* group);
+void check_every_rank_sees(const std::filesystem::path& path, collectives::ProcessGroup& group);
 // Every rank reads the file itself (a path all ranks can reach) onto its own
-// parameters' device; `group` tells it its rank (null: rank 0 of 1).
+// parameters' device; `group` tells it its rank.
 TrainingProgress load_training_checkpoint(const std::filesystem::path& path,
                                           const TrainingParts& parts,
-                                          collectives::ProcessGroup* group = nullptr,
+                                          collectives::ProcessGroup& group,
                                           const RestoreOptions& options = {});
 
-}  // namespace lockstep::optim
+}  // namespace lockstep::train

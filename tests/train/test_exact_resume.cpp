@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "optim/fashion_mnist_runs.h"
+#include "train/fashion_mnist_runs.h"
 #include "support/test_util.h"
 
 using namespace lockstep::testing;

@@ -15,7 +15,7 @@
 #include <fstream>
 #include <set>
 
-#include "optim/fashion_mnist_runs.h"
+#include "train/fashion_mnist_runs.h"
 #include "runtime/checkpoint/checkpoint_test_util.h"
 
 using namespace lockstep::testing;

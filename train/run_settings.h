@@ -21,7 +21,7 @@
 
 #include "lockstep/optim/lr_scheduler.h"
 
-namespace lockstep::optim {
+namespace lockstep::train {
 
 // Set by open_training_run (training_run.h) from the process group.
 inline constexpr const char* kWorldSizeSetting = "world_size";
@@ -57,6 +57,6 @@ std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const 
 // A schedule as a fixed setting: its type and every setting, e.g.
 // "CosineLR(eta_min=0, t_max=640)"; "none" for no scheduler. A schedule whose
 // length follows the number of epochs shows it here.
-std::string schedule_setting(const LRScheduler* scheduler);
+std::string schedule_setting(const optim::LRScheduler* scheduler);
 
-}  // namespace lockstep::optim
+}  // namespace lockstep::train

@@ -1,15 +1,15 @@
 // Starting a training run whose checkpoints belong to it: a new run, a
 // resumed one, or a restart, agreed by every rank before any training.
 //
-//   optim::TrainingRun run = optim::open_training_run(
+//   train::TrainingRun run = train::open_training_run(
 //       "ckpt", {.keep_last = 2, .best = runtime::BestMode::max},
-//       {.resume = resume, .restart = restart}, group.get());        // every rank
+//       {.resume = resume, .restart = restart}, *group);        // every rank
 //   ... fill unset options from run.saved, build the optimizer and schedule ...
-//   for (auto& c : optim::record_run_settings(run, settings))        // every rank
+//   for (auto& c : train::record_run_settings(run, settings))        // every rank
 //     print("{} {} replaces the saved {}", c.name, c.now, c.saved);
 //   if (run.resume_from)
-//     progress = optim::load_training_checkpoint(run.resume_from->path, parts, group.get());
-//   ... optim::save_training_checkpoint(run.dir, parts, progress, metric, group.get()) ...
+//     progress = train::load_training_checkpoint(run.resume_from->path, parts, *group);
+//   ... train::save_training_checkpoint(run.dir, parts, progress, metric, *group) ...
 //
 // What open_training_run decides, on rank 0, for every rank:
 //   - the directory must be creatable and writable by rank 0, or it throws;
@@ -37,10 +37,10 @@
 #include <vector>
 
 #include "lockstep/collectives/process_group.h"
-#include "lockstep/optim/run_settings.h"
+#include "lockstep/train/run_settings.h"
 #include "lockstep/runtime/checkpoint/checkpoint_dir.h"
 
-namespace lockstep::optim {
+namespace lockstep::train {
 
 struct TrainingRunOptions {
   bool resume = false;   // continue the run whose checkpoints are in the directory
@@ -63,11 +63,11 @@ struct TrainingRun {
   int world_size = 1;
 };
 
-// Every rank calls it (with `group`; null for one process). See above.
+// Every rank of `group` calls it. See above.
 TrainingRun open_training_run(const std::filesystem::path& dir,
                               runtime::CheckpointDirOptions dir_options,
                               const TrainingRunOptions& options,
-                              collectives::ProcessGroup* group);
+                              collectives::ProcessGroup& group);
 
 // Every rank calls it with the same `now`, before the first save. Adds the
 // world size to now.fixed; for a resumed run, compares with run.saved
@@ -77,4 +77,4 @@ TrainingRun open_training_run(const std::filesystem::path& dir,
 // differ from the saved ones (none for a new run).
 std::vector<SettingChange> record_run_settings(TrainingRun& run, RunSettings now);
 
-}  // namespace lockstep::optim
+}  // namespace lockstep::train

@@ -12,14 +12,15 @@
 #include "collectives/rank_threads.h"
 #include "lockstep/nn/models.h"
 #include "lockstep/optim/sgd.h"
-#include "lockstep/optim/training_checkpoint.h"
-#include "lockstep/optim/training_run.h"
+#include "lockstep/train/training_checkpoint.h"
+#include "lockstep/train/training_run.h"
 #include "runtime/checkpoint/checkpoint_test_util.h"
 #include "support/test_util.h"
 #include "support/backend_skip.h"
 
 using namespace lockstep;
 using namespace lockstep::optim;
+using namespace lockstep::train;
 using lockstep::testing::TempDir;
 using Catch::Contains;
 namespace fs = std::filesystem;
@@ -35,11 +36,11 @@ RunSettings settings(const std::string& model, const std::string& lr) {
 
 // A run of one process that saved `steps` with `s`; returns its id.
 std::string saved_run(const fs::path& dir, const RunSettings& s, std::vector<int64_t> steps) {
-  TrainingRun run = open_training_run(dir, kQuiet, {}, nullptr);
+  TrainingRun run = open_training_run(dir, kQuiet, {}, testing::one_rank_group());
   record_run_settings(run, s);
   auto model = nn::models::fashion_mlp(1);
   for (int64_t step : steps)
-    save_training_checkpoint(run.dir, {.model = model.get()}, {.step = step}, std::nullopt, nullptr);
+    save_training_checkpoint(run.dir, {.model = model.get()}, {.step = step}, std::nullopt, testing::one_rank_group());
   return run.dir.run().id;
 }
 
@@ -53,7 +54,7 @@ TEST_CASE("A run's id and settings ride in its checkpoints and survive a resume"
   REQUIRE(id.size() == 16);
   for (const auto& e : runtime::CheckpointDir(dir).list()) CHECK(e.run_id == id);
 
-  TrainingRun resumed = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+  TrainingRun resumed = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
   REQUIRE(resumed.resume_from);
   CHECK(resumed.resume_from->step == 20);
   CHECK(resumed.run_id == id);
@@ -65,7 +66,7 @@ TEST_CASE("A run's id and settings ride in its checkpoints and survive a resume"
   // retention goes on over the run's files (keep_last 2).
   CHECK(record_run_settings(resumed, settings("mlp", "0.05")).empty());
   auto model = nn::models::fashion_mlp(1);
-  save_training_checkpoint(resumed.dir, {.model = model.get()}, {.step = 30}, std::nullopt, nullptr);
+  save_training_checkpoint(resumed.dir, {.model = model.get()}, {.step = 30}, std::nullopt, testing::one_rank_group());
   std::vector<int64_t> steps;
   for (const auto& e : resumed.dir.list()) {
     steps.push_back(e.step);
@@ -81,7 +82,7 @@ TEST_CASE("A resume with other fixed settings is refused, naming each; changeabl
   const fs::path dir = tmp.file("settings");
   saved_run(dir, settings("mlp", "0.05"), {5});
 
-  TrainingRun resumed = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+  TrainingRun resumed = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
   RunSettings other = settings("cnn", "0.5");
   other.fixed["batch_size"] = "32";
   other.fixed["optimizer"] = "adam";
@@ -92,7 +93,7 @@ TEST_CASE("A resume with other fixed settings is refused, naming each; changeabl
                           Contains("optimizer: saved (not set), now adam"));
   CHECK(message.find("lr:") == std::string::npos);  // a changeable setting is no reason
 
-  TrainingRun again = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+  TrainingRun again = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
   RunSettings changed = settings("mlp", "0.5");
   changed.changeable.erase("epochs");  // left out: keeps the saved 2
   const auto changes = record_run_settings(again, changed);
@@ -112,14 +113,14 @@ TEST_CASE("A new run refuses a directory with checkpoints; restart moves them as
   const std::string old_id = saved_run(dir, settings("mlp", "0.05"), {100, 200});
   std::ofstream(dir / "ckpt-0000000300.safetensors") << "damaged";
 
-  const std::string message = testing::error_of([&] { open_training_run(dir, kQuiet, {}, nullptr); });
+  const std::string message = testing::error_of([&] { open_training_run(dir, kQuiet, {}, testing::one_rank_group()); });
   CHECK_THAT(message, Contains("already holds checkpoints of another run") &&
                           Contains("run " + old_id + ": 2 file(s), steps 100 to 200") &&
                           Contains("1 file(s) whose header does not read: ckpt-0000000300") &&
                           Contains("resume the run") && Contains("restart"));
   CHECK(runtime::CheckpointDir(dir).list().size() == 3);
 
-  TrainingRun fresh = open_training_run(dir, kQuiet, {.restart = true}, nullptr);
+  TrainingRun fresh = open_training_run(dir, kQuiet, {.restart = true}, testing::one_rank_group());
   CHECK_FALSE(fresh.resume_from);
   REQUIRE(fresh.notes.size() == 1);
   CHECK_THAT(fresh.notes[0], Contains("moved the 3 checkpoint file(s)"));
@@ -141,7 +142,7 @@ TEST_CASE("A resume where no checkpoint loads names every file; files of two run
 
   SECTION("the newest does not load: the one before it, with a note") {
     testing::flip_bit(second, testing::data_offset_of(second) + 1);
-    TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+    TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
     REQUIRE(run.resume_from);
     CHECK(run.resume_from->step == 1);
     REQUIRE(run.notes.size() == 1);
@@ -151,7 +152,7 @@ TEST_CASE("A resume where no checkpoint loads names every file; files of two run
     testing::flip_bit(second, testing::data_offset_of(second) + 1);
     fs::resize_file(first, 20);
     const std::string message =
-        testing::error_of([&] { open_training_run(dir, kQuiet, {.resume = true}, nullptr); });
+        testing::error_of([&] { open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group()); });
     CHECK_THAT(message, Contains("no checkpoint in " + dir.string() + " loads (2 file(s) tried)") &&
                             Contains(first + ": ") && Contains(second + ": ") &&
                             Contains("fails its checksum") && Contains("Nothing was changed"));
@@ -161,7 +162,7 @@ TEST_CASE("A resume where no checkpoint loads names every file; files of two run
   SECTION("two runs") {
     runtime::CheckpointDir other(dir, kQuiet);  // a second run, saved by hand
     other.save(testing::small_content(), 7);
-    CHECK_THAT(testing::error_of([&] { open_training_run(dir, kQuiet, {.resume = true}, nullptr); }),
+    CHECK_THAT(testing::error_of([&] { open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group()); }),
                Contains("holds checkpoints of 2 runs"));
   }
   fs::remove_all(dir);
@@ -179,7 +180,7 @@ TEST_CASE("A checkpoint saved without a run id is adopted, with a note", "[optim
                                                                         : std::next(it);
   runtime::save_checkpoint(file, c);
 
-  TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+  TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
   REQUIRE(run.resume_from);
   CHECK(run.run_id.empty());
   CHECK_FALSE(run.saved);
@@ -187,7 +188,7 @@ TEST_CASE("A checkpoint saved without a run id is adopted, with a note", "[optim
   CHECK_THAT(run.notes[0], Contains("without a run id"));
   CHECK(record_run_settings(run, settings("cnn", "1")).empty());  // nothing to check against
   auto model = nn::models::fashion_mlp(1);
-  save_training_checkpoint(run.dir, {.model = model.get()}, {.step = 5}, std::nullopt, nullptr);
+  save_training_checkpoint(run.dir, {.model = model.get()}, {.step = 5}, std::nullopt, testing::one_rank_group());
   const auto entries = run.dir.list();
   REQUIRE(entries.size() == 2);
   CHECK_FALSE(entries[0].run_id);  // the adopted file stays as it was
@@ -202,27 +203,27 @@ TEST_CASE("Every rank agrees: a refusal on rank 0 stops both, a resume finds the
   auto groups = testing::make_groups(testing::kThreadRankBackend, 2, "training-run");
   std::vector<std::string> errors(2), ids(2), saved_lr(2);
   const auto first = testing::run_ranks(2, [&](int r) {
-    TrainingRun run = open_training_run(dir, kQuiet, {}, groups[size_t(r)].get());
+    TrainingRun run = open_training_run(dir, kQuiet, {}, *groups[size_t(r)]);
     record_run_settings(run, settings("mlp", "0.05"));
     auto model = nn::models::fashion_mlp(1);
     save_training_checkpoint(run.dir, {.model = model.get()}, {.step = 3}, std::nullopt,
-                             groups[size_t(r)].get());
+                             *groups[size_t(r)]);
   });
   REQUIRE_FALSE(first[0]);
   REQUIRE_FALSE(first[1]);
 
   const auto refused = testing::run_ranks(2, [&](int r) {
-    open_training_run(dir, kQuiet, {}, groups[size_t(r)].get());
+    open_training_run(dir, kQuiet, {}, *groups[size_t(r)]);
   });
   CHECK_THAT(testing::message_of(refused[0]), Contains("already holds checkpoints of another run"));
   CHECK_THAT(testing::message_of(refused[1]), Contains("rank 1: rank 0 could not start the run"));
 
   const auto resumed = testing::run_ranks(2, [&](int r) {
-    TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, groups[size_t(r)].get());
+    TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, *groups[size_t(r)]);
     ids[size_t(r)] = run.run_id;
     saved_lr[size_t(r)] = run.saved->changeable.at("lr");
     // One rank alone may not resume a run of two.
-    TrainingRun alone = open_training_run(dir, kQuiet, {.resume = true}, nullptr);
+    TrainingRun alone = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
     errors[size_t(r)] = testing::error_of([&] { record_run_settings(alone, settings("mlp", "0.05")); });
   });
   REQUIRE_FALSE(resumed[0]);
@@ -245,19 +246,19 @@ TEST_CASE("A resume that changes the learning rate trains with it, schedule incl
   runtime::CheckpointDir ckpt(dir, kQuiet);
   const auto entry = save_training_checkpoint(
       ckpt, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {.step = 3},
-      std::nullopt, nullptr);
+      std::nullopt, testing::one_rank_group());
 
   auto other = nn::models::fashion_mlp(1);
   SGD other_opt(other->parameters(), {.lr = 1.0});
   StepLR other_sched(other_opt, {.step_size = 2, .gamma = 0.5});
   const TrainingParts parts{.model = other.get(), .optimizer = &other_opt, .scheduler = &other_sched};
-  load_training_checkpoint(entry.path, parts, nullptr, {.lr = 1.0});
+  load_training_checkpoint(entry.path, parts, testing::one_rank_group(), {.lr = 1.0});
   CHECK(other_sched.base_lrs() == std::vector<double>{1.0});
   CHECK(other_opt.param_groups()[0].options.at("lr") == 0.5);  // 1.0 x 0.5^(3/2)
   other_sched.step();
   CHECK(other_opt.param_groups()[0].options.at("lr") == 0.25);
 
-  load_training_checkpoint(entry.path, parts, nullptr);  // without: the saved rate
+  load_training_checkpoint(entry.path, parts, testing::one_rank_group());  // without: the saved rate
   CHECK(other_opt.param_groups()[0].options.at("lr") == 0.05);
   fs::remove_all(dir);
 }
