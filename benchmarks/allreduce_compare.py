@@ -23,12 +23,14 @@ compares lockstep's shared-memory backend with Open MPI's own all-reduce.
 import argparse
 import json
 import os
-import platform
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import time
+
+import machine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -124,6 +126,7 @@ def main():
     p.add_argument("-w", type=int, default=5)
     p.add_argument("-n", type=int, default=20)
     p.add_argument("--python", default="/usr/bin/python3")
+    p.add_argument("--no-torch", action="store_true", help="skip PyTorch (its column says n/a)")
     p.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     p.add_argument("--json", help="write all results to this file")
     a = p.parse_args()
@@ -139,7 +142,7 @@ def main():
         "lockstep hier": hierarchical_path(a),
         "lockstep gloo": perf_path(a, "lockstep-run", "gloo"),
         "raw gloo": perf_path(a, "lockstep-run", "raw-gloo"),
-        "torch gloo": torch_path(a, sizes),
+        "torch gloo": None if a.no_torch else torch_path(a, sizes),
         "lockstep mpi": perf_path(a, "mpirun", "mpi"),
         "raw MPI": perf_path(a, "mpirun", "raw-mpi"),
     }
@@ -171,19 +174,23 @@ def main():
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
     print(f"# all-reduce, float32 sum in place, {a.np} ranks, {a.w} warm-up + {a.n} timed "
           f"iterations; time = slowest rank's mean (us); busbw in GB/s")
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(f"# {machine.describe()}")
     print(line(header))
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:
         print(line(r))
-    doc = {"benchmark": "allreduce_compare", "ranks": a.np, "sizes": sizes, "paths": paths}
+    doc = {"benchmark": "allreduce_compare", "date": time.strftime("%Y-%m-%d"),
+           "machine": machine.describe(), "ranks": a.np, "sizes": sizes, "paths": paths}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=2)
     else:
         print(json.dumps({"benchmark": "allreduce_compare", "ranks": a.np,
                           "time_us": {n: {str(k): v for k, v in t.items()} for n, t in times.items()}}))
-    failed = [n for n, doc in paths.items() if doc is None and not (n == "lockstep hier" and a.np % 2)]
+    skipped = {"lockstep hier"} if a.np % 2 else set()
+    if a.no_torch:
+        skipped.add("torch gloo")
+    failed = [n for n, doc in paths.items() if doc is None and n not in skipped]
     return 1 if failed else 0
 
 

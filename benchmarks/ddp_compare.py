@@ -27,12 +27,13 @@ fastest run is reported, which damps other load on a shared machine.
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+import machine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -246,7 +247,7 @@ def main():
           f"steps, bucket cap {a.bucket_cap_mb:g} MiB, 1 BLAS thread per rank; step = slowest "
           f"rank's mean, fastest of {a.repeats} runs; ratio = lockstep samples/s over PyTorch's "
           f"at the same N")
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    print(f"# {machine.describe()}"
           + (f"; {max(sizes)} ranks oversubscribe the cores" if max(sizes) > (os.cpu_count() or 1) else ""))
     header = ["model", "N", "path", "step ms", "samples/s", "scaling eff", "comm ms", "exposed ms",
               "hidden %", "imbalance ms", "vs torch"]
@@ -320,8 +321,8 @@ def main():
 
     doc = {"benchmark": "ddp_compare", "repeats": a.repeats, "batch": a.batch, "warmup": a.warmup, "iters": a.iters,
            "bucket_cap_mb": a.bucket_cap_mb, "sizes": sizes,
-           "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-           "results": [dict(r, path=path, scaling_efficiency=efficiency(m, n, path),
+           "date": time.strftime("%Y-%m-%d"), "machine": machine.describe(),
+           "results": [dict(r, model=m, world_size=n, path=path, scaling_efficiency=efficiency(m, n, path),
                             ratio_vs_torch=ratio(m, n, path) if path != "torch gloo" else None)
                        for (m, n, path), r in res.items() if r],
            "sweep": {f"{m} {path}": rs for (m, path), rs in sweep_res.items()},
