@@ -52,7 +52,7 @@
 #include "common/bench_models.h"
 #include "common/device.h"
 #include "harness.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/autocast.h"
@@ -164,8 +164,8 @@ struct GptStep {
 };
 
 // The GPT as configured, its blocks checkpointed under --checkpoint.
-nn::GptConfig gpt_config_for(const Device& device, const Options& o) {
-  nn::GptConfig c = bench::gpt_config(device);
+models::GptConfig gpt_config_for(const Device& device, const Options& o) {
+  models::GptConfig c = bench::gpt_config(device);
   c.checkpoint_blocks = o.checkpoint;
   return c;
 }
@@ -184,10 +184,10 @@ size_t peak_bytes(const Device& device, const std::function<void()>& step) {
 }
 
 // The GPT's step on `batch` sequences of `seq_len` random token ids.
-GptStep lockstep_gpt_step(const nn::GptConfig& config, int64_t batch, int64_t seq_len,
+GptStep lockstep_gpt_step(const models::GptConfig& config, int64_t batch, int64_t seq_len,
                           const Device& device, const Options& o) {
   runtime::Generator g(0);
-  auto model = nn::models::gpt(config, g);
+  auto model = models::gpt(config, g);
   GptStep r;
   for (const auto& p : model->parameters()) r.parameters += p.numel();
   // Each row is seq_len + 1 ids: the first seq_len the input, the last seq_len its targets.
@@ -219,7 +219,7 @@ GptStep lockstep_gpt_step(const nn::GptConfig& config, int64_t batch, int64_t se
 }
 
 // " --seq-len 128 --vocab-size 256 ...": the GPT's shape for the peer.
-std::string gpt_peer_args(const nn::GptConfig& c, int64_t seq_len) {
+std::string gpt_peer_args(const models::GptConfig& c, int64_t seq_len) {
   return fmt::format(" --seq-len {} --vocab-size {} --block-size {} --n-layer {} --n-head {} "
                      "--n-embd {}",
                      seq_len, c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd);
@@ -269,7 +269,7 @@ int run(const Options& o) {
   // The GPT's rows add tokens/s columns and a line under the table; without
   // it the output is what it was before the GPT existed.
   const bool has_gpt = std::find(o.models.begin(), o.models.end(), "gpt") != o.models.end();
-  const nn::GptConfig gpt = gpt_config_for(device, o);
+  const models::GptConfig gpt = gpt_config_for(device, o);
   LOCKSTEP_CHECK(!o.checkpoint || has_gpt, "--checkpoint is for --model gpt only");
   const int64_t seq_len = o.seq_len > 0 ? o.seq_len : gpt.block_size;
   LOCKSTEP_CHECK(o.seq_len == 0 || has_gpt, "--seq-len is for --model gpt only");

@@ -64,7 +64,7 @@ def cnn():
 
 class BasicBlock(nn.Module):
     """torchvision's BasicBlock (the same attribute names, so the same
-    parameter names as lockstep's nn::BasicBlock)."""
+    parameter names as lockstep's models::BasicBlock)."""
 
     def __init__(self, in_channels, channels, stride):
         super().__init__()
@@ -84,7 +84,7 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """ResNet for 32x32 inputs: 3x3 stem, no max-pool (lockstep's nn::ResNet)."""
+    """ResNet for 32x32 inputs: 3x3 stem, no max-pool (lockstep's models::ResNet)."""
 
     def __init__(self, blocks_per_stage=(2, 2, 2, 2), num_classes=10):
         super().__init__()
@@ -164,7 +164,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """nanoGPT's GPT (lockstep's nn::Gpt), without dropout."""
+    """nanoGPT's GPT (lockstep's models::Gpt), without dropout."""
 
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
         super().__init__()

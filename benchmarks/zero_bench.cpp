@@ -7,7 +7,7 @@
 //   build/bin/zero_bench                           (world size 1)
 //   benchmarks/zero_compare.py --build build       (1, 2 and 4 ranks, one table)
 //
-// Models: "mlp" is nn::models::fashion_mlp (1.86 M parameters, one layer of
+// Models: "mlp" is models::fashion_mlp (1.86 M parameters, one layer of
 // 1024x1024 holding 56% of them: whole-parameter sharding cannot balance it,
 // split parameters can); "deep" is --layers Linear(width, width) layers and a
 // 10-way head, many equal layers, which both balance. Modes: plain Adam; ZeRO
@@ -33,7 +33,7 @@
 #include "lockstep/nn/activation.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/linear.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
 #include "lockstep/runtime/ops.h"
@@ -75,7 +75,7 @@ struct Result {
 std::shared_ptr<nn::Module> make_model(const std::string& name, const Options& o, int64_t* in_features) {
   if (name == "mlp") {
     *in_features = 784;
-    return nn::models::fashion_mlp(o.seed);
+    return models::fashion_mlp(o.seed);
   }
   runtime::Generator g(o.seed);
   auto m = std::make_shared<nn::Sequential>();

@@ -115,11 +115,12 @@ function(lockstep_add_library folder)
 endfunction()
 
 # lockstep_add_program(<name> <source>...)
-# An executable in build/bin linked against the whole library, CLI11 and
+# An executable in build/bin linked against the whole library, the example
+# models (lockstep::models), CLI11 and
 # nlohmann-json (examples and benchmarks).
 function(lockstep_add_program name)
   add_executable(${name} ${ARGN})
-  target_link_libraries(${name} PRIVATE lockstep::lockstep CLI11::CLI11
+  target_link_libraries(${name} PRIVATE lockstep::lockstep lockstep::models CLI11::CLI11
     nlohmann_json::nlohmann_json)
   lockstep_target_warnings(${name})
   lockstep_driver_code(${name})

@@ -9,7 +9,6 @@
 #include "lockstep/nn/data_parallel.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/functional.h"
-#include "lockstep/nn/gpt.h"
 #include "lockstep/nn/join.h"
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/loss.h"

@@ -1,6 +1,6 @@
 #include "common/bench_models.h"
 
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::bench {
@@ -11,9 +11,9 @@ const std::vector<std::string>& model_names() {
 }
 
 std::shared_ptr<nn::Module> make_model(const std::string& name, runtime::Generator& gen) {
-  if (name == "mlp") return nn::models::fashion_mlp(gen);
-  if (name == "cnn") return nn::models::fashion_cnn(gen);
-  if (name == "resnet18") return nn::models::resnet18_cifar(gen);
+  if (name == "mlp") return models::fashion_mlp(gen);
+  if (name == "cnn") return models::fashion_cnn(gen);
+  if (name == "resnet18") return models::resnet18_cifar(gen);
   throw Error(fmt::format("unknown model '{}'; use mlp, cnn or resnet18", name));
 }
 
@@ -27,8 +27,8 @@ int64_t default_batch(const std::string& name) {
   return name == "resnet18" ? 256 : 64;
 }
 
-nn::GptConfig gpt_config(const runtime::Device& device) {
-  if (device.is_cuda()) return nn::GptConfig::gpt2();
+models::GptConfig gpt_config(const runtime::Device& device) {
+  if (device.is_cuda()) return models::GptConfig::gpt2();
   return {.vocab_size = 256, .block_size = 128, .n_layer = 4, .n_head = 4, .n_embd = 128};
 }
 

@@ -6,7 +6,7 @@
 //   cnn       Fashion-MNIST CNN, input [N, 1, 28, 28]   (launch-bound on a GPU)
 //   resnet18  ResNet-18 for CIFAR, input [N, 3, 32, 32] (compute-bound)
 //
-// and, for the step benchmark only, a GPT (nn/gpt.h), whose input is token
+// and, for the step benchmark only, a GPT (models/gpt.h), whose input is token
 // ids [N, T] rather than images, so it is not among model_names():
 //
 //   gpt       CPU: vocab 256 (bytes), block 128, 4 layers, 4 heads, n_embd 128
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/nn/gpt.h"
+#include "lockstep/models/gpt.h"
 #include "lockstep/nn/module.h"
 
 namespace lockstep::bench {
@@ -39,6 +39,6 @@ int64_t default_batch(const std::string& name);
 // The GPT a benchmark times on `device`: on the CPU a small byte-level model
 // that steps in tens of milliseconds at one thread (842,496 parameters), on a
 // GPU GPT-2 124M. Its block_size is the default sequence length.
-nn::GptConfig gpt_config(const runtime::Device& device);
+models::GptConfig gpt_config(const runtime::Device& device);
 
 }  // namespace lockstep::bench

@@ -36,7 +36,7 @@
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/join.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/train/training_checkpoint.h"
 #include "lockstep/train/training_run.h"
@@ -120,11 +120,11 @@ int run(Options o) {
   std::optional<train::TrainingRun> checkpoints = examples::open_checkpoints(
       {o.checkpoint_dir, o.keep_last, o.resume, o.restart}, runtime::BestMode::max, *group);
   if (checkpoints && checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
-  const auto norm = runtime::kFashionMnistNormalization;
-  auto train = runtime::load_fashion_mnist(o.data, runtime::Split::train, norm, o.train_samples);
-  auto test = runtime::load_fashion_mnist(o.data, runtime::Split::test, norm, o.test_samples);
+  const auto norm = models::kFashionMnistNormalization;
+  auto train = models::load_fashion_mnist(o.data, models::Split::train, norm, o.train_samples);
+  auto test = models::load_fashion_mnist(o.data, models::Split::test, norm, o.test_samples);
   std::shared_ptr<nn::Module> model =
-      o.model == "cnn" ? nn::models::fashion_cnn(o.seed) : nn::models::fashion_mlp(o.seed);
+      o.model == "cnn" ? models::fashion_cnn(o.seed) : models::fashion_mlp(o.seed);
   model->to(device);
   if (o.sync_bn) model = nn::convert_sync_batchnorm(model, group);
   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group);

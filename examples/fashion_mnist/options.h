@@ -5,7 +5,7 @@
 #include <set>
 #include <string>
 
-#include "lockstep/runtime/data/fashion_mnist.h"
+#include "lockstep/models/fashion_mnist.h"
 
 namespace fashion_mnist {
 
@@ -29,7 +29,7 @@ struct Options {
   bool resume = false;
   bool restart = false;  // move the checkpoints in --checkpoint-dir aside, start a new run
   uint64_t seed = 0;
-  std::string data = lockstep::runtime::kFashionMnistDir;
+  std::string data = lockstep::models::kFashionMnistDir;
   int log_every = 100;
   std::string log_json;  // empty: no JSON log (training_log.h)
   int threads = 1;

@@ -1,4 +1,4 @@
-// Trains a byte-level GPT (nn/gpt.h) with DistributedDataParallel on the
+// Trains a byte-level GPT (models/gpt.h) with DistributedDataParallel on the
 // fortune databases of Debian's `fortunes` package, reports the validation
 // loss in bits per byte against the unigram baseline, and prints a sample.
 //
@@ -39,7 +39,7 @@
 #include "corpus.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/lr_scheduler.h"
@@ -61,7 +61,7 @@ using runtime::Tensor;
 
 using examples::print;
 
-nn::GptConfig model_config(const Options& o) {
+models::GptConfig model_config(const Options& o) {
   return {.vocab_size = 256,
           .block_size = o.seq_len,
           .n_layer = o.n_layer,
@@ -79,7 +79,7 @@ runtime::AutocastGuard amp_scope(const Options& o) {
 
 // Mean validation loss in bits per byte over the evaluation windows: each
 // rank takes every world-th window, one all-reduce sums losses and counts.
-double evaluate(nn::Gpt& model, const std::string& text, const Options& o,
+double evaluate(models::Gpt& model, const std::string& text, const Options& o,
                 collectives::ProcessGroup& group, const runtime::Device& device) {
   runtime::NoGradGuard no_grad;
   model.eval();
@@ -183,7 +183,7 @@ int run(Options o) {
   const Corpus corpus = load_fortunes(o.data);
   const double unigram = unigram_bits_per_byte(corpus.train, corpus.validation);
 
-  auto model = nn::models::gpt(model_config(o), o.seed);
+  auto model = models::gpt(model_config(o), o.seed);
   model->to(device);
   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group);
   auto opt = make_optimizer(o, *model, group);
@@ -283,7 +283,7 @@ int run(Options o) {
     runtime::Generator g(o.seed);
     std::vector<int64_t> prompt;
     for (const char ch : o.prompt) prompt.push_back(static_cast<unsigned char>(ch));
-    const auto text = nn::sample(*model, prompt, o.sample_bytes, g, {.temperature = o.temperature});
+    const auto text = models::sample(*model, prompt, o.sample_bytes, g, {.temperature = o.temperature});
     print(rank, "sample (temperature {}):\n{}{}\n", o.temperature, o.prompt, printable(text));
   }
   return 0;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "lockstep/config.h"
-#include "lockstep/runtime/data/fashion_mnist.h"
+#include "lockstep/models/fashion_mnist.h"
 #include "support/mpirun.h"
 #include "support/subprocess.h"
 #include "support/skip.h"
@@ -97,7 +97,7 @@ TEST_CASE("mpi across processes: allreduce(i64, 2) against allreduce(f32, 1000) 
 TEST_CASE("the main job: ranks given different sample counts fail naming the call, not garbage",
           "[collectives][call_check]") {
   namespace fs = std::filesystem;
-  if (!fs::exists(fs::path(lockstep::runtime::kFashionMnistDir) / "train-images-idx3-ubyte.gz") ||
+  if (!fs::exists(fs::path(lockstep::models::kFashionMnistDir) / "train-images-idx3-ubyte.gz") ||
       !fs::exists(lt::bin_path("fashion_mnist"))) {
     std::cout << "SKIPPED: needs the Fashion-MNIST data (apt-get install dataset-fashion-mnist) "
                  "and the fashion_mnist example"

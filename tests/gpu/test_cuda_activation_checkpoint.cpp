@@ -9,7 +9,7 @@
 #include <string>
 
 #include "gpu/cuda_op_check.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/runtime/device_backend.h"
 #include "support/gpu_skip.h"
 #include "support/tokens.h"
@@ -17,6 +17,7 @@
 using namespace lockstep::runtime;
 using namespace lockstep::testing;
 namespace nn = lockstep::nn;
+namespace models = lockstep::models;
 
 TEST_CASE("CUDA activation checkpointing: the GPT's gradients equal the plain ones, in less memory",
           "[gpu][cuda][checkpoint]") {
@@ -30,9 +31,9 @@ TEST_CASE("CUDA activation checkpointing: the GPT's gradients equal the plain on
     size_t forward_peak = 0;
   };
   auto run = [&](bool checkpointed) {
-    const nn::GptConfig config{.vocab_size = 64, .block_size = 128, .n_layer = 4, .n_head = 4,
+    const models::GptConfig config{.vocab_size = 64, .block_size = 128, .n_layer = 4, .n_head = 4,
                                .n_embd = 128, .dropout = 0.1, .checkpoint_blocks = checkpointed};
-    auto model = nn::models::gpt(config, 7);
+    auto model = models::gpt(config, 7);
     model->to(cuda0());
     default_generator().manual_seed(11);
     backend.synchronize(cuda0());

@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "gpu/cuda_op_check.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/runtime/ops/attention.h"
 #include "support/gpu_skip.h"
 #include "support/test_util.h"
@@ -13,6 +13,7 @@
 using namespace lockstep::runtime;
 using namespace lockstep::testing;
 namespace nn = lockstep::nn;
+namespace models = lockstep::models;
 
 TEST_CASE("CUDA: scaled_dot_product_attention matches the CPU, forward and backward",
           "[gpu][cuda][attention]") {
@@ -62,10 +63,10 @@ TEST_CASE("CUDA: scaled_dot_product_attention matches the CPU, forward and backw
 
 TEST_CASE("CUDA: a GPT's loss and gradients match the CPU's", "[gpu][cuda][gpt]") {
   LOCKSTEP_SKIP_UNLESS_GPU();
-  const nn::GptConfig config{.vocab_size = 64, .block_size = 32, .n_layer = 2, .n_head = 4,
+  const models::GptConfig config{.vocab_size = 64, .block_size = 32, .n_layer = 2, .n_head = 4,
                              .n_embd = 64};
-  auto cpu = nn::models::gpt(config, 3);
-  auto gpu = nn::models::gpt(config, 3);
+  auto cpu = models::gpt(config, 3);
+  auto gpu = models::gpt(config, 3);
   gpu->to(cuda0());
   Generator g(5);
   std::vector<int64_t> ids(2 * 25);

@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "gpu/cuda_op_check.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/autocast.h"
@@ -22,6 +22,7 @@ using namespace lockstep::runtime;
 using namespace lockstep::testing;
 namespace nn = lockstep::nn;
 namespace optim = lockstep::optim;
+namespace models = lockstep::models;
 
 namespace {
 
@@ -96,13 +97,13 @@ TEST_CASE("CUDA autocast: each policy row's dtype, and its values against the CP
 TEST_CASE("CUDA autocast: a GPT trained under bf16 and f16 stays near f32 training",
           "[gpu][cuda][autocast]") {
   LOCKSTEP_SKIP_UNLESS_GPU();
-  const nn::GptConfig config{.vocab_size = 64, .block_size = 32, .n_layer = 2, .n_head = 2,
+  const models::GptConfig config{.vocab_size = 64, .block_size = 32, .n_layer = 2, .n_head = 2,
                              .n_embd = 64};
   // Token ids in [0, 62].
   const Tensor tokens = add(small_ints_cpu({4, 33}, 5, 31), 31.0).to(DType::i64).to(cuda0());
   const Tensor idx = tokens.slice(1, 0, 32).contiguous(), targets = tokens.slice(1, 1, 33).contiguous();
   auto train = [&](std::optional<DType> amp) {
-    auto model = nn::models::gpt(config, 3);
+    auto model = models::gpt(config, 3);
     model->to(cuda0());
     optim::SGD sgd(model->parameters(), {.lr = 0.05, .momentum = 0.9});
     optim::GradScaler scaler({.init_scale = 1024.0, .enabled = amp == DType::f16});

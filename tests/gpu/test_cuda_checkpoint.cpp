@@ -7,7 +7,7 @@
 #include <string>
 
 #include "gpu/cuda_op_check.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/runtime/checkpoint/checkpoint.h"
 #include "support/gpu_skip.h"
 
@@ -22,7 +22,7 @@ TEST_CASE("checkpoints save from and load onto a CUDA device bit for bit", "[gpu
   std::filesystem::create_directories(dir);
   const auto path = dir / "cnn.safetensors";
 
-  auto source = nn::models::fashion_cnn(5);
+  auto source = models::fashion_cnn(5);
   source->to(cuda0());
   save_checkpoint(path, {.tensors = source->state_dict().items()});
 
@@ -36,7 +36,7 @@ TEST_CASE("checkpoints save from and load onto a CUDA device bit for bit", "[gpu
   }
 
   // Into a model on the device that started from other weights.
-  auto target = nn::models::fashion_cnn(6);
+  auto target = models::fashion_cnn(6);
   target->to(cuda0());
   const CheckpointContent host = load_checkpoint(path);
   target->load_state_dict(nn::StateDict(host.tensors));

@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "lockstep/nn/data_parallel.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/runtime/cuda_available.h"
 #include "lockstep/runtime/ops.h"
 #include "nn/ddp/ddp_fixture.h"
@@ -15,6 +15,7 @@
 namespace lt = lockstep::testing;
 namespace nn = lockstep::nn;
 namespace lr = lockstep::runtime;
+namespace models = lockstep::models;
 using lockstep::runtime::Device;
 using lockstep::runtime::Tensor;
 
@@ -33,12 +34,12 @@ TEST_CASE("DataParallel on CUDA replicas equals one CPU model on the whole batch
   const Tensor y = Tensor::from_vector(labels, {10});
   for (const auto& devices : layouts) {
     INFO(devices.size() << " replicas");
-    auto model = nn::models::fashion_cnn(3);
+    auto model = models::fashion_cnn(3);
     model->to(devices[0]);
     model->eval();
     nn::DataParallel dp(model, devices, {.output_device = Device::cpu()});
     lr::cross_entropy(dp.forward(x.to(devices[0])), y).backward();
-    auto alone = nn::models::fashion_cnn(3);
+    auto alone = models::fashion_cnn(3);
     alone->eval();
     lr::cross_entropy(alone->forward(x), y).backward();
     const auto a = model->named_parameters(), b = alone->named_parameters();

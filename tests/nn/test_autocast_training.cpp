@@ -10,8 +10,8 @@
 #include <optional>
 
 #include "lockstep/nn/data_parallel.h"
-#include "lockstep/nn/gpt.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/gpt.h"
+#include "lockstep/models/models.h"
 #include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/autocast.h"
@@ -22,6 +22,7 @@ namespace lt = lockstep::testing;
 namespace nn = lockstep::nn;
 namespace optim = lockstep::optim;
 using namespace lockstep::runtime;
+namespace models = lockstep::models;
 
 namespace {
 
@@ -93,7 +94,7 @@ Tensor labels(int64_t n, int64_t classes, int step) {
 }
 
 Task mlp_task() {
-  return {[] { return std::static_pointer_cast<nn::Module>(nn::models::fashion_mlp(3)); },
+  return {[] { return std::static_pointer_cast<nn::Module>(models::fashion_mlp(3)); },
           [](nn::Module& m, int step) {
             Generator g(100 + static_cast<uint64_t>(step));
             return cross_entropy(m.forward(randn({32, 784}, DType::f32, g)), labels(32, 10, step));
@@ -101,7 +102,7 @@ Task mlp_task() {
 }
 
 Task cnn_task() {
-  return {[] { return std::static_pointer_cast<nn::Module>(nn::models::fashion_cnn(3)); },
+  return {[] { return std::static_pointer_cast<nn::Module>(models::fashion_cnn(3)); },
           [](nn::Module& m, int step) {
             Generator g(200 + static_cast<uint64_t>(step));
             return cross_entropy(m.forward(randn({8, 1, 28, 28}, DType::f32, g)),
@@ -109,12 +110,12 @@ Task cnn_task() {
           }};
 }
 
-nn::GptConfig small_gpt() {
+models::GptConfig small_gpt() {
   return {.vocab_size = 64, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 32};
 }
 
 Task gpt_task() {
-  return {[] { return std::static_pointer_cast<nn::Module>(nn::models::gpt(small_gpt(), 3)); },
+  return {[] { return std::static_pointer_cast<nn::Module>(models::gpt(small_gpt(), 3)); },
           [](nn::Module& m, int step) {
             const auto [idx, targets] = lt::tokens(4, 16, 64, 300 + static_cast<uint64_t>(step));
             return m.forward_values({idx, targets}).tensor(1);
@@ -155,7 +156,7 @@ TEST_CASE("autocast training: the MLP, the CNN and a GPT in bf16 and f16 stay ne
 
 TEST_CASE("autocast under DDP: f32 gradients, the same step on every rank", "[autocast][ddp]") {
   const auto problems = lt::on_ranks(2, [](int rank, auto group) -> std::string {
-    auto model = nn::models::gpt(small_gpt(), 3);
+    auto model = models::gpt(small_gpt(), 3);
     nn::DistributedDataParallel ddp(model, group);
     optim::SGD sgd(ddp.parameters(), {.lr = 0.05});
     for (int step = 0; step < 3; ++step) {
@@ -186,7 +187,7 @@ TEST_CASE("autocast under DDP: f32 gradients, the same step on every rank", "[au
 }
 
 TEST_CASE("autocast reaches DataParallel's replica threads", "[autocast]") {
-  auto model = nn::models::fashion_mlp(3);
+  auto model = models::fashion_mlp(3);
   nn::DataParallel dp(model, {Device::cpu(), Device::cpu()});
   Generator g(5);
   Tensor x = randn({8, 784}, DType::f32, g);
@@ -197,7 +198,7 @@ TEST_CASE("autocast reaches DataParallel's replica threads", "[autocast]") {
   }
   CHECK(out.dtype() == DType::bf16);
   // Each half as the model alone computes it under autocast.
-  auto alone = nn::models::fashion_mlp(3);
+  auto alone = models::fashion_mlp(3);
   auto amp = autocast({.dtype = DType::bf16});
   Tensor first = alone->forward(x.slice(0, 0, 4)), second = alone->forward(x.slice(0, 4, 8));
   CHECK(lt::mismatch("first half", out.slice(0, 0, 4), first, 0) == "");
@@ -207,10 +208,10 @@ TEST_CASE("autocast reaches DataParallel's replica threads", "[autocast]") {
 TEST_CASE("autocast with activation checkpointing: the GPT's gradients equal the plain ones",
           "[autocast][checkpoint]") {
   auto grads = [](bool checkpointed) {
-    nn::GptConfig config = small_gpt();
+    models::GptConfig config = small_gpt();
     config.dropout = 0.1;
     config.checkpoint_blocks = checkpointed;
-    auto model = nn::models::gpt(config, 3);
+    auto model = models::gpt(config, 3);
     const auto [idx, targets] = lt::tokens(2, 16, 64, 9);
     Tensor loss;
     {

@@ -11,7 +11,7 @@
 
 #include "lockstep/nn/checkpoint.h"
 #include "lockstep/nn/data_parallel.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/cpu/host_cache.h"
@@ -22,6 +22,7 @@
 namespace lt = lockstep::testing;
 namespace nn = lockstep::nn;
 namespace lr = lockstep::runtime;
+namespace models = lockstep::models;
 using lr::Device;
 using lr::Tensor;
 
@@ -30,7 +31,7 @@ using lockstep::testing::tokens;
 namespace {
 
 
-nn::GptConfig small(bool checkpointed, double dropout = 0.1) {
+models::GptConfig small(bool checkpointed, double dropout = 0.1) {
   return {.vocab_size = 40, .block_size = 16, .n_layer = 3, .n_head = 2, .n_embd = 32,
           .dropout = dropout, .checkpoint_blocks = checkpointed};
 }
@@ -42,9 +43,9 @@ struct GptRun {
   uint64_t offset;
 };
 
-GptRun gpt_step(const nn::GptConfig& config) {
+GptRun gpt_step(const models::GptConfig& config) {
   const auto [idx, targets] = tokens(3, 12, config.vocab_size, 2);
-  auto model = nn::models::gpt(config, 7);
+  auto model = models::gpt(config, 7);
   lr::manual_seed(21);
   const Tensor loss = model->forward_values({idx, targets}).tensor(1);
   loss.backward();
@@ -72,8 +73,8 @@ TEST_CASE("checkpoint: a GPT with checkpointed blocks gives the plain loss and g
 }
 
 TEST_CASE("checkpoint: checkpoint_blocks keeps nanoGPT's parameter names", "[nn][checkpoint][gpt]") {
-  CHECK(nn::models::gpt(small(true), 1)->state_dict().keys() ==
-        nn::models::gpt(small(false), 1)->state_dict().keys());
+  CHECK(models::gpt(small(true), 1)->state_dict().keys() ==
+        models::gpt(small(false), 1)->state_dict().keys());
 }
 
 TEST_CASE("checkpoint: nn::Checkpoint prefixes names with module. and matches the plain module",
@@ -118,13 +119,13 @@ TEST_CASE("checkpoint: a checkpointed GPT's forward peaks lower in host memory, 
   // input), so the forward's peak should drop by about 16N per block, less
   // the one block whose activations live while it runs (at most 16N):
   // between 3 and 4 blocks' worth, 6-8 MiB. Dropout masks are kept in both.
-  const nn::GptConfig base{.vocab_size = 64, .block_size = 64, .n_layer = 4, .n_head = 4,
+  const models::GptConfig base{.vocab_size = 64, .block_size = 64, .n_layer = 4, .n_head = 4,
                            .n_embd = 64, .dropout = 0.1};
   const auto [idx, targets] = tokens(8, 64, base.vocab_size, 3);
   const auto peak_of = [&](bool checkpointed) {
-    nn::GptConfig c = base;
+    models::GptConfig c = base;
     c.checkpoint_blocks = checkpointed;
-    auto model = nn::models::gpt(c, 1);
+    auto model = models::gpt(c, 1);
     lr::cpu::reset_host_peak();
     const size_t before = lr::cpu::host_cache_stats().in_use_bytes;
     const Tensor loss = model->forward_values({idx, targets}).tensor(1);
@@ -151,7 +152,7 @@ TEST_CASE("checkpoint: a checkpointed GPT trains as the plain one under DDP at 2
       std::vector<std::vector<Tensor>> params(2);
       const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
         // No dropout: the rank threads would share the default generator.
-        auto model = nn::models::gpt(small(checkpointed, 0.0), 5);
+        auto model = models::gpt(small(checkpointed, 0.0), 5);
         nn::DistributedDataParallel ddp(model, group, {.find_unused_parameters = find_unused});
         lockstep::optim::SGD sgd(model->parameters(), {.lr = 0.1});
         for (int step = 0; step < 3; ++step) {
@@ -178,7 +179,7 @@ TEST_CASE("checkpoint: DataParallel CPU replicas recompute on their own lanes",
           "[nn][checkpoint][gpt][data_parallel]") {
   const auto [idx, targets] = tokens(4, 7, 40, 4);
   const auto grads = [&](bool checkpointed) {
-    auto model = nn::models::gpt(small(checkpointed, 0.0), 6);
+    auto model = models::gpt(small(checkpointed, 0.0), 6);
     nn::DataParallel dp(model, {Device::cpu(), Device::cpu()});
     lr::mean(dp.forward_values({idx, targets}).tensor(1)).backward();
     std::vector<Tensor> out;

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/nn/data_parallel.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/nn/normalization.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "nn/ddp/ddp_fixture.h"
@@ -14,6 +14,7 @@
 namespace lt = lockstep::testing;
 namespace nn = lockstep::nn;
 namespace lr = lockstep::runtime;
+namespace models = lockstep::models;
 using lockstep::runtime::Device;
 using lockstep::runtime::Tensor;
 
@@ -76,11 +77,11 @@ TEST_CASE("DataParallel: a CNN with BatchNorm gets the gradient of one device ru
           "chunks; in eval mode, of the whole batch",
           "[data_parallel]") {
   const Tensor x = images(10, 1), y = labels(10);
-  auto model = nn::models::fashion_cnn(3);
+  auto model = models::fashion_cnn(3);
   nn::DataParallel dp(model, cpus(2));
   lr::cross_entropy(dp.forward(x), y).backward();
   // Training mode: each replica normalises with its own chunk's statistics.
-  auto alone = nn::models::fashion_cnn(3);
+  auto alone = models::fashion_cnn(3);
   auto* first_bn = dynamic_cast<nn::BatchNorm2d*>((*alone)[1].get());
   REQUIRE(first_bn != nullptr);
   const Tensor first = alone->forward(x.slice(0, 0, 5));
@@ -108,22 +109,22 @@ TEST_CASE("DataParallel: the replicas take the wrapped module's mode, not the wr
           "(model->eval() without dp.eval())",
           "[data_parallel]") {
   const Tensor x = images(10, 4), y = labels(10);
-  auto model = nn::models::fashion_cnn(3);
+  auto model = models::fashion_cnn(3);
   model->eval();  // the wrapper itself stays in training mode
   nn::DataParallel dp(model, cpus(2));
   REQUIRE(dp.is_training());
   lr::cross_entropy(dp.forward(x), y).backward();
-  auto alone = nn::models::fashion_cnn(3);
+  auto alone = models::fashion_cnn(3);
   alone->eval();
   lt::loss_of(*alone, {x, y}).backward();
   CHECK(grad_mismatch(*model, *alone, 1e-4) == "");
 
   // A submodule frozen in eval inside a training model stays frozen in the replicas.
-  auto frozen = nn::models::fashion_cnn(3);
+  auto frozen = models::fashion_cnn(3);
   (*frozen)[1]->eval();
   nn::DataParallel dp2(frozen, cpus(2));
   const Tensor out = dp2.forward(x);
-  auto reference = nn::models::fashion_cnn(3);
+  auto reference = models::fashion_cnn(3);
   (*reference)[1]->eval();
   const Tensor first = reference->forward(x.slice(0, 0, 5));
   const Tensor second = reference->forward(x.slice(0, 5, 10));
@@ -212,7 +213,7 @@ TEST_CASE("DataParallel: backward gives the same bits every time, the replicas' 
   const Tensor x = images(12, 5), y = labels(12);
   std::vector<Tensor> grads;
   for (int run = 0; run < 4; ++run) {
-    auto model = nn::models::fashion_cnn(2);
+    auto model = models::fashion_cnn(2);
     nn::DataParallel dp(model, cpus(3));
     lr::cross_entropy(dp.forward(x), y).backward();
     grads.push_back(model->parameters()[0].grad());

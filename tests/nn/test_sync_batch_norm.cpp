@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "lockstep/config.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/nn/nn.h"
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/runtime/ops.h"
@@ -20,6 +20,7 @@
 
 using namespace lockstep::nn;
 using namespace lockstep::testing;
+namespace models = lockstep::models;
 using lockstep::runtime::DType;
 using Catch::Contains;
 using namespace std::chrono_literals;

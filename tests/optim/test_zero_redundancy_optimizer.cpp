@@ -19,7 +19,7 @@
 #include "lockstep/nn/activation.h"
 #include "lockstep/nn/container.h"
 #include "lockstep/nn/linear.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/lr_scheduler.h"
@@ -36,6 +36,7 @@ namespace lc = lockstep::collectives;
 namespace lt = lockstep::testing;
 namespace nn = lockstep::nn;
 using namespace lockstep::optim;
+namespace models = lockstep::models;
 using lockstep::runtime::DType;
 using lockstep::runtime::Generator;
 using Catch::Contains;
@@ -553,7 +554,7 @@ TEST_CASE("ZeroRedundancyOptimizer: split state per rank is about 1/N on the Fas
   // what whole-parameter sharding can balance at N = 2 or 4.
   const int world = GENERATE(2, 4);
   INFO("world " << world);
-  check_state_bytes([] { return nn::models::fashion_mlp(uint64_t{4}); }, 784, world, true);
+  check_state_bytes([] { return models::fashion_mlp(uint64_t{4}); }, 784, world, true);
 }
 
 TEST_CASE("ZeroRedundancyOptimizer: clear errors", "[zero][optim]") {

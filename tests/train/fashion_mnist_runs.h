@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "lockstep/runtime/data/fashion_mnist.h"
+#include "lockstep/models/fashion_mnist.h"
 #include "support/skip.h"
 #include "support/subprocess.h"
 
@@ -23,7 +23,7 @@ namespace lockstep::testing {
 // Why this machine cannot run fashion_mnist, or empty.
 inline std::string fashion_mnist_skip_reason() {
   namespace fs = std::filesystem;
-  if (!fs::exists(fs::path(runtime::kFashionMnistDir) / "train-images-idx3-ubyte.gz"))
+  if (!fs::exists(fs::path(models::kFashionMnistDir) / "train-images-idx3-ubyte.gz"))
     return "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
   if (!fs::exists(bin_path("fashion_mnist")))
     return "the fashion_mnist example is not built (LOCKSTEP_BUILD_EXAMPLES=OFF)";

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "collectives/rank_threads.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/train/training_checkpoint.h"
@@ -58,7 +58,7 @@ std::vector<float> flat_parameters(const nn::Module& model) {
 TEST_CASE("A training checkpoint restores model, optimizer, schedule, RNG and progress",
           "[optim][checkpoint]") {
   const fs::path dir = scratch("roundtrip");
-  auto model = nn::models::fashion_cnn(1);
+  auto model = models::fashion_cnn(1);
   Adam opt(model->parameters(), {.lr = 1e-3});
   StepLR sched(opt, {.step_size = 2, .gamma = 0.5});
   for (int i = 0; i < 3; ++i) {
@@ -74,7 +74,7 @@ TEST_CASE("A training checkpoint restores model, optimizer, schedule, RNG and pr
   const uint64_t rng_offset = runtime::default_generator().offset();
 
   // A second model, optimizer and schedule, trained differently, take it all.
-  auto other = nn::models::fashion_cnn(2);
+  auto other = models::fashion_cnn(2);
   Adam other_opt(other->parameters(), {.lr = 1e-3});
   StepLR other_sched(other_opt, {.step_size = 2, .gamma = 0.5});
   train_step(*other, other_opt);
@@ -103,7 +103,7 @@ TEST_CASE("A training checkpoint restores model, optimizer, schedule, RNG and pr
 TEST_CASE("Loading a training checkpoint into another model or optimizer changes nothing",
           "[optim][checkpoint]") {
   const fs::path dir = scratch("mismatch");
-  auto model = nn::models::fashion_mlp(1);
+  auto model = models::fashion_mlp(1);
   Adam opt(model->parameters(), {});
   train_step(*model, opt);
   runtime::CheckpointDir ckpt(dir);
@@ -112,14 +112,14 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
                                std::nullopt, testing::one_rank_group());
 
   SECTION("another model") {
-    auto cnn = nn::models::fashion_cnn(1);
+    auto cnn = models::fashion_cnn(1);
     const auto before = flat_parameters(*cnn);
     CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = cnn.get()}, testing::one_rank_group()),
                       Contains(entry.path.string()));
     CHECK((flat_parameters(*cnn) == before));
   }
   SECTION("another optimizer") {
-    auto same = nn::models::fashion_mlp(2);
+    auto same = models::fashion_mlp(2);
     const auto before = flat_parameters(*same);
     SGD sgd(same->parameters(), {.lr = 0.1, .momentum = 0.9});
     CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &sgd}, testing::one_rank_group()),
@@ -127,7 +127,7 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
     CHECK((flat_parameters(*same) == before));
   }
   SECTION("a scheduler the run did not have") {
-    auto same = nn::models::fashion_mlp(2);
+    auto same = models::fashion_mlp(2);
     Adam adam(same->parameters(), {});
     CosineLR sched(adam, {.t_max = 10});
     const auto before = flat_parameters(*same);
@@ -143,7 +143,7 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
     auto content = training_checkpoint_content({.model = model.get(), .optimizer = &opt}, {.step = 1});
     for (auto& [name, t] : content.tensors)
       if (name.starts_with("optimizer.state.0.") && t.dim() == 2) t = t.transpose(0, 1).contiguous();
-    auto same = nn::models::fashion_mlp(2);
+    auto same = models::fashion_mlp(2);
     Adam adam(same->parameters(), {});
     const auto before = flat_parameters(*same);
     CHECK_THROWS_WITH(restore_training_checkpoint(content, {.model = same.get(), .optimizer = &adam},
@@ -165,7 +165,7 @@ TEST_CASE("A checkpoint rank 0 cannot write fails every rank", "[optim][checkpoi
   auto groups = testing::make_groups(testing::kThreadRankBackend, 2, "ckpt-fail");
   std::vector<std::string> messages(2);
   const auto errors = testing::run_ranks(2, [&](int r) {
-    auto model = nn::models::fashion_mlp(1);
+    auto model = models::fashion_mlp(1);
     runtime::CheckpointDir ckpt(dir / std::to_string(r));
     // Rank 0's directory disappears and a file takes its place.
     if (r == 0) {
@@ -184,7 +184,7 @@ TEST_CASE("A checkpoint rank 0 cannot write fails every rank", "[optim][checkpoi
 TEST_CASE("A schedule saved with other settings is refused before anything changes",
           "[optim][checkpoint]") {
   const fs::path dir = scratch("schedule");
-  auto model = nn::models::fashion_mlp(1);
+  auto model = models::fashion_mlp(1);
   SGD opt(model->parameters(), {.lr = 0.1});
   CosineLR sched(opt, {.t_max = 100});
   runtime::CheckpointDir ckpt(dir);
@@ -192,7 +192,7 @@ TEST_CASE("A schedule saved with other settings is refused before anything chang
       ckpt, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {.step = 1},
       std::nullopt, testing::one_rank_group());
 
-  auto other = nn::models::fashion_mlp(2);
+  auto other = models::fashion_mlp(2);
   SGD other_opt(other->parameters(), {.lr = 0.1});
   CosineLR longer(other_opt, {.t_max = 150});  // e.g. resumed with more --epochs
   const auto before = flat_parameters(*other);
@@ -213,7 +213,7 @@ TEST_CASE("Every rank's generators are saved, and each rank gets its own back",
   std::vector<std::optional<int64_t>> picked(2);
   const auto errors = testing::run_ranks(2, [&](int r) {
     auto& group = *groups[static_cast<size_t>(r)];
-    auto model = nn::models::fashion_mlp(1);
+    auto model = models::fashion_mlp(1);
     runtime::Generator gen(100 + static_cast<uint64_t>(r));
     for (int i = 0; i < 10 * (r + 1); ++i) (void)gen.next_u32();  // ranks drew differently
     saved[static_cast<size_t>(r)] = {gen.seed(), gen.offset()};
@@ -244,7 +244,7 @@ TEST_CASE("Every rank's generators are saved, and each rank gets its own back",
 TEST_CASE("A checkpoint some rank cannot see stops every rank, naming it", "[optim][checkpoint]") {
   const fs::path dir = scratch("unseen");
   auto groups = testing::make_groups(testing::kThreadRankBackend, 2, "ckpt-unseen");
-  auto model = nn::models::fashion_mlp(1);
+  auto model = models::fashion_mlp(1);
   {
     runtime::CheckpointDir ckpt(dir / "0");
     save_training_checkpoint(ckpt, {.model = model.get()}, {.step = 4}, std::nullopt, testing::one_rank_group());

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "collectives/rank_threads.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/train/training_checkpoint.h"
 #include "lockstep/train/training_run.h"
@@ -38,7 +38,7 @@ RunSettings settings(const std::string& model, const std::string& lr) {
 std::string saved_run(const fs::path& dir, const RunSettings& s, std::vector<int64_t> steps) {
   TrainingRun run = open_training_run(dir, kQuiet, {}, testing::one_rank_group());
   record_run_settings(run, s);
-  auto model = nn::models::fashion_mlp(1);
+  auto model = models::fashion_mlp(1);
   for (int64_t step : steps)
     save_training_checkpoint(run.dir, {.model = model.get()}, {.step = step}, std::nullopt, testing::one_rank_group());
   return run.dir.run().id;
@@ -65,7 +65,7 @@ TEST_CASE("A run's id and settings ride in its checkpoints and survive a resume"
   // An unchanged resume reports nothing; later saves keep the id and
   // retention goes on over the run's files (keep_last 2).
   CHECK(record_run_settings(resumed, settings("mlp", "0.05")).empty());
-  auto model = nn::models::fashion_mlp(1);
+  auto model = models::fashion_mlp(1);
   save_training_checkpoint(resumed.dir, {.model = model.get()}, {.step = 30}, std::nullopt, testing::one_rank_group());
   std::vector<int64_t> steps;
   for (const auto& e : resumed.dir.list()) {
@@ -187,7 +187,7 @@ TEST_CASE("A checkpoint saved without a run id is adopted, with a note", "[optim
   REQUIRE(run.notes.size() == 1);
   CHECK_THAT(run.notes[0], Contains("without a run id"));
   CHECK(record_run_settings(run, settings("cnn", "1")).empty());  // nothing to check against
-  auto model = nn::models::fashion_mlp(1);
+  auto model = models::fashion_mlp(1);
   save_training_checkpoint(run.dir, {.model = model.get()}, {.step = 5}, std::nullopt, testing::one_rank_group());
   const auto entries = run.dir.list();
   REQUIRE(entries.size() == 2);
@@ -205,7 +205,7 @@ TEST_CASE("Every rank agrees: a refusal on rank 0 stops both, a resume finds the
   const auto first = testing::run_ranks(2, [&](int r) {
     TrainingRun run = open_training_run(dir, kQuiet, {}, *groups[size_t(r)]);
     record_run_settings(run, settings("mlp", "0.05"));
-    auto model = nn::models::fashion_mlp(1);
+    auto model = models::fashion_mlp(1);
     save_training_checkpoint(run.dir, {.model = model.get()}, {.step = 3}, std::nullopt,
                              *groups[size_t(r)]);
   });
@@ -239,7 +239,7 @@ TEST_CASE("A resume that changes the learning rate trains with it, schedule incl
           "[optim][checkpoint][run]") {
   TempDir tmp;
   const fs::path dir = tmp.file("lr");
-  auto model = nn::models::fashion_mlp(1);
+  auto model = models::fashion_mlp(1);
   SGD opt(model->parameters(), {.lr = 0.1});
   StepLR sched(opt, {.step_size = 2, .gamma = 0.5});
   for (int i = 0; i < 3; ++i) sched.step();  // at 0.05
@@ -248,7 +248,7 @@ TEST_CASE("A resume that changes the learning rate trains with it, schedule incl
       ckpt, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {.step = 3},
       std::nullopt, testing::one_rank_group());
 
-  auto other = nn::models::fashion_mlp(1);
+  auto other = models::fashion_mlp(1);
   SGD other_opt(other->parameters(), {.lr = 1.0});
   StepLR other_sched(other_opt, {.step_size = 2, .gamma = 0.5});
   const TrainingParts parts{.model = other.get(), .optimizer = &other_opt, .scheduler = &other_sched};

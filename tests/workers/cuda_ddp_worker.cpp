@@ -22,7 +22,7 @@
 #include "lockstep/collectives/init.h"
 #include "lockstep/config.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
@@ -32,6 +32,7 @@
 
 namespace lc = lockstep::collectives;
 namespace nn = lockstep::nn;
+namespace models = lockstep::models;
 namespace lr = lockstep::runtime;
 using lr::Tensor;
 
@@ -60,8 +61,8 @@ std::pair<Tensor, Tensor> shard(int step, int rank, int ranks, lr::Device device
                           bool cnn, lr::Device device, nn::DdpStats* stats = nullptr) {
   // Ranks start from different weights: DDP broadcasts rank 0's.
   std::shared_ptr<nn::Module> model =
-      cnn ? std::shared_ptr<nn::Module>(nn::models::fashion_cnn(7 + rank))
-          : std::shared_ptr<nn::Module>(nn::models::fashion_mlp(7 + rank));
+      cnn ? std::shared_ptr<nn::Module>(models::fashion_cnn(7 + rank))
+          : std::shared_ptr<nn::Module>(models::fashion_mlp(7 + rank));
   model->to(device);
   std::shared_ptr<nn::Module> wrapped = model;
   std::shared_ptr<nn::DistributedDataParallel> ddp;

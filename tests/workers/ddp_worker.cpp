@@ -28,7 +28,7 @@
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/linear.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/nn/normalization.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -37,6 +37,7 @@
 
 namespace lc = lockstep::collectives;
 namespace nn = lockstep::nn;
+namespace models = lockstep::models;
 namespace lr = lockstep::runtime;
 using lr::Tensor;
 
@@ -127,13 +128,13 @@ class Checks {
 void check_gradients(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group, const char* model) {
   const int r = group->rank(), n = group->size();
   const bool cnn = std::strcmp(model, "cnn") == 0;
-  auto make = [&] { return cnn ? nn::models::fashion_cnn(3) : nn::models::fashion_mlp(3); };
+  auto make = [&] { return cnn ? models::fashion_cnn(3) : models::fashion_mlp(3); };
   const Batch global = global_batch(4 * n, 11);
   auto reference = make();
   if (cnn) reference->eval();
   loss_of(*reference, global).backward();
   // Other ranks start from other weights: DDP copies rank 0's.
-  auto local = cnn ? nn::models::fashion_cnn(3 + r) : nn::models::fashion_mlp(3 + r);
+  auto local = cnn ? models::fashion_cnn(3 + r) : models::fashion_mlp(3 + r);
   nn::DistributedDataParallel ddp(local, group);
   if (cnn) ddp.eval();  // BatchNorm from running statistics (the gradient still flows)
   loss_of(ddp, shard(global, r, n)).backward();
@@ -146,7 +147,7 @@ void check_gradients(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group, 
 
 void check_training_stays_identical(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group) {
   const int r = group->rank(), n = group->size();
-  auto model = nn::models::fashion_cnn(5);
+  auto model = models::fashion_cnn(5);
   nn::DistributedDataParallel ddp(model, group);
   lockstep::optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
   for (int step = 0; step < 20; ++step) {
@@ -181,10 +182,10 @@ void check_buffers_and_parameters(Checks& c, const std::shared_ptr<lc::ProcessGr
 void check_no_sync(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group) {
   const int r = group->rank(), n = group->size();
   const Batch a = global_batch(2 * n, 31), b = global_batch(2 * n, 32);
-  auto reference = nn::models::fashion_mlp(7);
+  auto reference = models::fashion_mlp(7);
   lr::mul(loss_of(*reference, a), 0.5).backward();
   lr::mul(loss_of(*reference, b), 0.5).backward();
-  auto model = nn::models::fashion_mlp(7);
+  auto model = models::fashion_mlp(7);
   nn::DistributedDataParallel ddp(model, group);
   {
     auto guard = ddp.no_sync();
@@ -200,7 +201,7 @@ class TwoHeads : public nn::Module {
  public:
   TwoHeads() {
     lr::Generator g(9);
-    body = register_module("body", nn::models::fashion_mlp(g));
+    body = register_module("body", models::fashion_mlp(g));
     head = register_module("head", std::make_shared<nn::Linear>(10, 10, true, g));
   }
   Tensor forward(const Tensor& x) override {
@@ -232,14 +233,14 @@ void check_unused(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group) {
 void check_hooks(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group) {
   const int r = group->rank(), n = group->size();
   const Batch global = global_batch(2 * n, 51);
-  auto reference = nn::models::fashion_mlp(8);
+  auto reference = models::fashion_mlp(8);
   loss_of(*reference, global).backward();
   const auto want = reference->parameters();
   // Each rank's share is rounded once to the wire format, the sum once more:
   // about 2 ulps of f16 (2^-10) and bf16 (2^-7) relative to the largest value.
   const std::pair<const char*, double> formats[] = {{"fp16", 2e-3}, {"bf16", 1.6e-2}};
   for (const auto& [format, tol] : formats) {
-    auto model = nn::models::fashion_mlp(8);
+    auto model = models::fashion_mlp(8);
     nn::DistributedDataParallel ddp(model, group);
     ddp.register_comm_hook(std::string(format) == "fp16" ? nn::comm_hooks::fp16_compress()
                                                          : nn::comm_hooks::bf16_compress());
@@ -250,7 +251,7 @@ void check_hooks(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group) {
     }
   }
   // A user hook: the default all-reduce, counting the buckets it was given.
-  auto model = nn::models::fashion_mlp(8);
+  auto model = models::fashion_mlp(8);
   nn::DistributedDataParallel ddp(model, group, nn::DdpOptions{.bucket_cap_mb = 2});
   int buckets_seen = 0;
   ddp.register_comm_hook([&](nn::GradBucket& bucket) {
@@ -278,7 +279,7 @@ int main(int argc, char** argv) {
     who = fmt::format("ddp_worker rank {}/{}", rank, group->size());
     std::printf("%s: backend %s\n", who.c_str(), group->backend().c_str());
     if (flags.mismatch_rank >= 0) {
-      auto model = rank == flags.mismatch_rank ? nn::models::fashion_mlp(1) : nn::models::fashion_cnn(1);
+      auto model = rank == flags.mismatch_rank ? models::fashion_mlp(1) : models::fashion_cnn(1);
       nn::DistributedDataParallel ddp(model, group);
       std::printf("%s: constructed DDP over different models\n", who.c_str());
       return 1;

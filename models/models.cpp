@@ -1,4 +1,4 @@
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 
 #include "lockstep/nn/activation.h"
 #include "lockstep/nn/conv.h"
@@ -6,7 +6,9 @@
 #include "lockstep/nn/normalization.h"
 #include "lockstep/nn/pooling.h"
 
-namespace lockstep::nn::models {
+namespace lockstep::models {
+
+using namespace nn;
 
 std::shared_ptr<Sequential> fashion_mlp(Generator& gen) {
   auto m = std::make_shared<Sequential>();
@@ -65,4 +67,4 @@ std::shared_ptr<Gpt> gpt(const GptConfig& config, uint64_t seed) {
   return gpt(config, gen);
 }
 
-}  // namespace lockstep::nn::models
+}  // namespace lockstep::models

@@ -1,4 +1,4 @@
-// The GPT (nn/gpt.h) against PyTorch, under DDP and DataParallel, and its
+// The GPT (models/gpt.h) against PyTorch, under DDP and DataParallel, and its
 // sampler.
 //
 // Fidelity: tests/nn/reference/gpt_reference.safetensors holds a small
@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/nn/data_parallel.h"
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/runtime/checkpoint/safetensors.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"
@@ -21,6 +21,7 @@
 namespace lt = lockstep::testing;
 namespace nn = lockstep::nn;
 namespace lr = lockstep::runtime;
+namespace models = lockstep::models;
 using lockstep::runtime::Device;
 using lockstep::runtime::Tensor;
 
@@ -29,7 +30,7 @@ using lockstep::testing::tokens;
 namespace {
 
 struct Reference {
-  nn::GptConfig config;
+  models::GptConfig config;
   nn::StateDict weights;
   std::map<std::string, Tensor> other;  // input.*, output.*, grad.*
 };
@@ -74,7 +75,7 @@ std::string off(const std::string& what, const Tensor& a, const Tensor& b, doubl
   return "";
 }
 
-nn::GptConfig tiny() {
+models::GptConfig tiny() {
   return {.vocab_size = 40, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 32};
 }
 
@@ -84,7 +85,7 @@ nn::GptConfig tiny() {
 TEST_CASE("GPT: parameter names and order are nanoGPT's; lm_head is tied to wte",
           "[nn][gpt]") {
   const auto& ref = reference();
-  auto model = nn::models::gpt(ref.config, 1);
+  auto model = models::gpt(ref.config, 1);
   CHECK(model->state_dict().keys() == ref.weights.keys());
   CHECK(model->lm_head->weight.is_same(model->wte->weight));
   // Listed once by parameters(), under its first name.
@@ -95,13 +96,13 @@ TEST_CASE("GPT: parameter names and order are nanoGPT's; lm_head is tied to wte"
   }
   CHECK(named_wte == 1);
   CHECK(model->num_parameters() == ref.config.num_parameters());
-  CHECK(nn::GptConfig::gpt2().num_parameters() == 124'439'808);
+  CHECK(models::GptConfig::gpt2().num_parameters() == 124'439'808);
 }
 
 TEST_CASE("GPT: logits, loss and every gradient match PyTorch's on the same weights and tokens",
           "[nn][gpt]") {
   const auto& ref = reference();
-  auto model = nn::models::gpt(ref.config, 1);
+  auto model = models::gpt(ref.config, 1);
   model->load_state_dict(ref.weights);
   const nn::Values out =
       model->forward_values({ref.other.at("input.idx"), ref.other.at("input.targets")});
@@ -119,10 +120,10 @@ TEST_CASE("GPT: logits, loss and every gradient match PyTorch's on the same weig
 
 TEST_CASE("GPT: DDP at 2 ranks equals one process on the doubled batch", "[nn][gpt][ddp]") {
   const auto [idx, targets] = tokens(4, 9, tiny().vocab_size, 3);
-  auto alone = nn::models::gpt(tiny(), 5);
+  auto alone = models::gpt(tiny(), 5);
   alone->forward_values({idx, targets}).tensor(1).backward();
   const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
-    auto model = nn::models::gpt(tiny(), 5);
+    auto model = models::gpt(tiny(), 5);
     nn::DistributedDataParallel ddp(model, group);
     const nn::Values out = ddp.forward_values(
         {idx.slice(0, 2 * r, 2 * r + 2).contiguous(), targets.slice(0, 2 * r, 2 * r + 2).contiguous()});
@@ -141,12 +142,12 @@ TEST_CASE("GPT: DDP at 2 ranks equals one process on the doubled batch", "[nn][g
 
 TEST_CASE("GPT: DataParallel on CPU replicas gives one device's gradients", "[nn][gpt][data_parallel]") {
   const auto [idx, targets] = tokens(4, 7, tiny().vocab_size, 4);
-  auto model = nn::models::gpt(tiny(), 6);
+  auto model = models::gpt(tiny(), 6);
   nn::DataParallel dp(model, {Device::cpu(), Device::cpu()});
   const nn::Values out = dp.forward_values({idx, targets});
   REQUIRE(out.tensor(1).shape() == lr::Shape{2});  // one loss per replica
   lr::mean(out.tensor(1)).backward();
-  auto alone = nn::models::gpt(tiny(), 6);
+  auto alone = models::gpt(tiny(), 6);
   alone->forward_values({idx, targets}).tensor(1).backward();
   const auto a = model->named_parameters(), b = alone->named_parameters();
   for (size_t i = 0; i < a.size(); ++i)
@@ -155,19 +156,19 @@ TEST_CASE("GPT: DataParallel on CPU replicas gives one device's gradients", "[nn
 
 TEST_CASE("GPT: sampling is reproducible, stays in the vocabulary, and top_k 1 is greedy",
           "[nn][gpt]") {
-  auto model = nn::models::gpt(tiny(), 7);
+  auto model = models::gpt(tiny(), 7);
   model->eval();
   const std::vector<int64_t> prompt{1, 2, 3};
   lr::Generator g1(11), g2(11);
   // Longer than block_size: the context is cropped to the last 16 tokens.
-  const auto a = nn::sample(*model, prompt, 20, g1, {.temperature = 0.8, .top_k = 5});
-  const auto b = nn::sample(*model, prompt, 20, g2, {.temperature = 0.8, .top_k = 5});
+  const auto a = models::sample(*model, prompt, 20, g1, {.temperature = 0.8, .top_k = 5});
+  const auto b = models::sample(*model, prompt, 20, g2, {.temperature = 0.8, .top_k = 5});
   CHECK(a == b);
   REQUIRE(a.size() == 20);
   for (int64_t t : a) CHECK((t >= 0 && t < tiny().vocab_size));
 
   lr::Generator g3(1);
-  const auto greedy = nn::sample(*model, prompt, 1, g3, {.top_k = 1});
+  const auto greedy = models::sample(*model, prompt, 1, g3, {.top_k = 1});
   const Tensor logits = (*model)(Tensor::from_vector(prompt, {1, 3}));
   const auto last = lt::values(logits.select(1, 2).select(0, 0));
   CHECK(greedy[0] == std::max_element(last.begin(), last.end()) - last.begin());
@@ -176,6 +177,6 @@ TEST_CASE("GPT: sampling is reproducible, stays in the vocabulary, and top_k 1 i
              Catch::Contains("17 tokens does not fit block_size 16"));
   CHECK_THAT(lt::error_of([&] { (*model)(Tensor::zeros({1, 4})); }),
              Catch::Contains("token ids must be an integer tensor"));
-  CHECK_THAT(lt::error_of([&] { nn::sample(*model, {99}, 1, g3); }),
+  CHECK_THAT(lt::error_of([&] { models::sample(*model, {99}, 1, g3); }),
              Catch::Contains("prompt token 99 is outside [0, 40)"));
 }

@@ -1,11 +1,13 @@
-#include "lockstep/nn/resnet.h"
+#include "lockstep/models/resnet.h"
 
 #include <string>
 
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/ops.h"
 
-namespace lockstep::nn {
+namespace lockstep::models {
+
+using namespace nn;
 
 namespace {
 
@@ -82,4 +84,4 @@ std::shared_ptr<Module> ResNet::replicate() const {
   return std::make_shared<ResNet>(blocks_per_stage, fc->out_features, unused);
 }
 
-}  // namespace lockstep::nn
+}  // namespace lockstep::models

@@ -2,7 +2,7 @@
 // seeding, and that a few SGD steps on one batch lower the loss.
 #include <catch2/catch.hpp>
 
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/nn/nn.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/ops.h"
@@ -10,6 +10,7 @@
 
 using namespace lockstep::nn;
 using namespace lockstep::testing;
+namespace models = lockstep::models;
 
 namespace {
 

@@ -8,7 +8,7 @@
 
 #include "lockstep/runtime/data/dataset.h"
 
-namespace lockstep::runtime {
+namespace lockstep::models {
 
 // Where Debian's package `dataset-fashion-mnist` installs the files.
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
@@ -30,9 +30,9 @@ inline constexpr Normalization kFashionMnistNormalization{.mean = 0.2860f, .std 
 // further into the files. Each file may also be stored uncompressed (the name
 // without .gz). Errors name the file and the problem; a missing file in the
 // default directory says how to install the package.
-TensorDataset load_fashion_mnist(const std::string& dir = kFashionMnistDir,
+runtime::TensorDataset load_fashion_mnist(const std::string& dir = kFashionMnistDir,
                                  Split split = Split::train,
                                  Normalization norm = kFashionMnistNormalization,
                                  int64_t max_samples = 0);
 
-}  // namespace lockstep::runtime
+}  // namespace lockstep::models

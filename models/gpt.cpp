@@ -1,4 +1,4 @@
-#include "lockstep/nn/gpt.h"
+#include "lockstep/models/gpt.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,9 @@
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/ops.h"
 
-namespace lockstep::nn {
+namespace lockstep::models {
+
+using namespace nn;
 
 GptConfig GptConfig::gpt2() { return {}; }
 GptConfig GptConfig::gpt2_medium() { return {.n_layer = 24, .n_head = 16, .n_embd = 1024}; }
@@ -188,4 +190,4 @@ std::vector<int64_t> sample(Gpt& model, const std::vector<int64_t>& prompt, int6
   return out;
 }
 
-}  // namespace lockstep::nn
+}  // namespace lockstep::models

@@ -5,12 +5,13 @@
 
 #include <cmath>
 
-#include "lockstep/nn/models.h"
+#include "lockstep/models/models.h"
 #include "lockstep/runtime/ops.h"
 #include "support/test_util.h"
 
 using namespace lockstep::nn;
 using namespace lockstep::testing;
+namespace models = lockstep::models;
 
 namespace {
 

@@ -12,23 +12,23 @@
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/normalization.h"
 
-namespace lockstep::nn {
+namespace lockstep::models {
 
 // relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)). conv1 is 3x3 with
 // `stride`, conv2 3x3 stride 1, both without bias (the batch norm has one).
 // The shortcut is the identity, or, when the stride or the channel count
 // changes, `downsample` = Sequential(Conv2d 1x1 with `stride`, BatchNorm2d).
-class BasicBlock : public Module {
+class BasicBlock : public nn::Module {
  public:
   BasicBlock(int64_t in_channels, int64_t channels, int64_t stride,
-             Generator& gen = runtime::default_generator());
-  Tensor forward(const Tensor& input) override;
+             runtime::Generator& gen = runtime::default_generator());
+  runtime::Tensor forward(const runtime::Tensor& input) override;
   std::string type_name() const override { return "BasicBlock"; }
-  std::shared_ptr<Module> replicate() const override;
+  std::shared_ptr<nn::Module> replicate() const override;
 
-  std::shared_ptr<Conv2d> conv1, conv2;
-  std::shared_ptr<BatchNorm2d> bn1, bn2;
-  std::shared_ptr<Sequential> downsample;  // null for the identity shortcut
+  std::shared_ptr<nn::Conv2d> conv1, conv2;
+  std::shared_ptr<nn::BatchNorm2d> bn1, bn2;
+  std::shared_ptr<nn::Sequential> downsample;  // null for the identity shortcut
 };
 
 // Input [N, 3, H, W] -> logits [N, num_classes]:
@@ -36,18 +36,18 @@ class BasicBlock : public Module {
 //   layer1..layer4: blocks_per_stage[i] BasicBlocks of 64/128/256/512
 //   channels, the first block of layers 2-4 with stride 2,
 //   adaptive average pool to 1x1, flatten, fc = Linear(512, num_classes).
-class ResNet : public Module {
+class ResNet : public nn::Module {
  public:
   ResNet(const std::vector<int64_t>& blocks_per_stage, int64_t num_classes,
-         Generator& gen = runtime::default_generator());
-  Tensor forward(const Tensor& input) override;
+         runtime::Generator& gen = runtime::default_generator());
+  runtime::Tensor forward(const runtime::Tensor& input) override;
   std::string type_name() const override { return "ResNet"; }
-  std::shared_ptr<Module> replicate() const override;
+  std::shared_ptr<nn::Module> replicate() const override;
 
-  std::shared_ptr<Conv2d> conv1;
-  std::shared_ptr<BatchNorm2d> bn1;
-  std::vector<std::shared_ptr<Sequential>> layers;  // layer1..layer4
-  std::shared_ptr<Linear> fc;
+  std::shared_ptr<nn::Conv2d> conv1;
+  std::shared_ptr<nn::BatchNorm2d> bn1;
+  std::vector<std::shared_ptr<nn::Sequential>> layers;  // layer1..layer4
+  std::shared_ptr<nn::Linear> fc;
 };
 
-}  // namespace lockstep::nn
+}  // namespace lockstep::models

@@ -1,11 +1,13 @@
-#include "lockstep/runtime/data/fashion_mnist.h"
+#include "lockstep/models/fashion_mnist.h"
 
 #include <array>
 #include <filesystem>
 
 #include "lockstep/runtime/data/idx.h"
 
-namespace lockstep::runtime {
+namespace lockstep::models {
+
+using namespace runtime;
 
 namespace {
 
@@ -88,4 +90,4 @@ TensorDataset load_fashion_mnist(const std::string& dir, Split split, Normalizat
   return TensorDataset(std::move(x), std::move(y));
 }
 
-}  // namespace lockstep::runtime
+}  // namespace lockstep::models

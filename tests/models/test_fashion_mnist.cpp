@@ -6,12 +6,13 @@
 #include <filesystem>
 #include <iostream>
 
-#include "data_test_util.h"
-#include "lockstep/runtime/data/fashion_mnist.h"
+#include "data/data_test_util.h"
+#include "lockstep/models/fashion_mnist.h"
 #include "lockstep/runtime/data/loader.h"
 #include "support/test_util.h"
 
 using namespace lockstep::runtime;
+using namespace lockstep::models;
 using namespace lockstep::testing;
 using Catch::Contains;
 

@@ -23,7 +23,7 @@
 #include "lockstep/nn/linear.h"
 #include "lockstep/nn/normalization.h"
 
-namespace lockstep::nn {
+namespace lockstep::models {
 
 struct GptConfig {
   int64_t vocab_size = 50257;
@@ -45,51 +45,51 @@ struct GptConfig {
 };
 
 // The feed-forward half of a block: c_fc, GELU, c_proj, dropout.
-class GptMlp : public Module {
+class GptMlp : public nn::Module {
  public:
-  GptMlp(const GptConfig& config, Generator& gen);
-  Tensor forward(const Tensor& x) override;
+  GptMlp(const GptConfig& config, runtime::Generator& gen);
+  runtime::Tensor forward(const runtime::Tensor& x) override;
   std::string type_name() const override { return "MLP"; }
-  std::shared_ptr<Module> replicate() const override;
+  std::shared_ptr<nn::Module> replicate() const override;
 
   const GptConfig config;
-  std::shared_ptr<Linear> c_fc, c_proj;
+  std::shared_ptr<nn::Linear> c_fc, c_proj;
 };
 
-class GptBlock : public Module {
+class GptBlock : public nn::Module {
  public:
-  GptBlock(const GptConfig& config, Generator& gen);
+  GptBlock(const GptConfig& config, runtime::Generator& gen);
   // Checkpointed when config.checkpoint_blocks.
-  Tensor forward(const Tensor& x) override;
+  runtime::Tensor forward(const runtime::Tensor& x) override;
   std::string type_name() const override { return "Block"; }
-  std::shared_ptr<Module> replicate() const override;
+  std::shared_ptr<nn::Module> replicate() const override;
 
   const GptConfig config;
-  std::shared_ptr<LayerNorm> ln_1, ln_2;
-  std::shared_ptr<MultiheadSelfAttention> attn;
+  std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
+  std::shared_ptr<nn::MultiheadSelfAttention> attn;
   std::shared_ptr<GptMlp> mlp;
 
  private:
-  Tensor body(const Tensor& x);
+  runtime::Tensor body(const runtime::Tensor& x);
 };
 
-class Gpt : public Module {
+class Gpt : public nn::Module {
  public:
-  explicit Gpt(GptConfig config, Generator& gen = runtime::default_generator());
+  explicit Gpt(GptConfig config, runtime::Generator& gen = runtime::default_generator());
   // Token ids [B, T] (i64 or i32, T <= block_size) -> logits [B, T, V].
-  Tensor forward(const Tensor& idx) override;
+  runtime::Tensor forward(const runtime::Tensor& idx) override;
   // {idx, targets [B, T] (optional)} -> {logits, loss}: the mean
   // cross-entropy over every position, in nats, or none without targets.
-  Values forward_values(const Values& inputs) override;
+  nn::Values forward_values(const nn::Values& inputs) override;
   std::string type_name() const override { return "GPT"; }
-  std::shared_ptr<Module> replicate() const override;
+  std::shared_ptr<nn::Module> replicate() const override;
 
   const GptConfig config;
-  std::shared_ptr<ModuleDict> transformer;  // wte, wpe, h, ln_f
-  std::shared_ptr<Embedding> wte, wpe;
-  std::shared_ptr<Sequential> h;  // the blocks, "h.0" ... "h.{n_layer-1}"
-  std::shared_ptr<LayerNorm> ln_f;
-  std::shared_ptr<Linear> lm_head;  // no bias; weight tied to wte's
+  std::shared_ptr<nn::ModuleDict> transformer;  // wte, wpe, h, ln_f
+  std::shared_ptr<nn::Embedding> wte, wpe;
+  std::shared_ptr<nn::Sequential> h;  // the blocks, "h.0" ... "h.{n_layer-1}"
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> lm_head;  // no bias; weight tied to wte's
 };
 
 struct SampleOptions {
@@ -101,6 +101,6 @@ struct SampleOptions {
 // the model's distribution given the last block_size tokens, with `g`. Runs
 // without gradients; the caller picks the mode (eval() for no dropout).
 std::vector<int64_t> sample(Gpt& model, const std::vector<int64_t>& prompt, int64_t count,
-                            Generator& g, SampleOptions options = {});
+                            runtime::Generator& g, SampleOptions options = {});
 
-}  // namespace lockstep::nn
+}  // namespace lockstep::models
