@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "lockstep/nn/container.h"
 #include "lockstep/models/gpt.h"
 #include "lockstep/models/resnet.h"
+#include "lockstep/nn/container.h"
 
 namespace lockstep::models {
 

@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 
 #include "lockstep/collectives/rank_text.h"
-#include "lockstep/train/training_checkpoint.h"
 #include "lockstep/runtime/error.h"
+#include "lockstep/train/training_checkpoint.h"
 
 namespace lockstep::train {
 

@@ -37,8 +37,8 @@
 #include <vector>
 
 #include "lockstep/collectives/process_group.h"
-#include "lockstep/train/run_settings.h"
 #include "lockstep/runtime/checkpoint/checkpoint_dir.h"
+#include "lockstep/train/run_settings.h"
 
 namespace lockstep::train {
 

@@ -4,8 +4,8 @@
 // and of an MLP, within cuDNN's and cuBLAS's summation order.
 #include <catch2/catch.hpp>
 
-#include "lockstep/nn/data_parallel.h"
 #include "lockstep/models/models.h"
+#include "lockstep/nn/data_parallel.h"
 #include "lockstep/runtime/cuda_available.h"
 #include "lockstep/runtime/ops.h"
 #include "nn/ddp/ddp_fixture.h"

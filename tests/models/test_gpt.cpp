@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lockstep/nn/data_parallel.h"
 #include "lockstep/models/models.h"
+#include "lockstep/nn/data_parallel.h"
 #include "lockstep/runtime/checkpoint/safetensors.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"

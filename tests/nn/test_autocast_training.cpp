@@ -9,9 +9,9 @@
 #include <functional>
 #include <optional>
 
-#include "lockstep/nn/data_parallel.h"
 #include "lockstep/models/gpt.h"
 #include "lockstep/models/models.h"
+#include "lockstep/nn/data_parallel.h"
 #include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/autocast.h"

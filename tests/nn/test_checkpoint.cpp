@@ -9,9 +9,9 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/models/models.h"
 #include "lockstep/nn/checkpoint.h"
 #include "lockstep/nn/data_parallel.h"
-#include "lockstep/models/models.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/cpu/host_cache.h"

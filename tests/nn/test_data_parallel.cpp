@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "lockstep/nn/data_parallel.h"
 #include "lockstep/models/models.h"
+#include "lockstep/nn/data_parallel.h"
 #include "lockstep/nn/normalization.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "nn/ddp/ddp_fixture.h"

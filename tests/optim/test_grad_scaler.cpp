@@ -15,9 +15,9 @@
 #include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/grad_scaler.h"
 #include "lockstep/optim/sgd.h"
-#include "lockstep/train/training_checkpoint.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
+#include "lockstep/train/training_checkpoint.h"
 #include "support/test_util.h"
 
 using namespace lockstep;

@@ -16,10 +16,10 @@
 #include <fmt/format.h>
 
 #include "collectives/rank_threads.h"
+#include "lockstep/models/models.h"
 #include "lockstep/nn/activation.h"
 #include "lockstep/nn/container.h"
 #include "lockstep/nn/linear.h"
-#include "lockstep/models/models.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/lr_scheduler.h"

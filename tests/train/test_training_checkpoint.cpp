@@ -13,8 +13,8 @@
 #include "lockstep/models/models.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/sgd.h"
-#include "lockstep/train/training_checkpoint.h"
 #include "lockstep/runtime/ops.h"
+#include "lockstep/train/training_checkpoint.h"
 #include "support/backend_skip.h"
 
 using namespace lockstep;

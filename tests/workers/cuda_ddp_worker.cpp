@@ -21,8 +21,8 @@
 
 #include "lockstep/collectives/init.h"
 #include "lockstep/config.h"
-#include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/models/models.h"
+#include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"

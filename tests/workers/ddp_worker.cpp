@@ -26,9 +26,9 @@
 #include <fmt/format.h>
 
 #include "lockstep/collectives/init.h"
+#include "lockstep/models/models.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/linear.h"
-#include "lockstep/models/models.h"
 #include "lockstep/nn/normalization.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
