@@ -5,6 +5,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "lockstep/collectives/work.h"
 
@@ -19,8 +20,10 @@ using std::chrono::milliseconds;
 constexpr uint64_t kCheckSlotPrefix = uint64_t{0x41} << 56;
 constexpr size_t kBytes = sizeof(PackedSignature);
 
+// Rounded up: a wait cut short of the deadline by the rounding would end
+// before it, and the caller would not know the timeout had come.
 milliseconds left_until(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+  const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
   return std::max(left, milliseconds(1));
 }
 

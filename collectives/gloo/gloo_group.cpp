@@ -229,7 +229,7 @@ std::shared_ptr<Work> GlooGroup::submit(Call call, Body body) {
   return executor_->submit(std::move(call), [this, body = std::move(body)](const Call& c) {
     try {
       check_->check(c);
-      const auto left = std::chrono::duration_cast<milliseconds>(c.deadline - Clock::now());
+      const auto left = std::chrono::ceil<milliseconds>(c.deadline - Clock::now());
       body(std::max(left, milliseconds(1)), static_cast<uint32_t>(c.signature.seq));
     } catch (const CollectiveError&) {
       throw;
@@ -254,7 +254,7 @@ void GlooGroup::abort_peers(const std::string& reason) {
 
 void GlooGroup::wait_p2p(PendingP2p& p) {
   std::exception_ptr error;
-  const auto left = std::chrono::duration_cast<milliseconds>(p.call.deadline - Clock::now());
+  const auto left = std::chrono::ceil<milliseconds>(p.call.deadline - Clock::now());
   const milliseconds timeout = left.count() > 0 ? left : milliseconds(1);
   try {
     const bool done = p.is_send ? p.buffer->waitSend(timeout) : p.buffer->waitRecv(timeout);

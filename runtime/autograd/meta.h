@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -16,8 +17,11 @@ struct AutogradMeta {
   Tensor grad;
   std::shared_ptr<Node> grad_fn;
   // A leaf's AccumulateGrad node, shared by every graph that uses the leaf;
-  // weak so that a finished graph frees it.
+  // weak so that a finished graph frees it. Guarded: threads recording ops on
+  // one leaf at once (autograd lanes) must get the same node, or its gradient
+  // would be summed in two nodes, in whichever order they ran.
   std::weak_ptr<Node> grad_accumulator;
+  std::mutex grad_accumulator_mutex;
   std::vector<std::pair<int64_t, PostAccumulateGradHook>> post_accumulate_hooks;
   int64_t next_hook_id = 0;
 };

@@ -1,6 +1,7 @@
 #include "lockstep/runtime/autograd/node.h"
 
 #include <atomic>
+#include <mutex>
 
 #include "lockstep/runtime/autograd/accumulate_grad.h"
 #include "lockstep/runtime/autograd/checkpoint_region.h"
@@ -147,6 +148,7 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t) {
   AutogradMeta& meta = *impl->autograd;
   if (meta.grad_fn) return meta.grad_fn;
   if (!meta.requires_grad) return nullptr;
+  std::lock_guard<std::mutex> guard(meta.grad_accumulator_mutex);
   std::shared_ptr<Node> acc = meta.grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t);
