@@ -28,7 +28,7 @@
 #include "common/allreduce_runners.h"
 #include "common/device.h"
 #include "harness.h"
-#include "lockstep/runtime/device_select.h"
+#include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 
@@ -153,7 +153,7 @@ int run(const Options& o) {
   const ReduceOp op = parse_op(o.op);
 
   // The rank's GPU must be current before the group exists (NCCL's communicator).
-  const runtime::Device device = runtime::select_device({.request = o.device});
+  const runtime::Device device = distributed::select_device({.request = o.device});
   const std::string backend = !o.backend.empty() ? o.backend : device.is_cuda() ? "nccl" : "gloo";
   auto runner = bench::make_runner(backend, device);
   const int rank = runner->rank();

@@ -43,7 +43,7 @@
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/ddp/replica_sync.h"
 #include "lockstep/optim/sgd.h"
-#include "lockstep/runtime/device_select.h"
+#include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
 
@@ -276,7 +276,7 @@ int run(const Options& o) {
   // The rank's GPU must be current before the group exists: NCCL's
   // communicator and the staging buffers live on the current device. The
   // default backend follows the device (nccl with a GPU per rank).
-  const runtime::Device device = runtime::select_device({.request = o.device});
+  const runtime::Device device = distributed::select_device({.request = o.device});
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank();
   const int world = group->size();

@@ -58,7 +58,7 @@
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/cpu/host_cache.h"
 #include "lockstep/runtime/device_backend.h"
-#include "lockstep/runtime/device_select.h"
+#include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
 
@@ -262,7 +262,7 @@ json peer_step(const std::string& name, int64_t batch, const std::string& extra_
 int run(const Options& o) {
   runtime::set_num_threads(o.threads);
   LOCKSTEP_CHECK(!o.tf32 || o.device == "cuda", "--tf32 needs --device cuda");
-  const Device device = runtime::select_device({.request = o.device});
+  const Device device = distributed::select_device({.request = o.device});
   bench::set_allow_tf32(o.tf32);
   const std::string machine = bench::machine_description(device);
   const std::string device_str = device.is_cuda() ? fmt::format("cuda:{}", device.index) : "cpu";

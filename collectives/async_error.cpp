@@ -18,7 +18,7 @@ AsyncErrorHandling parse_async_error_handling(const std::string& text, const std
 }
 
 AsyncErrorHandling async_error_handling_from_env(const runtime::EnvLookup& env) {
-  const std::optional<std::string> text = runtime::read_async_error_handling(env);
+  const std::optional<std::string> text = distributed::read_async_error_handling(env);
   if (!text) return AsyncErrorHandling::end_process;
   return parse_async_error_handling(*text, "LOCKSTEP_ASYNC_ERROR_HANDLING");
 }

@@ -10,7 +10,7 @@
 //       optimizer.
 //   fail-works  fail the Works and mark the group unusable, and go on: for
 //       callers that catch the error and recover by themselves (a new group).
-// LOCKSTEP_ASYNC_ERROR_HANDLING sets it for the process (runtime/env);
+// LOCKSTEP_ASYNC_ERROR_HANDLING sets it for the process (distributed/launch_env.h);
 // NcclOptions::async_errors for one group.
 #pragma once
 
@@ -18,7 +18,7 @@
 #include <optional>
 #include <string>
 
-#include "lockstep/runtime/env.h"
+#include "lockstep/distributed/launch_env.h"
 
 namespace lockstep::collectives {
 

@@ -9,8 +9,8 @@
 #include "lockstep/collectives/hierarchical_group.h"
 #include "lockstep/collectives/shm/shm_group.h"
 #include "lockstep/config.h"
-#include "lockstep/runtime/store/prefix_store.h"
-#include "lockstep/runtime/store/tcp_store.h"
+#include "lockstep/distributed/store/prefix_store.h"
+#include "lockstep/distributed/store/tcp_store.h"
 
 #if LOCKSTEP_HAVE_GLOO
 #include "lockstep/collectives/gloo/gloo_group.h"
@@ -41,10 +41,10 @@ struct Entry {
 #if LOCKSTEP_HAVE_GLOO
 // Where gloo listens: the interface this rank reaches the store through, so
 // that peers on other hosts can reach it too.
-std::string bind_address_of(const std::shared_ptr<runtime::Store>& store) {
-  std::shared_ptr<runtime::Store> s = store;
-  while (auto prefix = std::dynamic_pointer_cast<runtime::PrefixStore>(s)) s = prefix->inner();
-  if (auto tcp = std::dynamic_pointer_cast<runtime::TcpStore>(s)) return tcp->local_address();
+std::string bind_address_of(const std::shared_ptr<distributed::Store>& store) {
+  std::shared_ptr<distributed::Store> s = store;
+  while (auto prefix = std::dynamic_pointer_cast<distributed::PrefixStore>(s)) s = prefix->inner();
+  if (auto tcp = std::dynamic_pointer_cast<distributed::TcpStore>(s)) return tcp->local_address();
   return "127.0.0.1";
 }
 
@@ -59,7 +59,7 @@ std::shared_ptr<ProcessGroup> make_hierarchical(const GroupArgs& a) {
       a.topology != nullptr
           ? *a.topology
           : discover_topology(*a.store, a.rank, a.size, a.name,
-                              a.node_key.empty() ? this_node_key(runtime::RankInfo{}) : a.node_key,
+                              a.node_key.empty() ? this_node_key(distributed::RankInfo{}) : a.node_key,
                               a.timeout);
   return make_hierarchical_group(a.store, a.rank, a.size, a.name, a.timeout, topology);
 }

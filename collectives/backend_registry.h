@@ -12,12 +12,12 @@
 
 #include "lockstep/collectives/node_topology.h"
 #include "lockstep/collectives/process_group.h"
-#include "lockstep/runtime/store/store.h"
+#include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives {
 
 struct GroupArgs {
-  std::shared_ptr<runtime::Store> store;
+  std::shared_ptr<distributed::Store> store;
   int rank = 0;
   int size = 1;
   std::string name;

@@ -12,7 +12,7 @@ namespace {
 
 class DebugGroup final : public ProcessGroup {
  public:
-  DebugGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<runtime::Store> store)
+  DebugGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<distributed::Store> store)
       : ProcessGroup(inner->rank(), inner->size(), inner->name(), inner->timeout()),
         inner_(std::move(inner)),
         store_(std::move(store)) {
@@ -80,7 +80,7 @@ class DebugGroup final : public ProcessGroup {
                                   std::chrono::milliseconds timeout);
 
   std::shared_ptr<ProcessGroup> inner_;
-  std::shared_ptr<runtime::Store> store_;
+  std::shared_ptr<distributed::Store> store_;
   std::string prefix_;
 };
 
@@ -97,7 +97,7 @@ void DebugGroup::check_same(const Call& call) {
   for (int r = 0; r < size(); ++r) keys.push_back(key(seq, r));
   try {
     store_->wait(keys, t);
-  } catch (const runtime::StoreTimeout&) {
+  } catch (const distributed::StoreTimeout&) {
     throw_missing(seq, fingerprint, t);
   }
   std::vector<std::pair<std::string, std::vector<int>>> groups;  // in order of first rank
@@ -130,7 +130,7 @@ void DebugGroup::throw_missing(uint64_t seq, const std::string& fingerprint,
     try {
       store_->wait({k}, std::chrono::milliseconds(1));
       return true;
-    } catch (const runtime::StoreTimeout&) {
+    } catch (const distributed::StoreTimeout&) {
       return false;
     }
   };
@@ -155,7 +155,7 @@ void DebugGroup::throw_missing(uint64_t seq, const std::string& fingerprint,
 }  // namespace
 
 std::shared_ptr<ProcessGroup> make_debug_group(std::shared_ptr<ProcessGroup> inner,
-                                               std::shared_ptr<runtime::Store> store) {
+                                               std::shared_ptr<distributed::Store> store) {
   LOCKSTEP_CHECK(inner != nullptr, "make_debug_group: the group to wrap is null");
   return std::make_shared<DebugGroup>(std::move(inner), std::move(store));
 }

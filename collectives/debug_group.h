@@ -16,11 +16,11 @@
 #include <memory>
 
 #include "lockstep/collectives/process_group.h"
-#include "lockstep/runtime/store/store.h"
+#include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives {
 
 std::shared_ptr<ProcessGroup> make_debug_group(std::shared_ptr<ProcessGroup> inner,
-                                               std::shared_ptr<runtime::Store> store);
+                                               std::shared_ptr<distributed::Store> store);
 
 }  // namespace lockstep::collectives

@@ -12,7 +12,7 @@
 #include "lockstep/collectives/reduce_kernels.h"
 #include "lockstep/collectives/serial_executor.h"
 #include "lockstep/collectives/shm/shm_group.h"
-#include "lockstep/runtime/store/prefix_store.h"
+#include "lockstep/distributed/store/prefix_store.h"
 
 namespace lockstep::collectives {
 namespace {
@@ -22,7 +22,7 @@ using std::chrono::milliseconds;
 
 class HierarchicalGroup final : public ProcessGroup {
  public:
-  HierarchicalGroup(const std::shared_ptr<runtime::Store>& store, int rank, int size,
+  HierarchicalGroup(const std::shared_ptr<distributed::Store>& store, int rank, int size,
                     const std::string& name, milliseconds timeout, const NodeTopology& topology,
                     const std::string& intra_backend);
   ~HierarchicalGroup() override;
@@ -82,7 +82,7 @@ class HierarchicalGroup final : public ProcessGroup {
 // <instance> counts this rank's makings of a group of this name (the same on
 // every rank), so a group made again under the same name starts afresh. Each
 // node's local group has its own prefix, as every node has a local rank 0.
-HierarchicalGroup::HierarchicalGroup(const std::shared_ptr<runtime::Store>& store, int rank,
+HierarchicalGroup::HierarchicalGroup(const std::shared_ptr<distributed::Store>& store, int rank,
                                      int size, const std::string& name, milliseconds timeout,
                                      const NodeTopology& topology,
                                      const std::string& intra_backend)
@@ -108,7 +108,7 @@ HierarchicalGroup::HierarchicalGroup(const std::shared_ptr<runtime::Store>& stor
   const int64_t instance = store->add(fmt::format("{}/hierarchical/instances/{}", name, rank), 1);
   const std::string base = fmt::format("{}/hierarchical/{}", name, instance);
   const auto prefixed = [&](const std::string& part) {
-    return std::make_shared<runtime::PrefixStore>(fmt::format("{}/{}", base, part), store);
+    return std::make_shared<distributed::PrefixStore>(fmt::format("{}/{}", base, part), store);
   };
   // Made in the same order on every rank (local, leaders, all), so no rank
   // waits in one rendezvous for a peer that waits for it in another. Bare
@@ -401,7 +401,7 @@ std::shared_ptr<Work> HierarchicalGroup::run_recv(Call call, Tensor& tensor, int
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> make_hierarchical_group(std::shared_ptr<runtime::Store> store,
+std::shared_ptr<ProcessGroup> make_hierarchical_group(std::shared_ptr<distributed::Store> store,
                                                       int rank, int size,
                                                       const std::string& name,
                                                       std::chrono::milliseconds timeout,

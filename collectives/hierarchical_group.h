@@ -20,7 +20,7 @@
 
 #include "lockstep/collectives/node_topology.h"
 #include "lockstep/collectives/process_group.h"
-#include "lockstep/runtime/store/store.h"
+#include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives {
 
@@ -28,7 +28,7 @@ namespace lockstep::collectives {
 // discover_topology() (or, in tests, topology_from_keys()). Needs gloo built
 // in. backend() is "<intra_backend>+gloo": "shm+gloo" by default; tests pass
 // "gloo" as the intra-node backend to run every rank in one process.
-std::shared_ptr<ProcessGroup> make_hierarchical_group(std::shared_ptr<runtime::Store> store,
+std::shared_ptr<ProcessGroup> make_hierarchical_group(std::shared_ptr<distributed::Store> store,
                                                       int rank, int size,
                                                       const std::string& name,
                                                       std::chrono::milliseconds timeout,

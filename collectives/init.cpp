@@ -17,12 +17,12 @@
 #include "lockstep/collectives/node_topology.h"
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda/core/error_context.h"
-#include "lockstep/runtime/device_select.h"
+#include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/liveness.h"
-#include "lockstep/runtime/store/listen_address.h"
-#include "lockstep/runtime/store/memory_store.h"
-#include "lockstep/runtime/store/prefix_store.h"
-#include "lockstep/runtime/store/tcp_store.h"
+#include "lockstep/distributed/store/listen_address.h"
+#include "lockstep/distributed/store/memory_store.h"
+#include "lockstep/distributed/store/prefix_store.h"
+#include "lockstep/distributed/store/tcp_store.h"
 
 #if LOCKSTEP_HAVE_MPI
 #include "lockstep/collectives/mpi/mpi_runtime.h"
@@ -36,17 +36,17 @@ using std::chrono::milliseconds;
 // What the returned group keeps alive: the store server rank 0 may run, the
 // store, and the group itself (destroyed first, the server last).
 struct GroupHolder {
-  std::shared_ptr<runtime::TcpStoreServer> server;
-  std::shared_ptr<runtime::Store> store;
+  std::shared_ptr<distributed::TcpStoreServer> server;
+  std::shared_ptr<distributed::Store> store;
   std::shared_ptr<ProcessGroup> group;
 };
 
 #if LOCKSTEP_HAVE_MPI
 // Where peers reach this host's TCP listeners: the loopback address when all
 // ranks run on this host, else the first non-loopback IPv4 address.
-std::string address_for_peers(const runtime::RankInfo& info) {
+std::string address_for_peers(const distributed::RankInfo& info) {
   if (info.local_world_size == info.world_size) return "127.0.0.1";
-  const std::string found = runtime::first_interface_ipv4();
+  const std::string found = distributed::first_interface_ipv4();
   LOCKSTEP_CHECK(!found.empty(),
                  "rank 0 found no non-loopback IPv4 address for the other hosts to reach its "
                  "store; set LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT)");
@@ -70,10 +70,10 @@ const std::string& this_process() {
 // share the store's keys and wait on each other's values without end. The
 // first process to claim the rank keeps it (a group made again by the same
 // process claims it again); any other fails here, before it touches a key.
-void claim_rank(runtime::Store& store, const std::string& group, int rank) {
+void claim_rank(distributed::Store& store, const std::string& group, int rank) {
   const std::string key = fmt::format("{}/rank-owner/{}", group, rank);
-  const std::string owner = runtime::to_string(
-      store.compare_set(key, {}, runtime::to_bytes(this_process())));
+  const std::string owner = distributed::to_string(
+      store.compare_set(key, {}, distributed::to_bytes(this_process())));
   if (owner == this_process()) return;
   throw Error(fmt::format(
       "rank {} of group '{}' is already taken on this store by {}; this process ({}) is a "
@@ -86,10 +86,10 @@ void claim_rank(runtime::Store& store, const std::string& group, int rank) {
 // A rank's client; while the store is not there yet it says so every stall
 // report interval (LOCKSTEP_STALL_REPORT_S), naming the rank and where the
 // address came from.
-std::shared_ptr<runtime::TcpStore> connect_store(const runtime::RankInfo& info,
+std::shared_ptr<distributed::TcpStore> connect_store(const distributed::RankInfo& info,
                                                  const std::string& host, int port,
                                                  const std::string& token, milliseconds timeout) {
-  runtime::TcpStoreOptions options;
+  distributed::TcpStoreOptions options;
   options.host = host;
   options.port = static_cast<uint16_t>(port);
   options.token = token;
@@ -100,23 +100,23 @@ std::shared_ptr<runtime::TcpStore> connect_store(const runtime::RankInfo& info,
                             info.store_address_from.empty()
                                 ? ""
                                 : "; store address from " + info.store_address_from);
-  return std::make_shared<runtime::TcpStore>(options);
+  return std::make_shared<distributed::TcpStore>(options);
 }
 
-std::shared_ptr<runtime::TcpStoreServer> serve_store(const std::string& host, uint16_t port,
+std::shared_ptr<distributed::TcpStoreServer> serve_store(const std::string& host, uint16_t port,
                                                      const std::string& token) {
-  runtime::TcpStoreServerOptions options;
+  distributed::TcpStoreServerOptions options;
   options.host = host;
   options.port = port;
   options.token = token;
-  return std::make_shared<runtime::TcpStoreServer>(options);
+  return std::make_shared<distributed::TcpStoreServer>(options);
 }
 
 // Rank 0's server at the job's address, on the interface the ranks reach it by.
-std::shared_ptr<runtime::TcpStoreServer> serve_job_store(const runtime::RankInfo& info) {
+std::shared_ptr<distributed::TcpStoreServer> serve_job_store(const distributed::RankInfo& info) {
   const bool one_host = info.local_world_size == info.world_size;
   try {
-    return serve_store(runtime::listen_host_for(info.store_host, one_host),
+    return serve_store(distributed::listen_host_for(info.store_host, one_host),
                        static_cast<uint16_t>(info.store_port), info.token);
   } catch (const Error& e) {
     throw Error(fmt::format("rank 0 of {} (from {}) cannot serve the job's store at {}:{}, "
@@ -127,14 +127,14 @@ std::shared_ptr<runtime::TcpStoreServer> serve_job_store(const runtime::RankInfo
 }
 
 // The job's store, as init.h describes; fills holder.server and holder.store.
-void make_store(const runtime::RankInfo& info, milliseconds timeout, GroupHolder& holder) {
+void make_store(const distributed::RankInfo& info, milliseconds timeout, GroupHolder& holder) {
   if (info.has_store_address()) {
     if (info.rank0_serves_store && info.rank == 0) holder.server = serve_job_store(info);
     holder.store = connect_store(info, info.store_host, info.store_port, info.token, timeout);
     return;
   }
   if (info.world_size == 1) {
-    holder.store = std::make_shared<runtime::MemoryStore>();
+    holder.store = std::make_shared<distributed::MemoryStore>();
     return;
   }
   const bool mpi_source = info.source == "open-mpi" || info.source == "pmi";
@@ -149,26 +149,26 @@ void make_store(const runtime::RankInfo& info, milliseconds timeout, GroupHolder
   mpi::ensure_mpi_initialized();
   std::string shared;
   if (info.rank == 0) {
-    const std::string token = runtime::random_token();
+    const std::string token = distributed::random_token();
     holder.server = serve_store("0.0.0.0", 0, token);
     shared = fmt::format("{}:{}:{}", address_for_peers(info), holder.server->port(), token);
   }
   shared = mpi::broadcast_string(shared, 0);
   const auto last = shared.rfind(':');
-  const auto [host, port] = runtime::parse_host_port(shared.substr(0, last), "the store address from rank 0");
+  const auto [host, port] = distributed::parse_host_port(shared.substr(0, last), "the store address from rank 0");
   holder.store = connect_store(info, host, port, shared.substr(last + 1), timeout);
 #endif
 }
 
-runtime::RankInfo rank_info_from_env() {
+distributed::RankInfo rank_info_from_env() {
   const auto env = runtime::process_env();
-  if (!LOCKSTEP_HAVE_MPI) return runtime::read_rank_info(env);
+  if (!LOCKSTEP_HAVE_MPI) return distributed::read_rank_info(env);
   // Under mpirun rank 0 can provide the store itself; elsewhere a missing
   // address is an error, worded by read_rank_info.
-  runtime::RankInfo info = runtime::read_rank_info(env, {.allow_missing_store = true});
+  distributed::RankInfo info = distributed::read_rank_info(env, {.allow_missing_store = true});
   const bool mpi_source = info.source == "open-mpi" || info.source == "pmi";
   if (info.world_size > 1 && !info.has_store_address() && !mpi_source) {
-    return runtime::read_rank_info(env);
+    return distributed::read_rank_info(env);
   }
   return info;
 }
@@ -177,9 +177,9 @@ runtime::RankInfo rank_info_from_env() {
 // already has it (else it is discovered with `node_key`), and the stall
 // report interval.
 std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
-                                         std::shared_ptr<runtime::Store> store, int rank,
+                                         std::shared_ptr<distributed::Store> store, int rank,
                                          int size, const std::string& name, milliseconds timeout,
-                                         runtime::DebugLevel debug, const NodeTopology* topology,
+                                         distributed::DebugLevel debug, const NodeTopology* topology,
                                          const std::string& node_key,
                                          std::optional<milliseconds> stall_report = {}) {
   std::shared_ptr<ProcessGroup> group = make_backend_group(
@@ -187,7 +187,7 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
                 .topology = topology, .node_key = node_key});
   if (stall_report) group->report_stalls_after(*stall_report);
   group = with_device_staging(std::move(group), backend);
-  if (debug == runtime::DebugLevel::Detail) {
+  if (debug == distributed::DebugLevel::Detail) {
     LOCKSTEP_CHECK(store != nullptr,
                    "LOCKSTEP_DEBUG=detail on group '{}' needs a store to compare the ranks' calls",
                    name);
@@ -199,7 +199,7 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
 }  // namespace
 
 std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
-  const runtime::RankInfo info = options.rank_info ? *options.rank_info : rank_info_from_env();
+  const distributed::RankInfo info = options.rank_info ? *options.rank_info : rank_info_from_env();
   // Under lockstep-run: beats that tell it this rank is alive (runtime/liveness.h).
   runtime::start_heartbeats();
   std::string backend = !options.backend.empty() ? options.backend : info.backend;
@@ -216,7 +216,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     // A restarted job's ranks meet on the launcher's store, which still holds
     // the keys of the attempts before (rank claims, addresses, counters).
     if (info.restart_count > 0)
-      holder->store = std::make_shared<runtime::PrefixStore>(
+      holder->store = std::make_shared<distributed::PrefixStore>(
           fmt::format("restart-{}", info.restart_count), holder->store);
   }
   claim_rank(*holder->store, options.name, info.rank);
@@ -228,7 +228,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     // The default, from every rank's node and device (backend_choice.h), in
     // one exchange: "<device> <node key>" (a device's name has no space).
     const runtime::Device device =
-        options.device.value_or(runtime::selected_device().value_or(runtime::Device::cpu()));
+        options.device.value_or(distributed::selected_device().value_or(runtime::Device::cpu()));
     std::vector<std::string> node_keys;
     std::vector<RankPlacement> placements;
     for (const std::string& value :
@@ -260,9 +260,9 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
 }
 
 std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
-                                                 std::shared_ptr<runtime::Store> store, int rank,
+                                                 std::shared_ptr<distributed::Store> store, int rank,
                                                  int size, const std::string& name,
-                                                 milliseconds timeout, runtime::DebugLevel debug,
+                                                 milliseconds timeout, distributed::DebugLevel debug,
                                                  const std::string& node_key) {
   return make_group(backend, std::move(store), rank, size, name, timeout, debug, nullptr,
                     node_key);

@@ -1,4 +1,4 @@
-// init_process_group(): from the environment (runtime/env) to a ready
+// init_process_group(): from the environment (distributed/launch_env.h) to a ready
 // ProcessGroup.
 //
 // Backend choice: the one asked for (InitOptions::backend or
@@ -15,7 +15,7 @@
 //                            (hierarchical_group.h). Needs gloo built in.
 //   a GPU per rank           "nccl" (nccl/nccl_group.h); its communicator is
 //                            on the calling thread's current CUDA device,
-//                            which runtime::select_device() sets.
+//                            which distributed::select_device() sets.
 //   ranks sharing a GPU      "shm" or "shm+gloo", CUDA tensors staged through
 //                            host memory (cuda_staging/staging_group.h); rank
 //                            0 prints a note saying so.
@@ -24,9 +24,9 @@
 //
 // Store: lockstep-run serves it and passes LOCKSTEP_STORE_ADDR; where the
 // environment says rank 0 serves it (RankInfo::rank0_serves_store: torchrun,
-// MASTER_ADDR/MASTER_PORT, Slurm's derived address; runtime/env.h), rank 0
+// MASTER_ADDR/MASTER_PORT, Slurm's derived address; distributed/launch_env.h), rank 0
 // serves it there, listening on the address's own interface where it is one
-// of this host's (runtime/store/listen_address.h); under mpirun with no
+// of this host's (distributed/store/listen_address.h); under mpirun with no
 // address given and MPI built in, rank 0 serves it on a free port and shares
 // the address (and a fresh token) through MPI.
 #pragma once
@@ -38,8 +38,8 @@
 
 #include "lockstep/collectives/process_group.h"
 #include "lockstep/runtime/dtype.h"
-#include "lockstep/runtime/env.h"
-#include "lockstep/runtime/store/store.h"
+#include "lockstep/distributed/launch_env.h"
+#include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives {
 
@@ -49,10 +49,10 @@ struct InitOptions {
   std::optional<std::chrono::milliseconds> timeout;  // default: LOCKSTEP_TIMEOUT_S, else 10 min
   std::string name = "default";
   // What this rank computes on, for the default backend: default
-  // runtime::selected_device(), else the CPU.
+  // distributed::selected_device(), else the CPU.
   std::optional<runtime::Device> device;
-  std::optional<runtime::RankInfo> rank_info;  // default: read_rank_info()
-  std::shared_ptr<runtime::Store> store;       // default: connect as described above
+  std::optional<distributed::RankInfo> rank_info;  // default: read_rank_info()
+  std::shared_ptr<distributed::Store> store;       // default: connect as described above
 };
 
 std::shared_ptr<ProcessGroup> init_process_group(InitOptions options = {});
@@ -63,10 +63,10 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options = {});
 // finds which ranks share a node through the store, `node_key` naming this
 // rank's (empty: this host's; see this_node_key()).
 std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
-                                                 std::shared_ptr<runtime::Store> store,
+                                                 std::shared_ptr<distributed::Store> store,
                                                  int rank, int size, const std::string& name,
                                                  std::chrono::milliseconds timeout,
-                                                 runtime::DebugLevel debug = runtime::DebugLevel::Off,
+                                                 distributed::DebugLevel debug = distributed::DebugLevel::Off,
                                                  const std::string& node_key = {});
 
 }  // namespace lockstep::collectives

@@ -33,7 +33,7 @@ std::string key_of(const std::string& prefix, int rank) { return fmt::format("{}
 
 }  // namespace
 
-std::string this_node_key(const runtime::RankInfo& info) {
+std::string this_node_key(const distributed::RankInfo& info) {
   if (!info.node_id.empty()) return info.node_id;
   const std::string id = boot_id();
   return id.empty() ? host_name() : host_name() + ":" + id;
@@ -68,7 +68,7 @@ NodeTopology topology_from_keys(const std::vector<std::string>& keys, int rank) 
 // where <instance> counts this rank's exchanges of the topic for the group
 // name: all ranks of one making of a group agree on it, and a later making
 // does not see the values of an earlier one.
-std::vector<std::string> exchange_through_store(runtime::Store& store, int rank, int size,
+std::vector<std::string> exchange_through_store(distributed::Store& store, int rank, int size,
                                                 const std::string& group_name,
                                                 const std::string& topic,
                                                 const std::string& value, const std::string& what,
@@ -84,12 +84,12 @@ std::vector<std::string> exchange_through_store(runtime::Store& store, int rank,
   for (int r = 0; r < size; ++r) all.push_back(key_of(prefix, r));
   try {
     store.wait(all, timeout);
-  } catch (const runtime::StoreTimeout&) {
+  } catch (const distributed::StoreTimeout&) {
     std::vector<int> missing;
     for (int r = 0; r < size; ++r) {
       try {
         store.wait({all[static_cast<size_t>(r)]}, std::chrono::milliseconds(1));
-      } catch (const runtime::StoreTimeout&) {
+      } catch (const distributed::StoreTimeout&) {
         missing.push_back(r);
       }
     }
@@ -103,7 +103,7 @@ std::vector<std::string> exchange_through_store(runtime::Store& store, int rank,
   return values;
 }
 
-NodeTopology discover_topology(runtime::Store& store, int rank, int size,
+NodeTopology discover_topology(distributed::Store& store, int rank, int size,
                                const std::string& group_name, const std::string& node_key,
                                std::chrono::milliseconds timeout) {
   return topology_from_keys(exchange_through_store(store, rank, size, group_name, "topology",

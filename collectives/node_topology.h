@@ -10,15 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/runtime/env.h"
-#include "lockstep/runtime/store/store.h"
+#include "lockstep/distributed/launch_env.h"
+#include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives {
 
 // LOCKSTEP_NODE_ID (RankInfo::node_id) when set, else "<hostname>:<boot id>"
 // (/proc/sys/kernel/random/boot_id; the host name alone where that cannot be
 // read). The boot id tells apart machines that share a host name.
-std::string this_node_key(const runtime::RankInfo& info);
+std::string this_node_key(const distributed::RankInfo& info);
 
 // This host's name (gethostname), or "unknown-host".
 std::string host_name();
@@ -43,7 +43,7 @@ struct NodeTopology {
 // group must call it with the same `group_name`; a group made again under the
 // same name on the same store reads fresh keys. Throws (naming the ranks that
 // did not publish) when the keys do not all arrive within `timeout`.
-NodeTopology discover_topology(runtime::Store& store, int rank, int size,
+NodeTopology discover_topology(distributed::Store& store, int rank, int size,
                                const std::string& group_name, const std::string& node_key,
                                std::chrono::milliseconds timeout);
 
@@ -51,7 +51,7 @@ NodeTopology discover_topology(runtime::Store& store, int rank, int size,
 // group calls it with the same `group_name` and `topic`, and a later call
 // reads fresh values. Throws, naming the ranks whose `what` did not arrive
 // within `timeout`.
-std::vector<std::string> exchange_through_store(runtime::Store& store, int rank, int size,
+std::vector<std::string> exchange_through_store(distributed::Store& store, int rank, int size,
                                                 const std::string& group_name,
                                                 const std::string& topic,
                                                 const std::string& value, const std::string& what,

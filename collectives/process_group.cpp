@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "lockstep/runtime/flight_recorder.h"
+#include "lockstep/distributed/flight_recorder.h"
 
 namespace lockstep::collectives {
 
@@ -150,7 +150,7 @@ Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const
 
 uint64_t ProcessGroup::record_start(const Call& call) const {
   const CallSignature& own = call.own;
-  return runtime::FlightRecorder::instance().started(
+  return distributed::FlightRecorder::instance().started(
       {.group = name_,
        .op = call.op,
        .dtype = call.has_tensor ? runtime::dtype_name(own.dtype) : std::string_view(),
@@ -160,7 +160,7 @@ uint64_t ProcessGroup::record_start(const Call& call) const {
 }
 
 void ProcessGroup::record_failure(uint64_t record) {
-  runtime::FlightRecorder::instance().ended(record, /*ok=*/false);
+  distributed::FlightRecorder::instance().ended(record, /*ok=*/false);
 }
 
 void ProcessGroup::check_next_as(ProcessGroup& member, const Call& origin, uint8_t step) {

@@ -132,7 +132,7 @@ class ProcessGroup {
   // Numbers and describes a call (`op`: "allreduce", ...; "send" and "recv"
   // are not numbered) and hands it to `run` with the issue lock held, so that
   // calls reach the backend in number order. Refuses calls on an unusable
-  // group. Records the call in the flight recorder (runtime/flight_recorder.h)
+  // group. Records the call in the flight recorder (distributed/flight_recorder.h)
   // until its Work ends. The public calls use it; so may a backend's own
   // collectives.
   template <class Run>

@@ -21,9 +21,9 @@
 
 #include <fmt/format.h>
 
-#include "lockstep/runtime/env.h"
-#include "lockstep/runtime/exit_status.h"
-#include "lockstep/runtime/store/tcp_store.h"
+#include "lockstep/distributed/launch_env.h"
+#include "lockstep/distributed/exit_status.h"
+#include "lockstep/distributed/store/tcp_store.h"
 #include "lockstep/runtime/threads.h"
 
 namespace lockstep::collectives {
@@ -100,7 +100,7 @@ std::string read_port(int fd) {
   ::close(go_fd);
   if (port.empty()) ::_exit(1);  // the parent could not start the store
 
-  runtime::RankInfo info;
+  distributed::RankInfo info;
   info.rank = rank;
   info.world_size = nprocs;
   info.local_rank = rank;
@@ -108,7 +108,7 @@ std::string read_port(int fd) {
   info.store_host = "127.0.0.1";
   info.store_port = std::atoi(port.c_str());
   info.token = token;
-  for (const auto& [name, value] : runtime::rank_variables(info, 1))
+  for (const auto& [name, value] : distributed::rank_variables(info, 1))
     ::setenv(name.c_str(), value.c_str(), 1);
   for (const auto& [name, value] : options.env) ::setenv(name.c_str(), value.c_str(), 1);
   // The parent's launcher's file for its post-mortem, not this child's.
@@ -208,7 +208,7 @@ class Supervisor {
       c.alive = false;
       c.status = r < 0 ? 0 : status;  // ECHILD: reaped elsewhere (SIGCHLD ignored)
       close_fd(c.pid_fd);
-      if (!failure_ && failed_rank_ < 0 && runtime::ended_in_failure(c.status)) {
+      if (!failure_ && failed_rank_ < 0 && distributed::ended_in_failure(c.status)) {
         failed_rank_ = c.rank;
         stop();
       }
@@ -234,14 +234,14 @@ class Supervisor {
   SpawnError child_failure() const {
     const Child& c = children_[static_cast<size_t>(failed_rank_)];
     const std::string how = !c.error.empty() ? fmt::format("threw: {}", c.error)
-                                             : runtime::describe_wait_status(c.status);
+                                             : distributed::describe_wait_status(c.status);
     const std::string stopped =
         stopped_ == 0 ? ""
                       : fmt::format("; stopped the other {}",
                                     stopped_ == 1 ? "rank" : fmt::format("{} ranks", stopped_));
     return SpawnError(fmt::format("spawn: rank {} of {} (pid {}) {}{}", c.rank, children_.size(),
                                   c.pid, how, stopped),
-                      c.rank, runtime::exit_code_of(c.status));
+                      c.rank, distributed::exit_code_of(c.status));
   }
 
   void on_timeout() {
@@ -296,7 +296,7 @@ void abandon(std::vector<Child>& children) {
 void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptions& options) {
   LOCKSTEP_CHECK(nprocs >= 1, "spawn: nprocs must be at least 1, got {}", nprocs);
   LOCKSTEP_CHECK(static_cast<bool>(fn), "spawn: fn is empty; give the function each rank runs");
-  const std::string token = runtime::random_token();
+  const std::string token = distributed::random_token();
   const bool one_thread = std::getenv("OMP_NUM_THREADS") == nullptr;
   const pid_t parent = ::getpid();
   // Output buffered now would be written again by every child.
@@ -351,12 +351,12 @@ void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptio
 
   // The store, served from this process's thread once the children exist (so
   // none of them holds its sockets), and its port sent to each.
-  std::unique_ptr<runtime::TcpStoreServer> server;
+  std::unique_ptr<distributed::TcpStoreServer> server;
   try {
-    runtime::TcpStoreServerOptions server_options;
+    distributed::TcpStoreServerOptions server_options;
     server_options.host = "127.0.0.1";
     server_options.token = token;
-    server = std::make_unique<runtime::TcpStoreServer>(server_options);
+    server = std::make_unique<distributed::TcpStoreServer>(server_options);
   } catch (...) {
     abandon(children);
     throw;

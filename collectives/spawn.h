@@ -8,7 +8,7 @@
 //   });
 //
 // Each child is a fork of the caller. It gets the variables
-// init_process_group() reads (runtime::rank_variables(): rank r of N on one
+// init_process_group() reads (distributed::rank_variables(): rank r of N on one
 // node, and a store this process serves on 127.0.0.1 for the call), runs
 // fn(r) and exits 0, or 1 when fn throws, its message passed to the parent.
 // The parent supervises as lockstep-run does: the first child to fail (an

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "lockstep/runtime/flight_recorder.h"
+#include "lockstep/distributed/flight_recorder.h"
 #include "lockstep/runtime/liveness.h"
 
 namespace lockstep::collectives {
@@ -29,7 +29,7 @@ void Work::wait() {
     const std::string message = timeout_text();
     error_ = std::make_exception_ptr(CollectiveError(message));
     done_ = true;
-    runtime::FlightRecorder::instance().ended(std::exchange(record_, 0), /*ok=*/false);
+    distributed::FlightRecorder::instance().ended(std::exchange(record_, 0), /*ok=*/false);
     lock.unlock();
     timed_out(message);
     std::rethrow_exception(error_);
@@ -56,7 +56,7 @@ void Work::finish(std::exception_ptr error) {
     error_ = std::move(error);
     done_ = true;
     finished_at_ = Clock::now();
-    runtime::FlightRecorder::instance().ended(std::exchange(record_, 0), error_ == nullptr);
+    distributed::FlightRecorder::instance().ended(std::exchange(record_, 0), error_ == nullptr);
   }
   done_cv_.notify_all();
 }
@@ -65,7 +65,7 @@ void Work::record_end_as(uint64_t record) {
   if (record == 0) return;  // not recorded here (a wrapper's inner group records it)
   std::lock_guard lock(mutex_);
   if (done_) {
-    runtime::FlightRecorder::instance().ended(record, error_ == nullptr);  // ended already
+    distributed::FlightRecorder::instance().ended(record, error_ == nullptr);  // ended already
   } else {
     record_ = record;
   }

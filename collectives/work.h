@@ -75,7 +75,7 @@ class Work {
   // Called by the backend exactly once when the collective has finished.
   void finish(std::exception_ptr error = nullptr);
 
-  // Marks flight recorder entry `record` (runtime/flight_recorder.h) ended
+  // Marks flight recorder entry `record` (distributed/flight_recorder.h) ended
   // when this Work ends: finished, failed or timed out. ProcessGroup::issue
   // calls it.
   void record_end_as(uint64_t record);

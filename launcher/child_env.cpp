@@ -4,7 +4,7 @@
 #include <map>
 
 #include "launcher/spawn.h"
-#include "lockstep/runtime/env.h"
+#include "lockstep/distributed/launch_env.h"
 
 namespace lockstep::launcher {
 
@@ -31,7 +31,7 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
   // Ranks, not BLAS threads, use the cores (DESIGN.md, performance habits).
   vars.try_emplace("OMP_NUM_THREADS", "1");
 
-  runtime::RankInfo info;
+  distributed::RankInfo info;
   info.rank = slot.rank;
   info.world_size = options.world_size();
   info.local_rank = slot.local_rank;
@@ -40,7 +40,7 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
   info.store_host = store.host;
   info.store_port = store.port;
   info.token = store.token;
-  for (auto& [name, value] : runtime::rank_variables(info, options.nnodes)) vars[name] = value;
+  for (auto& [name, value] : distributed::rank_variables(info, options.nnodes)) vars[name] = value;
   vars["LOCKSTEP_RESTART_COUNT"] = std::to_string(restart_count);
   if (options.hang_timeout_s > 0) {
     vars["LOCKSTEP_HEARTBEAT_FD"] = std::to_string(kChildHeartbeatFd);

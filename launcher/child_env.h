@@ -30,7 +30,7 @@ RankSlot rank_slot(const Options& options, int local_rank);
 // "NAME=value" entries; `base` is the launcher's environment in the same form.
 // `restart_count`: LOCKSTEP_RESTART_COUNT, the attempt (0 the first time).
 // `flight_recorder`: LOCKSTEP_FLIGHT_RECORDER, the file the rank records its
-// collectives in (runtime/flight_recorder.h); empty: none.
+// collectives in (distributed/flight_recorder.h); empty: none.
 std::vector<std::string> child_environment(const std::vector<std::string>& base,
                                            const Options& options, const RankSlot& slot,
                                            const StoreAddress& store, int restart_count = 0,

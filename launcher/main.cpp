@@ -18,9 +18,9 @@
 #include "launcher/postmortem.h"
 #include "launcher/spawn.h"
 #include "launcher/supervisor.h"
-#include "lockstep/runtime/exit_status.h"
-#include "lockstep/runtime/store/listen_address.h"
-#include "lockstep/runtime/store/tcp_store.h"
+#include "lockstep/distributed/exit_status.h"
+#include "lockstep/distributed/store/listen_address.h"
+#include "lockstep/distributed/store/tcp_store.h"
 
 extern char** environ;
 
@@ -84,22 +84,22 @@ int run(const Options& options) {
   StoreAddress address;
   address.host = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
   address.port = options.master_port;
-  address.token = options.token.empty() ? runtime::random_token() : options.token;
+  address.token = options.token.empty() ? distributed::random_token() : options.token;
 
-  std::unique_ptr<runtime::TcpStoreServer> server;
+  std::unique_ptr<distributed::TcpStoreServer> server;
   if (options.node_rank == 0) {
-    runtime::TcpStoreServerOptions server_options;
+    distributed::TcpStoreServerOptions server_options;
     // Reachable only where the ranks look for it.
-    server_options.host = runtime::listen_host_for(address.host, options.nnodes == 1);
+    server_options.host = distributed::listen_host_for(address.host, options.nnodes == 1);
     server_options.port = static_cast<uint16_t>(options.master_port);
     server_options.token = address.token;
-    server = std::make_unique<runtime::TcpStoreServer>(server_options);
+    server = std::make_unique<distributed::TcpStoreServer>(server_options);
     address.port = server->port();
   }
 
   std::unique_ptr<NodeLink> link;
   if (options.nnodes > 1) {
-    runtime::TcpStoreOptions client;
+    distributed::TcpStoreOptions client;
     client.host = address.host;
     client.port = static_cast<uint16_t>(address.port);
     client.token = address.token;
@@ -213,7 +213,7 @@ int run(const Options& options) {
             static_cast<int64_t>(delay_s * 1000.0)));
         sig != 0) {
       fmt::print(stderr, "lockstep-run: received {} while waiting to restart; not restarting\n",
-                 runtime::signal_name(sig));
+                 distributed::signal_name(sig));
       code = 128 + sig;
       break;
     }

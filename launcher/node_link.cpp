@@ -30,10 +30,10 @@ bool interrupted() {
 
 }  // namespace
 
-NodeLink::NodeLink(const runtime::TcpStoreOptions& store, int node_rank, int num_nodes)
+NodeLink::NodeLink(const distributed::TcpStoreOptions& store, int node_rank, int num_nodes)
     : node_rank_(node_rank), num_nodes_(num_nodes) {
-  store_ = std::make_unique<runtime::TcpStore>(store);
-  watcher_ = std::make_unique<runtime::TcpStore>(store);
+  store_ = std::make_unique<distributed::TcpStore>(store);
+  watcher_ = std::make_unique<distributed::TcpStore>(store);
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   LOCKSTEP_CHECK(event_fd_ >= 0, "eventfd failed: {}", std::strerror(errno));
   thread_ = std::thread([this] { watch(); });
@@ -62,7 +62,7 @@ void NodeLink::watch() {
       watcher_->wait({key}, kPollInterval);
       notify(watcher_->get_string(key));
       return;
-    } catch (const runtime::StoreTimeout&) {
+    } catch (const distributed::StoreTimeout&) {
       // Nothing yet; look again unless asked to stop.
     } catch (const std::exception& e) {
       if (!stop_) notify(fmt::format("lost the job's store (node 0's launcher ended?): {}", e.what()));
@@ -89,7 +89,7 @@ std::string NodeLink::remote_failure() const {
 void NodeLink::publish_failure(const std::string& what) {
   try {
     store_->compare_set(failure_key(), {},
-                        runtime::to_bytes(fmt::format("node {}: {}", node_rank_, what)));
+                        distributed::to_bytes(fmt::format("node {}: {}", node_rank_, what)));
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep-run: could not tell the other nodes: {}\n", e.what());
   }
@@ -98,7 +98,7 @@ void NodeLink::publish_failure(const std::string& what) {
 void NodeLink::publish_stop(const std::string& why) {
   try {
     store_->compare_set(kStopWhyKey, {},
-                        runtime::to_bytes(fmt::format("node {}: {}", node_rank_, why)));
+                        distributed::to_bytes(fmt::format("node {}: {}", node_rank_, why)));
     store_->add(kStopKey, 1);
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep-run: could not tell the other nodes to stop: {}\n", e.what());
@@ -190,7 +190,7 @@ std::vector<std::string> NodeLink::collect_postmortems(int attempt,
           deadline - std::chrono::steady_clock::now());
       store_->wait({key}, std::max(left, std::chrono::milliseconds(1)));
       parts.push_back(store_->get_string(key));
-    } catch (const runtime::StoreTimeout&) {
+    } catch (const distributed::StoreTimeout&) {
     }
   }
   return parts;
@@ -216,7 +216,7 @@ void NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {
       try {
         store_->wait({failure_key()}, kPollInterval);
         return;  // a node failed; its launcher stops its ranks without the store
-      } catch (const runtime::StoreTimeout&) {
+      } catch (const distributed::StoreTimeout&) {
       }
     }
     fmt::print(stderr, "lockstep-run: gave up waiting for the other nodes after {} s\n",

@@ -21,14 +21,14 @@
 #include <thread>
 #include <vector>
 
-#include "lockstep/runtime/store/tcp_store.h"
+#include "lockstep/distributed/store/tcp_store.h"
 
 namespace lockstep::launcher {
 
 class NodeLink {
  public:
   // Connects to the store (retrying until `connect_timeout`) and starts watching.
-  NodeLink(const runtime::TcpStoreOptions& store, int node_rank, int num_nodes);
+  NodeLink(const distributed::TcpStoreOptions& store, int node_rank, int num_nodes);
   ~NodeLink();  // stops the watcher
   NodeLink(const NodeLink&) = delete;
   NodeLink& operator=(const NodeLink&) = delete;
@@ -71,8 +71,8 @@ class NodeLink {
   int node_rank_;
   int num_nodes_;
   int attempt_ = 0;
-  std::unique_ptr<runtime::TcpStore> store_;    // for this thread
-  std::unique_ptr<runtime::TcpStore> watcher_;  // for the watcher thread
+  std::unique_ptr<distributed::TcpStore> store_;    // for this thread
+  std::unique_ptr<distributed::TcpStore> watcher_;  // for the watcher thread
   int event_fd_ = -1;
   mutable std::mutex mutex_;
   std::string remote_failure_;

@@ -17,7 +17,7 @@
 
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
-#include "lockstep/runtime/flight_recorder.h"
+#include "lockstep/distributed/flight_recorder.h"
 
 namespace lockstep::launcher {
 namespace {
@@ -139,16 +139,16 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
 RankHistory read_rank_history(const std::string& path, int rank, int node,
                               const std::string& host, int64_t pid) {
   RankHistory h{.rank = rank, .node = node, .host = host, .pid = pid};
-  const int64_t now = runtime::monotonic_ns();
+  const int64_t now = distributed::monotonic_ns();
   try {
-    const auto records = runtime::read_flight_recorder_file(path);
+    const auto records = distributed::read_flight_recorder_file(path);
     if (!records) return h;
     h.recorded = !records->empty();
     for (const auto& r : *records) {
       PostmortemEntry e{.group = r.group,
                         .op = r.op,
                         .dtype = r.dtype,
-                        .state = std::string(runtime::to_string(r.state)),
+                        .state = std::string(distributed::to_string(r.state)),
                         .seq = r.seq,
                         .count = r.count,
                         .root = r.root,

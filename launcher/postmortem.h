@@ -2,7 +2,7 @@
 // doing in its collectives, in one report.
 //
 // Each rank records its last collectives in a file of this node's private
-// directory (LOCKSTEP_FLIGHT_RECORDER, runtime/flight_recorder.h). At the
+// directory (LOCKSTEP_FLIGHT_RECORDER, distributed/flight_recorder.h). At the
 // first failure, before the ranks are stopped, the launcher reads every
 // file (a stopped or dead rank's too) into a Postmortem; after the ranks
 // have stopped it prints the report and writes it as JSON:

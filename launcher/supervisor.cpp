@@ -17,15 +17,15 @@
 
 #include "launcher/line_tagger.h"
 #include "lockstep/runtime/error.h"
-#include "lockstep/runtime/exit_status.h"
+#include "lockstep/distributed/exit_status.h"
 
 namespace lockstep::launcher {
 namespace {
 
-using runtime::describe_wait_status;
-using runtime::ended_in_failure;
-using runtime::exit_code_of;
-using runtime::signal_name;
+using distributed::describe_wait_status;
+using distributed::ended_in_failure;
+using distributed::exit_code_of;
+using distributed::signal_name;
 
 using Clock = std::chrono::steady_clock;
 

@@ -6,7 +6,7 @@
 #include "common/device.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/config.h"
-#include "lockstep/runtime/env.h"
+#include "lockstep/distributed/launch_env.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/tensor.h"
 
@@ -122,7 +122,7 @@ class RawMpiRunner final : public AllreduceRunner {
 class RawGlooRunner final : public AllreduceRunner {
  public:
   RawGlooRunner() {
-    const runtime::RankInfo info = runtime::read_rank_info();
+    const distributed::RankInfo info = distributed::read_rank_info();
     rank_ = info.rank;
     size_ = info.world_size;
     dir_ = fmt::format("/tmp/lockstep-raw-gloo-{}-{}", info.store_port,

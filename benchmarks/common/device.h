@@ -1,5 +1,5 @@
 // The few CUDA steps a benchmark needs besides choosing its device
-// (runtime/device_select.h): waiting for the GPU before reading the clock,
+// (distributed/device_select.h): waiting for the GPU before reading the clock,
 // naming it in the results, TF32. Builds with and without CUDA; on the CPU the
 // CUDA-only steps are no-ops.
 #pragma once

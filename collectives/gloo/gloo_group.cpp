@@ -61,7 +61,7 @@ size_t nbytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * t.eleme
 
 class GlooGroup final : public ProcessGroup {
  public:
-  GlooGroup(std::shared_ptr<runtime::Store> store, int rank, int size, const std::string& name,
+  GlooGroup(std::shared_ptr<distributed::Store> store, int rank, int size, const std::string& name,
             milliseconds timeout, const std::string& bind_address);
   ~GlooGroup() override;
 
@@ -99,7 +99,7 @@ class GlooGroup final : public ProcessGroup {
     std::thread waiter;
   };
 
-  void connect(const std::shared_ptr<runtime::Store>& store, const std::string& bind_address);
+  void connect(const std::shared_ptr<distributed::Store>& store, const std::string& bind_address);
   void learn_peer_addresses(::gloo::rendezvous::Store& store);
   std::shared_ptr<Work> submit(Call call, Body body);
   std::shared_ptr<Work> post_p2p(const Call& call, const Tensor& tensor, int peer, int tag,
@@ -126,7 +126,7 @@ class GlooGroup final : public ProcessGroup {
   // recvs (with their tensors' memory), which gloo may still reference until
   // the context is gone.
   std::vector<std::pair<std::unique_ptr<UnboundBuffer>, Tensor>> graveyard_;
-  std::shared_ptr<runtime::Store> store_;
+  std::shared_ptr<distributed::Store> store_;
   std::string abort_key_;  // where a rank that aborts the group says why
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
@@ -139,7 +139,7 @@ class GlooGroup final : public ProcessGroup {
   bool stopping_ = false;
 };
 
-GlooGroup::GlooGroup(std::shared_ptr<runtime::Store> store, int rank, int size,
+GlooGroup::GlooGroup(std::shared_ptr<distributed::Store> store, int rank, int size,
                      const std::string& name, milliseconds timeout,
                      const std::string& bind_address)
     : ProcessGroup(rank, size, name, timeout), store_(store) {
@@ -178,7 +178,7 @@ GlooGroup::~GlooGroup() {
 // prefix of the store and connects to every other rank (a full mesh). The
 // prefix carries a count of this rank's groups of the same name, so a group
 // made again under an old name does not read the previous one's addresses.
-void GlooGroup::connect(const std::shared_ptr<runtime::Store>& store,
+void GlooGroup::connect(const std::shared_ptr<distributed::Store>& store,
                         const std::string& bind_address) {
   try {
     const int64_t instance = store->add(fmt::format("{}/gloo/instances/{}", name(), rank()), 1);
@@ -245,7 +245,7 @@ std::shared_ptr<Work> GlooGroup::submit(Call call, Body body) {
 // peers waiting on it fail at once (their error reads the reason back).
 void GlooGroup::abort_peers(const std::string& reason) {
   try {
-    store_->compare_set(abort_key_, {}, runtime::to_bytes(fmt::format("rank {}: {}", rank(), reason)));
+    store_->compare_set(abort_key_, {}, distributed::to_bytes(fmt::format("rank {}: {}", rank(), reason)));
   } catch (const std::exception&) {
     // The store may be gone too; closing the connections still tells the peers.
   }
@@ -327,7 +327,7 @@ std::string GlooGroup::name_broken_peers(const std::string& cause) const {
 std::string GlooGroup::peer_abort_reason() const {
   try {
     store_->wait({abort_key_}, milliseconds(200));
-    return fmt::format("; the group was aborted by {}", runtime::to_string(store_->get(abort_key_)));
+    return fmt::format("; the group was aborted by {}", distributed::to_string(store_->get(abort_key_)));
   } catch (const std::exception&) {
     return "";
   }
@@ -456,7 +456,7 @@ std::shared_ptr<Work> GlooGroup::run_recv(Call call, Tensor& tensor, int src, in
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<runtime::Store> store, int rank,
+std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<distributed::Store> store, int rank,
                                               int size, const std::string& name,
                                               std::chrono::milliseconds timeout,
                                               const std::string& bind_address) {

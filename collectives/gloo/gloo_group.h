@@ -10,13 +10,13 @@
 #include <string>
 
 #include "lockstep/collectives/process_group.h"
-#include "lockstep/runtime/store/store.h"
+#include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives {
 
 // `bind_address`: the local IP address gloo listens on (peers connect to it);
 // "127.0.0.1" for ranks of one host.
-std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<runtime::Store> store, int rank,
+std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<distributed::Store> store, int rank,
                                               int size, const std::string& name,
                                               std::chrono::milliseconds timeout,
                                               const std::string& bind_address);

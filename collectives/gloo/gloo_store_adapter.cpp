@@ -2,20 +2,20 @@
 
 namespace lockstep::collectives::gloo_backend {
 
-GlooStoreAdapter::GlooStoreAdapter(std::shared_ptr<runtime::Store> store, std::string prefix,
+GlooStoreAdapter::GlooStoreAdapter(std::shared_ptr<distributed::Store> store, std::string prefix,
                                    std::chrono::milliseconds timeout)
     : store_(std::move(store)), prefix_(std::move(prefix)), timeout_(timeout) {
   if (prefix_.empty() || prefix_.back() != '/') prefix_ += '/';
 }
 
 void GlooStoreAdapter::set(const std::string& key, const std::vector<char>& data) {
-  store_->set(full_key(key), runtime::Bytes(data.begin(), data.end()));
+  store_->set(full_key(key), distributed::Bytes(data.begin(), data.end()));
 }
 
 std::vector<char> GlooStoreAdapter::get(const std::string& key) {
   // Wait first with our timeout: the store's own get timeout may be longer.
   store_->wait({full_key(key)}, timeout_);
-  const runtime::Bytes value = store_->get(full_key(key));
+  const distributed::Bytes value = store_->get(full_key(key));
   return std::vector<char>(value.begin(), value.end());
 }
 

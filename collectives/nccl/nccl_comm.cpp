@@ -35,7 +35,7 @@ ncclResult_t state_of(ncclComm_t comm) {
 }
 constexpr std::string_view kErrorPrefix = "error ";
 
-ncclUniqueId fetch_unique_id(runtime::Store& store, int rank, const std::string& group,
+ncclUniqueId fetch_unique_id(distributed::Store& store, int rank, const std::string& group,
                              const std::string& key, std::chrono::milliseconds timeout) {
   ncclUniqueId id{};
   if (rank == 0) {
@@ -46,20 +46,20 @@ ncclUniqueId fetch_unique_id(runtime::Store& store, int rank, const std::string&
       throw;
     }
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
-    store.set(key, runtime::Bytes(bytes, bytes + sizeof id));
+    store.set(key, distributed::Bytes(bytes, bytes + sizeof id));
     return id;
   }
   try {
     store.wait({key}, timeout);
-  } catch (const runtime::StoreTimeout&) {
+  } catch (const distributed::StoreTimeout&) {
     throw Error(fmt::format(
         "nccl group '{}': rank {} waited {:.3g} s for rank 0's NCCL unique id (store key '{}'); "
         "rank 0 may not have started, may have failed, or may not be making this group with "
         "the nccl backend",
         group, rank, static_cast<double>(timeout.count()) / 1000.0, key));
   }
-  const runtime::Bytes bytes = store.get(key);
-  const std::string text = runtime::to_string(bytes);
+  const distributed::Bytes bytes = store.get(key);
+  const std::string text = distributed::to_string(bytes);
   LOCKSTEP_CHECK(text.rfind(kErrorPrefix, 0) != 0,
                  "nccl group '{}': rank 0 could not create the NCCL unique id: {}", group,
                  text.substr(kErrorPrefix.size()));
@@ -73,7 +73,7 @@ ncclUniqueId fetch_unique_id(runtime::Store& store, int rank, const std::string&
 
 }  // namespace
 
-NcclComm::NcclComm(runtime::Store& store, int rank, int size, const std::string& group,
+NcclComm::NcclComm(distributed::Store& store, int rank, int size, const std::string& group,
                    int device, std::chrono::milliseconds timeout)
     : device_(device), group_(group) {
   const int64_t instance = store.add(fmt::format("{}/nccl/instances/{}", group, rank), 1);

@@ -21,7 +21,7 @@
 
 #include <nccl.h>
 
-#include "lockstep/runtime/store/store.h"
+#include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives::detail {
 
@@ -33,7 +33,7 @@ class NcclComm {
   // read a stale id); every rank then calls ncclCommInitRankConfig on
   // `device`. Waits at most `timeout` for rank 0's id, and as long again for
   // NCCL to connect the ranks; throws naming this rank on either timeout.
-  NcclComm(runtime::Store& store, int rank, int size, const std::string& group, int device,
+  NcclComm(distributed::Store& store, int rank, int size, const std::string& group, int device,
            std::chrono::milliseconds timeout);
   // ncclCommDestroy when healthy; nothing once aborted (abort freed it).
   ~NcclComm();

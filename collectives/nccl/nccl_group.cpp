@@ -35,7 +35,7 @@ int resolve_device(int device, const std::string& name) {
   return device;
 }
 
-runtime::Store& require_store(const std::shared_ptr<runtime::Store>& store,
+distributed::Store& require_store(const std::shared_ptr<distributed::Store>& store,
                               const std::string& name) {
   LOCKSTEP_CHECK(store != nullptr, "nccl group '{}': a store is needed for the rendezvous", name);
   return *store;
@@ -52,7 +52,7 @@ runtime::cuda::StreamOptions stream_options(int device, bool high_priority) {
 
 }  // namespace
 
-NcclGroup::NcclGroup(std::shared_ptr<runtime::Store> store, int rank, int size,
+NcclGroup::NcclGroup(std::shared_ptr<distributed::Store> store, int rank, int size,
                      const std::string& name, milliseconds timeout, const NcclOptions& options)
     : ProcessGroup(rank, size, name, timeout),
       device_(resolve_device(options.device, name)),
@@ -248,7 +248,7 @@ std::shared_ptr<Work> NcclGroup::run_recv(Call call, Tensor& tensor, int src,
   return s.wrap(std::move(work));
 }
 
-std::shared_ptr<NcclGroup> make_nccl_group(std::shared_ptr<runtime::Store> store, int rank,
+std::shared_ptr<NcclGroup> make_nccl_group(std::shared_ptr<distributed::Store> store, int rank,
                                            int size, const std::string& name,
                                            milliseconds timeout, const NcclOptions& options) {
   return std::make_shared<NcclGroup>(std::move(store), rank, size, name, timeout, options);

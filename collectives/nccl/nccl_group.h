@@ -40,7 +40,7 @@
 #include "lockstep/collectives/process_group.h"
 #include "lockstep/runtime/cuda/caching_allocator.h"
 #include "lockstep/runtime/cuda/stream.h"
-#include "lockstep/runtime/store/store.h"
+#include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives {
 
@@ -61,7 +61,7 @@ struct NcclOptions {
 class NcclGroup final : public ProcessGroup {
  public:
   // Every rank must call this (it rendezvouses); waits at most `timeout`.
-  NcclGroup(std::shared_ptr<runtime::Store> store, int rank, int size, const std::string& name,
+  NcclGroup(std::shared_ptr<distributed::Store> store, int rank, int size, const std::string& name,
             std::chrono::milliseconds timeout, const NcclOptions& options = {});
   // Lets the collectives in flight complete (or time out), then destroys the
   // communicator.
@@ -112,7 +112,7 @@ class NcclGroup final : public ProcessGroup {
   runtime::cuda::DeviceBuffer barrier_buffer_;  // the one element a barrier all-reduces
 };
 
-std::shared_ptr<NcclGroup> make_nccl_group(std::shared_ptr<runtime::Store> store, int rank,
+std::shared_ptr<NcclGroup> make_nccl_group(std::shared_ptr<distributed::Store> store, int rank,
                                            int size, const std::string& name,
                                            std::chrono::milliseconds timeout,
                                            const NcclOptions& options = {});

@@ -33,7 +33,7 @@ shm::Span span_of(const Tensor& t) { return {t.raw_data(), static_cast<size_t>(t
 
 class ShmGroup final : public ProcessGroup {
  public:
-  ShmGroup(std::shared_ptr<runtime::Store> store, int rank, int size, const std::string& name,
+  ShmGroup(std::shared_ptr<distributed::Store> store, int rank, int size, const std::string& name,
            milliseconds timeout, const ShmOptions& options);
   ~ShmGroup() override { executor_->stop(); }
 
@@ -119,7 +119,7 @@ class ShmGroup final : public ProcessGroup {
   }
   ProcessGroup& p2p(std::string_view op);
 
-  std::shared_ptr<runtime::Store> store_;
+  std::shared_ptr<distributed::Store> store_;
   std::string prefix_;  // of this group's keys in the store
   int pools_ = 0;       // reserved so far
   std::shared_ptr<shm::Comm> comm_;
@@ -135,7 +135,7 @@ ProcessGroup& ShmGroup::p2p(std::string_view op) {
   return *p2p_;
 }
 
-ShmGroup::ShmGroup(std::shared_ptr<runtime::Store> store, int rank, int size,
+ShmGroup::ShmGroup(std::shared_ptr<distributed::Store> store, int rank, int size,
                    const std::string& name, milliseconds timeout, const ShmOptions& options)
     : ProcessGroup(rank, size, name, timeout), store_(store) {
   LOCKSTEP_CHECK(store != nullptr, "shm group '{}': a store is needed for the rendezvous", name);
@@ -161,7 +161,7 @@ ShmGroup::ShmGroup(std::shared_ptr<runtime::Store> store, int rank, int size,
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> make_shm_group(std::shared_ptr<runtime::Store> store, int rank,
+std::shared_ptr<ProcessGroup> make_shm_group(std::shared_ptr<distributed::Store> store, int rank,
                                              int size, const std::string& name,
                                              milliseconds timeout, const ShmOptions& options) {
   return std::make_shared<ShmGroup>(std::move(store), rank, size, name, timeout, options);

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "lockstep/collectives/process_group.h"
-#include "lockstep/runtime/store/store.h"
+#include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives {
 
@@ -32,7 +32,7 @@ struct ShmOptions {
 
 // Every rank must run on the same node (share /dev/shm); a rank that cannot
 // open rank 0's segment fails saying so.
-std::shared_ptr<ProcessGroup> make_shm_group(std::shared_ptr<runtime::Store> store, int rank,
+std::shared_ptr<ProcessGroup> make_shm_group(std::shared_ptr<distributed::Store> store, int rank,
                                              int size, const std::string& name,
                                              std::chrono::milliseconds timeout,
                                              const ShmOptions& options = {});

@@ -25,7 +25,7 @@ std::string host_name() {
 
 }  // namespace
 
-std::string rendezvous_prefix(runtime::Store& store, const std::string& name, int rank) {
+std::string rendezvous_prefix(distributed::Store& store, const std::string& name, int rank) {
   const int64_t instance = store.add(fmt::format("{}/shm/instances/{}", name, rank), 1);
   return fmt::format("{}/shm/{}/", name, instance);
 }
@@ -42,7 +42,7 @@ std::string no_segment(const std::string& name, const std::string& why) {
 
 }  // namespace
 
-std::unique_ptr<Comm> join_group(runtime::Store& store, const std::string& prefix,
+std::unique_ptr<Comm> join_group(distributed::Store& store, const std::string& prefix,
                                  const std::string& name, int rank, int size,
                                  std::chrono::milliseconds timeout, size_t buffer_bytes,
                                  std::chrono::microseconds spin) {
@@ -96,7 +96,7 @@ std::unique_ptr<Comm> join_group(runtime::Store& store, const std::string& prefi
   return comm;
 }
 
-std::shared_ptr<Pool> join_pool(runtime::Store& store, const std::string& prefix, int index,
+std::shared_ptr<Pool> join_pool(distributed::Store& store, const std::string& prefix, int index,
                                 int rank, int size, size_t bytes,
                                 std::chrono::milliseconds timeout) {
   if (bytes == 0) return nullptr;

@@ -2,7 +2,7 @@
 
 #include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
-#include "lockstep/runtime/env.h"
+#include "lockstep/distributed/launch_env.h"
 
 namespace examples {
 
@@ -15,7 +15,7 @@ std::optional<train::TrainingRun> open_checkpoints(const CheckpointFlags& flags,
   // Started again by lockstep-run --max-restarts: continue this run from its
   // newest good checkpoint (or from the start when it saved none yet); the
   // command line's --restart was for the first attempt only.
-  const int restarts = runtime::read_restart_count();
+  const int restarts = distributed::read_restart_count();
   if (restarts > 0)
     print(group.rank(), "restart {} (LOCKSTEP_RESTART_COUNT): resuming the run in {}\n",
           restarts, flags.dir);

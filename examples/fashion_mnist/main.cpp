@@ -12,7 +12,7 @@
 //
 // Each rank trains on its DistributedSampler shard with --batch-size samples
 // per step (the global batch is world size times that), on its own GPU where
-// there are GPUs (runtime/device_select.h; NCCL then all-reduces), else on
+// there are GPUs (distributed/device_select.h; NCCL then all-reduces), else on
 // the CPU; only rank 0 prints.
 // With --checkpoint-dir, rank 0 saves every --checkpoint-every steps (and at
 // each epoch's end, with the test accuracy as the metric that picks the best
@@ -41,7 +41,7 @@
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/data/distributed_sampler.h"
 #include "lockstep/runtime/data/loader.h"
-#include "lockstep/runtime/device_select.h"
+#include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
 #include "lockstep/train/training_checkpoint.h"
@@ -112,7 +112,7 @@ int run(Options o) {
   runtime::manual_seed(o.seed);
   // The rank's device first: the group's default backend follows it (nccl
   // with a GPU per rank), and NCCL's communicator lives on it.
-  const runtime::Device device = runtime::select_device({.request = o.device});
+  const runtime::Device device = distributed::select_device({.request = o.device});
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank(), world = group->size();
   // The checkpoint directory first: one that cannot be written, or that

@@ -46,7 +46,7 @@
 #include "lockstep/optim/zero_redundancy_optimizer.h"
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
-#include "lockstep/runtime/device_select.h"
+#include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
 #include "lockstep/train/training_checkpoint.h"
@@ -174,7 +174,7 @@ std::string printable(const std::vector<int64_t>& bytes) {
 int run(Options o) {
   runtime::set_num_threads(o.threads);
   runtime::manual_seed(o.seed);
-  const runtime::Device device = runtime::select_device({.request = o.device});
+  const runtime::Device device = distributed::select_device({.request = o.device});
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank(), world = group->size();
   std::optional<train::TrainingRun> checkpoints = examples::open_checkpoints(

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "lockstep/collectives/init.h"
-#include "lockstep/runtime/store/memory_store.h"
+#include "lockstep/distributed/store/memory_store.h"
 
 namespace lockstep::testing {
 
@@ -49,8 +49,8 @@ inline std::string message_of(const std::exception_ptr& error) {
 inline std::vector<std::shared_ptr<collectives::ProcessGroup>> make_groups(
     const std::string& backend, int size, const std::string& name,
     std::chrono::milliseconds timeout = std::chrono::seconds(60),
-    runtime::DebugLevel debug = runtime::DebugLevel::Off) {
-  auto store = std::make_shared<runtime::MemoryStore>();
+    distributed::DebugLevel debug = distributed::DebugLevel::Off) {
+  auto store = std::make_shared<distributed::MemoryStore>();
   std::vector<std::shared_ptr<collectives::ProcessGroup>> groups(static_cast<size_t>(size));
   const auto errors = run_ranks(size, [&](int r) {
     groups[static_cast<size_t>(r)] =

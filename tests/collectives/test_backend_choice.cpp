@@ -7,7 +7,7 @@
 
 #include "lockstep/collectives/backend_choice.h"
 #include "lockstep/collectives/init.h"
-#include "lockstep/runtime/store/memory_store.h"
+#include "lockstep/distributed/store/memory_store.h"
 #include "support/test_util.h"
 
 using namespace lockstep;
@@ -22,8 +22,8 @@ namespace {
 RankPlacement cpu(const std::string& node) { return {node, Device::cpu()}; }
 RankPlacement gpu(const std::string& node, int index) { return {node, Device::cuda(index)}; }
 
-runtime::RankInfo rank_info(int rank, int size) {
-  runtime::RankInfo info;
+distributed::RankInfo rank_info(int rank, int size) {
+  distributed::RankInfo info;
   info.rank = info.local_rank = rank;
   info.world_size = info.local_world_size = size;
   return info;
@@ -75,14 +75,14 @@ TEST_CASE("Some ranks on GPUs and others on the CPU is an error naming them",
 
 TEST_CASE("init_process_group's default follows every rank's device, the same on each",
           "[collectives][backend_choice]") {
-  auto store = std::make_shared<runtime::MemoryStore>();
+  auto store = std::make_shared<distributed::MemoryStore>();
   constexpr int kRanks = 2;
   std::string errors[kRanks];
   std::string backends[kRanks];
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
-      const runtime::RankInfo info = rank_info(r, kRanks);
+      const distributed::RankInfo info = rank_info(r, kRanks);
       // Rank 1 on a GPU, rank 0 on the CPU: both refuse, naming the ranks.
       const Device device = r == 1 ? Device::cuda(0) : Device::cpu();
       try {
@@ -104,7 +104,7 @@ TEST_CASE("init_process_group's default follows every rank's device, the same on
   threads.clear();
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
-      const runtime::RankInfo info = rank_info(r, kRanks);
+      const distributed::RankInfo info = rank_info(r, kRanks);
       auto group = collectives::init_process_group(
           {.name = "cpu", .device = Device::cpu(), .rank_info = info, .store = store});
       backends[r] = group->backend();

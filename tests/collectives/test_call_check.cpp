@@ -13,7 +13,7 @@
 #include "lockstep/collectives/hierarchical_group.h"
 #include "lockstep/collectives/node_topology.h"
 #include "lockstep/config.h"
-#include "lockstep/runtime/store/memory_store.h"
+#include "lockstep/distributed/store/memory_store.h"
 #include "support/test_util.h"
 
 namespace lc = lockstep::collectives;
@@ -32,7 +32,7 @@ Groups make(const std::string& backend, int size, const std::string& name,
             std::chrono::milliseconds timeout = 30s) {
   if (backend.find('+') == std::string::npos) return lt::make_groups(backend, size, name, timeout);
   const std::string intra = backend.substr(0, backend.find('+'));
-  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   Groups groups(static_cast<size_t>(size));
   const auto errors = lt::run_ranks(size, [&](int r) {
     const auto topology =

@@ -10,7 +10,7 @@
 
 namespace lc = lockstep::collectives;
 namespace lt = lockstep::testing;
-using lockstep::runtime::DebugLevel;
+using lockstep::distributed::DebugLevel;
 using lockstep::runtime::DType;
 using lockstep::runtime::Tensor;
 using Catch::Matchers::Contains;

@@ -1,4 +1,4 @@
-// The flight recorder (runtime/flight_recorder.h): every collective a group
+// The flight recorder (distributed/flight_recorder.h): every collective a group
 // issues is recorded with its number, op, dtype and count, and ended as it
 // ended; the newest kFlightRecorderEntries stay.
 #include <catch2/catch.hpp>
@@ -11,11 +11,11 @@
 
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/work.h"
-#include "lockstep/runtime/flight_recorder.h"
+#include "lockstep/distributed/flight_recorder.h"
 
 namespace lt = lockstep::testing;
-using lockstep::runtime::FlightRecord;
-using lockstep::runtime::FlightRecorder;
+using lockstep::distributed::FlightRecord;
+using lockstep::distributed::FlightRecorder;
 using lockstep::runtime::Tensor;
 
 namespace {
@@ -65,7 +65,7 @@ TEST_CASE("flight recorder: a wrapper group's call is recorded once, by the grou
   // LOCKSTEP_DEBUG=detail's checker wraps the backend's group, as CUDA
   // staging does in CUDA builds.
   const auto groups = lt::make_groups("shm", 2, "recorded-once", std::chrono::seconds(60),
-                                      lockstep::runtime::DebugLevel::Detail);
+                                      lockstep::distributed::DebugLevel::Detail);
   const auto errors = lt::run_ranks(2, [&](int r) {
     Tensor x = Tensor::full({5}, 1.0);
     groups[r]->allreduce(x)->wait();
@@ -97,11 +97,11 @@ TEST_CASE("flight recorder: a collective that timed out is recorded as failed",
 
 TEST_CASE("flight recorder: the newest entries stay, oldest first", "[collectives][flight-recorder]") {
   const auto groups = lt::make_groups("shm", 1, "recorded-many");
-  const int n = lockstep::runtime::kFlightRecorderEntries + 44;
+  const int n = lockstep::distributed::kFlightRecorderEntries + 44;
   Tensor x = Tensor::full({1}, 1.0);
   for (int i = 0; i < n; ++i) groups[0]->allreduce(x)->wait();
   const auto all = FlightRecorder::instance().snapshot();
-  REQUIRE(all.size() == static_cast<size_t>(lockstep::runtime::kFlightRecorderEntries));
+  REQUIRE(all.size() == static_cast<size_t>(lockstep::distributed::kFlightRecorderEntries));
   for (size_t i = 1; i < all.size(); ++i) CHECK(all[i].ordinal == all[i - 1].ordinal + 1);
   CHECK(all.back().group == "recorded-many");
   CHECK(all.back().seq == static_cast<uint64_t>(n));
@@ -109,10 +109,10 @@ TEST_CASE("flight recorder: the newest entries stay, oldest first", "[collective
 
 TEST_CASE("flight recorder: another process's file is read, or refused when it is not one",
           "[collectives][flight-recorder]") {
-  CHECK_FALSE(lockstep::runtime::read_flight_recorder_file("/nonexistent/rank-0").has_value());
+  CHECK_FALSE(lockstep::distributed::read_flight_recorder_file("/nonexistent/rank-0").has_value());
   const auto path = std::filesystem::temp_directory_path() / "lockstep-not-a-recorder";
   std::ofstream(path) << "hello";
-  CHECK_THROWS_WITH(lockstep::runtime::read_flight_recorder_file(path.string()),
+  CHECK_THROWS_WITH(lockstep::distributed::read_flight_recorder_file(path.string()),
                     Catch::Contains("is not a flight recorder file"));
   std::filesystem::remove(path);
 }

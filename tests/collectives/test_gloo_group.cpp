@@ -224,7 +224,7 @@ TEST_CASE("gloo refuses bad input before anything is sent", "[collectives][gloo]
 
 TEST_CASE("gloo: a group made again under the same name on the same store",
           "[collectives][gloo]") {
-  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   for (int round = 0; round < 2; ++round) {
     std::vector<std::string> results(2);
     const auto errors = lt::run_ranks(2, [&](int r) {
@@ -269,7 +269,7 @@ TEST_CASE("gloo: a peer whose group goes away is named in the error", "[collecti
 }
 
 TEST_CASE("make_process_group: unknown and missing backends are explained", "[collectives]") {
-  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   CHECK_THAT(lt::error_of([&] { lc::make_process_group("tcp", store, 0, 1, "x", 1s); }),
              Contains("unknown collectives backend 'tcp'"));
   for (const char* backend : {"gloo", "mpi", "nccl"}) {
@@ -282,7 +282,7 @@ TEST_CASE("make_process_group: unknown and missing backends are explained", "[co
 TEST_CASE("init_process_group: defaults, one process without a store, clear errors",
           "[collectives][gloo]") {
   lc::InitOptions options;
-  options.rank_info = lockstep::runtime::RankInfo{};  // one process, no launcher
+  options.rank_info = lockstep::distributed::RankInfo{};  // one process, no launcher
   auto g = lc::init_process_group(options);
   CHECK(g->backend() == "shm");  // the default on one node
   CHECK(g->size() == 1);
@@ -295,7 +295,7 @@ TEST_CASE("init_process_group: defaults, one process without a store, clear erro
   CHECK_THAT(lt::error_of([&] { lc::init_process_group(options); }),
              Contains("unknown collectives backend 'tcp'"));
 
-  lockstep::runtime::RankInfo many;
+  lockstep::distributed::RankInfo many;
   many.world_size = 2;
   many.local_world_size = 2;
   many.source = "slurm";

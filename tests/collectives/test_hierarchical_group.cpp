@@ -41,7 +41,7 @@ using Keys = std::vector<std::string>;
 // discovered through the store, as init_process_group() does.
 std::vector<std::shared_ptr<lc::ProcessGroup>> make_groups(
     const Keys& keys, const std::string& name, std::chrono::milliseconds timeout = 60s) {
-  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   const int size = static_cast<int>(keys.size());
   std::vector<std::shared_ptr<lc::ProcessGroup>> groups(static_cast<size_t>(size));
   const auto errors = lt::run_ranks(size, [&](int r) {
@@ -263,12 +263,12 @@ TEST_CASE("hierarchical group refuses bad input before anything is sent",
 // backend does.
 TEST_CASE("make_process_group(\"shm+gloo\"): nodes from the ranks' node keys",
           "[collectives][hierarchical][shm]") {
-  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   const Keys keys = {"a", "a", "b", "b"};
   std::vector<std::string> results(4);
   const auto errors = lt::run_ranks(4, [&](int r) {
     auto g = lc::make_process_group("shm+gloo", store, r, 4, "hier", 60s,
-                                    lockstep::runtime::DebugLevel::Off, keys[static_cast<size_t>(r)]);
+                                    lockstep::distributed::DebugLevel::Off, keys[static_cast<size_t>(r)]);
     Tensor t = input(r, 1001, DType::f32);
     g->allreduce(t, {.op = lc::ReduceOp::Avg, .timeout = {}})->wait();
     results[static_cast<size_t>(r)] =
@@ -285,13 +285,13 @@ TEST_CASE("make_process_group(\"shm+gloo\"): nodes from the ranks' node keys",
 
 TEST_CASE("shm+gloo: each node's pool serves the reduce within it; a lone rank has none",
           "[collectives][hierarchical][shm][pool]") {
-  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   const Keys keys = {"a", "a", "a", "b"};
   constexpr int64_t n = 20483;  // past the one-round path
   std::vector<std::string> results(4);
   const auto errors = lt::run_ranks(4, [&](int r) {
     auto g = lc::make_process_group("shm+gloo", store, r, 4, "hier-pool", 60s,
-                                    lockstep::runtime::DebugLevel::Off, keys[static_cast<size_t>(r)]);
+                                    lockstep::distributed::DebugLevel::Off, keys[static_cast<size_t>(r)]);
     auto pool = g->reserve_shared_pool(1 << 20);
     Tensor t = input(r, n, DType::f64);
     if (pool) {
@@ -315,11 +315,11 @@ TEST_CASE("shm+gloo: each node's pool serves the reduce within it; a lone rank h
 TEST_CASE("init_process_group: the default is shm on one node, shm+gloo across nodes",
           "[collectives][hierarchical][shm]") {
   const auto backends_of = [](const Keys& keys) {
-    auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+    auto store = std::make_shared<lockstep::distributed::MemoryStore>();
     const int size = static_cast<int>(keys.size());
     std::vector<std::string> backends(keys.size());
     const auto errors = lt::run_ranks(size, [&](int r) {
-      lockstep::runtime::RankInfo info;
+      lockstep::distributed::RankInfo info;
       info.rank = r;
       info.world_size = size;
       info.local_world_size = size;
@@ -336,7 +336,7 @@ TEST_CASE("init_process_group: the default is shm on one node, shm+gloo across n
   CHECK(backends_of({"a", "b", "a"}) == std::vector<std::string>(3, "shm+gloo 6"));
   // One process without a launcher: one node.
   lc::InitOptions solo;
-  solo.rank_info = lockstep::runtime::RankInfo{};
+  solo.rank_info = lockstep::distributed::RankInfo{};
   CHECK(lc::init_process_group(solo)->backend() == "shm");
 }
 

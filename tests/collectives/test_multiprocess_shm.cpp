@@ -20,7 +20,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/collectives/shm/shm_segment.h"
-#include "lockstep/runtime/store/tcp_store.h"
+#include "lockstep/distributed/store/tcp_store.h"
 #include "support/subprocess.h"
 
 namespace lc = lockstep::collectives;
@@ -74,7 +74,7 @@ void check_all_ok(int np) {
 // returns each rank's result.
 std::vector<lt::ProcessResult> run_with_killed_rank(int np, int killed) {
   const std::string token = fmt::format("shm-dead-peer-{}", ::getpid());
-  lockstep::runtime::TcpStoreServer server({.host = "127.0.0.1", .port = 0, .token = token});
+  lockstep::distributed::TcpStoreServer server({.host = "127.0.0.1", .port = 0, .token = token});
   const std::string address = fmt::format("127.0.0.1:{}", server.port());
   std::vector<lt::ProcessResult> results(static_cast<size_t>(np));
   std::vector<std::thread> threads;

@@ -9,8 +9,8 @@
 
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/node_topology.h"
-#include "lockstep/runtime/env.h"
-#include "lockstep/runtime/store/memory_store.h"
+#include "lockstep/distributed/launch_env.h"
+#include "lockstep/distributed/store/memory_store.h"
 #include "support/test_util.h"
 
 namespace lc = lockstep::collectives;
@@ -21,7 +21,7 @@ using namespace std::chrono_literals;
 namespace {
 
 // Every rank's topology, discovered concurrently over `store`.
-std::vector<lc::NodeTopology> discover_all(lockstep::runtime::Store& store,
+std::vector<lc::NodeTopology> discover_all(lockstep::distributed::Store& store,
                                            const std::vector<std::string>& keys,
                                            const std::string& name) {
   const int size = static_cast<int>(keys.size());
@@ -78,7 +78,7 @@ TEST_CASE("node topology: nodes numbered by first appearance, leaders, local ran
 }
 
 TEST_CASE("discover_topology: every rank ends with the same topology", "[collectives][topology]") {
-  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   const std::vector<std::string> keys = {"host-b", "host-a", "host-b", "host-a", "host-c"};
   const auto all = discover_all(*store, keys, "g");
   for (int r = 0; r < 5; ++r) {
@@ -94,7 +94,7 @@ TEST_CASE("discover_topology: every rank ends with the same topology", "[collect
 
 TEST_CASE("discover_topology: a group made again under the same name reads fresh keys",
           "[collectives][topology]") {
-  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   CHECK(discover_all(*store, {"a", "a", "b"}, "again")[0].nodes == 2);
   // The same ranks now claim other nodes: the old keys must not be read.
   const auto second = discover_all(*store, {"a", "b", "c"}, "again");
@@ -105,7 +105,7 @@ TEST_CASE("discover_topology: a group made again under the same name reads fresh
 }
 
 TEST_CASE("discover_topology: a rank that never publishes is named", "[collectives][topology]") {
-  lockstep::runtime::MemoryStore store;
+  lockstep::distributed::MemoryStore store;
   std::string error;
   const auto errors = lt::run_ranks(2, [&](int r) {  // ranks 0 and 1 of 3; rank 2 never comes
     const std::string e =
@@ -125,11 +125,11 @@ TEST_CASE("this_node_key: LOCKSTEP_NODE_ID, else host name and boot id",
       return it->second;
     };
   };
-  const auto with_id = lockstep::runtime::read_rank_info(env({{"LOCKSTEP_NODE_ID", "nodeA"}}));
+  const auto with_id = lockstep::distributed::read_rank_info(env({{"LOCKSTEP_NODE_ID", "nodeA"}}));
   CHECK(with_id.node_id == "nodeA");
   CHECK(lc::this_node_key(with_id) == "nodeA");
 
-  const auto plain = lockstep::runtime::read_rank_info(env({}));
+  const auto plain = lockstep::distributed::read_rank_info(env({}));
   CHECK(plain.node_id.empty());
   char host[HOST_NAME_MAX + 1] = {};
   REQUIRE(::gethostname(host, sizeof host - 1) == 0);

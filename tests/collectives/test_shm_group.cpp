@@ -26,7 +26,7 @@
 #include "lockstep/collectives/shm/shm_group.h"
 #include "lockstep/collectives/shm/shm_segment.h"
 #include "lockstep/collectives/work.h"
-#include "lockstep/runtime/store/memory_store.h"
+#include "lockstep/distributed/store/memory_store.h"
 #include "support/test_util.h"
 
 namespace lc = lockstep::collectives;
@@ -64,7 +64,7 @@ std::vector<int64_t> counts_for(int size) {
 Groups make_shm_groups(int size, const std::string& name, const lc::ShmOptions& options,
                        std::chrono::milliseconds timeout = 60s) {
   if (kBackend != "shm") return lt::make_groups(kBackend, size, name, timeout);
-  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   Groups groups(static_cast<size_t>(size));
   const auto errors = lt::run_ranks(size, [&](int r) {
     groups[static_cast<size_t>(r)] = lc::make_shm_group(store, r, size, name, timeout, options);
@@ -528,7 +528,7 @@ TEST_CASE("shm: a dead process's segment is removed, a live one's is kept", "[co
 TEST_CASE("shm: a segment /dev/shm cannot hold fails every rank, naming gloo as the way out",
           "[collectives][shm]") {
   // Staging buffers of 1 TiB per rank: far more than /dev/shm holds anywhere.
-  auto store = std::make_shared<lockstep::runtime::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   const auto errors = lt::run_ranks(2, [&](int r) {
     lc::make_shm_group(store, r, 2, "too-big", 30s, {.buffer_bytes = size_t{1} << 40});
   });

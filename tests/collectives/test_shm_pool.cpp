@@ -173,8 +173,8 @@ TEST_CASE("shm pool: one too large for /dev/shm is refused on every rank alike",
 TEST_CASE("shm pool: other backends have none; the desync checker passes shm's through",
           "[collectives][shm][pool]") {
   for (const auto& [backend, debug, expect] :
-       {std::tuple{"gloo", lockstep::runtime::DebugLevel::Off, false},
-        std::tuple{"shm", lockstep::runtime::DebugLevel::Detail, true}}) {
+       {std::tuple{"gloo", lockstep::distributed::DebugLevel::Off, false},
+        std::tuple{"shm", lockstep::distributed::DebugLevel::Detail, true}}) {
     if (!lt::backend_skip_reason(backend).empty()) continue;  // gloo not built in
     const auto groups = lt::make_groups(backend, 2, "pool-backends", std::chrono::seconds(60), debug);
     on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {

@@ -16,7 +16,7 @@
 
 #include <fmt/format.h>
 
-#include "lockstep/runtime/store/tcp_store.h"
+#include "lockstep/distributed/store/tcp_store.h"
 #include "support/subprocess.h"
 
 using lockstep::testing::bin_path;
@@ -76,7 +76,7 @@ TEST_CASE("store rendezvous: a second process claiming a rank already taken fail
   // keys and wait on each other without end. Here rank 1 is started twice
   // around a store served by the test, so every process reaches it.
   const std::string token = fmt::format("duplicate-rank-{}", ::getpid());
-  lockstep::runtime::TcpStoreServer server({.host = "127.0.0.1", .port = 0, .token = token});
+  lockstep::distributed::TcpStoreServer server({.host = "127.0.0.1", .port = 0, .token = token});
   const std::string address = fmt::format("127.0.0.1:{}", server.port());
   const int ranks[] = {0, 1, 1};
   std::vector<ProcessResult> results(3);

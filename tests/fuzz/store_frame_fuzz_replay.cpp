@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/runtime/store/protocol.h"
+#include "lockstep/distributed/store/protocol.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
-namespace proto = lockstep::runtime::store_protocol;
+namespace proto = lockstep::distributed::store_protocol;
 
 namespace {
 

@@ -21,7 +21,7 @@
 #include "collectives/collective_check.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/config.h"
-#include "lockstep/runtime/store/memory_store.h"
+#include "lockstep/distributed/store/memory_store.h"
 #include "support/gpu_skip.h"
 #include "support/subprocess.h"
 #include "support/test_util.h"
@@ -45,7 +45,7 @@ using Catch::Matchers::Contains;
 using namespace std::chrono_literals;
 
 TEST_CASE("nccl refuses clearly where it cannot serve", "[collectives][nccl]") {
-  auto store = std::make_shared<lr::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   const auto make = [&] {
     return lc::make_process_group("nccl", store, 0, 1, "nccl-refused", 10s);
   };
@@ -84,7 +84,7 @@ using lt::StreamGate;
 std::shared_ptr<lc::NcclGroup> solo_group(
     const std::string& name,
     lc::AsyncErrorHandling async_errors = lc::AsyncErrorHandling::end_process) {
-  return lc::make_nccl_group(std::make_shared<lr::MemoryStore>(), 0, 1, name, 60s,
+  return lc::make_nccl_group(std::make_shared<lockstep::distributed::MemoryStore>(), 0, 1, name, 60s,
                              {.async_errors = async_errors});
 }
 
@@ -239,7 +239,7 @@ TEST_CASE("nccl: a rank whose peer never comes fails its creation after the time
   LOCKSTEP_SKIP_UNLESS_GPU();
   // Rank 0 of 2 publishes the unique id and waits in NCCL for rank 1, which
   // is never started: creation must end with an error, not hang.
-  auto store = std::make_shared<lr::MemoryStore>();
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   CHECK_THROWS_WITH(lc::make_process_group("nccl", store, 0, 2, "nccl-lonely", 2s),
                     Contains("rank 0 of 2 could not create its communicator") &&
                         Contains("did not connect the 2 ranks within 2 s"));

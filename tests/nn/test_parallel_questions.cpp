@@ -18,7 +18,7 @@
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/checkpoint/checkpoint.h"
-#include "lockstep/runtime/device_select.h"
+#include "lockstep/distributed/device_select.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"
 
@@ -116,7 +116,7 @@ TEST_CASE("save on rank 0, load on every rank onto its own device: the same para
   fs::create_directories(dir);
   const auto batch = lt::global_batch(8, 1);
   lockstep::collectives::spawn(2, [&](int rank) {
-    const Device device = lr::select_device({.request = "cpu"});
+    const Device device = lockstep::distributed::select_device({.request = "cpu"});
     auto group = lockstep::collectives::init_process_group();
     auto model = lt::small_mlp(3);
     model->to(device);

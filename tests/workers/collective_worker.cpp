@@ -34,7 +34,7 @@
 
 #include "lockstep/collectives/init.h"
 #include "lockstep/config.h"
-#include "lockstep/runtime/env.h"
+#include "lockstep/distributed/launch_env.h"
 #include "lockstep/runtime/tensor.h"
 
 #if LOCKSTEP_HAVE_CUDA
@@ -113,7 +113,7 @@ void use_cuda_device() {
                                       lr::cuda_unavailable_reason()));
   }
   const int local_rank =
-      lr::read_rank_info(lr::process_env(), {.allow_missing_store = true}).local_rank;
+      lockstep::distributed::read_rank_info(lr::process_env(), {.allow_missing_store = true}).local_rank;
   g_device = lr::Device::cuda(local_rank % devices);
   LOCKSTEP_CUDA_CHECK(cudaSetDevice(g_device.index));
 #else

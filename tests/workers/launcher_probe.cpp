@@ -51,9 +51,9 @@
 #include "lockstep/collectives/async_error.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/runtime/tensor.h"
-#include "lockstep/runtime/env.h"
+#include "lockstep/distributed/launch_env.h"
 #include "lockstep/runtime/liveness.h"
-#include "lockstep/runtime/store/tcp_store.h"
+#include "lockstep/distributed/store/tcp_store.h"
 
 namespace {
 
@@ -91,7 +91,7 @@ void allreduces(int n) {
   for (int i = 0; i < n; ++i) group->allreduce(t)->wait();
 }
 
-int group_sum(const lockstep::runtime::RankInfo& info) {
+int group_sum(const lockstep::distributed::RankInfo& info) {
   auto group = default_group();
   lockstep::runtime::Tensor t = lockstep::runtime::Tensor::full({1}, info.rank + 1.0);
   group->allreduce(t)->wait();
@@ -104,14 +104,14 @@ int group_sum(const lockstep::runtime::RankInfo& info) {
   return sum == expected ? 0 : 1;
 }
 
-int store_sum(const lockstep::runtime::RankInfo& info) {
-  lockstep::runtime::TcpStoreOptions options;
+int store_sum(const lockstep::distributed::RankInfo& info) {
+  lockstep::distributed::TcpStoreOptions options;
   options.host = info.store_host;
   options.port = static_cast<uint16_t>(info.store_port);
   options.token = info.token;
   options.connect_timeout = std::chrono::seconds(30);
   options.timeout = std::chrono::seconds(30);
-  lockstep::runtime::TcpStore store(options);
+  lockstep::distributed::TcpStore store(options);
   store.add("probe/sum", info.rank + 1);
   if (store.add("probe/arrived", 1) == info.world_size) store.set("probe/done", "1");
   store.wait({"probe/done"});
@@ -150,7 +150,7 @@ std::string allowed_cpus() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const auto info = lockstep::runtime::read_rank_info();
+  const auto info = lockstep::distributed::read_rank_info();
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string pid_dir;
   std::string line = fmt::format("rank={} world={} local={} local_world={} node={} source={}",

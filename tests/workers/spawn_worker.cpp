@@ -15,7 +15,7 @@
 
 #include "lockstep/collectives/init.h"
 #include "lockstep/collectives/spawn.h"
-#include "lockstep/runtime/device_select.h"
+#include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/tensor.h"
 
 namespace lc = lockstep::collectives;
@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
       else throw lockstep::Error(fmt::format("unknown flag {}", argv[i]));
     }
     lc::spawn(nprocs, [&](int rank) {
-      const lr::Device d = lr::select_device({.request = device});
+      const lr::Device d = lockstep::distributed::select_device({.request = device});
       auto group = lc::init_process_group();
       lr::Tensor t = lr::Tensor::full({1000}, rank + 1.0, lr::DType::f32, d);
       group->allreduce(t)->wait();

@@ -33,7 +33,7 @@
 #include "lockstep/runtime/cuda/caching_allocator.h"
 #include "lockstep/runtime/cuda/device.h"
 #include "lockstep/runtime/cuda/device_guard.h"
-#include "lockstep/runtime/env.h"
+#include "lockstep/distributed/launch_env.h"
 #endif
 
 namespace lc = lockstep::collectives;
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
       const int devices = lockstep::runtime::cuda_device_count();
       if (devices == 0)
         throw lockstep::Error("no CUDA device: " + lockstep::runtime::cuda_unavailable_reason());
-      device = lockstep::runtime::Device::cuda(lockstep::runtime::read_rank_info().local_rank %
+      device = lockstep::runtime::Device::cuda(lockstep::distributed::read_rank_info().local_rank %
                                                devices);
       on_gpu.emplace(device.index);
       lockstep::runtime::cuda::set_poison_allocations(true);

@@ -173,17 +173,16 @@ struct CachingAllocatorCore::Impl {
   [[noreturn]] void throw_oom(int device, const DeviceState& d, std::size_t bytes,
                               std::size_t rounded, std::size_t segment, std::size_t released) {
     const AllocatorStats& s = d.stats;
-    const int rank = process_rank();
     std::string memory = backend.describe_memory(device);
     if (!memory.empty()) memory = "; " + memory;
     throw OutOfMemoryError(fmt::format(
-        "{} out of memory on rank {}, device {}: cannot allocate {} (a {} block in a {} "
+        "{} out of memory on {}, device {}: cannot allocate {} (a {} block in a {} "
         "segment), even after returning {} of cached memory and retrying. This process has "
         "{} allocated in {} blocks and {} reserved ({} cached or fragmented), {} freed blocks "
         "waiting for other streams, peak allocated {}, {} segments allocated{}. Reduce the batch "
         "or model size, drop references to tensors no longer needed, or check (nvidia-smi) "
         "that no other process uses this device.",
-        name, rank >= 0 ? std::to_string(rank) : std::string("?"), device, format_bytes(bytes),
+        name, process_rank_text(), device, format_bytes(bytes),
         format_bytes(rounded), format_bytes(segment), format_bytes(released),
         format_bytes(s.allocated_bytes), s.active_blocks, format_bytes(s.reserved_bytes),
         format_bytes(s.reserved_bytes - s.allocated_bytes), s.pending_blocks,

@@ -1,45 +1,28 @@
 #include "lockstep/runtime/cuda/core/error_context.h"
 
 #include <atomic>
-#include <climits>
 
 #include <fmt/format.h>
-
-#include "lockstep/runtime/env.h"
 
 namespace lockstep::runtime::cuda {
 namespace {
 
-constexpr int kUnset = INT_MIN;
-std::atomic<int> g_rank{kUnset};
-
-int rank_from_environment() {
-  try {
-    return read_rank_info(process_env(), {.allow_missing_store = true}).rank;
-  } catch (const std::exception&) {
-    return -1;  // malformed launcher variables: init() reports those properly
-  }
-}
+std::atomic<int> g_rank{-1};
 
 }  // namespace
 
-int process_rank() {
-  int rank = g_rank.load(std::memory_order_acquire);
-  if (rank != kUnset) return rank;
-  rank = rank_from_environment();
-  int expected = kUnset;
-  // A concurrent set_process_rank() wins over the environment.
-  if (!g_rank.compare_exchange_strong(expected, rank, std::memory_order_acq_rel)) return expected;
-  return rank;
-}
+int process_rank() { return g_rank.load(std::memory_order_acquire); }
 
 void set_process_rank(int rank) { g_rank.store(rank, std::memory_order_release); }
 
+std::string process_rank_text() {
+  const int rank = process_rank();
+  return rank >= 0 ? fmt::format("rank {}", rank) : std::string("rank ?");
+}
+
 std::string library_error_message(std::string_view library, std::string_view expr,
                                   std::string_view file, int line, std::string_view detail) {
-  const int rank = process_rank();
-  const std::string who = rank >= 0 ? fmt::format("rank {}", rank) : std::string("rank ?");
-  return fmt::format("{} error on {} at {}:{}: {} failed: {}", library, who, file, line, expr,
+  return fmt::format("{} error on {} at {}:{}: {} failed: {}", library, process_rank_text(), file, line, expr,
                      detail);
 }
 

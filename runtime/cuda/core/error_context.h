@@ -10,15 +10,16 @@
 
 namespace lockstep::runtime::cuda {
 
-// The rank this process runs as, for error messages. The value given to
-// set_process_rank() if any; otherwise the rank runtime/env reads from the
-// launcher's variables (LOCKSTEP_RANK, RANK, OMPI_COMM_WORLD_RANK, ...), 0 when
-// no launcher is found, -1 when those variables are malformed.
+// The rank this process runs as, for error messages ("rank ?" where -1): the
+// value last given to set_process_rank(), -1 before any. select_device() and
+// init_process_group() give it, from the launcher's variables or (init) MPI.
 int process_rank();
 
-// Overrides the rank that process_rank() returns (init() knows it for sure,
-// e.g. when the rank was assigned through MPI). Thread-safe.
+// Sets the rank that process_rank() returns. Thread-safe.
 void set_process_rank(int rank);
+
+// "rank 3", or "rank ?" where the rank is not known yet.
+std::string process_rank_text();
 
 // "<library> error on rank <r> at <file>:<line>: <expr> failed: <detail>".
 // `library` is "CUDA", "cuBLAS", "cuDNN" or "NCCL"; `file` as __FILE__ gives it.

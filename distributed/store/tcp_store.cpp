@@ -1,0 +1,475 @@
+// TcpStore: the client side of the TCP store. One connection, one request at
+// a time (calls are serialised by a mutex); every socket operation waits in
+// poll() against a deadline, so no call blocks past its timeout.
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/liveness.h"
+#include "lockstep/distributed/store/protocol.h"
+#include "lockstep/distributed/store/tcp_store.h"
+
+namespace lockstep::distributed {
+
+namespace proto = store_protocol;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+// How long past a GET/WAIT timeout the client still waits for the server's
+// TIMEOUT reply before deciding the server itself is stuck.
+constexpr milliseconds kReplyGrace = std::chrono::seconds(10);
+constexpr milliseconds kFirstBackoff{10};
+constexpr milliseconds kMaxBackoff{1000};
+constexpr int64_t kMaxTimeoutMs = int64_t{100} * 365 * 24 * 3600 * 1000;
+
+Clock::time_point deadline_after(milliseconds timeout) {
+  return Clock::now() + milliseconds(std::clamp<int64_t>(timeout.count(), 0, kMaxTimeoutMs));
+}
+
+// For GET and WAIT: the server answers TIMEOUT at `timeout`; wait a little
+// longer for that answer. (Clamped first: milliseconds::max() + grace overflows.)
+Clock::time_point reply_deadline(milliseconds timeout) {
+  return deadline_after(std::min(timeout, milliseconds(kMaxTimeoutMs)) + kReplyGrace);
+}
+
+// Milliseconds left until `deadline` for poll(): 0 when past, capped to fit an int.
+int poll_ms(Clock::time_point deadline) {
+  auto ms = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(ms, 0, 3'600'000));
+}
+
+std::string quoted_list(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& key : keys) out += (out.empty() ? "'" : ", '") + key + "'";
+  return out;
+}
+
+std::string_view view(const Bytes& bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+Bytes bytes_of(const std::string& text) { return Bytes(text.begin(), text.end()); }
+
+}  // namespace
+
+struct TcpStore::Impl {
+  TcpStoreOptions options;
+  std::string address;  // "host:port", for messages
+  std::string local;    // this end's IP, from getsockname
+  int fd = -1;
+  std::mutex mutex;
+  proto::FrameParser parser{0xffffffffu};
+
+  explicit Impl(TcpStoreOptions opts) : options(std::move(opts)) {
+    const bool v6 = options.host.find(':') != std::string::npos;
+    address = v6 ? fmt::format("[{}]:{}", options.host, options.port)
+                 : fmt::format("{}:{}", options.host, options.port);
+  }
+  ~Impl() { disconnect(); }
+
+  void disconnect() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+    parser = proto::FrameParser(0xffffffffu);
+  }
+
+  void connect_with_backoff();
+  std::optional<int> try_connect(Clock::time_point deadline, std::string& error);
+  enum class Sent { All, TimedOut, Failed };
+  Sent try_send_all(const std::vector<uint8_t>& bytes, Clock::time_point deadline,
+                    std::string& error);
+  void send_all(const std::vector<uint8_t>& bytes, Clock::time_point deadline,
+                const std::string& what);
+  std::optional<proto::Frame> read_frame(Clock::time_point deadline, const std::string& what);
+  proto::Frame call(proto::MessageType type, const std::vector<std::string_view>& fields,
+                    Clock::time_point deadline, const std::string& what);
+  [[noreturn]] void lost(const std::string& what, const std::string& cause);
+};
+
+// One connection attempt to each address `host` resolves to; a non-blocking
+// connect so that an unreachable host cannot hold us past the deadline.
+std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc =
+      getaddrinfo(options.host.c_str(), std::to_string(options.port).c_str(), &hints, &found);
+  if (rc != 0) {
+    error = fmt::format("cannot resolve host '{}': {}", options.host, gai_strerror(rc));
+    // A name the resolver says does not exist will not appear by waiting;
+    // only a temporary failure (EAI_AGAIN) is worth retrying.
+    LOCKSTEP_CHECK(rc != EAI_NONAME && rc != EAI_FAIL,
+                   "cannot reach the lockstep store at {}: {}. The store's host must be a name "
+                   "or address every rank can resolve (set MASTER_ADDR, or LOCKSTEP_STORE_ADDR, "
+                   "to one)",
+                   address, error);
+    return std::nullopt;
+  }
+  std::optional<int> connected;
+  for (addrinfo* ai = found; ai != nullptr && !connected; ai = ai->ai_next) {
+    const int s = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0) {
+      error = strerror(errno);
+      continue;
+    }
+    int rc2 = connect(s, ai->ai_addr, ai->ai_addrlen);
+    if (rc2 < 0 && (errno == EINPROGRESS || errno == EINTR)) {
+      pollfd p{s, POLLOUT, 0};
+      int ready;
+      do {
+        ready = poll(&p, 1, poll_ms(deadline));
+      } while (ready < 0 && errno == EINTR);
+      int so_error = ETIMEDOUT;
+      socklen_t len = sizeof so_error;
+      if (ready > 0) getsockopt(s, SOL_SOCKET, SO_ERROR, &so_error, &len);
+      rc2 = so_error == 0 ? 0 : -1;
+      errno = so_error;
+    }
+    if (rc2 == 0) {
+      connected = s;
+    } else {
+      error = strerror(errno);
+      close(s);
+    }
+  }
+  freeaddrinfo(found);
+  return connected;
+}
+
+/*
+ * Connecting: the server may not be up yet (rank 0 still starting), or may
+ * turn connections away as busy for a while, so each failed attempt sleeps and
+ * retries, the sleep doubling from 10 ms to 1 s with some jitter (hundreds of
+ * ranks do not retry in step), until connect_timeout. A connection is ready
+ * once the server has accepted our AUTH frame; a refused token is final and
+ * not retried.
+ */
+void TcpStore::Impl::connect_with_backoff() {
+  const auto started = Clock::now();
+  const auto deadline = deadline_after(options.connect_timeout);
+  auto next_report = started + options.report_waiting_every;
+  std::minstd_rand jitter(static_cast<unsigned>(Clock::now().time_since_epoch().count()));
+  milliseconds backoff = kFirstBackoff;
+  std::string error = "timed out";
+  bool busy = false;  // the last attempt was turned away as busy
+  int attempts = 0;
+  while (true) {
+    ++attempts;
+    busy = false;
+    if (auto s = try_connect(deadline, error)) {
+      fd = *s;
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      // The AUTH reply gets the rest of the connect time, at least a second.
+      const auto auth_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(1));
+      std::optional<std::string> refused;
+      try {
+        // A server that turns us away replies and closes at once, so our send
+        // may fail; its reply is still there to read.
+        std::string send_error;
+        try_send_all(proto::encode_frame(proto::MessageType::Auth, {options.token}),
+                     auth_deadline, send_error);
+        auto reply = read_frame(auth_deadline, "authenticating");
+        if (reply && reply->type == proto::MessageType::Ok) break;
+        if (reply && reply->type == proto::MessageType::Error && !reply->fields.empty()) {
+          if (reply->fields[0].starts_with(proto::kBusyPrefix)) {
+            busy = true;
+            error = fmt::format("the server turned the connection away: {}",
+                                reply->fields[0].substr(proto::kBusyPrefix.size()));
+          } else {
+            refused = reply->fields[0];
+          }
+        } else {
+          error = reply ? "unexpected reply to AUTH"
+                        : (send_error.empty() ? "no reply to AUTH" : send_error);
+        }
+      } catch (const Error& e) {
+        error = e.what();  // e.g. the server closed the connection: retry
+      }
+      disconnect();
+      if (refused) {
+        throw Error(fmt::format(
+            "the lockstep store at {} refused this process's token ({}). All processes of a "
+            "job must present the job's token: lockstep-run sets LOCKSTEP_TOKEN for the ranks "
+            "it starts; when starting ranks another way, give every rank (and the store "
+            "server) the same LOCKSTEP_TOKEN",
+            address, *refused));
+      }
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      const std::string advice =
+          busy ? "The server is up but serves no more connections: close clients of it that "
+                 "are not needed (see the server's log for who holds them)"
+               : "Check that the store server (rank 0, or lockstep-run) is running and "
+                 "reachable there, and that the address (LOCKSTEP_STORE_ADDR, or MASTER_ADDR "
+                 "and MASTER_PORT) names it";
+      throw StoreTimeout(
+          fmt::format("could not connect to the lockstep store at {} within {} ms ({} attempts; "
+                      "last error: {}). {}",
+                      address, options.connect_timeout.count(), attempts, error, advice));
+    }
+    if (options.report_waiting_every.count() > 0 && now >= next_report) {
+      using Seconds = std::chrono::duration<double>;
+      fmt::print(stderr, "lockstep: {} has been connecting to the store at {} for {:.1f} s; "
+                 "still trying until the connect timeout ({:.0f} s). Last error: {}\n",
+                 options.who.empty() ? "this process" : options.who, address,
+                 Seconds(now - started).count(), Seconds(options.connect_timeout).count(), error);
+      std::fflush(stderr);
+      next_report = now + options.report_waiting_every;
+    }
+    const auto sleep = std::min<Clock::duration>(
+        backoff + milliseconds(jitter() % (backoff.count() / 2 + 1)), deadline - now);
+    std::this_thread::sleep_for(sleep);
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  char host[NI_MAXHOST] = "";
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, nullptr, 0,
+                NI_NUMERICHOST);
+  }
+  local = host;
+}
+
+void TcpStore::Impl::lost(const std::string& what, const std::string& cause) {
+  disconnect();
+  throw Error(
+      fmt::format("lockstep store at {}: {} failed: {}. Did the store server (rank 0, "
+                  "or lockstep-run) exit?",
+                  address, what, cause));
+}
+
+TcpStore::Impl::Sent TcpStore::Impl::try_send_all(const std::vector<uint8_t>& bytes,
+                                                   Clock::time_point deadline,
+                                                   std::string& error) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n >= 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      error = strerror(errno);
+      return Sent::Failed;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    if (poll(&p, 1, poll_ms(deadline)) == 0) {
+      error = "the server took no data before the timeout";
+      return Sent::TimedOut;
+    }
+  }
+  return Sent::All;
+}
+
+void TcpStore::Impl::send_all(const std::vector<uint8_t>& bytes, Clock::time_point deadline,
+                              const std::string& what) {
+  std::string error;
+  switch (try_send_all(bytes, deadline, error)) {
+    case Sent::All: return;
+    case Sent::Failed: lost(what, error);
+    case Sent::TimedOut:
+      disconnect();
+      throw StoreTimeout(
+          fmt::format("lockstep store at {}: {}: the server took no data before "
+                      "the timeout; it may be stuck or overloaded",
+                      address, what));
+  }
+}
+
+// The next reply frame, or nullopt when `deadline` passes first.
+std::optional<proto::Frame> TcpStore::Impl::read_frame(Clock::time_point deadline,
+                                                       const std::string& what) {
+  proto::Frame frame;
+  char buffer[64 << 10];
+  while (true) {
+    const auto status = parser.next(frame);
+    if (status == proto::FrameParser::Status::Frame) return frame;
+    if (status == proto::FrameParser::Status::Error) {
+      lost(what,
+           fmt::format("garbled reply ({}); is that address a lockstep store?", parser.message()));
+    }
+    pollfd p{fd, POLLIN, 0};
+    const int ready = poll(&p, 1, poll_ms(deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      if (Clock::now() >= deadline) return std::nullopt;
+      continue;  // poll_ms capped the wait
+    }
+    const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+    if (n > 0) {
+      parser.feed(buffer, static_cast<size_t>(n));
+    } else if (n == 0) {
+      lost(what, "the server closed the connection");
+    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      lost(what, strerror(errno));
+    }
+  }
+}
+
+// Sends one request and returns its reply; ERROR replies become
+// lockstep::Error. Reconnects first when an earlier call broke the connection.
+proto::Frame TcpStore::Impl::call(proto::MessageType type,
+                                  const std::vector<std::string_view>& fields,
+                                  Clock::time_point deadline, const std::string& what) {
+  if (fd < 0) connect_with_backoff();
+  const auto request = proto::encode_frame(type, fields);
+  send_all(request, deadline, what);
+  auto reply = read_frame(deadline, what);
+  if (!reply) {
+    // The stream is out of step now (the reply may still come): start afresh.
+    disconnect();
+    throw StoreTimeout(
+        fmt::format("lockstep store at {}: no reply to {}; the server may be "
+                    "stuck or overloaded",
+                    address, what));
+  }
+  if (reply->type == proto::MessageType::Error) {
+    throw Error(fmt::format("lockstep store at {}: {}: {}", address, what, reply->fields.at(0)));
+  }
+  return std::move(*reply);
+}
+
+TcpStore::TcpStore(TcpStoreOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  set_timeout(impl_->options.timeout);
+  impl_->connect_with_backoff();
+}
+
+TcpStore::~TcpStore() = default;
+
+namespace {
+
+// Checks a reply has the expected shape; anything else means a confused server.
+const proto::Frame& expect_ok(const proto::Frame& reply, size_t fields, const std::string& address,
+                              const std::string& what) {
+  if (reply.type != proto::MessageType::Ok || reply.fields.size() != fields) {
+    throw Error(fmt::format("lockstep store at {}: unexpected {} reply with {} fields to {}",
+                            address, proto::type_name(reply.type), reply.fields.size(), what));
+  }
+  return reply;
+}
+
+int64_t int_field(const proto::Frame& reply, const std::string& address, const std::string& what) {
+  expect_ok(reply, 1, address, what);
+  LOCKSTEP_CHECK(reply.fields[0].size() == 8, "lockstep store at {}: malformed reply to {}",
+                 address, what);
+  return proto::decode_i64(reply.fields[0]);
+}
+
+}  // namespace
+
+void TcpStore::set(const std::string& key, const Bytes& value) {
+  std::lock_guard lock(impl_->mutex);
+  const std::string what = fmt::format("set('{}')", key);
+  expect_ok(
+      impl_->call(proto::MessageType::Set, {key, view(value)}, deadline_after(timeout()), what), 0,
+      impl_->address, what);
+}
+
+Bytes TcpStore::get(const std::string& key) {
+  const runtime::BusyScope waiting_for_peers;  // not a hang (runtime/liveness.h)
+  std::lock_guard lock(impl_->mutex);
+  const std::string what = fmt::format("get('{}')", key);
+  const milliseconds limit = timeout();
+  auto reply = impl_->call(proto::MessageType::Get, {key, proto::encode_i64(limit.count())},
+                           reply_deadline(limit), what);
+  if (reply.type == proto::MessageType::Timeout) {
+    throw StoreTimeout(fmt::format(
+        "timed out after {} ms waiting for key '{}' in the lockstep store at {}; the rank that "
+        "should set it may have failed or be slower than the timeout",
+        limit.count(), key, impl_->address));
+  }
+  return bytes_of(expect_ok(reply, 1, impl_->address, what).fields[0]);
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  std::lock_guard lock(impl_->mutex);
+  const std::string what = fmt::format("add('{}', {})", key, delta);
+  return int_field(impl_->call(proto::MessageType::Add, {key, proto::encode_i64(delta)},
+                               deadline_after(timeout()), what),
+                   impl_->address, what);
+}
+
+Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  std::lock_guard lock(impl_->mutex);
+  const std::string what = fmt::format("compare_set('{}')", key);
+  auto reply = impl_->call(proto::MessageType::CompareSet, {key, view(expected), view(desired)},
+                           deadline_after(timeout()), what);
+  return bytes_of(expect_ok(reply, 1, impl_->address, what).fields[0]);
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) {
+  if (keys.empty()) return;
+  LOCKSTEP_CHECK(keys.size() < proto::kMaxFields,
+                 "TcpStore::wait on {} keys: at most {} keys per call; wait in batches",
+                 keys.size(), proto::kMaxFields - 1);
+  const runtime::BusyScope waiting_for_peers;
+  std::lock_guard lock(impl_->mutex);
+  const std::string what = fmt::format("wait({})", quoted_list(keys));
+  const std::string timeout_field = proto::encode_i64(timeout.count());
+  std::vector<std::string_view> fields{timeout_field};
+  fields.insert(fields.end(), keys.begin(), keys.end());
+  auto reply =
+      impl_->call(proto::MessageType::Wait, fields, reply_deadline(timeout), what);
+  if (reply.type == proto::MessageType::Timeout) {
+    throw StoreTimeout(fmt::format(
+        "timed out after {} ms waiting for key(s) {} in the lockstep store at {} (missing: "
+        "{}); the rank that should set them may have failed or be slower than the timeout",
+        timeout.count(), quoted_list(keys), impl_->address, quoted_list(reply.fields)));
+  }
+  expect_ok(reply, 0, impl_->address, what);
+}
+
+bool TcpStore::delete_key(const std::string& key) {
+  std::lock_guard lock(impl_->mutex);
+  const std::string what = fmt::format("delete_key('{}')", key);
+  return int_field(impl_->call(proto::MessageType::Delete, {key}, deadline_after(timeout()), what),
+                   impl_->address, what) != 0;
+}
+
+int64_t TcpStore::num_keys() {
+  std::lock_guard lock(impl_->mutex);
+  return int_field(
+      impl_->call(proto::MessageType::NumKeys, {}, deadline_after(timeout()), "num_keys()"),
+      impl_->address, "num_keys()");
+}
+
+std::string TcpStore::address() const { return impl_->address; }
+
+std::string TcpStore::local_address() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->local;
+}
+
+std::string random_token() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16] = {};
+  urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes);
+  LOCKSTEP_CHECK(urandom.good(), "cannot read /dev/urandom for the store token; set "
+                 "LOCKSTEP_TOKEN to a secret string instead");
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+}  // namespace lockstep::distributed

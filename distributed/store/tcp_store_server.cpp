@@ -1,0 +1,687 @@
+// TcpStoreServer: the store's data and one epoll event loop serving every
+// client from a background thread. What it holds back (connection caps,
+// repeated warnings) is counted in server_limits.h.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "lockstep/distributed/store/protocol.h"
+#include "lockstep/distributed/store/server_limits.h"
+#include "lockstep/distributed/store/tcp_store.h"
+
+namespace lockstep::distributed {
+
+namespace proto = store_protocol;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A client must authenticate this soon after connecting, or it is dropped.
+constexpr auto kAuthTimeout = std::chrono::seconds(60);
+// Out of descriptors, accept() is retried this often (not spun on).
+constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
+// A warning that repeats (failed accepts, refused connections) is written at
+// most this often, with a count of what was held back.
+constexpr auto kWarningInterval = std::chrono::seconds(10);
+// Past this much unsent reply data a connection's requests wait for its reader.
+constexpr size_t kOutputHighWater = 4u << 20;
+constexpr size_t kReadChunk = 64u << 10;
+// A timeout beyond this (e.g. milliseconds::max()) means "forever" and must
+// not overflow the clock.
+constexpr int64_t kMaxTimeoutMs = int64_t{100} * 365 * 24 * 3600 * 1000;
+
+struct Peer {
+  std::string address;  // the IP, what connection caps count by
+  std::string name;     // "ip:port", for messages
+};
+
+Peer peer_of(const sockaddr_storage& addr, socklen_t len) {
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof host, port,
+                  sizeof port, NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return {"<unknown peer>", "<unknown peer>"};
+  }
+  return {host, addr.ss_family == AF_INET6 ? fmt::format("[{}]:{}", host, port)
+                                           : fmt::format("{}:{}", host, port)};
+}
+
+void log_line(const std::string& text) { fmt::print(stderr, "lockstep store server: {}\n", text); }
+
+std::string held_back(uint64_t n, std::string_view what) {
+  return n == 0 ? std::string() : fmt::format("; {} more {} since the last report", n, what);
+}
+
+/*
+ * One connection. Requests are handled one at a time, in order: while a GET or
+ * WAIT is pending (`waiting`) or too many reply bytes are unsent, the loop
+ * stops reading from the socket (its epoll interest drops EPOLLIN and keeps
+ * EPOLLRDHUP, so a hang-up is still seen), which bounds what a client can make
+ * the server buffer to one frame in and a few MiB out. Before its AUTH frame
+ * is accepted a connection is read only up to the unauthenticated allowance,
+ * so a client without the token holds a few KiB, not a frame.
+ */
+struct Conn {
+  Conn(int fd, Peer peer, uint32_t max_body)
+      : fd(fd), address(std::move(peer.address)), peer(std::move(peer.name)), parser(max_body) {}
+
+  int fd;
+  std::string address;
+  std::string peer;
+  proto::FrameParser parser;
+  std::vector<uint8_t> out;
+  size_t out_sent = 0;
+  size_t read_before_auth = 0;  // bytes taken from the socket before AUTH was accepted
+  size_t counted_bytes = 0;     // this connection's share of Stats::buffered_bytes
+  bool authed = false;
+  bool closing = false;  // close once `out` is flushed (a refused token)
+  bool dead = false;     // dropped; closed at the end of the current batch
+  uint32_t interest = 0;
+
+  bool waiting = false;  // a GET or WAIT is pending
+  proto::MessageType wait_type = proto::MessageType::Wait;
+  std::vector<std::string> wait_keys;
+  std::optional<Clock::time_point> deadline;  // of the wait, or of AUTH
+
+  size_t unsent() const { return out.size() - out_sent; }
+};
+
+// How a connection ends: normally (quiet), or for bad input (logged, and
+// counted by rejected_clients()), or for our own failure (logged).
+enum class Drop { Quiet, Reject, Internal };
+
+// The counters behind TcpStoreServer::stats(): written by the loop thread,
+// read by any.
+struct Stats {
+  std::atomic<int64_t> connections{0};
+  std::atomic<int64_t> unauthenticated{0};
+  std::atomic<int64_t> buffered_bytes{0};
+  std::atomic<int64_t> refused_connections{0};
+  std::atomic<int64_t> failed_accepts{0};
+};
+
+}  // namespace
+
+struct TcpStoreServer::Impl {
+  TcpStoreServerOptions options;
+  // What a connection may send before its AUTH is accepted: the option, but
+  // never less than a frame carrying our own token.
+  size_t unauthenticated_allowance;
+  int listen_fd = -1, epoll_fd = -1, wake_fd = -1;
+  uint16_t port = 0;
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> rejected{0};
+  Stats stats;
+  std::thread thread;
+
+  // Touched only by the loop thread.
+  std::unordered_map<std::string, std::string> data;
+  std::unordered_map<int, std::unique_ptr<Conn>> conns;
+  std::unordered_map<std::string, std::unordered_set<int>> watchers;  // key -> waiting fds
+  std::set<std::pair<Clock::time_point, int>> deadlines;
+  std::vector<int> resume;    // fds whose buffered requests may go on
+  std::vector<int> to_close;  // fds dropped during this batch
+  std::optional<Clock::time_point> accept_paused_until;
+  store_limits::ConnectionCounter counter;
+  store_limits::RateLimitedLog accept_failures{kWarningInterval};
+  store_limits::RateLimitedLog refusals{kWarningInterval};
+
+  explicit Impl(TcpStoreServerOptions opts)
+      : options(std::move(opts)),
+        unauthenticated_allowance(std::max<size_t>(
+            options.max_unauthenticated_bytes, proto::kHeaderBytes + 4 + options.token.size())),
+        counter(options.max_connections, options.max_connections_per_address) {
+    LOCKSTEP_CHECK(options.max_frame_bytes >= unauthenticated_allowance - proto::kHeaderBytes,
+                   "TcpStoreServer: max_frame_bytes {} is too small for an AUTH frame of {} "
+                   "bytes; raise it",
+                   options.max_frame_bytes, unauthenticated_allowance);
+    listen_on();
+    epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (epoll_fd < 0 || wake_fd < 0) {
+      const int err = errno;
+      if (epoll_fd >= 0) close(epoll_fd);
+      if (wake_fd >= 0) close(wake_fd);
+      close(listen_fd);
+      throw Error(
+          fmt::format("TcpStoreServer: cannot create its epoll/eventfd: {}", strerror(err)));
+    }
+    watch(listen_fd, EPOLLIN, EPOLL_CTL_ADD);
+    watch(wake_fd, EPOLLIN, EPOLL_CTL_ADD);
+    thread = std::thread([this] { loop(); });
+  }
+
+  void listen_on() {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* found = nullptr;
+    const std::string where = fmt::format("{}:{}", options.host, options.port);
+    const int rc = getaddrinfo(options.host.empty() ? nullptr : options.host.c_str(),
+                               std::to_string(options.port).c_str(), &hints, &found);
+    LOCKSTEP_CHECK(rc == 0,
+                   "TcpStoreServer: cannot resolve the listen address {}: {}; give an "
+                   "IP address or a resolvable host name",
+                   where, gai_strerror(rc));
+    std::string last_error = "no address";
+    for (addrinfo* ai = found; ai != nullptr && listen_fd < 0; ai = ai->ai_next) {
+      int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) continue;
+      int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
+        listen_fd = fd;
+      } else {
+        last_error = strerror(errno);
+        close(fd);
+      }
+    }
+    freeaddrinfo(found);
+    LOCKSTEP_CHECK(listen_fd >= 0,
+                   "TcpStoreServer: cannot listen on {}: {}; choose another port "
+                   "(or port 0 for any free one)",
+                   where, last_error);
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    getsockname(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  }
+
+  ~Impl() {
+    stop = true;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_fd, &one, sizeof one);
+    if (thread.joinable()) thread.join();
+    for (auto& [fd, conn] : conns) close(fd);
+    close(listen_fd);
+    close(wake_fd);
+    close(epoll_fd);
+  }
+
+  void loop() {
+    std::vector<epoll_event> events(256);
+    while (!stop) {
+      int timeout_ms = -1;
+      auto next = deadlines.empty() ? std::optional<Clock::time_point>()
+                                    : std::optional(deadlines.begin()->first);
+      if (accept_paused_until && (!next || *accept_paused_until < *next))
+        next = accept_paused_until;
+      if (next) {
+        auto ms = std::chrono::ceil<std::chrono::milliseconds>(*next - Clock::now()).count();
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, 60'000));
+      }
+      const int n =
+          epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
+      if (n < 0 && errno != EINTR) {
+        fmt::print(stderr, "lockstep store server: epoll_wait failed: {}; the server stops\n",
+                   strerror(errno));
+        return;
+      }
+      for (int i = 0; i < n; ++i) {
+        const int fd = events[i].data.fd;
+        if (fd == wake_fd) continue;  // `stop` is checked by the while
+        if (fd == listen_fd) {
+          accept_all();
+          continue;
+        }
+        guarded(fd, [&](Conn& c) { on_event(c, events[i].events); });
+      }
+      expire(Clock::now());
+      // Connections whose wait ended may have more requests buffered.
+      while (!resume.empty()) {
+        const int fd = resume.back();
+        resume.pop_back();
+        guarded(fd, [&](Conn& c) { process(c); });
+      }
+      close_dropped();
+    }
+  }
+
+  // Runs fn on the live connection `fd`; a failure of ours (e.g. bad_alloc on
+  // a huge value) drops that client only.
+  template <typename Fn>
+  void guarded(int fd, Fn&& fn) {
+    auto it = conns.find(fd);
+    if (it == conns.end() || it->second->dead) return;
+    try {
+      fn(*it->second);
+    } catch (const std::exception& e) {
+      drop(*it->second, fmt::format("internal error: {}", e.what()), Drop::Internal);
+    }
+  }
+
+  void accept_all() {
+    if (accept_paused_until) return;
+    while (true) {
+      sockaddr_storage addr{};
+      socklen_t len = sizeof addr;
+      const int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          out_of_descriptors(errno);
+        }
+        return;
+      }
+      Peer peer = peer_of(addr, len);
+      if (auto why = counter.admit(peer.address)) {
+        turn_away(fd, peer, *why);
+        continue;
+      }
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      auto conn = std::make_unique<Conn>(
+          fd, std::move(peer),
+          static_cast<uint32_t>(unauthenticated_allowance - proto::kHeaderBytes));
+      Conn& c = *conn;
+      conns.emplace(fd, std::move(conn));
+      ++stats.connections;
+      ++stats.unauthenticated;
+      c.interest = EPOLLIN | EPOLLRDHUP;
+      watch(fd, c.interest, EPOLL_CTL_ADD);
+      set_deadline(c, Clock::now() + kAuthTimeout);
+    }
+  }
+
+  // Out of descriptors: stop polling the listener for a moment rather than
+  // spin on it; pending clients wait in the backlog (or retry). One line per
+  // kWarningInterval, however often it recurs.
+  void out_of_descriptors(int error) {
+    ++stats.failed_accepts;
+    accept_paused_until = Clock::now() + kAcceptRetry;
+    watch(listen_fd, 0);
+    const auto held = accept_failures.note(Clock::now());
+    if (!held) return;
+    log_line(fmt::format(
+        "cannot accept a client: {} ({} clients connected{}); raise the open-files limit "
+        "(ulimit -n). Retrying every {} ms; reported at most every {} s",
+        strerror(error), conns.size(), held_back(*held, "failed accepts"), kAcceptRetry.count(),
+        std::chrono::duration_cast<std::chrono::seconds>(kWarningInterval).count()));
+  }
+
+  // A connection over the caps: says why (in place of the AUTH reply the
+  // client waits for) and closes. What the client sent already is read
+  // first, so that the close is a plain FIN rather than a reset.
+  void turn_away(int fd, const Peer& peer, const std::string& why) {
+    ++stats.refused_connections;
+    const std::string text = fmt::format("{}{}", proto::kBusyPrefix, why);
+    const auto frame = proto::encode_frame(proto::MessageType::Error, {text});
+    [[maybe_unused]] ssize_t n = send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    shutdown(fd, SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 4 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+    }
+    close(fd);
+    const auto held = refusals.note(Clock::now());
+    if (!held) return;
+    log_line(fmt::format("turned away client {}: {}{}", peer.name, why,
+                         held_back(*held, "connections turned away")));
+  }
+
+  void on_event(Conn& c, uint32_t events) {
+    if (events & EPOLLOUT) flush(c);
+    if (c.dead) return;
+    if (c.interest & EPOLLIN) {
+      if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) read_some(c);
+    } else if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+      // Not reading (a wait is pending): the client gave up or died.
+      drop(c, c.waiting ? "hung up during a pending get/wait" : "hung up", Drop::Quiet);
+      return;
+    }
+    if (!c.dead) refresh(c);
+  }
+
+  void read_some(Conn& c) {
+    char buffer[kReadChunk];
+    size_t want = sizeof buffer;
+    if (!c.authed) {
+      // (The parser's pre-AUTH frame limit ends the connection before this
+      // runs out; this bounds what it buffers whatever the parser does.)
+      if (c.read_before_auth >= unauthenticated_allowance) {
+        drop(c,
+             fmt::format("sent {} bytes without a complete AUTH frame",
+                         c.read_before_auth),
+             Drop::Reject);
+        return;
+      }
+      want = std::min(want, unauthenticated_allowance - c.read_before_auth);
+    }
+    ssize_t n;
+    do {
+      n = recv(c.fd, buffer, want, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) {
+      const std::string cause = n == 0 ? "closed the connection" : strerror(errno);
+      if (c.parser.mid_frame()) {
+        drop(c, fmt::format("{} in the middle of a frame", cause), Drop::Reject);
+      } else {
+        drop(c, cause, Drop::Quiet);
+      }
+      return;
+    }
+    if (!c.authed) c.read_before_auth += static_cast<size_t>(n);
+    c.parser.feed(buffer, static_cast<size_t>(n));
+    process(c);
+  }
+
+  // Keeps stats.buffered_bytes equal to what the live connections hold.
+  void count_buffers(Conn& c) {
+    const size_t now = c.dead ? 0 : c.parser.buffered_bytes() + c.out.capacity();
+    stats.buffered_bytes += static_cast<int64_t>(now) - static_cast<int64_t>(c.counted_bytes);
+    c.counted_bytes = now;
+  }
+
+  // Handles the complete requests buffered for `c`, in order, until one has to
+  // wait or the output backs up.
+  void process(Conn& c) {
+    proto::Frame frame;
+    while (!c.dead && !c.closing && !c.waiting && c.unsent() < kOutputHighWater) {
+      const auto status = c.parser.next(frame);
+      if (status == proto::FrameParser::Status::NeedMore) break;
+      if (status == proto::FrameParser::Status::Error) {
+        drop(c,
+             fmt::format("malformed input{} ({}): {}", c.authed ? "" : " before AUTH",
+                         proto::parse_error_name(c.parser.error()), c.parser.message()),
+             Drop::Reject);
+        return;
+      }
+      handle(c, frame);
+    }
+    if (!c.dead) refresh(c);
+  }
+
+  void handle(Conn& c, proto::Frame& frame) {
+    using T = proto::MessageType;
+    auto& f = frame.fields;
+    if (!c.authed) {
+      if (frame.type != T::Auth) {
+        drop(c,
+             fmt::format("sent {} before authenticating (the first frame must be AUTH)",
+                         proto::type_name(frame.type)),
+             Drop::Reject);
+        return;
+      }
+      const std::string& token = options.token;
+      // Compares every byte whatever the mismatch, so timing does not leak the token.
+      unsigned diff = f[0].size() != token.size();
+      for (size_t i = 0; i < f[0].size(); ++i)
+        diff |= f[0][i] ^ token[i % std::max<size_t>(1, token.size())];
+      if (diff != 0) {
+        fmt::print(stderr, "lockstep store server: refused client {}: wrong token\n", c.peer);
+        ++rejected;
+        reply(c, T::Error, {"wrong token"});
+        c.closing = true;
+        return;
+      }
+      c.authed = true;
+      --stats.unauthenticated;
+      c.parser.set_max_body_bytes(options.max_frame_bytes);
+      set_deadline(c, std::nullopt);
+      reply(c, T::Ok, {});
+      return;
+    }
+    switch (frame.type) {
+      case T::Auth: reply(c, T::Ok, {}); return;
+      case T::Set:
+        data[f[0]] = std::move(f[1]);
+        reply(c, T::Ok, {});
+        notify(f[0]);
+        return;
+      case T::Get: start_wait(c, T::Get, {std::move(f[0])}, proto::decode_i64(f[1])); return;
+      case T::Wait:
+        start_wait(c, T::Wait, std::vector<std::string>(f.begin() + 1, f.end()),
+                   proto::decode_i64(f[0]));
+        return;
+      case T::Add: {
+        auto it = data.find(f[0]);
+        int64_t result = 0;
+        std::string error;
+        auto text = proto::add_to_counter(it == data.end() ? nullptr : &it->second,
+                                          proto::decode_i64(f[1]), &result, &error);
+        if (!text) {
+          reply(c, T::Error, {fmt::format("add on key '{}': {}", f[0], error)});
+          return;
+        }
+        data[f[0]] = std::move(*text);
+        reply(c, T::Ok, {proto::encode_i64(result)});
+        notify(f[0]);
+        return;
+      }
+      case T::CompareSet: {
+        auto it = data.find(f[0]);
+        const bool matches = it == data.end() ? f[1].empty() : it->second == f[1];
+        if (!matches) {
+          reply(c, T::Ok, {it == data.end() ? std::string_view() : std::string_view(it->second)});
+          return;
+        }
+        data[f[0]] = f[2];
+        reply(c, T::Ok, {f[2]});
+        notify(f[0]);
+        return;
+      }
+      case T::Delete: reply(c, T::Ok, {proto::encode_i64(data.erase(f[0]) ? 1 : 0)}); return;
+      case T::NumKeys:
+        reply(c, T::Ok, {proto::encode_i64(static_cast<int64_t>(data.size()))});
+        return;
+      case T::Ok:
+      case T::Error:
+      case T::Timeout:
+        drop(c, fmt::format("sent a {} reply frame as a request", proto::type_name(frame.type)),
+             Drop::Reject);
+        return;
+    }
+  }
+
+  void reply(Conn& c, proto::MessageType type, const std::vector<std::string_view>& fields) {
+    proto::append_frame(c.out, type, fields);
+  }
+
+  void flush(Conn& c) {
+    while (c.unsent() > 0) {
+      const ssize_t n = send(c.fd, c.out.data() + c.out_sent, c.unsent(), MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n < 0) {
+        drop(c, fmt::format("could not be written to: {}", strerror(errno)), Drop::Quiet);
+        return;
+      }
+      c.out_sent += static_cast<size_t>(n);
+    }
+    if (c.out_sent == c.out.size()) {
+      c.out.clear();
+      c.out_sent = 0;
+      // One big reply must not pin its memory for the rest of the connection.
+      if (c.out.capacity() > (1u << 20)) std::vector<uint8_t>().swap(c.out);
+    } else if (c.out_sent > (1u << 20)) {
+      c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(c.out_sent));
+      c.out_sent = 0;
+    }
+  }
+
+  // Sends what it can, then sets the epoll interest to what `c` needs now.
+  void refresh(Conn& c) {
+    flush(c);
+    if (c.dead) return;
+    if (c.closing && c.unsent() == 0) {
+      drop(c, "refused", Drop::Quiet);
+      return;
+    }
+    uint32_t want = EPOLLRDHUP;
+    if (!c.waiting && !c.closing && c.unsent() < kOutputHighWater) want |= EPOLLIN;
+    if (c.unsent() > 0) want |= EPOLLOUT;
+    if (want != c.interest) {
+      // Output drained below the mark with requests still buffered: go on.
+      if ((want & EPOLLIN) && !(c.interest & EPOLLIN)) resume.push_back(c.fd);
+      c.interest = want;
+      watch(c.fd, want);
+    }
+    count_buffers(c);
+  }
+
+  void watch(int fd, uint32_t events, int op = EPOLL_CTL_MOD) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = fd;
+    epoll_ctl(epoll_fd, op, fd, &ev);
+  }
+
+  void drop(Conn& c, const std::string& why, Drop kind) {
+    if (c.dead) return;
+    if (kind == Drop::Reject) ++rejected;
+    if (kind != Drop::Quiet) {
+      fmt::print(stderr, "lockstep store server: dropped client {}: {}\n", c.peer, why);
+    }
+    if (c.waiting) end_wait(c);
+    set_deadline(c, std::nullopt);
+    c.dead = true;
+    to_close.push_back(c.fd);
+  }
+
+  void close_dropped() {
+    for (int fd : to_close) {
+      epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+      close(fd);
+      auto it = conns.find(fd);
+      if (it != conns.end()) {
+        Conn& c = *it->second;
+        count_buffers(c);  // dead: its share goes back to 0
+        counter.release(c.address);
+        --stats.connections;
+        if (!c.authed) --stats.unauthenticated;
+        conns.erase(it);
+      }
+    }
+    to_close.clear();
+  }
+
+  /*
+   * Pending GET and WAIT. A request whose keys all exist is answered at once.
+   * Otherwise the connection is registered in `watchers` under each missing key
+   * and gets a deadline; every write to a key re-checks its watchers, and the
+   * deadline answers TIMEOUT. Either way the reply goes out on the connection,
+   * so the next request finds the stream in step.
+   */
+  void start_wait(Conn& c, proto::MessageType type, std::vector<std::string> keys, int64_t ms) {
+    c.waiting = true;
+    c.wait_type = type;
+    c.wait_keys = std::move(keys);
+    if (try_finish_wait(c)) return;
+    set_deadline(
+        c, Clock::now() + std::chrono::milliseconds(std::clamp<int64_t>(ms, 0, kMaxTimeoutMs)));
+  }
+
+  // Replies and ends the wait when every key exists; otherwise (re)registers
+  // under the missing ones (a key may have been deleted again meanwhile).
+  bool try_finish_wait(Conn& c) {
+    bool all = true;
+    for (const auto& key : c.wait_keys) {
+      if (!data.contains(key)) {
+        watchers[key].insert(c.fd);
+        all = false;
+      }
+    }
+    if (!all) return false;
+    if (c.wait_type == proto::MessageType::Get) {
+      reply(c, proto::MessageType::Ok, {data[c.wait_keys[0]]});
+    } else {
+      reply(c, proto::MessageType::Ok, {});
+    }
+    end_wait(c);
+    resume.push_back(c.fd);
+    return true;
+  }
+
+  void end_wait(Conn& c) {
+    for (const auto& key : c.wait_keys) {
+      auto it = watchers.find(key);
+      if (it == watchers.end()) continue;
+      it->second.erase(c.fd);
+      if (it->second.empty()) watchers.erase(it);
+    }
+    c.waiting = false;
+    c.wait_keys.clear();
+    set_deadline(c, std::nullopt);
+  }
+
+  void set_deadline(Conn& c, std::optional<Clock::time_point> when) {
+    if (c.deadline) deadlines.erase({*c.deadline, c.fd});
+    c.deadline = when;
+    if (when) deadlines.insert({*when, c.fd});
+  }
+
+  void notify(const std::string& key) {
+    auto it = watchers.find(key);
+    if (it == watchers.end()) return;
+    const std::vector<int> fds(it->second.begin(), it->second.end());
+    for (int fd : fds) {
+      auto conn = conns.find(fd);
+      if (conn == conns.end() || conn->second->dead || !conn->second->waiting) continue;
+      Conn& c = *conn->second;
+      if (try_finish_wait(c)) refresh(c);
+    }
+  }
+
+  void expire(Clock::time_point now) {
+    if (accept_paused_until && *accept_paused_until <= now) {
+      accept_paused_until.reset();
+      watch(listen_fd, EPOLLIN);
+    }
+    while (!deadlines.empty() && deadlines.begin()->first <= now) {
+      Conn& c = *conns.at(deadlines.begin()->second);
+      if (!c.authed) {  // (or refused, and not reading our reply)
+        drop(c, fmt::format("sent no AUTH frame within {} s of connecting", kAuthTimeout.count()),
+             c.closing ? Drop::Quiet : Drop::Reject);
+        continue;
+      }
+      std::vector<std::string_view> missing;
+      for (const auto& key : c.wait_keys) {
+        if (!data.contains(key)) missing.push_back(key);
+      }
+      reply(c, proto::MessageType::Timeout, missing);
+      end_wait(c);
+      resume.push_back(c.fd);
+      refresh(c);
+    }
+  }
+};
+
+TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+TcpStoreServer::~TcpStoreServer() = default;
+
+uint16_t TcpStoreServer::port() const { return impl_->port; }
+
+int64_t TcpStoreServer::rejected_clients() const { return impl_->rejected.load(); }
+
+TcpStoreServerStats TcpStoreServer::stats() const {
+  const Stats& s = impl_->stats;
+  return {.connections = s.connections.load(),
+          .unauthenticated = s.unauthenticated.load(),
+          .buffered_bytes = s.buffered_bytes.load(),
+          .refused_connections = s.refused_connections.load(),
+          .failed_accepts = s.failed_accepts.load()};
+}
+
+}  // namespace lockstep::distributed

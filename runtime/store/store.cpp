@@ -1,9 +1,0 @@
-#include "lockstep/runtime/store/store.h"
-
-namespace lockstep::runtime {
-
-Bytes to_bytes(std::string_view text) { return Bytes(text.begin(), text.end()); }
-
-std::string to_string(const Bytes& bytes) { return std::string(bytes.begin(), bytes.end()); }
-
-}  // namespace lockstep::runtime
