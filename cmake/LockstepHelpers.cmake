@@ -73,8 +73,9 @@ endfunction()
 # alias lockstep::<folder>, exported as lockstep::<folder>. With no SOURCES it is
 # an INTERFACE library (a folder without .cpp files yet still gives a target to
 # link against; PRIVATE deps are then dropped). Installs the folder's headers to
-# <prefix>/include/lockstep/<folder>/, keeping subfolders, except those named in
-# EXCLUDE_HEADER_DIRS (parts that are not built in).
+# <prefix>/include/lockstep/<folder>/, keeping subfolders, except detail/
+# folders (internal headers, included only by the library's own sources) and
+# those named in EXCLUDE_HEADER_DIRS (parts that are not built in).
 function(lockstep_add_library folder)
   cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "SOURCES;PUBLIC;PRIVATE;EXCLUDE_HEADER_DIRS")
   set(target lockstep_${folder})
@@ -105,7 +106,7 @@ function(lockstep_add_library folder)
     ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
     LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
     RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-  set(excludes "")
+  set(excludes PATTERN "detail" EXCLUDE)
   foreach(dir IN LISTS arg_EXCLUDE_HEADER_DIRS)
     list(APPEND excludes PATTERN "${dir}" EXCLUDE)
   endforeach()

@@ -19,7 +19,7 @@
 // once, and its gradient arrives in f32 through the cast. f64 and integer
 // tensors are never cast. backward() runs without autocast, wherever it is
 // called. On the CPU, bf16 and f16 compute in f32 and round on store
-// (runtime/ops/reduced_float.h), so every path runs and is tested here.
+// (runtime/ops/detail/reduced_float.h), so every path runs and is tested here.
 #pragma once
 
 #include <initializer_list>

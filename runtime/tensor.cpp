@@ -6,11 +6,11 @@
 #include <cstring>
 #include <ostream>
 
-#include "lockstep/runtime/autograd/accumulate_grad.h"
-#include "lockstep/runtime/autograd/engine.h"
+#include "lockstep/runtime/autograd/detail/accumulate_grad.h"
+#include "lockstep/runtime/autograd/detail/engine.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
-#include "lockstep/runtime/autograd/meta.h"
-#include "lockstep/runtime/ops/convert.h"
+#include "lockstep/runtime/autograd/detail/meta.h"
+#include "lockstep/runtime/ops/detail/convert.h"
 
 namespace lockstep::runtime {
 

@@ -2,9 +2,9 @@
 // version so that autograd notices a change to a tensor saved for backward.
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/device_backend.h"
-#include "lockstep/runtime/ops/convert.h"
+#include "lockstep/runtime/ops/detail/convert.h"
 #include "lockstep/runtime/ops/elementwise.h"
-#include "lockstep/runtime/ops/strided_loop.h"
+#include "lockstep/runtime/ops/detail/strided_loop.h"
 #include "lockstep/runtime/tensor.h"
 
 namespace lockstep::runtime {

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "lockstep/distributed/store/protocol.h"
+#include "lockstep/distributed/store/detail/protocol.h"
 
 namespace lockstep::distributed {
 

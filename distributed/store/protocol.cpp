@@ -1,4 +1,4 @@
-#include "lockstep/distributed/store/protocol.h"
+#include "lockstep/distributed/store/detail/protocol.h"
 
 #include <charconv>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "lockstep/distributed/store/server_limits.h"
+#include "lockstep/distributed/store/detail/server_limits.h"
 
 #include <fmt/format.h>
 

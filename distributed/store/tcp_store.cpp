@@ -20,7 +20,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/runtime/liveness.h"
-#include "lockstep/distributed/store/protocol.h"
+#include "lockstep/distributed/store/detail/protocol.h"
 #include "lockstep/distributed/store/tcp_store.h"
 
 namespace lockstep::distributed {

@@ -23,8 +23,8 @@
 
 #include <fmt/format.h>
 
-#include "lockstep/distributed/store/protocol.h"
-#include "lockstep/distributed/store/server_limits.h"
+#include "lockstep/distributed/store/detail/protocol.h"
+#include "lockstep/distributed/store/detail/server_limits.h"
 #include "lockstep/distributed/store/tcp_store.h"
 
 namespace lockstep::distributed {

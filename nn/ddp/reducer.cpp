@@ -6,7 +6,7 @@
 
 #include "lockstep/nn/ddp/bucket_plan.h"
 #include "lockstep/nn/join.h"
-#include "lockstep/runtime/autograd/accumulate_grad.h"
+#include "lockstep/runtime/autograd/detail/accumulate_grad.h"
 #include "lockstep/runtime/autograd/backward_callbacks.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"

@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "lockstep/runtime/autograd/checkpoint_region.h"
+#include "lockstep/runtime/autograd/detail/checkpoint_region.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 

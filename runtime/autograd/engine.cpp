@@ -1,4 +1,4 @@
-#include "lockstep/runtime/autograd/engine.h"
+#include "lockstep/runtime/autograd/detail/engine.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -14,7 +14,7 @@
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/backward_callbacks.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
-#include "lockstep/runtime/autograd/meta.h"
+#include "lockstep/runtime/autograd/detail/meta.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/threads.h"

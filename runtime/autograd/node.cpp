@@ -3,10 +3,10 @@
 #include <atomic>
 #include <mutex>
 
-#include "lockstep/runtime/autograd/accumulate_grad.h"
-#include "lockstep/runtime/autograd/checkpoint_region.h"
+#include "lockstep/runtime/autograd/detail/accumulate_grad.h"
+#include "lockstep/runtime/autograd/detail/checkpoint_region.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
-#include "lockstep/runtime/autograd/meta.h"
+#include "lockstep/runtime/autograd/detail/meta.h"
 
 namespace lockstep::runtime {
 

@@ -1,6 +1,6 @@
 #include "lockstep/runtime/autograd/rebind.h"
 
-#include "lockstep/runtime/autograd/meta.h"
+#include "lockstep/runtime/autograd/detail/meta.h"
 
 namespace lockstep::runtime {
 

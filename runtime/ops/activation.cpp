@@ -9,9 +9,9 @@
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/elementwise.h"
-#include "lockstep/runtime/ops/float_map.h"
+#include "lockstep/runtime/ops/detail/float_map.h"
 #include "lockstep/runtime/ops/reduce.h"
-#include "lockstep/runtime/ops/reduced_float.h"
+#include "lockstep/runtime/ops/detail/reduced_float.h"
 
 namespace lockstep::runtime {
 

@@ -6,8 +6,8 @@
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/half.h"
-#include "lockstep/runtime/ops/convert.h"
-#include "lockstep/runtime/ops/strided_loop.h"
+#include "lockstep/runtime/ops/detail/convert.h"
+#include "lockstep/runtime/ops/detail/strided_loop.h"
 
 namespace lockstep::runtime {
 

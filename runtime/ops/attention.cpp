@@ -15,7 +15,7 @@
 #include "lockstep/runtime/ops/linalg.h"
 #include "lockstep/runtime/ops/misc.h"
 #include "lockstep/runtime/ops/reduce.h"
-#include "lockstep/runtime/ops/reduced_float.h"
+#include "lockstep/runtime/ops/detail/reduced_float.h"
 
 namespace lockstep::runtime {
 namespace {

@@ -46,7 +46,7 @@
 #include <vector>
 
 #include "lockstep/runtime/cpu/simd.h"
-#include "lockstep/runtime/ops/gemm.h"
+#include "lockstep/runtime/ops/detail/gemm.h"
 #include "lockstep/runtime/random.h"
 
 namespace lockstep::runtime::attention_kernels {

@@ -34,7 +34,7 @@
 
 #include "lockstep/runtime/cpu/scratch.h"
 #include "lockstep/runtime/cpu/simd.h"
-#include "lockstep/runtime/ops/gemm.h"
+#include "lockstep/runtime/ops/detail/gemm.h"
 
 namespace lockstep::runtime::conv_kernels {
 namespace {

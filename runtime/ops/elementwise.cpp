@@ -6,9 +6,9 @@
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
-#include "lockstep/runtime/ops/float_map.h"
+#include "lockstep/runtime/ops/detail/float_map.h"
 #include "lockstep/runtime/ops/reduce.h"
-#include "lockstep/runtime/ops/strided_loop.h"
+#include "lockstep/runtime/ops/detail/strided_loop.h"
 
 namespace lockstep::runtime {
 

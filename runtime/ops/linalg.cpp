@@ -8,7 +8,7 @@
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
-#include "lockstep/runtime/ops/gemm.h"
+#include "lockstep/runtime/ops/detail/gemm.h"
 #include "lockstep/runtime/ops/reduce.h"
 
 namespace lockstep::runtime {

@@ -11,7 +11,7 @@
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/reduce.h"
-#include "lockstep/runtime/ops/reduced_float.h"
+#include "lockstep/runtime/ops/detail/reduced_float.h"
 
 namespace lockstep::runtime {
 

@@ -11,7 +11,7 @@
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/norm_kernels.h"
-#include "lockstep/runtime/ops/reduced_float.h"
+#include "lockstep/runtime/ops/detail/reduced_float.h"
 #include "lockstep/runtime/ops/running_stats.h"
 
 namespace lockstep::runtime {

@@ -6,7 +6,7 @@
 
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
-#include "lockstep/runtime/ops/reduced_float.h"
+#include "lockstep/runtime/ops/detail/reduced_float.h"
 #include "lockstep/runtime/ops/pool_kernels.h"
 
 namespace lockstep::runtime {

@@ -9,9 +9,9 @@
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
-#include "lockstep/runtime/ops/convert.h"
+#include "lockstep/runtime/ops/detail/convert.h"
 #include "lockstep/runtime/ops/elementwise.h"
-#include "lockstep/runtime/ops/strided_loop.h"
+#include "lockstep/runtime/ops/detail/strided_loop.h"
 
 namespace lockstep::runtime {
 

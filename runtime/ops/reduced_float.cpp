@@ -1,4 +1,4 @@
-#include "lockstep/runtime/ops/reduced_float.h"
+#include "lockstep/runtime/ops/detail/reduced_float.h"
 
 namespace lockstep::runtime::detail {
 

@@ -1,4 +1,4 @@
-// Fuzz target for the store's frame parser (distributed/store/protocol.h).
+// Fuzz target for the store's frame parser (distributed/store/detail/protocol.h).
 //
 // Each input is split into chunks (sizes taken from its first byte) and fed to
 // a FrameParser with a small size limit, the way the server feeds it socket
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "lockstep/distributed/store/protocol.h"
+#include "lockstep/distributed/store/detail/protocol.h"
 
 namespace proto = lockstep::distributed::store_protocol;
 

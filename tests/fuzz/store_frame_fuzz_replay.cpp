@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/distributed/store/protocol.h"
+#include "lockstep/distributed/store/detail/protocol.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 

@@ -20,7 +20,7 @@ inline constexpr bool is_half_v = std::is_same_v<T, __half> || std::is_same_v<T,
 template <class T>
 using compute_t = std::conditional_t<is_half_v<T>, float, T>;
 
-// Element conversion with the CPU's semantics (runtime/ops/convert.h): to
+// Element conversion with the CPU's semantics (runtime/ops/detail/convert.h): to
 // bool is "!= 0"; 16-bit floats go through f32, rounding to nearest even.
 template <class D, class S>
 __host__ __device__ __forceinline__ D convert(S v) {

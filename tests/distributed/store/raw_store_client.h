@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "lockstep/distributed/store/protocol.h"
+#include "lockstep/distributed/store/detail/protocol.h"
 
 namespace lockstep::testing {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/distributed/store/protocol.h"
+#include "lockstep/distributed/store/detail/protocol.h"
 
 namespace proto = lockstep::distributed::store_protocol;
 using proto::FrameParser;

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "lockstep/distributed/store/prefix_store.h"
-#include "lockstep/distributed/store/protocol.h"
+#include "lockstep/distributed/store/detail/protocol.h"
 #include "lockstep/distributed/store/tcp_store.h"
 #include "raw_store_client.h"
 #include "support/test_util.h"

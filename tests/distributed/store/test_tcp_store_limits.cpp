@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "lockstep/distributed/store/protocol.h"
-#include "lockstep/distributed/store/server_limits.h"
+#include "lockstep/distributed/store/detail/protocol.h"
+#include "lockstep/distributed/store/detail/server_limits.h"
 #include "lockstep/distributed/store/tcp_store.h"
 #include "raw_store_client.h"
 #include "support/test_util.h"
