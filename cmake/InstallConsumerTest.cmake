@@ -9,6 +9,10 @@
 #   CXX_COMPILER          the C++ compiler lockstep was built with
 #   SANITIZE_FLAGS        lockstep's sanitizer flags (LOCKSTEP_SANITIZE), if any:
 #                         its static libraries need them at the consumer's link
+#   SHARED                ON when lockstep was built with BUILD_SHARED_LIBS: the
+#                         consumer is then configured with CMake barred from
+#                         finding zlib, a BLAS, CUDA, MPI and Gloo, which the
+#                         shared libraries must keep to themselves
 cmake_policy(VERSION 3.25)
 
 foreach(var LOCKSTEP_BINARY_DIR CONSUMER_SOURCE_DIR WORK_DIR CONFIG GENERATOR CXX_COMPILER)
@@ -45,9 +49,16 @@ if(SANITIZE_FLAGS)
   set(sanitize_options "-DCMAKE_CXX_FLAGS=${flags}" "-DCMAKE_EXE_LINKER_FLAGS=${flags}")
 endif()
 
+set(barred_packages "")
+if(SHARED)
+  foreach(package IN ITEMS ZLIB BLAS CUDAToolkit MPI Gloo)
+    list(APPEND barred_packages "-DCMAKE_DISABLE_FIND_PACKAGE_${package}=ON")
+  endforeach()
+endif()
+
 run_step("configure the consumer project"
   "${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${consumer_build}" -G "${GENERATOR}"
-  ${sanitize_options}
+  ${sanitize_options} ${barred_packages}
   "-DCMAKE_BUILD_TYPE=${CONFIG}"
   "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
   "-DCMAKE_PREFIX_PATH=${prefix}"

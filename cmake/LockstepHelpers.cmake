@@ -67,7 +67,8 @@ function(lockstep_target_warnings target)
 endfunction()
 
 # lockstep_add_library(<folder> [SOURCES <file>...] [PUBLIC <dep>...]
-#                      [PRIVATE <dep>...] [EXCLUDE_HEADER_DIRS <subdir>...])
+#                      [PRIVATE <dep>...] [TOOLKITS <dep>...]
+#                      [EXCLUDE_HEADER_DIRS <subdir>...])
 #
 # Defines the library of one top-level source folder: target lockstep_<folder>,
 # alias lockstep::<folder>, exported as lockstep::<folder>. With no SOURCES it is
@@ -76,13 +77,24 @@ endfunction()
 # <prefix>/include/lockstep/<folder>/, keeping subfolders, except detail/
 # folders (internal headers, included only by the library's own sources) and
 # those named in EXCLUDE_HEADER_DIRS (parts that are not built in).
+# TOOLKITS are the optional toolkits its sources use (CUDA, cuDNN, NCCL, MPI,
+# Gloo), whose headers no header outside the backends' folders includes: a
+# static library passes them on to its users (they are needed at the final
+# link), a shared one keeps them private, so that a program linking it needs
+# none of them. The in-tree programs get them through lockstep_in_tree.
 function(lockstep_add_library folder)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "SOURCES;PUBLIC;PRIVATE;EXCLUDE_HEADER_DIRS")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "SOURCES;PUBLIC;PRIVATE;TOOLKITS;EXCLUDE_HEADER_DIRS")
+  set_property(GLOBAL APPEND PROPERTY LOCKSTEP_TOOLKITS ${arg_TOOLKITS})
   set(target lockstep_${folder})
   if(arg_SOURCES)
     add_library(${target} ${arg_SOURCES})
     set(scope PUBLIC)
     target_link_libraries(${target} PUBLIC ${arg_PUBLIC} PRIVATE ${arg_PRIVATE})
+    if(BUILD_SHARED_LIBS)
+      target_link_libraries(${target} PRIVATE ${arg_TOOLKITS})
+    else()
+      target_link_libraries(${target} PUBLIC ${arg_TOOLKITS})
+    endif()
     lockstep_target_warnings(${target})
     # Position-independent even when static, so the archives can go into a
     # downstream shared library.
@@ -93,7 +105,7 @@ function(lockstep_add_library folder)
   else()
     add_library(${target} INTERFACE)
     set(scope INTERFACE)
-    target_link_libraries(${target} INTERFACE ${arg_PUBLIC})
+    target_link_libraries(${target} INTERFACE ${arg_PUBLIC} ${arg_TOOLKITS})
   endif()
   target_compile_features(${target} ${scope} cxx_std_20)
   target_include_directories(${target} ${scope}
@@ -117,11 +129,11 @@ endfunction()
 
 # lockstep_add_program(<name> <source>...)
 # An executable in build/bin linked against the whole library, the example
-# models (lockstep::models), CLI11 and
+# models and the toolkits (lockstep_in_tree), CLI11 and
 # nlohmann-json (examples and benchmarks).
 function(lockstep_add_program name)
   add_executable(${name} ${ARGN})
-  target_link_libraries(${name} PRIVATE lockstep::lockstep lockstep::models CLI11::CLI11
+  target_link_libraries(${name} PRIVATE lockstep_in_tree CLI11::CLI11
     nlohmann_json::nlohmann_json)
   lockstep_target_warnings(${name})
   lockstep_driver_code(${name})
