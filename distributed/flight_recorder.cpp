@@ -174,7 +174,6 @@ void FlightRecorder::start_afresh_in_memory() {
   layout_ = new (memory) Layout();
   layout_->magic.store(kMagic, std::memory_order_release);
   new (&writers_) std::mutex();
-  in_file_ = false;
 }
 
 FlightRecorder::FlightRecorder(const std::optional<std::string>& path) {
@@ -195,7 +194,6 @@ FlightRecorder::FlightRecorder(const std::optional<std::string>& path) {
                  "post-mortem will not show them\n",
                  *path, std::strerror(error));
     }
-    in_file_ = memory != nullptr;
   }
   if (memory == nullptr) {
     memory = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,

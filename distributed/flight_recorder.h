@@ -85,7 +85,6 @@ class FlightRecorder {
   Layout* layout_ = nullptr;
   std::mutex writers_;  // one writer at a time; readers take no lock
   size_t mapped_bytes_ = 0;
-  bool in_file_ = false;
 };
 
 // Reads the recorder file of another process (the launcher's side). nullopt

@@ -82,7 +82,11 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
     classes[key].push_back(r.rank);
     if (!last) continue;
     example[key] = last;
-    const double age = last->state == "running" ? last->started_s_ago : *last->ended_s_ago;
+    // An ended call without its end time (another node's part may lack it)
+    // counts from its start.
+    const double age = last->state == "running"
+                           ? last->started_s_ago
+                           : last->ended_s_ago.value_or(last->started_s_ago);
     oldest[key] = std::max(oldest[key], age);
     newest = std::max(newest, last->seq);
   }
