@@ -71,8 +71,9 @@ void throw_cuda_error(cudaError_t error, const char* expr, const char* file, int
 
 void warn_cuda_error(cudaError_t error, const char* expr) noexcept {
   cudaGetLastError();
-  std::fprintf(stderr, "lockstep: warning: %s failed on rank %d: %s (%s)\n", expr,
-               cuda::process_rank(), cudaGetErrorString(error), cudaGetErrorName(error));
+  std::fprintf(stderr, "lockstep: warning: %s failed on %s: %s (%s)\n", expr,
+               cuda::process_rank_text().c_str(), cudaGetErrorString(error),
+               cudaGetErrorName(error));
 }
 
 }  // namespace detail

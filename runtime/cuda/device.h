@@ -23,7 +23,7 @@ std::string cuda_unavailable_reason();
 
 namespace detail {
 // Clears CUDA's last-error state and throws lockstep::Error naming the rank
-// (cuda::process_rank()), file:line, the call and CUDA's error string and name.
+// (cuda::process_rank_text()), file:line, the call and CUDA's error string and name.
 // Used by LOCKSTEP_CUDA_CHECK.
 [[noreturn]] void throw_cuda_error(cudaError_t error, const char* expr, const char* file,
                                    int line);
