@@ -58,9 +58,9 @@ std::shared_ptr<ProcessGroup> make_hierarchical(const GroupArgs& a) {
   const NodeTopology topology =
       a.topology != nullptr
           ? *a.topology
-          : discover_topology(*a.store, a.rank, a.size, a.name,
-                              a.node_key.empty() ? this_node_key(distributed::RankInfo{}) : a.node_key,
-                              a.timeout);
+          : discover_topology(
+                *a.store, a.rank, a.size, a.name,
+                a.node_key.empty() ? this_node_key(distributed::RankInfo{}) : a.node_key, a.timeout);
   return make_hierarchical_group(a.store, a.rank, a.size, a.name, a.timeout, topology);
 }
 #endif

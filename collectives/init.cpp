@@ -155,7 +155,8 @@ void make_store(const distributed::RankInfo& info, milliseconds timeout, GroupHo
   }
   shared = mpi::broadcast_string(shared, 0);
   const auto last = shared.rfind(':');
-  const auto [host, port] = distributed::parse_host_port(shared.substr(0, last), "the store address from rank 0");
+  const auto [host, port] =
+      distributed::parse_host_port(shared.substr(0, last), "the store address from rank 0");
   holder.store = connect_store(info, host, port, shared.substr(last + 1), timeout);
 #endif
 }

@@ -66,7 +66,8 @@ std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
                                                  std::shared_ptr<distributed::Store> store,
                                                  int rank, int size, const std::string& name,
                                                  std::chrono::milliseconds timeout,
-                                                 distributed::DebugLevel debug = distributed::DebugLevel::Off,
+                                                 distributed::DebugLevel debug =
+                                                     distributed::DebugLevel::Off,
                                                  const std::string& node_key = {});
 
 }  // namespace lockstep::collectives

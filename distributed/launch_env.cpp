@@ -56,8 +56,6 @@ bool detected(const EnvLookup& env, const Source& source) {
   return is_set(env, source.rank) || is_set(env, source.world_size);
 }
 
-
-
 // Slurm's variables as one number each: the step's task count (a step may
 // use fewer tasks than its job), and this node's entry of the run-length
 // encoded tasks-per-node list, which Slurm always sets (SLURM_NTASKS_PER_NODE
@@ -190,7 +188,8 @@ std::string derived_token(const EnvLookup& env, const Source* source, const Rank
     identity += '|';
     identity += env(name).value_or("");
   }
-  return fmt::format("{:016x}{:016x}", runtime::stable_hash(identity), runtime::stable_hash(identity, 0x6c6f636b));
+  return fmt::format("{:016x}{:016x}", runtime::stable_hash(identity),
+                     runtime::stable_hash(identity, 0x6c6f636b));
 }
 
 // Which variable to set for a missing store address, for the error message.
@@ -229,14 +228,12 @@ void read_settings(const EnvLookup& env, RankInfo& info) {
   }
 
   info.timeout = runtime::read_seconds(env, "LOCKSTEP_TIMEOUT_S", "a timeout", 600);
-  info.stall_report = runtime::read_seconds(env, "LOCKSTEP_STALL_REPORT_S", "a stall report interval", 60);
+  info.stall_report =
+      runtime::read_seconds(env, "LOCKSTEP_STALL_REPORT_S", "a stall report interval", 60);
   info.restart_count = read_restart_count(env);
 }
 
 }  // namespace
-
-
-
 
 int read_restart_count(const EnvLookup& env) {
   return runtime::read_whole_number(env, "LOCKSTEP_RESTART_COUNT", 0).value_or(0);

@@ -68,7 +68,8 @@ std::optional<int> read_host_cache_mb(const EnvLookup& env) {
 HeartbeatEnv read_heartbeat_env(const EnvLookup& env) {
   HeartbeatEnv h;
   h.fd = read_whole_number(env, "LOCKSTEP_HEARTBEAT_FD", 0).value_or(-1);
-  h.interval = std::chrono::milliseconds(read_whole_number(env, "LOCKSTEP_HEARTBEAT_MS", 1).value_or(1000));
+  h.interval = std::chrono::milliseconds(
+      read_whole_number(env, "LOCKSTEP_HEARTBEAT_MS", 1).value_or(1000));
   return h;
 }
 

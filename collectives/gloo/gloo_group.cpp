@@ -245,7 +245,8 @@ std::shared_ptr<Work> GlooGroup::submit(Call call, Body body) {
 // peers waiting on it fail at once (their error reads the reason back).
 void GlooGroup::abort_peers(const std::string& reason) {
   try {
-    store_->compare_set(abort_key_, {}, distributed::to_bytes(fmt::format("rank {}: {}", rank(), reason)));
+    store_->compare_set(abort_key_, {},
+                        distributed::to_bytes(fmt::format("rank {}: {}", rank(), reason)));
   } catch (const std::exception&) {
     // The store may be gone too; closing the connections still tells the peers.
   }
@@ -327,7 +328,8 @@ std::string GlooGroup::name_broken_peers(const std::string& cause) const {
 std::string GlooGroup::peer_abort_reason() const {
   try {
     store_->wait({abort_key_}, milliseconds(200));
-    return fmt::format("; the group was aborted by {}", distributed::to_string(store_->get(abort_key_)));
+    return fmt::format("; the group was aborted by {}",
+                       distributed::to_string(store_->get(abort_key_)));
   } catch (const std::exception&) {
     return "";
   }

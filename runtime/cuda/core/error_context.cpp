@@ -22,8 +22,8 @@ std::string process_rank_text() {
 
 std::string library_error_message(std::string_view library, std::string_view expr,
                                   std::string_view file, int line, std::string_view detail) {
-  return fmt::format("{} error on {} at {}:{}: {} failed: {}", library, process_rank_text(), file, line, expr,
-                     detail);
+  return fmt::format("{} error on {} at {}:{}: {} failed: {}", library, process_rank_text(), file,
+                     line, expr, detail);
 }
 
 std::string format_bytes(std::size_t bytes) {
