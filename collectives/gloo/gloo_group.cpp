@@ -1,5 +1,7 @@
 #include "lockstep/collectives/gloo/gloo_group.h"
 
+#include <sched.h>
+
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -56,6 +58,32 @@ void with_element_type(size_t element_size, Fn&& fn) {
     default: LOCKSTEP_ASSERT(element_size == 2 || element_size == 4 || element_size == 8);
   }
 }
+
+// gloo's event loop spins while another thread holds a connection's lock
+// (tcp::Pair::handleEvents only try-locks it). When data arriving for the
+// loop woke it onto the core of a thread sending under that lock, it
+// preempted the sender and spun until the next scheduler tick: 4 ms per
+// collective with ranks bound to cores, about half the runs without. A
+// SCHED_BATCH thread does not preempt on wake-up, so the loop runs when the
+// sender blocks. Threads inherit their creator's policy; the scope sets it
+// on this thread while the device (and with it the loop thread) is made.
+class BatchPolicyScope {
+ public:
+  BatchPolicyScope() {
+    sched_param param{};
+    changed_ =
+        sched_getscheduler(0) == SCHED_OTHER && sched_setscheduler(0, SCHED_BATCH, &param) == 0;
+  }
+  ~BatchPolicyScope() {
+    sched_param param{};
+    if (changed_) sched_setscheduler(0, SCHED_OTHER, &param);
+  }
+  BatchPolicyScope(const BatchPolicyScope&) = delete;
+  BatchPolicyScope& operator=(const BatchPolicyScope&) = delete;
+
+ private:
+  bool changed_ = false;
+};
 
 size_t nbytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
@@ -187,7 +215,10 @@ void GlooGroup::connect(const std::shared_ptr<distributed::Store>& store,
                                            timeout());
     ::gloo::transport::tcp::attr attr;
     attr.hostname = bind_address;
-    device_ = ::gloo::transport::tcp::CreateDevice(attr);
+    {
+      BatchPolicyScope batch;  // the device's event loop thread inherits it
+      device_ = ::gloo::transport::tcp::CreateDevice(attr);
+    }
     context_ = std::make_shared<::gloo::rendezvous::Context>(rank(), size());
     context_->setTimeout(timeout());
     context_->connectFullMesh(adapter, device_);

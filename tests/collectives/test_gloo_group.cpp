@@ -7,7 +7,11 @@
 
 #if LOCKSTEP_HAVE_GLOO
 
+#include <sched.h>
+
+#include <filesystem>
 #include <latch>
+#include <string>
 
 #include "collectives/collective_check.h"
 #include "collectives/rank_threads.h"
@@ -168,6 +172,37 @@ TEST_CASE("gloo world size 1 works without peers", "[collectives][gloo]") {
   g.allgather(out, t)->wait();
   CHECK(lt::values(out) == lt::values(t));
   g.barrier()->wait();
+}
+
+namespace {
+
+// How many of this process's threads run under `policy` (sched_setscheduler(2)).
+int threads_with_policy(int policy) {
+  int count = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    const auto tid = static_cast<pid_t>(std::stol(task.path().filename().string()));
+    if (sched_getscheduler(tid) == policy) ++count;
+  }
+  return count;
+}
+
+}  // namespace
+
+// gloo's event loop only try-locks a connection and spins while a sender
+// holds it; woken onto the sender's core, it used to preempt the sender and
+// spin until the scheduler's next tick (4 ms a collective with ranks bound
+// to cores). As SCHED_BATCH it does not preempt on wake-up.
+TEST_CASE("gloo: the event loop thread does not preempt on wake-up; the caller keeps its policy",
+          "[collectives][gloo]") {
+  REQUIRE(sched_getscheduler(0) == SCHED_OTHER);
+  const int before = threads_with_policy(SCHED_BATCH);
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+  auto group = lc::make_process_group("gloo", store, 0, 1, "loop-policy", 60s);
+  CHECK(threads_with_policy(SCHED_BATCH) == before + 1);
+  CHECK(sched_getscheduler(0) == SCHED_OTHER);
+  Tensor t = Tensor::ones({5});
+  group->allreduce(t)->wait();
+  CHECK(lt::values(t) == lt::values(Tensor::ones({5})));
 }
 
 TEST_CASE("gloo: a rank that never joins gives a timeout naming op, rank and group",
