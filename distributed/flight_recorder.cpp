@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/distributed/rank_postmortem.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 
@@ -171,6 +172,7 @@ void FlightRecorder::start_afresh_in_memory() {
                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) return;  // keeps the parent's: only its post-mortem suffers
   ::munmap(layout_, mapped_bytes_);
+  in_launcher_file_ = false;
   layout_ = new (memory) Layout();
   layout_->magic.store(kMagic, std::memory_order_release);
   new (&writers_) std::mutex();
@@ -185,6 +187,7 @@ FlightRecorder::FlightRecorder(const std::optional<std::string>& path) {
       memory = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (memory == MAP_FAILED) memory = nullptr;
     }
+    in_launcher_file_ = memory != nullptr;
     const int error = errno;
     if (fd >= 0) ::close(fd);
     if (memory == nullptr) {
@@ -232,14 +235,17 @@ uint64_t FlightRecorder::started(const FlightCall& call) {
 void FlightRecorder::ended(uint64_t ordinal, bool ok) {
   if (ordinal == 0) return;
   const int64_t now = monotonic_ns();
-  std::lock_guard lock(writers_);
-  Slot& slot = layout_->slots[(ordinal - 1) % kFlightRecorderEntries];
-  if (slot.ordinal.load(std::memory_order_relaxed) != ordinal) return;  // overwritten since
-  write_slot(slot, [&] {
-    slot.end_ns.store(as_word(now), std::memory_order_relaxed);
-    const auto state = ok ? FlightRecord::State::finished : FlightRecord::State::failed;
-    slot.state.store(static_cast<uint64_t>(state), std::memory_order_relaxed);
-  });
+  {
+    std::lock_guard lock(writers_);
+    Slot& slot = layout_->slots[(ordinal - 1) % kFlightRecorderEntries];
+    if (slot.ordinal.load(std::memory_order_relaxed) != ordinal) return;  // overwritten since
+    write_slot(slot, [&] {
+      slot.end_ns.store(as_word(now), std::memory_order_relaxed);
+      const auto state = ok ? FlightRecord::State::finished : FlightRecord::State::failed;
+      slot.state.store(static_cast<uint64_t>(state), std::memory_order_relaxed);
+    });
+  }
+  if (!ok) on_collective_failed(ordinal);
 }
 
 std::vector<FlightRecord> FlightRecorder::snapshot() const { return read_layout(*layout_); }

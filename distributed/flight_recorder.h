@@ -8,7 +8,8 @@
 // (LOCKSTEP_FLIGHT_RECORDER names a file) the entries live in that file,
 // mapped shared, so the launcher reads them after a failure or a hang
 // without the rank's help and prints one post-mortem (launcher/postmortem.h);
-// otherwise they live in this process's memory.
+// otherwise they live in this process's memory, and LOCKSTEP_POSTMORTEM_DIR
+// has the first failed collective write them out (rank_postmortem.h).
 //
 // Recording costs two clock reads, an uncontended lock and a few stores per
 // collective. A reader never blocks a writer: each entry carries a version
@@ -71,6 +72,9 @@ class FlightRecorder {
 
   // The entries still held, oldest first.
   std::vector<FlightRecord> snapshot() const;
+  // Whether the entries live in the file LOCKSTEP_FLIGHT_RECORDER named, which
+  // lockstep-run reads itself.
+  bool in_launcher_file() const { return in_launcher_file_; }
 
   ~FlightRecorder();
   FlightRecorder(const FlightRecorder&) = delete;
@@ -85,6 +89,7 @@ class FlightRecorder {
   Layout* layout_ = nullptr;
   std::mutex writers_;  // one writer at a time; readers take no lock
   size_t mapped_bytes_ = 0;
+  bool in_launcher_file_ = false;
 };
 
 // Reads the recorder file of another process (the launcher's side). nullopt

@@ -49,11 +49,11 @@ bool share_postmortem(NodeLink& link, Postmortem& postmortem, int attempt, const
                       std::chrono::milliseconds grace_period) {
   try {
     if (options.node_rank != 0) {
-      link.publish_postmortem(attempt, to_json(postmortem).dump());
+      link.publish_postmortem(attempt, distributed::to_json_text(postmortem));
       return false;
     }
     for (const auto& part : link.collect_postmortems(attempt, grace_period + std::chrono::seconds(3)))
-      merge(postmortem, postmortem_from_json(nlohmann::json::parse(part)));
+      distributed::merge(postmortem, distributed::postmortem_from_json_text(part));
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep-run: the post-mortem covers node {} only: {}\n",
                options.node_rank, e.what());
@@ -223,6 +223,21 @@ int run(const Options& options) {
   return code;
 }
 
+// --postmortem-from: the report of a job that another launcher ran.
+int report_from(const std::string& dir) {
+  const Postmortem pm = read_rank_postmortems(dir);
+  const std::string text = report_text(
+      pm, fmt::format("it wrote no part to {}: it hung, was killed or exited first, or no "
+                      "collective of its failed",
+                      dir));
+  if (text.empty()) {
+    fmt::print(stderr, "lockstep-run: the parts in {} record no collective\n", dir);
+    return 1;
+  }
+  fmt::print(stderr, "lockstep-run: post-mortem of the collectives ({}):\n{}", pm.cause, text);
+  return 0;
+}
+
 }  // namespace
 }  // namespace lockstep::launcher
 
@@ -236,7 +251,9 @@ int main(int argc, char** argv) {
       fmt::print("{}", parsed.help);
       return 0;
     }
-    return run(parsed.options);
+    const Options& options = parsed.options;
+    if (!options.postmortem_from.empty()) return report_from(options.postmortem_from);
+    return run(options);
   } catch (const UsageError& e) {
     fmt::print(stderr, "lockstep-run: {}\nRun 'lockstep-run --help' for usage.\n", e.what());
     return 2;

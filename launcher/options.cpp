@@ -14,7 +14,7 @@ const std::set<std::string> kValueOptions = {
     "-n", "--np", "-x", "--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank",
     "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port",
     "--token", "--grace-period", "--bind-to", "--max-restarts", "--max_restarts",
-    "--restart-backoff", "--hang-timeout", "--postmortem-dir"};
+    "--restart-backoff", "--hang-timeout", "--postmortem-dir", "--postmortem-from"};
 
 // mpirun spells some long options with one dash; CLI11 wants two.
 std::string normalise(const std::string& arg) {
@@ -70,6 +70,11 @@ std::pair<std::string, std::string> resolve_export(const std::string& spec,
 }
 
 void validate(Options& o, bool np_given, const runtime::EnvLookup& env) {
+  if (!o.postmortem_from.empty()) {
+    if (!o.command.empty() || np_given || o.nproc_per_node != 0)
+      throw UsageError("--postmortem-from DIR only reads DIR: give no program and no -np");
+    return;
+  }
   if (o.command.empty())
     throw UsageError("no program given; usage: lockstep-run -np N [options] [--] program [args...]");
   if (o.nproc_per_node == 0)
@@ -124,7 +129,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                "fails, the others are stopped.\n\n"
                "  lockstep-run -np N [options] [--] program [args...]\n"
                "  lockstep-run --nnodes M --node-rank R --nproc-per-node N --master-addr A "
-               "--master-port P [options] program [args...]\n",
+               "--master-port P [options] program [args...]\n"
+               "  lockstep-run --postmortem-from DIR\n",
                "lockstep-run");
   app.set_help_flag("-h,--help", "Print this help and exit");
   app.add_option("-n,--np", np, "Processes to start on this node (one node: same as "
@@ -164,6 +170,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                  "is stopped, the launcher prints what every rank was doing in its last "
                  "collectives and writes it as JSON to DIR/lockstep-postmortem-node<N>-attempt<K>"
                  ".json; '' prints it only")->capture_default_str();
+  app.add_option("--postmortem-from", o.postmortem_from, "Start nothing: print the post-mortem "
+                 "of a job that another launcher (mpirun, torchrun, srun) ran with "
+                 "LOCKSTEP_POSTMORTEM_DIR=DIR, from the parts its ranks wrote there");
   app.footer(
       "\nEach rank gets LOCKSTEP_RANK, LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_RANK,\n"
       "LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK, LOCKSTEP_NUM_NODES, LOCKSTEP_STORE_ADDR,\n"

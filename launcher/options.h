@@ -3,6 +3,7 @@
 //   lockstep-run -np 4 [--tag-output] [--bind-to core] [-x VAR[=value]]... [--] prog args...
 //   lockstep-run --nnodes 2 --node-rank 0 --nproc-per-node 4
 //                --master-addr 10.0.0.1 --master-port 29500 --token T prog args...
+//   lockstep-run --postmortem-from DIR
 #pragma once
 
 #include <string>
@@ -42,6 +43,9 @@ struct Options {
   // --postmortem-dir: where the post-mortem of a failed attempt is written as
   // JSON (launcher/postmortem.h); empty: printed only.
   std::string postmortem_dir = ".";
+  // --postmortem-from: start nothing, report from the parts ranks under
+  // another launcher wrote to this directory (launcher/postmortem.h).
+  std::string postmortem_from;
   std::vector<std::string> command;  // program and its arguments
 
   int world_size() const { return nproc_per_node * nnodes; }

@@ -9,11 +9,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
@@ -21,10 +23,6 @@
 
 namespace lockstep::launcher {
 namespace {
-
-double seconds_between(int64_t from_ns, int64_t to_ns) {
-  return static_cast<double>(to_ns - from_ns) / 1e9;
-}
 
 // "rank 1", "ranks 0 and 2", "ranks 0-3, 6 and 8".
 std::string ranks_text(std::vector<int> ranks) {
@@ -69,7 +67,8 @@ const PostmortemEntry* last_of(const RankHistory& rank, const std::string& group
   return last;
 }
 
-void report_group(std::string& out, const Postmortem& pm, const std::string& group) {
+void report_group(std::string& out, const Postmortem& pm, const std::string& group,
+                  std::string_view no_record) {
   // Ranks by what they last did: (seq, state) -> ranks; seq 0: nothing.
   std::map<std::tuple<uint64_t, std::string>, std::vector<int>> classes;
   std::map<std::tuple<uint64_t, std::string>, const PostmortemEntry*> example;
@@ -120,7 +119,7 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
     const auto& state = std::get<1>(key);
     std::string what;
     if (state == "unrecorded") {
-      what = "left no record (it did not get as far as making its process group)";
+      what = fmt::format("left no record ({})", no_record);
     } else if (state == "none") {
       what = "issued no collective on this group";
     } else {
@@ -142,84 +141,17 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
 
 RankHistory read_rank_history(const std::string& path, int rank, int node,
                               const std::string& host, int64_t pid) {
-  RankHistory h{.rank = rank, .node = node, .host = host, .pid = pid};
   const int64_t now = distributed::monotonic_ns();
   try {
     const auto records = distributed::read_flight_recorder_file(path);
-    if (!records) return h;
-    h.recorded = !records->empty();
-    for (const auto& r : *records) {
-      PostmortemEntry e{.group = r.group,
-                        .op = r.op,
-                        .dtype = r.dtype,
-                        .state = std::string(distributed::to_string(r.state)),
-                        .seq = r.seq,
-                        .count = r.count,
-                        .root = r.root,
-                        .started_s_ago = seconds_between(r.start_ns, now)};
-      if (r.end_ns != 0) e.ended_s_ago = seconds_between(r.end_ns, now);
-      h.entries.push_back(std::move(e));
-    }
+    if (records) return distributed::rank_history(*records, now, rank, node, host, pid);
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep-run: rank {}'s flight record is unreadable: {}\n", rank, e.what());
   }
-  return h;
+  return RankHistory{.rank = rank, .node = node, .host = host, .pid = pid};
 }
 
-nlohmann::json to_json(const Postmortem& pm) {
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& r : pm.ranks) {
-    nlohmann::json entries = nlohmann::json::array();
-    for (const auto& e : r.entries) {
-      nlohmann::json j = {{"group", e.group},   {"op", e.op},       {"seq", e.seq},
-                          {"dtype", e.dtype},   {"count", e.count}, {"root", e.root},
-                          {"state", e.state},   {"started_s_ago", e.started_s_ago}};
-      j["ended_s_ago"] = e.ended_s_ago ? nlohmann::json(*e.ended_s_ago) : nlohmann::json();
-      entries.push_back(std::move(j));
-    }
-    ranks.push_back({{"rank", r.rank},         {"node", r.node},   {"host", r.host},
-                     {"pid", r.pid},           {"recorded", r.recorded},
-                     {"collectives", std::move(entries)}});
-  }
-  return {{"cause", pm.cause}, {"ranks", std::move(ranks)}};
-}
-
-Postmortem postmortem_from_json(const nlohmann::json& json) {
-  Postmortem pm{.cause = json.at("cause").get<std::string>()};
-  for (const auto& r : json.at("ranks")) {
-    RankHistory h{.rank = r.at("rank").get<int>(),
-                  .node = r.at("node").get<int>(),
-                  .host = r.at("host").get<std::string>(),
-                  .pid = r.at("pid").get<int64_t>(),
-                  .recorded = r.at("recorded").get<bool>()};
-    for (const auto& j : r.at("collectives")) {
-      PostmortemEntry e{.group = j.at("group").get<std::string>(),
-                        .op = j.at("op").get<std::string>(),
-                        .dtype = j.at("dtype").get<std::string>(),
-                        .state = j.at("state").get<std::string>(),
-                        .seq = j.at("seq").get<uint64_t>(),
-                        .count = j.at("count").get<int64_t>(),
-                        .root = j.at("root").get<int32_t>(),
-                        .started_s_ago = j.at("started_s_ago").get<double>()};
-      if (!j.at("ended_s_ago").is_null()) e.ended_s_ago = j.at("ended_s_ago").get<double>();
-      h.entries.push_back(std::move(e));
-    }
-    pm.ranks.push_back(std::move(h));
-  }
-  return pm;
-}
-
-void merge(Postmortem& into, const Postmortem& other) {
-  for (const auto& r : other.ranks) {
-    const bool known = std::any_of(into.ranks.begin(), into.ranks.end(),
-                                   [&](const RankHistory& h) { return h.rank == r.rank; });
-    if (!known) into.ranks.push_back(r);
-  }
-  std::sort(into.ranks.begin(), into.ranks.end(),
-            [](const RankHistory& a, const RankHistory& b) { return a.rank < b.rank; });
-}
-
-std::string report_text(const Postmortem& pm) {
+std::string report_text(const Postmortem& pm, std::string_view no_record) {
   std::set<std::string> groups;
   for (const auto& r : pm.ranks)
     for (const auto& e : r.entries)
@@ -227,10 +159,59 @@ std::string report_text(const Postmortem& pm) {
   if (groups.empty()) return "";
   std::string out;
   // The default group first: the one a training step's collectives use.
-  if (groups.count("default")) report_group(out, pm, "default");
+  if (groups.count("default")) report_group(out, pm, "default", no_record);
   for (const auto& g : groups)
-    if (g != "default") report_group(out, pm, g);
+    if (g != "default") report_group(out, pm, g, no_record);
   return out;
+}
+
+Postmortem read_rank_postmortems(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<Postmortem> parts;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("lockstep-postmortem-rank", 0) != 0 || entry.path().extension() != ".json")
+      continue;
+    std::ifstream in(entry.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    try {
+      parts.push_back(distributed::postmortem_from_json_text(text));
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{}: {}", entry.path().string(), e.what()));
+    }
+  }
+  LOCKSTEP_CHECK(!error, "cannot read the directory {}: {}", dir, error.message());
+  LOCKSTEP_CHECK(!parts.empty(),
+                 "{} holds no lockstep-postmortem-rank<R>.json: ranks write one there when "
+                 "LOCKSTEP_POSTMORTEM_DIR={} is in their environment and a collective of theirs "
+                 "fails",
+                 dir, dir);
+  double latest = 0;
+  for (const auto& part : parts) latest = std::max(latest, part.written_unix_s);
+  Postmortem pm{.written_unix_s = latest};
+  std::vector<std::string> causes;
+  for (auto& part : parts) {
+    // Every age as if measured when the last part was written.
+    const double shift = part.written_unix_s > 0 ? latest - part.written_unix_s : 0;
+    for (auto& rank : part.ranks) {
+      for (auto& e : rank.entries) {
+        e.started_s_ago += shift;
+        if (e.ended_s_ago) *e.ended_s_ago += shift;
+      }
+    }
+    pm.world_size = std::max(pm.world_size, part.world_size);
+    if (std::find(causes.begin(), causes.end(), part.cause) == causes.end())
+      causes.push_back(part.cause);
+    distributed::merge(pm, part);
+  }
+  for (int r = 0; r < pm.world_size; ++r) {
+    const bool known = std::any_of(pm.ranks.begin(), pm.ranks.end(),
+                                   [&](const RankHistory& h) { return h.rank == r; });
+    if (!known) distributed::merge(pm, Postmortem{.ranks = {RankHistory{.rank = r}}});
+  }
+  pm.cause = fmt::format("{}", fmt::join(causes, "; "));
+  return pm;
 }
 
 void publish_report(const Postmortem& pm, const std::string& dir, int node, int attempt) {
@@ -241,7 +222,7 @@ void publish_report(const Postmortem& pm, const std::string& dir, int node, int 
     const auto path = std::filesystem::path(dir) /
                       fmt::format("lockstep-postmortem-node{}-attempt{}.json", node, attempt);
     std::ofstream out(path);
-    out << to_json(pm).dump(1) << "\n";
+    out << distributed::to_json_text(pm, 1) << "\n";
     out.close();
     saved = out ? fmt::format("  every rank's last collectives: {}\n", path.string())
                 : fmt::format("  could not write {}: {}\n", path.string(), std::strerror(errno));

@@ -20,53 +20,33 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "lockstep/distributed/postmortem.h"
 
 namespace lockstep::launcher {
 
-struct PostmortemEntry {
-  std::string group, op, dtype;
-  std::string state;  // "running", "finished", "failed"
-  uint64_t seq = 0;   // 0: send or recv
-  int64_t count = 0;
-  int32_t root = -1;
-  double started_s_ago = 0;
-  std::optional<double> ended_s_ago;  // unset while running
-};
-
-struct RankHistory {
-  int rank = 0;
-  int node = 0;
-  std::string host;
-  int64_t pid = 0;
-  // False: the rank left no record (it never issued a collective, or did
-  // not get as far as making its process group).
-  bool recorded = false;
-  std::vector<PostmortemEntry> entries;  // oldest first
-};
-
-struct Postmortem {
-  std::string cause;  // what stopped the job, as the launcher said it
-  std::vector<RankHistory> ranks;  // by rank
-};
+using distributed::Postmortem;
+using distributed::PostmortemEntry;
+using distributed::RankHistory;
 
 // Reads one rank's recorder file, with ages measured from now. A file that
 // cannot be read gives an unrecorded history (and a note on stderr).
 RankHistory read_rank_history(const std::string& path, int rank, int node,
                               const std::string& host, int64_t pid);
 
-nlohmann::json to_json(const Postmortem& postmortem);
-// Throws (nlohmann's errors) on a malformed document.
-Postmortem postmortem_from_json(const nlohmann::json& json);
+// The report's lines after its title, or "" when no rank issued a
+// collective. `no_record` says why a rank may have left no record.
+std::string report_text(const Postmortem& postmortem,
+                        std::string_view no_record = "it did not get as far as making its "
+                                                     "process group");
 
-// Merges other nodes' parts into `into` (ranks sorted; a rank already there
-// is kept).
-void merge(Postmortem& into, const Postmortem& other);
-
-// The report's lines after its title, or "" when no rank issued a collective.
-std::string report_text(const Postmortem& postmortem);
+// The parts that ranks under another launcher wrote to `dir`
+// (distributed/rank_postmortem.h), merged, their ages brought to the moment
+// the last was written; a rank of the job that wrote none is unrecorded.
+// Throws lockstep::Error when `dir` holds no part or a part is malformed.
+Postmortem read_rank_postmortems(const std::string& dir);
 
 // Prints the report on stderr and writes the JSON to
 // `dir`/lockstep-postmortem-node<node>-attempt<attempt>.json (not when `dir`

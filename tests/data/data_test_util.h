@@ -1,4 +1,4 @@
-// Helpers for the data tests: a scratch directory, IDX and gzip encoders.
+// Helpers for the data tests: IDX and gzip encoders (and TempDir).
 #pragma once
 
 #include <zlib.h>
@@ -11,37 +11,11 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
+#include "support/temp_dir.h"
 
 namespace lockstep::testing {
 
 using Bytes = std::vector<uint8_t>;
-
-// A fresh directory under the system temp dir, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("lockstep-data-test-" + std::to_string(::getpid()) + "-" +
-             std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  // The path of `name` inside the directory, as a string.
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 inline void write_file(const std::string& path, const Bytes& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/subprocess.h"
+#include "support/temp_dir.h"
 #include "support/backend_skip.h"
 
 using lockstep::testing::bin_path;
@@ -30,6 +31,7 @@ using lockstep::testing::describe;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::run_process;
 using Catch::Matchers::Contains;
+using lockstep::testing::TempDir;
 using namespace std::chrono_literals;
 
 namespace {
@@ -82,15 +84,6 @@ std::set<int> own_cpus() {
 }
 
 // A scratch directory for the probes' pid files, removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/lockstep-launcher-XXXXXX";
-    path = mkdtemp(pattern);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
-
 std::vector<pid_t> pids_in(const std::string& dir) {
   std::vector<pid_t> pids;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
@@ -254,13 +247,13 @@ TEST_CASE("launcher: -x exports variables; OMP_NUM_THREADS is kept when set", "[
 
 TEST_CASE("launcher: a failing rank stops the others", "[launcher]") {
   TempDir dir;
-  const auto r = launch({"-np", "3"}, {"pid-dir=" + dir.path, "exit=1:3", "sleep"});
+  const auto r = launch({"-np", "3"}, {"pid-dir=" + dir.str(), "exit=1:3", "sleep"});
   CHECK(r.exit_code == 3);
   CHECK_FALSE(r.timed_out);
   CHECK(r.seconds < 10);
   CHECK_THAT(r.output, Contains("rank 1 (local rank 1 on node 0") &&
                            Contains("exited with code 3; stopping the other 2 ranks"));
-  check_no_orphans(dir.path, 3);
+  check_no_orphans(dir.str(), 3);
 }
 
 TEST_CASE("launcher: a collective failing with no caller waiting ends its rank and the job",
@@ -268,7 +261,7 @@ TEST_CASE("launcher: a collective failing with no caller waiting ends its rank a
   // What the NCCL watchdog does on a timeout (collectives/async_error.h), on
   // rank 1 of 2, in the default setting and in fail-works.
   TempDir dir;
-  const auto ended = launch({"-np", "2"}, {"pid-dir=" + dir.path, "async-failure=1", "sleep"});
+  const auto ended = launch({"-np", "2"}, {"pid-dir=" + dir.str(), "async-failure=1", "sleep"});
   CHECK(ended.exit_code == 1);
   CHECK_FALSE(ended.timed_out);
   CHECK_THAT(ended.output,
@@ -278,7 +271,7 @@ TEST_CASE("launcher: a collective failing with no caller waiting ends its rank a
                  Contains("rank 1 (local rank 1 on node 0") &&
                  Contains("exited with code 1; stopping the other 1 rank"));
   CHECK_THAT(ended.output, !Contains("still running"));
-  check_no_orphans(dir.path, 2);
+  check_no_orphans(dir.str(), 2);
 
   const auto kept = launch({"-np", "2"}, {"async-failure=1"},
                            {"LOCKSTEP_ASYNC_ERROR_HANDLING=fail-works"});
@@ -294,28 +287,28 @@ TEST_CASE("launcher: a collective failing with no caller waiting ends its rank a
 TEST_CASE("launcher: ranks that ignore SIGTERM get SIGKILL after the grace period", "[launcher]") {
   TempDir dir;
   const auto r = launch({"-np", "2", "--grace-period", "0.5"},
-                        {"pid-dir=" + dir.path, "ignore-term", "exit=0:4", "sleep"});
+                        {"pid-dir=" + dir.str(), "ignore-term", "exit=0:4", "sleep"});
   CHECK(r.exit_code == 4);
   CHECK_THAT(r.output, Contains("rank 1") && Contains("did not stop within 0.5 s; sending SIGKILL"));
-  check_no_orphans(dir.path, 2);
+  check_no_orphans(dir.str(), 2);
 }
 
 TEST_CASE("launcher: a rank killed by a signal is named with the signal", "[launcher]") {
   TempDir dir;
-  const auto r = launch({"-np", "2"}, {"pid-dir=" + dir.path, "kill=0:9", "sleep"});
+  const auto r = launch({"-np", "2"}, {"pid-dir=" + dir.str(), "kill=0:9", "sleep"});
   CHECK(r.exit_code == 128 + SIGKILL);
   CHECK_THAT(r.output, Contains("rank 0 (local rank 0 on node 0") &&
                            Contains("was killed by SIGKILL"));
-  check_no_orphans(dir.path, 2);
+  check_no_orphans(dir.str(), 2);
 }
 
 TEST_CASE("launcher: SIGTERM to the launcher is forwarded to every rank", "[launcher]") {
   TempDir dir;
   // Rank 1 signals its parent, the launcher, once every rank is running.
-  const auto r = launch({"-np", "3"}, {"pid-dir=" + dir.path, "kill-parent=1:15", "sleep"});
+  const auto r = launch({"-np", "3"}, {"pid-dir=" + dir.str(), "kill-parent=1:15", "sleep"});
   CHECK(r.exit_code == 128 + SIGTERM);
   CHECK_THAT(r.output, Contains("received SIGTERM; forwarding it to 3 ranks"));
-  check_no_orphans(dir.path, 3);
+  check_no_orphans(dir.str(), 3);
 }
 
 TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wrapper or not",
@@ -324,12 +317,12 @@ TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wra
   // `; true` keeps sh from exec'ing the probe: each rank is a shell and the
   // probe (which writes the pid file, then sleeps) is its child.
   Background launcher({bin_path("lockstep-run"), "-np", "2", "/bin/sh", "-c", "\"$0\" \"$@\"; true",
-                       bin_path("launcher_probe"), "pid-dir=" + dir.path, "sleep"},
-                      dir.path + "/launcher.log");
-  const bool started = eventually([&] { return pids_in(dir.path).size() == 2; }, kLimit);
-  INFO("launcher output:\n" << read_file(dir.path + "/launcher.log"));
+                       bin_path("launcher_probe"), "pid-dir=" + dir.str(), "sleep"},
+                      dir.str() + "/launcher.log");
+  const bool started = eventually([&] { return pids_in(dir.str()).size() == 2; }, kLimit);
+  INFO("launcher output:\n" << read_file(dir.str() + "/launcher.log"));
   REQUIRE(started);
-  const auto grandchildren = pids_in(dir.path);
+  const auto grandchildren = pids_in(dir.str());
   for (pid_t pid : grandchildren) REQUIRE(running(pid));
 
   const int status = launcher.kill_and_reap(SIGKILL);
@@ -376,14 +369,14 @@ TEST_CASE("launcher: SIGINT reaches the ranks even when the launcher was started
     // limit, so only the forwarded SIGINT itself can end the ranks in time.
     const auto r = run_process({"/bin/sh", "-c", ignoring_sigint, bin_path("lockstep-run"), "-np",
                                 "2", "--grace-period", "600", bin_path("launcher_probe"),
-                                "pid-dir=" + dir.path, "kill-parent=1:2", "sleep"},
+                                "pid-dir=" + dir.str(), "kill-parent=1:2", "sleep"},
                                kLimit);
     INFO(describe(r) << "\n" << r.output);
     CHECK_FALSE(r.timed_out);
     CHECK(r.exit_code == 128 + SIGINT);
     CHECK_THAT(r.output, Contains("received SIGINT; forwarding it to 2 ranks"));
     CHECK_THAT(r.output, !Contains("SIGKILL"));
-    check_no_orphans(dir.path, 2);
+    check_no_orphans(dir.str(), 2);
   }
 }
 
@@ -425,10 +418,10 @@ TEST_CASE("launcher: --max-restarts gives up after N restarts, and a signal is n
 
   TempDir dir;
   const auto stopped = launch({"-np", "2", "--max-restarts", "3"},
-                              {"pid-dir=" + dir.path, "kill-parent=1:15", "sleep"});
+                              {"pid-dir=" + dir.str(), "kill-parent=1:15", "sleep"});
   CHECK(stopped.exit_code == 128 + SIGTERM);
   CHECK_THAT(stopped.output, Contains("received SIGTERM") && !Contains("restart 1"));
-  check_no_orphans(dir.path, 2);
+  check_no_orphans(dir.str(), 2);
 }
 
 // Two launchers of a two-node job on this host (both nodes on 127.0.0.1),
@@ -444,7 +437,7 @@ ProcessResult two_local_nodes(const std::vector<std::string>& launcher_args,
                                    "--master-addr 127.0.0.1 --master-port {}",
                                    bin_path("lockstep-run"), node, port);
     for (const auto& a : launcher_args) line += " " + a;
-    line += " " + bin_path("launcher_probe");
+    line += fmt::format(" {}", bin_path("launcher_probe"));
     for (const auto& a : node == 0 ? node0_args : node1_args) line += " " + a;
     script += fmt::format("( {} > $dir/{} 2>&1; echo \"node {} exit $?\" >> $dir/{} ) & ", line,
                           node, node, node);
@@ -489,7 +482,7 @@ TEST_CASE("launcher: a hung rank is found within --hang-timeout and named; busy 
   // Stopped (SIGSTOP): its heartbeats stop. The others sleep inside a
   // BusyScope meanwhile, so only rank 1 is named.
   const auto stopped = launch({"-np", "3", "--hang-timeout", "1.5"},
-                              {"pid-dir=" + dir.path, "group-sum", "stop-self=1",
+                              {"pid-dir=" + dir.str(), "group-sum", "stop-self=1",
                                "busy-sleep-ms=30000"});
   CHECK(stopped.exit_code == 1);
   CHECK(stopped.seconds < 15);
@@ -499,7 +492,7 @@ TEST_CASE("launcher: a hung rank is found within --hang-timeout and named; busy 
                  Contains(" s: it is stopped (SIGSTOP, a debugger) or frozen (--hang-timeout "
                           "1.5 s); killing it and stopping the other 2 ranks") &&
                  !Contains("rank 0 (local") && !Contains("rank 2 (local"));
-  check_no_orphans(dir.path, 3);
+  check_no_orphans(dir.str(), 3);
 
   // Blocked for good, using no CPU: its beats say "no progress".
   const auto blocked = launch({"-np", "2", "--hang-timeout", "1.5"},
@@ -569,10 +562,10 @@ TEST_CASE("launcher: a post-mortem names the rank that is behind and where the o
   TempDir dir;
   // Rank 1 stops after three all-reduces; ranks 0 and 2 wait for it in the
   // fourth until the hang is found.
-  const auto hung = launch({"-np", "3", "--hang-timeout", "1.5", "--postmortem-dir", dir.path},
+  const auto hung = launch({"-np", "3", "--hang-timeout", "1.5", "--postmortem-dir", dir.str()},
                            {"group-sum", "allreduces=3", "stop-self=1", "then-allreduce"});
   CHECK(hung.exit_code == 1);
-  const std::string json = dir.path + "/lockstep-postmortem-node0-attempt0.json";
+  const std::string json = dir.str() + "/lockstep-postmortem-node0-attempt0.json";
   const auto last = last_collectives(json);
   REQUIRE(last.size() == 3);
   const uint64_t n = last.at(1).first;  // rank 1's last: the third all-reduce
@@ -590,7 +583,7 @@ TEST_CASE("launcher: a post-mortem names the rank that is behind and where the o
                  Contains("every rank's last collectives: " + json));
 
   // A failed rank: the record is read as it was when the rank exited.
-  const auto failed = launch({"-np", "2", "--postmortem-dir", dir.path},
+  const auto failed = launch({"-np", "2", "--postmortem-dir", dir.str()},
                              {"group-sum", "allreduces=2", "fail-attempts=0:1", "then-allreduce"});
   CHECK(failed.exit_code == 7);
   const auto after_failure = last_collectives(json);
@@ -604,9 +597,9 @@ TEST_CASE("launcher: a post-mortem names the rank that is behind and where the o
   // Nothing to say when no rank issued a collective; a job that succeeds
   // has no post-mortem.
   std::filesystem::remove(json);
-  const auto early = launch({"-np", "2", "--postmortem-dir", dir.path}, {"exit=1:3"});
+  const auto early = launch({"-np", "2", "--postmortem-dir", dir.str()}, {"exit=1:3"});
   CHECK(early.exit_code == 3);
-  const auto fine = launch({"-np", "2", "--postmortem-dir", dir.path}, {"group-sum"});
+  const auto fine = launch({"-np", "2", "--postmortem-dir", dir.str()}, {"group-sum"});
   CHECK(fine.exit_code == 0);
   CHECK_THAT(early.output + fine.output, !Contains("post-mortem"));
   CHECK_FALSE(std::filesystem::exists(json));
@@ -615,17 +608,82 @@ TEST_CASE("launcher: a post-mortem names the rank that is behind and where the o
 TEST_CASE("launcher: the post-mortem of a two-node job covers both nodes' ranks",
           "[launcher][postmortem]") {
   TempDir dir;
-  const auto r = two_local_nodes({"--postmortem-dir", dir.path},
+  const auto r = two_local_nodes({"--postmortem-dir", dir.str()},
                                  {"group-sum", "allreduces=2", "then-allreduce"},
                                  {"group-sum", "allreduces=2", "fail-attempts=1:1"});
   CHECK_THAT(r.output, Contains("node 0 exit 1") && Contains("node 1 exit 7") &&
                            Contains("post-mortem of the collectives (node 1: rank 1") &&
                            Contains("group 'default': rank 1 is behind: rank 0 has reached"));
-  const auto last = last_collectives(dir.path + "/lockstep-postmortem-node0-attempt0.json");
+  const auto last = last_collectives(dir.str() + "/lockstep-postmortem-node0-attempt0.json");
   REQUIRE(last.size() == 2);
   CHECK(last.at(0).first == last.at(1).first + 1);
   // Node 1 handed its part to node 0 and wrote none of its own.
-  CHECK_FALSE(std::filesystem::exists(dir.path + "/lockstep-postmortem-node1-attempt0.json"));
+  CHECK_FALSE(std::filesystem::exists(dir.str() + "/lockstep-postmortem-node1-attempt0.json"));
+}
+
+// Under another launcher (a shell here, as mpirun or torchrun would start
+// them) nobody reads the recorders: with LOCKSTEP_POSTMORTEM_DIR set, the
+// ranks whose collective fails write their own parts, and
+// `lockstep-run --postmortem-from` reports them together.
+TEST_CASE("launcher: ranks under another launcher write post-mortem parts; --postmortem-from "
+          "reports them", "[launcher][postmortem]") {
+  TempDir dir;
+  // Rank 1 stops itself after three all-reduces; ranks 0 and 2 wait for it
+  // in the fourth until their 3 s timeout, and write their parts.
+  std::string script = fmt::format("dir={}; ", dir.str());
+  const int port = lockstep::testing::unused_tcp_port();
+  for (int r = 0; r < 3; ++r) {
+    script += fmt::format(
+        "RANK={} WORLD_SIZE=3 LOCAL_RANK={} LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "
+        "MASTER_PORT={} LOCKSTEP_TIMEOUT_S=3 LOCKSTEP_POSTMORTEM_DIR=$dir {} group-sum "
+        "allreduces=3 stop-self=1 then-allreduce > $dir/out{} 2>&1 & p{}=$!; ",
+        r, r, port, bin_path("launcher_probe"), r, r);
+  }
+  script += fmt::format("wait $p0 $p2; kill -9 $p1; wait; cat $dir/out*; {} --postmortem-from "
+                        "$dir; echo \"report exit $?\"",
+                        bin_path("lockstep-run"));
+  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  UNSCOPED_INFO("ranks and report: " << describe(r) << ", output:\n" << r.output);
+  CHECK(r.ok());
+  const auto part = [&](int rank) {
+    return fmt::format("{}/lockstep-postmortem-rank{}.json", dir.str(), rank);
+  };
+  CHECK(std::filesystem::exists(part(0)));
+  CHECK(std::filesystem::exists(part(2)));
+  CHECK_FALSE(std::filesystem::exists(part(1)));
+  const auto last = last_collectives(part(0));
+  REQUIRE(last.count(0) == 1);
+  const uint64_t n = last.at(0).first;  // the fourth all-reduce
+  CHECK(last.at(0).second == "failed");
+  CHECK_THAT(r.output,
+             Contains(fmt::format("lockstep: rank 0's last collectives are in {}", part(0))) &&
+                 Contains(fmt::format("lockstep-run: post-mortem of the collectives (allreduce "
+                                      "#{} (f32, 1000 elements) of group 'default' failed on "
+                                      "rank ",
+                                      n)) &&
+                 Contains(fmt::format("group 'default': rank 1 is behind: ranks 0 and 2 have "
+                                      "reached allreduce #{} (f32, 1000 elements)",
+                                      n)) &&
+                 Contains(fmt::format("rank 1: left no record (it wrote no part to {}: it hung",
+                                      dir.str())) &&
+                 Contains(fmt::format("ranks 0 and 2: allreduce #{} (f32, 1000 elements) failed ",
+                                      n)) &&
+                 Contains("report exit 0"));
+
+  // Under lockstep-run the launcher reads the recorders: no rank writes a part.
+  TempDir parts;
+  const auto under_launcher =
+      launch({"-np", "2", "--postmortem-dir", dir.str()},
+             {"group-sum", "allreduces=2", "fail-attempts=0:1", "then-allreduce"},
+             {"LOCKSTEP_POSTMORTEM_DIR=" + parts.str()});
+  CHECK(under_launcher.exit_code == 7);
+  CHECK(std::filesystem::is_empty(parts.str()));
+  CHECK_THAT(under_launcher.output, Contains("lockstep-run: post-mortem of the collectives"));
+
+  // A directory without parts is said so.
+  const auto empty = run_process({bin_path("lockstep-run"), "--postmortem-from", parts.str()});
+  CHECK(empty.exit_code == 1);
+  CHECK_THAT(empty.output, Contains("holds no lockstep-postmortem-rank<R>.json"));
 }
 
 TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {

@@ -1,0 +1,113 @@
+// distributed/postmortem and rank_postmortem: the post-mortem's JSON form,
+// and the part a rank under another launcher writes of its own records.
+// The environment is an injected map; nothing here calls setenv.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+
+#include "lockstep/distributed/flight_recorder.h"
+#include "lockstep/distributed/postmortem.h"
+#include "lockstep/distributed/rank_postmortem.h"
+#include "support/temp_dir.h"
+#include "support/test_util.h"
+
+namespace ld = lockstep::distributed;
+using lockstep::runtime::EnvLookup;
+using lockstep::testing::error_of;
+using Catch::Matchers::Contains;
+using lockstep::testing::TempDir;
+
+namespace {
+
+EnvLookup lookup(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("post-mortem: the JSON form keeps every field; malformed text is named",
+          "[distributed][postmortem]") {
+  ld::Postmortem pm{.cause = "rank 1 exited with code 7", .written_unix_s = 1.5e9, .world_size = 3};
+  pm.ranks.push_back({.rank = 2, .node = 1, .host = "b", .pid = 42, .recorded = true});
+  pm.ranks.back().entries.push_back({.group = "default", .op = "broadcast", .dtype = "i64",
+                                     .state = "finished", .seq = 7, .count = 2, .root = 1,
+                                     .started_s_ago = 3.5, .ended_s_ago = 3.25});
+  pm.ranks.back().entries.push_back({.group = "default", .op = "barrier", .state = "running",
+                                     .seq = 8, .started_s_ago = 1.0});
+  const ld::Postmortem back = ld::postmortem_from_json_text(ld::to_json_text(pm, 1));
+  CHECK(back.cause == pm.cause);
+  CHECK(back.written_unix_s == pm.written_unix_s);
+  CHECK(back.world_size == 3);
+  REQUIRE(back.ranks.size() == 1);
+  const auto& r = back.ranks[0];
+  CHECK((r.rank == 2 && r.node == 1 && r.host == "b" && r.pid == 42 && r.recorded));
+  REQUIRE(r.entries.size() == 2);
+  CHECK((r.entries[0].op == "broadcast" && r.entries[0].dtype == "i64" && r.entries[0].seq == 7 &&
+         r.entries[0].count == 2 && r.entries[0].root == 1 && r.entries[0].state == "finished"));
+  CHECK(r.entries[0].ended_s_ago == 3.25);
+  CHECK_FALSE(r.entries[1].ended_s_ago.has_value());
+
+  CHECK_THAT(error_of([] { ld::postmortem_from_json_text("{\"cause\": 1}"); }),
+             Contains("not a lockstep post-mortem"));
+  CHECK_THAT(error_of([] { ld::postmortem_from_json_text("not json"); }),
+             Contains("not a lockstep post-mortem"));
+}
+
+TEST_CASE("post-mortem: a rank under another launcher writes its own part when asked",
+          "[distributed][postmortem]") {
+  auto& recorder = ld::FlightRecorder::instance();
+  const uint64_t done = recorder.started({.group = "pm-part", .op = "allreduce", .dtype = "f32",
+                                          .seq = 1, .count = 1000});
+  recorder.ended(done, true);
+  recorder.started(
+      {.group = "pm-part", .op = "allreduce", .dtype = "f32", .seq = 2, .count = 1000});
+
+  TempDir dir;
+  const std::map<std::string, std::string> torchrun = {
+      {"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCKSTEP_POSTMORTEM_DIR", dir.str()}};
+  const auto path = ld::write_rank_postmortem(lookup(torchrun), "it failed");
+  REQUIRE(path.has_value());
+  CHECK(*path == dir.str() + "/lockstep-postmortem-rank3.json");
+  const ld::Postmortem part = ld::postmortem_from_json_text(read_file(*path));
+  CHECK(part.cause == "it failed");
+  CHECK(part.world_size == 4);
+  CHECK(part.written_unix_s > 1.7e9);
+  REQUIRE(part.ranks.size() == 1);
+  CHECK(part.ranks[0].rank == 3);
+  CHECK(part.ranks[0].pid == ::getpid());
+  std::vector<std::string> states;
+  for (const auto& e : part.ranks[0].entries)
+    if (e.group == "pm-part") states.push_back(e.state);
+  CHECK(states == std::vector<std::string>{"finished", "running"});
+
+  // Not asked for, or under lockstep-run (which reads the recorder itself):
+  // nothing is written.
+  auto without_dir = torchrun;
+  without_dir.erase("LOCKSTEP_POSTMORTEM_DIR");
+  CHECK_FALSE(ld::write_rank_postmortem(lookup(without_dir), "x").has_value());
+  auto launched = torchrun;
+  launched["LOCKSTEP_FLIGHT_RECORDER"] = "/dev/shm/somewhere";
+  std::filesystem::remove(*path);
+  CHECK_FALSE(ld::write_rank_postmortem(lookup(launched), "x").has_value());
+  CHECK(std::filesystem::is_empty(dir.str()));
+
+  // A directory that cannot be written is said, and the run goes on.
+  auto unwritable = torchrun;
+  unwritable["LOCKSTEP_POSTMORTEM_DIR"] = dir.str() + "/missing/deeper";
+  CHECK_FALSE(ld::write_rank_postmortem(lookup(unwritable), "x").has_value());
+}
