@@ -190,7 +190,8 @@ Postmortem read_rank_postmortems(const std::string& dir) {
   double latest = 0;
   for (const auto& part : parts) latest = std::max(latest, part.written_unix_s);
   Postmortem pm{.written_unix_s = latest};
-  std::vector<std::string> causes;
+  // Each part's cause with the ranks that gave it, in order of first rank.
+  std::vector<std::pair<std::string, std::vector<int>>> causes;
   for (auto& part : parts) {
     // Every age as if measured when the last part was written.
     const double shift = part.written_unix_s > 0 ? latest - part.written_unix_s : 0;
@@ -201,16 +202,26 @@ Postmortem read_rank_postmortems(const std::string& dir) {
       }
     }
     pm.world_size = std::max(pm.world_size, part.world_size);
-    if (std::find(causes.begin(), causes.end(), part.cause) == causes.end())
-      causes.push_back(part.cause);
+    auto cause = std::find_if(causes.begin(), causes.end(),
+                              [&](const auto& c) { return c.first == part.cause; });
+    if (cause == causes.end()) cause = causes.insert(causes.end(), {part.cause, {}});
+    for (const auto& rank : part.ranks) cause->second.push_back(rank.rank);
     distributed::merge(pm, part);
   }
+  std::erase_if(causes, [](const auto& c) { return c.second.empty(); });
+  std::sort(causes.begin(), causes.end(), [](const auto& a, const auto& b) {
+    return *std::min_element(a.second.begin(), a.second.end()) <
+           *std::min_element(b.second.begin(), b.second.end());
+  });
   for (int r = 0; r < pm.world_size; ++r) {
     const bool known = std::any_of(pm.ranks.begin(), pm.ranks.end(),
                                    [&](const RankHistory& h) { return h.rank == r; });
     if (!known) distributed::merge(pm, Postmortem{.ranks = {RankHistory{.rank = r}}});
   }
-  pm.cause = fmt::format("{}", fmt::join(causes, "; "));
+  std::vector<std::string> said;
+  for (const auto& [text, ranks] : causes)
+    said.push_back(fmt::format("{} on {}", text, ranks_text(ranks)));
+  pm.cause = fmt::format("{}", fmt::join(said, "; "));
   return pm;
 }
 

@@ -659,7 +659,7 @@ TEST_CASE("launcher: ranks under another launcher write post-mortem parts; --pos
              Contains(fmt::format("lockstep: rank 0's last collectives are in {}", part(0))) &&
                  Contains(fmt::format("lockstep-run: post-mortem of the collectives (allreduce "
                                       "#{} (f32, 1000 elements) of group 'default' failed on "
-                                      "rank ",
+                                      "ranks 0 and 2):",
                                       n)) &&
                  Contains(fmt::format("group 'default': rank 1 is behind: ranks 0 and 2 have "
                                       "reached allreduce #{} (f32, 1000 elements)",
