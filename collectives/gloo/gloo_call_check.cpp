@@ -37,7 +37,7 @@ GlooCallCheck::GlooCallCheck(std::shared_ptr<::gloo::Context> context, int rank,
       size_(size),
       arrived_(static_cast<size_t>(size)),
       last_seen_(static_cast<size_t>(size)) {
-  if (size_ > 1) posted_ = post_receives();
+  if (size_ > 1) post_receives();
 }
 
 // One check's buffers: gloo may still hold pointers into them after a
@@ -56,22 +56,24 @@ GlooCallCheck::~GlooCallCheck() = default;
 // gloo sends an unbound buffer's data only once the receiver has said that
 // its receive is posted; a receive posted a call ahead lets each signature
 // go out at once, so the check costs one message each way, not three.
-std::unique_ptr<GlooCallCheck::Exchange> GlooCallCheck::post_receives() {
-  auto x = std::make_unique<Exchange>();
-  x->theirs.assign(static_cast<size_t>(size_), PackedSignature{});
-  x->in.resize(static_cast<size_t>(size_));
+// posted_ holds the exchange from the start: a receive that throws half way
+// leaves the buffers gloo may hold alive.
+void GlooCallCheck::post_receives() {
+  posted_ = std::make_unique<Exchange>();
+  posted_->theirs.assign(static_cast<size_t>(size_), PackedSignature{});
+  posted_->in.resize(static_cast<size_t>(size_));
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    auto& in = x->in[static_cast<size_t>(q)];
-    in = context_->createUnboundBuffer(&x->theirs[static_cast<size_t>(q)], kBytes);
+    auto& in = posted_->in[static_cast<size_t>(q)];
+    in = context_->createUnboundBuffer(&posted_->theirs[static_cast<size_t>(q)], kBytes);
     in->recv(q, kCheckSlot);
   }
-  return x;
 }
 
 void GlooCallCheck::check(const Call& call) {
   if (size_ == 1) return;
-  std::unique_ptr<Exchange> x = posted_ ? std::move(posted_) : post_receives();
+  if (!posted_) post_receives();
+  std::unique_ptr<Exchange> x = std::move(posted_);
   x->mine = pack(call.signature);
   x->theirs[static_cast<size_t>(rank_)] = x->mine;
   x->out = context_->createUnboundBuffer(x->mine.data(), kBytes);
@@ -98,7 +100,6 @@ void GlooCallCheck::check(const Call& call) {
       last_seen_[static_cast<size_t>(peer)] = unpack(x->theirs[static_cast<size_t>(peer)]);
     }
     for (int i = 1; i < size_; ++i) x->out->waitSend(nullptr, left_until(call.deadline));
-    posted_ = post_receives();
   } catch (const std::exception& e) {
     // Who else has sent: a receive that completed answers at once; one that
     // did not throws (the failure has closed the connections) or, on a
@@ -130,7 +131,11 @@ void GlooCallCheck::check(const Call& call) {
     every_rank.push_back(unpack(words));
     same = same && every_rank.back().same_call(call.signature);
   }
+  // Keep this rank's failed check from having sent anything more: a rank
+  // that closes its connections with a message of ours unread resets them,
+  // and a peer may lose the signature it has not read yet.
   if (!same) throw CollectiveMismatch(mismatch_message(call, every_rank));
+  post_receives();
 }
 
 std::string GlooCallCheck::waiting_on() const {
