@@ -15,11 +15,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// The check's slot: gloo's collectives use prefixes 0x01..0x08 in the top
-// byte (gloo/types.h) and send/recv 0x40 (gloo_group.cpp). One slot for
-// every call: messages between two ranks on one slot arrive in order, and
-// the signature says which call it is.
-constexpr uint64_t kCheckSlot = uint64_t{0x41} << 56;
+// Slots of the check: gloo's collectives use prefixes 0x01..0x08 in the top
+// byte (gloo/types.h) and send/recv 0x40 (gloo_group.cpp).
+constexpr uint64_t kCheckSlotPrefix = uint64_t{0x41} << 56;
 constexpr size_t kBytes = sizeof(PackedSignature);
 
 // Rounded up: a wait cut short of the deadline by the rounding would end
@@ -36,9 +34,7 @@ GlooCallCheck::GlooCallCheck(std::shared_ptr<::gloo::Context> context, int rank,
       rank_(rank),
       size_(size),
       arrived_(static_cast<size_t>(size)),
-      last_seen_(static_cast<size_t>(size)) {
-  if (size_ > 1) post_receives();
-}
+      last_seen_(static_cast<size_t>(size)) {}
 
 // One check's buffers: gloo may still hold pointers into them after a
 // failure, until the context is gone, so a failed one is kept (graveyard_).
@@ -53,30 +49,15 @@ struct GlooCallCheck::Exchange {
 
 GlooCallCheck::~GlooCallCheck() = default;
 
-// gloo sends an unbound buffer's data only once the receiver has said that
-// its receive is posted; a receive posted a call ahead lets each signature
-// go out at once, so the check costs one message each way, not three.
-// posted_ holds the exchange from the start: a receive that throws half way
-// leaves the buffers gloo may hold alive.
-void GlooCallCheck::post_receives() {
-  posted_ = std::make_unique<Exchange>();
-  posted_->theirs.assign(static_cast<size_t>(size_), PackedSignature{});
-  posted_->in.resize(static_cast<size_t>(size_));
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_) continue;
-    auto& in = posted_->in[static_cast<size_t>(q)];
-    in = context_->createUnboundBuffer(&posted_->theirs[static_cast<size_t>(q)], kBytes);
-    in->recv(q, kCheckSlot);
-  }
-}
-
 void GlooCallCheck::check(const Call& call) {
   if (size_ == 1) return;
-  if (!posted_) post_receives();
-  std::unique_ptr<Exchange> x = std::move(posted_);
+  auto x = std::make_unique<Exchange>();
   x->mine = pack(call.signature);
+  x->theirs.assign(static_cast<size_t>(size_), PackedSignature{});
   x->theirs[static_cast<size_t>(rank_)] = x->mine;
   x->out = context_->createUnboundBuffer(x->mine.data(), kBytes);
+  x->in.resize(static_cast<size_t>(size_));
+  const uint64_t slot = kCheckSlotPrefix | (call.signature.seq & 0xffffffffffffull);
   {
     std::lock_guard lock(mutex_);
     std::fill(arrived_.begin(), arrived_.end(), false);
@@ -86,7 +67,11 @@ void GlooCallCheck::check(const Call& call) {
   int peer = -1;
   try {
     for (int q = 0; q < size_; ++q) {
-      if (q != rank_) x->out->send(q, kCheckSlot);
+      if (q == rank_) continue;
+      auto& in = x->in[static_cast<size_t>(q)];
+      in = context_->createUnboundBuffer(&x->theirs[static_cast<size_t>(q)], kBytes);
+      in->recv(q, slot);
+      x->out->send(q, slot);
     }
     for (peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
@@ -131,11 +116,7 @@ void GlooCallCheck::check(const Call& call) {
     every_rank.push_back(unpack(words));
     same = same && every_rank.back().same_call(call.signature);
   }
-  // Keep this rank's failed check from having sent anything more: a rank
-  // that closes its connections with a message of ours unread resets them,
-  // and a peer may lose the signature it has not read yet.
   if (!same) throw CollectiveMismatch(mismatch_message(call, every_rank));
-  post_receives();
 }
 
 std::string GlooCallCheck::waiting_on() const {

@@ -4,9 +4,8 @@
 // must never enter a gloo collective that its peers entered as another one:
 // gloo would mismatch message sizes and abort the process. All ranks see
 // all signatures, so on a difference every rank throws the same
-// CollectiveMismatch. Each call's receives are posted once the previous
-// check has found the same call on every rank, so a check costs one small
-// message each way, sent at the same time.
+// CollectiveMismatch. For two ranks this costs one small message each way,
+// sent at the same time.
 #pragma once
 
 #include <memory>
@@ -42,13 +41,9 @@ class GlooCallCheck {
   // The ranks (only `only`, when >= 0) that have not sent, with the last
   // call each was seen in; mutex_ held.
   std::string missing_text(int only) const;
-  // posted_: a new exchange with a receive posted from every peer.
-  void post_receives();
 
   // Declared first, destroyed last: failed checks' buffers (guarded by mutex_).
   std::vector<std::unique_ptr<Exchange>> graveyard_;
-  // The next call's exchange, its receives posted; used by check() only.
-  std::unique_ptr<Exchange> posted_;
   std::shared_ptr<::gloo::Context> context_;
   int rank_;
   int size_;
