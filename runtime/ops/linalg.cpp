@@ -7,11 +7,21 @@
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/cpu/openblas_core.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/detail/gemm.h"
 #include "lockstep/runtime/ops/reduce.h"
 
 namespace lockstep::runtime {
+
+namespace {
+
+// Before main(), while the process has one thread: every program that
+// multiplies matrices links this file, so OpenBLAS's kernels are right before
+// its first gemm (cpu/openblas_core.h).
+[[maybe_unused]] const bool blas_core_repaired = (cpu::repair_blas_core(), true);
+
+}  // namespace
 
 namespace detail {
 
