@@ -40,7 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Importing step_bench_torch first pins the BLAS threads from --threads
 # through the environment before torch (and with it OpenBLAS) is loaded.
 sys.path.insert(0, HERE)
-from step_bench_torch import INPUT_SHAPES, MODELS, loaded_blas, openblas_threads  # noqa: E402
+from step_bench_torch import (INPUT_SHAPES, MODELS, loaded_blas, openblas_core,  # noqa: E402
+                              openblas_threads)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -251,6 +252,7 @@ def main():
         return 0
     doc = {"benchmark": "ddp_bench_torch", "peer": "pytorch", "version": torch.__version__,
            "world_size": world, "threads": a.threads, "blas": blas, "blas_threads": blas_threads,
+           "openblas_core": openblas_core(blas),
            "on_openblas": on_openblas, "results": results}
     print(json.dumps(doc))
     if a.json:

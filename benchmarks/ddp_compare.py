@@ -7,7 +7,8 @@ table with ratios (and --json FILE):
   lockstep gloo     lockstep-run -np N ddp_bench --backend gloo
   lockstep mpi      mpirun -np N ddp_bench --backend mpi
   torch gloo      ddp_bench_torch.py --np N (torch.nn.parallel.DistributedDataParallel
-                  over gloo, Debian's python3-torch on OpenBLAS)
+                  over gloo, Debian's python3-torch on OpenBLAS, running the
+                  OpenBLAS kernels lockstep ran: runtime/cpu/openblas_core.h)
   no comm         N independent one-rank ddp_bench processes at once (N > 1): the
                   ceiling of scaling efficiency on this machine when ranks share
                   nothing but its cores and memory (--no-ceiling skips it)
@@ -79,6 +80,12 @@ def common_args(a, model, caps):
     return args
 
 
+# From the last lockstep run: what the peer's environment needs to run the
+# OpenBLAS kernels lockstep ran ("peer_env": OPENBLAS_CORETYPE where lockstep
+# corrected OpenBLAS's choice), and ddp_bench's machine line, which names them.
+LOCKSTEP_RUN = {"peer_env": {}, "machine": None}
+
+
 def lockstep_path(a, backend, model, n, caps):
     """ddp_bench's results (one per cap), or None. Backend "default" passes none."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
@@ -94,7 +101,9 @@ def lockstep_path(a, backend, model, n, caps):
             env = MPI_ENV
         if run(cmd, env) is None:
             return None
-        return json.load(open(out.name))["results"]
+        doc = json.load(open(out.name))
+        LOCKSTEP_RUN.update(peer_env=doc.get("peer_env", {}), machine=doc.get("machine"))
+        return doc["results"]
 
 
 def torch_path(a, model, n, caps):
@@ -106,9 +115,10 @@ def torch_path(a, model, n, caps):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [a.python, os.path.join(HERE, "ddp_bench_torch.py"), "--np", str(n),
                "--threads", "1", "--json", out.name] + common_args(a, model, caps)
-        if run(cmd) is None:
+        if run(cmd, LOCKSTEP_RUN["peer_env"]) is None:
             return None
-        return json.load(open(out.name))["results"]
+        doc = json.load(open(out.name))
+        return doc["results"]
 
 
 def independent_path(a, model, n):
@@ -247,7 +257,7 @@ def main():
           f"steps, bucket cap {a.bucket_cap_mb:g} MiB, 1 BLAS thread per rank; step = slowest "
           f"rank's mean, fastest of {a.repeats} runs; ratio = lockstep samples/s over PyTorch's "
           f"at the same N")
-    print(f"# {machine.describe()}"
+    print(f"# {LOCKSTEP_RUN['machine'] or machine.describe()}"
           + (f"; {max(sizes)} ranks oversubscribe the cores" if max(sizes) > (os.cpu_count() or 1) else ""))
     header = ["model", "N", "path", "step ms", "samples/s", "scaling eff", "comm ms", "exposed ms",
               "hidden %", "imbalance ms", "vs torch"]
@@ -321,7 +331,7 @@ def main():
 
     doc = {"benchmark": "ddp_compare", "repeats": a.repeats, "batch": a.batch, "warmup": a.warmup, "iters": a.iters,
            "bucket_cap_mb": a.bucket_cap_mb, "sizes": sizes,
-           "date": time.strftime("%Y-%m-%d"), "machine": machine.describe(),
+           "date": time.strftime("%Y-%m-%d"), "machine": LOCKSTEP_RUN["machine"] or machine.describe(),
            "results": [dict(r, model=m, world_size=n, path=path, scaling_efficiency=efficiency(m, n, path),
                             ratio_vs_torch=ratio(m, n, path) if path != "torch gloo" else None)
                        for (m, n, path), r in res.items() if r],

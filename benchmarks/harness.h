@@ -19,6 +19,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "lockstep/runtime/cpu/openblas_core.h"
+
 namespace lockstep::bench {
 
 // Median seconds of `steps` calls of fn after `warmup` untimed calls.
@@ -107,7 +109,26 @@ inline std::string machine_description() {
     }
     std::fclose(f);
   }
-  return fmt::format("{}, {} cores", model, std::max(1u, std::thread::hardware_concurrency()));
+  return fmt::format("{}, {} cores, {}", model, std::max(1u, std::thread::hardware_concurrency()),
+                     runtime::cpu::blas_description());
+}
+
+// The environment a peer (PyTorch on the same OpenBLAS) needs to run the
+// kernels this process runs: OPENBLAS_CORETYPE where lockstep replaced
+// OpenBLAS's choice (runtime/cpu/openblas_core.h), else nothing.
+inline nlohmann::json peer_env() {
+  const runtime::cpu::BlasCore core = runtime::cpu::blas_core();
+  if (core.detected.empty()) return nlohmann::json::object();
+  return {{"OPENBLAS_CORETYPE", core.name}};
+}
+
+// peer_env() as "NAME=value " assignments to put before a shell command.
+inline std::string peer_env_prefix() {
+  std::string prefix;
+  const nlohmann::json env = peer_env();
+  for (const auto& [name, value] : env.items())
+    prefix += name + "=" + value.get<std::string>() + " ";
+  return prefix;
 }
 
 }  // namespace lockstep::bench

@@ -245,9 +245,10 @@ json peer_step(const std::string& name, int64_t batch, const std::string& extra_
       return {{"error", "PyTorch at " + o.python + " has no usable CUDA "
                         "(torch.cuda.is_available() is false); pass --python with a CUDA build"}};
   }
-  auto r = bench::run_command(fmt::format("{} {} --model {} --batch-size {} --steps {} --warmup {} "
+  auto r = bench::run_command(fmt::format("{}{} {} --model {} --batch-size {} --steps {} --warmup {} "
                                           "--threads {} --device {} --amp {}{}{}",
-                                          o.python, o.peer_script, name, batch, o.steps, o.warmup,
+                                          bench::peer_env_prefix(), o.python, o.peer_script,
+                                          name, batch, o.steps, o.warmup,
                                           o.threads, device.is_cuda() ? "cuda" : "cpu", o.amp,
                                           o.tf32 ? " --tf32" : "", extra_args));
   json j = json::parse(r.output, nullptr, /*allow_exceptions=*/false);
@@ -256,6 +257,12 @@ json peer_step(const std::string& name, int64_t batch, const std::string& extra_
   if (r.exit_code == 4) j["error"] = "PyTorch's OpenBLAS ignored the thread count";
   if (r.exit_code != 0 && !j.contains("error"))
     j["error"] = "peer exited with " + std::to_string(r.exit_code);
+  // Both on one OpenBLAS: a comparison of two kernel sets would time OpenBLAS.
+  const std::string ours = runtime::cpu::blas_core().name;
+  if (!j.contains("error") && j.contains("openblas_core") && j["openblas_core"].is_string() &&
+      j["openblas_core"].get<std::string>() != ours)
+    j["error"] = fmt::format("PyTorch's OpenBLAS ran its {} kernels, lockstep its {}",
+                             j["openblas_core"].get<std::string>(), ours);
   return j;
 }
 

@@ -13,7 +13,10 @@ weights are drawn here, as nanoGPT draws them, not copied from lockstep: the
 two sides share the architecture and the parameter count, which is reported.
 
 CPU: refuses to report (exit 3) when PyTorch is not running on OpenBLAS, since
-a comparison against the reference BLAS would be meaningless.
+a comparison against the reference BLAS would be meaningless; reports which of
+OpenBLAS's kernel sets it ran (step_bench passes OPENBLAS_CORETYPE where
+lockstep corrected OpenBLAS's choice, runtime/cpu/openblas_core.h, so both
+sides run the same kernels).
 
 CUDA (--device cuda): every timed step ends with torch.cuda.synchronize(), as
 step_bench's do; cudnn.benchmark is on (its algorithm search runs in the
@@ -223,6 +226,18 @@ def openblas_threads(blas):
     return None
 
 
+def openblas_core(blas):
+    """The kernel set the loaded OpenBLAS runs ("Cooperlake", "Prescott"), or None."""
+    for path in blas:
+        try:
+            get = ctypes.CDLL(path).openblas_get_corename
+        except (OSError, AttributeError):
+            continue
+        get.restype = ctypes.c_char_p
+        return get().decode()
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=sorted([*MODELS, "gpt"]), required=True)
@@ -321,7 +336,8 @@ def main():
     blas = loaded_blas()
     on_openblas = any("openblas" in b for b in blas)
     blas_threads = openblas_threads(blas)
-    result = {"blas_threads": blas_threads, "peer": "pytorch", "version": torch.__version__,
+    result = {"blas_threads": blas_threads, "openblas_core": openblas_core(blas),
+              "peer": "pytorch", "version": torch.__version__,
               "model": a.model, "device": "cpu", "amp": a.amp, "batch_size": a.batch_size,
               "threads": a.threads,
               "median_ms": statistics.median(times) * 1e3, "blas": blas,
