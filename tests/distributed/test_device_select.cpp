@@ -6,10 +6,12 @@
 #include <map>
 
 #include "lockstep/distributed/device_select.h"
+#include "support/env_lookup.h"
 #include "support/test_util.h"
 
 using namespace lockstep::runtime;
 using namespace lockstep::distributed;
+using lockstep::testing::env_lookup;
 using lockstep::testing::error_of;
 using Catch::Matchers::Contains;
 
@@ -28,14 +30,6 @@ DeviceChoice choose(const std::string& text, const DeviceContext& context) {
 
 std::string refusal(const std::string& text, const DeviceContext& context) {
   return error_of([&] { choose(text, context); });
-}
-
-EnvLookup lookup(std::map<std::string, std::string> vars) {
-  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
 }
 
 }  // namespace
@@ -121,7 +115,7 @@ TEST_CASE("select_device on this machine: the request, LOCKSTEP_DEVICE, then aut
   const auto two_ranks = [](std::map<std::string, std::string> vars) {
     vars.insert({{"LOCKSTEP_RANK", "1"}, {"LOCKSTEP_WORLD_SIZE", "2"}, {"LOCKSTEP_LOCAL_RANK", "1"},
                  {"LOCKSTEP_LOCAL_WORLD_SIZE", "2"}, {"LOCKSTEP_STORE_ADDR", "127.0.0.1:1"}});
-    return lookup(std::move(vars));
+    return env_lookup(std::move(vars));
   };
   CHECK(select_device({.request = "cpu", .env = two_ranks({})}) == Device::cpu());
   CHECK(select_device({.env = two_ranks({{"LOCKSTEP_DEVICE", "cpu"}})}) == Device::cpu());

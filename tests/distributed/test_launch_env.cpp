@@ -7,13 +7,14 @@
 
 #include "lockstep/distributed/launch_env.h"
 #include "lockstep/distributed/env_slurm.h"
+#include "support/env_lookup.h"
 #include "support/test_util.h"
 
 using lockstep::distributed::DebugLevel;
-using lockstep::runtime::EnvLookup;
 using lockstep::distributed::parse_host_port;
 using lockstep::distributed::RankInfo;
 using lockstep::distributed::read_rank_info;
+using lockstep::testing::env_lookup;
 using lockstep::testing::error_of;
 using Catch::Matchers::Contains;
 
@@ -21,15 +22,7 @@ namespace {
 
 using Vars = std::map<std::string, std::string>;
 
-EnvLookup lookup(Vars vars) {
-  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
-RankInfo read(const Vars& vars) { return read_rank_info(lookup(vars)); }
+RankInfo read(const Vars& vars) { return read_rank_info(env_lookup(vars)); }
 
 std::string error_for(const Vars& vars) {
   return error_of([&] { read(vars); });
@@ -353,7 +346,7 @@ TEST_CASE("env: world size > 1 needs a store address", "[env]") {
   Vars no_store = kLockstep;
   no_store.erase("LOCKSTEP_STORE_ADDR");
   CHECK_THAT(error_for(no_store), Contains("LOCKSTEP_WORLD_SIZE=4") && Contains("LOCKSTEP_STORE_ADDR"));
-  CHECK(read_rank_info(lookup(no_store), {.allow_missing_store = true}).world_size == 4);
+  CHECK(read_rank_info(env_lookup(no_store), {.allow_missing_store = true}).world_size == 4);
 
   CHECK_THAT(error_for({{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
              Contains("WORLD_SIZE=2") && Contains("MASTER_ADDR"));
@@ -402,26 +395,26 @@ TEST_CASE("env: LOCKSTEP_BACKEND and LOCKSTEP_TOKEN", "[env]") {
 }
 
 TEST_CASE("env: LOCKSTEP_HOST_CACHE_MB", "[env]") {
-  CHECK_FALSE(lockstep::runtime::read_host_cache_mb(lookup({})).has_value());
-  CHECK(lockstep::runtime::read_host_cache_mb(lookup({{"LOCKSTEP_HOST_CACHE_MB", "0"}})) == 0);
-  CHECK(lockstep::runtime::read_host_cache_mb(lookup({{"LOCKSTEP_HOST_CACHE_MB", "512"}})) == 512);
+  CHECK_FALSE(lockstep::runtime::read_host_cache_mb(env_lookup({})).has_value());
+  CHECK(lockstep::runtime::read_host_cache_mb(env_lookup({{"LOCKSTEP_HOST_CACHE_MB", "0"}})) == 0);
+  CHECK(lockstep::runtime::read_host_cache_mb(env_lookup({{"LOCKSTEP_HOST_CACHE_MB", "512"}})) == 512);
   CHECK_THAT(error_of([] {
-               lockstep::runtime::read_host_cache_mb(lookup({{"LOCKSTEP_HOST_CACHE_MB", "1G"}}));
+               lockstep::runtime::read_host_cache_mb(env_lookup({{"LOCKSTEP_HOST_CACHE_MB", "1G"}}));
              }),
              Contains("LOCKSTEP_HOST_CACHE_MB='1G' is not a whole number"));
   CHECK_THAT(error_of([] {
-               lockstep::runtime::read_host_cache_mb(lookup({{"LOCKSTEP_HOST_CACHE_MB", "-1"}}));
+               lockstep::runtime::read_host_cache_mb(env_lookup({{"LOCKSTEP_HOST_CACHE_MB", "-1"}}));
              }),
              Contains("LOCKSTEP_HOST_CACHE_MB=-1 is out of range"));
 }
 
 TEST_CASE("env: LOCKSTEP_RESTART_COUNT", "[env]") {
   using lockstep::distributed::read_restart_count;
-  CHECK(read_restart_count(lookup({})) == 0);
-  CHECK(read_restart_count(lookup({{"LOCKSTEP_RESTART_COUNT", "3"}})) == 3);
-  CHECK_THAT(error_of([] { read_restart_count(lookup({{"LOCKSTEP_RESTART_COUNT", "once"}})); }),
+  CHECK(read_restart_count(env_lookup({})) == 0);
+  CHECK(read_restart_count(env_lookup({{"LOCKSTEP_RESTART_COUNT", "3"}})) == 3);
+  CHECK_THAT(error_of([] { read_restart_count(env_lookup({{"LOCKSTEP_RESTART_COUNT", "once"}})); }),
              Contains("LOCKSTEP_RESTART_COUNT='once' is not a whole number"));
-  CHECK_THAT(error_of([] { read_restart_count(lookup({{"LOCKSTEP_RESTART_COUNT", "-1"}})); }),
+  CHECK_THAT(error_of([] { read_restart_count(env_lookup({{"LOCKSTEP_RESTART_COUNT", "-1"}})); }),
              Contains("LOCKSTEP_RESTART_COUNT=-1 is out of range"));
 }
 

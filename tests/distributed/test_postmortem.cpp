@@ -14,24 +14,17 @@
 #include "lockstep/distributed/flight_recorder.h"
 #include "lockstep/distributed/postmortem.h"
 #include "lockstep/distributed/rank_postmortem.h"
+#include "support/env_lookup.h"
 #include "support/temp_dir.h"
 #include "support/test_util.h"
 
 namespace ld = lockstep::distributed;
-using lockstep::runtime::EnvLookup;
+using lockstep::testing::env_lookup;
 using lockstep::testing::error_of;
 using Catch::Matchers::Contains;
 using lockstep::testing::TempDir;
 
 namespace {
-
-EnvLookup lookup(std::map<std::string, std::string> vars) {
-  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -80,7 +73,7 @@ TEST_CASE("post-mortem: a rank under another launcher writes its own part when a
   TempDir dir;
   const std::map<std::string, std::string> torchrun = {
       {"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCKSTEP_POSTMORTEM_DIR", dir.str()}};
-  const auto path = ld::write_rank_postmortem(lookup(torchrun), "it failed");
+  const auto path = ld::write_rank_postmortem(env_lookup(torchrun), "it failed");
   REQUIRE(path.has_value());
   CHECK(*path == dir.str() + "/lockstep-postmortem-rank3.json");
   const ld::Postmortem part = ld::postmortem_from_json_text(read_file(*path));
@@ -99,15 +92,15 @@ TEST_CASE("post-mortem: a rank under another launcher writes its own part when a
   // nothing is written.
   auto without_dir = torchrun;
   without_dir.erase("LOCKSTEP_POSTMORTEM_DIR");
-  CHECK_FALSE(ld::write_rank_postmortem(lookup(without_dir), "x").has_value());
+  CHECK_FALSE(ld::write_rank_postmortem(env_lookup(without_dir), "x").has_value());
   auto launched = torchrun;
   launched["LOCKSTEP_FLIGHT_RECORDER"] = "/dev/shm/somewhere";
   std::filesystem::remove(*path);
-  CHECK_FALSE(ld::write_rank_postmortem(lookup(launched), "x").has_value());
+  CHECK_FALSE(ld::write_rank_postmortem(env_lookup(launched), "x").has_value());
   CHECK(std::filesystem::is_empty(dir.str()));
 
   // A directory that cannot be written is said, and the run goes on.
   auto unwritable = torchrun;
   unwritable["LOCKSTEP_POSTMORTEM_DIR"] = dir.str() + "/missing/deeper";
-  CHECK_FALSE(ld::write_rank_postmortem(lookup(unwritable), "x").has_value());
+  CHECK_FALSE(ld::write_rank_postmortem(env_lookup(unwritable), "x").has_value());
 }
