@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "lockstep/runtime/cpu/simd.h"
 
 namespace lockstep::runtime::pool_kernels {
 namespace {
@@ -21,6 +25,40 @@ inline bool takes_over(T v, T best) {
 // (maxss/maxps) and the tap is the first one equal to it, computed with
 // integer arithmetic: no data-dependent branch except the rare NaN window,
 // which takes the generic rule (NaN wins).
+//
+// f32 rows go four outputs at a time in vector registers (the even and odd
+// columns of each input row split apart by shuffles); the row's last ow % 4
+// outputs take the scalar loop, and so does the rest of a row from a group
+// with a NaN in it.
+using f32x4 = cpu::vec_t<float>;
+using i32x4 = int32_t __attribute__((vector_size(16)));
+
+// Outputs [0, ow_n) of one row rounded down to whole groups of 4; returns
+// the first output left to the scalar loop.
+int64_t max_pool_2x2_f32_groups(const float* r0, const float* r1, int64_t ow_n,
+                                int32_t row_base, int32_t w, float* yr, int32_t* ir) {
+  const i32x4 lane = {0, 2, 4, 6}, even = {0, 2, 4, 6}, odd = {1, 3, 5, 7};
+  int64_t ow = 0;
+  for (; ow + 4 <= ow_n; ow += 4) {
+    const f32x4 t0 = cpu::load(r0 + 2 * ow), t1 = cpu::load(r0 + 2 * ow + 4);
+    const f32x4 b0 = cpu::load(r1 + 2 * ow), b1 = cpu::load(r1 + 2 * ow + 4);
+    const f32x4 v0 = __builtin_shuffle(t0, t1, even), v1 = __builtin_shuffle(t0, t1, odd);
+    const f32x4 v2 = __builtin_shuffle(b0, b1, even), v3 = __builtin_shuffle(b0, b1, odd);
+    const i32x4 nan = (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3);
+    if (nan[0] | nan[1] | nan[2] | nan[3]) return ow;
+    const f32x4 m01 = v0 > v1 ? v0 : v1, m23 = v2 > v3 ? v2 : v3;
+    const f32x4 best = m01 > m23 ? m01 : m23;
+    // Comparisons give -1 (true) or 0: tap = first k with v_k == best.
+    const i32x4 one = {1, 1, 1, 1};
+    const i32x4 tap = (v0 != best) & (one + ((v1 != best) & (one + ((v2 != best) & one))));
+    cpu::store(yr + ow, best);
+    const i32x4 at = row_base + 2 * static_cast<int32_t>(ow) + lane + (tap & one) +
+                     (-(tap >> 1) & w);
+    std::memcpy(ir + ow, &at, sizeof at);
+  }
+  return ow;
+}
+
 template <class T>
 void max_pool_2x2(const PoolShape& s, const T* x, T* y, int32_t* argmax) {
   const int64_t plane_in = s.h * s.w, plane_out = s.oh * s.ow;
@@ -34,7 +72,10 @@ void max_pool_2x2(const PoolShape& s, const T* x, T* y, int32_t* argmax) {
       T* __restrict yr = y + pl * plane_out + oh * s.ow;
       int32_t* __restrict ir = argmax + pl * plane_out + oh * s.ow;
       const int32_t row_base = static_cast<int32_t>(base), w = static_cast<int32_t>(s.w);
-      for (int64_t ow = 0; ow < s.ow; ++ow) {
+      int64_t ow = 0;
+      if constexpr (std::is_same_v<T, float>)
+        ow = max_pool_2x2_f32_groups(r0, r1, s.ow, row_base, w, yr, ir);
+      for (; ow < s.ow; ++ow) {
         const T v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]};
         T best = max2(max2(v[0], v[1]), max2(v[2], v[3]));
         int32_t tap = (v[0] != best) * (1 + (v[1] != best) * (1 + (v[2] != best)));

@@ -115,6 +115,44 @@ TEST_CASE("max_pool2d propagates NaN and ignores the padding", "[runtime][ops][p
   for (double v : y.to_vector<double>()) CHECK(v == -5.0);
 }
 
+TEST_CASE("max_pool2d 2x2: ties go to the first tap and NaN wins, on rows of many lanes",
+          "[runtime][ops][pool]") {
+  // Values from {0, 1, 2} make ties common; rows of 2 x 21 outputs cover
+  // whole vector groups, a remainder, and groups with a NaN in them.
+  const DType dtype = GENERATE(DType::f32, DType::f64);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const int64_t planes = 3, h = 6, w = 42, oh = 3, ow = 21;
+  Generator g(5);
+  std::vector<double> xv = randn({planes * h * w}, DType::f64, g).to_vector<double>();
+  for (double& v : xv) v = std::floor(std::abs(v) * 1.5);
+  for (int64_t i : {7, 100, 101, 333, 600, 601, 602, 603}) xv[i] = nan;
+  Tensor x = Tensor::from_vector(xv, {1, planes, h, w}).to(dtype).requires_grad_();
+  Tensor y = max_pool2d(x, {.kernel = {2, 2}});
+  std::vector<double> gy(planes * oh * ow);
+  std::iota(gy.begin(), gy.end(), 1.0);
+  y.backward(Tensor::from_vector(gy, y.shape()).to(dtype));
+  const auto got = y.to_vector<double>(), grad = x.grad().to_vector<double>();
+  std::vector<double> want_grad(xv.size(), 0.0);
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        // Taps in order (0,0) (0,1) (1,0) (1,1), PyTorch's rule: a later tap
+        // takes over when it is larger or NaN (so the first maximum, the last NaN).
+        int64_t at = -1;
+        for (int64_t a = 0; a < 2; ++a)
+          for (int64_t b = 0; b < 2; ++b) {
+            const int64_t k = (p * h + 2 * i + a) * w + 2 * j + b;
+            if (at < 0 || xv[k] > xv[at] || std::isnan(xv[k])) at = k;
+          }
+        const int64_t q = (p * oh + i) * ow + j;
+        INFO("plane " << p << " output " << i << "," << j);
+        if (std::isnan(xv[at])) CHECK(std::isnan(got[q]));
+        else CHECK(got[q] == xv[at]);
+        want_grad[at] += gy[q];
+      }
+  CHECK(grad == want_grad);
+}
+
 TEST_CASE("avg_pool2d counts the padding in the divisor", "[runtime][ops][pool]") {
   // 2x2 input of ones, kernel 2, stride 1, pad 1 -> 3x3 output; the corner
   // windows cover one real element of four, the edge ones two.
