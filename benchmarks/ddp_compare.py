@@ -117,8 +117,7 @@ def torch_path(a, model, n, caps):
                "--threads", "1", "--json", out.name] + common_args(a, model, caps)
         if run(cmd, LOCKSTEP_RUN["peer_env"]) is None:
             return None
-        doc = json.load(open(out.name))
-        return doc["results"]
+        return json.load(open(out.name))["results"]
 
 
 def independent_path(a, model, n):

@@ -37,7 +37,8 @@ using i32x4 = int32_t __attribute__((vector_size(16)));
 // the first output left to the scalar loop.
 int64_t max_pool_2x2_f32_groups(const float* r0, const float* r1, int64_t ow_n,
                                 int32_t row_base, int32_t w, float* yr, int32_t* ir) {
-  const i32x4 lane = {0, 2, 4, 6}, even = {0, 2, 4, 6}, odd = {1, 3, 5, 7};
+  // even: the shuffle picking columns 0, 2, 4, 6, and so each lane's column offset.
+  const i32x4 even = {0, 2, 4, 6}, odd = {1, 3, 5, 7};
   int64_t ow = 0;
   for (; ow + 4 <= ow_n; ow += 4) {
     const f32x4 t0 = cpu::load(r0 + 2 * ow), t1 = cpu::load(r0 + 2 * ow + 4);
@@ -52,7 +53,7 @@ int64_t max_pool_2x2_f32_groups(const float* r0, const float* r1, int64_t ow_n,
     const i32x4 one = {1, 1, 1, 1};
     const i32x4 tap = (v0 != best) & (one + ((v1 != best) & (one + ((v2 != best) & one))));
     cpu::store(yr + ow, best);
-    const i32x4 at = row_base + 2 * static_cast<int32_t>(ow) + lane + (tap & one) +
+    const i32x4 at = row_base + 2 * static_cast<int32_t>(ow) + even + (tap & one) +
                      (-(tap >> 1) & w);
     std::memcpy(ir + ow, &at, sizeof at);
   }
