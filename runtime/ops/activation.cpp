@@ -4,10 +4,12 @@
 #include "lockstep/runtime/ops/activation.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
+#include "lockstep/runtime/ops/activation_kernels.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/detail/float_map.h"
 #include "lockstep/runtime/ops/reduce.h"
@@ -61,20 +63,59 @@ Tensor relu(const Tensor& x) {
   });
 }
 
-Tensor gelu(const Tensor& x) {
-  Tensor out = map_act(x, "gelu", UnaryOp::gelu, [](auto v) {
-    using T = decltype(v);
-    return static_cast<T>(0.5) * v * (1 + std::erf(v * static_cast<T>(M_SQRT1_2)));
+namespace {
+
+// GELU on the CPU: the vector kernels for f32, bf16 and f16, libm for f64.
+Tensor gelu_cpu(const Tensor& x) {
+  Tensor c = x.contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_floating(x.dtype(), "gelu", [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = c.data_ptr<T>();
+    T* yp = out.data_ptr<T>();
+    const int64_t n = c.numel();
+    if constexpr (std::is_same_v<T, double>) {
+      for (int64_t i = 0; i < n; ++i) yp[i] = 0.5 * xp[i] * (1 + std::erf(xp[i] * M_SQRT1_2));
+    } else {
+      activation_kernels::gelu_forward(xp, yp, n);
+    }
   });
+  return out;
+}
+
+Tensor gelu_backward_cpu(const Tensor& grad, const Tensor& x) {
+  Tensor gy = grad.contiguous().to(x.dtype()), c = x.contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_floating(x.dtype(), "gelu backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* gp = gy.data_ptr<T>();
+    const T* xp = c.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    const int64_t n = c.numel();
+    if constexpr (std::is_same_v<T, double>) {
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = xp[i], cdf = 0.5 * (1 + std::erf(v * M_SQRT1_2));
+        op[i] = gp[i] * (cdf + v * std::exp(-0.5 * v * v) * 0.3989422804014327);
+      }
+    } else {
+      activation_kernels::gelu_backward(gp, xp, op, n);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor gelu(const Tensor& x) {
+  Tensor out = x.device().is_cpu()
+                   ? gelu_cpu(x)
+                   : device_backend(x.device()).unary(UnaryOp::gelu, x, 0.0, "gelu");
   return record(out, "GeluBackward", {x}, {x}, [](const BackwardArgs& g) {
-    return std::vector<Tensor>{zip_act(
-        g.grad, g.saved[0], "gelu backward", BinaryOp::gelu_backward, [](auto gy, auto v) {
-          using T = decltype(v);
-          const T cdf = static_cast<T>(0.5) * (1 + std::erf(v * static_cast<T>(M_SQRT1_2)));
-          const T pdf =
-              std::exp(static_cast<T>(-0.5) * v * v) * static_cast<T>(0.3989422804014327);
-          return gy * (cdf + v * pdf);
-        })};
+    const Tensor& x = g.saved[0];
+    if (x.device().is_cpu()) return std::vector<Tensor>{gelu_backward_cpu(g.grad, x)};
+    return std::vector<Tensor>{device_backend(x.device())
+                                   .binary(BinaryOp::gelu_backward, g.grad, x, x.dtype(), 1.0,
+                                           "gelu backward")};
   });
 }
 

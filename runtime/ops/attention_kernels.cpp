@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "lockstep/runtime/cpu/simd.h"
+#include "lockstep/runtime/cpu/vec_math.h"
 #include "lockstep/runtime/ops/detail/gemm.h"
 #include "lockstep/runtime/random.h"
 
@@ -58,33 +59,6 @@ constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 64;
 
 using cpu::vec_t;
-typedef int32_t vec_i32 __attribute__((vector_size(16)));
-
-// exp(x) in four f32 lanes, for the x <= 0 met here (scores minus their
-// row's maximum or logsumexp): Cephes' expf, exp(x) = 2^n exp(r) with
-// |r| <= ln(2) / 2 and a degree-6 polynomial, within 1 ulp of exp on
-// [-87, 0]. 0 below -87, where expf leaves the normal range; NaN stays NaN.
-// libm's expf, one value per call, took 30% of the forward pass.
-vec_t<float> exp_lanes(vec_t<float> x) {
-  const vec_t<float> lo = cpu::splat(-87.0f), zero = {};
-  const vec_t<float> xc = x < lo ? lo : x;
-  const vec_t<float> t = xc * 1.44269504088896341f + 0.5f;  // x log2(e) + 1/2
-  vec_i32 n = __builtin_convertvector(t, vec_i32);
-  n += __builtin_convertvector(n, vec_t<float>) > t;  // floor: truncation rounded up
-  const vec_t<float> nf = __builtin_convertvector(n, vec_t<float>);
-  const vec_t<float> r = xc - nf * 0.693359375f - nf * -2.12194440e-4f;  // x - n ln(2)
-  vec_t<float> p = cpu::splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const vec_i32 bits = (n + 127) << 23;  // 2^n
-  vec_t<float> two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  const vec_t<float> e = (p * r * r + r + 1.0f) * two_n;
-  return x < lo ? zero : (x != x ? x : e);
-}
 
 // x[c] = exp(x[c] - shift) for c < n; returns their sum.
 float exp_shifted(float* x, int64_t n, float shift) {
@@ -93,7 +67,7 @@ float exp_shifted(float* x, int64_t n, float shift) {
   vec_t<float> sum = {};
   int64_t c = 0;
   for (; c + L <= n; c += L) {
-    const vec_t<float> e = exp_lanes(cpu::load(x + c) - sh);
+    const vec_t<float> e = cpu::exp_lanes(cpu::load(x + c) - sh);
     cpu::store(x + c, e);
     sum += e;
   }
