@@ -341,7 +341,8 @@ int run(const Options& o) {
   }
   json doc = {{"benchmark", "ddp_bench"}, {"date", date}, {"machine", machine},
               {"device", device_str}, {"world_size", world}, {"backend", group->backend()},
-              {"threads", o.threads}, {"peer_env", bench::peer_env()}, {"results", jresults}};
+              {"threads", o.threads}, {"peer_env", bench::peer_env()},
+              {"openblas_core", runtime::cpu::blas_core().name}, {"results", jresults}};
   if (device.is_cuda()) doc["gpu"] = bench::device_name(device);
   fmt::print("# ddp_bench {}: {} ranks, backend {}, {} warm-up + {} timed steps; "
              "step = slowest rank's mean; fwd/bwd = rank 0's means; comm/exposed/hidden = "

@@ -80,10 +80,11 @@ def common_args(a, model, caps):
     return args
 
 
-# From the last lockstep run: what the peer's environment needs to run the
-# OpenBLAS kernels lockstep ran ("peer_env": OPENBLAS_CORETYPE where lockstep
-# corrected OpenBLAS's choice), and ddp_bench's machine line, which names them.
-LOCKSTEP_RUN = {"peer_env": {}, "machine": None}
+# From the last lockstep run: the OpenBLAS kernels it ran ("openblas_core"),
+# what the peer's environment needs to run the same ("peer_env":
+# OPENBLAS_CORETYPE where lockstep corrected OpenBLAS's choice), and
+# ddp_bench's machine line, which names them.
+LOCKSTEP_RUN = {"peer_env": {}, "machine": None, "openblas_core": None}
 
 
 def lockstep_path(a, backend, model, n, caps):
@@ -102,7 +103,8 @@ def lockstep_path(a, backend, model, n, caps):
         if run(cmd, env) is None:
             return None
         doc = json.load(open(out.name))
-        LOCKSTEP_RUN.update(peer_env=doc.get("peer_env", {}), machine=doc.get("machine"))
+        LOCKSTEP_RUN.update(peer_env=doc.get("peer_env", {}), machine=doc.get("machine"),
+                            openblas_core=doc.get("openblas_core"))
         return doc["results"]
 
 
@@ -117,7 +119,14 @@ def torch_path(a, model, n, caps):
                "--threads", "1", "--json", out.name] + common_args(a, model, caps)
         if run(cmd, LOCKSTEP_RUN["peer_env"]) is None:
             return None
-        return json.load(open(out.name))["results"]
+        doc = json.load(open(out.name))
+        # Both on one OpenBLAS: a comparison of two kernel sets would time OpenBLAS.
+        ours, theirs = LOCKSTEP_RUN["openblas_core"], doc.get("openblas_core")
+        if ours and theirs and ours != theirs:
+            sys.stderr.write(f"ddp_compare: PyTorch's OpenBLAS ran its {theirs} kernels, "
+                             f"lockstep its {ours}; no PyTorch numbers from this run\n")
+            return None
+        return doc["results"]
 
 
 def independent_path(a, model, n):
