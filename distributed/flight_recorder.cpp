@@ -211,6 +211,7 @@ FlightRecorder::FlightRecorder(const std::optional<std::string>& path) {
 FlightRecorder::~FlightRecorder() { ::munmap(layout_, mapped_bytes_); }
 
 uint64_t FlightRecorder::started(const FlightCall& call) {
+  watch_for_postmortems();  // one atomic load after the first call
   const int64_t now = monotonic_ns();
   std::lock_guard lock(writers_);
   const uint64_t ordinal = layout_->issued.load(std::memory_order_relaxed) + 1;

@@ -1,13 +1,21 @@
 #include "lockstep/distributed/rank_postmortem.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -33,62 +41,199 @@ std::string failed_call_text(const FlightRecord& r) {
   return fmt::format("{} of group '{}' failed", what, r.group);
 }
 
-}  // namespace
+namespace fs = std::filesystem;
 
-std::optional<std::string> write_rank_postmortem(const runtime::EnvLookup& env,
-                                                 const std::string& cause) {
+// How often a rank looks whether another rank asked for its part, and how
+// long a rank that wrote the part of its failed collective waits for the
+// others'. The look is one stat() of one file, cheap on a shared file system.
+constexpr auto kWatchEvery = std::chrono::milliseconds(500);
+constexpr auto kAnswerWait = std::chrono::seconds(2);
+constexpr auto kAnswerPoll = std::chrono::milliseconds(50);
+constexpr const char* kAskedFile = "lockstep-postmortem-asked";
+
+// Where this process writes its part; nullopt when it writes none.
+struct PartTarget {
+  std::string dir;
+  int rank = 0;
+  int world_size = 0;  // 0: unknown
+};
+
+std::optional<PartTarget> part_target(const runtime::EnvLookup& env) {
   const auto dir = env(kPostmortemDirVariable);
   if (!dir || dir->empty()) return std::nullopt;
   // Under lockstep-run the launcher reads the recorder's file itself (the
   // variable is read, then unset, when the recorder is made).
   if (env("LOCKSTEP_FLIGHT_RECORDER") || FlightRecorder::instance().in_launcher_file())
     return std::nullopt;
-  int rank = runtime::cuda::process_rank();
-  int world_size = 0;
+  PartTarget t{.dir = *dir, .rank = runtime::cuda::process_rank()};
   try {
     const RankInfo info = read_rank_info(env, {.allow_missing_store = true});
-    rank = info.rank;
-    world_size = info.world_size;
+    t.rank = info.rank;
+    t.world_size = info.world_size;
   } catch (const std::exception&) {
     // The group was made somehow; the rank it runs as is known to the runtime.
   }
+  t.rank = std::max(t.rank, 0);
+  return t;
+}
+
+std::string part_path(const std::string& dir, int rank) {
+  return (fs::path(dir) / fmt::format("lockstep-postmortem-rank{}.json", rank)).string();
+}
+
+std::optional<std::string> write_part(const PartTarget& t, const std::string& cause) {
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   Postmortem pm{.cause = cause,
                 .written_unix_s = std::chrono::duration<double>(now).count(),
-                .world_size = world_size};
-  pm.ranks.push_back(rank_history(FlightRecorder::instance().snapshot(), monotonic_ns(),
-                                  std::max(rank, 0), 0, host_name(), ::getpid()));
-  const auto path =
-      (std::filesystem::path(*dir) / fmt::format("lockstep-postmortem-rank{}.json", rank)).string();
+                .world_size = t.world_size};
+  pm.ranks.push_back(rank_history(FlightRecorder::instance().snapshot(), monotonic_ns(), t.rank,
+                                  0, host_name(), ::getpid()));
+  const auto path = part_path(t.dir, t.rank);
   std::ofstream out(path);
   out << to_json_text(pm, 1) << "\n";
   out.close();
   if (!out) {
-    fmt::print(stderr, "lockstep: rank {} could not write its post-mortem to {}: {}\n", rank,
+    fmt::print(stderr, "lockstep: rank {} could not write its post-mortem to {}: {}\n", t.rank,
                path, std::strerror(errno));
     return std::nullopt;
   }
   fmt::print(stderr,
              "lockstep: rank {}'s last collectives are in {} (lockstep-run --postmortem-from {} "
              "reports every rank's)\n",
-             rank, path, *dir);
+             t.rank, path, t.dir);
   return path;
 }
 
-void on_collective_failed(uint64_t ordinal) {
-  static std::atomic<bool> written{false};
-  const auto& env = runtime::process_env();
-  const auto dir = env(kPostmortemDirVariable);
-  if (!dir || dir->empty() || written.exchange(true)) return;
-  std::string cause = "a collective failed";
-  for (const auto& r : FlightRecorder::instance().snapshot()) {
-    if (r.ordinal == ordinal) cause = failed_call_text(r);
+// What this process wrote: nothing yet, an answer to another rank's part, or
+// the part of its own failed collective, which an answer never replaces.
+enum class Written { nothing, answer, failure };
+struct PartState {
+  std::mutex mutex;  // one write at a time
+  Written written = Written::nothing;
+};
+// Never destroyed: the watch thread may still run while the process exits.
+PartState* part_state = new PartState;
+
+// The watch of this process (nullptr: none), and whether it was decided.
+struct Watch {
+  PartTarget target;
+  fs::file_time_type since;  // parts older than this are another job's
+};
+std::atomic<Watch*> the_watch{nullptr};
+std::atomic<bool> watch_decided{false};
+
+// How many ranks other than `self` wrote a part in dir since `since`.
+int fresh_parts(const std::string& dir, int self, fs::file_time_type since) {
+  int n = 0;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    int rank = -1;
+    if (std::sscanf(name.c_str(), "lockstep-postmortem-rank%d.json", &rank) != 1 || rank == self)
+      continue;
+    std::error_code stat_error;
+    const auto written = fs::last_write_time(entry.path(), stat_error);
+    if (!stat_error && written >= since && name == fs::path(part_path(dir, rank)).filename())
+      ++n;
   }
+  return n;
+}
+
+// Whether a rank asked for the others' parts since `since`.
+bool asked_since(const std::string& dir, fs::file_time_type since) {
+  std::error_code error;
+  const auto written = fs::last_write_time(fs::path(dir) / kAskedFile, error);
+  return !error && written >= since;
+}
+
+// Asks every rank watching dir for its part.
+void ask_for_parts(const PartTarget& t, const std::string& cause) {
+  std::ofstream(fs::path(t.dir) / kAskedFile) << fmt::format("rank {}: {}\n", t.rank, cause);
+}
+
+// The watch thread: once a rank asks, write this one's part, so that a rank
+// stuck outside the collectives says where it is.
+void run_watch(const Watch& w) {
+  for (;;) {
+    std::this_thread::sleep_for(kWatchEvery);
+    if (the_watch.load() != &w) return;
+    if (!asked_since(w.target.dir, w.since)) continue;
+    std::lock_guard lock(part_state->mutex);
+    if (part_state->written == Written::nothing && write_part(w.target, ""))
+      part_state->written = Written::answer;
+    return;
+  }
+}
+
+// Until every other rank's part is there, or kAnswerWait has passed.
+void wait_for_answers(const Watch& w) {
+  if (w.target.world_size <= 1) return;
+  const auto deadline = std::chrono::steady_clock::now() + kAnswerWait;
+  while (fresh_parts(w.target.dir, w.target.rank, w.since) < w.target.world_size - 1 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(kAnswerPoll);
+}
+
+}  // namespace
+
+std::optional<std::string> write_rank_postmortem(const runtime::EnvLookup& env,
+                                                 const std::string& cause) {
+  const auto target = part_target(env);
+  if (!target) return std::nullopt;
+  return write_part(*target, cause);
+}
+
+void watch_for_postmortems() {
+  if (watch_decided.load(std::memory_order_acquire)) return;
+  static std::mutex* deciding = new std::mutex;
+  std::lock_guard lock(*deciding);
+  if (watch_decided.load(std::memory_order_relaxed)) return;
+  // A forked child (lockstep::spawn's ranks) is another rank: it has no
+  // watch thread, and decides, watches and writes on its own.
+  static const bool at_fork = ::pthread_atfork(nullptr, nullptr, [] {
+    the_watch.store(nullptr);
+    watch_decided.store(false);
+    new (&part_state->mutex) std::mutex();  // no parent thread holds it here
+    part_state->written = Written::nothing;
+  }) == 0;
+  (void)at_fork;
+  // Every watch made stays reachable (a forked child's parent's among them).
+  static auto* watches = new std::vector<std::unique_ptr<Watch>>;
   try {
-    write_rank_postmortem(env, cause);
+    if (const auto target = part_target(runtime::process_env())) {
+      Watch* w = watches->emplace_back(new Watch{*target, fs::file_time_type::clock::now()}).get();
+      the_watch.store(w);
+      std::thread([w] { run_watch(*w); }).detach();
+    }
+  } catch (const std::exception& e) {
+    the_watch.store(nullptr);
+    fmt::print(stderr, "lockstep: this rank will not answer other ranks' post-mortems: {}\n",
+               e.what());
+  }
+  watch_decided.store(true, std::memory_order_release);
+}
+
+void on_collective_failed(uint64_t ordinal) {
+  std::optional<PartTarget> target;
+  try {
+    target = part_target(runtime::process_env());
+    if (!target) return;
+    std::lock_guard lock(part_state->mutex);
+    if (part_state->written == Written::failure) return;
+    part_state->written = Written::failure;
+    std::string cause = "a collective failed";
+    for (const auto& r : FlightRecorder::instance().snapshot()) {
+      if (r.ordinal == ordinal) cause = failed_call_text(r);
+    }
+    if (!write_part(*target, cause)) return;
+    ask_for_parts(*target, cause);
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep: could not write this rank's post-mortem: {}\n", e.what());
+    return;
   }
+  // Another launcher ends the job as soon as this rank exits: first give the
+  // others, a rank stuck in its own code among them, a moment to answer.
+  if (const Watch* w = the_watch.load()) wait_for_answers(*w);
 }
 
 }  // namespace lockstep::distributed

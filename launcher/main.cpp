@@ -227,8 +227,8 @@ int run(const Options& options) {
 int report_from(const std::string& dir) {
   const Postmortem pm = read_rank_postmortems(dir);
   const std::string text = report_text(
-      pm, fmt::format("it wrote no part to {}: it hung, was killed or exited first, or no "
-                      "collective of its failed",
+      pm, fmt::format("it wrote no part to {}: it was stopped or killed, exited first, or "
+                      "does not see the directory",
                       dir));
   if (text.empty()) {
     fmt::print(stderr, "lockstep-run: the parts in {} record no collective\n", dir);

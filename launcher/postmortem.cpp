@@ -208,7 +208,8 @@ Postmortem read_rank_postmortems(const std::string& dir) {
     for (const auto& rank : part.ranks) cause->second.push_back(rank.rank);
     distributed::merge(pm, part);
   }
-  std::erase_if(causes, [](const auto& c) { return c.second.empty(); });
+  // A part without a cause answered another rank's (rank_postmortem.h).
+  std::erase_if(causes, [](const auto& c) { return c.second.empty() || c.first.empty(); });
   std::sort(causes.begin(), causes.end(), [](const auto& a, const auto& b) {
     return *std::min_element(a.second.begin(), a.second.end()) <
            *std::min_element(b.second.begin(), b.second.end());
@@ -221,7 +222,8 @@ Postmortem read_rank_postmortems(const std::string& dir) {
   std::vector<std::string> said;
   for (const auto& [text, ranks] : causes)
     said.push_back(fmt::format("{} on {}", text, ranks_text(ranks)));
-  pm.cause = fmt::format("{}", fmt::join(said, "; "));
+  pm.cause = said.empty() ? std::string("no part names a failed collective")
+                         : fmt::format("{}", fmt::join(said, "; "));
   return pm;
 }
 

@@ -621,6 +621,46 @@ TEST_CASE("launcher: the post-mortem of a two-node job covers both nodes' ranks"
   CHECK_FALSE(std::filesystem::exists(dir.str() + "/lockstep-postmortem-node1-attempt0.json"));
 }
 
+// Three ranks started by a shell (as mpirun or torchrun would start them)
+// with LOCKSTEP_POSTMORTEM_DIR=dir: three all-reduces, then `stuck` (a
+// launcher_probe argument that stops rank 1), then a fourth all-reduce, in
+// which ranks 0 and 2 wait for rank 1 until their 3 s timeout. Rank 1 is
+// killed once they have ended; then `lockstep-run --postmortem-from dir`.
+lockstep::testing::ProcessResult run_three_ranks_and_report(const std::string& dir,
+                                                            const std::string& stuck) {
+  std::string script = fmt::format("dir={}; ", dir);
+  const int port = lockstep::testing::unused_tcp_port();
+  for (int r = 0; r < 3; ++r) {
+    script += fmt::format(
+        "RANK={} WORLD_SIZE=3 LOCAL_RANK={} LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "
+        "MASTER_PORT={} LOCKSTEP_TIMEOUT_S=3 LOCKSTEP_POSTMORTEM_DIR=$dir {} group-sum "
+        "allreduces=3 {} then-allreduce > $dir/out{} 2>&1 & p{}=$!; ",
+        r, r, port, bin_path("launcher_probe"), stuck, r, r);
+  }
+  script += fmt::format("wait $p0 $p2; kill -9 $p1; wait; cat $dir/out*; {} --postmortem-from "
+                        "$dir; echo \"report exit $?\"",
+                        bin_path("lockstep-run"));
+  auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  UNSCOPED_INFO("ranks and report: " << describe(r) << ", output:\n" << r.output);
+  return r;
+}
+
+// The report's first lines: all-reduce #n failed on ranks 0 and 2, which
+// wait for rank 1 in it.
+void check_rank_1_behind(const std::string& output, uint64_t n) {
+  CHECK_THAT(output, Contains(fmt::format("lockstep-run: post-mortem of the collectives "
+                                          "(allreduce #{} (f32, 1000 elements) of group "
+                                          "'default' failed on ranks 0 and 2):",
+                                          n)));
+  CHECK_THAT(output, Contains(fmt::format("group 'default': rank 1 is behind: ranks 0 and 2 "
+                                          "have reached allreduce #{} (f32, 1000 elements)",
+                                          n)));
+}
+
+std::string part_path(const TempDir& dir, int rank) {
+  return fmt::format("{}/lockstep-postmortem-rank{}.json", dir.str(), rank);
+}
+
 // Under another launcher (a shell here, as mpirun or torchrun would start
 // them) nobody reads the recorders: with LOCKSTEP_POSTMORTEM_DIR set, the
 // ranks whose collective fails write their own parts, and
@@ -630,24 +670,9 @@ TEST_CASE("launcher: ranks under another launcher write post-mortem parts; --pos
   TempDir dir;
   // Rank 1 stops itself after three all-reduces; ranks 0 and 2 wait for it
   // in the fourth until their 3 s timeout, and write their parts.
-  std::string script = fmt::format("dir={}; ", dir.str());
-  const int port = lockstep::testing::unused_tcp_port();
-  for (int r = 0; r < 3; ++r) {
-    script += fmt::format(
-        "RANK={} WORLD_SIZE=3 LOCAL_RANK={} LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "
-        "MASTER_PORT={} LOCKSTEP_TIMEOUT_S=3 LOCKSTEP_POSTMORTEM_DIR=$dir {} group-sum "
-        "allreduces=3 stop-self=1 then-allreduce > $dir/out{} 2>&1 & p{}=$!; ",
-        r, r, port, bin_path("launcher_probe"), r, r);
-  }
-  script += fmt::format("wait $p0 $p2; kill -9 $p1; wait; cat $dir/out*; {} --postmortem-from "
-                        "$dir; echo \"report exit $?\"",
-                        bin_path("lockstep-run"));
-  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
-  UNSCOPED_INFO("ranks and report: " << describe(r) << ", output:\n" << r.output);
+  const auto r = run_three_ranks_and_report(dir.str(), "stop-self=1");
   CHECK(r.ok());
-  const auto part = [&](int rank) {
-    return fmt::format("{}/lockstep-postmortem-rank{}.json", dir.str(), rank);
-  };
+  const auto part = [&](int rank) { return part_path(dir, rank); };
   CHECK(std::filesystem::exists(part(0)));
   CHECK(std::filesystem::exists(part(2)));
   CHECK_FALSE(std::filesystem::exists(part(1)));
@@ -655,16 +680,11 @@ TEST_CASE("launcher: ranks under another launcher write post-mortem parts; --pos
   REQUIRE(last.count(0) == 1);
   const uint64_t n = last.at(0).first;  // the fourth all-reduce
   CHECK(last.at(0).second == "failed");
+  check_rank_1_behind(r.output, n);
   CHECK_THAT(r.output,
              Contains(fmt::format("lockstep: rank 0's last collectives are in {}", part(0))) &&
-                 Contains(fmt::format("lockstep-run: post-mortem of the collectives (allreduce "
-                                      "#{} (f32, 1000 elements) of group 'default' failed on "
-                                      "ranks 0 and 2):",
-                                      n)) &&
-                 Contains(fmt::format("group 'default': rank 1 is behind: ranks 0 and 2 have "
-                                      "reached allreduce #{} (f32, 1000 elements)",
-                                      n)) &&
-                 Contains(fmt::format("rank 1: left no record (it wrote no part to {}: it hung",
+                 Contains(fmt::format("rank 1: left no record (it wrote no part to {}: it was "
+                                      "stopped or killed",
                                       dir.str())) &&
                  Contains(fmt::format("ranks 0 and 2: allreduce #{} (f32, 1000 elements) failed ",
                                       n)) &&
@@ -684,6 +704,31 @@ TEST_CASE("launcher: ranks under another launcher write post-mortem parts; --pos
   const auto empty = run_process({bin_path("lockstep-run"), "--postmortem-from", parts.str()});
   CHECK(empty.exit_code == 1);
   CHECK_THAT(empty.output, Contains("holds no lockstep-postmortem-rank<R>.json"));
+}
+
+// A rank stuck in its own code (not stopped: its threads run) answers the
+// others' parts with its own, so the report shows where it last was.
+TEST_CASE("launcher: under another launcher a rank stuck outside the collectives answers with "
+          "its part", "[launcher][postmortem]") {
+  TempDir dir;
+  // Rank 1 blocks for good after three all-reduces; ranks 0 and 2 wait for
+  // it in the fourth until their 3 s timeout.
+  const auto r = run_three_ranks_and_report(dir.str(), "block=1");
+  CHECK(r.ok());
+  const auto part = [&](int rank) { return part_path(dir, rank); };
+  for (int rank = 0; rank < 3; ++rank) CHECK(std::filesystem::exists(part(rank)));
+  const auto failed = last_collectives(part(0)), answered = last_collectives(part(1));
+  REQUIRE(failed.count(0) == 1);
+  REQUIRE(answered.count(1) == 1);
+  const uint64_t n = failed.at(0).first;  // the fourth all-reduce
+  CHECK(failed.at(0).second == "failed");
+  CHECK(answered.at(1) == std::make_pair(n - 1, std::string("finished")));
+  check_rank_1_behind(r.output, n);
+  CHECK_THAT(r.output,
+             Contains(fmt::format("lockstep: rank 1's last collectives are in {}", part(1))) &&
+                 Contains(fmt::format("rank 1: finished allreduce #{} (f32, 1000 elements) ",
+                                      n - 1)) &&
+                 Contains("report exit 0"));
 }
 
 TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
