@@ -1,9 +1,10 @@
 // exp and erf on four f32 lanes for the CPU kernels (softmax, attention,
 // GELU): libm takes one value per call, which was a fifth of a transformer's
-// step. Both are branch-free, so a value gets the same result in every lane
-// and at every position of an array.
+// step. A value gets the same result in every lane and at every position of
+// an array.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -69,6 +70,44 @@ inline vec_t<float> erf_lanes(vec_t<float> x) {
   const vec_t<float> tail = 1.0f - exp_lanes(q);
   const vec_t<float> far = x < 0.0f ? -tail : tail;
   return is_near ? near : (x != x ? x : far);
+}
+
+// out[i] = exp(in[i] - shift) for i < n (out may be in; nullptr: not
+// stored), shift being the row's maximum so that every exponent is <= 0;
+// returns their sum. The softmax rows of attention, softmax, log_softmax and
+// cross_entropy. The last, short block goes through the lanes too, so a
+// value's result does not depend on where it sits.
+inline float exp_shifted(const float* in, float* out, int64_t n, float shift) {
+  constexpr int L = kLanes<float>;
+  const vec_t<float> sh = splat(shift);
+  vec_t<float> sum = {};
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const vec_t<float> e = exp_lanes(load(in + i) - sh);
+    if (out) store(out + i, e);
+    sum += e;
+  }
+  if (i < n) {
+    float v[L] = {}, e[L];
+    for (int64_t u = 0; u < n - i; ++u) v[u] = in[i + u];
+    store(e, exp_lanes(load(v) - sh));
+    for (int64_t u = 0; u < n - i; ++u) {
+      if (out) out[i + u] = e[u];
+      sum[u] += e[u];
+    }
+  }
+  return static_cast<float>(lane_sum<float>(sum));
+}
+
+// The same in f64, through libm.
+inline double exp_shifted(const double* in, double* out, int64_t n, double shift) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double e = std::exp(in[i] - shift);
+    if (out) out[i] = e;
+    total += e;
+  }
+  return total;
 }
 
 }  // namespace lockstep::runtime::cpu

@@ -8,6 +8,7 @@
 
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/cpu/vec_math.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/activation_kernels.h"
 #include "lockstep/runtime/ops/elementwise.h"
@@ -156,8 +157,7 @@ Tensor softmax_cpu(const Tensor& x, int64_t dim) {
         T* orow = op + r * n;
         T mx = row[0];
         for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
-        T s = 0;
-        for (int64_t i = 0; i < n; ++i) s += (orow[i] = std::exp(row[i] - mx));
+        const T s = cpu::exp_shifted(row, orow, n, mx);
         for (int64_t i = 0; i < n; ++i) orow[i] /= s;
       }
     });
@@ -175,9 +175,7 @@ Tensor log_softmax_cpu(const Tensor& x, int64_t dim) {
         T* orow = op + r * n;
         T mx = row[0];
         for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
-        T s = 0;
-        for (int64_t i = 0; i < n; ++i) s += std::exp(row[i] - mx);
-        const T lse = mx + std::log(s);
+        const T lse = mx + std::log(cpu::exp_shifted(row, static_cast<T*>(nullptr), n, mx));
         for (int64_t i = 0; i < n; ++i) orow[i] = row[i] - lse;
       }
     });

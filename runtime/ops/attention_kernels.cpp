@@ -60,28 +60,6 @@ constexpr int64_t kBlockK = 64;
 
 using cpu::vec_t;
 
-// x[c] = exp(x[c] - shift) for c < n; returns their sum.
-float exp_shifted(float* x, int64_t n, float shift) {
-  constexpr int L = cpu::kLanes<float>;
-  const vec_t<float> sh = cpu::splat(shift);
-  vec_t<float> sum = {};
-  int64_t c = 0;
-  for (; c + L <= n; c += L) {
-    const vec_t<float> e = cpu::exp_lanes(cpu::load(x + c) - sh);
-    cpu::store(x + c, e);
-    sum += e;
-  }
-  float total = static_cast<float>(cpu::lane_sum<float>(sum));
-  for (; c < n; ++c) total += (x[c] = std::exp(x[c] - shift));
-  return total;
-}
-
-double exp_shifted(double* x, int64_t n, double shift) {
-  double total = 0;
-  for (int64_t c = 0; c < n; ++c) total += (x[c] = std::exp(x[c] - shift));
-  return total;
-}
-
 // One tile: queries [i0, i0 + nq) of head b against keys [j0, j0 + nk).
 struct Tile {
   int64_t b, i0, nq, j0, nk;
@@ -160,7 +138,7 @@ void forward(const Problem<T>& p, T* out, T* lse) {
             std::fill(sr, sr + t.nk, T(0));
             continue;
           }
-          const T sum = exp_shifted(sr, t.nk, m_new);
+          const T sum = cpu::exp_shifted(sr, sr, t.nk, m_new);
           const T correction = std::exp(m[r] - m_new);
           l[r] = l[r] * correction + sum;
           m[r] = m_new;
@@ -220,7 +198,10 @@ void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out
         const Tile t{b, i0, std::min(kBlockQ, d.l - i0), j0, nk};
         const T* row_lse = lse + b * d.l + i0;
         score_tile(p, t, pt.data());
-        for (int64_t r = 0; r < t.nq; ++r) exp_shifted(pt.data() + r * kBlockK, nk, row_lse[r]);
+        for (int64_t r = 0; r < t.nq; ++r) {
+          T* row = pt.data() + r * kBlockK;
+          cpu::exp_shifted(row, row, nk, row_lse[r]);
+        }
         const T* weights = pt.data();  // P o Z: what forward multiplied V by
         if (p.dropout.on) {
           dropout_tile(p, t, draws.data(), z.data());

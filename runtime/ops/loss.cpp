@@ -8,6 +8,7 @@
 
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/cpu/vec_math.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/reduce.h"
@@ -48,11 +49,9 @@ LossForward cross_entropy_cpu(const Tensor& x, const Tensor& t, double smoothing
       T* prow = pp + i * c;
       T mx = row[0];
       for (int64_t j = 1; j < c; ++j) mx = std::max(mx, row[j]);
-      T se = 0, sum_x = 0;
-      for (int64_t j = 0; j < c; ++j) {
-        se += (prow[j] = std::exp(row[j] - mx));
-        sum_x += row[j];
-      }
+      const T se = cpu::exp_shifted(row, prow, c, mx);
+      T sum_x = 0;
+      for (int64_t j = 0; j < c; ++j) sum_x += row[j];
       const T lse = mx + std::log(se);
       for (int64_t j = 0; j < c; ++j) prow[j] /= se;
       const T nll = lse - row[tp[i]];

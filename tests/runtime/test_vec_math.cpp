@@ -108,3 +108,30 @@ TEST_CASE("exp_lanes is within 1 ulp of exp on [-87, 0], 0 below, NaN through",
   CHECK(special[4] == 1.0f);
   CHECK(special[5] == 1.0f);
 }
+
+TEST_CASE("exp_shifted: each exp within 1 ulp, the sum, tails, -inf to 0, in place or sum only",
+          "[runtime][cpu][vec_math]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t n = 1; n <= 11; ++n) {
+    INFO("n = " << n);
+    std::vector<float> in(n), out(n);
+    for (int64_t i = 0; i < n; ++i) in[i] = -0.37f * static_cast<float>(i * i % 7) - 0.1f;
+    if (n > 2) in[n - 2] = -inf;  // a masked entry, in the tail or the body
+    const float shift = 0.25f;
+    const float sum = exp_shifted(in.data(), out.data(), n, shift);
+    double want_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = std::exp(static_cast<double>(in[i] - shift));
+      want_sum += want;
+      if (std::isinf(in[i]))
+        CHECK(out[i] == 0.0f);
+      else
+        CHECK(ulps(out[i], want) <= 1.0);
+    }
+    CHECK(sum == Approx(want_sum).epsilon(1e-6));
+    CHECK(exp_shifted(in.data(), nullptr, n, shift) == sum);  // the sum alone: the same bits
+    std::vector<float> same = in;
+    CHECK(exp_shifted(same.data(), same.data(), n, shift) == sum);  // in place
+    CHECK(same == out);
+  }
+}
