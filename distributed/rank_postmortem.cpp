@@ -46,9 +46,9 @@ namespace fs = std::filesystem;
 // How often a rank looks whether another rank asked for its part, and how
 // long a rank that wrote the part of its failed collective waits for the
 // others'. The look is one stat() of one file, cheap on a shared file system.
-constexpr auto kWatchEvery = std::chrono::milliseconds(500);
+constexpr auto kWatchEvery = std::chrono::seconds(1);
 constexpr auto kAnswerWait = std::chrono::seconds(2);
-constexpr auto kAnswerPoll = std::chrono::milliseconds(50);
+constexpr auto kAnswerPoll = std::chrono::milliseconds(100);
 constexpr const char* kAskedFile = "lockstep-postmortem-asked";
 
 // Where this process writes its part; nullopt when it writes none.

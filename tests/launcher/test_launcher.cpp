@@ -625,9 +625,12 @@ TEST_CASE("launcher: the post-mortem of a two-node job covers both nodes' ranks"
 // with LOCKSTEP_POSTMORTEM_DIR=dir: three all-reduces, then `stuck` (a
 // launcher_probe argument that stops rank 1), then a fourth all-reduce, in
 // which ranks 0 and 2 wait for rank 1 until their 3 s timeout. Rank 1 is
-// killed once they have ended; then `lockstep-run --postmortem-from dir`.
+// killed once they have ended (and, with `answers`, once its part is there
+// or 10 s have passed: a loaded machine may take longer than the 2 s the
+// others wait); then `lockstep-run --postmortem-from dir`.
 lockstep::testing::ProcessResult run_three_ranks_and_report(const std::string& dir,
-                                                            const std::string& stuck) {
+                                                            const std::string& stuck,
+                                                            bool answers = false) {
   std::string script = fmt::format("dir={}; ", dir);
   const int port = lockstep::testing::unused_tcp_port();
   for (int r = 0; r < 3; ++r) {
@@ -637,8 +640,12 @@ lockstep::testing::ProcessResult run_three_ranks_and_report(const std::string& d
         "allreduces=3 {} then-allreduce > $dir/out{} 2>&1 & p{}=$!; ",
         r, r, port, bin_path("launcher_probe"), stuck, r, r);
   }
-  script += fmt::format("wait $p0 $p2; kill -9 $p1; wait; cat $dir/out*; {} --postmortem-from "
-                        "$dir; echo \"report exit $?\"",
+  script += "wait $p0 $p2; ";
+  if (answers)
+    script += "for i in $(seq 50); do [ -e $dir/lockstep-postmortem-rank1.json ] && break; "
+              "sleep 0.2; done; ";
+  script += fmt::format("kill -9 $p1; wait; cat $dir/out*; {} --postmortem-from $dir; echo "
+                        "\"report exit $?\"",
                         bin_path("lockstep-run"));
   auto r = run_process({"/bin/bash", "-c", script}, 60s);
   UNSCOPED_INFO("ranks and report: " << describe(r) << ", output:\n" << r.output);
@@ -713,7 +720,7 @@ TEST_CASE("launcher: under another launcher a rank stuck outside the collectives
   TempDir dir;
   // Rank 1 blocks for good after three all-reduces; ranks 0 and 2 wait for
   // it in the fourth until their 3 s timeout.
-  const auto r = run_three_ranks_and_report(dir.str(), "block=1");
+  const auto r = run_three_ranks_and_report(dir.str(), "block=1", /*answers=*/true);
   CHECK(r.ok());
   const auto part = [&](int rank) { return part_path(dir, rank); };
   for (int rank = 0; rank < 3; ++rank) CHECK(std::filesystem::exists(part(rank)));
