@@ -156,7 +156,6 @@ void ask_for_parts(const PartTarget& t, const std::string& cause) {
 void run_watch(const Watch& w) {
   for (;;) {
     std::this_thread::sleep_for(kWatchEvery);
-    if (the_watch.load() != &w) return;
     if (!asked_since(w.target.dir, w.since)) continue;
     std::lock_guard lock(part_state->mutex);
     if (part_state->written == Written::nothing && write_part(w.target, ""))
