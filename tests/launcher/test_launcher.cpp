@@ -20,36 +20,24 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 #include "support/backend_skip.h"
+#include "launcher/launch_probe.h"
 
 using lockstep::testing::bin_path;
 using lockstep::testing::describe;
+using lockstep::testing::kLimit;
+using lockstep::testing::launch;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::run_process;
 using Catch::Matchers::Contains;
 using lockstep::testing::TempDir;
+using lockstep::testing::two_local_nodes;
 using namespace std::chrono_literals;
 
 namespace {
-
-// Generous for a loaded 2-core machine; a hang still fails instead of blocking ctest.
-constexpr auto kLimit = 30s;
-
-ProcessResult launch(std::vector<std::string> launcher_args, std::vector<std::string> probe_args,
-                     const std::vector<std::string>& env = {},
-                     std::chrono::milliseconds limit = kLimit) {
-  std::vector<std::string> argv = {bin_path("lockstep-run")};
-  argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
-  argv.push_back(bin_path("launcher_probe"));
-  argv.insert(argv.end(), probe_args.begin(), probe_args.end());
-  auto result = run_process(argv, limit, env);
-  UNSCOPED_INFO("lockstep-run " << describe(result) << ", output:\n" << result.output);
-  return result;
-}
 
 // key=value pairs of each "rank=..." line the probe printed, by rank.
 std::map<int, std::map<std::string, std::string>> probe_lines(const std::string& output) {
@@ -424,30 +412,6 @@ TEST_CASE("launcher: --max-restarts gives up after N restarts, and a signal is n
   check_no_orphans(dir.str(), 2);
 }
 
-// Two launchers of a two-node job on this host (both nodes on 127.0.0.1),
-// each with `probe_args`; their outputs one after the other, each followed
-// by "node N exit CODE".
-ProcessResult two_local_nodes(const std::vector<std::string>& launcher_args,
-                              const std::vector<std::string>& node0_args,
-                              const std::vector<std::string>& node1_args) {
-  const int port = lockstep::testing::unused_tcp_port();
-  std::string script = "export LOCKSTEP_TOKEN=two-local-nodes; dir=$(mktemp -d); ";
-  for (int node = 0; node < 2; ++node) {
-    std::string line = fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 "
-                                   "--master-addr 127.0.0.1 --master-port {}",
-                                   bin_path("lockstep-run"), node, port);
-    for (const auto& a : launcher_args) line += " " + a;
-    line += fmt::format(" {}", bin_path("launcher_probe"));
-    for (const auto& a : node == 0 ? node0_args : node1_args) line += " " + a;
-    script += fmt::format("( {} > $dir/{} 2>&1; echo \"node {} exit $?\" >> $dir/{} ) & ", line,
-                          node, node, node);
-  }
-  script += "wait; cat $dir/0 $dir/1; rm -rf $dir";
-  auto result = run_process({"/bin/bash", "-c", script}, 60s);
-  UNSCOPED_INFO("two nodes: " << describe(result) << ", output:\n" << result.output);
-  return result;
-}
-
 TEST_CASE("launcher: --max-restarts across two nodes starts every node's ranks again together",
           "[launcher][restart]") {
   // Node 1's rank fails its first attempt after node 0's has finished: node 0
@@ -539,203 +503,6 @@ TEST_CASE("launcher: a rank waiting in a collective for a stopped peer is not th
   CHECK_THAT(r.output, Contains("rank 1 (local rank 1 on node 0") &&
                            Contains("is hung: it sent no heartbeat") &&
                            !Contains("rank 0 (local rank 0 on node 0"));
-}
-
-// The post-mortem's JSON (launcher/postmortem.h): each rank's last
-// collective of the default group as (seq, state).
-std::map<int, std::pair<uint64_t, std::string>> last_collectives(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  const auto json = nlohmann::json::parse(in);
-  std::map<int, std::pair<uint64_t, std::string>> last;
-  for (const auto& r : json.at("ranks")) {
-    for (const auto& c : r.at("collectives")) {
-      if (c.at("group") == "default" && c.at("seq").get<uint64_t>() > 0)
-        last[r.at("rank").get<int>()] = {c.at("seq").get<uint64_t>(), c.at("state")};
-    }
-  }
-  return last;
-}
-
-TEST_CASE("launcher: a post-mortem names the rank that is behind and where the others wait",
-          "[launcher][postmortem]") {
-  TempDir dir;
-  // Rank 1 stops after three all-reduces; ranks 0 and 2 wait for it in the
-  // fourth until the hang is found.
-  const auto hung = launch({"-np", "3", "--hang-timeout", "1.5", "--postmortem-dir", dir.str()},
-                           {"group-sum", "allreduces=3", "stop-self=1", "then-allreduce"});
-  CHECK(hung.exit_code == 1);
-  const std::string json = dir.str() + "/lockstep-postmortem-node0-attempt0.json";
-  const auto last = last_collectives(json);
-  REQUIRE(last.size() == 3);
-  const uint64_t n = last.at(1).first;  // rank 1's last: the third all-reduce
-  CHECK(last.at(1) == std::make_pair(n, std::string("finished")));
-  CHECK(last.at(0) == std::make_pair(n + 1, std::string("running")));
-  CHECK(last.at(2) == std::make_pair(n + 1, std::string("running")));
-  CHECK_THAT(hung.output,
-             Contains("post-mortem of the collectives (rank 1 (local rank 1 on node 0") &&
-                 Contains(fmt::format("group 'default': rank 1 is behind: ranks 0 and 2 have "
-                                      "reached, and wait in, allreduce #{} (f32, 1000 elements)",
-                                      n + 1)) &&
-                 Contains(fmt::format("rank 1: finished allreduce #{} (f32, 1000 elements) ", n)) &&
-                 Contains(fmt::format("ranks 0 and 2: in allreduce #{} (f32, 1000 elements) since ",
-                                      n + 1)) &&
-                 Contains("every rank's last collectives: " + json));
-
-  // A failed rank: the record is read as it was when the rank exited.
-  const auto failed = launch({"-np", "2", "--postmortem-dir", dir.str()},
-                             {"group-sum", "allreduces=2", "fail-attempts=0:1", "then-allreduce"});
-  CHECK(failed.exit_code == 7);
-  const auto after_failure = last_collectives(json);
-  REQUIRE(after_failure.size() == 2);
-  CHECK(after_failure.at(0).second == "finished");
-  CHECK(after_failure.at(1).first == after_failure.at(0).first + 1);
-  CHECK_THAT(failed.output, Contains("(rank 0 (local rank 0 on node 0") &&
-                                Contains("exited with code 7):") &&
-                                Contains("group 'default': rank 0 is behind: rank 1 has reached"));
-
-  // Nothing to say when no rank issued a collective; a job that succeeds
-  // has no post-mortem.
-  std::filesystem::remove(json);
-  const auto early = launch({"-np", "2", "--postmortem-dir", dir.str()}, {"exit=1:3"});
-  CHECK(early.exit_code == 3);
-  const auto fine = launch({"-np", "2", "--postmortem-dir", dir.str()}, {"group-sum"});
-  CHECK(fine.exit_code == 0);
-  CHECK_THAT(early.output + fine.output, !Contains("post-mortem"));
-  CHECK_FALSE(std::filesystem::exists(json));
-}
-
-TEST_CASE("launcher: the post-mortem of a two-node job covers both nodes' ranks",
-          "[launcher][postmortem]") {
-  TempDir dir;
-  const auto r = two_local_nodes({"--postmortem-dir", dir.str()},
-                                 {"group-sum", "allreduces=2", "then-allreduce"},
-                                 {"group-sum", "allreduces=2", "fail-attempts=1:1"});
-  CHECK_THAT(r.output, Contains("node 0 exit 1") && Contains("node 1 exit 7") &&
-                           Contains("post-mortem of the collectives (node 1: rank 1") &&
-                           Contains("group 'default': rank 1 is behind: rank 0 has reached"));
-  const auto last = last_collectives(dir.str() + "/lockstep-postmortem-node0-attempt0.json");
-  REQUIRE(last.size() == 2);
-  CHECK(last.at(0).first == last.at(1).first + 1);
-  // Node 1 handed its part to node 0 and wrote none of its own.
-  CHECK_FALSE(std::filesystem::exists(dir.str() + "/lockstep-postmortem-node1-attempt0.json"));
-}
-
-// Three ranks started by a shell (as mpirun or torchrun would start them)
-// with LOCKSTEP_POSTMORTEM_DIR=dir: three all-reduces, then `stuck` (a
-// launcher_probe argument that stops rank 1), then a fourth all-reduce, in
-// which ranks 0 and 2 wait for rank 1 until their 3 s timeout. Rank 1 is
-// killed once they have ended (and, with `answers`, once its part is there
-// or 10 s have passed: a loaded machine may take longer than the 2 s the
-// others wait); then `lockstep-run --postmortem-from dir`.
-lockstep::testing::ProcessResult run_three_ranks_and_report(const std::string& dir,
-                                                            const std::string& stuck,
-                                                            bool answers = false) {
-  std::string script = fmt::format("dir={}; ", dir);
-  const int port = lockstep::testing::unused_tcp_port();
-  for (int r = 0; r < 3; ++r) {
-    script += fmt::format(
-        "RANK={} WORLD_SIZE=3 LOCAL_RANK={} LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "
-        "MASTER_PORT={} LOCKSTEP_TIMEOUT_S=3 LOCKSTEP_POSTMORTEM_DIR=$dir {} group-sum "
-        "allreduces=3 {} then-allreduce > $dir/out{} 2>&1 & p{}=$!; ",
-        r, r, port, bin_path("launcher_probe"), stuck, r, r);
-  }
-  script += "wait $p0 $p2; ";
-  if (answers)
-    script += "for i in $(seq 50); do [ -e $dir/lockstep-postmortem-rank1.json ] && break; "
-              "sleep 0.2; done; ";
-  script += fmt::format("kill -9 $p1; wait; cat $dir/out*; {} --postmortem-from $dir; echo "
-                        "\"report exit $?\"",
-                        bin_path("lockstep-run"));
-  auto r = run_process({"/bin/bash", "-c", script}, 60s);
-  UNSCOPED_INFO("ranks and report: " << describe(r) << ", output:\n" << r.output);
-  return r;
-}
-
-// The report's first lines: all-reduce #n failed on ranks 0 and 2, which
-// wait for rank 1 in it.
-void check_rank_1_behind(const std::string& output, uint64_t n) {
-  CHECK_THAT(output, Contains(fmt::format("lockstep-run: post-mortem of the collectives "
-                                          "(allreduce #{} (f32, 1000 elements) of group "
-                                          "'default' failed on ranks 0 and 2):",
-                                          n)));
-  CHECK_THAT(output, Contains(fmt::format("group 'default': rank 1 is behind: ranks 0 and 2 "
-                                          "have reached allreduce #{} (f32, 1000 elements)",
-                                          n)));
-}
-
-std::string part_path(const TempDir& dir, int rank) {
-  return fmt::format("{}/lockstep-postmortem-rank{}.json", dir.str(), rank);
-}
-
-// Under another launcher (a shell here, as mpirun or torchrun would start
-// them) nobody reads the recorders: with LOCKSTEP_POSTMORTEM_DIR set, the
-// ranks whose collective fails write their own parts, and
-// `lockstep-run --postmortem-from` reports them together.
-TEST_CASE("launcher: ranks under another launcher write post-mortem parts; --postmortem-from "
-          "reports them", "[launcher][postmortem]") {
-  TempDir dir;
-  // Rank 1 stops itself after three all-reduces; ranks 0 and 2 wait for it
-  // in the fourth until their 3 s timeout, and write their parts.
-  const auto r = run_three_ranks_and_report(dir.str(), "stop-self=1");
-  CHECK(r.ok());
-  const auto part = [&](int rank) { return part_path(dir, rank); };
-  CHECK(std::filesystem::exists(part(0)));
-  CHECK(std::filesystem::exists(part(2)));
-  CHECK_FALSE(std::filesystem::exists(part(1)));
-  const auto last = last_collectives(part(0));
-  REQUIRE(last.count(0) == 1);
-  const uint64_t n = last.at(0).first;  // the fourth all-reduce
-  CHECK(last.at(0).second == "failed");
-  check_rank_1_behind(r.output, n);
-  CHECK_THAT(r.output,
-             Contains(fmt::format("lockstep: rank 0's last collectives are in {}", part(0))) &&
-                 Contains(fmt::format("rank 1: left no record (it wrote no part to {}: it was "
-                                      "stopped or killed",
-                                      dir.str())) &&
-                 Contains(fmt::format("ranks 0 and 2: allreduce #{} (f32, 1000 elements) failed ",
-                                      n)) &&
-                 Contains("report exit 0"));
-
-  // Under lockstep-run the launcher reads the recorders: no rank writes a part.
-  TempDir parts;
-  const auto under_launcher =
-      launch({"-np", "2", "--postmortem-dir", dir.str()},
-             {"group-sum", "allreduces=2", "fail-attempts=0:1", "then-allreduce"},
-             {"LOCKSTEP_POSTMORTEM_DIR=" + parts.str()});
-  CHECK(under_launcher.exit_code == 7);
-  CHECK(std::filesystem::is_empty(parts.str()));
-  CHECK_THAT(under_launcher.output, Contains("lockstep-run: post-mortem of the collectives"));
-
-  // A directory without parts is said so.
-  const auto empty = run_process({bin_path("lockstep-run"), "--postmortem-from", parts.str()});
-  CHECK(empty.exit_code == 1);
-  CHECK_THAT(empty.output, Contains("holds no lockstep-postmortem-rank<R>.json"));
-}
-
-// A rank stuck in its own code (not stopped: its threads run) answers the
-// others' parts with its own, so the report shows where it last was.
-TEST_CASE("launcher: under another launcher a rank stuck outside the collectives answers with "
-          "its part", "[launcher][postmortem]") {
-  TempDir dir;
-  // Rank 1 blocks for good after three all-reduces; ranks 0 and 2 wait for
-  // it in the fourth until their 3 s timeout.
-  const auto r = run_three_ranks_and_report(dir.str(), "block=1", /*answers=*/true);
-  CHECK(r.ok());
-  const auto part = [&](int rank) { return part_path(dir, rank); };
-  for (int rank = 0; rank < 3; ++rank) CHECK(std::filesystem::exists(part(rank)));
-  const auto failed = last_collectives(part(0)), answered = last_collectives(part(1));
-  REQUIRE(failed.count(0) == 1);
-  REQUIRE(answered.count(1) == 1);
-  const uint64_t n = failed.at(0).first;  // the fourth all-reduce
-  CHECK(failed.at(0).second == "failed");
-  CHECK(answered.at(1) == std::make_pair(n - 1, std::string("finished")));
-  check_rank_1_behind(r.output, n);
-  CHECK_THAT(r.output,
-             Contains(fmt::format("lockstep: rank 1's last collectives are in {}", part(1))) &&
-                 Contains(fmt::format("rank 1: finished allreduce #{} (f32, 1000 elements) ",
-                                      n - 1)) &&
-                 Contains("report exit 0"));
 }
 
 TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {

@@ -1,0 +1,59 @@
+// The launcher tests' ways to start lockstep-run with the launcher_probe
+// worker (tests/workers/launcher_probe.cpp), under a time limit, its output
+// attached to the next failed assertion.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "support/subprocess.h"
+
+namespace lockstep::testing {
+
+using namespace std::chrono_literals;
+
+// Generous for a loaded 2-core machine; a hang still fails instead of blocking ctest.
+inline constexpr auto kLimit = 30s;
+
+inline ProcessResult launch(std::vector<std::string> launcher_args, std::vector<std::string> probe_args,
+                     const std::vector<std::string>& env = {},
+                     std::chrono::milliseconds limit = kLimit) {
+  std::vector<std::string> argv = {bin_path("lockstep-run")};
+  argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
+  argv.push_back(bin_path("launcher_probe"));
+  argv.insert(argv.end(), probe_args.begin(), probe_args.end());
+  auto result = run_process(argv, limit, env);
+  UNSCOPED_INFO("lockstep-run " << describe(result) << ", output:\n" << result.output);
+  return result;
+}
+
+// Two launchers of a two-node job on this host (both nodes on 127.0.0.1),
+// each with `probe_args`; their outputs one after the other, each followed
+// by "node N exit CODE".
+inline ProcessResult two_local_nodes(const std::vector<std::string>& launcher_args,
+                              const std::vector<std::string>& node0_args,
+                              const std::vector<std::string>& node1_args) {
+  const int port = lockstep::testing::unused_tcp_port();
+  std::string script = "export LOCKSTEP_TOKEN=two-local-nodes; dir=$(mktemp -d); ";
+  for (int node = 0; node < 2; ++node) {
+    std::string line = fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 "
+                                   "--master-addr 127.0.0.1 --master-port {}",
+                                   bin_path("lockstep-run"), node, port);
+    for (const auto& a : launcher_args) line += " " + a;
+    line += fmt::format(" {}", bin_path("launcher_probe"));
+    for (const auto& a : node == 0 ? node0_args : node1_args) line += " " + a;
+    script += fmt::format("( {} > $dir/{} 2>&1; echo \"node {} exit $?\" >> $dir/{} ) & ", line,
+                          node, node, node);
+  }
+  script += "wait; cat $dir/0 $dir/1; rm -rf $dir";
+  auto result = run_process({"/bin/bash", "-c", script}, 60s);
+  UNSCOPED_INFO("two nodes: " << describe(result) << ", output:\n" << result.output);
+  return result;
+}
+
+}  // namespace lockstep::testing
