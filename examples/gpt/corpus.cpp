@@ -85,12 +85,17 @@ TokenBatch windows_at(const std::string& text, const std::vector<int64_t>& offse
   return {Tensor::from_vector(x, {rows, t}), Tensor::from_vector(y, {rows, t})};
 }
 
+void check_window_fits(const std::string& text, const char* split, int64_t t) {
+  LOCKSTEP_CHECK(static_cast<int64_t>(text.size()) >= t + 1,
+                 "the {} text ({} bytes) is shorter than one window of {} bytes (--seq-len {} "
+                 "and the byte after it); use a shorter --seq-len",
+                 split, text.size(), t + 1, t);
+}
+
 TokenBatch train_batch(const std::string& text, int64_t step, int rank, int world, int64_t rows,
                        int64_t t, uint64_t seed) {
+  check_window_fits(text, "training", t);
   const auto starts = static_cast<uint64_t>(text.size()) - static_cast<uint64_t>(t);
-  LOCKSTEP_CHECK(static_cast<int64_t>(text.size()) > t + 1,
-                 "the training text ({} bytes) is shorter than one window of {} bytes",
-                 text.size(), t + 1);
   std::vector<int64_t> offsets(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
     const auto row = static_cast<uint64_t>((step * world + rank) * rows + r);
@@ -103,9 +108,8 @@ TokenBatch train_batch(const std::string& text, int64_t step, int rank, int worl
 }
 
 std::vector<int64_t> evaluation_offsets(const std::string& text, int64_t count, int64_t t) {
+  check_window_fits(text, "validation", t);
   const int64_t last = static_cast<int64_t>(text.size()) - t - 1;
-  LOCKSTEP_CHECK(last >= 0, "the validation text ({} bytes) is shorter than one window of {} bytes",
-                 text.size(), t + 1);
   std::vector<int64_t> offsets;
   for (int64_t w = 0; w < count; ++w)
     offsets.push_back(count == 1 ? 0 : last * w / (count - 1));

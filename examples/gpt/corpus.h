@@ -28,6 +28,10 @@ Corpus load_fortunes(const std::string& dir);
 // smoothing): the unigram baseline a language model must beat.
 double unigram_bits_per_byte(const std::string& train, const std::string& text);
 
+// Throws, naming the split, when `text` is shorter than one window of
+// `t` + 1 bytes (checked before the model is built, which a huge `t` makes slow).
+void check_window_fits(const std::string& text, const char* split, int64_t t);
+
 struct TokenBatch {
   lockstep::runtime::Tensor x, y;  // i64 [rows, t]; y is x shifted by one byte
 };

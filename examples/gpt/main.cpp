@@ -182,6 +182,8 @@ int run(Options o) {
   if (checkpoints && checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
   const Corpus corpus = load_fortunes(o.data);
   const double unigram = unigram_bits_per_byte(corpus.train, corpus.validation);
+  check_window_fits(corpus.train, "training", o.seq_len);
+  check_window_fits(corpus.validation, "validation", o.seq_len);
 
   auto model = models::gpt(model_config(o), o.seed);
   model->to(device);

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -95,6 +96,14 @@ TEST_CASE("gpt_train: every 10th entry is held out; missing data is a clear erro
   // 25 entries: the 10th and 20th held out.
   CHECK_THAT(r.output, Catch::Contains("2 files; 23 training entries") &&
                            Catch::Contains("2 held out"));
+
+  // A context longer than the text is refused before the model (a billion positions) is built.
+  auto long_context = command(1, {"--data", dir.string()});
+  *(std::find(long_context.begin(), long_context.end(), "--seq-len") + 1) = "1000000000";
+  const auto too_long = run_process(long_context, std::chrono::seconds(60));
+  CHECK(too_long.exit_code == 1);
+  CHECK_THAT(too_long.output, Catch::Contains("shorter than one window of 1000000001 bytes") &&
+                                  !Catch::Contains("model gpt"));
 
   const auto missing = run_process(command(1, {"--data", (dir / "absent").string()}),
                                    std::chrono::seconds(60));
