@@ -1,13 +1,16 @@
 #include "lockstep/train/training_checkpoint.h"
 
 #include <charconv>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "lockstep/collectives/rank_text.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/ops.h"
 
 namespace lockstep::train {
 
@@ -183,6 +186,30 @@ std::vector<GeneratorStates> all_generator_states(const TrainingParts& parts,
   return all;
 }
 
+// The names of the model's parameters that hold NaN or infinity: x * 0 sums
+// to a finite 0 only when every x is finite (one pass on any device).
+std::vector<std::string> non_finite_parameters(const nn::Module& model) {
+  runtime::NoGradGuard no_grad;
+  std::vector<std::string> bad;
+  for (const auto& [name, p] : model.named_parameters())
+    if (!std::isfinite(runtime::sum(runtime::mul(p, 0.0)).item())) bad.push_back(name);
+  return bad;
+}
+
+// A diverged run's parameters are not written: its newest checkpoint stays
+// the last good one, and keep_last does not rotate good ones out for it.
+void check_parameters_finite(const nn::Module& model, int64_t step) {
+  const std::vector<std::string> bad = non_finite_parameters(model);
+  if (bad.empty()) return;
+  const size_t shown = std::min<size_t>(bad.size(), 3);
+  throw Error(fmt::format(
+      "not saving checkpoint step {}: {} of the model's parameters hold NaN or infinity ({}{}): "
+      "training has diverged; the checkpoints already saved are kept. Resume from the newest "
+      "with a lower learning rate or with gradient clipping",
+      step, bad.size(), fmt::join(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+      bad.size() > shown ? ", ..." : ""));
+}
+
 }  // namespace
 
 GeneratorStates generator_states(const TrainingParts& parts) {
@@ -349,6 +376,7 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
   std::string error;
   if (rank == 0) {
     try {
+      check_parameters_finite(*parts.model, progress.step);
       entry = dir.save(training_checkpoint_content(parts, progress, generators), progress.step,
                        metric);
     } catch (const std::exception& e) {

@@ -95,6 +95,9 @@ TrainingProgress restore_training_checkpoint(const runtime::CheckpointContent& c
 // Every rank of `group` calls it (a one-rank group alone). Rank 0 writes
 // through `dir` as checkpoint progress.step with `metric`; the others wait
 // for it, and every rank then returns the entry or throws rank 0's failure.
+// A model with a NaN or infinite parameter is not written (the run has
+// diverged; the newest checkpoint stays the last good one): every rank
+// throws, naming the parameters. runtime::CheckpointDir::save writes anything.
 runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
                                                   const TrainingParts& parts,
                                                   const TrainingProgress& progress,

@@ -1,8 +1,11 @@
 #include "common/run_support.h"
 
+#include <cmath>
+
+#include "lockstep/distributed/launch_env.h"
 #include "lockstep/optim/clip_grad.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
-#include "lockstep/distributed/launch_env.h"
+#include "lockstep/runtime/error.h"
 
 namespace examples {
 
@@ -37,6 +40,14 @@ double clip_gradients(optim::Optimizer& opt, double max_norm) {
   std::vector<runtime::Tensor> params;
   for (const auto& g : opt.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
   return optim::clip_grad_norm(params, max_norm);
+}
+
+void check_loss_finite(double loss, int64_t step, int rank) {
+  LOCKSTEP_CHECK(std::isfinite(loss),
+                 "rank {}: the loss of step {} is {}: training has diverged; start again with a "
+                 "lower --lr or with --clip-grad-norm (checkpoints of the diverged parameters are "
+                 "not written, so the newest one is still good)",
+                 rank, step, loss);
 }
 
 uint64_t parameters_digest(const nn::Module& model) {

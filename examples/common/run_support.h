@@ -1,6 +1,6 @@
 // What the training examples share: printing from rank 0, opening a run's
-// checkpoint directory, clipping through any optimizer, and a digest of a
-// model's bytes.
+// checkpoint directory, clipping through any optimizer, stopping a diverged
+// run, and a digest of a model's bytes.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,10 @@ std::optional<lockstep::train::TrainingRun> open_checkpoints(
 // Clips the gradients of every parameter the optimizer steps to a global L2
 // norm (across ranks for a ZeroRedundancyOptimizer); returns the norm.
 double clip_gradients(lockstep::optim::Optimizer& opt, double max_norm);
+
+// Throws, naming the rank and the step, when a step's loss is NaN or
+// infinite: training has diverged, and every later step would train on NaN.
+void check_loss_finite(double loss, int64_t step, int rank);
 
 // FNV-1a over every parameter and buffer's bytes: equal digests mean
 // bit-identical models (a resumed run against an uninterrupted one).

@@ -193,7 +193,9 @@ int run(Options o) {
       if (sched) sched->step();
       ++progress.batch;
       ++progress.step;
-      window_loss += loss.item();
+      const double step_loss = loss.item();
+      examples::check_loss_finite(step_loss, progress.step, rank);
+      window_loss += step_loss;
       window_samples += b.size() * world;
       ++window_steps;
       if (progress.batch % o.log_every == 0 || progress.batch == batches) {

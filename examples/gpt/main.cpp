@@ -252,7 +252,9 @@ int run(Options o) {
     scaler.update();
     sched.step();
     ++progress.step;
-    window_loss += loss.item();
+    const double step_loss = loss.item();
+    examples::check_loss_finite(step_loss, progress.step, rank);
+    window_loss += step_loss;
     ++window_steps;
     if (progress.step % o.log_every == 0 || progress.step == o.steps) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();

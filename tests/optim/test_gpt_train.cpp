@@ -117,6 +117,18 @@ TEST_CASE("gpt_train: every 10th entry is held out; missing data is a clear erro
   fs::remove_all(dir);
 }
 
+TEST_CASE("gpt_train: a diverging run stops at its first NaN loss, naming rank and step",
+          "[example][gpt]") {
+  LOCKSTEP_SKIP_IF(fortunes_skip_reason());
+  const auto r = run_process(command(1, {"--steps", "20", "--lr", "1e30", "--eval-windows", "1"}),
+                             std::chrono::seconds(120));
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Contains("rank 0: the loss of step ") &&
+                           Catch::Contains("training has diverged") &&
+                           !Catch::Contains("step 20/20"));
+}
+
 TEST_CASE("gpt_train: a run SIGKILLed after a checkpoint resumes exactly", "[example][gpt][resume]") {
   LOCKSTEP_SKIP_IF(fortunes_skip_reason());
   for (int ranks : {1, 2}) {

@@ -4,6 +4,7 @@
 // resume (bit-identical training) is in test_exact_resume.cpp.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -13,6 +14,7 @@
 #include "lockstep/models/models.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/sgd.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/train/training_checkpoint.h"
 #include "support/backend_skip.h"
@@ -178,6 +180,38 @@ TEST_CASE("A checkpoint rank 0 cannot write fails every rank", "[optim][checkpoi
   REQUIRE(errors[0]);
   REQUIRE(errors[1]);
   CHECK_THAT(testing::message_of(errors[1]), Contains("rank 0 could not write checkpoint step 5"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A diverged model is not saved: every rank throws and the newest checkpoint stays good",
+          "[optim][checkpoint]") {
+  const fs::path dir = scratch("diverged");
+  auto groups = testing::make_groups(testing::kThreadRankBackend, 2, "ckpt-nan");
+  const auto errors = testing::run_ranks(2, [&](int r) {
+    auto& group = *groups[static_cast<size_t>(r)];
+    auto model = models::fashion_mlp(1);
+    runtime::CheckpointDir ckpt(dir / std::to_string(r), {.keep_last = 1});
+    save_training_checkpoint(ckpt, {.model = model.get()}, {.step = 1}, std::nullopt, group);
+    const double bad = r == 0 ? std::nan("") : INFINITY;  // both kinds, one per rank's model
+    for (const auto& [name, p] : model->named_parameters()) {
+      if (name != "1.bias" && name != "3.weight") continue;
+      runtime::NoGradGuard no_grad;
+      p.view({-1}).slice(0, 3, 4).fill_(bad);
+    }
+    save_training_checkpoint(ckpt, {.model = model.get()}, {.step = 2}, std::nullopt, group);
+  });
+  REQUIRE(errors[0]);
+  REQUIRE(errors[1]);
+  CHECK_THAT(testing::message_of(errors[0]),
+             Contains("not saving checkpoint step 2: 2 of the model's parameters hold NaN or "
+                      "infinity (1.bias, 3.weight)") &&
+                 Contains("the checkpoints already saved are kept"));
+  CHECK_THAT(testing::message_of(errors[1]), Contains("rank 0 could not write checkpoint step 2"));
+  // keep_last 1 did not rotate step 1 out for the diverged step 2.
+  const auto latest = runtime::CheckpointDir(dir / "0").latest();
+  REQUIRE(latest);
+  CHECK(latest->step == 1);
+  CHECK_FALSE(fs::exists(runtime::CheckpointDir(dir / "0").path_for_step(2)));
   fs::remove_all(dir);
 }
 
