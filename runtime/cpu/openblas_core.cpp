@@ -38,20 +38,6 @@ bool reselect(const std::string& core) {
 
 }  // namespace
 
-CpuFeatures cpu_features() {
-  CpuFeatures f;
-#if defined(__x86_64__) && defined(__GNUC__)
-  __builtin_cpu_init();
-  f.avx = __builtin_cpu_supports("avx");
-  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  // OpenBLAS's SkylakeX kernels are built for Skylake-SP: F, BW, DQ, VL.
-  f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
-#endif
-  return f;
-}
-
 std::string fallback_core(const CpuFeatures& features) {
   if (features.avx512_bf16) return "Cooperlake";
   if (features.avx512) return "SkylakeX";

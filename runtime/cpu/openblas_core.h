@@ -17,6 +17,8 @@
 
 #include <string>
 
+#include "lockstep/runtime/cpu/cpu_features.h"
+
 namespace lockstep::runtime::cpu {
 
 struct BlasCore {
@@ -34,11 +36,6 @@ std::string blas_description();
 // Runs the repair once; later calls do nothing. Called before main() by the
 // gemm wrappers' file (ops/linalg.cpp), while the process has one thread.
 void repair_blas_core();
-
-struct CpuFeatures {
-  bool avx = false, avx2 = false, avx512 = false, avx512_bf16 = false;
-};
-CpuFeatures cpu_features();  // this CPU's, as the OS lets programs use them
 
 // The kernel set OpenBLAS's fallback takes for `features` (its dynamic.c):
 // Cooperlake with AVX-512 BF16, SkylakeX with AVX-512, Haswell with AVX2,

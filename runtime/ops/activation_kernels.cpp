@@ -4,54 +4,94 @@
 #include <type_traits>
 
 #include "lockstep/runtime/cpu/vec_math.h"
+#include "lockstep/runtime/cpu/vector_isa.h"
 #include "lockstep/runtime/half.h"
+
+// GCC checks the vector ABI at the end of the file: the AVX2 kernels below
+// call only always-inlined vector functions (simd.h).
+LOCKSTEP_LANES_BEGIN
 
 namespace lockstep::runtime::activation_kernels {
 namespace {
 
-using cpu::vec_t;
-constexpr int L = cpu::kLanes<float>;
+using cpu::lanes_of;
+using cpu::load_n;
+using cpu::store_n;
 
 // Lanes [0, m) of p; the rest 0. A short tail goes through the same vector
 // code as the body, so a value's result does not depend on where it is.
-vec_t<float> load_lanes(const float* p, int64_t m) {
-  float v[L] = {};
+template <class V>
+LOCKSTEP_LANES_INLINE V load_tail(const float* p, int64_t m) {
+  float v[lanes_of<V>] = {};
   for (int64_t u = 0; u < m; ++u) v[u] = p[u];
-  return cpu::load(v);
+  return load_n<V>(v);
 }
 
-void store_lanes(float* p, vec_t<float> x, int64_t m) {
-  float v[L];
-  cpu::store(v, x);
+template <class V>
+LOCKSTEP_LANES_INLINE void store_tail(float* p, V x, int64_t m) {
+  float v[lanes_of<V>];
+  store_n(v, x);
   for (int64_t u = 0; u < m; ++u) p[u] = v[u];
 }
 
-vec_t<float> normal_cdf(vec_t<float> x) {
+template <class V>
+LOCKSTEP_LANES_INLINE V normal_cdf(V x) {
   return 0.5f * (1.0f + cpu::erf_lanes(x * 0.70710678118654752f));
 }
 
-// step(i, m) over [i, i + m) for every L-wide block of [0, n), then the tail;
-// m is the constant L in the body, so the lane loops unroll.
-template <class F>
-void for_blocks(int64_t n, F step) {
-  int64_t i = 0;
-  for (; i + L <= n; i += L) step(i, L);
-  if (i < n) step(i, n - i);
+template <class V>
+LOCKSTEP_LANES_INLINE V gelu(V x) {
+  return x * normal_cdf(x);
 }
+
+// d gelu / dx = cdf(x) + x pdf(x).
+template <class V>
+LOCKSTEP_LANES_INLINE V gelu_grad(V gy, V x) {
+  const V pdf = cpu::exp_lanes(-0.5f * x * x) * 0.3989422804014327f;
+  return gy * (normal_cdf(x) + x * pdf);
+}
+
+template <class V>
+LOCKSTEP_LANES_INLINE void forward_lanes(const float* x, float* y, int64_t n) {
+  constexpr int L = lanes_of<V>;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) store_n(y + i, gelu(load_n<V>(x + i)));
+  if (i < n) store_tail(y + i, gelu(load_tail<V>(x + i, n - i)), n - i);
+}
+
+template <class V>
+LOCKSTEP_LANES_INLINE void backward_lanes(const float* gy, const float* x, float* gx, int64_t n) {
+  constexpr int L = lanes_of<V>;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) store_n(gx + i, gelu_grad(load_n<V>(gy + i), load_n<V>(x + i)));
+  if (i < n) {
+    const V g = gelu_grad(load_tail<V>(gy + i, n - i), load_tail<V>(x + i, n - i));
+    store_tail(gx + i, g, n - i);
+  }
+}
+
+#if LOCKSTEP_HAVE_AVX2_KERNELS
+using Wide = cpu::vec_n<float, 32>;
+LOCKSTEP_TARGET_AVX2 void forward_avx2(const float* x, float* y, int64_t n) {
+  forward_lanes<Wide>(x, y, n);
+}
+LOCKSTEP_TARGET_AVX2 void backward_avx2(const float* gy, const float* x, float* gx, int64_t n) {
+  backward_lanes<Wide>(gy, x, gx, n);
+}
+#endif
 
 void forward_f32(const float* x, float* y, int64_t n) {
-  for_blocks(n, [&](int64_t i, int64_t m) {
-    const vec_t<float> v = load_lanes(x + i, m);
-    store_lanes(y + i, v * normal_cdf(v), m);
-  });
+#if LOCKSTEP_HAVE_AVX2_KERNELS
+  if (cpu::vector_isa() == cpu::VectorIsa::avx2) return forward_avx2(x, y, n);
+#endif
+  forward_lanes<cpu::vec_t<float>>(x, y, n);
 }
 
-void backward_f32(const float* grad_y, const float* x, float* grad_x, int64_t n) {
-  for_blocks(n, [&](int64_t i, int64_t m) {
-    const vec_t<float> v = load_lanes(x + i, m);
-    const vec_t<float> pdf = cpu::exp_lanes(-0.5f * v * v) * 0.3989422804014327f;
-    store_lanes(grad_x + i, load_lanes(grad_y + i, m) * (normal_cdf(v) + v * pdf), m);
-  });
+void backward_f32(const float* gy, const float* x, float* gx, int64_t n) {
+#if LOCKSTEP_HAVE_AVX2_KERNELS
+  if (cpu::vector_isa() == cpu::VectorIsa::avx2) return backward_avx2(gy, x, gx, n);
+#endif
+  backward_lanes<cpu::vec_t<float>>(gy, x, gx, n);
 }
 
 // bf16 and f16 go through the f32 kernels a chunk at a time.

@@ -13,6 +13,7 @@
 #include "lockstep/runtime/tensor.h"
 #include "support/gradcheck.h"
 #include "support/test_util.h"
+#include "support/vector_isa_variants.h"
 
 using namespace lockstep::runtime;
 using namespace lockstep::testing;
@@ -183,42 +184,46 @@ TEST_CASE("relu passes NaN through, forward and backward, as PyTorch does",
 }
 
 TEST_CASE("gelu on f32: forward and backward near the f64 formula, a value's result the same "
-          "wherever it sits",
+          "wherever it sits, in each vector variant",
           "[runtime][ops][activation]") {
-  // -10 to 10 by 1/64: both tails, the seam of erf's two pieces (x / sqrt(2)
-  // = 0.921875 at x = 1.3037), and 1281 values, so the last block is short.
-  std::vector<float> xs;
-  for (int i = -640; i <= 640; ++i) xs.push_back(static_cast<float>(i) / 64);
-  Tensor x = Tensor::from_vector<float>(xs, {static_cast<int64_t>(xs.size())});
-  x.requires_grad_();
-  Tensor y = gelu(x);
-  y.backward(Tensor::ones(y.shape(), DType::f32));
-  const auto out = y.to_vector<float>(), grad = x.grad().to_vector<float>();
-  for (size_t i = 0; i < xs.size(); ++i) {
-    const double v = xs[i], cdf = 0.5 * std::erfc(-v / std::sqrt(2.0));
-    const double pdf = std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
-    INFO("x = " << v);
-    // 1 + erf cancels for x < 0: the error is absolute, in units of |x| 2^-24.
-    CHECK(out[i] == Approx(v * cdf).margin(1.5e-7 * std::max(1.0, std::fabs(v))));
-    CHECK(grad[i] == Approx(cdf + v * pdf).margin(3e-7 * std::max(1.0, std::fabs(v))));
+  for (const auto isa : lockstep::testing::vector_isa_variants()) {
+    INFO(lockstep::runtime::cpu::to_string(isa));
+    const lockstep::testing::ScopedVectorIsa use(isa);
+    // -10 to 10 by 1/64: both tails, the seam of erf's two pieces (x / sqrt(2)
+    // = 0.921875 at x = 1.3037), and 1281 values, so the last block is short.
+    std::vector<float> xs;
+    for (int i = -640; i <= 640; ++i) xs.push_back(static_cast<float>(i) / 64);
+    Tensor x = Tensor::from_vector<float>(xs, {static_cast<int64_t>(xs.size())});
+    x.requires_grad_();
+    Tensor y = gelu(x);
+    y.backward(Tensor::ones(y.shape(), DType::f32));
+    const auto out = y.to_vector<float>(), grad = x.grad().to_vector<float>();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double v = xs[i], cdf = 0.5 * std::erfc(-v / std::sqrt(2.0));
+      const double pdf = std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+      INFO("x = " << v);
+      // 1 + erf cancels for x < 0: the error is absolute, in units of |x| 2^-24.
+      CHECK(out[i] == Approx(v * cdf).margin(1.5e-7 * std::max(1.0, std::fabs(v))));
+      CHECK(grad[i] == Approx(cdf + v * pdf).margin(3e-7 * std::max(1.0, std::fabs(v))));
+    }
+    // The same values one at a time (each alone in a short block) and shifted by
+    // one: bit-identical results.
+    for (size_t i = 0; i < xs.size(); i += 97)
+      CHECK(gelu(Tensor::from_vector<float>({xs[i]}, {1})).to_vector<float>()[0] == out[i]);
+    std::vector<float> shifted{0.0f};
+    shifted.insert(shifted.end(), xs.begin(), xs.end());
+    const auto out2 =
+        gelu(Tensor::from_vector<float>(shifted, {static_cast<int64_t>(shifted.size())}))
+            .to_vector<float>();
+    for (size_t i = 0; i < xs.size(); ++i) REQUIRE(out2[i + 1] == out[i]);
+    // Tails, infinities and NaN.
+    const float inf = std::numeric_limits<float>::infinity();
+    const auto edge =
+        gelu(Tensor::from_vector<float>({-100.0f, 100.0f, -inf, inf, std::nanf("")}, {5}))
+            .to_vector<float>();
+    CHECK(edge[0] == 0.0f);
+    CHECK(edge[1] == 100.0f);
+    CHECK(edge[3] == inf);
+    CHECK(std::isnan(edge[4]));
   }
-  // The same values one at a time (each alone in a short block) and shifted by
-  // one: bit-identical results.
-  for (size_t i = 0; i < xs.size(); i += 97)
-    CHECK(gelu(Tensor::from_vector<float>({xs[i]}, {1})).to_vector<float>()[0] == out[i]);
-  std::vector<float> shifted{0.0f};
-  shifted.insert(shifted.end(), xs.begin(), xs.end());
-  const auto out2 =
-      gelu(Tensor::from_vector<float>(shifted, {static_cast<int64_t>(shifted.size())}))
-          .to_vector<float>();
-  for (size_t i = 0; i < xs.size(); ++i) REQUIRE(out2[i + 1] == out[i]);
-  // Tails, infinities and NaN.
-  const float inf = std::numeric_limits<float>::infinity();
-  const auto edge =
-      gelu(Tensor::from_vector<float>({-100.0f, 100.0f, -inf, inf, std::nanf("")}, {5}))
-          .to_vector<float>();
-  CHECK(edge[0] == 0.0f);
-  CHECK(edge[1] == 100.0f);
-  CHECK(edge[3] == inf);
-  CHECK(std::isnan(edge[4]));
 }
