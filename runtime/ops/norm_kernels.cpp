@@ -68,6 +68,35 @@ void grad_sums(const T* __restrict gy, const T* __restrict x, int64_t n, T m, do
   s1_out += s1, s2_out += s2;
 }
 
+// A LayerNorm row's backward sums: s1 += sum(g), s2 += sum(g * (x a + k)),
+// g = gy * w (gy alone without w), x a + k being the normalised x.
+template <class T>
+void row_grad_sums(const T* __restrict gy, const T* __restrict w, const T* __restrict x,
+                   int64_t n, T a, T k, double& s1_out, double& s2_out) {
+  constexpr int L = kLanes<T>;
+  const vec_t<T> aa = cpu::splat(a), kk = cpu::splat(k);
+  double s1 = 0, s2 = 0;
+  int64_t i = 0;
+  while (i + 2 * L <= n) {
+    vec_t<T> a0 = {}, a1 = {}, b0 = {}, b1 = {};
+    const int64_t end = std::min(n, i + kRun) - 2 * L;
+    for (; i <= end; i += 2 * L) {
+      vec_t<T> g0 = cpu::load(gy + i), g1 = cpu::load(gy + i + L);
+      if (w) g0 *= cpu::load(w + i), g1 *= cpu::load(w + i + L);
+      a0 += g0, a1 += g1;
+      b0 += g0 * (cpu::load(x + i) * aa + kk), b1 += g1 * (cpu::load(x + i + L) * aa + kk);
+    }
+    s1 += cpu::lane_sum<T>(a0 + a1);
+    s2 += cpu::lane_sum<T>(b0 + b1);
+  }
+  for (; i < n; ++i) {
+    const double g = w ? static_cast<double>(gy[i]) * w[i] : gy[i];
+    s1 += g;
+    s2 += g * (x[i] * a + k);
+  }
+  s1_out += s1, s2_out += s2;
+}
+
 template <class T>
 void affine_run(const T* __restrict x, int64_t n, T a, T b, T* __restrict y) {
   int64_t i = 0;
@@ -232,11 +261,7 @@ void layer_norm_backward(int64_t rows, int64_t d, const T* gy, const T* x, const
     if (grad_x == nullptr) continue;
     // g = gy * w; grad_x = invstd * (g - mean(g) - xhat * mean(g * xhat)).
     double sg = 0, sgx = 0;
-    for (int64_t i = 0; i < d; ++i) {
-      const double g = w ? static_cast<double>(gr[i]) * w[i] : gr[i];
-      sg += g;
-      sgx += g * (xr[i] * is + k);
-    }
+    row_grad_sums(gr, w, xr, d, is, k, sg, sgx);
     const T mg = static_cast<T>(sg / d), mgx = static_cast<T>(sgx / d);
     T* gxr = grad_x + r * d;
     for (int64_t i = 0; i < d; ++i) {
