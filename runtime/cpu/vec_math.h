@@ -119,6 +119,39 @@ LOCKSTEP_LANES_INLINE float exp_shifted_lanes(const float* in, float* out, int64
 
 LOCKSTEP_LANES_END
 
+// The largest of p[0, n), -inf when n is 0, NaN when any entry is NaN (a
+// softmax row then comes out NaN, as PyTorch's does). Two vectors of running
+// maxima: a scalar loop waits on each comparison.
+inline float row_max(const float* p, int64_t n) {
+  using V = vec_t<float>;
+  using I = int_lanes_t<V>;
+  constexpr int L = kLanes<float>;
+  V m0 = splat(-INFINITY), m1 = m0;
+  I nan = {};
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    const V a = load(p + i), b = load(p + i + L);
+    m0 = a > m0 ? a : m0;
+    m1 = b > m1 ? b : m1;
+    nan |= (a != a) | (b != b);
+  }
+  m0 = m1 > m0 ? m1 : m0;
+  float m = -INFINITY;
+  bool any_nan = false;
+  for (int u = 0; u < L; ++u) m = m0[u] > m ? m0[u] : m, any_nan |= nan[u] != 0;
+  for (; i < n; ++i) m = p[i] > m ? p[i] : m, any_nan |= p[i] != p[i];
+  return any_nan ? NAN : m;
+}
+
+inline double row_max(const double* p, int64_t n) {
+  double m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (p[i] != p[i]) return p[i];
+    m = p[i] > m ? p[i] : m;
+  }
+  return m;
+}
+
 // The softmax rows of attention, softmax, log_softmax and cross_entropy:
 // exp_shifted_lanes in the variant vector_isa() names.
 float exp_shifted(const float* in, float* out, int64_t n, float shift);

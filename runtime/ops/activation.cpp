@@ -155,8 +155,7 @@ Tensor softmax_cpu(const Tensor& x, int64_t dim) {
       for (int64_t r = 0; r < rows; ++r) {
         const T* row = ip + r * n;
         T* orow = op + r * n;
-        T mx = row[0];
-        for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
+        const T mx = cpu::row_max(row, n);
         const T s = cpu::exp_shifted(row, orow, n, mx);
         for (int64_t i = 0; i < n; ++i) orow[i] /= s;
       }
@@ -173,8 +172,7 @@ Tensor log_softmax_cpu(const Tensor& x, int64_t dim) {
       for (int64_t r = 0; r < rows; ++r) {
         const T* row = ip + r * n;
         T* orow = op + r * n;
-        T mx = row[0];
-        for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
+        const T mx = cpu::row_max(row, n);
         const T lse = mx + std::log(cpu::exp_shifted(row, static_cast<T*>(nullptr), n, mx));
         for (int64_t i = 0; i < n; ++i) orow[i] = row[i] - lse;
       }

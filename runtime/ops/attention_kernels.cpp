@@ -133,7 +133,8 @@ void forward(const Problem<T>& p, T* out, T* lse) {
         score_tile(p, t, s.data());
         for (int64_t r = 0; r < nq; ++r) {
           T* sr = s.data() + r * kBlockK;
-          const T m_new = std::max(m[r], *std::max_element(sr, sr + t.nk));
+          const T tile_max = cpu::row_max(sr, t.nk);  // NaN stays NaN, to the output
+          const T m_new = tile_max != tile_max ? tile_max : std::max(m[r], tile_max);
           if (m_new == -kInf<T>) {  // every key so far masked: nothing to add
             std::fill(sr, sr + t.nk, T(0));
             continue;

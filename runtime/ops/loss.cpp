@@ -47,8 +47,7 @@ LossForward cross_entropy_cpu(const Tensor& x, const Tensor& t, double smoothing
     for (int64_t i = 0; i < n; ++i) {
       const T* row = xp + i * c;
       T* prow = pp + i * c;
-      T mx = row[0];
-      for (int64_t j = 1; j < c; ++j) mx = std::max(mx, row[j]);
+      const T mx = cpu::row_max(row, c);
       const T se = cpu::exp_shifted(row, prow, c, mx);
       T sum_x = 0;
       for (int64_t j = 0; j < c; ++j) sum_x += row[j];

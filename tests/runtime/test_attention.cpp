@@ -418,6 +418,36 @@ TEST_CASE("attention: a row with every key masked gives zeros and zero gradients
   }
 }
 
+TEST_CASE("attention: a NaN query or key makes the rows that see it NaN, on both paths",
+          "[runtime][ops][attention]") {
+  // Causal, 70 keys (two key tiles): a NaN in query 3 reaches row 3 only; a
+  // NaN in key 66 (the second tile) reaches rows 66..69, whose first tile is
+  // finite. A NaN never reads as a masked key (a row of zeros). The math path
+  // adds the causal mask to the scores, as PyTorch's does, so there a masked
+  // NaN key reaches the rows before it too (NaN + -inf is NaN).
+  const Case c{"NaN", {1, 1}, 70, 70, 16, 8, true};
+  for (const bool in_key : {false, true}) {
+    INFO((in_key ? "NaN key 66" : "NaN query 3"));
+    Inputs in = make_inputs(c, DType::f32);
+    Tensor& t = in_key ? in.k : in.q;
+    t = t.contiguous();
+    t.select(0, 0).select(0, 0).select(0, in_key ? 66 : 3).select(0, 5).fill_(std::nan(""));
+    for (Attention attention : {kBlocked, kMath}) {
+      INFO((attention == kBlocked ? "blocked" : "math"));
+      const Tensor out = attention(in.q, in.k, in.v, {.causal = true});
+      for (int64_t i = 0; i < c.l; ++i) {
+        INFO("row " << i);
+        const bool sees_nan = in_key ? i >= 66 : i == 3;
+        const std::vector<double> row = values(out.select(0, 0).select(0, 0).select(0, i));
+        if (attention == kBlocked || !in_key)
+          CHECK(std::isnan(row[0]) == sees_nan);
+        else
+          CHECK(std::isnan(row[0]));
+      }
+    }
+  }
+}
+
 TEST_CASE("attention: masks of every rank broadcast", "[runtime][ops][attention]") {
   const Case c{"ranks", {2, 3}, 5, 9, 4, 3};
   const Inputs in = make_inputs(c, DType::f64);

@@ -174,3 +174,26 @@ TEST_CASE("exp_shifted: each exp within 1.02 ulp, the sum, tails, -inf to 0, in 
     }
   }
 }
+
+TEST_CASE("row_max: the largest wherever it sits, -inf when empty, NaN when any is NaN",
+          "[runtime][cpu][vec_math]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(row_max(static_cast<const float*>(nullptr), 0) == -inf);
+  for (int64_t n = 1; n <= 19; ++n) {
+    for (int64_t at = 0; at < n; ++at) {
+      INFO("n = " << n << ", largest at " << at);
+      std::vector<float> row(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) row[i] = -3.0f - static_cast<float>(i % 5);
+      row[at] = 2.5f;
+      CHECK(row_max(row.data(), n) == 2.5f);
+      std::vector<double> wide(row.begin(), row.end());
+      CHECK(row_max(wide.data(), n) == 2.5);
+      row[(at + 1) % n] = std::nanf("");  // beside it, or over it when n is 1
+      CHECK(std::isnan(row_max(row.data(), n)));
+      wide[static_cast<size_t>((at + 1) % n)] = std::nan("");
+      CHECK(std::isnan(row_max(wide.data(), n)));
+    }
+  }
+  const std::vector<float> masked(9, -inf);
+  CHECK(row_max(masked.data(), 9) == -inf);
+}
