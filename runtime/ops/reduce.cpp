@@ -44,6 +44,18 @@ Shape dropped_shape(const Shape& shape, const std::vector<int64_t>& dims) {
   return out;
 }
 
+// x[0] + ... + x[n-1] in Acc, four partial sums at a time: one running sum
+// waits on each add.
+template <class Acc, class T>
+Acc contiguous_sum(const T* __restrict x, int64_t n) {
+  Acc s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int u = 0; u < 4; ++u) s[u] += static_cast<Acc>(x[i + u]);
+  for (; i < n; ++i) s[0] += static_cast<Acc>(x[i]);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
 // Sum of `a` over `dims` (keepdim shape), in accumulator type Acc, as dtype `out_dtype`.
 template <class T, class Acc>
 Tensor sum_kernel(const Tensor& a, const Shape& keep, DType acc_dtype) {
@@ -54,13 +66,17 @@ Tensor sum_kernel(const Tensor& a, const Shape& keep, DType acc_dtype) {
       a.shape(), {detail::broadcast_strides(acc, a.shape()), a.strides()},
       [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
         const T* xp = x + off[1];
-        if (st[0] == 0) {  // reducing along the inner row: keep a register accumulator
-          Acc s = 0;
-          if (st[1] == 1)
-            for (int64_t i = 0; i < n; ++i) s += static_cast<Acc>(xp[i]);
-          else
+        if (st[0] == 0) {  // reducing along the inner row: keep register accumulators
+          if (st[1] == 1) {
+            o[off[0]] += contiguous_sum<Acc>(xp, n);
+          } else {
+            Acc s = 0;
             for (int64_t i = 0; i < n; ++i) s += static_cast<Acc>(xp[i * st[1]]);
-          o[off[0]] += s;
+            o[off[0]] += s;
+          }
+        } else if (st[0] == 1 && st[1] == 1) {  // a whole row into a row (a bias's gradient)
+          Acc* __restrict op = o + off[0];
+          for (int64_t i = 0; i < n; ++i) op[i] += static_cast<Acc>(xp[i]);
         } else {
           Acc* op = o + off[0];
           for (int64_t i = 0; i < n; ++i) op[i * st[0]] += static_cast<Acc>(xp[i * st[1]]);
