@@ -27,9 +27,10 @@ inline bool takes_over(T v, T best) {
 // which takes the generic rule (NaN wins).
 //
 // f32 rows go four outputs at a time in vector registers (the even and odd
-// columns of each input row split apart by shuffles); the row's last ow % 4
-// outputs take the scalar loop, and so does the rest of a row from a group
-// with a NaN in it.
+// columns of each input row split apart by shuffles); a row's last ow % 4
+// outputs go in a last group that overlaps the one before (its outputs are
+// computed twice, to the same values), and rows under 4 outputs, and the rest
+// of a row from a group with a NaN in it, take the scalar loop.
 using f32x4 = cpu::vec_t<float>;
 using i32x4 = int32_t __attribute__((vector_size(16)));
 
@@ -40,7 +41,11 @@ int64_t max_pool_2x2_f32_groups(const float* r0, const float* r1, int64_t ow_n,
   // even: the shuffle picking columns 0, 2, 4, 6, and so each lane's column offset.
   const i32x4 even = {0, 2, 4, 6}, odd = {1, 3, 5, 7};
   int64_t ow = 0;
-  for (; ow + 4 <= ow_n; ow += 4) {
+  for (; ow < ow_n; ow += 4) {
+    if (ow + 4 > ow_n) {
+      if (ow_n < 4) return ow;
+      ow = ow_n - 4;  // the overlapping last group
+    }
     const f32x4 t0 = cpu::load(r0 + 2 * ow), t1 = cpu::load(r0 + 2 * ow + 4);
     const f32x4 b0 = cpu::load(r1 + 2 * ow), b1 = cpu::load(r1 + 2 * ow + 4);
     const f32x4 v0 = __builtin_shuffle(t0, t1, even), v1 = __builtin_shuffle(t0, t1, odd);

@@ -117,15 +117,19 @@ TEST_CASE("max_pool2d propagates NaN and ignores the padding", "[runtime][ops][p
 
 TEST_CASE("max_pool2d 2x2: ties go to the first tap and NaN wins, on rows of many lanes",
           "[runtime][ops][pool]") {
-  // Values from {0, 1, 2} make ties common; rows of 2 x 21 outputs cover
-  // whole vector groups, a remainder, and groups with a NaN in them.
+  // Values from {0, 1, 2} make ties common; rows of 21 outputs cover whole
+  // vector groups, an overlapping last group and groups with a NaN in them,
+  // rows of 7 and 5 one group and the overlap, rows of 3 no group at all.
   const DType dtype = GENERATE(DType::f32, DType::f64);
+  const int64_t ow = GENERATE(21, 7, 5, 3);
+  INFO(ow << " outputs a row");
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  const int64_t planes = 3, h = 6, w = 42, oh = 3, ow = 21;
+  const int64_t planes = 3, h = 6, w = 2 * ow, oh = 3;
   Generator g(5);
   std::vector<double> xv = randn({planes * h * w}, DType::f64, g).to_vector<double>();
   for (double& v : xv) v = std::floor(std::abs(v) * 1.5);
-  for (int64_t i : {7, 100, 101, 333, 600, 601, 602, 603}) xv[i] = nan;
+  for (int64_t i : {7, 100, 101, 333, 600, 601, 602, 603})
+    if (i < static_cast<int64_t>(xv.size())) xv[i] = nan;
   Tensor x = Tensor::from_vector(xv, {1, planes, h, w}).to(dtype).requires_grad_();
   Tensor y = max_pool2d(x, {.kernel = {2, 2}});
   std::vector<double> gy(planes * oh * ow);
