@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "lockstep/runtime/cpu/simd.h"
@@ -16,85 +17,90 @@ using cpu::vec_t;
 // rounding error bounded for long rows without slowing the inner loop.
 constexpr int64_t kRun = 256;
 
-// s1 += sum(v - k), s2 += sum((v - k)^2). Two vector accumulators per sum
-// hide the add latency.
-template <class T>
-void shifted_sums(const T* __restrict v, int64_t n, T k, double& s1_out, double& s2_out) {
+// s1 += the sum of the first of pair(i), s2 += of the second, over [0, n):
+// `lanes(i)` gives the pair for the kLanes values at i as vectors, `one(i)`
+// for value i alone in double (the tail). Two vector accumulators per sum
+// hide the add latency; runs of kRun values are flushed to double.
+template <class T, class Lanes, class One>
+void paired_sums(int64_t n, Lanes lanes, One one, double& s1_out, double& s2_out) {
   constexpr int L = kLanes<T>;
-  const vec_t<T> kk = cpu::splat(k);
   double s1 = 0, s2 = 0;
   int64_t i = 0;
   while (i + 2 * L <= n) {
     vec_t<T> a0 = {}, a1 = {}, b0 = {}, b1 = {};
     const int64_t end = std::min(n, i + kRun) - 2 * L;
     for (; i <= end; i += 2 * L) {
-      const vec_t<T> d0 = cpu::load(v + i) - kk, d1 = cpu::load(v + i + L) - kk;
-      a0 += d0, a1 += d1;
-      b0 += d0 * d0, b1 += d1 * d1;
+      const auto [p0, q0] = lanes(i);
+      const auto [p1, q1] = lanes(i + L);
+      a0 += p0, a1 += p1;
+      b0 += q0, b1 += q1;
     }
     s1 += cpu::lane_sum<T>(a0 + a1);
     s2 += cpu::lane_sum<T>(b0 + b1);
   }
   for (; i < n; ++i) {
-    const double d = static_cast<double>(v[i]) - k;
-    s1 += d, s2 += d * d;
+    const auto [p, q] = one(i);
+    s1 += p, s2 += q;
   }
   s1_out += s1, s2_out += s2;
 }
 
+template <class T>
+using VecPair = std::pair<vec_t<T>, vec_t<T>>;
+
+// s1 += sum(v - k), s2 += sum((v - k)^2).
+template <class T>
+void shifted_sums(const T* __restrict v, int64_t n, T k, double& s1, double& s2) {
+  const vec_t<T> kk = cpu::splat(k);
+  paired_sums<T>(
+      n,
+      [&](int64_t i) {
+        const vec_t<T> d = cpu::load(v + i) - kk;
+        return VecPair<T>{d, d * d};
+      },
+      [&](int64_t i) {
+        const double d = static_cast<double>(v[i]) - k;
+        return std::pair{d, d * d};
+      },
+      s1, s2);
+}
+
 // s1 += sum(gy), s2 += sum(gy * (x - m)).
 template <class T>
-void grad_sums(const T* __restrict gy, const T* __restrict x, int64_t n, T m, double& s1_out,
-               double& s2_out) {
-  constexpr int L = kLanes<T>;
+void grad_sums(const T* __restrict gy, const T* __restrict x, int64_t n, T m, double& s1,
+               double& s2) {
   const vec_t<T> mm = cpu::splat(m);
-  double s1 = 0, s2 = 0;
-  int64_t i = 0;
-  while (i + 2 * L <= n) {
-    vec_t<T> a0 = {}, a1 = {}, b0 = {}, b1 = {};
-    const int64_t end = std::min(n, i + kRun) - 2 * L;
-    for (; i <= end; i += 2 * L) {
-      const vec_t<T> g0 = cpu::load(gy + i), g1 = cpu::load(gy + i + L);
-      a0 += g0, a1 += g1;
-      b0 += g0 * (cpu::load(x + i) - mm), b1 += g1 * (cpu::load(x + i + L) - mm);
-    }
-    s1 += cpu::lane_sum<T>(a0 + a1);
-    s2 += cpu::lane_sum<T>(b0 + b1);
-  }
-  for (; i < n; ++i) {
-    s1 += gy[i];
-    s2 += static_cast<double>(gy[i]) * (static_cast<double>(x[i]) - m);
-  }
-  s1_out += s1, s2_out += s2;
+  paired_sums<T>(
+      n,
+      [&](int64_t i) {
+        const vec_t<T> g = cpu::load(gy + i);
+        return VecPair<T>{g, g * (cpu::load(x + i) - mm)};
+      },
+      [&](int64_t i) {
+        const double g = gy[i];
+        return std::pair{g, g * (static_cast<double>(x[i]) - m)};
+      },
+      s1, s2);
 }
 
 // A LayerNorm row's backward sums: s1 += sum(g), s2 += sum(g * (x a + k)),
 // g = gy * w (gy alone without w), x a + k being the normalised x.
 template <class T>
 void row_grad_sums(const T* __restrict gy, const T* __restrict w, const T* __restrict x,
-                   int64_t n, T a, T k, double& s1_out, double& s2_out) {
-  constexpr int L = kLanes<T>;
+                   int64_t n, T a, T k, double& s1, double& s2) {
   const vec_t<T> aa = cpu::splat(a), kk = cpu::splat(k);
-  double s1 = 0, s2 = 0;
-  int64_t i = 0;
-  while (i + 2 * L <= n) {
-    vec_t<T> a0 = {}, a1 = {}, b0 = {}, b1 = {};
-    const int64_t end = std::min(n, i + kRun) - 2 * L;
-    for (; i <= end; i += 2 * L) {
-      vec_t<T> g0 = cpu::load(gy + i), g1 = cpu::load(gy + i + L);
-      if (w) g0 *= cpu::load(w + i), g1 *= cpu::load(w + i + L);
-      a0 += g0, a1 += g1;
-      b0 += g0 * (cpu::load(x + i) * aa + kk), b1 += g1 * (cpu::load(x + i + L) * aa + kk);
-    }
-    s1 += cpu::lane_sum<T>(a0 + a1);
-    s2 += cpu::lane_sum<T>(b0 + b1);
-  }
-  for (; i < n; ++i) {
-    const double g = w ? static_cast<double>(gy[i]) * w[i] : gy[i];
-    s1 += g;
-    s2 += g * (x[i] * a + k);
-  }
-  s1_out += s1, s2_out += s2;
+  paired_sums<T>(
+      n,
+      [&](int64_t i) {
+        vec_t<T> g = cpu::load(gy + i);
+        if (w) g *= cpu::load(w + i);
+        return VecPair<T>{g, g * (cpu::load(x + i) * aa + kk)};
+      },
+      [&](int64_t i) {
+        const double g = w ? static_cast<double>(gy[i]) * w[i] : gy[i];
+        return std::pair{g, g * (x[i] * a + k)};
+      },
+      s1, s2);
 }
 
 template <class T>
