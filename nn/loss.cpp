@@ -21,13 +21,16 @@ CrossEntropyLoss::CrossEntropyLoss(CrossEntropyLossOptions opts) : options(opts)
 Tensor CrossEntropyLoss::forward(const Tensor&) { needs_target(type_name()); }
 
 Tensor CrossEntropyLoss::forward(const Tensor& logits, const Tensor& target) {
-  return runtime::cross_entropy(logits, target, options.label_smoothing, options.reduction);
+  return runtime::cross_entropy(logits, target, options.label_smoothing, options.reduction,
+                                options.ignore_index);
 }
 
 std::string CrossEntropyLoss::extra_repr() const {
-  return options.label_smoothing != 0.0
-             ? fmt::format("label_smoothing={}", options.label_smoothing)
-             : std::string();
+  std::string out;
+  if (options.ignore_index) out = fmt::format("ignore_index={}", *options.ignore_index);
+  if (options.label_smoothing != 0.0)
+    out += fmt::format("{}label_smoothing={}", out.empty() ? "" : ", ", options.label_smoothing);
+  return out;
 }
 
 Tensor MSELoss::forward(const Tensor&) { needs_target(type_name()); }

@@ -12,6 +12,9 @@ using runtime::Reduction;
 struct CrossEntropyLossOptions {
   double label_smoothing = 0.0;  // target = (1-s)*onehot + s/C
   Reduction reduction = Reduction::Mean;
+  // Samples with this target add nothing (runtime::cross_entropy); PyTorch's
+  // default is -100, lockstep's none.
+  std::optional<int64_t> ignore_index;
 };
 
 // logits [N, C], target [N] of class indices (i64 or i32). N = 0 (an empty

@@ -35,7 +35,10 @@ LossForward cross_entropy_cpu(const Tensor& x, const Tensor& t, double smoothing
   const int64_t* tp = t.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i)
     LOCKSTEP_CHECK(tp[i] >= 0 && tp[i] < c,
-                   "cross_entropy: target[{}] = {} is not a class index in [0, {})", i, tp[i], c);
+                   "cross_entropy: target[{}] = {} is not a class index in [0, {}){}", i, tp[i], c,
+                   tp[i] < 0 ? "; to skip such samples (PyTorch skips -100 by default), pass "
+                               "ignore_index"
+                             : "");
   Tensor probs = Tensor::empty({n, c}, x.dtype());
   Tensor losses = Tensor::empty({n}, x.dtype());
   dispatch_float(x.dtype(), "cross_entropy", [&](auto tag) {
@@ -104,10 +107,32 @@ Tensor empty_cross_entropy(const Tensor& logits, Reduction reduction) {
   });
 }
 
+// ignore_index: the per-sample losses of the samples kept, composed from ops,
+// so that it runs and differentiates on every device. An ignored target is
+// replaced by class 0 and its loss multiplied by 0.
+Tensor cross_entropy_ignoring(const Tensor& logits, const Tensor& target, double smoothing,
+                              Reduction reduction, int64_t ignore_index) {
+  LOCKSTEP_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32,
+                 "cross_entropy: target must hold class indices (i64 or i32), got {}",
+                 dtype_name(target.dtype()));
+  const Tensor t = target.to(DType::i64);
+  const Tensor ignored = eq(t, Tensor::empty({}, DType::i64, t.device()).fill_(ignore_index));
+  const Tensor kept_target = sub(t, mul(ignored.to(DType::i64), t));
+  const Tensor losses = cross_entropy(logits, kept_target, smoothing, Reduction::None);
+  const Tensor keep = add(neg(ignored.to(losses.dtype())), 1.0);
+  const Tensor kept = mul(losses, keep);
+  if (reduction == Reduction::None) return kept;
+  if (reduction == Reduction::Sum) return sum(kept);
+  const Tensor count = sum(keep);
+  return div(sum(kept), add(count, eq(count, Tensor::zeros({}, count.dtype(), count.device()))
+                                       .to(count.dtype())));
+}
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing,
-                     Reduction reduction) {
+                     Reduction reduction, std::optional<int64_t> ignore_index) {
+  if (ignore_index) return cross_entropy_ignoring(logits, target, smoothing, reduction, *ignore_index);
   if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {logits}))
     return cross_entropy((*c)[0], target, smoothing, reduction);
   if (auto low = detail::cpu_reduced_dtype({logits}))

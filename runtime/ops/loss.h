@@ -1,6 +1,9 @@
 // Losses, differentiable w.r.t. the input.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
 #include "lockstep/runtime/tensor.h"
 
 namespace lockstep::runtime {
@@ -9,8 +12,14 @@ enum class Reduction { Mean, Sum, None };
 
 // logits [N, C], target [N] of class indices (i64 or i32). With label
 // smoothing s the target distribution is (1-s)*onehot + s/C, as in PyTorch.
+// With ignore_index, a sample whose target equals it adds nothing (its loss
+// and gradient are 0, None gives it 0) and Mean divides by the samples kept:
+// 0 when none is kept, as for an empty batch, where PyTorch gives NaN.
+// PyTorch ignores -100 unless told otherwise; lockstep only when asked, and
+// a target outside [0, C) is otherwise an error.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0,
-                     Reduction reduction = Reduction::Mean);
+                     Reduction reduction = Reduction::Mean,
+                     std::optional<int64_t> ignore_index = std::nullopt);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
 
 }  // namespace lockstep::runtime

@@ -236,6 +236,12 @@ TEST_CASE("losses as modules match the functions", "[nn][layers]") {
   CHECK(smooth(logits, target).item() ==
         Approx(functional::cross_entropy(logits, target, 0.1, Reduction::Sum).item()));
   CHECK_THAT(error_of([&] { ce.forward(logits); }), Contains("takes (input, target)"));
+  // ignore_index, as PyTorch's -100 padding: only row 0 counts.
+  CrossEntropyLoss padded({.label_smoothing = 0.1, .ignore_index = -100});
+  CHECK(padded(logits, Tensor::from_vector<int64_t>({2, -100}, {2})).item() ==
+        Approx(functional::cross_entropy(logits.slice(0, 0, 1), target.slice(0, 0, 1), 0.1)
+                   .item()));
+  CHECK(padded.extra_repr() == "ignore_index=-100, label_smoothing=0.1");
 
   MSELoss mse;
   Tensor a = Tensor::from_vector<float>({1, 2, 3}, {3});

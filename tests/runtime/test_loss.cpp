@@ -9,6 +9,7 @@
 #include "lockstep/runtime/ops/activation.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/loss.h"
+#include "lockstep/runtime/ops/misc.h"
 #include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
@@ -160,6 +161,57 @@ TEST_CASE("cross_entropy argument errors", "[runtime][ops][loss]") {
                     Contains("label_smoothing"));
   CHECK_THROWS_WITH(cross_entropy(logits, Tensor::zeros({3}, DType::i64), -0.1),
                     Contains("label_smoothing"));
+}
+
+TEST_CASE("cross_entropy with ignore_index: ignored samples add nothing, Mean over the kept",
+          "[runtime][ops][loss]") {
+  const double smoothing = GENERATE(0.0, 0.1);
+  INFO("label_smoothing " << smoothing);
+  Generator g(7);
+  const Tensor x = randn({4, 5}, DType::f64, g);
+  const Tensor target = Tensor::from_vector<int64_t>({4, -100, 2, -100}, {4});
+  const std::vector<double> xs = values(x);
+  const auto ref = cross_entropy_ref(xs, {4, 0, 2, 0}, 5, smoothing);
+  const std::vector<double> want_none{ref[0], 0.0, ref[2], 0.0};
+  check_close(cross_entropy(x, target, smoothing, Reduction::None, -100), want_none, 1e-12);
+  CHECK(cross_entropy(x, target, smoothing, Reduction::Sum, -100).item() ==
+        Approx(ref[0] + ref[2]).epsilon(1e-12));
+  Tensor logits = x.clone().requires_grad_();
+  Tensor loss = cross_entropy(logits, target.to(DType::i32), smoothing, Reduction::Mean, -100);
+  CHECK(loss.item() == Approx((ref[0] + ref[2]) / 2).epsilon(1e-12));
+  loss.backward();
+  // The kept rows' gradient is that of a batch of the two of them; the ignored rows get 0.
+  Tensor kept = cat({x.slice(0, 0, 1), x.slice(0, 2, 3)}, 0).requires_grad_();
+  cross_entropy(kept, Tensor::from_vector<int64_t>({4, 2}, {2}), smoothing).backward();
+  const std::vector<double> gk = values(kept.grad()), got = values(logits.grad());
+  for (int64_t j = 0; j < 5; ++j) {
+    CHECK(got[j] == Approx(gk[j]).margin(1e-15));
+    CHECK(got[10 + j] == Approx(gk[5 + j]).margin(1e-15));
+    CHECK(got[5 + j] == 0.0);
+    CHECK(got[15 + j] == 0.0);
+  }
+  check_grad("cross_entropy with ignore_index",
+             [&](auto& in) { return cross_entropy(in[0], target, smoothing, Reduction::Mean, -100); },
+             {random_input({4, 5}, 3, -2.0, 2.0)});
+}
+
+TEST_CASE("cross_entropy with ignore_index: every sample ignored gives 0 and no gradient; "
+          "without it -100 is an error that names the option",
+          "[runtime][ops][loss]") {
+  Tensor logits = Tensor::zeros({2, 3}).requires_grad_();
+  const Tensor all_ignored = Tensor::from_vector<int64_t>({7, 7}, {2});
+  Tensor loss = cross_entropy(logits, all_ignored, 0.0, Reduction::Mean, 7);
+  CHECK(loss.item() == 0.0);
+  loss.backward();
+  check_close(logits.grad(), std::vector<double>(6, 0.0), 0.0);
+  // Any index may be the one ignored, and the others are still checked.
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::from_vector<int64_t>({7, 3}, {2}), 0.0,
+                                  Reduction::Mean, 7),
+                    Contains("target[1] = 3"));
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::from_vector<int64_t>({1, -100}, {2})),
+                    Contains("target[1] = -100") && Contains("pass ignore_index"));
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::zeros({2}), 0.0, Reduction::Mean, -100),
+                    Contains("class indices"));
 }
 
 TEST_CASE("mse_loss for every reduction", "[runtime][ops][loss]") {
