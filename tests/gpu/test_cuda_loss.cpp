@@ -1,7 +1,7 @@
 // cross_entropy and mse_loss on CUDA against the CPU ops, forward and
 // backward: every reduction, label smoothing, i64 and i32 targets, class
 // counts that take the warp, block and vector paths, non-contiguous logits,
-// bf16/f16 logits, and the NaN a bad target gives on CUDA.
+// bf16/f16 logits, ignore_index, and the NaN a bad target gives on CUDA.
 // Tolerances: f32 within 1e-5 relative plus 1e-6 absolute, f64 within 1e-12;
 // bf16 and f16 logits against the CPU op in f32 on the same rounded logits,
 // within the output's rounding (1/128 and 1/1024 relative) plus 1e-3 (bf16)
@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,8 @@ Tolerance tolerance_of(DType dt) {
 // cross_entropy forward and backward on CUDA (logits given in any layout by
 // `logits_dev`) against the CPU on the same values (in f32 for 16-bit).
 void check_cross_entropy(const Tensor& logits, const Tensor& logits_dev, const Tensor& target,
-                         double smoothing, Reduction reduction, uint64_t seed) {
+                         double smoothing, Reduction reduction, uint64_t seed,
+                         std::optional<int64_t> ignore_index = std::nullopt) {
   const DType dt = logits.dtype();
   const bool narrow = dt == DType::bf16 || dt == DType::f16;
   const Tolerance tol = tolerance_of(dt);
@@ -61,11 +63,12 @@ void check_cross_entropy(const Tensor& logits, const Tensor& logits_dev, const T
                            std::string(dtype_name(dt)) + " target " +
                            std::string(dtype_name(target.dtype())) + " smoothing " +
                            std::to_string(smoothing) + " reduction " + reduction_name(reduction) +
-                           (logits_dev.is_contiguous() ? "" : " strided");
+                           (logits_dev.is_contiguous() ? "" : " strided") +
+                           (ignore_index ? " ignore_index " + std::to_string(*ignore_index) : "");
   Tensor xc = (narrow ? logits.to(DType::f32) : logits.clone()).requires_grad_();
   Tensor xg = logits_dev.detach().requires_grad_();
-  Tensor lc = cross_entropy(xc, target, smoothing, reduction);
-  Tensor lg = cross_entropy(xg, target.to(cuda0()), smoothing, reduction);
+  Tensor lc = cross_entropy(xc, target, smoothing, reduction, ignore_index);
+  Tensor lg = cross_entropy(xg, target.to(cuda0()), smoothing, reduction, ignore_index);
   CHECK(lg.device() == cuda0());
   CHECK(lg.dtype() == dt);
   check_close_to(lg, lc, tol.rtol, tol.atol, what + " forward");
@@ -142,6 +145,29 @@ TEST_CASE("CUDA cross_entropy: a target out of range gives NaN, not an error",
   CHECK(std::isnan(cross_entropy(logits, target).item()));
   CHECK_THAT(error_of([&] { cross_entropy(logits, target.to(Device::cpu())); }),
              Contains("cross_entropy"));
+}
+
+TEST_CASE("CUDA cross_entropy with ignore_index matches the CPU", "[gpu][cuda][loss]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  poison_device_memory();
+  uint64_t seed = 401;
+  for (const Shape& shape : {Shape{7, 10}, Shape{64, 1000}}) {
+    for (Reduction reduction : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+      for (double smoothing : {0.0, 0.1}) {
+        const Tensor logits = randn_cpu(shape, seed++);
+        std::vector<int64_t> t = random_targets(shape[0], shape[1], seed++, DType::i64)
+                                     .to_vector<int64_t>();
+        for (size_t i = 0; i < t.size(); i += 3) t[i] = -100;  // every third sample padding
+        const Tensor target = Tensor::from_vector<int64_t>(t, {shape[0]});
+        check_cross_entropy(logits, logits.to(cuda0()), target, smoothing, reduction, seed++,
+                            -100);
+      }
+    }
+  }
+  // Every sample ignored: 0, as on the CPU.
+  const Tensor logits = randn_cpu({4, 10}, seed++).to(cuda0());
+  const Tensor none = Tensor::from_vector<int64_t>({-100, -100, -100, -100}, {4}).to(cuda0());
+  CHECK(cross_entropy(logits, none, 0.0, Reduction::Mean, -100).item() == 0.0);
 }
 
 TEST_CASE("CUDA mse_loss matches the CPU", "[gpu][cuda][loss]") {
