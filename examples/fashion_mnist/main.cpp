@@ -126,7 +126,17 @@ int run(Options o) {
   std::shared_ptr<nn::Module> model =
       o.model == "cnn" ? models::fashion_cnn(o.seed) : models::fashion_mlp(o.seed);
   model->to(device);
-  if (o.sync_bn) model = nn::convert_sync_batchnorm(model, group);
+  bool synced_bn = false;
+  if (o.sync_bn) {
+    model = nn::convert_sync_batchnorm(model, group);
+    const auto modules = model->named_modules();
+    synced_bn = std::any_of(modules.begin(), modules.end(), [](const auto& m) {
+      return m.second->type_name() == "SyncBatchNorm";
+    });
+    if (!synced_bn)
+      print(group->rank(), "note: --sync-bn changes nothing: the {} has no BatchNorm layer\n",
+            o.model);
+  }
   auto ddp = std::make_shared<nn::DistributedDataParallel>(model, group);
   auto sampler = std::make_unique<runtime::DistributedSampler>(
       train.size(), *group, runtime::DistributedSamplerOptions{.seed = o.seed});
@@ -138,7 +148,7 @@ int run(Options o) {
   const std::string ranks = ranks_line(*group, device);
   print(rank, "model {} ({} parameters{}), {} training and {} test samples, {} x "
         "batch {}, {} lr {}{}{}, seed {}\n",
-        o.model, model->num_parameters(), o.sync_bn ? ", SyncBatchNorm" : "", train.size(),
+        o.model, model->num_parameters(), synced_bn ? ", SyncBatchNorm" : "", train.size(),
         test.size(), ranks, o.batch_size, o.optimizer,
         learning_rate(o), o.lr_schedule == "none" ? "" : " (" + o.lr_schedule + ")",
         o.zero ? ", ZeRO" : "", o.seed);
