@@ -131,7 +131,7 @@ int run(Options o) {
     model = nn::convert_sync_batchnorm(model, group);
     const auto modules = model->named_modules();
     synced_bn = std::any_of(modules.begin(), modules.end(), [](const auto& m) {
-      return m.second->type_name() == "SyncBatchNorm";
+      return dynamic_cast<const nn::SyncBatchNorm*>(m.second) != nullptr;
     });
     if (!synced_bn)
       print(group->rank(), "note: --sync-bn changes nothing: the {} has no BatchNorm layer\n",

@@ -79,6 +79,12 @@ template <class V>
 LOCKSTEP_LANES_INLINE void store_n(lane_t<V>* p, V v) {  // unaligned
   std::memcpy(p, &v, sizeof v);
 }
+
+template <class V>
+LOCKSTEP_LANES_INLINE V splat_n(lane_t<V> x) {
+  V v = {};
+  return v + x;
+}
 LOCKSTEP_LANES_END
 
 template <class T>

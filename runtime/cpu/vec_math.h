@@ -16,12 +16,6 @@ namespace lockstep::runtime::cpu {
 
 LOCKSTEP_LANES_BEGIN
 
-template <class V>
-LOCKSTEP_LANES_INLINE V splat_n(float x) {
-  V v = {};
-  return v + x;
-}
-
 // exp(x) for x <= 0: Cephes' expf, exp(x) = 2^n exp(r) with |r| <= ln(2) / 2
 // and a degree-6 polynomial, within 1 ulp of exp on [-87, 0] (1.02 in the
 // AVX2 variant, whose fused multiply-adds round differently; exhaustive

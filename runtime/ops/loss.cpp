@@ -107,14 +107,18 @@ Tensor empty_cross_entropy(const Tensor& logits, Reduction reduction) {
   });
 }
 
+void check_target_dtype(const Tensor& target) {
+  LOCKSTEP_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32,
+                 "cross_entropy: target must hold class indices (i64 or i32), got {}",
+                 dtype_name(target.dtype()));
+}
+
 // ignore_index: the per-sample losses of the samples kept, composed from ops,
 // so that it runs and differentiates on every device. An ignored target is
 // replaced by class 0 and its loss multiplied by 0.
 Tensor cross_entropy_ignoring(const Tensor& logits, const Tensor& target, double smoothing,
                               Reduction reduction, int64_t ignore_index) {
-  LOCKSTEP_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32,
-                 "cross_entropy: target must hold class indices (i64 or i32), got {}",
-                 dtype_name(target.dtype()));
+  check_target_dtype(target);
   const Tensor t = target.to(DType::i64);
   const Tensor ignored = eq(t, Tensor::empty({}, DType::i64, t.device()).fill_(ignore_index));
   const Tensor kept_target = sub(t, mul(ignored.to(DType::i64), t));
@@ -144,9 +148,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
   LOCKSTEP_CHECK(target.dim() == 1 && target.shape()[0] == logits.shape()[0],
                  "cross_entropy: target must be [N] = [{}] class indices, got {}",
                  logits.shape()[0], shape_str(target.shape()));
-  LOCKSTEP_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32,
-                 "cross_entropy: target must hold class indices (i64 or i32), got {}",
-                 dtype_name(target.dtype()));
+  check_target_dtype(target);
   LOCKSTEP_CHECK(smoothing >= 0.0 && smoothing <= 1.0,
                  "cross_entropy: label_smoothing must be in [0, 1], got {}", smoothing);
   LOCKSTEP_CHECK(logits.device() == target.device(),
