@@ -107,8 +107,13 @@ TokenBatch train_batch(const std::string& text, int64_t step, int rank, int worl
   return windows_at(text, offsets, t);
 }
 
+int64_t window_count(const std::string& text, int64_t t) {
+  return std::max<int64_t>(0, static_cast<int64_t>(text.size()) - t);
+}
+
 std::vector<int64_t> evaluation_offsets(const std::string& text, int64_t count, int64_t t) {
   check_window_fits(text, "validation", t);
+  count = std::min(count, window_count(text, t));
   const int64_t last = static_cast<int64_t>(text.size()) - t - 1;
   std::vector<int64_t> offsets;
   for (int64_t w = 0; w < count; ++w)

@@ -47,7 +47,11 @@ TokenBatch train_batch(const std::string& text, int64_t step, int rank, int worl
 // The windows of `t` + 1 bytes starting at `offsets`.
 TokenBatch windows_at(const std::string& text, const std::vector<int64_t>& offsets, int64_t t);
 
-// `count` window starts spread evenly over `text` (the validation set).
+// How many distinct windows of `t` + 1 bytes `text` holds.
+int64_t window_count(const std::string& text, int64_t t);
+
+// `count` window starts spread evenly over `text` (the validation set), or
+// every start where `text` holds fewer windows: none is counted twice.
 std::vector<int64_t> evaluation_offsets(const std::string& text, int64_t count, int64_t t);
 
 }  // namespace gpt_example

@@ -35,6 +35,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "common/cli_checks.h"
 #include "common/run_support.h"
 #include "corpus.h"
 #include "lockstep/collectives/init.h"
@@ -184,6 +185,11 @@ int run(Options o) {
   const double unigram = unigram_bits_per_byte(corpus.train, corpus.validation);
   check_window_fits(corpus.train, "training", o.seq_len);
   check_window_fits(corpus.validation, "validation", o.seq_len);
+  if (const int64_t windows = window_count(corpus.validation, o.seq_len); o.eval_windows > windows) {
+    print(rank, "note: the held-out text has {} windows of {} bytes; --eval-windows {} uses "
+          "each once\n", windows, o.seq_len + 1, o.eval_windows);
+    o.eval_windows = windows;
+  }
 
   auto model = models::gpt(model_config(o), o.seed);
   model->to(device);
@@ -299,55 +305,60 @@ int run(Options o) {
 int main(int argc, char** argv) {
   gpt_example::Options o;
   CLI::App app{"Train a byte-level GPT on Debian's fortunes with lockstep on one or more processes."};
-  app.add_option("--n-layer", o.n_layer, "transformer blocks")->check(CLI::PositiveNumber);
-  app.add_option("--n-head", o.n_head, "attention heads (dividing --n-embd)")->check(CLI::PositiveNumber);
-  app.add_option("--n-embd", o.n_embd, "width")->check(CLI::PositiveNumber);
-  app.add_option("--seq-len", o.seq_len, "context length in bytes")->check(CLI::PositiveNumber);
+  app.add_option("--n-layer", o.n_layer, "transformer blocks")->check(examples::positive);
+  app.add_option("--n-head", o.n_head, "attention heads (dividing --n-embd)")->check(examples::positive);
+  app.add_option("--n-embd", o.n_embd, "width")->check(examples::positive);
+  app.add_option("--seq-len", o.seq_len, "context length in bytes")->check(examples::positive);
   app.add_option("--dropout", o.dropout, "dropout in training")->check(CLI::Range(0.0, 0.99));
   app.add_flag("--checkpoint-blocks", o.checkpoint_blocks,
                "recompute each block's activations in backward (less memory, more time)");
   app.add_option("--amp", o.amp, "autocast dtype: none, bf16, f16 (with loss scaling)")
       ->check(CLI::IsMember({"none", "bf16", "f16"}))
       ->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "optimizer steps")->check(examples::positive);
   app.add_option("--batch-size", o.batch_size, "sequences per step on each rank")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
+      ->check(examples::positive);
+  app.add_option("--lr", o.lr, "peak learning rate")->check(examples::positive);
   app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine")
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::non_negative);
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")->check(CLI::NonNegativeNumber);
+      ->check(examples::non_negative);
+  app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")->check(examples::non_negative);
   app.add_option("--clip-grad-norm", o.clip_grad_norm, "global gradient norm limit (0: none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::non_negative);
   app.add_flag("--zero", o.zero, "shard the optimizer state across ranks");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints");
   app.add_option("--checkpoint-every", o.checkpoint_every, "also checkpoint every N steps")
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive);
   app.add_option("--keep-last", o.keep_last, "checkpoints kept besides the best")
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive);
   auto* resume = app.add_flag("--resume", o.resume,
                               "continue the run in --checkpoint-dir from its newest checkpoint");
   app.add_flag("--restart", o.restart, "start a new run in --checkpoint-dir (old files moved aside)")
       ->excludes(resume);
   app.add_option("--eval-every", o.eval_every, "steps between validation passes (and at the end)")
-      ->check(CLI::PositiveNumber);
+      ->check(examples::positive);
   app.add_option("--eval-windows", o.eval_windows, "validation windows of --seq-len bytes")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--log-every", o.log_every, "steps between progress lines")->check(CLI::PositiveNumber);
+      ->check(examples::positive);
+  app.add_option("--log-every", o.log_every, "steps between progress lines")->check(examples::positive);
   app.add_option("--prompt", o.prompt, "text the final sample continues");
   app.add_option("--sample-bytes", o.sample_bytes, "bytes to sample at the end (0: none)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--temperature", o.temperature, "sampling temperature")->check(CLI::PositiveNumber);
+      ->check(examples::non_negative);
+  app.add_option("--temperature", o.temperature, "sampling temperature")->check(examples::positive);
   app.add_option("--seed", o.seed, "seed for initialisation, batches and sampling");
   app.add_option("--data", o.data, "directory of fortune databases");
-  app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(examples::positive);
   app.add_option("--device", o.device, "auto, cpu, cuda or cuda:N (default: LOCKSTEP_DEVICE, else auto)");
   app.add_option("--backend", o.backend, "process-group backend (default: LOCKSTEP_BACKEND, else chosen)");
   CLI11_PARSE(app, argc, argv);
   if ((o.resume || o.restart) && o.checkpoint_dir.empty()) {
     fmt::print(stderr, "gpt_train: error: {} needs --checkpoint-dir DIR\n",
                o.resume ? "--resume" : "--restart");
+    return 2;
+  }
+  if (o.sample_bytes > 0 && o.prompt.empty()) {
+    fmt::print(stderr, "gpt_train: error: --prompt is empty; give the text the sample continues "
+                       "(at least one byte), or --sample-bytes 0 for no sample\n");
     return 2;
   }
   if (o.n_embd % o.n_head != 0) {

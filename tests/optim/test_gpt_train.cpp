@@ -117,6 +117,40 @@ TEST_CASE("gpt_train: every 10th entry is held out; missing data is a clear erro
   fs::remove_all(dir);
 }
 
+TEST_CASE("gpt_train: flags that cannot work are refused before training, naming the rule",
+          "[example][gpt]") {
+  LOCKSTEP_SKIP_IF(skip_reason());
+  const fs::path dir = scratch("flags");
+  fs::create_directories(dir);
+  write_fortunes(dir / "a", 0, 25);
+  const auto run = [&](std::vector<std::string> args, const char* sample_bytes = "0") {
+    args.insert(args.end(), {"--data", dir.string(), "--steps", "2"});
+    auto argv = command(1, args);
+    *(std::find(argv.begin(), argv.end(), "--sample-bytes") + 1) = sample_bytes;
+    return run_process(argv, std::chrono::seconds(120));
+  };
+  // An empty prompt used to fail only after the whole run, at the sample.
+  const auto empty_prompt = run({"--prompt", ""}, "8");
+  CHECK(empty_prompt.exit_code == 2);
+  CHECK_THAT(empty_prompt.output,
+             Catch::Contains("--prompt is empty") && !Catch::Contains("model gpt"));
+  CHECK(run({"--prompt", ""}).ok());
+  CHECK(run({"--prompt", "entry"}, "8").ok());
+  for (const char* lr : {"0", "-1", "inf", "nan", "fast"}) {
+    const auto bad = run({"--lr", lr});
+    INFO(bad.output);
+    CHECK(bad.exit_code != 0);
+    CHECK_THAT(bad.output, Catch::Contains(fmt::format("must be a positive number, not {}", lr)));
+  }
+  // More validation windows than the held-out text holds: each is used once.
+  const auto windows = run({"--eval-windows", "1000000"});
+  INFO(windows.output);
+  REQUIRE(windows.ok());
+  CHECK_THAT(windows.output, Catch::Contains("note: the held-out text has ") &&
+                                 Catch::Contains("--eval-windows 1000000 uses each once"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("gpt_train: a diverging run stops at its first NaN loss, naming rank and step",
           "[example][gpt]") {
   LOCKSTEP_SKIP_IF(fortunes_skip_reason());
