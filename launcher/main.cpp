@@ -12,6 +12,7 @@
 
 #include "launcher/child_env.h"
 #include "launcher/cpu_binding.h"
+#include "launcher/descriptor_limit.h"
 #include "launcher/group_reaper.h"
 #include "launcher/node_link.h"
 #include "launcher/options.h"
@@ -78,6 +79,7 @@ int run(const Options& options) {
                                      : " (or not an executable file)"));
   }
 
+  ensure_descriptor_limit(options);
   // Before the store server's thread starts: the reaper is a fork of this process.
   GroupReaper reaper = GroupReaper::start();
 

@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -545,6 +546,41 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
                              "--grace-period", "--bind-to", "--max-restarts",
                              "--restart-backoff", "--hang-timeout"})
     CHECK_THAT(help.output, Contains(option));
+}
+
+TEST_CASE("launcher: too low an open-file limit is raised, or the job refused before a rank starts",
+          "[launcher]") {
+  const auto lr = bin_path("lockstep-run");
+  TempDir dir;
+  // A hard limit of 100 cannot hold 200 ranks' descriptors: refused, nothing started
+  // (it used to fail at rank 55 or so, the started ranks killed).
+  const auto refused = run_process(
+      {"/bin/sh", "-c",
+       fmt::format("ulimit -n 100 && exec {} -np 200 /bin/sh -c 'touch {}/started.$RANK'", lr,
+                   dir.str())},
+      kLimit);
+  INFO(describe(refused) << "\n" << refused.output);
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, Contains("200 ranks on this node need about") &&
+                                 Contains("the hard limit is 100") && Contains("ulimit"));
+  CHECK(std::filesystem::is_empty(dir.str()));
+
+  // A soft limit below what 8 ranks need is raised to the hard limit, which
+  // the ranks inherit.
+  rlimit limit{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &limit) == 0);
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < 200) {
+    WARN("skipped the raise: this process's hard limit (" << limit.rlim_max << ") is below 200");
+    return;
+  }
+  const auto raised = run_process(
+      {"/bin/sh", "-c", fmt::format("ulimit -Sn 70 && exec {} -np 8 /bin/sh -c 'ulimit -Sn'", lr)},
+      kLimit);
+  INFO(describe(raised) << "\n" << raised.output);
+  CHECK(raised.ok());
+  CHECK_THAT(raised.output, !Contains("70\n"));
+  if (limit.rlim_max != RLIM_INFINITY)
+    CHECK_THAT(raised.output, Contains(fmt::format("{}\n", limit.rlim_max)));
 }
 
 TEST_CASE("launcher: --bind-to core gives each rank its own CPUs; none leaves them alone",

@@ -1,0 +1,42 @@
+#include "launcher/descriptor_limit.h"
+
+#include <sys/resource.h>
+
+#include <fmt/format.h>
+
+namespace lockstep::launcher {
+namespace {
+
+// The launcher's own: stdio, the signalfd, the poll set, the reaper's pipe,
+// the store's listening socket, the node link, files the post-mortem reads.
+constexpr long kOwnDescriptors = 64;
+
+}  // namespace
+
+long descriptors_needed(const Options& options) {
+  const long per_local_rank = 1 + (options.tag_output ? 2 : 0);
+  const long store_connections =
+      options.node_rank == 0 ? static_cast<long>(options.world_size()) + options.nnodes : 0;
+  return kOwnDescriptors + per_local_rank * options.nproc_per_node + store_connections;
+}
+
+void ensure_descriptor_limit(const Options& options) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;  // unknown: start, and report what fails
+  const auto needed = static_cast<rlim_t>(descriptors_needed(options));
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= needed) return;
+  const rlim_t soft = limit.rlim_cur;
+  const bool hard_suffices = limit.rlim_max == RLIM_INFINITY || limit.rlim_max >= needed;
+  // The hard limit where it is finite (no later raise is needed), else what the job needs.
+  limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? needed : limit.rlim_max;
+  if (hard_suffices && setrlimit(RLIMIT_NOFILE, &limit) == 0) return;
+  throw UsageError(fmt::format(
+      "{} ranks on this node need about {} open files in the launcher, but its limit is {} "
+      "(ulimit -n) and {}: raise the limit (ulimit -Hn, or nofile in "
+      "/etc/security/limits.conf) or start fewer ranks per node",
+      options.nproc_per_node, needed, soft,
+      hard_suffices ? std::string("raising it failed")
+                    : fmt::format("the hard limit is {}", limit.rlim_max)));
+}
+
+}  // namespace lockstep::launcher
