@@ -15,9 +15,8 @@ TrainingLog::TrainingLog(std::filesystem::path path, nlohmann::json settings)
           {"settings", std::move(settings)},
           {"windows", nlohmann::json::array()},
           {"epochs", nlohmann::json::array()}};
-  // A directory that cannot take the file fails now, not after an epoch.
-  const std::filesystem::path dir = path_.has_parent_path() ? path_.parent_path() : ".";
-  lockstep::runtime::check_can_create_files(dir);
+  // A path that cannot take the file fails now, not after an epoch.
+  lockstep::runtime::check_can_write_file(path_);
 }
 
 void TrainingLog::window(int epoch, int64_t step, double mean_loss, double samples_per_s) {

@@ -55,6 +55,15 @@ bool writer_is_gone(pid_t pid) {
 
 // The next temporary name for `file_name` in `dir`; the sequence number keeps two
 // threads of one process apart.
+void check_names_a_file(const fs::path& path) {
+  std::error_code ec;
+  if (!path.has_filename() || fs::is_directory(path, ec)) {
+    throw Error(fmt::format("cannot write the file {}: it names a directory; give a file name "
+                            "such as {}",
+                            path.string(), (path / "out.json").lexically_normal().string()));
+  }
+}
+
 std::string temp_name_for(const fs::path& dir, const std::string& file_name) {
   static std::atomic<unsigned> sequence{0};
   return (dir / fmt::format(".{}{}{}-{}", file_name, kTempMarker, ::getpid(), sequence++)).string();
@@ -74,6 +83,7 @@ void write_file_atomically(const fs::path& path,
                            const std::function<void(int fd, const std::string& temp_path)>& fill) {
   // Writing and syncing many GB may use little CPU: not a hang.
   const BusyScope writing;
+  check_names_a_file(path);
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   const std::string temp = temp_name_for(dir, path.filename().string());
   UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
@@ -110,6 +120,11 @@ void check_can_create_files(const fs::path& dir) {
   if (!fd) throw_errno("cannot create files in", dir.string());
   fd.reset();
   ::unlink(probe.c_str());
+}
+
+void check_can_write_file(const fs::path& path) {
+  check_names_a_file(path);
+  check_can_create_files(path.has_parent_path() ? path.parent_path() : fs::path("."));
 }
 
 }  // namespace lockstep::runtime

@@ -39,6 +39,12 @@ std::vector<std::filesystem::path> remove_stale_temp_files(const std::filesystem
 // once): a read-only or foreign directory fails here, not at the first write.
 void check_can_create_files(const std::filesystem::path& dir);
 
+// check_can_create_files for the directory `path` would be written in, after
+// refusing a `path` that names a directory ("runs/" or an existing one),
+// which the final rename could not replace. write_file_atomically refuses
+// one too.
+void check_can_write_file(const std::filesystem::path& path);
+
 // fsync of a directory, so that renames and unlinks in it are durable.
 void fsync_directory(const std::filesystem::path& dir);
 

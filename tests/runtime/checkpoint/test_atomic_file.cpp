@@ -1,0 +1,61 @@
+// write_file_atomically and check_can_write_file on paths that cannot take a
+// file: refused up front with a message that says why, nothing left behind.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "lockstep/runtime/checkpoint/atomic_file.h"
+#include "lockstep/runtime/error.h"
+#include "support/temp_dir.h"
+
+using lockstep::runtime::check_can_write_file;
+using lockstep::runtime::write_file_atomically;
+using lockstep::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_text(const fs::path& path, const std::string& text) {
+  write_file_atomically(path, [&](int fd, const std::string&) {
+    REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  });
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("atomic file: a path naming a directory is refused before anything is written",
+          "[checkpoint]") {
+  TempDir dir;
+  const fs::path sub = fs::path(dir.str()) / "runs";
+  fs::create_directories(sub);
+  for (const fs::path& path : {sub, fs::path(sub.string() + "/"), fs::path(dir.str() + "/new/")}) {
+    INFO(path.string());
+    CHECK_THROWS_WITH(check_can_write_file(path), Catch::Contains("it names a directory") &&
+                                                      Catch::Contains("give a file name"));
+    CHECK_THROWS_WITH(write_text(path, "x"), Catch::Contains("it names a directory"));
+  }
+  CHECK(fs::is_empty(sub));  // no temporary file left behind
+  CHECK(!fs::exists(fs::path(dir.str()) / "new"));
+}
+
+TEST_CASE("atomic file: a missing directory is named; a good path is written and replaced",
+          "[checkpoint]") {
+  TempDir dir;
+  const fs::path missing = fs::path(dir.str()) / "absent" / "log.json";
+  CHECK_THROWS_WITH(check_can_write_file(missing),
+                    Catch::Contains("cannot create files in") && Catch::Contains("absent"));
+  const fs::path file = dir.file("log.json");
+  check_can_write_file(file);
+  write_text(file, "first");
+  write_text(file, "second");
+  CHECK(read_text(file) == "second");
+  CHECK(std::distance(fs::directory_iterator(dir.str()), fs::directory_iterator()) == 1);
+}
