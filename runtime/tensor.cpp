@@ -20,7 +20,9 @@ TensorImpl::TensorImpl(std::shared_ptr<Storage> storage_, Shape shape_, Shape st
       shape(std::move(shape_)),
       strides(std::move(strides_)),
       offset(offset_),
-      dtype(dtype_) {}
+      dtype(dtype_) {
+  shape_numel(shape);  // views too (expand): refuses a count that overflows
+}
 
 TensorImpl::~TensorImpl() = default;
 
@@ -36,7 +38,14 @@ Shape contiguous_strides(const Shape& shape) {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t v : shape) n *= v;
+  bool overflow = false;
+  for (int64_t v : shape) {
+    if (v == 0) return 0;  // empty, however large the other sizes
+    overflow = __builtin_mul_overflow(n, v, &n) || overflow;
+  }
+  // Wrapped, the count would describe a small tensor and index far outside it.
+  LOCKSTEP_CHECK(!overflow, "shape {} has more elements than a 64-bit count can hold",
+                 shape_str(shape));
   return n;
 }
 
@@ -60,7 +69,12 @@ TensorImpl& Tensor::impl() const {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t v : shape)
     LOCKSTEP_CHECK(v >= 0, "cannot create a tensor with negative size: shape {}", shape_str(shape));
-  auto storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);
+  int64_t nbytes = 0;
+  LOCKSTEP_CHECK(!__builtin_mul_overflow(shape_numel(shape), dtype_size(dtype), &nbytes),
+                 "cannot create a tensor of shape {} and dtype {}: its size in bytes does not "
+                 "fit in 64 bits",
+                 shape_str(shape), dtype_name(dtype));
+  auto storage = std::make_shared<Storage>(static_cast<size_t>(nbytes), device);
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
 }
 

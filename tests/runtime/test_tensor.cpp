@@ -89,6 +89,22 @@ TEST_CASE("negative sizes are rejected", "[runtime][tensor]") {
   CHECK_THROWS_WITH(Tensor::full({-1}, 2.0), Contains("negative"));
 }
 
+TEST_CASE("a shape whose element or byte count overflows 64 bits is rejected, views too",
+          "[runtime][tensor]") {
+  // 2^70 elements wrapped to 0: the tensor looked empty and indexed outside its storage.
+  const int64_t big = int64_t{1} << 40, bigger = int64_t{1} << 30;
+  CHECK_THROWS_WITH(Tensor::zeros({big, bigger}),
+                    Contains("[1099511627776, 1073741824]") && Contains("64-bit count"));
+  CHECK_THROWS_WITH(Tensor::zeros({0}).reshape({big, bigger}), Contains("64-bit count"));
+  CHECK_THROWS_WITH(Tensor::zeros({1, 1}).expand({big, bigger}), Contains("64-bit count"));
+  // 2^62 f32 elements: the count fits, the bytes (2^64) do not.
+  CHECK_THROWS_WITH(Tensor::empty({int64_t{1} << 62}),
+                    Contains("size in bytes does not fit in 64 bits") && Contains("f32"));
+  // A zero anywhere makes an empty tensor, however large the other sizes.
+  CHECK(Tensor::empty({big, bigger, 0}).numel() == 0);
+  CHECK(Tensor::zeros({1, 1}).expand({big, 1}).numel() == big);
+}
+
 TEST_CASE("metadata errors: bad dims and undefined tensors", "[runtime][tensor]") {
   Tensor t = Tensor::zeros({2, 3});
   CHECK_THROWS_WITH(t.size(2), Contains("out of range"));
