@@ -34,6 +34,7 @@ struct Run {
 struct Task {
   std::function<std::shared_ptr<nn::Module>()> model;
   std::function<Tensor(nn::Module&, int step)> loss;
+  double lr = 0.05;
 };
 
 // `steps` of SGD (lr 0.05, momentum 0.9) on `task`, under autocast at `amp`
@@ -41,7 +42,7 @@ struct Task {
 // one). Parameters stay f32 throughout.
 Run train(const Task& task, std::optional<DType> amp, int steps = 5) {
   auto model = task.model();
-  optim::SGD sgd(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  optim::SGD sgd(model->parameters(), {.lr = task.lr, .momentum = 0.9});
   optim::GradScaler scaler({.init_scale = 1024.0, .enabled = amp == DType::f16});
   Run run;
   for (int s = 0; s < steps; ++s) {
@@ -105,9 +106,10 @@ Task cnn_task() {
   return {[] { return std::static_pointer_cast<nn::Module>(models::fashion_cnn(3)); },
           [](nn::Module& m, int step) {
             Generator g(200 + static_cast<uint64_t>(step));
-            return cross_entropy(m.forward(randn({8, 1, 28, 28}, DType::f32, g)),
-                                 labels(8, 10, step));
-          }};
+            return cross_entropy(m.forward(randn({32, 1, 28, 28}, DType::f32, g)),
+                                 labels(32, 10, step));
+          },
+          0.01};
 }
 
 models::GptConfig small_gpt() {
@@ -127,10 +129,13 @@ Task gpt_task() {
 // The bounds. One rounding to bf16 is up to 2^-9 relative (2^-12 for f16),
 // and a ReLU whose input changes sign drops or adds a whole row of a
 // gradient, so after five steps the parameters differ from f32 training by
-// a few percent of how far they moved. Measured (loss, parameters): bf16
-// MLP 5e-5, 4.6%; CNN 0.9%, 10.5% (BatchNorm over 8 samples amplifies);
-// GPT 3e-5, 0.4%; f16 MLP 2e-5, 1.8%; CNN 6e-4, 1.8%; GPT 2e-6, 0.05%. The
-// bounds leave about 2.5x room.
+// a few percent of how far they moved. The CNN trains on 32 samples at lr
+// 0.01: on 8 at lr 0.05 its loss climbed each step, and where one sign
+// flipped (which depended on OpenBLAS's kernels) f16 ended as far from f32 as
+// bf16. Measured (loss, parameters; the largest over OpenBLAS's Haswell,
+// Sandybridge and Prescott kernels): bf16 MLP 5e-5, 4.6%; CNN 6e-4, 9.9%;
+// GPT 5e-5, 0.4%; f16 MLP 2e-5, 1.9%; CNN 1.5e-4, 3.6%; GPT 5e-6, 0.05%.
+// The bounds leave at least 2.5x room.
 TEST_CASE("autocast training: the MLP, the CNN and a GPT in bf16 and f16 stay near f32",
           "[autocast]") {
   struct Case {
@@ -146,8 +151,8 @@ TEST_CASE("autocast training: the MLP, the CNN and a GPT in bf16 and f16 stay ne
       const bool bf16 = low == DType::bf16;
       const double losses = loss_distance(amp, f32), params = param_distance(amp, f32, init);
       INFO("loss distance " << losses << ", parameter distance " << params);
-      CHECK(losses < (bf16 ? 2.5e-2 : 2.5e-3));
-      CHECK(params < (bf16 ? 0.25 : 0.05));
+      CHECK(losses < (bf16 ? 2.5e-3 : 5e-4));
+      CHECK(params < (bf16 ? 0.25 : 0.1));
       // And it is not f32 training by another name.
       CHECK(params > 0);
     }
