@@ -58,9 +58,9 @@ bool writer_is_gone(pid_t pid) {
 void check_names_a_file(const fs::path& path) {
   std::error_code ec;
   if (!path.has_filename() || fs::is_directory(path, ec)) {
-    throw Error(fmt::format("cannot write the file {}: it names a directory; give a file name "
-                            "such as {}",
-                            path.string(), (path / "out.json").lexically_normal().string()));
+    throw Error(fmt::format("cannot write the file {}: it names a directory; give the path of "
+                            "a file (in it, or elsewhere)",
+                            path.string()));
   }
 }
 

@@ -39,7 +39,7 @@ TEST_CASE("atomic file: a path naming a directory is refused before anything is 
   for (const fs::path& path : {sub, fs::path(sub.string() + "/"), fs::path(dir.str() + "/new/")}) {
     INFO(path.string());
     CHECK_THROWS_WITH(check_can_write_file(path), Catch::Contains("it names a directory") &&
-                                                      Catch::Contains("give a file name"));
+                                                      Catch::Contains("give the path of a file"));
     CHECK_THROWS_WITH(write_text(path, "x"), Catch::Contains("it names a directory"));
   }
   CHECK(fs::is_empty(sub));  // no temporary file left behind
