@@ -32,18 +32,12 @@ Tensor MultiheadSelfAttention::attend(const Tensor& x, const Tensor& mask) {
   LOCKSTEP_CHECK(x.dim() == 3 && x.size(2) == embed_dim,
                  "MultiheadSelfAttention(embed_dim={}): input of shape {} must be [B, T, {}]",
                  embed_dim, runtime::shape_str(x.shape()), embed_dim);
-  const int64_t b = x.size(0), t = x.size(1), c = embed_dim, hs = c / num_heads;
   const Tensor qkv = (*c_attn)(x);  // [B, T, 3C]
-  // [B, T, C] -> [B, H, T, hs]
-  const auto heads = [&](int64_t part) {
-    return qkv.slice(2, part * c, (part + 1) * c).reshape({b, t, num_heads, hs}).transpose(1, 2);
-  };
   Generator& g = options.generator ? *options.generator : runtime::default_generator();
   const double p = is_training() ? options.dropout : 0.0;
-  const Tensor y = runtime::scaled_dot_product_attention(
-      heads(0), heads(1), heads(2),
-      {.mask = mask, .causal = options.causal, .dropout = p, .generator = &g});
-  Tensor out = (*c_proj)(y.transpose(1, 2).reshape({b, t, c}));
+  const Tensor y = runtime::attention_from_qkv(  // [B, T, C]: the heads side by side
+      qkv, num_heads, {.mask = mask, .causal = options.causal, .dropout = p, .generator = &g});
+  Tensor out = (*c_proj)(y);
   return runtime::dropout(out, options.dropout, is_training(), g);
 }
 

@@ -44,6 +44,8 @@ void check_tensor(const Tensor& t, const char* name, const Tensor& q) {
                  ".to(device)", kOp, q.device().str(), name, t.device().str());
 }
 
+void check_options(const AttentionOptions& o, const Geometry& g, const Tensor& q);
+
 Geometry check_args(const Tensor& q, const Tensor& k, const Tensor& v,
                     const AttentionOptions& o) {
   LOCKSTEP_CHECK(q.defined(), "{}: q is undefined", kOp);
@@ -71,6 +73,12 @@ Geometry check_args(const Tensor& q, const Tensor& k, const Tensor& v,
                  "got k {} and v {}", kOp, shape_str(k.shape()), shape_str(v.shape()));
   LOCKSTEP_CHECK(g.e >= 1 && g.ev >= 1, "{}: head dims must be at least 1, got E = {} (q {}) and "
                  "Ev = {} (v {})", kOp, g.e, shape_str(q.shape()), g.ev, shape_str(v.shape()));
+  check_options(o, g, q);
+  return g;
+}
+
+// The options against the call's geometry; `q` gives the dtype and device.
+void check_options(const AttentionOptions& o, const Geometry& g, const Tensor& q) {
   LOCKSTEP_CHECK(o.dropout >= 0.0 && o.dropout < 1.0,
                  "{}: dropout = {} must be in [0, 1); pass 0 to turn it off (in eval)", kOp,
                  o.dropout);
@@ -94,7 +102,6 @@ Geometry check_args(const Tensor& q, const Tensor& k, const Tensor& v,
                    "{}; give each dim the scores' size or 1 (e.g. [B, 1, 1, S] to mask padded "
                    "keys)", kOp, shape_str(m.shape()), shape_str(scores));
   }
-  return g;
 }
 
 double scale_of(const AttentionOptions& o, const Geometry& g) {
@@ -161,6 +168,8 @@ namespace {
 // What the CPU kernels need besides the tensors; captured by backward.
 struct KernelArgs {
   attention_kernels::Dims dims;
+  // Contiguous [bh, rows, cols] unless set otherwise (attention_from_qkv).
+  attention_kernels::Layout q_at, k_at, v_at, out_at;
   double scale = 1.0;
   bool causal = false;
   attention_kernels::Dropout dropout;
@@ -188,12 +197,33 @@ Tensor expand_mask(const Tensor& mask, const Geometry& g, KernelArgs& args) {
   return m;
 }
 
+// The kernels' arguments for contiguous operands; draws dropout's block.
+KernelArgs kernel_args(const Geometry& g, const AttentionOptions& options) {
+  KernelArgs args;
+  args.dims = {g.bh, g.l, g.s, g.e, g.ev};
+  args.q_at = attention_kernels::Layout::contiguous(g.l, g.e);
+  args.k_at = attention_kernels::Layout::contiguous(g.s, g.e);
+  args.v_at = attention_kernels::Layout::contiguous(g.s, g.ev);
+  args.out_at = attention_kernels::Layout::contiguous(g.l, g.ev);
+  args.scale = scale_of(options, g);
+  args.causal = options.causal;
+  if (options.dropout > 0.0) {
+    // As dropout() decides: kept when the draw is below (1 - p) * 2^32.
+    Generator& gen = options.generator ? *options.generator : default_generator();
+    const double p = options.dropout;
+    args.dropout = {true, gen.seed(), gen.reserve(static_cast<uint64_t>(g.bh * g.l * g.s)),
+                    static_cast<uint64_t>((1.0 - p) * 4294967296.0), 1.0 / (1.0 - p)};
+  }
+  return args;
+}
+
 template <class T>
-attention_kernels::Problem<T> problem(const KernelArgs& a, const Tensor& q, const Tensor& k,
-                                      const Tensor& v, const Tensor& mask) {
+attention_kernels::Problem<T> problem(const KernelArgs& a, const T* q, const T* k, const T* v,
+                                      const Tensor& mask) {
   attention_kernels::Problem<T> p;
   p.dims = a.dims;
-  p.q = q.data_ptr<T>(), p.k = k.data_ptr<T>(), p.v = v.data_ptr<T>();
+  p.q = q, p.k = k, p.v = v;
+  p.q_at = a.q_at, p.k_at = a.k_at, p.v_at = a.v_at, p.out_at = a.out_at;
   p.scale = static_cast<T>(a.scale);
   p.causal = a.causal;
   p.dropout = a.dropout;
@@ -229,24 +259,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   LOCKSTEP_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::f64,
                  "{}: dtype {} is not supported on CPU; use f32 or f64 (convert with "
                  ".to(DType::f32))", kOp, dtype_name(q.dtype()));
-  KernelArgs args;
-  args.dims = {g.bh, g.l, g.s, g.e, g.ev};
-  args.scale = scale_of(options, g);
-  args.causal = options.causal;
-  if (options.dropout > 0.0) {
-    // As dropout() decides: kept when the draw is below (1 - p) * 2^32.
-    Generator& gen = options.generator ? *options.generator : default_generator();
-    const double p = options.dropout;
-    args.dropout = {true, gen.seed(), gen.reserve(static_cast<uint64_t>(g.bh * g.l * g.s)),
-                    static_cast<uint64_t>((1.0 - p) * 4294967296.0), 1.0 / (1.0 - p)};
-  }
+  KernelArgs args = kernel_args(g, options);
   const Tensor mask = expand_mask(options.mask, g, args);
   const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   Tensor out = Tensor::empty(g.shape(g.l, g.ev), q.dtype());
   Tensor lse = Tensor::empty({g.bh, g.l}, q.dtype());
   dispatch_float(q.dtype(), kOp, [&](auto tag) {
     using T = decltype(tag);
-    attention_kernels::forward(problem<T>(args, qc, kc, vc, mask), out.data_ptr<T>(),
+    attention_kernels::forward(problem<T>(args, qc.data_ptr<T>(), kc.data_ptr<T>(),
+                                          vc.data_ptr<T>(), mask),
+                               out.data_ptr<T>(),
                                lse.data_ptr<T>());
   });
 
@@ -264,11 +286,93 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
         dispatch_float(qs.dtype(), "scaled_dot_product_attention backward", [&](auto tag) {
           using T = decltype(tag);
           auto ptr = [&](int i) { return grads[i].defined() ? grads[i].data_ptr<T>() : nullptr; };
-          attention_kernels::backward(problem<T>(args, qs, ks, vs, ms), os.data_ptr<T>(),
+          attention_kernels::backward(problem<T>(args, qs.data_ptr<T>(), ks.data_ptr<T>(),
+                                                 vs.data_ptr<T>(), ms),
+                                      os.data_ptr<T>(),
                                       ls.data_ptr<T>(), gout.data_ptr<T>(), ptr(0), ptr(1),
                                       ptr(2));
         });
         return grads;
+      });
+}
+
+namespace {
+
+constexpr const char* kPackedOp = "attention_from_qkv";
+
+// The packed call as three views and scaled_dot_product_attention: devices
+// without the blocked kernel, and CPU dtypes it does not take.
+Tensor attention_from_qkv_composed(const Tensor& qkv, int64_t num_heads,
+                                   const AttentionOptions& options) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, hs = c / num_heads;
+  const auto part = [&](int64_t i) {  // [B, T, C] -> [B, H, T, hs]
+    return qkv.slice(2, i * c, (i + 1) * c).reshape({b, t, num_heads, hs}).transpose(1, 2);
+  };
+  const Tensor y = scaled_dot_product_attention(part(0), part(1), part(2), options);
+  return y.transpose(1, 2).reshape({b, t, c});
+}
+
+}  // namespace
+
+Tensor attention_from_qkv(const Tensor& qkv, int64_t num_heads, const AttentionOptions& options) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::lower, {qkv, options.mask})) {
+    AttentionOptions cast_options = options;
+    cast_options.mask = (*c)[1];
+    return attention_from_qkv((*c)[0], num_heads, cast_options);
+  }
+  LOCKSTEP_CHECK(qkv.defined() && qkv.dim() == 3,
+                 "{}: qkv must be [B, T, 3C] (q, k and v side by side in the last dim), got {}",
+                 kPackedOp, qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
+  LOCKSTEP_CHECK(num_heads >= 1 && qkv.size(2) % (3 * num_heads) == 0 && qkv.size(2) > 0,
+                 "{}: the last dim of qkv {} must be 3 * C with C a positive multiple of "
+                 "num_heads = {}",
+                 kPackedOp, shape_str(qkv.shape()), num_heads);
+  const bool blocked = qkv.device().is_cpu() &&
+                       (qkv.dtype() == DType::f32 || qkv.dtype() == DType::f64) &&
+                       (!options.mask.defined() || options.mask.device().is_cpu());
+  if (!blocked) return attention_from_qkv_composed(qkv, num_heads, options);
+
+  const Tensor x = qkv.contiguous();
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2) / 3, hs = c / num_heads;
+  Geometry g;
+  g.lead = {b, num_heads};
+  g.bh = b * num_heads;
+  g.l = g.s = t;
+  g.e = g.ev = hs;
+  check_options(options, g, x);
+  KernelArgs args = kernel_args(g, options);
+  // Head h of sample n: columns [h * hs, (h + 1) * hs) of q's part of each
+  // row, k's and v's C and 2C further on; the output puts it in the same
+  // columns of a [B, T, C] row.
+  args.q_at = args.k_at = args.v_at = {num_heads, t * 3 * c, hs, 3 * c};
+  args.out_at = {num_heads, t * c, hs, c};
+  const Tensor mask = expand_mask(options.mask, g, args);
+  Tensor out = Tensor::empty({b, t, c}, x.dtype());
+  Tensor lse = Tensor::empty({g.bh, t}, x.dtype());
+  dispatch_float(x.dtype(), kPackedOp, [&](auto tag) {
+    using T = decltype(tag);
+    const T* base = x.data_ptr<T>();
+    attention_kernels::forward(problem<T>(args, base, base + c, base + 2 * c, mask),
+                               out.data_ptr<T>(), lse.data_ptr<T>());
+  });
+
+  std::vector<Tensor> saved = {x, out, lse, mask};
+  return record(
+      std::move(out), "AttentionFromQkvBackward", {qkv}, std::move(saved),
+      [args = std::move(args), c](const BackwardArgs& a) {
+        const Tensor &xs = a.saved[0], &os = a.saved[1], &ls = a.saved[2], &ms = a.saved[3];
+        const Tensor gout = a.grad.to(xs.dtype()).contiguous();
+        // One buffer for dq, dk and dv, side by side as q, k and v were.
+        Tensor grad = Tensor::zeros(xs.shape(), xs.dtype());
+        dispatch_float(xs.dtype(), "attention_from_qkv backward", [&](auto tag) {
+          using T = decltype(tag);
+          const T* base = xs.data_ptr<T>();
+          T* d = grad.data_ptr<T>();
+          attention_kernels::backward(problem<T>(args, base, base + c, base + 2 * c, ms),
+                                      os.data_ptr<T>(), ls.data_ptr<T>(), gout.data_ptr<T>(), d,
+                                      d + c, d + 2 * c);
+        });
+        return std::vector<Tensor>{grad};
       });
 }
 

@@ -73,8 +73,8 @@ constexpr T kInf = std::numeric_limits<T>::infinity();
 template <class T>
 void score_tile(const Problem<T>& p, const Tile& t, T* s) {
   const Dims& d = p.dims;
-  gemm(false, true, t.nq, t.nk, d.e, p.scale, p.q + (t.b * d.l + t.i0) * d.e, d.e,
-       p.k + (t.b * d.s + t.j0) * d.e, d.e, T(0), s, kBlockK);
+  gemm(false, true, t.nq, t.nk, d.e, p.scale, p.q + p.q_at.at(t.b, t.i0), p.q_at.row_stride,
+       p.k + p.k_at.at(t.b, t.j0), p.k_at.row_stride, T(0), s, kBlockK);
   const Mask<T>& m = p.mask;
   if (m.keep || m.bias) {
     for (int64_t r = 0; r < t.nq; ++r) {
@@ -152,12 +152,12 @@ void forward(const Problem<T>& p, T* out, T* lse) {
           dropout_tile(p, t, draws.data(), z.data());
           for (int64_t x = 0; x < nq * kBlockK; ++x) s[x] *= z[x];
         }
-        gemm(false, false, nq, d.ev, t.nk, T(1), s.data(), kBlockK,
-             p.v + (b * d.s + j0) * d.ev, d.ev, T(1), acc.data(), d.ev);
+        gemm(false, false, nq, d.ev, t.nk, T(1), s.data(), kBlockK, p.v + p.v_at.at(b, j0),
+             p.v_at.row_stride, T(1), acc.data(), d.ev);
       }
       for (int64_t r = 0; r < nq; ++r) {
         const int64_t row = b * d.l + i0 + r;
-        T* o = out + row * d.ev;
+        T* o = out + p.out_at.at(b, i0 + r);
         const T* ar = acc.data() + r * d.ev;
         if (l[r] == T(0)) {
           std::fill(o, o + d.ev, T(0));
@@ -182,12 +182,12 @@ void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out
   std::vector<T> delta(d.l);
   std::vector<uint32_t> draws(kBlockK);
   for (int64_t b = 0; b < d.bh; ++b) {
-    const T* go = grad_out + b * d.l * d.ev;
     if (want_ds) {
-      const T* o = out + b * d.l * d.ev;
       for (int64_t i = 0; i < d.l; ++i) {
+        const T* go = grad_out + p.out_at.at(b, i);
+        const T* o = out + p.out_at.at(b, i);
         T dot = 0;
-        for (int64_t c = 0; c < d.ev; ++c) dot += go[i * d.ev + c] * o[i * d.ev + c];
+        for (int64_t c = 0; c < d.ev; ++c) dot += go[c] * o[c];
         delta[i] = dot;
       }
     }
@@ -209,13 +209,14 @@ void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out
           for (int64_t x = 0; x < t.nq * kBlockK; ++x) pz[x] = pt[x] * z[x];
           weights = pz.data();
         }
-        const T* go_i = go + i0 * d.ev;
+        const T* go_i = grad_out + p.out_at.at(b, i0);
+        const int64_t go_ld = p.out_at.row_stride;
         if (grad_v)
-          gemm(true, false, nk, d.ev, t.nq, T(1), weights, kBlockK, go_i, d.ev, T(1),
-               grad_v + (b * d.s + j0) * d.ev, d.ev);
+          gemm(true, false, nk, d.ev, t.nq, T(1), weights, kBlockK, go_i, go_ld, T(1),
+               grad_v + p.v_at.at(b, j0), p.v_at.row_stride);
         if (!want_ds) continue;
-        gemm(false, true, t.nq, nk, d.ev, T(1), go_i, d.ev, p.v + (b * d.s + j0) * d.ev, d.ev,
-             T(0), dp.data(), kBlockK);
+        gemm(false, true, t.nq, nk, d.ev, T(1), go_i, go_ld, p.v + p.v_at.at(b, j0),
+             p.v_at.row_stride, T(0), dp.data(), kBlockK);
         for (int64_t r = 0; r < t.nq; ++r) {
           T* dr = dp.data() + r * kBlockK;
           const T* pr = pt.data() + r * kBlockK;
@@ -228,11 +229,11 @@ void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out
           }
         }
         if (grad_q)
-          gemm(false, false, t.nq, d.e, nk, p.scale, dp.data(), kBlockK,
-               p.k + (b * d.s + j0) * d.e, d.e, T(1), grad_q + (b * d.l + i0) * d.e, d.e);
+          gemm(false, false, t.nq, d.e, nk, p.scale, dp.data(), kBlockK, p.k + p.k_at.at(b, j0),
+               p.k_at.row_stride, T(1), grad_q + p.q_at.at(b, i0), p.q_at.row_stride);
         if (grad_k)
-          gemm(true, false, nk, d.e, t.nq, p.scale, dp.data(), kBlockK,
-               p.q + (b * d.l + i0) * d.e, d.e, T(1), grad_k + (b * d.s + j0) * d.e, d.e);
+          gemm(true, false, nk, d.e, t.nq, p.scale, dp.data(), kBlockK, p.q + p.q_at.at(b, i0),
+               p.q_at.row_stride, T(1), grad_k + p.k_at.at(b, j0), p.k_at.row_stride);
       }
     }
   }

@@ -15,6 +15,21 @@ struct Dims {
   int64_t bh = 0, l = 0, s = 0, e = 0, ev = 0;
 };
 
+// Where row `row` of head b of a [bh, rows, cols] operand starts, in
+// elements: the heads split as [bh / inner, inner], each with its own stride,
+// and the rows have theirs (each row's cols are contiguous). A contiguous
+// operand is {1, rows * cols, 0, cols}; q, k and v packed side by side in one
+// [B, T, 3C] tensor are {H, T * 3C, C / H, 3C} each.
+struct Layout {
+  int64_t inner = 1;
+  int64_t outer_stride = 0, inner_stride = 0, row_stride = 0;
+
+  static Layout contiguous(int64_t rows, int64_t cols) { return {1, rows * cols, 0, cols}; }
+  int64_t at(int64_t b, int64_t row) const {
+    return (b / inner) * outer_stride + (b % inner) * inner_stride + row * row_stride;
+  }
+};
+
 // The mask, read in place: element (head b, query i, key j) sits at
 // at[b] + i * row_stride + j * col_stride (strides 0 where it broadcasts).
 // At most one of keep and bias is set.
@@ -35,12 +50,15 @@ struct Dropout {
   double scale = 1.0;
 };
 
+// q, k and v, and their gradients, have q_at, k_at and v_at; out and
+// grad_out have out_at. lse is contiguous [bh, l].
 template <class T>
 struct Problem {
   Dims dims;
   const T* q = nullptr;
   const T* k = nullptr;
   const T* v = nullptr;
+  Layout q_at, k_at, v_at, out_at;
   T scale = 1;  // of the scores q . k
   bool causal = false;
   Mask<T> mask;
