@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -214,6 +215,34 @@ TEST_CASE("launcher: --tag-output prefixes every line with its rank", "[launcher
     ++tagged;
   }
   CHECK(tagged == 4);  // a full and a partial line from each rank
+}
+
+TEST_CASE("launcher: --tag-output tags each redraw of a progress line; a line without end is not "
+          "held back",
+          "[launcher]") {
+  // "\r" redraws, "\r\n" ends a line once, and 100,000 bytes with no line end
+  // come out in pieces of at most LineTagger::kMaxPending (64 KiB), each tagged.
+  const auto r = run_process(
+      {bin_path("lockstep-run"), "-np", "1", "--tag-output", "/bin/sh", "-c",
+       "printf '10%%\r20%%\r\n'; head -c 100000 /dev/zero | tr '\\0' x; sleep 0.5; "
+       "printf '\nend\n'"},
+      kLimit);
+  INFO(describe(r) << "\n" << r.output.substr(0, 300));
+  REQUIRE(r.ok());
+  CHECK_THAT(r.output, Contains("[rank 0] 10%\r[rank 0] 20%\r\n[rank 0] x"));
+  CHECK(std::count(r.output.begin(), r.output.end(), 'x') == 100000);
+  std::istringstream in(r.output);
+  std::string line;
+  std::vector<size_t> sizes;
+  while (std::getline(in, line)) {
+    CHECK(line.rfind("[rank 0] ", 0) == 0);
+    sizes.push_back(line.size());
+  }
+  // The progress line, the x's in two pieces (the first passed on before
+  // the line's end came, half a second later), "end".
+  REQUIRE(sizes.size() == 4);
+  CHECK(sizes[1] >= 9 + 64 * 1024);
+  CHECK_THAT(r.output, Contains("\n[rank 0] end\n"));
 }
 
 TEST_CASE("launcher: -x exports variables; OMP_NUM_THREADS is kept when set", "[launcher]") {
