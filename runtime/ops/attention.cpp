@@ -297,11 +297,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 namespace {
-
 constexpr const char* kPackedOp = "attention_from_qkv";
+}  // namespace
 
-// The packed call as three views and scaled_dot_product_attention: devices
-// without the blocked kernel, and CPU dtypes it does not take.
 Tensor attention_from_qkv_composed(const Tensor& qkv, int64_t num_heads,
                                    const AttentionOptions& options) {
   const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, hs = c / num_heads;
@@ -311,8 +309,6 @@ Tensor attention_from_qkv_composed(const Tensor& qkv, int64_t num_heads,
   const Tensor y = scaled_dot_product_attention(part(0), part(1), part(2), options);
   return y.transpose(1, 2).reshape({b, t, c});
 }
-
-}  // namespace
 
 Tensor attention_from_qkv(const Tensor& qkv, int64_t num_heads, const AttentionOptions& options) {
   if (auto c = detail::autocast_inputs(detail::CastPolicy::lower, {qkv, options.mask})) {
@@ -332,47 +328,50 @@ Tensor attention_from_qkv(const Tensor& qkv, int64_t num_heads, const AttentionO
                        (!options.mask.defined() || options.mask.device().is_cpu());
   if (!blocked) return attention_from_qkv_composed(qkv, num_heads, options);
 
-  const Tensor x = qkv.contiguous();
-  const int64_t b = x.size(0), t = x.size(1), c = x.size(2) / 3, hs = c / num_heads;
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, hs = c / num_heads;
   Geometry g;
   g.lead = {b, num_heads};
   g.bh = b * num_heads;
   g.l = g.s = t;
   g.e = g.ev = hs;
-  check_options(options, g, x);
+  check_options(options, g, qkv);
   KernelArgs args = kernel_args(g, options);
-  // Head h of sample n: columns [h * hs, (h + 1) * hs) of q's part of each
-  // row, k's and v's C and 2C further on; the output puts it in the same
-  // columns of a [B, T, C] row.
-  args.q_at = args.k_at = args.v_at = {num_heads, t * 3 * c, hs, 3 * c};
+  // q, k and v as [3, B, H, T, hs] in one pass: the tile products run on
+  // contiguous heads (read in place from the packed rows, OpenBLAS's packing
+  // of the strided tiles cost what this copy saves). The output goes straight
+  // to [B, T, C]: head h of sample n in columns [h * hs, (h + 1) * hs).
+  const Tensor x = qkv.reshape({b, t, 3, num_heads, hs}).permute({2, 0, 3, 1, 4}).contiguous();
   args.out_at = {num_heads, t * c, hs, c};
   const Tensor mask = expand_mask(options.mask, g, args);
   Tensor out = Tensor::empty({b, t, c}, x.dtype());
   Tensor lse = Tensor::empty({g.bh, t}, x.dtype());
+  const int64_t part = g.bh * t * hs;  // elements of each of q, k and v
   dispatch_float(x.dtype(), kPackedOp, [&](auto tag) {
     using T = decltype(tag);
     const T* base = x.data_ptr<T>();
-    attention_kernels::forward(problem<T>(args, base, base + c, base + 2 * c, mask),
+    attention_kernels::forward(problem<T>(args, base, base + part, base + 2 * part, mask),
                                out.data_ptr<T>(), lse.data_ptr<T>());
   });
 
   std::vector<Tensor> saved = {x, out, lse, mask};
   return record(
       std::move(out), "AttentionFromQkvBackward", {qkv}, std::move(saved),
-      [args = std::move(args), c](const BackwardArgs& a) {
+      [args = std::move(args), part, b, t, c](const BackwardArgs& a) {
         const Tensor &xs = a.saved[0], &os = a.saved[1], &ls = a.saved[2], &ms = a.saved[3];
         const Tensor gout = a.grad.to(xs.dtype()).contiguous();
-        // One buffer for dq, dk and dv, side by side as q, k and v were.
-        Tensor grad = Tensor::zeros(xs.shape(), xs.dtype());
+        // dq, dk and dv as the kernel reads q, k and v; one pass packs them
+        // as qkv was: one gradient, where three slices would add three
+        // zero-padded [B, T, 3C] tensors.
+        Tensor heads_grad = Tensor::zeros(xs.shape(), xs.dtype());
         dispatch_float(xs.dtype(), "attention_from_qkv backward", [&](auto tag) {
           using T = decltype(tag);
           const T* base = xs.data_ptr<T>();
-          T* d = grad.data_ptr<T>();
-          attention_kernels::backward(problem<T>(args, base, base + c, base + 2 * c, ms),
+          T* d = heads_grad.data_ptr<T>();
+          attention_kernels::backward(problem<T>(args, base, base + part, base + 2 * part, ms),
                                       os.data_ptr<T>(), ls.data_ptr<T>(), gout.data_ptr<T>(), d,
-                                      d + c, d + 2 * c);
+                                      d + part, d + 2 * part);
         });
-        return std::vector<Tensor>{grad};
+        return std::vector<Tensor>{heads_grad.permute({1, 3, 0, 2, 4}).reshape({b, t, 3 * c})};
       });
 }
 

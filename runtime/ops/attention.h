@@ -56,13 +56,18 @@ Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const
 // Self-attention over q, k and v packed side by side, as a fused [C, 3C]
 // projection makes them: qkv [B, T, 3C] (C a multiple of num_heads) ->
 // [B, T, C], head h's output in columns [h * C / H, (h + 1) * C / H). The
-// same values, gradients and dropout draws as splitting qkv into three
-// [B, H, T, C / H] views, scaled_dot_product_attention, and merging the heads
-// back; on the CPU the blocked kernel reads and writes the packed layout in
-// place, so neither the split nor the merge copies, and backward returns one
-// [B, T, 3C] gradient instead of three to be added. Elsewhere, and for dtypes
-// other than f32 and f64 on the CPU, it is that composition.
+// same values, gradients and dropout draws as attention_from_qkv_composed
+// below. On the CPU (f32, f64) the blocked kernel takes q, k and v apart in
+// one pass, writes the heads' outputs straight into their columns, and
+// backward returns one [B, T, 3C] gradient where three slices' backward
+// would add three zero-padded ones; elsewhere it is the composition.
 Tensor attention_from_qkv(const Tensor& qkv, int64_t num_heads,
                           const AttentionOptions& options = {});
+
+// qkv split into three [B, H, T, C / H] views, scaled_dot_product_attention,
+// and the heads merged back into [B, T, C]: the reference, and the path on
+// devices without the blocked kernel.
+Tensor attention_from_qkv_composed(const Tensor& qkv, int64_t num_heads,
+                                   const AttentionOptions& options = {});
 
 }  // namespace lockstep::runtime
