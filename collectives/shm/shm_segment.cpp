@@ -61,9 +61,13 @@ bool is_stale(const std::string& file) {
 }
 
 void check_name(const std::string& name) {
-  LOCKSTEP_CHECK(name.rfind("/" + segment_prefix(), 0) == 0 && name.find('/', 1) == std::string::npos,
-                 "shm segment name '{}' must look like '/{}<rest>' with no further '/'", name,
-                 segment_prefix());
+  // Compared in place: building "/" + prefix tripped a false -Wrestrict in GCC 12.
+  const std::string prefix = segment_prefix();
+  const bool ok = name.size() > prefix.size() && name[0] == '/' &&
+                  name.compare(1, prefix.size(), prefix) == 0 &&
+                  name.find('/', 1) == std::string::npos;
+  LOCKSTEP_CHECK(ok, "shm segment name '{}' must look like '/{}<rest>' with no further '/'", name,
+                 prefix);
 }
 
 void* map(int fd, size_t total, const std::string& name) {
