@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <ostream>
 
 #include "lockstep/runtime/autograd/detail/accumulate_grad.h"
@@ -31,7 +32,10 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
     strides[d] = s;
-    s *= std::max<int64_t>(shape[d], 1);
+    // Past 64 bits only in an empty tensor (shape_numel refuses the rest),
+    // where no stride is ever used: saturate rather than overflow.
+    if (__builtin_mul_overflow(s, std::max<int64_t>(shape[d], 1), &s))
+      s = std::numeric_limits<int64_t>::max();
   }
   return strides;
 }

@@ -19,17 +19,19 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
 // Replaces one -1 in `shape` by the size that makes numel match.
 Shape infer_shape(const Shape& shape, int64_t numel) {
   Shape out = shape;
-  int64_t known = 1, infer_at = -1;
+  int64_t infer_at = -1;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
       LOCKSTEP_CHECK(infer_at < 0, "view/reshape {}: only one dimension can be -1", shape_str(shape));
       infer_at = static_cast<int64_t>(i);
     } else {
       LOCKSTEP_CHECK(out[i] >= 0, "view/reshape {}: invalid size {}", shape_str(shape), out[i]);
-      known *= out[i];
     }
   }
   if (infer_at >= 0) {
+    Shape known_dims = out;
+    known_dims[static_cast<size_t>(infer_at)] = 1;
+    const int64_t known = shape_numel(known_dims);  // refuses a product that overflows
     LOCKSTEP_CHECK(known != 0 && numel % known == 0,
                    "view/reshape: shape {} is invalid for a tensor of {} elements",
                    shape_str(shape), numel);
@@ -141,9 +143,12 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   if (end < 0) end += n;
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
+  // A step beyond the size leaves one element (or none), whose stride does
+  // not matter: clamped, the arithmetic below cannot overflow.
+  const int64_t stride_step = std::min(step, std::max<int64_t>(n, 1));
   Shape shape = this->shape(), st = strides();
-  shape[d] = (end - start + step - 1) / step;
-  st[d] *= step;
+  shape[d] = (end - start + stride_step - 1) / stride_step;
+  st[d] *= stride_step;
   Shape in_shape = this->shape();
   DType dt = dtype();
   Device dev = device();

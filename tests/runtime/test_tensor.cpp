@@ -97,6 +97,11 @@ TEST_CASE("a shape whose element or byte count overflows 64 bits is rejected, vi
                     Contains("[1099511627776, 1073741824]") && Contains("64-bit count"));
   CHECK_THROWS_WITH(Tensor::zeros({0}).reshape({big, bigger}), Contains("64-bit count"));
   CHECK_THROWS_WITH(Tensor::zeros({1, 1}).expand({big, bigger}), Contains("64-bit count"));
+  CHECK_THROWS_WITH(Tensor::zeros({4}).reshape({-1, big, bigger}), Contains("64-bit count"));
+  // A step past the size keeps the first element, however large the step.
+  const Tensor every = Tensor::arange(5, DType::f32).slice(0, 1, 5, INT64_MAX);
+  CHECK(every.shape() == Shape{1});
+  CHECK(every.item() == 1.0);
   // 2^62 f32 elements: the count fits, the bytes (2^64) do not.
   CHECK_THROWS_WITH(Tensor::empty({int64_t{1} << 62}),
                     Contains("size in bytes does not fit in 64 bits") && Contains("f32"));
