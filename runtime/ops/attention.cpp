@@ -168,8 +168,8 @@ namespace {
 // What the CPU kernels need besides the tensors; captured by backward.
 struct KernelArgs {
   attention_kernels::Dims dims;
-  // Contiguous [bh, rows, cols] unless set otherwise (attention_from_qkv).
-  attention_kernels::Layout q_at, k_at, v_at, out_at;
+  // Contiguous [bh, l, ev] unless set otherwise (attention_from_qkv).
+  attention_kernels::Layout out_at;
   double scale = 1.0;
   bool causal = false;
   attention_kernels::Dropout dropout;
@@ -201,9 +201,6 @@ Tensor expand_mask(const Tensor& mask, const Geometry& g, KernelArgs& args) {
 KernelArgs kernel_args(const Geometry& g, const AttentionOptions& options) {
   KernelArgs args;
   args.dims = {g.bh, g.l, g.s, g.e, g.ev};
-  args.q_at = attention_kernels::Layout::contiguous(g.l, g.e);
-  args.k_at = attention_kernels::Layout::contiguous(g.s, g.e);
-  args.v_at = attention_kernels::Layout::contiguous(g.s, g.ev);
   args.out_at = attention_kernels::Layout::contiguous(g.l, g.ev);
   args.scale = scale_of(options, g);
   args.causal = options.causal;
@@ -223,7 +220,7 @@ attention_kernels::Problem<T> problem(const KernelArgs& a, const T* q, const T* 
   attention_kernels::Problem<T> p;
   p.dims = a.dims;
   p.q = q, p.k = k, p.v = v;
-  p.q_at = a.q_at, p.k_at = a.k_at, p.v_at = a.v_at, p.out_at = a.out_at;
+  p.out_at = a.out_at;
   p.scale = static_cast<T>(a.scale);
   p.causal = a.causal;
   p.dropout = a.dropout;

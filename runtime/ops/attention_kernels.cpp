@@ -73,8 +73,8 @@ constexpr T kInf = std::numeric_limits<T>::infinity();
 template <class T>
 void score_tile(const Problem<T>& p, const Tile& t, T* s) {
   const Dims& d = p.dims;
-  gemm(false, true, t.nq, t.nk, d.e, p.scale, p.q + p.q_at.at(t.b, t.i0), p.q_at.row_stride,
-       p.k + p.k_at.at(t.b, t.j0), p.k_at.row_stride, T(0), s, kBlockK);
+  gemm(false, true, t.nq, t.nk, d.e, p.scale, p.q + (t.b * d.l + t.i0) * d.e, d.e,
+       p.k + (t.b * d.s + t.j0) * d.e, d.e, T(0), s, kBlockK);
   const Mask<T>& m = p.mask;
   if (m.keep || m.bias) {
     for (int64_t r = 0; r < t.nq; ++r) {
@@ -152,8 +152,8 @@ void forward(const Problem<T>& p, T* out, T* lse) {
           dropout_tile(p, t, draws.data(), z.data());
           for (int64_t x = 0; x < nq * kBlockK; ++x) s[x] *= z[x];
         }
-        gemm(false, false, nq, d.ev, t.nk, T(1), s.data(), kBlockK, p.v + p.v_at.at(b, j0),
-             p.v_at.row_stride, T(1), acc.data(), d.ev);
+        gemm(false, false, nq, d.ev, t.nk, T(1), s.data(), kBlockK,
+             p.v + (b * d.s + j0) * d.ev, d.ev, T(1), acc.data(), d.ev);
       }
       for (int64_t r = 0; r < nq; ++r) {
         const int64_t row = b * d.l + i0 + r;
@@ -213,10 +213,10 @@ void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out
         const int64_t go_ld = p.out_at.row_stride;
         if (grad_v)
           gemm(true, false, nk, d.ev, t.nq, T(1), weights, kBlockK, go_i, go_ld, T(1),
-               grad_v + p.v_at.at(b, j0), p.v_at.row_stride);
+               grad_v + (b * d.s + j0) * d.ev, d.ev);
         if (!want_ds) continue;
-        gemm(false, true, t.nq, nk, d.ev, T(1), go_i, go_ld, p.v + p.v_at.at(b, j0),
-             p.v_at.row_stride, T(0), dp.data(), kBlockK);
+        gemm(false, true, t.nq, nk, d.ev, T(1), go_i, go_ld, p.v + (b * d.s + j0) * d.ev, d.ev,
+             T(0), dp.data(), kBlockK);
         for (int64_t r = 0; r < t.nq; ++r) {
           T* dr = dp.data() + r * kBlockK;
           const T* pr = pt.data() + r * kBlockK;
@@ -229,11 +229,11 @@ void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out
           }
         }
         if (grad_q)
-          gemm(false, false, t.nq, d.e, nk, p.scale, dp.data(), kBlockK, p.k + p.k_at.at(b, j0),
-               p.k_at.row_stride, T(1), grad_q + p.q_at.at(b, i0), p.q_at.row_stride);
+          gemm(false, false, t.nq, d.e, nk, p.scale, dp.data(), kBlockK,
+               p.k + (b * d.s + j0) * d.e, d.e, T(1), grad_q + (b * d.l + i0) * d.e, d.e);
         if (grad_k)
-          gemm(true, false, nk, d.e, t.nq, p.scale, dp.data(), kBlockK, p.q + p.q_at.at(b, i0),
-               p.q_at.row_stride, T(1), grad_k + p.k_at.at(b, j0), p.k_at.row_stride);
+          gemm(true, false, nk, d.e, t.nq, p.scale, dp.data(), kBlockK,
+               p.q + (b * d.l + i0) * d.e, d.e, T(1), grad_k + (b * d.s + j0) * d.e, d.e);
       }
     }
   }

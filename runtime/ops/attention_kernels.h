@@ -15,11 +15,11 @@ struct Dims {
   int64_t bh = 0, l = 0, s = 0, e = 0, ev = 0;
 };
 
-// Where row `row` of head b of a [bh, rows, cols] operand starts, in
+// Where row `row` of head b of the output (and of its gradient) starts, in
 // elements: the heads split as [bh / inner, inner], each with its own stride,
-// and the rows have theirs (each row's cols are contiguous). A contiguous
-// operand is {1, rows * cols, 0, cols}; q, k and v packed side by side in one
-// [B, T, 3C] tensor are {H, T * 3C, C / H, 3C} each.
+// and the rows have theirs (each row's ev values contiguous). Contiguous
+// [bh, l, ev] is {1, l * ev, 0, ev}; heads written side by side into
+// [B, T, C] rows are {H, T * C, C / H, C}.
 struct Layout {
   int64_t inner = 1;
   int64_t outer_stride = 0, inner_stride = 0, row_stride = 0;
@@ -50,15 +50,14 @@ struct Dropout {
   double scale = 1.0;
 };
 
-// q, k and v, and their gradients, have q_at, k_at and v_at; out and
-// grad_out have out_at. lse is contiguous [bh, l].
+// q, k, v, their gradients and lse are contiguous; out and grad_out have out_at.
 template <class T>
 struct Problem {
   Dims dims;
   const T* q = nullptr;
   const T* k = nullptr;
   const T* v = nullptr;
-  Layout q_at, k_at, v_at, out_at;
+  Layout out_at;
   T scale = 1;  // of the scores q . k
   bool causal = false;
   Mask<T> mask;
