@@ -27,6 +27,10 @@ std::unique_ptr<DeviceMarks> DeviceBackend::timing_marks(Device device) const {
   missing(fmt::format("time {}", device.str()));
 }
 
+std::unique_ptr<DeviceActivityTrace> DeviceBackend::trace_activity() const {
+  missing("trace device activity");
+}
+
 void DeviceBackend::synchronize(Device device) const {
   missing(fmt::format("synchronize {}", device.str()));
 }

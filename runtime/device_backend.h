@@ -66,6 +66,24 @@ class DeviceMarks {
   virtual double elapsed_ms(size_t from, size_t to) = 0;
 };
 
+// One kernel, copy or fill that ran on a device, as the device's own
+// profiler saw it (CUPTI's activity records on CUDA): its name (demangled)
+// and when it started and ended, in microseconds on the device's clock.
+struct DeviceActivity {
+  std::string name;
+  double start_us = 0;
+  double end_us = 0;
+};
+
+// Records every kernel, copy and fill the devices run from start until
+// stop(), whichever thread queued them (a benchmark's "where the time goes").
+class DeviceActivityTrace {
+ public:
+  virtual ~DeviceActivityTrace() = default;
+  // Waits for the devices, ends the trace and returns what ran, by start time.
+  virtual std::vector<DeviceActivity> stop() = 0;
+};
+
 // A loss's forward on a device: its value, and what its backward reads.
 struct LossForward {
   Tensor out;
@@ -95,6 +113,9 @@ class DeviceBackend {
   virtual void set_current(int index) const;
   virtual std::shared_ptr<void> make_current(Device device) const;
   virtual std::unique_ptr<DeviceMarks> timing_marks(Device device) const;
+  // Starts recording the device activity of the whole process. One trace
+  // at a time; throws where the profiler cannot be loaded, saying why.
+  virtual std::unique_ptr<DeviceActivityTrace> trace_activity() const;
   // Blocks the host until everything queued on `device` is done.
   virtual void synchronize(Device device) const;
   // The device's product name, e.g. "NVIDIA H100 80GB HBM3".

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/runtime/cuda/activity_trace.h"
 #include "lockstep/runtime/cuda/caching_allocator.h"
 #include "lockstep/runtime/cuda/device.h"
 #include "lockstep/runtime/cuda/device_guard.h"
@@ -76,6 +77,9 @@ class CudaBackend final : public DeviceBackend {
   }
   std::unique_ptr<DeviceMarks> timing_marks(Device device) const override {
     return std::make_unique<CudaMarks>(device.index);
+  }
+  std::unique_ptr<DeviceActivityTrace> trace_activity() const override {
+    return cuda::start_activity_trace();
   }
   void synchronize(Device device) const override {
     cuda::DeviceGuard guard(device.index);
