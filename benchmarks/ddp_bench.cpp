@@ -21,7 +21,10 @@
 // asynchronously). --compare-plain also times the same model without the DDP
 // wrapper, one plain step before each DDP step (so drift in clocks or load
 // hits both alike), and reports DDP's overhead over the plain step by median:
-// at world size 1 the goal is within 3%.
+// at world size 1 the goal is within 3%. --kernel-trace N then traces
+// N more plain and N more DDP steps (rank 0's GPU, common/kernel_profile.h)
+// and shows where DDP's extra time goes: its extra kernels, copies and
+// launches per step, and GPU busy time against the step's wall time.
 // --verify-every K turns on DdpOptions::verify_every (the replicas' parameter
 // hashes compared every K steps) and times one check on its own (median of
 // 20): its cost per step is that over K, reported as a share of the step.
@@ -38,12 +41,14 @@
 
 #include "common/bench_models.h"
 #include "common/device.h"
+#include "common/kernel_profile.h"
 #include "harness.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/ddp/replica_sync.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/distributed/device_select.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
 
@@ -69,6 +74,7 @@ struct Options {
   std::string backend;  // empty: LOCKSTEP_BACKEND, else the default (nccl on cuda)
   std::string device = "cpu";
   bool compare_plain = false;
+  int kernel_trace = 0;  // CUDA: steps of each kind whose kernels are traced after the timing
   int threads = 1;
   uint64_t seed = 0;
   std::string json_file;
@@ -96,6 +102,9 @@ struct Result {
   double plain_ms = 0, plain_median_ms = 0, overhead_pct = 0;
   // --verify-every: one check's median time, and its cost per step in % of one.
   double verify_ms = 0, verify_pct = 0;
+  // --kernel-trace: rank 0's DDP steps' kernels beside the plain steps'.
+  std::string kernel_table;
+  json kernel_json;
 };
 
 double mean(const std::vector<double>& v) {
@@ -245,6 +254,25 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
     r.plain_median_ms = median(plain_times);
     r.overhead_pct = 100.0 * (r.rank0_median_ms - r.plain_median_ms) / r.plain_median_ms;
   }
+  if (o.kernel_trace > 0) {
+    const runtime::DeviceBackend& backend = runtime::device_backend(device);
+    std::optional<bench::ProfiledSide> plain_side;
+    if (plain) {
+      auto trace = backend.trace_activity();
+      for (int i = 0; i < o.kernel_trace; ++i) plain_step(i);
+      plain_side = bench::ProfiledSide{
+          "plain", bench::summarize_activities(trace->stop(), o.kernel_trace), r.plain_median_ms};
+    }
+    auto trace = backend.trace_activity();
+    for (int i = 0; i < o.kernel_trace; ++i) step(i);
+    const bench::ProfiledSide ddp_side{
+        "DDP", bench::summarize_activities(trace->stop(), o.kernel_trace), r.rank0_median_ms};
+    r.kernel_table = bench::compare_profiles(
+        fmt::format("where the GPU time goes, rank 0: {} DDP, batch {}", name, batch), ddp_side,
+        plain_side);
+    r.kernel_json = {{"ddp", ddp_side.profile.to_json()}};
+    if (plain_side) r.kernel_json["plain"] = plain_side->profile.to_json();
+  }
   // The slowest rank's mean step time (after the loop: no barrier inside it).
   r.step_ms = bench::max_over_ranks(*group, r.rank0_step_ms, device);
   if (o.verify_every > 0) {
@@ -277,6 +305,10 @@ int run(const Options& o) {
   // communicator and the staging buffers live on the current device. The
   // default backend follows the device (nccl with a GPU per rank).
   const runtime::Device device = distributed::select_device({.request = o.device});
+  LOCKSTEP_CHECK(o.kernel_trace == 0 || device.is_cuda(),
+                 "--kernel-trace needs --device cuda: it traces the GPU's kernels");
+  // A trace that cannot start (no CUPTI) fails here, before any model is timed.
+  if (o.kernel_trace > 0) runtime::device_backend(device).trace_activity()->stop();
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank();
   const int world = group->size();
@@ -328,6 +360,7 @@ int run(const Options& o) {
                         {"gradients_expected", r.gradients_expected},
                         {"buckets", r.bucket_bytes.size()}, {"bucket_bytes", r.bucket_bytes},
                         {"buckets_in_shared_memory", r.shared_buckets}});
+    if (!r.kernel_json.is_null()) jresults.back()["kernel_profile"] = r.kernel_json;
     if (o.compare_plain) {
       json& j = jresults.back();
       j["plain_step_ms"] = r.plain_ms;
@@ -376,6 +409,9 @@ int run(const Options& o) {
                  "{:.2f} ms step (goal: under 1%)\n",
                  r.model, r.verify_ms, o.verify_every, r.verify_pct, r.step_ms);
   }
+  for (const auto& r : results) {
+    if (!r.kernel_table.empty()) fmt::print("\n{}", r.kernel_table);
+  }
   bench::print_json(doc, o.json_file);
   return 0;
 }
@@ -421,6 +457,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--compare-plain", o.compare_plain,
                "also time the model without DDP (rank 0) and report DDP's overhead");
+  app.add_option("--kernel-trace", o.kernel_trace,
+                 "CUDA: trace this many more DDP (and, with --compare-plain, plain) steps' "
+                 "kernels and show where the GPU time goes")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o.threads, "BLAS threads per rank")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -33,6 +33,12 @@
 // (GptConfig::checkpoint_blocks; the PyTorch peer does not): run with and
 // without it to compare the peaks and step times.
 //
+// --kernel-trace N (CUDA) then traces N more steps of each side's kernels
+// (lockstep's trace_activity and torch.profiler, both CUPTI) and prints where
+// the GPU time goes: microseconds per step by kind of work (conv, gemm, norm,
+// elementwise, ...), the GPU's busy time against the step's wall time, the
+// launches per step, and each side's top kernels (common/kernel_profile.h).
+//
 // --amp bf16|f16 runs each forward and loss under autocast at that dtype on
 // both sides (runtime/autocast.h; torch.autocast), f32 master weights, f16
 // with a GradScaler (PyTorch's on CUDA; its CPU autocast has no f16, so the
@@ -51,6 +57,7 @@
 
 #include "common/bench_models.h"
 #include "common/device.h"
+#include "common/kernel_profile.h"
 #include "harness.h"
 #include "lockstep/models/models.h"
 #include "lockstep/optim/grad_scaler.h"
@@ -84,6 +91,7 @@ struct Options {
   bool tf32 = false;
   bool checkpoint = false;  // gpt only: checkpoint every block
   std::string amp = "none";  // none, bf16, f16: autocast's dtype
+  int kernel_trace = 0;      // CUDA: steps whose kernels are traced after the timing
   bool json_out = false;
   bool peer = true;
   std::string python = "/usr/bin/python3";
@@ -135,8 +143,26 @@ class AmpStep {
   optim::GradScaler scaler_;
 };
 
-double lockstep_step_ms(const std::string& name, int64_t batch, const Device& device,
-                        const Options& o) {
+// One side's step: its median time, and for the GPT its size and peak memory.
+struct StepResult {
+  double ms = 0;
+  int64_t parameters = 0;  // gpt: the tied wte / lm_head weight once, as PyTorch counts
+  size_t peak_bytes = 0;   // gpt: memory in use at the peak of one step (host or device)
+  std::optional<bench::KernelProfile> kernels;  // --kernel-trace
+};
+
+// --kernel-trace: `steps` more runs of `step` under a device activity trace.
+std::optional<bench::KernelProfile> traced(const Device& device, const Options& o,
+                                           const std::function<void()>& step) {
+  if (o.kernel_trace == 0) return std::nullopt;
+  auto trace = runtime::device_backend(device).trace_activity();
+  for (int i = 0; i < o.kernel_trace; ++i) step();
+  bench::synchronize(device);
+  return bench::summarize_activities(trace->stop(), o.kernel_trace);
+}
+
+StepResult lockstep_step(const std::string& name, int64_t batch, const Device& device,
+                         const Options& o) {
   runtime::Generator g(0);
   auto model = bench::make_model(name, g);
   Tensor x = runtime::randn(bench::input_shape(name, batch), runtime::DType::f32, g);
@@ -154,14 +180,10 @@ double lockstep_step_ms(const std::string& name, int64_t batch, const Device& de
     amp_step(opt, [&] { return runtime::cross_entropy((*model)(x), y); });
     bench::synchronize(device);  // no-op on the CPU
   };
-  return bench::median_seconds(step, o.warmup, o.steps) * 1e3;
+  StepResult r{.ms = bench::median_seconds(step, o.warmup, o.steps) * 1e3};
+  r.kernels = traced(device, o, step);
+  return r;
 }
-
-struct GptStep {
-  double ms = 0;
-  int64_t parameters = 0;  // the tied wte / lm_head weight once, as PyTorch counts
-  size_t peak_bytes = 0;  // memory in use at the peak of one step (host or device)
-};
 
 // The GPT as configured, its blocks checkpointed under --checkpoint.
 models::GptConfig gpt_config_for(const Device& device, const Options& o) {
@@ -184,11 +206,11 @@ size_t peak_bytes(const Device& device, const std::function<void()>& step) {
 }
 
 // The GPT's step on `batch` sequences of `seq_len` random token ids.
-GptStep lockstep_gpt_step(const models::GptConfig& config, int64_t batch, int64_t seq_len,
+StepResult lockstep_gpt_step(const models::GptConfig& config, int64_t batch, int64_t seq_len,
                           const Device& device, const Options& o) {
   runtime::Generator g(0);
   auto model = models::gpt(config, g);
-  GptStep r;
+  StepResult r;
   for (const auto& p : model->parameters()) r.parameters += p.numel();
   // Each row is seq_len + 1 ids: the first seq_len the input, the last seq_len its targets.
   std::vector<int64_t> ids(static_cast<size_t>(batch * seq_len)), targets(ids.size());
@@ -215,6 +237,7 @@ GptStep lockstep_gpt_step(const models::GptConfig& config, int64_t batch, int64_
   };
   r.ms = bench::median_seconds(step, o.warmup, o.steps) * 1e3;
   r.peak_bytes = peak_bytes(device, step);
+  r.kernels = traced(device, o, step);
   return r;
 }
 
@@ -246,11 +269,14 @@ json peer_step(const std::string& name, int64_t batch, const std::string& extra_
                         "(torch.cuda.is_available() is false); pass --python with a CUDA build"}};
   }
   auto r = bench::run_command(fmt::format("{}{} {} --model {} --batch-size {} --steps {} --warmup {} "
-                                          "--threads {} --device {} --amp {}{}{}",
+                                          "--threads {} --device {} --amp {}{}{}{}",
                                           bench::peer_env_prefix(), o.python, o.peer_script,
                                           name, batch, o.steps, o.warmup,
                                           o.threads, device.is_cuda() ? "cuda" : "cpu", o.amp,
-                                          o.tf32 ? " --tf32" : "", extra_args));
+                                          o.tf32 ? " --tf32" : "", extra_args,
+                                          o.kernel_trace > 0
+                                              ? fmt::format(" --kernel-trace {}", o.kernel_trace)
+                                              : ""));
   json j = json::parse(r.output, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return {{"error", "peer printed no JSON (exit " + std::to_string(r.exit_code) + ")"}};
   if (r.exit_code == 3) j["error"] = "PyTorch is not on OpenBLAS: install libopenblas0";
@@ -269,7 +295,11 @@ json peer_step(const std::string& name, int64_t batch, const std::string& extra_
 int run(const Options& o) {
   runtime::set_num_threads(o.threads);
   LOCKSTEP_CHECK(!o.tf32 || o.device == "cuda", "--tf32 needs --device cuda");
+  LOCKSTEP_CHECK(o.kernel_trace == 0 || o.device == "cuda",
+                 "--kernel-trace needs --device cuda: it traces the GPU's kernels");
   const Device device = distributed::select_device({.request = o.device});
+  // A trace that cannot start (no CUPTI) fails here, before any model is timed.
+  if (o.kernel_trace > 0) runtime::device_backend(device).trace_activity()->stop();
   bench::set_allow_tf32(o.tf32);
   const std::string machine = bench::machine_description(device);
   const std::string device_str = device.is_cuda() ? fmt::format("cuda:{}", device.index) : "cpu";
@@ -283,14 +313,16 @@ int run(const Options& o) {
   LOCKSTEP_CHECK(seq_len <= gpt.block_size, "--seq-len {} exceeds the gpt's block_size {}",
                  seq_len, gpt.block_size);
   std::string gpt_note;
+  std::string profiles;  // --kernel-trace: one comparison per model
 
   json results = json::array();
   std::vector<std::vector<std::string>> rows;
   for (const auto& name : o.models) {
     const int64_t batch = batch_for(name, o);
     const bool is_gpt = name == "gpt";
-    const GptStep gpt_step = is_gpt ? lockstep_gpt_step(gpt, batch, seq_len, device, o) : GptStep{};
-    const double ours = is_gpt ? gpt_step.ms : lockstep_step_ms(name, batch, device, o);
+    const StepResult step = is_gpt ? lockstep_gpt_step(gpt, batch, seq_len, device, o)
+                                   : lockstep_step(name, batch, device, o);
+    const double ours = step.ms;
     const auto tokens_per_s = [&](double ms) {
       return static_cast<double>(batch * seq_len) / (ms / 1e3);
     };
@@ -307,9 +339,9 @@ int run(const Options& o) {
                            {"n_layer", gpt.n_layer},       {"n_head", gpt.n_head},
                            {"n_embd", gpt.n_embd},         {"dropout", gpt.dropout},
                            {"checkpoint_blocks", gpt.checkpoint_blocks}};
-      row["parameters"] = gpt_step.parameters;
-      row["peak_bytes"] = gpt_step.peak_bytes;
-      peak_cell = fmt::format("{:.1f}", static_cast<double>(gpt_step.peak_bytes) / (1 << 20));
+      row["parameters"] = step.parameters;
+      row["peak_bytes"] = step.peak_bytes;
+      peak_cell = fmt::format("{:.1f}", static_cast<double>(step.peak_bytes) / (1 << 20));
       row["lockstep_tokens_per_s"] = tokens_per_s(ours);
       tokens_cell = fmt::format("{:.0f}", tokens_per_s(ours));
     }
@@ -317,16 +349,31 @@ int run(const Options& o) {
       row["goal_speedup"] = *goal;
       goal_cell = fmt::format(">= {:.1f}x", *goal);
     }
+    std::optional<bench::KernelProfile> peer_kernels;  // --kernel-trace, from the peer
+    std::optional<double> peer_ms;
     if (o.peer) {
       json p = peer_step(name, batch, is_gpt ? gpt_peer_args(gpt, seq_len) : "", device, o);
       if (is_gpt && p.contains("parameters")) {
         const auto theirs = p["parameters"].get<int64_t>();
         peer_parameters = std::to_string(theirs);
-        if (theirs != gpt_step.parameters && !p.contains("error"))
+        if (theirs != step.parameters && !p.contains("error"))
           p["error"] = fmt::format("PyTorch's GPT has {} parameters, lockstep's {}: not the same "
                                    "model",
-                                   theirs, gpt_step.parameters);
+                                   theirs, step.parameters);
       }
+      if (p.contains("kernel_trace")) {  // raw activities: summarized here, not kept
+        const json& t = p["kernel_trace"];
+        if (t.contains("error")) {
+          profiles += fmt::format("\nPyTorch's kernel trace of {} failed: {}\n", name,
+                                  t["error"].dump());
+        } else {
+          peer_kernels = bench::summarize_activities(
+              bench::activities_from_json(t.value("activities", json::array())),
+              t.value("steps", 0));
+        }
+        p.erase("kernel_trace");
+      }
+      if (p.contains("median_ms")) peer_ms = p["median_ms"].get<double>();
       row["pytorch"] = p;
       if (!p.contains("error")) {
         const double theirs = p["median_ms"].get<double>();
@@ -349,12 +396,21 @@ int run(const Options& o) {
                   << p["error"].get<std::string>() << "\n";
       }
     }
+    if (step.kernels) {
+      std::optional<bench::ProfiledSide> peer_side;
+      if (peer_kernels) peer_side = bench::ProfiledSide{"PyTorch", *peer_kernels, peer_ms};
+      profiles += "\n" + bench::compare_profiles(
+                              fmt::format("where the GPU time goes: {}, batch {}", name, batch),
+                              {"lockstep", *step.kernels, ours}, peer_side);
+      row["kernel_profile"] = {{"lockstep", step.kernels->to_json()}};
+      if (peer_kernels) row["kernel_profile"]["pytorch"] = peer_kernels->to_json();
+    }
     if (is_gpt) {
       gpt_note = fmt::format("gpt: {}vocab {}, block {}, {} layers, {} heads, n_embd {}; batch "
                              "{} x {} tokens; {} parameters (PyTorch: {}){}\n",
                              device.is_cuda() ? "GPT-2 124M, " : "", gpt.vocab_size,
                              gpt.block_size, gpt.n_layer, gpt.n_head, gpt.n_embd, batch, seq_len,
-                             gpt_step.parameters, peer_parameters,
+                             step.parameters, peer_parameters,
                              gpt.checkpoint_blocks ? "; blocks checkpointed" : "");
     }
     results.push_back(row);
@@ -387,6 +443,7 @@ int run(const Options& o) {
       out["tf32"] = o.tf32;
     }
     std::cout << out.dump(2) << "\n";
+    std::cerr << profiles;  // beside the JSON: in the log
   } else {
     fmt::print("step_bench {} on {} (median of {} steps after {} warm-up{}{})\n", date, machine,
                o.steps, o.warmup, device.is_cuda() ? (o.tf32 ? "; TF32 on" : "; TF32 off") : "",
@@ -399,7 +456,7 @@ int run(const Options& o) {
       header.push_back("lockstep peak MiB");
     }
     if (device.is_cuda()) header.push_back("goal");
-    fmt::print("{}{}", bench::format_table(header, rows), gpt_note);
+    fmt::print("{}{}{}", bench::format_table(header, rows), gpt_note, profiles);
   }
   return 0;
 }
@@ -433,6 +490,10 @@ int main(int argc, char** argv) {
   app.add_option("--amp", o.amp, "autocast dtype for forward and loss: none, bf16, f16")
       ->check(CLI::IsMember({"none", "bf16", "f16"}))
       ->capture_default_str();
+  app.add_option("--kernel-trace", o.kernel_trace,
+                 "CUDA: trace this many more steps' kernels on both sides and show where the "
+                 "GPU time goes")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--json", o.json_out, "print JSON instead of a table");
   app.add_flag("!--no-peer", o.peer, "skip PyTorch");
   app.add_option("--python", o.python, "Python with torch for the peer")->capture_default_str();

@@ -22,6 +22,9 @@ CUDA (--device cuda): every timed step ends with torch.cuda.synchronize(), as
 step_bench's do; cudnn.benchmark is on (its algorithm search runs in the
 warm-up steps), and TF32 is off for both cuBLAS and cuDNN unless --tf32:
 PyTorch's cudnn.allow_tf32 defaults to True, lockstep's TF32 to off.
+--kernel-trace N then runs N more steps under torch.profiler (CUPTI's
+activity records, as lockstep's trace) and adds every kernel, copy and fill
+they ran, as [name, start us, end us], for step_bench to summarize.
 
 torch.set_num_threads() does not reach OpenBLAS (it keeps one thread per
 core), so the thread count is also set through the environment before torch
@@ -238,6 +241,28 @@ def openblas_core(blas):
     return None
 
 
+def device_activities(step, steps):
+    """[name, start us, end us] of every kernel, copy and fill the GPU ran in
+    `steps` calls of step(), from the profiler's raw (Kineto) events."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    cuda_type = torch.autograd.DeviceType.CUDA
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() != cuda_type:
+            continue
+        if hasattr(e, "start_ns"):
+            start, length = e.start_ns() / 1e3, e.duration_ns() / 1e3
+        else:  # before 2.1
+            start, length = float(e.start_us()), float(e.duration_us())
+        out.append([e.name(), start, start + length])
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=sorted([*MODELS, "gpt"]), required=True)
@@ -249,6 +274,8 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--amp", choices=["none", "bf16", "f16"], default="none",
                     help="autocast dtype for forward and loss (f16 with a GradScaler)")
+    ap.add_argument("--kernel-trace", type=int, default=0, metavar="N",
+                    help="CUDA: trace N more steps' kernels with torch.profiler")
     ap.add_argument("--tf32", action="store_true",
                     help="TF32 for cuBLAS and cuDNN (CUDA only; off by default)")
     gpt = ap.add_argument_group("gpt", "the GPT's shape (step_bench passes lockstep's)")
@@ -326,11 +353,19 @@ def main():
         times.append(time.perf_counter() - t0)
 
     if cuda:
+        trace = {}
+        if a.kernel_trace > 0:
+            try:  # a trace that fails costs the trace, not the timing
+                trace = {"kernel_trace": {"steps": a.kernel_trace,
+                                          "activities": device_activities(step, a.kernel_trace)}}
+            except Exception as e:  # noqa: BLE001 (any profiler failure is reported)
+                trace = {"kernel_trace": {"error": "%s: %s" % (type(e).__name__, e)}}
         print(json.dumps({"peer": "pytorch", "version": torch.__version__, "model": a.model,
                           "device": "cuda", "gpu": torch.cuda.get_device_name(device),
                           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
                           "tf32": a.tf32, "amp": a.amp, "batch_size": a.batch_size,
-                          "median_ms": statistics.median(times) * 1e3, **gpt_fields}))
+                          "median_ms": statistics.median(times) * 1e3, **gpt_fields,
+                          **trace}))
         return 0  # OpenBLAS plays no part on the GPU
 
     blas = loaded_blas()
