@@ -38,6 +38,7 @@ std::string DeviceBackend::name(Device device) const {
   missing(fmt::format("name {}", device.str()));
 }
 void DeviceBackend::set_allow_tf32(bool) const { missing("TF32"); }
+void DeviceBackend::set_cudnn_benchmark(bool) const { missing("cuDNN benchmark mode"); }
 size_t DeviceBackend::peak_allocated_bytes(Device device) const {
   missing(fmt::format("peak memory of {}", device.str()));
 }

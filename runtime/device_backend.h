@@ -122,6 +122,9 @@ class DeviceBackend {
   virtual std::string name(Device device) const;
   // Whether f32 matrix products may use TF32 tensor cores (off by default).
   virtual void set_allow_tf32(bool allow) const;
+  // cuDNN benchmark mode: each convolution's first run at a new shape times
+  // cuDNN's engines and keeps the fastest (off by default).
+  virtual void set_cudnn_benchmark(bool on) const;
   virtual void* allocate(size_t nbytes, Device device) const;
   virtual void free(void* data, Device device) const;
   // The most memory the allocator had handed out on `device` at once since

@@ -31,6 +31,15 @@ void set_allow_tf32(bool allow) {
   cuda->set_allow_tf32(allow);
 }
 
+void set_cudnn_benchmark(bool on) {
+  const runtime::DeviceBackend* cuda = runtime::registered_cuda_backend();
+  if (cuda == nullptr) {
+    LOCKSTEP_CHECK(!on, "cuDNN benchmark mode: this build of lockstep has no CUDA");
+    return;
+  }
+  cuda->set_cudnn_benchmark(on);
+}
+
 double max_over_ranks(collectives::ProcessGroup& group, double value,
                       const runtime::Device& device) {
   runtime::Tensor t = runtime::Tensor::from_vector(std::vector<double>{value}, {1}).to(device);

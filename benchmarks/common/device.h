@@ -39,4 +39,8 @@ std::vector<double> gather_over_ranks(collectives::ProcessGroup& group,
 // Throws when CUDA is not built in and `allow` is true.
 void set_allow_tf32(bool allow);
 
+// cuDNN benchmark mode (torch.backends.cudnn.benchmark; runtime/cuda/ops/math_mode.h).
+// Throws when CUDA is not built in and `on` is true.
+void set_cudnn_benchmark(bool on);
+
 }  // namespace lockstep::bench

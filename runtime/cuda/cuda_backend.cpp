@@ -91,6 +91,7 @@ class CudaBackend final : public DeviceBackend {
     return props.name;
   }
   void set_allow_tf32(bool allow) const override { cuda::set_allow_tf32(allow); }
+  void set_cudnn_benchmark(bool on) const override { cuda::set_cudnn_benchmark(on); }
   size_t peak_allocated_bytes(Device device) const override {
     return cuda::memory_stats(device.index).peak_allocated_bytes;
   }

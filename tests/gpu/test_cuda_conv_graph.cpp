@@ -136,3 +136,27 @@ TEST_CASE("CUDA conv2d through cuDNN's graph API follows the data's alignment",
   check_paths(before, 6);
 #endif
 }
+
+TEST_CASE("CUDA conv2d in cuDNN benchmark mode times its engines and still matches the CPU",
+          "[gpu][cuda_conv]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+#if LOCKSTEP_HAVE_CUDA
+  poison_device_memory();
+  // Timing runs every engine on the real operands: outputs must still be the
+  // chosen engine's, at the first call (which times) and at the next (cached).
+  struct Restore {
+    bool was = cuda::cudnn_benchmark();
+    ~Restore() { cuda::set_cudnn_benchmark(was); }
+  } restore;
+  cuda::set_cudnn_benchmark(true);
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  const ConvCase c{{8, 16, 20, 20}, {32, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1},
+                   "benchmark mode, ResNet-like 3x3"};
+  const Tensor x = randn_cpu(c.x, 201, dt), w = randn_cpu(c.w, 202, dt);
+  const Tensor b = randn_cpu({c.w[0]}, 203, dt);
+  const cuda::CudnnPathStats before = cuda::conv_path_stats();
+  check_conv(c, x, x.to(cuda0()), w, b, 204);
+  check_conv({c.x, c.w, c.o, c.what + ", again"}, x, x.to(cuda0()), w, b, 205);
+  check_paths(before, 6);
+#endif
+}

@@ -4,8 +4,10 @@
 //
 // Plans are built once per key and cached for the process (the rules of
 // engine choice and of the cache: cudnn_graph_plan.h). The key: the
-// direction, geometry, dtype, device, TF32 mode, the cuDNN handle and the
-// byte alignment (up to 16) of each data pointer, which a plan may assume.
+// direction, geometry, dtype, device, TF32 mode, benchmark mode (the
+// engines timed at the first run: cudnn_benchmark(), math_mode.h), the cuDNN
+// handle and the byte alignment (up to 16) of each data pointer, which a
+// plan may assume.
 // Errors while executing a built plan are thrown, not hidden by a fallback.
 #pragma once
 

@@ -18,6 +18,9 @@ namespace {
 // Engine configs whose workspace exceeds this are passed over while another
 // fits (the legacy convolution path's bound too).
 constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;
+// Benchmark mode: the most engine configs timed per plan, and the timed runs of each.
+constexpr std::size_t kMaxTimedEngines = 12;
+constexpr int kTimedRuns = 3;
 
 // The engine configs cuDNN's heuristics in `mode` propose for the graph, best
 // first; none when the heuristic has nothing for it.
@@ -66,17 +69,12 @@ bool keeps_numerics(const BackendDescriptor& config, DType dtype, bool tf32) {
   return true;
 }
 
-struct Choice {
-  BackendDescriptor config;
-  BackendDescriptor exec;
-  std::size_t workspace = 0;
-};
-
-// The execution plan of the first usable engine config (see the header), or
-// nullopt when there is none.
-std::optional<Choice> choose(cudnnHandle_t handle, const BackendDescriptor& graph, DType dtype,
-                             bool tf32) {
-  std::optional<Choice> smallest;  // the least workspace seen, should none fit the bound
+// The execution plans of the first `wanted` usable engine configs (see the
+// header), best first; else the one needing the least workspace; else none.
+std::vector<GraphEngine> choose(cudnnHandle_t handle, const BackendDescriptor& graph, DType dtype,
+                                bool tf32, std::size_t wanted) {
+  std::vector<GraphEngine> fitting;
+  std::optional<GraphEngine> smallest;  // the least workspace seen, should none fit the bound
   for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     for (BackendDescriptor& config : engine_configs(graph, mode)) {
       if (!keeps_numerics(config, dtype, tf32)) continue;
@@ -86,12 +84,66 @@ std::optional<Choice> choose(cudnnHandle_t handle, const BackendDescriptor& grap
       if (exec.try_finalize() != CUDNN_STATUS_SUCCESS) continue;  // not for this graph
       const auto workspace =
           static_cast<std::size_t>(exec.get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE));
-      Choice c{std::move(config), std::move(exec), workspace};
-      if (workspace <= kMaxWorkspace) return c;
-      if (!smallest || workspace < smallest->workspace) smallest = std::move(c);
+      GraphEngine e{std::move(config), std::move(exec), workspace};
+      if (workspace <= kMaxWorkspace) {
+        fitting.push_back(std::move(e));
+        if (fitting.size() == wanted) return fitting;
+      } else if (!smallest || workspace < smallest->workspace) {
+        smallest = std::move(e);
+      }
+    }
+    if (!fitting.empty()) return fitting;  // the fallback heuristic only where mode A has none
+  }
+  if (smallest) fitting.push_back(std::move(*smallest));
+  return fitting;
+}
+
+// Runs one engine of a plan (see execute_plan).
+void run_engine(cudnnHandle_t handle, const GraphEngine& engine, std::span<void* const> pointers,
+                std::span<const int64_t> uids, int device) {
+  // Freed once the work is queued: later work on the stream reuses it in order.
+  DeviceBuffer ws = engine.workspace == 0
+                        ? DeviceBuffer()
+                        : DeviceBuffer(engine.workspace, current_stream(device));
+  void* workspace = ws.data();
+  BackendDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+           static_cast<int64_t>(pointers.size()), pointers.data());
+  pack.set_int64s(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, uids);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  pack.finalize();
+  LOCKSTEP_CUDNN_CHECK(cudnnBackendExecute(handle, engine.exec.get(), pack.get()));
+}
+
+// Benchmark mode: the index of the fastest of `plan`'s engines on these
+// operands. An engine that fails to run is passed over; if all do, the first
+// is kept (its error is then thrown by the run that follows).
+std::size_t fastest_engine(cudnnHandle_t handle, const GraphPlan& plan,
+                           std::span<void* const> pointers, std::span<const int64_t> uids,
+                           int device) {
+  const StreamView stream = current_stream(device);
+  std::size_t best = 0;
+  float best_ms = 0;
+  bool timed_any = false;
+  for (std::size_t i = 0; i < plan.engines.size(); ++i) {
+    try {
+      run_engine(handle, plan.engines[i], pointers, uids, device);  // warm-up, module loading
+      Event start({.timing = true}), end({.timing = true});
+      start.record(stream);
+      for (int r = 0; r < kTimedRuns; ++r) run_engine(handle, plan.engines[i], pointers, uids, device);
+      end.record(stream);
+      end.synchronize();
+      const float ms = start.elapsed_ms(end);
+      if (!timed_any || ms < best_ms) {
+        best = i;
+        best_ms = ms;
+        timed_any = true;
+      }
+    } catch (const Error&) {
+      continue;  // this engine cannot run these operands
     }
   }
-  return smallest;
+  return best;
 }
 
 // A finalized tensor descriptor; by value: the variant pack gives a host
@@ -132,7 +184,7 @@ BackendDescriptor graph_scalar(int64_t uid, cudnnDataType_t type) {
 
 std::shared_ptr<const GraphPlan> make_plan(cudnnHandle_t handle, BackendDescriptor op,
                                            std::vector<BackendDescriptor> parts, DType dtype,
-                                           bool tf32) {
+                                           bool tf32, bool benchmark) {
   // The graph and the plan name the handle. cuDNN 9's headers mark these
   // attributes deprecated in favour of device-property descriptors (9.8 on);
   // they are still supported, and they tie the plan to the key's handle.
@@ -141,30 +193,27 @@ std::shared_ptr<const GraphPlan> make_plan(cudnnHandle_t handle, BackendDescript
   graph.set_handle(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle);
   graph.finalize();
 
-  std::optional<Choice> c = choose(handle, graph, dtype, tf32);
-  if (!c) return nullptr;
+  std::vector<GraphEngine> engines =
+      choose(handle, graph, dtype, tf32, benchmark ? kMaxTimedEngines : 1);
+  if (engines.empty()) return nullptr;
   parts.push_back(std::move(op));
   parts.push_back(std::move(graph));
-  parts.push_back(std::move(c->config));
-  return std::make_shared<const GraphPlan>(
-      GraphPlan{std::move(parts), std::move(c->exec), c->workspace});
+  auto plan = std::make_shared<GraphPlan>();
+  plan->parts = std::move(parts);
+  plan->engines = std::move(engines);
+  return plan;
 }
 
 void execute_plan(cudnnHandle_t handle, const GraphPlan& plan, std::span<void* const> pointers,
                   std::span<const int64_t> uids, int device) {
   LOCKSTEP_CHECK(pointers.size() == uids.size(),
                  "cuDNN graph: {} data pointers for {} tensor ids", pointers.size(), uids.size());
-  // Freed once the work is queued: later work on the stream reuses it in order.
-  DeviceBuffer ws =
-      plan.workspace == 0 ? DeviceBuffer() : DeviceBuffer(plan.workspace, current_stream(device));
-  void* workspace = ws.data();
-  BackendDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
-           static_cast<int64_t>(pointers.size()), pointers.data());
-  pack.set_int64s(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, uids);
-  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-  pack.finalize();
-  LOCKSTEP_CUDNN_CHECK(cudnnBackendExecute(handle, plan.exec.get(), pack.get()));
+  if (plan.engines.size() > 1) {
+    std::call_once(plan.timed, [&] {
+      plan.chosen = fastest_engine(handle, plan, pointers, uids, device);
+    });
+  }
+  run_engine(handle, plan.engines[plan.chosen], pointers, uids, device);
 }
 
 bool cudnn_legacy_forced() {

@@ -9,6 +9,12 @@
 // passed over: those that down-convert inputs or reduce in reduced precision,
 // and for f32 without allow_tf32() (math_mode.h) those on tensor cores, which
 // compute f32 in TF32. Building runs nothing on the GPU.
+//
+// Benchmark mode (cudnn_benchmark(), math_mode.h: PyTorch's
+// torch.backends.cudnn.benchmark), for plans whose op overwrites its outputs
+// from its inputs alone: up to 12 such engine configs are finalized, and the
+// plan's first run times each on that run's own operands (one warm-up run,
+// then three timed with CUDA events) and keeps the fastest for good.
 #pragma once
 
 #include <cudnn.h>
@@ -28,12 +34,22 @@
 
 namespace lockstep::runtime::cuda {
 
-// A finalized execution plan and every descriptor it was built from, which
-// cuDNN may refer to while the plan lives.
-struct GraphPlan {
-  std::vector<BackendDescriptor> parts;
+// One engine config of a graph and its finalized execution plan.
+struct GraphEngine {
+  BackendDescriptor config;
   BackendDescriptor exec;
   std::size_t workspace = 0;
+};
+
+// The finalized execution plans of a graph and every descriptor they were
+// built from, which cuDNN may refer to while the plan lives.
+struct GraphPlan {
+  std::vector<BackendDescriptor> parts;
+  std::vector<GraphEngine> engines;  // the heuristics' first; several to time in benchmark mode
+  // The engine that runs: engines[0], or in benchmark mode the fastest,
+  // chosen at the first run (plans are per handle, so per thread).
+  mutable std::once_flag timed;
+  mutable std::size_t chosen = 0;
 };
 
 // The largest power of two up to 16 that divides the address: the alignment
@@ -50,14 +66,16 @@ BackendDescriptor graph_scalar(int64_t uid, cudnnDataType_t type);
 // The graph of the one finalized operation `op` on `handle`, and the plan
 // cuDNN's engines offer for it (see the top of this file); null when there is
 // none. `parts` are the descriptors `op` refers to; the plan keeps them, and
-// `op`, alive. Throws lockstep::Error when cuDNN refuses the graph itself.
+// `op`, alive. `benchmark`: keep several engines to time at the first run
+// (only for an op that overwrites its outputs from its inputs alone). Throws
+// lockstep::Error when cuDNN refuses the graph itself.
 std::shared_ptr<const GraphPlan> make_plan(cudnnHandle_t handle, BackendDescriptor op,
                                            std::vector<BackendDescriptor> parts, DType dtype,
-                                           bool tf32);
+                                           bool tf32, bool benchmark = false);
 
 // Runs `plan` on `handle` with pointers[i] for the tensor of uids[i] and a
-// workspace from the caching allocator on `device`'s current stream. Throws
-// when cuDNN fails.
+// workspace from the caching allocator on `device`'s current stream (first
+// timing its engines, in benchmark mode). Throws when cuDNN fails.
 void execute_plan(cudnnHandle_t handle, const GraphPlan& plan, std::span<void* const> pointers,
                   std::span<const int64_t> uids, int device);
 
