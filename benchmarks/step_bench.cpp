@@ -25,7 +25,10 @@
 // warm-up steps also let cuDNN pick its algorithms, and the table shows the
 // issue's goals: >= 2x PyTorch eager's samples/s for the MLP and CNN at batch
 // 64, >= 1.0x for ResNet-18 at batch 256. TF32 is off on both sides unless
-// --tf32 (PyTorch's cuDNN would otherwise use it by default).
+// --tf32 (PyTorch's cuDNN would otherwise use it by default). Both sides time
+// cuDNN's convolution engines at each new shape and keep the fastest
+// (cuDNN benchmark mode: runtime/cuda/ops/math_mode.h, cudnn.benchmark)
+// unless --cudnn-benchmark off, which takes cuDNN's heuristics on both.
 //
 // The GPT's row also gives lockstep's peak memory over one step: on the CPU
 // the host cache's (runtime/cpu/host_cache.h), on a GPU the caching
@@ -89,6 +92,7 @@ struct Options {
   int threads = 1;
   std::string device = "cpu";
   bool tf32 = false;
+  std::string cudnn_benchmark = "on";  // CUDA, both sides: time cuDNN's engines per shape
   bool checkpoint = false;  // gpt only: checkpoint every block
   std::string amp = "none";  // none, bf16, f16: autocast's dtype
   int kernel_trace = 0;      // CUDA: steps whose kernels are traced after the timing
@@ -269,11 +273,15 @@ json peer_step(const std::string& name, int64_t batch, const std::string& extra_
                         "(torch.cuda.is_available() is false); pass --python with a CUDA build"}};
   }
   auto r = bench::run_command(fmt::format("{}{} {} --model {} --batch-size {} --steps {} --warmup {} "
-                                          "--threads {} --device {} --amp {}{}{}{}",
+                                          "--threads {} --device {} --amp {}{}{}{}{}",
                                           bench::peer_env_prefix(), o.python, o.peer_script,
                                           name, batch, o.steps, o.warmup,
                                           o.threads, device.is_cuda() ? "cuda" : "cpu", o.amp,
-                                          o.tf32 ? " --tf32" : "", extra_args,
+                                          o.tf32 ? " --tf32" : "",
+                                          device.is_cuda() && o.cudnn_benchmark == "off"
+                                              ? " --cudnn-benchmark off"
+                                              : "",
+                                          extra_args,
                                           o.kernel_trace > 0
                                               ? fmt::format(" --kernel-trace {}", o.kernel_trace)
                                               : ""));
@@ -301,6 +309,7 @@ int run(const Options& o) {
   // A trace that cannot start (no CUPTI) fails here, before any model is timed.
   if (o.kernel_trace > 0) runtime::device_backend(device).trace_activity()->stop();
   bench::set_allow_tf32(o.tf32);
+  if (device.is_cuda()) bench::set_cudnn_benchmark(o.cudnn_benchmark == "on");
   const std::string machine = bench::machine_description(device);
   const std::string device_str = device.is_cuda() ? fmt::format("cuda:{}", device.index) : "cpu";
   // The GPT's rows add tokens/s columns and a line under the table; without
@@ -441,12 +450,16 @@ int run(const Options& o) {
     if (device.is_cuda()) {
       out["gpu"] = bench::device_name(device);
       out["tf32"] = o.tf32;
+      out["cudnn_benchmark"] = o.cudnn_benchmark == "on";
     }
     std::cout << out.dump(2) << "\n";
     std::cerr << profiles;  // beside the JSON: in the log
   } else {
     fmt::print("step_bench {} on {} (median of {} steps after {} warm-up{}{})\n", date, machine,
-               o.steps, o.warmup, device.is_cuda() ? (o.tf32 ? "; TF32 on" : "; TF32 off") : "",
+               o.steps, o.warmup,
+               device.is_cuda() ? fmt::format("; TF32 {}; cuDNN benchmark {}",
+                                              o.tf32 ? "on" : "off", o.cudnn_benchmark)
+                                : "",
                o.amp == "none" ? "" : "; autocast " + o.amp);
     std::vector<std::string> header{"model", "device", "batch", "threads", "lockstep ms/step",
                                     "PyTorch ms/step", "lockstep speedup"};
@@ -485,6 +498,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_flag("--tf32", o.tf32, "TF32 tensor cores for f32 matmul and conv, on both sides");
+  app.add_option("--cudnn-benchmark", o.cudnn_benchmark,
+                 "CUDA: time cuDNN's convolution engines at each new shape and keep the fastest, "
+                 "on both sides (torch.backends.cudnn.benchmark)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app.add_flag("--checkpoint", o.checkpoint,
                "gpt only: checkpoint every block (recompute its activations in backward)");
   app.add_option("--amp", o.amp, "autocast dtype for forward and loss: none, bf16, f16")

@@ -19,8 +19,8 @@ lockstep corrected OpenBLAS's choice, runtime/cpu/openblas_core.h, so both
 sides run the same kernels).
 
 CUDA (--device cuda): every timed step ends with torch.cuda.synchronize(), as
-step_bench's do; cudnn.benchmark is on (its algorithm search runs in the
-warm-up steps), and TF32 is off for both cuBLAS and cuDNN unless --tf32:
+step_bench's do; cudnn.benchmark is on unless --cudnn-benchmark off (its
+algorithm search runs in the warm-up steps), and TF32 is off for both cuBLAS and cuDNN unless --tf32:
 PyTorch's cudnn.allow_tf32 defaults to True, lockstep's TF32 to off.
 --kernel-trace N then runs N more steps under torch.profiler (CUPTI's
 activity records, as lockstep's trace) and adds every kernel, copy and fill
@@ -274,6 +274,8 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--amp", choices=["none", "bf16", "f16"], default="none",
                     help="autocast dtype for forward and loss (f16 with a GradScaler)")
+    ap.add_argument("--cudnn-benchmark", choices=["on", "off"], default="on",
+                    help="CUDA: torch.backends.cudnn.benchmark")
     ap.add_argument("--kernel-trace", type=int, default=0, metavar="N",
                     help="CUDA: trace N more steps' kernels with torch.profiler")
     ap.add_argument("--tf32", action="store_true",
@@ -295,7 +297,7 @@ def main():
             return 5
         torch.backends.cuda.matmul.allow_tf32 = a.tf32
         torch.backends.cudnn.allow_tf32 = a.tf32
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = a.cudnn_benchmark == "on"
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     device = torch.device("cuda:0" if cuda else "cpu")
