@@ -43,6 +43,14 @@ std::optional<int> read_whole_number(const EnvLookup& env, const char* name, int
   return parse_int(name, *text, minimum);
 }
 
+bool read_switch(const EnvLookup& env, const char* name, const char* what_1_does) {
+  const auto text = env(name);
+  if (!text || text->empty() || *text == "0") return false;
+  LOCKSTEP_CHECK(*text == "1", "{}='{}' is neither 0 nor 1; set it to 1 to {}, or unset it", name,
+                 *text, what_1_does);
+  return true;
+}
+
 // Up to a year: it keeps the milliseconds in range.
 std::optional<std::chrono::milliseconds> read_seconds(const EnvLookup& env, const char* name,
                                                       const char* what, int example) {

@@ -29,6 +29,10 @@ std::optional<int> read_whole_number(const EnvLookup& env, const char* name, int
 std::optional<std::chrono::milliseconds> read_seconds(const EnvLookup& env, const char* name,
                                                       const char* what, int example);
 
+// A switch: false when unset, empty or 0, true when 1. Throws naming the
+// variable for anything else, saying that 1 would `what_1_does`.
+bool read_switch(const EnvLookup& env, const char* name, const char* what_1_does);
+
 // LOCKSTEP_HOST_CACHE_MB, the bound on cached CPU blocks (cpu/host_cache.h);
 // nullopt when unset. Throws naming the variable when it is not a whole
 // number >= 0.

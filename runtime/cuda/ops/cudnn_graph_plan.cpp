@@ -217,15 +217,9 @@ void execute_plan(cudnnHandle_t handle, const GraphPlan& plan, std::span<void* c
 }
 
 bool cudnn_legacy_forced() {
-  static const bool forced = [] {
-    const std::optional<std::string> value = process_env()("LOCKSTEP_CUDNN_LEGACY");
-    if (!value || value->empty() || *value == "0") return false;
-    LOCKSTEP_CHECK(*value == "1",
-                   "LOCKSTEP_CUDNN_LEGACY='{}' is neither 0 nor 1; set it to 1 to run cuDNN "
-                   "convolutions and batch norms through cuDNN's legacy API only, or unset it",
-                   *value);
-    return true;
-  }();
+  static const bool forced = read_switch(
+      process_env(), "LOCKSTEP_CUDNN_LEGACY",
+      "run cuDNN convolutions and batch norms through cuDNN's legacy API only");
   return forced;
 }
 

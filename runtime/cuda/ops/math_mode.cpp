@@ -1,30 +1,18 @@
 #include "lockstep/runtime/cuda/ops/math_mode.h"
 
 #include <atomic>
-#include <optional>
-#include <string>
 
 #include "lockstep/runtime/env.h"
-#include "lockstep/runtime/error.h"
 
 namespace lockstep::runtime::cuda {
 
 namespace {
 std::atomic<bool> g_allow_tf32{false};
 
-// LOCKSTEP_CUDNN_BENCHMARK: unset, "" or 0 off, 1 on; anything else an error.
-bool benchmark_from_env() {
-  const std::optional<std::string> value = process_env()("LOCKSTEP_CUDNN_BENCHMARK");
-  if (!value || value->empty() || *value == "0") return false;
-  LOCKSTEP_CHECK(*value == "1",
-                 "LOCKSTEP_CUDNN_BENCHMARK='{}' is neither 0 nor 1; set it to 1 to time cuDNN's "
-                 "convolution engines at each new shape and keep the fastest, or unset it",
-                 *value);
-  return true;
-}
-
 std::atomic<bool>& benchmark_flag() {
-  static std::atomic<bool> flag{benchmark_from_env()};
+  static std::atomic<bool> flag{read_switch(
+      process_env(), "LOCKSTEP_CUDNN_BENCHMARK",
+      "time cuDNN's convolution engines at each new shape and keep the fastest")};
   return flag;
 }
 }  // namespace
