@@ -22,22 +22,22 @@ std::string machine_description(const runtime::Device& device) {
   return fmt::format("{}, {} (cuda:{})", machine_description(), device_name(device), device.index);
 }
 
-void set_allow_tf32(bool allow) {
+namespace {
+// The CUDA backend; null where this build has none, which only a request to
+// turn `what` on refuses.
+const runtime::DeviceBackend* cuda_backend_for(bool on, const char* what) {
   const runtime::DeviceBackend* cuda = runtime::registered_cuda_backend();
-  if (cuda == nullptr) {
-    LOCKSTEP_CHECK(!allow, "--tf32: this build of lockstep has no CUDA");
-    return;
-  }
-  cuda->set_allow_tf32(allow);
+  LOCKSTEP_CHECK(cuda != nullptr || !on, "{}: this build of lockstep has no CUDA", what);
+  return cuda;
+}
+}  // namespace
+
+void set_allow_tf32(bool allow) {
+  if (const auto* cuda = cuda_backend_for(allow, "--tf32")) cuda->set_allow_tf32(allow);
 }
 
 void set_cudnn_benchmark(bool on) {
-  const runtime::DeviceBackend* cuda = runtime::registered_cuda_backend();
-  if (cuda == nullptr) {
-    LOCKSTEP_CHECK(!on, "cuDNN benchmark mode: this build of lockstep has no CUDA");
-    return;
-  }
-  cuda->set_cudnn_benchmark(on);
+  if (const auto* cuda = cuda_backend_for(on, "cuDNN benchmark mode")) cuda->set_cudnn_benchmark(on);
 }
 
 double max_over_ranks(collectives::ProcessGroup& group, double value,
