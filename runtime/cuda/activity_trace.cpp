@@ -126,7 +126,8 @@ std::string load_cupti() {
       void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (library == nullptr) {
         const char* error = dlerror();
-        tried += fmt::format("; {}: {}", name, error != nullptr ? error : "dlopen failed");
+        // dlerror() names the file itself.
+        tried += error != nullptr ? fmt::format("; {}", error) : fmt::format("; {}: not found", name);
         continue;
       }
       CuptiApi found;
