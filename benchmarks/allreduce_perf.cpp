@@ -28,6 +28,7 @@
 #include "common/allreduce_runners.h"
 #include "common/device.h"
 #include "harness.h"
+#include "common/writable_file.h"
 #include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
@@ -273,7 +274,8 @@ int main(int argc, char** argv) {
   app.add_flag("--shared-pool", o.shared_pool,
                "take the buffer from the group's shared pool, which shm's all-reduce reads in "
                "place (as DDP's buckets)");
-  app.add_option("--json", o.json_file, "also write the results as JSON to this file (rank 0)");
+  app.add_option("--json", o.json_file, "also write the results as JSON to this file (rank 0)")
+      ->check(bench::writable_file);
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "harness.h"
+#include "common/writable_file.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/threads.h"
@@ -41,7 +42,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed calls of each first")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads, "BLAS threads")->check(CLI::PositiveNumber);
   app.add_option("--causal", causal, "causal attention (as the GPT's)");
-  app.add_option("--json", json_file, "write the results as JSON to this file");
+  app.add_option("--json", json_file, "write the results as JSON to this file")
+      ->check(bench::writable_file);
   CLI11_PARSE(app, argc, argv);
   if (n_embd % heads != 0) {
     fmt::print(stderr, "attention_bench: --n-embd {} must be a multiple of --heads {}\n", n_embd,

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "common/writable_file.h"
 #include "lockstep/runtime/checkpoint/checkpoint.h"
 
 using namespace lockstep;
@@ -147,7 +148,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed runs first")->check(CLI::NonNegativeNumber);
   app.add_flag("--hot", o.hot, "read from the page cache instead of evicting the file first");
-  app.add_option("--json", o.json_file, "also write the results as JSON to this file");
+  app.add_option("--json", o.json_file, "also write the results as JSON to this file")
+      ->check(bench::writable_file);
   CLI11_PARSE(app, argc, argv);
 
   try {

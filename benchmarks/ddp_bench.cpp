@@ -43,6 +43,7 @@
 #include "common/device.h"
 #include "common/kernel_profile.h"
 #include "harness.h"
+#include "common/writable_file.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/ddp/replica_sync.h"
@@ -466,7 +467,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
   app.add_option("--json", o.json_file, "write the results as JSON to this file (rank 0) instead "
-                                        "of printing them after the table");
+                                        "of printing them after the table")
+      ->check(bench::writable_file);
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

@@ -29,6 +29,7 @@
 
 #include "common/device.h"
 #include "harness.h"
+#include "common/writable_file.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/models/models.h"
 #include "lockstep/nn/activation.h"
@@ -237,7 +238,8 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "shm, shm+gloo, gloo or mpi (default: LOCKSTEP_BACKEND, else shm on one node)")
       ->check(CLI::IsMember({"shm", "shm+gloo", "gloo", "mpi"}));
   app.add_option("--seed", o.seed)->capture_default_str();
-  app.add_option("--json", o.json_file, "write the results as JSON to this file (rank 0)");
+  app.add_option("--json", o.json_file, "write the results as JSON to this file (rank 0)")
+      ->check(bench::writable_file);
   CLI11_PARSE(app, argc, argv);
   if (std::find(o.modes.begin(), o.modes.end(), "plain") == o.modes.end()) o.modes.insert(o.modes.begin(), "plain");
   try {
