@@ -31,6 +31,7 @@ import tempfile
 import time
 
 import machine
+import result_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -128,7 +129,7 @@ def main():
     p.add_argument("--python", default="/usr/bin/python3")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch (its column says n/a)")
     p.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
-    p.add_argument("--json", help="write all results to this file")
+    p.add_argument("--json", type=result_file.writable, help="write all results to this file")
     a = p.parse_args()
 
     sizes, s = [], parse_bytes(a.b)

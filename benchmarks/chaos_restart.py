@@ -38,6 +38,8 @@ import tempfile
 import threading
 import time
 
+import result_file
+
 DATA = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
 
@@ -50,7 +52,7 @@ def parse_args():
     ap.add_argument("--quick", action="store_true",
                     help="2048 training samples, 2 epochs (the default: 8192, 3 epochs)")
     ap.add_argument("--checkpoint-every", type=int, default=5)
-    ap.add_argument("--json", help="also write the JSON result here")
+    ap.add_argument("--json", type=result_file.writable, help="also write the JSON result here")
     a = ap.parse_args()
     if a.ranks < 1 or a.kills < 1 or a.checkpoint_every < 1:
         ap.error("--ranks, --kills and --checkpoint-every must be at least 1")

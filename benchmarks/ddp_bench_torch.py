@@ -45,6 +45,7 @@ from step_bench_torch import (INPUT_SHAPES, MODELS, loaded_blas, openblas_core, 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
+import result_file  # noqa: E402
 
 NUM_BATCHES = 4  # distinct batches per rank, used in turn
 
@@ -200,7 +201,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--np", type=int, default=0,
                     help="start this many ranks (else: run as one rank of a launcher)")
-    ap.add_argument("--json", help="also write the JSON to this file (rank 0)")
+    ap.add_argument("--json", type=result_file.writable,
+                    help="also write the JSON to this file (rank 0)")
     a = ap.parse_args()
     if a.batch is None:
         a.batch = 256 if a.model == "resnet18" else 64

@@ -35,6 +35,7 @@ import tempfile
 import time
 
 import machine
+import result_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -192,7 +193,7 @@ def main():
                    help="skip the independent one-rank processes (the no-communication ceiling)")
     p.add_argument("--python", default="/usr/bin/python3")
     p.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
-    p.add_argument("--json", help="write all results to this file")
+    p.add_argument("--json", type=result_file.writable, help="write all results to this file")
     a = p.parse_args()
     a.build = os.path.abspath(a.build)
     models, sizes, backends = csv(a.models), csv(a.sizes, int), csv(a.backends)

@@ -20,8 +20,9 @@ sides run the same kernels).
 
 CUDA (--device cuda): every timed step ends with torch.cuda.synchronize(), as
 step_bench's do; cudnn.benchmark is on unless --cudnn-benchmark off (its
-algorithm search runs in the warm-up steps), and TF32 is off for both cuBLAS and cuDNN unless --tf32:
-PyTorch's cudnn.allow_tf32 defaults to True, lockstep's TF32 to off.
+algorithm search runs in the warm-up steps), and TF32 is off for both cuBLAS
+and cuDNN unless --tf32: PyTorch's cudnn.allow_tf32 defaults to True,
+lockstep's TF32 to off.
 --kernel-trace N then runs N more steps under torch.profiler (CUPTI's
 activity records, as lockstep's trace) and adds every kernel, copy and fill
 they ran, as [name, start us, end us], for step_bench to summarize.

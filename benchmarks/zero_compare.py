@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 
+import result_file
+
 # The table's order: plain, the default (split) modes, the whole-parameter ones.
 MODES = ["plain", "zero-broadcast", "zero-allgather", "zero-broadcast-whole", "zero-allgather-whole"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -59,7 +61,7 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--timeout", type=int, default=900)
-    p.add_argument("--json", default="")
+    p.add_argument("--json", type=result_file.writable, default="")
     a = p.parse_args()
 
     results, machine = [], ""
