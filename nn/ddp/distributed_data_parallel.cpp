@@ -34,6 +34,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
   for (const auto& [name, p] : named) {
     if (p.requires_grad()) trained.emplace_back(name, p);
   }
+  // As PyTorch: with nothing to train there is nothing to average, and a
+  // wrapper that only broadcasts is more likely a mistake than a choice.
+  LOCKSTEP_CHECK(!trained.empty(),
+                 "DistributedDataParallel: the module has no parameter that requires a gradient "
+                 "({} parameters, all frozen or none), so DDP has nothing to average; call the "
+                 "module directly, or wrap the part of the model that trains",
+                 named.size());
   reducer_ = std::make_unique<Reducer>(std::move(trained), *group_, options_);
 }
 

@@ -347,3 +347,23 @@ TEST_CASE("DDP: verify_every must not be negative", "[ddp]") {
   });
   for (const auto& p : problems) CHECK(p == "");
 }
+
+TEST_CASE("DDP: a module with nothing to train is refused, as PyTorch refuses it", "[ddp]") {
+  const auto problems = lt::on_ranks(2, [](int, auto group) -> std::string {
+    auto frozen = lt::small_mlp(1);
+    for (auto& p : frozen->parameters()) p.requires_grad_(false);
+    for (const auto& module : {std::shared_ptr<nn::Module>(std::make_shared<nn::ReLU>()),
+                               std::shared_ptr<nn::Module>(frozen)}) {
+      try {
+        DistributedDataParallel ddp(module, group);
+        return "constructed";
+      } catch (const lockstep::Error& e) {
+        if (std::string(e.what()).find("no parameter that requires a gradient") ==
+            std::string::npos)
+          return e.what();
+      }
+    }
+    return "";
+  });
+  for (const auto& p : problems) CHECK(p == "");
+}
