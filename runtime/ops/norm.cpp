@@ -116,7 +116,7 @@ void cpu_batch_norm_backward(const ChannelShape& s, const Tensor& gy, const Tens
 }
 
 // Normalising no values at all (the empty batch of a rank that has joined,
-// nn::Join): an empty output, no statistics, running statistics untouched,
+// nn::Join, or an input with no channels): an empty output, no statistics, running statistics untouched,
 // and zero weight and bias gradients (sums over no samples). The same on
 // every device, and no kernel is launched on zero elements.
 Tensor empty_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -173,6 +173,8 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   LOCKSTEP_CHECK(training || running_mean.defined(),
                  "batch_norm: eval mode normalises with the running statistics, but none were "
                  "given; pass running_mean/running_var or use training = true");
+  // No channels: nothing to normalise (cuDNN would be handed zero-sized dims).
+  if (s.c == 0) return empty_batch_norm(x_in, weight, bias);
   LOCKSTEP_CHECK(!training || s.count() != 1,
                  "batch_norm: expected more than 1 value per channel when training (or none: "
                  "an empty batch), got input {}",

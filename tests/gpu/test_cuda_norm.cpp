@@ -246,3 +246,23 @@ TEST_CASE("CUDA layer_norm of a large mean and of non-contiguous input", "[gpu][
   check_layer_norm(u, rows_cpu, rows_dev, true, true, tolerance(DType::f32), "offset rows",
                    seed += 10);
 }
+
+TEST_CASE("CUDA batch_norm of an input with no channels returns it empty, as the CPU does",
+          "[gpu][cuda][norm]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  // No kernel runs: cuDNN would be handed zero-sized dimensions.
+  for (const bool training : {true, false}) {
+    INFO("training " << training);
+    const Tensor x = Tensor::zeros({4, 0, 8}, DType::f32, cuda0()).requires_grad_();
+    const Tensor w = Tensor::ones({0}, DType::f32, cuda0()).requires_grad_();
+    const Tensor b = Tensor::zeros({0}, DType::f32, cuda0()).requires_grad_();
+    const Tensor rm = Tensor::zeros({0}, DType::f32, cuda0());
+    const Tensor rv = Tensor::ones({0}, DType::f32, cuda0());
+    const Tensor y = batch_norm(x, w, b, rm, rv, training);
+    CHECK(y.shape() == Shape{4, 0, 8});
+    CHECK(y.device() == cuda0());
+    y.backward(Tensor::zeros({4, 0, 8}, DType::f32, cuda0()));
+    CHECK(x.grad().shape() == Shape{4, 0, 8});
+    CHECK(w.grad().shape() == Shape{0});
+  }
+}
