@@ -185,11 +185,11 @@ void DeviceBackend::batch_norm_backward(const Tensor&, const Tensor&, const Tens
   missing("batch_norm backward");
 }
 LossForward DeviceBackend::cross_entropy_forward(const Tensor&, const Tensor&, double,
-                                                 Reduction) const {
+                                                 Reduction, std::optional<int64_t>) const {
   missing("cross_entropy");
 }
 Tensor DeviceBackend::cross_entropy_backward(const std::vector<Tensor>&, const Tensor&, double,
-                                             Reduction) const {
+                                             Reduction, std::optional<int64_t>) const {
   missing("cross_entropy backward");
 }
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -220,11 +221,15 @@ class DeviceBackend {
                                Tensor& grad_weight, Tensor& grad_bias) const;
 
   // x: contiguous logits [N, C], t: contiguous i64 targets [N], checked. The
-  // backward gets what the forward saved.
+  // backward gets what the forward saved. A row whose target is
+  // ignore_index has loss 0 and a zero gradient row (given with
+  // Reduction::None only: the op reduces the rows kept).
   virtual LossForward cross_entropy_forward(const Tensor& x, const Tensor& t,
-                                            double label_smoothing, Reduction reduction) const;
+                                            double label_smoothing, Reduction reduction,
+                                            std::optional<int64_t> ignore_index) const;
   virtual Tensor cross_entropy_backward(const std::vector<Tensor>& saved, const Tensor& grad,
-                                        double label_smoothing, Reduction reduction) const;
+                                        double label_smoothing, Reduction reduction,
+                                        std::optional<int64_t> ignore_index) const;
 
   // out = layer_norm over the last `d` values of each of `rows` rows of x;
   // w and b optional, all contiguous. The backward writes each gradient that

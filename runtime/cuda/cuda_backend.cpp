@@ -273,12 +273,14 @@ class CudaBackend final : public DeviceBackend {
     cuda::layer_norm_backward(grad, x, w, stats, rows, d, grad_x, grad_weight, grad_bias);
   }
   LossForward cross_entropy_forward(const Tensor& x, const Tensor& t, double label_smoothing,
-                                    Reduction reduction) const override {
-    return cuda::cross_entropy_forward(x, t, label_smoothing, reduction);
+                                    Reduction reduction,
+                                    std::optional<int64_t> ignore_index) const override {
+    return cuda::cross_entropy_forward(x, t, label_smoothing, reduction, ignore_index);
   }
   Tensor cross_entropy_backward(const std::vector<Tensor>& saved, const Tensor& grad,
-                                double label_smoothing, Reduction reduction) const override {
-    return cuda::cross_entropy_backward(saved, grad, label_smoothing, reduction);
+                                double label_smoothing, Reduction reduction,
+                                std::optional<int64_t> ignore_index) const override {
+    return cuda::cross_entropy_backward(saved, grad, label_smoothing, reduction, ignore_index);
   }
 };
 

@@ -27,14 +27,18 @@ Tensor reduce(const Tensor& losses, Reduction r) {
   return losses;
 }
 
-// The CPU's forward: per-sample loss -(1-s) * logp[t] - (s/C) * sum_j logp[j];
-// saves the probabilities and the targets for backward.
+bool is_ignored(int64_t target, std::optional<int64_t> ignore_index) {
+  return ignore_index && target == *ignore_index;
+}
+
+// The CPU's forward: per-sample loss -(1-s) * logp[t] - (s/C) * sum_j logp[j],
+// 0 for an ignored sample; saves the probabilities and the targets for backward.
 LossForward cross_entropy_cpu(const Tensor& x, const Tensor& t, double smoothing,
-                              Reduction reduction) {
+                              Reduction reduction, std::optional<int64_t> ignore_index) {
   const int64_t n = x.shape()[0], c = x.shape()[1];
   const int64_t* tp = t.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i)
-    LOCKSTEP_CHECK(tp[i] >= 0 && tp[i] < c,
+    LOCKSTEP_CHECK((tp[i] >= 0 && tp[i] < c) || is_ignored(tp[i], ignore_index),
                    "cross_entropy: target[{}] = {} is not a class index in [0, {}){}", i, tp[i], c,
                    tp[i] < 0 ? "; to skip such samples (PyTorch skips -100 by default), pass "
                                "ignore_index"
@@ -56,6 +60,10 @@ LossForward cross_entropy_cpu(const Tensor& x, const Tensor& t, double smoothing
       for (int64_t j = 0; j < c; ++j) sum_x += row[j];
       const T lse = mx + std::log(se);
       for (int64_t j = 0; j < c; ++j) prow[j] /= se;
+      if (is_ignored(tp[i], ignore_index)) {  // whatever its logits: no 0 * inf
+        lp[i] = 0;
+        continue;
+      }
       const T nll = lse - row[tp[i]];
       const T smooth = lse - sum_x / static_cast<T>(c);  // mean over classes of -logp
       // Without smoothing, a -inf logit (an infinite smooth) must not give 0 * inf.
@@ -69,7 +77,8 @@ LossForward cross_entropy_cpu(const Tensor& x, const Tensor& t, double smoothing
 }
 
 Tensor cross_entropy_backward_cpu(const std::vector<Tensor>& saved, const Tensor& grad,
-                                  double smoothing, Reduction reduction) {
+                                  double smoothing, Reduction reduction,
+                                  std::optional<int64_t> ignore_index) {
   const Tensor &probs = saved[0], &t = saved[1];
   const int64_t n = probs.shape()[0], c = probs.shape()[1];
   Tensor gy = grad.to(probs.dtype()).contiguous();
@@ -82,6 +91,10 @@ Tensor cross_entropy_backward_cpu(const std::vector<Tensor>& saved, const Tensor
     T* op = gx.data_ptr<T>();
     const T s = static_cast<T>(smoothing), off = s / static_cast<T>(c);
     for (int64_t i = 0; i < n; ++i) {
+      if (is_ignored(tp[i], ignore_index)) {
+        std::fill(op + i * c, op + (i + 1) * c, T(0));
+        continue;
+      }
       T w = reduction == Reduction::None ? gp[i] : gp[0];
       if (reduction == Reduction::Mean) w /= static_cast<T>(n);
       for (int64_t j = 0; j < c; ++j) op[i * c + j] = w * (pp[i * c + j] - off);
@@ -113,35 +126,35 @@ void check_target_dtype(const Tensor& target) {
                  dtype_name(target.dtype()));
 }
 
-// ignore_index: the per-sample losses of the samples kept, composed from ops,
-// so that it runs and differentiates on every device. An ignored target is
-// replaced by class 0 and its loss multiplied by 0.
-Tensor cross_entropy_ignoring(const Tensor& logits, const Tensor& target, double smoothing,
-                              Reduction reduction, int64_t ignore_index) {
-  check_target_dtype(target);
+// ignore_index with Sum or Mean: the per-sample losses (those ignored exactly
+// 0) summed in f32 (f64 for f64) and, for Mean, divided by the samples kept
+// (0 when none is), then rounded to the losses' dtype once: 16-bit losses
+// would overflow or round a count past 65504 or 256.
+Tensor reduce_kept(const Tensor& losses, const Tensor& target, int64_t ignore_index,
+                   Reduction reduction) {
+  const DType acc = losses.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor total = sum(losses.to(acc));
+  if (reduction == Reduction::Sum) return total.to(losses.dtype());
   const Tensor t = target.to(DType::i64);
   const Tensor ignored = eq(t, Tensor::empty({}, DType::i64, t.device()).fill_(ignore_index));
-  const Tensor kept_target = sub(t, mul(ignored.to(DType::i64), t));
-  const Tensor losses = cross_entropy(logits, kept_target, smoothing, Reduction::None);
-  const Tensor keep = add(neg(ignored.to(losses.dtype())), 1.0);
-  const Tensor kept = mul(losses, keep);
-  if (reduction == Reduction::None) return kept;
-  if (reduction == Reduction::Sum) return sum(kept);
-  const Tensor count = sum(keep);
-  return div(sum(kept), add(count, eq(count, Tensor::zeros({}, count.dtype(), count.device()))
-                                       .to(count.dtype())));
+  const Tensor count = sum(add(neg(ignored.to(acc)), 1.0));
+  const Tensor none_kept = eq(count, Tensor::zeros({}, acc, count.device())).to(acc);
+  return div(total, add(count, none_kept)).to(losses.dtype());
 }
 
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing,
                      Reduction reduction, std::optional<int64_t> ignore_index) {
-  if (ignore_index) return cross_entropy_ignoring(logits, target, smoothing, reduction, *ignore_index);
+  if (ignore_index && reduction != Reduction::None) {  // the rows' losses, reduced here
+    return reduce_kept(cross_entropy(logits, target, smoothing, Reduction::None, ignore_index),
+                       target, *ignore_index, reduction);
+  }
   if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {logits}))
-    return cross_entropy((*c)[0], target, smoothing, reduction);
+    return cross_entropy((*c)[0], target, smoothing, reduction, ignore_index);
   if (auto low = detail::cpu_reduced_dtype({logits}))
     return detail::in_f32(*low, {logits}, [&](const auto& in) {
-      return cross_entropy(in[0], target, smoothing, reduction);
+      return cross_entropy(in[0], target, smoothing, reduction, ignore_index);
     });
   LOCKSTEP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got {}",
                  shape_str(logits.shape()));
@@ -157,18 +170,19 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
   if (logits.shape()[0] == 0) return empty_cross_entropy(logits, reduction);
   const Tensor x = logits.contiguous();
   const Tensor t = target.to(DType::i64).contiguous();
-  const LossForward f =
-      x.device().is_cpu()
-          ? cross_entropy_cpu(x, t, smoothing, reduction)
-          : device_backend(x.device()).cross_entropy_forward(x, t, smoothing, reduction);
+  const LossForward f = x.device().is_cpu()
+                            ? cross_entropy_cpu(x, t, smoothing, reduction, ignore_index)
+                            : device_backend(x.device())
+                                  .cross_entropy_forward(x, t, smoothing, reduction, ignore_index);
   return record(f.out, "CrossEntropyBackward", {logits}, f.saved,
-                [smoothing, reduction](const BackwardArgs& g) {
+                [smoothing, reduction, ignore_index](const BackwardArgs& g) {
                   const Device device = g.saved[0].device();
                   return std::vector<Tensor>{
-                      device.is_cpu() ? cross_entropy_backward_cpu(g.saved, g.grad, smoothing,
-                                                                   reduction)
-                                      : device_backend(device).cross_entropy_backward(
-                                            g.saved, g.grad, smoothing, reduction)};
+                      device.is_cpu()
+                          ? cross_entropy_backward_cpu(g.saved, g.grad, smoothing, reduction,
+                                                       ignore_index)
+                          : device_backend(device).cross_entropy_backward(
+                                g.saved, g.grad, smoothing, reduction, ignore_index)};
                 });
 }
 

@@ -13,8 +13,10 @@ enum class Reduction { Mean, Sum, None };
 // logits [N, C], target [N] of class indices (i64 or i32). With label
 // smoothing s the target distribution is (1-s)*onehot + s/C, as in PyTorch.
 // With ignore_index, a sample whose target equals it adds nothing (its loss
-// and gradient are 0, None gives it 0) and Mean divides by the samples kept:
-// 0 when none is kept, as for an empty batch, where PyTorch gives NaN.
+// and gradient are exactly 0, whatever its logits; None gives it 0) and Mean
+// divides by the samples kept: 0 when none is kept, as for an empty batch,
+// where PyTorch gives NaN. Sum and Mean add the kept losses in f32 (f64 for
+// f64 logits) and round once, so 16-bit logits do not overflow the sum.
 // PyTorch ignores -100 unless told otherwise; lockstep only when asked, and
 // a target outside [0, C) is otherwise an error.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0,

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -168,6 +169,24 @@ TEST_CASE("CUDA cross_entropy with ignore_index matches the CPU", "[gpu][cuda][l
   const Tensor logits = randn_cpu({4, 10}, seed++).to(cuda0());
   const Tensor none = Tensor::from_vector<int64_t>({-100, -100, -100, -100}, {4}).to(cuda0());
   CHECK(cross_entropy(logits, none, 0.0, Reduction::Mean, -100).item() == 0.0);
+  // An ignored row of -inf logits adds exactly 0 and gets a zero gradient
+  // (no 0 * inf), with and without smoothing.
+  for (double smoothing : {0.0, 0.1}) {
+    const double inf = std::numeric_limits<double>::infinity();
+    Tensor x = Tensor::from_vector<double>({1, 2, 0.5, -inf, -inf, -inf}, {2, 3})
+                   .to(DType::f32)
+                   .to(cuda0())
+                   .requires_grad_();
+    const Tensor t = Tensor::from_vector<int64_t>({1, -100}, {2}).to(cuda0());
+    Tensor loss = cross_entropy(x, t, smoothing, Reduction::Mean, -100);
+    CHECK(std::isfinite(loss.item()));
+    loss.backward();
+    const std::vector<float> g = x.grad().to(Device::cpu()).to_vector<float>();
+    for (int j = 0; j < 3; ++j) {
+      CHECK(std::isfinite(g[j]));
+      CHECK(g[3 + j] == 0.0f);
+    }
+  }
 }
 
 TEST_CASE("CUDA mse_loss matches the CPU", "[gpu][cuda][loss]") {

@@ -214,6 +214,56 @@ TEST_CASE("cross_entropy with ignore_index: every sample ignored gives 0 and no 
                     Contains("class indices"));
 }
 
+TEST_CASE("cross_entropy with ignore_index: an ignored row adds exactly 0 whatever its logits",
+          "[runtime][ops][loss]") {
+  // Row 1 is ignored and its logits are -inf (a masked vocabulary, a padding
+  // row): multiplying its loss by 0 used to give 0 * inf = NaN.
+  const double smoothing = GENERATE(0.0, 0.1);
+  INFO("label_smoothing " << smoothing);
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> xs{1, 2, 0.5, -inf, -inf, -inf, 0.3, -1, 2};
+  const Tensor target = Tensor::from_vector<int64_t>({1, -100, 2}, {3});
+  Tensor logits = Tensor::from_vector<double>(xs, {3, 3}).requires_grad_();
+  const auto ref = cross_entropy_ref({1, 2, 0.5, 0.3, -1, 2}, {1, 2}, 3, smoothing);
+  const std::vector<double> none = values(cross_entropy(logits, target, smoothing,
+                                                        Reduction::None, -100));
+  CHECK(none[0] == Approx(ref[0]).epsilon(1e-12));
+  CHECK(none[1] == 0.0);
+  CHECK(none[2] == Approx(ref[1]).epsilon(1e-12));
+  Tensor loss = cross_entropy(logits, target, smoothing, Reduction::Mean, -100);
+  CHECK(loss.item() == Approx((ref[0] + ref[1]) / 2).epsilon(1e-12));
+  loss.backward();
+  const std::vector<double> g = values(logits.grad());
+  for (int j = 0; j < 3; ++j) {
+    CHECK(std::isfinite(g[j]));
+    CHECK(g[3 + j] == 0.0);
+    CHECK(std::isfinite(g[6 + j]));
+  }
+}
+
+TEST_CASE("cross_entropy with ignore_index: Sum and Mean of 16-bit logits add in f32",
+          "[runtime][ops][loss]") {
+  // 4000 kept rows of loss ~20: the sum, 80000, is past f16's largest value
+  // (65504), and the count past where bf16 counts exactly (256).
+  const DType dt = GENERATE(DType::f16, DType::bf16);
+  INFO(dtype_name(dt));
+  const int64_t n = 4000;
+  std::vector<double> xs;
+  std::vector<int64_t> ts;
+  for (int64_t i = 0; i < n; ++i) {
+    xs.insert(xs.end(), {0.0, -20.0});
+    ts.push_back(i % 1000 == 999 ? -100 : 1);  // 4 ignored
+  }
+  const Tensor x = Tensor::from_vector<double>(xs, {n, 2}).to(dt);
+  const Tensor t = Tensor::from_vector<int64_t>(ts, {n});
+  const double per_row = std::log1p(std::exp(-20.0)) + 20.0;
+  const Tensor mean = cross_entropy(x, t, 0.0, Reduction::Mean, -100);
+  CHECK(mean.dtype() == dt);
+  CHECK(mean.item() == Approx(per_row).epsilon(dt == DType::f16 ? 1e-3 : 1e-2));
+  const Tensor mean_f32 = cross_entropy(x.to(DType::f32), t, 0.0, Reduction::Mean, -100);
+  CHECK(mean_f32.item() == Approx(per_row).epsilon(1e-5));
+}
+
 TEST_CASE("mse_loss for every reduction", "[runtime][ops][loss]") {
   const DType dt = GENERATE(DType::f32, DType::f64);
   Tensor in = Tensor::from_vector<double>({1, 2, 3, 4}, {2, 2}).to(dt);

@@ -257,7 +257,9 @@ __global__ void __launch_bounds__(256)
       const C lse = acc.ms.m + log_c(acc.ms.s);
       const int64_t target = a.target[r];
       C l = C(NAN);
-      if (target >= 0 && target < a.c) {
+      if (a.ignores && target == a.ignore_index) {
+        l = C(0);
+      } else if (target >= 0 && target < a.c) {
         const C s = static_cast<C>(a.smoothing);
         const C nll = lse - convert<C>(xr[target]);
         const C smooth = lse - acc.sum_x / static_cast<C>(a.c);  // mean of -log p over classes
@@ -289,6 +291,7 @@ __global__ void __launch_bounds__(256)
     const int64_t r = first / a.c, j0 = first - r * a.c;
     const int64_t target = a.target[r];
     const bool valid = target >= 0 && target < a.c;
+    const bool ignored = a.ignores && target == a.ignore_index;
     const C w = convert<C>(grad[per_row ? r : 0]) / divisor;
     const C l = lse[r];
     const AlignedVec<T, Vec> v = load_vec<Vec>(x, k);
@@ -297,7 +300,7 @@ __global__ void __launch_bounds__(256)
     for (int q = 0; q < Vec; ++q) {
       C g = w * (exp_c(convert<C>(v.v[q]) - l) - off);
       if (j0 + q == target) g -= w * (C(1) - s);
-      o.v[q] = convert<T>(valid ? g : C(NAN));
+      o.v[q] = convert<T>(ignored ? C(0) : valid ? g : C(NAN));
     }
     store_vec<Vec>(grad_logits, k, o);
   }

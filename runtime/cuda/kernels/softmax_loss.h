@@ -30,12 +30,16 @@ cudaError_t softmax_backward(ScalarType dtype, bool log, const void* y, const vo
 // loss_i = (1 - s) * (lse_i - x[i, t_i]) + s * (lse_i - mean_j x[i, j]),
 // lse_i = log sum_j exp(x[i, j]). A target outside [0, c) gives a NaN loss
 // (and NaN gradient row): the host cannot check indices without waiting.
+// With `ignores`, a row whose target is ignore_index has loss 0 and a zero
+// gradient row, whatever its logits (no 0 * inf).
 struct CrossEntropyArgs {
   const void* logits = nullptr;
   ScalarType dtype = ScalarType::f32;
   const int64_t* target = nullptr;
   int64_t n = 0, c = 0;
   double smoothing = 0.0;
+  bool ignores = false;
+  int64_t ignore_index = 0;
 };
 
 // Per-row loss into `loss` (of `loss_dtype`) and lse into `lse` (f32, or f64

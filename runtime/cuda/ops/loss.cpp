@@ -10,8 +10,13 @@ namespace lockstep::runtime::cuda {
 
 namespace {
 
-kernels::CrossEntropyArgs kernel_args(const Tensor& x, const Tensor& t, double smoothing) {
+kernels::CrossEntropyArgs kernel_args(const Tensor& x, const Tensor& t, double smoothing,
+                                      std::optional<int64_t> ignore_index, Reduction reduction) {
+  LOCKSTEP_CHECK(!ignore_index || reduction == Reduction::None,
+                 "cross_entropy on CUDA: ignore_index comes with Reduction::None only");
   kernels::CrossEntropyArgs a;
+  a.ignores = ignore_index.has_value();
+  a.ignore_index = ignore_index.value_or(0);
   a.logits = x.raw_data();
   a.dtype = scalar_type(x.dtype());
   a.target = t.data_ptr<int64_t>();
@@ -24,7 +29,7 @@ kernels::CrossEntropyArgs kernel_args(const Tensor& x, const Tensor& t, double s
 }  // namespace
 
 LossForward cross_entropy_forward(const Tensor& x, const Tensor& t, double smoothing,
-                                  Reduction reduction) {
+                                  Reduction reduction, std::optional<int64_t> ignore_index) {
   LOCKSTEP_CHECK(is_floating(x.dtype()),
                  "cross_entropy: logits must be floating (f32, f64, bf16, f16), got {}",
                  dtype_name(x.dtype()));
@@ -36,7 +41,8 @@ LossForward cross_entropy_forward(const Tensor& x, const Tensor& t, double smoot
   Tensor lse = Tensor::empty({n}, compute, device);
   Tensor losses = Tensor::empty({n}, per_row ? x.dtype() : compute, device);
   DeviceGuard guard(device.index);
-  LOCKSTEP_CUDA_CHECK(kernels::cross_entropy_forward(kernel_args(x, t, smoothing),
+  LOCKSTEP_CUDA_CHECK(kernels::cross_entropy_forward(kernel_args(x, t, smoothing, ignore_index,
+                                                                 reduction),
                                                      losses.raw_data(),
                                                      scalar_type(losses.dtype()),
                                                      lse.raw_data(), stream_of(x)));
@@ -49,7 +55,8 @@ LossForward cross_entropy_forward(const Tensor& x, const Tensor& t, double smoot
 }
 
 Tensor cross_entropy_backward(const std::vector<Tensor>& saved, const Tensor& grad,
-                              double smoothing, Reduction reduction) {
+                              double smoothing, Reduction reduction,
+                              std::optional<int64_t> ignore_index) {
   const Tensor &x = saved[0], &t = saved[1], &lse = saved[2];
   check_device("cross_entropy backward", x.device(), {&grad});
   const Tensor gy = grad.to(x.dtype()).contiguous();
@@ -57,7 +64,8 @@ Tensor cross_entropy_backward(const std::vector<Tensor>& saved, const Tensor& gr
   const bool per_row = reduction == Reduction::None;
   const double divisor = reduction == Reduction::Mean ? static_cast<double>(x.size(0)) : 1.0;
   DeviceGuard guard(x.device().index);
-  LOCKSTEP_CUDA_CHECK(kernels::cross_entropy_backward(kernel_args(x, t, smoothing),
+  LOCKSTEP_CUDA_CHECK(kernels::cross_entropy_backward(kernel_args(x, t, smoothing, ignore_index,
+                                                                  reduction),
                                                       lse.raw_data(), gy.raw_data(), per_row,
                                                       divisor, gx.raw_data(), stream_of(x)));
   return gx;

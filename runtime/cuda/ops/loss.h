@@ -8,9 +8,12 @@
 // host synchronisation. Backward recomputes the softmax from the saved logits
 // and per-row log-sum-exp in one elementwise pass. Target indices are not
 // checked on the host (that would wait for the device): a target outside
-// [0, C) makes its row's loss and gradient NaN.
+// [0, C) makes its row's loss and gradient NaN; a row whose target is
+// ignore_index (Reduction::None only) has loss 0 and a zero gradient row.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "lockstep/runtime/device_backend.h"
@@ -22,8 +25,9 @@ namespace lockstep::runtime::cuda {
 // x: contiguous logits [N, C]; t: contiguous i64 targets [N]. Saves
 // {x, t, per-row log-sum-exp}.
 LossForward cross_entropy_forward(const Tensor& x, const Tensor& t, double label_smoothing,
-                                  Reduction reduction);
+                                  Reduction reduction, std::optional<int64_t> ignore_index);
 Tensor cross_entropy_backward(const std::vector<Tensor>& saved, const Tensor& grad,
-                              double label_smoothing, Reduction reduction);
+                              double label_smoothing, Reduction reduction,
+                              std::optional<int64_t> ignore_index);
 
 }  // namespace lockstep::runtime::cuda
