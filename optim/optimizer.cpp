@@ -120,9 +120,10 @@ void Optimizer::load_state_dict(const OptimizerState& saved) {
     for (const auto& [key, value] : entries) {
       LOCKSTEP_CHECK(value.defined(), "{}.load_state_dict: state \"{}\" of parameter {} is undefined",
                      name_, key, index);
-      // Per-element state (momentum buffers) must match the parameter; scalars
-      // (step counts) may be anything.
-      LOCKSTEP_CHECK(value.dim() == 0 || value.shape() == p.shape(),
+      // Per-element state (momentum buffers, moments) must match the
+      // parameter, which the update reads and writes element by element; only
+      // the step count is a scalar.
+      LOCKSTEP_CHECK((key == "step" && value.dim() == 0) || value.shape() == p.shape(),
                      "{}.load_state_dict: state \"{}\" of parameter {} has shape {}, the "
                      "parameter has shape {}",
                      name_, key, index, runtime::shape_str(value.shape()),

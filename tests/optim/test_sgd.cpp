@@ -309,4 +309,13 @@ TEST_CASE("SGD load_state_dict checks the groups and the state shapes", "[optim]
   // Nothing changed on error.
   CHECK(wrong_shape.state_dict().state.empty());
   CHECK(wrong_shape.param_groups()[0].options.at("momentum") == 0.0);
+
+  // A 0-dim momentum buffer (a hand-built or damaged checkpoint) is refused:
+  // the update would read and write a whole parameter's elements through it.
+  OptimizerState scalar_buffer = sd;
+  scalar_buffer.state[0]["momentum_buffer"] = Tensor::scalar(0.0, a.dtype());
+  SGD victim({a, b}, {.lr = 0.1, .momentum = 0.9});
+  CHECK_THAT(error_of([&] { victim.load_state_dict(scalar_buffer); }),
+             Contains("state \"momentum_buffer\" of parameter 0 has shape [], the parameter has "
+                      "shape [2]"));
 }
