@@ -4,6 +4,8 @@
 
 #include <cblas.h>
 
+#include <limits>
+
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
@@ -45,26 +47,35 @@ BlasView blas_view(const Tensor& x) {
   return {cx, CblasNoTrans, std::max<int64_t>(c, 1)};
 }
 
+// OpenBLAS's sizes are 32-bit (blasint): a larger one would wrap into a
+// wrong product or a write out of bounds, so it is refused.
+blasint blas_size(int64_t v, const char* what) {
+  constexpr int64_t kMax = std::numeric_limits<blasint>::max();
+  LOCKSTEP_CHECK(v >= 0 && v <= kMax,
+                 "matmul on the CPU: {} = {} does not fit OpenBLAS's 32-bit sizes (at most {}); "
+                 "split the product into smaller ones",
+                 what, v, kMax);
+  return static_cast<blasint>(v);
+}
+
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc) {
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
+              trans_b ? CblasTrans : CblasNoTrans, blas_size(m, "m"), blas_size(n, "n"),
+              blas_size(k, "k"), alpha, a, blas_size(lda, "lda"), b, blas_size(ldb, "ldb"), beta,
+              c, blas_size(ldc, "ldc"));
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc) {
   cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
+              trans_b ? CblasTrans : CblasNoTrans, blas_size(m, "m"), blas_size(n, "n"),
+              blas_size(k, "k"), alpha, a, blas_size(lda, "lda"), b, blas_size(ldb, "ldb"), beta,
+              c, blas_size(ldc, "ldc"));
 }
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
@@ -97,16 +108,11 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta
     return;
   }
   BlasView va = blas_view(a), vb = blas_view(b);
+  const bool ta = va.trans == CblasTrans, tb = vb.trans == CblasTrans;
   dispatch_float(a.dtype(), "matmul", [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, va.trans, vb.trans, m, n, k, static_cast<float>(alpha),
-                  va.t.data_ptr<float>(), va.ld, vb.t.data_ptr<float>(), vb.ld,
-                  static_cast<float>(beta), c.data_ptr<float>(), ldc);
-    } else {
-      cblas_dgemm(CblasRowMajor, va.trans, vb.trans, m, n, k, alpha, va.t.data_ptr<double>(),
-                  va.ld, vb.t.data_ptr<double>(), vb.ld, beta, c.data_ptr<double>(), ldc);
-    }
+    gemm(ta, tb, m, n, k, static_cast<T>(alpha), va.t.data_ptr<T>(), va.ld, vb.t.data_ptr<T>(),
+         vb.ld, static_cast<T>(beta), c.data_ptr<T>(), ldc);
   });
   c.storage()->bump_version();
 }

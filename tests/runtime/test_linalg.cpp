@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "lockstep/runtime/ops/detail/gemm.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/linalg.h"
 #include "lockstep/runtime/ops/reduce.h"
@@ -247,4 +248,21 @@ TEST_CASE("linear computes only the gradients that are needed", "[runtime][ops][
   sum(linear(x, w, b)).backward();
   CHECK(values(b.grad()) == std::vector<double>(4, 2.0));
   CHECK(values(w.grad()) == std::vector<double>(12, 4.0));
+}
+
+TEST_CASE("a CPU matrix product past OpenBLAS's 32-bit sizes is refused, not wrapped",
+          "[runtime][ops][linalg]") {
+  // No memory is touched: the sizes are checked before OpenBLAS is called
+  // (2^31 rows of f32 would be 8 GiB; narrowing it gave a product of 0 rows).
+  const int64_t big = int64_t{1} << 31;
+  float one = 1;
+  CHECK_THROWS_WITH(lockstep::runtime::detail::gemm(false, false, big, 1, 1, 1.0f, &one, 1, &one,
+                                                    1, 0.0f, &one, 1),
+                    Contains("m = 2147483648 does not fit OpenBLAS's 32-bit sizes"));
+  double d = 1;
+  CHECK_THROWS_WITH(lockstep::runtime::detail::gemm(false, true, 1, 1, 1, 1.0, &d, big + 5, &d, 1,
+                                                    0.0, &d, 1),
+                    Contains("lda = 2147483653"));
+  lockstep::runtime::detail::gemm(false, false, 1, 1, 1, 2.0f, &one, 1, &one, 1, 0.0f, &one, 1);
+  CHECK(one == 2.0f);
 }

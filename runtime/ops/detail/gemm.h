@@ -1,7 +1,9 @@
 // Internal: C = alpha * A @ B + beta * C on OpenBLAS, for 2-D views and for
 // raw tiles.
 // A and B may be transposed views (unit stride in either dim) without a copy;
-// C must be row-major contiguous in its last dim.
+// C must be row-major contiguous in its last dim. A size or leading
+// dimension past OpenBLAS's 32-bit range throws lockstep::Error instead of
+// wrapping.
 #pragma once
 
 #include "lockstep/runtime/tensor.h"
