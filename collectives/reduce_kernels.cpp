@@ -28,6 +28,24 @@ void apply(void* out, const void* a, const void* b, size_t n, Combine combine) {
   }
 }
 
+// Max and Min where a NaN on either side wins, as torch.maximum's does:
+// std::max keeps its left operand against a NaN, so a NaN survived or was
+// dropped depending on which rank held it and on how the tensor was sliced.
+template <class C>
+C max_of(C l, C r) {
+  if constexpr (std::is_floating_point_v<C>) {
+    if (r != r) return r;
+  }
+  return l < r ? r : l;  // a NaN on the left stays
+}
+template <class C>
+C min_of(C l, C r) {
+  if constexpr (std::is_floating_point_v<C>) {
+    if (r != r) return r;
+  }
+  return r < l ? r : l;
+}
+
 template <class T>
 void typed(ReduceOp op, void* out, const void* a, const void* b, size_t n) {
   using C = compute_t<T>;
@@ -35,8 +53,8 @@ void typed(ReduceOp op, void* out, const void* a, const void* b, size_t n) {
     case ReduceOp::Sum:
     case ReduceOp::Avg: return apply<T>(out, a, b, n, [](C l, C r) { return l + r; });
     case ReduceOp::Product: return apply<T>(out, a, b, n, [](C l, C r) { return l * r; });
-    case ReduceOp::Min: return apply<T>(out, a, b, n, [](C l, C r) { return std::min(l, r); });
-    case ReduceOp::Max: return apply<T>(out, a, b, n, [](C l, C r) { return std::max(l, r); });
+    case ReduceOp::Min: return apply<T>(out, a, b, n, [](C l, C r) { return min_of(l, r); });
+    case ReduceOp::Max: return apply<T>(out, a, b, n, [](C l, C r) { return max_of(l, r); });
   }
   throw Error(fmt::format("collectives: unknown reduce op {}", static_cast<int>(op)));
 }

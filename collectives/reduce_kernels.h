@@ -4,7 +4,8 @@
 // gloo and shm only move bytes; they call these to combine chunks. bf16 and
 // f16 combine in float and round back once per pairwise step (as NCCL does).
 // Avg reduces as Sum; divide_by() then divides the result by the group size
-// (integers truncate toward zero).
+// (integers truncate toward zero). Max and Min return NaN wherever any rank
+// holds one (torch.maximum's rule), whatever the rank and the slicing.
 #pragma once
 
 #include <cstddef>

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -538,4 +539,29 @@ TEST_CASE("shm: a segment /dev/shm cannot hold fails every rank, naming gloo as 
                Contains("rank 0 could not create the shared segment") &&
                    Contains("/dev/shm") && Contains("LOCKSTEP_BACKEND=gloo"));
   }
+}
+
+TEST_CASE("shm allreduce Max and Min: a NaN on any rank wins, at every size and position",
+          "[collectives][shm]") {
+  // Through the one-round path (8 values) and the sliced one (2^20); the NaN
+  // on a rank other than 0, at the first and the last index.
+  const auto groups = lt::make_groups(kBackend, 3, "nan");
+  on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {
+    for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+      for (lc::ReduceOp op : {lc::ReduceOp::Max, lc::ReduceOp::Min}) {
+        for (int64_t n : {int64_t{8}, int64_t{1} << 20}) {
+          std::vector<double> v(static_cast<size_t>(n), 1.0 + g.rank());
+          if (g.rank() == 2) v.front() = v.back() = std::nan("");
+          Tensor t = Tensor::from_vector<double>(v, {n}).to(dtype);
+          g.allreduce(t, {.op = op, .timeout = {}})->wait();
+          const std::vector<double> got = t.to(DType::f64).to_vector<double>();
+          const double middle = op == lc::ReduceOp::Max ? 3.0 : 1.0;
+          if (!std::isnan(got.front()) || !std::isnan(got.back()) || got[1] != middle)
+            failures.push_back(fmt::format("{} {} n={}: got {}, {}, {}", dtype_name(dtype),
+                                           lc::to_string(op), n, got.front(), got[1],
+                                           got.back()));
+        }
+      }
+    }
+  });
 }
