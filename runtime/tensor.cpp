@@ -119,8 +119,17 @@ Tensor Tensor::arange(int64_t n, DType dtype) {
 
 // ---- metadata ----
 
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim())]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim())]; }
+namespace {
+// A dim of a tensor that has one: a 0-d tensor has no size or stride to read
+// (wrap_dim accepts 0 and -1 for it, as dims of reductions).
+int64_t existing_dim(const Tensor& t, int64_t d, const char* what) {
+  LOCKSTEP_CHECK(t.dim() > 0, "{}: dimension {} of a 0-d tensor; it has no dimensions", what, d);
+  return wrap_dim(d, t.dim());
+}
+}  // namespace
+
+int64_t Tensor::size(int64_t d) const { return shape()[existing_dim(*this, d, "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[existing_dim(*this, d, "stride")]; }
 int64_t Tensor::numel() const { return shape_numel(shape()); }
 
 bool Tensor::is_contiguous() const {
@@ -174,9 +183,16 @@ const Tensor& Tensor::grad() const {
 }
 
 void Tensor::set_grad(const Tensor& g) {
+  // As PyTorch's .grad setter: the gradient is accumulated into in place, so
+  // it must be of the tensor's shape, dtype and device.
   LOCKSTEP_CHECK(!g.defined() || g.shape() == shape(),
                  "set_grad: gradient of shape {} for a tensor of shape {}", shape_str(g.shape()),
                  shape_str(shape()));
+  LOCKSTEP_CHECK(!g.defined() || (g.dtype() == dtype() && g.device() == device()),
+                 "set_grad: gradient of dtype {} on {} for a tensor of dtype {} on {}; convert "
+                 "it with .to()",
+                 g.defined() ? dtype_name(g.dtype()) : "", g.defined() ? g.device().str() : "",
+                 dtype_name(dtype()), device().str());
   autograd_meta(impl()).grad = g;
 }
 

@@ -123,6 +123,11 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  if (dim() == 0) {  // as PyTorch: dims 0 and -1 of a scalar, and itself
+    wrap_dim(d0, 0);
+    wrap_dim(d1, 0);
+    return *this;
+  }
   std::vector<int64_t> dims(dim());
   std::iota(dims.begin(), dims.end(), 0);
   std::swap(dims[wrap_dim(d0, dim())], dims[wrap_dim(d1, dim())]);
@@ -136,6 +141,7 @@ Tensor Tensor::t() const {
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  LOCKSTEP_CHECK(dim() > 0, "slice: cannot slice a 0-d tensor (it has no dimensions)");
   d = wrap_dim(d, dim());
   LOCKSTEP_CHECK(step > 0, "slice: step must be positive, got {}", step);
   const int64_t n = shape()[d];
@@ -165,6 +171,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
+  LOCKSTEP_CHECK(dim() > 0, "select: cannot select from a 0-d tensor (it has no dimensions)");
   d = wrap_dim(d, dim());
   const int64_t n = shape()[d];
   LOCKSTEP_CHECK(index >= -n && index < n, "select: index {} out of range for dim {} of size {}",
@@ -187,7 +194,8 @@ Tensor Tensor::expand(const Shape& new_shape) const {
     }
     int64_t have = this->shape()[i - lead];
     int64_t want = new_shape[i] == -1 ? have : new_shape[i];
-    LOCKSTEP_CHECK(have == want || have == 1, "expand: cannot expand shape {} to {}",
+    LOCKSTEP_CHECK(want >= 0 && (have == want || have == 1),
+                   "expand: cannot expand shape {} to {}",
                    shape_str(this->shape()), shape_str(new_shape));
     shape[i] = want;
     st[i] = have == want ? strides()[i - lead] : 0;
@@ -208,7 +216,7 @@ Tensor Tensor::unsqueeze(int64_t d) const {
 
 Tensor Tensor::squeeze(int64_t d) const {
   d = wrap_dim(d, dim());
-  if (shape()[d] != 1) return *this;
+  if (dim() == 0 || shape()[d] != 1) return *this;  // a scalar squeezes to itself
   Shape shape = this->shape();
   shape.erase(shape.begin() + d);
   Shape st = strides();

@@ -182,7 +182,7 @@ TEST_CASE("GradScaler refuses misuse as PyTorch does", "[optim][grad_scaler]") {
   scaled_backward(scaler, p, {1});
   CHECK_NOTHROW(scaler.unscale_(opt));
 
-  Tensor h = param({1});
+  Tensor h = Tensor::ones({1}, DType::f16).requires_grad_();  // f16 weights: f16 gradients
   h.set_grad(Tensor::ones({1}, DType::f16));
   SGD half_opt({h});
   CHECK_THROWS_WITH(scaler.unscale_(half_opt), Contains("f16 gradients"));
