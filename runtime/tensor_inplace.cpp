@@ -1,5 +1,10 @@
 // In-place writes: copy_, fill_, zero_, add_, mul_. Each bumps the storage's
 // version so that autograd notices a change to a tensor saved for backward.
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/detail/convert.h"
@@ -11,12 +16,51 @@ namespace lockstep::runtime {
 
 namespace {
 
-void check_inplace(const Tensor& t, const char* op) {
+// The first and last element offsets `t` covers when its elements fill that
+// range exactly once (a dense layout, in any order of dims); nullopt for a
+// strided or empty view, whose overlap with another is too costly to decide
+// (PyTorch's rule too).
+std::optional<std::pair<int64_t, int64_t>> dense_span(const Tensor& t) {
+  if (t.numel() == 0) return std::nullopt;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.shape()[d] > 1) dims.emplace_back(t.strides()[d], t.shape()[d]);
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return std::nullopt;
+    expected *= size;
+  }
+  return std::pair{t.storage_offset(), t.storage_offset() + t.numel() - 1};
+}
+
+// What every in-place write checks first: autograd can follow it, every
+// element written has a memory location of its own (not an expanded
+// tensor), and the source does not share memory with it in part, where the
+// loop would read elements it has already overwritten (PyTorch refuses the
+// same). A source with the very same layout (x.add_(x)) is fine.
+void check_inplace(const Tensor& t, const char* op, const Tensor* src = nullptr) {
   LOCKSTEP_CHECK(!(grad_enabled() && t.requires_grad()),
                  "{}: in-place change of a tensor that requires grad (shape {}) while grad mode "
                  "is on; autograd cannot track it. Do it under NoGradGuard (as optimizers do) or "
                  "use the out-of-place op.",
                  op, shape_str(t.shape()));
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    LOCKSTEP_CHECK(t.strides()[d] != 0 || t.shape()[d] <= 1,
+                   "{}: the tensor written to (shape {}, strides {}) has several elements at one "
+                   "memory location (an expanded tensor); write to a .clone() of it",
+                   op, shape_str(t.shape()), shape_str(t.strides()));
+  }
+  if (src == nullptr || src->storage() != t.storage()) return;
+  const bool same_layout = src->storage_offset() == t.storage_offset() &&
+                           src->shape() == t.shape() && src->strides() == t.strides();
+  if (same_layout) return;
+  const auto a = dense_span(t), b = dense_span(*src);
+  LOCKSTEP_CHECK(!a || !b || a->second < b->first || b->second < a->first,
+                 "{}: the source (shape {}) and the tensor written to (shape {}) share part of "
+                 "their memory, so the result would depend on the order of the writes; read "
+                 "from a .clone() of the source",
+                 op, shape_str(src->shape()), shape_str(t.shape()));
 }
 
 // The device whose backend runs an in-place op: dst's, or src's for a copy_
@@ -58,10 +102,16 @@ bool broadcasts_to(const Shape& src, const Shape& dst) {
 }  // namespace
 
 Tensor& Tensor::copy_(const Tensor& src) {
-  check_inplace(*this, "copy_");
+  check_inplace(*this, "copy_", &src);
   LOCKSTEP_CHECK(broadcasts_to(src.shape(), shape()),
                  "copy_: source of shape {} does not broadcast to {}", shape_str(src.shape()),
                  shape_str(shape()));
+  if (src.storage() == storage() && src.dtype() == dtype() &&
+      src.storage_offset() == storage_offset() && src.shape() == shape() &&
+      src.strides() == strides()) {
+    storage()->bump_version();  // x.copy_(x): nothing to move
+    return *this;
+  }
   if (const Device d = kernel_device(*this, &src); !d.is_cpu()) {
     device_backend(d).copy(*this, src);
     storage()->bump_version();
@@ -115,10 +165,13 @@ Tensor& Tensor::fill_(double value) {
 Tensor& Tensor::zero_() { return fill_(0.0); }
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  check_inplace(*this, "add_");
+  check_inplace(*this, "add_", &other);
   LOCKSTEP_CHECK(broadcasts_to(other.shape(), shape()),
                  "add_: operand of shape {} does not broadcast to {}", shape_str(other.shape()),
                  shape_str(shape()));
+  LOCKSTEP_CHECK(!device().is_cpu() || other.device().is_cpu(),
+                 "add_: the operand is on {} and the tensor on the CPU; move it with .to()",
+                 other.device().str());
   if (!device().is_cpu()) {
     device_backend(device()).add_into(*this, other, alpha);
     storage()->bump_version();
@@ -139,10 +192,13 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 }
 
 Tensor& Tensor::mul_(const Tensor& other) {
-  check_inplace(*this, "mul_");
+  check_inplace(*this, "mul_", &other);
   LOCKSTEP_CHECK(broadcasts_to(other.shape(), shape()),
                  "mul_: operand of shape {} does not broadcast to {}", shape_str(other.shape()),
                  shape_str(shape()));
+  LOCKSTEP_CHECK(!device().is_cpu() || other.device().is_cpu(),
+                 "mul_: the operand is on {} and the tensor on the CPU; move it with .to()",
+                 other.device().str());
   if (!device().is_cpu()) {
     device_backend(device()).mul_into(*this, other);
     storage()->bump_version();

@@ -1,0 +1,67 @@
+// In-place writes whose result would depend on the order of the writes are
+// refused, as PyTorch refuses them: a source sharing part of the memory of
+// the tensor written to, and a written-to tensor with several elements at one
+// memory location (expanded). Also the dims of a 0-d tensor, negative expand
+// sizes and a .grad of another dtype: each used to crash or give a wrong
+// answer without a word.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "lockstep/runtime/error.h"
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/tensor.h"
+
+using namespace lockstep::runtime;
+using Catch::Matchers::Contains;
+
+namespace {
+Tensor arange_f32(int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i);
+  return Tensor::from_vector<float>(v, {n});
+}
+}  // namespace
+
+TEST_CASE("in-place ops refuse a source that overlaps the tensor written to in part") {
+  Tensor x = arange_f32(6);
+  CHECK_THROWS_WITH(x.slice(0, 1, 6).add_(x.slice(0, 0, 5)), Contains("share part of their memory"));
+  CHECK_THROWS_WITH(x.slice(0, 1, 6).copy_(x.slice(0, 0, 5)), Contains("copy_: the source"));
+  Tensor a = arange_f32(9).view({3, 3});
+  CHECK_THROWS_WITH(a.copy_(a.t()), Contains("share part of their memory"));
+  CHECK_THROWS_WITH(a.add_(a.t()), Contains("share part of their memory"));
+  CHECK_THROWS_WITH(a.mul_(a.select(0, 0)), Contains("share part of their memory"));
+  // Nothing was written.
+  CHECK(x.to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4, 5});
+  // The same layout, or disjoint parts, are fine.
+  x.add_(x);
+  CHECK(x.to_vector<float>() == std::vector<float>{0, 2, 4, 6, 8, 10});
+  x.copy_(x);
+  x.slice(0, 3, 6).copy_(x.slice(0, 0, 3));
+  CHECK(x.to_vector<float>() == std::vector<float>{0, 2, 4, 0, 2, 4});
+}
+
+TEST_CASE("in-place ops refuse to write an expanded tensor") {
+  Tensor base = Tensor::ones({1});
+  Tensor e = base.expand({3});
+  CHECK_THROWS_WITH(e.add_(arange_f32(3)), Contains("several elements at one memory location"));
+  CHECK_THROWS_WITH(e.copy_(arange_f32(3)), Contains("expanded tensor"));
+  CHECK_THROWS_WITH(e.fill_(2.0), Contains("expanded tensor"));
+  CHECK(base.item() == 1.0);
+}
+
+TEST_CASE("dims of a 0-d tensor: an error, or the tensor itself, never a crash") {
+  const Tensor s = Tensor::scalar(3.0);
+  CHECK_THROWS_WITH(s.size(0), Contains("0-d tensor"));
+  CHECK_THROWS_WITH(s.select(0, 0), Contains("0-d tensor"));
+  CHECK_THROWS_WITH(s.slice(0, 0, 1), Contains("0-d tensor"));
+  CHECK(s.squeeze(0).dim() == 0);
+  CHECK(s.transpose(0, -1).item() == 3.0);
+  CHECK_THROWS_WITH(s.transpose(0, 1), Contains("out of range"));
+}
+
+TEST_CASE("expand refuses negative sizes, and .grad another dtype") {
+  CHECK_THROWS_WITH(Tensor::ones({1}).expand({-5}), Contains("cannot expand"));
+  Tensor w = Tensor::ones({2}).requires_grad_();
+  CHECK_THROWS_WITH(w.set_grad(Tensor::zeros({2}, DType::f64)), Contains("dtype f64"));
+}
