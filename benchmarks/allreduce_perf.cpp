@@ -27,8 +27,8 @@
 
 #include "common/allreduce_runners.h"
 #include "common/device.h"
-#include "harness.h"
 #include "common/writable_file.h"
+#include "harness.h"
 #include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"

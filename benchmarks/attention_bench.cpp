@@ -17,8 +17,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "harness.h"
 #include "common/writable_file.h"
+#include "harness.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/threads.h"

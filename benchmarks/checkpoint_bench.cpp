@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "harness.h"
 #include "common/writable_file.h"
+#include "harness.h"
 #include "lockstep/runtime/checkpoint/checkpoint.h"
 
 using namespace lockstep;

@@ -42,14 +42,13 @@
 #include "common/bench_models.h"
 #include "common/device.h"
 #include "common/kernel_profile.h"
-#include "harness.h"
 #include "common/writable_file.h"
+#include "harness.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/nn/ddp/replica_sync.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/distributed/device_select.h"
-#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
 
@@ -256,18 +255,15 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
     r.overhead_pct = 100.0 * (r.rank0_median_ms - r.plain_median_ms) / r.plain_median_ms;
   }
   if (o.kernel_trace > 0) {
-    const runtime::DeviceBackend& backend = runtime::device_backend(device);
+    int i = 0;  // the batches in turn, as in the timed steps
     std::optional<bench::ProfiledSide> plain_side;
     if (plain) {
-      auto trace = backend.trace_activity();
-      for (int i = 0; i < o.kernel_trace; ++i) plain_step(i);
       plain_side = bench::ProfiledSide{
-          "plain", bench::summarize_activities(trace->stop(), o.kernel_trace), r.plain_median_ms};
+          "plain", bench::trace_steps(device, o.kernel_trace, [&] { plain_step(i++); }),
+          r.plain_median_ms};
     }
-    auto trace = backend.trace_activity();
-    for (int i = 0; i < o.kernel_trace; ++i) step(i);
     const bench::ProfiledSide ddp_side{
-        "DDP", bench::summarize_activities(trace->stop(), o.kernel_trace), r.rank0_median_ms};
+        "DDP", bench::trace_steps(device, o.kernel_trace, [&] { step(i++); }), r.rank0_median_ms};
     r.kernel_table = bench::compare_profiles(
         fmt::format("where the GPU time goes, rank 0: {} DDP, batch {}", name, batch), ddp_side,
         plain_side);
@@ -306,10 +302,7 @@ int run(const Options& o) {
   // communicator and the staging buffers live on the current device. The
   // default backend follows the device (nccl with a GPU per rank).
   const runtime::Device device = distributed::select_device({.request = o.device});
-  LOCKSTEP_CHECK(o.kernel_trace == 0 || device.is_cuda(),
-                 "--kernel-trace needs --device cuda: it traces the GPU's kernels");
-  // A trace that cannot start (no CUPTI) fails here, before any model is timed.
-  if (o.kernel_trace > 0) runtime::device_backend(device).trace_activity()->stop();
+  bench::check_kernel_trace(o.kernel_trace, device);
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank();
   const int world = group->size();

@@ -155,16 +155,6 @@ struct StepResult {
   std::optional<bench::KernelProfile> kernels;  // --kernel-trace
 };
 
-// --kernel-trace: `steps` more runs of `step` under a device activity trace.
-std::optional<bench::KernelProfile> traced(const Device& device, const Options& o,
-                                           const std::function<void()>& step) {
-  if (o.kernel_trace == 0) return std::nullopt;
-  auto trace = runtime::device_backend(device).trace_activity();
-  for (int i = 0; i < o.kernel_trace; ++i) step();
-  bench::synchronize(device);
-  return bench::summarize_activities(trace->stop(), o.kernel_trace);
-}
-
 StepResult lockstep_step(const std::string& name, int64_t batch, const Device& device,
                          const Options& o) {
   runtime::Generator g(0);
@@ -185,7 +175,7 @@ StepResult lockstep_step(const std::string& name, int64_t batch, const Device& d
     bench::synchronize(device);  // no-op on the CPU
   };
   StepResult r{.ms = bench::median_seconds(step, o.warmup, o.steps) * 1e3};
-  r.kernels = traced(device, o, step);
+  if (o.kernel_trace > 0) r.kernels = bench::trace_steps(device, o.kernel_trace, step);
   return r;
 }
 
@@ -241,7 +231,7 @@ StepResult lockstep_gpt_step(const models::GptConfig& config, int64_t batch, int
   };
   r.ms = bench::median_seconds(step, o.warmup, o.steps) * 1e3;
   r.peak_bytes = peak_bytes(device, step);
-  r.kernels = traced(device, o, step);
+  if (o.kernel_trace > 0) r.kernels = bench::trace_steps(device, o.kernel_trace, step);
   return r;
 }
 
@@ -303,11 +293,8 @@ json peer_step(const std::string& name, int64_t batch, const std::string& extra_
 int run(const Options& o) {
   runtime::set_num_threads(o.threads);
   LOCKSTEP_CHECK(!o.tf32 || o.device == "cuda", "--tf32 needs --device cuda");
-  LOCKSTEP_CHECK(o.kernel_trace == 0 || o.device == "cuda",
-                 "--kernel-trace needs --device cuda: it traces the GPU's kernels");
   const Device device = distributed::select_device({.request = o.device});
-  // A trace that cannot start (no CUPTI) fails here, before any model is timed.
-  if (o.kernel_trace > 0) runtime::device_backend(device).trace_activity()->stop();
+  bench::check_kernel_trace(o.kernel_trace, device);
   bench::set_allow_tf32(o.tf32);
   if (device.is_cuda()) bench::set_cudnn_benchmark(o.cudnn_benchmark == "on");
   const std::string machine = bench::machine_description(device);

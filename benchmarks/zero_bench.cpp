@@ -28,8 +28,8 @@
 #include <CLI/CLI.hpp>
 
 #include "common/device.h"
-#include "harness.h"
 #include "common/writable_file.h"
+#include "harness.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/models/models.h"
 #include "lockstep/nn/activation.h"

@@ -34,6 +34,20 @@ std::optional<std::pair<int64_t, int64_t>> dense_span(const Tensor& t) {
   return std::pair{t.storage_offset(), t.storage_offset() + t.numel() - 1};
 }
 
+// Whether `a` and `b` are views of the same elements in the same layout.
+bool same_view(const Tensor& a, const Tensor& b) {
+  return a.storage() == b.storage() && a.storage_offset() == b.storage_offset() &&
+         a.shape() == b.shape() && a.strides() == b.strides();
+}
+
+// add_ and mul_ run on the tensor's device: a CPU tensor's loop cannot read
+// a device operand (copy_ moves between devices; they do not).
+void check_operand_device(const Tensor& t, const Tensor& other, const char* op) {
+  LOCKSTEP_CHECK(!t.device().is_cpu() || other.device().is_cpu(),
+                 "{}: the operand is on {} and the tensor on the CPU; move it with .to()", op,
+                 other.device().str());
+}
+
 // What every in-place write checks first: autograd can follow it, every
 // element written has a memory location of its own (not an expanded
 // tensor), and the source does not share memory with it in part, where the
@@ -51,10 +65,7 @@ void check_inplace(const Tensor& t, const char* op, const Tensor* src = nullptr)
                    "memory location (an expanded tensor); write to a .clone() of it",
                    op, shape_str(t.shape()), shape_str(t.strides()));
   }
-  if (src == nullptr || src->storage() != t.storage()) return;
-  const bool same_layout = src->storage_offset() == t.storage_offset() &&
-                           src->shape() == t.shape() && src->strides() == t.strides();
-  if (same_layout) return;
+  if (src == nullptr || src->storage() != t.storage() || same_view(*src, t)) return;
   const auto a = dense_span(t), b = dense_span(*src);
   LOCKSTEP_CHECK(!a || !b || a->second < b->first || b->second < a->first,
                  "{}: the source (shape {}) and the tensor written to (shape {}) share part of "
@@ -106,9 +117,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   LOCKSTEP_CHECK(broadcasts_to(src.shape(), shape()),
                  "copy_: source of shape {} does not broadcast to {}", shape_str(src.shape()),
                  shape_str(shape()));
-  if (src.storage() == storage() && src.dtype() == dtype() &&
-      src.storage_offset() == storage_offset() && src.shape() == shape() &&
-      src.strides() == strides()) {
+  if (src.dtype() == dtype() && same_view(src, *this)) {
     storage()->bump_version();  // x.copy_(x): nothing to move
     return *this;
   }
@@ -169,9 +178,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   LOCKSTEP_CHECK(broadcasts_to(other.shape(), shape()),
                  "add_: operand of shape {} does not broadcast to {}", shape_str(other.shape()),
                  shape_str(shape()));
-  LOCKSTEP_CHECK(!device().is_cpu() || other.device().is_cpu(),
-                 "add_: the operand is on {} and the tensor on the CPU; move it with .to()",
-                 other.device().str());
+  check_operand_device(*this, other, "add_");
   if (!device().is_cpu()) {
     device_backend(device()).add_into(*this, other, alpha);
     storage()->bump_version();
@@ -196,9 +203,7 @@ Tensor& Tensor::mul_(const Tensor& other) {
   LOCKSTEP_CHECK(broadcasts_to(other.shape(), shape()),
                  "mul_: operand of shape {} does not broadcast to {}", shape_str(other.shape()),
                  shape_str(shape()));
-  LOCKSTEP_CHECK(!device().is_cpu() || other.device().is_cpu(),
-                 "mul_: the operand is on {} and the tensor on the CPU; move it with .to()",
-                 other.device().str());
+  check_operand_device(*this, other, "mul_");
   if (!device().is_cpu()) {
     device_backend(device()).mul_into(*this, other);
     storage()->bump_version();

@@ -7,7 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "common/device.h"
 #include "harness.h"
+#include "lockstep/runtime/error.h"
 
 namespace lockstep::bench {
 
@@ -146,6 +148,20 @@ KernelProfile summarize_activities(const std::vector<runtime::DeviceActivity>& a
     return a.total_us != b.total_us ? a.total_us > b.total_us : a.name < b.name;
   });
   return p;
+}
+
+void check_kernel_trace(int steps, const runtime::Device& device) {
+  if (steps == 0) return;
+  LOCKSTEP_CHECK(device.is_cuda(), "--kernel-trace needs --device cuda: it traces the GPU's kernels");
+  runtime::device_backend(device).trace_activity()->stop();
+}
+
+KernelProfile trace_steps(const runtime::Device& device, int steps,
+                          const std::function<void()>& step) {
+  auto trace = runtime::device_backend(device).trace_activity();
+  for (int i = 0; i < steps; ++i) step();
+  synchronize(device);
+  return summarize_activities(trace->stop(), steps);
 }
 
 std::vector<runtime::DeviceActivity> activities_from_json(const nlohmann::json& list) {

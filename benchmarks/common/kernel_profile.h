@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -43,6 +44,15 @@ std::string short_kernel_name(const std::string& name);
 // The kind of work a kernel does, from its name: collective (NCCL), copy,
 // conv, gemm, norm, softmax/loss, pool, optimizer, reduce, elementwise, or other.
 std::string kernel_category(const std::string& name);
+
+// --kernel-trace: refused off a GPU; else one trace is started and stopped,
+// so that a machine where tracing cannot work (no CUPTI) fails before
+// anything is timed.
+void check_kernel_trace(int steps, const runtime::Device& device);
+
+// `steps` calls of `step` on `device` under a device activity trace, summarized.
+KernelProfile trace_steps(const runtime::Device& device, int steps,
+                          const std::function<void()>& step);
 
 // Sums `activities` (from `steps` steps) per short kernel name.
 KernelProfile summarize_activities(const std::vector<runtime::DeviceActivity>& activities,

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/runtime/cuda/device.h"
+#include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 
 #if LOCKSTEP_HAVE_CUPTI
@@ -115,8 +116,8 @@ void check(CUptiResult result, const char* what) {
 std::string load_cupti() {
   static const std::string why = [] {
     std::vector<std::string> candidates;
-    if (const char* file = std::getenv("LOCKSTEP_CUPTI_LIBRARY"); file != nullptr && *file) {
-      candidates.emplace_back(file);
+    if (const auto file = process_env()("LOCKSTEP_CUPTI_LIBRARY"); file && !file->empty()) {
+      candidates.push_back(*file);
     } else {
       candidates = {LOCKSTEP_CUPTI_SONAME, LOCKSTEP_CUPTI_LIBRARY};
     }

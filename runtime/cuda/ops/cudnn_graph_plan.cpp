@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -123,8 +124,7 @@ std::size_t fastest_engine(cudnnHandle_t handle, const GraphPlan& plan,
                            int device) {
   const StreamView stream = current_stream(device);
   std::size_t best = 0;
-  float best_ms = 0;
-  bool timed_any = false;
+  float best_ms = std::numeric_limits<float>::infinity();
   for (std::size_t i = 0; i < plan.engines.size(); ++i) {
     try {
       run_engine(handle, plan.engines[i], pointers, uids, device);  // warm-up, module loading
@@ -134,10 +134,9 @@ std::size_t fastest_engine(cudnnHandle_t handle, const GraphPlan& plan,
       end.record(stream);
       end.synchronize();
       const float ms = start.elapsed_ms(end);
-      if (!timed_any || ms < best_ms) {
+      if (ms < best_ms) {
         best = i;
         best_ms = ms;
-        timed_any = true;
       }
     } catch (const Error&) {
       continue;  // this engine cannot run these operands
