@@ -1,6 +1,7 @@
 // In-place writes: copy_, fill_, zero_, add_, mul_. Each bumps the storage's
 // version so that autograd notices a change to a tensor saved for backward.
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -65,13 +66,35 @@ void check_inplace(const Tensor& t, const char* op, const Tensor* src = nullptr)
                    "memory location (an expanded tensor); write to a .clone() of it",
                    op, shape_str(t.shape()), shape_str(t.strides()));
   }
-  if (src == nullptr || src->storage() != t.storage() || same_view(*src, t)) return;
+  if (src == nullptr) return;
+  LOCKSTEP_CHECK(!(grad_enabled() && src->requires_grad()),
+                 "{}: the source (shape {}) requires grad, but an in-place write cannot record "
+                 "it for autograd, so its gradient through this op would be lost; use the "
+                 "out-of-place op (b = b + w), or .detach() the source if no gradient should "
+                 "flow",
+                 op, shape_str(src->shape()));
+  if (src->storage() != t.storage() || same_view(*src, t)) return;
   const auto a = dense_span(t), b = dense_span(*src);
   LOCKSTEP_CHECK(!a || !b || a->second < b->first || b->second < a->first,
                  "{}: the source (shape {}) and the tensor written to (shape {}) share part of "
                  "their memory, so the result would depend on the order of the writes; read "
                  "from a .clone() of the source",
                  op, shape_str(src->shape()), shape_str(t.shape()));
+}
+
+// An integer tensor cannot hold a floating result. PyTorch refuses
+// i64.mul_(0.5), i64.add_(x, 0.5) and i64.add_(an f32 tensor) rather than
+// truncate them; so do we. `scalar` is the factor or alpha.
+void check_integral_result(const Tensor& t, const char* op, DType operand, double scalar) {
+  if (is_floating(t.dtype())) return;
+  LOCKSTEP_CHECK(!is_floating(operand),
+                 "{}: the result of a {} operand cannot be written into a {} tensor without "
+                 "truncating it; convert the tensor to a floating dtype with .to() first",
+                 op, dtype_name(operand), dtype_name(t.dtype()));
+  LOCKSTEP_CHECK(std::isfinite(scalar) && std::trunc(scalar) == scalar,
+                 "{}: {} is not a whole number, so a {} tensor cannot hold the result without "
+                 "truncating it; convert the tensor to a floating dtype with .to() first",
+                 op, scalar, dtype_name(t.dtype()));
 }
 
 // The device whose backend runs an in-place op: dst's, or src's for a copy_
@@ -179,6 +202,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
                  "add_: operand of shape {} does not broadcast to {}", shape_str(other.shape()),
                  shape_str(shape()));
   check_operand_device(*this, other, "add_");
+  check_integral_result(*this, "add_", other.dtype(), alpha);
   if (!device().is_cpu()) {
     device_backend(device()).add_into(*this, other, alpha);
     storage()->bump_version();
@@ -204,6 +228,7 @@ Tensor& Tensor::mul_(const Tensor& other) {
                  "mul_: operand of shape {} does not broadcast to {}", shape_str(other.shape()),
                  shape_str(shape()));
   check_operand_device(*this, other, "mul_");
+  check_integral_result(*this, "mul_", other.dtype(), 1.0);
   if (!device().is_cpu()) {
     device_backend(device()).mul_into(*this, other);
     storage()->bump_version();
@@ -220,6 +245,7 @@ Tensor& Tensor::mul_(const Tensor& other) {
 }
 
 Tensor& Tensor::mul_(double factor) {
+  check_integral_result(*this, "mul_", dtype(), factor);
   if (!device().is_cpu()) {
     check_inplace(*this, "mul_");
     device_backend(device()).mul_scalar_into(*this, factor);

@@ -3,11 +3,13 @@
 // the tensor written to, and a written-to tensor with several elements at one
 // memory location (expanded). Also the dims of a 0-d tensor, negative expand
 // sizes and a .grad of another dtype: each used to crash or give a wrong
-// answer without a word.
+// answer without a word. So did a source that requires grad (its gradient was
+// lost) and an integer tensor written with a fractional value (truncated).
 #include <catch2/catch.hpp>
 
 #include <vector>
 
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/tensor.h"
@@ -64,4 +66,35 @@ TEST_CASE("expand refuses negative sizes, and .grad another dtype") {
   CHECK_THROWS_WITH(Tensor::ones({1}).expand({-5}), Contains("cannot expand"));
   Tensor w = Tensor::ones({2}).requires_grad_();
   CHECK_THROWS_WITH(w.set_grad(Tensor::zeros({2}, DType::f64)), Contains("dtype f64"));
+}
+
+TEST_CASE("in-place ops refuse a source that requires grad while grad mode is on") {
+  // b.add_(w) recorded nothing, so w silently lost this path's gradient.
+  Tensor w = Tensor::ones({3}).requires_grad_();
+  Tensor b = Tensor::zeros({3});
+  CHECK_THROWS_WITH(b.add_(w), Contains("requires grad"));
+  CHECK_THROWS_WITH(b.mul_(w), Contains("requires grad"));
+  CHECK_THROWS_WITH(b.copy_(w), Contains("requires grad"));
+  CHECK(b.to_vector<float>() == std::vector<float>{0, 0, 0});
+  b.add_(w.detach());
+  {
+    NoGradGuard no_grad;
+    b.add_(w);
+  }
+  CHECK(b.to_vector<float>() == std::vector<float>{2, 2, 2});
+}
+
+TEST_CASE("integer in-place ops refuse what they could only truncate") {
+  Tensor i = Tensor::from_vector<int64_t>({3, 4}, {2});
+  // i.mul_(0.5) gave {1, 2}; i.add_(f, 0.5) and i.add_(a float tensor) truncated too.
+  CHECK_THROWS_WITH(i.mul_(0.5), Contains("0.5 is not a whole number"));
+  CHECK_THROWS_WITH(i.add_(Tensor::ones({2}, DType::i64), 0.5), Contains("not a whole number"));
+  CHECK_THROWS_WITH(i.add_(Tensor::ones({2})), Contains("f32 operand"));
+  CHECK_THROWS_WITH(i.mul_(Tensor::ones({2}, DType::f64)), Contains("f64 operand"));
+  CHECK(i.to_vector<int64_t>() == std::vector<int64_t>{3, 4});
+  i.mul_(2.0).add_(Tensor::ones({2}, DType::i32), 3.0);
+  CHECK(i.to_vector<int64_t>() == std::vector<int64_t>{9, 11});
+  Tensor f = Tensor::ones({2});
+  f.add_(Tensor::ones({2}, DType::f64), 0.5).mul_(0.5);
+  CHECK(f.to_vector<float>() == std::vector<float>{0.75f, 0.75f});
 }
