@@ -136,6 +136,11 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 }
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  LOCKSTEP_CHECK(is_floating(promote_types(a.dtype(), b.dtype())) ||
+                     (std::isfinite(alpha) && std::trunc(alpha) == alpha),
+                 "add: alpha {} is not a whole number, so the {} result cannot hold a + alpha*b "
+                 "without truncating it; convert an operand to a floating dtype first",
+                 alpha, dtype_name(promote_types(a.dtype(), b.dtype())));
   Tensor out = alpha == 1.0 ? arith(a, b, "add", [](auto x, auto y) { return x + y; }, BinaryOp::add)
                             : arith(
                                   a, b, "add",
@@ -214,9 +219,14 @@ Tensor mul(const Tensor& a, double s) {
 }
 
 Tensor neg(const Tensor& a) {
+  LOCKSTEP_CHECK(a.dtype() != DType::boolean,
+                 "neg: negating a bool tensor is not defined; to invert a mask use "
+                 "eq(mask, Tensor::scalar(0, DType::boolean))");
+  // -1 in a u8 would wrap to 255; u8 arithmetic runs in i64 anyway (arith).
+  const DType minus_one = a.dtype() == DType::u8 ? DType::i64 : a.dtype();
   Tensor out = a.device().is_cuda()
                    ? unary(a, "neg", [](auto x) { return -x; }, UnaryOp::neg)
-                   : arith(a, Tensor::scalar(-1.0, a.dtype()), "neg",
+                   : arith(a, Tensor::scalar(-1.0, minus_one), "neg",
                            [](auto x, auto y) { return x * y; }, BinaryOp::mul);
   return record(out, "NegBackward", {a}, {},
                 [](const BackwardArgs& g) { return std::vector<Tensor>{neg(g.grad)}; });

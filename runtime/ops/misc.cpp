@@ -171,10 +171,13 @@ Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
                   if (on_device(gy))
                     return std::vector<Tensor>{
                         device_backend(gy.device()).embedding_backward(gy, idx, rows, dim)};
-                  Tensor gw = Tensor::zeros({rows, dim}, gy.dtype());
-                  dispatch_float(gy.dtype(), "embedding backward", [&](auto tag) {
+                  // bf16/f16 rows add up in f32 and round once at the end.
+                  const DType acc = is_reduced_float(gy.dtype()) ? DType::f32 : gy.dtype();
+                  const Tensor ga = gy.to(acc);
+                  Tensor gw = Tensor::zeros({rows, dim}, acc);
+                  dispatch_float(acc, "embedding backward", [&](auto tag) {
                     using T = decltype(tag);
-                    const T* g = gy.data_ptr<T>();
+                    const T* g = ga.data_ptr<T>();
                     T* w = gw.data_ptr<T>();
                     for_each_index(idx, [&](int64_t i, int64_t r) {
                       const T* gi = g + i * dim;
@@ -182,7 +185,7 @@ Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
                       for (int64_t j = 0; j < dim; ++j) wr[j] += gi[j];
                     });
                   });
-                  return std::vector<Tensor>{gw};
+                  return std::vector<Tensor>{gw.to(gy.dtype())};
                 });
 }
 

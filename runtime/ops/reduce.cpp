@@ -186,10 +186,9 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) 
   int64_t count = 1;
   for (int64_t d : dims) count *= a.shape()[d];
   const double scale = 1.0 / static_cast<double>(count);
-  // A device kernel scales as it sums (one rounding for bf16/f16); the CPU
-  // sums in double, then scales.
-  Tensor out = !a.device().is_cpu() ? sum_impl(a, dims, keepdim, scale)
-                                    : mul(sum_impl(a, dims, keepdim), scale);
+  // Scaled inside the sum, before its one rounding: a bf16/f16 sum rounded
+  // first would lose bits and overflow (the mean of 70000 f16 ones was inf).
+  Tensor out = sum_impl(a, dims, keepdim, scale);
   Shape in_shape = a.shape(), keep = kept_shape(a.shape(), dims);
   return record(out, "MeanBackward", {a}, {}, [in_shape, keep, scale](const BackwardArgs& g) {
     return std::vector<Tensor>{mul(g.grad, scale).reshape(keep).expand(in_shape)};

@@ -116,6 +116,19 @@ TEST_CASE("dtype promotion of binary ops", "[runtime][ops][elementwise]") {
   CHECK_THROWS_WITH(div(i32, i64), Contains("integer division"));
 }
 
+TEST_CASE("integer results refuse a fractional alpha; neg of u8 and bool",
+          "[runtime][ops][elementwise]") {
+  Tensor a = tensor({3, 5}, {2}, DType::i64), b = tensor({1, 1}, {2}, DType::i64);
+  // add(a, b, 0.5) used to truncate alpha to 0 and return a unchanged.
+  CHECK_THROWS_WITH(add(a, b, 0.5), Contains("alpha 0.5 is not a whole number"));
+  CHECK(add(a, b, 2.0).to_vector<int64_t>() == std::vector<int64_t>{5, 7});
+  check_close(add(a, tensor({1, 1}, {2}, DType::f32), 0.5), {3.5, 5.5});
+  // -1 as a u8 was 255: neg(200) gave 51000.
+  Tensor u = tensor({0, 1, 2, 200}, {4}, DType::u8);
+  CHECK(neg(u).to_vector<int64_t>() == std::vector<int64_t>{0, -1, -2, -200});
+  CHECK_THROWS_WITH(neg(tensor({0, 1}, {2}, DType::boolean)), Contains("bool"));
+}
+
 TEST_CASE("mismatched shapes name both shapes", "[runtime][ops][elementwise]") {
   Tensor a = Tensor::zeros({2, 3});
   CHECK_THROWS_AS(add(a, Tensor::zeros({2})), lockstep::Error);

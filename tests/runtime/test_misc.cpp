@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "lockstep/runtime/ops/misc.h"
+#include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/random.h"
 #include "support/gradcheck.h"
 #include "support/test_util.h"
@@ -89,6 +90,17 @@ TEST_CASE("embedding looks up rows and scatter-adds gradients", "[runtime][ops][
   y.backward(Tensor::from_vector(gy, {2, 3, 2}));
   // Row 3 is used at positions 0, 2, 5: (1+5+11, 2+6+12).
   CHECK(w.grad().to_vector<double>() == std::vector<double>{3, 4, 9, 10, 7, 8, 17, 20});
+}
+
+TEST_CASE("embedding backward of bf16 and f16 weights adds rows in f32",
+          "[runtime][ops][misc]") {
+  const DType dt = GENERATE(DType::bf16, DType::f16);
+  Tensor w = Tensor::zeros({3, 2}, dt).requires_grad_();
+  // Row 1 is looked up 1000 times: 1000 in f32, rounded once (exact in both).
+  Tensor idx = Tensor::ones({1000}, DType::i64);
+  sum(embedding(idx, w)).backward();
+  CHECK(w.grad().dtype() == dt);
+  CHECK(w.grad().to_vector<float>() == std::vector<float>{0, 0, 1000, 1000, 0, 0});
 }
 
 TEST_CASE("embedding gradcheck and errors", "[runtime][ops][misc][gradcheck]") {

@@ -59,6 +59,15 @@ TEST_CASE("mean over all elements and over dims", "[runtime][ops][reduce]") {
   CHECK_THROWS_WITH(mean(Tensor::ones({2}, DType::i64)), Contains("mean") && Contains("i64"));
 }
 
+TEST_CASE("mean of bf16 and f16 scales before its one rounding", "[runtime][ops][reduce]") {
+  // Rounding the sum to 16 bits first overflowed f16 past 65504 and lost bits.
+  CHECK(mean(Tensor::ones({70000}, DType::f16)).item() == 1.0);
+  CHECK(mean(Tensor::ones({257}, DType::bf16)).item() == 1.0);
+  CHECK(mean(Tensor::ones({2049}, DType::f16)).item() == 1.0);
+  Tensor halves = Tensor::ones({3, 100000}, DType::f16).mul_(0.5);
+  CHECK(mean(halves, {1}).to_vector<float>() == std::vector<float>{0.5f, 0.5f, 0.5f});
+}
+
 TEST_CASE("sum of other dtypes and of views", "[runtime][ops][reduce]") {
   Tensor i = iota({3, 2}, DType::i32);
   CHECK(sum(i).dtype() == DType::i64);
