@@ -1,6 +1,7 @@
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
 
 #include <chrono>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -21,18 +22,23 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
   LOCKSTEP_CHECK(options_.verify_every >= 0,
                  "DistributedDataParallel: verify_every must be >= 0 (0: never), got {}",
                  options_.verify_every);
-  LOCKSTEP_CHECK(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
-                 "DistributedDataParallel: bucket_cap_mb ({}) and first_bucket_cap_mb ({}) must "
-                 "be positive",
-                 options_.bucket_cap_mb, options_.first_bucket_cap_mb);
+  // Any finite positive size goes: the reducer rounds it to at least one byte
+  // and at most INT64_MAX bytes.
+  using Cap = std::pair<const char*, double>;
+  for (const auto& [name, mb] : {Cap{"bucket_cap_mb", options_.bucket_cap_mb},
+                                 Cap{"first_bucket_cap_mb", options_.first_bucket_cap_mb}}) {
+    LOCKSTEP_CHECK(std::isfinite(mb) && mb > 0,
+                   "DistributedDataParallel: {} must be a finite positive number of MiB, got {}",
+                   name, mb);
+  }
   // As PyTorch: the wrapped model's names gain a "module." prefix.
   register_module("module", module_);
   const auto named = module_->named_parameters();
   verify_same_parameters(named, *group_);
   broadcast_parameters();
-  std::vector<std::pair<std::string, Tensor>> trained;
+  std::vector<std::pair<std::string, Tensor>> trained, frozen;
   for (const auto& [name, p] : named) {
-    if (p.requires_grad()) trained.emplace_back(name, p);
+    (p.requires_grad() ? trained : frozen).emplace_back(name, p);
   }
   // As PyTorch: with nothing to train there is nothing to average, and a
   // wrapper that only broadcasts is more likely a mistake than a choice.
@@ -41,7 +47,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
                  "({} parameters, all frozen or none), so DDP has nothing to average; call the "
                  "module directly, or wrap the part of the model that trains",
                  named.size());
-  reducer_ = std::make_unique<Reducer>(std::move(trained), *group_, options_);
+  reducer_ = std::make_unique<Reducer>(std::move(trained), std::move(frozen), *group_, options_);
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;

@@ -1,6 +1,8 @@
 #include "lockstep/nn/ddp/reducer.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -25,11 +27,27 @@ bool same_storage(const Tensor& a, const Tensor& b) {
   return a.defined() && b.defined() && a.storage() == b.storage();
 }
 
+bool is_view_of(const Tensor& grad, const Tensor& slot) {
+  return same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset();
+}
+
+// A bucket cap in bytes: at least 1, at most INT64_MAX (DDP's constructor
+// has checked that `mb` is finite and positive; 1e13 MiB is past int64, and
+// 1e-7 MiB is under a byte).
+int64_t cap_bytes(double mb) {
+  const double bytes = mb * kMiB;
+  constexpr double two_to_63 = 9223372036854775808.0;
+  if (!(bytes < two_to_63)) return std::numeric_limits<int64_t>::max();
+  return std::max<int64_t>(1, static_cast<int64_t>(bytes));
+}
+
 }  // namespace
 
 Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> params,
+                 std::vector<std::pair<std::string, Tensor>> frozen,
                  collectives::ProcessGroup& group, DdpOptions options)
     : params_(std::move(params)),
+      frozen_(std::move(frozen)),
       group_(group),
       options_(options),
       comm_hook_(comm_hooks::allreduce()) {
@@ -37,6 +55,7 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> params,
   build_buckets(reverse_order(params_.size()));
   ready_.assign(params_.size(), false);
   locally_used_.assign(params_.size(), 0);
+  kept_grads_.assign(params_.size(), Tensor{});
   unused_.assign(params_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i) {
     hook_ids_.push_back(params_[i].second.register_post_accumulate_grad_hook(
@@ -97,8 +116,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     specs.push_back({static_cast<int64_t>(p.numel() * p.element_size()), p.dtype(), p.device()});
   }
   const auto plan =
-      assign_buckets(specs, order, static_cast<int64_t>(options_.first_bucket_cap_mb * kMiB),
-                     static_cast<int64_t>(options_.bucket_cap_mb * kMiB));
+      assign_buckets(specs, order, cap_bytes(options_.first_bucket_cap_mb),
+                     cap_bytes(options_.bucket_cap_mb));
   std::vector<Bucket> buckets;
   slots_.assign(params_.size(), Slot{});
   for (size_t b = 0; b < plan.size(); ++b) {
@@ -186,6 +205,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     mode_ = Mode::idle;
     return;
   }
+  check_requires_grad_unchanged();
   if (!synced) {
     mode_ = Mode::no_sync;
     stats_ = DdpStats{.iteration = stats_.iteration, .forward_ms = forward_ms, .synced = false};
@@ -202,9 +222,37 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   }
 }
 
+// The reducer hooks and buckets the parameters that required grad when DDP
+// was built. One unfrozen since would get a gradient that is never averaged
+// (the replicas drift apart); one frozen since would leave its bucket
+// waiting. PyTorch leaves both unchecked; a loop over flags costs nothing.
+void Reducer::check_requires_grad_unchanged() const {
+  auto fail = [&](const std::string& name, bool now) {
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: parameter '{}' {} after the module was wrapped in "
+        "DDP (requires_grad is now {}). DDP averages the gradients of the parameters that "
+        "required grad when it was constructed, so {}. Re-wrap the module in "
+        "DistributedDataParallel after changing requires_grad (on every rank alike)",
+        group_.rank(), name, now ? "was unfrozen" : "was frozen", now ? "true" : "false",
+        now ? "its gradient would never be averaged and the replicas would drift apart"
+            : "its bucket would wait for a gradient that never comes"));
+  };
+  for (const auto& [name, p] : params_) {
+    if (!p.requires_grad()) fail(name, false);
+  }
+  for (const auto& [name, p] : frozen_) {
+    if (p.requires_grad()) fail(name, true);
+  }
+}
+
 void Reducer::on_gradient_ready(size_t param) {
   const std::string& name = params_[param].first;
-  if (mode_ == Mode::no_sync) return;  // gradients accumulate locally
+  if (mode_ == Mode::no_sync) {
+    // Gradients accumulate locally; the next averaged backward must know
+    // that this rank has one for this parameter, even if it then goes unused.
+    locally_used_[param] = 1;
+    return;
+  }
   if (mode_ == Mode::idle) {
     throw Error(fmt::format(
         "DistributedDataParallel on rank {}: parameter '{}' received a gradient, but no "
@@ -232,7 +280,7 @@ void Reducer::begin_backward() {
   backward_started_ = true;
   runtime::queue_backward_callback([this] { finalize(); });
   std::fill(ready_.begin(), ready_.end(), false);
-  std::fill(locally_used_.begin(), locally_used_.end(), 0);
+  std::fill(kept_grads_.begin(), kept_grads_.end(), Tensor{});
   for (auto& b : buckets_) b.pending = b.members.size();
   num_ready_ = 0;
   next_launch_ = 0;
@@ -256,22 +304,34 @@ int Reducer::divisor() const {
   return join ? join->active_ranks() : group_.size();
 }
 
-// Puts this rank's gradient (or zeros, for an unused parameter) into the
-// bucket, scaled by 1/divisor().
+// Puts this rank's gradient into the bucket, scaled by 1/divisor(): its
+// .grad, which holds this backward's gradient when `used`, and otherwise
+// (find_unused_parameters, not reached from the output) what earlier
+// backward passes left there -- the sum accumulated under no_sync(), or a
+// .grad not zeroed since the last step -- which is as much this rank's
+// share of the average (PyTorch copies a defined .grad of an unused
+// parameter too). Zeros where .grad is undefined.
 void Reducer::mark_ready(size_t param, bool used) {
   Tensor slot = slot_view(param);
   const double scale = scale_;
-  if (used) {
-    const Tensor& grad = params_[param].second.grad();
-    if (same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset()) {
-      if (scale != 1.0) slot.mul_(scale);  // grad is already the bucket view
+  const Tensor& grad = params_[param].second.grad();
+  if (grad.defined()) {
+    if (is_view_of(grad, slot)) {  // gradient_as_bucket_view: grad is the slot
+      // If no rank has used it since the last average, finalize() leaves
+      // .grad as it was: keep those values, which the reduction overwrites.
+      if (!used && locally_used_[param] == 0) kept_grads_[param] = grad.clone();
+      if (scale != 1.0) slot.mul_(scale);
     } else {
       runtime::scale_into(slot, grad, scale);
     }
-    locally_used_[param] = 1;
-    ready_order_.push_back(param);
   } else {
     slot.zero_();
+    // Whatever no_sync() accumulated was dropped (zero_grad(set_to_none)).
+    locally_used_[param] = 0;
+  }
+  if (used) {
+    locally_used_[param] = 1;
+    ready_order_.push_back(param);
   }
   ready_[param] = true;
   ++num_ready_;
@@ -322,6 +382,8 @@ void Reducer::finalize() {
   if (options_.find_unused_parameters) {
     used = Tensor::from_vector(locally_used_, {static_cast<int64_t>(locally_used_.size())});
     used_work = group_.allreduce(used, {.op = collectives::ReduceOp::Sum});
+    // The next average counts from here (no_sync() iterations included).
+    std::fill(locally_used_.begin(), locally_used_.end(), 0);
   }
   std::vector<std::pair<double, double>> intervals;  // ms after forward's end
   for (auto& b : buckets_) {
@@ -383,12 +445,19 @@ void Reducer::write_gradients(const std::vector<int32_t>& globally_used) {
   runtime::NoGradGuard no_grad;
   std::vector<bool> handed_out(buckets_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (globally_used[i] == 0) continue;  // no rank produced one: leave .grad as it is
+    if (globally_used[i] == 0) {  // no rank produced one: leave .grad as it is
+      // As a bucket view it was reduced in place (the average of equal
+      // values, up to rounding, or under a Join not even that): put it back.
+      if (kept_grads_[i].defined()) Tensor(params_[i].second.grad()).copy_(kept_grads_[i]);
+      kept_grads_[i] = Tensor{};
+      continue;
+    }
+    kept_grads_[i] = Tensor{};
     Tensor& param = params_[i].second;
     Tensor slot = slot_view(i);
     const Tensor& grad = param.grad();
     if (options_.gradient_as_bucket_view) {
-      if (!(same_storage(grad, slot) && grad.storage_offset() == slot.storage_offset())) {
+      if (!is_view_of(grad, slot)) {
         param.set_grad(slot);
       }
     } else if (same_storage(grad, slot)) {

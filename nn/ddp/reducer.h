@@ -8,10 +8,13 @@
 // bucket order, so every rank issues the same collectives in the same order
 // while backward goes on. The first hook of a backward queues finalize(),
 // which runs once backward has finished: it waits for each bucket and writes
-// the averaged values into every param.grad. After the first iteration the
-// buckets are rebuilt in the order rank 0 saw gradients become ready. CPU
-// buckets come from the group's shared pool where it has one, so that its
-// all-reduce reads them in place.
+// the averaged values into every param.grad. With find_unused_parameters a
+// parameter the graph does not reach counts as ready at once, its slot
+// holding the .grad it already has (from no_sync() backward passes, or not
+// zeroed) or zeros; one that no rank gave a gradient since the last average
+// keeps its .grad. After the first iteration the buckets are rebuilt in the
+// order rank 0 saw gradients become ready. CPU buckets come from the group's
+// shared pool where it has one, so that its all-reduce reads them in place.
 #pragma once
 
 #include <chrono>
@@ -31,8 +34,11 @@ namespace lockstep::nn {
 
 class Reducer {
  public:
-  // `params`: the parameters that require grad, with their names.
-  Reducer(std::vector<std::pair<std::string, Tensor>> params, collectives::ProcessGroup& group,
+  // `params`: the parameters that require grad, with their names; `frozen`:
+  // the module's other parameters. Each forward checks that this split still
+  // holds (the reducer hooks and buckets `params` only).
+  Reducer(std::vector<std::pair<std::string, Tensor>> params,
+          std::vector<std::pair<std::string, Tensor>> frozen, collectives::ProcessGroup& group,
           DdpOptions options);
   ~Reducer();
   Reducer(const Reducer&) = delete;
@@ -72,6 +78,7 @@ class Reducer {
   void on_gradient_ready(size_t param);
   void begin_backward();
   int divisor() const;
+  void check_requires_grad_unchanged() const;
   void mark_ready(size_t param, bool used);
   void launch_ready_buckets();
   void finalize();
@@ -82,6 +89,7 @@ class Reducer {
       const std::vector<Tensor>& outputs) const;
 
   std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> frozen_;
   collectives::ProcessGroup& group_;
   DdpOptions options_;
   CommHook comm_hook_;
@@ -95,7 +103,14 @@ class Reducer {
   Mode mode_ = Mode::idle;
   bool backward_started_ = false;
   std::vector<bool> ready_;
+  // find_unused_parameters: which parameters this rank gave a gradient since
+  // the last averaged backward (no_sync() iterations included); cleared by
+  // finalize(). All-reduced there: a parameter no rank used keeps its .grad.
   std::vector<int32_t> locally_used_;
+  // gradient_as_bucket_view: the .grad (a bucket view) of a parameter that no
+  // backward since the last average touched on this rank, as it was before
+  // its bucket was scaled and reduced; put back if no rank used it.
+  std::vector<Tensor> kept_grads_;
   std::vector<bool> unused_;           // find_unused_parameters: not reached from the output
   bool unused_known_ = false;          // static_graph: computed once
   size_t num_ready_ = 0;

@@ -17,9 +17,22 @@ namespace {
 using runtime::DType;
 using runtime::Tensor;
 
+// "'name' [shape] dtype", a tab, and whether it trains: the reducer buckets
+// the parameters that require grad, so ranks that freeze different ones
+// would average unrelated gradients together.
+constexpr char kTrained[] = "requires_grad";
+constexpr char kFrozen[] = "frozen";
+
 std::string describe(const std::string& name, const Tensor& t) {
-  return fmt::format("'{}' {} {}", name, runtime::shape_str(t.shape()),
-                     runtime::dtype_name(t.dtype()));
+  return fmt::format("'{}' {} {}\t{}", name, runtime::shape_str(t.shape()),
+                     runtime::dtype_name(t.dtype()), t.requires_grad() ? kTrained : kFrozen);
+}
+
+// The description without the requires_grad part.
+std::string what_of(const std::string& line) { return line.substr(0, line.find('\t')); }
+std::string flag_of(const std::string& line) {
+  const auto tab = line.find('\t');
+  return tab == std::string::npos ? std::string() : line.substr(tab + 1);
 }
 
 std::vector<std::string> split_lines(const std::string& s) {
@@ -45,14 +58,31 @@ void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& p
   size_t longest = 0;
   for (const auto& l : lists) longest = std::max(longest, l.size());
   auto at = [](const std::vector<std::string>& l, size_t i) {
-    return i < l.size() ? l[i] : std::string("no parameter (the model has fewer)");
+    return i < l.size() ? what_of(l[i]) : std::string("no parameter (the model has fewer)");
   };
   for (size_t i = 0; i < longest; ++i) {
     std::map<std::string, std::vector<int>> holders;  // what differs from rank 0, and who
     for (size_t r = 1; r < lists.size(); ++r) {
       if (at(lists[r], i) != at(lists[0], i)) holders[at(lists[r], i)].push_back(static_cast<int>(r));
     }
-    if (holders.empty()) continue;
+    if (holders.empty()) {
+      // The same parameter everywhere: does every rank train it, or none?
+      std::vector<int> trains, freezes;
+      for (size_t r = 0; r < lists.size(); ++r) {
+        (flag_of(lists[r][i]) == kTrained ? trains : freezes).push_back(static_cast<int>(r));
+      }
+      if (trains.empty() || freezes.empty()) continue;
+      auto ranks = [](const std::vector<int>& rs) {
+        return fmt::format("rank{} {}", rs.size() > 1 ? "s" : "", fmt::join(rs, ", "));
+      };
+      throw Error(fmt::format(
+          "DistributedDataParallel: the ranks freeze different parameters. Parameter #{} {} "
+          "requires grad on {} and is frozen (requires_grad false) on {}. DDP averages the "
+          "gradients of the parameters that require grad, bucket by bucket, so ranks training "
+          "different ones would average unrelated gradients together; set requires_grad the "
+          "same way on every rank before wrapping the model",
+          i, what_of(lists[0][i]), ranks(trains), ranks(freezes)));
+    }
     std::string others;
     for (const auto& [what, ranks] : holders) {
       others += fmt::format("; rank{} {} {} {}", ranks.size() > 1 ? "s" : "",

@@ -12,8 +12,9 @@
 namespace lockstep::nn {
 
 // Collective. Throws Error on every rank when the ranks' parameter lists
-// differ in count, names, shapes or dtypes, naming the first differing
-// parameter, what rank 0 holds and which ranks hold something else.
+// differ in count, names, shapes, dtypes or requires_grad, naming the first
+// differing parameter, what rank 0 holds and which ranks hold something else
+// (for requires_grad: which ranks train it and which freeze it).
 void verify_same_parameters(const std::vector<std::pair<std::string, runtime::Tensor>>& params,
                             collectives::ProcessGroup& group);
 

@@ -9,7 +9,10 @@
 //  3. BatchNorm buffers: rank 0's running statistics reach every rank.
 //  4. broadcast_parameters() repairs a parameter changed on one rank.
 //  5. no_sync() accumulation equals the large batch.
-//  6. find_unused_parameters with a head used on rank 0 only.
+//  6. find_unused_parameters with a head used on rank 0 only; and a head
+//     used under no_sync() on every rank, then on rank 0 only: every rank's
+//     accumulated gradient is averaged (with and without
+//     gradient_as_bucket_view), the same bits on every rank.
 //  7. Communication hooks: fp16 and bf16 compression within their rounding,
 //     and a user hook that sees every bucket.
 //
@@ -228,6 +231,33 @@ void check_unused(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group) {
   loss_of(*alone, shard(global, 0, n)).backward();
   c.close("head used on rank 0 only", model->head->weight.grad(),
           lr::mul(alone->head->weight.grad(), 1.0 / n), 1e-5);
+
+  // Accumulated under no_sync() on every rank, reached on rank 0 only by the
+  // averaged backward: (sum over ranks of the first shards' gradients + rank
+  // 0's second one) / n, as one process accumulating them.
+  const Batch second = global_batch(2 * n, 42);
+  auto reference = std::make_shared<TwoHeads>();
+  reference->use_head = true;
+  for (int k = 0; k < n; ++k) loss_of(*reference, shard(global, k, n)).backward();
+  loss_of(*reference, shard(second, 0, n)).backward();
+  const Tensor want = lr::mul(reference->head->weight.grad(), 1.0 / n);
+  for (bool view : {false, true}) {
+    auto accumulating = std::make_shared<TwoHeads>();
+    nn::DistributedDataParallel acc(
+        accumulating, group,
+        nn::DdpOptions{.find_unused_parameters = true, .gradient_as_bucket_view = view});
+    accumulating->use_head = true;
+    {
+      auto guard = acc.no_sync();
+      loss_of(acc, shard(global, r, n)).backward();
+    }
+    accumulating->use_head = r == 0;
+    loss_of(acc, shard(second, r, n)).backward();
+    const std::string what = fmt::format("head accumulated under no_sync, then used on rank 0 "
+                                         "only (gradient_as_bucket_view {})", view);
+    c.close(what, accumulating->head->weight.grad(), want, 1e-5);
+    c.identical_across_ranks(what, {accumulating->head->weight.grad()});
+  }
 }
 
 void check_hooks(Checks& c, const std::shared_ptr<lc::ProcessGroup>& group) {

@@ -23,7 +23,7 @@ void require_every_rank_ok(const lt::ProcessResult& result, int ranks) {
   INFO(lt::describe(result) << "\n" << result.output);
   REQUIRE(result.ok());
   for (int r = 0; r < ranks; ++r) {
-    REQUIRE(result.output.find(fmt::format("ddp_worker rank {}/{}: OK (46 checks)", r, ranks)) !=
+    REQUIRE(result.output.find(fmt::format("ddp_worker rank {}/{}: OK (50 checks)", r, ranks)) !=
             std::string::npos);
   }
 }
