@@ -20,40 +20,53 @@ namespace {
 
 using detail::with_flag;
 
-// Coefficients worked out in double once per step, then rounded to T, as
-// PyTorch passes Python floats to its CPU kernels.
-template <class T>
+// Coefficients worked out in double once per step, then rounded to the
+// compute type, as PyTorch passes Python floats to its CPU kernels.
+template <class C>
 struct Coeffs {
-  T decay;            // AdamW: 1 - lr * weight_decay
-  T weight_decay;     // Adam: L2 term added to the gradient
-  T beta1, one_minus_beta1, beta2, one_minus_beta2;
-  T bias_correction2_sqrt, eps, neg_step_size;
+  C decay;            // AdamW: 1 - lr * weight_decay
+  C weight_decay;     // Adam: L2 term added to the gradient
+  C beta1, one_minus_beta1, beta2, one_minus_beta2;
+  C bias_correction2_sqrt, eps, neg_step_size;
 };
 
 // One pass over a parameter, adam.h's rule fused per element, each line in
 // the order of PyTorch's single-tensor ops (mul_ then add_, addcmul_,
-// sqrt / c + eps, addcdiv_) so f32 results follow the same roundings.
+// sqrt / c + eps, addcdiv_) so f32 and f64 results follow the same
+// roundings. Arithmetic is in C = compute_t<T>: bf16 and f16 values are
+// loaded into float and rounded once when stored, as PyTorch's fused kernels
+// do.
 template <class T, bool kL2, bool kDecoupled, bool kAmsgrad, bool kMaximize>
 void adam_update(T* __restrict__ p, const T* __restrict__ grad, T* __restrict__ m,
-                 T* __restrict__ v, T* __restrict__ vmax, int64_t n, const Coeffs<T>& c) {
+                 T* __restrict__ v, T* __restrict__ vmax, int64_t n,
+                 const Coeffs<runtime::compute_t<T>>& c) {
+  using C = runtime::compute_t<T>;
   for (int64_t i = 0; i < n; ++i) {
-    T g = kMaximize ? -grad[i] : grad[i];
-    if constexpr (kDecoupled) p[i] = p[i] * c.decay;
-    if constexpr (kL2) g = g + c.weight_decay * p[i];
-    m[i] = m[i] * c.beta1 + c.one_minus_beta1 * g;
-    v[i] = v[i] * c.beta2 + c.one_minus_beta2 * g * g;
-    T second = v[i];
+    C g = static_cast<C>(grad[i]);
+    if constexpr (kMaximize) g = -g;
+    C pi = static_cast<C>(p[i]);
+    if constexpr (kDecoupled) pi = pi * c.decay;
+    if constexpr (kL2) g = g + c.weight_decay * pi;
+    const C mi = static_cast<C>(m[i]) * c.beta1 + c.one_minus_beta1 * g;
+    const C vi = static_cast<C>(v[i]) * c.beta2 + c.one_minus_beta2 * g * g;
+    m[i] = static_cast<T>(mi);
+    v[i] = static_cast<T>(vi);
+    C second = vi;
     if constexpr (kAmsgrad) {
-      vmax[i] = vmax[i] < v[i] ? v[i] : vmax[i];
-      second = vmax[i];
+      // torch.maximum: NaN when either is (a plain max keeps or drops it by
+      // the order of the operands).
+      const C old = static_cast<C>(vmax[i]);
+      second = old < vi || std::isnan(vi) ? vi : old;
+      vmax[i] = static_cast<T>(second);
     }
-    const T denom = std::sqrt(second) / c.bias_correction2_sqrt + c.eps;
-    p[i] = p[i] + c.neg_step_size * m[i] / denom;
+    const C denom = std::sqrt(second) / c.bias_correction2_sqrt + c.eps;
+    p[i] = static_cast<T>(pi + c.neg_step_size * mi / denom);
   }
 }
 
 template <class T>
-void adam_dispatch(T* p, const T* grad, T* m, T* v, T* vmax, int64_t n, const Coeffs<T>& c,
+void adam_dispatch(T* p, const T* grad, T* m, T* v, T* vmax, int64_t n,
+                   const Coeffs<runtime::compute_t<T>>& c,
                    bool l2, bool decoupled, bool amsgrad, bool maximize) {
   with_flag(l2, [&](auto l2f) {
     with_flag(decoupled, [&](auto dec) {
@@ -67,14 +80,12 @@ void adam_dispatch(T* p, const T* grad, T* m, T* v, T* vmax, int64_t n, const Co
   });
 }
 
-// The state tensor `key` of a parameter: created zero-filled on first use,
-// made contiguous (and kept so) otherwise.
-Tensor state_tensor(std::map<std::string, Tensor>& st, const char* key, const Tensor& param) {
-  auto it = st.find(key);
-  Tensor t = it == st.end() ? Tensor::zeros(param.shape(), param.dtype(), param.device())
-                            : it->second.contiguous();
-  st[key] = t;
-  return t;
+// The state tensor `key` of a parameter, made contiguous; zero-filled when
+// the parameter has none yet. The caller keeps it in the state.
+Tensor state_tensor(const std::map<std::string, Tensor>& st, const char* key, const Tensor& param) {
+  const Tensor* saved = detail::find_entry(&st, key);
+  return saved == nullptr ? Tensor::zeros(param.shape(), param.dtype(), param.device())
+                          : saved->contiguous();
 }
 
 }  // namespace
@@ -138,13 +149,24 @@ void Adam::validate(const GroupOptions& options) const {
 
 void Adam::step() {
   NoGradGuard no_grad;
-  // Everything that can refuse the step is checked before anything changes.
-  for (auto& group : groups_) {
+  // Everything that can refuse the step is checked before anything changes:
+  // the options, and every parameter with a gradient and its state.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    auto& group = groups_[g];
     validate(group.options);  // a scheduler or the user may have edited them
-    for (auto& param : group.params) {
-      if (!param.grad().defined() || param.device().is_cpu()) continue;
+    const bool amsgrad = AdamOptions::from_map(group.options).amsgrad;
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      const Tensor& param = group.params[i];
+      if (!param.grad().defined()) continue;
+      const auto* state = find_state(param);
+      if (amsgrad)
+        detail::check_step_inputs(name_, g, i, param, state,
+                                  {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
+      else
+        detail::check_step_inputs(name_, g, i, param, state, {"step", "exp_avg", "exp_avg_sq"});
+      if (param.device().is_cpu()) continue;
       runtime::check_fusable(name_.c_str(), "parameter", param);
-      runtime::check_fusable_state(name_.c_str(), find_state(param),
+      runtime::check_fusable_state(name_.c_str(), state,
                                    {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"});
     }
   }
@@ -163,11 +185,16 @@ void Adam::step() {
       auto& st = state_of(param);
       // "step" as PyTorch keeps it: a 0-dim f32 tensor (on the CPU) counting
       // steps taken.
-      auto step_it = st.find("step");
-      const double step = (step_it == st.end() ? 0.0 : step_it->second.item()) + 1.0;
+      const Tensor* saved_step = detail::find_entry(&st, "step");
+      const double step = (saved_step == nullptr ? 0.0 : saved_step->item()) + 1.0;
       Tensor m = state_tensor(st, "exp_avg", param);
       Tensor v = state_tensor(st, "exp_avg_sq", param);
       Tensor vmax = o.amsgrad ? state_tensor(st, "max_exp_avg_sq", param) : Tensor{};
+      const auto keep_moments = [&] {
+        st["exp_avg"] = m;
+        st["exp_avg_sq"] = v;
+        if (vmax.defined()) st["max_exp_avg_sq"] = vmax;
+      };
 
       const double bias_correction1 = 1.0 - std::pow(o.beta1, step);
       const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
@@ -198,22 +225,23 @@ void Adam::step() {
         // Written through raw pointers: bump the versions as in-place ops would.
         for (const Tensor* t : {&param, &m, &v, &vmax})
           if (t->defined()) t->storage()->bump_version();
+        keep_moments();  // zero-filled if new: as for a parameter not yet stepped
         counted.emplace_back(&st, step);
         continue;
       }
-      st["step"] = Tensor::scalar(step, runtime::DType::f32);
       Tensor p = param.contiguous();
-      runtime::dispatch_float(p.dtype(), "Adam.step", [&](auto tag) {
+      runtime::dispatch_floating(p.dtype(), "Adam.step", [&](auto tag) {
         using T = decltype(tag);
-        const Coeffs<T> c{.decay = static_cast<T>(1.0 - o.lr * o.weight_decay),
-                          .weight_decay = static_cast<T>(o.weight_decay),
-                          .beta1 = static_cast<T>(o.beta1),
-                          .one_minus_beta1 = static_cast<T>(1.0 - o.beta1),
-                          .beta2 = static_cast<T>(o.beta2),
-                          .one_minus_beta2 = static_cast<T>(1.0 - o.beta2),
-                          .bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2)),
-                          .eps = static_cast<T>(o.eps),
-                          .neg_step_size = static_cast<T>(-(o.lr / bias_correction1))};
+        using C = runtime::compute_t<T>;
+        const Coeffs<C> c{.decay = static_cast<C>(1.0 - o.lr * o.weight_decay),
+                          .weight_decay = static_cast<C>(o.weight_decay),
+                          .beta1 = static_cast<C>(o.beta1),
+                          .one_minus_beta1 = static_cast<C>(1.0 - o.beta1),
+                          .beta2 = static_cast<C>(o.beta2),
+                          .one_minus_beta2 = static_cast<C>(1.0 - o.beta2),
+                          .bias_correction2_sqrt = static_cast<C>(std::sqrt(bias_correction2)),
+                          .eps = static_cast<C>(o.eps),
+                          .neg_step_size = static_cast<C>(-(o.lr / bias_correction1))};
         adam_dispatch<T>(p.data_ptr<T>(), grad.data_ptr<T>(), m.data_ptr<T>(), v.data_ptr<T>(),
                          vmax.defined() ? vmax.data_ptr<T>() : nullptr, p.numel(), c,
                          decay && !decoupled_weight_decay_, decay && decoupled_weight_decay_,
@@ -225,6 +253,10 @@ void Adam::step() {
       v.storage()->bump_version();
       if (vmax.defined()) vmax.storage()->bump_version();
       if (!p.is_same(param)) param.copy_(p);
+      // Kept once the update ran: a step that throws leaves no count or
+      // moments of a step not taken.
+      keep_moments();
+      st["step"] = Tensor::scalar(step, runtime::DType::f32);
     }
   }
   on_device.launch();

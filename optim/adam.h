@@ -12,8 +12,9 @@
 //   p   = p - lr / (1 - beta1^t) * m / denom
 //
 // State per parameter, under PyTorch's names: "step" (a 0-dim f32 tensor),
-// "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad. Parameters whose
-// gradient is undefined are skipped (their state too).
+// "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad (max as
+// torch.maximum: NaN if either is). Parameters whose gradient is undefined are
+// skipped (their state too).
 #pragma once
 
 #include <vector>
@@ -41,7 +42,10 @@ class Adam : public Optimizer {
   explicit Adam(std::vector<ParamGroup> groups, AdamOptions defaults = {});
 
   // In place: on the CPU one fused loop per parameter over its contiguous
-  // data; on CUDA one kernel launch for all parameters of a device.
+  // data (f32 and f64 computed in their own type, bf16 and f16 in f32 and
+  // rounded once when stored, as PyTorch's fused kernels); on CUDA one kernel
+  // launch for all parameters of a device (f32). Every parameter, gradient
+  // and buffer is checked first: a step that throws has changed nothing.
   void step() override;
 
  protected:

@@ -20,40 +20,71 @@ std::string base_lr_key(size_t group) { return fmt::format("base_lr.{}", group);
 
 const std::string kOptionPrefix = "option.";
 
+// A state's "base_lr.0", "base_lr.1", ...
+std::vector<double> saved_base_lrs(const SchedulerState& state) {
+  std::vector<double> base;
+  while (state.contains(base_lr_key(base.size()))) base.push_back(state.at(base_lr_key(base.size())));
+  return base;
+}
+
 }  // namespace
 
 // ---- LRScheduler --------------------------------------------------------------
 
 LRScheduler::LRScheduler(std::string name, Optimizer& optimizer)
-    : name_(std::move(name)), optimizer_(optimizer) {
+    : name_(std::move(name)), optimizer_(optimizer), slot_(optimizer.scheduler_) {
+  LOCKSTEP_CHECK(slot_->empty(),
+                 "{}: this {} already has an LR scheduler, {}; an optimizer takes one at a time. "
+                 "Each sets \"lr\" to its own schedule's value, so two would overwrite each "
+                 "other rather than chain as PyTorch's do. For warmup then cosine decay use "
+                 "WarmupCosineLR; to run one schedule after another, destroy the first scheduler "
+                 "before making the next (it starts from the rates the first left)",
+                 name_, optimizer.name(), *slot_);
   for (const auto& group : optimizer_.param_groups()) {
     auto it = group.options.find("lr");
     LOCKSTEP_CHECK(it != group.options.end(), "{}: the optimizer's parameter groups have no \"lr\"",
                    name_);
     base_lrs_.push_back(it->second);
   }
+  *slot_ = name_;  // last: the destructor, which frees it, runs only from here on
 }
+
+LRScheduler::~LRScheduler() { slot_->clear(); }
 
 void LRScheduler::start() { step(); }
 
-void LRScheduler::step() {
-  ++last_epoch_;
-  apply();
-}
+void LRScheduler::step() { apply(last_epoch_ + 1, base_lrs_); }
 
-void LRScheduler::apply() {
-  auto& groups = optimizer_.param_groups();
-  LOCKSTEP_CHECK(groups.size() == base_lrs_.size(),
+std::vector<GroupOptions> LRScheduler::options_at(int64_t epoch,
+                                                  const std::vector<double>& base) const {
+  const auto& groups = optimizer_.param_groups();
+  LOCKSTEP_CHECK(groups.size() == base.size(),
                  "{}: the optimizer has {} parameter group(s) but the scheduler was made for {}; "
                  "make the scheduler after adding every group",
-                 name_, groups.size(), base_lrs_.size());
-  last_lr_.clear();
+                 name_, groups.size(), base.size());
+  std::vector<GroupOptions> out;
+  out.reserve(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
-    const double lr = lr_at(last_epoch_, base_lrs_[g]);
-    groups[g].options["lr"] = lr;
-    apply_extra(last_epoch_, groups[g].options);
-    last_lr_.push_back(lr);
+    GroupOptions options = groups[g].options;
+    options["lr"] = lr_at(epoch, base[g]);
+    apply_extra(epoch, options);
+    out.push_back(std::move(options));
   }
+  return out;
+}
+
+void LRScheduler::apply(int64_t epoch, std::vector<double> base) {
+  std::vector<GroupOptions> options = options_at(epoch, base);  // may throw: nothing changed yet
+  auto& groups = optimizer_.param_groups();
+  std::vector<double> lrs;
+  lrs.reserve(options.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    lrs.push_back(options[g].at("lr"));
+    groups[g].options = std::move(options[g]);
+  }
+  last_lr_ = std::move(lrs);
+  base_lrs_ = std::move(base);
+  last_epoch_ = epoch;
 }
 
 SchedulerState LRScheduler::state_dict() const {
@@ -65,7 +96,7 @@ SchedulerState LRScheduler::state_dict() const {
 
 void LRScheduler::check_state_dict(const SchedulerState& state) const {
   auto epoch = state.find("last_epoch");
-  LOCKSTEP_CHECK(epoch != state.end() && epoch->second >= -1 &&
+  LOCKSTEP_CHECK(epoch != state.end() && epoch->second >= -1 && epoch->second < 0x1p62 &&
                      epoch->second == std::floor(epoch->second),
                  "{}.load_state_dict: the state has no valid \"last_epoch\"; it is not a "
                  "scheduler state",
@@ -76,6 +107,11 @@ void LRScheduler::check_state_dict(const SchedulerState& state) const {
                  "{}.load_state_dict: the state is for {} parameter group(s), this scheduler's "
                  "optimizer has {}",
                  name_, groups, base_lrs_.size());
+  for (size_t g = 0; g < groups; ++g) {
+    const double base = state.at(base_lr_key(g));
+    LOCKSTEP_CHECK(base >= 0.0, "{}.load_state_dict: the state's \"{}\" is {}; a learning rate "
+                   "is >= 0", name_, base_lr_key(g), base);
+  }
   const SchedulerState mine = options();
   bool any = false;
   for (auto it = state.lower_bound(kOptionPrefix);
@@ -93,22 +129,26 @@ void LRScheduler::check_state_dict(const SchedulerState& state) const {
                    "epochs and steps), or start a new run",
                    name_, key, it->second, own->second);
   }
-  if (!any) return;
-  for (const auto& [key, value] : mine) {
-    LOCKSTEP_CHECK(state.contains(kOptionPrefix + key),
-                   "{}.load_state_dict: the saved schedule has no setting \"{}\" (this one has "
-                   "{:g}); build the scheduler the run was saved with",
-                   name_, key, value);
+  if (any) {
+    for (const auto& [key, value] : mine) {
+      LOCKSTEP_CHECK(state.contains(kOptionPrefix + key),
+                     "{}.load_state_dict: the saved schedule has no setting \"{}\" (this one has "
+                     "{:g}); build the scheduler the run was saved with",
+                     name_, key, value);
+    }
+  }
+  // The schedule must have a value at the saved position (one-cycle's ends
+  // at total_steps): what load_state_dict() then writes.
+  try {
+    options_at(static_cast<int64_t>(epoch->second), saved_base_lrs(state));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}.load_state_dict: {}", name_, e.what()));
   }
 }
 
 void LRScheduler::load_state_dict(const SchedulerState& state) {
   check_state_dict(state);
-  std::vector<double> base;
-  while (state.contains(base_lr_key(base.size()))) base.push_back(state.at(base_lr_key(base.size())));
-  base_lrs_ = std::move(base);
-  last_epoch_ = static_cast<int64_t>(state.at("last_epoch"));
-  apply();
+  apply(static_cast<int64_t>(state.at("last_epoch")), saved_base_lrs(state));
 }
 
 // ---- StepLR, MultiStepLR ----------------------------------------------------------

@@ -10,7 +10,21 @@
 // advances by one. Values come from each schedule's closed form, so a
 // scheduler restored from state_dict() continues exactly where it left off.
 // Edits to a group's "lr" between steps are overwritten by the next step().
+//
+// One scheduler per optimizer at a time: making a second one while the first
+// exists throws. PyTorch lets several schedulers step one optimizer and
+// chains them (each multiplies the current rate by its own factor); here each
+// would write its own closed form and the last one stepped would silently
+// win, so that is refused rather than done differently. To combine
+// schedules:
+//   - warmup then cosine decay: WarmupCosineLR (PyTorch's SequentialLR of
+//     LinearLR and CosineAnnealingLR);
+//   - one schedule after another: destroy the first scheduler, then make the
+//     next, whose base rates are the rates the first left (SequentialLR-like).
+// A scheduler may outlive its optimizer only to be destroyed.
 #pragma once
+
+#include <memory>
 
 #include <cstdint>
 #include <map>
@@ -28,10 +42,12 @@ using SchedulerState = std::map<std::string, double>;
 
 class LRScheduler {
  public:
-  virtual ~LRScheduler() = default;
+  virtual ~LRScheduler();  // the optimizer may take another scheduler then
   LRScheduler(const LRScheduler&) = delete;
   LRScheduler& operator=(const LRScheduler&) = delete;
 
+  // Advances by one and writes the new rates. When the schedule has no value
+  // there (one-cycle past total_steps) it throws and changes nothing.
   void step();
   int64_t last_epoch() const { return last_epoch_; }
   // The learning rate step() last wrote, per group (PyTorch's get_last_lr()).
@@ -42,8 +58,9 @@ class LRScheduler {
 
   SchedulerState state_dict() const;
   // Throws, naming what differs, unless `state` fits this scheduler: a valid
-  // position, one base rate per group, and the same settings (a state
-  // without "option." entries, from an older file, skips that check).
+  // position at which the schedule has a value, one base rate (>= 0) per
+  // group, and the same settings (a state without "option." entries, from an
+  // older file, skips that check).
   void check_state_dict(const SchedulerState& state) const;
   // Restores the position and the base rates and writes the current rates
   // into the optimizer; checks first, and changes nothing when it throws.
@@ -53,7 +70,8 @@ class LRScheduler {
 
  protected:
   // Subclasses call start() at the end of their constructor (after checking
-  // their options), which applies step 0.
+  // their options), which applies step 0. Throws if `optimizer` already has a
+  // scheduler.
   LRScheduler(std::string name, Optimizer& optimizer);
   void start();
   // The schedule's closed form at `epoch` for a group that started at `base_lr`.
@@ -65,11 +83,18 @@ class LRScheduler {
   Optimizer& optimizer_;
 
  private:
-  void apply();
+  // Every group's options at `epoch` for base rates `base`, worked out
+  // without changing anything (throws where the schedule has no value).
+  std::vector<GroupOptions> options_at(int64_t epoch, const std::vector<double>& base) const;
+  // Computes, then writes the options and takes the position and bases.
+  void apply(int64_t epoch, std::vector<double> base);
 
   std::vector<double> base_lrs_;
   std::vector<double> last_lr_;
   int64_t last_epoch_ = -1;
+  // The optimizer's scheduler slot (optimizer.h), holding name_ while this
+  // scheduler lives.
+  std::shared_ptr<std::string> slot_;
 };
 
 // lr = base * gamma^floor(epoch / step_size)           (StepLR)

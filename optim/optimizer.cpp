@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/optim/update_helpers.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
@@ -20,6 +21,78 @@ std::string key_list(const GroupOptions& options) {
 }
 
 }  // namespace
+
+void check_state_entry(std::string_view what, int64_t index, const std::string& key,
+                       const Tensor& value, const Tensor& param) {
+  LOCKSTEP_CHECK(value.defined(), "{}: state \"{}\" of parameter {} is undefined", what, key,
+                 index);
+  if (key == "step") {
+    // A count the update reads as one number.
+    LOCKSTEP_CHECK(value.dim() == 0,
+                   "{}: state \"step\" of parameter {} has shape {}; a step count is a 0-dim "
+                   "tensor",
+                   what, index, runtime::shape_str(value.shape()));
+    return;
+  }
+  // Per-element state (momentum buffers, moments) must match the parameter,
+  // which the update reads and writes element by element; a 0-dim entry only
+  // for a 0-dim parameter.
+  LOCKSTEP_CHECK(value.shape() == param.shape(),
+                 "{}: state \"{}\" of parameter {} has shape {}, the parameter has shape {}", what,
+                 key, index, runtime::shape_str(value.shape()), runtime::shape_str(param.shape()));
+  LOCKSTEP_CHECK(runtime::is_floating(value.dtype()),
+                 "{}: state \"{}\" of parameter {} has dtype {}; per-element optimizer state is "
+                 "floating-point (it is loaded in the parameter's dtype, {})",
+                 what, key, index, runtime::dtype_name(value.dtype()),
+                 runtime::dtype_name(param.dtype()));
+}
+
+namespace detail {
+
+void check_step_inputs(std::string_view optimizer, size_t group, size_t index, const Tensor& param,
+                       const std::map<std::string, Tensor>* state,
+                       std::initializer_list<const char*> keys) {
+  const auto where = [&] { return fmt::format("parameter {} of group {}", index, group); };
+  LOCKSTEP_CHECK(runtime::is_floating(param.dtype()),
+                 "{}.step: {} has dtype {}; only floating-point tensors can be optimized",
+                 optimizer, where(), runtime::dtype_name(param.dtype()));
+  const Tensor grad = param.grad();
+  LOCKSTEP_CHECK(grad.shape() == param.shape() && grad.device() == param.device(),
+                 "{}.step: the gradient of {} has shape {} on {}, the parameter shape {} on {}",
+                 optimizer, where(), runtime::shape_str(grad.shape()), grad.device().str(),
+                 runtime::shape_str(param.shape()), param.device().str());
+  for (int64_t d = 0; d < param.dim(); ++d) {
+    LOCKSTEP_CHECK(param.strides()[d] != 0 || param.shape()[d] <= 1,
+                   "{}.step: {} (shape {}, strides {}) has several elements at one memory "
+                   "location (an expanded tensor); optimize a .clone() of it",
+                   optimizer, where(), runtime::shape_str(param.shape()),
+                   runtime::shape_str(param.strides()));
+  }
+  if (state == nullptr) return;
+  for (const char* key : keys) {
+    const auto it = state->find(key);
+    if (it == state->end()) continue;
+    const Tensor& value = it->second;
+    if (std::string_view(key) == "step") {
+      LOCKSTEP_CHECK(value.defined() && value.numel() == 1,
+                     "{}.step: the state \"step\" of {} is not a single number", optimizer,
+                     where());
+      continue;
+    }
+    LOCKSTEP_CHECK(value.defined() && value.shape() == param.shape() &&
+                       value.dtype() == param.dtype() && value.device() == param.device(),
+                   "{}.step: the state \"{}\" of {} is {} {} on {}, the parameter {} {} on {}; "
+                   "convert a model before making its optimizer (or load the optimizer's "
+                   "state_dict() again, which converts the state to the parameters)",
+                   optimizer, key, where(),
+                   value.defined() ? runtime::dtype_name(value.dtype()) : "undefined",
+                   value.defined() ? runtime::shape_str(value.shape()) : "",
+                   value.defined() ? value.device().str() : "-", runtime::dtype_name(param.dtype()),
+                   runtime::shape_str(param.shape()), param.device().str());
+  }
+}
+
+}  // namespace detail
 
 void Optimizer::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
@@ -118,18 +191,12 @@ void Optimizer::load_state_dict(const OptimizerState& saved) {
     const Tensor& p = *it->second;
     auto& dst = state[p.impl_ptr()];
     for (const auto& [key, value] : entries) {
-      LOCKSTEP_CHECK(value.defined(), "{}.load_state_dict: state \"{}\" of parameter {} is undefined",
-                     name_, key, index);
-      // Per-element state (momentum buffers, moments) must match the
-      // parameter, which the update reads and writes element by element; only
-      // the step count is a scalar.
-      LOCKSTEP_CHECK((key == "step" && value.dim() == 0) || value.shape() == p.shape(),
-                     "{}.load_state_dict: state \"{}\" of parameter {} has shape {}, the "
-                     "parameter has shape {}",
-                     name_, key, index, runtime::shape_str(value.shape()),
-                     runtime::shape_str(p.shape()));
+      check_state_entry(fmt::format("{}.load_state_dict", name_), index, key, value, p);
       Tensor v = value.detach().to(p.device());
-      if (runtime::is_floating(v.dtype()) && value.dim() > 0) v = v.to(p.dtype());
+      // As PyTorch: every floating entry but the step count takes the
+      // parameter's dtype, whatever its rank (a scalar parameter's buffers
+      // are 0-dim too).
+      if (key != "step" && v.dtype() != p.dtype()) v = v.to(p.dtype());
       dst[key] = v.clone();  // never alias the caller's tensors
     }
   }

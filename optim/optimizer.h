@@ -9,7 +9,9 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -63,8 +65,10 @@ class Optimizer {
   // Virtual: a sharded optimizer answers with its consolidated state.
   virtual OptimizerState state_dict() const;
   // Takes the groups' options and clones the state onto the parameters'
-  // dtype and device. The groups must match in count and size; checked first,
-  // nothing changes on error.
+  // device, and every floating entry but "step" onto the parameter's dtype
+  // (PyTorch's rule, 0-dim entries of a scalar parameter included). The groups
+  // must match in count and size, and each entry pass check_state_entry();
+  // checked first, nothing changes on error.
   virtual void load_state_dict(const OptimizerState& saved);
 
  protected:
@@ -88,6 +92,24 @@ class Optimizer {
   // Keyed by the parameter's TensorImpl: identity, as PyTorch keys by the
   // Parameter object (Module::to keeps it).
   std::unordered_map<const runtime::TensorImpl*, std::map<std::string, Tensor>> state_;
+
+  // The name of the LR scheduler that drives this optimizer's "lr", empty
+  // while none does (lr_scheduler.h: one at a time). Shared with that
+  // scheduler, so either may be destroyed first.
+  friend class LRScheduler;
+  std::shared_ptr<std::string> scheduler_ = std::make_shared<std::string>();
 };
+
+// The rule every optimizer state load checks each entry with, before
+// anything changes: `value`, saved as state `key` of parameter `index`
+// (which is `param` here), must be defined; "step" must be a 0-dim count;
+// any other entry is per-element state (a momentum buffer, a moment), which
+// must have the parameter's shape and a floating dtype (it is loaded in the
+// parameter's dtype). Optimizer::load_state_dict runs it on its parameters;
+// ZeroRedundancyOptimizer on every rank against the whole parameters, so
+// that all ranks refuse a state alike. `what` starts the message
+// ("SGD.load_state_dict").
+void check_state_entry(std::string_view what, int64_t index, const std::string& key,
+                       const Tensor& value, const Tensor& param);
 
 }  // namespace lockstep::optim

@@ -24,35 +24,41 @@ struct Coeffs {
 
 // One pass over a parameter, the rule of sgd.h fused per element. The flags
 // are template arguments so each variant is a branch-free loop the compiler
-// can vectorise. Arithmetic is in T with the coefficients rounded to T first,
-// as PyTorch's CPU kernels do (mul_(momentum).add_(g, alpha=1-dampening),
-// then add_(g, alpha=-lr)), so the f32 results follow the same roundings.
+// can vectorise. Arithmetic is in C = compute_t<T> (T itself for f32 and
+// f64, float for bf16 and f16) with the coefficients rounded to C first. For
+// f32 and f64 that is PyTorch's CPU rounding (mul_(momentum).add_(g,
+// alpha=1-dampening), then add_(g, alpha=-lr)); bf16 and f16 values are
+// loaded into float and rounded once when stored, as PyTorch's fused kernels
+// do.
 template <class T, bool kWeightDecay, bool kMomentum, bool kFirst, bool kNesterov>
 void sgd_update(T* __restrict__ p, const T* __restrict__ grad, T* __restrict__ buf, int64_t n,
-                const Coeffs<T>& c) {
+                const Coeffs<runtime::compute_t<T>>& c) {
+  using C = runtime::compute_t<T>;
   const bool maximize = c.maximize;
   for (int64_t i = 0; i < n; ++i) {
-    T d = maximize ? -grad[i] : grad[i];
-    if constexpr (kWeightDecay) d = d + c.weight_decay * p[i];
+    const C pi = static_cast<C>(p[i]);
+    C d = static_cast<C>(grad[i]);
+    if (maximize) d = -d;
+    if constexpr (kWeightDecay) d = d + c.weight_decay * pi;
     if constexpr (kMomentum) {
-      T b;
+      C b;
       if constexpr (kFirst)
         b = d;
       else
-        b = buf[i] * c.momentum + c.one_minus_dampening * d;
-      buf[i] = b;
+        b = static_cast<C>(buf[i]) * c.momentum + c.one_minus_dampening * d;
+      buf[i] = static_cast<T>(b);
       if constexpr (kNesterov)
         d = d + c.momentum * b;
       else
         d = b;
     }
-    p[i] = p[i] + c.neg_lr * d;
+    p[i] = static_cast<T>(pi + c.neg_lr * d);
   }
 }
 
 template <class T>
-void sgd_dispatch(T* p, const T* grad, T* buf, int64_t n, const Coeffs<T>& c, bool weight_decay,
-                  bool momentum, bool first, bool nesterov) {
+void sgd_dispatch(T* p, const T* grad, T* buf, int64_t n, const Coeffs<runtime::compute_t<T>>& c,
+                  bool weight_decay, bool momentum, bool first, bool nesterov) {
   with_flag(weight_decay, [&](auto wd) {
     if (!momentum) {
       sgd_update<T, decltype(wd)::value, false, false, false>(p, grad, buf, n, c);
@@ -159,14 +165,20 @@ void SGD::validate(const GroupOptions& options) const {
 
 void SGD::step() {
   NoGradGuard no_grad;
-  // Everything that can refuse the step is checked before anything changes.
-  for (auto& group : groups_) {
+  // Everything that can refuse the step is checked before anything changes:
+  // the options, and every parameter with a gradient and its buffer.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    auto& group = groups_[g];
     validate(group.options);  // a scheduler or the user may have edited them
     const bool momentum = SGDOptions::from_map(group.options).momentum != 0.0;
-    for (auto& param : group.params) {
-      if (!param.grad().defined() || param.device().is_cpu()) continue;
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      const Tensor& param = group.params[i];
+      if (!param.grad().defined()) continue;
+      const auto* state = momentum ? find_state(param) : nullptr;
+      detail::check_step_inputs("SGD", g, i, param, state, {"momentum_buffer"});
+      if (param.device().is_cpu()) continue;
       runtime::check_fusable("SGD", "parameter", param);
-      if (momentum) runtime::check_fusable_state("SGD", find_state(param), {"momentum_buffer"});
+      runtime::check_fusable_state("SGD", state, {"momentum_buffer"});
     }
   }
   runtime::FusedStep<runtime::SgdTensor> on_device;  // every device parameter, stepped together below
@@ -189,22 +201,18 @@ void SGD::step() {
       Tensor buf;
       bool first = false;
       if (o.momentum != 0.0) {
-        auto& st = state_of(param);
-        auto it = st.find("momentum_buffer");
-        if (it == st.end()) {
-          buf = Tensor::empty(param.shape(), param.dtype(), param.device());
-          first = true;
-        } else {
-          buf = it->second.contiguous();
-        }
-        st["momentum_buffer"] = buf;
+        const Tensor* saved = detail::find_entry(find_state(param), "momentum_buffer");
+        first = saved == nullptr;
+        buf = first ? Tensor::empty(param.shape(), param.dtype(), param.device())
+                    : saved->contiguous();
       }
 
       const int64_t n = p.numel();
-      runtime::dispatch_float(p.dtype(), "SGD.step", [&](auto tag) {
+      runtime::dispatch_floating(p.dtype(), "SGD.step", [&](auto tag) {
         using T = decltype(tag);
-        const Coeffs<T> c{static_cast<T>(-o.lr), static_cast<T>(o.momentum),
-                          static_cast<T>(1.0 - o.dampening), static_cast<T>(o.weight_decay),
+        using C = runtime::compute_t<T>;
+        const Coeffs<C> c{static_cast<C>(-o.lr), static_cast<C>(o.momentum),
+                          static_cast<C>(1.0 - o.dampening), static_cast<C>(o.weight_decay),
                           o.maximize};
         sgd_dispatch<T>(p.data_ptr<T>(), grad.data_ptr<T>(), buf.defined() ? buf.data_ptr<T>() : nullptr,
                         n, c, o.weight_decay != 0.0, o.momentum != 0.0, first, o.nesterov);
@@ -214,6 +222,8 @@ void SGD::step() {
       p.storage()->bump_version();
       if (buf.defined()) buf.storage()->bump_version();
       if (!p.is_same(param)) param.copy_(p);
+      // Kept once written: a buffer made for the step is never left unfilled.
+      if (buf.defined()) state_of(param)["momentum_buffer"] = buf;
     }
   }
   on_device.launch();

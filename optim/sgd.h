@@ -38,7 +38,10 @@ class SGD : public Optimizer {
   explicit SGD(std::vector<ParamGroup> groups, SGDOptions defaults = {});
 
   // In place: on the CPU one fused loop per parameter over its contiguous
-  // data; on CUDA one kernel launch for all parameters of a device.
+  // data (f32 and f64 computed in their own type, bf16 and f16 in f32 and
+  // rounded once when stored, as PyTorch's fused kernels); on CUDA one kernel
+  // launch for all parameters of a device (f32). Every parameter, gradient
+  // and buffer is checked first: a step that throws has changed nothing.
   void step() override;
 
  protected:

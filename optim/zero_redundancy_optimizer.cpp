@@ -497,12 +497,9 @@ void ZeroRedundancyOptimizer::load_state_dict(const OptimizerState& full) {
                    "{}: the saved state is for parameter {}, which no saved parameter group lists",
                    what, number);
     const Tensor& p = all_params_[static_cast<size_t>(it->second)];
-    for (const auto& [key, value] : entries) {
-      LOCKSTEP_CHECK(value.defined() && (value.dim() == 0 || value.shape() == p.shape()),
-                     "{}: state \"{}\" of parameter {} is undefined or has the wrong shape (the "
-                     "parameter has shape {})",
-                     what, key, number, runtime::shape_str(p.shape()));
-    }
+    // The inner optimizer's rule, against the whole parameter (a cut
+    // piece's share of an entry passes it too): only its owner loads it.
+    for (const auto& [key, value] : entries) check_state_entry(what, number, key, value, p);
   }
   const std::vector<ParamGroup> before = groups_;
   probe_->load_state_dict(check);  // validates the options (keys missing keep their value)

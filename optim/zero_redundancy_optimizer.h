@@ -105,7 +105,10 @@ class ZeroRedundancyOptimizer : public Optimizer {
   OptimizerState state_dict() const override;
   // Takes a full state (from state_dict(), or of the plain optimizer over the
   // same groups); keeps this rank's pieces of it (elementwise state cut to
-  // each piece's range, 0-dim entries copied). On every rank; local.
+  // each piece's range, 0-dim entries copied). Every entry is first checked
+  // on every rank against its whole parameter (check_state_entry in
+  // optimizer.h, the inner optimizer's rule), so the ranks refuse a state
+  // alike. On every rank; local.
   void load_state_dict(const OptimizerState& full) override;
 
   void add_param_group(ParamGroup group) override;  // throws: not supported

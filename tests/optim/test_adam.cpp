@@ -3,11 +3,17 @@
 // run, skipped parameters, f64, and option checks.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "lockstep/optim/adam.h"
+#include "lockstep/runtime/autograd/rebind.h"
 #include "lockstep/runtime/random.h"
+#include "support/test_util.h"
 
 using namespace lockstep::optim;
 using lockstep::runtime::DType;
+using lockstep::testing::bitwise_equal;
+using lockstep::testing::error_of;
 using Catch::Contains;
 
 namespace {
@@ -105,4 +111,90 @@ TEST_CASE("Adam rejects invalid options", "[optim][adam]") {
   opt.param_groups()[0].options["lr"] = std::nan("");
   set_grad(p, 1.0);
   CHECK_THROWS_WITH(opt.step(), Contains("invalid learning rate nan"));
+}
+
+TEST_CASE("Adam refuses a step it cannot finish before changing anything", "[optim][adam]") {
+  Tensor a = param(), b = param();
+  Adam opt({a, b}, {.lr = 0.1});
+  set_grad(a, 1.0);
+  set_grad(b, 1.0);
+  opt.step();
+  const auto a_before = a.to_vector<double>();
+  const Tensor m_before = opt.state_dict().state.at(0).at("exp_avg").clone();
+
+  // Module::to(f64) after a step: the parameter changes dtype, its moments not.
+  lockstep::runtime::rebind(b, b.detach().to(DType::f64));
+  set_grad(a, 1.0);
+  set_grad(b, 1.0);
+  CHECK_THAT(error_of([&] { opt.step(); }),
+             Contains("Adam.step: the state \"exp_avg\" of parameter 1 of group 0 is f32"));
+  CHECK(a.to_vector<double>() == a_before);
+  const OptimizerState after = opt.state_dict();
+  CHECK(after.state.at(0).at("step").item() == 1);  // no count of a step not taken
+  CHECK(bitwise_equal(after.state.at(0).at("exp_avg"), m_before));
+
+  opt.load_state_dict(opt.state_dict());  // converts the moments to the parameters
+  opt.step();
+  CHECK(opt.state_dict().state.at(1).at("exp_avg").dtype() == DType::f64);
+  CHECK(opt.state_dict().state.at(1).at("step").item() == 2);
+}
+
+TEST_CASE("Adam steps bf16 and f16 parameters on the CPU in f32, rounding once", "[optim][adam]") {
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (bool decoupled : {false, true}) {
+      INFO(lockstep::runtime::dtype_name(dtype) << (decoupled ? " AdamW" : " Adam"));
+      const AdamOptions o{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true};
+      AdamWOptions w;
+      w.lr = 0.01;
+      w.amsgrad = true;
+      Tensor low = Tensor::from_vector(std::vector<float>{1.0f, -2.0f, 0.5f, 3.0f}, {4}).to(dtype);
+      low.requires_grad_();
+      // The twin holds the same values in f32 and takes the same steps: its
+      // results, rounded, are the low-precision run's bit for bit.
+      Tensor twin = low.detach().to(DType::f32);
+      twin.requires_grad_();
+      std::unique_ptr<Optimizer> opt_low, opt_twin;
+      if (decoupled) {
+        opt_low = std::make_unique<AdamW>(std::vector<Tensor>{low}, w);
+        opt_twin = std::make_unique<AdamW>(std::vector<Tensor>{twin}, w);
+      } else {
+        opt_low = std::make_unique<Adam>(std::vector<Tensor>{low}, o);
+        opt_twin = std::make_unique<Adam>(std::vector<Tensor>{twin}, o);
+      }
+      for (int i = 0; i < 4; ++i) {
+        const float s = i % 2 == 0 ? 1.0f : -0.25f;
+        Tensor g = Tensor::from_vector(std::vector<float>{0.3f * s, -0.7f, 1.1f * s, 0.01f}, {4})
+                       .to(dtype);
+        low.set_grad(g);
+        twin.set_grad(g.to(DType::f32));
+        opt_low->step();
+        opt_twin->step();
+        CHECK(bitwise_equal(low, twin.detach().to(dtype)));
+        const OptimizerState sd_low = opt_low->state_dict(), sd_twin = opt_twin->state_dict();
+        const auto& st_low = sd_low.state.at(0);
+        const auto& st_twin = sd_twin.state.at(0);
+        for (const char* key : {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}) {
+          CHECK(st_low.at(key).dtype() == dtype);
+          CHECK(bitwise_equal(st_low.at(key), st_twin.at(key).to(dtype)));
+        }
+        // The twin goes on from the rounded values the low run holds.
+        twin.detach().copy_(low.detach().to(DType::f32));
+        opt_twin->load_state_dict(opt_low->state_dict());
+      }
+    }
+  }
+}
+
+TEST_CASE("Adam's amsgrad maximum keeps a NaN, as torch.maximum", "[optim][adam]") {
+  Tensor p = Tensor::ones({2});
+  p.requires_grad_();
+  Adam opt({p}, {.lr = 0.1, .amsgrad = true});
+  p.set_grad(Tensor::ones({2}));
+  opt.step();
+  p.set_grad(Tensor::from_vector(std::vector<float>{NAN, 1.0f}, {2}));
+  opt.step();
+  const auto vmax = opt.state_dict().state.at(0).at("max_exp_avg_sq").to_vector<float>();
+  CHECK(std::isnan(vmax[0]));
+  CHECK_FALSE(std::isnan(vmax[1]));
+  CHECK(std::isnan(p.to_vector<float>()[0]));
 }

@@ -3,6 +3,8 @@
 // rates, and bad options and states fail with clear messages.
 #include <catch2/catch.hpp>
 
+#include <memory>
+
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/lr_scheduler.h"
 #include "lockstep/optim/sgd.h"
@@ -62,7 +64,65 @@ TEST_CASE("One-cycle cycles beta1 for Adam and refuses to run past its steps",
   OneCycleLR sched(opt, {.max_lr = 1.0, .total_steps = 10});
   CHECK(opt.param_groups()[0].options.at("beta1") == Approx(0.95));
   for (int i = 0; i < 10; ++i) sched.step();  // step 10 == total_steps is allowed
+  const double lr_before = lr(opt), beta1_before = opt.param_groups()[0].options.at("beta1");
   CHECK_THROWS_WITH(sched.step(), Contains("stepped 11 times but total_steps is 10"));
+  // The refused step changed nothing.
+  CHECK(sched.last_epoch() == 10);
+  CHECK(sched.last_lr() == std::vector<double>{lr_before});
+  CHECK(lr(opt) == lr_before);
+  CHECK(opt.param_groups()[0].options.at("beta1") == beta1_before);
+
+  // Its state goes on where it stopped; one past the end is refused on load,
+  // before anything changes.
+  SchedulerState saved = sched.state_dict();
+  Adam other({param()}, {.lr = 0.1});
+  OneCycleLR resumed(other, {.max_lr = 1.0, .total_steps = 10});
+  const double start = lr(other);
+  saved["last_epoch"] = 11;
+  CHECK_THROWS_WITH(resumed.check_state_dict(saved), Contains("total_steps is 10"));
+  CHECK_THROWS_WITH(resumed.load_state_dict(saved), Contains("OneCycleLR.load_state_dict") &&
+                                                        Contains("total_steps is 10"));
+  CHECK(resumed.last_epoch() == 0);
+  CHECK(lr(other) == start);
+  saved["last_epoch"] = 10;
+  resumed.load_state_dict(saved);
+  CHECK(lr(other) == lr_before);
+}
+
+TEST_CASE("An optimizer takes one LR scheduler at a time", "[optim][lr_scheduler]") {
+  Tensor p = param();
+  SGD opt({p}, {.lr = 1.0});
+  {
+    LinearLR warmup(opt, {.start_factor = 0.5, .end_factor = 1.0, .total_steps = 2});
+    CHECK(lr(opt) == 0.5);
+    // PyTorch would chain the two (0.075, 0.01, ... below); lockstep's
+    // schedulers each write their closed form, so the second is refused
+    // rather than silently overriding the first.
+    CHECK_THROWS_WITH(StepLR(opt, {.step_size = 1, .gamma = 0.1}),
+                      Contains("StepLR: this SGD already has an LR scheduler, LinearLR") &&
+                          Contains("WarmupCosineLR") && Contains("destroy the first scheduler"));
+    CHECK(lr(opt) == 0.5);  // the refused one wrote nothing
+    warmup.step();
+    warmup.step();
+    CHECK(lr(opt) == 1.0);
+  }
+  // Once the warmup is gone, a decay starts from the rate it left.
+  StepLR decay(opt, {.step_size = 1, .gamma = 0.1});
+  CHECK(decay.base_lrs() == std::vector<double>{1.0});
+  decay.step();
+  CHECK(lr(opt) == Approx(0.1));
+
+  // A refused scheduler, or one whose own options are refused, holds nothing.
+  Tensor q = param();
+  SGD other({q}, {.lr = 1.0});
+  CHECK_THROWS_WITH(StepLR(other, {.step_size = 0}), Contains("step_size 0 must be >= 1"));
+  StepLR fine(other, {.step_size = 1});
+
+  // A scheduler may outlive its optimizer to be destroyed.
+  auto owner = std::make_unique<SGD>(std::vector<Tensor>{param()}, SGDOptions{.lr = 1.0});
+  auto sched = std::make_unique<CosineLR>(*owner, CosineLROptions{.t_max = 4});
+  owner.reset();
+  sched.reset();
 }
 
 TEST_CASE("Schedulers reject bad options and foreign states", "[optim][lr_scheduler]") {
@@ -78,6 +138,11 @@ TEST_CASE("Schedulers reject bad options and foreign states", "[optim][lr_schedu
   CHECK_THROWS_WITH(sched.load_state_dict({{"base_lr.0", 0.1}}), Contains("last_epoch"));
   CHECK_THROWS_WITH(sched.load_state_dict({{"last_epoch", 3}, {"base_lr.0", 0.1}, {"base_lr.1", 0.1}}),
                     Contains("2 parameter group(s)"));
+  CHECK_THROWS_WITH(sched.load_state_dict({{"last_epoch", 3}, {"base_lr.0", -0.1}}),
+                    Contains("\"base_lr.0\" is -0.1"));
+  CHECK_THROWS_WITH(sched.load_state_dict({{"last_epoch", 1e300}, {"base_lr.0", 0.1}}),
+                    Contains("last_epoch"));
+  CHECK(sched.last_epoch() == 0);
 }
 
 TEST_CASE("A scheduler refuses a state saved with other settings, and changes nothing",
@@ -97,9 +162,9 @@ TEST_CASE("A scheduler refuses a state saved with other settings, and changes no
   CHECK(longer.last_epoch() == 0);
   CHECK(lr(b) == before);
 
-  SGD c({param()}, {.lr = 0.2});
+  SGD c({param()}, {.lr = 0.2}), d({param()}, {.lr = 0.2});
   MultiStepLR multi(c, {.milestones = {3, 6}});
-  SchedulerState other = MultiStepLR(c, {.milestones = {3, 8}}).state_dict();
+  SchedulerState other = MultiStepLR(d, {.milestones = {3, 8}}).state_dict();
   CHECK_THROWS_WITH(multi.load_state_dict(other), Contains("milestone.1 = 8, this one has 6"));
   CHECK_THROWS_WITH(multi.load_state_dict(saved), Contains("setting \"eta_min\""));
 

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "lockstep/optim/sgd.h"
+#include "lockstep/runtime/autograd/rebind.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
 #include "support/test_util.h"
@@ -318,4 +319,101 @@ TEST_CASE("SGD load_state_dict checks the groups and the state shapes", "[optim]
   CHECK_THAT(error_of([&] { victim.load_state_dict(scalar_buffer); }),
              Contains("state \"momentum_buffer\" of parameter 0 has shape [], the parameter has "
                       "shape [2]"));
+}
+
+TEST_CASE("SGD load_state_dict converts a scalar parameter's buffer and refuses unusable state",
+          "[optim][sgd]") {
+  // A learnable scalar, stepped in f64, its state loaded over an f32 one:
+  // PyTorch converts every floating entry but "step", 0-dim ones included.
+  Tensor s64 = Tensor::scalar(1.0, DType::f64);
+  s64.requires_grad_();
+  SGD src({s64}, {.lr = 0.1, .momentum = 0.9});
+  s64.set_grad(Tensor::scalar(1.0, DType::f64));
+  src.step();
+
+  Tensor s32 = Tensor::scalar(1.0, DType::f32);
+  s32.requires_grad_();
+  SGD dst({s32}, {.lr = 0.1, .momentum = 0.9});
+  dst.load_state_dict(src.state_dict());
+  CHECK(dst.state_dict().state.at(0).at("momentum_buffer").dtype() == DType::f32);
+  s32.set_grad(Tensor::scalar(1.0, DType::f32));
+  dst.step();  // buf = 0.9 * 1 + 1 = 1.9; p = 1 - 0.19
+  CHECK(s32.item() == Approx(0.81).epsilon(1e-6));
+
+  // Per-element state of an integer dtype cannot be the parameter's.
+  Tensor a = param({1.0, 2.0});
+  SGD opt({a}, {.lr = 0.1, .momentum = 0.9});
+  OptimizerState ints;
+  ints.param_groups.push_back({{}, {0}});
+  ints.state[0]["momentum_buffer"] = Tensor::zeros({2}, DType::i64);
+  CHECK_THAT(error_of([&] { opt.load_state_dict(ints); }),
+             Contains("state \"momentum_buffer\" of parameter 0 has dtype i64"));
+  // A step count is one number.
+  OptimizerState steps;
+  steps.param_groups.push_back({{}, {0}});
+  steps.state[0]["step"] = Tensor::zeros({2});
+  CHECK_THAT(error_of([&] { opt.load_state_dict(steps); }),
+             Contains("state \"step\" of parameter 0 has shape [2]"));
+  CHECK(opt.state_dict().state.empty());
+}
+
+TEST_CASE("SGD refuses a step it cannot finish before changing anything", "[optim][sgd]") {
+  Tensor a = param({1.0, 2.0}), b = param({3.0, 4.0});
+  SGD opt({a, b}, {.lr = 0.1, .momentum = 0.9});
+  set_grad(a, {1.0, 1.0});
+  set_grad(b, {1.0, 1.0});
+  opt.step();
+  const OptimizerState before = opt.state_dict();
+  const auto a_before = a.to_vector<double>();
+  const Tensor buf_before = before.state.at(0).at("momentum_buffer").clone();
+
+  // What Module::to(f32) does after some steps: the parameter changes dtype
+  // in place (the optimizer still holds it), its f64 buffer does not.
+  lockstep::runtime::rebind(b, b.detach().to(DType::f32));
+  b.set_grad(Tensor::ones({2}, DType::f32));
+  set_grad(a, {1.0, 1.0});
+  CHECK_THAT(error_of([&] { opt.step(); }),
+             Contains("SGD.step: the state \"momentum_buffer\" of parameter 1 of group 0 is f64") &&
+                 Contains("the parameter f32"));
+  CHECK(a.to_vector<double>() == a_before);  // the first parameter was not stepped
+  CHECK(bitwise_equal(opt.state_dict().state.at(0).at("momentum_buffer"), buf_before));
+
+  // Loading the optimizer's own state converts it to the parameters.
+  opt.load_state_dict(opt.state_dict());
+  opt.step();
+  CHECK(opt.state_dict().state.at(1).at("momentum_buffer").dtype() == DType::f32);
+  CHECK(a.to_vector<double>() != a_before);
+}
+
+TEST_CASE("SGD steps bf16 and f16 parameters on the CPU in f32, rounding once", "[optim][sgd]") {
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (bool nesterov : {false, true}) {
+      INFO(lockstep::runtime::dtype_name(dtype) << (nesterov ? " nesterov" : ""));
+      const SGDOptions o{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = nesterov};
+      Tensor low = Tensor::from_vector(std::vector<float>{1.0f, -2.0f, 0.5f, 3.0f}, {4}).to(dtype);
+      low.requires_grad_();
+      // The twin holds the same values in f32 and takes the same steps: its
+      // results, rounded, are the low-precision run's bit for bit.
+      Tensor twin = low.detach().to(DType::f32);
+      twin.requires_grad_();
+      SGD opt_low({low}, o), opt_twin({twin}, o);
+      for (int i = 0; i < 4; ++i) {
+        Tensor g =
+            (Tensor::from_vector(std::vector<float>{0.3f, -0.7f, 1.1f, 0.01f}, {4}) * (i + 1.0))
+                .to(dtype);
+        low.set_grad(g);
+        twin.set_grad(g.to(DType::f32));
+        opt_low.step();
+        opt_twin.step();
+        CHECK(bitwise_equal(low, twin.detach().to(dtype)));
+        const Tensor buf = opt_low.state_dict().state.at(0).at("momentum_buffer");
+        CHECK(buf.dtype() == dtype);
+        const Tensor twin_buf = opt_twin.state_dict().state.at(0).at("momentum_buffer");
+        CHECK(bitwise_equal(buf, twin_buf.to(dtype)));
+        // The twin goes on from the rounded values the low run holds.
+        twin.detach().copy_(low.detach().to(DType::f32));
+        opt_twin.load_state_dict(opt_low.state_dict());
+      }
+    }
+  }
 }

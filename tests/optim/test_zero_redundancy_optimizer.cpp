@@ -589,6 +589,38 @@ TEST_CASE("ZeroRedundancyOptimizer: clear errors", "[zero][optim]") {
     }, "zero-noncontiguous-whole");
     require_no_problems(whole);
   }
+  SECTION("a state only the owning rank's optimizer would refuse fails on every rank") {
+    for (bool split : {false, true}) {
+      for (int bad = 0; bad < 3; ++bad) {
+        INFO("split " << split << ", case " << bad);
+        const auto problems = on_ranks(2, [&](int, GroupPtr group) -> std::string {
+          Tensor a = Tensor::ones({4}), b = Tensor::ones({4});
+          a.requires_grad_();
+          b.requires_grad_();
+          ZeroRedundancyOptimizer zero(std::vector<Tensor>{a, b}, group, sgd_factory(),
+                                       {.split_parameters = split});
+          OptimizerState st;
+          st.param_groups.push_back({{{"lr", 0.1}}, {0, 1}});
+          if (bad == 0) st.state[0]["momentum_buffer"] = Tensor::scalar(1.0);
+          if (bad == 1) st.state[1]["momentum_buffer"] = Tensor::zeros({4}, DType::i32);
+          if (bad == 2) st.state[1]["step"] = Tensor::zeros({4});
+          zero.load_state_dict(st);
+          // Not reached: a rank that loaded would wait here for the other.
+          a.set_grad(Tensor::ones({4}));
+          b.set_grad(Tensor::ones({4}));
+          zero.step();
+          return "loaded";
+        }, fmt::format("zero-bad-state-{}-{}", split, bad));
+        const char* want =
+            bad == 0   ? "state \"momentum_buffer\" of parameter 0 has shape [], the parameter "
+                         "has shape [4]"
+            : bad == 1 ? "state \"momentum_buffer\" of parameter 1 has dtype i32"
+                       : "state \"step\" of parameter 1 has shape [4]";
+        for (const auto& p : problems)
+          CHECK_THAT(p, Contains("ZeroRedundancyOptimizer.load_state_dict") && Contains(want));
+      }
+    }
+  }
   SECTION("local misuse") {
     const auto problems = on_ranks(1, [&](int, GroupPtr group) -> std::string {
       auto m = mlp(6, 16, 1);
@@ -613,4 +645,34 @@ TEST_CASE("ZeroRedundancyOptimizer: clear errors", "[zero][optim]") {
     }, "zero-misuse");
     require_no_problems(problems);
   }
+}
+
+TEST_CASE("ZeroRedundancyOptimizer: a scalar parameter's state takes its dtype on load",
+          "[zero][optim]") {
+  // An f64 state for an f32 learnable scalar: converted on the owning rank
+  // (PyTorch's rule for every floating entry but "step"), so its step runs
+  // and every rank ends with the same values.
+  const auto problems = on_ranks(2, [&](int, GroupPtr group) -> std::string {
+    Tensor a = Tensor::scalar(1.0), b = Tensor::ones({4});
+    a.requires_grad_();
+    b.requires_grad_();
+    auto factory = [](std::vector<ParamGroup> g) -> std::unique_ptr<Optimizer> {
+      return std::make_unique<SGD>(std::move(g), SGDOptions{.lr = 0.1, .momentum = 0.9});
+    };
+    ZeroRedundancyOptimizer zero(std::vector<Tensor>{a, b}, group, factory);
+    OptimizerState st;
+    st.param_groups.push_back({{{"lr", 0.1}}, {0, 1}});
+    st.state[0]["momentum_buffer"] = Tensor::scalar(1.0, DType::f64);
+    st.state[1]["momentum_buffer"] = Tensor::ones({4}, DType::f64);
+    zero.load_state_dict(st);
+    a.set_grad(Tensor::scalar(1.0));
+    b.set_grad(Tensor::ones({4}));
+    zero.step();
+    // buf = 0.9 * 1 + 1 = 1.9, p = 1 - 0.1 * 1.9
+    const float want = 1.0f - 0.1f * (0.9f * 1.0f + 1.0f);
+    if (a.to_vector<float>() != std::vector<float>{want}) return fmt::format("a = {}", a.item());
+    if (b.to_vector<float>() != std::vector<float>(4, want)) return "b differs";
+    return "";
+  }, "zero-scalar-state");
+  require_no_problems(problems);
 }

@@ -62,7 +62,9 @@ __global__ void adam_kernel(const AdamTensor* __restrict__ table, int count, int
     float second = vj;
     if (e.flags & kAmsgrad) {
       float* vmax = e.max_exp_avg_sq;
-      second = vmax[j] < vj ? vj : vmax[j];
+      // torch.maximum: NaN when either is.
+      const float old = vmax[j];
+      second = old < vj || vj != vj ? vj : old;
       vmax[j] = second;
     }
     const float denom = sqrtf(second) / e.bias_correction2_sqrt + e.eps;
