@@ -57,7 +57,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ParamGroup> groups,
   LOCKSTEP_CHECK(group_ != nullptr, "{}: got no process group", kName);
   LOCKSTEP_CHECK(static_cast<bool>(factory_), "{}: got no optimizer factory", kName);
   LOCKSTEP_CHECK(!groups.empty(), "{}: got an empty list of parameter groups", kName);
-  LOCKSTEP_CHECK(options_.bucket_cap_mb > 0, "{}: bucket_cap_mb {} must be > 0", kName,
+  LOCKSTEP_CHECK(std::isfinite(options_.bucket_cap_mb) && options_.bucket_cap_mb > 0,
+                 "{}: bucket_cap_mb {} must be a finite number > 0", kName,
                  options_.bucket_cap_mb);
   std::unordered_set<const runtime::TensorImpl*> seen;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -252,7 +253,8 @@ void ZeroRedundancyOptimizer::plan_sync() {
 
   // Broadcast: per owner and dtype, pieces in global order; one at least the
   // cap goes alone and direct, smaller ones fill packed buckets.
-  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+  // Clamped: 1e13 MiB is past int64, and any cap past 2^62 bytes is "no cap".
+  const auto cap = static_cast<int64_t>(std::min(options_.bucket_cap_mb * 1024 * 1024, 0x1p62));
   for (int r = 0; r < n; ++r) {
     for (DType dtype : dtypes) {
       const auto element = static_cast<int64_t>(runtime::dtype_size(dtype));

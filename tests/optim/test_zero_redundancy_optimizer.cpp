@@ -575,6 +575,23 @@ TEST_CASE("ZeroRedundancyOptimizer: clear errors", "[zero][optim]") {
     }, "zero-shapes");
     for (const auto& p : problems) CHECK_THAT(p, Contains("rank 1"));
   }
+  SECTION("a bucket cap must be a finite positive number; a huge one is no cap") {
+    for (double cap : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::nan("")}) {
+      const auto problems = on_ranks(2, [&](int, GroupPtr group) -> std::string {
+        ZeroRedundancyOptimizer zero(mlp(6, 16, 2)->parameters(), group, sgd_factory(),
+                                     {.bucket_cap_mb = cap});
+        return "constructed";
+      }, "zero-cap");
+      for (const auto& p : problems) CHECK_THAT(p, Contains("must be a finite number > 0"));
+    }
+    // 1e13 MiB overflowed int64 on its way to bytes.
+    const auto huge = on_ranks(2, [&](int, GroupPtr group) -> std::string {
+      ZeroRedundancyOptimizer zero(mlp(6, 16, 2)->parameters(), group, sgd_factory(),
+                                   {.bucket_cap_mb = 1e13});
+      return "";
+    }, "zero-huge-cap");
+    require_no_problems(huge);
+  }
   SECTION("a parameter to cut must be contiguous") {
     const auto problems = on_ranks(2, [&](int, GroupPtr group) -> std::string {
       Tensor w = Tensor::zeros({4, 3}).t(), b = Tensor::zeros({4});  // 16 elements: w is cut at 8
