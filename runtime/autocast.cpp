@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/runtime/autograd/detail/checkpoint_region.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
@@ -16,7 +17,9 @@ thread_local int t_open_scopes = 0;  // enabled scopes; the cache lives while > 
 
 // Casts of parameters (leaves that require grad) in the open scopes, keyed by
 // the parameter's storage and view, so one forward casts each weight once. A
-// parameter changed in place since (its version) is cast again.
+// hit must be the same tensor (two leaves may share a storage, and a cast's
+// gradient flows to its own source), at the same version (a parameter
+// changed in place since is cast again).
 struct CachedCast {
   Tensor source;  // keeps the key's storage alive
   uint64_t version;
@@ -37,14 +40,21 @@ struct CastKeyHash {
 };
 thread_local std::unordered_map<CastKey, CachedCast, CastKeyHash> t_cache;
 
+// A checkpoint's recomputation in backward neither reads nor fills the cache:
+// its casts hang from a graph that is not differentiable, and the next
+// forward in the scope must not pick them up.
+bool recomputing() {
+  const ActiveRegion* region = active_checkpoint();
+  return region != nullptr && region->recomputing;
+}
+
 Tensor cast(const Tensor& t, DType dtype) {
-  if (!(t.is_leaf() && t.requires_grad())) return t.to(dtype);
+  if (!(t.is_leaf() && t.requires_grad()) || recomputing()) return t.to(dtype);
   const CastKey key{t.storage().get(), t.storage_offset(), dtype};
   const uint64_t version = t.storage()->version();
   auto it = t_cache.find(key);
-  if (it != t_cache.end() && it->second.version == version &&
-      it->second.grad_mode == grad_enabled() && it->second.source.shape() == t.shape() &&
-      it->second.source.strides() == t.strides())
+  if (it != t_cache.end() && it->second.source.is_same(t) && it->second.version == version &&
+      it->second.grad_mode == grad_enabled())
     return it->second.cast;
   Tensor c = t.to(dtype);
   t_cache[key] = CachedCast{t, version, grad_enabled(), c};

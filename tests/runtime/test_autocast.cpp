@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lockstep/runtime/autocast.h"
+#include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
@@ -223,6 +224,40 @@ TEST_CASE("autocast: backward called inside the scope runs as outside it", "[aut
     return w.grad();
   };
   CHECK(bitwise_equal(grads(true), grads(false)));
+}
+
+TEST_CASE("autocast: two leaves over one storage each get their own cast and gradient",
+          "[autocast]") {
+  // The cache keyed on storage alone gave w2 w's cast, so w2's gradient went to w.
+  Tensor x = leaf({2, 4}, 1), w = leaf({3, 4}, 2);
+  Tensor w2 = w.detach().requires_grad_();
+  auto amp = autocast({.dtype = DType::bf16});
+  Tensor a = sum(linear(x, w));
+  sum(linear(x, w2)).backward();
+  REQUIRE(w2.grad().defined());
+  CHECK_FALSE(w.grad().defined());
+  a.backward();
+  CHECK(bitwise_equal(w.grad(), w2.grad()));
+}
+
+TEST_CASE("autocast: a checkpoint's recomputation leaves no cast behind in the scope",
+          "[autocast]") {
+  // Casts made while backward recomputed a region were cached; the next forward
+  // in the scope reused them and its backward threw ("not differentiable").
+  Tensor x = leaf({2, 4}, 1), w = leaf({3, 4}, 2);
+  auto region = [&](const Tensor& in) { return relu(linear(in, w)); };
+  Tensor first;
+  {
+    auto amp = autocast({.dtype = DType::bf16});
+    first = sum(checkpoint(region, x));
+  }
+  auto amp = autocast({.dtype = DType::bf16});
+  first.backward();
+  w.set_grad(Tensor());
+  sum(linear(x, w)).backward();
+  Tensor wr = leaf({3, 4}, 2), xr = leaf({2, 4}, 1);
+  sum(linear(xr, wr)).backward();
+  CHECK(bitwise_equal(w.grad(), wr.grad()));
 }
 
 TEST_CASE("autocast: bad options are refused", "[autocast]") {
