@@ -46,8 +46,9 @@ Tensor GradScaler::scale(const Tensor& loss) {
   if (!options_.enabled) return loss;
   LOCKSTEP_CHECK(loss.defined(), "GradScaler::scale: the loss is undefined");
   if (!scale_.defined()) {
-    scale_ = Tensor::full({1}, options_.init_scale, DType::f32, loss.device());
-    growth_tracker_ = Tensor::full({1}, static_cast<double>(init_growth_tracker_), DType::i32,
+    // 0-dim, as PyTorch's: a 0-dim loss stays 0-dim once scaled.
+    scale_ = Tensor::full({}, options_.init_scale, DType::f32, loss.device());
+    growth_tracker_ = Tensor::full({}, static_cast<double>(init_growth_tracker_), DType::i32,
                                    loss.device());
   }
   LOCKSTEP_CHECK(scale_.device() == loss.device(),

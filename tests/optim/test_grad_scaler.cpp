@@ -68,6 +68,8 @@ TEST_CASE("GradScaler::scale multiplies the loss by the scale, differentiably",
   Tensor scaled = scaler.scale(loss);
   CHECK(scaled.item() == 14.0 * 65536.0);
   CHECK(scaled.dtype() == DType::f32);
+  CHECK(scaled.dim() == 0);  // a 0-dim loss stays 0-dim, as in PyTorch (it was [1])
+  CHECK(scaler.scale(runtime::sum(p.to(DType::f64))).shape() == runtime::Shape{});
   scaled.backward();
   CHECK(values(p.grad()) == std::vector<double>{2 * 65536.0, 4 * 65536.0, 6 * 65536.0});
 }
