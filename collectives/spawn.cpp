@@ -41,6 +41,32 @@ struct Child {
   std::string error;   // what has come through error_fd
   bool alive = true;
   int status = 0;
+  bool status_lost = false;  // reaped by another waitpid in this process
+};
+
+// With SIGCHLD ignored (or SA_NOCLDWAIT) the kernel reaps the children itself
+// and waitpid cannot say how they ended, so a failed rank would pass for a
+// finished one. spawn restores the default for its duration.
+class ChildStatusKept {
+ public:
+  ChildStatusKept() {
+    ::sigaction(SIGCHLD, nullptr, &previous_);
+    changed_ = previous_.sa_handler == SIG_IGN || (previous_.sa_flags & SA_NOCLDWAIT) != 0;
+    if (!changed_) return;
+    struct sigaction keep = previous_;
+    if (keep.sa_handler == SIG_IGN) keep.sa_handler = SIG_DFL;
+    keep.sa_flags &= ~SA_NOCLDWAIT;
+    ::sigaction(SIGCHLD, &keep, nullptr);
+  }
+  ~ChildStatusKept() {
+    if (changed_) ::sigaction(SIGCHLD, &previous_, nullptr);
+  }
+  ChildStatusKept(const ChildStatusKept&) = delete;
+  ChildStatusKept& operator=(const ChildStatusKept&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+  bool changed_ = false;
 };
 
 // A descriptor that polls readable once `pid` has exited; -1 where the kernel
@@ -206,9 +232,11 @@ class Supervisor {
       const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
       if (r == 0 || (r < 0 && errno == EINTR)) continue;
       c.alive = false;
-      c.status = r < 0 ? 0 : status;  // ECHILD: reaped elsewhere (SIGCHLD ignored)
+      c.status = r < 0 ? 0 : status;
+      c.status_lost = r < 0;  // ECHILD: reaped elsewhere; success cannot be told
       close_fd(c.pid_fd);
-      if (!failure_ && failed_rank_ < 0 && distributed::ended_in_failure(c.status)) {
+      if (!failure_ && failed_rank_ < 0 &&
+          (c.status_lost || distributed::ended_in_failure(c.status))) {
         failed_rank_ = c.rank;
         stop();
       }
@@ -233,15 +261,18 @@ class Supervisor {
 
   SpawnError child_failure() const {
     const Child& c = children_[static_cast<size_t>(failed_rank_)];
-    const std::string how = !c.error.empty() ? fmt::format("threw: {}", c.error)
-                                             : distributed::describe_wait_status(c.status);
+    const std::string how =
+        !c.error.empty() ? fmt::format("threw: {}", c.error)
+        : c.status_lost  ? "ended, but another waitpid in this process (a SIGCHLD handler?) "
+                           "took its exit status, so spawn cannot tell whether it succeeded"
+                         : distributed::describe_wait_status(c.status);
     const std::string stopped =
         stopped_ == 0 ? ""
                       : fmt::format("; stopped the other {}",
                                     stopped_ == 1 ? "rank" : fmt::format("{} ranks", stopped_));
     return SpawnError(fmt::format("spawn: rank {} of {} (pid {}) {}{}", c.rank, children_.size(),
                                   c.pid, how, stopped),
-                      c.rank, distributed::exit_code_of(c.status));
+                      c.rank, c.status_lost ? -1 : distributed::exit_code_of(c.status));
   }
 
   void on_timeout() {
@@ -299,6 +330,7 @@ void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptio
   const std::string token = distributed::random_token();
   const bool one_thread = std::getenv("OMP_NUM_THREADS") == nullptr;
   const pid_t parent = ::getpid();
+  const ChildStatusKept keep_statuses;
   // Output buffered now would be written again by every child.
   std::cout.flush();
   std::cerr.flush();

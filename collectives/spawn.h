@@ -23,7 +23,9 @@
 // own or touches CUDA (a forked child cannot use its parent's CUDA context,
 // as in PyTorch); each child picks its GPU as a lockstep-run rank does. The
 // children share the caller's stdout and stderr, each leads its own process
-// group, and they die with the caller (PR_SET_PDEATHSIG). A child starts with
+// group, and they die with the caller (PR_SET_PDEATHSIG). While spawn runs,
+// an ignored SIGCHLD is set to its default, so the children's statuses stay
+// to be collected. A child starts with
 // no signal blocked and SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE and SIGCHLD
 // at their defaults, whatever the caller had; fn may install its own. A child leaves with
 // _exit once fn has returned and its output is flushed: what fn's scope owns
@@ -58,7 +60,8 @@ class SpawnError : public Error {
       : Error(what), rank_(rank), exit_code_(exit_code) {}
   // The first rank that failed; at a timeout, the lowest still running.
   int rank() const { return rank_; }
-  // Its exit code (128 + the signal when one killed it); -1 at a timeout.
+  // Its exit code (128 + the signal when one killed it); -1 at a timeout, or
+  // when another waitpid in this process took the child's status.
   int exit_code() const { return exit_code_; }
 
  private:

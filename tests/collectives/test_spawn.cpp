@@ -134,6 +134,29 @@ TEST_CASE("spawn: a child killed by a signal or exiting non-zero is named with h
   CHECK_THAT(exited.what(), Catch::Contains("rank 1 of 2") && Catch::Contains("exited with code 3"));
 }
 
+TEST_CASE("spawn: a caller that ignores SIGCHLD still learns how each child ended", "[spawn]") {
+  // The kernel reaped ignored children itself, and spawn took the lost status
+  // for success: a rank that exited 5 passed.
+  struct Ignored {
+    struct sigaction before {};
+    Ignored() {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      ::sigaction(SIGCHLD, &ignore, &before);
+    }
+    ~Ignored() { ::sigaction(SIGCHLD, &before, nullptr); }
+  } ignored;
+  const SpawnError exited = spawn_error(2, [](int rank) {
+    if (rank == 1) ::_exit(5);
+  });
+  struct sigaction after {};
+  ::sigaction(SIGCHLD, nullptr, &after);
+  CHECK(exited.rank() == 1);
+  CHECK(exited.exit_code() == 5);
+  CHECK(after.sa_handler == SIG_IGN);  // the caller's disposition is back
+}
+
 TEST_CASE("spawn: children still running at the timeout are stopped and named, SIGKILL for one "
           "that ignores SIGTERM",
           "[spawn]") {
