@@ -47,8 +47,10 @@ void init_linear(Linear& l, double std, Generator& g) {
 }  // namespace
 
 GptMlp::GptMlp(const GptConfig& config, Generator& gen) : config(config) {
-  c_fc = register_module("c_fc", std::make_shared<Linear>(config.n_embd, 4 * config.n_embd, true, gen));
-  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * config.n_embd, config.n_embd, true, gen));
+  register_module("c_fc", std::make_shared<Linear>(config.n_embd, 4 * config.n_embd, true, gen),
+                  c_fc);
+  register_module("c_proj", std::make_shared<Linear>(4 * config.n_embd, config.n_embd, true, gen),
+                  c_proj);
 }
 
 Tensor GptMlp::forward(const Tensor& x) {
@@ -61,13 +63,14 @@ std::shared_ptr<Module> GptMlp::replicate() const {
 }
 
 GptBlock::GptBlock(const GptConfig& config, Generator& gen) : config(config) {
-  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(std::vector<int64_t>{config.n_embd}));
-  attn = register_module("attn", std::make_shared<MultiheadSelfAttention>(
-                                     config.n_embd, config.n_head,
-                                     SelfAttentionOptions{.causal = true, .dropout = config.dropout},
-                                     gen));
-  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(std::vector<int64_t>{config.n_embd}));
-  mlp = register_module("mlp", std::make_shared<GptMlp>(config, gen));
+  register_module("ln_1", std::make_shared<LayerNorm>(std::vector<int64_t>{config.n_embd}), ln_1);
+  register_module("attn",
+                  std::make_shared<MultiheadSelfAttention>(
+                      config.n_embd, config.n_head,
+                      SelfAttentionOptions{.causal = true, .dropout = config.dropout}, gen),
+                  attn);
+  register_module("ln_2", std::make_shared<LayerNorm>(std::vector<int64_t>{config.n_embd}), ln_2);
+  register_module("mlp", std::make_shared<GptMlp>(config, gen), mlp);
 }
 
 Tensor GptBlock::forward(const Tensor& x) {
@@ -88,13 +91,20 @@ std::shared_ptr<Module> GptBlock::replicate() const {
 Gpt::Gpt(GptConfig cfg, Generator& gen) : config(cfg) {
   check_config(config);
   const int64_t c = config.n_embd;
-  transformer = register_module("transformer", std::make_shared<ModuleDict>());
-  wte = transformer->insert("wte", std::make_shared<Embedding>(config.vocab_size, c, gen));
-  wpe = transformer->insert("wpe", std::make_shared<Embedding>(config.block_size, c, gen));
-  h = transformer->insert("h", std::make_shared<Sequential>());
+  register_module("transformer", std::make_shared<ModuleDict>(), transformer);
+  const auto wte =
+      transformer->insert("wte", std::make_shared<Embedding>(config.vocab_size, c, gen));
+  const auto wpe =
+      transformer->insert("wpe", std::make_shared<Embedding>(config.block_size, c, gen));
+  const auto h = transformer->insert("h", std::make_shared<Sequential>());
   for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(std::make_shared<GptBlock>(config, gen));
-  ln_f = transformer->insert("ln_f", std::make_shared<LayerNorm>(std::vector<int64_t>{c}));
-  lm_head = register_module("lm_head", std::make_shared<Linear>(wte->weight));
+  transformer->insert("ln_f", std::make_shared<LayerNorm>(std::vector<int64_t>{c}));
+  // What forward() calls them as: replace_child on transformer refuses other kinds.
+  transformer->require_child_type<Embedding>("wte", type_name());
+  transformer->require_child_type<Embedding>("wpe", type_name());
+  transformer->require_child_type<Sequential>("h", type_name());
+  transformer->require_child_type<LayerNorm>("ln_f", type_name());
+  register_module("lm_head", std::make_shared<Linear>(wte->weight), lm_head);
 
   // nanoGPT's initialisation, in its module order.
   runtime::NoGradGuard no_grad;
@@ -110,6 +120,11 @@ Gpt::Gpt(GptConfig cfg, Generator& gen) : config(cfg) {
   }
 }
 
+std::shared_ptr<Embedding> Gpt::wte() const { return transformer->child<Embedding>("wte"); }
+std::shared_ptr<Embedding> Gpt::wpe() const { return transformer->child<Embedding>("wpe"); }
+std::shared_ptr<Sequential> Gpt::h() const { return transformer->child<Sequential>("h"); }
+std::shared_ptr<LayerNorm> Gpt::ln_f() const { return transformer->child<LayerNorm>("ln_f"); }
+
 Tensor Gpt::forward(const Tensor& idx) {
   LOCKSTEP_CHECK(idx.dim() == 2 && (idx.dtype() == DType::i64 || idx.dtype() == DType::i32),
                  "GPT: token ids must be an integer tensor [B, T], got {} {}",
@@ -120,9 +135,9 @@ Tensor Gpt::forward(const Tensor& idx) {
                  "the context to its last block_size tokens)",
                  t, config.block_size, config.block_size);
   const Tensor positions = Tensor::arange(t).to(idx.device());
-  Tensor x = runtime::add((*wte)(idx), (*wpe)(positions));
+  Tensor x = runtime::add((*wte())(idx), (*wpe())(positions));
   x = runtime::dropout(x, config.dropout, is_training());
-  x = (*ln_f)((*h)(x));
+  x = (*ln_f())((*h())(x));
   return (*lm_head)(x);
 }
 
@@ -155,7 +170,7 @@ std::vector<int64_t> sample(Gpt& model, const std::vector<int64_t>& prompt, int6
     LOCKSTEP_CHECK(token >= 0 && token < vocab, "sample: prompt token {} is outside [0, {})",
                    token, vocab);
   }
-  const Device device = model.wte->weight.device();
+  const Device device = model.wte()->weight.device();
   runtime::NoGradGuard no_grad;
   std::vector<int64_t> tokens = prompt, out;
   for (int64_t n = 0; n < count; ++n) {

@@ -53,7 +53,7 @@ class GptMlp : public nn::Module {
   std::shared_ptr<nn::Module> replicate() const override;
 
   const GptConfig config;
-  std::shared_ptr<nn::Linear> c_fc, c_proj;
+  std::shared_ptr<nn::Linear> c_fc, c_proj;  // bound to the children (nn::Module::bind_child)
 };
 
 class GptBlock : public nn::Module {
@@ -65,6 +65,7 @@ class GptBlock : public nn::Module {
   std::shared_ptr<nn::Module> replicate() const override;
 
   const GptConfig config;
+  // Bound to the children (nn::Module::bind_child).
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<nn::MultiheadSelfAttention> attn;
   std::shared_ptr<GptMlp> mlp;
@@ -85,10 +86,14 @@ class Gpt : public nn::Module {
   std::shared_ptr<nn::Module> replicate() const override;
 
   const GptConfig config;
+  // transformer and lm_head are bound to the children (nn::Module::bind_child);
+  // transformer's own children are looked up there at each call, so a
+  // replaced one (transformer->replace_child("ln_f", ...)) is the one used.
   std::shared_ptr<nn::ModuleDict> transformer;  // wte, wpe, h, ln_f
-  std::shared_ptr<nn::Embedding> wte, wpe;
-  std::shared_ptr<nn::Sequential> h;  // the blocks, "h.0" ... "h.{n_layer-1}"
-  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Embedding> wte() const;
+  std::shared_ptr<nn::Embedding> wpe() const;
+  std::shared_ptr<nn::Sequential> h() const;  // the blocks, "h.0" ... "h.{n_layer-1}"
+  std::shared_ptr<nn::LayerNorm> ln_f() const;
   std::shared_ptr<nn::Linear> lm_head;  // no bias; weight tied to wte's
 };
 

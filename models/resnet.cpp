@@ -20,18 +20,19 @@ Conv2dOptions conv_options(int64_t stride, int64_t padding) {
 // Registration order is torchvision's: conv1, bn1, conv2, bn2, downsample.
 BasicBlock::BasicBlock(int64_t in_channels, int64_t channels, int64_t stride, Generator& gen) {
   LOCKSTEP_CHECK(stride > 0, "BasicBlock: stride must be positive, got {}", stride);
-  conv1 = register_module("conv1", std::make_shared<Conv2d>(in_channels, channels, 3,
-                                                            conv_options(stride, 1), gen));
-  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(channels));
-  conv2 = register_module(
-      "conv2", std::make_shared<Conv2d>(channels, channels, 3, conv_options(1, 1), gen));
-  bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(channels));
+  register_module("conv1",
+                  std::make_shared<Conv2d>(in_channels, channels, 3, conv_options(stride, 1), gen),
+                  conv1);
+  register_module("bn1", std::make_shared<BatchNorm2d>(channels), bn1);
+  register_module("conv2",
+                  std::make_shared<Conv2d>(channels, channels, 3, conv_options(1, 1), gen), conv2);
+  register_module("bn2", std::make_shared<BatchNorm2d>(channels), bn2);
   if (stride != 1 || in_channels != channels) {
     auto shortcut = std::make_shared<Sequential>();
     shortcut->push_back(
         std::make_shared<Conv2d>(in_channels, channels, 1, conv_options(stride, 0), gen));
     shortcut->push_back(std::make_shared<BatchNorm2d>(channels));
-    downsample = register_module("downsample", shortcut);
+    register_module("downsample", shortcut, downsample);
   }
 }
 
@@ -45,8 +46,8 @@ ResNet::ResNet(const std::vector<int64_t>& blocks_per_stage, int64_t num_classes
   LOCKSTEP_CHECK(blocks_per_stage.size() == 4,
                  "ResNet: expected blocks for 4 stages, got {} numbers", blocks_per_stage.size());
   LOCKSTEP_CHECK(num_classes > 0, "ResNet: num_classes must be positive, got {}", num_classes);
-  conv1 = register_module("conv1", std::make_shared<Conv2d>(3, 64, 3, conv_options(1, 1), gen));
-  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(64));
+  register_module("conv1", std::make_shared<Conv2d>(3, 64, 3, conv_options(1, 1), gen), conv1);
+  register_module("bn1", std::make_shared<BatchNorm2d>(64), bn1);
   int64_t in_channels = 64;
   for (size_t stage = 0; stage < 4; ++stage) {
     LOCKSTEP_CHECK(blocks_per_stage[stage] > 0, "ResNet: stage {} needs at least one block",
@@ -58,9 +59,13 @@ ResNet::ResNet(const std::vector<int64_t>& blocks_per_stage, int64_t num_classes
       layer->push_back(std::make_shared<BasicBlock>(in_channels, channels, stride, gen));
       in_channels = channels;
     }
-    layers.push_back(register_module("layer" + std::to_string(stage + 1), layer));
+    const std::string name = "layer" + std::to_string(stage + 1);
+    layers.push_back(register_module(name, layer));
+    bind_child<Sequential>(name, [this, stage](std::shared_ptr<Sequential> m) {
+      layers.at(stage) = std::move(m);
+    });
   }
-  fc = register_module("fc", std::make_shared<Linear>(in_channels, num_classes, true, gen));
+  register_module("fc", std::make_shared<Linear>(in_channels, num_classes, true, gen), fc);
 }
 
 Tensor ResNet::forward(const Tensor& x) {

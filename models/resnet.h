@@ -26,8 +26,11 @@ class BasicBlock : public nn::Module {
   std::string type_name() const override { return "BasicBlock"; }
   std::shared_ptr<nn::Module> replicate() const override;
 
+  // Bound to the registered children (nn::Module::bind_child): replace_child
+  // points them at the new module, which must be of the field's type, so a
+  // BatchNorm may become a SyncBatchNorm (convert_sync_batchnorm).
   std::shared_ptr<nn::Conv2d> conv1, conv2;
-  std::shared_ptr<nn::BatchNorm2d> bn1, bn2;
+  std::shared_ptr<nn::BatchNormBase> bn1, bn2;
   std::shared_ptr<nn::Sequential> downsample;  // null for the identity shortcut
 };
 
@@ -44,8 +47,9 @@ class ResNet : public nn::Module {
   std::string type_name() const override { return "ResNet"; }
   std::shared_ptr<nn::Module> replicate() const override;
 
+  // Bound to the registered children, as BasicBlock's.
   std::shared_ptr<nn::Conv2d> conv1;
-  std::shared_ptr<nn::BatchNorm2d> bn1;
+  std::shared_ptr<nn::BatchNormBase> bn1;
   std::vector<std::shared_ptr<nn::Sequential>> layers;  // layer1..layer4
   std::shared_ptr<nn::Linear> fc;
 };

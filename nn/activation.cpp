@@ -9,10 +9,15 @@ Tensor ReLU::forward(const Tensor& x) { return runtime::relu(x); }
 
 Tensor GELU::forward(const Tensor& x) { return runtime::gelu(x); }
 
-Dropout::Dropout(double p_, std::optional<uint64_t> seed) : p(p_) {
+Dropout::Dropout(double p_, std::optional<uint64_t> seed)
+    : Dropout(p_, std::make_shared<std::optional<Generator>>()) {
+  if (seed) generator.emplace(*seed);
+}
+
+Dropout::Dropout(double p_, std::shared_ptr<std::optional<Generator>> shared_generator)
+    : shared_generator_(std::move(shared_generator)), p(p_), generator(*shared_generator_) {
   LOCKSTEP_CHECK(p_ >= 0.0 && p_ <= 1.0, "Dropout: probability has to be between 0 and 1, got {}",
                  p_);
-  if (seed) generator.emplace(*seed);
 }
 
 Tensor Dropout::forward(const Tensor& x) {
@@ -34,9 +39,9 @@ std::shared_ptr<Module> Flatten::replicate() const {
   return std::make_shared<Flatten>(start_dim, end_dim);
 }
 std::shared_ptr<Module> Dropout::replicate() const {
-  auto copy = std::make_shared<Dropout>(p);
-  copy->generator = generator;
-  return copy;
+  // The same generator slot, not a copy of it: a copy would draw the very
+  // numbers the original draws, the same mask on every replica.
+  return std::shared_ptr<Dropout>(new Dropout(p, shared_generator_));
 }
 
 }  // namespace lockstep::nn

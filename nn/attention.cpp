@@ -16,10 +16,10 @@ MultiheadSelfAttention::MultiheadSelfAttention(int64_t embed_dim, int64_t num_he
                  embed_dim, num_heads);
   LOCKSTEP_CHECK(options.dropout >= 0.0 && options.dropout < 1.0,
                  "MultiheadSelfAttention: dropout {} must be in [0, 1)", options.dropout);
-  c_attn = register_module("c_attn",
-                           std::make_shared<Linear>(embed_dim, 3 * embed_dim, options.bias, gen));
-  c_proj =
-      register_module("c_proj", std::make_shared<Linear>(embed_dim, embed_dim, options.bias, gen));
+  register_module("c_attn", std::make_shared<Linear>(embed_dim, 3 * embed_dim, options.bias, gen),
+                  c_attn);
+  register_module("c_proj", std::make_shared<Linear>(embed_dim, embed_dim, options.bias, gen),
+                  c_proj);
 }
 
 Tensor MultiheadSelfAttention::forward(const Tensor& x) { return attend(x, Tensor()); }

@@ -39,6 +39,7 @@ class MultiheadSelfAttention : public Module {
   const int64_t embed_dim;
   const int64_t num_heads;
   const SelfAttentionOptions options;
+  // Bound to the registered children (Module::bind_child).
   std::shared_ptr<Linear> c_attn;  // [3C, C]: queries, keys, values in that order
   std::shared_ptr<Linear> c_proj;  // [C, C]
 

@@ -7,8 +7,9 @@
 
 namespace lockstep::nn {
 
-Checkpoint::Checkpoint(std::shared_ptr<Module> wrapped)
-    : module(register_module("module", std::move(wrapped))) {}
+Checkpoint::Checkpoint(std::shared_ptr<Module> wrapped) {
+  register_module("module", std::move(wrapped), module);
+}
 
 Tensor Checkpoint::forward(const Tensor& input) {
   return runtime::checkpoint([m = module](const Tensor& x) { return m->forward(x); }, input);

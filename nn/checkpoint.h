@@ -25,7 +25,10 @@ class Checkpoint : public Module {
   std::string type_name() const override { return "Checkpoint"; }
   std::shared_ptr<Module> replicate() const override;
 
-  const std::shared_ptr<Module> module;
+  // The wrapped module, bound to the child "module" (Module::bind_child):
+  // replace_child("module", m) (convert_sync_batchnorm on a checkpointed
+  // BatchNorm) points it at m. Read it; replace through replace_child.
+  std::shared_ptr<Module> module;
 };
 
 }  // namespace lockstep::nn

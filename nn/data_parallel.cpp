@@ -3,6 +3,8 @@
 #include <exception>
 #include <optional>
 #include <thread>
+#include <typeinfo>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -35,6 +37,44 @@ Tensor copy_to(const Tensor& t, Device device) {
   return t.device() == device ? t.clone() : t.to(device);
 }
 
+// Makes `copy`'s children match `original`'s where they differ. A
+// replicate() builds a module from its configuration, so a child replaced
+// after construction (convert_sync_batchnorm's SyncBatchNorm in a ResNet, a
+// layer swapped by hand) would come out as the kind the constructor makes:
+// each such child of the copy is replaced by a replicate of the original's.
+// And a module registered twice (Sequential{a, a}) is replicated once, shared
+// the same way, so that the replica's parameters match the original's.
+// `made`: each original module met so far and its replica.
+void match_children(const Module& original, Module& copy,
+                    std::unordered_map<const Module*, std::shared_ptr<Module>>& made) {
+  const auto& from = original.child_list();
+  const auto& to = copy.child_list();
+  if (from.size() != to.size()) return;  // the count checks after replicate() name the module
+  for (size_t k = 0; k < from.size(); ++k) {
+    const auto& [name, o] = from[k];
+    if (to[k].first != name) return;
+    const std::shared_ptr<Module> c = to[k].second;
+    if (auto it = made.find(o.get()); it != made.end()) {
+      if (it->second != c) copy.replace_child(name, it->second);
+      continue;
+    }
+    const bool same_kind = typeid(*o) == typeid(*c) && o->extra_repr() == c->extra_repr() &&
+                           o->child_list().size() == c->child_list().size();
+    const std::shared_ptr<Module> replica = same_kind ? c : o->replicate();
+    made.emplace(o.get(), replica);
+    match_children(*o, *replica, made);
+    if (replica != c) copy.replace_child(name, replica);
+  }
+}
+
+// `module.replicate()`, its tree made to match `module`'s.
+std::shared_ptr<Module> replicate_tree(const Module& module) {
+  std::shared_ptr<Module> copy = module.replicate();
+  std::unordered_map<const Module*, std::shared_ptr<Module>> made{{&module, copy}};
+  match_children(module, *copy, made);
+  return copy;
+}
+
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<Module> module, std::vector<Device> devices,
@@ -49,14 +89,16 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, std::vector<Device> d
                    "there first (module->to({}))",
                    name, p.device().str(), devices_[0].str(), devices_[0].str());
   }
-  register_module("module", module_);
+  // Bound: replace_child("module", m) (convert_sync_batchnorm on a wrapped
+  // BatchNorm) points module_ at m too.
+  register_module("module", module_, module_);
 }
 
 Module& DataParallel::refreshed_replica(size_t i, const std::vector<Tensor>& params,
                                         const std::vector<Tensor>& buffers) {
   if (replicas_.size() < i) replicas_.resize(i);
   std::shared_ptr<Module>& replica = replicas_[i - 1];
-  if (!replica) replica = module_->replicate();
+  if (!replica) replica = replicate_tree(*module_);
   const Device device = devices_[i];
   const auto replica_params = replica->parameters();
   const auto replica_buffers = replica->buffers();
@@ -151,10 +193,29 @@ Values DataParallel::forward_values(const Values& inputs) {
   };
   if (chunks == 1) {
     Values out = module_->forward_values(chunk_of(0));
+    // Gathered as PyTorch gathers one output: a scalar becomes a vector of
+    // one, as with more replicas; only a single device returns it as it is
+    // (PyTorch calls the module directly there).
+    const bool gathered = devices_.size() > 1;
     Values moved;
-    for (size_t p = 0; p < out.size(); ++p)
-      moved.push_back(out.is_tensor(p) ? Value(out.tensor(p).to(out_device)) : out[p]);
+    for (size_t p = 0; p < out.size(); ++p) {
+      if (!out.is_tensor(p)) {
+        moved.push_back(out[p]);
+        continue;
+      }
+      const Tensor t = out.tensor(p).to(out_device);
+      moved.push_back(gathered && t.dim() == 0 ? t.reshape({1}) : t);
+    }
     return moved;
+  }
+
+  // The replicas are kept between calls, as long as the wrapped module's tree
+  // is the same: a submodule added or replaced anywhere in it (stamps are
+  // never reused) makes them again, as PyTorch replicates at every call.
+  std::vector<uint64_t> stamps = module_->structure_stamps();
+  if (stamps != replica_stamps_) {
+    replicas_.clear();
+    replica_stamps_ = std::move(stamps);
   }
 
   std::vector<Values> chunk_inputs(chunks), outputs(chunks);

@@ -18,7 +18,16 @@
 // along `dim` (all must have the same length there), other inputs go to every
 // replica as given; tensor outputs are concatenated along `dim`, a scalar
 // tensor from each replica (a loss) becomes a vector of one per replica, as
-// PyTorch's gather makes it, and other outputs are replica 0's.
+// PyTorch's gather makes it (a vector of one when the batch fills a single
+// chunk; only with one device is the module's output returned as it is), and
+// other outputs are replica 0's.
+//
+// The replicas are made on first use and kept while the wrapped module's tree
+// stays the same (Module::structure_stamps); a submodule added or replaced
+// anywhere in it makes them again at the next forward, so the cache is never
+// seen (PyTorch replicates at every call). A replica's children follow the
+// original's, including ones replaced after construction, and a submodule
+// registered twice is one module in the replica too.
 //
 // Devices may all be the CPU (CPU replicas, one BLAS thread each while they
 // run), so it can be used where there is no GPU. The wrapped module (and each
@@ -72,6 +81,7 @@ class DataParallel : public Module {
   std::vector<Device> devices_;
   DataParallelOptions options_;
   std::vector<std::shared_ptr<Module>> replicas_;  // [i - 1] for devices_[i]; made on first use
+  std::vector<uint64_t> replica_stamps_;  // module_->structure_stamps() the replicas were made of
 };
 
 }  // namespace lockstep::nn

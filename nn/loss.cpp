@@ -10,6 +10,19 @@ namespace {
   throw Error(loss + " takes (input, target); call it with both, e.g. loss(logits, labels)");
 }
 
+// The (input, target) of a loss called through forward_values.
+std::pair<Tensor, Tensor> input_and_target(const std::string& loss, const Values& inputs) {
+  LOCKSTEP_CHECK(inputs.size() == 2 && inputs.is_tensor(0) && inputs.is_tensor(1),
+                 "{} takes two tensors, (input, target), but was called with {} values{}", loss,
+                 inputs.size(),
+                 inputs.size() == 0 ? ""
+                 : inputs.size() == 1
+                     ? " (" + describe(inputs[0]) + ")"
+                     : " (" + describe(inputs[0]) + ", " + describe(inputs[1]) +
+                           (inputs.size() > 2 ? ", ..." : "") + ")");
+  return {inputs.tensor(0), inputs.tensor(1)};
+}
+
 }  // namespace
 
 CrossEntropyLoss::CrossEntropyLoss(CrossEntropyLossOptions opts) : options(opts) {
@@ -25,6 +38,11 @@ Tensor CrossEntropyLoss::forward(const Tensor& logits, const Tensor& target) {
                                 options.ignore_index);
 }
 
+Values CrossEntropyLoss::forward_values(const Values& inputs) {
+  const auto [logits, target] = input_and_target(type_name(), inputs);
+  return {forward(logits, target)};
+}
+
 std::string CrossEntropyLoss::extra_repr() const {
   std::string out;
   if (options.ignore_index) out = fmt::format("ignore_index={}", *options.ignore_index);
@@ -37,6 +55,11 @@ Tensor MSELoss::forward(const Tensor&) { needs_target(type_name()); }
 
 Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
   return runtime::mse_loss(input, target, reduction);
+}
+
+Values MSELoss::forward_values(const Values& inputs) {
+  const auto [input, target] = input_and_target(type_name(), inputs);
+  return {forward(input, target)};
 }
 
 std::shared_ptr<Module> CrossEntropyLoss::replicate() const {

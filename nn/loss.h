@@ -1,5 +1,7 @@
 // Losses as modules, over runtime::cross_entropy and runtime::mse_loss (the
-// same functions are in nn::functional). Called with (input, target).
+// same functions are in nn::functional). Called with (input, target), or
+// through forward_values({input, target}) (DataParallel, Sequential, DDP),
+// which returns the loss alone.
 #pragma once
 
 #include "lockstep/nn/module.h"
@@ -26,6 +28,7 @@ class CrossEntropyLoss : public Module {
   Tensor forward(const Tensor& logits, const Tensor& target);
   Tensor operator()(const Tensor& logits, const Tensor& target) { return forward(logits, target); }
   Tensor forward(const Tensor& input) override;  // an error: a loss needs a target
+  Values forward_values(const Values& inputs) override;  // {logits, target} -> {loss}
   std::string type_name() const override { return "CrossEntropyLoss"; }
   std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
@@ -39,6 +42,7 @@ class MSELoss : public Module {
   Tensor forward(const Tensor& input, const Tensor& target);
   Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
   Tensor forward(const Tensor& input) override;  // an error
+  Values forward_values(const Values& inputs) override;  // {input, target} -> {loss}
   std::string type_name() const override { return "MSELoss"; }
   std::shared_ptr<Module> replicate() const override;
 

@@ -1,8 +1,12 @@
 #include "lockstep/nn/module.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <ostream>
 #include <sstream>
 #include <unordered_set>
+
+#include <cxxabi.h>
 
 #include <fmt/format.h>
 
@@ -120,24 +124,91 @@ Tensor Module::register_buffer(std::string name, Tensor value, bool persistent) 
   return value;
 }
 
+uint64_t Module::next_stamp() {
+  static std::atomic<uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+std::string Module::type_of(const std::type_info& type) {
+  std::string name = type.name();
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+  if (status == 0 && demangled != nullptr) name = demangled;
+  std::free(demangled);
+  if (name.rfind("lockstep::", 0) == 0) name = name.substr(10);
+  return name;
+}
+
+std::string Module::not_a(const std::string& user, const std::string& wants, const Module& m) {
+  return fmt::format("{} calls this submodule as a {}, and the new module, a {}, is not one", user,
+                     wants, m.type_name());
+}
+
+void Module::check_new_child(const std::string& name, const Module* module, const char* op) const {
+  LOCKSTEP_CHECK(module != nullptr, "{}: {}(\"{}\"): the module is null", type_name(), op, name);
+  // `module`'s subtree must not hold this module: the tree would contain itself.
+  std::vector<const Module*> stack{module};
+  std::unordered_set<const Module*> seen;
+  while (!stack.empty()) {
+    const Module* m = stack.back();
+    stack.pop_back();
+    if (!seen.insert(m).second) continue;
+    LOCKSTEP_CHECK(m != this,
+                   "{}: {}(\"{}\"): the module tree would contain itself ({}); a module cannot "
+                   "be a submodule of itself or of one of its own submodules",
+                   type_name(), op, name,
+                   m == module ? "the new module is this module"
+                               : "this module is inside the new " + module->type_name());
+    for (const auto& [child_name, child] : m->children_) stack.push_back(child.get());
+  }
+}
+
 void Module::add_child(std::string name, std::shared_ptr<Module> module) {
   check_new_name(name, "submodule");
   LOCKSTEP_CHECK(module != nullptr, "{}: submodule \"{}\" is null", type_name(), name);
-  LOCKSTEP_CHECK(module.get() != this, "{}: a module cannot be its own submodule", type_name());
+  check_new_child(name, module.get(), "register_module");
   children_.emplace_back(std::move(name), std::move(module));
+  stamp_ = next_stamp();
+}
+
+const std::shared_ptr<Module>& Module::find_child(const std::string& name, const char* op) const {
+  for (const auto& [child_name, child] : children_)
+    if (child_name == name) return child;
+  throw Error(fmt::format("{}: {}(\"{}\"): there is no submodule of that name", type_name(), op,
+                          name));
 }
 
 void Module::replace_child(const std::string& name, std::shared_ptr<Module> module) {
   LOCKSTEP_CHECK(module != nullptr, "{}: replace_child(\"{}\"): the new module is null",
                  type_name(), name);
-  LOCKSTEP_CHECK(module.get() != this, "{}: a module cannot be its own submodule", type_name());
-  for (auto& [child_name, child] : children_) {
-    if (child_name != name) continue;
-    child = std::move(module);
-    return;
+  find_child(name, "replace_child");
+  check_new_child(name, module.get(), "replace_child");
+  // Every check before anything changes.
+  for (const Binding& b : bindings_) {
+    if (b.child != name) continue;
+    const std::string why = b.refuse(*module);
+    LOCKSTEP_CHECK(why.empty(), "{}: replace_child(\"{}\"): {}", type_name(), name, why);
   }
-  LOCKSTEP_CHECK(false, "{}: replace_child(\"{}\"): there is no submodule of that name",
-                 type_name(), name);
+  for (auto& [child_name, child] : children_)
+    if (child_name == name) child = module;
+  for (const Binding& b : bindings_)
+    if (b.child == name) b.set(module);
+  stamp_ = next_stamp();
+}
+
+void Module::add_binding(Binding binding) {
+  const std::shared_ptr<Module> current = find_child(binding.child, "bind_child");
+  const std::string why = binding.refuse(*current);
+  LOCKSTEP_CHECK(why.empty(), "{}: bind_child(\"{}\"): {}", type_name(), binding.child, why);
+  binding.set(current);
+  bindings_.push_back(std::move(binding));
+}
+
+void Module::freeze_child(const std::string& name, std::string reason) {
+  Binding b{name, [reason = std::move(reason)](const Module&) { return reason; },
+            [](const std::shared_ptr<Module>&) {}};
+  find_child(name, "freeze_child");
+  bindings_.push_back(std::move(b));
 }
 
 // ---- queries ----
@@ -192,17 +263,34 @@ std::vector<Tensor> Module::buffers(bool recurse) const {
   return out;
 }
 
-NamedList<std::shared_ptr<Module>> Module::named_children() const { return children_; }
+NamedList<std::shared_ptr<Module>> Module::named_children() const {
+  NamedList<std::shared_ptr<Module>> out;
+  std::unordered_set<const Module*> seen;
+  for (const auto& [name, m] : children_)
+    if (seen.insert(m.get()).second) out.emplace_back(name, m);
+  return out;
+}
 
 std::vector<std::shared_ptr<Module>> Module::children() const {
   std::vector<std::shared_ptr<Module>> out;
-  for (const auto& [name, m] : children_) out.push_back(m);
+  for (const auto& [name, m] : named_children()) out.push_back(m);
   return out;
 }
 
 void Module::apply(const std::function<void(Module&)>& fn) {
-  for (auto& [name, child] : children_) child->apply(fn);
-  fn(*this);
+  std::unordered_set<const Module*> seen;
+  std::function<void(Module&)> walk = [&](Module& m) {
+    if (!seen.insert(&m).second) return;
+    for (auto& [name, child] : m.children_) walk(*child);
+    fn(m);
+  };
+  walk(*this);
+}
+
+std::vector<uint64_t> Module::structure_stamps() const {
+  std::vector<uint64_t> out;
+  for (const auto& [name, m] : const_cast<Module*>(this)->named_modules()) out.push_back(m->stamp_);
+  return out;
 }
 
 int64_t Module::num_parameters() const {
@@ -264,13 +352,30 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
     throw Error(msg);
   }
 
-  NoGradGuard no_grad;
+  // A source may share memory with what is written: the model's own tensors
+  // (a view of one parameter loaded into another, a transposed copy of the
+  // destination itself). Writing one destination could then change a source
+  // read later, or copy_ refuse the overlap after earlier keys were copied.
+  // Such sources are cloned first, so that every value is read as the dict
+  // held it and the copies below cannot fail halfway. A source that is its
+  // destination exactly (a model's own state_dict loaded back) writes
+  // nothing and needs no clone.
+  const auto same_view = [](const Tensor& a, const Tensor& b) {
+    return a.storage() == b.storage() && a.storage_offset() == b.storage_offset() &&
+           a.shape() == b.shape() && a.strides() == b.strides() && a.dtype() == b.dtype();
+  };
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
+  std::unordered_set<const runtime::Storage*> written;
   for (const auto& [name, dst] : own) {
-    if (const Tensor* src = dict.find(name)) {
-      Tensor d = dst;  // a detached handle on the model's storage
-      d.copy_(*src);
-    }
+    const Tensor* src = dict.find(name);
+    if (src == nullptr || same_view(*src, dst)) continue;
+    copies.emplace_back(dst, *src);
+    written.insert(dst.storage().get());
   }
+  NoGradGuard no_grad;
+  for (auto& [dst, src] : copies)
+    if (written.count(src.storage().get()) != 0) src = src.clone();
+  for (auto& [dst, src] : copies) dst.copy_(src);  // dst: a detached handle on the model's storage
   return result;
 }
 

@@ -1,6 +1,7 @@
 #include "lockstep/nn/sync_batch_norm.h"
 
 #include <memory>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -165,17 +166,44 @@ const BatchNormBase* as_batch_norm(const Module& m) {
   return nullptr;
 }
 
+// `module` converted; `done` maps each module met so far to its result, so a
+// shared one is converted (and walked) once.
+std::shared_ptr<Module> convert(const std::shared_ptr<Module>& module,
+                                const std::shared_ptr<ProcessGroup>& group,
+                                std::unordered_map<const Module*, std::shared_ptr<Module>>& done) {
+  if (auto it = done.find(module.get()); it != done.end()) return it->second;
+  std::shared_ptr<Module> result = module;
+  if (const BatchNormBase* bn = as_batch_norm(*module)) {
+    result = to_sync(*bn, group);
+  } else {
+    // A copy of the entries: replace_child changes them.
+    const NamedList<std::shared_ptr<Module>> entries = module->child_list();
+    for (const auto& [name, child] : entries) {
+      auto converted = convert(child, group, done);
+      if (converted != child) module->replace_child(name, converted);
+    }
+  }
+  done.emplace(module.get(), result);
+  return result;
+}
+
 }  // namespace
+
+std::shared_ptr<Module> SyncBatchNorm::replicate() const {
+  LOCKSTEP_CHECK(group_ == nullptr || group_->size() == 1,
+                 "SyncBatchNorm: cannot be replicated for DataParallel on a group of {} ranks: "
+                 "the replicas would all enter the group's collectives; use "
+                 "DistributedDataParallel (one device per process) to synchronise BatchNorm "
+                 "across devices",
+                 group_ == nullptr ? 0 : group_->size());
+  return std::make_shared<SyncBatchNorm>(num_features, group_, options);
+}
 
 std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
                                                std::shared_ptr<ProcessGroup> group) {
   LOCKSTEP_CHECK(module != nullptr, "convert_sync_batchnorm: the module is null");
-  if (const BatchNormBase* bn = as_batch_norm(*module)) return to_sync(*bn, group);
-  for (const auto& [name, child] : module->named_children()) {
-    auto converted = convert_sync_batchnorm(child, group);
-    if (converted != child) module->replace_child(name, converted);
-  }
-  return module;
+  std::unordered_map<const Module*, std::shared_ptr<Module>> done;
+  return convert(module, group, done);
 }
 
 }  // namespace lockstep::nn

@@ -42,6 +42,10 @@ class SyncBatchNorm : public BatchNormBase {
 
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "SyncBatchNorm"; }
+  // For DataParallel: a SyncBatchNorm on the same group. Refused for a group
+  // of more than one rank, whose collectives the replicas' threads would
+  // enter at once (use DistributedDataParallel, one device per process).
+  std::shared_ptr<Module> replicate() const override;
 
   const std::shared_ptr<collectives::ProcessGroup>& group() const { return group_; }
 
@@ -57,9 +61,15 @@ class SyncBatchNorm : public BatchNormBase {
 // buffer values, and requires_grad flags, under the same name, so state_dict()
 // keys and values are unchanged. Returns the new root when `module` itself is
 // a BatchNorm, else `module`, changed in place. The new modules hold copies:
-// build the optimizer from the converted model. A module that keeps its own
-// typed pointer to a BatchNorm child (rather than calling it through its
-// registered children, as Sequential does) keeps calling the old one.
+// build the optimizer from the converted model. A BatchNorm registered under
+// several names (or shared by several parents) becomes one SyncBatchNorm,
+// shared the same way. Modules that keep typed pointers to their children
+// (ResNet's bn1, Checkpoint's module) have them bound (Module::bind_child),
+// so their forward runs the SyncBatchNorm; a module of your own that calls a
+// BatchNorm child through a field of its own must bind it too, and a field
+// whose type a SyncBatchNorm is not (BatchNorm2d rather than BatchNormBase)
+// makes the conversion fail with an error naming it, before that child is
+// changed.
 std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
                                                std::shared_ptr<collectives::ProcessGroup> group);
 

@@ -33,6 +33,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
   }
   // As PyTorch: the wrapped model's names gain a "module." prefix.
   register_module("module", module_);
+  // Its buckets are built from this module's parameters below: a module put
+  // in its place would train without averaging.
+  freeze_child("module",
+               "DistributedDataParallel's gradient buckets are built from the wrapped module's "
+               "parameters; change the model (convert_sync_batchnorm included) before wrapping it, "
+               "or wrap the new one in a new DistributedDataParallel");
   const auto named = module_->named_parameters();
   verify_same_parameters(named, *group_);
   broadcast_parameters();

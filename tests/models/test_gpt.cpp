@@ -87,7 +87,7 @@ TEST_CASE("GPT: parameter names and order are nanoGPT's; lm_head is tied to wte"
   const auto& ref = reference();
   auto model = models::gpt(ref.config, 1);
   CHECK(model->state_dict().keys() == ref.weights.keys());
-  CHECK(model->lm_head->weight.is_same(model->wte->weight));
+  CHECK(model->lm_head->weight.is_same(model->wte()->weight));
   // Listed once by parameters(), under its first name.
   int64_t named_wte = 0;
   for (const auto& [name, p] : model->named_parameters()) {

@@ -2,10 +2,14 @@
 // device doing the same work.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "lockstep/models/models.h"
 #include "lockstep/nn/data_parallel.h"
+#include "lockstep/nn/nn.h"
+#include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/nn/normalization.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "nn/ddp/ddp_fixture.h"
@@ -233,4 +237,134 @@ TEST_CASE("DataParallel: Dropout replicas draw disjoint numbers from the generat
   CHECK(masks[0] != masks[1]);
   CHECK(masks[0] != masks[2]);
   CHECK(masks[1] != masks[2]);
+}
+
+TEST_CASE("DataParallel: a seeded Dropout's replicas draw from its generator, not a copy of it",
+          "[data_parallel]") {
+  const auto run = [] {
+    auto model = std::make_shared<nn::Sequential>();
+    auto drop = model->push_back(std::make_shared<nn::Dropout>(0.5, 7));
+    nn::DataParallel dp(model, cpus(2));
+    std::vector<std::vector<double>> rows;
+    for (int step = 0; step < 3; ++step) {
+      const Tensor out = dp.forward(Tensor::ones({2, 64}));
+      const auto r0 = lt::values(out.slice(0, 0, 1)), r1 = lt::values(out.slice(0, 1, 2));
+      INFO("step " << step);
+      CHECK(r0 != r1);  // a copied generator gave both the same mask, at every step
+      rows.push_back(r0);
+      rows.push_back(r1);
+    }
+    // Both replicas' draws came out of the one seeded stream.
+    CHECK(drop->generator->offset() == 3 * 2 * 64);
+    return rows;
+  };
+  // Seeded: the same masks in every run (which replica takes which half of
+  // a step's draws follows the threads' order).
+  const auto a = run(), b = run();
+  for (size_t step = 0; step < 3; ++step) {
+    std::vector<std::vector<double>> sa{a[2 * step], a[2 * step + 1]};
+    std::vector<std::vector<double>> sb{b[2 * step], b[2 * step + 1]};
+    std::sort(sa.begin(), sa.end());
+    std::sort(sb.begin(), sb.end());
+    CHECK(sa == sb);
+  }
+  // Reseeding the original reaches the replica.
+  auto model = std::make_shared<nn::Sequential>();
+  auto drop = model->push_back(std::make_shared<nn::Dropout>(0.5, 7));
+  nn::DataParallel dp(model, cpus(2));
+  dp.forward(Tensor::ones({2, 64}));
+  drop->generator.emplace(7);
+  dp.forward(Tensor::ones({2, 64}));
+  CHECK(drop->generator->offset() == 2 * 64);
+}
+
+TEST_CASE("DataParallel: a module tree changed between calls is replicated again",
+          "[data_parallel]") {
+  auto s = std::make_shared<nn::Sequential>();
+  s->push_back(std::make_shared<nn::ReLU>());
+  nn::DataParallel dp(s, cpus(2));
+  const Tensor x = Tensor::from_vector<double>({-1, -2}, {2, 1});
+  CHECK(lt::values(dp.forward(x)) == std::vector<double>{0, 0});
+  s->replace_child("0", std::make_shared<nn::Dropout>(0.0));
+  CHECK(lt::values(dp.forward(x)) == std::vector<double>{-1, -2});
+  // A child added deeper down, too.
+  auto inner = std::make_shared<nn::Sequential>();
+  s->push_back(inner);
+  CHECK(lt::values(dp.forward(x)) == std::vector<double>{-1, -2});
+  inner->push_back(std::make_shared<nn::ReLU>());
+  CHECK(lt::values(dp.forward(x)) == std::vector<double>{0, 0});
+
+  // A ResNet whose BatchNorms were converted after the first call: the
+  // replica runs SyncBatchNorms too, and the gradients still equal one device's.
+  auto resnet = models::resnet18_cifar(3);
+  auto twin = models::resnet18_cifar(3);
+  nn::DataParallel rdp(resnet, cpus(2));
+  lr::Generator g(4);
+  const Tensor images = lr::randn({4, 3, 32, 32}, lr::DType::f32, g);
+  rdp.forward(images.slice(0, 0, 2));
+  nn::convert_sync_batchnorm(resnet, nullptr);
+  twin->load_state_dict(resnet->state_dict());
+  const Tensor out = rdp.forward(images);
+  lr::sum(out).backward();
+  lr::add(lr::sum(twin->forward(images.slice(0, 0, 2))), lr::sum(twin->forward(images.slice(0, 2, 4))))
+      .backward();
+  CHECK(grad_mismatch(*resnet, *twin, 1e-4) == "");
+}
+
+TEST_CASE("DataParallel: a scalar output is gathered into a vector, one chunk or several",
+          "[data_parallel]") {
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Linear>(3, 1));
+  model->push_back(std::make_shared<nn::Flatten>(0));
+  struct Sum : nn::Module {
+    Tensor forward(const Tensor& x) override { return lr::sum(x); }
+    std::string type_name() const override { return "Sum"; }
+    std::shared_ptr<nn::Module> replicate() const override { return std::make_shared<Sum>(); }
+  };
+  model->push_back(std::make_shared<Sum>());
+  nn::DataParallel two(model, cpus(2));
+  CHECK(two.forward(Tensor::ones({1, 3})).shape() == lr::Shape{1});  // PyTorch: [1]
+  CHECK(two.forward(Tensor::ones({2, 3})).shape() == lr::Shape{2});
+  CHECK(two.forward(Tensor::ones({3, 3})).shape() == lr::Shape{2});
+  // One device: the module's output as it is (PyTorch calls the module directly).
+  nn::DataParallel one(model, cpus(1));
+  CHECK(one.forward(Tensor::ones({2, 3})).shape() == lr::Shape{});
+}
+
+TEST_CASE("DataParallel: a loss module takes {input, target} and gives one loss per replica",
+          "[data_parallel][loss]") {
+  auto ce = std::make_shared<nn::CrossEntropyLoss>();
+  nn::DataParallel dp(ce, cpus(2));
+  lr::Generator g(5);
+  const Tensor logits = lr::randn({4, 3}, lr::DType::f32, g);
+  const Tensor target = Tensor::from_vector<int64_t>({0, 2, 1, 1}, {4});
+  const nn::Values out = dp.forward_values({logits, target});
+  REQUIRE(out.size() == 1);
+  REQUIRE(out.tensor(0).shape() == lr::Shape{2});
+  CHECK(lt::mismatch("mean", lr::mean(out.tensor(0)), lr::cross_entropy(logits, target), 1e-6) == "");
+}
+
+TEST_CASE("DataParallel: a submodule registered twice is one module in the replica too",
+          "[data_parallel]") {
+  lr::Generator g(6);
+  auto shared = std::make_shared<nn::Linear>(4, 4, true, g);
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(shared);
+  model->push_back(std::make_shared<nn::ReLU>());
+  model->push_back(shared);
+  auto twin = std::make_shared<nn::Sequential>();
+  auto twin_shared = std::make_shared<nn::Linear>(4, 4, true, g);
+  twin->push_back(twin_shared);
+  twin->push_back(std::make_shared<nn::ReLU>());
+  twin->push_back(twin_shared);
+  twin->load_state_dict(model->state_dict());
+
+  nn::DataParallel dp(model, cpus(2));
+  const Tensor x = lr::randn({4, 4}, lr::DType::f32, g);
+  const Tensor out = dp.forward(x);
+  const Tensor expected = twin->forward(x);
+  CHECK(lt::mismatch("out", out, expected, 1e-6) == "");
+  lr::sum(out).backward();
+  lr::sum(expected).backward();
+  CHECK(grad_mismatch(*model, *twin) == "");
 }

@@ -2,6 +2,7 @@
 // errors, train/eval, to(), zero_grad() and printing.
 #include <catch2/catch.hpp>
 
+#include "lockstep/models/models.h"
 #include "lockstep/nn/nn.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/ops.h"
@@ -168,6 +169,54 @@ TEST_CASE("load_state_dict names every missing, unexpected and mismatched key", 
   bad.insert("2.weight", Tensor::zeros({3, 3}));
   CHECK_THAT(error_of([&] { model->load_state_dict(bad, false); }),
              Contains("size mismatch for 2.weight"));
+}
+
+TEST_CASE("load_state_dict copies nothing when a source overlaps what it writes, and reads "
+          "every source as the dict held it",
+          "[nn][module]") {
+  Generator g(1);
+  auto s = std::make_shared<Sequential>();
+  auto l0 = s->push_back(std::make_shared<Linear>(3, 3, false, g));
+  auto l1 = s->push_back(std::make_shared<Linear>(3, 3, false, g));
+  const auto w0 = values(l0->weight), w1 = values(l1->weight);
+  const auto transposed = [](const std::vector<double>& v) {
+    std::vector<double> t(9);
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j) t[3 * j + i] = v[3 * i + j];
+    return t;
+  };
+
+  // 1.weight from its own transpose: loaded as it was before the load began
+  // (it used to throw after 0.weight had been zeroed).
+  StateDict d;
+  d.insert("0.weight", Tensor::zeros({3, 3}));
+  d.insert("1.weight", l1->weight.detach().t());
+  s->load_state_dict(d);
+  CHECK(values(l0->weight) == std::vector<double>(9, 0.0));
+  CHECK(values(l1->weight) == transposed(w1));
+
+  // Swapped weights: the second read is not the first write's result.
+  {
+    lockstep::runtime::NoGradGuard no_grad;
+    l0->weight.copy_(Tensor::from_vector<double>(w0, {3, 3}));
+    l1->weight.copy_(Tensor::from_vector<double>(w1, {3, 3}));
+  }
+  StateDict swap;
+  swap.insert("0.weight", l1->weight.detach());
+  swap.insert("1.weight", l0->weight.detach());
+  s->load_state_dict(swap);
+  CHECK(values(l0->weight) == w1);
+  CHECK(values(l1->weight) == w0);
+
+  // A model's own state_dict loads back as a no-op, tied weights included.
+  auto gpt = lockstep::models::gpt(
+      {.vocab_size = 11, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 4}, 0);
+  const StateDict own = gpt->state_dict();
+  std::vector<std::vector<double>> before;
+  for (const auto& [k, v] : own) before.push_back(values(v));
+  gpt->load_state_dict(own);
+  size_t i = 0;
+  for (const auto& [k, v] : gpt->state_dict()) CHECK(values(v) == before[i++]);
 }
 
 TEST_CASE("load_state_dict converts dtype", "[nn][module]") {

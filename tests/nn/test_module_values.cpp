@@ -6,6 +6,7 @@
 #include "lockstep/nn/container.h"
 #include "lockstep/nn/data_parallel.h"
 #include "lockstep/nn/linear.h"
+#include "lockstep/nn/loss.h"
 #include "lockstep/nn/normalization.h"
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/nn/values.h"
@@ -224,4 +225,25 @@ TEST_CASE("convert_sync_batchnorm: a module with several inputs keeps its call",
     return model->trunk->weight.grad().defined() ? "" : "trunk got no gradient";
   });
   for (const auto& p : problems) CHECK(p == "");
+}
+
+TEST_CASE("Loss modules take {input, target} through forward_values", "[nn][values][loss]") {
+  lr::Generator g(2);
+  const Tensor logits = lr::randn({4, 3}, lr::DType::f32, g);
+  const Tensor target = Tensor::from_vector<int64_t>({0, 2, 1, 1}, {4});
+  nn::CrossEntropyLoss ce({.label_smoothing = 0.1});
+  const nn::Values out = ce.forward_values({logits, target});
+  REQUIRE(out.size() == 1);
+  CHECK(lt::bitwise_equal(out.tensor(0), ce(logits, target)));
+
+  nn::MSELoss mse;
+  const Tensor y = lr::randn({4, 3}, lr::DType::f32, g);
+  CHECK(lt::bitwise_equal(mse.forward_values({logits, y}).tensor(0), mse(logits, y)));
+
+  CHECK_THAT(lt::error_of([&] { ce.forward_values({logits}); }),
+             Catch::Contains("CrossEntropyLoss takes two tensors, (input, target), but was called "
+                             "with 1 values (a tensor [4, 3] f32)"));
+  CHECK_THAT(lt::error_of([&] { mse.forward_values({logits, 2.0}); }),
+             Catch::Contains("MSELoss takes two tensors"));
+  CHECK_THAT(lt::error_of([&] { ce.forward(logits); }), Catch::Contains("takes (input, target)"));
 }
