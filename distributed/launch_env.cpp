@@ -239,6 +239,17 @@ int read_restart_count(const EnvLookup& env) {
   return runtime::read_whole_number(env, "LOCKSTEP_RESTART_COUNT", 0).value_or(0);
 }
 
+std::string read_job_id(const EnvLookup& env) {
+  const std::string id = env("LOCKSTEP_JOB_ID").value_or("");
+  const bool ok = id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) {
+                    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
+                           c == '.';
+                  });
+  LOCKSTEP_CHECK(ok, "LOCKSTEP_JOB_ID='{}' is not a job id (letters, digits, '-', '_' and '.', "
+                 "at most 128); lockstep-run sets it: unset it to run without one", id);
+  return id;
+}
+
 std::optional<std::string> read_async_error_handling(const EnvLookup& env) {
   return env("LOCKSTEP_ASYNC_ERROR_HANDLING");
 }

@@ -57,7 +57,8 @@
 // node identity, which is otherwise the host name and boot id: ranks with the
 // same value count as one node, e.g. for containers sharing a host, or to
 // make one machine look like several nodes in tests; see
-// collectives/node_topology.h).
+// collectives/node_topology.h), LOCKSTEP_RESTART_COUNT and LOCKSTEP_JOB_ID
+// (which attempt of which lockstep-run launch this is; see below).
 #pragma once
 
 #include <chrono>
@@ -119,6 +120,12 @@ RankInfo read_rank_info(const EnvLookup& env = process_env(), RankInfoOptions op
 // LOCKSTEP_RESTART_COUNT (RankInfo::restart_count): 0 when unset; throws
 // naming the variable when it is not a whole number >= 0.
 int read_restart_count(const EnvLookup& env = process_env());
+
+// LOCKSTEP_JOB_ID: lockstep-run's id of this launch, the same for all its
+// ranks and --max-restarts attempts (train::TrainingRunOptions::job ties a
+// run's checkpoints to it); empty when unset. Throws naming the variable
+// when it holds anything but letters, digits, '-', '_' and '.' (at most 128).
+std::string read_job_id(const EnvLookup& env = process_env());
 
 // LOCKSTEP_ASYNC_ERROR_HANDLING (what a collective that fails with no caller
 // waiting does to the process: collectives/async_error.h); nullopt when unset.

@@ -21,7 +21,8 @@ RankSlot rank_slot(const Options& options, int local_rank) {
 std::vector<std::string> child_environment(const std::vector<std::string>& base,
                                            const Options& options, const RankSlot& slot,
                                            const StoreAddress& store, int restart_count,
-                                           const std::string& flight_recorder) {
+                                           const std::string& flight_recorder,
+                                           const std::string& job_id) {
   std::map<std::string, std::string> vars;
   for (const auto& entry : base) {
     const auto eq = entry.find('=');
@@ -42,6 +43,12 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
   info.token = store.token;
   for (auto& [name, value] : distributed::rank_variables(info, options.nnodes)) vars[name] = value;
   vars["LOCKSTEP_RESTART_COUNT"] = std::to_string(restart_count);
+  // Not an outer launcher's job: this launch is a job of its own.
+  if (job_id.empty()) {
+    vars.erase("LOCKSTEP_JOB_ID");
+  } else {
+    vars["LOCKSTEP_JOB_ID"] = job_id;
+  }
   if (options.hang_timeout_s > 0) {
     vars["LOCKSTEP_HEARTBEAT_FD"] = std::to_string(kChildHeartbeatFd);
     vars["LOCKSTEP_HEARTBEAT_MS"] = std::to_string(heartbeat_interval_ms(options));

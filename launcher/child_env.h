@@ -31,9 +31,13 @@ RankSlot rank_slot(const Options& options, int local_rank);
 // `restart_count`: LOCKSTEP_RESTART_COUNT, the attempt (0 the first time).
 // `flight_recorder`: LOCKSTEP_FLIGHT_RECORDER, the file the rank records its
 // collectives in (distributed/flight_recorder.h); empty: none.
+// `job_id`: LOCKSTEP_JOB_ID, the same for every attempt of this launch (a
+// restarted program continues the run its job started, not another one:
+// train/training_run.h); empty: none.
 std::vector<std::string> child_environment(const std::vector<std::string>& base,
                                            const Options& options, const RankSlot& slot,
                                            const StoreAddress& store, int restart_count = 0,
-                                           const std::string& flight_recorder = {});
+                                           const std::string& flight_recorder = {},
+                                           const std::string& job_id = {});
 
 }  // namespace lockstep::launcher

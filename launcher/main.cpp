@@ -108,6 +108,12 @@ int run(const Options& options) {
     link = std::make_unique<NodeLink>(client, options.node_rank, options.nnodes);
   }
 
+  // One id for this launch, every attempt and node alike: a restarted
+  // program continues the run this job started and no other
+  // (train/training_run.h).
+  std::string job_id = distributed::random_token().substr(0, 16);
+  if (link) job_id = link->agree_job_id(job_id, std::chrono::minutes(5));
+
   std::vector<std::string> base;
   for (char** e = environ; *e != nullptr; ++e) base.emplace_back(*e);
 
@@ -147,7 +153,8 @@ int run(const Options& options) {
     for (int local = 0; local < options.nproc_per_node; ++local) {
       const RankSlot slot = rank_slot(options, local);
       const auto child_env =
-          child_environment(base, options, slot, address, attempt, recorders.path(slot.rank));
+          child_environment(base, options, slot, address, attempt, recorders.path(slot.rank),
+                            job_id);
       ranks.push_back({slot.rank, local,
                        spawn_child(*program, options.command, child_env, options.tag_output,
                                    cpus[static_cast<size_t>(local)],

@@ -15,6 +15,7 @@ namespace lockstep::launcher {
 namespace {
 
 const std::string kDoneKey = "lockstep-run/nodes-done";
+const std::string kJobIdKey = "lockstep-run/job-id";
 // A counter (read with add(0), which never blocks) and, beside it, why.
 const std::string kStopKey = "lockstep-run/stop";
 const std::string kStopWhyKey = "lockstep-run/stop-why";
@@ -79,6 +80,28 @@ void NodeLink::notify(const std::string& what) {
   const uint64_t one = 1;
   const ssize_t ignored = write(event_fd_, &one, sizeof one);
   (void)ignored;
+}
+
+std::string NodeLink::agree_job_id(const std::string& mine, std::chrono::milliseconds timeout) {
+  try {
+    if (node_rank_ == 0) {
+      store_->set(kJobIdKey, distributed::to_bytes(mine));
+      return mine;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!interrupted() && std::chrono::steady_clock::now() < deadline) {
+      try {
+        store_->wait({kJobIdKey}, kPollInterval);
+        return store_->get_string(kJobIdKey);
+      } catch (const distributed::StoreTimeout&) {
+      }
+    }
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("cannot agree on the job's id through node 0's store: {}", e.what()));
+  }
+  throw Error(fmt::format("node 0's launcher did not publish the job's id within {} s (or this "
+                          "launcher was told to stop); is node 0's launcher running?",
+                          std::chrono::duration_cast<std::chrono::seconds>(timeout).count()));
 }
 
 std::string NodeLink::remote_failure() const {

@@ -5,6 +5,7 @@
 //    sees it (a watcher thread turns it into a readable fd for the
 //    supervisor) and stops its ranks. Losing the store (node 0's launcher
 //    ended) counts as a failure too.
+//  - Node 0's launcher makes the job's id; every node's ranks get that one.
 //  - Node 0 serves the store, so it keeps it up after its own ranks finish
 //    until every node reports done (or a failure, or a timeout).
 //  - Under --max-restarts, each attempt has its own failure key; after a
@@ -33,6 +34,10 @@ class NodeLink {
   NodeLink(const NodeLink&) = delete;
   NodeLink& operator=(const NodeLink&) = delete;
 
+  // The job's id (LOCKSTEP_JOB_ID), the same on every node: node 0 publishes
+  // `mine` and returns it; the others return node 0's, waiting for it up to
+  // `timeout`. Throws when it does not come (or the store is gone).
+  std::string agree_job_id(const std::string& mine, std::chrono::milliseconds timeout);
   // Readable once another node failed (or the store is gone).
   int failure_fd() const { return event_fd_; }
   // What failed elsewhere, for the message.

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/runtime/checkpoint/metadata_text.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::train {
@@ -12,14 +13,45 @@ namespace {
 
 constexpr std::string_view kFixedPrefix = "run.fixed.";
 constexpr std::string_view kChangeablePrefix = "run.changeable.";
+constexpr std::string_view kFixedEscapedPrefix = "run.fixed_escaped.";
+constexpr std::string_view kChangeableEscapedPrefix = "run.changeable_escaped.";
+
+void add(std::map<std::string, std::string>& out, const std::map<std::string, std::string>& values,
+         std::string_view prefix, std::string_view escaped_prefix) {
+  for (const auto& [name, value] : values) {
+    LOCKSTEP_CHECK(runtime::is_utf8(name),
+                   "run setting '{}': its name is not UTF-8 text, which checkpoint metadata "
+                   "cannot hold; name it in UTF-8",
+                   runtime::escape_bytes(name));
+    if (runtime::is_utf8(value))
+      out[std::string(prefix) + name] = value;
+    else
+      out[std::string(escaped_prefix) + name] = runtime::escape_bytes(value);
+  }
+}
+
+// An escaped setting's value, unescaped (`key` names it in the error).
+std::string unescaped(const std::string& key, const std::string& value) {
+  auto bytes = runtime::unescape_bytes(value);
+  LOCKSTEP_CHECK(bytes.has_value(),
+                 "checkpoint metadata '{}' = \"{}\" is not escaped text (a backslash must be "
+                 "followed by another or by x and two hex digits); the file was edited or is "
+                 "corrupt",
+                 key, value);
+  return *bytes;
+}
+
+// A value as a message shows it: bytes that are not UTF-8 escaped.
+std::string shown(const std::string& value) {
+  return runtime::is_utf8(value) ? value : runtime::escape_bytes(value);
+}
 
 }  // namespace
 
 std::map<std::string, std::string> run_settings_metadata(const RunSettings& settings) {
   std::map<std::string, std::string> out;
-  for (const auto& [name, value] : settings.fixed) out[std::string(kFixedPrefix) + name] = value;
-  for (const auto& [name, value] : settings.changeable)
-    out[std::string(kChangeablePrefix) + name] = value;
+  add(out, settings.fixed, kFixedPrefix, kFixedEscapedPrefix);
+  add(out, settings.changeable, kChangeablePrefix, kChangeableEscapedPrefix);
   return out;
 }
 
@@ -29,11 +61,16 @@ std::optional<RunSettings> read_run_settings(const std::map<std::string, std::st
   for (const auto& [key, value] : metadata) {
     if (key.starts_with(kFixedPrefix)) {
       settings.fixed[key.substr(kFixedPrefix.size())] = value;
-      any = true;
     } else if (key.starts_with(kChangeablePrefix)) {
       settings.changeable[key.substr(kChangeablePrefix.size())] = value;
-      any = true;
+    } else if (key.starts_with(kFixedEscapedPrefix)) {
+      settings.fixed[key.substr(kFixedEscapedPrefix.size())] = unescaped(key, value);
+    } else if (key.starts_with(kChangeableEscapedPrefix)) {
+      settings.changeable[key.substr(kChangeableEscapedPrefix.size())] = unescaped(key, value);
+    } else {
+      continue;
     }
+    any = true;
   }
   if (!any) return std::nullopt;
   return settings;
@@ -51,7 +88,8 @@ std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const 
   for (const auto& [name, v] : now.fixed) names.insert(name);
   for (const auto& name : names) {
     const std::string was = value(saved.fixed, name), is = value(now.fixed, name);
-    if (was != is) differences.push_back(fmt::format("  {}: saved {}, now {}", name, was, is));
+    if (was != is)
+      differences.push_back(fmt::format("  {}: saved {}, now {}", name, shown(was), shown(is)));
   }
   if (!differences.empty()) {
     std::string msg = fmt::format(

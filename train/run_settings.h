@@ -41,9 +41,15 @@ struct SettingChange {
 };
 
 // As checkpoint metadata: "run.fixed.<name>" and "run.changeable.<name>".
+// A value that is not UTF-8 text (a path holding a Latin-1 byte is a legal
+// Linux path), which a safetensors header cannot hold as it is, goes under
+// "run.fixed_escaped.<name>" (or "run.changeable_escaped.<name>") as
+// runtime::escape_bytes() writes it, and reads back byte for byte. Throws
+// naming a setting whose name is not UTF-8.
 std::map<std::string, std::string> run_settings_metadata(const RunSettings& settings);
 // Back from a checkpoint's metadata; nullopt when it records none (a file
-// saved before runs recorded their settings).
+// saved before runs recorded their settings). Throws naming the key of an
+// escaped value that does not unescape.
 std::optional<RunSettings> read_run_settings(const std::map<std::string, std::string>& metadata);
 
 // Throws one lockstep::Error naming `file` and every fixed setting that

@@ -9,6 +9,7 @@
 #include "lockstep/collectives/rank_text.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/checkpoint/metadata_text.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/ops.h"
 
@@ -28,7 +29,7 @@ constexpr std::string_view kStatePrefix = "optimizer.state.";
 constexpr std::string_view kScalerPrefix = "grad_scaler.state.";
 
 // Doubles as text that reads back to the same bits.
-std::string number(double v) { return fmt::format("{:.17g}", v); }
+std::string number(double v) { return runtime::metadata_number(v); }
 
 // The metadata a checkpoint must have, with a message naming the file.
 class Metadata {
@@ -56,13 +57,10 @@ class Metadata {
   }
   double real(const std::string& key) const {
     const std::string& s = text(key);
-    try {
-      size_t used = 0;
-      const double v = std::stod(s, &used);
-      if (used == s.size()) return v;
-    } catch (const std::exception&) {
-    }
-    throw Error(fmt::format("checkpoint {}: metadata \"{}\" = \"{}\" is not a number", file_, key, s));
+    const std::optional<double> v = runtime::parse_metadata_number(s);
+    LOCKSTEP_CHECK(v.has_value(), "checkpoint {}: metadata \"{}\" = \"{}\" is not a number",
+                   file_, key, s);
+    return *v;
   }
   // Every key under `prefix`, without it.
   std::map<std::string, std::string> under(const std::string& prefix) const {

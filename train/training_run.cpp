@@ -20,6 +20,7 @@ namespace {
 // what to tell the user.
 struct Decision {
   std::optional<fs::path> pick;
+  bool continues_job = false;  // pick is of the run this job was saving
   std::vector<std::string> notes;
 };
 
@@ -79,24 +80,10 @@ Decision start_new(runtime::CheckpointDir& dir, const TrainingRunOptions& option
                                 entries.size(), dir.path().string(), what, moved_to.string())}};
 }
 
-Decision pick_to_resume(const runtime::CheckpointDir& dir, const TrainingRunOptions& options,
-                        const std::vector<CheckpointEntry>& entries) {
-  if (entries.empty())
-    return {.notes = {fmt::format("no checkpoint in {} yet: starting a new run", dir.path().string())}};
-  std::set<std::string> runs;
-  for (const auto& e : entries)
-    if (e.run_id) runs.insert(*e.run_id);
-  LOCKSTEP_CHECK(runs.size() <= 1,
-                 "cannot resume: checkpoint directory {} holds checkpoints of {} runs ({}); a "
-                 "resume continues one run: move the others' files into another directory",
-                 dir.path().string(), runs.size(), describe_contents(entries));
-  // The run's files, and those whose header does not say whose they are.
-  // Files saved without a run id are candidates only where no run has one.
-  std::vector<const CheckpointEntry*> candidates;
-  for (const auto& e : entries)
-    if (runs.empty() || !e.unreadable.empty() || e.run_id == *runs.begin())
-      candidates.push_back(&e);
-
+// The newest of `candidates` (by increasing step) that loads, verified in
+// full; notes for the newer ones that do not. Throws when none loads.
+Decision newest_that_loads(const runtime::CheckpointDir& dir, const TrainingRunOptions& options,
+                           const std::vector<const CheckpointEntry*>& candidates) {
   Decision decision;
   std::vector<std::string> failures;
   const CheckpointEntry* picked = nullptr;
@@ -127,6 +114,60 @@ Decision pick_to_resume(const runtime::CheckpointDir& dir, const TrainingRunOpti
   return decision;
 }
 
+Decision pick_to_resume(const runtime::CheckpointDir& dir, const TrainingRunOptions& options,
+                        const std::vector<CheckpointEntry>& entries) {
+  if (entries.empty())
+    return {.notes = {fmt::format("no checkpoint in {} yet: starting a new run", dir.path().string())}};
+  std::set<std::string> runs;
+  for (const auto& e : entries)
+    if (e.run_id) runs.insert(*e.run_id);
+  LOCKSTEP_CHECK(runs.size() <= 1,
+                 "cannot resume: checkpoint directory {} holds checkpoints of {} runs ({}); a "
+                 "resume continues one run: move the others' files into another directory",
+                 dir.path().string(), runs.size(), describe_contents(entries));
+  // The run's files, and those whose header does not say whose they are.
+  // Files saved without a run id are candidates only where no run has one.
+  std::vector<const CheckpointEntry*> candidates;
+  for (const auto& e : entries)
+    if (runs.empty() || !e.unreadable.empty() || e.run_id == *runs.begin())
+      candidates.push_back(&e);
+  return newest_that_loads(dir, options, candidates);
+}
+
+// The run whose checkpoints this job saved (on an earlier attempt, before
+// lockstep-run restarted it), or nullopt when it saved none here.
+std::optional<std::string> run_of_job(const runtime::CheckpointDir& dir, const std::string& job,
+                                      const std::vector<CheckpointEntry>& entries) {
+  if (job.empty()) return std::nullopt;
+  std::set<std::string> runs;
+  for (const auto& e : entries)
+    if (e.job_id == job && e.run_id) runs.insert(*e.run_id);
+  if (runs.empty()) return std::nullopt;
+  // One job trains one run; two mean files were copied or edited by hand.
+  LOCKSTEP_CHECK(runs.size() == 1,
+                 "cannot continue job {}: checkpoint directory {} holds checkpoints of {} runs "
+                 "saved by this job ({}); move the files that are not this job's into another "
+                 "directory",
+                 job, dir.path().string(), runs.size(), describe_contents(entries));
+  return *runs.begin();
+}
+
+// A restarted attempt of a job: the job's run goes on from its newest
+// checkpoint that loads (one saved by this job or, when the job resumed the
+// run, an earlier one of the same run).
+Decision continue_job(const runtime::CheckpointDir& dir, const TrainingRunOptions& options,
+                      const std::vector<CheckpointEntry>& entries, const std::string& run_id) {
+  std::vector<const CheckpointEntry*> candidates;
+  for (const auto& e : entries)
+    if (e.run_id == run_id) candidates.push_back(&e);
+  Decision decision = newest_that_loads(dir, options, candidates);
+  decision.continues_job = true;
+  decision.notes.insert(decision.notes.begin(),
+                        fmt::format("job {} was saving run {} in {}: continuing it", options.job,
+                                    run_id, dir.path().string()));
+  return decision;
+}
+
 }  // namespace
 
 TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOptions dir_options,
@@ -146,8 +187,11 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
     try {
       dir.emplace(path, dir_options);
       const auto entries = dir->list();
-      decision = options.resume ? pick_to_resume(*dir, options, entries)
-                                : start_new(*dir, options, entries);
+      if (const auto job_run = run_of_job(*dir, options.job, entries))
+        decision = continue_job(*dir, options, entries, *job_run);
+      else
+        decision = options.resume ? pick_to_resume(*dir, options, entries)
+                                  : start_new(*dir, options, entries);
     } catch (const std::exception& e) {
       error = *e.what() ? e.what() : "an error without a message";
     }
@@ -160,8 +204,13 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
   }
   if (rank != 0) dir.emplace(path, dir_options);
   const std::string picked = collectives::broadcast_text(decision.pick ? decision.pick->string() : "", group);
+  const bool continues_job =
+      !collectives::broadcast_text(decision.continues_job ? "job" : "", group).empty();
 
-  TrainingRun run{.dir = std::move(*dir), .notes = std::move(decision.notes), .world_size = world};
+  TrainingRun run{.dir = std::move(*dir),
+                  .continues_job = continues_job,
+                  .notes = std::move(decision.notes),
+                  .world_size = world};
   if (!picked.empty()) {
     check_every_rank_sees(picked, group);
     // Each rank reads the run and its settings from the header itself.
@@ -170,8 +219,9 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
     if (auto it = metadata.find(runtime::kRunKey); it != metadata.end()) run.run_id = it->second;
     run.saved = read_run_settings(metadata);
   }
-  // Saves continue the resumed run, even where no settings are recorded.
-  run.dir.set_run({.id = run.run_id});
+  // Saves continue the resumed run, even where no settings are recorded, and
+  // name the job that saved them.
+  run.dir.set_run({.id = run.run_id, .job = options.job});
   return run;
 }
 
@@ -182,7 +232,8 @@ std::vector<SettingChange> record_run_settings(TrainingRun& run, RunSettings now
     changes = compare_run_settings(*run.saved, now, run.resume_from->path.string());
     for (const auto& [name, value] : run.saved->changeable) now.changeable.try_emplace(name, value);
   }
-  run.dir.set_run({.id = run.run_id, .metadata = run_settings_metadata(now)});
+  run.dir.set_run(
+      {.id = run.run_id, .job = run.dir.run().job, .metadata = run_settings_metadata(now)});
   return changes;
 }
 

@@ -3,7 +3,8 @@
 //
 //   train::TrainingRun run = train::open_training_run(
 //       "ckpt", {.keep_last = 2, .best = runtime::BestMode::max},
-//       {.resume = resume, .restart = restart}, *group);        // every rank
+//       {.resume = resume, .restart = restart, .job = distributed::read_job_id()},
+//       *group);                                                  // every rank
 //   ... fill unset options from run.saved, build the optimizer and schedule ...
 //   for (auto& c : train::record_run_settings(run, settings))        // every rank
 //     print("{} {} replaces the saved {}", c.name, c.now, c.saved);
@@ -13,6 +14,15 @@
 //
 // What open_training_run decides, on rank 0, for every rank:
 //   - the directory must be creatable and writable by rank 0, or it throws;
+//   - with a job id (lockstep-run's LOCKSTEP_JOB_ID, which stays the same
+//     across --max-restarts attempts) and checkpoints that this job saved in
+//     the directory: the job was restarted, and whatever resume and restart
+//     say, the run those checkpoints belong to continues from its newest
+//     checkpoint that loads (nothing is refused or moved: the job's first
+//     attempt did that already). Otherwise the rules below apply, exactly as
+//     on the job's first attempt: a restart that comes before the first
+//     attempt saved anything decides again, so a refusal stays a refusal and
+//     a --restart whose first attempt died before moving the files moves them;
 //   - without resume or restart, a directory holding any checkpoint file
 //     (another run's, one saved before runs had ids, a damaged one) is
 //     refused with a message that lists what is there and the ways out;
@@ -48,6 +58,10 @@ struct TrainingRunOptions {
   // How the program's user asks for each, for messages: "add --resume".
   std::string resume_hint = "resume the run";
   std::string restart_hint = "restart (which moves the old files into a subdirectory)";
+  // The job this process belongs to (distributed::read_job_id(): one launch
+  // of lockstep-run, restarts included); recorded in every save. Empty: the
+  // run is not tied to a job, and resume and restart alone decide.
+  std::string job;
 };
 
 struct TrainingRun {
@@ -58,6 +72,9 @@ struct TrainingRun {
   // a checkpoint saved before runs recorded them.
   std::string run_id;
   std::optional<RunSettings> saved;
+  // Whether the run continues from checkpoints that this job saved (an
+  // attempt restarted by lockstep-run --max-restarts); the same on every rank.
+  bool continues_job = false;
   // Rank 0 only: what it did that the user should know, one line each.
   std::vector<std::string> notes;
   int world_size = 1;

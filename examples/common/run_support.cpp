@@ -15,21 +15,29 @@ std::optional<train::TrainingRun> open_checkpoints(const CheckpointFlags& flags,
                                                    runtime::BestMode best,
                                                    collectives::ProcessGroup& group) {
   if (flags.dir.empty()) return std::nullopt;
-  // Started again by lockstep-run --max-restarts: continue this run from its
-  // newest good checkpoint (or from the start when it saved none yet); the
-  // command line's --restart was for the first attempt only.
+  // Started again by lockstep-run --max-restarts: the run this job was
+  // saving (LOCKSTEP_JOB_ID in its checkpoints) continues from its newest
+  // good checkpoint. Until the job saved one, --resume and --restart decide
+  // as they did for the first attempt: a directory of another run is still
+  // refused, and never resumed in this run's place.
   const int restarts = distributed::read_restart_count();
-  if (restarts > 0)
-    print(group.rank(), "restart {} (LOCKSTEP_RESTART_COUNT): resuming the run in {}\n",
-          restarts, flags.dir);
   train::TrainingRun run = train::open_training_run(
       flags.dir, {.keep_last = flags.keep_last, .best = best},
-      {.resume = flags.resume || restarts > 0,
-       .restart = flags.restart && restarts == 0,
+      {.resume = flags.resume,
+       .restart = flags.restart,
        .resume_hint = "add --resume",
        .restart_hint = "add --restart to move those files into a subdirectory (nothing is "
-                       "deleted)"},
+                       "deleted)",
+       .job = distributed::read_job_id()},
       group);
+  if (restarts > 0 && run.continues_job)
+    print(group.rank(), "restart {} (LOCKSTEP_RESTART_COUNT): resuming the run in {}\n",
+          restarts, flags.dir);
+  else if (restarts > 0)
+    print(group.rank(),
+          "restart {} (LOCKSTEP_RESTART_COUNT): this job saved no checkpoint in {} yet: "
+          "starting as the first attempt did\n",
+          restarts, flags.dir);
   for (const auto& note : run.notes) print(group.rank(), "{}\n", note);
   return run;
 }

@@ -33,8 +33,10 @@ struct CheckpointFlags {
 };
 
 // The run in flags.dir (train/training_run.h), with the examples' --resume
-// and --restart named in its messages; rank 0 prints its notes. Null without
-// a directory. Every rank calls it.
+// and --restart named in its messages and tied to lockstep-run's job
+// (LOCKSTEP_JOB_ID): an attempt restarted by --max-restarts continues the
+// run its job saved, and no other. Rank 0 prints its notes. Null without a
+// directory. Every rank calls it.
 std::optional<lockstep::train::TrainingRun> open_checkpoints(
     const CheckpointFlags& flags, lockstep::runtime::BestMode best,
     lockstep::collectives::ProcessGroup& group);

@@ -46,6 +46,7 @@ train::RunSettings run_settings(const Options& o, int64_t train_samples, int64_t
                     {"optimizer", optimizer_setting(o)},
                     {"zero", on_off(o.zero)},
                     {"lr_schedule", train::schedule_setting(scheduler)},
+                    {"data", o.data},
                     {"seed", std::to_string(o.seed)}},
           .changeable = {{"lr", fmt::format("{}", learning_rate(o))},
                          {"epochs", std::to_string(o.epochs)},

@@ -6,7 +6,8 @@
 // model, sync_bn, batch_size (per rank), train_samples, test_samples (the
 // best checkpoint is the one with the best test accuracy), optimizer (with
 // momentum and weight decay), zero, lr_schedule (with every setting of the
-// schedule, its length in steps included), seed.
+// schedule, its length in steps included), data (the --data directory as
+// given), seed.
 // Changeable: lr, epochs, clip_grad_norm, log_every, checkpoint_every.
 #pragma once
 

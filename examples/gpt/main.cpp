@@ -47,6 +47,7 @@
 #include "lockstep/optim/zero_redundancy_optimizer.h"
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/checkpoint/metadata_text.h"
 #include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
@@ -151,7 +152,12 @@ void take_saved_settings(Options& o, const train::RunSettings& saved) {
   const auto take = [&](const std::string& name, auto& field) {
     auto it = saved.changeable.find(name);
     if (o.given.contains(name) || it == saved.changeable.end()) return;
-    field = static_cast<std::decay_t<decltype(field)>>(std::stod(it->second));
+    const std::optional<double> value = runtime::parse_metadata_number(it->second);
+    LOCKSTEP_CHECK(value.has_value(),
+                   "the checkpoint records {} = \"{}\", which is not a number; give --{} on "
+                   "the command line",
+                   name, it->second, name);
+    field = static_cast<std::decay_t<decltype(field)>>(*value);
   };
   take("clip_grad_norm", o.clip_grad_norm);
   take("log_every", o.log_every);

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "lockstep/runtime/checkpoint/atomic_file.h"
+#include "lockstep/runtime/checkpoint/metadata_text.h"
 
 namespace lockstep::runtime {
 
@@ -21,11 +22,14 @@ constexpr std::string_view kSuffix = ".safetensors";
 std::optional<double> parse_metric(const std::map<std::string, std::string>& metadata) {
   auto it = metadata.find(kMetricKey);
   if (it == metadata.end()) return std::nullopt;
-  try {
-    return std::stod(it->second);
-  } catch (const std::exception&) {
-    return std::nullopt;  // "nan" parses; anything else is not a metric
-  }
+  return parse_metadata_number(it->second);  // "nan" parses; anything else is not a metric
+}
+
+// Whose a file is, for messages: "run 3f..", "a run saved without a run id".
+std::string owner_of(const CheckpointEntry& e) {
+  if (!e.unreadable.empty()) return fmt::format("a file whose header does not read ({})", e.unreadable);
+  if (!e.run_id) return "a checkpoint saved without a run id (by an earlier version)";
+  return fmt::format("a checkpoint of another run, {}", *e.run_id);
 }
 
 // "20261126-142501": when a set-aside folder was made, in UTC.
@@ -66,6 +70,24 @@ CheckpointDir::CheckpointDir(fs::path dir, CheckpointDirOptions options)
     throw Error(fmt::format("{}; pick a checkpoint directory this user can write", e.what()));
   }
   remove_stale_temp_files_with_warning();
+}
+
+void CheckpointDir::set_run(CheckpointRun run) {
+  for (const auto& [key, value] : run.metadata) {
+    LOCKSTEP_CHECK(!key.starts_with("lockstep."),
+                   "CheckpointDir {}: run metadata '{}': keys starting with \"lockstep.\" are "
+                   "the directory's own; rename it",
+                   dir_.string(), key);
+    LOCKSTEP_CHECK(is_utf8(key) && is_utf8(value),
+                   "CheckpointDir {}: run metadata '{}' = \"{}\" is not UTF-8 text, which a "
+                   "safetensors header (JSON) cannot hold; record the bytes escaped "
+                   "(runtime::escape_bytes)",
+                   dir_.string(), escape_bytes(key), escape_bytes(value));
+  }
+  LOCKSTEP_CHECK(is_utf8(run.id) && is_utf8(run.job),
+                 "CheckpointDir {}: run id \"{}\" or job \"{}\" is not UTF-8 text",
+                 dir_.string(), escape_bytes(run.id), escape_bytes(run.job));
+  run_ = std::move(run);
 }
 
 void CheckpointDir::remove_stale_temp_files_with_warning() const {
@@ -110,16 +132,29 @@ CheckpointEntry CheckpointDir::save(const CheckpointContent& content, int64_t st
   // temporary file; it is nobody's now.
   remove_stale_temp_files_with_warning();
   if (run_.id.empty()) run_.id = new_run_id();
-  // The step, metric and run go into the file itself, so the directory alone
-  // tells a restarted run which checkpoints are its own and which is best.
-  CheckpointContent c{.tensors = content.tensors, .metadata = content.metadata};
-  for (const auto& [key, value] : run_.metadata) c.metadata[key] = value;
-  c.metadata[kStepKey] = std::to_string(step);
-  c.metadata[kRunKey] = run_.id;
-  c.metadata.erase(kMetricKey);
-  if (metric) c.metadata[kMetricKey] = fmt::format("{:.17g}", *metric);
   CheckpointEntry saved{.path = path_for_step(step), .step = step, .metric = metric,
                         .run_id = run_.id};
+  if (!run_.job.empty()) saved.job_id = run_.job;
+  // The run's own file of this step may be replaced (a run resumed from an
+  // earlier step saves it again); anyone else's stays, as retention leaves it.
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(saved.path, ec))) {
+    const CheckpointEntry there = entry_for(saved.path);
+    LOCKSTEP_CHECK(there.unreadable.empty() && there.run_id == run_.id,
+                   "CheckpointDir {}: not saving step {} of run {}: {} already exists and is {}. "
+                   "Nothing was written; a run never replaces another's checkpoint. Save this "
+                   "run into another directory, or move that file away",
+                   dir_.string(), step, run_.id, saved.path.string(), owner_of(there));
+  }
+  // The step, metric, run and job go into the file itself, so the directory
+  // alone tells a restarted run which checkpoints are its own and which is best.
+  CheckpointContent c{.tensors = content.tensors, .metadata = content.metadata};
+  for (const auto& [key, value] : run_.metadata) c.metadata[key] = value;
+  for (const char* key : {kStepKey, kRunKey, kJobKey, kMetricKey}) c.metadata.erase(key);
+  c.metadata[kStepKey] = std::to_string(step);
+  c.metadata[kRunKey] = run_.id;
+  if (saved.job_id) c.metadata[kJobKey] = *saved.job_id;
+  if (metric) c.metadata[kMetricKey] = metadata_number(*metric);
   save_checkpoint(saved.path, c, save);
 
   // Retention, after the new file is durable (a crash in between leaves one
@@ -152,6 +187,7 @@ CheckpointEntry CheckpointDir::entry_for(const fs::path& file) const {
     const auto metadata = read_safetensors_header(file.string()).metadata;
     e.metric = parse_metric(metadata);
     if (auto it = metadata.find(kRunKey); it != metadata.end()) e.run_id = it->second;
+    if (auto it = metadata.find(kJobKey); it != metadata.end()) e.job_id = it->second;
   } catch (const Error& error) {
     e.unreadable = error.what();  // latest() and load reports say the rest
   }

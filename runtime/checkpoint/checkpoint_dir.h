@@ -6,8 +6,9 @@
 //   if (auto last = dir.load_latest()) { resume from last->content ... }
 //
 // Files are "<prefix>-<step, 10 digits>.safetensors", each written atomically
-// (atomic_file.h), with the step, the metric and the run in its metadata
-// ("lockstep.step", "lockstep.metric", "lockstep.run"). All state is in the
+// (atomic_file.h), with the step, the metric, the run and the job that saved
+// it in its metadata ("lockstep.step", "lockstep.metric", "lockstep.run",
+// "lockstep.job"). All state is in the
 // directory itself, so a restarted process, after a crash included, sees what
 // the last one left: the file names give the steps, the headers the metrics
 // and runs. Temporary files of killed writers are never listed and are
@@ -19,8 +20,10 @@
 // Retention only ever deletes files of the current run, and never its newest
 // save: files of other runs, files saved without a run id, files whose header
 // does not read, and the run's own files of higher steps than the newest save
-// (left by a run that resumed from an earlier step) all stay. Starting and
-// resuming runs across ranks: train/training_run.h.
+// (left by a run that resumed from an earlier step) all stay. Nor does a save
+// replace any of them: a save whose step has a file that is not the current
+// run's throws, naming it, and writes nothing. Starting and resuming runs
+// across ranks: train/training_run.h.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +44,7 @@ enum class OnCorrupt { skip_with_warning, throw_error };
 inline constexpr const char* kStepKey = "lockstep.step";
 inline constexpr const char* kMetricKey = "lockstep.metric";
 inline constexpr const char* kRunKey = "lockstep.run";
+inline constexpr const char* kJobKey = "lockstep.job";
 
 struct CheckpointDirOptions {
   std::string prefix = "ckpt";
@@ -58,8 +62,13 @@ struct CheckpointDirOptions {
 // The run that saves go to.
 struct CheckpointRun {
   std::string id;  // empty: a new one is made at the first save
+  // The job that saves (lockstep-run's LOCKSTEP_JOB_ID: one launch, restarts
+  // included), recorded in each save so that a restarted attempt finds the
+  // run its job was saving (train/training_run.h); empty: none recorded.
+  std::string job;
   // Written into every save of the run (e.g. the settings that shape it);
-  // keys must not start with "lockstep.".
+  // keys must not start with "lockstep.", and keys and values must be UTF-8
+  // (safetensors headers are JSON; runtime::escape_bytes keeps bytes whole).
   std::map<std::string, std::string> metadata;
 };
 
@@ -69,6 +78,8 @@ struct CheckpointEntry {
   std::optional<double> metric;  // absent when saved without one, or unreadable
   // The run that saved it; absent when saved before runs had ids, or unreadable.
   std::optional<std::string> run_id;
+  // The job that saved it (CheckpointRun::job); absent when none was recorded.
+  std::optional<std::string> job_id;
   std::string unreadable;  // why the header does not read; empty when it does
 };
 
@@ -87,14 +98,18 @@ class CheckpointDir {
   // and removes stale temporary files.
   explicit CheckpointDir(std::filesystem::path dir, CheckpointDirOptions options = {});
 
-  // Writes `content` as checkpoint `step` of the current run (replacing one
-  // of the same step), then deletes the run's files that retention no longer
-  // keeps. A NaN metric is stored but never counts as best.
+  // Writes `content` as checkpoint `step` of the current run (replacing the
+  // run's own file of that step), then deletes the run's files that retention
+  // no longer keeps. A NaN metric is stored but never counts as best. Throws,
+  // writing nothing, when the step's file is not the current run's: another
+  // run's, one saved without a run id, or one whose header does not read.
+  // The step, metric, run and job keys of `content`'s metadata are replaced.
   CheckpointEntry save(const CheckpointContent& content, int64_t step,
                        std::optional<double> metric = std::nullopt, const SaveOptions& save = {});
 
   // The run later saves belong to; its id may be empty (one is made then).
-  void set_run(CheckpointRun run) { run_ = std::move(run); }
+  // Throws when run.metadata breaks CheckpointRun's rules, naming the key.
+  void set_run(CheckpointRun run);
   const CheckpointRun& run() const { return run_; }
 
   // The checkpoints present, of every run, by increasing step. Reads each

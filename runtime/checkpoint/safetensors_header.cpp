@@ -3,7 +3,12 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <set>
+#include <vector>
+
 #include <nlohmann/json.hpp>
+
+#include "lockstep/runtime/checkpoint/metadata_text.h"
 
 namespace lockstep::runtime {
 
@@ -21,8 +26,26 @@ constexpr DTypeName kDTypeNames[] = {
     {DType::i64, "I64"}, {DType::i32, "I32"}, {DType::u8, "U8"},   {DType::boolean, "BOOL"},
 };
 
-// The JSON of a string, quotes and escapes included.
+// The JSON of a string, quotes and escapes included (`s` is UTF-8:
+// check_utf8 first).
 std::string quoted(const std::string& s) { return nlohmann::json(s).dump(); }
+
+// JSON strings are UTF-8 (nlohmann's dump() throws a bare type_error 316 on
+// anything else): an error naming `what` ("tensor name 'x'", "metadata
+// 'k'"), the byte and where it is, and what to do.
+void check_utf8(const std::string& s, const std::string& what, const char* fix) {
+  const size_t good = utf8_prefix_length(s);
+  if (good == s.size()) return;
+  throw Error(fmt::format("safetensors: {} is not UTF-8 text (byte 0x{:02x} at offset {} of "
+                          "\"{}\"); the header is JSON, whose strings must be UTF-8: {}",
+                          what, static_cast<unsigned char>(s[good]), good, escape_bytes(s), fix));
+}
+
+// Thrown by the parser callback below for a key an object already has.
+struct DuplicateKey {
+  std::string key;
+  bool top_level = true;  // a tensor name (or "__metadata__"), else a key inside one's object
+};
 
 // Bytes of `shape` elements of `dtype`; false when the count overflows.
 bool shape_bytes(const Shape& shape, DType dtype, uint64_t& out) {
@@ -108,6 +131,10 @@ std::string encode_safetensors_header(const std::vector<TensorEntry>& tensors,
     json += "\"__metadata__\":{";
     bool first = true;
     for (const auto& [k, v] : metadata) {
+      check_utf8(k, fmt::format("the metadata key '{}'", escape_bytes(k)),
+                 "rename it");
+      check_utf8(v, fmt::format("the value of metadata '{}'", escape_bytes(k)),
+                 "store the bytes escaped (runtime::escape_bytes) or as text");
       if (!first) json += ',';
       json += quoted(k) + ':' + quoted(v);
       first = false;
@@ -119,6 +146,8 @@ std::string encode_safetensors_header(const std::vector<TensorEntry>& tensors,
   for (const auto& t : tensors) {
     LOCKSTEP_CHECK(t.name != "__metadata__",
                    "safetensors: '__metadata__' is reserved, rename the tensor");
+    check_utf8(t.name, fmt::format("the tensor name '{}'", escape_bytes(t.name)),
+               "rename the tensor");
     LOCKSTEP_CHECK(++seen[t.name] == 1,
                    "safetensors: tensor name '{}' appears twice; names must be unique", t.name);
     uint64_t nbytes = 0;
@@ -142,11 +171,40 @@ std::string encode_safetensors_header(const std::vector<TensorEntry>& tensors,
 }
 
 SafetensorsHeader decode_safetensors_header(std::string_view json, const std::string& file) {
+  // nlohmann's lexer takes a NUL byte for the end of the input: "{}\0junk"
+  // would parse. JSON has no place for one outside a string, where it is
+  // written \u0000, nor does the padding (spaces).
+  if (const size_t nul = json.find('\0'); nul != std::string_view::npos)
+    throw Error(fmt::format("{}: the safetensors header holds a NUL byte at byte {} of the "
+                            "file; the file is corrupt or not a safetensors file",
+                            file, 8 + nul));
   // ordered_json keeps the document's order, which breaks ties between a
-  // zero-byte tensor and its neighbour at the same offset.
+  // zero-byte tensor and its neighbour at the same offset. A key an object
+  // already has would silently replace the first (two tensors of one name,
+  // the last one winning): the callback refuses it, as the writer does.
+  std::vector<std::set<std::string>> keys;  // one per object being parsed
+  const auto refuse_duplicates = [&](int /*depth*/, nlohmann::ordered_json::parse_event_t event,
+                                     nlohmann::ordered_json& parsed) {
+    using Event = nlohmann::ordered_json::parse_event_t;
+    if (event == Event::object_start) {
+      keys.emplace_back();
+    } else if (event == Event::object_end) {
+      keys.pop_back();
+    } else if (event == Event::key && !keys.back().insert(parsed.get<std::string>()).second) {
+      throw DuplicateKey{parsed.get<std::string>(), keys.size() == 1};
+    }
+    return true;
+  };
   nlohmann::ordered_json root;
   try {
-    root = nlohmann::ordered_json::parse(json.begin(), json.end());
+    root = nlohmann::ordered_json::parse(json.begin(), json.end(), refuse_duplicates);
+  } catch (const DuplicateKey& d) {
+    throw Error(fmt::format(
+        "{}: the safetensors header {} \"{}\" twice; {} (a reader would keep one of them "
+        "silently): the file is corrupt or was not written by a safetensors writer",
+        file, d.top_level ? "names" : "has a key", escape_bytes(d.key),
+        d.top_level ? "the names of its tensors (and __metadata__) must be unique"
+                    : "the keys of one object must be unique"));
   } catch (const nlohmann::json::exception& e) {
     throw Error(
         fmt::format("{}: the safetensors header (bytes 8 to {}) is not valid JSON ({}); "

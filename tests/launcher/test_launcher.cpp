@@ -425,6 +425,46 @@ TEST_CASE("launcher: --max-restarts starts the whole group again after a rank fa
   CHECK_THAT(once.output, Contains("LOCKSTEP_RESTART_COUNT=0") && !Contains("restart 1"));
 }
 
+TEST_CASE("launcher: every rank of every attempt gets the launch's LOCKSTEP_JOB_ID",
+          "[launcher][restart]") {
+  // The ids each "rank=..." line showed, all of them.
+  const auto ids = [](const std::string& output) {
+    std::multiset<std::string> out;
+    const std::regex id("LOCKSTEP_JOB_ID=(\\S+)");
+    for (auto it = std::sregex_iterator(output.begin(), output.end(), id);
+         it != std::sregex_iterator(); ++it)
+      out.insert((*it)[1]);
+    return out;
+  };
+  // An outer launcher's id is not this launch's.
+  const auto r = launch({"-np", "2", "--max-restarts", "1", "--restart-backoff", "0"},
+                        {"print", "show=LOCKSTEP_JOB_ID", "fail-attempts=1:1"},
+                        {"LOCKSTEP_JOB_ID=outer"});
+  CHECK(r.exit_code == 0);
+  const auto seen = ids(r.output);
+  // Two ranks, two attempts (rank 0 of the first may be stopped before it prints).
+  CHECK(seen.size() >= 3);
+  REQUIRE_FALSE(seen.empty());
+  const std::string job = *seen.begin();
+  CHECK(seen.count(job) == seen.size());
+  CHECK(job != "outer");
+  CHECK(job != "(unset)");
+
+  const auto next = launch({"-np", "1"}, {"print", "show=LOCKSTEP_JOB_ID"});
+  CHECK(next.exit_code == 0);
+  CHECK(ids(next.output).size() == 1);
+  CHECK(ids(next.output).count(job) == 0);  // another launch, another job
+
+  // Several nodes: node 0's id, on every node.
+  const auto nodes = two_local_nodes({}, {"print", "show=LOCKSTEP_JOB_ID"},
+                                     {"print", "show=LOCKSTEP_JOB_ID"});
+  CHECK(nodes.ok());
+  const auto both = ids(nodes.output);
+  CHECK(both.size() == 2);
+  REQUIRE_FALSE(both.empty());
+  CHECK(both.count(*both.begin()) == 2);
+}
+
 TEST_CASE("launcher: --max-restarts gives up after N restarts, and a signal is not restarted",
           "[launcher][restart]") {
   const auto r = launch({"-np", "2", "--max-restarts", "1", "--restart-backoff", "0"},

@@ -252,3 +252,44 @@ TEST_CASE("gpt_train --amp f16 --checkpoint-blocks resumes exactly, the loss sca
   CHECK_THAT(refused.output, Catch::Contains("amp"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("gpt_train: a data directory whose name is not UTF-8 is recorded and checked on resume",
+          "[example][gpt][resume]") {
+  LOCKSTEP_SKIP_IF(skip_reason());
+  // A Latin-1 e-acute: a legal Linux path, but no UTF-8 text; the run used to
+  // die at its first checkpoint (nlohmann's type_error 316, naming nothing).
+  const fs::path data = scratch("fort\xe9");
+  const fs::path utf8_data = scratch("fort\xc3\xa9");
+  for (const auto& d : {data, utf8_data}) {
+    fs::create_directories(d);
+    write_fortunes(d / "a", 0, 25);
+  }
+  const std::string dir = scratch("latin1-ckpt");
+  const std::vector<std::string> args = {"--steps", "6", "--eval-every", "100", "--eval-windows",
+                                         "1", "--checkpoint-dir", dir, "--checkpoint-every", "3"};
+  auto with = [&](const fs::path& d, std::vector<std::string> extra) {
+    auto a = args;
+    a.insert(a.end(), {"--data", d.string()});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return command(1, a);
+  };
+  const GptRun straight = parse(run_process(with(data, {}), std::chrono::seconds(120)));
+  INFO(straight.result.output);
+  REQUIRE(straight.result.ok());
+  CHECK(straight.losses.size() == 6);
+  REQUIRE(fs::remove(fs::path(dir) / "ckpt-0000000006.safetensors"));
+
+  const GptRun resumed = parse(run_process(with(data, {"--resume"}), std::chrono::seconds(120)));
+  INFO(resumed.result.output);
+  REQUIRE(resumed.result.ok());
+  CHECK(resumed.losses.size() == 3);
+  CHECK(resumed.digest == straight.digest);
+
+  // The same name in UTF-8 is another directory: refused, the saved one shown escaped.
+  const ProcessResult other = run_process(with(utf8_data, {"--resume"}), std::chrono::seconds(120));
+  INFO(other.output);
+  CHECK_FALSE(other.ok());
+  CHECK_THAT(other.output, Catch::Contains("data: saved " + data.parent_path().string()) &&
+                               Catch::Contains("fort\\xe9"));
+  for (const auto& d : {data, utf8_data, fs::path(dir)}) fs::remove_all(d);
+}

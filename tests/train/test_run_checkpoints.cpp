@@ -4,7 +4,8 @@
 // aside); a resume that would change what the run computes is refused with
 // every difference named; settings that may change are applied and printed;
 // a directory where no checkpoint loads, or that cannot be written, fails
-// before any training.
+// before any training; under lockstep-run --max-restarts a restarted attempt
+// continues only the run its own job saved.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -228,4 +229,102 @@ TEST_CASE("A checkpoint directory that cannot be written fails at start-up",
   std::error_code ec;
   fs::permissions(scratch, fs::perms::owner_all, ec);
   fs::remove_all(scratch, ec);
+}
+
+namespace {
+
+// lockstep-run -np 1 --max-restarts 1 --restart-backoff 0 [prefix...] fashion_mnist args...
+FashionMnistRun restarted_job(const std::vector<std::string>& prefix,
+                              const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {bin_path("lockstep-run"), "-np", "1", "--max-restarts", "1",
+                                   "--restart-backoff", "0"};
+  argv.insert(argv.end(), prefix.begin(), prefix.end());
+  argv.push_back(bin_path("fashion_mnist"));
+  for (const auto& a : args_with(extra)) argv.push_back(a);
+  return parse_fashion_mnist(run_process(argv, std::chrono::seconds(300)));
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("Under --max-restarts a new run refused at its start stays refused, never resuming "
+          "another run",
+          "[optim][checkpoint][resume][restart]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("restart-refused");
+  train_ok(1, {"--epochs", "1", "--checkpoint-dir", dir});
+  const auto before = checkpoint_files(dir, false);
+
+  // No --resume: the first attempt refuses the directory and exits 1; the
+  // restart must refuse it again, not continue the finished run.
+  const FashionMnistRun r = restarted_job({}, {"--epochs", "3", "--checkpoint-dir", dir});
+  INFO(r.result.output);
+  CHECK(r.result.exit_code != 0);
+  CHECK_FALSE(r.trained());
+  CHECK(count(r.result.output, "already holds checkpoints of another run") == 2);
+  CHECK_THAT(r.result.output, Contains("restart 1 of 1") && Contains("giving up") &&
+                                  !Contains("resuming the run") && !Contains("resumed from"));
+  CHECK(checkpoint_files(dir, true) == before);  // nothing moved, added or deleted
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Under --max-restarts a --restart whose first attempt died early starts the new run",
+          "[optim][checkpoint][resume][restart]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("restart-early");
+  train_ok(1, {"--epochs", "1", "--checkpoint-dir", dir});
+  const auto before = checkpoint_files(dir, false);
+
+  // The first attempt dies before the program even starts (before rank 0
+  // opened the directory); the second is the --restart the user asked for.
+  const std::string dies_first =
+      "if [ \"$LOCKSTEP_RESTART_COUNT\" = 0 ]; then echo 'attempt 0 dies early'; exit 1; fi; "
+      "exec \"$0\" \"$@\"";
+  const FashionMnistRun r =
+      restarted_job({"/bin/sh", "-c", dies_first}, {"--epochs", "1", "--checkpoint-dir", dir, "--restart"});
+  INFO(r.result.output);
+  REQUIRE(r.result.ok());
+  CHECK_THAT(r.result.output,
+             Contains("attempt 0 dies early") &&
+                 Contains("restart 1 (LOCKSTEP_RESTART_COUNT): this job saved no checkpoint") &&
+                 Contains("moved the") && !Contains("resumed from"));
+  CHECK(r.trained());
+  std::set<std::string> moved, here;
+  for (const auto& f : checkpoint_files(dir, true))
+    (fs::path(f).has_parent_path() ? moved : here).insert(fs::path(f).filename().string());
+  CHECK(moved == before);
+  CHECK_FALSE(here.empty());
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Under --max-restarts a run whose job saved checkpoints continues them, even with "
+          "--restart",
+          "[optim][checkpoint][resume][restart]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("restart-own");
+  train_ok(1, {"--epochs", "1", "--checkpoint-dir", dir});  // another run, to move aside once
+
+  // The first attempt moves that run aside, trains and saves, and then
+  // counts as failed (the wrapper exits 3 after the program). The restart
+  // continues this job's run from its newest checkpoint and moves nothing.
+  const std::string fails_after =
+      "\"$0\" \"$@\"; code=$?; if [ \"$LOCKSTEP_RESTART_COUNT\" = 0 ]; then echo 'attempt 0 "
+      "fails after training'; exit 3; fi; exit $code";
+  const FashionMnistRun r =
+      restarted_job({"/bin/sh", "-c", fails_after}, {"--epochs", "1", "--checkpoint-dir", dir, "--restart"});
+  INFO(r.result.output);
+  REQUIRE(r.result.ok());
+  CHECK(count(r.result.output, "moved the") == 1);
+  CHECK_THAT(r.result.output, Contains("attempt 0 fails after training") &&
+                                  Contains("restart 1 (LOCKSTEP_RESTART_COUNT): resuming the run") &&
+                                  Contains("resumed from"));
+  size_t set_aside = 0;
+  for (const auto& e : fs::directory_iterator(dir)) set_aside += e.is_directory();
+  CHECK(set_aside == 1);
+  fs::remove_all(dir);
 }

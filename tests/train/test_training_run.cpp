@@ -262,3 +262,131 @@ TEST_CASE("A resume that changes the learning rate trains with it, schedule incl
   CHECK(other_opt.param_groups()[0].options.at("lr") == 0.05);
   fs::remove_all(dir);
 }
+
+TEST_CASE("A subnormal learning rate is saved and restored", "[optim][checkpoint][run]") {
+  TempDir tmp;
+  auto model = models::fashion_mlp(1);
+  SGD opt(model->parameters(), {.lr = 5e-310});
+  runtime::CheckpointDir ckpt(tmp.file("tiny"), kQuiet);
+  const auto entry = save_training_checkpoint(ckpt, {.model = model.get(), .optimizer = &opt},
+                                              {.step = 1, .best_metric = 1e-320}, std::nullopt,
+                                              testing::one_rank_group());
+  auto other = models::fashion_mlp(2);
+  SGD other_opt(other->parameters(), {.lr = 1.0});
+  const TrainingProgress progress = load_training_checkpoint(
+      entry.path, {.model = other.get(), .optimizer = &other_opt}, testing::one_rank_group());
+  CHECK(other_opt.param_groups()[0].options.at("lr") == 5e-310);
+  CHECK(progress.best_metric == 1e-320);
+}
+
+TEST_CASE("A setting that is not UTF-8 text is recorded whole and checked on resume",
+          "[optim][checkpoint][run]") {
+  TempDir tmp;
+  const fs::path dir = tmp.file("latin1");
+  RunSettings latin1 = settings("mlp", "0.05");
+  latin1.fixed["data"] = "/tmp/fort\xe9";  // a legal Linux path, not UTF-8
+  latin1.changeable["note"] = "a\\b\xff";
+  const auto metadata = run_settings_metadata(latin1);
+  CHECK(metadata.at("run.fixed_escaped.data") == "/tmp/fort\\xe9");
+  CHECK_FALSE(metadata.contains("run.fixed.data"));
+  CHECK(read_run_settings(metadata) == latin1);
+  CHECK_THAT(testing::error_of([] { run_settings_metadata({.fixed = {{"d\xe9", "x"}}}); }),
+             Contains("run setting 'd\\xe9'"));
+
+  saved_run(dir, latin1, {3});  // trains and saves: nothing refuses the path
+  TrainingRun same = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
+  REQUIRE(same.saved);
+  CHECK(same.saved->fixed.at("data") == "/tmp/fort\xe9");
+  CHECK(record_run_settings(same, latin1).empty());
+
+  TrainingRun other = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
+  RunSettings utf8 = latin1;
+  utf8.fixed["data"] = "/tmp/fort\xc3\xa9";  // the same name in UTF-8: other bytes, another dir
+  CHECK_THAT(testing::error_of([&] { record_run_settings(other, utf8); }),
+             Contains("data: saved /tmp/fort\\xe9, now /tmp/fort\xc3\xa9"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A restarted job continues the run it was saving, and only that run",
+          "[optim][checkpoint][run]") {
+  TempDir tmp;
+  const fs::path dir = tmp.file("job");
+  auto model = models::fashion_mlp(1);
+  const auto save = [&](TrainingRun& run, int64_t step) {
+    save_training_checkpoint(run.dir, {.model = model.get()}, {.step = step}, std::nullopt,
+                             testing::one_rank_group());
+  };
+  const auto open = [&](const TrainingRunOptions& options) {
+    return open_training_run(dir, kQuiet, options, testing::one_rank_group());
+  };
+
+  SECTION("a new run's job, restarted after it saved, continues it without --resume") {
+    TrainingRun first = open({.job = "job-a"});
+    record_run_settings(first, settings("mlp", "0.05"));
+    save(first, 5);
+    save(first, 10);
+    for (const TrainingRunOptions& options :
+         {TrainingRunOptions{.job = "job-a"}, TrainingRunOptions{.restart = true, .job = "job-a"},
+          TrainingRunOptions{.resume = true, .job = "job-a"}}) {
+      TrainingRun again = open(options);
+      CHECK(again.continues_job);
+      REQUIRE(again.resume_from);
+      CHECK(again.resume_from->step == 10);
+      CHECK(again.run_id == first.dir.run().id);
+      CHECK(again.dir.run().job == "job-a");
+      REQUIRE_FALSE(again.notes.empty());
+      CHECK_THAT(again.notes[0], Contains("job job-a was saving run " + again.run_id));
+      CHECK(again.dir.list().size() == 2);  // a restart moved nothing aside
+    }
+    // Another job finds another run's files: refused, as for any new run.
+    CHECK_THAT(testing::error_of([&] { open({.job = "job-b"}); }),
+               Contains("already holds checkpoints of another run"));
+    CHECK_FALSE(open({.resume = true, .job = "job-b"}).continues_job);
+  }
+  SECTION("a job refused at its start is refused again at every restart") {
+    TrainingRun other = open({.job = "job-old"});
+    save(other, 10);
+    for (int attempt = 0; attempt < 2; ++attempt)
+      CHECK_THAT(testing::error_of([&] { open({.job = "job-new"}); }),
+                 Contains("already holds checkpoints of another run") &&
+                     Contains("run " + other.dir.run().id));
+    CHECK(other.dir.list().size() == 1);
+  }
+  SECTION("a --restart that died before moving the files moves them on its next attempt") {
+    TrainingRun old = open({.job = "job-old"});
+    save(old, 10);
+    TrainingRun fresh = open({.restart = true, .job = "job-new"});  // the attempt after one that died early
+    CHECK_FALSE(fresh.continues_job);
+    CHECK_FALSE(fresh.resume_from);
+    REQUIRE(fresh.notes.size() == 1);
+    CHECK_THAT(fresh.notes[0], Contains("moved the 1 checkpoint file(s)"));
+    // It died again before saving: the next attempt starts the new run again
+    // and has nothing to move; once it saved, restarts continue it.
+    TrainingRun third = open({.restart = true, .job = "job-new"});
+    CHECK(third.notes.empty());
+    save(third, 3);
+    TrainingRun fourth = open({.restart = true, .job = "job-new"});
+    CHECK(fourth.continues_job);
+    REQUIRE(fourth.resume_from);
+    CHECK(fourth.resume_from->step == 3);
+    CHECK(fourth.run_id == third.dir.run().id);
+  }
+  SECTION("a job that resumed an older run continues that run, from its own newest save") {
+    TrainingRun older = open({.job = "job-1"});
+    record_run_settings(older, settings("mlp", "0.05"));
+    save(older, 5);
+    TrainingRun resumed = open({.resume = true, .job = "job-2"});
+    CHECK_FALSE(resumed.continues_job);
+    record_run_settings(resumed, settings("mlp", "0.05"));
+    save(resumed, 8);
+    const auto entries = resumed.dir.list();
+    REQUIRE(entries.size() == 2);
+    CHECK(entries[1].job_id == "job-2");
+    CHECK(entries[1].run_id == older.dir.run().id);
+    TrainingRun restarted = open({.job = "job-2"});
+    CHECK(restarted.continues_job);
+    CHECK(restarted.resume_from->step == 8);
+    CHECK(restarted.run_id == older.dir.run().id);
+  }
+  fs::remove_all(dir);
+}

@@ -1,6 +1,7 @@
 // CheckpointDir and runs: retention only ever deletes files of the run that
-// saves, never its newest save; other runs' files and damaged files stay.
-// A directory that cannot be written fails when it is opened.
+// saves, never its newest save; other runs' files and damaged files stay,
+// and no save replaces them. A directory that cannot be written fails when
+// it is opened. Metrics and jobs read back from the files.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -93,4 +94,77 @@ TEST_CASE("checkpoint runs: a directory that cannot be written fails when opened
     std::error_code ec;  // TempDir must be able to remove it
     fs::permissions(tmp.file("read-only"), fs::perms::owner_all, ec);
   }
+}
+
+TEST_CASE("checkpoint dir: a subnormal metric reads back and keeps its file as the best",
+          "[checkpoint]") {
+  TempDir tmp;
+  CheckpointDir dir(tmp.str(), quiet(1, BestMode::min));
+  dir.save(small_content(), 1, 1e-310);
+  dir.save(small_content(), 2, 0.5);
+  dir.save(small_content(), 3, 0.7);
+  CHECK(steps(dir) == std::vector<int64_t>{1, 3});
+  REQUIRE(dir.best());
+  CHECK(dir.best()->step == 1);
+  CHECK(dir.best()->metric == 1e-310);
+  CHECK(dir.list().front().metric == 1e-310);
+}
+
+TEST_CASE("checkpoint dir: a save never replaces another run's file of the same step",
+          "[checkpoint]") {
+  TempDir tmp;
+  std::string older_id;
+  {
+    CheckpointDir older(tmp.str(), quiet(2, BestMode::max));
+    for (int64_t step : {100, 200, 300}) older.save(small_content(), step, step == 100 ? 0.9 : 0.5);
+    older_id = older.run().id;
+  }
+  const std::string best_bytes = read_bytes(CheckpointDir(tmp.str()).path_for_step(100).string());
+
+  CheckpointDir newer(tmp.str(), quiet(2, BestMode::max));
+  newer.save(small_content(2), 50, 0.1);
+  const std::string message = error_of([&] { newer.save(small_content(2), 100, 0.1); });
+  CHECK_THAT(message, Contains("not saving step 100") &&
+                          Contains(newer.path_for_step(100).string()) &&
+                          Contains("another run, " + older_id) && Contains("Nothing was written"));
+  // The older run's best is untouched, and so is the newer run's own file.
+  CHECK(read_bytes(newer.path_for_step(100).string()) == best_bytes);
+  CHECK(steps(newer) == std::vector<int64_t>{50, 100, 200, 300});
+
+  // Its own file of a step is the run's to replace (a resume from an earlier step).
+  const auto again = newer.save(small_content(3), 50, 0.2);
+  CHECK(again.run_id == newer.run().id);
+  CHECK(newer.list().front().metric == 0.2);
+
+  SECTION("a file without a run id, or whose header does not read, stays too") {
+    CheckpointContent legacy = load_checkpoint(newer.path_for_step(50));
+    legacy.metadata.erase(kRunKey);
+    save_checkpoint(newer.path_for_step(60), legacy);
+    CHECK_THAT(error_of([&] { newer.save(small_content(), 60); }),
+               Contains("saved without a run id"));
+    std::ofstream(newer.path_for_step(70)) << "damaged";
+    CHECK_THAT(error_of([&] { newer.save(small_content(), 70); }),
+               Contains("header does not read"));
+    CHECK(read_bytes(newer.path_for_step(70).string()) == "damaged");
+  }
+}
+
+TEST_CASE("checkpoint dir: the job that saved a checkpoint rides in it", "[checkpoint]") {
+  TempDir tmp;
+  CheckpointDir dir(tmp.str(), quiet(2));
+  dir.set_run({.job = "job-1"});
+  dir.save(small_content(), 1);
+  CheckpointDir plain(tmp.str(), quiet(2));
+  plain.save(small_content(), 2);
+  const auto entries = dir.list();
+  REQUIRE(entries.size() == 2);
+  CHECK(entries[0].job_id == "job-1");
+  CHECK_FALSE(entries[1].job_id);
+
+  // Metadata a run records must be text a header can hold, under its own keys.
+  CHECK_THAT(error_of([&] { dir.set_run({.metadata = {{"data", "/tmp/fort\xe9"}}}); }),
+             Contains("run metadata 'data'") && Contains("/tmp/fort\\xe9") &&
+                 Contains("escape_bytes"));
+  CHECK_THAT(error_of([&] { dir.set_run({.metadata = {{"lockstep.step", "1"}}}); }),
+             Contains("the directory's own"));
 }

@@ -24,6 +24,15 @@ std::string load_error(const std::string& path) {
   return error_of([&] { load_checkpoint(path); });
 }
 
+// A file of the safetensors header `json` (padded) and `data_bytes` zero bytes.
+void write_header(const std::string& path, std::string json, uint64_t data_bytes) {
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string file(8, '\0');
+  const uint64_t n = json.size();
+  std::memcpy(file.data(), &n, 8);
+  write_bytes(path, file + json + std::string(data_bytes, '\0'));
+}
+
 }  // namespace
 
 TEST_CASE("checkpoint: truncated files are rejected at every cut point", "[checkpoint]") {
@@ -130,12 +139,8 @@ TEST_CASE("checkpoint: a wrong length prefix is refused", "[checkpoint]") {
 TEST_CASE("checkpoint: headers that parse but lie are refused", "[checkpoint]") {
   TempDir dir;
   const std::string path = dir.file("lie.safetensors");
-  auto write_json = [&](std::string json, uint64_t data_bytes) {
-    json.append((8 - json.size() % 8) % 8, ' ');
-    std::string file(8, '\0');
-    const uint64_t n = json.size();
-    std::memcpy(file.data(), &n, 8);
-    write_bytes(path, file + json + std::string(data_bytes, '\0'));
+  auto write_json = [&](const std::string& json, uint64_t data_bytes) {
+    write_header(path, json, data_bytes);
   };
   auto err = [&] { return error_of([&] { load_checkpoint(path, {.require_checksum = false}); }); };
 
@@ -154,6 +159,38 @@ TEST_CASE("checkpoint: headers that parse but lie are refused", "[checkpoint]") 
   write_json(R"({"b":{"dtype":"BOOL","shape":[1],"data_offsets":[0,1]}})", 0);
   write_bytes(path, read_bytes(path) + "\x07");
   CHECK_THAT(err(), Contains("bool tensor 'b' holds bytes other than 0 and 1"));
+}
+
+TEST_CASE("checkpoint: a header naming something twice, or holding a NUL byte, is refused",
+          "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("odd.safetensors");
+  auto err = [&] { return error_of([&] { load_checkpoint(path, {.require_checksum = false}); }); };
+
+  write_header(path,
+               R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+               R"("w":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+               12);
+  CHECK_THAT(err(), Contains("names \"w\" twice") && Contains(path));
+  write_header(path, R"({"__metadata__":{"k":"a","k":"b"}})", 0);
+  CHECK_THAT(err(), Contains("has a key \"k\" twice"));
+  write_header(path, R"({"w":{"dtype":"F32","dtype":"F64","shape":[1],"data_offsets":[0,4]}})", 4);
+  CHECK_THAT(err(), Contains("has a key \"dtype\" twice"));
+  write_header(path, R"({"__metadata__":{"k":"a"},"__metadata__":{"k":"b"}})", 0);
+  CHECK_THAT(err(), Contains("names \"__metadata__\" twice"));
+
+  write_header(path, std::string("{}\0junk", 7), 0);
+  CHECK_THAT(err(), Contains("NUL byte at byte 10"));
+
+  // The same key in two objects is no duplicate; a NUL written \u0000 in a
+  // string is no NUL byte.
+  write_header(path,
+               R"({"__metadata__":{"dtype":"x\u0000y"},)"
+               R"("dtype":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+               4);
+  const CheckpointContent ok = load_checkpoint(path, {.require_checksum = false});
+  CHECK(ok.metadata.at("dtype") == std::string("x\0y", 3));
+  CHECK(ok.tensors.at(0).first == "dtype");
 }
 
 TEST_CASE("checkpoint: a missing file is reported as such", "[checkpoint]") {
