@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
       ->check(examples::positive);
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
   app.add_option("--weight-decay", o.weight_decay,
-                 "weight decay (default 0; AdamW's own default 1e-2)")
+                 "weight decay (default 0, AdamW's own default 1e-2; 0 turns AdamW's off)")
       ->check(examples::non_negative);
   app.add_option("--lr-schedule", o.lr_schedule,
                  "none, step (x0.5 each epoch), multistep (x0.1 at 50% and 75%), cosine, warmup "

@@ -16,22 +16,26 @@ double learning_rate(const Options& o) {
   return o.optimizer == "sgd" ? 0.05 : 1e-3;
 }
 
+double weight_decay(const Options& o) {
+  return o.weight_decay.value_or(o.optimizer == "adamw" ? optim::AdamWOptions{}.weight_decay : 0.0);
+}
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const Options& o,
                                                  std::vector<runtime::Tensor> params,
                                                  std::shared_ptr<collectives::ProcessGroup> group) {
-  const double lr = learning_rate(o);
-  optim::OptimizerFactory factory = [&o, lr](std::vector<optim::ParamGroup> groups)
+  const double lr = learning_rate(o), decay = weight_decay(o);
+  optim::OptimizerFactory factory = [&o, lr, decay](std::vector<optim::ParamGroup> groups)
       -> std::unique_ptr<optim::Optimizer> {
     if (o.optimizer == "sgd")
       return std::make_unique<optim::SGD>(
           std::move(groups),
-          optim::SGDOptions{.lr = lr, .momentum = o.momentum, .weight_decay = o.weight_decay});
+          optim::SGDOptions{.lr = lr, .momentum = o.momentum, .weight_decay = decay});
     if (o.optimizer == "adam")
       return std::make_unique<optim::Adam>(
-          std::move(groups), optim::AdamOptions{.lr = lr, .weight_decay = o.weight_decay});
+          std::move(groups), optim::AdamOptions{.lr = lr, .weight_decay = decay});
     optim::AdamWOptions w;
     w.lr = lr;
-    if (o.weight_decay > 0) w.weight_decay = o.weight_decay;
+    w.weight_decay = decay;  // 0 included: AdamW without decay
     return std::make_unique<optim::AdamW>(std::move(groups), w);
   };
   if (o.zero)

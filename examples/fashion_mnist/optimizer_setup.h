@@ -12,6 +12,9 @@ namespace fashion_mnist {
 
 // The learning rate in use: --lr, or the optimizer's usual one.
 double learning_rate(const Options& o);
+// The weight decay in use: --weight-decay (0 included), or the optimizer's
+// default (AdamW's 1e-2, else 0).
+double weight_decay(const Options& o);
 
 // SGD (with --momentum), Adam or AdamW over `params`; wrapped in a
 // ZeroRedundancyOptimizer over `group` with --zero.

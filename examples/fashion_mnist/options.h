@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -18,7 +19,7 @@ struct Options {
   std::string optimizer = "sgd";
   double lr = 0;  // 0: the optimizer's usual rate (SGD 0.05, Adam/AdamW 1e-3)
   double momentum = 0.9;
-  double weight_decay = 0;  // AdamW: 0 means its default 1e-2
+  std::optional<double> weight_decay;  // unset: 0, or AdamW's own default 1e-2
   std::string lr_schedule = "none";
   int64_t warmup_steps = 100;
   double clip_grad_norm = 0;  // 0: no clipping

@@ -18,8 +18,8 @@ std::string on_off(bool b) { return b ? "on" : "off"; }
 
 std::string optimizer_setting(const Options& o) {
   if (o.optimizer == "sgd")
-    return fmt::format("sgd momentum={} weight_decay={}", o.momentum, o.weight_decay);
-  return fmt::format("{} weight_decay={}", o.optimizer, o.weight_decay);
+    return fmt::format("sgd momentum={} weight_decay={}", o.momentum, weight_decay(o));
+  return fmt::format("{} weight_decay={}", o.optimizer, weight_decay(o));
 }
 
 // Reads a saved value into `field` (an integer or a double).

@@ -27,3 +27,23 @@ TEST_CASE("fashion_mnist --sync-bn on the MLP, which has no BatchNorm, says it c
   CHECK_FALSE(with.digest.empty());
   CHECK(with.digest == without.digest);
 }
+
+TEST_CASE("fashion_mnist --optimizer adamw --weight-decay 0 trains without weight decay",
+          "[optim][example]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  // 0 used to mean "AdamW's default 1e-2", so weight decay could not be turned off.
+  const std::vector<std::string> quick = {"--train-samples", "256", "--test-samples", "100",
+                                          "--epochs",        "1",   "--optimizer",    "adamw"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = quick;
+    args.insert(args.end(), extra.begin(), extra.end());
+    FashionMnistRun run = run_fashion_mnist(1, args);
+    INFO(run.result.output);
+    REQUIRE(run.result.ok());
+    REQUIRE_FALSE(run.digest.empty());
+    return run.digest;
+  };
+  const std::string by_default = with({});
+  CHECK(with({"--weight-decay", "0.01"}) == by_default);
+  CHECK(with({"--weight-decay", "0"}) != by_default);
+}
