@@ -242,11 +242,14 @@ int run(Options o) {
 
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  auto window_start = start;
+  // Throughput counts the training steps only: evaluation and checkpoint
+  // writes between them are not training tokens.
+  double window_secs = 0;
   double window_loss = 0;
   int64_t window_steps = 0;
   std::optional<double> val;
   while (progress.step < o.steps) {
+    const auto step_start = Clock::now();
     const TokenBatch b =
         train_batch(corpus.train, progress.step, rank, world, o.batch_size, o.seq_len, o.seed);
     Tensor loss;
@@ -260,23 +263,24 @@ int run(Options o) {
       scaler.unscale_(*opt);
       examples::clip_gradients(*opt, o.clip_grad_norm);
     }
+    const double step_lr = opt->param_groups()[0].options.at("lr");  // before sched.step()
     scaler.step(*opt);  // opt->step() unless f16 overflowed
     scaler.update();
     sched.step();
     ++progress.step;
     const double step_loss = loss.item();
     examples::check_loss_finite(step_loss, progress.step, rank);
+    window_secs += std::chrono::duration<double>(Clock::now() - step_start).count();
     window_loss += step_loss;
     ++window_steps;
     if (progress.step % o.log_every == 0 || progress.step == o.steps) {
-      const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
       const double tokens = static_cast<double>(window_steps * o.batch_size * o.seq_len * world);
       print(rank, "step {}/{} loss {:.6f} ({:.3f} bits/byte) lr {:.3g} tokens/s {:.0f} elapsed {:.0f}s\n",
             progress.step, o.steps, window_loss / static_cast<double>(window_steps),
             window_loss / static_cast<double>(window_steps) / std::log(2.0),
-            opt->param_groups()[0].options.at("lr"), tokens / secs,
+            step_lr, tokens / window_secs,
             std::chrono::duration<double>(Clock::now() - start).count());
-      window_start = Clock::now();
+      window_secs = 0;
       window_loss = 0;
       window_steps = 0;
     }

@@ -163,6 +163,25 @@ TEST_CASE("gpt_train: a diverging run stops at its first NaN loss, naming rank a
                            !Catch::Contains("step 20/20"));
 }
 
+TEST_CASE("gpt_train logs the learning rate each logged step ran at", "[example][gpt]") {
+  LOCKSTEP_SKIP_IF(fortunes_skip_reason());
+  // Cosine from 0.01 to 0.001 over 3 steps: 0.01, 0.00775, 0.00325. The log
+  // used to show the next step's rate (step 3 showed 0.001, never used).
+  const auto r = run_process(command(1, {"--steps", "3", "--warmup-steps", "0", "--lr", "0.01",
+                                         "--min-lr", "0.001", "--eval-windows", "1"}),
+                             std::chrono::seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto logged = [&](const char* step, const char* lr) {
+    const std::string line = fmt::format("step {} loss [0-9.]+ \\([0-9.]+ bits/byte\\) lr {} ",
+                                         step, lr);
+    return std::regex_search(r.output, std::regex(line));
+  };
+  CHECK(logged("1/3", "0.01"));
+  CHECK(logged("2/3", "0.00775"));
+  CHECK(logged("3/3", "0.00325"));
+}
+
 TEST_CASE("gpt_train: a run SIGKILLed after a checkpoint resumes exactly", "[example][gpt][resume]") {
   LOCKSTEP_SKIP_IF(fortunes_skip_reason());
   for (int ranks : {1, 2}) {
