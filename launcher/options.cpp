@@ -1,5 +1,8 @@
 #include "launcher/options.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cctype>
 #include <set>
@@ -69,6 +72,31 @@ std::pair<std::string, std::string> resolve_export(const std::string& spec,
   return {name, *value};
 }
 
+
+// A number of seconds a flag gives: NaN, infinity and negative values are
+// refused, and so is anything past about four months, which the launcher's
+// millisecond clocks would overflow or never reach.
+void check_seconds(const char* flag, double seconds, const char* note = "") {
+  constexpr double kMax = 1e7;
+  if (!(seconds >= 0 && seconds <= kMax))
+    throw UsageError(fmt::format("{} {} must be a number of seconds from 0 to {:g}{}", flag,
+                                 seconds, kMax, note));
+}
+
+// Every rank connects to --master-addr; a name that does not resolve would
+// make each of them fail at start-up instead of this one clear error.
+void check_resolves(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) ::freeaddrinfo(found);
+  if (rc != 0)
+    throw UsageError(fmt::format("--master-addr {}: not an address or a host name that "
+                                 "resolves ({}); give node 0's address",
+                                 host, ::gai_strerror(rc)));
+}
+
 void validate(Options& o, bool np_given, const runtime::EnvLookup& env) {
   if (!o.postmortem_from.empty()) {
     if (!o.command.empty() || np_given || o.nproc_per_node != 0)
@@ -90,15 +118,15 @@ void validate(Options& o, bool np_given, const runtime::EnvLookup& env) {
                                  o.node_rank, o.nnodes - 1));
   if (o.master_port < 0 || o.master_port > 65535)
     throw UsageError(fmt::format("--master-port {} is not a TCP port (0-65535)", o.master_port));
-  if (o.grace_period_s < 0)
-    throw UsageError(fmt::format("--grace-period {} must not be negative", o.grace_period_s));
+  check_seconds("--grace-period", o.grace_period_s);
   if (o.max_restarts < 0)
     throw UsageError(fmt::format("--max-restarts {} must not be negative", o.max_restarts));
-  if (o.hang_timeout_s < 0)
-    throw UsageError(fmt::format("--hang-timeout {} must not be negative (0 turns it off)",
-                                 o.hang_timeout_s));
-  if (o.restart_backoff_s < 0)
-    throw UsageError(fmt::format("--restart-backoff {} must not be negative", o.restart_backoff_s));
+  check_seconds("--hang-timeout", o.hang_timeout_s, " (0 turns it off)");
+  check_seconds("--restart-backoff", o.restart_backoff_s);
+  // [::1], as in a URL, is the address ::1 (ranks get it bracketed with the port).
+  if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']')
+    o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
+  if (!o.master_addr.empty()) check_resolves(o.master_addr);
 
   if (o.token.empty()) o.token = env("LOCKSTEP_TOKEN").value_or("");
   if (o.nnodes > 1) {

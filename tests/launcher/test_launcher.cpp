@@ -598,8 +598,16 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
        "--node-rank 2 is out of range"},
       {{lr, "-np", "2", "--bind-to", "socket", "true"}, "--bind-to"},
       {{lr, "-np", "2", "--max-restarts", "-1", "true"}, "--max-restarts -1 must not be negative"},
-      {{lr, "-np", "2", "--restart-backoff", "-2", "true"}, "--restart-backoff -2 must not be negative"},
-      {{lr, "-np", "2", "--hang-timeout", "-1", "true"}, "--hang-timeout -1 must not be negative"},
+      {{lr, "-np", "2", "--restart-backoff", "-2", "true"},
+       "--restart-backoff -2 must be a number of seconds from 0 to 1e+07"},
+      {{lr, "-np", "2", "--hang-timeout", "-1", "true"}, "--hang-timeout -1 must be a number"},
+      // NaN and huge values passed and were cast to milliseconds out of range.
+      {{lr, "-np", "2", "--hang-timeout", "nan", "true"}, "--hang-timeout nan must be a number"},
+      {{lr, "-np", "2", "--grace-period", "1e300", "true"}, "--grace-period 1e+300 must be"},
+      {{lr, "-np", "2", "--restart-backoff", "inf", "true"}, "--restart-backoff inf must be"},
+      // Every rank used to abort at start-up (exit 134) on a name that does not resolve.
+      {{lr, "-np", "2", "--master-addr", "nosuchhost.invalid", "true"},
+       "--master-addr nosuchhost.invalid: not an address or a host name that resolves"},
   };
   for (const auto& c : cases) {
     const auto r = run_process(c.args, kLimit, {"LOCKSTEP_TOKEN="});
@@ -615,6 +623,21 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
                              "--grace-period", "--bind-to", "--max-restarts",
                              "--restart-backoff", "--hang-timeout"})
     CHECK_THAT(help.output, Contains(option));
+}
+
+TEST_CASE("launcher: --master-addr [::1] is the address ::1", "[launcher]") {
+  // The brackets reached the ranks as [[::1]]:port and every rank aborted.
+  auto run = [](const std::string& addr) {
+    return run_process({bin_path("lockstep-run"), "-np", "2", "--master-addr", addr,
+                        bin_path("launcher_probe"), "group-sum"},
+                       kLimit);
+  };
+  const auto plain = run("::1"), bracketed = run("[::1]");
+  INFO(plain.output << "\n---\n" << bracketed.output);
+  CHECK(bracketed.exit_code == plain.exit_code);
+  const bool plain_ok = plain.output.find("sum=3 ok") != std::string::npos;
+  const bool bracketed_ok = bracketed.output.find("sum=3 ok") != std::string::npos;
+  CHECK(bracketed_ok == plain_ok);
 }
 
 TEST_CASE("launcher: too low an open-file limit is raised, or the job refused before a rank starts",
