@@ -54,6 +54,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
                  "module directly, or wrap the part of the model that trains",
                  named.size());
   reducer_ = std::make_unique<Reducer>(std::move(trained), std::move(frozen), *group_, options_);
+  structure_ = module_->structure_stamps();
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
@@ -71,6 +72,15 @@ void DistributedDataParallel::run_forward(Run&& run) {
       ++training_forwards_ % options_.verify_every == 0)
     verify_replicas_identical(module_->named_parameters(), *group_,
                               fmt::format("before training forward #{}", training_forwards_));
+  // A submodule swapped inside the wrapped model (convert_sync_batchnorm after
+  // wrapping) would train parameters no bucket holds, never averaged.
+  LOCKSTEP_CHECK(module_->structure_stamps() == structure_,
+                 "DistributedDataParallel on rank {}: a submodule of the wrapped model was added or "
+                 "replaced after wrapping (convert_sync_batchnorm or replace_child on it?); the "
+                 "gradient buckets hold the old modules' parameters, so the new ones would train "
+                 "without averaging. Change the model before wrapping it, or wrap the changed "
+                 "model in a new DistributedDataParallel",
+                 group_->rank());
   reducer_->forward_started();
   // Training only: in eval the buffers are read, not updated, and ranks may
   // evaluate different numbers of batches.

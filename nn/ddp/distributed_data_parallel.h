@@ -94,6 +94,7 @@ class DistributedDataParallel : public Module {
   std::unique_ptr<Reducer> reducer_;
   bool require_sync_ = true;
   int64_t training_forwards_ = 0;  // for DdpOptions::verify_every
+  std::vector<uint64_t> structure_;  // module_->structure_stamps() when wrapped
 };
 
 }  // namespace lockstep::nn

@@ -133,6 +133,23 @@ TEST_CASE("DDP: BatchNorm without sync uses local batch statistics; rank 0's run
   REQUIRE(joined(problems).empty());
 }
 
+TEST_CASE("DDP: a submodule replaced inside the wrapped model after wrapping is refused",
+          "[ddp]") {
+  // Its parameters were in no bucket: they trained on each rank's own gradient.
+  const auto batch = lt::global_batch(8, 4);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto model = std::make_shared<TwoHeads>(1);
+    DistributedDataParallel ddp(model, group);
+    lockstep::runtime::Generator g(7);
+    model->replace_child("b", std::make_shared<nn::Linear>(5, 5, true, g));
+    lt::loss_of(ddp, lt::shard(batch, r, 2)).backward();
+    return "no error";
+  });
+  for (const auto& p : problems)
+    CHECK_THAT(p, Catch::Contains("replaced after wrapping") &&
+                      Catch::Contains("wrap the changed model in a new DistributedDataParallel"));
+}
+
 TEST_CASE("DDP: a parameter with no gradient is named unless find_unused_parameters", "[ddp]") {
   const auto batch = lt::global_batch(8, 4);
   SECTION("without the option: a clear error naming it") {
