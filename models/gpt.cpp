@@ -165,6 +165,8 @@ std::vector<int64_t> sample(Gpt& model, const std::vector<int64_t>& prompt, int6
   LOCKSTEP_CHECK(!prompt.empty(), "sample: the prompt is empty; give at least one token");
   LOCKSTEP_CHECK(options.temperature > 0.0, "sample: temperature {} must be positive",
                  options.temperature);
+  LOCKSTEP_CHECK(options.top_k >= 0, "sample: top_k {} must be 0 (every token) or positive",
+                 options.top_k);
   const int64_t vocab = model.config.vocab_size;
   for (const int64_t token : prompt) {
     LOCKSTEP_CHECK(token >= 0 && token < vocab, "sample: prompt token {} is outside [0, {})",
@@ -191,13 +193,12 @@ std::vector<int64_t> sample(Gpt& model, const std::vector<int64_t>& prompt, int6
       total += v;
     }
     double u = g.next_uniform() * total;
-    int64_t next = vocab - 1;
+    int64_t next = -1;
     for (int64_t i = 0; i < vocab; ++i) {
+      if (p[static_cast<size_t>(i)] == 0.0) continue;
+      next = i;  // rounding may leave u >= 0 past the end: the last candidate then
       u -= p[static_cast<size_t>(i)];
-      if (u < 0) {
-        next = i;
-        break;
-      }
+      if (u < 0) break;
     }
     tokens.push_back(next);
     out.push_back(next);

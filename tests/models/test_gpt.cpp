@@ -177,6 +177,8 @@ TEST_CASE("GPT: sampling is reproducible, stays in the vocabulary, and top_k 1 i
              Catch::Contains("17 tokens does not fit block_size 16"));
   CHECK_THAT(lt::error_of([&] { (*model)(Tensor::zeros({1, 4})); }),
              Catch::Contains("token ids must be an integer tensor"));
+  CHECK_THAT(lt::error_of([&] { models::sample(*model, prompt, 1, g3, {.top_k = -1}); }),
+             Catch::Contains("top_k -1 must be 0"));
   CHECK_THAT(lt::error_of([&] { models::sample(*model, {99}, 1, g3); }),
              Catch::Contains("prompt token 99 is outside [0, 40)"));
 }
