@@ -227,7 +227,24 @@ int run(const Options& options) {
       break;
     }
   }
-  if (link) link->finish(code == 0, std::chrono::minutes(5));
+  if (link) {
+    link->finish(code == 0, std::chrono::minutes(5));
+    // A signal that ended node 0's wait for the other nodes ends the job: the
+    // other nodes are told, and this launcher exits as signalled (it exited
+    // 0 and the others learnt only that the store was gone).
+    if (const int sig = code == 0 ? wait_unless_signalled(std::chrono::milliseconds(1)) : 0;
+        sig != 0) {
+      const std::string why =
+          fmt::format("node {}'s launcher received {} while waiting for the other nodes",
+                      options.node_rank, distributed::signal_name(sig));
+      fmt::print(stderr, "lockstep-run: {}; stopping the job\n", why);
+      try {
+        link->publish_failure(why);
+      } catch (const std::exception&) {  // the store is gone: the others see that
+      }
+      code = 128 + sig;
+    }
+  }
   reaper.disarm();  // every rank was stopped and reaped
   return code;
 }

@@ -640,6 +640,28 @@ TEST_CASE("launcher: --master-addr [::1] is the address ::1", "[launcher]") {
   CHECK(bracketed_ok == plain_ok);
 }
 
+TEST_CASE("launcher: SIGINT to node 0 while it waits for the other nodes ends the job",
+          "[launcher]") {
+  // Node 0's ranks finish at once; its launcher keeps the store up for node 1,
+  // whose rank works for 20 s. A SIGINT there used to exit 0 without a word.
+  const int port = lockstep::testing::unused_tcp_port();
+  auto node = [&](int rank, const std::string& probe) {
+    return fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+                       "--master-port {} {} {}",
+                       bin_path("lockstep-run"), rank, port, bin_path("launcher_probe"), probe);
+  };
+  const std::string script = fmt::format(
+      "export LOCKSTEP_TOKEN=t; {} & n0=$!; {} & n1=$!; sleep 3; kill -INT $n0; "
+      "wait $n0; echo \"node 0 exit $?\"; wait $n1; echo \"node 1 exit $?\"",
+      node(0, "group-sum"), node(1, "group-sum busy-sleep-ms=20000"));
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO(r.output);
+  CHECK_THAT(r.output, Contains("node 0 exit 130") &&
+                           Contains("node 0's launcher received SIGINT while waiting for the "
+                                    "other nodes"));
+  CHECK_THAT(r.output, !Contains("node 1 exit 0"));
+}
+
 TEST_CASE("launcher: too low an open-file limit is raised, or the job refused before a rank starts",
           "[launcher]") {
   const auto lr = bin_path("lockstep-run");
