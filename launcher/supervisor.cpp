@@ -136,7 +136,8 @@ class Supervisor {
         continue;
       }
       if (fds[0].revents) read_signals();
-      if (watch_remote && fds[1].revents) on_remote_failure();
+      // The first outcome wins: a failure or signal handled just above stands.
+      if (watch_remote && !stopping_ && fds[1].revents) on_remote_failure();
       for (size_t b = 0; b < beating.size(); ++b) {
         if (fds[first_beat + b].revents) read_beats(ranks_[beating[b]]);
       }

@@ -329,6 +329,19 @@ TEST_CASE("launcher: SIGTERM to the launcher is forwarded to every rank", "[laun
   check_no_orphans(dir.str(), 3);
 }
 
+TEST_CASE("launcher: the first outcome wins when another node fails in the same wake-up",
+          "[launcher]") {
+  // A SIGTERM and another node's failure both ready before the supervisor's
+  // first poll(): the signal, handled first, stays the outcome, and the job
+  // is stopped once.
+  const auto r = run_process({bin_path("supervisor_probe"), "signal-and-remote"}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("received SIGTERM") &&
+                           Contains("exit_code=143 outcome=signalled before_stop=1") &&
+                           !Contains("node 1: rank 1 failed"));
+}
+
 TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wrapper or not",
           "[launcher]") {
   TempDir dir;

@@ -1,0 +1,66 @@
+// supervisor_probe: runs the launcher's supervisor loop (launcher/supervisor.h)
+// over one child that waits to be stopped, with events made ready before the
+// loop starts, so that they all arrive in its first poll() wake-up. Prints
+// "exit_code=C outcome=O before_stop=N" (N: how often the job was stopped).
+//   signal-and-remote  SIGTERM to the launcher and another node's failure
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "launcher/supervisor.h"
+
+namespace {
+
+const char* outcome_name(lockstep::launcher::Outcome outcome) {
+  using lockstep::launcher::Outcome;
+  switch (outcome) {
+    case Outcome::succeeded: return "succeeded";
+    case Outcome::rank_failed: return "rank_failed";
+    case Outcome::remote_failed: return "remote_failed";
+    case Outcome::signalled: return "signalled";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace lockstep::launcher;
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode != "signal-and-remote") {
+    fmt::print(stderr, "usage: supervisor_probe signal-and-remote\n");
+    return 2;
+  }
+  block_supervisor_signals();
+  const pid_t pid = fork();
+  if (pid < 0) return 1;
+  if (pid == 0) {
+    setpgid(0, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (;;) pause();
+  }
+  setpgid(pid, pid);
+
+  const int remote = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK);  // readable at once
+  raise(SIGTERM);  // blocked: waits for the supervisor's signalfd
+  int stops = 0;
+  SupervisorOptions options;
+  options.grace_period = std::chrono::milliseconds(2000);
+  options.hostname = "probe";
+  options.remote_failure_fd = remote;
+  options.remote_failure = [] { return std::string("node 1: rank 1 failed"); };
+  options.before_stop = [&](const std::string&) { ++stops; };
+  RankProcess rank;
+  rank.child.pid = pid;
+  const SupervisorResult result = supervise({rank}, options);
+  fmt::print("exit_code={} outcome={} before_stop={}\n", result.exit_code,
+             outcome_name(result.outcome), stops);
+  return 0;
+}
