@@ -206,14 +206,20 @@ class Supervisor {
     stop(SIGTERM);
   }
 
+  // One datagram is one beat: 'P' progress, 'I' none, 'L' the beating
+  // program is leaving (runtime/liveness.h), so no beat is expected until
+  // another comes.
   void read_beats(Tracked& r) {
-    char beats[64];
-    ssize_t n;
-    while ((n = recv(r.process.child.heartbeat_fd, beats, sizeof beats, MSG_DONTWAIT)) > 0) {
+    char beat;
+    while (recv(r.process.child.heartbeat_fd, &beat, 1, MSG_DONTWAIT) > 0) {
+      if (beat == 'L') {
+        r.last_beat.reset();
+        r.last_progress.reset();
+        continue;
+      }
       const auto now = Clock::now();
       r.last_beat = now;
-      if (!r.last_progress || std::memchr(beats, 'P', static_cast<size_t>(n)) != nullptr)
-        r.last_progress = now;
+      if (!r.last_progress || beat == 'P') r.last_progress = now;
     }
   }
 

@@ -16,6 +16,10 @@ namespace lockstep::runtime {
 namespace {
 
 std::atomic<int> busy_scopes{0};
+// Held while a beat is sent, so that no beat follows the last one, 'L'.
+std::mutex send_mutex;
+bool left = false;
+int beat_fd = -1;
 std::atomic<uint64_t> busy_entries{0};  // so a scope shorter than a beat still counts
 
 int64_t process_cpu_ns() {
@@ -39,12 +43,26 @@ void beat_forever(int fd, std::chrono::milliseconds interval) {
     cpu = now_cpu;
     entries = now_entries;
     const char beat = progress ? 'P' : 'I';
+    const std::lock_guard lock(send_mutex);
+    if (left) return;
     // Never SIGPIPE, never block: a launcher that is gone or slow to read
     // loses beats, not the rank.
     if (::send(fd, &beat, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN &&
         errno != EINTR)
       return;
   }
+}
+
+// At exit: the last beat says this process is leaving, so that the launcher
+// stops expecting beats while the rank's process (a wrapper script running
+// more after this program) goes on.
+void send_leaving() {
+  const std::lock_guard lock(send_mutex);
+  if (left) return;
+  left = true;
+  const char beat = 'L';
+  // Lost only when the launcher has left a whole queue of beats unread.
+  (void)::send(beat_fd, &beat, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 }  // namespace
@@ -63,6 +81,8 @@ void start_heartbeats() {
     if (fd < 0) return;
     // A program this rank starts (a shell, a helper) must not beat for it.
     ::unsetenv("LOCKSTEP_HEARTBEAT_FD");
+    beat_fd = fd;
+    std::atexit(send_leaving);
     std::thread(beat_forever, fd, interval).detach();
   });
 }

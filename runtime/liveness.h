@@ -9,7 +9,11 @@
 // writing a checkpoint file. The launcher (--hang-timeout, 10 s) calls a rank
 // hung when no beat comes (stopped by SIGSTOP, frozen) or only 'I' comes (a
 // deadlock: blocked, using no CPU, not waiting for peers), and stops the job.
-// A rank that sleeps on purpose for longer marks it with a BusyScope.
+// A rank that sleeps on purpose for longer marks it with a BusyScope. At
+// exit (return from main, exit()) the thread's last message is 'L', leaving:
+// the launcher stops expecting beats from the rank, whose process may go on
+// without this program (a wrapper script's later steps), until a beat comes
+// again (a later lockstep program of the same rank).
 #pragma once
 
 namespace lockstep::runtime {

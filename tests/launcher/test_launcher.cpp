@@ -573,6 +573,21 @@ TEST_CASE("launcher: a hung rank is found within --hang-timeout and named; busy 
   CHECK_THAT(off.output, Contains("LOCKSTEP_HEARTBEAT_FD=(unset)"));
 }
 
+TEST_CASE("launcher: a rank's wrapper may go on after its lockstep program exits",
+          "[launcher][hang]") {
+  // The probe beats, then exits (its last beat says so); its shell goes on
+  // for three times the hang timeout, sending no beat.
+  const std::string script = bin_path("launcher_probe") + " group-sum; sleep 3";
+  const auto r = run_process({bin_path("lockstep-run"), "-np", "2", "--hang-timeout", "1",
+                              "/bin/sh", "-c", script},
+                             kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("group-sum rank=0 restart=0 sum=3 ok") &&
+                           Contains("group-sum rank=1 restart=0 sum=3 ok") &&
+                           !Contains("is hung"));
+}
+
 TEST_CASE("launcher: a rank waiting in a collective for a stopped peer is not the hung one",
           "[launcher][hang]") {
   // collective_worker --stop-at-rank 1: rank 1 stops after the first barrier
