@@ -36,6 +36,10 @@ namespace {
 constexpr milliseconds kReplyGrace = std::chrono::seconds(10);
 constexpr milliseconds kFirstBackoff{10};
 constexpr milliseconds kMaxBackoff{1000};
+// Connecting again after the server broke the connection: a server still
+// there takes it at once; a gone one (its host down, its process ended) must
+// not hold the caller for the whole connect timeout.
+constexpr milliseconds kReconnectTimeout = std::chrono::seconds(2);
 constexpr int64_t kMaxTimeoutMs = int64_t{100} * 365 * 24 * 3600 * 1000;
 
 Clock::time_point deadline_after(milliseconds timeout) {
@@ -73,6 +77,8 @@ struct TcpStore::Impl {
   std::string address;  // "host:port", for messages
   std::string local;    // this end's IP, from getsockname
   int fd = -1;
+  // Why the server broke the last connection (lost()); empty when none did.
+  std::string lost_cause;
   std::mutex mutex;
   proto::FrameParser parser{0xffffffffu};
 
@@ -89,7 +95,7 @@ struct TcpStore::Impl {
     parser = proto::FrameParser(0xffffffffu);
   }
 
-  void connect_with_backoff();
+  void connect_with_backoff(milliseconds timeout);
   std::optional<int> try_connect(Clock::time_point deadline, std::string& error);
   enum class Sent { All, TimedOut, Failed };
   Sent try_send_all(const std::vector<uint8_t>& bytes, Clock::time_point deadline,
@@ -157,13 +163,15 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
  * Connecting: the server may not be up yet (rank 0 still starting), or may
  * turn connections away as busy for a while, so each failed attempt sleeps and
  * retries, the sleep doubling from 10 ms to 1 s with some jitter (hundreds of
- * ranks do not retry in step), until connect_timeout. A connection is ready
+ * ranks do not retry in step), until `timeout` (connect_timeout, or
+ * kReconnectTimeout after the server broke a connection). A connection is ready
  * once the server has accepted our AUTH frame; a refused token is final and
  * not retried.
  */
-void TcpStore::Impl::connect_with_backoff() {
+void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
+  const std::string broken_by = lost_cause;  // for the message; attempts may overwrite it
   const auto started = Clock::now();
-  const auto deadline = deadline_after(options.connect_timeout);
+  const auto deadline = deadline_after(timeout);
   auto next_report = started + options.report_waiting_every;
   std::minstd_rand jitter(static_cast<unsigned>(Clock::now().time_since_epoch().count()));
   milliseconds backoff = kFirstBackoff;
@@ -221,10 +229,13 @@ void TcpStore::Impl::connect_with_backoff() {
                : "Check that the store server (rank 0, or lockstep-run) is running and "
                  "reachable there, and that the address (LOCKSTEP_STORE_ADDR, or MASTER_ADDR "
                  "and MASTER_PORT) names it";
+      const std::string again =
+          broken_by.empty() ? "" : fmt::format(" again after it broke the connection ({})",
+                                               broken_by);
       throw StoreTimeout(
-          fmt::format("could not connect to the lockstep store at {} within {} ms ({} attempts; "
-                      "last error: {}). {}",
-                      address, options.connect_timeout.count(), attempts, error, advice));
+          fmt::format("could not connect to the lockstep store at {}{} within {} ms ({} "
+                      "attempts; last error: {}). {}",
+                      address, again, timeout.count(), attempts, error, advice));
     }
     if (options.report_waiting_every.count() > 0 && now >= next_report) {
       using Seconds = std::chrono::duration<double>;
@@ -248,10 +259,12 @@ void TcpStore::Impl::connect_with_backoff() {
                 NI_NUMERICHOST);
   }
   local = host;
+  lost_cause.clear();
 }
 
 void TcpStore::Impl::lost(const std::string& what, const std::string& cause) {
   disconnect();
+  lost_cause = cause;
   throw Error(
       fmt::format("lockstep store at {}: {} failed: {}. Did the store server (rank 0, "
                   "or lockstep-run) exit?",
@@ -328,11 +341,14 @@ std::optional<proto::Frame> TcpStore::Impl::read_frame(Clock::time_point deadlin
 }
 
 // Sends one request and returns its reply; ERROR replies become
-// lockstep::Error. Reconnects first when an earlier call broke the connection.
+// lockstep::Error. Reconnects first when an earlier call broke the connection
+// (within kReconnectTimeout when the server broke it).
 proto::Frame TcpStore::Impl::call(proto::MessageType type,
                                   const std::vector<std::string_view>& fields,
                                   Clock::time_point deadline, const std::string& what) {
-  if (fd < 0) connect_with_backoff();
+  if (fd < 0)
+    connect_with_backoff(lost_cause.empty() ? options.connect_timeout
+                                            : std::min(options.connect_timeout, kReconnectTimeout));
   const auto request = proto::encode_frame(type, fields);
   send_all(request, deadline, what);
   auto reply = read_frame(deadline, what);
@@ -352,7 +368,7 @@ proto::Frame TcpStore::Impl::call(proto::MessageType type,
 
 TcpStore::TcpStore(TcpStoreOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
   set_timeout(impl_->options.timeout);
-  impl_->connect_with_backoff();
+  impl_->connect_with_backoff(impl_->options.connect_timeout);
 }
 
 TcpStore::~TcpStore() = default;

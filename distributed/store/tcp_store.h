@@ -5,7 +5,10 @@
 // client first presents the job's token; the server refuses clients with the
 // wrong token. Connecting retries with exponential backoff until the
 // connect timeout (also while the server turns connections away as busy),
-// then fails with a message naming the address and the last error.
+// then fails with a message naming the address and the last error. After the
+// server broke a connection (closed it, reset it, garbled a reply), the next
+// call connects again within at most 2 s: a server that is gone fails it
+// within seconds, not the whole connect timeout.
 #pragma once
 
 #include <chrono>

@@ -523,6 +523,21 @@ TEST_CASE("launcher: --max-restarts across two nodes starts every node's ranks a
                  Contains("node 1 exit 143") && !Contains("restart 1 of 2"));
 }
 
+TEST_CASE("launcher: losing node 0 ends the other nodes' launchers within seconds",
+          "[launcher][restart]") {
+  // Node 0's launcher is killed once both ranks joined; node 1's learns the
+  // store is gone, and under --max-restarts its attempt to agree on a restart
+  // fails at once instead of reconnecting for the whole connect timeout (60 s).
+  const auto r = two_local_nodes({"--max-restarts", "1", "--postmortem-dir", "''"},
+                                 {"group-sum", "kill-parent=0:9", "sleep"},
+                                 {"group-sum", "sleep"});
+  CHECK(!r.timed_out);
+  CHECK(r.seconds < 30);
+  CHECK_THAT(r.output, Contains("lost the job's store") &&
+                           Contains("cannot restart: the job's store is gone") &&
+                           Contains("node 1 exit 1"));
+}
+
 TEST_CASE("launcher: a hung rank is found within --hang-timeout and named; busy ranks are not",
           "[launcher][hang]") {
   TempDir dir;

@@ -296,6 +296,24 @@ TEST_CASE("tcp store: a host name that does not exist fails at once, not at the 
                           Catch::Contains("every rank can resolve"));
 }
 
+TEST_CASE("tcp store: after the server is gone, a call fails within seconds, not the connect "
+          "timeout", "[store]") {
+  auto server = std::make_unique<TcpStoreServer>(server_options());
+  auto options = client_options(server->port());
+  options.connect_timeout = 60s;  // the default
+  TcpStore store(options);
+  store.set("k", "v");
+  server.reset();
+  // The first call finds the connection broken; the next connects again,
+  // briefly, to an address where nobody serves any more.
+  CHECK_THAT(error_of([&] { store.set("k", "w"); }), Catch::Contains("set('k')"));
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THAT(error_of([&] { store.add("n", 1); }),
+             Catch::Contains("could not connect to the lockstep store") &&
+                 Catch::Contains("again after it broke the connection"));
+  CHECK(std::chrono::steady_clock::now() - start < 30s);
+}
+
 TEST_CASE("tcp store: a client started before the server connects once it is up", "[store]") {
   const uint16_t port = unused_port();
   std::unique_ptr<TcpStoreServer> server;
