@@ -5,17 +5,20 @@
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
 
 #include "launcher/line_tagger.h"
+#include "launcher/output_queue.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/distributed/exit_status.h"
 
@@ -55,16 +58,21 @@ void write_all(int fd, std::string_view data) {
   }
 }
 
-void say(const std::string& message) { write_all(STDERR_FILENO, "lockstep-run: " + message + "\n"); }
-
 std::string ranks_word(int n) { return n == 1 ? "1 rank" : fmt::format("{} ranks", n); }
 
 // One captured output stream of one rank.
 struct Stream {
   int fd;
-  int target;  // STDOUT_FILENO or STDERR_FILENO
+  OutputQueue* target;  // the launcher's stdout or stderr
   LineTagger tagger;
 };
+
+bool same_file(int a, int b) {
+  struct stat sa {}, sb {};
+  return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
 
 struct Tracked {
   RankProcess process;
@@ -77,10 +85,21 @@ class Supervisor {
  public:
   Supervisor(std::vector<RankProcess> ranks, const SupervisorOptions& options)
       : options_(options) {
+    const bool tagged = std::any_of(ranks.begin(), ranks.end(),
+                                    [](const RankProcess& r) { return r.child.stdout_fd >= 0; });
+    if (tagged) {
+      queues_.push_back(std::make_unique<OutputQueue>(STDOUT_FILENO));
+      // One queue when both are the same file (2>&1): two would interleave
+      // the parts of lines they write when it is full.
+      if (!same_file(STDOUT_FILENO, STDERR_FILENO))
+        queues_.push_back(std::make_unique<OutputQueue>(STDERR_FILENO));
+      out_ = queues_.front().get();
+      err_ = queues_.back().get();
+    }
     for (auto& r : ranks) {
       const std::string prefix = fmt::format("[rank {}] ", r.rank);
-      if (r.child.stdout_fd >= 0) streams_.push_back({r.child.stdout_fd, STDOUT_FILENO, LineTagger(prefix)});
-      if (r.child.stderr_fd >= 0) streams_.push_back({r.child.stderr_fd, STDERR_FILENO, LineTagger(prefix)});
+      if (r.child.stdout_fd >= 0) streams_.push_back({r.child.stdout_fd, out_, LineTagger(prefix)});
+      if (r.child.stderr_fd >= 0) streams_.push_back({r.child.stderr_fd, err_, LineTagger(prefix)});
       ranks_.push_back({r, true});
     }
     const sigset_t set = handled_signals();
@@ -106,7 +125,9 @@ class Supervisor {
         // Whatever the ranks left in the pipes; a lingering grandchild holding
         // one open does not keep the launcher waiting for long.
         if (!drain_until_) drain_until_ = now + std::chrono::seconds(1);
-        if (streams_.empty() || now >= *drain_until_) break;
+        if (now >= *drain_until_) close_drained_streams();
+        // Then what is queued for our own output, unless a signal said not to.
+        if (streams_.empty() && (abandoned_ || !output_pending())) break;
       }
       std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
       const bool watch_remote = options_.remote_failure_fd >= 0 && !stopping_;
@@ -121,14 +142,28 @@ class Supervisor {
         }
       }
       const size_t first_beat = fds.size() - beating.size();
-      const size_t first_stream = fds.size();
-      for (auto& s : streams_) fds.push_back({s.fd, POLLIN, 0});
+      // A stream whose queue is full is not read: its rank's writes block.
+      std::vector<size_t> reading;  // streams_ index of each pipe polled
+      for (size_t i = 0; i < streams_.size(); ++i) {
+        if (streams_[i].target->full()) continue;
+        fds.push_back({streams_[i].fd, POLLIN, 0});
+        reading.push_back(i);
+      }
+      const size_t first_stream = fds.size() - reading.size();
+      std::vector<OutputQueue*> writing;
+      for (const auto& q : queues_) {
+        if (q->empty() || abandoned_) continue;
+        fds.push_back({q->fd(), POLLOUT, 0});
+        writing.push_back(q.get());
+      }
+      const size_t first_queue = fds.size() - writing.size();
 
       int timeout_ms = watch_hangs ? kHangCheckMs : -1;
-      for (const auto& at : {kill_at_, drain_until_}) {
+      for (const auto& at : {kill_at_, streams_.empty() ? std::nullopt : drain_until_}) {
         if (!at) continue;
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(*at - now).count();
-        const int ms = static_cast<int>(std::max<int64_t>(0, left));
+        // Past the drain deadline, a stream left open waits for its full queue.
+        const int ms = static_cast<int>(left > 0 ? left : at == kill_at_ ? 0 : kHangCheckMs);
         timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
       }
       if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
@@ -142,16 +177,42 @@ class Supervisor {
         if (fds[first_beat + b].revents) read_beats(ranks_[beating[b]]);
       }
       if (watch_hangs && !stopping_) find_hung_rank();
+      for (size_t q = 0; q < writing.size(); ++q) {
+        if (fds[first_queue + q].revents) writing[q]->flush();
+      }
       // Back to front, so closing a stream does not shift the ones not yet seen.
-      for (size_t i = fds.size(); i-- > first_stream;) {
-        if (fds[i].revents) pump(i - first_stream);
+      for (size_t i = reading.size(); i-- > 0;) {
+        if (fds[first_stream + i].revents) pump(reading[i]);
       }
     }
-    for (auto& s : streams_) write_all(s.target, s.tagger.finish());
     return result_;
   }
 
  private:
+  void say(const std::string& message) {
+    const std::string line = "lockstep-run: " + message + "\n";
+    if (err_) err_->push(line);
+    else write_all(STDERR_FILENO, line);
+  }
+
+  bool output_pending() const {
+    return std::any_of(queues_.begin(), queues_.end(), [](const auto& q) { return !q->empty(); });
+  }
+
+  // Once every rank has exited: closes the streams that hold nothing more
+  // (a lingering grandchild may hold the pipe open), tagging what is left.
+  void close_drained_streams() {
+    for (size_t i = streams_.size(); i-- > 0;) {
+      if (streams_[i].target->full()) continue;
+      pump(i);
+      if (i >= streams_.size() || streams_[i].target->full()) continue;
+      Stream& s = streams_[i];
+      s.target->push(s.tagger.finish());
+      close(s.fd);
+      streams_.erase(streams_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+
   int alive() const {
     int n = 0;
     for (const auto& r : ranks_) n += r.alive ? 1 : 0;
@@ -164,6 +225,19 @@ class Supervisor {
       const int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD) {
         reap();
+      } else if (alive() == 0 && output_pending()) {
+        // Every rank is done; only a stalled reader of our output keeps us.
+        abandoned_ = true;
+        for (auto& s : streams_) close(s.fd);
+        streams_.clear();
+        size_t dropped = 0;
+        for (const auto& q : queues_) {
+          dropped += q->size();
+          q->discard();
+        }
+        say(fmt::format("received {}; dropping {} bytes of the ranks' output not yet read",
+                        signal_name(sig), dropped));
+        if (!stopping_) result_ = {128 + sig, Outcome::signalled, "received " + signal_name(sig)};
       } else if (!stopping_) {
         const std::string why = fmt::format("node {}'s launcher received {}", options_.node_rank,
                                             signal_name(sig));
@@ -294,18 +368,19 @@ class Supervisor {
     }
   }
 
-  // Copies what one stream has, tagged; at end of file flushes and drops it.
+  // Queues what one stream has, tagged, until its queue is full; at end of
+  // file queues the partial line and drops the stream.
   void pump(size_t index) {
     Stream& s = streams_[index];
     char buffer[65536];
-    for (int round = 0; round < 16; ++round) {
+    for (int round = 0; round < 16 && !s.target->full(); ++round) {
       const ssize_t n = read(s.fd, buffer, sizeof buffer);
       if (n > 0) {
-        write_all(s.target, s.tagger.feed(std::string_view(buffer, static_cast<size_t>(n))));
+        s.target->push(s.tagger.feed(std::string_view(buffer, static_cast<size_t>(n))));
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-      write_all(s.target, s.tagger.finish());
+      s.target->push(s.tagger.finish());
       close(s.fd);
       streams_.erase(streams_.begin() + static_cast<std::ptrdiff_t>(index));
       return;
@@ -314,6 +389,12 @@ class Supervisor {
 
   SupervisorOptions options_;
   std::vector<Tracked> ranks_;
+  // --tag-output: our stdout and stderr, non-blocking while they exist.
+  // Declared before streams_, which point at them.
+  std::vector<std::unique_ptr<OutputQueue>> queues_;
+  OutputQueue* out_ = nullptr;  // of queues_
+  OutputQueue* err_ = nullptr;  // of queues_; out_ when both are one file
+  bool abandoned_ = false;  // a signal came while only our output kept us
   std::vector<Stream> streams_;
   int signal_fd_ = -1;
   bool stopping_ = false;

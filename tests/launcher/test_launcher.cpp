@@ -245,6 +245,24 @@ TEST_CASE("launcher: --tag-output tags each redraw of a progress line; a line wi
   CHECK_THAT(r.output, Contains("\n[rank 0] end\n"));
 }
 
+TEST_CASE("launcher: --tag-output: a stalled reader of the output does not stall the launcher",
+          "[launcher]") {
+  // Rank 0 prints far more than a pipe and the launcher's queue hold; rank 1
+  // fails at once. The launcher's stdout is read only after 4 s, by when the
+  // failure must have been handled and said on stderr.
+  TempDir dir;
+  const std::string script = fmt::format(
+      "{} -np 2 --tag-output {} print-lines=0:100000 exit=1:3 2>{}/err | "
+      "{{ sleep 4; grep -c 'exited with code 3' {}/err > {}/seen; cat > /dev/null; }}; "
+      "echo \"launcher exit ${{PIPESTATUS[0]}}\"; echo \"seen $(cat {}/seen)\"; cat {}/err",
+      bin_path("lockstep-run"), bin_path("launcher_probe"), dir.str(), dir.str(), dir.str(),
+      dir.str(), dir.str());
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK_THAT(r.output, Contains("launcher exit 3") && Contains("seen 1") &&
+                           Contains("rank 1 (local rank 1 on node 0"));
+}
+
 TEST_CASE("launcher: -x exports variables; OMP_NUM_THREADS is kept when set", "[launcher]") {
   const auto r = launch({"-np", "2", "-x", "PROBE_A=hello", "-x", "PROBE_B"},
                         {"print", "show=PROBE_A", "show=PROBE_B", "show=OMP_NUM_THREADS"},

@@ -26,6 +26,8 @@
 //   allreduces=N     every rank joins the default process group and runs N
 //                    all-reduces of 1000 f32 values (after group-sum, if asked)
 //   wait-ms=N        sleep N ms before that
+//   print-lines=N    then print N lines of 100 bytes (print-lines=R:N: rank R
+//                    only); blocks while nobody reads them
 //   spin-ms=N        then use the CPU for N ms (busy, not hung)
 //   busy-sleep-ms=N  then sleep N ms inside a runtime::BusyScope (not hung)
 //   stop-self=R      then rank R stops itself with SIGSTOP (hung: no heartbeat)
@@ -186,6 +188,15 @@ int main(int argc, char** argv) {
   for (const auto& a : args) {
     if (a.rfind("wait-ms=", 0) == 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(a.substr(8))));
+    if (a.rfind("print-lines=", 0) == 0) {
+      const std::string spec = a.substr(12);
+      int lines = 0;
+      if (spec.find(':') == std::string::npos) lines = std::stoi(spec);
+      else for_me(spec, info.rank, &lines);
+      const std::string text(99, 'x');
+      for (int i = 0; i < lines; ++i) fmt::print("{}\n", text);
+      std::fflush(stdout);
+    }
     if (a.rfind("spin-ms=", 0) == 0) {
       const auto until = std::chrono::steady_clock::now() +
                          std::chrono::milliseconds(std::stoi(a.substr(8)));

@@ -1,0 +1,46 @@
+// --tag-output: what the launcher has for one of its own output streams
+// (stdout or stderr) and could not write yet. The stream is made
+// non-blocking while the queue is in use, so a reader that stalls (a paused
+// `less`, a fifo nobody reads) holds up the ranks' output, not the launcher:
+// the supervisor stops reading the ranks' pipes while the queue is full,
+// which blocks the ranks' writes as it would without --tag-output.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace lockstep::launcher {
+
+class OutputQueue {
+ public:
+  // Past this many bytes the queue is full: nothing more is read for it.
+  static constexpr size_t kFullBytes = 1 << 20;
+
+  // Makes `fd` non-blocking until destruction, which restores its flags.
+  explicit OutputQueue(int fd);
+  ~OutputQueue();
+  OutputQueue(const OutputQueue&) = delete;
+  OutputQueue& operator=(const OutputQueue&) = delete;
+
+  int fd() const { return fd_; }
+  // Queues `data` (whole lines, so that streams do not interleave mid-line)
+  // and writes what the stream takes now.
+  void push(std::string_view data);
+  // Writes what the stream takes now, without blocking.
+  void flush();
+  bool empty() const { return pending_.size() == offset_; }
+  bool full() const { return pending_.size() - offset_ >= kFullBytes; }
+  size_t size() const { return pending_.size() - offset_; }
+  // Drops what is queued (nobody will read it).
+  void discard();
+
+ private:
+  int fd_;
+  int saved_flags_;
+  bool closed_ = false;  // the reader is gone (EPIPE): pushed data is dropped
+  std::string pending_;
+  size_t offset_ = 0;  // what of pending_ was written already
+};
+
+}  // namespace lockstep::launcher
