@@ -73,6 +73,11 @@ bool same_file(int a, int b) {
          sa.st_ino == sb.st_ino;
 }
 
+// Whether `fd` would block a write now (a pipe nobody reads has filled up).
+bool write_would_block(int fd) {
+  pollfd p{fd, POLLOUT, 0};
+  return poll(&p, 1, 0) == 0;
+}
 
 struct Tracked {
   RankProcess process;
@@ -199,6 +204,16 @@ class Supervisor {
     return std::any_of(queues_.begin(), queues_.end(), [](const auto& q) { return !q->empty(); });
   }
 
+  // Whether the ranks' writes may be blocked by whoever reads our output: a
+  // rank blocked in write() uses no CPU, yet is not hung. Tagging: a full
+  // queue, whose pipes are not read. Else the ranks write to our stdout and
+  // stderr themselves.
+  bool output_stalled() const {
+    if (!queues_.empty())
+      return std::any_of(queues_.begin(), queues_.end(), [](const auto& q) { return q->full(); });
+    return write_would_block(STDOUT_FILENO) || write_would_block(STDERR_FILENO);
+  }
+
   // Once every rank has exited: closes the streams that hold nothing more
   // (a lingering grandchild may hold the pipe open), tagging what is left.
   void close_drained_streams() {
@@ -301,8 +316,10 @@ class Supervisor {
   // than the hang timeout; stops the job as a failure of that rank.
   void find_hung_rank() {
     const auto now = Clock::now();
+    const bool stalled = output_stalled();
     for (auto& r : ranks_) {
       if (!r.alive || !r.last_beat) continue;
+      if (stalled) r.last_progress = now;  // blocked writing its output, maybe
       const auto silent = now - *r.last_beat, idle = now - *r.last_progress;
       std::string why;
       if (silent > options_.hang_timeout) {

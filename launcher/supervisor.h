@@ -32,7 +32,8 @@ struct SupervisorOptions {
   std::chrono::milliseconds grace_period{5000};
   // A rank that beat once (runtime/liveness.h) and then sends no beat, or
   // only "no progress" beats, for this long is hung: reported as a failure
-  // of that rank. 0: not watched.
+  // of that rank. "No progress" does not count while the launcher's output
+  // takes no more data (the rank may be blocked writing). 0: not watched.
   std::chrono::milliseconds hang_timeout{0};
   int node_rank = 0;
   std::string hostname;

@@ -9,7 +9,10 @@
 // writing a checkpoint file. The launcher (--hang-timeout, 10 s) calls a rank
 // hung when no beat comes (stopped by SIGSTOP, frozen) or only 'I' comes (a
 // deadlock: blocked, using no CPU, not waiting for peers), and stops the job.
-// A rank that sleeps on purpose for longer marks it with a BusyScope. At
+// A rank that sleeps on purpose for longer marks it with a BusyScope. A rank
+// blocked writing to a slow reader beats 'I' too: the beats cannot tell it
+// from a deadlock, so the launcher does, by not calling ranks hung while its
+// own output (the ranks', or its queue for them) takes no more data. At
 // exit (return from main, exit()) the thread's last message is 'L', leaving:
 // the launcher stops expecting beats from the rank, whose process may go on
 // without this program (a wrapper script's later steps), until a beat comes

@@ -263,6 +263,21 @@ TEST_CASE("launcher: --tag-output: a stalled reader of the output does not stall
                            Contains("rank 1 (local rank 1 on node 0"));
 }
 
+TEST_CASE("launcher: a rank blocked writing to a stalled reader is not hung", "[launcher][hang]") {
+  // Both ranks print 2 MB each after joining their group; the launcher's
+  // stdout is read only after 4 s, four times the hang timeout.
+  const bool tagged = GENERATE(false, true);
+  TempDir dir;
+  const std::string script = fmt::format(
+      "{} -np 2 --hang-timeout 1 {} {} group-sum print-lines=20000 2>{}/err | "
+      "{{ sleep 4; wc -l; }}; echo \"launcher exit ${{PIPESTATUS[0]}}\"; cat {}/err",
+      bin_path("lockstep-run"), tagged ? "--tag-output" : "", bin_path("launcher_probe"),
+      dir.str(), dir.str());
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO("tagged " << tagged << ": " << describe(r) << "\n" << r.output);
+  CHECK_THAT(r.output, Contains("40002") && Contains("launcher exit 0") && !Contains("is hung"));
+}
+
 TEST_CASE("launcher: -x exports variables; OMP_NUM_THREADS is kept when set", "[launcher]") {
   const auto r = launch({"-np", "2", "-x", "PROBE_A=hello", "-x", "PROBE_B"},
                         {"print", "show=PROBE_A", "show=PROBE_B", "show=OMP_NUM_THREADS"},
