@@ -28,9 +28,11 @@ void write_str(int fd, const char* text) {
 }
 
 // Runs in the forked child: only async-signal-safe calls until execve.
+// `as_script` is {"/bin/sh", program, argv[1:]...}: execvp's fallback for a
+// program the kernel does not know how to run (a script without "#!").
 [[noreturn]] void exec_child(pid_t launcher, const char* program, char* const* argv,
-                             char* const* envp, int out_fd, int err_fd, int heartbeat_fd,
-                             const cpu_set_t* cpus) {
+                             char* const* as_script, char* const* envp, int out_fd, int err_fd,
+                             int heartbeat_fd, const cpu_set_t* cpus) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != launcher) _exit(127);  // the launcher died before prctl
@@ -66,6 +68,7 @@ void write_str(int fd, const char* text) {
     write_str(STDERR_FILENO, "lockstep-run: --bind-to core: cannot bind the rank running ");
   } else {
     execve(program, argv, envp);
+    if (errno == ENOEXEC) execve(as_script[0], as_script, envp);
     error = errno;
     write_str(STDERR_FILENO, "lockstep-run: cannot execute ");
   }
@@ -103,6 +106,10 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
   std::vector<char*> args, envp;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // Built before fork: the child may not allocate.
+  static char shell[] = "/bin/sh";
+  std::vector<char*> as_script{shell, const_cast<char*>(program.c_str())};
+  as_script.insert(as_script.end(), args.begin() + (argv.empty() ? 0 : 1), args.end());
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
 
@@ -124,8 +131,8 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
   const pid_t pid = fork();
   LOCKSTEP_CHECK(pid >= 0, "cannot fork a rank process: {}", strerror(errno));
   if (pid == 0) {
-    exec_child(launcher, program.c_str(), args.data(), envp.data(), out[1], err[1], beats[1],
-               cpus.empty() ? nullptr : &cpu_set);
+    exec_child(launcher, program.c_str(), args.data(), as_script.data(), envp.data(), out[1],
+               err[1], beats[1], cpus.empty() ? nullptr : &cpu_set);
   }
 
   setpgid(pid, pid);  // also here, so the group exists before we may signal it

@@ -738,6 +738,18 @@ TEST_CASE("launcher: SIGINT to node 0 while it waits for the other nodes ends th
   CHECK_THAT(r.output, !Contains("node 1 exit 0"));
 }
 
+TEST_CASE("launcher: a script without #! runs under /bin/sh, as execvp runs it", "[launcher]") {
+  // execve refuses it (ENOEXEC) and every rank exited 127.
+  TempDir dir;
+  const std::string script = dir.str() + "/no-shebang";
+  std::ofstream(script) << "echo \"rank $RANK of $WORLD_SIZE: $1\"\nexit 3\n";
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  const auto r = run_process({bin_path("lockstep-run"), "-np", "2", script, "hello"}, kLimit);
+  INFO(r.output);
+  CHECK(r.exit_code == 3);
+  CHECK_THAT(r.output, Contains("of 2: hello") && !Contains("Exec format error"));
+}
+
 TEST_CASE("launcher: too low an open-file limit is raised, or the job refused before a rank starts",
           "[launcher]") {
   const auto lr = bin_path("lockstep-run");
