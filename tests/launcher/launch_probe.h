@@ -5,7 +5,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/types.h>
+
+#include <cerrno>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -30,6 +36,28 @@ inline ProcessResult launch(std::vector<std::string> launcher_args, std::vector<
   auto result = run_process(argv, limit, env);
   UNSCOPED_INFO("lockstep-run " << describe(result) << ", output:\n" << result.output);
   return result;
+}
+
+// The pids the probes wrote (pid-dir=DIR) into `dir`.
+inline std::vector<pid_t> pids_in(const std::string& dir) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".pid") continue;
+    pid_t pid = 0;
+    std::ifstream(entry.path()) >> pid;
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+// Every probe that wrote a pid file is gone (the launcher stopped and reaped it).
+inline void check_no_orphans(const std::string& dir, size_t expected) {
+  const auto pids = pids_in(dir);
+  CHECK(pids.size() == expected);
+  for (pid_t pid : pids) {
+    INFO("pid " << pid);
+    CHECK((kill(pid, 0) == -1 && errno == ESRCH));
+  }
 }
 
 // Two launchers of a two-node job on this host (both nodes on 127.0.0.1),
