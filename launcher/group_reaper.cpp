@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -21,13 +22,29 @@
 namespace lockstep::launcher {
 namespace {
 
-// One message on the pipe; smaller than PIPE_BUF, so written and read whole.
+// One message on the pipe. A RemoveDir record is followed by `length` bytes
+// of the path in the same write; all of it is smaller than PIPE_BUF, so it
+// is written and read whole.
 struct Record {
-  enum Kind : int32_t { Watch = 1, Disarm = 2 };
+  enum Kind : int32_t { Watch = 1, Disarm = 2, RemoveDir = 3 };
   int32_t kind = 0;
-  int32_t pgid = 0;
+  int32_t pgid = 0;         // Watch; the path's length for RemoveDir
   uint64_t start_time = 0;  // of the group's leader, in clock ticks since boot
 };
+constexpr size_t kMaxPath = 4000;
+
+// Reads exactly `size` bytes; false at end of file or on an error.
+bool read_whole(int fd, void* data, size_t size) {
+  auto* at = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t n = read(fd, at, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    at += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
 
 // Field 22 of /proc/<pid>/stat: when the process started. nullopt when there
 // is no such process.
@@ -62,14 +79,20 @@ std::optional<uint64_t> start_time(pid_t pid) {
   close_range(4, ~0U, 0);  // the pipe's write end too, or its end of file never comes
 
   std::vector<Record> groups;
+  std::vector<std::string> dirs;
   bool disarmed = false;
   Record record;
-  for (;;) {
-    const ssize_t n = read(3, &record, sizeof record);
-    if (n < 0 && errno == EINTR) continue;
-    if (n != static_cast<ssize_t>(sizeof record)) break;  // end of file: the launcher is gone
+  // Until end of file: the launcher is gone.
+  while (read_whole(3, &record, sizeof record)) {
     if (record.kind == Record::Watch) groups.push_back(record);
     if (record.kind == Record::Disarm) disarmed = true;
+    if (record.kind == Record::RemoveDir) {
+      std::string path(static_cast<size_t>(record.pgid), '\0');
+      if (record.pgid < 0 || static_cast<size_t>(record.pgid) > kMaxPath ||
+          !read_whole(3, path.data(), path.size()))
+        break;
+      dirs.push_back(std::move(path));
+    }
   }
   if (!disarmed) {
     for (const Record& group : groups) {
@@ -77,13 +100,21 @@ std::optional<uint64_t> start_time(pid_t pid) {
       if (!now || *now == group.start_time) kill(-group.pgid, SIGKILL);
     }
   }
+  // After the kills: a rank that still had a file open writes to an
+  // unlinked one, and cannot make new ones.
+  for (const std::string& dir : dirs) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  }
   _exit(0);
 }
 
-void send(int fd, const Record& record) {
+void send(int fd, const Record& record, const std::string& tail = {}) {
+  std::string message(reinterpret_cast<const char*>(&record), sizeof record);
+  message += tail;
   ssize_t n;
   do {
-    n = write(fd, &record, sizeof record);
+    n = write(fd, message.data(), message.size());
   } while (n < 0 && errno == EINTR);
   // A reaper that is gone (EPIPE) cannot be helped; the ranks still die with
   // the launcher by PR_SET_PDEATHSIG.
@@ -118,6 +149,13 @@ void GroupReaper::watch(pid_t pgid) {
   send(fd_, {.kind = Record::Watch,
              .pgid = static_cast<int32_t>(pgid),
              .start_time = start_time(pgid).value_or(0)});
+}
+
+void GroupReaper::remove_at_exit(const std::string& dir) {
+  LOCKSTEP_CHECK(!dir.empty() && dir.front() == '/' && dir.size() <= kMaxPath,
+                 "GroupReaper: '{}' is not an absolute path shorter than {} bytes", dir,
+                 kMaxPath);
+  send(fd_, {.kind = Record::RemoveDir, .pgid = static_cast<int32_t>(dir.size())}, dir);
 }
 
 void GroupReaper::disarm() { send(fd_, {.kind = Record::Disarm}); }

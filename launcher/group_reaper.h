@@ -7,7 +7,9 @@
 // the reaper reads a pipe on which the launcher registers each rank's process
 // group. When that pipe reaches end of file, the launcher is gone, however it
 // died; unless the launcher disarmed it first (a normal end, its ranks already
-// stopped and reaped), the reaper SIGKILLs every registered group, then exits.
+// stopped and reaped), the reaper SIGKILLs every registered group. Either way
+// it then removes the directories registered with it (a SIGKILLed launcher
+// cannot remove its scratch files in /dev/shm, which is memory), and exits.
 //
 // The reaper leads a process group of its own, so a terminal's Ctrl-C or a
 // SIGKILL to the launcher's group does not take it along, and it holds none of
@@ -19,6 +21,8 @@
 #pragma once
 
 #include <sys/types.h>
+
+#include <string>
 
 namespace lockstep::launcher {
 
@@ -35,6 +39,9 @@ class GroupReaper {
 
   // Registers the process group a rank leads (its pid), right after its fork.
   void watch(pid_t pgid);
+  // Removes `dir` and what it holds once the launcher is gone, however it
+  // ended. An absolute path shorter than 4000 bytes.
+  void remove_at_exit(const std::string& dir);
   // The launcher ends normally: the reaper exits without killing anything.
   void disarm();
 

@@ -146,6 +146,7 @@ int run(const Options& options) {
   }
 
   const FlightRecorderFiles recorders;
+  reaper.remove_at_exit(recorders.dir());
   int code = 0;
   for (int attempt = 0;; ++attempt) {
     recorders.clear();

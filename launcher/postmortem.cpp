@@ -254,7 +254,7 @@ FlightRecorderFiles::FlightRecorderFiles() {
                  "cannot make a directory for the ranks' flight records in {}: {}; set TMPDIR "
                  "to a writable directory",
                  base, std::strerror(errno));
-  dir_ = pattern;
+  dir_ = std::filesystem::absolute(pattern).string();
 }
 
 FlightRecorderFiles::~FlightRecorderFiles() {

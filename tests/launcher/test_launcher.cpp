@@ -340,17 +340,30 @@ TEST_CASE("launcher: the first outcome wins when another node fails in the same 
                            !Contains("node 1: rank 1 failed"));
 }
 
-TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wrapper or not",
+TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wrapper or not, "
+          "and leaves no scratch files behind",
           "[launcher]") {
   TempDir dir;
   // `; true` keeps sh from exec'ing the probe: each rank is a shell and the
   // probe (which writes the pid file, then sleeps) is its child.
   Background launcher({bin_path("lockstep-run"), "-np", "2", "/bin/sh", "-c", "\"$0\" \"$@\"; true",
-                       bin_path("launcher_probe"), "pid-dir=" + dir.str(), "sleep"},
+                       bin_path("launcher_probe"), "print", "show=LOCKSTEP_FLIGHT_RECORDER",
+                       "pid-dir=" + dir.str(), "sleep"},
                       dir.str() + "/launcher.log");
   const bool started = eventually([&] { return pids_in(dir.str()).size() == 2; }, kLimit);
   INFO("launcher output:\n" << read_file(dir.str() + "/launcher.log"));
   REQUIRE(started);
+  // The launcher's directory of flight records (in /dev/shm: memory).
+  std::string log;
+  REQUIRE(eventually([&] {
+    log = read_file(dir.str() + "/launcher.log");
+    return log.find("LOCKSTEP_FLIGHT_RECORDER=") != std::string::npos;
+  }, kLimit));
+  const auto at = log.find("LOCKSTEP_FLIGHT_RECORDER=");
+  const auto value = log.substr(at + 25, log.find_first_of(" \n", at) - at - 25);
+  const auto scratch = std::filesystem::path(value).parent_path();
+  INFO("scratch directory " << scratch);
+  REQUIRE(std::filesystem::is_directory(scratch));
   const auto grandchildren = pids_in(dir.str());
   for (pid_t pid : grandchildren) REQUIRE(running(pid));
 
@@ -369,6 +382,7 @@ TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wra
   for (pid_t pid : grandchildren) {
     if (running(pid)) kill(pid, SIGKILL);  // do not leave them behind
   }
+  CHECK(eventually([&] { return !std::filesystem::exists(scratch); }, 20s));
 }
 
 TEST_CASE("launcher: SIGINT reaches the ranks even when the launcher was started ignoring it",
