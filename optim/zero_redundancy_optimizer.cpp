@@ -71,6 +71,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ParamGroup> groups,
       LOCKSTEP_CHECK(seen.insert(p.impl_ptr()).second,
                      "{}: parameter {} of group {} appears more than once", kName, i, g);
       all_params_.push_back(p);
+      placed_.emplace_back(p.dtype(), p.device());
     }
   }
   check_same_parameters_on_every_rank(groups);
@@ -212,6 +213,23 @@ void ZeroRedundancyOptimizer::check_same_parameters_on_every_rank(
                    "{}: rank {}'s parameters differ from rank 0's in shape, dtype or grouping; "
                    "every rank must pass the same parameters in the same order",
                    kName, r);
+  }
+}
+
+// Module::to rebinds a parameter to new storage of another dtype or device;
+// the cut pieces' views would keep stepping the old storage and the sync
+// buffers would round or move the values (ranks then differ). Every rank
+// converts alike, so every rank refuses alike.
+void ZeroRedundancyOptimizer::check_not_moved(const char* what) const {
+  for (size_t i = 0; i < all_params_.size(); ++i) {
+    const Tensor& p = all_params_[i];
+    const auto& [dtype, device] = placed_[i];
+    LOCKSTEP_CHECK(p.dtype() == dtype && p.device() == device,
+                   "{}.{}: parameter {} is now {} on {}, but was {} on {} when the optimizer was "
+                   "built (the model was moved or converted with .to() since); build the "
+                   "{} after model.to(...)",
+                   kName, what, i, runtime::dtype_name(p.dtype()), p.device().str(),
+                   runtime::dtype_name(dtype), device.str(), kName);
   }
 }
 
@@ -364,6 +382,7 @@ void ZeroRedundancyOptimizer::sync_options() {
 }
 
 void ZeroRedundancyOptimizer::step() {
+  check_not_moved("step");
   sync_options();
   if (inner_) {
     bind_grads();
@@ -377,6 +396,7 @@ double ZeroRedundancyOptimizer::clip_grad_norm(double max_norm, double norm_type
                                                bool error_if_nonfinite) {
   LOCKSTEP_CHECK(max_norm >= 0.0, "{}.clip_grad_norm: max_norm {} is negative; it must be >= 0",
                  kName, max_norm);
+  check_not_moved("clip_grad_norm");
   // The partial and a NaN flag: a NaN must survive a max reduction too.
   bind_grads();
   const double partial = grad_norm_partial(local_params_, norm_type);

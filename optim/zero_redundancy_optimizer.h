@@ -40,11 +40,16 @@
 // consolidate_state_dict(), all_state_bytes(). Every rank must make them in
 // the same order. Everything else is local.
 //
-// Not supported: add_param_group() after construction (throws).
+// Not supported: add_param_group() after construction (throws), and moving
+// or converting the parameters afterwards (Module::to): the shard's views and
+// the sync buffers are made for their dtype and device, so step() and
+// clip_grad_norm() refuse a parameter whose dtype or device changed. Build
+// the optimizer after model.to(...).
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "lockstep/collectives/process_group.h"
@@ -134,6 +139,7 @@ class ZeroRedundancyOptimizer : public Optimizer {
  private:
   struct Bucket;
   void check_same_parameters_on_every_rank(const std::vector<ParamGroup>& groups) const;
+  void check_not_moved(const char* what) const;
   void build_shard();
   bool is_whole(const Piece& piece) const;
   Tensor data_of(const Piece& piece) const;
@@ -147,6 +153,7 @@ class ZeroRedundancyOptimizer : public Optimizer {
   OptimizerFactory factory_;
   ZeroOptions options_;
   std::vector<Tensor> all_params_;   // global order
+  std::vector<std::pair<runtime::DType, runtime::Device>> placed_;  // each one's at construction
   Partition partition_;              // over all_params_
   std::vector<Piece> local_pieces_;  // inner's parameter i -> its piece
   std::vector<Tensor> local_params_; // inner's parameter i

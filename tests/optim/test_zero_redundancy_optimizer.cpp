@@ -693,3 +693,29 @@ TEST_CASE("ZeroRedundancyOptimizer: a scalar parameter's state takes its dtype o
   }, "zero-scalar-state");
   require_no_problems(problems);
 }
+
+TEST_CASE("ZeroRedundancyOptimizer: a model converted with .to() after it was built is refused",
+          "[zero][optim]") {
+  // Whole parameters went through f32 sync buffers, so the ranks that did not
+  // own one got it rounded to f32 and the ranks silently differed; cut ones
+  // stepped their old f32 storage (or failed on the gradient's dtype).
+  const bool split = GENERATE(false, true);
+  INFO((split ? "split" : "whole"));
+  const auto problems = on_ranks(2, [&](int, GroupPtr group) -> std::string {
+    Generator g(3);
+    auto lin = std::make_shared<nn::Linear>(4, 3, true, g);
+    ZeroRedundancyOptimizer zero(lin->parameters(), group, sgd_factory(),
+                                 {.split_parameters = split});
+    lin->to(DType::f64);
+    for (auto& p : lin->parameters()) p.set_grad(Tensor::ones(p.shape(), DType::f64));
+    const std::string clip = lt::error_of([&] { zero.clip_grad_norm(1.0); });
+    const std::string step = lt::error_of([&] { zero.step(); });
+    for (const auto& e : {clip, step}) {
+      if (e.find("parameter 0 is now f64 on cpu, but was f32 on cpu") == std::string::npos ||
+          e.find("after model.to(...)") == std::string::npos)
+        return e;
+    }
+    return "";
+  }, "zero-moved");
+  require_no_problems(problems);
+}
