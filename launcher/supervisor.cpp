@@ -38,9 +38,13 @@ constexpr int kHangCheckMs = 100;
 sigset_t handled_signals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGTSTP, SIGCONT}) sigaddset(&set, sig);
   return set;
 }
+
+// Ctrl-Z and fg, as mpirun does them: the ranks lead process groups of their
+// own, so the terminal's SIGTSTP reaches only the launcher.
+bool is_job_control(int sig) { return sig == SIGTSTP || sig == SIGCONT; }
 
 void write_all(int fd, std::string_view data) {
   while (!data.empty()) {
@@ -240,6 +244,8 @@ class Supervisor {
       const int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD) {
         reap();
+      } else if (is_job_control(sig)) {
+        if (!stopping_) job_control(sig);
       } else if (alive() == 0 && output_pending()) {
         // Every rank is done; only a stalled reader of our output keeps us.
         abandoned_ = true;
@@ -266,6 +272,29 @@ class Supervisor {
         kill_remaining(/*after_grace=*/false);
         kill_at_.reset();
       }
+    }
+  }
+
+  // SIGTSTP: stops every rank, then the launcher itself; the SIGCONT that
+  // continues the launcher (fg, bg, kill -CONT) continues them. Their
+  // heartbeats start afresh: a stopped job is not a hung one.
+  void job_control(int sig) {
+    const int n = alive();
+    if (sig == SIGTSTP) {
+      say(fmt::format("received SIGTSTP; stopping {} (fg or SIGCONT resumes them)", ranks_word(n)));
+      for (const auto& r : ranks_) {
+        if (r.alive) kill(-r.process.child.pid, SIGSTOP);
+      }
+      for (const auto& q : queues_) q->flush();  // the message, if the reader takes it
+      raise(SIGSTOP);
+      return;  // the SIGCONT that woke us is read next
+    }
+    for (const auto& r : ranks_) {
+      if (r.alive) kill(-r.process.child.pid, SIGCONT);
+    }
+    const auto now = Clock::now();
+    for (auto& r : ranks_) {
+      if (r.last_beat) r.last_beat = r.last_progress = now;
     }
   }
 
@@ -446,7 +475,9 @@ int wait_unless_signalled(std::chrono::milliseconds delay) {
     signalfd_siginfo info{};
     while (read(fd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
       const int sig = static_cast<int>(info.ssi_signo);
-      if (sig != SIGCHLD) received = sig;  // a child of an earlier attempt, or the reaper
+      if (sig == SIGTSTP) raise(SIGSTOP);  // no rank runs between attempts
+      // SIGCHLD: a child of an earlier attempt, or the reaper.
+      if (sig != SIGCHLD && !is_job_control(sig)) received = sig;
     }
   }
   close(fd);

@@ -1,11 +1,13 @@
 // The supervisor loop: waits for the ranks of this node, relays their output,
 // and stops them all when one fails or the launcher is signalled.
 //
-// One thread, one poll() over a signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP),
-// the ranks' output pipes and an optional "another node failed" fd, so the
-// first failure is noticed at once. Stopping: SIGTERM (or the received signal)
-// to every rank's process group, SIGKILL to those still running after the
-// grace period; a second SIGINT/SIGTERM kills at once.
+// One thread, one poll() over a signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP,
+// SIGTSTP, SIGCONT), the ranks' output pipes and an optional "another node
+// failed" fd, so the first failure is noticed at once. Stopping: SIGTERM (or
+// the received signal) to every rank's process group, SIGKILL to those still
+// running after the grace period; a second SIGINT/SIGTERM kills at once.
+// SIGTSTP (Ctrl-Z) stops the ranks and then the launcher; SIGCONT (fg)
+// continues them.
 #pragma once
 
 #include <chrono>

@@ -385,6 +385,54 @@ TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wra
   CHECK(eventually([&] { return !std::filesystem::exists(scratch); }, 20s));
 }
 
+// A process's state letter from /proc/<pid>/stat ('T': stopped); 0 if gone.
+char process_state(pid_t pid) {
+  const std::string stat = read_file(fmt::format("/proc/{}/stat", pid));
+  const auto paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
+TEST_CASE("launcher: Ctrl-Z stops the ranks with the launcher; fg continues them, not as hung",
+          "[launcher][hang]") {
+  TempDir dir;
+  const std::string log = dir.str() + "/launcher.log";
+  Background launcher({bin_path("lockstep-run"), "-np", "2", "--hang-timeout", "1",
+                       bin_path("launcher_probe"), "pid-dir=" + dir.str(), "group-sum",
+                       "busy-sleep-ms=6000", "then-allreduce"},
+                      log);
+  // Both ranks beat (they joined their group) and sleep, busy.
+  REQUIRE(eventually([&] {
+    const std::string text = read_file(log);
+    return text.find("group-sum rank=0") != std::string::npos &&
+           text.find("group-sum rank=1") != std::string::npos;
+  }, kLimit));
+  INFO("launcher output:\n" << read_file(log));
+  const auto ranks = pids_in(dir.str());
+  REQUIRE(ranks.size() == 2);
+
+  REQUIRE(kill(launcher.pid, SIGTSTP) == 0);
+  int status = 0;
+  REQUIRE(waitpid(launcher.pid, &status, WUNTRACED) == launcher.pid);
+  CHECK(WIFSTOPPED(status));
+  for (pid_t pid : ranks) {
+    INFO("rank pid " << pid);
+    CHECK(eventually([&] { return process_state(pid) == 'T'; }, 5s));
+  }
+  std::this_thread::sleep_for(2500ms);  // stopped for 2.5 times the hang timeout
+
+  REQUIRE(kill(launcher.pid, SIGCONT) == 0);
+  for (pid_t pid : ranks) {
+    INFO("rank pid " << pid);
+    CHECK(eventually([&] { return process_state(pid) != 'T'; }, 5s));
+  }
+  REQUIRE(eventually([&] { return waitpid(launcher.pid, &status, WNOHANG) > 0; }, kLimit));
+  launcher.pid = -1;
+  INFO("launcher output:\n" << read_file(log));
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK_THAT(read_file(log), Contains("received SIGTSTP; stopping 2 ranks") &&
+                                 !Contains("is hung"));
+}
+
 TEST_CASE("launcher: SIGINT reaches the ranks even when the launcher was started ignoring it",
           "[launcher]") {
   TempDir dir;
