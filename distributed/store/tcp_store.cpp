@@ -79,6 +79,8 @@ struct TcpStore::Impl {
   int fd = -1;
   // Why the server broke the last connection (lost()); empty when none did.
   std::string lost_cause;
+  // The largest request body the server takes, from its AUTH reply; 0: not said.
+  uint64_t max_body = 0;
   std::mutex mutex;
   proto::FrameParser parser{0xffffffffu};
 
@@ -195,7 +197,11 @@ void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
         try_send_all(proto::encode_frame(proto::MessageType::Auth, {options.token}),
                      auth_deadline, send_error);
         auto reply = read_frame(auth_deadline, "authenticating");
-        if (reply && reply->type == proto::MessageType::Ok) break;
+        if (reply && reply->type == proto::MessageType::Ok) {
+          const bool said = reply->fields.size() == 1 && reply->fields[0].size() == 8;
+          max_body = said ? static_cast<uint64_t>(proto::decode_i64(reply->fields[0])) : 0;
+          break;
+        }
         if (reply && reply->type == proto::MessageType::Error && !reply->fields.empty()) {
           if (reply->fields[0].starts_with(proto::kBusyPrefix)) {
             busy = true;
@@ -349,6 +355,17 @@ proto::Frame TcpStore::Impl::call(proto::MessageType type,
   if (fd < 0)
     connect_with_backoff(lost_cause.empty() ? options.connect_timeout
                                             : std::min(options.connect_timeout, kReconnectTimeout));
+  // A request over the server's limit would make it drop this connection, and
+  // the caller would hear only that the connection broke.
+  uint64_t body = 0;
+  for (std::string_view field : fields) body += 4 + field.size();
+  if (max_body > 0 && body > max_body) {
+    throw Error(fmt::format(
+        "lockstep store at {}: {}: the request is {} bytes, over the {} bytes the server takes "
+        "in one request; keep large data out of the store (write it to a file and store the "
+        "file's path, or send it with a collective)",
+        address, what, body, max_body));
+  }
   const auto request = proto::encode_frame(type, fields);
   send_all(request, deadline, what);
   auto reply = read_frame(deadline, what);

@@ -27,7 +27,9 @@ struct TcpStoreServerOptions {
   // Clients must present exactly this in their AUTH frame. Empty: any client
   // that sends an empty AUTH frame is served (the other limits still apply).
   std::string token;
-  uint32_t max_frame_bytes = 64u << 20;  // larger frames are rejected
+  // Larger frames are rejected. TcpStore clients learn it on connecting and
+  // refuse a larger request themselves (a value over it cannot be set).
+  uint32_t max_frame_bytes = 64u << 20;
   // All a connection may send before its AUTH frame is accepted (raised to
   // fit an AUTH frame carrying `token`): a client without the token cannot
   // make the server hold more than this.

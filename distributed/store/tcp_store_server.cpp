@@ -124,6 +124,8 @@ struct TcpStoreServer::Impl {
   // What a connection may send before its AUTH is accepted: the option, but
   // never less than a frame carrying our own token.
   size_t unauthenticated_allowance;
+  // The AUTH reply's field: the largest request body served (protocol.h).
+  std::string max_body_field;
   int listen_fd = -1, epoll_fd = -1, wake_fd = -1;
   uint16_t port = 0;
   std::atomic<bool> stop{false};
@@ -147,6 +149,7 @@ struct TcpStoreServer::Impl {
       : options(std::move(opts)),
         unauthenticated_allowance(std::max<size_t>(
             options.max_unauthenticated_bytes, proto::kHeaderBytes + 4 + options.token.size())),
+        max_body_field(proto::encode_i64(options.max_frame_bytes)),
         counter(options.max_connections, options.max_connections_per_address) {
     LOCKSTEP_CHECK(options.max_frame_bytes >= unauthenticated_allowance - proto::kHeaderBytes,
                    "TcpStoreServer: max_frame_bytes {} is too small for an AUTH frame of {} "
@@ -438,11 +441,11 @@ struct TcpStoreServer::Impl {
       --stats.unauthenticated;
       c.parser.set_max_body_bytes(options.max_frame_bytes);
       set_deadline(c, std::nullopt);
-      reply(c, T::Ok, {});
+      reply(c, T::Ok, {max_body_field});
       return;
     }
     switch (frame.type) {
-      case T::Auth: reply(c, T::Ok, {}); return;
+      case T::Auth: reply(c, T::Ok, {max_body_field}); return;
       case T::Set:
         data[f[0]] = std::move(f[1]);
         reply(c, T::Ok, {});

@@ -27,7 +27,7 @@ namespace lockstep::distributed::store_protocol {
  * the parser checks, so the server and client only see well-formed frames.
  *
  *   request        fields                              reply
- *   AUTH           token                               OK | ERROR (then close)
+ *   AUTH           token                               OK max_body | ERROR (then close)
  *   SET            key, value                          OK
  *   GET            key, timeout_ms                     OK value | TIMEOUT key
  *   ADD            key, delta                          OK new_value | ERROR
@@ -41,7 +41,10 @@ namespace lockstep::distributed::store_protocol {
  * max_unauthenticated_bytes, never less than its own AUTH frame); a larger
  * frame closes it. A server that will not serve a new connection (too many
  * open) answers ERROR "busy: <why>" in place of the AUTH reply and closes: the
- * client may retry later. Any other ERROR reply to AUTH is final.
+ * client may retry later. Any other ERROR reply to AUTH is final. The OK
+ * reply to AUTH carries the largest frame body the server takes (an int64):
+ * a client refuses a bigger request itself, with an error that says so,
+ * rather than send it and have the server drop the connection.
  *
  * One request is outstanding per connection: the client sends the next
  * request after the reply. GET and WAIT carry the client's timeout; the server
