@@ -24,6 +24,7 @@
 #include "lockstep/distributed/launch_env.h"
 #include "lockstep/distributed/exit_status.h"
 #include "lockstep/distributed/store/tcp_store.h"
+#include "lockstep/runtime/env.h"
 #include "lockstep/runtime/threads.h"
 
 namespace lockstep::collectives {
@@ -142,9 +143,16 @@ std::string read_port(int fd) {
 
   int code = 0;
   try {
-    if (one_thread) {
-      ::setenv("OMP_NUM_THREADS", "1", 1);
-      runtime::set_num_threads(1);
+    // The CPU kernels' thread count was read from OMP_NUM_THREADS when this
+    // process started, so one given in options.env is applied here; with
+    // none anywhere, a child runs on one thread.
+    const bool env_threads =
+        std::any_of(options.env.begin(), options.env.end(),
+                    [](const auto& v) { return v.first == "OMP_NUM_THREADS"; });
+    if (one_thread && !env_threads) ::setenv("OMP_NUM_THREADS", "1", 1);
+    if (one_thread || env_threads) {
+      runtime::set_num_threads(
+          *runtime::read_whole_number(runtime::process_env(), "OMP_NUM_THREADS", 1));
     }
     fn(rank);
   } catch (const std::exception& e) {

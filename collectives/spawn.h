@@ -31,7 +31,8 @@
 // _exit once fn has returned and its output is flushed: what fn's scope owns
 // is destroyed as usual, statics the child made are not (as Python's forked
 // children). Unless OMP_NUM_THREADS is set, each child's CPU kernels run on
-// one thread, as under lockstep-run.
+// one thread, as under lockstep-run; OMP_NUM_THREADS in SpawnOptions::env
+// sets the children's count.
 #pragma once
 
 #include <chrono>

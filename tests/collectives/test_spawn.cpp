@@ -16,6 +16,7 @@
 #include "lockstep/collectives/init.h"
 #include "lockstep/collectives/spawn.h"
 #include "lockstep/optim/sgd.h"
+#include "lockstep/runtime/threads.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/subprocess.h"
 #include "support/test_util.h"
@@ -192,6 +193,25 @@ TEST_CASE("spawn: options.env reaches every child; OMP_NUM_THREADS is 1 unless s
   const std::string threads = outer != nullptr ? outer : "1";
   CHECK(read_text(dir.file(0)) == "yes " + threads);
   CHECK(read_text(dir.file(1)) == "yes " + threads);
+}
+
+TEST_CASE("spawn: OMP_NUM_THREADS in options.env sets each child's CPU kernel threads",
+          "[spawn]") {
+  ScratchDir dir;
+  SpawnOptions options;
+  options.env = {{"OMP_NUM_THREADS", "3"}};
+  spawn(
+      2,
+      [&](int rank) {
+        write_text(dir.file(rank), fmt::format("{} {}", std::getenv("OMP_NUM_THREADS"),
+                                               lockstep::runtime::num_threads()));
+      },
+      options);
+  CHECK(read_text(dir.file(0)) == "3 3");
+  CHECK(read_text(dir.file(1)) == "3 3");
+  options.env = {{"OMP_NUM_THREADS", "many"}};
+  CHECK_THAT(spawn_error(1, [](int) {}, options).what(),
+             Catch::Contains("OMP_NUM_THREADS='many' is not a whole number"));
 }
 
 TEST_CASE("spawn refuses nprocs < 1 and an empty function", "[spawn]") {
