@@ -220,10 +220,12 @@ void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
       disconnect();
       if (refused) {
         throw Error(fmt::format(
-            "the lockstep store at {} refused this process's token ({}). All processes of a "
-            "job must present the job's token: lockstep-run sets LOCKSTEP_TOKEN for the ranks "
-            "it starts; when starting ranks another way, give every rank (and the store "
-            "server) the same LOCKSTEP_TOKEN",
+            "the lockstep store at {} refused this process's token ({}). Either that address "
+            "is another job's store (two jobs given the same MASTER_ADDR:MASTER_PORT or "
+            "LOCKSTEP_STORE_ADDR; under torchrun and Slurm each job's token differs): give each "
+            "job its own port; or this job's processes disagree on the token: lockstep-run sets "
+            "LOCKSTEP_TOKEN for the ranks it starts; when starting ranks another way, give "
+            "every rank (and the store server) the same LOCKSTEP_TOKEN",
             address, *refused));
       }
     }

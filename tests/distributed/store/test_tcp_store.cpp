@@ -252,13 +252,18 @@ TEST_CASE("tcp store: calls from several threads on one client are serialised", 
   CHECK(store.get_string("t3") == "199");
 }
 
-TEST_CASE("tcp store: a wrong token is refused with a message about LOCKSTEP_TOKEN", "[store]") {
+TEST_CASE("tcp store: a wrong token is refused with a message about LOCKSTEP_TOKEN and about "
+          "another job's store at the same address",
+          "[store]") {
   TcpStoreServer server(server_options());
   auto options = client_options(server.port());
   options.token = "not-the-token";
   const auto message = error_of([&] { TcpStore store(options); });
   CHECK_THAT(message, Catch::Contains("token") && Catch::Contains("LOCKSTEP_TOKEN") &&
                           Catch::Contains(fmt::format("127.0.0.1:{}", server.port())));
+  // The usual cause under torchrun and Slurm, whose tokens no one sets by hand.
+  CHECK_THAT(message, Catch::Contains("another job's store") &&
+                          Catch::Contains("give each job its own port"));
   CHECK(server.rejected_clients() == 1);
   // The right token still gets in.
   TcpStore good(client_options(server.port()));
