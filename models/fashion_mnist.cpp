@@ -66,9 +66,12 @@ TensorDataset load_fashion_mnist(const std::string& dir, Split split, Normalizat
   LOCKSTEP_CHECK(labels.type == IdxType::u8 && labels.dims.size() == 1,
                  "{}: expected u8 labels of shape [N], got {} {}", labels_path,
                  idx_type_name(labels.type), shape_str(labels.dims));
+  // The counts the headers give, not those loaded: files that do not pair up
+  // are refused even when only their first samples are read.
+  LOCKSTEP_CHECK(labels.file_rows == images.file_rows,
+                 "Fashion-MNIST: {} holds {} images but {} holds {} labels", images_path,
+                 images.file_rows, labels_path, labels.file_rows);
   const int64_t n = images.dims[0];
-  LOCKSTEP_CHECK(labels.dims[0] == n, "Fashion-MNIST: {} holds {} images but {} holds {} labels",
-                 images_path, n, labels_path, labels.dims[0]);
 
   // (p / 255 - mean) / std for each of the 256 pixel values, computed once.
   std::array<float, 256> lut{};

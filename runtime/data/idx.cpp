@@ -276,6 +276,7 @@ IdxArray read_idx(const std::string& path, const IdxReadOptions& options) {
   // A prefix read takes the first rows only; `total` becomes their size.
   LOCKSTEP_CHECK(options.max_rows >= 1, "{}: IdxReadOptions::max_rows must be at least 1", name);
   const uint64_t rows = static_cast<uint64_t>(array.dims[0]);
+  array.file_rows = array.dims[0];
   const bool prefix = rows > options.max_rows;
   if (prefix) {
     total = total / rows * options.max_rows;

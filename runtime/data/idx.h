@@ -32,6 +32,10 @@ size_t idx_type_size(IdxType t);            // bytes per element
 struct IdxArray {
   IdxType type = IdxType::u8;
   Shape dims;
+  // dims[0] as the header gives it: more than dims[0] after a read of the
+  // first rows (IdxReadOptions::max_rows), so files that should pair up can
+  // still be compared whole.
+  int64_t file_rows = 0;
   // The elements, row-major, each already converted to this machine's byte
   // order: for IdxType::f32 the bytes are floats, and so on.
   std::vector<uint8_t> bytes;

@@ -218,6 +218,7 @@ TEST_CASE("read_idx with max_rows reads the first rows and stops there", "[data]
   write_file(path, gz ? gzip(damaged) : damaged);
   IdxArray first = read_idx(path, {.max_rows = 1});
   CHECK(first.dims == Shape{1, 3, 2});
+  CHECK(first.file_rows == 2);
   REQUIRE(first.bytes.size() == 6);
   for (size_t i = 0; i < 6; ++i) CHECK(first.bytes[i] == i);
   CHECK_THAT(error_of([&] { read_idx(path); }), Contains("trailing garbage"));
@@ -227,6 +228,7 @@ TEST_CASE("read_idx with max_rows reads the first rows and stops there", "[data]
   for (uint64_t rows : {2, 3, 1000}) {
     IdxArray a = read_idx(path, {.max_rows = rows});
     CHECK(a.dims == Shape{2, 3, 2});
+    CHECK(a.file_rows == 2);
     CHECK(a.bytes.size() == 12);
   }
   // Multi-byte elements are converted in a prefix read too.

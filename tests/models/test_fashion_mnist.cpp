@@ -79,6 +79,16 @@ TEST_CASE("load_fashion_mnist: clear errors for bad directories and files",
   write_split(dir, "train", 3, 1, {1, 2});
   CHECK_THAT(error_of([&] { load_fashion_mnist(dir.str(), Split::train); }),
              Contains("holds 3 images but") && Contains("holds 2 labels"));
+  // Loading only the first samples still compares the files' whole counts.
+  CHECK_THAT(error_of([&] {
+               load_fashion_mnist(dir.str(), Split::train, kFashionMnistNormalization, 2);
+             }),
+             Contains("holds 3 images but") && Contains("holds 2 labels"));
+  write_split(dir, "train", 2, 1, {1, 2, 3});
+  CHECK_THAT(error_of([&] {
+               load_fashion_mnist(dir.str(), Split::train, kFashionMnistNormalization, 1);
+             }),
+             Contains("holds 2 images but") && Contains("holds 3 labels"));
 
   write_split(dir, "train", 3, 1, {1, 10, 2});
   CHECK_THAT(error_of([&] { load_fashion_mnist(dir.str(), Split::train); }),
