@@ -41,7 +41,10 @@ class ByteSource {
       throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
     }
     struct stat st {};
-    if (::fstat(::fileno(file_), &st) == 0) file_size_ = static_cast<uint64_t>(st.st_size);
+    if (::fstat(::fileno(file_), &st) == 0) {
+      file_size_ = static_cast<uint64_t>(st.st_size);
+      sized_ = S_ISREG(st.st_mode);
+    }
     refill();
     gzip_ = avail_ >= 2 && next_[0] == 0x1f && next_[1] == 0x8b;
     if (gzip_) {
@@ -61,6 +64,8 @@ class ByteSource {
 
   bool gzip() const { return gzip_; }
   uint64_t file_size() const { return file_size_; }
+  // Whether file_size() is what read() can give: a plain regular file.
+  bool size_known() const { return sized_ && !gzip_; }
 
   // Why the data ended early, for error messages ("" if the file just ends).
   std::string short_reason() const {
@@ -141,6 +146,7 @@ class ByteSource {
   std::string path_;
   std::FILE* file_ = nullptr;
   uint64_t file_size_ = 0;
+  bool sized_ = false;  // a regular file: file_size_ is its length
   std::vector<uint8_t> in_;
   uint8_t* next_ = nullptr;  // unread input in in_
   size_t avail_ = 0;
@@ -283,28 +289,45 @@ IdxArray read_idx(const std::string& path, const IdxReadOptions& options) {
     array.dims[0] = static_cast<int64_t>(options.max_rows);
   }
 
+  const uint64_t header = 4 + dims_bytes;
+  const auto check_have = [&](uint64_t have) {
+    LOCKSTEP_CHECK(
+        have == total,
+        "{}: short data: dims {} of {} need {} bytes after the {}-byte header, got {}{}", name,
+        prefix ? dims_str(array.dims) + " (the first rows of " + shape + ")" : shape,
+        idx_type_name(array.type), total, header, have, src.short_reason());
+  };
+  // A plain file's length is known: one too short for its header is refused
+  // before anything is allocated for what the header claims.
+  if (src.size_known() && (src.file_size() < header || src.file_size() - header < total))
+    check_have(src.file_size() > header ? src.file_size() - header : 0);
+  const auto out_of_memory = [&] {
+    return Error(fmt::format("{}: out of memory for the {} bytes of dims {} of {}", name, total,
+                             shape, idx_type_name(array.type)));
+  };
   // Reserve the claimed size (address space only: pages are committed when
   // written), then fill it a chunk at a time, so a file that lies about its
-  // size costs the memory of what it holds, not of what it claims.
+  // size costs the memory of what it holds, not of what it claims. A gzip
+  // stream's size shows only as it inflates: where the reservation fails,
+  // the vector grows with the data instead, and a short stream says so.
   try {
     array.bytes.reserve(total);
   } catch (const std::bad_alloc&) {
-    throw Error(fmt::format("{}: out of memory reserving {} bytes for dims {} of {}", name,
-                            total, shape, idx_type_name(array.type)));
+    if (src.size_known()) throw out_of_memory();
   }
-  const uint64_t header = 4 + dims_bytes;
   uint64_t have = 0;
   while (have < total) {
     uint64_t want = std::min(total - have, uint64_t{16} << 20);
-    array.bytes.resize(have + want);
+    try {
+      array.bytes.resize(have + want);
+    } catch (const std::bad_alloc&) {
+      throw out_of_memory();
+    }
     size_t n = src.read(array.bytes.data() + have, want);
     have += n;
     if (n < want) break;
   }
-  LOCKSTEP_CHECK(have == total,
-                 "{}: short data: dims {} of {} need {} bytes after the {}-byte header, got {}{}",
-                 name, prefix ? dims_str(array.dims) + " (the first rows of " + shape + ")" : shape,
-                 idx_type_name(array.type), total, header, have, src.short_reason());
+  check_have(have);
   // A whole read checks that the file ends where the header says.
   if (!prefix) check_nothing_after(src, name, total, shape, array.type);
 
