@@ -51,7 +51,8 @@ void DataLoader::set_epoch(int64_t epoch) {
 int64_t DataLoader::num_batches() const {
   const int64_t n = static_cast<int64_t>(order_.size());
   const int64_t b = options_.batch_size;
-  return options_.drop_last ? n / b : (n + b - 1) / b;
+  // Not (n + b - 1) / b: that overflows for a batch_size near the largest int64_t.
+  return n / b + (!options_.drop_last && n % b != 0 ? 1 : 0);
 }
 
 int64_t DataLoader::num_samples() const {
@@ -62,11 +63,11 @@ int64_t DataLoader::num_samples() const {
 Batch DataLoader::batch(int64_t i) const {
   LOCKSTEP_CHECK(i >= 0 && i < num_batches(), "DataLoader: batch {} is out of range [0, {})", i,
                  num_batches());
-  const int64_t begin = i * options_.batch_size;
-  const int64_t end = std::min(begin + options_.batch_size, static_cast<int64_t>(order_.size()));
-  return dataset_->get_batch(
-      std::span<const int64_t>(order_).subspan(static_cast<size_t>(begin),
-                                               static_cast<size_t>(end - begin)));
+  const int64_t begin = i * options_.batch_size;  // at most the epoch's size
+  const int64_t count =
+      std::min(options_.batch_size, static_cast<int64_t>(order_.size()) - begin);
+  return dataset_->get_batch(std::span<const int64_t>(order_).subspan(
+      static_cast<size_t>(begin), static_cast<size_t>(count)));
 }
 
 }  // namespace lockstep::runtime

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "data_test_util.h"
@@ -132,6 +133,18 @@ TEST_CASE("DataLoader drop_last drops only a partial last batch", "[data][loader
   DataLoader one(ds, {.batch_size = 11});
   CHECK(one.num_batches() == 1);
   CHECK(one.batch(0).size() == 10);
+}
+
+TEST_CASE("DataLoader: the largest batch_size gives one batch of everything", "[data][loader]") {
+  TensorDataset ds = numbered(10);
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  DataLoader all(ds, {.batch_size = huge});
+  CHECK(all.num_batches() == 1);
+  CHECK(all.num_samples() == 10);
+  CHECK(epoch_order(all) == iota(10));
+  DataLoader drop(ds, {.batch_size = huge, .drop_last = true});
+  CHECK(drop.num_batches() == 0);
+  CHECK(drop.num_samples() == 0);
 }
 
 TEST_CASE("DataLoader shuffle is reproducible per seed and epoch and visits each index once",
