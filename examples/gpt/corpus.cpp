@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 #include <vector>
 
 #include "lockstep/runtime/error.h"
@@ -33,12 +34,18 @@ Corpus load_fortunes(const std::string& dir) {
   Corpus c;
   c.files = static_cast<int64_t>(files.size());
   int64_t entry = 0;
+  // Some fortunes appear in more than one file (or twice in one): each is
+  // counted once, where it first appears, so no held-out entry is trained on.
+  std::unordered_set<std::string> seen;
   for (const fs::path& p : files) {
     std::ifstream in(p, std::ios::binary);
     LOCKSTEP_CHECK(in.good(), "cannot read {}", p.string());
     std::string line, text;
     const auto finish = [&] {
-      if (text.empty()) return;
+      if (text.empty() || !seen.insert(text).second) {
+        text.clear();
+        return;
+      }
       const bool held_out = ++entry % 10 == 0;
       (held_out ? c.validation : c.train) += text + "%\n";
       ++(held_out ? c.validation_entries : c.train_entries);

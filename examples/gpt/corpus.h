@@ -18,10 +18,12 @@ struct Corpus {
 };
 
 // Every fortune database in `dir` (a file with its ".dat" index beside it),
-// in name order. Entries end at lines holding only "%"; every 10th entry
-// (the 10th, 20th, ... over all files in that order) is held out for
-// validation. Each split is its entries, each followed by "%\n" as in the
-// files. Throws, naming the directory, when there is nothing to read.
+// in name order. Entries end at lines holding only "%"; an entry that
+// repeats an earlier one is skipped, and every 10th entry (the 10th, 20th,
+// ... over all files in that order) is held out for validation, so the
+// held-out text shares no entry with the training text. Each split is its
+// entries, each followed by "%\n" as in the files. Throws, naming the
+// directory, when there is nothing to read.
 Corpus load_fortunes(const std::string& dir);
 
 // Bits per byte of `text` under the byte frequencies of `train` (add-one

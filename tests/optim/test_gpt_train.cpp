@@ -117,6 +117,24 @@ TEST_CASE("gpt_train: every 10th entry is held out; missing data is a clear erro
   fs::remove_all(dir);
 }
 
+TEST_CASE("gpt_train: an entry repeated in another file is counted once, in one split",
+          "[example][gpt]") {
+  LOCKSTEP_SKIP_IF(skip_reason());
+  const fs::path dir = scratch("repeats");
+  fs::create_directories(dir);
+  write_fortunes(dir / "a", 0, 25);
+  // Entries 0..14 again: counted as the 26th to 40th, the 30th would be held
+  // out, and entry 4 would be in both splits.
+  write_fortunes(dir / "b", 0, 15);
+  const auto r = run_process(command(1, {"--data", dir.string(), "--steps", "1"}),
+                             std::chrono::seconds(120));
+  INFO(r.output);
+  REQUIRE(r.ok());
+  CHECK_THAT(r.output, Catch::Contains("2 files; 23 training entries") &&
+                           Catch::Contains("2 held out"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("gpt_train: flags that cannot work are refused before training, naming the rule",
           "[example][gpt]") {
   LOCKSTEP_SKIP_IF(skip_reason());
