@@ -39,7 +39,11 @@ DataLoader::DataLoader(const Dataset& dataset, std::unique_ptr<Sampler> sampler,
 void DataLoader::set_epoch(int64_t epoch) {
   LOCKSTEP_CHECK(epoch >= 0, "DataLoader: epoch must be >= 0, got {}", epoch);
   std::vector<int64_t> order = sampler_->indices(epoch);
-  LOCKSTEP_ASSERT(static_cast<int64_t>(order.size()) == sampler_->size());
+  // A Sampler is the caller's own class too: a size() that disagrees with
+  // its indices is their bug, named as such.
+  LOCKSTEP_CHECK(static_cast<int64_t>(order.size()) == sampler_->size(),
+                 "DataLoader: the sampler gave {} indices for epoch {}, but its size() is {}",
+                 order.size(), epoch, sampler_->size());
   const int64_t n = dataset_->size();
   for (int64_t i : order)
     LOCKSTEP_CHECK(i >= 0 && i < n, "DataLoader: the sampler gave index {} for a dataset of {}",

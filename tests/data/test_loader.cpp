@@ -216,3 +216,23 @@ TEST_CASE("DataLoader rejects bad options", "[data][loader]") {
   DataLoader loader(ds, {});
   CHECK_THAT(error_of([&] { loader.set_epoch(-1); }), Contains("epoch must be >= 0"));
 }
+
+namespace {
+
+// A sampler whose size() says 3 while it gives 2 indices.
+class MiscountingSampler : public Sampler {
+ public:
+  std::vector<int64_t> indices(int64_t) const override { return {0, 1}; }
+  int64_t size() const override { return 3; }
+};
+
+}  // namespace
+
+TEST_CASE("DataLoader names a sampler whose size() disagrees with its indices",
+          "[data][loader]") {
+  TensorDataset ds = numbered(4);
+  const std::string message =
+      error_of([&] { DataLoader(ds, std::make_unique<MiscountingSampler>(), {}); });
+  CHECK_THAT(message, Contains("the sampler gave 2 indices for epoch 0, but its size() is 3") &&
+                          !Contains("internal error"));
+}
