@@ -9,6 +9,7 @@
 
 #include "lockstep/collectives/backend_registry.h"
 #include "lockstep/collectives/backends.h"
+#include "lockstep/collectives/float_average.h"
 #include "lockstep/collectives/reduce_kernels.h"
 #include "lockstep/collectives/serial_executor.h"
 #include "lockstep/collectives/shm/shm_group.h"
@@ -202,7 +203,8 @@ void HierarchicalGroup::step(const Call& call, uint8_t step, ProcessGroup& membe
 // bytes sent between nodes do not grow with the ranks per node; steps 1 and 3
 // run at memory speed. Sum, Min, Max and Product are associative and
 // commutative, so reducing in two levels gives what one flat reduction gives
-// (bf16 and f16 round at each pairwise step either way). Avg must divide by
+// (bf16 and f16 round at each pairwise step either way; their Avg reduces a
+// float copy, float_average.h). Avg must divide by
 // the world size, not by a node's size nor by N: steps 1 and 2 reduce with
 // Sum and the leader divides once, before step 3, truncating toward zero for
 // integers as the other backends do. A step whose group has one rank is
@@ -343,8 +345,10 @@ int HierarchicalGroup::local_index_of(int r) const {
 // call is checked.
 std::shared_ptr<Work> HierarchicalGroup::run_allreduce(Call call, Tensor& tensor,
                                                        ReduceOp op) {
-  return executor_->submit(std::move(call), [this, t = tensor, op](const Call& c) mutable {
-    allreduce_steps(c, t, op);
+  return executor_->submit(std::move(call), [this, t = tensor, op](const Call& c) {
+    Tensor x = in_reduction_dtype(t, op);
+    allreduce_steps(c, x, op);
+    write_back(t, x);
   });
 }
 
@@ -357,8 +361,10 @@ std::shared_ptr<Work> HierarchicalGroup::run_broadcast(Call call, Tensor& tensor
 
 std::shared_ptr<Work> HierarchicalGroup::run_reduce(Call call, Tensor& tensor, ReduceOp op,
                                                     int root) {
-  return executor_->submit(std::move(call), [this, t = tensor, op, root](const Call& c) mutable {
-    reduce_steps(c, t, op, root);
+  return executor_->submit(std::move(call), [this, t = tensor, op, root](const Call& c) {
+    Tensor x = in_reduction_dtype(t, op);
+    reduce_steps(c, x, op, root);
+    write_back(t, x);
   });
 }
 

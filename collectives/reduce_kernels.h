@@ -2,9 +2,10 @@
 // dtype and ReduceOp.
 //
 // gloo and shm only move bytes; they call these to combine chunks. bf16 and
-// f16 combine in float and round back once per pairwise step (as NCCL does).
-// Avg reduces as Sum; divide_by() then divides the result by the group size
-// (integers truncate toward zero). Max and Min return NaN wherever any rank
+// f16 combine in float and round back once per pairwise step (as NCCL does);
+// their Avg reaches these kernels as f32 (float_average.h). Avg reduces as
+// Sum; divide_by() then divides the result by the group size (integers
+// truncate toward zero). Max and Min return NaN wherever any rank
 // holds one (torch.maximum's rule), whatever the rank and the slicing.
 #pragma once
 

@@ -12,7 +12,8 @@
 namespace lockstep::collectives {
 
 // Avg is Sum divided by the group size; for integer dtypes the division
-// truncates toward zero (as NCCL's ncclAvg does).
+// truncates toward zero (as NCCL's ncclAvg does). On the CPU backends bf16
+// and f16 average in float, rounding the mean once (float_average.h).
 enum class ReduceOp { Sum, Avg, Min, Max, Product };
 
 std::string_view to_string(ReduceOp op);

@@ -21,6 +21,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "lockstep/collectives/float_average.h"
 #include "lockstep/collectives/gloo/gloo_call_check.h"
 #include "lockstep/collectives/gloo/gloo_store_adapter.h"
 #include "lockstep/collectives/serial_executor.h"
@@ -366,8 +367,10 @@ std::string GlooGroup::peer_abort_reason() const {
   }
 }
 
-void GlooGroup::allreduce_data(const Tensor& t, ReduceOp op, milliseconds timeout, uint32_t tag) {
-  if (t.numel() == 0) return;
+void GlooGroup::allreduce_data(const Tensor& tensor, ReduceOp op, milliseconds timeout,
+                               uint32_t tag) {
+  if (tensor.numel() == 0) return;
+  const Tensor t = in_reduction_dtype(tensor, op);
   ::gloo::AllreduceOptions o(context_);
   set_output(o, t);
   o.setReduceFunction(reduce_function(t.dtype(), op));
@@ -377,6 +380,7 @@ void GlooGroup::allreduce_data(const Tensor& t, ReduceOp op, milliseconds timeou
   if (op == ReduceOp::Avg) {
     divide_by(t.raw_data(), t.dtype(), static_cast<size_t>(t.numel()), size());
   }
+  write_back(tensor, t);
 }
 
 std::shared_ptr<Work> GlooGroup::run_allreduce(Call call, Tensor& tensor, ReduceOp op) {
@@ -399,8 +403,9 @@ std::shared_ptr<Work> GlooGroup::run_broadcast(Call call, Tensor& tensor, int ro
 
 std::shared_ptr<Work> GlooGroup::run_reduce(Call call, Tensor& tensor, ReduceOp op,
                                             int root) {
-  return submit(std::move(call), [this, t = tensor, op, root](milliseconds timeout, uint32_t tag) {
-    if (t.numel() == 0) return;
+  return submit(std::move(call), [this, tensor, op, root](milliseconds timeout, uint32_t tag) {
+    if (tensor.numel() == 0) return;
+    const Tensor t = in_reduction_dtype(tensor, op);
     ::gloo::ReduceOptions o(context_);
     set_output(o, t);
     o.setRoot(root);
@@ -411,6 +416,7 @@ std::shared_ptr<Work> GlooGroup::run_reduce(Call call, Tensor& tensor, ReduceOp 
     if (op == ReduceOp::Avg && rank() == root) {
       divide_by(t.raw_data(), t.dtype(), static_cast<size_t>(t.numel()), size());
     }
+    write_back(tensor, t);
   });
 }
 
@@ -438,11 +444,16 @@ std::shared_ptr<Work> GlooGroup::run_reduce_scatter(Call call, Tensor& output,
                                                     const Tensor& input, ReduceOp op) {
   return submit(std::move(call), [this, out = output, in = input, op](milliseconds timeout, uint32_t tag) {
     if (out.numel() == 0) return;
-    Tensor scratch = in.clone();
+    const Tensor wide = in_reduction_dtype(in, op);
+    Tensor scratch = wide.is_same(in) ? in.clone() : wide;
     allreduce_data(scratch, op, timeout, tag);
-    const size_t chunk = nbytes(out);
-    std::memcpy(out.raw_data(), static_cast<const char*>(scratch.raw_data()) + chunk * rank(),
-                chunk);
+    const int64_t n = out.numel();
+    const Tensor mine = scratch.flatten().slice(0, n * rank(), n * (rank() + 1));
+    if (mine.dtype() == out.dtype()) {
+      std::memcpy(out.raw_data(), mine.raw_data(), nbytes(out));
+    } else {
+      write_back(out, mine);
+    }
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/float_average.h"
 #include "lockstep/collectives/mpi/mpi_call_check.h"
 #include "lockstep/collectives/mpi/mpi_progress.h"
 #include "lockstep/collectives/mpi/mpi_runtime.h"
@@ -77,15 +78,16 @@ class MpiGroup final : public ProcessGroup {
  protected:
   std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override {
     const int count = mpi_count(call, tensor.numel());
-    const MPI_Datatype type = mpi::mpi_datatype(tensor.dtype());
-    const MPI_Op mpi_op = mpi::mpi_op(op, tensor.dtype());
-    void* data = tensor.raw_data();
+    const Tensor x = in_reduction_dtype(tensor, op);
+    const MPI_Datatype type = mpi::mpi_datatype(x.dtype());
+    const MPI_Op mpi_op = mpi::mpi_op(op, x.dtype());
+    void* data = x.raw_data();
     return enqueue(
         call,
-        [=, keep = tensor](MPI_Comm comm) {
+        [=, keep = x](MPI_Comm comm) {
           LOCKSTEP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi_op, comm));
         },
-        average_step(op, tensor));
+        average_step(op, tensor, x));
   }
 
   std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override {
@@ -100,18 +102,19 @@ class MpiGroup final : public ProcessGroup {
   std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
                                    int root) override {
     const int count = mpi_count(call, tensor.numel());
-    const MPI_Datatype type = mpi::mpi_datatype(tensor.dtype());
-    const MPI_Op mpi_op = mpi::mpi_op(op, tensor.dtype());
+    const Tensor x = in_reduction_dtype(tensor, op);
+    const MPI_Datatype type = mpi::mpi_datatype(x.dtype());
+    const MPI_Op mpi_op = mpi::mpi_op(op, x.dtype());
     const bool is_root = root == rank();
-    void* data = tensor.raw_data();
+    void* data = x.raw_data();
     return enqueue(
         call,
-        [=, keep = tensor](MPI_Comm comm) {
+        [=, keep = x](MPI_Comm comm) {
           // The root reduces into its own tensor; the others only send.
           LOCKSTEP_MPI_CHECK(MPI_Reduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr,
                                         count, type, mpi_op, root, comm));
         },
-        is_root ? average_step(op, tensor) : nullptr);
+        is_root ? average_step(op, tensor, x) : nullptr);
   }
 
   std::shared_ptr<Work> run_allgather(Call call, Tensor& output,
@@ -134,16 +137,18 @@ class MpiGroup final : public ProcessGroup {
                                            ReduceOp op) override {
     mpi_count(call, input.numel());
     const int count = static_cast<int>(output.numel());
-    const MPI_Datatype type = mpi::mpi_datatype(input.dtype());
-    const MPI_Op mpi_op = mpi::mpi_op(op, input.dtype());
-    const void* in = input.raw_data();
-    void* out = output.raw_data();
+    const Tensor x_in = in_reduction_dtype(input, op);
+    const Tensor x_out = in_reduction_dtype(output, op, /*with_values=*/false);
+    const MPI_Datatype type = mpi::mpi_datatype(x_in.dtype());
+    const MPI_Op mpi_op = mpi::mpi_op(op, x_in.dtype());
+    const void* in = x_in.raw_data();
+    void* out = x_out.raw_data();
     return enqueue(
         call,
-        [=, keep_in = input, keep_out = output](MPI_Comm comm) {
+        [=, keep_in = x_in, keep_out = x_out](MPI_Comm comm) {
           LOCKSTEP_MPI_CHECK(MPI_Reduce_scatter_block(in, out, count, type, mpi_op, comm));
         },
-        average_step(op, output));
+        average_step(op, output, x_out));
   }
 
   // The call check is itself a barrier.
@@ -199,10 +204,15 @@ class MpiGroup final : public ProcessGroup {
     return static_cast<int>(numel);
   }
 
-  std::function<void(const MPI_Status&)> average_step(ReduceOp op, const Tensor& tensor) const {
+  // Divides `reduced` (`tensor`, or its float copy) and writes it back.
+  std::function<void(const MPI_Status&)> average_step(ReduceOp op, const Tensor& tensor,
+                                                      const Tensor& reduced) const {
     if (op != ReduceOp::Avg) return nullptr;
     const int n = size();
-    return [n, keep = tensor](const MPI_Status&) { divide_by(keep, n); };
+    return [n, tensor, reduced](const MPI_Status&) {
+      divide_by(reduced, n);
+      write_back(tensor, reduced);
+    };
   }
 
   std::string abort_note() const {

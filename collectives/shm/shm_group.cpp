@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/float_average.h"
 #include "lockstep/collectives/serial_executor.h"
 #include "lockstep/collectives/shm/shm_algorithms.h"
 #include "lockstep/collectives/shm/shm_comm.h"
@@ -51,7 +52,9 @@ class ShmGroup final : public ProcessGroup {
  protected:
   std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override {
     return submit(std::move(call), [t = tensor, op](shm::Comm& c, Clock::time_point d) {
-      shm::allreduce(c, span_of(t), op, d);
+      const Tensor x = in_reduction_dtype(t, op);
+      shm::allreduce(c, span_of(x), op, d);
+      write_back(t, x);
     });
   }
   std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override {
@@ -62,7 +65,9 @@ class ShmGroup final : public ProcessGroup {
   std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
                                    int root) override {
     return submit(std::move(call), [t = tensor, op, root](shm::Comm& c, Clock::time_point d) {
-      shm::reduce(c, span_of(t), op, root, d);
+      const Tensor x = in_reduction_dtype(t, op);
+      shm::reduce(c, span_of(x), op, root, d);
+      write_back(t, x);
     });
   }
   std::shared_ptr<Work> run_allgather(Call call, Tensor& output,
@@ -74,7 +79,9 @@ class ShmGroup final : public ProcessGroup {
   std::shared_ptr<Work> run_reduce_scatter(Call call, Tensor& output, const Tensor& input,
                                            ReduceOp op) override {
     return submit(std::move(call), [out = output, in = input, op](shm::Comm& c, Clock::time_point d) {
-      shm::reduce_scatter(c, span_of(out), in.raw_data(), op, d);
+      const Tensor x = in_reduction_dtype(out, op, /*with_values=*/false);
+      shm::reduce_scatter(c, span_of(x), in_reduction_dtype(in, op).raw_data(), op, d);
+      write_back(out, x);
     });
   }
   std::shared_ptr<Work> run_barrier(Call call) override {

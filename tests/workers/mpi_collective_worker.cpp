@@ -176,6 +176,29 @@ void finish(std::vector<Pending>& pending) {
   pending.clear();
 }
 
+// Avg of f16 values whose sum over the ranks leaves f16's range (65504):
+// the mean, 40000 + 512 * (size - 1) (exact in f16), is what comes out.
+void check_f16_average(lc::ProcessGroup& group) {
+  const double want = 40000.0 + 512.0 * (g_size - 1);
+  const int root = g_size - 1;
+  Tensor a = make<lr::f16>(5, [](int64_t) { return 40000 + 1024 * g_rank; });
+  group.allreduce(a, {.op = ReduceOp::Avg, .timeout = {}})->wait();
+  Tensor r = make<lr::f16>(5, [](int64_t) { return 40000 + 1024 * g_rank; });
+  group.reduce(r, {.op = ReduceOp::Avg, .root = root, .timeout = {}})->wait();
+  Tensor in = make<lr::f16>(5 * g_size, [](int64_t) { return 40000 + 1024 * g_rank; });
+  Tensor out = make<lr::f16>(5, [](int64_t) { return int64_t{-99}; });
+  group.reduce_scatter(out, in, {.op = ReduceOp::Avg, .timeout = {}})->wait();
+  const std::pair<const char*, Tensor> results[] = {
+      {"allreduce", a}, {"reduce", r}, {"reduce_scatter", out}};
+  for (const auto& [what, t] : results) {
+    if (std::string_view(what) == "reduce" && g_rank != root) continue;
+    for (double v : read<lr::f16>(t)) {
+      if (v != want) fail(fmt::format("f16 Avg {}: {}, expected {}", what, v, want));
+    }
+    ++g_checks;
+  }
+}
+
 template <class T>
 std::string label(std::string_view op, int64_t count, std::string_view extra = "") {
   return fmt::format("{} {} count {}{}{}", op, lr::dtype_name(lr::dtype_v<T>), count,
@@ -395,6 +418,7 @@ int main(int argc, char** argv) {
     check_dtype<lr::f16>(*group);
     check_dtype<int32_t>(*group);
     check_dtype<int64_t>(*group);
+    check_f16_average(*group);
     check_misc(*group);
     // The string every rank gets is the root's.
     const std::string word = lc::mpi::broadcast_string(
