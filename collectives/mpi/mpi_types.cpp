@@ -5,63 +5,57 @@
 #include <fmt/format.h>
 
 #include "lockstep/collectives/mpi/mpi_runtime.h"
-#include "lockstep/runtime/half.h"
+#include "lockstep/collectives/reduce_kernels.h"
 
 namespace lockstep::collectives::mpi {
 namespace {
 
 using runtime::DType;
 
-struct Add {
-  float operator()(float a, float b) const { return a + b; }
-};
-struct Mul {
-  float operator()(float a, float b) const { return a * b; }
-};
-struct Min {
-  float operator()(float a, float b) const { return b < a ? b : a; }
-};
-struct Max {
-  float operator()(float a, float b) const { return a < b ? b : a; }
-};
-
-// MPI_User_function: inout[i] = in[i] (op) inout[i], in float.
-template <class Half, class Combine>
-void half_reduce(void* in, void* inout, int* len, MPI_Datatype* /*datatype*/) {
-  const auto* a = static_cast<const Half*>(in);
-  auto* b = static_cast<Half*>(inout);
-  const Combine combine;
-  for (int i = 0; i < *len; ++i) b[i] = Half(combine(float(a[i]), float(b[i])));
+// MPI_User_function: inout[i] = in[i] (op) inout[i], with reduce_kernels.h's
+// arithmetic: 16-bit floats combine in float; Max and Min keep a NaN from
+// either side (MPI_MAX's a > b ? a : b dropped one held by a later rank).
+template <DType D, ReduceOp Op>
+void kernel_reduce(void* in, void* inout, int* len, MPI_Datatype* /*datatype*/) {
+  combine(D, Op, inout, in, inout, static_cast<size_t>(*len));
 }
 
-// Index: [0] bf16, [1] f16; then sum, product, min, max.
-struct HalfOps {
-  MPI_Op ops[2][4];
+// Index: [0] bf16, [1] f16, [2] f32, [3] f64; then sum, product, min, max
+// (f32 and f64 use MPI's own sum and product: MPI_OP_NULL here).
+struct KernelOps {
+  MPI_Op ops[4][4];
 };
 
-template <class Half>
-void create_ops(MPI_Op* out) {
-  LOCKSTEP_MPI_CHECK(MPI_Op_create(&half_reduce<Half, Add>, 1, &out[0]));
-  LOCKSTEP_MPI_CHECK(MPI_Op_create(&half_reduce<Half, Mul>, 1, &out[1]));
-  LOCKSTEP_MPI_CHECK(MPI_Op_create(&half_reduce<Half, Min>, 1, &out[2]));
-  LOCKSTEP_MPI_CHECK(MPI_Op_create(&half_reduce<Half, Max>, 1, &out[3]));
+template <DType D>
+void create_ops(MPI_Op* out, bool with_sum_and_product) {
+  out[0] = out[1] = MPI_OP_NULL;
+  if (with_sum_and_product) {
+    LOCKSTEP_MPI_CHECK(MPI_Op_create(&kernel_reduce<D, ReduceOp::Sum>, 1, &out[0]));
+    LOCKSTEP_MPI_CHECK(MPI_Op_create(&kernel_reduce<D, ReduceOp::Product>, 1, &out[1]));
+  }
+  LOCKSTEP_MPI_CHECK(MPI_Op_create(&kernel_reduce<D, ReduceOp::Min>, 1, &out[2]));
+  LOCKSTEP_MPI_CHECK(MPI_Op_create(&kernel_reduce<D, ReduceOp::Max>, 1, &out[3]));
 }
 
 // MPI_Finalize deletes MPI_COMM_SELF's attributes before anything else (MPI
 // 4.0, section 11.2.4), whoever calls it: the ops are freed there.
 int free_ops_at_finalize(MPI_Comm, int, void* attribute, void*) {
-  for (auto& per_dtype : static_cast<HalfOps*>(attribute)->ops)
-    for (MPI_Op& op : per_dtype) MPI_Op_free(&op);
+  for (auto& per_dtype : static_cast<KernelOps*>(attribute)->ops)
+    for (MPI_Op& op : per_dtype) {
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+    }
   return MPI_SUCCESS;
 }
 
 // Created once, on first use; freed by MPI_Finalize.
-const HalfOps& half_ops() {
+const KernelOps& kernel_ops() {
   static std::once_flag once;
-  static HalfOps ops;
+  static KernelOps ops;
   std::call_once(once, [] {
-    create_ops<runtime::bf16>(ops.ops[0]);
-    create_ops<runtime::f16>(ops.ops[1]);
+    create_ops<DType::bf16>(ops.ops[0], true);
+    create_ops<DType::f16>(ops.ops[1], true);
+    create_ops<DType::f32>(ops.ops[2], false);
+    create_ops<DType::f64>(ops.ops[3], false);
     int key = MPI_KEYVAL_INVALID;
     LOCKSTEP_MPI_CHECK(
         MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_ops_at_finalize, &key, nullptr));
@@ -100,11 +94,15 @@ MPI_Datatype mpi_datatype(DType dtype) {
 }
 
 MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  const int i = op_index(op);
   if (dtype == DType::bf16 || dtype == DType::f16) {
-    return half_ops().ops[dtype == DType::bf16 ? 0 : 1][op_index(op)];
+    return kernel_ops().ops[dtype == DType::bf16 ? 0 : 1][i];
+  }
+  if ((dtype == DType::f32 || dtype == DType::f64) && i >= 2) {
+    return kernel_ops().ops[dtype == DType::f32 ? 2 : 3][i];
   }
   static const MPI_Op builtin[4] = {MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX};
-  return builtin[op_index(op)];
+  return builtin[i];
 }
 
 }  // namespace lockstep::collectives::mpi

@@ -2,7 +2,8 @@
 //
 // bf16 and f16 have no MPI datatype: they travel as MPI_UINT16_T and reduce
 // through user-defined MPI_Ops that convert each element to float, combine,
-// and round back (so a sum of values exact in 16 bits stays exact).
+// and round back (so a sum of values exact in 16 bits stays exact). Their ops,
+// and Min and Max of f32 and f64, are reduce_kernels.h's (a NaN wins).
 #pragma once
 
 #include <mpi.h>

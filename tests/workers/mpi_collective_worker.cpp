@@ -24,6 +24,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -86,6 +88,15 @@ T from_int(int64_t v) {
     return static_cast<T>(v);
   } else {
     return T(static_cast<float>(v));  // bf16, f16
+  }
+}
+
+template <class T>
+T from_nan() {
+  if constexpr (std::is_arithmetic_v<T>) {
+    return std::numeric_limits<T>::quiet_NaN();
+  } else {
+    return T(std::numeric_limits<float>::quiet_NaN());
   }
 }
 
@@ -196,6 +207,25 @@ void check_f16_average(lc::ProcessGroup& group) {
       if (v != want) fail(fmt::format("f16 Avg {}: {}, expected {}", what, v, want));
     }
     ++g_checks;
+  }
+}
+
+// Max and Min give NaN wherever any rank holds one, whichever rank it is
+// (torch.maximum's rule, as the other backends).
+template <class T>
+void check_nan_wins(lc::ProcessGroup& group) {
+  for (int holder = 0; holder < g_size; ++holder) {
+    for (ReduceOp op : {ReduceOp::Max, ReduceOp::Min}) {
+      Tensor t = make<T>(3, [](int64_t i) { return i + g_rank; });
+      if (g_rank == holder) static_cast<T*>(t.raw_data())[1] = from_nan<T>();
+      group.allreduce(t, {.op = op, .timeout = {}})->wait();
+      const auto got = read<T>(t);
+      if (!std::isnan(got[1]) || std::isnan(got[0]) || std::isnan(got[2])) {
+        fail(fmt::format("{} {} with a NaN on rank {}: {}, {}, {}", to_string(op),
+                         lr::dtype_name(lr::dtype_v<T>), holder, got[0], got[1], got[2]));
+      }
+      ++g_checks;
+    }
   }
 }
 
@@ -419,6 +449,10 @@ int main(int argc, char** argv) {
     check_dtype<int32_t>(*group);
     check_dtype<int64_t>(*group);
     check_f16_average(*group);
+    check_nan_wins<float>(*group);
+    check_nan_wins<double>(*group);
+    check_nan_wins<lr::bf16>(*group);
+    check_nan_wins<lr::f16>(*group);
     check_misc(*group);
     // The string every rank gets is the root's.
     const std::string word = lc::mpi::broadcast_string(
