@@ -1,5 +1,7 @@
 #include "lockstep/runtime/autograd/detail/accumulate_grad.h"
 
+#include <mutex>
+
 #include "lockstep/runtime/autograd/detail/meta.h"
 
 namespace lockstep::runtime {
@@ -11,6 +13,7 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
   LOCKSTEP_CHECK(grad_output.shape() == leaf_.shape(),
                  "gradient of shape {} does not match the leaf's shape {}",
                  shape_str(grad_output.shape()), shape_str(leaf_.shape()));
+  std::unique_lock<std::mutex> lock(meta.grad_mutex);
   if (!meta.grad.defined()) {
     // Take the incoming buffer when nobody else can see it (the usual case for
     // a parameter used once); otherwise copy, so that later in-place
@@ -22,8 +25,10 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
   } else {
     meta.grad.add_(grad_output);
   }
-  // Copy the list: a hook may register or remove hooks.
+  // Copy the list: a hook may register or remove hooks. Hooks run unlocked:
+  // one may itself run a backward that reaches this leaf.
   auto hooks = meta.post_accumulate_hooks;
+  lock.unlock();
   for (auto& [id, fn] : hooks) fn(leaf_);
   return {};
 }

@@ -15,6 +15,9 @@ namespace lockstep::runtime {
 struct AutogradMeta {
   bool requires_grad = false;  // for leaves; non-leaves require grad via grad_fn
   Tensor grad;
+  // Guards `grad` while AccumulateGrad adds into it: backward passes on
+  // several threads (graphs that share a parameter) accumulate into one leaf.
+  std::mutex grad_mutex;
   std::shared_ptr<Node> grad_fn;
   // A leaf's AccumulateGrad node, shared by every graph that uses the leaf;
   // weak so that a finished graph frees it. Guarded: threads recording ops on
