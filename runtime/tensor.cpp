@@ -220,6 +220,9 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   LOCKSTEP_CHECK(seed.shape() == shape(),
                  "backward(): gradient has shape {} but the output has shape {}",
                  shape_str(seed.shape()), shape_str(shape()));
+  // As PyTorch: the gradient takes the output's dtype. Backward kernels read
+  // the incoming gradient at the dtype of the op's output.
+  if (seed.dtype() != dtype()) seed = seed.detach().to(dtype());
   run_backward(*this, seed, retain_graph);
 }
 

@@ -12,6 +12,7 @@
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/linalg.h"
 #include "lockstep/runtime/ops/loss.h"
+#include "lockstep/runtime/ops/norm.h"
 #include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
@@ -178,6 +179,20 @@ TEST_CASE("backward needs something to differentiate and a fitting gradient",
   Tensor z = leaf({2}, {1, 1});
   mul(z, z).backward();
   CHECK(values(z.grad()) == std::vector<double>{4});
+}
+
+TEST_CASE("a gradient of another dtype is taken at the output's dtype", "[runtime][autograd]") {
+  // As PyTorch: an f64 gradient for an f32 output (or a bf16 one) is
+  // converted, so the op's backward kernel reads it at its own dtype.
+  Tensor x = Tensor::from_vector<float>({1, -2, 3, 4, 5, -6}, {2, 3});
+  x.requires_grad_();
+  const Tensor w = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  layer_norm(x, {3}).backward(w);
+  const std::vector<double> want = values(x.grad());
+  x.set_grad(Tensor());
+  layer_norm(x, {3}).backward(w.to(DType::f64));
+  CHECK(x.grad().dtype() == DType::f32);
+  CHECK(values(x.grad()) == want);
 }
 
 TEST_CASE("no_grad records nothing and restores the mode", "[runtime][autograd]") {
