@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <utility>
 
@@ -35,13 +36,13 @@ class ByteSource {
  public:
   explicit ByteSource(const std::string& path) : path_(path), in_(kChunk) {
     errno = 0;
-    file_ = std::fopen(path.c_str(), "rb");
+    file_.reset(std::fopen(path.c_str(), "rb"));
     if (!file_) {
       if (errno == ENOENT) throw Error(fmt::format("{}: no such file", path));
       throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
     }
     struct stat st {};
-    if (::fstat(::fileno(file_), &st) == 0) {
+    if (::fstat(::fileno(file_.get()), &st) == 0) {
       file_size_ = static_cast<uint64_t>(st.st_size);
       sized_ = S_ISREG(st.st_mode);
     }
@@ -57,7 +58,6 @@ class ByteSource {
   }
   ~ByteSource() {
     if (zs_init_) inflateEnd(&zs_);
-    if (file_) std::fclose(file_);
   }
   ByteSource(const ByteSource&) = delete;
   ByteSource& operator=(const ByteSource&) = delete;
@@ -78,8 +78,8 @@ class ByteSource {
  private:
   // Reads the next chunk of the file; false at the end of the file.
   bool refill() {
-    size_t n = std::fread(in_.data(), 1, in_.size(), file_);
-    if (n == 0 && std::ferror(file_))
+    size_t n = std::fread(in_.data(), 1, in_.size(), file_.get());
+    if (n == 0 && std::ferror(file_.get()))
       throw Error(fmt::format("{}: read error: {}", path_, std::strerror(errno)));
     next_ = in_.data();
     avail_ = n;
@@ -144,7 +144,12 @@ class ByteSource {
   }
 
   std::string path_;
-  std::FILE* file_ = nullptr;
+  struct Close {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  // Owned from the start: a constructor that throws (the path is a
+  // directory) closes it too.
+  std::unique_ptr<std::FILE, Close> file_;
   uint64_t file_size_ = 0;
   bool sized_ = false;  // a regular file: file_size_ is its length
   std::vector<uint8_t> in_;

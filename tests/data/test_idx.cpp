@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 
 #include "data_test_util.h"
 #include "lockstep/runtime/data/idx.h"
@@ -134,6 +136,20 @@ TEST_CASE("read_idx: a missing file names the path", "[data][idx]") {
   const std::string path = dir.file("nope-idx3-ubyte.gz");
   const std::string msg = error_of([&] { read_idx(path); });
   CHECK_THAT(msg, Contains(path) && Contains("no such file"));
+}
+
+TEST_CASE("read_idx: a directory is refused, and its descriptor closed", "[data][idx]") {
+  TempDir dir;
+  const auto open_files = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                         std::filesystem::directory_iterator());
+  };
+  const auto before = open_files();
+  for (int i = 0; i < 20; ++i) {
+    const std::string msg = error_of([&] { read_idx(dir.str()); });
+    CHECK_THAT(msg, Contains(dir.str()));
+  }
+  CHECK(open_files() == before);
 }
 
 TEST_CASE("read_idx: malformed headers", "[data][idx]") {
