@@ -32,14 +32,10 @@ import time
 
 import machine
 import result_file
+import script_checks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-
-
-def parse_bytes(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
 
 
 def run(cmd, env=None):
@@ -54,9 +50,9 @@ def run(cmd, env=None):
 
 def perf_path(a, launcher, backend, extra=()):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        perf = [os.path.join(a.build, "bin", "allreduce_perf"), "-b", a.b, "-e", a.e, "-f", str(a.f),
-                "-w", str(a.w), "-n", str(a.n), "-c", "1", "--backend", backend, "--json", out.name,
-                *extra]
+        perf = [os.path.join(a.build, "bin", "allreduce_perf"), "-b", str(a.b), "-e", str(a.e),
+                "-f", str(a.f), "-w", str(a.w), "-n", str(a.n), "-c", "1", "--backend", backend,
+                "--json", out.name, *extra]
         if launcher == "lockstep-run":
             cmd = [os.path.join(a.build, "bin", "lockstep-run"), "-np", str(a.np), "--"] + perf
             env = None
@@ -74,8 +70,9 @@ def hierarchical_path(a):
         return None
     port, token = str(free_port()), "allreduce-compare"
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        perf = [os.path.join(a.build, "bin", "allreduce_perf"), "-b", a.b, "-e", a.e, "-f", str(a.f),
-                "-w", str(a.w), "-n", str(a.n), "-c", "1", "--backend", "shm+gloo", "--json", out.name]
+        perf = [os.path.join(a.build, "bin", "allreduce_perf"), "-b", str(a.b), "-e", str(a.e),
+                "-f", str(a.f), "-w", str(a.w), "-n", str(a.n), "-c", "1", "--backend", "shm+gloo",
+                "--json", out.name]
         procs = []
         for node in range(2):
             cmd = [os.path.join(a.build, "bin", "lockstep-run"), "--nnodes", "2", "--node-rank", str(node),
@@ -121,8 +118,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     p.add_argument("-np", type=int, default=2)
-    p.add_argument("-b", default="4K")
-    p.add_argument("-e", default="64M")
+    p.add_argument("-b", type=script_checks.byte_size, default="4K")
+    p.add_argument("-e", type=script_checks.byte_size, default="64M")
     p.add_argument("-f", type=int, default=4)
     p.add_argument("-w", type=int, default=5)
     p.add_argument("-n", type=int, default=20)
@@ -131,9 +128,15 @@ def main():
     p.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     p.add_argument("--json", type=result_file.writable, help="write all results to this file")
     a = p.parse_args()
+    if a.np < 1 or a.w < 0 or a.n < 1 or a.f < 2 or a.b > a.e:
+        p.error("needs -np >= 1, -w >= 0, -n >= 1, -f >= 2 and -b <= -e")
+    script_checks.require_programs("allreduce_compare", a.build, ["allreduce_perf", "lockstep-run"])
+    a.mpirun = script_checks.require_command("allreduce_compare", a.mpirun, "--mpirun")
+    if not a.no_torch:
+        script_checks.require_torch("allreduce_compare", a.python)
 
-    sizes, s = [], parse_bytes(a.b)
-    while s <= parse_bytes(a.e):
+    sizes, s = [], a.b
+    while s <= a.e:
         sizes.append(s)
         s *= a.f
 

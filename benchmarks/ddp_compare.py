@@ -36,6 +36,7 @@ import time
 
 import machine
 import result_file
+import script_checks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -174,7 +175,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     p.add_argument("--models", default="mlp,cnn")
-    p.add_argument("--sizes", default="1,2", help="world sizes, e.g. 1,2,4")
+    p.add_argument("--sizes", type=script_checks.int_list, default="1,2",
+                   help="world sizes, e.g. 1,2,4")
     p.add_argument("--backends", default="default,gloo,mpi",
                    help="lockstep's backends to run (default: what init_process_group picks)")
     p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
@@ -196,12 +198,24 @@ def main():
     p.add_argument("--json", type=result_file.writable, help="write all results to this file")
     a = p.parse_args()
     a.build = os.path.abspath(a.build)
-    models, sizes, backends = csv(a.models), csv(a.sizes, int), csv(a.backends)
-    sweep = csv(a.sweep, float)
-    if backends and not os.path.exists(os.path.join(a.build, "bin", "ddp_bench")):
-        sys.stderr.write(f"ddp_compare: {a.build}/bin/ddp_bench not found; build it first "
-                         f"(cmake --build {a.build} --target ddp_bench lockstep-run)\n")
-        return 2
+    models, sizes, backends = csv(a.models), a.sizes, csv(a.backends)
+    unknown = [x for x in models if x not in ("mlp", "cnn", "resnet18")] + [
+        x for x in backends if x not in ("default", "nccl", "shm", "shm+gloo", "gloo", "mpi")]
+    if a.repeats < 1 or a.batch < 1 or a.iters < 1 or a.warmup < 0:
+        p.error("needs --repeats, --batch and --iters >= 1 and --warmup >= 0")
+    if unknown:
+        p.error(f"unknown model or backend: {', '.join(unknown)} (--models mlp,cnn,resnet18; "
+                "--backends default,nccl,shm,shm+gloo,gloo,mpi)")
+    try:
+        sweep = csv(a.sweep, float)
+    except ValueError:
+        p.error(f"--sweep {a.sweep}: not a comma-separated list of bucket caps in MiB")
+    if backends:
+        script_checks.require_programs("ddp_compare", a.build, ["ddp_bench", "lockstep-run"])
+    if "mpi" in backends:
+        a.mpirun = script_checks.require_command("ddp_compare", a.mpirun, "--mpirun")
+    if not a.no_torch:
+        script_checks.require_torch("ddp_compare", a.python)
 
     started = time.time()
     paths = [f"lockstep {b}" for b in backends] + ([] if a.no_torch else ["torch gloo"])

@@ -20,6 +20,7 @@ import sys
 import tempfile
 
 import result_file
+import script_checks
 
 # The table's order: plain, the default (split) modes, the whole-parameter ones.
 MODES = ["plain", "zero-broadcast", "zero-allgather", "zero-broadcast-whole", "zero-allgather-whole"]
@@ -34,8 +35,13 @@ def run_bench(a, n):
                "--json", out.name]
         if a.backend:
             cmd += ["--backend", a.backend]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
-                           env=dict(os.environ, **ONE_THREAD))
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
+                               env=dict(os.environ, **ONE_THREAD))
+        except subprocess.TimeoutExpired:
+            sys.stderr.write(f"zero_compare: {' '.join(cmd)} timed out after {a.timeout} s "
+                             "(--timeout)\n")
+            return None
         if r.returncode != 0:
             sys.stderr.write(f"zero_compare: {' '.join(cmd)} failed ({r.returncode}):\n"
                              f"{r.stdout[-2000:]}{r.stderr[-2000:]}\n")
@@ -54,7 +60,7 @@ def table(header, rows):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default="build")
-    p.add_argument("--sizes", default="1,2,4")
+    p.add_argument("--sizes", type=script_checks.int_list, default="1,2,4")
     p.add_argument("--model", default="mlp,deep")
     p.add_argument("--backend", default="")
     p.add_argument("--batch", type=int, default=32)
@@ -63,9 +69,15 @@ def main():
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--json", type=result_file.writable, default="")
     a = p.parse_args()
+    unknown = [m for m in a.model.split(",") if m not in ("mlp", "deep")]
+    if unknown or not a.model:
+        p.error(f"--model {a.model}: mlp and/or deep, e.g. mlp,deep")
+    if a.batch < 1 or a.iters < 1 or a.warmup < 0 or a.timeout < 1:
+        p.error("needs --batch, --iters and --timeout >= 1 and --warmup >= 0")
+    script_checks.require_programs("zero_compare", a.build, ["zero_bench", "lockstep-run"])
 
     results, machine = [], ""
-    for n in [int(x) for x in a.sizes.split(",") if x]:
+    for n in a.sizes:
         doc = run_bench(a, n)
         if doc is None:
             return 1

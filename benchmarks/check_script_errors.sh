@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# ctest's benchmark_script_errors: the comparison scripts, given bad input (a
+# build without the programs, a bad size or list, no mpirun, no PyTorch),
+# exit with status 2 and one line naming the problem, without a traceback
+# and before running anything.
+# PyTorch is hidden behind a torch package whose import fails.
+#
+#   benchmarks/check_script_errors.sh BUILD_DIR SCRATCH_DIR
+set -uo pipefail
+build=$(cd "$1" && pwd)
+work=$2
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+python=/usr/bin/python3
+rm -rf "$work"
+mkdir -p "$work/no-torch/torch" "$work/empty-build"
+echo 'raise ImportError("torch hidden by check_script_errors.sh")' \
+  >"$work/no-torch/torch/__init__.py"
+
+status=0
+# expect STATUS PATTERN COMMAND...: COMMAND exits with STATUS within 60 s,
+# its output matches PATTERN and holds no traceback.
+expect() {
+  local want=$1 pattern=$2
+  shift 2
+  local out rc
+  out=$(cd "$work" && timeout 60 "$@" 2>&1)
+  rc=$?
+  if [ "$rc" != "$want" ] || ! grep -qE "$pattern" <<<"$out" || grep -q Traceback <<<"$out"; then
+    echo "check_script_errors: FAILED: $* (exit $rc, wanted $want and /$pattern/):"
+    echo "$out" | tail -n 20
+    status=1
+  fi
+}
+
+hide_torch=(env "PYTHONPATH=$work/no-torch")
+for script in allreduce_compare ddp_compare zero_compare; do
+  expect 2 "$script: $work/empty-build/bin/.* not found; build it first" \
+    $python "$here/$script.py" --build "$work/empty-build"
+done
+for script in ddp_compare zero_compare; do
+  expect 2 "error: argument --sizes: '1,x' is not" $python "$here/$script.py" --sizes 1,x
+done
+expect 2 "error: argument -b: '4Q' is not a size" \
+  $python "$here/allreduce_compare.py" --build "$build" -b 4Q
+expect 2 "error: needs .*-f >= 2" $python "$here/allreduce_compare.py" --build "$build" -f 1
+for script in allreduce_compare ddp_compare; do
+  expect 2 "$script: $work/no-mpirun not found \(give its path with --mpirun\)" \
+    $python "$here/$script.py" --build "$build" --mpirun "$work/no-mpirun" --no-torch
+  expect 2 "$script: no PyTorch for $python .*--no-torch" \
+    "${hide_torch[@]}" $python "$here/$script.py" --build "$build"
+done
+expect 2 "error: unknown model or backend: foo" \
+  $python "$here/ddp_compare.py" --build "$build" --models mlp,foo --no-torch
+expect 2 "error: --model foo" $python "$here/zero_compare.py" --build "$build" --model foo
+if ((status == 0)); then
+  echo "check_script_errors: every bad input was refused with a clear message"
+fi
+exit $status
