@@ -7,10 +7,15 @@ MASTER_ADDR and MASTER_PORT; rank 0 prints a JSON document on stdout.
 import argparse
 import json
 import os
+import sys
 import time
 
-import torch
-import torch.distributed as dist
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as e:
+    sys.exit(f"{os.path.basename(sys.argv[0])}: no PyTorch for {sys.executable} ({e}; "
+             "apt-get install python3-torch)")
 
 
 def main():

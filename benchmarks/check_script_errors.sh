@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# ctest's benchmark_script_errors: the comparison scripts, given bad input (a
-# build without the programs, a bad size or list, no mpirun, no PyTorch),
-# exit with status 2 and one line naming the problem, without a traceback
-# and before running anything.
+# ctest's benchmark_script_errors: the comparison scripts and the PyTorch
+# peers, given bad input (a build without the programs, a bad size or list,
+# no mpirun, no PyTorch), exit with status 2 (the peers: 1) and one line
+# naming the problem, without a traceback and before running anything.
 # PyTorch is hidden behind a torch package whose import fails.
 #
 #   benchmarks/check_script_errors.sh BUILD_DIR SCRATCH_DIR
@@ -52,6 +52,9 @@ done
 expect 2 "error: unknown model or backend: foo" \
   $python "$here/ddp_compare.py" --build "$build" --models mlp,foo --no-torch
 expect 2 "error: --model foo" $python "$here/zero_compare.py" --build "$build" --model foo
+for peer in allreduce_torch step_bench_torch ddp_bench_torch; do
+  expect 1 "$peer.py: no PyTorch for $python" "${hide_torch[@]}" $python "$here/$peer.py" --help
+done
 if ((status == 0)); then
   echo "check_script_errors: every bad input was refused with a clear message"
 fi

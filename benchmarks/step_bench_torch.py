@@ -53,8 +53,12 @@ def threads_from_argv():
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = threads_from_argv()
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
+try:
+    import torch  # noqa: E402
+    import torch.nn as nn  # noqa: E402
+except ImportError as e:
+    sys.exit(f"{os.path.basename(sys.argv[0])}: no PyTorch for {sys.executable} ({e}; "
+             "apt-get install python3-torch)")
 
 
 def mlp():
