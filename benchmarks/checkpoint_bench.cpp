@@ -143,7 +143,9 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Checkpoint write/read throughput beside a plain write/read of the same bytes."};
   app.add_option("--dir", o.dir, "directory to write in (default: a fresh one under /var/tmp)");
-  app.add_option("--sizes", o.sizes_mb, "checkpoint sizes in MB")->delimiter(',');
+  app.add_option("--sizes", o.sizes_mb, "checkpoint sizes in MB")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   app.add_option("--iters", o.iters, "timed runs per measurement (median reported)")
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed runs first")->check(CLI::NonNegativeNumber);
