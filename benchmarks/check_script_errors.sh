@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest's benchmark_script_errors: the comparison scripts and the PyTorch
+# ctest's benchmark_script_errors: the comparison scripts, cpu_suite.sh and the PyTorch
 # peers, given bad input (a build without the programs, a bad size or list,
 # no mpirun, no PyTorch), exit with status 2 (the peers: 1) and one line
 # naming the problem, without a traceback and before running anything.
@@ -55,6 +55,8 @@ expect 2 "error: --model foo" $python "$here/zero_compare.py" --build "$build" -
 for peer in allreduce_torch step_bench_torch ddp_bench_torch; do
   expect 1 "$peer.py: no PyTorch for $python" "${hide_torch[@]}" $python "$here/$peer.py" --help
 done
+expect 2 "cpu_suite: --build needs a value" bash "$here/cpu_suite.sh" --build
+expect 2 "cpu_suite: unknown argument '--bogus'" bash "$here/cpu_suite.sh" --bogus
 if ((status == 0)); then
   echo "check_script_errors: every bad input was refused with a clear message"
 fi

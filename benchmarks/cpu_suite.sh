@@ -24,6 +24,8 @@ plots=docs/plots
 quick=0
 while (($#)); do
   case $1 in
+    --build|--out|--plots)
+      if (($# < 2)); then echo "cpu_suite: $1 needs a value (see --help)" >&2; exit 2; fi ;;&
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --plots) plots=$2; shift 2 ;;
