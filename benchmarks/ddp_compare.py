@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs lockstep's DistributedDataParallel and PyTorch's on the identical
 models and batch sizes, at the same world sizes, in one go, and prints one
-table with ratios (and --json FILE):
+table with ratios, then all results as one JSON line (into --json FILE instead):
 
   lockstep default  lockstep-run -np N ddp_bench (the default backend: shm on one node)
   lockstep gloo     lockstep-run -np N ddp_bench --backend gloo
@@ -363,6 +363,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=2)
+    else:
+        print(json.dumps(doc))
     return 0 if ok else 1
 
 

@@ -3,9 +3,10 @@
 and prints one table: per model, mode and world size, the largest rank's
 optimizer-state memory, its ratio to 1/N of plain Adam's, and step times.
 Ends with the goal check "ZeRO state per rank within 10% of 1/N of the total"
-for each ZeRO run (and --json FILE for all results). Modes: plain Adam, then
-ZeRO with split parameters (the default: zero-broadcast, zero-allgather), then
-ZeRO with whole parameters (zero-*-whole, split_parameters = false). The exit
+for each ZeRO run, then all results as one JSON line (into --json FILE
+instead). Modes: plain Adam, then ZeRO with split parameters (the default:
+zero-broadcast, zero-allgather), then ZeRO with whole parameters
+(zero-*-whole, split_parameters = false). The exit
 status is 2 when a split mode misses the goal, or a whole mode on "deep" does
 (whole parameters cannot balance "mlp": reported, not counted).
 
@@ -108,9 +109,12 @@ def main():
         print(f"# goal: ZeRO state per rank within 10% of 1/N of the total: {r['model']} {r['mode']} "
               f"N={r['world_size']}: {(r['max_over_ideal'] - 1) * 100:+.1f}% "
               f"{'PASS' if good else 'FAIL'}{'' if counted else ' (whole parameters; not counted)'}")
+    doc = {"benchmark": "zero_compare", "machine": machine, "results": results}
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"benchmark": "zero_compare", "machine": machine, "results": results}, f, indent=2)
+            json.dump(doc, f, indent=2)
+    else:
+        print(json.dumps(doc))
     return 0 if ok else 2
 
 
