@@ -1,5 +1,7 @@
 #include "lockstep/collectives/process_group.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "lockstep/distributed/flight_recorder.h"
@@ -8,12 +10,24 @@ namespace lockstep::collectives {
 
 using runtime::DType;
 
+namespace {
+
+// Deadlines are now + timeout, here and inside gloo: a longer timeout
+// (milliseconds::max() meant as "never") overflowed into the past and timed
+// out at once. One over a year waits a year, LOCKSTEP_TIMEOUT_S's longest.
+constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 365);
+
+}  // namespace
+
 std::shared_ptr<SharedTensorPool> ProcessGroup::reserve_shared_pool(size_t /*bytes*/) {
   return nullptr;  // staging copies are cheap next to this backend's own transfers
 }
 
 ProcessGroup::ProcessGroup(int rank, int size, std::string name, std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), name_(std::move(name)), timeout_(timeout) {
+    : rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      timeout_(std::min(timeout, kLongestTimeout)) {
   LOCKSTEP_CHECK(size >= 1, "process group '{}': size must be >= 1, got {}", name_, size);
   LOCKSTEP_CHECK(rank >= 0 && rank < size,
                  "process group '{}': rank {} is outside [0, {}) for a group of {} ranks", name_,
@@ -109,6 +123,11 @@ void ProcessGroup::abort(const std::string& reason) {
 
 Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const Tensor* tensor,
                              std::string_view extra, const Timeout& timeout) {
+  // Refused before the call is numbered, so the ranks' sequences stay alike.
+  LOCKSTEP_CHECK(!timeout || timeout->count() > 0,
+                 "{} on group '{}': the call's timeout must be positive, got {} ms; leave it "
+                 "unset for the group's ({} ms)",
+                 op, name_, timeout ? timeout->count() : 0, timeout_.count());
   if (abort_->is_set()) {
     const std::string reason = abort_->reason();
     throw CollectiveError(fmt::format(
@@ -118,7 +137,7 @@ Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const
   }
   const bool collective = op != "send" && op != "recv";
   Call call;
-  call.timeout = timeout.value_or(timeout_);
+  call.timeout = std::min(timeout.value_or(timeout_), kLongestTimeout);
   call.deadline = Work::Clock::now() + call.timeout;
   call.stall_report = stall_report_;
   if (label_ == nullptr) {

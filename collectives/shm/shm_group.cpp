@@ -153,7 +153,7 @@ ShmGroup::ShmGroup(std::shared_ptr<distributed::Store> store, int rank, int size
                             : std::max(kMinBufferBytes, (options.buffer_bytes + 63) / 64 * 64);
   const auto spin = options.spin.count() >= 0 ? options.spin : shm::Comm::kDefaultSpin;
   prefix_ = shm::rendezvous_prefix(*store, name, rank);
-  comm_ = shm::join_group(*store, prefix_, name, rank, size, timeout, buffer, spin);
+  comm_ = shm::join_group(*store, prefix_, name, rank, size, this->timeout(), buffer, spin);
   executor_ = std::make_shared<SerialExecutor>(SerialExecutor::Hooks{
       .where = where(),
       .abort = abort_state(),
@@ -161,7 +161,9 @@ ShmGroup::ShmGroup(std::shared_ptr<distributed::Store> store, int rank, int size
   });
   comm_->set_waiters(executor_->waiters());
 #if LOCKSTEP_HAVE_GLOO
-  if (options.p2p) p2p_ = make_gloo_group(store, rank, size, name + "/p2p", timeout, "127.0.0.1");
+  if (options.p2p) {
+    p2p_ = make_gloo_group(store, rank, size, name + "/p2p", this->timeout(), "127.0.0.1");
+  }
 #endif
   executor_->start();
 }

@@ -1,0 +1,92 @@
+// The life of a CPU group and its calls, on every CPU backend built in (one
+// thread per rank over a MemoryStore): what a call's timeout may be, and
+// what send and recv do with it and with an abort.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/rank_threads.h"
+#include "lockstep/collectives/backends.h"
+#include "lockstep/collectives/work.h"
+#include "support/test_util.h"
+
+namespace lc = lockstep::collectives;
+namespace lt = lockstep::testing;
+using lockstep::runtime::Tensor;
+using Catch::Matchers::Contains;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> cpu_backends() {
+  std::vector<std::string> names{"shm"};
+  if (lc::is_built_in("gloo")) {
+    names.push_back("gloo");
+    names.push_back("shm+gloo");
+  }
+  return names;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST_CASE("every CPU backend: a call's timeout must be positive; the longest one does not "
+          "overflow",
+          "[collectives][lifecycle]") {
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  SECTION("zero or negative is refused before the call is numbered") {
+    const auto groups = lt::make_groups(backend, 2, "bad-timeout", 20s);
+    std::vector<std::string> refused(2), after(2);
+    const auto errors = lt::run_ranks(2, [&](int r) {
+      auto& g = *groups[static_cast<size_t>(r)];
+      Tensor t = Tensor::ones({4});
+      refused[static_cast<size_t>(r)] = lt::error_of([&] {
+        g.allreduce(t, {.timeout = r == 0 ? 0ms : -5ms})->wait();
+      });
+      // The group is still usable, and both ranks still agree on the count.
+      t = Tensor::ones({4});
+      after[static_cast<size_t>(r)] = lt::error_of([&] { g.allreduce(t)->wait(); });
+      if (t.data_ptr<float>()[0] != 2.0f) after[static_cast<size_t>(r)] = "wrong sum";
+    });
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r);
+      CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
+      CHECK_THAT(refused[static_cast<size_t>(r)],
+                 Contains("allreduce on group 'bad-timeout'") &&
+                     Contains("timeout must be positive") &&
+                     Contains(r == 0 ? "got 0 ms" : "got -5 ms"));
+      CHECK(after[static_cast<size_t>(r)] == "<no exception>");
+    }
+  }
+  SECTION("milliseconds::max(), for the call or the group, waits as long as it takes") {
+    const bool on_group = GENERATE(true, false);
+    INFO((on_group ? "the group's timeout" : "the call's timeout"));
+    const auto forever = std::chrono::milliseconds::max();
+    const auto groups = lt::make_groups(backend, 2, "long-timeout", on_group ? forever : 20s);
+    std::vector<std::string> outcome(2);
+    const auto errors = lt::run_ranks(2, [&](int r) {
+      auto& g = *groups[static_cast<size_t>(r)];
+      Tensor t = Tensor::ones({4});
+      if (r == 1) std::this_thread::sleep_for(100ms);  // rank 0 waits for it
+      outcome[static_cast<size_t>(r)] = lt::error_of([&] {
+        g.allreduce(t, {.timeout = on_group ? lc::Timeout{} : lc::Timeout{forever}})->wait();
+        g.barrier({.timeout = on_group ? lc::Timeout{} : lc::Timeout{forever}})->wait();
+      });
+      if (t.data_ptr<float>()[0] != 2.0f) outcome[static_cast<size_t>(r)] += " wrong sum";
+    });
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r);
+      CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
+      CHECK(outcome[static_cast<size_t>(r)] == "<no exception>");
+    }
+  }
+}
