@@ -87,13 +87,11 @@ class ShmGroup final : public ProcessGroup {
   std::shared_ptr<Work> run_barrier(Call call) override {
     return submit(std::move(call), [](shm::Comm& c, Clock::time_point d) { c.barrier(d); });
   }
-  std::shared_ptr<Work> run_send(Call /*call*/, const Tensor& tensor, int dst,
-                                 int tag) override {
-    return p2p("send").send(tensor, dst, {.tag = tag});
+  std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst, int tag) override {
+    return p2p("send").send(tensor, dst, {.tag = tag, .timeout = call.timeout});
   }
-  std::shared_ptr<Work> run_recv(Call /*call*/, Tensor& tensor, int src,
-                                 int tag) override {
-    return p2p("recv").recv(tensor, src, {.tag = tag});
+  std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override {
+    return p2p("recv").recv(tensor, src, {.tag = tag, .timeout = call.timeout});
   }
 
   void check_device(std::string_view op, const Tensor& t) const override {
@@ -103,8 +101,12 @@ class ShmGroup final : public ProcessGroup {
                    op, name(), t.device().str());
   }
 
-  // The segment's abort word wakes every rank's wait at once.
-  void abort_peers(const std::string& reason) override { comm_->abort(reason); }
+  // The segment's abort word wakes every rank's wait at once; closing the
+  // send/recv group's connections wakes a peer waiting in recv from this rank.
+  void abort_peers(const std::string& reason) override {
+    comm_->abort(reason);
+    if (p2p_ != nullptr) p2p_->abort(reason);
+  }
 
  private:
   // Runs `body(comm, deadline)` in issue order with the call check around

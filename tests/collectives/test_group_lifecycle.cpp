@@ -90,3 +90,31 @@ TEST_CASE("every CPU backend: a call's timeout must be positive; the longest one
     }
   }
 }
+
+TEST_CASE("every CPU backend: send and recv keep the call's timeout, and an abort wakes a peer "
+          "waiting in recv",
+          "[collectives][lifecycle]") {
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  const auto groups = lt::make_groups(backend, 2, "p2p-life", 30s);
+  SECTION("a recv with a short timeout gives up after it, not the group's") {
+    Tensor t = Tensor::ones({4});
+    const auto start = Clock::now();
+    const std::string error =
+        lt::error_of([&] { groups[0]->recv(t, 1, {.tag = 3, .timeout = 300ms})->wait(); });
+    CHECK(seconds_since(start) < 10.0);
+    CHECK_THAT(error, Contains("recv (f32, 4 elements, from rank 1, tag 3) timed out after "
+                               "0.3 s"));
+  }
+  SECTION("rank 1 waits in recv from rank 0, which aborts its group") {
+    Tensor t = Tensor::ones({4});
+    auto work = groups[1]->recv(t, 0, {.tag = 5});
+    std::this_thread::sleep_for(100ms);
+    const auto start = Clock::now();
+    groups[0]->abort("rank 0 gave up");
+    const std::string error = lt::error_of([&] { work->wait(); });
+    CHECK(seconds_since(start) < 10.0);
+    CHECK_THAT(error, Contains("recv (f32, 4 elements, from rank 0, tag 5)") &&
+                          Contains("rank 0 gave up"));
+  }
+}
