@@ -8,6 +8,7 @@
 #include <list>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -123,6 +124,8 @@ class GlooGroup final : public ProcessGroup {
     Call call;
     std::unique_ptr<UnboundBuffer> buffer;  // guarded by mutex_ once posted
     Tensor tensor;  // keeps the memory alive while gloo may touch it
+    int peer = -1;
+    int tag = 0;
     bool is_send;
     bool done = false;  // guarded by mutex_
     std::thread waiter;
@@ -297,6 +300,14 @@ void GlooGroup::wait_p2p(PendingP2p& p) {
     }
   } catch (const std::exception& e) {
     try {
+      if (std::string_view(e.what()).find("Timed out") != std::string_view::npos) {
+        // Not fail_with's wording: no call check ran, so nothing says the
+        // peer came; only that no matching call of its came in time.
+        throw DeadlineExceeded(fmt::format(
+            "rank {} {} in time (a {} with tag {} on this group)", p.peer,
+            p.is_send ? "did not receive it" : "sent nothing to match it",
+            p.is_send ? "recv from this rank" : "send to this rank", p.tag));
+      }
       fail_with(p.call, e);
     } catch (const DeadlineExceeded& timeout_error) {
       const std::string message = timeout_message(p.call, timeout_error.what());
@@ -466,7 +477,12 @@ std::shared_ptr<Work> GlooGroup::run_barrier(Call call) {
 // matches them with the peer's), and each is waited for on its own thread.
 std::shared_ptr<Work> GlooGroup::post_p2p(const Call& call, const Tensor& tensor, int peer,
                                           int tag, bool is_send) {
-  auto work = std::make_shared<Work>(call.description(), call.deadline, timeout_message(call));
+  // The waiter thread words the timeout (naming the peer) and aborts the
+  // group before it fails the Work; wait() gives up by itself only if that
+  // thread is stuck, after a grace.
+  auto work = std::make_shared<Work>(call.description(),
+                                     call.deadline + SerialExecutor::kWorkerGrace,
+                                     timeout_message(call));
   if (tensor.numel() == 0) {
     work->finish();
     return work;
@@ -484,6 +500,8 @@ std::shared_ptr<Work> GlooGroup::post_p2p(const Call& call, const Tensor& tensor
   p.call = call;
   p.buffer = std::move(buffer);
   p.tensor = tensor;
+  p.peer = peer;
+  p.tag = tag;
   p.is_send = is_send;
   p.waiter = std::thread([this, &p] { wait_p2p(p); });
   return work;

@@ -118,3 +118,24 @@ TEST_CASE("every CPU backend: send and recv keep the call's timeout, and an abor
                           Contains("rank 0 gave up"));
   }
 }
+
+TEST_CASE("every CPU backend: a timed-out send or recv names the peer that did not match it",
+          "[collectives][lifecycle]") {
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  const auto groups = lt::make_groups(backend, 2, "p2p-timeout", 30s);
+  const bool is_send = GENERATE(true, false);
+  INFO((is_send ? "send" : "recv"));
+  Tensor t = Tensor::ones({4});
+  const std::string error = lt::error_of([&] {
+    const lc::SendRecvOptions options{.tag = 3, .timeout = 300ms};
+    (is_send ? groups[0]->send(t, 1, options) : groups[0]->recv(t, 1, options))->wait();
+  });
+  CHECK_THAT(error, Contains("tag 3) timed out after 0.3 s") &&
+                        Contains(is_send ? "rank 1 did not receive it in time"
+                                         : "rank 1 sent nothing to match it in time") &&
+                        !Contains("every rank joined") &&
+                        !Contains("did not join this collective"));
+  // The group is unusable once wait() has said so (Work's contract).
+  if (backend == "gloo") CHECK_FALSE(groups[0]->unusable_reason().empty());
+}
