@@ -46,6 +46,18 @@ std::string shown(const std::string& value) {
   return runtime::is_utf8(value) ? value : runtime::escape_bytes(value);
 }
 
+// What a changed data digest means, and the ways out.
+std::string data_changed(const std::string& path, const std::string& was,
+                         const std::string& is) {
+  return fmt::format(
+      "\nThe data under {} is not the data this run started with: digest {} then, {} now. "
+      "The files changed after the run began (another version of the package or dataset, "
+      "or of the program's filtering), so the run's sample order and place in the epoch no "
+      "longer fit them. Start a new run in another checkpoint directory (or move this one's "
+      "checkpoints aside), or put the run's original data back under {} to continue it.",
+      path, was, is, path);
+}
+
 }  // namespace
 
 std::map<std::string, std::string> run_settings_metadata(const RunSettings& settings) {
@@ -86,6 +98,8 @@ std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const 
   std::set<std::string> names;
   for (const auto& [name, v] : saved.fixed) names.insert(name);
   for (const auto& [name, v] : now.fixed) names.insert(name);
+  // A run saved before data digests were recorded cannot be checked.
+  if (!saved.fixed.contains(kDataDigestSetting)) names.erase(kDataDigestSetting);
   for (const auto& name : names) {
     const std::string was = value(saved.fixed, name), is = value(now.fixed, name);
     if (was != is)
@@ -102,9 +116,17 @@ std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const 
           "\nA run continues on as many ranks as it was saved with: each rank's share of the "
           "data, its place in the epoch, its random generators and the global batch all depend "
           "on the number of ranks, so no other number continues it exactly.";
-    msg +=
-        "\nResume with the settings the run was saved with, or start a new run in another "
-        "checkpoint directory.";
+    const auto digest_was = saved.fixed.find(kDataDigestSetting);
+    const auto digest_is = now.fixed.find(kDataDigestSetting);
+    if (digest_was != saved.fixed.end() && digest_is != now.fixed.end() &&
+        digest_was->second != digest_is->second)
+      msg += data_changed(now.fixed.contains(kDataSetting) ? shown(now.fixed.at(kDataSetting))
+                                                           : std::string("the run's data path"),
+                          digest_was->second, digest_is->second);
+    else
+      msg +=
+          "\nResume with the settings the run was saved with, or start a new run in another "
+          "checkpoint directory.";
     throw Error(msg);
   }
   std::vector<SettingChange> changes;

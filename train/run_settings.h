@@ -25,6 +25,12 @@ namespace lockstep::train {
 
 // Set by open_training_run (training_run.h) from the process group.
 inline constexpr const char* kWorldSizeSetting = "world_size";
+// The data's path as given, and a digest of what was loaded from it
+// (data_digest.h): a resume on other files under the same path is refused,
+// naming both digests. A checkpoint that records no digest (saved by an
+// earlier version) still resumes: the digest is recorded from then on.
+inline constexpr const char* kDataSetting = "data";
+inline constexpr const char* kDataDigestSetting = "data_digest";
 
 struct RunSettings {
   std::map<std::string, std::string> fixed;       // a resume must keep these
@@ -53,8 +59,9 @@ std::map<std::string, std::string> run_settings_metadata(const RunSettings& sett
 std::optional<RunSettings> read_run_settings(const std::map<std::string, std::string>& metadata);
 
 // Throws one lockstep::Error naming `file` and every fixed setting that
-// differs between `saved` and `now` (one missing on either side included),
-// with what to do. Otherwise returns the changeable settings whose values
+// differs between `saved` and `now` (one missing on either side included,
+// but for a data digest that `saved` lacks), with what to do. Otherwise
+// returns the changeable settings whose values
 // differ, by name; a changeable setting `now` lacks keeps its saved value
 // and is no change.
 std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const RunSettings& now,

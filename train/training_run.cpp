@@ -230,6 +230,15 @@ std::vector<SettingChange> record_run_settings(TrainingRun& run, RunSettings now
   std::vector<SettingChange> changes;
   if (run.saved) {
     changes = compare_run_settings(*run.saved, now, run.resume_from->path.string());
+    const auto digest = now.fixed.find(kDataDigestSetting);
+    if (digest != now.fixed.end() && !run.saved->fixed.contains(kDataDigestSetting))
+      run.notes.push_back(fmt::format(
+          "{} records no digest of the run's data (saved by an earlier version): the data "
+          "under {} cannot be checked against what the run started with; later checkpoints "
+          "record its digest {}",
+          run.resume_from->path.string(),
+          now.fixed.contains(kDataSetting) ? now.fixed.at(kDataSetting) : "its path",
+          digest->second));
     for (const auto& [name, value] : run.saved->changeable) now.changeable.try_emplace(name, value);
   }
   run.dir.set_run(

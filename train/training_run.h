@@ -35,7 +35,8 @@
 //     is adopted (with a note): its settings cannot be checked, and its
 //     files are never deleted by the new saves' retention.
 // record_run_settings then refuses a resume whose fixed settings differ
-// (run_settings.h; the world size is always one) and returns the changes.
+// (run_settings.h; the world size is always one, the data digest one where
+// the program records it) and returns the changes.
 // Every rank throws when one does: rank 0 with the reason, the others naming
 // rank 0's output. Rank 0 alone writes; the other ranks open the directory
 // read-only and must see the files rank 0 picked.
@@ -75,7 +76,8 @@ struct TrainingRun {
   // Whether the run continues from checkpoints that this job saved (an
   // attempt restarted by lockstep-run --max-restarts); the same on every rank.
   bool continues_job = false;
-  // Rank 0 only: what it did that the user should know, one line each.
+  // What the user should know, one line each: what rank 0 decided (rank 0
+  // only), then what record_run_settings found (every rank).
   std::vector<std::string> notes;
   int world_size = 1;
 };
@@ -91,7 +93,8 @@ TrainingRun open_training_run(const std::filesystem::path& dir,
 // (throwing on any fixed difference, compare_run_settings) and keeps the
 // saved value of each changeable setting `now` lacks. The run's later saves
 // record the result under the run's id. Returns the changeable settings that
-// differ from the saved ones (none for a new run).
+// differ from the saved ones (none for a new run). A resumed checkpoint that
+// records no data digest where `now` has one adds a note to run.notes.
 std::vector<SettingChange> record_run_settings(TrainingRun& run, RunSettings now);
 
 }  // namespace lockstep::train
