@@ -42,6 +42,16 @@ std::optional<train::TrainingRun> open_checkpoints(const CheckpointFlags& flags,
   return run;
 }
 
+std::vector<train::SettingChange> record_settings(train::TrainingRun& run, train::RunSettings now,
+                                                  int rank) {
+  const size_t noted = run.notes.size();
+  auto changes = train::record_run_settings(run, std::move(now));
+  for (const auto& c : changes)
+    print(rank, "{} {} from the command line replaces the saved {}\n", c.name, c.now, c.saved);
+  for (size_t i = noted; i < run.notes.size(); ++i) print(rank, "note: {}\n", run.notes[i]);
+  return changes;
+}
+
 double clip_gradients(optim::Optimizer& opt, double max_norm) {
   if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(&opt))
     return zero->clip_grad_norm(max_norm);

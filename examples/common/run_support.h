@@ -1,6 +1,6 @@
 // What the training examples share: printing from rank 0, opening a run's
-// checkpoint directory, clipping through any optimizer, stopping a diverged
-// run, and a digest of a model's bytes.
+// checkpoint directory and recording its settings, clipping through any
+// optimizer, stopping a diverged run, and a digest of a model's bytes.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -40,6 +41,13 @@ struct CheckpointFlags {
 std::optional<lockstep::train::TrainingRun> open_checkpoints(
     const CheckpointFlags& flags, lockstep::runtime::BestMode best,
     lockstep::collectives::ProcessGroup& group);
+
+// train::record_run_settings for every rank, with rank 0 printing each
+// changeable setting the command line changed and each note it adds (a
+// checkpoint that records no data digest). Returns the changes.
+std::vector<lockstep::train::SettingChange> record_settings(lockstep::train::TrainingRun& run,
+                                                           lockstep::train::RunSettings now,
+                                                           int rank);
 
 // Clips the gradients of every parameter the optimizer steps to a global L2
 // norm (across ranks for a ZeroRedundancyOptimizer); returns the norm.

@@ -20,7 +20,8 @@
 // where it was. The checkpoints belong to the run (train/training_run.h): a
 // new run refuses a directory that holds another run's (--restart moves them
 // aside), and a resume refuses settings that would change what the run
-// computes (resume_settings.h), while --lr, --epochs and the like may change.
+// computes (resume_settings.h), the data loaded from --data included, while
+// --lr, --epochs and the like may change.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -44,6 +45,7 @@
 #include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
+#include "lockstep/train/data_digest.h"
 #include "lockstep/train/training_checkpoint.h"
 #include "lockstep/train/training_run.h"
 #include "common/cli_checks.h"
@@ -166,13 +168,16 @@ int run(Options o) {
   train::TrainingParts parts{.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get()};
   train::TrainingProgress progress;
   if (checkpoints) {
+    // What was loaded, as loaded: a resume on other files under --data is refused.
+    train::DataDigest data;
+    data.add("train.x", train.x()).add("train.y", train.y());
+    data.add("test.x", test.x()).add("test.y", test.y());
+    const std::string digest = train::same_on_every_rank(data, o.data, *group);
     // Refuses a resume with other fixed settings, naming each, on every rank.
-    bool lr_changed = false;
-    for (const auto& c :
-         train::record_run_settings(*checkpoints, run_settings(o, train.size(), test.size(), sched.get()))) {
-      print(rank, "{} {} from the command line replaces the saved {}\n", c.name, c.now, c.saved);
-      lr_changed = lr_changed || c.name == "lr";
-    }
+    const auto changes = examples::record_settings(
+        *checkpoints, run_settings(o, train.size(), test.size(), digest, sched.get()), rank);
+    const bool lr_changed = std::any_of(changes.begin(), changes.end(),
+                                        [](const auto& c) { return c.name == "lr"; });
     if (const auto& last = checkpoints->resume_from) {
       std::optional<double> lr;
       if (lr_changed) lr = learning_rate(o);

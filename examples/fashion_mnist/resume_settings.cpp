@@ -37,6 +37,7 @@ void parse_saved(const std::string& name, const std::string& text, T& field) {
 }  // namespace
 
 train::RunSettings run_settings(const Options& o, int64_t train_samples, int64_t test_samples,
+                                const std::string& data_digest,
                                 const optim::LRScheduler* scheduler) {
   return {.fixed = {{"model", o.model},
                     {"sync_bn", on_off(o.sync_bn)},
@@ -46,7 +47,8 @@ train::RunSettings run_settings(const Options& o, int64_t train_samples, int64_t
                     {"optimizer", optimizer_setting(o)},
                     {"zero", on_off(o.zero)},
                     {"lr_schedule", train::schedule_setting(scheduler)},
-                    {"data", o.data},
+                    {train::kDataSetting, o.data},
+                    {train::kDataDigestSetting, data_digest},
                     {"seed", std::to_string(o.seed)}},
           .changeable = {{"lr", fmt::format("{}", learning_rate(o))},
                          {"epochs", std::to_string(o.epochs)},

@@ -7,11 +7,13 @@
 // best checkpoint is the one with the best test accuracy), optimizer (with
 // momentum and weight decay), zero, lr_schedule (with every setting of the
 // schedule, its length in steps included), data (the --data directory as
-// given), seed.
+// given), data_digest (of the training and test tensors loaded from it:
+// other files under the same directory are other data), seed.
 // Changeable: lr, epochs, clip_grad_norm, log_every, checkpoint_every.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "lockstep/optim/lr_scheduler.h"
 #include "lockstep/train/run_settings.h"
@@ -20,7 +22,7 @@
 namespace fashion_mnist {
 
 lockstep::train::RunSettings run_settings(const Options& o, int64_t train_samples,
-                                          int64_t test_samples,
+                                          int64_t test_samples, const std::string& data_digest,
                                           const lockstep::optim::LRScheduler* scheduler);
 
 // For each changeable setting not in o.given, the value `saved` records

@@ -15,7 +15,8 @@
 // then cosine to --min-lr, gradient clipping at --clip-grad-norm.
 // Checkpoints and --resume/--restart behave as fashion_mnist's: the files
 // belong to the run, and a resume refuses other model, batch, optimizer,
-// schedule, data or seed settings (run_settings() below); the clipping and
+// schedule, data (its path, and a digest of the text and split loaded from
+// it) or seed settings (run_settings() below); the clipping and
 // the logging, evaluation and checkpoint intervals may change.
 //   ... --amp bf16 | f16 [--checkpoint-blocks]
 // --amp runs forward and loss under autocast (runtime/autocast.h), f16 with a
@@ -51,6 +52,7 @@
 #include "lockstep/distributed/device_select.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/threads.h"
+#include "lockstep/train/data_digest.h"
 #include "lockstep/train/training_checkpoint.h"
 #include "lockstep/train/training_run.h"
 #include "options.h"
@@ -130,7 +132,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Options& o, nn::Module& m
 }
 
 // What a resume must match (fixed) and what it may change.
-train::RunSettings run_settings(const Options& o, const optim::LRScheduler* sched) {
+train::RunSettings run_settings(const Options& o, const std::string& data_digest,
+                                const optim::LRScheduler* sched) {
   return {.fixed = {{"model", fmt::format("gpt n_layer={} n_head={} n_embd={} seq_len={} "
                                           "dropout={}",
                                           o.n_layer, o.n_head, o.n_embd, o.seq_len, o.dropout)},
@@ -140,7 +143,8 @@ train::RunSettings run_settings(const Options& o, const optim::LRScheduler* sche
                     {"zero", o.zero ? "on" : "off"},
                     {"amp", o.amp},
                     {"lr_schedule", train::schedule_setting(sched)},
-                    {"data", o.data},
+                    {train::kDataSetting, o.data},
+                    {train::kDataDigestSetting, data_digest},
                     {"seed", std::to_string(o.seed)}},
           .changeable = {{"clip_grad_norm", fmt::format("{}", o.clip_grad_norm)},
                          {"log_every", std::to_string(o.log_every)},
@@ -226,8 +230,11 @@ int run(Options o) {
       .model = model.get(), .optimizer = opt.get(), .scheduler = &sched, .scaler = &scaler};
   train::TrainingProgress progress;
   if (checkpoints) {
-    for (const auto& c : train::record_run_settings(*checkpoints, run_settings(o, &sched)))
-      print(rank, "{} {} from the command line replaces the saved {}\n", c.name, c.now, c.saved);
+    // The text and its split as loaded: a resume on other fortunes under --data is refused.
+    train::DataDigest data;
+    data.add("train", corpus.train).add("validation", corpus.validation);
+    const std::string digest = train::same_on_every_rank(data, o.data, *group);
+    examples::record_settings(*checkpoints, run_settings(o, digest, &sched), rank);
     if (const auto& last = checkpoints->resume_from) {
       progress = train::load_training_checkpoint(last->path, parts, *group);
       print(rank, "resumed from {}: step {}\n", last->path.string(), progress.step);

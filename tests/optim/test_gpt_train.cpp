@@ -330,3 +330,41 @@ TEST_CASE("gpt_train: a data directory whose name is not UTF-8 is recorded and c
                                Catch::Contains("fort\\xe9"));
   for (const auto& d : {data, utf8_data, fs::path(dir)}) fs::remove_all(d);
 }
+
+TEST_CASE("gpt_train: a resume on other fortunes under the same --data is refused",
+          "[example][gpt][resume]") {
+  LOCKSTEP_SKIP_IF(skip_reason());
+  const fs::path data = scratch("changing");
+  fs::create_directories(data);
+  write_fortunes(data / "a", 0, 25);
+  const std::string dir = scratch("changing-ckpt");
+  const auto args = command(1, {"--steps", "6", "--eval-every", "100", "--eval-windows", "1",
+                                "--checkpoint-dir", dir, "--checkpoint-every", "3", "--data",
+                                data.string()});
+  auto resume = args;
+  resume.push_back("--resume");
+  const GptRun first = parse(run_process(args, std::chrono::seconds(120)));
+  INFO(first.result.output);
+  REQUIRE(first.result.ok());
+  REQUIRE(fs::remove(fs::path(dir) / "ckpt-0000000006.safetensors"));
+
+  // The package upgraded under the run: as many entries, other text.
+  write_fortunes(data / "a", 100, 25);
+  const GptRun changed = parse(run_process(resume, std::chrono::seconds(120)));
+  INFO(changed.result.output);
+  CHECK(changed.result.exit_code == 1);
+  CHECK(changed.losses.empty());  // refused before any step
+  CHECK_THAT(changed.result.output,
+             Catch::Contains("The data under " + data.string() + " is not the data this run "
+                             "started with: digest ") &&
+                 Catch::Contains("another checkpoint directory"));
+
+  // The original text back: the run continues where it was.
+  write_fortunes(data / "a", 0, 25);
+  const GptRun resumed = parse(run_process(resume, std::chrono::seconds(120)));
+  INFO(resumed.result.output);
+  REQUIRE(resumed.result.ok());
+  CHECK(resumed.losses.size() == 3);
+  CHECK(resumed.digest == first.digest);
+  for (const auto& d : {data, fs::path(dir)}) fs::remove_all(d);
+}
