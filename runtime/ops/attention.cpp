@@ -214,6 +214,12 @@ KernelArgs kernel_args(const Geometry& g, const AttentionOptions& options) {
   return args;
 }
 
+// The rows' softmax statistics in one [2, bh, l] tensor: the maxima, then 1 / sums.
+template <class T>
+attention_kernels::Rows<T> rows_of(T* stats, const attention_kernels::Dims& d) {
+  return {stats, stats + d.bh * d.l};
+}
+
 template <class T>
 attention_kernels::Problem<T> problem(const KernelArgs& a, const T* q, const T* k, const T* v,
                                       const Tensor& mask) {
@@ -260,16 +266,15 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const Tensor mask = expand_mask(options.mask, g, args);
   const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   Tensor out = Tensor::empty(g.shape(g.l, g.ev), q.dtype());
-  Tensor lse = Tensor::empty({g.bh, g.l}, q.dtype());
+  Tensor stats = Tensor::empty({2, g.bh, g.l}, q.dtype());
   dispatch_float(q.dtype(), kOp, [&](auto tag) {
     using T = decltype(tag);
     attention_kernels::forward(problem<T>(args, qc.data_ptr<T>(), kc.data_ptr<T>(),
                                           vc.data_ptr<T>(), mask),
-                               out.data_ptr<T>(),
-                               lse.data_ptr<T>());
+                               out.data_ptr<T>(), rows_of(stats.data_ptr<T>(), args.dims));
   });
 
-  std::vector<Tensor> saved = {qc, kc, vc, out, lse, mask};
+  std::vector<Tensor> saved = {qc, kc, vc, out, stats, mask};
   return record(
       std::move(out), "ScaledDotProductAttentionBackward", {q, k, v}, std::move(saved),
       [args = std::move(args)](const BackwardArgs& a) {
@@ -286,8 +291,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
           attention_kernels::backward(problem<T>(args, qs.data_ptr<T>(), ks.data_ptr<T>(),
                                                  vs.data_ptr<T>(), ms),
                                       os.data_ptr<T>(),
-                                      ls.data_ptr<T>(), gout.data_ptr<T>(), ptr(0), ptr(1),
-                                      ptr(2));
+                                      rows_of<const T>(ls.data_ptr<T>(), args.dims),
+                                      gout.data_ptr<T>(), ptr(0), ptr(1), ptr(2));
         });
         return grads;
       });
@@ -341,16 +346,16 @@ Tensor attention_from_qkv(const Tensor& qkv, int64_t num_heads, const AttentionO
   args.out_at = {num_heads, t * c, hs, c};
   const Tensor mask = expand_mask(options.mask, g, args);
   Tensor out = Tensor::empty({b, t, c}, x.dtype());
-  Tensor lse = Tensor::empty({g.bh, t}, x.dtype());
+  Tensor stats = Tensor::empty({2, g.bh, t}, x.dtype());
   const int64_t part = g.bh * t * hs;  // elements of each of q, k and v
   dispatch_float(x.dtype(), kPackedOp, [&](auto tag) {
     using T = decltype(tag);
     const T* base = x.data_ptr<T>();
     attention_kernels::forward(problem<T>(args, base, base + part, base + 2 * part, mask),
-                               out.data_ptr<T>(), lse.data_ptr<T>());
+                               out.data_ptr<T>(), rows_of(stats.data_ptr<T>(), args.dims));
   });
 
-  std::vector<Tensor> saved = {x, out, lse, mask};
+  std::vector<Tensor> saved = {x, out, stats, mask};
   return record(
       std::move(out), "AttentionFromQkvBackward", {qkv}, std::move(saved),
       [args = std::move(args), part, b, t, c](const BackwardArgs& a) {
@@ -365,8 +370,9 @@ Tensor attention_from_qkv(const Tensor& qkv, int64_t num_heads, const AttentionO
           const T* base = xs.data_ptr<T>();
           T* d = heads_grad.data_ptr<T>();
           attention_kernels::backward(problem<T>(args, base, base + part, base + 2 * part, ms),
-                                      os.data_ptr<T>(), ls.data_ptr<T>(), gout.data_ptr<T>(), d,
-                                      d + part, d + 2 * part);
+                                      os.data_ptr<T>(),
+                                      rows_of<const T>(ls.data_ptr<T>(), args.dims),
+                                      gout.data_ptr<T>(), d, d + part, d + 2 * part);
         });
         return std::vector<Tensor>{heads_grad.permute({1, 3, 0, 2, 4}).reshape({b, t, 3 * c})};
       });

@@ -12,12 +12,16 @@
 //   m'  = max(m, rowmax(S_t)),  c = exp(m - m')
 //   P_t = exp(S_t - m'),  l' = c * l + rowsum(P_t),  acc' = c * acc + (P_t o Z_t) V_j
 //
-// and at the end O = acc / l, lse = m + log(l). Dropout multiplies P_t after
-// its row sum entered l: the denominator is that of the undropped softmax.
+// and at the end O = acc / l; m and 1 / l are kept for backward. Dropout
+// multiplies P_t after its row sum entered l: the denominator is that of the
+// undropped softmax.
 //
-// Backward recomputes every tile's weights from lse, P_t = exp(S_t - lse),
-// so nothing of size [l, s] is stored. With dO the output gradient and
-// D = rowsum(dO o O) (= rowsum(P o dP), which avoids a pass over the keys):
+// Backward recomputes every tile's weights from them, P_t = exp(S_t - m) / l,
+// so nothing of size [l, s] is stored. Not exp(S_t - lse) with one lse =
+// m + log(l): where |m| is large (a row masked by a finite -1e9), log(l)
+// rounds away in m + log(l), and every weight of such a row would read 1.
+// With dO the output gradient and D = rowsum(dO o O) (= rowsum(P o dP),
+// which avoids a pass over the keys):
 //
 //   dV_j += (P_t o Z_t)^T dO_i
 //   dP_t  = (dO_i V_j^T) o Z_t
@@ -29,8 +33,9 @@
 // place (no packing of our own).
 //
 // Masking: a masked score is -inf, so its weight is exactly 0 in both passes.
-// A row with every key masked keeps m = -inf and l = 0: its output is 0 and
-// lse = +inf, which makes its recomputed weights 0 and so its gradients 0.
+// A row with every key masked keeps m = -inf and l = 0: its output is 0, and
+// it is stored as m = +inf, which makes its recomputed weights 0 and so its
+// gradients 0.
 // Causal: the keys of a query block stop at its last query, and backward
 // starts each key block at the first query block that can see it; only the
 // tiles on the diagonal are masked element by element.
@@ -116,7 +121,7 @@ void dropout_tile(const Problem<T>& p, const Tile& t, uint32_t* draws, T* z) {
 }  // namespace
 
 template <class T>
-void forward(const Problem<T>& p, T* out, T* lse) {
+void forward(const Problem<T>& p, T* out, Rows<T> rows) {
   const Dims& d = p.dims;
   std::vector<T> s(kBlockQ * kBlockK), z(p.dropout.on ? kBlockQ * kBlockK : 0);
   std::vector<T> acc(kBlockQ * d.ev), m(kBlockQ), l(kBlockQ);
@@ -161,20 +166,22 @@ void forward(const Problem<T>& p, T* out, T* lse) {
         const T* ar = acc.data() + r * d.ev;
         if (l[r] == T(0)) {
           std::fill(o, o + d.ev, T(0));
-          lse[row] = kInf<T>;
+          rows.max[row] = kInf<T>;
+          rows.inv_sum[row] = T(1);
           continue;
         }
         const T inv = T(1) / l[r];
         for (int64_t c = 0; c < d.ev; ++c) o[c] = ar[c] * inv;
-        lse[row] = m[r] + std::log(l[r]);
+        rows.max[row] = m[r];
+        rows.inv_sum[row] = inv;
       }
     }
   }
 }
 
 template <class T>
-void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out, T* grad_q,
-              T* grad_k, T* grad_v) {
+void backward(const Problem<T>& p, const T* out, Rows<const T> rows, const T* grad_out,
+              T* grad_q, T* grad_k, T* grad_v) {
   const Dims& d = p.dims;
   const bool want_ds = grad_q || grad_k;
   std::vector<T> pt(kBlockQ * kBlockK), dp(kBlockQ * kBlockK);
@@ -197,11 +204,13 @@ void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out
       const int64_t first_block = p.causal ? (j0 / kBlockQ) * kBlockQ : 0;
       for (int64_t i0 = first_block; i0 < d.l; i0 += kBlockQ) {
         const Tile t{b, i0, std::min(kBlockQ, d.l - i0), j0, nk};
-        const T* row_lse = lse + b * d.l + i0;
+        const int64_t first_row = b * d.l + i0;
         score_tile(p, t, pt.data());
         for (int64_t r = 0; r < t.nq; ++r) {
           T* row = pt.data() + r * kBlockK;
-          cpu::exp_shifted(row, row, nk, row_lse[r]);
+          cpu::exp_shifted(row, row, nk, rows.max[first_row + r]);
+          const T inv = rows.inv_sum[first_row + r];
+          for (int64_t c = 0; c < nk; ++c) row[c] *= inv;
         }
         const T* weights = pt.data();  // P o Z: what forward multiplied V by
         if (p.dropout.on) {
@@ -239,11 +248,11 @@ void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out
   }
 }
 
-template void forward<float>(const Problem<float>&, float*, float*);
-template void forward<double>(const Problem<double>&, double*, double*);
-template void backward<float>(const Problem<float>&, const float*, const float*, const float*,
-                              float*, float*, float*);
-template void backward<double>(const Problem<double>&, const double*, const double*,
+template void forward<float>(const Problem<float>&, float*, Rows<float>);
+template void forward<double>(const Problem<double>&, double*, Rows<double>);
+template void backward<float>(const Problem<float>&, const float*, Rows<const float>,
+                              const float*, float*, float*, float*);
+template void backward<double>(const Problem<double>&, const double*, Rows<const double>,
                                const double*, double*, double*, double*);
 
 }  // namespace lockstep::runtime::attention_kernels

@@ -50,7 +50,8 @@ struct Dropout {
   double scale = 1.0;
 };
 
-// q, k, v, their gradients and lse are contiguous; out and grad_out have out_at.
+// q, k, v, their gradients and the row statistics are contiguous; out and
+// grad_out have out_at.
 template <class T>
 struct Problem {
   Dims dims;
@@ -64,15 +65,23 @@ struct Problem {
   Dropout dropout;
 };
 
-// out [bh, l, ev] and lse [bh, l]: the log of each row's softmax denominator
-// (scores included), +inf for a row whose keys are all masked (its output is 0).
+// What forward keeps of each row's softmax for backward, each [bh, l]: the
+// largest score m and 1 / l, l = sum exp(score - m) (scores included); m =
+// +inf and 1 / l = 1 for a row whose keys are all masked (its output is 0).
 template <class T>
-void forward(const Problem<T>& p, T* out, T* lse);
+struct Rows {
+  T* max = nullptr;
+  T* inv_sum = nullptr;
+};
+
+// out [bh, l, ev] and the rows' statistics.
+template <class T>
+void forward(const Problem<T>& p, T* out, Rows<T> rows);
 
 // Gradients are added into grad_q/grad_k/grad_v (zeroed by the caller); each
 // may be null when not wanted.
 template <class T>
-void backward(const Problem<T>& p, const T* out, const T* lse, const T* grad_out, T* grad_q,
-              T* grad_k, T* grad_v);
+void backward(const Problem<T>& p, const T* out, Rows<const T> rows, const T* grad_out,
+              T* grad_q, T* grad_k, T* grad_v);
 
 }  // namespace lockstep::runtime::attention_kernels

@@ -516,3 +516,26 @@ TEST_CASE("attention: bad arguments are refused with a clear message",
              }),
              Contains("bf16") && Contains("f32"));
 }
+
+TEST_CASE("attention backward: a row masked by a large finite bias gets the math path's weights",
+          "[runtime][ops][attention]") {
+  // An additive mask of -1e9 (finite, as padding masks are often written)
+  // over every key of every third row: those rows' weights are uniform, but
+  // in f32 their log-sum-exp m + log(l) rounds to m, so weights recomputed
+  // from it would all be 1, not 1 / S.
+  const Case c{"far rows", {2, 2}, 9, 70, 16, 8};
+  const DType dt = DType::f32;
+  const Inputs in = make_inputs(c, dt);
+  std::vector<double> bias(c.l * c.s);
+  for (int64_t i = 0; i < c.l; ++i)
+    for (int64_t j = 0; j < c.s; ++j)
+      bias[i * c.s + j] = i % 3 == 0 ? -1e9 : 0.1 * static_cast<double>(j % 4);
+  const Tensor mask = Tensor::from_vector(bias, {c.l, c.s}).to(dt);
+  const Tensor grad_out = random(with(c.lead, c.l, c.ev), 5, dt);
+  const Result blocked = run(kBlocked, in, {.mask = mask}, grad_out);
+  const Result math = run(kMath, in, {.mask = mask}, grad_out);
+  check_near(blocked.out, math.out, tolerance(dt));
+  check_near(blocked.dq, math.dq, tolerance(dt));
+  check_near(blocked.dk, math.dk, tolerance(dt));
+  check_near(blocked.dv, math.dv, tolerance(dt));
+}
