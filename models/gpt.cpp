@@ -181,6 +181,12 @@ std::vector<int64_t> sample(Gpt& model, const std::vector<int64_t>& prompt, int6
     const std::vector<int64_t> window(tokens.end() - context, tokens.end());
     const Tensor logits = model(Tensor::from_vector(window, {1, context}).to(device));
     std::vector<double> p = logits.select(1, context - 1).to_vector<double>();
+    // A NaN would fail every comparison below and pick the last token each time.
+    const auto bad = std::find_if(p.begin(), p.end(), [](double v) { return !std::isfinite(v); });
+    LOCKSTEP_CHECK(bad == p.end(),
+                   "sample: the model gives logit {} to token {} when sampling token {} of {}; "
+                   "logits must be finite (NaN weights: did training diverge?)",
+                   *bad, bad - p.begin(), n + 1, count);
     // Softmax of logits / temperature over the top k.
     std::vector<double> sorted = p;
     const int64_t k = options.top_k > 0 ? std::min(options.top_k, vocab) : vocab;

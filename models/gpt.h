@@ -105,6 +105,7 @@ struct SampleOptions {
 // `count` tokens sampled after `prompt` (non-empty), one at a time, each from
 // the model's distribution given the last block_size tokens, with `g`. Runs
 // without gradients; the caller picks the mode (eval() for no dropout).
+// Logits that are not finite (a diverged model) are an error.
 std::vector<int64_t> sample(Gpt& model, const std::vector<int64_t>& prompt, int64_t count,
                             runtime::Generator& g, SampleOptions options = {});
 

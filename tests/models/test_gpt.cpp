@@ -13,6 +13,7 @@
 
 #include "lockstep/models/models.h"
 #include "lockstep/nn/data_parallel.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/checkpoint/safetensors.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"
@@ -181,4 +182,18 @@ TEST_CASE("GPT: sampling is reproducible, stays in the vocabulary, and top_k 1 i
              Catch::Contains("top_k -1 must be 0"));
   CHECK_THAT(lt::error_of([&] { models::sample(*model, {99}, 1, g3); }),
              Catch::Contains("prompt token 99 is outside [0, 40)"));
+}
+
+TEST_CASE("GPT: sampling from a model with NaN weights is an error, not the last token",
+          "[nn][gpt]") {
+  auto model = models::gpt(tiny(), 7);
+  model->eval();
+  {
+    lr::NoGradGuard no_grad;
+    model->ln_f()->weight.fill_(std::nan(""));
+  }
+  lr::Generator g(1);
+  CHECK_THAT(lt::error_of([&] { models::sample(*model, {1, 2}, 3, g); }),
+             Catch::Contains("logit nan to token 0 when sampling token 1 of 3") &&
+                 Catch::Contains("must be finite"));
 }
