@@ -150,8 +150,10 @@ Values Gpt::forward_values(const Values& inputs) {
                  "GPT: targets {} must have the shape of the token ids {}",
                  runtime::shape_str(targets.shape()), runtime::shape_str(idx.shape()));
   const int64_t rows = idx.numel();
+  // Targets of -1 are skipped, as nanoGPT's ignore_index=-1.
   const Tensor loss = runtime::cross_entropy(logits.reshape({rows, config.vocab_size}),
-                                             targets.reshape({rows}));
+                                             targets.reshape({rows}), 0.0,
+                                             runtime::Reduction::Mean, -1);
   return {logits, loss};
 }
 

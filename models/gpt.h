@@ -80,7 +80,8 @@ class Gpt : public nn::Module {
   // Token ids [B, T] (i64 or i32, T <= block_size) -> logits [B, T, V].
   runtime::Tensor forward(const runtime::Tensor& idx) override;
   // {idx, targets [B, T] (optional)} -> {logits, loss}: the mean
-  // cross-entropy over every position, in nats, or none without targets.
+  // cross-entropy over the positions whose target is not -1 (nanoGPT's
+  // ignore_index; 0 when every target is -1), in nats, or none without targets.
   nn::Values forward_values(const nn::Values& inputs) override;
   std::string type_name() const override { return "GPT"; }
   std::shared_ptr<nn::Module> replicate() const override;

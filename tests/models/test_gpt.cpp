@@ -197,3 +197,18 @@ TEST_CASE("GPT: sampling from a model with NaN weights is an error, not the last
              Catch::Contains("logit nan to token 0 when sampling token 1 of 3") &&
                  Catch::Contains("must be finite"));
 }
+
+TEST_CASE("GPT: a target of -1 is skipped by the loss, as nanoGPT's ignore_index=-1",
+          "[nn][gpt]") {
+  auto model = models::gpt(tiny(), 7);
+  const Tensor idx = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor targets = Tensor::from_vector(std::vector<int64_t>{2, -1, 4, -1, -1, 7}, {2, 3});
+  const nn::Values out = model->forward_values({idx, targets});
+  // The mean over the three kept positions (0, 2 and 5 of the six).
+  const Tensor logits = out.tensor(0).reshape({6, tiny().vocab_size}).detach();
+  const Tensor kept =
+      lr::cat({logits.slice(0, 0, 1), logits.slice(0, 2, 3), logits.slice(0, 5, 6)});
+  const Tensor want =
+      lr::cross_entropy(kept, Tensor::from_vector(std::vector<int64_t>{2, 4, 7}, {3}));
+  CHECK(out.tensor(1).item() == Approx(want.item()).epsilon(1e-6));
+}
