@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lockstep/runtime/autocast.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/activation.h"
 #include "lockstep/runtime/ops/attention_kernels.h"
@@ -94,6 +95,13 @@ void check_options(const AttentionOptions& o, const Geometry& g, const Tensor& q
                    dtype_name(m.dtype()));
     LOCKSTEP_CHECK(m.device() == q.device(), "{}: q is on {} but the mask is on {}; move it with "
                    ".to(device)", kOp, q.device().str(), m.device().str());
+    // A learned bias (relative positions, ALiBi slopes) would silently never
+    // train: refuse rather than drop its gradient.
+    LOCKSTEP_CHECK(!m.requires_grad() || !grad_enabled(),
+                   "{}: the mask requires grad, but it gets no gradient here; pass "
+                   "mask.detach() for a fixed mask, or add a learned bias to the scores with "
+                   "scaled_dot_product_attention_math's ops (matmul, add, softmax) instead",
+                   kOp);
     const Shape scores = g.shape(g.l, g.s);
     bool fits = m.dim() <= static_cast<int64_t>(scores.size());
     for (int64_t i = 1; fits && i <= m.dim(); ++i)

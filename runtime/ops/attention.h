@@ -17,7 +17,8 @@ namespace lockstep::runtime {
 
 struct AttentionOptions {
   // Optional, broadcastable to [..., L, S]: bool (true = may attend) or an
-  // additive mask of q's dtype (-inf = may not attend). It gets no gradient.
+  // additive mask of q's dtype (-inf = may not attend). It gets no gradient:
+  // one that requires grad is refused while grad mode is on.
   Tensor mask;
   // Query i attends keys j <= i (top-left aligned, PyTorch's is_causal).
   // Cannot be combined with `mask`: put the causal part into the mask.

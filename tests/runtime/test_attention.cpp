@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/attention.h"
 #include "lockstep/runtime/ops/misc.h"
@@ -509,6 +510,15 @@ TEST_CASE("attention: bad arguments are refused with a clear message",
     CHECK_THAT(error(Tensor::zeros({2, 4, 0}), Tensor::zeros({2, 5, 0}), v),
                Contains("at least 1"));
     CHECK_THAT(error(q, k, Tensor(), {}), Contains("v is undefined"));
+    // A learned bias would never train: refused, unless grad mode is off.
+    const Tensor bias = Tensor::zeros({4, 5}).requires_grad_();
+    CHECK_THAT(error(q, k, v, {.mask = bias}),
+               Contains("the mask requires grad") && Contains("mask.detach()"));
+    {
+      NoGradGuard no_grad;
+      CHECK_NOTHROW(attention(q, k, v, {.mask = bias}));
+    }
+    CHECK_NOTHROW(attention(q, k, v, {.mask = bias.detach()}));
   }
   CHECK_THAT(error_of([&] {
                scaled_dot_product_attention(q.to(DType::bf16), k.to(DType::f32),
