@@ -7,6 +7,7 @@
 
 #include "lockstep/nn/ddp/reducer.h"
 #include "lockstep/nn/ddp/replica_sync.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::nn {
@@ -81,7 +82,7 @@ void DistributedDataParallel::run_forward(Run&& run) {
                  "without averaging. Change the model before wrapping it, or wrap the changed "
                  "model in a new DistributedDataParallel",
                  group_->rank());
-  reducer_->forward_started();
+  if (runtime::grad_enabled()) reducer_->forward_started();  // no_grad: no backward to time
   // Training only: in eval the buffers are read, not updated, and ranks may
   // evaluate different numbers of batches.
   if (options_.broadcast_buffers && is_training() && group_->size() > 1) {

@@ -194,11 +194,14 @@ std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves(
 void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool synced,
                                    double forward_ms) {
   if (mode_ == Mode::sync && backward_started_) drain_and_reset();
+  // As PyTorch: a forward without grad mode (an evaluation, or targets
+  // computed under no_grad between a forward and its backward) has no
+  // backward and leaves the iteration that an earlier forward prepared.
+  if (!runtime::grad_enabled()) return;
   forward_ms_ = forward_ms;
   forward_end_ = Clock::now();
   if (timeline_) timeline_->forward_ended();
   const bool expects_backward =
-      runtime::grad_enabled() &&
       std::any_of(outputs.begin(), outputs.end(),
                   [](const Tensor& t) { return t.defined() && t.requires_grad(); });
   if (!expects_backward) {

@@ -45,7 +45,8 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   // Called at the start and the end of every DDP forward. `synced` is false
-  // under no_sync().
+  // under no_sync(). A forward without grad mode changes nothing here: the
+  // backward of the forward before it still averages.
   void forward_started();
   // After forward: `outputs` are every tensor the module returned (the
   // unused-parameter search walks back from all of them).

@@ -218,6 +218,41 @@ TEST_CASE("DDP: a parameter marked ready twice, or a second backward per forward
   }
 }
 
+TEST_CASE("DDP: a forward under no_grad between a forward and its backward leaves the "
+          "iteration to the first",
+          "[ddp]") {
+  // As PyTorch: an evaluation, or targets computed under no_grad, between a
+  // forward and its backward; the backward averages as if it had not run.
+  const auto batch = lt::global_batch(8, 4);
+  for (const bool find_unused : {false, true}) {
+    const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+      auto model = std::make_shared<TwoHeads>(1);
+      DistributedDataParallel ddp(model, group,
+                                  DdpOptions{.find_unused_parameters = find_unused});
+      const auto local = lt::shard(batch, r, 2);
+      Tensor out = ddp.forward(local.x);
+      {
+        lockstep::runtime::NoGradGuard no_grad;
+        model->use_b = false;  // head b unused here: must not count as unused below
+        (void)ddp.forward(local.x);
+        model->use_b = true;
+      }
+      lockstep::runtime::cross_entropy(out, local.y).backward();
+      auto alone = std::make_shared<TwoHeads>(1);
+      lt::loss_of(*alone, batch).backward();
+      const auto mine = ddp.module().named_parameters(), theirs = alone->named_parameters();
+      for (size_t i = 0; i < mine.size(); ++i) {
+        const auto m = lt::mismatch(mine[i].first, mine[i].second.grad(),
+                                    theirs[i].second.grad(), 1e-5);
+        if (!m.empty()) return m;
+      }
+      return "";
+    });
+    INFO("find_unused_parameters " << find_unused);
+    REQUIRE(joined(problems).empty());
+  }
+}
+
 TEST_CASE("DDP: after the first iteration buckets follow the order gradients became ready",
           "[ddp]") {
   const auto batch = lt::global_batch(8, 6);
