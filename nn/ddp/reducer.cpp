@@ -216,7 +216,8 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   }
   mode_ = Mode::sync;
   backward_started_ = false;
-  if (options_.find_unused_parameters && !(options_.static_graph && unused_known_)) {
+  walked_ = options_.find_unused_parameters && !(options_.static_graph && unused_known_);
+  if (walked_) {
     const auto reached = reachable_leaves(outputs);
     for (size_t i = 0; i < params_.size(); ++i) {
       unused_[i] = reached.count(params_[i].second.impl_ptr()) == 0;
@@ -371,12 +372,27 @@ void Reducer::finalize() {
       if (!ready_[i]) missing.push_back("'" + params_[i].first + "'");
     }
     drain_and_reset();
-    throw Error(fmt::format(
+    const std::string what = fmt::format(
         "DistributedDataParallel on rank {}: {} parameter(s) received no gradient in this "
-        "backward: {}. If they are not used to compute the loss in every iteration, construct "
-        "DDP with DdpOptions{{.find_unused_parameters = true}}; if they are unused on purpose "
-        "for the whole run, set requires_grad(false) on them before wrapping the model",
-        group_.rank(), missing.size(), fmt::join(missing, ", ")));
+        "backward: {}. ",
+        group_.rank(), missing.size(), fmt::join(missing, ", "));
+    // With the option on, suggesting it would send the user in a circle: the
+    // walk found these reachable, and the loss did not use them.
+    if (options_.find_unused_parameters && !walked_)
+      throw Error(what +
+                  "static_graph keeps the parameters the first iteration used, and these were "
+                  "used then; construct DDP without static_graph if the set of parameters that "
+                  "the loss uses changes between iterations");
+    if (options_.find_unused_parameters)
+      throw Error(what +
+                  "find_unused_parameters counts them as used because a tensor forward returned "
+                  "depends on them, but the loss does not: make every tensor that forward "
+                  "returns take part in the loss (or return only those it uses), and run "
+                  "backward from that loss");
+    throw Error(what +
+                "If they are not used to compute the loss in every iteration, construct DDP "
+                "with DdpOptions{.find_unused_parameters = true}; if they are unused on purpose "
+                "for the whole run, set requires_grad(false) on them before wrapping the model");
   }
   // Which parameters got a gradient on any rank: those used nowhere keep
   // their .grad untouched. Issued after the buckets, on every rank alike.

@@ -114,6 +114,7 @@ class Reducer {
   std::vector<Tensor> kept_grads_;
   std::vector<bool> unused_;           // find_unused_parameters: not reached from the output
   bool unused_known_ = false;          // static_graph: computed once
+  bool walked_ = false;                // unused_ computed for this iteration's outputs
   size_t num_ready_ = 0;
   size_t next_launch_ = 0;
   double scale_ = 1.0;                 // 1 / divisor(), fixed when backward begins

@@ -46,6 +46,21 @@ class TwoHeads : public nn::Module {
   bool use_b = true;
 };
 
+// forward_values returns both heads' outputs over one input.
+class TwoOutputs : public nn::Module {
+ public:
+  explicit TwoOutputs(uint64_t seed) {
+    lockstep::runtime::Generator g(seed);
+    a = register_module("a", std::make_shared<nn::Linear>(12, 5, true, g));
+    b = register_module("b", std::make_shared<nn::Linear>(12, 5, true, g));
+  }
+  Tensor forward(const Tensor& x) override { return a->forward(x); }
+  nn::Values forward_values(const nn::Values& in) override {
+    return {a->forward(in.tensor(0)), b->forward(in.tensor(0))};
+  }
+  std::shared_ptr<nn::Linear> a, b;
+};
+
 }  // namespace
 
 TEST_CASE("DDP: ranks built with different models fail at construction, naming the parameter",
@@ -185,6 +200,38 @@ TEST_CASE("DDP: a parameter with no gradient is named unless find_unused_paramet
       return lt::mismatch("b.weight.grad", model->b->weight.grad(), expected, 1e-5);
     });
     REQUIRE(joined(problems).empty());
+  }
+}
+
+TEST_CASE("DDP: with find_unused_parameters, an output the loss leaves out is named as the cause",
+          "[ddp]") {
+  // The walk starts from every output, so head b counts as used (under
+  // static_graph: as in the first iteration); telling the user to turn on
+  // the option already on would lead nowhere.
+  const auto batch = lt::global_batch(8, 4);
+  for (const bool static_graph : {false, true}) {
+    const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+      DistributedDataParallel ddp(
+          std::make_shared<TwoOutputs>(1), group,
+          DdpOptions{.find_unused_parameters = true, .static_graph = static_graph});
+      const auto local = lt::shard(batch, r, 2);
+      if (static_graph) {  // a first iteration that uses both heads fixes the used set
+        const nn::Values out = ddp.forward_values({local.x});
+        lockstep::runtime::add(lockstep::runtime::cross_entropy(out.tensor(0), local.y),
+                               lockstep::runtime::cross_entropy(out.tensor(1), local.y))
+            .backward();
+      }
+      const nn::Values out = ddp.forward_values({local.x});
+      lockstep::runtime::cross_entropy(out.tensor(0), local.y).backward();
+      return "no error";
+    });
+    INFO("static_graph " << static_graph);
+    for (const auto& p : problems) {
+      REQUIRE_THAT(p, Catch::Contains("received no gradient") && Catch::Contains("'b.weight'") &&
+                          !Catch::Contains(".find_unused_parameters = true"));
+      REQUIRE_THAT(p, Catch::Contains(static_graph ? "construct DDP without static_graph"
+                                                   : "every tensor that forward returns"));
+    }
   }
 }
 
