@@ -345,14 +345,15 @@ void Reducer::mark_ready(size_t param, bool used) {
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_];
-    GradBucket view{.index = static_cast<int>(next_launch_), .buffer = b.buffer, .group = group_};
+    b.view = std::make_unique<GradBucket>(
+        GradBucket{.index = static_cast<int>(next_launch_), .buffer = b.buffer, .group = group_});
     for (size_t p : b.members) {
-      view.parameters.push_back(params_[p].second);
-      view.names.push_back(params_[p].first);
+      b.view->parameters.push_back(params_[p].second);
+      b.view->names.push_back(params_[p].first);
     }
     if (next_launch_ == 0) stats_.ready_at_first_launch = static_cast<int64_t>(num_ready_);
     b.launched_at = Clock::now();
-    b.result = comm_hook_(view);
+    b.result = comm_hook_(*b.view);
     LOCKSTEP_CHECK(b.result.work != nullptr,
                    "the communication hook returned no Work for bucket {}; return the Work of "
                    "the collective it started",
@@ -412,6 +413,7 @@ void Reducer::finalize() {
         ms_between(forward_end_, b.launched_at),
         ms_between(forward_end_, std::max(b.launched_at, b.result.work->finished_at())));
     b.result = {};
+    b.view.reset();
   }
   std::vector<int32_t> globally_used(params_.size(), 1);
   if (used_work) {
@@ -506,6 +508,7 @@ void Reducer::drain_and_reset() {
     } catch (...) {  // reported by whoever caused the failure
     }
     b.result = {};
+    b.view.reset();
   }
   mode_ = Mode::idle;
   backward_started_ = false;

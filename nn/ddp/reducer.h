@@ -64,6 +64,9 @@ class Reducer {
     std::vector<size_t> members;  // parameter indices, in slot order
     std::vector<int64_t> offsets;
     size_t pending = 0;           // gradients not yet in
+    // What the hook was given, kept until its `then` has run: a `then` may
+    // refer to it (a lambda capturing the GradBucket& it was handed).
+    std::unique_ptr<GradBucket> view;
     CommHookResult result;
     Clock::time_point launched_at;
   };

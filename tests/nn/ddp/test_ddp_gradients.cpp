@@ -139,6 +139,29 @@ TEST_CASE("DDP: fp16 and bf16 compression hooks stay within their rounding", "[d
   }
 }
 
+TEST_CASE("DDP: a hook's then may use the GradBucket it was given", "[ddp]") {
+  // As PyTorch's fut.then(lambda f: bucket.buffer()...): the lambda keeps a
+  // reference to the bucket; several buckets, each completed at the end.
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9);
+  const auto expected = reference_grads(global, 1);
+  const lockstep::nn::CommHook in_f64 = [](lockstep::nn::GradBucket& bucket) {
+    Tensor wide = bucket.buffer.to(lockstep::runtime::DType::f64);
+    auto work = bucket.group.allreduce(wide, {.op = lockstep::collectives::ReduceOp::Sum});
+    return lockstep::nn::CommHookResult{work, [&bucket, wide] {
+                                          lockstep::runtime::NoGradGuard no_grad;
+                                          bucket.buffer.copy_(wide);
+                                        }};
+  };
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) {
+    // Caps of 512 bytes: one bucket per layer or two.
+    return check_ddp_grads(r, size, group, global, expected,
+                           {.bucket_cap_mb = 0.0005, .first_bucket_cap_mb = 0.0005}, in_f64,
+                           kTol);
+  });
+  REQUIRE(all_problems(problems).empty());
+}
+
 TEST_CASE("DDP: gradient_as_bucket_view makes .grad a view into the bucket", "[ddp]") {
   const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
     auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group,
