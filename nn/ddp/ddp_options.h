@@ -55,8 +55,10 @@ struct DdpOptions {
 // and device, and holds this rank's gradients already scaled by 1/divisor
 // (the world size, or under a Join the ranks with a real batch; see
 // divide_by_initial_world_size); the hook must leave the sum over ranks of
-// every rank's buffer in it. The GradBucket lives until the hook's `then` has
-// run, so `then` may refer to it.
+// every rank's buffer in it, or put a tensor holding that sum, of as many
+// elements on the same device, in `buffer` (as PyTorch's hooks return
+// theirs; it is converted to the bucket's dtype). The GradBucket lives until
+// the hook's `then` has run, so `then` may refer to it.
 struct GradBucket {
   int index = 0;
   runtime::Tensor buffer;

@@ -409,6 +409,7 @@ void Reducer::finalize() {
   for (auto& b : buckets_) {
     b.result.work->wait();
     if (b.result.then) b.result.then();
+    take_hook_output(b);
     intervals.emplace_back(
         ms_between(forward_end_, b.launched_at),
         ms_between(forward_end_, std::max(b.launched_at, b.result.work->finished_at())));
@@ -431,6 +432,33 @@ void Reducer::finalize() {
   stats_.exposed_comm_ms = ms_between(backward_end, waited_until);
   if (!rebuilt_) rebuild_buckets();
   write_gradients(globally_used);
+}
+
+// A hook may leave its result in bucket.buffer in place of the tensor it was
+// given (as PyTorch's hooks return theirs); ignoring it would keep each
+// rank's own gradients, and the replicas would drift apart.
+void Reducer::take_hook_output(Bucket& b) {
+  const Tensor out = b.view->buffer;
+  if (out.is_same(b.buffer)) return;
+  if (!out.defined() || out.numel() != b.buffer.numel() || out.device() != b.buffer.device()) {
+    const size_t index = static_cast<size_t>(b.view->index);
+    const std::string got =
+        out.defined() ? fmt::format("a tensor of {} elements ({}, on {})", out.numel(),
+                                    runtime::dtype_name(out.dtype()), out.device().str())
+                      : std::string("an undefined tensor");
+    const std::string holds =
+        fmt::format("{} elements ({}, on {})", b.buffer.numel(),
+                    runtime::dtype_name(b.buffer.dtype()), b.buffer.device().str());
+    drain_and_reset();
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: the communication hook left {} in bucket.buffer "
+        "of bucket {}, which holds {}. A hook must leave the bucket's reduced gradients in "
+        "bucket.buffer: in the tensor it was given, or in one of as many elements on the same "
+        "device (converted to the bucket's dtype)",
+        group_.rank(), got, index, holds));
+  }
+  runtime::NoGradGuard no_grad;
+  b.buffer.copy_(out.reshape(b.buffer.shape()));
 }
 
 // Once, after the first iteration: rank 0's ready order, shared with all,

@@ -86,6 +86,7 @@ class Reducer {
   void mark_ready(size_t param, bool used);
   void launch_ready_buckets();
   void finalize();
+  void take_hook_output(Bucket& b);
   void rebuild_buckets();
   void write_gradients(const std::vector<int32_t>& globally_used);
   void drain_and_reset();

@@ -162,6 +162,41 @@ TEST_CASE("DDP: a hook's then may use the GradBucket it was given", "[ddp]") {
   REQUIRE(all_problems(problems).empty());
 }
 
+TEST_CASE("DDP: a hook that puts its result in bucket.buffer has it taken; a wrong size is "
+          "refused",
+          "[ddp]") {
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9);
+  const auto expected = reference_grads(global, 1);
+  SECTION("an f16 tensor in place of the buffer: averaged, within f16 rounding") {
+    const lockstep::nn::CommHook to_f16 = [](lockstep::nn::GradBucket& bucket) {
+      bucket.buffer = bucket.buffer.to(lockstep::runtime::DType::f16);
+      return lockstep::nn::CommHookResult{
+          bucket.group.allreduce(bucket.buffer, {.op = lockstep::collectives::ReduceOp::Sum}),
+          nullptr};
+    };
+    const auto problems = lt::on_ranks(size, [&](int r, auto group) {
+      return check_ddp_grads(r, size, group, global, expected, {}, to_f16, 2e-3);
+    });
+    REQUIRE(all_problems(problems).empty());
+  }
+  SECTION("half the elements: an error naming the bucket and both sizes") {
+    const lockstep::nn::CommHook half = [](lockstep::nn::GradBucket& bucket) {
+      bucket.buffer = bucket.buffer.slice(0, 0, bucket.buffer.numel() / 2).contiguous();
+      return lockstep::nn::CommHookResult{
+          bucket.group.allreduce(bucket.buffer, {.op = lockstep::collectives::ReduceOp::Sum}),
+          nullptr};
+    };
+    const auto problems = lt::on_ranks(size, [&](int r, auto group) {
+      return check_ddp_grads(r, size, group, global, expected, {}, half, kTol);
+    });
+    for (const auto& p : problems) {
+      REQUIRE_THAT(p, Catch::Contains("communication hook left a tensor of") &&
+                          Catch::Contains("in bucket.buffer of bucket 0"));
+    }
+  }
+}
+
 TEST_CASE("DDP: gradient_as_bucket_view makes .grad a view into the bucket", "[ddp]") {
   const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
     auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group,
