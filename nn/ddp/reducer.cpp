@@ -208,7 +208,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     mode_ = Mode::idle;
     return;
   }
-  check_requires_grad_unchanged();
+  check_parameters_unchanged();
   if (!synced) {
     mode_ = Mode::no_sync;
     stats_ = DdpStats{.iteration = stats_.iteration, .forward_ms = forward_ms, .synced = false};
@@ -230,7 +230,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
 // was built. One unfrozen since would get a gradient that is never averaged
 // (the replicas drift apart); one frozen since would leave its bucket
 // waiting. PyTorch leaves both unchecked; a loop over flags costs nothing.
-void Reducer::check_requires_grad_unchanged() const {
+void Reducer::check_parameters_unchanged() const {
   auto fail = [&](const std::string& name, bool now) {
     throw Error(fmt::format(
         "DistributedDataParallel on rank {}: parameter '{}' {} after the module was wrapped in "
@@ -246,6 +246,23 @@ void Reducer::check_requires_grad_unchanged() const {
   }
   for (const auto& [name, p] : frozen_) {
     if (p.requires_grad()) fail(name, true);
+  }
+  // As PyTorch, which checks each gradient against its bucket's type: the
+  // buckets keep the dtype and device of construction, so after Module::to an
+  // f64 model would be averaged in f32 without a word.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].second;
+    const Tensor& bucket = buckets_[slots_[i].bucket].buffer;
+    if (p.dtype() == bucket.dtype() && p.device() == bucket.device()) continue;
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: parameter '{}' is {} on {} now, but was {} on {} "
+        "when the module was wrapped in DDP (Module::to after wrapping?). Its gradient bucket "
+        "keeps the dtype and device it was built with, so its gradient would be averaged in "
+        "{}. Convert the module before wrapping it, or wrap the converted module in a new "
+        "DistributedDataParallel",
+        group_.rank(), params_[i].first, runtime::dtype_name(p.dtype()), p.device().str(),
+        runtime::dtype_name(bucket.dtype()), bucket.device().str(),
+        runtime::dtype_name(bucket.dtype())));
   }
 }
 

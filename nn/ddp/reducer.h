@@ -36,7 +36,8 @@ class Reducer {
  public:
   // `params`: the parameters that require grad, with their names; `frozen`:
   // the module's other parameters. Each forward checks that this split still
-  // holds (the reducer hooks and buckets `params` only).
+  // holds and that `params` keep their dtypes and devices (the reducer hooks
+  // and buckets `params` only, in buckets of those dtypes and devices).
   Reducer(std::vector<std::pair<std::string, Tensor>> params,
           std::vector<std::pair<std::string, Tensor>> frozen, collectives::ProcessGroup& group,
           DdpOptions options);
@@ -82,7 +83,7 @@ class Reducer {
   void on_gradient_ready(size_t param);
   void begin_backward();
   int divisor() const;
-  void check_requires_grad_unchanged() const;
+  void check_parameters_unchanged() const;
   void mark_ready(size_t param, bool used);
   void launch_ready_buckets();
   void finalize();

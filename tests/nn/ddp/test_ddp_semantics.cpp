@@ -148,6 +148,26 @@ TEST_CASE("DDP: BatchNorm without sync uses local batch statistics; rank 0's run
   REQUIRE(joined(problems).empty());
 }
 
+TEST_CASE("DDP: a model converted to another dtype after wrapping is refused at the next "
+          "forward",
+          "[ddp]") {
+  // Its f32 buckets would average the f64 gradients in f32.
+  const auto batch = lt::global_batch(8, 4);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    DistributedDataParallel ddp(lt::small_mlp(1), group);
+    ddp.to(lockstep::runtime::DType::f64);
+    auto local = lt::shard(batch, r, 2);
+    local.x = local.x.to(lockstep::runtime::DType::f64);
+    lt::loss_of(ddp, local).backward();
+    return "no error";
+  });
+  for (const auto& p : problems) {
+    REQUIRE_THAT(p, Catch::Contains("parameter '0.weight' is f64 on cpu now, but was f32 on cpu "
+                                    "when the module was wrapped") &&
+                        Catch::Contains("wrap the converted module in a new"));
+  }
+}
+
 TEST_CASE("DDP: a submodule replaced inside the wrapped model after wrapping is refused",
           "[ddp]") {
   // Its parameters were in no bucket: they trained on each rank's own gradient.
