@@ -44,7 +44,8 @@ struct DdpOptions {
   // Under an nn::Join (uneven inputs), the divisor of the summed gradients.
   // false: the ranks that had a real batch this iteration, so the averaged
   // gradient is the one-process gradient over the concatenation of their
-  // batches, as with no Join. true: always the world size (PyTorch's name
+  // batches, as with no Join (after no_sync() iterations, the mean of their
+  // counts and this one's). true: always the world size (PyTorch's name
   // and PyTorch's default), so once ranks have joined, their zero gradients
   // shrink the average by active/world. Without a Join both divide by the
   // world size.

@@ -210,6 +210,9 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   }
   check_parameters_unchanged();
   if (!synced) {
+    const Join* join = active_join();
+    window_active_ += join ? join->active_ranks() : group_.size();
+    ++window_steps_;
     mode_ = Mode::no_sync;
     stats_ = DdpStats{.iteration = stats_.iteration, .forward_ms = forward_ms, .synced = false};
     return;
@@ -306,7 +309,9 @@ void Reducer::begin_backward() {
   num_ready_ = 0;
   next_launch_ = 0;
   ready_order_.clear();
-  scale_ = 1.0 / static_cast<double>(divisor());
+  scale_ = 1.0 / divisor();
+  window_active_ = 0;
+  window_steps_ = 0;
   stats_ = DdpStats{.iteration = stats_.iteration,
                     .forward_ms = forward_ms_,
                     .gradients_expected = static_cast<int64_t>(params_.size())};
@@ -317,12 +322,21 @@ void Reducer::begin_backward() {
   }
 }
 
+const Join* Reducer::active_join() const {
+  return options_.divide_by_initial_world_size ? nullptr : Join::current(group_);
+}
+
 // The world size; under a Join over this group, the ranks with a real batch
 // this iteration, unless divide_by_initial_world_size. Joined ranks add zero
 // gradients, so this makes the average the one over the active ranks' samples.
-int Reducer::divisor() const {
-  const Join* join = options_.divide_by_initial_world_size ? nullptr : Join::current(group_);
-  return join ? join->active_ranks() : group_.size();
+// After no_sync() iterations, whose sums this backward averages too, the
+// mean of each iteration's count: the active ranks' batches over all of them,
+// per iteration, as the world size is without a Join.
+double Reducer::divisor() const {
+  const Join* join = active_join();
+  if (!join) return group_.size();
+  return static_cast<double>(window_active_ + join->active_ranks()) /
+         static_cast<double>(window_steps_ + 1);
 }
 
 // Puts this rank's gradient into the bucket, scaled by 1/divisor(): its

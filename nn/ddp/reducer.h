@@ -32,6 +32,8 @@
 
 namespace lockstep::nn {
 
+class Join;
+
 class Reducer {
  public:
   // `params`: the parameters that require grad, with their names; `frozen`:
@@ -82,7 +84,8 @@ class Reducer {
   Tensor slot_view(size_t param) const;
   void on_gradient_ready(size_t param);
   void begin_backward();
-  int divisor() const;
+  const Join* active_join() const;
+  double divisor() const;
   void check_parameters_unchanged() const;
   void mark_ready(size_t param, bool used);
   void launch_ready_buckets();
@@ -123,6 +126,10 @@ class Reducer {
   size_t num_ready_ = 0;
   size_t next_launch_ = 0;
   double scale_ = 1.0;                 // 1 / divisor(), fixed when backward begins
+  // The no_sync() iterations since the last average: their count, and the
+  // ranks with a real batch summed over them (the world size outside a Join).
+  int64_t window_active_ = 0;
+  int64_t window_steps_ = 0;
   std::vector<size_t> ready_order_;    // this iteration's
   Clock::time_point forward_end_;
   double forward_ms_ = 0;

@@ -200,3 +200,41 @@ TEST_CASE("Join: ranks with 0, 1 and 3 batches, and a fresh pass per epoch", "[d
   }, "join_small");
   for (const std::string& p : problems) CHECK(p == "");
 }
+
+TEST_CASE("Join: no_sync accumulation over iterations with different active ranks averages "
+          "over every real batch",
+          "[ddp][join]") {
+  // Rank 0 holds 1 batch, rank 1 holds 2; both accumulate 2 iterations (the
+  // first under no_sync, each loss / 2). Three real batches of 2 rows: the
+  // average must be the one-process gradient on those 6 rows. The synced
+  // iteration alone has 1 active rank; its count would make the result 1.5x.
+  const lt::Batch global = lt::global_batch(6, 3);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    const int64_t lo = r == 0 ? 0 : 2, hi = r == 0 ? 2 : 6;
+    const rt::TensorDataset data(global.x.slice(0, lo, hi).contiguous(),
+                                 global.y.slice(0, lo, hi).contiguous());
+    rt::DataLoader loader(data, {.batch_size = 2});
+    nn::DistributedDataParallel ddp(lt::small_mlp(1), group);
+    nn::Join join(*group);
+    int64_t i = 0;
+    for (const rt::Batch& b : join.batches(loader)) {
+      auto loss = [&] { return rt::mul(rt::cross_entropy(ddp.forward(b.x), b.y), 0.5); };
+      if (i++ % 2 == 0) {
+        auto guard = ddp.no_sync();
+        loss().backward();
+      } else {
+        loss().backward();
+      }
+    }
+    auto alone = lt::small_mlp(1);
+    lt::loss_of(*alone, global).backward();
+    const auto mine = ddp.module().named_parameters(), theirs = alone->named_parameters();
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const auto m =
+          lt::mismatch(mine[k].first, mine[k].second.grad(), theirs[k].second.grad(), kTol);
+      if (!m.empty()) return m;
+    }
+    return "";
+  }, "join_accumulate");
+  for (const std::string& p : problems) CHECK(p == "");
+}
