@@ -38,8 +38,14 @@ struct Text {
 
   void store(std::string_view s) {
     char bytes[N * 8] = {};
+    size_t kept = std::min(s.size(), N * 8 - 1);
+    // Cut before a UTF-8 character, not inside one: a name cut inside one is
+    // not UTF-8, and the post-mortem's JSON could not hold it.
+    if (kept < s.size()) {
+      while (kept > 0 && (static_cast<unsigned char>(s[kept]) & 0xC0) == 0x80) --kept;
+    }
     // An empty view may have no data at all (a barrier's dtype).
-    if (!s.empty()) std::memcpy(bytes, s.data(), std::min(s.size(), N * 8 - 1));
+    if (kept > 0) std::memcpy(bytes, s.data(), kept);
     for (size_t i = 0; i < N; ++i) {
       uint64_t w;
       std::memcpy(&w, bytes + 8 * i, 8);

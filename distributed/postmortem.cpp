@@ -51,7 +51,9 @@ std::string to_json_text(const Postmortem& pm, int indent) {
   nlohmann::json doc = {{"cause", pm.cause}, {"ranks", std::move(ranks)}};
   if (pm.written_unix_s > 0) doc["written_unix_s"] = pm.written_unix_s;
   if (pm.world_size > 0) doc["world_size"] = pm.world_size;
-  return doc.dump(indent);
+  // Text that is not UTF-8 (a part written elsewhere) is kept with U+FFFD in
+  // place of the bad bytes: the report is written whatever a name holds.
+  return doc.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Postmortem postmortem_from_json_text(std::string_view text) {

@@ -104,3 +104,30 @@ TEST_CASE("post-mortem: a rank under another launcher writes its own part when a
   unwritable["LOCKSTEP_POSTMORTEM_DIR"] = dir.str() + "/missing/deeper";
   CHECK_FALSE(ld::write_rank_postmortem(env_lookup(unwritable), "x").has_value());
 }
+
+TEST_CASE("post-mortem: a long group name is cut between UTF-8 characters and its part written",
+          "[distributed][postmortem]") {
+  // 40 bytes of two-byte characters: the recorder keeps 31 bytes at most.
+  std::string name;
+  for (int i = 0; i < 20; ++i) name += "\xc3\xb1";  // "ñ"
+  auto& recorder = ld::FlightRecorder::instance();
+  recorder.ended(recorder.started({.group = name, .op = "barrier", .seq = 1}), true);
+  const auto records = recorder.snapshot();
+  REQUIRE_FALSE(records.empty());
+  CHECK(records.back().group == name.substr(0, 30));
+
+  TempDir dir;
+  const std::map<std::string, std::string> torchrun = {
+      {"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCKSTEP_POSTMORTEM_DIR", dir.str()}};
+  const auto path = ld::write_rank_postmortem(env_lookup(torchrun), "it failed");
+  REQUIRE(path.has_value());
+  const ld::Postmortem part = ld::postmortem_from_json_text(read_file(*path));
+  REQUIRE(part.ranks.size() == 1);
+  REQUIRE_FALSE(part.ranks[0].entries.empty());
+  CHECK(part.ranks[0].entries.back().group == name.substr(0, 30));
+
+  // Bytes that are not UTF-8 (a part from elsewhere) are written replaced.
+  ld::Postmortem odd{.cause = "bad \xff byte"};
+  const ld::Postmortem back = ld::postmortem_from_json_text(ld::to_json_text(odd));
+  CHECK(back.cause == "bad \xef\xbf\xbd byte");
+}
