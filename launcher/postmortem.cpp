@@ -107,6 +107,8 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
   } else if (classes.size() == 1 && front->state == "running") {
     headline = fmt::format("every rank is in {}: all issued it; it did not complete",
                            call_text(*front));
+  } else if (classes.size() == 1 && front->state == "failed") {
+    headline = fmt::format("every rank issued {}; it failed on every rank", call_text(*front));
   } else if (classes.size() == 1 && front->state == "finished") {
     headline = fmt::format("every rank finished {}; none was in a collective of this group",
                            call_text(*front));

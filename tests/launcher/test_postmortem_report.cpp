@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "launcher/launch_probe.h"
+#include "lockstep/distributed/postmortem.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 
@@ -90,6 +91,22 @@ void check_rank_1_behind(const std::string& output, uint64_t n) {
 
 std::string part_path(const TempDir& dir, int rank) {
   return fmt::format("{}/lockstep-postmortem-rank{}.json", dir.str(), rank);
+}
+
+// Writes rank's part, as a rank under another launcher would: its last
+// collective is allreduce #seq of the default group, ended in `state`.
+void write_part(const TempDir& dir, int rank, int world_size, uint64_t seq,
+                const std::string& state) {
+  lockstep::distributed::Postmortem pm{
+      .cause = state == "failed" ? fmt::format("allreduce #{} of group 'default' failed", seq)
+                                 : std::string(),
+      .written_unix_s = 1.8e9,
+      .world_size = world_size};
+  pm.ranks.push_back({.rank = rank, .host = "h", .pid = 100 + rank, .recorded = true});
+  pm.ranks.back().entries.push_back({.group = "default", .op = "allreduce", .dtype = "f32",
+                                     .state = state, .seq = seq, .count = 1000,
+                                     .started_s_ago = 2.0, .ended_s_ago = 1.0});
+  std::ofstream(part_path(dir, rank)) << lockstep::distributed::to_json_text(pm, 1) << "\n";
 }
 
 }  // namespace
@@ -233,4 +250,16 @@ TEST_CASE("launcher: under another launcher a rank stuck outside the collectives
                  Contains(fmt::format("rank 1: finished allreduce #{} (f32, 1000 elements) ",
                                       n - 1)) &&
                  Contains("report exit 0"));
+}
+
+TEST_CASE("launcher: --postmortem-from says when every rank failed the same collective",
+          "[launcher][postmortem]") {
+  TempDir dir;
+  for (int rank = 0; rank < 3; ++rank) write_part(dir, rank, 3, 4, "failed");
+  const auto r = run_process({bin_path("lockstep-run"), "--postmortem-from", dir.str()});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("group 'default': every rank issued allreduce #4 (f32, 1000 "
+                                "elements); it failed on every rank") &&
+                           !Contains("ended it differently"));
 }
