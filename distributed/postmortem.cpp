@@ -51,6 +51,7 @@ std::string to_json_text(const Postmortem& pm, int indent) {
   nlohmann::json doc = {{"cause", pm.cause}, {"ranks", std::move(ranks)}};
   if (pm.written_unix_s > 0) doc["written_unix_s"] = pm.written_unix_s;
   if (pm.world_size > 0) doc["world_size"] = pm.world_size;
+  if (!pm.attempt.empty()) doc["attempt"] = pm.attempt;
   // Text that is not UTF-8 (a part written elsewhere) is kept with U+FFFD in
   // place of the bad bytes: the report is written whatever a name holds.
   return doc.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -61,7 +62,8 @@ Postmortem postmortem_from_json_text(std::string_view text) {
     const auto json = nlohmann::json::parse(text);
     Postmortem pm{.cause = json.at("cause").get<std::string>(),
                   .written_unix_s = json.value("written_unix_s", 0.0),
-                  .world_size = json.value("world_size", 0)};
+                  .world_size = json.value("world_size", 0),
+                  .attempt = json.value("attempt", std::string())};
     for (const auto& r : json.at("ranks")) {
       RankHistory h{.rank = r.at("rank").get<int>(),
                     .node = r.at("node").get<int>(),

@@ -56,7 +56,21 @@ struct PartTarget {
   std::string dir;
   int rank = 0;
   int world_size = 0;  // 0: unknown
+  std::string attempt;  // Postmortem::attempt
 };
+
+// Which launch and attempt this is, where the launcher says: torchrun and
+// Slurm restart a job's ranks, and the new ranks write to the same directory.
+std::string attempt_of(const runtime::EnvLookup& env) {
+  if (const auto run = env("TORCHELASTIC_RUN_ID"))
+    return fmt::format("torchrun run {}, restart {}", *run,
+                       env("TORCHELASTIC_RESTART_COUNT").value_or("0"));
+  if (const auto job = env("SLURM_JOB_ID"))
+    return fmt::format("slurm job {}, step {}, restart {}", *job,
+                       env("SLURM_STEP_ID").value_or("?"),
+                       env("SLURM_RESTART_COUNT").value_or("0"));
+  return "";
+}
 
 std::optional<PartTarget> part_target(const runtime::EnvLookup& env) {
   const auto dir = env(kPostmortemDirVariable);
@@ -65,7 +79,7 @@ std::optional<PartTarget> part_target(const runtime::EnvLookup& env) {
   // variable is read, then unset, when the recorder is made).
   if (env("LOCKSTEP_FLIGHT_RECORDER") || FlightRecorder::instance().in_launcher_file())
     return std::nullopt;
-  PartTarget t{.dir = *dir, .rank = runtime::cuda::process_rank()};
+  PartTarget t{.dir = *dir, .rank = runtime::cuda::process_rank(), .attempt = attempt_of(env)};
   try {
     const RankInfo info = read_rank_info(env, {.allow_missing_store = true});
     t.rank = info.rank;
@@ -85,7 +99,8 @@ std::optional<std::string> write_part(const PartTarget& t, const std::string& ca
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   Postmortem pm{.cause = cause,
                 .written_unix_s = std::chrono::duration<double>(now).count(),
-                .world_size = t.world_size};
+                .world_size = t.world_size,
+                .attempt = t.attempt};
   pm.ranks.push_back(rank_history(FlightRecorder::instance().snapshot(), monotonic_ns(), t.rank,
                                   0, host_name(), ::getpid()));
   const auto path = part_path(t.dir, t.rank);

@@ -189,9 +189,28 @@ Postmortem read_rank_postmortems(const std::string& dir) {
                  "LOCKSTEP_POSTMORTEM_DIR={} is in their environment and a collective of theirs "
                  "fails",
                  dir, dir);
+  // The last attempt's parts only: a rank of it that wrote none may have left
+  // one of an earlier attempt, which says nothing of this one.
+  const Postmortem& newest = *std::max_element(
+      parts.begin(), parts.end(),
+      [](const Postmortem& a, const Postmortem& b) { return a.written_unix_s < b.written_unix_s; });
+  const std::string attempt = newest.attempt;
+  std::vector<int> stale;
+  std::erase_if(parts, [&](const Postmortem& part) {
+    if (part.attempt == attempt) return false;
+    for (const auto& rank : part.ranks) stale.push_back(rank.rank);
+    return true;
+  });
+  if (!stale.empty()) {
+    fmt::print(stderr,
+               "lockstep-run: left out {}'s part{} in {}: of another attempt than the last "
+               "part's ({})\n",
+               ranks_text(stale), stale.size() == 1 ? "" : "s", dir,
+               attempt.empty() ? std::string("which does not say its attempt") : attempt);
+  }
   double latest = 0;
   for (const auto& part : parts) latest = std::max(latest, part.written_unix_s);
-  Postmortem pm{.written_unix_s = latest};
+  Postmortem pm{.written_unix_s = latest, .attempt = attempt};
   // Each part's cause with the ranks that gave it, in order of first rank.
   std::vector<std::pair<std::string, std::vector<int>>> causes;
   for (auto& part : parts) {

@@ -131,3 +131,20 @@ TEST_CASE("post-mortem: a long group name is cut between UTF-8 characters and it
   const ld::Postmortem back = ld::postmortem_from_json_text(ld::to_json_text(odd));
   CHECK(back.cause == "bad \xef\xbf\xbd byte");
 }
+
+TEST_CASE("post-mortem: a rank's part says which attempt of a restarted job wrote it",
+          "[distributed][postmortem]") {
+  TempDir dir;
+  const std::map<std::string, std::string> torchrun = {
+      {"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_RUN_ID", "j7"},
+      {"TORCHELASTIC_RESTART_COUNT", "2"}, {"LOCKSTEP_POSTMORTEM_DIR", dir.str()}};
+  const auto path = ld::write_rank_postmortem(env_lookup(torchrun), "it failed");
+  REQUIRE(path.has_value());
+  CHECK(ld::postmortem_from_json_text(read_file(*path)).attempt == "torchrun run j7, restart 2");
+
+  auto mpirun = torchrun;
+  mpirun.erase("TORCHELASTIC_RUN_ID");
+  mpirun.erase("TORCHELASTIC_RESTART_COUNT");
+  REQUIRE(ld::write_rank_postmortem(env_lookup(mpirun), "it failed").has_value());
+  CHECK(ld::postmortem_from_json_text(read_file(*path)).attempt.empty());
+}

@@ -96,12 +96,14 @@ std::string part_path(const TempDir& dir, int rank) {
 // Writes rank's part, as a rank under another launcher would: its last
 // collective is allreduce #seq of the default group, ended in `state`.
 void write_part(const TempDir& dir, int rank, int world_size, uint64_t seq,
-                const std::string& state) {
+                const std::string& state, const std::string& attempt = "",
+                double written_unix_s = 1.8e9) {
   lockstep::distributed::Postmortem pm{
       .cause = state == "failed" ? fmt::format("allreduce #{} of group 'default' failed", seq)
                                  : std::string(),
-      .written_unix_s = 1.8e9,
-      .world_size = world_size};
+      .written_unix_s = written_unix_s,
+      .world_size = world_size,
+      .attempt = attempt};
   pm.ranks.push_back({.rank = rank, .host = "h", .pid = 100 + rank, .recorded = true});
   pm.ranks.back().entries.push_back({.group = "default", .op = "allreduce", .dtype = "f32",
                                      .state = state, .seq = seq, .count = 1000,
@@ -262,4 +264,25 @@ TEST_CASE("launcher: --postmortem-from says when every rank failed the same coll
   CHECK_THAT(r.output, Contains("group 'default': every rank issued allreduce #4 (f32, 1000 "
                                 "elements); it failed on every rank") &&
                            !Contains("ended it differently"));
+}
+
+TEST_CASE("launcher: --postmortem-from leaves out the parts of an earlier attempt",
+          "[launcher][postmortem]") {
+  // torchrun restarted the job: in restart 1 ranks 0 and 1 failed in
+  // allreduce #4 and rank 2 wrote nothing (killed); its part of restart 0,
+  // written a minute before, is still there.
+  TempDir dir;
+  write_part(dir, 0, 3, 4, "failed", "torchrun run j, restart 1");
+  write_part(dir, 1, 3, 4, "failed", "torchrun run j, restart 1");
+  write_part(dir, 2, 3, 9, "finished", "torchrun run j, restart 0", 1.8e9 - 60);
+  const auto r = run_process({bin_path("lockstep-run"), "--postmortem-from", dir.str()});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output,
+             Contains(fmt::format("left out rank 2's part in {}: of another attempt than the "
+                                  "last part's (torchrun run j, restart 1)",
+                                  dir.str())) &&
+                 Contains("rank 2: left no record (it wrote no part to") &&
+                 Contains("ranks 0 and 1: allreduce #4 (f32, 1000 elements) failed") &&
+                 !Contains("allreduce #9"));
 }
