@@ -47,6 +47,7 @@ std::string to_json_text(const Postmortem& pm, int indent) {
     ranks.push_back({{"rank", r.rank},         {"node", r.node},   {"host", r.host},
                      {"pid", r.pid},           {"recorded", r.recorded},
                      {"collectives", std::move(entries)}});
+    if (!r.no_record.empty()) ranks.back()["no_record"] = r.no_record;
   }
   nlohmann::json doc = {{"cause", pm.cause}, {"ranks", std::move(ranks)}};
   if (pm.written_unix_s > 0) doc["written_unix_s"] = pm.written_unix_s;
@@ -69,7 +70,8 @@ Postmortem postmortem_from_json_text(std::string_view text) {
                     .node = r.at("node").get<int>(),
                     .host = r.at("host").get<std::string>(),
                     .pid = r.at("pid").get<int64_t>(),
-                    .recorded = r.at("recorded").get<bool>()};
+                    .recorded = r.at("recorded").get<bool>(),
+                    .no_record = r.value("no_record", std::string())};
       for (const auto& j : r.at("collectives")) {
         PostmortemEntry e{.group = j.at("group").get<std::string>(),
                           .op = j.at("op").get<std::string>(),

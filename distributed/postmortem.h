@@ -36,6 +36,9 @@ struct RankHistory {
   // False: the rank left no record (it never issued a collective, or did
   // not get as far as making its process group).
   bool recorded = false;
+  // Why it left no record where the report's general reason does not say it
+  // (its node sent no part); "" otherwise.
+  std::string no_record;
   std::vector<PostmortemEntry> entries;  // oldest first
 };
 

@@ -59,6 +59,16 @@ bool share_postmortem(NodeLink& link, Postmortem& postmortem, int attempt, const
     fmt::print(stderr, "lockstep-run: the post-mortem covers node {} only: {}\n",
                options.node_rank, e.what());
   }
+  // A node that sent no part has its ranks named as such: without them the
+  // report would speak of "every rank" for the nodes that answered.
+  const int world_size = options.nnodes * options.nproc_per_node;
+  for (int rank = 0; rank < world_size; ++rank) {
+    const int node = rank / options.nproc_per_node;
+    RankHistory missing{.rank = rank,
+                        .node = node,
+                        .no_record = fmt::format("node {} sent no part of the post-mortem", node)};
+    distributed::merge(postmortem, Postmortem{.ranks = {std::move(missing)}});
+  }
   return true;
 }
 

@@ -76,8 +76,10 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
   uint64_t newest = 0;
   for (const auto& r : pm.ranks) {
     const PostmortemEntry* last = last_of(r, group);
+    // Unrecorded ranks are told apart by why they left no record.
     const auto key = last ? std::make_tuple(last->seq, last->state)
-                          : std::make_tuple(uint64_t{0}, std::string(r.recorded ? "none" : "unrecorded"));
+                          : std::make_tuple(uint64_t{0}, r.recorded ? std::string("none")
+                                                                    : "unrecorded" + r.no_record);
     classes[key].push_back(r.rank);
     if (!last) continue;
     example[key] = last;
@@ -120,8 +122,9 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
   for (const auto& [key, ranks] : classes) {
     const auto& state = std::get<1>(key);
     std::string what;
-    if (state == "unrecorded") {
-      what = fmt::format("left no record ({})", no_record);
+    if (state.starts_with("unrecorded")) {
+      const std::string why = state.substr(std::string_view("unrecorded").size());
+      what = fmt::format("left no record ({})", why.empty() ? std::string(no_record) : why);
     } else if (state == "none") {
       what = "issued no collective on this group";
     } else {

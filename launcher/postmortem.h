@@ -14,7 +14,8 @@
 //     every rank's last 256 collectives: ./lockstep-postmortem-node0-attempt0.json
 //
 // Several nodes: every node's launcher publishes its ranks' part through the
-// store and node 0's report covers the nodes that answered.
+// store and node 0's report covers the nodes that answered, and names the
+// ranks of those that did not.
 #pragma once
 
 #include <cstdint>

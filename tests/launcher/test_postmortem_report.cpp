@@ -286,3 +286,23 @@ TEST_CASE("launcher: --postmortem-from leaves out the parts of an earlier attemp
                  Contains("ranks 0 and 1: allreduce #4 (f32, 1000 elements) failed") &&
                  !Contains("allreduce #9"));
 }
+
+TEST_CASE("launcher: the post-mortem of a two-node job names the ranks of a node that sent no "
+          "part", "[launcher][postmortem]") {
+  TempDir dir;
+  // Node 1's rank kills its launcher after two all-reduces: node 0's rank
+  // fails in the third, and node 1 never hands over its part.
+  const auto r = two_local_nodes({"--postmortem-dir", dir.str(), "--grace-period", "1"},
+                                 {"group-sum", "allreduces=2", "then-allreduce"},
+                                 {"group-sum", "allreduces=2", "kill-parent=1:9"});
+  CHECK_THAT(r.output, Contains("node 1 exit 137") &&
+                           Contains("rank 1: left no record (node 1 sent no part of the "
+                                    "post-mortem)") &&
+                           !Contains("every rank issued"));
+  std::ifstream in(dir.str() + "/lockstep-postmortem-node0-attempt0.json");
+  REQUIRE(in.good());
+  const auto json = nlohmann::json::parse(in);
+  REQUIRE(json.at("ranks").size() == 2);
+  CHECK(json.at("ranks")[1].at("recorded") == false);
+  CHECK(json.at("ranks")[1].at("no_record") == "node 1 sent no part of the post-mortem");
+}
