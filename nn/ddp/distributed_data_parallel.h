@@ -73,7 +73,7 @@ class DistributedDataParallel : public Module {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
   // Replaces the default all-reduce for every bucket. Must be registered the
-  // same way on every rank, before the first backward.
+  // same way on every rank, before the first backward; once.
   void register_comm_hook(CommHook hook);
 
   std::vector<BucketInfo> buckets() const;

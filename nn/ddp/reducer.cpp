@@ -146,10 +146,15 @@ Tensor Reducer::slot_view(size_t param) const {
 
 void Reducer::register_comm_hook(CommHook hook) {
   LOCKSTEP_CHECK(hook != nullptr, "register_comm_hook: the hook is empty");
+  // As PyTorch: a second hook would silently replace the first.
+  LOCKSTEP_CHECK(!hook_registered_,
+                 "register_comm_hook: a hook is already registered, and DDP takes one; call "
+                 "the first from inside the second to combine them");
   LOCKSTEP_CHECK(synced_iterations_ == 0 && mode_ == Mode::idle,
                  "register_comm_hook: register the hook before the first backward, the same way "
                  "on every rank");
   comm_hook_ = std::move(hook);
+  hook_registered_ = true;
 }
 
 std::vector<BucketInfo> Reducer::bucket_info() const {

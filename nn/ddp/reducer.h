@@ -102,6 +102,7 @@ class Reducer {
   collectives::ProcessGroup& group_;
   DdpOptions options_;
   CommHook comm_hook_;
+  bool hook_registered_ = false;  // comm_hook_ is the user's, not the default
   std::vector<int64_t> hook_ids_;
 
   std::shared_ptr<collectives::SharedTensorPool> pool_;  // of bucket buffers, if any

@@ -197,6 +197,30 @@ TEST_CASE("DDP: a hook that puts its result in bucket.buffer has it taken; a wro
   }
 }
 
+TEST_CASE("DDP: a second communication hook is refused, the first kept", "[ddp]") {
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9);
+  const auto expected = reference_grads(global, 1);
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group);
+    ddp->register_comm_hook(lockstep::nn::comm_hooks::fp16_compress());
+    const std::string error =
+        lt::error_of([&] { ddp->register_comm_hook(lockstep::nn::comm_hooks::bf16_compress()); });
+    if (error.find("a hook is already registered") == std::string::npos)
+      return "second hook: " + (error.empty() ? std::string("accepted") : error);
+    lt::loss_of(*ddp, lt::shard(global, r, size)).backward();
+    // Within fp16's rounding (bf16's would be 8x coarser).
+    const auto params = ddp->module().named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], 2e-3);
+      if (!problem.empty()) return problem;
+    }
+    return "";
+  });
+  INFO(all_problems(problems));
+  REQUIRE(all_problems(problems).empty());
+}
+
 TEST_CASE("DDP: gradient_as_bucket_view makes .grad a view into the bucket", "[ddp]") {
   const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
     auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group,
