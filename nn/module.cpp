@@ -1,5 +1,6 @@
 #include "lockstep/nn/module.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <ostream>
@@ -317,6 +318,33 @@ StateDict Module::state_dict() const {
   return out;
 }
 
+namespace {
+
+// Whether every name in `names` is "module." + a name in `others`: the keys
+// of a DistributedDataParallel or DataParallel wrapper against the bare
+// model's.
+bool wrapped_names_of(const std::vector<std::string>& names,
+                      const std::vector<std::string>& others) {
+  if (names.empty() || others.empty()) return false;
+  const std::unordered_set<std::string> other(others.begin(), others.end());
+  return std::all_of(names.begin(), names.end(), [&](const std::string& n) {
+    return n.starts_with("module.") && other.contains(n.substr(7));
+  });
+}
+
+std::string wrapper_hint(const LoadResult& r) {
+  if (wrapped_names_of(r.unexpected_keys, r.missing_keys))
+    return "\n  (the state_dict was saved from a DistributedDataParallel or DataParallel "
+           "wrapper: its keys start with \"module.\"; load dict.without_prefix(\"module.\"), "
+           "or load it into the wrapper)";
+  if (wrapped_names_of(r.missing_keys, r.unexpected_keys))
+    return "\n  (this model is a DistributedDataParallel or DataParallel wrapper and the "
+           "state_dict was saved from the bare model: load it into the wrapper's module())";
+  return "";
+}
+
+}  // namespace
+
 LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
   const StateDict own = state_dict();
   LoadResult result;
@@ -348,7 +376,8 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
                                   type_name());
     for (const auto& e : errors) msg += "\n  " + e;
     if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()))
-      msg += "\n  (pass strict=false to load the matching keys and ignore the others)";
+      msg += wrapper_hint(result) +
+             "\n  (pass strict=false to load the matching keys and ignore the others)";
     throw Error(msg);
   }
 

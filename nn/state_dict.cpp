@@ -43,4 +43,18 @@ std::vector<std::string> StateDict::keys() const {
   return out;
 }
 
+StateDict StateDict::without_prefix(std::string_view prefix) const {
+  StateDict out;
+  for (const auto& [name, t] : items_) {
+    const bool has = std::string_view(name).starts_with(prefix);
+    const std::string stripped = has ? name.substr(prefix.size()) : name;
+    LOCKSTEP_CHECK(!out.contains(stripped),
+                   "StateDict::without_prefix(\"{}\"): \"{}\" would become \"{}\", a key "
+                   "already there",
+                   prefix, name, stripped);
+    out.insert(stripped, t);
+  }
+  return out;
+}
+
 }  // namespace lockstep::nn

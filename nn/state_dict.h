@@ -34,6 +34,11 @@ class StateDict {
   size_t size() const { return items_.size(); }
   bool empty() const { return items_.empty(); }
   std::vector<std::string> keys() const;
+  // A copy without `prefix` at the start of the names that have it, as
+  // PyTorch's consume_prefix_in_state_dict_if_present: loads a state_dict
+  // saved from a DistributedDataParallel or DataParallel wrapper ("module.")
+  // into the bare model. Throws if two names become one.
+  StateDict without_prefix(std::string_view prefix) const;
   // In order, e.g. for a checkpoint writer (the runtime layer cannot see nn types).
   const std::vector<Item>& items() const { return items_; }
   auto begin() const { return items_.begin(); }

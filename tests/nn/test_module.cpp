@@ -171,6 +171,35 @@ TEST_CASE("load_state_dict names every missing, unexpected and mismatched key", 
              Contains("size mismatch for 2.weight"));
 }
 
+TEST_CASE("load_state_dict names a wrapper's \"module.\" prefix; without_prefix strips it",
+          "[nn][module]") {
+  auto make = [] {
+    return std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+        std::make_shared<Linear>(4, 3), std::make_shared<ReLU>(), std::make_shared<Linear>(3, 2)});
+  };
+  auto saved = make(), model = make();
+  // As a DistributedDataParallel or DataParallel wrapper saves it.
+  StateDict wrapped;
+  for (const auto& [name, t] : saved->state_dict()) wrapped.insert("module." + name, t);
+  CHECK_THAT(error_of([&] { model->load_state_dict(wrapped); }),
+             Contains("saved from a DistributedDataParallel or DataParallel wrapper") &&
+                 Contains("without_prefix(\"module.\")"));
+  model->load_state_dict(wrapped.without_prefix("module."));
+  CHECK(values(model->at<Linear>(2)->weight) == values(saved->at<Linear>(2)->weight));
+
+  // The other way round: a bare model's state_dict into the wrapper.
+  DataParallel wrapper(make(), std::vector<Device>(2, Device::cpu()));
+  CHECK_THAT(error_of([&] { wrapper.load_state_dict(saved->state_dict()); }),
+             Contains("saved from the bare model: load it into the wrapper's module()"));
+  // Unrelated keys get no hint; names that would collide are refused.
+  StateDict other;
+  other.insert("module.extra", Tensor::zeros({1}));
+  CHECK_THAT(error_of([&] { model->load_state_dict(other); }), !Contains("wrapper"));
+  other.insert("extra", Tensor::zeros({1}));
+  CHECK_THAT(error_of([&] { other.without_prefix("module."); }),
+             Contains("would become \"extra\", a key already there"));
+}
+
 TEST_CASE("load_state_dict copies nothing when a source overlaps what it writes, and reads "
           "every source as the dict held it",
           "[nn][module]") {
