@@ -32,9 +32,18 @@ class HierarchicalGroup final : public ProcessGroup {
 
   // This node's pool: the reduce within the node reads its tensors in place
   // (the leaders' all-reduce and the broadcast back stage as before). Nodes
-  // decide alone; a node of one rank has nothing to share.
+  // decide alone; a node of one rank has nothing to share. Joined on the
+  // worker, after the collectives issued before it: the node's ranks must add
+  // the pool at the same point of the local group's sequence, and the worker
+  // issues a collective's local steps when it gets to them, which differs by
+  // rank (a rank whose node is done with a broadcast goes on to the next
+  // collective while its leader still waits on the other nodes).
   std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
-    return local_->size() > 1 ? local_->reserve_shared_pool(bytes) : nullptr;
+    if (local_->size() == 1) return nullptr;
+    std::shared_ptr<SharedTensorPool> pool;
+    executor_->run_in_order("adding a shared pool",
+                            [&] { pool = local_->reserve_shared_pool(bytes); });
+    return pool;
   }
 
  protected:

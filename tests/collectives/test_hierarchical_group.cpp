@@ -11,6 +11,7 @@
 #if LOCKSTEP_HAVE_GLOO
 
 #include <latch>
+#include <thread>
 
 #include <fmt/ranges.h>
 
@@ -309,6 +310,58 @@ TEST_CASE("shm+gloo: each node's pool serves the reduce within it; a lone rank h
     INFO("rank " << r);
     CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
     CHECK(results[static_cast<size_t>(r)] == (r < 3 ? "pool true " : "pool false "));
+  }
+}
+
+TEST_CASE("shm+gloo: a pool reserved behind collectives in flight joins after them on every rank",
+          "[collectives][hierarchical][shm][pool]") {
+  // Nodes {0, 1} and {2}. The broadcast from rank 1 is done on rank 1 once its
+  // node has the data, while rank 0 still waits for the late rank 2 among the
+  // leaders: rank 1 starts the next all-reduce's reduce within the node before
+  // the pool is reserved, rank 0 after it. Both must run it without the pool.
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+  const Keys keys = {"a", "a", "b"};
+  constexpr int64_t n = 200003;  // past the one-round path
+  std::vector<std::string> results(3);
+  const auto errors = lt::run_ranks(3, [&](int r) {
+    auto g = lc::make_process_group("shm+gloo", store, r, 3, "hier-pool-late", 20s,
+                                    lockstep::distributed::DebugLevel::Off,
+                                    keys[static_cast<size_t>(r)]);
+    if (r == 2) std::this_thread::sleep_for(1s);
+    Tensor b = input(r, 5, DType::f32);
+    auto broadcast = g->broadcast(b, {.root = 1, .timeout = {}});
+    std::vector<Tensor> xs;
+    std::vector<std::shared_ptr<lc::Work>> works;
+    for (int k = 0; k < 3; ++k) {
+      xs.push_back(input(r, n, DType::f64, k));
+      works.push_back(g->allreduce(xs.back()));
+    }
+    auto pool = g->reserve_shared_pool(4 << 20);
+    broadcast->wait();
+    for (auto& w : works) w->wait();
+    std::string& result = results[static_cast<size_t>(r)];
+    result = fmt::format("pool {} ", pool != nullptr);
+    for (int k = 0; k < 3; ++k) {
+      result += mismatch(xs[static_cast<size_t>(k)], [&](int64_t i) {
+        return expected_value(lc::ReduceOp::Sum, DType::f64, 3, i + k);
+      }, fmt::format("allreduce {}", k));
+    }
+    // The pool serves the collectives after it.
+    Tensor t = input(r, n, DType::f64);
+    if (pool) {
+      Tensor in_pool = pool->empty({n}, DType::f64);
+      in_pool.copy_(t);
+      t = in_pool;
+    }
+    g->allreduce(t)->wait();
+    result += mismatch(t, [](int64_t i) {
+      return expected_value(lc::ReduceOp::Sum, DType::f64, 3, i);
+    }, "allreduce after the pool");
+  });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
+    CHECK(results[static_cast<size_t>(r)] == (r < 2 ? "pool true " : "pool false "));
   }
 }
 
