@@ -1,5 +1,6 @@
 #include "lockstep/collectives/backend_choice.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
@@ -55,6 +56,29 @@ BackendChoice choose_default_backend(const std::vector<RankPlacement>& ranks, bo
                         "tensors staged through host memory",
                         host_backend)};
   return {"nccl", {}};
+}
+
+std::string agreed_backend(const std::vector<std::string>& asked, const std::string& group) {
+  LOCKSTEP_CHECK(!asked.empty(), "agreed_backend: no ranks");
+  // Each backend asked for, in order of its lowest rank, with its ranks.
+  std::vector<std::pair<std::string, std::vector<int>>> by_backend;
+  for (int r = 0; r < static_cast<int>(asked.size()); ++r) {
+    const std::string& b = asked[static_cast<size_t>(r)];
+    auto it = std::find_if(by_backend.begin(), by_backend.end(),
+                           [&](const auto& entry) { return entry.first == b; });
+    if (it == by_backend.end()) it = by_backend.insert(by_backend.end(), {b, {}});
+    it->second.push_back(r);
+  }
+  if (by_backend.size() == 1) return by_backend.front().first;
+  std::vector<std::string> parts;
+  for (const auto& [b, ranks] : by_backend) {
+    parts.push_back(fmt::format("{}: {}", rank_list(ranks),
+                                b.empty() ? std::string("the default (none asked for)") : b));
+  }
+  throw Error(fmt::format(
+      "group '{}': the ranks ask for different backends: {}; set LOCKSTEP_BACKEND (or "
+      "InitOptions::backend) alike on every rank, or on none",
+      group, fmt::join(parts, "; ")));
 }
 
 }  // namespace lockstep::collectives

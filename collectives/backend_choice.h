@@ -35,4 +35,10 @@ struct BackendChoice {
 // compute on GPUs and others on the CPU.
 BackendChoice choose_default_backend(const std::vector<RankPlacement>& ranks, bool nccl_built);
 
+// The backend that every rank of group `group` asked for: `asked[r]` is rank
+// r's (LOCKSTEP_BACKEND or InitOptions::backend; "" for the default). Throws
+// lockstep::Error naming which ranks asked for which where they differ: each
+// rank would wait for the others in its own backend's rendezvous.
+std::string agreed_backend(const std::vector<std::string>& asked, const std::string& group);
+
 }  // namespace lockstep::collectives

@@ -224,22 +224,34 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   int rank = info.rank;
   int size = info.world_size;
   const std::string node_key = this_node_key(info);
-  std::optional<NodeTopology> topology;
+  // Every rank's backend asked for, device and node key, in one exchange:
+  // "<backend> <device> <node key>", with "-" for the default backend and for
+  // the device when a backend was asked for (neither has a space). Ranks that
+  // ask for different backends fail here rather than each waiting for the
+  // others in its own backend's rendezvous until the timeout.
+  const std::string device =
+      !backend.empty()
+          ? std::string("-")
+          : options.device.value_or(distributed::selected_device().value_or(runtime::Device::cpu()))
+                .str();
+  std::vector<std::string> asked, devices, node_keys;
+  for (const std::string& value : exchange_through_store(
+           *holder->store, rank, size, options.name, "placement",
+           fmt::format("{} {} {}", backend.empty() ? "-" : backend, device, node_key),
+           "backend, node and device", timeout)) {
+    const size_t first = value.find(' ');
+    const size_t second = value.find(' ', first + 1);
+    asked.push_back(value.substr(0, first) == "-" ? "" : value.substr(0, first));
+    devices.push_back(value.substr(first + 1, second - first - 1));
+    node_keys.push_back(value.substr(second + 1));
+  }
+  backend = agreed_backend(asked, options.name);
+  const NodeTopology topology = topology_from_keys(node_keys, rank);
   if (backend.empty()) {
-    // The default, from every rank's node and device (backend_choice.h), in
-    // one exchange: "<device> <node key>" (a device's name has no space).
-    const runtime::Device device =
-        options.device.value_or(distributed::selected_device().value_or(runtime::Device::cpu()));
-    std::vector<std::string> node_keys;
+    // The default, from every rank's node and device (backend_choice.h).
     std::vector<RankPlacement> placements;
-    for (const std::string& value :
-         exchange_through_store(*holder->store, rank, size, options.name, "placement",
-                                device.str() + " " + node_key, "node and device", timeout)) {
-      const size_t space = value.find(' ');
-      node_keys.push_back(value.substr(space + 1));
-      placements.push_back({node_keys.back(), runtime::Device::parse(value.substr(0, space))});
-    }
-    topology = topology_from_keys(node_keys, rank);
+    for (size_t r = 0; r < node_keys.size(); ++r)
+      placements.push_back({node_keys[r], runtime::Device::parse(devices[r])});
     const BackendChoice choice = choose_default_backend(placements, is_built_in("nccl"));
     if (!choice.note.empty() && rank == 0)
       std::fprintf(stderr, "lockstep: group '%s': %s\n", options.name.c_str(), choice.note.c_str());
@@ -255,7 +267,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   // CUDA, cuBLAS, cuDNN and NCCL errors name this rank from now on.
   runtime::cuda::set_process_rank(rank);
   holder->group = make_group(backend, holder->store, rank, size, options.name, timeout, info.debug,
-                             topology ? &*topology : nullptr, node_key, info.stall_report);
+                             &topology, node_key, info.stall_report);
   ProcessGroup* group = holder->group.get();
   return std::shared_ptr<ProcessGroup>(std::move(holder), group);
 }

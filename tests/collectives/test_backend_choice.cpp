@@ -114,3 +114,57 @@ TEST_CASE("init_process_group's default follows every rank's device, the same on
   CHECK(backends[0] == "shm");
   CHECK(backends[1] == "shm");
 }
+
+TEST_CASE("Ranks that ask for different backends are refused, naming who asked for what",
+          "[collectives][backend_choice]") {
+  using collectives::agreed_backend;
+  CHECK(agreed_backend({"", ""}, "g").empty());
+  CHECK(agreed_backend({"gloo", "gloo", "gloo"}, "g") == "gloo");
+  CHECK_THAT(error_of([] { agreed_backend({"", "shm", "", "gloo"}, "g"); }),
+             Contains("group 'g': the ranks ask for different backends: ranks 0, 2: the "
+                      "default (none asked for); rank 1: shm; rank 3: gloo") &&
+                 Contains("LOCKSTEP_BACKEND"));
+}
+
+TEST_CASE("init_process_group fails at once on every rank where LOCKSTEP_BACKEND differs",
+          "[collectives][backend_choice]") {
+  // Before, each rank waited for the others in its own rendezvous until the
+  // timeout, and the error said that a rank had not started.
+  auto store = std::make_shared<distributed::MemoryStore>();
+  constexpr int kRanks = 3;
+  std::string errors[kRanks];
+  std::vector<std::thread> threads;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      distributed::RankInfo info = rank_info(r, kRanks);
+      if (r == 2) info.backend = "shm";
+      errors[r] = error_of([&] {
+        collectives::init_process_group(
+            {.timeout = std::chrono::seconds(20), .name = "asked", .rank_info = info,
+             .store = store});
+      });
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(errors[r], Contains("group 'asked': the ranks ask for different backends: "
+                                   "ranks 0, 1: the default (none asked for); rank 2: shm"));
+  }
+
+  // Asked alike on every rank: that backend.
+  std::string backends[kRanks];
+  threads.clear();
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      distributed::RankInfo info = rank_info(r, kRanks);
+      info.backend = "shm";
+      backends[r] = collectives::init_process_group(
+                        {.name = "alike", .rank_info = info, .store = store})->backend();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) CHECK(backends[r] == "shm");
+}
