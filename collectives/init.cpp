@@ -114,7 +114,7 @@ std::shared_ptr<distributed::TcpStoreServer> serve_store(const std::string& host
 
 // Rank 0's server at the job's address, on the interface the ranks reach it by.
 std::shared_ptr<distributed::TcpStoreServer> serve_job_store(const distributed::RankInfo& info) {
-  const bool one_host = info.local_world_size == info.world_size;
+  const bool one_host = distributed::every_rank_on_this_host(info);
   try {
     return serve_store(distributed::listen_host_for(info.store_host, one_host),
                        static_cast<uint16_t>(info.store_port), info.token);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lockstep/distributed/env_slurm.h"
+#include "lockstep/distributed/store/listen_address.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/stable_hash.h"
 
@@ -235,6 +236,11 @@ void read_settings(const EnvLookup& env, RankInfo& info) {
 
 }  // namespace
 
+bool every_rank_on_this_host(const RankInfo& info) {
+  return info.local_world_size == info.world_size &&
+         (info.local_world_size_given || names_loopback(info.store_host));
+}
+
 int read_restart_count(const EnvLookup& env) {
   return runtime::read_whole_number(env, "LOCKSTEP_RESTART_COUNT", 0).value_or(0);
 }
@@ -320,6 +326,7 @@ RankInfo read_rank_info(const EnvLookup& process, RankInfoOptions options) {
   const auto local_size = runtime::read_whole_number(env, source->local_world_size, 1);
   info.local_rank = local_rank.value_or(info.rank);
   info.local_world_size = local_size.value_or(info.world_size);
+  info.local_world_size_given = local_size.has_value();
   if (local_size) {
     LOCKSTEP_CHECK(info.local_world_size <= info.world_size,
                    "{}={} is out of range: it must be at most {}={}", source->local_world_size,

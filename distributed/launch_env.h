@@ -81,6 +81,8 @@ struct RankInfo {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
+  // Whether the launcher gave the local world size; else one node is assumed.
+  bool local_world_size_given = false;
   int node_rank = 0;
   std::string store_host;  // empty: no store address was given
   int store_port = 0;
@@ -104,6 +106,13 @@ struct RankInfo {
 
   bool has_store_address() const { return !store_host.empty(); }
 };
+
+// Whether every rank runs on this host, so rank 0's store may listen on a
+// loopback address: the launcher says so (its local world size is the
+// world's), or the store's address can only mean this host (names_loopback).
+// A host name this machine maps to loopback, in a job whose launcher gave no
+// local sizes, may be several hosts' job: listen where the others reach it.
+bool every_rank_on_this_host(const RankInfo& info);
 
 struct RankInfoOptions {
   // Accept world size > 1 without a store address (the caller will get one

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cctype>
 #include <cstring>
 #include <string_view>
 
@@ -66,6 +67,19 @@ std::string listen_host_for(const std::string& host, bool clients_on_this_host) 
   }
   if (!chosen.empty()) return chosen;
   return any_ipv4 ? "0.0.0.0" : "::";
+}
+
+bool names_loopback(const std::string& host) {
+  std::string lower = host;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "localhost" || lower == "localhost.") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  const std::string bare = host.size() > 2 && host.front() == '[' && host.back() == ']'
+                               ? host.substr(1, host.size() - 2)
+                               : host;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, bare.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 std::string first_interface_ipv4() {

@@ -15,6 +15,12 @@ namespace lockstep::distributed {
 // connecting to it then fails with the resolver's own error.
 std::string listen_host_for(const std::string& host, bool clients_on_this_host);
 
+// Whether `host` can only mean this machine on every host: "localhost" or a
+// numeric loopback address (127.x.y.z, ::1). A name that this machine maps
+// to loopback (Debian's 127.0.1.1 for its own name) is not: other hosts
+// resolve it to this machine's real address.
+bool names_loopback(const std::string& host);
+
 // This host's first non-loopback IPv4 address (what other hosts may reach it
 // by when no address is given), or empty when it has none.
 std::string first_interface_ipv4();

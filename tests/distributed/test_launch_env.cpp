@@ -89,6 +89,25 @@ TEST_CASE("env: torchrun variables", "[env]") {
             .node_rank == 1);
 }
 
+TEST_CASE("env: rank 0's store stays on loopback only when every rank is on this host", "[env]") {
+  using lockstep::distributed::every_rank_on_this_host;
+  // Set by hand on two hosts, as an old launcher did: no local world size.
+  // node0 may be a name this host maps to 127.0.1.1 (Debian does), which the
+  // other host resolves to node0's real address.
+  const Vars by_hand = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"},
+                        {"MASTER_PORT", "29500"}};
+  CHECK_FALSE(every_rank_on_this_host(read(by_hand)));
+  CHECK_FALSE(every_rank_on_this_host(read(merged(by_hand, {{"LOCAL_RANK", "0"}}))));
+  // An address that cannot name another host, or the launcher's word.
+  for (const char* loopback : {"localhost", "127.0.0.1", "127.0.1.1", "::1", "[::1]"}) {
+    CAPTURE(loopback);
+    CHECK(every_rank_on_this_host(read(merged(by_hand, {{"MASTER_ADDR", loopback}}))));
+  }
+  CHECK(every_rank_on_this_host(read(merged(by_hand, {{"LOCAL_WORLD_SIZE", "2"}}))));
+  CHECK_FALSE(every_rank_on_this_host(read(merged(by_hand, {{"LOCAL_WORLD_SIZE", "1"}}))));
+  CHECK(every_rank_on_this_host(read(kTorchrun)));
+}
+
 TEST_CASE("env: Open MPI variables", "[env]") {
   const auto info = read({{"OMPI_COMM_WORLD_RANK", "5"},
                           {"OMPI_COMM_WORLD_SIZE", "8"},
