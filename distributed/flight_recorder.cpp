@@ -12,9 +12,11 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -89,10 +91,23 @@ void write_slot(Slot& slot, Write&& write) {
   slot.version.store(v + 2, std::memory_order_release);
 }
 
+// How long a reader waits, in all, for entries being written. A writer keeps
+// an entry odd for well under a microsecond unless it is preempted, stopped
+// or killed mid-write; a report must not wait long for one that never ends.
+constexpr auto kTornWait = std::chrono::milliseconds(5);
+constexpr auto kTornPause = std::chrono::microseconds(50);
+
 // The reader side: a consistent copy, or nullopt when the entry is empty or
-// was being written (by a process that may have died mid-write).
-std::optional<FlightRecord> read_slot(const Slot& slot) {
-  for (int attempt = 0; attempt < 100; ++attempt) {
+// was still being written at `deadline` (by a process that may have died
+// mid-write). Spins first, then pauses between tries, so that a writer
+// preempted mid-write gets the processor to finish.
+std::optional<FlightRecord> read_slot(const Slot& slot,
+                                      std::chrono::steady_clock::time_point deadline) {
+  for (int attempt = 0;; ++attempt) {
+    if (attempt >= 100) {
+      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(kTornPause);
+    }
     const uint64_t v1 = slot.version.load(std::memory_order_acquire);
     if (v1 & 1) continue;
     FlightRecord r;
@@ -112,7 +127,6 @@ std::optional<FlightRecord> read_slot(const Slot& slot) {
     r.state = static_cast<FlightRecord::State>(state);
     return r;
   }
-  return std::nullopt;
 }
 
 }  // namespace
@@ -128,12 +142,21 @@ struct FlightRecorder::Layout {
 namespace {
 
 std::vector<FlightRecord> read_layout(const FlightRecorder::Layout& layout) {
+  // Read before the entries: a call issued while they are read is newer.
+  const uint64_t issued = layout.issued.load(std::memory_order_acquire);
+  const auto deadline = std::chrono::steady_clock::now() + kTornWait;
   std::vector<FlightRecord> records;
   for (const Slot& slot : layout.slots) {
-    if (auto r = read_slot(slot)) records.push_back(std::move(*r));
+    if (auto r = read_slot(slot, deadline)) records.push_back(std::move(*r));
   }
   std::sort(records.begin(), records.end(),
             [](const FlightRecord& a, const FlightRecord& b) { return a.ordinal < b.ordinal; });
+  // The newest call's entry never became readable: its writer stopped or
+  // died mid-write. Said, or the call before it would pass for the last.
+  const uint64_t newest = records.empty() ? 0 : records.back().ordinal;
+  if (issued > newest) {
+    records.push_back(FlightRecord{.ordinal = issued, .state = FlightRecord::State::torn});
+  }
   return records;
 }
 
@@ -144,6 +167,7 @@ std::string_view to_string(FlightRecord::State state) {
     case FlightRecord::State::running: return "running";
     case FlightRecord::State::finished: return "finished";
     case FlightRecord::State::failed: return "failed";
+    case FlightRecord::State::torn: return "torn";
   }
   return "?";
 }

@@ -14,7 +14,9 @@
 // Recording costs two clock reads, an uncontended lock and a few stores per
 // collective. A reader never blocks a writer: each entry carries a version
 // that is odd while it is written, and a reader copies an entry until it
-// reads the same even version before and after (a seqlock).
+// reads the same even version before and after (a seqlock), pausing between
+// tries for 5 ms at most. The newest call's entry still odd after that (its
+// writer was stopped or died mid-write) is read as a torn record.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +31,9 @@ namespace lockstep::distributed {
 inline constexpr int kFlightRecorderEntries = 256;
 
 struct FlightRecord {
-  enum class State { running, finished, failed };
+  // torn: the newest call's entry was being written and stayed so; only its
+  // ordinal is known, the call before it is not the last.
+  enum class State { running, finished, failed, torn };
 
   uint64_t ordinal = 0;  // 1, 2, ...: this process's order of issue, over all its groups
   std::string group;     // "default" (at most 31 bytes kept)

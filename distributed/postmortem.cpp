@@ -19,6 +19,10 @@ RankHistory rank_history(const std::vector<FlightRecord>& records, int64_t now_n
                          int node, const std::string& host, int64_t pid) {
   RankHistory h{.rank = rank, .node = node, .host = host, .pid = pid, .recorded = !records.empty()};
   for (const auto& r : records) {
+    if (r.state == FlightRecord::State::torn) {
+      h.newest_torn = true;  // the newest only: nothing follows it
+      continue;
+    }
     PostmortemEntry e{.group = r.group,
                       .op = r.op,
                       .dtype = r.dtype,
@@ -48,6 +52,7 @@ std::string to_json_text(const Postmortem& pm, int indent) {
                      {"pid", r.pid},           {"recorded", r.recorded},
                      {"collectives", std::move(entries)}});
     if (!r.no_record.empty()) ranks.back()["no_record"] = r.no_record;
+    if (r.newest_torn) ranks.back()["newest_record_torn"] = true;
   }
   nlohmann::json doc = {{"cause", pm.cause}, {"ranks", std::move(ranks)}};
   if (pm.written_unix_s > 0) doc["written_unix_s"] = pm.written_unix_s;
@@ -71,7 +76,8 @@ Postmortem postmortem_from_json_text(std::string_view text) {
                     .host = r.at("host").get<std::string>(),
                     .pid = r.at("pid").get<int64_t>(),
                     .recorded = r.at("recorded").get<bool>(),
-                    .no_record = r.value("no_record", std::string())};
+                    .no_record = r.value("no_record", std::string()),
+                    .newest_torn = r.value("newest_record_torn", false)};
       for (const auto& j : r.at("collectives")) {
         PostmortemEntry e{.group = j.at("group").get<std::string>(),
                           .op = j.at("op").get<std::string>(),

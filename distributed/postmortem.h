@@ -40,6 +40,9 @@ struct RankHistory {
   // (its node sent no part); "" otherwise.
   std::string no_record;
   std::vector<PostmortemEntry> entries;  // oldest first
+  // Its newest call is unknown: its record was being written when read and
+  // stayed so (the rank stopped or died mid-write). `entries` end before it.
+  bool newest_torn = false;
 };
 
 struct Postmortem {

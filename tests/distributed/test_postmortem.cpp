@@ -5,11 +5,17 @@
 
 #include <stdlib.h>
 
+#include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "lockstep/distributed/flight_recorder.h"
 #include "lockstep/distributed/postmortem.h"
@@ -30,6 +36,47 @@ std::string read_file(const std::string& path) {
   std::ifstream in(path);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
+
+// A recorder file laid out as flight_recorder.cpp lays it out (the reader
+// refuses one of another size): magic, layout version, capacity, issued,
+// then each entry's version, ordinal, seq, count, root, start_ns, end_ns,
+// state, group (4 words), op (2) and dtype (1).
+struct RecorderFile {
+  static constexpr size_t kHeader = 4, kSlot = 15;
+  std::vector<uint64_t> words =
+      std::vector<uint64_t>(kHeader + kSlot * ld::kFlightRecorderEntries, 0);
+
+  RecorderFile() {
+    words[0] = 0x3130'4452'4346'4b4cULL;
+    words[1] = 1;
+    words[2] = ld::kFlightRecorderEntries;
+  }
+  uint64_t* slot(uint64_t ordinal) {
+    return &words[kHeader + kSlot * ((ordinal - 1) % ld::kFlightRecorderEntries)];
+  }
+  // Records allreduce #ordinal of the default group, ended; `version` odd:
+  // left mid-write.
+  void record(uint64_t ordinal, uint64_t version) {
+    words[3] = ordinal;  // issued
+    uint64_t* w = slot(ordinal);
+    w[0] = version;
+    w[1] = ordinal;
+    w[2] = ordinal;
+    w[3] = 1000;
+    w[4] = static_cast<uint64_t>(-1);
+    w[5] = 1;
+    w[6] = 2;
+    w[7] = 1;  // finished
+    std::memcpy(w + 8, "default", 7);
+    std::memcpy(w + 12, "allreduce", 9);
+    std::memcpy(w + 14, "f32", 3);
+  }
+  void write(const std::string& path) const {
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(words.data()),
+               static_cast<std::streamsize>(words.size() * sizeof(uint64_t)));
+  }
+};
 
 }  // namespace
 
@@ -147,4 +194,45 @@ TEST_CASE("post-mortem: a rank's part says which attempt of a restarted job wrot
   mpirun.erase("TORCHELASTIC_RESTART_COUNT");
   REQUIRE(ld::write_rank_postmortem(env_lookup(mpirun), "it failed").has_value());
   CHECK(ld::postmortem_from_json_text(read_file(*path)).attempt.empty());
+}
+
+TEST_CASE("post-mortem: a rank whose newest record was left mid-write is said to have one",
+          "[distributed][postmortem][flight-recorder]") {
+  // The rank was killed while recording allreduce #2: its entry's version is
+  // odd for good. Before, the reader dropped it after a few tries and the
+  // rank's last call read as allreduce #1.
+  TempDir dir;
+  RecorderFile file;
+  file.record(1, 4);
+  file.record(2, 5);
+  const std::string path = dir.str() + "/rank-1";
+  file.write(path);
+
+  const auto began = std::chrono::steady_clock::now();
+  const auto records = ld::read_flight_recorder_file(path);
+  const auto waited = std::chrono::steady_clock::now() - began;
+  REQUIRE(records.has_value());
+  REQUIRE(records->size() == 2);
+  CHECK(records->front().seq == 1);
+  CHECK(records->back().ordinal == 2);
+  CHECK(ld::to_string(records->back().state) == "torn");
+  CHECK(waited < std::chrono::seconds(1));  // a few ms: a report is not held up
+
+  // The launcher's reading of it (launcher/postmortem.cpp), as JSON, there
+  // and back.
+  ld::Postmortem pm{.cause = "rank 1 was killed"};
+  pm.ranks.push_back(ld::rank_history(*records, 3'000'000'000, 1, 0, "h", 7));
+  const std::string text = ld::to_json_text(ld::postmortem_from_json_text(ld::to_json_text(pm)));
+  const auto rank = nlohmann::json::parse(text).at("ranks").at(0);
+  CHECK(rank.value("newest_record_torn", false));
+  REQUIRE(rank.at("collectives").size() == 1);
+  CHECK(rank.at("collectives").at(0).at("seq") == 1);
+
+  // Once the entry is whole it is read as recorded.
+  file.record(2, 6);
+  file.write(path);
+  const auto whole = ld::read_flight_recorder_file(path);
+  REQUIRE(whole.has_value());
+  REQUIRE(whole->size() == 2);
+  CHECK(ld::to_string(whole->back().state) == "finished");
 }
