@@ -67,9 +67,20 @@ const PostmortemEntry* last_of(const RankHistory& rank, const std::string& group
   return last;
 }
 
+// "the newest collective of rank 1 is unknown: ...": ranks whose newest
+// record was still being written when read.
+std::string unknown_text(const std::vector<int>& ranks) {
+  return fmt::format("the newest {} of {} {} unknown: {} {} still being written when read",
+                     verb(ranks, "collective", "collectives"), ranks_text(ranks),
+                     verb(ranks, "is", "are"), verb(ranks, "its record", "their records"),
+                     verb(ranks, "was", "were"));
+}
+
 void report_group(std::string& out, const Postmortem& pm, const std::string& group,
                   std::string_view no_record) {
-  // Ranks by what they last did: (seq, state) -> ranks; seq 0: nothing.
+  // Ranks by what they last did: (seq, state) -> ranks; seq 0: nothing. A
+  // rank whose newest record is torn has "torn " before its state: its last
+  // call of this group may be later than the one known.
   std::map<std::tuple<uint64_t, std::string>, std::vector<int>> classes;
   std::map<std::tuple<uint64_t, std::string>, const PostmortemEntry*> example;
   std::map<std::tuple<uint64_t, std::string>, double> oldest;
@@ -77,9 +88,10 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
   for (const auto& r : pm.ranks) {
     const PostmortemEntry* last = last_of(r, group);
     // Unrecorded ranks are told apart by why they left no record.
-    const auto key = last ? std::make_tuple(last->seq, last->state)
-                          : std::make_tuple(uint64_t{0}, r.recorded ? std::string("none")
-                                                                    : "unrecorded" + r.no_record);
+    auto key = last ? std::make_tuple(last->seq, last->state)
+                    : std::make_tuple(uint64_t{0}, r.recorded ? std::string("none")
+                                                              : "unrecorded" + r.no_record);
+    if (r.newest_torn) std::get<1>(key) = "torn " + std::get<1>(key);
     classes[key].push_back(r.rank);
     if (!last) continue;
     example[key] = last;
@@ -92,20 +104,30 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
     newest = std::max(newest, last->seq);
   }
 
-  std::vector<int> behind, ahead;
+  // A torn rank is neither behind nor ahead: its newest call is unknown.
+  std::vector<int> behind, ahead, unknown, torn_at_newest;
+  const auto* front_key = &classes.rbegin()->first;
   for (const auto& [key, ranks] : classes) {
-    auto& into = std::get<0>(key) < newest ? behind : ahead;
+    const bool torn = std::get<1>(key).starts_with("torn ");
+    if (torn && std::get<0>(key) == newest) {
+      torn_at_newest.insert(torn_at_newest.end(), ranks.begin(), ranks.end());
+    }
+    auto& into = torn ? unknown : std::get<0>(key) < newest ? behind : ahead;
     into.insert(into.end(), ranks.begin(), ranks.end());
+    if (!torn && std::get<0>(key) == newest) front_key = &key;
   }
+  // Only torn ranks reached the newest call: they did, at least.
+  if (ahead.empty()) ahead = torn_at_newest;
   std::string headline;
-  const auto& [front_key, front_ranks] = *classes.rbegin();
-  const PostmortemEntry* front = example.at(front_key);
-  if (!behind.empty()) {
-    headline = fmt::format("{} {} behind: {} {} {} {}", ranks_text(behind),
-                           verb(behind, "is", "are"), ranks_text(ahead),
-                           verb(ahead, "has", "have"),
-                           front->state == "running" ? "reached, and wait in," : "reached",
-                           call_text(*front));
+  const PostmortemEntry* front = example.at(*front_key);
+  const bool waiting = front->state == "running" && !std::get<1>(*front_key).starts_with("torn");
+  if (!behind.empty() || !unknown.empty()) {
+    if (!behind.empty()) {
+      headline = fmt::format("{} {} behind: ", ranks_text(behind), verb(behind, "is", "are"));
+    }
+    headline += fmt::format("{} {} {} {}", ranks_text(ahead), verb(ahead, "has", "have"),
+                            waiting ? "reached, and wait in," : "reached", call_text(*front));
+    if (!unknown.empty()) headline += "; " + unknown_text(unknown);
   } else if (classes.size() == 1 && front->state == "running") {
     headline = fmt::format("every rank is in {}: all issued it; it did not complete",
                            call_text(*front));
@@ -120,8 +142,20 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
   out += fmt::format("  group '{}': {}\n", group, headline);
 
   for (const auto& [key, ranks] : classes) {
-    const auto& state = std::get<1>(key);
+    std::string state = std::get<1>(key);
     std::string what;
+    const bool torn = state.starts_with("torn ");
+    if (torn) {
+      state = state.substr(std::string_view("torn ").size());
+      what = fmt::format("newest collective unknown ({} still being written when read); ",
+                         verb(ranks, "its record was", "their records were"));
+      if (state == "none") {
+        what += "none of this group before it";
+        out += fmt::format("    {}: {}\n", ranks_text(ranks), what);
+        continue;
+      }
+      what += "before it: ";
+    }
     if (state.starts_with("unrecorded")) {
       const std::string why = state.substr(std::string_view("unrecorded").size());
       what = fmt::format("left no record ({})", why.empty() ? std::string(no_record) : why);
@@ -131,11 +165,12 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
       const PostmortemEntry& e = *example.at(key);
       const double age = oldest.at(key);
       if (state == "running") {
-        what = fmt::format("in {} since {:.1f} s", call_text(e), age);
+        what += fmt::format("in {} since {:.1f} s", call_text(e), age);
       } else if (state == "failed") {
-        what = fmt::format("{} failed {:.1f} s ago", call_text(e), age);
+        what += fmt::format("{} failed {:.1f} s ago", call_text(e), age);
       } else {
-        what = fmt::format("finished {} {:.1f} s ago; nothing since", call_text(e), age);
+        what += fmt::format("finished {} {:.1f} s ago{}", call_text(e), age,
+                            torn ? "" : "; nothing since");
       }
     }
     out += fmt::format("    {}: {}\n", ranks_text(ranks), what);

@@ -266,6 +266,29 @@ TEST_CASE("launcher: --postmortem-from says when every rank failed the same coll
                            !Contains("ended it differently"));
 }
 
+TEST_CASE("launcher: a post-mortem says a rank's newest call is unknown when its record was "
+          "left mid-write", "[launcher][postmortem]") {
+  TempDir dir;
+  write_part(dir, 0, 3, 5, "running");
+  write_part(dir, 2, 3, 5, "running");
+  // Rank 1 was killed while recording its next call, after allreduce #4.
+  write_part(dir, 1, 3, 4, "finished");
+  auto json = nlohmann::json::parse(std::ifstream(part_path(dir, 1)));
+  json["ranks"][0]["newest_record_torn"] = true;
+  std::ofstream(part_path(dir, 1)) << json.dump() << "\n";
+  const auto r = run_process({bin_path("lockstep-run"), "--postmortem-from", dir.str()});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output,
+             Contains("group 'default': ranks 0 and 2 have reached, and wait in, allreduce #5 "
+                      "(f32, 1000 elements); the newest collective of rank 1 is unknown: its "
+                      "record was still being written when read") &&
+                 Contains("rank 1: newest collective unknown (its record was still being "
+                          "written when read); before it: finished allreduce #4 (f32, 1000 "
+                          "elements) 1.0 s ago\n") &&
+                 !Contains("is behind"));
+}
+
 TEST_CASE("launcher: --postmortem-from leaves out the parts of an earlier attempt",
           "[launcher][postmortem]") {
   // torchrun restarted the job: in restart 1 ranks 0 and 1 failed in
