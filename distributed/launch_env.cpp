@@ -322,10 +322,12 @@ RankInfo read_rank_info(const EnvLookup& process, RankInfoOptions options) {
                  "variables", source->rank, info.rank, source->world_size, info.world_size);
 
   // Without local variables, assume one node: the local rank is the rank.
+  // With a local world size alone, assume nodes of that size, as the node
+  // rank below does.
   const auto local_rank = runtime::read_whole_number(env, source->local_rank, 0);
   const auto local_size = runtime::read_whole_number(env, source->local_world_size, 1);
-  info.local_rank = local_rank.value_or(info.rank);
   info.local_world_size = local_size.value_or(info.world_size);
+  info.local_rank = local_rank.value_or(info.rank % info.local_world_size);
   info.local_world_size_given = local_size.has_value();
   if (local_size) {
     LOCKSTEP_CHECK(info.local_world_size <= info.world_size,

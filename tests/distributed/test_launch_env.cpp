@@ -108,6 +108,14 @@ TEST_CASE("env: rank 0's store stays on loopback only when every rank is on this
   CHECK(every_rank_on_this_host(read(kTorchrun)));
 }
 
+TEST_CASE("env: a local world size without a local rank assumes nodes of that size", "[env]") {
+  const auto info = read({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"},
+                          {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}});
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 2);
+  CHECK(info.node_rank == 1);
+}
+
 TEST_CASE("env: Open MPI variables", "[env]") {
   const auto info = read({{"OMPI_COMM_WORLD_RANK", "5"},
                           {"OMPI_COMM_WORLD_SIZE", "8"},
