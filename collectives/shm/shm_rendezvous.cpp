@@ -82,8 +82,12 @@ std::unique_ptr<Comm> join_group(distributed::Store& store, const std::string& p
           Segment::open(segment_name, Comm::segment_bytes(size, bytes)), rank, size, bytes,
           spin, false);
     } catch (const std::exception& e) {
-      const std::string why = fmt::format("{} (rank 0 runs on host {}, this rank on {})", e.what(),
-                                          published.substr(second + 1), host_name());
+      // Usually another machine's rank taken for one of this node's.
+      const std::string why = fmt::format(
+          "{} (rank 0 runs on host {}, this rank on {}; the ranks of a shm group must share "
+          "one machine's /dev/shm: across machines use shm+gloo or gloo, and where "
+          "LOCKSTEP_NODE_ID is set, give each machine its own)",
+          e.what(), published.substr(second + 1), host_name());
       store.set(fmt::format("{}attached/{}", prefix, rank), "error " + why);
       throw Error(fmt::format("shm group '{}': rank {} could not join: {}", name, rank, why));
     }

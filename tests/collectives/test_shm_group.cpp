@@ -25,6 +25,7 @@
 #include "collectives/collective_check.h"
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/shm/shm_group.h"
+#include "lockstep/collectives/shm/shm_rendezvous.h"
 #include "lockstep/collectives/shm/shm_segment.h"
 #include "lockstep/collectives/work.h"
 #include "lockstep/distributed/store/memory_store.h"
@@ -564,4 +565,20 @@ TEST_CASE("shm allreduce Max and Min: a NaN on any rank wins, at every size and 
       }
     }
   });
+}
+
+TEST_CASE("shm: a rank that cannot map rank 0's segment is told the ranks must share a machine",
+          "[shm]") {
+  // As on another machine: the segment rank 0 published is not in this /dev/shm.
+  lockstep::distributed::MemoryStore store;
+  store.set("g/shm/1/segment", std::string("/lockstep-no-such-segment 4096 other-host"));
+  const std::string error = lt::error_of([&] {
+    lc::shm::join_group(store, "g/shm/1/", "g", 1, 2, std::chrono::seconds(5), 4096,
+                        std::chrono::microseconds(0));
+  });
+  CHECK_THAT(error, Catch::Contains("rank 1 could not join") &&
+                        Catch::Contains("rank 0 runs on host other-host") &&
+                        Catch::Contains("must share one machine's /dev/shm") &&
+                        Catch::Contains("LOCKSTEP_NODE_ID"));
+  CHECK_THAT(store.get_string("g/shm/1/attached/1"), Catch::StartsWith("error "));
 }
