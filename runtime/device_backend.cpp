@@ -37,6 +37,7 @@ void DeviceBackend::synchronize(Device device) const {
 std::string DeviceBackend::name(Device device) const {
   missing(fmt::format("name {}", device.str()));
 }
+std::string DeviceBackend::physical_id(Device) const { return {}; }
 void DeviceBackend::set_allow_tf32(bool) const { missing("TF32"); }
 void DeviceBackend::set_cudnn_benchmark(bool) const { missing("cuDNN benchmark mode"); }
 size_t DeviceBackend::peak_allocated_bytes(Device device) const {

@@ -121,6 +121,11 @@ class DeviceBackend {
   virtual void synchronize(Device device) const;
   // The device's product name, e.g. "NVIDIA H100 80GB HBM3".
   virtual std::string name(Device device) const;
+  // Which physical device `device` is, the same in every process whatever
+  // its CUDA_VISIBLE_DEVICES: on CUDA its UUID as nvidia-smi writes it
+  // ("GPU-8a1b2c3d-..."), else its PCI bus id. Empty where it cannot be told
+  // (no such device here, or a build without CUDA); never throws.
+  virtual std::string physical_id(Device device) const;
   // Whether f32 matrix products may use TF32 tensor cores (off by default).
   virtual void set_allow_tf32(bool allow) const;
   // cuDNN benchmark mode: each convolution's first run at a new shape times

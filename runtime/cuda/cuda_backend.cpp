@@ -2,6 +2,8 @@
 // entry the kernel of runtime/cuda/ that does the work.
 #include "lockstep/runtime/device_backend.h"
 
+#include <algorithm>
+#include <cstring>
 #include <deque>
 
 #include <fmt/format.h>
@@ -89,6 +91,34 @@ class CudaBackend final : public DeviceBackend {
     cudaDeviceProp props{};
     LOCKSTEP_CUDA_CHECK(cudaGetDeviceProperties(&props, device.index));
     return props.name;
+  }
+  std::string physical_id(Device device) const override {
+    // Called before the rank has used its device (init_process_group): a
+    // device it cannot see is reported when it does, not here.
+    try {
+      if (device.index < 0 || device.index >= cuda_device_count()) return {};
+    } catch (const Error&) {
+      return {};
+    }
+    cudaDeviceProp props{};
+    if (cudaGetDeviceProperties(&props, device.index) != cudaSuccess) {
+      cudaGetLastError();
+      return {};
+    }
+    unsigned char b[16];
+    std::memcpy(b, props.uuid.bytes, sizeof b);
+    if (std::any_of(b, b + 16, [](unsigned char x) { return x != 0; })) {
+      return fmt::format("GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-"
+                         "{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+                         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+                         b[12], b[13], b[14], b[15]);
+    }
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device.index) != cudaSuccess) {
+      cudaGetLastError();
+      return {};
+    }
+    return bus_id;
   }
   void set_allow_tf32(bool allow) const override { cuda::set_allow_tf32(allow); }
   void set_cudnn_benchmark(bool on) const override { cuda::set_cudnn_benchmark(on); }

@@ -4,10 +4,12 @@
 
 #include <cstddef>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda_available.h"
+#include "lockstep/runtime/device_backend.h"
 #include "support/gpu_skip.h"
 
 #if LOCKSTEP_HAVE_CUDA
@@ -58,4 +60,31 @@ TEST_CASE("cuda_available never throws for a missing GPU", "[cuda]") {
   bool available = false;
   REQUIRE_NOTHROW(available = lockstep::runtime::cuda_available());
   if (!LOCKSTEP_HAVE_CUDA) CHECK_FALSE(available);
+}
+
+// What init_process_group publishes to tell ranks' GPUs apart
+// (collectives/backend_choice.h): nvidia-smi's UUID, one per GPU.
+TEST_CASE("physical_id names each GPU by its UUID, as nvidia-smi does", "[gpu][cuda]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  using namespace lockstep::runtime;
+  const DeviceBackend& backend = device_backend(Device::cuda(0));
+  const int count = probe_gpus().count;
+  std::vector<std::string> ids;
+  for (int i = 0; i < count; ++i) {
+    ids.push_back(backend.physical_id(Device::cuda(i)));
+    INFO("cuda:" << i << ": " << ids.back());
+    CHECK(ids.back().rfind("GPU-", 0) == 0);
+    CHECK(ids.back().size() == 40);  // "GPU-" and 8-4-4-4-12 hex digits
+    CHECK(backend.physical_id(Device::cuda(i)) == ids.back());
+  }
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (size_t j = i + 1; j < ids.size(); ++j) CHECK(ids[i] != ids[j]);
+}
+
+TEST_CASE("physical_id is empty for a device this process cannot see", "[cuda]") {
+  using namespace lockstep::runtime;
+  const Device absent = Device::cuda(4096);
+  std::string id = "unset";
+  REQUIRE_NOTHROW(id = device_backend(absent).physical_id(absent));
+  CHECK(id.empty());
 }
