@@ -23,14 +23,19 @@ BackendChoice choose_default_backend(const std::vector<RankPlacement>& ranks, bo
   LOCKSTEP_CHECK(!ranks.empty(), "choose_default_backend: no ranks");
   std::set<std::string> nodes;
   std::vector<int> on_cpu, on_gpu;
-  // (node, GPU index) -> the ranks on it.
-  std::map<std::pair<std::string, int>, std::vector<int>> gpu_users;
+  // Each GPU user's identity counts only where every GPU user has one: an
+  // index is the same GPU only among ranks that see the same devices.
+  const bool by_identity = std::all_of(ranks.begin(), ranks.end(), [](const RankPlacement& p) {
+    return !p.device.is_cuda() || !p.gpu_id.empty();
+  });
+  // (node, the GPU's identity, or its index as "cuda:N") -> the ranks on it.
+  std::map<std::pair<std::string, std::string>, std::vector<int>> gpu_users;
   for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
     const RankPlacement& p = ranks[static_cast<size_t>(r)];
     nodes.insert(p.node);
     if (p.device.is_cuda()) {
       on_gpu.push_back(r);
-      gpu_users[{p.node, p.device.index}].push_back(r);
+      gpu_users[{p.node, by_identity ? p.gpu_id : p.device.str()}].push_back(r);
     } else {
       on_cpu.push_back(r);
     }
@@ -45,7 +50,7 @@ BackendChoice choose_default_backend(const std::vector<RankPlacement>& ranks, bo
   for (const auto& [gpu, users] : gpu_users) {
     if (users.size() < 2) continue;
     return {host_backend,
-            fmt::format("{} share cuda:{}{}, and NCCL needs one GPU per rank: collectives go "
+            fmt::format("{} share {}{}, and NCCL needs one GPU per rank: collectives go "
                         "over {} with CUDA tensors staged through host memory",
                         rank_list(users), gpu.second, nodes.size() == 1 ? "" : " of one node",
                         host_backend)};
@@ -56,6 +61,32 @@ BackendChoice choose_default_backend(const std::vector<RankPlacement>& ranks, bo
                         "tensors staged through host memory",
                         host_backend)};
   return {"nccl", {}};
+}
+
+std::string format_placement(const PublishedPlacement& entry) {
+  const RankPlacement& p = entry.placement;
+  const auto or_dash = [](const std::string& s) { return s.empty() ? std::string("-") : s; };
+  return fmt::format("{} {} {} {}", or_dash(entry.asked),
+                     entry.asked.empty() ? p.device.str() : "-",
+                     entry.asked.empty() ? or_dash(p.gpu_id) : "-", p.node);
+}
+
+PublishedPlacement parse_placement(const std::string& line) {
+  const size_t first = line.find(' ');
+  const size_t second = first == std::string::npos ? first : line.find(' ', first + 1);
+  const size_t third = second == std::string::npos ? second : line.find(' ', second + 1);
+  LOCKSTEP_CHECK(third != std::string::npos,
+                 "a rank published '{}' where '<backend> <device> <GPU identity> <node key>' "
+                 "was expected: do all ranks run the same build of lockstep?",
+                 line);
+  const auto field = [](std::string s) { return s == "-" ? std::string() : s; };
+  PublishedPlacement entry;
+  entry.asked = field(line.substr(0, first));
+  const std::string device = line.substr(first + 1, second - first - 1);
+  entry.placement.device = device == "-" ? runtime::Device::cpu() : runtime::Device::parse(device);
+  entry.placement.gpu_id = field(line.substr(second + 1, third - second - 1));
+  entry.placement.node = line.substr(third + 1);
+  return entry;
 }
 
 std::string agreed_backend(const std::vector<std::string>& asked, const std::string& group) {

@@ -12,6 +12,12 @@
 // choices that are not the obvious one come with a note for rank 0 to print.
 // init_process_group() applies it once every rank has published its node and
 // device, so all ranks choose the same. Pure: tests drive it with any layout.
+//
+// Ranks share a GPU where they name the same physical one on one node: each
+// publishes its GPU's identity (DeviceBackend::physical_id), as a launcher
+// that gives every rank its own CUDA_VISIBLE_DEVICES (Slurm's
+// --gpus-per-task, torchrun with one GPU per worker) shows each its GPU as
+// cuda:0. Where some rank has no identity, the index on the node decides.
 #pragma once
 
 #include <string>
@@ -24,6 +30,7 @@ namespace lockstep::collectives {
 struct RankPlacement {
   std::string node;        // the rank's node key (node_topology.h)
   runtime::Device device;  // what the rank computes on
+  std::string gpu_id;      // the device's physical identity; "" where unknown
 };
 
 struct BackendChoice {
@@ -34,6 +41,20 @@ struct BackendChoice {
 // `ranks[r]` is rank r's placement. Throws lockstep::Error where some ranks
 // compute on GPUs and others on the CPU.
 BackendChoice choose_default_backend(const std::vector<RankPlacement>& ranks, bool nccl_built);
+
+// One rank's entry in init_process_group()'s exchange: the backend it asked
+// for ("" for the default) and where it runs. A rank that asked for a backend
+// publishes only its node (its device is not looked at, and reads as the CPU).
+struct PublishedPlacement {
+  std::string asked;
+  RankPlacement placement;
+};
+
+// The entry as one line, "<backend> <device> <GPU identity> <node key>" with
+// "-" for what is empty or not looked at (only the node key may hold a
+// space), and back. Parsing throws lockstep::Error for a malformed entry.
+std::string format_placement(const PublishedPlacement& entry);
+PublishedPlacement parse_placement(const std::string& line);
 
 // The backend that every rank of group `group` asked for: `asked[r]` is rank
 // r's (LOCKSTEP_BACKEND or InitOptions::backend; "" for the default). Throws

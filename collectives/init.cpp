@@ -18,6 +18,7 @@
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda/core/error_context.h"
 #include "lockstep/distributed/device_select.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/liveness.h"
 #include "lockstep/distributed/store/listen_address.h"
 #include "lockstep/distributed/store/memory_store.h"
@@ -224,34 +225,33 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   int rank = info.rank;
   int size = info.world_size;
   const std::string node_key = this_node_key(info);
-  // Every rank's backend asked for, device and node key, in one exchange:
-  // "<backend> <device> <node key>", with "-" for the default backend and for
-  // the device when a backend was asked for (neither has a space). Ranks that
-  // ask for different backends fail here rather than each waiting for the
-  // others in its own backend's rendezvous until the timeout.
-  const std::string device =
-      !backend.empty()
-          ? std::string("-")
-          : options.device.value_or(distributed::selected_device().value_or(runtime::Device::cpu()))
-                .str();
-  std::vector<std::string> asked, devices, node_keys;
+  // Every rank's backend asked for, device, GPU identity and node key, in one
+  // exchange (backend_choice.h's format_placement). Ranks that ask for
+  // different backends fail here rather than each waiting for the others in
+  // its own backend's rendezvous until the timeout.
+  PublishedPlacement mine{.asked = backend, .placement = {.node = node_key}};
+  if (backend.empty()) {
+    const runtime::Device device =
+        options.device.value_or(distributed::selected_device().value_or(runtime::Device::cpu()));
+    mine.placement.device = device;
+    // Ranks that each see their own GPU as cuda:0 are told apart by it.
+    if (device.is_cuda())
+      mine.placement.gpu_id = runtime::device_backend(device).physical_id(device);
+  }
+  std::vector<std::string> asked, node_keys;
+  std::vector<RankPlacement> placements;
   for (const std::string& value : exchange_through_store(
-           *holder->store, rank, size, options.name, "placement",
-           fmt::format("{} {} {}", backend.empty() ? "-" : backend, device, node_key),
+           *holder->store, rank, size, options.name, "placement", format_placement(mine),
            "backend, node and device", timeout)) {
-    const size_t first = value.find(' ');
-    const size_t second = value.find(' ', first + 1);
-    asked.push_back(value.substr(0, first) == "-" ? "" : value.substr(0, first));
-    devices.push_back(value.substr(first + 1, second - first - 1));
-    node_keys.push_back(value.substr(second + 1));
+    PublishedPlacement entry = parse_placement(value);
+    asked.push_back(std::move(entry.asked));
+    node_keys.push_back(entry.placement.node);
+    placements.push_back(std::move(entry.placement));
   }
   backend = agreed_backend(asked, options.name);
   const NodeTopology topology = topology_from_keys(node_keys, rank);
   if (backend.empty()) {
     // The default, from every rank's node and device (backend_choice.h).
-    std::vector<RankPlacement> placements;
-    for (size_t r = 0; r < node_keys.size(); ++r)
-      placements.push_back({node_keys[r], runtime::Device::parse(devices[r])});
     const BackendChoice choice = choose_default_backend(placements, is_built_in("nccl"));
     if (!choice.note.empty() && rank == 0)
       std::fprintf(stderr, "lockstep: group '%s': %s\n", options.name.c_str(), choice.note.c_str());

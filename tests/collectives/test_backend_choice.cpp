@@ -5,6 +5,8 @@
 
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "lockstep/collectives/backend_choice.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/distributed/store/memory_store.h"
@@ -21,6 +23,13 @@ namespace {
 
 RankPlacement cpu(const std::string& node) { return {node, Device::cpu()}; }
 RankPlacement gpu(const std::string& node, int index) { return {node, Device::cuda(index)}; }
+// A GPU known by its physical identity, as DeviceBackend::physical_id gives it.
+RankPlacement gpu(const std::string& node, int index, const std::string& id) {
+  return {node, Device::cuda(index), id};
+}
+
+constexpr const char* kGpuA = "GPU-8a1b2c3d-0000-1111-2222-333344445555";
+constexpr const char* kGpuB = "GPU-9f8e7d6c-0000-1111-2222-333344445555";
 
 distributed::RankInfo rank_info(int rank, int size) {
   distributed::RankInfo info;
@@ -61,6 +70,67 @@ TEST_CASE("Ranks sharing a GPU, or no NCCL: staged CPU backends, with a note",
   const auto no_nccl = choose_default_backend({gpu("a", 0), gpu("a", 1)}, false);
   CHECK(no_nccl.backend == "shm");
   CHECK_THAT(no_nccl.note, Contains("no NCCL"));
+}
+
+TEST_CASE("Ranks that each see their own GPU as cuda:0 are told apart by its identity",
+          "[collectives][backend_choice]") {
+  // Slurm's --gpus-per-task, or torchrun with one CUDA_VISIBLE_DEVICES per
+  // worker: every rank's GPU is cuda:0. Before, they were taken as sharing it.
+  const auto own = choose_default_backend({gpu("a", 0, kGpuA), gpu("a", 0, kGpuB)}, true);
+  CHECK(own.backend == "nccl");
+  CHECK(own.note.empty());
+  CHECK(choose_default_backend({gpu("a", 0, kGpuA), gpu("a", 0, kGpuB), gpu("b", 0, kGpuA),
+                                gpu("b", 0, kGpuB)},
+                               true)
+            .backend == "nccl");
+
+  // One GPU, whatever index each rank knows it by: shared, and the note names it.
+  const auto shared =
+      choose_default_backend({gpu("a", 0, kGpuA), gpu("a", 0, kGpuB), gpu("a", 1, kGpuA)}, true);
+  CHECK(shared.backend == "shm");
+  CHECK_THAT(shared.note, Contains(fmt::format("ranks 0, 2 share {}, and NCCL needs", kGpuA)) &&
+                              Contains("over shm with CUDA tensors staged through host memory"));
+  const auto across = choose_default_backend(
+      {gpu("a", 0, kGpuA), gpu("a", 0, kGpuA), gpu("b", 0, kGpuB)}, true);
+  CHECK(across.backend == "shm+gloo");
+  CHECK_THAT(across.note, Contains(fmt::format("ranks 0, 1 share {} of one node", kGpuA)));
+
+  // A rank without an identity (none could be read): every rank's index decides.
+  const auto partly = choose_default_backend({gpu("a", 0, kGpuA), gpu("a", 0)}, true);
+  CHECK(partly.backend == "shm");
+  CHECK_THAT(partly.note, Contains("ranks 0, 1 share cuda:0"));
+  CHECK(choose_default_backend({gpu("a", 0, kGpuA), gpu("a", 1)}, true).backend == "nccl");
+}
+
+TEST_CASE("A rank's published placement reads back as it was written",
+          "[collectives][backend_choice]") {
+  using collectives::format_placement;
+  using collectives::parse_placement;
+  using collectives::PublishedPlacement;
+  const auto round_trip = [](const PublishedPlacement& entry) {
+    const std::string line = format_placement(entry);
+    INFO(line);
+    const PublishedPlacement back = parse_placement(line);
+    CHECK(back.asked == entry.asked);
+    CHECK(back.placement.node == entry.placement.node);
+    CHECK(back.placement.device == entry.placement.device);
+    CHECK(back.placement.gpu_id == entry.placement.gpu_id);
+  };
+  round_trip({"", gpu("node a:host-1", 3, kGpuA)});
+  round_trip({"", gpu("n", 0, "0000:65:00.0")});
+  round_trip({"", gpu("n", 1)});
+  round_trip({"", cpu("n")});
+  round_trip({"", cpu("")});
+  round_trip({"gloo", cpu("n")});
+  CHECK(format_placement({"", gpu("n", 0, kGpuA)}) == fmt::format("- cuda:0 {} n", kGpuA));
+  CHECK(format_placement({"", gpu("n x", 2)}) == "- cuda:2 - n x");
+  // A rank that asked for a backend does not publish its device.
+  CHECK(format_placement({"nccl", gpu("n", 1, kGpuA)}) == "nccl - - n");
+  CHECK(parse_placement("nccl - - n").placement.device == Device::cpu());
+  // Three fields: what a build from before GPU identities published.
+  CHECK_THAT(error_of([] { parse_placement("- cuda:0 n"); }),
+             Contains("a rank published '- cuda:0 n' where") &&
+                 Contains("same build of lockstep"));
 }
 
 TEST_CASE("Some ranks on GPUs and others on the CPU is an error naming them",
