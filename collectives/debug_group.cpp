@@ -22,7 +22,7 @@ class DebugGroup final : public ProcessGroup {
     // an old name does not read the previous one's fingerprints.
     const int64_t instance = store_->add(fmt::format("{}/desync/instances/{}", name(), rank()), 1);
     prefix_ = fmt::format("{}/desync/{}/", name(), instance);
-    leave_recording_to_inner();
+    wraps(*inner_);
   }
 
   std::string backend() const override { return inner_->backend(); }

@@ -116,6 +116,17 @@ std::shared_ptr<Work> ProcessGroup::recv(Tensor& tensor, int src, const SendRecv
                [&](Call&& call) { return run_recv(std::move(call), tensor, src, opts.tag); });
 }
 
+// Cheap, for every call: atomics only.
+bool ProcessGroup::is_unusable() const {
+  return abort_->is_set() || (inner_ != nullptr && inner_->is_unusable());
+}
+
+std::string ProcessGroup::unusable_reason() const {
+  std::string reason = abort_->reason();
+  if (reason.empty() && inner_ != nullptr) reason = inner_->unusable_reason();
+  return reason;
+}
+
 void ProcessGroup::abort(const std::string& reason) {
   if (!abort_->set(reason)) return;
   abort_peers(reason);
@@ -128,8 +139,8 @@ Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const
                  "{} on group '{}': the call's timeout must be positive, got {} ms; leave it "
                  "unset for the group's ({} ms)",
                  op, name_, timeout ? timeout->count() : 0, timeout_.count());
-  if (abort_->is_set()) {
-    const std::string reason = abort_->reason();
+  if (is_unusable()) {
+    const std::string reason = unusable_reason();
     throw CollectiveError(fmt::format(
         "{} on {}: the group is unusable because {}; the ranks may now disagree on which "
         "collectives ran, so create a new process group on every rank (or restart the job)",

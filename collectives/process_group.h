@@ -83,8 +83,9 @@ class ProcessGroup {
   // `reason`) and tells the other ranks where the backend can (shm: at once;
   // gloo: by closing this rank's connections). The first reason stays.
   void abort(const std::string& reason);
-  // Why the group is unusable, or "" while it is usable.
-  std::string unusable_reason() const { return abort_->reason(); }
+  // Why the group is unusable, or "" while it is usable: its own reason, or
+  // that of the group it hands its calls to (wraps()), which may fail alone.
+  std::string unusable_reason() const;
 
   // A collective that waits this long for other ranks prints one line to
   // standard error saying what it waits for and on whom (the default, 1
@@ -152,10 +153,14 @@ class ProcessGroup {
     }
   }
 
-  // A group that hands every call to an inner group's public calls (a
-  // wrapper: LOCKSTEP_DEBUG's checker, CUDA staging) leaves the flight
-  // recorder to the inner group, so each call is recorded once.
-  void leave_recording_to_inner() { recorded_ = false; }
+  // A group that hands every call to `inner`'s public calls (a wrapper:
+  // LOCKSTEP_DEBUG's checker, CUDA staging) leaves the flight recorder to
+  // it, so each call is recorded once, and is unusable once `inner` is (a
+  // timeout inside it aborts it, not the wrapper). `inner` outlives this.
+  void wraps(const ProcessGroup& inner) {
+    recorded_ = false;
+    inner_ = &inner;
+  }
 
   // Composite groups (hierarchical_group.h): the next collective issued on
   // `member` (a group the composite made and alone issues on) is checked as
@@ -164,6 +169,7 @@ class ProcessGroup {
   static void check_next_as(ProcessGroup& member, const Call& origin, uint8_t step);
 
  private:
+  bool is_unusable() const;
   // issue()'s, with the issue lock held.
   Call make_call(CallSignature signature, std::string_view op, const Tensor* tensor,
                  std::string_view extra, const Timeout& timeout);
@@ -186,7 +192,8 @@ class ProcessGroup {
   std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
   std::mutex issue_mutex_;  // held from numbering a call to handing it to the backend
   uint64_t seq_ = 0;        // collectives numbered so far
-  bool recorded_ = true;    // see leave_recording_to_inner()
+  bool recorded_ = true;    // see wraps()
+  const ProcessGroup* inner_ = nullptr;  // see wraps()
   // "group 'default' (shm, 4 ranks)", made at the first call.
   std::shared_ptr<const std::string> label_;
   // check_next_as's, consumed by the next collective.

@@ -105,7 +105,7 @@ class StagingGroup final : public ProcessGroup {
   explicit StagingGroup(std::shared_ptr<ProcessGroup> inner)
       : ProcessGroup(inner->rank(), inner->size(), inner->name(), inner->timeout()),
         inner_(std::move(inner)) {
-    leave_recording_to_inner();
+    wraps(*inner_);
   }
 
   std::string backend() const override { return inner_->backend(); }
