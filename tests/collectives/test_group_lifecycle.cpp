@@ -11,6 +11,7 @@
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/backends.h"
 #include "lockstep/collectives/work.h"
+#include "support/backend_skip.h"
 #include "support/test_util.h"
 
 namespace lc = lockstep::collectives;
@@ -95,6 +96,8 @@ TEST_CASE("every CPU backend: a call's timeout must be positive; the longest one
 TEST_CASE("every CPU backend: send and recv keep the call's timeout, and an abort wakes a peer "
           "waiting in recv",
           "[collectives][lifecycle]") {
+  // Every CPU backend sends point to point through gloo.
+  LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
   const std::string backend = GENERATE(from_range(cpu_backends()));
   INFO(backend);
   const auto groups = lt::make_groups(backend, 2, "p2p-life", 30s);
@@ -122,6 +125,8 @@ TEST_CASE("every CPU backend: send and recv keep the call's timeout, and an abor
 
 TEST_CASE("every CPU backend: a timed-out send or recv names the peer that did not match it",
           "[collectives][lifecycle]") {
+  // Every CPU backend sends point to point through gloo.
+  LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
   const std::string backend = GENERATE(from_range(cpu_backends()));
   INFO(backend);
   // Detail wraps each group in the desync checker, as CUDA builds wrap the
