@@ -12,6 +12,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,26 @@ inline ProcessResult launch(std::vector<std::string> launcher_args, std::vector<
   auto result = run_process(argv, limit, env);
   UNSCOPED_INFO("lockstep-run " << describe(result) << ", output:\n" << result.output);
   return result;
+}
+
+// key=value pairs of each "rank=..." line the probe printed, by rank.
+inline std::map<int, std::map<std::string, std::string>> probe_lines(const std::string& output) {
+  std::map<int, std::map<std::string, std::string>> out;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto at = line.find("rank=");
+    if (at == std::string::npos || line.find("world=") == std::string::npos) continue;
+    std::istringstream words(line.substr(at));
+    std::map<std::string, std::string> kv;
+    std::string word;
+    while (words >> word) {
+      const auto eq = word.find('=');
+      if (eq != std::string::npos) kv[word.substr(0, eq)] = word.substr(eq + 1);
+    }
+    out[std::stoi(kv["rank"])] = kv;
+  }
+  return out;
 }
 
 // The pids the probes wrote (pid-dir=DIR) into `dir`.

@@ -1,0 +1,150 @@
+// lockstep-run --max-restarts: the whole group started again after a
+// failure, on one node and across two; the job id every attempt shares; and
+// the end of a job whose store is lost.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <regex>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+#include "launcher/launch_probe.h"
+
+using lockstep::testing::check_no_orphans;
+using lockstep::testing::launch;
+using Catch::Matchers::Contains;
+using lockstep::testing::TempDir;
+using lockstep::testing::two_local_nodes;
+using namespace std::chrono_literals;
+
+TEST_CASE("launcher: --max-restarts starts the whole group again after a rank fails",
+          "[launcher][restart]") {
+  // Rank 1 fails its first two attempts after the group formed; the third
+  // forms the group again on the same store (under "restart-2/", clear of
+  // the rank claims the first two left) and succeeds.
+  const auto r = launch({"-np", "3", "--max-restarts", "3", "--restart-backoff", "0.1"},
+                        {"group-sum", "fail-attempts=1:2"}, {}, 60s);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output,
+             Contains("rank 1 (local rank 1 on node 0") && Contains("exited with code 7") &&
+                 Contains("restart 1 of 3: starting the 3 ranks again in 0.1 s, with "
+                          "LOCKSTEP_RESTART_COUNT=1") &&
+                 Contains("restart 2 of 3: starting the 3 ranks again in 0.2 s") &&
+                 !Contains("restart 3 of 3"));
+  for (int rank = 0; rank < 3; ++rank)
+    CHECK_THAT(r.output, Contains(fmt::format("group-sum rank={} restart=2 sum=6 ok", rank)));
+  CHECK_THAT(r.output, Contains("rank 1: failing attempt 0") &&
+                           Contains("rank 1: failing attempt 1") &&
+                           !Contains("failing attempt 2"));
+
+  // A success needs no restart; the ranks are told they are attempt 0.
+  const auto once = launch({"-np", "2", "--max-restarts", "2"},
+                           {"print", "show=LOCKSTEP_RESTART_COUNT"});
+  CHECK(once.exit_code == 0);
+  CHECK_THAT(once.output, Contains("LOCKSTEP_RESTART_COUNT=0") && !Contains("restart 1"));
+}
+
+TEST_CASE("launcher: every rank of every attempt gets the launch's LOCKSTEP_JOB_ID",
+          "[launcher][restart]") {
+  // The ids each "rank=..." line showed, all of them.
+  const auto ids = [](const std::string& output) {
+    std::multiset<std::string> out;
+    const std::regex id("LOCKSTEP_JOB_ID=(\\S+)");
+    for (auto it = std::sregex_iterator(output.begin(), output.end(), id);
+         it != std::sregex_iterator(); ++it)
+      out.insert((*it)[1]);
+    return out;
+  };
+  // An outer launcher's id is not this launch's.
+  const auto r = launch({"-np", "2", "--max-restarts", "1", "--restart-backoff", "0"},
+                        {"print", "show=LOCKSTEP_JOB_ID", "fail-attempts=1:1"},
+                        {"LOCKSTEP_JOB_ID=outer"});
+  CHECK(r.exit_code == 0);
+  const auto seen = ids(r.output);
+  // Two ranks, two attempts (rank 0 of the first may be stopped before it prints).
+  CHECK(seen.size() >= 3);
+  REQUIRE_FALSE(seen.empty());
+  const std::string job = *seen.begin();
+  CHECK(seen.count(job) == seen.size());
+  CHECK(job != "outer");
+  CHECK(job != "(unset)");
+
+  const auto next = launch({"-np", "1"}, {"print", "show=LOCKSTEP_JOB_ID"});
+  CHECK(next.exit_code == 0);
+  CHECK(ids(next.output).size() == 1);
+  CHECK(ids(next.output).count(job) == 0);  // another launch, another job
+
+  // Several nodes: node 0's id, on every node.
+  const auto nodes = two_local_nodes({}, {"print", "show=LOCKSTEP_JOB_ID"},
+                                     {"print", "show=LOCKSTEP_JOB_ID"});
+  CHECK(nodes.ok());
+  const auto both = ids(nodes.output);
+  CHECK(both.size() == 2);
+  REQUIRE_FALSE(both.empty());
+  CHECK(both.count(*both.begin()) == 2);
+}
+
+TEST_CASE("launcher: --max-restarts gives up after N restarts, and a signal is not restarted",
+          "[launcher][restart]") {
+  const auto r = launch({"-np", "2", "--max-restarts", "1", "--restart-backoff", "0"},
+                        {"fail-attempts=0:5"});
+  CHECK(r.exit_code == 7);
+  CHECK_THAT(r.output, Contains("restart 1 of 1") &&
+                           Contains("giving up: the ranks failed 2 times, and --max-restarts 1 "
+                                    "allows no further restart"));
+
+  TempDir dir;
+  const auto stopped = launch({"-np", "2", "--max-restarts", "3"},
+                              {"pid-dir=" + dir.str(), "kill-parent=1:15", "sleep"});
+  CHECK(stopped.exit_code == 128 + SIGTERM);
+  CHECK_THAT(stopped.output, Contains("received SIGTERM") && !Contains("restart 1"));
+  check_no_orphans(dir.str(), 2);
+}
+
+TEST_CASE("launcher: --max-restarts across two nodes starts every node's ranks again together",
+          "[launcher][restart]") {
+  // Node 1's rank fails its first attempt after node 0's has finished: node 0
+  // learns it, and both start again (the attempt succeeds only when every
+  // node's ranks do).
+  const auto r = two_local_nodes({"--max-restarts", "2", "--restart-backoff", "0.1"},
+                                 {"group-sum", "fail-attempts=1:1"},
+                                 {"group-sum", "fail-attempts=1:1", "wait-ms=500"});
+  CHECK(r.ok());
+  CHECK_THAT(r.output,
+             Contains("node 1: rank 1 (local rank 0 on node 1") &&
+                 Contains("exited with code 7; node 0's ranks had finished") &&
+                 Contains("restart 1 of 2: starting the rank of node 0 again in 0.1 s") &&
+                 Contains("restart 1 of 2: starting the rank of node 1 again in 0.1 s") &&
+                 Contains("group-sum rank=0 restart=1 sum=3 ok") &&
+                 Contains("group-sum rank=1 restart=1 sum=3 ok") && Contains("node 0 exit 0") &&
+                 Contains("node 1 exit 0") && !Contains("restart 2 of 2"));
+
+  // A launcher told to stop stops the job: no node restarts.
+  const auto stopped = two_local_nodes({"--max-restarts", "2"}, {"sleep"},
+                                       {"wait-ms=300", "kill-parent=1:15", "sleep"});
+  CHECK(stopped.ok());
+  CHECK_THAT(stopped.output,
+             Contains("received SIGTERM; forwarding it to 1 rank") &&
+                 Contains("not restarting: node 1: node 1's launcher received SIGTERM") &&
+                 Contains("node 1 exit 143") && !Contains("restart 1 of 2"));
+}
+
+TEST_CASE("launcher: losing node 0 ends the other nodes' launchers within seconds",
+          "[launcher][restart]") {
+  // Node 0's launcher is killed once both ranks joined; node 1's learns the
+  // store is gone, and under --max-restarts its attempt to agree on a restart
+  // fails at once instead of reconnecting for the whole connect timeout (60 s).
+  const auto r = two_local_nodes({"--max-restarts", "1", "--postmortem-dir", "''"},
+                                 {"group-sum", "kill-parent=0:9", "sleep"},
+                                 {"group-sum", "sleep"});
+  CHECK(!r.timed_out);
+  CHECK(r.seconds < 30);
+  CHECK_THAT(r.output, Contains("lost the job's store") &&
+                           Contains("cannot restart: the job's store is gone") &&
+                           Contains("node 1 exit 1"));
+}

@@ -1,0 +1,281 @@
+// lockstep-run and signals: to the ranks, to the launcher (forwarded, Ctrl-Z,
+// SIGKILL), and a launcher started ignoring SIGINT. Each test starts the real
+// launcher with the launcher_probe worker (tests/workers/launcher_probe.cpp).
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+#include "support/test_util.h"
+#include "launcher/launch_probe.h"
+
+using lockstep::testing::bin_path;
+using lockstep::testing::check_no_orphans;
+using lockstep::testing::describe;
+using lockstep::testing::eventually;
+using lockstep::testing::kLimit;
+using lockstep::testing::launch;
+using lockstep::testing::pids_in;
+using lockstep::testing::probe_lines;
+using lockstep::testing::run_process;
+using Catch::Matchers::Contains;
+using lockstep::testing::TempDir;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Alive and not a zombie (a killed orphan may wait a while for whoever
+// adopted it to reap it; it is gone all the same).
+bool running(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
+}
+
+// A process the test itself starts, so that it can SIGKILL it: output to
+// `log`, in its own process group; killed and reaped at the end if still there.
+struct Background {
+  pid_t pid = -1;
+  Background(const std::vector<std::string>& argv, const std::string& log) {
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      setpgid(0, 0);
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Background() {
+    if (pid > 0) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  int kill_and_reap(int sig) {
+    kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return status;
+  }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A process's state letter from /proc/<pid>/stat ('T': stopped); 0 if gone.
+char process_state(pid_t pid) {
+  const std::string stat = read_file(fmt::format("/proc/{}/stat", pid));
+  const auto paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
+}  // namespace
+
+TEST_CASE("launcher: ranks that ignore SIGTERM get SIGKILL after the grace period", "[launcher]") {
+  TempDir dir;
+  const auto r = launch({"-np", "2", "--grace-period", "0.5"},
+                        {"pid-dir=" + dir.str(), "ignore-term", "exit=0:4", "sleep"});
+  CHECK(r.exit_code == 4);
+  CHECK_THAT(r.output, Contains("rank 1") && Contains("did not stop within 0.5 s; sending SIGKILL"));
+  check_no_orphans(dir.str(), 2);
+}
+
+TEST_CASE("launcher: a rank killed by a signal is named with the signal", "[launcher]") {
+  TempDir dir;
+  const auto r = launch({"-np", "2"}, {"pid-dir=" + dir.str(), "kill=0:9", "sleep"});
+  CHECK(r.exit_code == 128 + SIGKILL);
+  CHECK_THAT(r.output, Contains("rank 0 (local rank 0 on node 0") &&
+                           Contains("was killed by SIGKILL"));
+  check_no_orphans(dir.str(), 2);
+}
+
+TEST_CASE("launcher: SIGTERM to the launcher is forwarded to every rank", "[launcher]") {
+  TempDir dir;
+  // Rank 1 signals its parent, the launcher, once every rank is running.
+  const auto r = launch({"-np", "3"}, {"pid-dir=" + dir.str(), "kill-parent=1:15", "sleep"});
+  CHECK(r.exit_code == 128 + SIGTERM);
+  CHECK_THAT(r.output, Contains("received SIGTERM; forwarding it to 3 ranks"));
+  check_no_orphans(dir.str(), 3);
+}
+
+TEST_CASE("launcher: the first outcome wins when another node fails in the same wake-up",
+          "[launcher]") {
+  // A SIGTERM and another node's failure both ready before the supervisor's
+  // first poll(): the signal, handled first, stays the outcome, and the job
+  // is stopped once.
+  const auto r = run_process({bin_path("supervisor_probe"), "signal-and-remote"}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("received SIGTERM") &&
+                           Contains("exit_code=143 outcome=signalled before_stop=1") &&
+                           !Contains("node 1: rank 1 failed"));
+}
+
+TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wrapper or not, "
+          "and leaves no scratch files behind",
+          "[launcher]") {
+  TempDir dir;
+  // `; true` keeps sh from exec'ing the probe: each rank is a shell and the
+  // probe (which writes the pid file, then sleeps) is its child.
+  Background launcher({bin_path("lockstep-run"), "-np", "2", "/bin/sh", "-c", "\"$0\" \"$@\"; true",
+                       bin_path("launcher_probe"), "print", "show=LOCKSTEP_FLIGHT_RECORDER",
+                       "pid-dir=" + dir.str(), "sleep"},
+                      dir.str() + "/launcher.log");
+  const bool started = eventually([&] { return pids_in(dir.str()).size() == 2; }, kLimit);
+  INFO("launcher output:\n" << read_file(dir.str() + "/launcher.log"));
+  REQUIRE(started);
+  // The launcher's directory of flight records (in /dev/shm: memory).
+  std::string log;
+  REQUIRE(eventually([&] {
+    log = read_file(dir.str() + "/launcher.log");
+    return log.find("LOCKSTEP_FLIGHT_RECORDER=") != std::string::npos;
+  }, kLimit));
+  const auto at = log.find("LOCKSTEP_FLIGHT_RECORDER=");
+  const auto value = log.substr(at + 25, log.find_first_of(" \n", at) - at - 25);
+  const auto scratch = std::filesystem::path(value).parent_path();
+  INFO("scratch directory " << scratch);
+  REQUIRE(std::filesystem::is_directory(scratch));
+  const auto grandchildren = pids_in(dir.str());
+  for (pid_t pid : grandchildren) REQUIRE(running(pid));
+
+  const int status = launcher.kill_and_reap(SIGKILL);
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+  // Generous: the machine may be busy; the orphans must end, not linger.
+  const bool gone = eventually(
+      [&] {
+        for (pid_t pid : grandchildren) {
+          if (running(pid)) return false;
+        }
+        return true;
+      },
+      20s);
+  CHECK(gone);
+  for (pid_t pid : grandchildren) {
+    if (running(pid)) kill(pid, SIGKILL);  // do not leave them behind
+  }
+  CHECK(eventually([&] { return !std::filesystem::exists(scratch); }, 20s));
+}
+
+TEST_CASE("launcher: Ctrl-Z stops the ranks with the launcher; fg continues them, not as hung",
+          "[launcher][hang]") {
+  TempDir dir;
+  const std::string log = dir.str() + "/launcher.log";
+  Background launcher({bin_path("lockstep-run"), "-np", "2", "--hang-timeout", "1",
+                       bin_path("launcher_probe"), "pid-dir=" + dir.str(), "group-sum",
+                       "busy-sleep-ms=6000", "then-allreduce"},
+                      log);
+  // Both ranks beat (they joined their group) and sleep, busy.
+  REQUIRE(eventually([&] {
+    const std::string text = read_file(log);
+    return text.find("group-sum rank=0") != std::string::npos &&
+           text.find("group-sum rank=1") != std::string::npos;
+  }, kLimit));
+  INFO("launcher output:\n" << read_file(log));
+  const auto ranks = pids_in(dir.str());
+  REQUIRE(ranks.size() == 2);
+
+  REQUIRE(kill(launcher.pid, SIGTSTP) == 0);
+  int status = 0;
+  REQUIRE(waitpid(launcher.pid, &status, WUNTRACED) == launcher.pid);
+  CHECK(WIFSTOPPED(status));
+  for (pid_t pid : ranks) {
+    INFO("rank pid " << pid);
+    CHECK(eventually([&] { return process_state(pid) == 'T'; }, 5s));
+  }
+  std::this_thread::sleep_for(2500ms);  // stopped for 2.5 times the hang timeout
+
+  REQUIRE(kill(launcher.pid, SIGCONT) == 0);
+  for (pid_t pid : ranks) {
+    INFO("rank pid " << pid);
+    CHECK(eventually([&] { return process_state(pid) != 'T'; }, 5s));
+  }
+  REQUIRE(eventually([&] { return waitpid(launcher.pid, &status, WNOHANG) > 0; }, kLimit));
+  launcher.pid = -1;
+  INFO("launcher output:\n" << read_file(log));
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK_THAT(read_file(log), Contains("received SIGTSTP; stopping 2 ranks") &&
+                                 !Contains("is hung"));
+}
+
+TEST_CASE("launcher: SIGINT reaches the ranks even when the launcher was started ignoring it",
+          "[launcher]") {
+  TempDir dir;
+  // As `lockstep-run ... &` in a script does: SIGINT ignored, inherited through exec.
+  const std::string ignoring_sigint = "trap '' INT; exec \"$0\" \"$@\"";
+  const auto setup = run_process({"/bin/sh", "-c", ignoring_sigint, bin_path("launcher_probe"),
+                                  "print", "sigint"},
+                                 kLimit);
+  INFO(describe(setup) << "\n" << setup.output);
+  REQUIRE(setup.ok());
+  REQUIRE_THAT(setup.output, Contains("sigint=ignored"));  // the case under test is real
+
+  SECTION("the ranks start with SIGINT at its default") {
+    const auto r = run_process({"/bin/sh", "-c", ignoring_sigint, bin_path("lockstep-run"), "-np",
+                                "2", bin_path("launcher_probe"), "print", "sigint"},
+                               kLimit);
+    INFO(describe(r) << "\n" << r.output);
+    REQUIRE(r.ok());
+    const auto lines = probe_lines(r.output);
+    REQUIRE(lines.size() == 2);
+    for (const auto& [rank, kv] : lines) CHECK(kv.at("sigint") == "default");
+  }
+  SECTION("a SIGINT to the launcher is forwarded and ends them") {
+    // Rank 1 sends SIGINT to the launcher. The grace period outlasts the test's
+    // limit, so only the forwarded SIGINT itself can end the ranks in time.
+    const auto r = run_process({"/bin/sh", "-c", ignoring_sigint, bin_path("lockstep-run"), "-np",
+                                "2", "--grace-period", "600", bin_path("launcher_probe"),
+                                "pid-dir=" + dir.str(), "kill-parent=1:2", "sleep"},
+                               kLimit);
+    INFO(describe(r) << "\n" << r.output);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.exit_code == 128 + SIGINT);
+    CHECK_THAT(r.output, Contains("received SIGINT; forwarding it to 2 ranks"));
+    CHECK_THAT(r.output, !Contains("SIGKILL"));
+    check_no_orphans(dir.str(), 2);
+  }
+}
+
+TEST_CASE("launcher: SIGINT to node 0 while it waits for the other nodes ends the job",
+          "[launcher]") {
+  // Node 0's ranks finish at once; its launcher keeps the store up for node 1,
+  // whose rank works for 20 s. A SIGINT there used to exit 0 without a word.
+  const int port = lockstep::testing::unused_tcp_port();
+  auto node = [&](int rank, const std::string& probe) {
+    return fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+                       "--master-port {} {} {}",
+                       bin_path("lockstep-run"), rank, port, bin_path("launcher_probe"), probe);
+  };
+  const std::string script = fmt::format(
+      "export LOCKSTEP_TOKEN=t; {} & n0=$!; {} & n1=$!; sleep 3; kill -INT $n0; "
+      "wait $n0; echo \"node 0 exit $?\"; wait $n1; echo \"node 1 exit $?\"",
+      node(0, "group-sum"), node(1, "group-sum busy-sleep-ms=20000"));
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO(r.output);
+  CHECK_THAT(r.output, Contains("node 0 exit 130") &&
+                           Contains("node 0's launcher received SIGINT while waiting for the "
+                                    "other nodes"));
+  CHECK_THAT(r.output, !Contains("node 1 exit 0"));
+}
