@@ -6,17 +6,15 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "launcher/process_identity.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::launcher {
@@ -46,30 +44,6 @@ bool read_whole(int fd, void* data, size_t size) {
   return true;
 }
 
-// Field 22 of /proc/<pid>/stat: when the process started. nullopt when there
-// is no such process.
-std::optional<uint64_t> start_time(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!std::getline(in, text)) return std::nullopt;
-  // The command name (field 2) may hold spaces and parentheses: count from
-  // the last ')', which field 3 follows.
-  const auto paren = text.rfind(')');
-  if (paren == std::string::npos) return std::nullopt;
-  size_t at = paren + 1;
-  for (int field = 3; field <= 22; ++field) {
-    at = text.find_first_not_of(' ', at);
-    if (at == std::string::npos) return std::nullopt;
-    if (field == 22) {
-      uint64_t ticks = 0;
-      const auto [end, ec] = std::from_chars(text.data() + at, text.data() + text.size(), ticks);
-      return ec == std::errc() ? std::optional(ticks) : std::nullopt;
-    }
-    at = text.find(' ', at);
-  }
-  return std::nullopt;
-}
-
 [[noreturn]] void reaper_main(int read_fd) {
   setpgid(0, 0);
   prctl(PR_SET_NAME, "lockstep-reaper");
@@ -96,7 +70,7 @@ std::optional<uint64_t> start_time(pid_t pid) {
   }
   if (!disarmed) {
     for (const Record& group : groups) {
-      const auto now = start_time(group.pgid);
+      const auto now = process_start_time(group.pgid);
       if (!now || *now == group.start_time) kill(-group.pgid, SIGKILL);
     }
   }
@@ -148,7 +122,7 @@ void GroupReaper::watch(pid_t pgid) {
   // reused pid's.
   send(fd_, {.kind = Record::Watch,
              .pgid = static_cast<int32_t>(pgid),
-             .start_time = start_time(pgid).value_or(0)});
+             .start_time = process_start_time(pgid).value_or(0)});
 }
 
 void GroupReaper::remove_at_exit(const std::string& dir) {

@@ -13,6 +13,7 @@
 #include "launcher/child_env.h"
 #include "launcher/cpu_binding.h"
 #include "launcher/descriptor_limit.h"
+#include "launcher/flight_record_dir.h"
 #include "launcher/group_reaper.h"
 #include "launcher/node_link.h"
 #include "launcher/options.h"

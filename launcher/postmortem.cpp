@@ -1,8 +1,5 @@
 #include "launcher/postmortem.h"
 
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -17,7 +14,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/distributed/flight_recorder.h"
 
@@ -301,32 +297,6 @@ void publish_report(const Postmortem& pm, const std::string& dir, int node, int 
   }
   fmt::print(stderr, "lockstep-run: post-mortem of the collectives ({}):\n{}{}", pm.cause, text,
              saved);
-}
-
-FlightRecorderFiles::FlightRecorderFiles() {
-  const auto& env = runtime::process_env();
-  std::string base = "/dev/shm";
-  if (!std::filesystem::is_directory(base) || access(base.c_str(), W_OK) != 0)
-    base = env("TMPDIR").value_or("/tmp");
-  std::string pattern = base + "/lockstep-run-XXXXXX";
-  LOCKSTEP_CHECK(mkdtemp(pattern.data()) != nullptr,
-                 "cannot make a directory for the ranks' flight records in {}: {}; set TMPDIR "
-                 "to a writable directory",
-                 base, std::strerror(errno));
-  dir_ = std::filesystem::absolute(pattern).string();
-}
-
-FlightRecorderFiles::~FlightRecorderFiles() {
-  std::error_code ignored;
-  std::filesystem::remove_all(dir_, ignored);
-}
-
-std::string FlightRecorderFiles::path(int rank) const { return fmt::format("{}/rank-{}", dir_, rank); }
-
-void FlightRecorderFiles::clear() const {
-  std::error_code ignored;
-  for (const auto& entry : std::filesystem::directory_iterator(dir_, ignored))
-    std::filesystem::remove(entry.path(), ignored);
 }
 
 }  // namespace lockstep::launcher

@@ -56,23 +56,4 @@ Postmortem read_rank_postmortems(const std::string& dir);
 // is empty). Nothing when no rank issued a collective.
 void publish_report(const Postmortem& postmortem, const std::string& dir, int node, int attempt);
 
-// This node's recorder files: one per rank in a private directory (in
-// /dev/shm where there is one: the ranks write it at every collective),
-// removed with this object (and by GroupReaper when the launcher is killed).
-class FlightRecorderFiles {
- public:
-  FlightRecorderFiles();  // makes the directory; throws saying why it could not
-  ~FlightRecorderFiles();
-  FlightRecorderFiles(const FlightRecorderFiles&) = delete;
-  FlightRecorderFiles& operator=(const FlightRecorderFiles&) = delete;
-
-  const std::string& dir() const { return dir_; }
-  std::string path(int rank) const;
-  // Removes every rank's file: an attempt must not report its predecessor's.
-  void clear() const;
-
- private:
-  std::string dir_;
-};
-
 }  // namespace lockstep::launcher

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +86,17 @@ std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// The directory of flight records (in /dev/shm: memory) of the launcher whose
+// probes print LOCKSTEP_FLIGHT_RECORDER to `log`; empty if none did in time.
+std::filesystem::path flight_record_dir(const std::string& log) {
+  const std::string key = "LOCKSTEP_FLIGHT_RECORDER=";
+  std::string text;
+  if (!eventually([&] { return (text = read_file(log)).find(key) != std::string::npos; }, kLimit))
+    return {};
+  const auto at = text.find(key) + key.size();
+  return std::filesystem::path(text.substr(at, text.find_first_of(" \n", at) - at)).parent_path();
+}
+
 // A process's state letter from /proc/<pid>/stat ('T': stopped); 0 if gone.
 char process_state(pid_t pid) {
   const std::string stat = read_file(fmt::format("/proc/{}/stat", pid));
@@ -147,15 +159,7 @@ TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wra
   const bool started = eventually([&] { return pids_in(dir.str()).size() == 2; }, kLimit);
   INFO("launcher output:\n" << read_file(dir.str() + "/launcher.log"));
   REQUIRE(started);
-  // The launcher's directory of flight records (in /dev/shm: memory).
-  std::string log;
-  REQUIRE(eventually([&] {
-    log = read_file(dir.str() + "/launcher.log");
-    return log.find("LOCKSTEP_FLIGHT_RECORDER=") != std::string::npos;
-  }, kLimit));
-  const auto at = log.find("LOCKSTEP_FLIGHT_RECORDER=");
-  const auto value = log.substr(at + 25, log.find_first_of(" \n", at) - at - 25);
-  const auto scratch = std::filesystem::path(value).parent_path();
+  const auto scratch = flight_record_dir(dir.str() + "/launcher.log");
   INFO("scratch directory " << scratch);
   REQUIRE(std::filesystem::is_directory(scratch));
   const auto grandchildren = pids_in(dir.str());
@@ -177,6 +181,38 @@ TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wra
     if (running(pid)) kill(pid, SIGKILL);  // do not leave them behind
   }
   CHECK(eventually([&] { return !std::filesystem::exists(scratch); }, 20s));
+}
+
+TEST_CASE("launcher: a launcher killed with its reaper leaves its scratch files to the next "
+          "launcher, which removes them and keeps a live launcher's",
+          "[launcher]") {
+  // As a cgroup's SIGKILL or `pkill -KILL -P` ends a job: every process at
+  // once, the reaper too, so nobody removes the launcher's directory.
+  TempDir dir;
+  const auto start = [&](const std::string& name) {
+    return std::make_unique<Background>(
+        std::vector<std::string>{bin_path("lockstep-run"), "-np", "1", bin_path("launcher_probe"),
+                                 "print", "show=LOCKSTEP_FLIGHT_RECORDER", "sleep"},
+        dir.str() + "/" + name + ".log");
+  };
+  auto killed = start("killed");
+  auto live = start("live");
+  const auto killed_dir = flight_record_dir(dir.str() + "/killed.log");
+  const auto live_dir = flight_record_dir(dir.str() + "/live.log");
+  INFO("killed " << killed_dir << ", live " << live_dir);
+  REQUIRE(std::filesystem::is_directory(killed_dir));
+  REQUIRE(std::filesystem::is_directory(live_dir));
+  const auto children = run_process(
+      {"/bin/sh", "-c", fmt::format("pkill -KILL -P {}", killed->pid)}, kLimit);
+  REQUIRE(children.ok());  // the reaper and the rank, before the launcher
+  killed->kill_and_reap(SIGKILL);
+  std::this_thread::sleep_for(500ms);
+  REQUIRE(std::filesystem::is_directory(killed_dir));  // left behind: the case under test
+
+  const auto next = launch({"-np", "1"}, {"print"});
+  CHECK(next.ok());
+  CHECK_FALSE(std::filesystem::exists(killed_dir));
+  CHECK(std::filesystem::is_directory(live_dir));
 }
 
 TEST_CASE("launcher: Ctrl-Z stops the ranks with the launcher; fg continues them, not as hung",

@@ -1,0 +1,36 @@
+// This node's flight-record files: one per rank in a private directory (in
+// /dev/shm where there is one: the ranks write it at every collective),
+// removed with this object, and by GroupReaper when the launcher is killed.
+//
+// A launcher killed together with its reaper (a cgroup's SIGKILL, `pkill
+// -KILL -P`) cannot remove its directory, and /dev/shm is memory. So the
+// directory names its launcher in a file `owner` (pid, start time, pid
+// namespace and boot), and each new launcher removes the directories of this
+// user whose launcher is gone. A directory is left alone when its owner
+// cannot be told (no or an unreadable `owner`, another pid namespace or
+// boot): a pid there means nothing here.
+#pragma once
+
+#include <string>
+
+namespace lockstep::launcher {
+
+class FlightRecorderFiles {
+ public:
+  // Makes the directory and removes stale ones beside it; throws saying why
+  // it could not make it.
+  FlightRecorderFiles();
+  ~FlightRecorderFiles();
+  FlightRecorderFiles(const FlightRecorderFiles&) = delete;
+  FlightRecorderFiles& operator=(const FlightRecorderFiles&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  std::string path(int rank) const;
+  // Removes every rank's file: an attempt must not report its predecessor's.
+  void clear() const;
+
+ private:
+  std::string dir_;
+};
+
+}  // namespace lockstep::launcher

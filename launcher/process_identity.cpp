@@ -1,0 +1,36 @@
+#include "launcher/process_identity.h"
+
+#include <charconv>
+#include <fstream>
+#include <string>
+
+namespace lockstep::launcher {
+
+std::optional<uint64_t> process_start_time(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(in, text)) return std::nullopt;
+  // The command name (field 2) may hold spaces and parentheses: count from
+  // the last ')', which field 3 follows.
+  const auto paren = text.rfind(')');
+  if (paren == std::string::npos) return std::nullopt;
+  size_t at = paren + 1;
+  for (int field = 3; field <= 22; ++field) {
+    at = text.find_first_not_of(' ', at);
+    if (at == std::string::npos) return std::nullopt;
+    if (field == 22) {
+      uint64_t ticks = 0;
+      const auto [end, ec] = std::from_chars(text.data() + at, text.data() + text.size(), ticks);
+      return ec == std::errc() ? std::optional(ticks) : std::nullopt;
+    }
+    at = text.find(' ', at);
+  }
+  return std::nullopt;
+}
+
+bool process_alive(pid_t pid, uint64_t start_time) {
+  const auto now = process_start_time(pid);
+  return now && *now == start_time;
+}
+
+}  // namespace lockstep::launcher

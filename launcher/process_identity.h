@@ -1,0 +1,19 @@
+// A process told apart from a later one that reuses its pid: the pid and
+// when the process started (field 22 of /proc/<pid>/stat, in clock ticks
+// since boot).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace lockstep::launcher {
+
+// When `pid` started; nullopt when there is no such process.
+std::optional<uint64_t> process_start_time(pid_t pid);
+
+// Whether the process that was `pid` and started at `start_time` still runs.
+bool process_alive(pid_t pid, uint64_t start_time);
+
+}  // namespace lockstep::launcher
