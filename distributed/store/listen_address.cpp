@@ -73,13 +73,18 @@ bool names_loopback(const std::string& host) {
   std::string lower = host;
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (lower == "localhost" || lower == "localhost.") return true;
-  in_addr v4{};
-  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  sockaddr_storage address{};  // room for either family
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
+  v4->sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1)
+    return is_loopback(reinterpret_cast<const sockaddr*>(&address));
   const std::string bare = host.size() > 2 && host.front() == '[' && host.back() == ']'
                                ? host.substr(1, host.size() - 2)
                                : host;
-  in6_addr v6{};
-  return inet_pton(AF_INET6, bare.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
+  v6->sin6_family = AF_INET6;
+  return inet_pton(AF_INET6, bare.c_str(), &v6->sin6_addr) == 1 &&
+         is_loopback(reinterpret_cast<const sockaddr*>(&address));
 }
 
 std::string first_interface_ipv4() {

@@ -8,6 +8,7 @@
 
 using lockstep::distributed::first_interface_ipv4;
 using lockstep::distributed::listen_host_for;
+using lockstep::distributed::names_loopback;
 
 TEST_CASE("listen address: loopback only while every client is on this host", "[store]") {
   CHECK(listen_host_for("127.0.0.1", true) == "127.0.0.1");
@@ -36,4 +37,15 @@ TEST_CASE("listen address: a store served there is reachable by that address", "
   lockstep::distributed::TcpStore client({.host = "127.0.0.1", .port = server.port(), .token = "t"});
   client.set("k", "v");
   CHECK(client.get_string("k") == "v");
+}
+
+TEST_CASE("listen address: which names can only mean this host", "[store]") {
+  for (const char* host : {"127.0.0.1", "127.0.1.1", "localhost", "LocalHost.", "::1", "[::1]"}) {
+    INFO(host);
+    CHECK(names_loopback(host));
+  }
+  for (const char* host : {"10.0.0.1", "128.0.0.1", "::2", "[::2]", "node7", "", "[]"}) {
+    INFO(host);
+    CHECK_FALSE(names_loopback(host));
+  }
 }
