@@ -118,15 +118,24 @@ std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const 
           "on the number of ranks, so no other number continues it exactly.";
     const auto digest_was = saved.fixed.find(kDataDigestSetting);
     const auto digest_is = now.fixed.find(kDataDigestSetting);
-    if (digest_was != saved.fixed.end() && digest_is != now.fixed.end() &&
-        digest_was->second != digest_is->second)
+    const bool digest_differs = digest_was != saved.fixed.end() &&
+                                digest_is != now.fixed.end() &&
+                                digest_was->second != digest_is->second;
+    if (digest_differs && differences.size() == 1) {
       msg += data_changed(now.fixed.contains(kDataSetting) ? shown(now.fixed.at(kDataSetting))
                                                            : std::string("the run's data path"),
                           digest_was->second, digest_is->second);
-    else
+    } else {
       msg +=
           "\nResume with the settings the run was saved with, or start a new run in another "
           "checkpoint directory.";
+      // What is loaded follows the other settings (a path, a number of
+      // samples): the files themselves may well be the same.
+      if (digest_differs)
+        msg +=
+            " The data digest may differ only because those settings load other data; if it "
+            "still differs with them as saved, the files changed since the run began.";
+    }
     throw Error(msg);
   }
   std::vector<SettingChange> changes;

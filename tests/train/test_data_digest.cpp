@@ -89,6 +89,17 @@ TEST_CASE("A resume on other data under the same path is refused, naming both di
                                    "started with: digest " + then + " then, " + now + " now") &&
                           Contains("another checkpoint directory") &&
                           Contains("original data back under /srv/fortunes"));
+
+  // With other settings changed too, the digest may differ only because they
+  // load other data: the files are not blamed.
+  TrainingRun also = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
+  RunSettings fewer = settings_with(now);
+  fewer.fixed["train_samples"] = "2000";
+  const std::string both = testing::error_of([&] { record_run_settings(also, fewer); });
+  CHECK_THAT(both, Contains("train_samples: saved (not set), now 2000") &&
+                       Contains("data_digest: saved " + then + ", now " + now) &&
+                       Contains("may differ only because those settings load other data") &&
+                       !Contains("is not the data this run started with"));
 }
 
 TEST_CASE("A checkpoint saved without a data digest resumes and records one from then on",
