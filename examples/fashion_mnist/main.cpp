@@ -21,7 +21,8 @@
 // new run refuses a directory that holds another run's (--restart moves them
 // aside), and a resume refuses settings that would change what the run
 // computes (resume_settings.h), the data loaded from --data included, while
-// --lr, --epochs and the like may change.
+// --lr, --epochs and the like may change; options left out take the run's
+// saved values.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -112,7 +113,6 @@ std::string ranks_line(collectives::ProcessGroup& group, const runtime::Device& 
 
 int run(Options o) {
   runtime::set_num_threads(o.threads);
-  runtime::manual_seed(o.seed);
   // The rank's device first: the group's default backend follows it (nccl
   // with a GPU per rank), and NCCL's communicator lives on it.
   const runtime::Device device = distributed::select_device({.request = o.device});
@@ -123,6 +123,7 @@ int run(Options o) {
   std::optional<train::TrainingRun> checkpoints = examples::open_checkpoints(
       {o.checkpoint_dir, o.keep_last, o.resume, o.restart}, runtime::BestMode::max, *group);
   if (checkpoints && checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
+  runtime::manual_seed(o.seed);  // the run's seed: a resume may have taken it from the checkpoint
   const auto norm = models::kFashionMnistNormalization;
   auto train = models::load_fashion_mnist(o.data, models::Split::train, norm, o.train_samples);
   auto test = models::load_fashion_mnist(o.data, models::Split::test, norm, o.test_samples);
@@ -323,7 +324,10 @@ int main(int argc, char** argv) {
                        "checkpoints are)\n", o.resume ? "--resume" : "--restart");
     return 2;
   }
-  for (const char* name : {"lr", "epochs", "clip_grad_norm", "log_every", "checkpoint_every"}) {
+  for (const char* name :
+       {"lr", "epochs", "clip_grad_norm", "log_every", "checkpoint_every", "model", "sync_bn",
+        "batch_size", "train_samples", "test_samples", "optimizer", "momentum", "weight_decay",
+        "zero", "lr_schedule", "warmup_steps", "data", "seed"}) {
     std::string flag = std::string("--") + name;
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (app.count(flag) > 0) o.given.insert(name);

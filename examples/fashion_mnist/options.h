@@ -37,8 +37,9 @@ struct Options {
   bool sync_bn = false;
   std::string device;   // empty: LOCKSTEP_DEVICE, else auto
   std::string backend;
-  // The changeable run settings set on the command line ("lr", "epochs",
-  // ...; resume_settings.h): a resume takes the others from the checkpoint.
+  // The options that shape the run set on the command line ("lr",
+  // "batch_size", ...; resume_settings.h): a resume takes the others from
+  // the checkpoint.
   std::set<std::string> given;
 };
 

@@ -1,11 +1,13 @@
 #include "resume_settings.h"
 
-#include <charconv>
+#include <map>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "lockstep/runtime/error.h"
+#include "common/saved_settings.h"
 #include "optimizer_setup.h"
 
 namespace fashion_mnist {
@@ -20,18 +22,6 @@ std::string optimizer_setting(const Options& o) {
   if (o.optimizer == "sgd")
     return fmt::format("sgd momentum={} weight_decay={}", o.momentum, weight_decay(o));
   return fmt::format("{} weight_decay={}", o.optimizer, weight_decay(o));
-}
-
-// Reads a saved value into `field` (an integer or a double).
-template <class T>
-void parse_saved(const std::string& name, const std::string& text, T& field) {
-  T value{};
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  LOCKSTEP_CHECK(ec == std::errc{} && end == text.data() + text.size(),
-                 "the checkpoint records {} = \"{}\", which is not a number; give --{} on the "
-                 "command line",
-                 name, text, name);
-  field = value;
 }
 
 }  // namespace
@@ -58,16 +48,37 @@ train::RunSettings run_settings(const Options& o, int64_t train_samples, int64_t
 }
 
 void take_saved_settings(Options& o, const train::RunSettings& saved) {
-  auto take = [&](const std::string& name, auto& field) {
-    auto it = saved.changeable.find(name);
-    if (o.given.contains(name) || it == saved.changeable.end()) return;
-    parse_saved(name, it->second, field);
-  };
-  take("lr", o.lr);
-  take("epochs", o.epochs);
-  take("clip_grad_norm", o.clip_grad_norm);
-  take("log_every", o.log_every);
-  take("checkpoint_every", o.checkpoint_every);
+  const examples::SavedSettings s(saved, o.given);
+  s.take("lr", "lr", o.lr);
+  s.take("epochs", "epochs", o.epochs);
+  s.take("clip_grad_norm", "clip_grad_norm", o.clip_grad_norm);
+  s.take("log_every", "log_every", o.log_every);
+  s.take("checkpoint_every", "checkpoint_every", o.checkpoint_every);
+  s.take("model", "model", o.model);
+  s.take("sync_bn", "sync_bn", o.sync_bn);
+  s.take("batch_size", "batch_size", o.batch_size);
+  s.take("train_samples", "train_samples", o.train_samples);
+  s.take("test_samples", "test_samples", o.test_samples);
+  s.take("zero", "zero", o.zero);
+  s.take("seed", "seed", o.seed);
+  s.take("data", train::kDataSetting, o.data);
+  s.take("optimizer", "optimizer", o.optimizer, "");
+  s.take("momentum", "optimizer", o.momentum, "momentum");
+  double decay = 0;
+  if (s.take("weight_decay", "optimizer", decay, "weight_decay")) o.weight_decay = decay;
+  // The schedule's recorded name back to its --lr-schedule, and the part of
+  // it that --warmup-steps set.
+  const std::map<std::string, std::pair<std::string, std::string>> schedules = {
+      {"none", {"none", ""}},           {"StepLR", {"step", ""}},
+      {"MultiStepLR", {"multistep", ""}}, {"CosineLR", {"cosine", ""}},
+      {"LinearLR", {"warmup", "total_steps"}}, {"WarmupCosineLR", {"warmup-cosine", "warmup_steps"}},
+      {"OneCycleLR", {"onecycle", ""}}};
+  const auto saved_name = s.text("", "lr_schedule", "");
+  if (!saved_name || !schedules.contains(*saved_name)) return;
+  const auto& [schedule, warmup_part] = schedules.at(*saved_name);
+  if (!o.given.contains("lr_schedule")) o.lr_schedule = schedule;
+  if (o.lr_schedule == schedule && !warmup_part.empty())
+    s.take("warmup_steps", "lr_schedule", o.warmup_steps, warmup_part);
 }
 
 }  // namespace fashion_mnist

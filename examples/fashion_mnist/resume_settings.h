@@ -25,8 +25,8 @@ lockstep::train::RunSettings run_settings(const Options& o, int64_t train_sample
                                           int64_t test_samples, const std::string& data_digest,
                                           const lockstep::optim::LRScheduler* scheduler);
 
-// For each changeable setting not in o.given, the value `saved` records
-// (a resumed run goes on as it was unless told otherwise).
+// For each option not in o.given, the value `saved` records (a resumed run
+// goes on as it was unless told otherwise; examples/common/saved_settings.h).
 void take_saved_settings(Options& o, const lockstep::train::RunSettings& saved);
 
 }  // namespace fashion_mnist

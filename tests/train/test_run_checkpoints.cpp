@@ -150,6 +150,38 @@ TEST_CASE("A resume that would change what the run computes is refused, naming e
   fs::remove_all(dir);
 }
 
+TEST_CASE("A resume with the options left out takes the run's saved values and ends where an "
+          "uninterrupted run ends",
+          "[optim][checkpoint][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  // Every option that shapes the run away from its default (the schedule's
+  // length does not follow --epochs, so a resume may add an epoch).
+  const std::vector<std::string> shaped = {
+      "--batch-size", "32",  "--train-samples", "256",    "--test-samples", "300",
+      "--optimizer",  "sgd", "--momentum",      "0.5",    "--weight-decay", "0.001",
+      "--lr-schedule", "warmup", "--warmup-steps", "5",   "--zero",         "--seed",
+      "3",            "--lr", "0.02"};
+  std::vector<std::string> straight = shaped;
+  straight.insert(straight.end(), {"--epochs", "2"});
+  const FashionMnistRun reference = run_fashion_mnist(2, straight);
+  INFO(reference.result.output);
+  REQUIRE(reference.result.ok());
+
+  const std::string dir = fresh_checkpoint_dir("left-out");
+  std::vector<std::string> first = shaped;
+  first.insert(first.end(), {"--epochs", "1", "--checkpoint-dir", dir});
+  REQUIRE(run_fashion_mnist(2, first).result.ok());
+  const FashionMnistRun resumed =
+      run_fashion_mnist(2, {"--epochs", "2", "--checkpoint-dir", dir, "--resume"});
+  INFO(resumed.result.output);
+  REQUIRE(resumed.result.ok());
+  CHECK_THAT(resumed.result.output,
+             Contains("256 training and 300 test samples") && Contains("batch 32, sgd lr 0.02") &&
+                 Contains("ZeRO, seed 3") && !Contains("replaces the saved 0.02"));
+  CHECK(resumed.digest == reference.digest);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("Settings a resume may change are applied, printed and kept by the run",
           "[optim][checkpoint][resume]") {
   SKIP_WITHOUT_FASHION_MNIST();

@@ -1,0 +1,55 @@
+// How a resume takes the saved values of the options its command line leaves
+// out: each checkpoint records the run's settings as text
+// (train/run_settings.h), some of them composite ("sgd momentum=0.9
+// weight_decay=0", "StepLR(gamma=0.5, step_size=4)"), and each option left
+// out reads its value back from the setting, or the part of one, that
+// recorded it. So `--checkpoint-dir DIR --resume` alone continues a run as
+// it was, and an option given on the command line still wins (a fixed
+// setting that then differs is refused by record_run_settings).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "lockstep/train/run_settings.h"
+
+namespace examples {
+
+class SavedSettings {
+ public:
+  // `given`: the options the command line set, by name ("batch_size").
+  SavedSettings(const lockstep::train::RunSettings& saved, const std::set<std::string>& given)
+      : saved_(saved), given_(given) {}
+
+  // The text of the setting `setting` (fixed or changeable), or of its part
+  // `part` ("" for its head: "sgd", "StepLR"), when `option` was left out and
+  // the checkpoint records it. Each take() sets `value` from it and says
+  // whether it did; a number that does not parse throws, naming the option.
+  std::optional<std::string> text(const std::string& option, const std::string& setting,
+                                  const std::optional<std::string>& part = std::nullopt) const;
+  bool take(const std::string& option, const std::string& setting, std::string& value,
+            const std::optional<std::string>& part = std::nullopt) const;
+  bool take(const std::string& option, const std::string& setting, bool& value) const;  // on/off
+  bool take(const std::string& option, const std::string& setting, int64_t& value,
+            const std::optional<std::string>& part = std::nullopt) const;
+  bool take(const std::string& option, const std::string& setting, uint64_t& value) const;
+  bool take(const std::string& option, const std::string& setting, int& value) const;
+  bool take(const std::string& option, const std::string& setting, double& value,
+            const std::optional<std::string>& part = std::nullopt) const;
+
+  // A composite setting's head and its name=value parts.
+  struct Parts {
+    std::string head;
+    std::map<std::string, std::string> values;
+  };
+  static Parts parts(const std::string& text);
+
+ private:
+  const lockstep::train::RunSettings& saved_;
+  const std::set<std::string>& given_;
+};
+
+}  // namespace examples
