@@ -17,7 +17,8 @@
 // belong to the run, and a resume refuses other model, batch, optimizer,
 // schedule, data (its path, and a digest of the text and split loaded from
 // it) or seed settings (run_settings() below); the clipping and
-// the logging, evaluation and checkpoint intervals may change.
+// the logging, evaluation and checkpoint intervals may change, and options
+// left out take the run's saved values.
 //   ... --amp bf16 | f16 [--checkpoint-blocks]
 // --amp runs forward and loss under autocast (runtime/autocast.h), f16 with a
 // GradScaler whose state rides in the checkpoints; --checkpoint-blocks
@@ -38,6 +39,7 @@
 
 #include "common/cli_checks.h"
 #include "common/run_support.h"
+#include "common/saved_settings.h"
 #include "corpus.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/models/models.h"
@@ -153,20 +155,27 @@ train::RunSettings run_settings(const Options& o, const std::string& data_digest
 }
 
 void take_saved_settings(Options& o, const train::RunSettings& saved) {
-  const auto take = [&](const std::string& name, auto& field) {
-    auto it = saved.changeable.find(name);
-    if (o.given.contains(name) || it == saved.changeable.end()) return;
-    const std::optional<double> value = runtime::parse_metadata_number(it->second);
-    LOCKSTEP_CHECK(value.has_value(),
-                   "the checkpoint records {} = \"{}\", which is not a number; give --{} on "
-                   "the command line",
-                   name, it->second, name);
-    field = static_cast<std::decay_t<decltype(field)>>(*value);
-  };
-  take("clip_grad_norm", o.clip_grad_norm);
-  take("log_every", o.log_every);
-  take("eval_every", o.eval_every);
-  take("checkpoint_every", o.checkpoint_every);
+  const examples::SavedSettings s(saved, o.given);
+  s.take("clip_grad_norm", "clip_grad_norm", o.clip_grad_norm);
+  s.take("log_every", "log_every", o.log_every);
+  s.take("eval_every", "eval_every", o.eval_every);
+  s.take("checkpoint_every", "checkpoint_every", o.checkpoint_every);
+  s.take("n_layer", "model", o.n_layer, "n_layer");
+  s.take("n_head", "model", o.n_head, "n_head");
+  s.take("n_embd", "model", o.n_embd, "n_embd");
+  s.take("seq_len", "model", o.seq_len, "seq_len");
+  s.take("dropout", "model", o.dropout, "dropout");
+  s.take("batch_size", "batch_size", o.batch_size);
+  s.take("lr", "optimizer", o.lr, "lr");
+  s.take("min_lr", "optimizer", o.min_lr, "min_lr");
+  s.take("weight_decay", "optimizer", o.weight_decay, "weight_decay");
+  s.take("zero", "zero", o.zero);
+  s.take("amp", "amp", o.amp);
+  // The schedule recorded the run's length and its (clamped) warmup.
+  s.take("steps", "lr_schedule", o.steps, "total_steps");
+  s.take("warmup_steps", "lr_schedule", o.warmup_steps, "warmup_steps");
+  s.take("data", train::kDataSetting, o.data);
+  s.take("seed", "seed", o.seed);
 }
 
 // Bytes as text, with anything unprintable but newline and tab escaped.
@@ -184,13 +193,13 @@ std::string printable(const std::vector<int64_t>& bytes) {
 
 int run(Options o) {
   runtime::set_num_threads(o.threads);
-  runtime::manual_seed(o.seed);
   const runtime::Device device = distributed::select_device({.request = o.device});
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank(), world = group->size();
   std::optional<train::TrainingRun> checkpoints = examples::open_checkpoints(
       {o.checkpoint_dir, o.keep_last, o.resume, o.restart}, runtime::BestMode::min, *group);
   if (checkpoints && checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
+  runtime::manual_seed(o.seed);  // the run's seed: a resume may have taken it from the checkpoint
   const Corpus corpus = load_fortunes(o.data);
   const double unigram = unigram_bits_per_byte(corpus.train, corpus.validation);
   check_window_fits(corpus.train, "training", o.seq_len);
@@ -350,7 +359,8 @@ int main(int argc, char** argv) {
   app.add_option("--keep-last", o.keep_last, "checkpoints kept besides the best")
       ->check(examples::positive);
   auto* resume = app.add_flag("--resume", o.resume,
-                              "continue the run in --checkpoint-dir from its newest checkpoint");
+                              "continue the run in --checkpoint-dir from its newest checkpoint; "
+                              "options left out take the run's saved values");
   app.add_flag("--restart", o.restart, "start a new run in --checkpoint-dir (old files moved aside)")
       ->excludes(resume);
   app.add_option("--eval-every", o.eval_every, "steps between validation passes (and at the end)")
@@ -383,7 +393,10 @@ int main(int argc, char** argv) {
                o.n_embd, o.n_head);
     return 2;
   }
-  for (const char* name : {"clip_grad_norm", "log_every", "eval_every", "checkpoint_every"}) {
+  for (const char* name :
+       {"clip_grad_norm", "log_every", "eval_every", "checkpoint_every", "n_layer", "n_head",
+        "n_embd", "seq_len", "dropout", "batch_size", "lr", "min_lr", "weight_decay", "zero", "amp",
+        "steps", "warmup_steps", "data", "seed"}) {
     std::string flag = std::string("--") + name;
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (app.count(flag) > 0) o.given.insert(name);

@@ -45,8 +45,8 @@ struct Options {
   int threads = 1;
   std::string device;
   std::string backend;
-  // The changeable settings given on the command line (a resume takes the
-  // saved values of the others).
+  // The options that shape the run given on the command line (a resume
+  // takes the saved values of the others).
   std::set<std::string> given;
 };
 

@@ -267,12 +267,18 @@ TEST_CASE("gpt_train --amp f16 --checkpoint-blocks resumes exactly, the loss sca
   // Back to the step-4 checkpoint, as if the run had died after it.
   for (const char* later : {"ckpt-0000000008.safetensors", "ckpt-0000000012.safetensors"})
     REQUIRE(fs::remove(fs::path(dir) / later));
-  auto resume_args = args;
-  resume_args.push_back("--resume");
-  const GptRun resumed = parse(run_process(command(1, resume_args), std::chrono::seconds(300)));
+  // Only the directory and --resume: every option left out, the model's
+  // shape, the batch, the schedule's length and --amp included, takes the
+  // run's saved value.
+  const GptRun resumed =
+      parse(run_process({bin_path("gpt_train"), "--checkpoint-dir", dir, "--resume",
+                         "--sample-bytes", "0"},
+                        std::chrono::seconds(300)));
   INFO(resumed.result.output);
   REQUIRE(resumed.result.ok());
-  CHECK_THAT(resumed.result.output, Catch::Contains("step 4"));
+  CHECK_THAT(resumed.result.output,
+             Catch::Contains("step 4") && Catch::Contains("1 layers, 2 heads, width 32") &&
+                 Catch::Contains("autocast f16"));
   CHECK(resumed.losses.size() == 8);
   for (const auto& [where, value] : resumed.losses) {
     INFO(where);
