@@ -181,11 +181,13 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
   if (rank != 0) dir_options.read_only = true;
 
   std::optional<runtime::CheckpointDir> dir;
+  RunDirLock lock;
   Decision decision;
   std::string error;
   if (rank == 0) {
     try {
       dir.emplace(path, dir_options);
+      lock = RunDirLock::acquire(path);
       const auto entries = dir->list();
       if (const auto job_run = run_of_job(*dir, options.job, entries))
         decision = continue_job(*dir, options, entries, *job_run);
@@ -210,7 +212,8 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
   TrainingRun run{.dir = std::move(*dir),
                   .continues_job = continues_job,
                   .notes = std::move(decision.notes),
-                  .world_size = world};
+                  .world_size = world,
+                  .lock = std::move(lock)};
   if (!picked.empty()) {
     check_every_rank_sees(picked, group);
     // Each rank reads the run and its settings from the header itself.

@@ -14,6 +14,8 @@
 //
 // What open_training_run decides, on rank 0, for every rank:
 //   - the directory must be creatable and writable by rank 0, or it throws;
+//   - no other run may be using it: rank 0 holds its lock while the run lives
+//     (run_dir_lock.h), and a second run is refused, naming the holder;
 //   - with a job id (lockstep-run's LOCKSTEP_JOB_ID, which stays the same
 //     across --max-restarts attempts) and checkpoints that this job saved in
 //     the directory: the job was restarted, and whatever resume and restart
@@ -49,6 +51,7 @@
 
 #include "lockstep/collectives/process_group.h"
 #include "lockstep/runtime/checkpoint/checkpoint_dir.h"
+#include "lockstep/train/run_dir_lock.h"
 #include "lockstep/train/run_settings.h"
 
 namespace lockstep::train {
@@ -80,6 +83,7 @@ struct TrainingRun {
   // only), then what record_run_settings found (every rank).
   std::vector<std::string> notes;
   int world_size = 1;
+  RunDirLock lock;  // rank 0's: no other run writes the directory while this one lives
 };
 
 // Every rank of `group` calls it. See above.

@@ -1,0 +1,82 @@
+// One run at a time in a checkpoint directory (run_dir_lock.h): another
+// process's run is refused while it holds the directory, and the lock goes
+// with that process, however it ends.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "lockstep/train/run_dir_lock.h"
+#include "collectives/rank_threads.h"
+#include "lockstep/train/training_run.h"
+#include "support/temp_dir.h"
+#include "support/test_util.h"
+
+using lockstep::testing::error_of;
+using lockstep::testing::TempDir;
+using lockstep::train::RunDirLock;
+using Catch::Contains;
+
+namespace {
+
+// A child process that takes the lock of `dir`, says so on a pipe, and holds
+// it until killed.
+pid_t holder_of(const std::filesystem::path& dir) {
+  int ready[2];
+  REQUIRE(pipe(ready) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(ready[0]);
+    try {
+      const RunDirLock held = RunDirLock::acquire(dir);
+      const char ok = held.held() ? 'y' : 'n';
+      [[maybe_unused]] const ssize_t n = write(ready[1], &ok, 1);
+      for (;;) pause();
+    } catch (...) {
+      _exit(1);
+    }
+  }
+  close(ready[1]);
+  char ok = 0;
+  REQUIRE(read(ready[0], &ok, 1) == 1);
+  close(ready[0]);
+  REQUIRE(ok == 'y');
+  return pid;
+}
+
+}  // namespace
+
+TEST_CASE("A checkpoint directory that another process's run holds is refused, naming it; "
+          "its end frees it",
+          "[checkpoint][run]") {
+  TempDir tmp;
+  const std::filesystem::path dir = tmp.file("held");
+  std::filesystem::create_directories(dir);
+  const pid_t other = holder_of(dir);
+
+  const std::string message = error_of([&] { RunDirLock::acquire(dir); });
+  CHECK_THAT(message, Contains(fmt::format("checkpoint directory {} is in use by another run: "
+                                           "process {} on ",
+                                           dir.string(), other)) &&
+                          Contains("Wait for that run to end"));
+  // The same through a run: rank 0 refuses before deciding anything.
+  const std::string run = error_of([&] {
+    lockstep::train::open_training_run(dir, {}, {.resume = true},
+                                       lockstep::testing::one_rank_group());
+  });
+  CHECK_THAT(run, Contains("is in use by another run"));
+
+  // Killed outright: the kernel drops its lock.
+  kill(other, SIGKILL);
+  waitpid(other, nullptr, 0);
+  const RunDirLock mine = RunDirLock::acquire(dir);
+  CHECK(mine.held());
+  // One process may hold it again (a program opening its run twice).
+  CHECK(RunDirLock::acquire(dir).held());
+}

@@ -1,0 +1,90 @@
+#include "lockstep/train/run_dir_lock.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::train {
+
+namespace {
+
+constexpr const char* kLockFile = ".lockstep-run.lock";
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "an unknown host";
+  return name;
+}
+
+// Who holds the lock, as it wrote itself into the file, else by the pid
+// the kernel reports.
+std::string holder(int fd, pid_t pid) {
+  char text[512] = {};
+  const ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  std::string said(text, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!said.empty() && (said.back() == '\n' || said.back() == '\0')) said.pop_back();
+  if (!said.empty()) return said;
+  return pid > 0 ? fmt::format("process {}", pid) : std::string("another process");
+}
+
+}  // namespace
+
+RunDirLock RunDirLock::acquire(const std::filesystem::path& dir) {
+  const std::string path = (dir / kLockFile).string();
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  LOCKSTEP_CHECK(fd >= 0, "cannot open the run lock {}: {}", path, std::strerror(errno));
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  if (fcntl(fd, F_SETLK, &lock) != 0) {
+    const int error = errno;
+    if (error == EACCES || error == EAGAIN) {
+      struct flock who {};
+      who.l_type = F_WRLCK;
+      who.l_whence = SEEK_SET;
+      const pid_t pid = fcntl(fd, F_GETLK, &who) == 0 ? who.l_pid : 0;
+      const std::string by = holder(fd, pid);
+      close(fd);
+      throw Error(fmt::format(
+          "checkpoint directory {} is in use by another run: {} holds its lock {}. Two runs "
+          "writing one directory would interleave their checkpoints and delete each other's. "
+          "Wait for that run to end (or stop it), or use another checkpoint directory",
+          dir.string(), by, path));
+    }
+    close(fd);  // no locks on this file system: run unlocked
+    return {};
+  }
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char since[32] = {};
+  std::strftime(since, sizeof since, "%Y-%m-%d %H:%M:%S UTC", &utc);
+  const std::string me = fmt::format("process {} on {} since {}", getpid(), host_name(), since);
+  if (ftruncate(fd, 0) == 0) {
+    [[maybe_unused]] const ssize_t n = pwrite(fd, me.data(), me.size(), 0);
+  }
+  return RunDirLock(fd);
+}
+
+RunDirLock& RunDirLock::operator=(RunDirLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) close(fd_);  // closing drops the lock
+}
+
+}  // namespace lockstep::train
