@@ -184,6 +184,8 @@ uint64_t ProcessGroup::record_start(const Call& call) const {
       {.group = name_,
        .op = call.op,
        .dtype = call.has_tensor ? runtime::dtype_name(own.dtype) : std::string_view(),
+       .group_size = size_,
+       .group_rank = rank_,
        .seq = own.seq,
        .count = call.has_tensor ? own.count : 0,
        .root = own.root});

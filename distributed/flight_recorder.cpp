@@ -28,7 +28,7 @@ namespace lockstep::distributed {
 namespace {
 
 constexpr uint64_t kMagic = 0x3130'4452'4346'4b4cULL;  // "LKFCRD01"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;
 
 using Word = std::atomic<uint64_t>;
 static_assert(Word::is_always_lock_free, "the recorder's words are read by another process");
@@ -73,6 +73,7 @@ struct Slot {
   Word start_ns{0};
   Word end_ns{0};
   Word state{0};
+  Word group_place{0};  // group size << 32 | this rank's rank in it
   Text<4> group;
   Text<2> op;
   Text<1> dtype;
@@ -80,6 +81,10 @@ struct Slot {
 
 uint64_t as_word(int64_t v) { return static_cast<uint64_t>(v); }
 int64_t as_int(uint64_t w) { return static_cast<int64_t>(w); }
+
+uint64_t group_place(int32_t size, int32_t rank) {
+  return uint64_t{static_cast<uint32_t>(size)} << 32 | static_cast<uint32_t>(rank);
+}
 
 // A seqlock's writer side; the caller holds the recorder's mutex.
 template <class Write>
@@ -118,6 +123,9 @@ std::optional<FlightRecord> read_slot(const Slot& slot,
     r.start_ns = as_int(slot.start_ns.load(std::memory_order_relaxed));
     r.end_ns = as_int(slot.end_ns.load(std::memory_order_relaxed));
     const uint64_t state = slot.state.load(std::memory_order_relaxed);
+    const uint64_t place = slot.group_place.load(std::memory_order_relaxed);
+    r.group_size = static_cast<int32_t>(static_cast<uint32_t>(place >> 32));
+    r.group_rank = static_cast<int32_t>(static_cast<uint32_t>(place));
     r.group = slot.group.load();
     r.op = slot.op.load();
     r.dtype = slot.dtype.load();
@@ -256,6 +264,8 @@ uint64_t FlightRecorder::started(const FlightCall& call) {
     slot.end_ns.store(0, std::memory_order_relaxed);
     slot.state.store(static_cast<uint64_t>(FlightRecord::State::running),
                      std::memory_order_relaxed);
+    slot.group_place.store(group_place(call.group_size, call.group_rank),
+                           std::memory_order_relaxed);
     slot.group.store(call.group);
     slot.op.store(call.op);
     slot.dtype.store(call.dtype);

@@ -2,9 +2,10 @@
 // process even after this one stopped, hung or died.
 //
 // Every collective a ProcessGroup issues is recorded when it is issued and
-// again when it ends (collectives/process_group.cpp, work.cpp): its group,
-// op, number in the group's sequence, dtype, element count, root, and when it
-// started and ended. The last kFlightRecorderEntries stay. Under lockstep-run
+// again when it ends (collectives/process_group.cpp, work.cpp): its group
+// (name, size, and this rank's rank in it), op, number in the group's
+// sequence, dtype, element count, root, and when it started and ended. The
+// last kFlightRecorderEntries stay. Under lockstep-run
 // (LOCKSTEP_FLIGHT_RECORDER names a file) the entries live in that file,
 // mapped shared, so the launcher reads them after a failure or a hang
 // without the rank's help and prints one post-mortem (launcher/postmortem.h);
@@ -37,6 +38,8 @@ struct FlightRecord {
 
   uint64_t ordinal = 0;  // 1, 2, ...: this process's order of issue, over all its groups
   std::string group;     // "default" (at most 31 bytes kept)
+  int32_t group_size = 0;   // its ranks; 0: not known
+  int32_t group_rank = -1;  // this process's rank in it; -1: not known
   std::string op;        // "allreduce", "broadcast", ..., "send", "recv"
   uint64_t seq = 0;      // the call's number in its group; 0 for send and recv
   std::string dtype;     // "f32"; empty for a barrier
@@ -52,6 +55,7 @@ std::string_view to_string(FlightRecord::State state);
 // What one call looks like when it is recorded.
 struct FlightCall {
   std::string_view group, op, dtype;
+  int32_t group_size = 0, group_rank = -1;
   uint64_t seq = 0;
   int64_t count = 0;
   int32_t root = -1;

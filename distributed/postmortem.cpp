@@ -26,6 +26,8 @@ RankHistory rank_history(const std::vector<FlightRecord>& records, int64_t now_n
     PostmortemEntry e{.group = r.group,
                       .op = r.op,
                       .dtype = r.dtype,
+                      .group_size = r.group_size,
+                      .group_rank = r.group_rank,
                       .state = std::string(to_string(r.state)),
                       .seq = r.seq,
                       .count = r.count,
@@ -46,6 +48,10 @@ std::string to_json_text(const Postmortem& pm, int indent) {
                           {"dtype", e.dtype},   {"count", e.count}, {"root", e.root},
                           {"state", e.state},   {"started_s_ago", e.started_s_ago}};
       j["ended_s_ago"] = e.ended_s_ago ? nlohmann::json(*e.ended_s_ago) : nlohmann::json();
+      if (e.group_size > 0) {
+        j["group_size"] = e.group_size;
+        j["group_rank"] = e.group_rank;
+      }
       entries.push_back(std::move(j));
     }
     ranks.push_back({{"rank", r.rank},         {"node", r.node},   {"host", r.host},
@@ -82,6 +88,8 @@ Postmortem postmortem_from_json_text(std::string_view text) {
         PostmortemEntry e{.group = j.at("group").get<std::string>(),
                           .op = j.at("op").get<std::string>(),
                           .dtype = j.at("dtype").get<std::string>(),
+                          .group_size = j.value("group_size", int32_t{0}),
+                          .group_rank = j.value("group_rank", int32_t{-1}),
                           .state = j.at("state").get<std::string>(),
                           .seq = j.at("seq").get<uint64_t>(),
                           .count = j.at("count").get<int64_t>(),

@@ -20,6 +20,10 @@ namespace lockstep::distributed {
 
 struct PostmortemEntry {
   std::string group, op, dtype;
+  // The group's ranks, and this rank's rank in it: which ranks of the job
+  // are its members. 0 and -1: not known (a part of an older lockstep).
+  int32_t group_size = 0;
+  int32_t group_rank = -1;
   std::string state;  // "running", "finished", "failed"
   uint64_t seq = 0;   // 0: send or recv
   int64_t count = 0;

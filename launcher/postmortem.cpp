@@ -72,8 +72,63 @@ std::string unknown_text(const std::vector<int>& ranks) {
                      verb(ranks, "was", "were"));
 }
 
+// The ranks of `group`: those with a record of it, and those without whose
+// membership follows from its size; `unplaced` more of its ranks issued none
+// of its calls or left no record, but which of `candidates` they are is not
+// known. A group of unknown size (an older part) takes in every rank.
+struct Members {
+  std::vector<const RankHistory*> ranks;
+  int size = 0;  // 0: not known
+  int unplaced = 0;
+  std::vector<int> candidates;
+};
+
+Members members_of(const Postmortem& pm, const std::string& group) {
+  Members m;
+  std::vector<const RankHistory*> others;
+  for (const auto& r : pm.ranks) {
+    bool seen = false;
+    for (const auto& e : r.entries) {
+      if (e.group != group) continue;
+      seen = true;
+      m.size = std::max(m.size, static_cast<int>(e.group_size));
+    }
+    (seen ? m.ranks : others).push_back(&r);
+  }
+  const int missing = m.size - static_cast<int>(m.ranks.size());
+  if (m.size == 0 || missing >= static_cast<int>(others.size())) {
+    // Every rank without a record of it is one of its ranks.
+    m.ranks.insert(m.ranks.end(), others.begin(), others.end());
+    m.unplaced = m.size == 0 ? 0 : missing - static_cast<int>(others.size());
+  } else if (missing > 0) {
+    m.unplaced = missing;
+    for (const RankHistory* r : others) m.candidates.push_back(r->rank);
+  }
+  std::sort(m.ranks.begin(), m.ranks.end(),
+            [](const RankHistory* a, const RankHistory* b) { return a->rank < b->rank; });
+  return m;
+}
+
+// "2 more of its 4 ranks" (`more`: after ranks named), "1 of its 4 ranks".
+std::string unplaced_text(const Members& m, bool more) {
+  return fmt::format("{}{} of its {} ranks", m.unplaced, more ? " more" : "", m.size);
+}
+
+// Why the unplaced ranks say nothing, and which ranks they may be.
+std::string unplaced_why(const Members& m) {
+  std::string why = "issued none of its collectives or left no record";
+  if (!m.candidates.empty()) {
+    const std::string how_many = m.unplaced == 1 ? "one" : std::to_string(m.unplaced);
+    why += fmt::format(" ({} of {}, not known which)", how_many, ranks_text(m.candidates));
+  }
+  return why;
+}
+
 void report_group(std::string& out, const Postmortem& pm, const std::string& group,
                   std::string_view no_record) {
+  // Ranks not in the group (a member group of shm+gloo's, a group made on
+  // some of the ranks) are left out: they are not behind in it.
+  const Members members = members_of(pm, group);
   // Ranks by what they last did: (seq, state) -> ranks; seq 0: nothing. A
   // rank whose newest record is torn has "torn " before its state: its last
   // call of this group may be later than the one known.
@@ -81,7 +136,8 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
   std::map<std::tuple<uint64_t, std::string>, const PostmortemEntry*> example;
   std::map<std::tuple<uint64_t, std::string>, double> oldest;
   uint64_t newest = 0;
-  for (const auto& r : pm.ranks) {
+  for (const RankHistory* member : members.ranks) {
+    const RankHistory& r = *member;
     const PostmortemEntry* last = last_of(r, group);
     // Unrecorded ranks are told apart by why they left no record.
     auto key = last ? std::make_tuple(last->seq, last->state)
@@ -117,8 +173,14 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
   std::string headline;
   const PostmortemEntry* front = example.at(*front_key);
   const bool waiting = front->state == "running" && !std::get<1>(*front_key).starts_with("torn");
-  if (!behind.empty() || !unknown.empty()) {
-    if (!behind.empty()) {
+  if (!behind.empty() || !unknown.empty() || members.unplaced > 0) {
+    if (!behind.empty() && members.unplaced > 0) {
+      headline = fmt::format("{} and {} are behind: ", ranks_text(behind),
+                             unplaced_text(members, true));
+    } else if (members.unplaced > 0) {
+      headline = fmt::format("{} {} behind: ", unplaced_text(members, false),
+                             members.unplaced == 1 ? "is" : "are");
+    } else if (!behind.empty()) {
       headline = fmt::format("{} {} behind: ", ranks_text(behind), verb(behind, "is", "are"));
     }
     headline += fmt::format("{} {} {} {}", ranks_text(ahead), verb(ahead, "has", "have"),
@@ -170,6 +232,10 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
       }
     }
     out += fmt::format("    {}: {}\n", ranks_text(ranks), what);
+  }
+  if (members.unplaced > 0) {
+    out += fmt::format("    {}: {}\n", unplaced_text(members, !members.ranks.empty()),
+                       unplaced_why(members));
   }
 }
 

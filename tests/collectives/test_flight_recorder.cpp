@@ -53,6 +53,7 @@ TEST_CASE("flight recorder: each collective with its number, op, dtype, count an
       CHECK(c.state == FlightRecord::State::finished);
       CHECK(c.end_ns >= c.start_ns);
       CHECK(c.start_ns > 0);
+      CHECK((c.group_size == 2 && c.group_rank >= 0 && c.group_rank < 2));
       if (seq == 1) CHECK((c.op == "allreduce" && c.dtype == "f32" && c.count == 10 && c.root == -1));
       if (seq == 2) CHECK((c.op == "broadcast" && c.dtype == "i64" && c.count == 3 && c.root == 1));
       if (seq == 3) CHECK((c.op == "barrier" && c.dtype.empty() && c.count == 0));

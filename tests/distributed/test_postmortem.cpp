@@ -40,15 +40,15 @@ std::string read_file(const std::string& path) {
 // A recorder file laid out as flight_recorder.cpp lays it out (the reader
 // refuses one of another size): magic, layout version, capacity, issued,
 // then each entry's version, ordinal, seq, count, root, start_ns, end_ns,
-// state, group (4 words), op (2) and dtype (1).
+// state, group size << 32 | rank in it, group (4 words), op (2) and dtype (1).
 struct RecorderFile {
-  static constexpr size_t kHeader = 4, kSlot = 15;
+  static constexpr size_t kHeader = 4, kSlot = 16;
   std::vector<uint64_t> words =
       std::vector<uint64_t>(kHeader + kSlot * ld::kFlightRecorderEntries, 0);
 
   RecorderFile() {
     words[0] = 0x3130'4452'4346'4b4cULL;
-    words[1] = 1;
+    words[1] = 2;
     words[2] = ld::kFlightRecorderEntries;
   }
   uint64_t* slot(uint64_t ordinal) {
@@ -66,10 +66,11 @@ struct RecorderFile {
     w[4] = static_cast<uint64_t>(-1);
     w[5] = 1;
     w[6] = 2;
-    w[7] = 1;  // finished
-    std::memcpy(w + 8, "default", 7);
-    std::memcpy(w + 12, "allreduce", 9);
-    std::memcpy(w + 14, "f32", 3);
+    w[7] = 1;                     // finished
+    w[8] = uint64_t{4} << 32 | 1;  // rank 1 of 4
+    std::memcpy(w + 9, "default", 7);
+    std::memcpy(w + 13, "allreduce", 9);
+    std::memcpy(w + 15, "f32", 3);
   }
   void write(const std::string& path) const {
     std::ofstream(path, std::ios::binary)
@@ -85,6 +86,7 @@ TEST_CASE("post-mortem: the JSON form keeps every field; malformed text is named
   ld::Postmortem pm{.cause = "rank 1 exited with code 7", .written_unix_s = 1.5e9, .world_size = 3};
   pm.ranks.push_back({.rank = 2, .node = 1, .host = "b", .pid = 42, .recorded = true});
   pm.ranks.back().entries.push_back({.group = "default", .op = "broadcast", .dtype = "i64",
+                                     .group_size = 3, .group_rank = 2,
                                      .state = "finished", .seq = 7, .count = 2, .root = 1,
                                      .started_s_ago = 3.5, .ended_s_ago = 3.25});
   pm.ranks.back().entries.push_back({.group = "default", .op = "barrier", .state = "running",
@@ -100,7 +102,11 @@ TEST_CASE("post-mortem: the JSON form keeps every field; malformed text is named
   CHECK((r.entries[0].op == "broadcast" && r.entries[0].dtype == "i64" && r.entries[0].seq == 7 &&
          r.entries[0].count == 2 && r.entries[0].root == 1 && r.entries[0].state == "finished"));
   CHECK(r.entries[0].ended_s_ago == 3.25);
+  CHECK((r.entries[0].group_size == 3 && r.entries[0].group_rank == 2));
   CHECK_FALSE(r.entries[1].ended_s_ago.has_value());
+  // A part that does not say a group's size (an older lockstep's) reads as
+  // not known.
+  CHECK((r.entries[1].group_size == 0 && r.entries[1].group_rank == -1));
 
   CHECK_THAT(error_of([] { ld::postmortem_from_json_text("{\"cause\": 1}"); }),
              Contains("not a lockstep post-mortem"));
@@ -114,8 +120,8 @@ TEST_CASE("post-mortem: a rank under another launcher writes its own part when a
   const uint64_t done = recorder.started({.group = "pm-part", .op = "allreduce", .dtype = "f32",
                                           .seq = 1, .count = 1000});
   recorder.ended(done, true);
-  recorder.started(
-      {.group = "pm-part", .op = "allreduce", .dtype = "f32", .seq = 2, .count = 1000});
+  recorder.started({.group = "pm-part", .op = "allreduce", .dtype = "f32", .group_size = 4,
+                    .group_rank = 3, .seq = 2, .count = 1000});
 
   TempDir dir;
   const std::map<std::string, std::string> torchrun = {
@@ -134,6 +140,10 @@ TEST_CASE("post-mortem: a rank under another launcher writes its own part when a
   for (const auto& e : part.ranks[0].entries)
     if (e.group == "pm-part") states.push_back(e.state);
   CHECK(states == std::vector<std::string>{"finished", "running"});
+  // The group's size and the rank's rank in it, which tell its members.
+  REQUIRE_FALSE(part.ranks[0].entries.empty());
+  CHECK(part.ranks[0].entries.back().group_size == 4);
+  CHECK(part.ranks[0].entries.back().group_rank == 3);
 
   // Not asked for, or under lockstep-run (which reads the recorder itself):
   // nothing is written.
@@ -214,6 +224,8 @@ TEST_CASE("post-mortem: a rank whose newest record was left mid-write is said to
   REQUIRE(records.has_value());
   REQUIRE(records->size() == 2);
   CHECK(records->front().seq == 1);
+  CHECK((records->front().group == "default" && records->front().group_size == 4 &&
+         records->front().group_rank == 1));
   CHECK(records->back().ordinal == 2);
   CHECK(ld::to_string(records->back().state) == "torn");
   CHECK(waited < std::chrono::seconds(1));  // a few ms: a report is not held up

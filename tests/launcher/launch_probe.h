@@ -84,16 +84,20 @@ inline void check_no_orphans(const std::string& dir, size_t expected) {
 
 // Two launchers of a two-node job on this host (both nodes on 127.0.0.1),
 // each with `probe_args`; their outputs one after the other, each followed
-// by "node N exit CODE".
+// by "node N exit CODE". `as_two_machines`: each node has its own
+// LOCKSTEP_NODE_ID, so the default backend is shm+gloo, not shm.
 inline ProcessResult two_local_nodes(const std::vector<std::string>& launcher_args,
                               const std::vector<std::string>& node0_args,
-                              const std::vector<std::string>& node1_args) {
+                              const std::vector<std::string>& node1_args,
+                              int nproc_per_node = 1, bool as_two_machines = false) {
   const int port = lockstep::testing::unused_tcp_port();
   std::string script = "export LOCKSTEP_TOKEN=two-local-nodes; dir=$(mktemp -d); ";
   for (int node = 0; node < 2; ++node) {
-    std::string line = fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 "
+    std::string line = fmt::format("{}{} --nnodes 2 --node-rank {} --nproc-per-node {} "
                                    "--master-addr 127.0.0.1 --master-port {}",
-                                   bin_path("lockstep-run"), node, port);
+                                   as_two_machines ? fmt::format("LOCKSTEP_NODE_ID=node{} ", node)
+                                                   : std::string(),
+                                   bin_path("lockstep-run"), node, nproc_per_node, port);
     for (const auto& a : launcher_args) line += " " + a;
     line += fmt::format(" {}", bin_path("launcher_probe"));
     for (const auto& a : node == 0 ? node0_args : node1_args) line += " " + a;

@@ -4,17 +4,22 @@
 // launcher write themselves.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "launcher/launch_probe.h"
+#include "lockstep/config.h"
 #include "lockstep/distributed/postmortem.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
@@ -109,6 +114,45 @@ void write_part(const TempDir& dir, int rank, int world_size, uint64_t seq,
                                      .state = state, .seq = seq, .count = 1000,
                                      .started_s_ago = 2.0, .ended_s_ago = 1.0});
   std::ofstream(part_path(dir, rank)) << lockstep::distributed::to_json_text(pm, 1) << "\n";
+}
+
+// Writes rank's part with `entries` (oldest first) as its collectives.
+void write_entries(const TempDir& dir, int rank, int world_size,
+                   std::vector<lockstep::distributed::PostmortemEntry> entries) {
+  lockstep::distributed::Postmortem pm{
+      .cause = rank == 0 ? "it failed" : "", .written_unix_s = 1.8e9, .world_size = world_size};
+  pm.ranks.push_back({.rank = rank, .host = "h", .pid = 100 + rank, .recorded = true,
+                      .entries = std::move(entries)});
+  std::ofstream(part_path(dir, rank)) << lockstep::distributed::to_json_text(pm, 1) << "\n";
+}
+
+// Allreduce #seq of `group` (of `size` ranks, this one `rank` in it).
+lockstep::distributed::PostmortemEntry allreduce_of(const std::string& group, int size, int rank,
+                                                    uint64_t seq, const std::string& state) {
+  return {.group = group, .op = "allreduce", .dtype = "f32", .group_size = size,
+          .group_rank = rank, .state = state, .seq = seq, .count = 1000, .started_s_ago = 2.0,
+          .ended_s_ago = state == "running" ? std::nullopt : std::optional<double>(1.0)};
+}
+
+// The ranks that the report's lines of `group` name ("ranks 0-2 and 4": 0,
+// 1, 2 and 4).
+std::set<int> ranks_named(const std::string& report, const std::string& group) {
+  const auto begin = report.find("  group '" + group + "': ");
+  if (begin == std::string::npos) return {};
+  auto end = std::min(report.find("\n  group '", begin + 1),
+                      report.find("\n  every rank's", begin + 1));
+  const std::string lines = report.substr(begin, end - begin);
+  static const std::regex list(R"(ranks? (\d+(?:(?:, |-| and )\d+)*))"), one(R"((\d+)(?:-(\d+))?)");
+  std::set<int> named;
+  for (std::sregex_iterator m(lines.begin(), lines.end(), list), none; m != none; ++m) {
+    const std::string text = (*m)[1];
+    for (std::sregex_iterator r(text.begin(), text.end(), one); r != none; ++r) {
+      const int first = std::stoi((*r)[1]);
+      const int last = (*r)[2].matched ? std::stoi((*r)[2]) : first;
+      for (int rank = first; rank <= last; ++rank) named.insert(rank);
+    }
+  }
+  return named;
 }
 
 }  // namespace
@@ -328,4 +372,62 @@ TEST_CASE("launcher: the post-mortem of a two-node job names the ranks of a node
   REQUIRE(json.at("ranks").size() == 2);
   CHECK(json.at("ranks")[1].at("recorded") == false);
   CHECK(json.at("ranks")[1].at("no_record") == "node 1 sent no part of the post-mortem");
+}
+
+#if LOCKSTEP_HAVE_GLOO
+TEST_CASE("launcher: the post-mortem of a shm+gloo job names in each member group only its "
+          "ranks", "[launcher][postmortem]") {
+  // Two nodes of two ranks: the default group is made of 'default.node0'
+  // (ranks 0 and 1), 'default.node1' (2 and 3) and 'default.leaders' (0 and
+  // 2). Rank 3 fails after two all-reduces. Before, every rank with no record
+  // of a member group was said to be behind in it.
+  TempDir dir;
+  const auto r = two_local_nodes({"--postmortem-dir", dir.str()},
+                                 {"group-sum", "allreduces=2", "then-allreduce"},
+                                 {"group-sum", "allreduces=2", "fail-attempts=3:1",
+                                  "then-allreduce"},
+                                 /*nproc_per_node=*/2, /*as_two_machines=*/true);
+  CHECK_THAT(r.output, Contains("node 1 exit 7") &&
+                           Contains("group 'default': rank 3 is behind: ranks 0-2 have reached"));
+  const std::map<std::string, std::set<int>> members = {
+      {"default.node0", {0, 1}}, {"default.node1", {2, 3}}, {"default.leaders", {0, 2}}};
+  for (const auto& [group, ranks] : members) {
+    INFO("group '" << group << "'");
+    const std::set<int> named = ranks_named(r.output, group);
+    CHECK(named == ranks);
+  }
+}
+#endif  // LOCKSTEP_HAVE_GLOO
+
+TEST_CASE("launcher: a post-mortem leaves the ranks not in a group out of its lines, and says "
+          "how many of its ranks it could not place", "[launcher][postmortem]") {
+  // Five ranks. 'quad' (4 ranks): ranks 0 and 1 wait in #3, rank 2 finished
+  // #2, and its fourth rank issued none of its calls: rank 3 or rank 4.
+  // 'pair' (ranks 3 and 4): rank 3 is behind. 'old' is from a part that
+  // does not say its groups' sizes: every rank is taken to be in it.
+  TempDir dir;
+  write_entries(dir, 0, 5, {allreduce_of("quad", 4, 0, 3, "running"),
+                            allreduce_of("old", 0, -1, 1, "finished")});
+  write_entries(dir, 1, 5, {allreduce_of("quad", 4, 1, 3, "running")});
+  write_entries(dir, 2, 5, {allreduce_of("quad", 4, 2, 2, "finished")});
+  write_entries(dir, 3, 5, {allreduce_of("pair", 2, 0, 6, "finished")});
+  write_entries(dir, 4, 5, {allreduce_of("pair", 2, 1, 7, "running")});
+  const auto r = run_process({bin_path("lockstep-run"), "--postmortem-from", dir.str()});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output,
+             Contains("  group 'quad': rank 2 and 1 more of its 4 ranks are behind: ranks 0 and 1 "
+                      "have reached, and wait in, allreduce #3 (f32, 1000 elements)\n"
+                      "    rank 2: finished allreduce #2 (f32, 1000 elements) 1.0 s ago; nothing "
+                      "since\n"
+                      "    ranks 0 and 1: in allreduce #3 (f32, 1000 elements) since 2.0 s\n"
+                      "    1 more of its 4 ranks: issued none of its collectives or left no record "
+                      "(one of ranks 3 and 4, not known which)\n") &&
+                 Contains("  group 'pair': rank 3 is behind: rank 4 has reached, and wait in, "
+                          "allreduce #7 (f32, 1000 elements)\n"
+                          "    rank 3: finished allreduce #6 (f32, 1000 elements) 1.0 s ago; "
+                          "nothing since\n"
+                          "    rank 4: in allreduce #7 (f32, 1000 elements) since 2.0 s\n") &&
+                 Contains("  group 'old': ranks 1-4 are behind: rank 0 has reached allreduce #1"));
+  CHECK(ranks_named(r.output, "pair") == std::set<int>{3, 4});
 }
