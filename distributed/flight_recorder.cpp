@@ -23,6 +23,7 @@
 #include "lockstep/distributed/rank_postmortem.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/stable_hash.h"
 
 namespace lockstep::distributed {
 namespace {
@@ -64,6 +65,22 @@ struct Text {
   }
 };
 
+// A group's name as recorded: a name longer than its entry holds keeps a
+// readable start and a hash of the whole, so that groups whose names share
+// the start stay apart in a post-mortem. Only a long name pays for the hash.
+constexpr size_t kGroupBytes = 31;
+std::string_view recorded_group(std::string_view name, std::array<char, kGroupBytes>& buffer) {
+  if (name.size() <= kGroupBytes) return name;
+  constexpr size_t kHashBytes = 9;  // "~" and 8 hex digits
+  size_t kept = kGroupBytes - kHashBytes;
+  // Cut before a UTF-8 character, not inside one (see Text::store).
+  while (kept > 0 && (static_cast<unsigned char>(name[kept]) & 0xC0) == 0x80) --kept;
+  const uint64_t h = runtime::hash_bytes(name.data(), name.size());  // mixes every byte
+  const auto end = fmt::format_to_n(buffer.data(), buffer.size(), "{}~{:08x}",
+                                    name.substr(0, kept), static_cast<uint32_t>(h ^ (h >> 32)));
+  return {buffer.data(), static_cast<size_t>(end.out - buffer.data())};
+}
+
 struct Slot {
   Word version{0};  // odd while being written
   Word ordinal{0};
@@ -74,7 +91,7 @@ struct Slot {
   Word end_ns{0};
   Word state{0};
   Word group_place{0};  // group size << 32 | this rank's rank in it
-  Text<4> group;
+  Text<(kGroupBytes + 1) / 8> group;
   Text<2> op;
   Text<1> dtype;
 };
@@ -251,6 +268,8 @@ FlightRecorder::~FlightRecorder() { ::munmap(layout_, mapped_bytes_); }
 uint64_t FlightRecorder::started(const FlightCall& call) {
   watch_for_postmortems();  // one atomic load after the first call
   const int64_t now = monotonic_ns();
+  std::array<char, kGroupBytes> name_buffer;
+  const std::string_view group = recorded_group(call.group, name_buffer);
   std::lock_guard lock(writers_);
   const uint64_t ordinal = layout_->issued.load(std::memory_order_relaxed) + 1;
   layout_->issued.store(ordinal, std::memory_order_relaxed);
@@ -266,7 +285,7 @@ uint64_t FlightRecorder::started(const FlightCall& call) {
                      std::memory_order_relaxed);
     slot.group_place.store(group_place(call.group_size, call.group_rank),
                            std::memory_order_relaxed);
-    slot.group.store(call.group);
+    slot.group.store(group);
     slot.op.store(call.op);
     slot.dtype.store(call.dtype);
   });

@@ -13,11 +13,12 @@
 // has the first failed collective write them out (rank_postmortem.h).
 //
 // Recording costs two clock reads, an uncontended lock and a few stores per
-// collective. A reader never blocks a writer: each entry carries a version
-// that is odd while it is written, and a reader copies an entry until it
-// reads the same even version before and after (a seqlock), pausing between
-// tries for 5 ms at most. The newest call's entry still odd after that (its
-// writer was stopped or died mid-write) is read as a torn record.
+// collective (and a hash of a group name over 31 bytes). A reader never
+// blocks a writer: each entry carries a version that is odd while it is
+// written, and a reader copies an entry until it reads the same even version
+// before and after (a seqlock), pausing between tries for 5 ms at most. The
+// newest call's entry still odd after that (its writer was stopped or died
+// mid-write) is read as a torn record.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,9 @@ struct FlightRecord {
   enum class State { running, finished, failed, torn };
 
   uint64_t ordinal = 0;  // 1, 2, ...: this process's order of issue, over all its groups
-  std::string group;     // "default" (at most 31 bytes kept)
+  // "default"; a name over 31 bytes as its first 22 at most, "~" and 8 hex
+  // digits of a hash of the whole: "data_parallel_replicas~9e095867".
+  std::string group;
   int32_t group_size = 0;   // its ranks; 0: not known
   int32_t group_rank = -1;  // this process's rank in it; -1: not known
   std::string op;        // "allreduce", "broadcast", ..., "send", "recv"

@@ -162,16 +162,28 @@ TEST_CASE("post-mortem: a rank under another launcher writes its own part when a
   CHECK_FALSE(ld::write_rank_postmortem(env_lookup(unwritable), "x").has_value());
 }
 
-TEST_CASE("post-mortem: a long group name is cut between UTF-8 characters and its part written",
-          "[distributed][postmortem]") {
-  // 40 bytes of two-byte characters: the recorder keeps 31 bytes at most.
+TEST_CASE("post-mortem: long group names stay apart, cut between UTF-8 characters",
+          "[distributed][postmortem][flight-recorder]") {
+  // Two names whose first 31 bytes are the same. Before, the recorder kept
+  // those 31 bytes of each, and a post-mortem merged the two groups.
+  auto& recorder = ld::FlightRecorder::instance();
+  const auto recorded = [&](const std::string& group) {
+    recorder.ended(recorder.started({.group = group, .op = "barrier", .seq = 1}), true);
+    const auto records = recorder.snapshot();
+    REQUIRE_FALSE(records.empty());
+    return records.back().group;
+  };
+  CHECK(recorded("data_parallel_replicas_of_stage_3") == "data_parallel_replicas~9e095867");
+  CHECK(recorded("data_parallel_replicas_of_stage_2") == "data_parallel_replicas~d0e22a4d");
+  CHECK(recorded("a name of just 31 bytes is kept") == "a name of just 31 bytes is kept");
+
+  // 40 bytes of two-byte characters: 22 bytes of them are kept, then "~"
+  // and the hash.
   std::string name;
   for (int i = 0; i < 20; ++i) name += "\xc3\xb1";  // "ñ"
-  auto& recorder = ld::FlightRecorder::instance();
-  recorder.ended(recorder.started({.group = name, .op = "barrier", .seq = 1}), true);
-  const auto records = recorder.snapshot();
-  REQUIRE_FALSE(records.empty());
-  CHECK(records.back().group == name.substr(0, 30));
+  const std::string short_name = recorded(name);
+  CHECK(short_name.size() == 31);
+  CHECK(short_name.substr(0, 23) == name.substr(0, 22) + "~");
 
   TempDir dir;
   const std::map<std::string, std::string> torchrun = {
@@ -181,7 +193,7 @@ TEST_CASE("post-mortem: a long group name is cut between UTF-8 characters and it
   const ld::Postmortem part = ld::postmortem_from_json_text(read_file(*path));
   REQUIRE(part.ranks.size() == 1);
   REQUIRE_FALSE(part.ranks[0].entries.empty());
-  CHECK(part.ranks[0].entries.back().group == name.substr(0, 30));
+  CHECK(part.ranks[0].entries.back().group == short_name);
 
   // Bytes that are not UTF-8 (a part from elsewhere) are written replaced.
   ld::Postmortem odd{.cause = "bad \xff byte"};
