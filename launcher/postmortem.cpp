@@ -63,6 +63,32 @@ const PostmortemEntry* last_of(const RankHistory& rank, const std::string& group
   return last;
 }
 
+// A send or recv of `group` the rank issued after `last` (all of them when
+// null), the newest (nullptr: none). They are not numbered, so they do not
+// order the ranks, but a rank waiting in one is not idle.
+const PostmortemEntry* point_to_point_after(const RankHistory& rank, const std::string& group,
+                                            const PostmortemEntry* last) {
+  const PostmortemEntry* newest = nullptr;
+  for (const auto& e : rank.entries)
+    if (e.group == group && e.seq == 0 && (last == nullptr || &e > last)) newest = &e;
+  return newest;
+}
+
+// How long ago a call ended, or since when it runs. An ended call without its
+// end time (another node's part may lack it) counts from its start.
+double age_of(const PostmortemEntry& e) {
+  return e.state == "running" ? e.started_s_ago : e.ended_s_ago.value_or(e.started_s_ago);
+}
+
+// "in recv (f32, 10 elements, peer 1) since 3.0 s", "send (...) failed 1.0 s ago".
+std::string point_to_point_text(const PostmortemEntry& e, double age) {
+  const std::string call = fmt::format("{} ({}, {} element{}, peer {})", e.op, e.dtype, e.count,
+                                       e.count == 1 ? "" : "s", e.root);
+  if (e.state == "running") return fmt::format("in {} since {:.1f} s", call, age);
+  if (e.state == "failed") return fmt::format("{} failed {:.1f} s ago", call, age);
+  return fmt::format("finished {} {:.1f} s ago", call, age);
+}
+
 // "the newest collective of rank 1 is unknown: ...": ranks whose newest
 // record was still being written when read.
 std::string unknown_text(const std::vector<int>& ranks) {
@@ -124,38 +150,13 @@ std::string unplaced_why(const Members& m) {
   return why;
 }
 
-void report_group(std::string& out, const Postmortem& pm, const std::string& group,
-                  std::string_view no_record) {
-  // Ranks not in the group (a member group of shm+gloo's, a group made on
-  // some of the ranks) are left out: they are not behind in it.
-  const Members members = members_of(pm, group);
-  // Ranks by what they last did: (seq, state) -> ranks; seq 0: nothing. A
-  // rank whose newest record is torn has "torn " before its state: its last
-  // call of this group may be later than the one known.
-  std::map<std::tuple<uint64_t, std::string>, std::vector<int>> classes;
-  std::map<std::tuple<uint64_t, std::string>, const PostmortemEntry*> example;
-  std::map<std::tuple<uint64_t, std::string>, double> oldest;
-  uint64_t newest = 0;
-  for (const RankHistory* member : members.ranks) {
-    const RankHistory& r = *member;
-    const PostmortemEntry* last = last_of(r, group);
-    // Unrecorded ranks are told apart by why they left no record.
-    auto key = last ? std::make_tuple(last->seq, last->state)
-                    : std::make_tuple(uint64_t{0}, r.recorded ? std::string("none")
-                                                              : "unrecorded" + r.no_record);
-    if (r.newest_torn) std::get<1>(key) = "torn " + std::get<1>(key);
-    classes[key].push_back(r.rank);
-    if (!last) continue;
-    example[key] = last;
-    // An ended call without its end time (another node's part may lack it)
-    // counts from its start.
-    const double age = last->state == "running"
-                           ? last->started_s_ago
-                           : last->ended_s_ago.value_or(last->started_s_ago);
-    oldest[key] = std::max(oldest[key], age);
-    newest = std::max(newest, last->seq);
-  }
+using Key = std::tuple<uint64_t, std::string>;  // (seq, state) of a rank's last collective
+constexpr std::string_view kNothingSince = "; nothing since";
 
+// The group's line after its name: who is behind, and where the others are.
+std::string headline_of(const std::map<Key, std::vector<int>>& classes,
+                        const std::map<Key, const PostmortemEntry*>& example, uint64_t newest,
+                        const Members& members, const std::vector<int>& in_p2p) {
   // A torn rank is neither behind nor ahead: its newest call is unknown.
   std::vector<int> behind, ahead, unknown, torn_at_newest;
   const auto* front_key = &classes.rbegin()->first;
@@ -191,44 +192,103 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
                            call_text(*front));
   } else if (classes.size() == 1 && front->state == "failed") {
     headline = fmt::format("every rank issued {}; it failed on every rank", call_text(*front));
-  } else if (classes.size() == 1 && front->state == "finished") {
+  } else if (classes.size() == 1 && front->state == "finished" && in_p2p.empty()) {
     headline = fmt::format("every rank finished {}; none was in a collective of this group",
                            call_text(*front));
+  } else if (classes.size() == 1 && front->state == "finished") {
+    headline = fmt::format("every rank finished {}; since, {} {} in a send or recv of this group",
+                           call_text(*front), ranks_text(in_p2p), verb(in_p2p, "is", "are"));
   } else {
     headline = fmt::format("every rank issued {}; they ended it differently", call_text(*front));
   }
-  out += fmt::format("  group '{}': {}\n", group, headline);
+  return headline;
+}
 
-  for (const auto& [key, ranks] : classes) {
-    std::string state = std::get<1>(key);
-    std::string what;
-    const bool torn = state.starts_with("torn ");
-    if (torn) {
-      state = state.substr(std::string_view("torn ").size());
-      what = fmt::format("newest collective unknown ({} still being written when read); ",
-                         verb(ranks, "its record was", "their records were"));
-      if (state == "none") {
-        what += "none of this group before it";
-        out += fmt::format("    {}: {}\n", ranks_text(ranks), what);
-        continue;
-      }
-      what += "before it: ";
+// What the ranks of class `key` last did in the group.
+std::string line_text(const Key& key, const std::vector<int>& ranks,
+                      const std::map<Key, const PostmortemEntry*>& example,
+                      const std::map<Key, double>& oldest, std::string_view no_record) {
+  std::string state = std::get<1>(key);
+  std::string what;
+  const bool torn = state.starts_with("torn ");
+  if (torn) {
+    state = state.substr(std::string_view("torn ").size());
+    what = fmt::format("newest collective unknown ({} still being written when read); ",
+                       verb(ranks, "its record was", "their records were"));
+    if (state == "none") return what + "none of this group before it";
+    what += "before it: ";
+  }
+  if (state.starts_with("unrecorded")) {
+    const std::string why = state.substr(std::string_view("unrecorded").size());
+    return fmt::format("left no record ({})", why.empty() ? std::string(no_record) : why);
+  }
+  if (state == "none") return "issued no collective on this group";
+  const PostmortemEntry& e = *example.at(key);
+  const double age = oldest.at(key);
+  if (state == "running") return what + fmt::format("in {} since {:.1f} s", call_text(e), age);
+  if (state == "failed") return what + fmt::format("{} failed {:.1f} s ago", call_text(e), age);
+  return what + fmt::format("finished {} {:.1f} s ago{}", call_text(e), age,
+                            torn ? std::string_view() : kNothingSince);
+}
+
+void report_group(std::string& out, const Postmortem& pm, const std::string& group,
+                  std::string_view no_record) {
+  // Ranks not in the group (a member group of shm+gloo's, a group made on
+  // some of the ranks) are left out: they are not behind in it.
+  const Members members = members_of(pm, group);
+  // Ranks by what they last did: (seq, state) -> ranks; seq 0: nothing. A
+  // rank whose newest record is torn has "torn " before its state: its last
+  // call of this group may be later than the one known.
+  std::map<Key, std::vector<int>> classes;
+  std::map<Key, const PostmortemEntry*> example;
+  std::map<Key, double> oldest;
+  // The report's lines: a class split by the send or recv its ranks issued
+  // after their last collective ("": none).
+  using LineKey = std::tuple<uint64_t, std::string, std::string>;
+  std::map<LineKey, std::vector<int>> lines;
+  std::map<LineKey, const PostmortemEntry*> p2p_example;
+  std::map<LineKey, double> p2p_oldest;
+  std::vector<int> in_p2p;  // ranks waiting in a send or recv of the group
+  uint64_t newest = 0;
+  for (const RankHistory* member : members.ranks) {
+    const RankHistory& r = *member;
+    const PostmortemEntry* last = last_of(r, group);
+    // Unrecorded ranks are told apart by why they left no record.
+    Key key = last ? std::make_tuple(last->seq, last->state)
+                   : std::make_tuple(uint64_t{0}, r.recorded ? std::string("none")
+                                                             : "unrecorded" + r.no_record);
+    if (r.newest_torn) std::get<1>(key) = "torn " + std::get<1>(key);
+    classes[key].push_back(r.rank);
+    const PostmortemEntry* p2p = point_to_point_after(r, group, last);
+    const LineKey line{std::get<0>(key), std::get<1>(key),
+                       p2p ? point_to_point_text(*p2p, 0) : std::string()};
+    lines[line].push_back(r.rank);
+    if (p2p) {
+      p2p_example[line] = p2p;
+      p2p_oldest[line] = std::max(p2p_oldest[line], age_of(*p2p));
+      if (p2p->state == "running") in_p2p.push_back(r.rank);
     }
-    if (state.starts_with("unrecorded")) {
-      const std::string why = state.substr(std::string_view("unrecorded").size());
-      what = fmt::format("left no record ({})", why.empty() ? std::string(no_record) : why);
-    } else if (state == "none") {
-      what = "issued no collective on this group";
-    } else {
-      const PostmortemEntry& e = *example.at(key);
-      const double age = oldest.at(key);
-      if (state == "running") {
-        what += fmt::format("in {} since {:.1f} s", call_text(e), age);
-      } else if (state == "failed") {
-        what += fmt::format("{} failed {:.1f} s ago", call_text(e), age);
+    if (!last) continue;
+    example[key] = last;
+    oldest[key] = std::max(oldest[key], age_of(*last));
+    newest = std::max(newest, last->seq);
+  }
+
+  out += fmt::format("  group '{}': {}\n", group,
+                     newest == 0 ? "only sends and receives, which are not numbered"
+                                 : headline_of(classes, example, newest, members, in_p2p));
+  for (const auto& [line, ranks] : lines) {
+    const Key key{std::get<0>(line), std::get<1>(line)};
+    std::string what = line_text(key, ranks, example, oldest, no_record);
+    if (const auto p2p = p2p_example.find(line); p2p != p2p_example.end()) {
+      const std::string since = point_to_point_text(*p2p->second, p2p_oldest.at(line));
+      if (what.ends_with(kNothingSince)) {
+        what.replace(what.size() - kNothingSince.size(), kNothingSince.size(),
+                     "; since: " + since);
+      } else if (std::get<1>(key) == "none") {
+        what = since;
       } else {
-        what += fmt::format("finished {} {:.1f} s ago{}", call_text(e), age,
-                            torn ? "" : "; nothing since");
+        what += "; then " + since;
       }
     }
     out += fmt::format("    {}: {}\n", ranks_text(ranks), what);
@@ -256,8 +316,7 @@ RankHistory read_rank_history(const std::string& path, int rank, int node,
 std::string report_text(const Postmortem& pm, std::string_view no_record) {
   std::set<std::string> groups;
   for (const auto& r : pm.ranks)
-    for (const auto& e : r.entries)
-      if (e.seq > 0) groups.insert(e.group);
+    for (const auto& e : r.entries) groups.insert(e.group);
   if (groups.empty()) return "";
   std::string out;
   // The default group first: the one a training step's collectives use.

@@ -431,3 +431,37 @@ TEST_CASE("launcher: a post-mortem leaves the ranks not in a group out of its li
                  Contains("  group 'old': ranks 1-4 are behind: rank 0 has reached allreduce #1"));
   CHECK(ranks_named(r.output, "pair") == std::set<int>{3, 4});
 }
+
+TEST_CASE("launcher: a post-mortem shows the send or recv a rank issued after its last "
+          "collective", "[launcher][postmortem]") {
+  // Rank 0 waits in a recv from rank 1 after all-reduce #5; 'pp' carries
+  // only a send and a recv. Before, rank 0 read as having done nothing since
+  // #5, every rank as in no collective, and 'pp' was left out.
+  TempDir dir;
+  const auto p2p = [](const std::string& group, const std::string& op, int size, int rank,
+                      int peer, const std::string& state) {
+    return lockstep::distributed::PostmortemEntry{
+        .group = group, .op = op, .dtype = "f32", .group_size = size, .group_rank = rank,
+        .state = state, .count = 10, .root = peer, .started_s_ago = 2.0,
+        .ended_s_ago = state == "running" ? std::nullopt : std::optional<double>(1.0)};
+  };
+  write_entries(dir, 0, 3, {allreduce_of("default", 3, 0, 5, "finished"),
+                            p2p("default", "recv", 3, 0, 1, "running"),
+                            p2p("pp", "send", 2, 0, 1, "running")});
+  write_entries(dir, 1, 3, {allreduce_of("default", 3, 1, 5, "finished"),
+                            p2p("pp", "recv", 2, 1, 0, "finished")});
+  write_entries(dir, 2, 3, {allreduce_of("default", 3, 2, 5, "finished")});
+  const auto r = run_process({bin_path("lockstep-run"), "--postmortem-from", dir.str()});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output,
+             Contains("  group 'default': every rank finished allreduce #5 (f32, 1000 elements); "
+                      "since, rank 0 is in a send or recv of this group\n") &&
+                 Contains("    ranks 1 and 2: finished allreduce #5 (f32, 1000 elements) 1.0 s "
+                          "ago; nothing since\n") &&
+                 Contains("    rank 0: finished allreduce #5 (f32, 1000 elements) 1.0 s ago; "
+                          "since: in recv (f32, 10 elements, peer 1) since 2.0 s\n") &&
+                 Contains("  group 'pp': only sends and receives, which are not numbered\n") &&
+                 Contains("    rank 0: in send (f32, 10 elements, peer 1) since 2.0 s\n") &&
+                 Contains("    rank 1: finished recv (f32, 10 elements, peer 0) 1.0 s ago\n"));
+}
