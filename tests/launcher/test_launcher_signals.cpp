@@ -202,6 +202,9 @@ TEST_CASE("launcher: a launcher killed with its reaper leaves its scratch files 
   INFO("killed " << killed_dir << ", live " << live_dir);
   REQUIRE(std::filesystem::is_directory(killed_dir));
   REQUIRE(std::filesystem::is_directory(live_dir));
+  // Stopped first, so that it cannot clean up after its rank's death.
+  REQUIRE(kill(killed->pid, SIGSTOP) == 0);
+  REQUIRE(eventually([&] { return process_state(killed->pid) == 'T'; }, kLimit));
   const auto children = run_process(
       {"/bin/sh", "-c", fmt::format("pkill -KILL -P {}", killed->pid)}, kLimit);
   REQUIRE(children.ok());  // the reaper and the rank, before the launcher
