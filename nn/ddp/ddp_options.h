@@ -27,7 +27,9 @@ struct DdpOptions {
   // all-reduce, and one copy of the gradients in memory instead of two.
   bool gradient_as_bucket_view = false;
   // The set of used parameters never changes: with find_unused_parameters the
-  // graph is walked on the first iteration only.
+  // graph is walked only until the first averaged backward, whose walk is kept
+  // (forwards that no backward follows, evaluations with grad mode on, count
+  // for nothing).
   bool static_graph = false;
   // Take CPU buckets from memory that the process group's collectives read in
   // place on every rank, where it has such memory (shm backend: a shared pool

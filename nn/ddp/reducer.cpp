@@ -230,7 +230,6 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     for (size_t i = 0; i < params_.size(); ++i) {
       unused_[i] = reached.count(params_[i].second.impl_ptr()) == 0;
     }
-    unused_known_ = true;
   }
 }
 
@@ -461,6 +460,10 @@ void Reducer::finalize() {
   if (timeline_) timeline_->buckets_waited();
   mode_ = Mode::idle;
   backward_started_ = false;
+  // static_graph keeps this walk: the first one that a backward followed (a
+  // forward without one, e.g. an evaluation with grad mode on, may use other
+  // parameters, or run on some ranks only).
+  if (walked_) unused_known_ = true;
   ++synced_iterations_;
   stats_.iteration += 1;
   stats_.backward_ms = ms_between(forward_end_, backward_end);

@@ -122,7 +122,7 @@ class Reducer {
   // its bucket was scaled and reduced; put back if no rank used it.
   std::vector<Tensor> kept_grads_;
   std::vector<bool> unused_;           // find_unused_parameters: not reached from the output
-  bool unused_known_ = false;          // static_graph: computed once
+  bool unused_known_ = false;          // static_graph: kept from the first averaged backward
   bool walked_ = false;                // unused_ computed for this iteration's outputs
   size_t num_ready_ = 0;
   size_t next_launch_ = 0;

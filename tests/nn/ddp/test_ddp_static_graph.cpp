@@ -1,0 +1,134 @@
+// DDP's static_graph and find_unused_parameters around forwards that no
+// backward follows: an evaluation with grad mode on, before training or
+// between its steps; in-process over gloo.
+#include <catch2/catch.hpp>
+
+#include "nn/ddp/ddp_fixture.h"
+
+namespace lt = lockstep::testing;
+namespace nn = lockstep::nn;
+using lockstep::nn::DdpOptions;
+using lockstep::nn::DistributedDataParallel;
+using lockstep::runtime::Tensor;
+
+namespace {
+
+// A main head, and a second one used in training only (an auxiliary loss
+// head) or in evaluation only.
+class SecondHead : public nn::Module {
+ public:
+  SecondHead(uint64_t seed, bool in_training) : in_training_(in_training) {
+    lockstep::runtime::Generator g(seed);
+    a = register_module("a", std::make_shared<nn::Linear>(12, 5, true, g));
+    b = register_module("b", std::make_shared<nn::Linear>(5, 5, true, g));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = a->forward(x);
+    return is_training() == in_training_ ? b->forward(h) : h;
+  }
+  std::shared_ptr<nn::Linear> a, b;
+
+ private:
+  bool in_training_;
+};
+
+// "" when every parameter's .grad matches the one-process gradient on the
+// whole batch.
+std::string compare_with_one_process(nn::Module& mine, nn::Module& alone, const lt::Batch& batch) {
+  alone.zero_grad();
+  lt::loss_of(alone, batch).backward();
+  const auto m = mine.named_parameters(), a = alone.named_parameters();
+  for (size_t i = 0; i < m.size(); ++i) {
+    if (!a[i].second.grad().defined()) {
+      if (m[i].second.grad().defined()) return m[i].first + " got a gradient it should not";
+      continue;
+    }
+    const auto p = lt::mismatch(m[i].first, m[i].second.grad(), a[i].second.grad(), 1e-5);
+    if (!p.empty()) return p;
+  }
+  return "";
+}
+
+std::string joined(const std::vector<std::string>& problems) {
+  std::string out;
+  for (size_t r = 0; r < problems.size(); ++r) {
+    if (!problems[r].empty()) out += fmt::format("rank {}: {}\n", r, problems[r]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("DDP: static_graph learns the used parameters from the first backward, not from an "
+          "evaluation forward before it",
+          "[ddp]") {
+  // A validation loss computed with grad mode on before training starts:
+  // its graph has no backward, and may use other parameters than training.
+  const auto batch = lt::global_batch(8, 21);
+  for (const bool aux_in_training : {true, false}) {
+    for (const bool eval_on_every_rank : {true, false}) {
+      const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+        auto model = std::make_shared<SecondHead>(1, aux_in_training);
+        DistributedDataParallel ddp(
+            model, group, DdpOptions{.find_unused_parameters = true, .static_graph = true});
+        const auto local = lt::shard(batch, r, 2);
+        if (eval_on_every_rank || r == 0) {
+          ddp.eval();
+          (void)lt::loss_of(ddp, local);  // grad mode on, no backward
+          ddp.train();
+        }
+        auto alone = std::make_shared<SecondHead>(1, aux_in_training);
+        for (int step = 0; step < 3; ++step) {
+          ddp.zero_grad();
+          lt::loss_of(ddp, local).backward();
+          const auto p = compare_with_one_process(ddp.module(), *alone, batch);
+          if (!p.empty()) return fmt::format("step {}: {}", step, p);
+        }
+        return "";
+      });
+      INFO("aux head in training " << aux_in_training << ", eval on every rank "
+                                   << eval_on_every_rank);
+      CHECK(joined(problems) == "");
+    }
+  }
+}
+
+TEST_CASE("DDP: an evaluation forward with grad mode on between training steps changes no "
+          "gradient",
+          "[ddp]") {
+  const auto batch = lt::global_batch(8, 22);
+  struct Mode {
+    bool find_unused, static_graph, aux_in_training;
+  };
+  // Without find_unused_parameters training must use every parameter.
+  for (const Mode mode : {Mode{false, false, true}, Mode{false, true, true},
+                          Mode{true, false, true}, Mode{true, false, false},
+                          Mode{true, true, true}, Mode{true, true, false}}) {
+    for (const bool eval_on_every_rank : {true, false}) {
+      const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+        auto model = std::make_shared<SecondHead>(1, mode.aux_in_training);
+        DistributedDataParallel ddp(model, group,
+                                    DdpOptions{.find_unused_parameters = mode.find_unused,
+                                               .static_graph = mode.static_graph});
+        const auto local = lt::shard(batch, r, 2);
+        auto alone = std::make_shared<SecondHead>(1, mode.aux_in_training);
+        for (int step = 0; step < 3; ++step) {
+          if (step == 1 && (eval_on_every_rank || r == 0)) {
+            ddp.eval();
+            (void)lt::loss_of(ddp, local);
+            ddp.train();
+          }
+          ddp.zero_grad();
+          lt::loss_of(ddp, local).backward();
+          const auto p = compare_with_one_process(ddp.module(), *alone, batch);
+          if (!p.empty()) return fmt::format("step {}: {}", step, p);
+        }
+        return "";
+      });
+      INFO("find_unused " << mode.find_unused << ", static_graph " << mode.static_graph
+                          << ", aux head in training " << mode.aux_in_training
+                          << ", eval on every rank " << eval_on_every_rank);
+      CHECK(joined(problems) == "");
+    }
+  }
+}
