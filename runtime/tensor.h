@@ -82,12 +82,12 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
   Tensor permute(const std::vector<int64_t>& dims) const;
   Tensor transpose(int64_t d0, int64_t d1) const;
-  Tensor t() const;  // transpose(0, 1); 0-D and 1-D tensors come back as they are
+  Tensor t() const;  // transpose(0, 1); of a 0-D or 1-D tensor, a view of the same shape
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor select(int64_t dim, int64_t index) const;  // drops `dim`
   Tensor expand(const Shape& shape) const;          // -1 keeps a size
   Tensor unsqueeze(int64_t dim) const;
-  Tensor squeeze(int64_t dim) const;
+  Tensor squeeze(int64_t dim) const;  // a view of the same shape where dim is not of size 1
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
   Tensor contiguous() const;  // self if already contiguous
   Tensor clone() const;

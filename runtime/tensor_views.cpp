@@ -123,10 +123,10 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
-  if (dim() == 0) {  // as PyTorch: dims 0 and -1 of a scalar, and itself
+  if (dim() == 0) {  // as PyTorch: dims 0 and -1 of a scalar, and a view of it
     wrap_dim(d0, 0);
     wrap_dim(d1, 0);
-    return *this;
+    return permute({});
   }
   std::vector<int64_t> dims(dim());
   std::iota(dims.begin(), dims.end(), 0);
@@ -137,7 +137,7 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 Tensor Tensor::t() const {
   LOCKSTEP_CHECK(dim() <= 2, "t(): expects a tensor with at most 2 dims, got shape {}; use "
                  "transpose(d0, d1)", shape_str(shape()));
-  return dim() < 2 ? *this : transpose(0, 1);
+  return transpose(0, dim() < 2 ? 0 : 1);
 }
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
@@ -216,11 +216,14 @@ Tensor Tensor::unsqueeze(int64_t d) const {
 
 Tensor Tensor::squeeze(int64_t d) const {
   d = wrap_dim(d, dim());
-  if (dim() == 0 || shape()[d] != 1) return *this;  // a scalar squeezes to itself
-  Shape shape = this->shape();
-  shape.erase(shape.begin() + d);
-  Shape st = strides();
-  st.erase(st.begin() + d);
+  // A scalar, or a dim not of size 1, keeps its shape; as PyTorch, the result
+  // is still a view, never the tensor itself (whose requires_grad or .grad a
+  // caller might then change unknowingly).
+  Shape shape = this->shape(), st = strides();
+  if (dim() > 0 && shape[d] == 1) {
+    shape.erase(shape.begin() + d);
+    st.erase(st.begin() + d);
+  }
   Shape in_shape = this->shape();
   return record(make_view(*this, shape, st, storage_offset()), "SqueezeBackward", {*this}, {},
                 [in_shape](const BackwardArgs& a) {

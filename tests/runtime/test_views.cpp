@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -113,7 +114,8 @@ TEST_CASE("permute, transpose and t", "[runtime][views]") {
   CHECK(m.t().shape() == Shape{3, 2});
   CHECK(values(m.t()) == std::vector<double>{0, 3, 1, 4, 2, 5});
   Tensor v = iota({3});
-  CHECK(v.t().is_same(v));  // as in PyTorch: 1-D comes back unchanged
+  CHECK(v.t().shape() == Shape{3});  // as in PyTorch: 1-D keeps its shape, as a new view
+  CHECK_FALSE(v.t().is_same(v));
   CHECK_THROWS_WITH(t.t(), Contains("transpose(d0, d1)"));
 
   CHECK_THROWS_WITH(t.permute({0, 1}), Contains("permute"));
@@ -191,6 +193,48 @@ TEST_CASE("expand uses stride 0; contiguous materialises it", "[runtime][views]"
   CHECK_THROWS_WITH(col.expand({2, 4}), Contains("cannot expand") && Contains("[3, 1]"));
   CHECK_THROWS_WITH(col.expand({4}), Contains("fewer dims"));
   CHECK_THROWS_WITH(row.expand({-1, 2}), Contains("-1"));
+}
+
+TEST_CASE("t, transpose and squeeze that keep the shape return a new view, not the tensor",
+          "[runtime][views][autograd]") {
+  // As PyTorch (`w.t() is w` is False): a caller that changes the result's
+  // requires_grad or .grad must not change the input's.
+  Tensor vec = Tensor::ones({3}), mat = Tensor::ones({1, 3}), scalar = Tensor::scalar(1);
+  struct Case {
+    const char* name;
+    Tensor base;
+    std::function<Tensor(const Tensor&)> op;
+  };
+  const std::vector<Case> cases = {
+      {"t() of 1-D", vec, [](const Tensor& a) { return a.t(); }},
+      {"t() of 0-D", scalar, [](const Tensor& a) { return a.t(); }},
+      {"transpose of 0-D", scalar, [](const Tensor& a) { return a.transpose(0, -1); }},
+      {"squeeze of a dim not of size 1", mat, [](const Tensor& a) { return a.squeeze(1); }},
+      {"squeeze of 0-D", scalar, [](const Tensor& a) { return a.squeeze(0); }},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    Tensor base = c.base.clone().requires_grad_();
+    Tensor v = c.op(base);
+    CHECK_FALSE(v.is_same(base));
+    CHECK(shares_storage(v, base));
+    CHECK(v.shape() == base.shape());
+    CHECK_FALSE(v.is_leaf());
+    CHECK_THROWS_WITH(v.requires_grad_(false), Contains("leaf"));
+    CHECK(base.requires_grad());
+    sum(mul(v, 3.0)).backward();
+    CHECK(values(base.grad()) == std::vector<double>(static_cast<size_t>(base.numel()), 3.0));
+    CHECK_FALSE(v.grad().defined());
+    {
+      NoGradGuard no_grad;  // no history: a leaf of its own
+      Tensor w = c.op(base);
+      CHECK_FALSE(w.is_same(base));
+      w.set_grad(Tensor::zeros(w.shape()));
+      w.requires_grad_(false);
+    }
+    CHECK(base.requires_grad());
+    CHECK(values(base.grad()) == std::vector<double>(static_cast<size_t>(base.numel()), 3.0));
+  }
 }
 
 TEST_CASE("unsqueeze, squeeze and flatten", "[runtime][views]") {
