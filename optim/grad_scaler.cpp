@@ -87,10 +87,16 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   const Device device = scale_.device();
   const Tensor inv_scale =
       runtime::div(Tensor::ones({1}, DType::f64, device), scale_.to(DType::f64)).to(DType::f32);
-  Tensor found_inf = Tensor::zeros({1}, DType::f32, device);
+  // [found inf/NaN, no gradient here]: reduced together, so that every rank
+  // learns in the one all-reduce whether any rank has nothing to step.
+  Tensor flags = Tensor::zeros({2}, DType::f32, device);
+  Tensor found_inf = flags.slice(0, 0, 1);
+  if (grads.empty()) flags.slice(0, 1, 2).fill_(1.0);
   runtime::amp_unscale_(grads, found_inf, inv_scale);
-  if (group_) group_->allreduce(found_inf, {.op = collectives::ReduceOp::Max})->wait();
+  if (group_) group_->allreduce(flags, {.op = collectives::ReduceOp::Max})->wait();
   state.found_inf = found_inf;
+  state.flags = flags;
+  state.has_grads = !grads.empty();
   state.stage = Stage::unscaled;
 }
 
@@ -104,7 +110,16 @@ bool GradScaler::step(Optimizer& optimizer) {
   if (per_optimizer_[&optimizer].stage == Stage::ready) unscale_(optimizer);
   PerOptimizer& state = per_optimizer_[&optimizer];
   // The one host read of an iteration (waits for the device).
-  const bool skip = state.found_inf.item() != 0.0;
+  const std::vector<float> flags = state.flags.to_vector<float>();
+  // As PyTorch: a step with nothing to step is a mistake in the loop, not a
+  // clean iteration that would let update() grow the scale.
+  LOCKSTEP_CHECK(flags[1] == 0.0f,
+                 "GradScaler::step: No inf checks were recorded for this optimizer: none of its "
+                 "parameters has a gradient {}, so there is nothing to step. Run "
+                 "scale(loss).backward() before step(), and zero_grad() before the backward, not "
+                 "between it and step()",
+                 state.has_grads ? "on another rank of the scaler's group" : "on this rank");
+  const bool skip = flags[0] != 0.0f;
   if (!skip) optimizer.step();
   state.stage = Stage::stepped;
   return !skip;
@@ -117,7 +132,7 @@ void GradScaler::update() {
   NoGradGuard no_grad;
   Tensor found;
   for (const auto& [opt, state] : per_optimizer_) {
-    if (!state.found_inf.defined()) continue;
+    if (!state.has_grads) continue;  // as PyTorch: unscale_ found nothing to check
     if (!found.defined()) found = state.found_inf.clone();
     else found.add_(state.found_inf);
   }

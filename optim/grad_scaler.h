@@ -65,7 +65,9 @@ class GradScaler {
   // between update()s, and not after step().
   void unscale_(Optimizer& optimizer);
   // unscale_ unless done; then optimizer.step() unless an inf/NaN was found.
-  // Returns whether it stepped. Once per optimizer between update()s.
+  // Returns whether it stepped. Once per optimizer between update()s. As
+  // PyTorch, throws where none of the optimizer's parameters has a gradient
+  // (with a group: on any rank, and then on every rank).
   bool step(Optimizer& optimizer);
   // The next iteration's scale (see above); forgets the iteration's flags.
   void update();
@@ -87,7 +89,9 @@ class GradScaler {
   enum class Stage { ready, unscaled, stepped };
   struct PerOptimizer {
     Stage stage = Stage::ready;
-    Tensor found_inf;  // 1-element f32 on the scale's device
+    Tensor found_inf;  // 1-element f32 on the scale's device: flags[0]
+    Tensor flags;      // [found inf/NaN, a rank had no gradient], all-reduced with a group
+    bool has_grads = false;  // this rank's unscale_ found a gradient
   };
 
   GradScalerOptions options_;

@@ -193,6 +193,35 @@ TEST_CASE("GradScaler refuses misuse as PyTorch does", "[optim][grad_scaler]") {
   CHECK_THROWS_WITH(GradScaler({.growth_interval = 0}), Contains("growth_interval"));
 }
 
+TEST_CASE("GradScaler refuses to step or update for an optimizer with no gradient, as PyTorch",
+          "[optim][grad_scaler]") {
+  // zero_grad() between backward and step (or no backward at all) leaves
+  // nothing to step: PyTorch's "No inf checks were recorded", not a silent
+  // no-op step that counts as a clean iteration and grows the scale.
+  Tensor p = param({1, 2});
+  SGD opt({p}, {.lr = 0.5});
+  GradScaler scaler({.init_scale = 1024, .growth_interval = 1});
+  scaled_backward(scaler, p, {1, 1});
+  opt.zero_grad();
+  CHECK_THROWS_WITH(scaler.step(opt),
+                    Contains("No inf checks were recorded for this optimizer") &&
+                        Contains("none of its parameters has a gradient"));
+  CHECK_THROWS_WITH(scaler.update(), Contains("no inf checks were recorded prior to update()"));
+  CHECK(scaler.get_scale() == 1024.0);
+  CHECK(scaler.get_growth_tracker() == 0);
+  // The same after an explicit unscale_, which alone does not refuse.
+  scaler.update(1024.0);
+  CHECK_NOTHROW(scaler.unscale_(opt));
+  CHECK_THROWS_WITH(scaler.update(), Contains("no inf checks were recorded prior to update()"));
+  CHECK(scaler.get_scale() == 1024.0);
+  // With a gradient the iteration goes on as usual.
+  scaler.update(1024.0);
+  scaled_backward(scaler, p, {1, 1});
+  CHECK(scaler.step(opt));
+  scaler.update();
+  CHECK(scaler.get_scale() == 2048.0);
+}
+
 TEST_CASE("A disabled GradScaler passes every call through", "[optim][grad_scaler]") {
   Tensor p = param({1});
   SGD opt({p}, {.lr = 1.0});

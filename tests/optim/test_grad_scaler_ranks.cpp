@@ -118,3 +118,23 @@ TEST_CASE("Under DDP an overflow on one rank at step k skips step k on both rank
   }
   CHECK(results[0].params == results[1].params);
 }
+
+TEST_CASE("With a group, a rank whose optimizer has no gradient fails step on every rank",
+          "[optim][grad_scaler][ranks]") {
+  // Failing on that rank alone would leave the others waiting in their next
+  // collective until it timed out.
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto model = lt::small_mlp(3);
+    SGD opt(model->parameters(), SGDOptions{.lr = 0.1});
+    GradScaler scaler(group);
+    scaler.scale(lt::loss_of(*model, lt::global_batch(8, 1))).backward();
+    if (r == 1) opt.zero_grad();  // a misplaced zero_grad on one rank
+    scaler.step(opt);
+    return "stepped";
+  }, "grad_scaler_none");
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(problems[r], Catch::Contains("No inf checks were recorded for this optimizer") &&
+                                Catch::Contains(r == 1 ? "on this rank" : "on another rank"));
+  }
+}
