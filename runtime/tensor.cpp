@@ -220,6 +220,10 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   LOCKSTEP_CHECK(seed.shape() == shape(),
                  "backward(): gradient has shape {} but the output has shape {}",
                  shape_str(seed.shape()), shape_str(shape()));
+  LOCKSTEP_CHECK(seed.device() == device(),
+                 "backward(): the gradient is on {} but the output on {}; move it there with "
+                 ".to({})",
+                 seed.device().str(), device().str(), device().str());
   // As PyTorch: the gradient takes the output's dtype. Backward kernels read
   // the incoming gradient at the dtype of the op's output.
   if (seed.dtype() != dtype()) seed = seed.detach().to(dtype());

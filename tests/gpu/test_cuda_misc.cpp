@@ -176,3 +176,14 @@ TEST_CASE("CUDA cat along every dim, forward and backward", "[gpu][cuda][misc]")
   const Tensor a = randn_cpu({2, 3}, seed++);
   CHECK_THAT(error_of([&] { cat({a.to(cuda0()), a}, 0); }), Contains("cat: tensor 1 is on cpu"));
 }
+
+TEST_CASE("backward(gradient) refuses a gradient on another device than the output",
+          "[gpu][cuda][misc]") {
+  LOCKSTEP_SKIP_UNLESS_GPU();
+  const Tensor w = Tensor::ones({3}, DType::f32, Device::cuda(0)).requires_grad_();
+  const Tensor y = mul(w, w);
+  CHECK_THAT(error_of([&] { y.backward(Tensor::ones({3})); }),
+             Contains("the gradient is on cpu but the output on cuda:0"));
+  y.backward(Tensor::ones({3}).to(Device::cuda(0)));
+  CHECK(w.grad().to(Device::cpu()).to_vector<float>() == std::vector<float>{2, 2, 2});
+}
