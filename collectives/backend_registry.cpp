@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <array>
 
 #include "lockstep/collectives/backends.h"
@@ -114,8 +115,19 @@ void require_backend(std::string_view backend) {
                    how_to_enable("gloo"));
     return;
   }
-  const std::string how = how_to_enable(backend);  // throws for unknown names
   const auto built_in = built_in_backends();
+  const bool known = std::any_of(kRegistry.begin(), kRegistry.end(),
+                                 [&](const Entry& e) { return e.name == backend; });
+  if (!known) {
+    std::vector<std::string> usable = built_in;
+    if (is_built_in("gloo")) usable.emplace_back(kHierarchical);
+    throw Error(fmt::format(
+        "unknown collectives backend '{}'; the backends are gloo, mpi, nccl, shm and {} (built "
+        "into this lockstep: {}); name one of them with LOCKSTEP_BACKEND or "
+        "InitOptions::backend, or leave both unset for the default",
+        backend, kHierarchical, fmt::join(usable, ", ")));
+  }
+  const std::string how = how_to_enable(backend);
   LOCKSTEP_CHECK(
       is_built_in(backend),
       "collectives backend '{}' is not built into this lockstep (built in: {}); {}", backend,

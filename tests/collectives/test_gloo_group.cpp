@@ -306,7 +306,9 @@ TEST_CASE("gloo: a peer whose group goes away is named in the error", "[collecti
 TEST_CASE("make_process_group: unknown and missing backends are explained", "[collectives]") {
   auto store = std::make_shared<lockstep::distributed::MemoryStore>();
   CHECK_THAT(lt::error_of([&] { lc::make_process_group("tcp", store, 0, 1, "x", 1s); }),
-             Contains("unknown collectives backend 'tcp'"));
+             Contains("unknown collectives backend 'tcp'; the backends are gloo, mpi, nccl, shm "
+                      "and shm+gloo (built into this lockstep: ") &&
+                 Contains("LOCKSTEP_BACKEND"));
   for (const char* backend : {"gloo", "mpi", "nccl"}) {
     if (lc::is_built_in(backend)) continue;
     CHECK_THAT(lt::error_of([&] { lc::make_process_group(backend, store, 0, 1, "x", 1s); }),
