@@ -91,4 +91,13 @@ inline std::vector<std::string> on_ranks(
   return problems;
 }
 
+// on_ranks' problems as one text, a line per rank that had any ("" when none).
+inline std::string joined(const std::vector<std::string>& problems) {
+  std::string out;
+  for (size_t r = 0; r < problems.size(); ++r) {
+    if (!problems[r].empty()) out += fmt::format("rank {}: {}\n", r, problems[r]);
+  }
+  return out;
+}
+
 }  // namespace lockstep::testing

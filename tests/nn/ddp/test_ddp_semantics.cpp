@@ -15,14 +15,6 @@ using lockstep::runtime::Tensor;
 
 namespace {
 
-std::string joined(const std::vector<std::string>& problems) {
-  std::string out;
-  for (size_t r = 0; r < problems.size(); ++r) {
-    if (!problems[r].empty()) out += fmt::format("rank {}: {}\n", r, problems[r]);
-  }
-  return out;
-}
-
 // Two heads over one input; forward uses head b only when asked to.
 class TwoHeads : public nn::Module {
  public:
@@ -97,7 +89,7 @@ TEST_CASE("DDP: construction copies rank 0's parameters and buffers; broadcast_p
     if (!lt::bitwise_equal(model->parameters()[0], reference[0])) return "hand change survived";
     return "";
   });
-  REQUIRE(joined(problems).empty());
+  REQUIRE(lt::joined(problems).empty());
 }
 
 TEST_CASE("DDP: BatchNorm without sync uses local batch statistics; rank 0's running "
@@ -145,7 +137,7 @@ TEST_CASE("DDP: BatchNorm without sync uses local batch statistics; rank 0's run
     replay->forward(local.x);
     return lt::mismatch("running_mean after broadcast", bn->running_mean, replay_bn->running_mean, 1e-6);
   });
-  REQUIRE(joined(problems).empty());
+  REQUIRE(lt::joined(problems).empty());
 }
 
 TEST_CASE("DDP: a model converted to another dtype after wrapping is refused at the next "
@@ -219,7 +211,7 @@ TEST_CASE("DDP: a parameter with no gradient is named unless find_unused_paramet
       Tensor expected = lockstep::runtime::mul(alone->b->weight.grad(), 0.5);
       return lt::mismatch("b.weight.grad", model->b->weight.grad(), expected, 1e-5);
     });
-    REQUIRE(joined(problems).empty());
+    REQUIRE(lt::joined(problems).empty());
   }
 }
 
@@ -316,7 +308,7 @@ TEST_CASE("DDP: a forward under no_grad between a forward and its backward leave
       return "";
     });
     INFO("find_unused_parameters " << find_unused);
-    REQUIRE(joined(problems).empty());
+    REQUIRE(lt::joined(problems).empty());
   }
 }
 
@@ -344,7 +336,7 @@ TEST_CASE("DDP: after the first iteration buckets follow the order gradients bec
     lt::loss_of(*alone, full).backward();
     return lt::mismatch("a.weight.grad", model->a->weight.grad(), alone->a->weight.grad(), 1e-5);
   });
-  REQUIRE(joined(problems).empty());
+  REQUIRE(lt::joined(problems).empty());
 }
 
 TEST_CASE("DDP: statistics are printable and JSON", "[ddp]") {
@@ -359,7 +351,7 @@ TEST_CASE("DDP: statistics are printable and JSON", "[ddp]") {
     if (s.str().find("iteration 1") == std::string::npos) return "str: " + s.str();
     return "";
   });
-  REQUIRE(joined(problems).empty());
+  REQUIRE(lt::joined(problems).empty());
 }
 
 TEST_CASE("DDP: static_graph walks the graph once and gives the same gradients", "[ddp]") {
@@ -382,7 +374,7 @@ TEST_CASE("DDP: static_graph walks the graph once and gives the same gradients",
     }
     return "";
   });
-  REQUIRE(joined(problems).empty());
+  REQUIRE(lt::joined(problems).empty());
 }
 
 TEST_CASE("DDP: hooks sit on every trained parameter and leave with the wrapper", "[ddp]") {
@@ -409,7 +401,7 @@ TEST_CASE("DDP: hooks sit on every trained parameter and leave with the wrapper"
     lt::loss_of(*alone, lt::shard(batch, r, 2)).backward();
     return lt::mismatch("local grad", model->parameters()[2].grad(), alone->parameters()[2].grad(), 0);
   });
-  REQUIRE(joined(problems).empty());
+  REQUIRE(lt::joined(problems).empty());
 }
 
 TEST_CASE("DDP: verify_every finds a parameter changed on one rank, names it and the rank, on "

@@ -49,14 +49,6 @@ std::string compare_with_one_process(nn::Module& mine, nn::Module& alone, const 
   return "";
 }
 
-std::string joined(const std::vector<std::string>& problems) {
-  std::string out;
-  for (size_t r = 0; r < problems.size(); ++r) {
-    if (!problems[r].empty()) out += fmt::format("rank {}: {}\n", r, problems[r]);
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("DDP: static_graph learns the used parameters from the first backward, not from an "
@@ -88,7 +80,7 @@ TEST_CASE("DDP: static_graph learns the used parameters from the first backward,
       });
       INFO("aux head in training " << aux_in_training << ", eval on every rank "
                                    << eval_on_every_rank);
-      CHECK(joined(problems) == "");
+      CHECK(lt::joined(problems) == "");
     }
   }
 }
@@ -128,7 +120,7 @@ TEST_CASE("DDP: an evaluation forward with grad mode on between training steps c
       INFO("find_unused " << mode.find_unused << ", static_graph " << mode.static_graph
                           << ", aux head in training " << mode.aux_in_training
                           << ", eval on every rank " << eval_on_every_rank);
-      CHECK(joined(problems) == "");
+      CHECK(lt::joined(problems) == "");
     }
   }
 }

@@ -53,14 +53,6 @@ std::string expect(const std::string& what, const Tensor& t, double want) {
   return "";
 }
 
-std::string joined(const std::vector<std::string>& problems) {
-  std::string out;
-  for (size_t r = 0; r < problems.size(); ++r) {
-    if (!problems[r].empty()) out += fmt::format("rank {}: {}\n", r, problems[r]);
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("DDP find_unused_parameters: a gradient accumulated before the averaged backward is "
@@ -84,7 +76,7 @@ TEST_CASE("DDP find_unused_parameters: a gradient accumulated before the average
       if (auto p = expect("a.grad", m->a.grad(), 16.5); !p.empty()) return p;
       return expect("b.grad", m->b.grad(), 6.5);
     });
-    CHECK(joined(problems) == "");
+    CHECK(lt::joined(problems) == "");
   }
 
   SECTION("under no_sync every rank uses b; then none does") {
@@ -102,7 +94,7 @@ TEST_CASE("DDP find_unused_parameters: a gradient accumulated before the average
       if (auto p = expect("a.grad", m->a.grad(), 16.5); !p.empty()) return p;
       return expect("b.grad", m->b.grad(), 1.5);
     });
-    CHECK(joined(problems) == "");
+    CHECK(lt::joined(problems) == "");
   }
 
   SECTION("under no_sync only rank 0 uses b; then none does") {
@@ -118,7 +110,7 @@ TEST_CASE("DDP find_unused_parameters: a gradient accumulated before the average
       step(ddp, 10 * (r + 1));
       return expect("b.grad", m->b.grad(), 0.5);
     });
-    CHECK(joined(problems) == "");
+    CHECK(lt::joined(problems) == "");
   }
 
   SECTION("not zeroed after a step: the old average is part of the next one") {
@@ -133,7 +125,7 @@ TEST_CASE("DDP find_unused_parameters: a gradient accumulated before the average
       if (auto p = expect("a.grad", m->a.grad(), 1.5 + 15); !p.empty()) return p;
       return expect("b.grad", m->b.grad(), 6.5);
     });
-    CHECK(joined(problems) == "");
+    CHECK(lt::joined(problems) == "");
   }
 
   SECTION("not zeroed after a step, then used by no rank: .grad is kept") {
@@ -146,7 +138,7 @@ TEST_CASE("DDP find_unused_parameters: a gradient accumulated before the average
       if (auto p = expect("a.grad", m->a.grad(), 3); !p.empty()) return p;
       return expect("b.grad", m->b.grad(), 1.5);
     });
-    CHECK(joined(problems) == "");
+    CHECK(lt::joined(problems) == "");
   }
 
   SECTION("an accumulation dropped by zero_grad is not averaged in") {
@@ -168,7 +160,7 @@ TEST_CASE("DDP find_unused_parameters: a gradient accumulated before the average
       step(ddp, r + 1);
       return expect("b.grad", m->b.grad(), 1);
     });
-    CHECK(joined(problems) == "");
+    CHECK(lt::joined(problems) == "");
   }
 }
 
@@ -193,7 +185,7 @@ TEST_CASE("DDP gradient_as_bucket_view: the .grad of a parameter no rank used ke
     }
     return "";
   });
-  CHECK(joined(problems) == "");
+  CHECK(lt::joined(problems) == "");
 }
 
 TEST_CASE("DDP: ranks that freeze different parameters fail at construction, naming them",
@@ -234,7 +226,7 @@ TEST_CASE("DDP: ranks that freeze different parameters fail at construction, nam
       if (m->b.grad().defined()) return "a frozen parameter got a gradient";
       return expect("a.grad", m->a.grad(), 1.5);
     });
-    CHECK(joined(problems) == "");
+    CHECK(lt::joined(problems) == "");
   }
 }
 
@@ -268,7 +260,7 @@ TEST_CASE("DDP: requires_grad changed after wrapping fails at the next forward, 
       if (auto p = expect("a.grad", m->a.grad(), 1.5); !p.empty()) return p;
       return expect("b.grad", m->b.grad(), 1.5);
     });
-    CHECK(joined(problems) == "");
+    CHECK(lt::joined(problems) == "");
   }
   SECTION("frozen after wrapping") {
     const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
@@ -287,7 +279,7 @@ TEST_CASE("DDP: requires_grad changed after wrapping fails at the next forward, 
       step(ddp, r + 1);
       return expect("a.grad", m->a.grad(), 1.5);
     });
-    CHECK(joined(problems) == "");
+    CHECK(lt::joined(problems) == "");
   }
   SECTION("an evaluation forward without gradients is not checked") {
     const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
@@ -302,7 +294,7 @@ TEST_CASE("DDP: requires_grad changed after wrapping fails at the next forward, 
       step(ddp, r + 1);
       return expect("a.grad", m->a.grad(), 1.5);
     });
-    CHECK(joined(problems) == "");
+    CHECK(lt::joined(problems) == "");
   }
 }
 
@@ -319,7 +311,7 @@ TEST_CASE("DDP: any finite positive bucket cap is taken; others are refused by n
         return expect("b.grad", m->b.grad(), 1.5);
       });
       INFO("bucket_cap_mb " << options.bucket_cap_mb << ", first " << options.first_bucket_cap_mb);
-      CHECK(joined(problems) == "");
+      CHECK(lt::joined(problems) == "");
     }
   }
   SECTION("zero, negative, infinite and NaN") {
@@ -339,7 +331,7 @@ TEST_CASE("DDP: any finite positive bucket cap is taken; others are refused by n
                    ? ""
                    : "unexpected: " + error;
       });
-      CHECK(joined(problems) == "");
+      CHECK(lt::joined(problems) == "");
     }
   }
 }
