@@ -2,7 +2,10 @@
 
 #include <utility>
 
+#include <cuda_runtime_api.h>
 #include <fmt/format.h>
+
+#include "lockstep/runtime/cuda/device.h"
 
 namespace lockstep::collectives::detail {
 namespace {
@@ -61,6 +64,12 @@ void NcclWatchdog::stop() {
 }
 
 void NcclWatchdog::run() {
+  // The current device is per thread, and a new thread's is device 0: its
+  // first event query would bind device 0's context, costing every rank of a
+  // node hundreds of MiB on GPU 0, and each abort would switch back to it.
+  if (const cudaError_t error = cudaSetDevice(comm_.device()); error != cudaSuccess) {
+    runtime::detail::warn_cuda_error(error, "cudaSetDevice in the NCCL watchdog");
+  }
   std::vector<std::shared_ptr<NcclWork>> works;  // in issue order
   for (;;) {
     std::string request;

@@ -2,7 +2,8 @@
 // every collective, dtype, op and count at world size 1 with exact values, in
 // this process over a MemoryStore and through lockstep-run; the ordering of
 // the communication stream against the caller's; the watchdog's timeout; a
-// creation whose peer never comes.
+// creation whose peer never comes; with 2 GPUs, a group on cuda:1 that makes
+// no context on cuda:0.
 // Without a GPU, asking for nccl must still fail with a clear message; with
 // one, CPU tensors are staged through the device.
 #include <catch2/catch.hpp>
@@ -28,6 +29,7 @@
 
 #if LOCKSTEP_HAVE_NCCL
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include "lockstep/collectives/nccl/nccl_group.h"
 #include "lockstep/runtime/cuda/device.h"
@@ -198,6 +200,55 @@ TEST_CASE("nccl: a collective past its timeout is aborted by the watchdog, namin
   CHECK_THROWS_WITH(g->allreduce(t),
                     Contains("unusable because allreduce #1 (f32, 16 elements, sum) timed out"));
   CHECK_THROWS_WITH(g->barrier(), Contains("unusable"));
+}
+
+// "yes" or "no": whether `ordinal`'s primary context is active in this
+// process, from the driver (the runtime cannot ask without making one).
+std::string primary_context_active(int ordinal) {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (driver == nullptr) return "unknown (no libcuda.so.1)";
+  using DeviceGet = int (*)(int*, int);
+  using ContextState = int (*)(int, unsigned*, int*);
+  const auto get = reinterpret_cast<DeviceGet>(dlsym(driver, "cuDeviceGet"));
+  const auto state = reinterpret_cast<ContextState>(dlsym(driver, "cuDevicePrimaryCtxGetState"));
+  int device = 0;
+  unsigned flags = 0;
+  int active = 0;
+  if (get == nullptr || state == nullptr || get(&device, ordinal) != 0 ||
+      state(device, &flags, &active) != 0)
+    return "unknown (the driver did not say)";
+  return active != 0 ? "yes" : "no";
+}
+
+// Run by the test after it in a process of its own, which must not have used
+// cuda:0 before: a rank whose device is cuda:1 (select_device() makes it the
+// current one) issues collectives while the watchdog polls them.
+TEST_CASE("nccl probe: a group on cuda:1", "[.][nccl-device-probe]") {
+  LOCKSTEP_SKIP_UNLESS_GPUS(2);
+  LOCKSTEP_CUDA_CHECK(cudaSetDevice(1));
+  const std::string before = primary_context_active(0);
+  auto g = solo_group("nccl-device-probe");
+  REQUIRE(g->device() == 1);
+  Tensor t = Tensor::ones({1024}, DType::f32, Device::cuda(1));
+  for (int i = 0; i < 3; ++i) g->allreduce(t)->wait();
+  auto barrier = g->barrier();
+  barrier->wait();
+  std::this_thread::sleep_for(300ms);  // the watchdog polls on meanwhile
+  std::printf("nccl device probe: cuda:0 context before: %s, after: %s\n", before.c_str(),
+              primary_context_active(0).c_str());
+  std::fflush(stdout);
+}
+
+TEST_CASE("nccl: a group on cuda:1 makes no context on cuda:0, on no thread",
+          "[gpu][collectives][nccl]") {
+  LOCKSTEP_SKIP_UNLESS_GPUS(2);
+  // The watchdog thread's current device was device 0, a new thread's: its
+  // event queries made a context there, hundreds of MiB on GPU 0 per rank.
+  const auto result =
+      lt::run_process({lt::bin_path("lockstep_tests"), "[nccl-device-probe]"}, 120s);
+  INFO(lt::describe(result) << "\n" << result.output);
+  CHECK(result.ok());
+  CHECK_THAT(result.output, Contains("nccl device probe: cuda:0 context before: no, after: no"));
 }
 
 // Run by the next test in a process of its own: under the default handling
