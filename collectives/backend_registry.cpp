@@ -74,7 +74,7 @@ std::shared_ptr<ProcessGroup> make_mpi(const GroupArgs& a) {
 
 #if LOCKSTEP_HAVE_NCCL
 std::shared_ptr<ProcessGroup> make_nccl(const GroupArgs& a) {
-  return make_nccl_group(a.store, a.rank, a.size, a.name, a.timeout);
+  return make_nccl_group(a.store, a.rank, a.size, a.name, a.timeout, {.device = a.device});
 }
 #endif
 

@@ -26,6 +26,8 @@ struct GroupArgs {
   // through the store with `node_key` (empty: this host's; see node_topology.h).
   const NodeTopology* topology = nullptr;
   std::string node_key;
+  // nccl: the communicator's CUDA device; -1: the calling thread's current one.
+  int device = -1;
 };
 
 // Throws, saying what is built in and how to build `backend` in, unless it is

@@ -176,17 +176,18 @@ distributed::RankInfo rank_info_from_env() {
 }
 
 // make_process_group() with, for shm+gloo, the topology when the caller
-// already has it (else it is discovered with `node_key`), and the stall
-// report interval.
+// already has it (else it is discovered with `node_key`), the stall report
+// interval, and for nccl the device (-1: the calling thread's current one).
 std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
                                          std::shared_ptr<distributed::Store> store, int rank,
                                          int size, const std::string& name, milliseconds timeout,
                                          distributed::DebugLevel debug, const NodeTopology* topology,
                                          const std::string& node_key,
-                                         std::optional<milliseconds> stall_report = {}) {
+                                         std::optional<milliseconds> stall_report = {},
+                                         int device = -1) {
   std::shared_ptr<ProcessGroup> group = make_backend_group(
       backend, {.store = store, .rank = rank, .size = size, .name = name, .timeout = timeout,
-                .topology = topology, .node_key = node_key});
+                .topology = topology, .node_key = node_key, .device = device});
   if (stall_report) group->report_stalls_after(*stall_report);
   group = with_device_staging(std::move(group), backend);
   if (debug == distributed::DebugLevel::Detail) {
@@ -230,9 +231,9 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   // different backends fail here rather than each waiting for the others in
   // its own backend's rendezvous until the timeout.
   PublishedPlacement mine{.asked = backend, .placement = {.node = node_key}};
+  const runtime::Device device =
+      options.device.value_or(distributed::selected_device().value_or(runtime::Device::cpu()));
   if (backend.empty()) {
-    const runtime::Device device =
-        options.device.value_or(distributed::selected_device().value_or(runtime::Device::cpu()));
     mine.placement.device = device;
     // Ranks that each see their own GPU as cuda:0 are told apart by it.
     if (device.is_cuda())
@@ -266,8 +267,12 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
 #endif
   // CUDA, cuBLAS, cuDNN and NCCL errors name this rank from now on.
   runtime::cuda::set_process_rank(rank);
+  // The device the placement named: a thread whose current device is another
+  // (InitOptions::device given, select_device() not called) would otherwise
+  // put the communicator there, two ranks' on one GPU.
   holder->group = make_group(backend, holder->store, rank, size, options.name, timeout, info.debug,
-                             &topology, node_key, info.stall_report);
+                             &topology, node_key, info.stall_report,
+                             device.is_cuda() ? device.index : -1);
   ProcessGroup* group = holder->group.get();
   return std::shared_ptr<ProcessGroup>(std::move(holder), group);
 }

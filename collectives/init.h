@@ -14,8 +14,9 @@
 //                            node; other collectives over gloo
 //                            (hierarchical_group.h). Needs gloo built in.
 //   a GPU per rank           "nccl" (nccl/nccl_group.h); its communicator is
-//                            on the calling thread's current CUDA device,
-//                            which distributed::select_device() sets.
+//                            on the rank's device (InitOptions::device),
+//                            else on the calling thread's current CUDA
+//                            device, which distributed::select_device() sets.
 //   ranks sharing a GPU      "shm" or "shm+gloo", CUDA tensors staged through
 //                            host memory (cuda_staging/staging_group.h); rank
 //                            0 prints a note saying so.
@@ -48,8 +49,8 @@ struct InitOptions {
   std::string backend;
   std::optional<std::chrono::milliseconds> timeout;  // default: LOCKSTEP_TIMEOUT_S, else 10 min
   std::string name = "default";
-  // What this rank computes on, for the default backend: default
-  // distributed::selected_device(), else the CPU.
+  // What this rank computes on, for the default backend and nccl's
+  // communicator: default distributed::selected_device(), else the CPU.
   std::optional<runtime::Device> device;
   std::optional<distributed::RankInfo> rank_info;  // default: read_rank_info()
   std::shared_ptr<distributed::Store> store;       // default: connect as described above

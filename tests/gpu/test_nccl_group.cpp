@@ -3,7 +3,8 @@
 // this process over a MemoryStore and through lockstep-run; the ordering of
 // the communication stream against the caller's; the watchdog's timeout; a
 // creation whose peer never comes; with 2 GPUs, a group on cuda:1 that makes
-// no context on cuda:0.
+// no context on cuda:0, and init_process_group's communicators on the devices
+// the ranks name.
 // Without a GPU, asking for nccl must still fail with a clear message; with
 // one, CPU tensors are staged through the device.
 #include <catch2/catch.hpp>
@@ -294,6 +295,44 @@ TEST_CASE("nccl: a rank whose peer never comes fails its creation after the time
   CHECK_THROWS_WITH(lc::make_process_group("nccl", store, 0, 2, "nccl-lonely", 2s),
                     Contains("rank 0 of 2 could not create its communicator") &&
                         Contains("did not connect the 2 ranks within 2 s"));
+}
+
+TEST_CASE("init_process_group makes each rank's nccl communicator on the device it names",
+          "[gpu][collectives][nccl]") {
+  LOCKSTEP_SKIP_UNLESS_GPUS(2);
+  // Ranks as threads that name their device but never make it current (no
+  // select_device()): a new thread's current device is cuda:0, where both
+  // communicators went before, and NCCL refused two ranks on one GPU.
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+  constexpr int kRanks = 2;
+  std::string backends[kRanks], errors[kRanks];
+  std::vector<float> sums[kRanks];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      lockstep::distributed::RankInfo info;
+      info.rank = info.local_rank = r;
+      info.world_size = info.local_world_size = kRanks;
+      try {
+        auto group = lc::init_process_group({.timeout = 60s, .name = "nccl-named-devices",
+                                             .device = Device::cuda(r), .rank_info = info,
+                                             .store = store});
+        backends[r] = group->backend();
+        Tensor t = Tensor::ones({256}, DType::f32, Device::cuda(r));
+        group->allreduce(t)->wait();
+        sums[r] = t.to_vector<float>();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].empty());
+    CHECK(backends[r] == "nccl");
+    CHECK(sums[r] == std::vector<float>(256, 2.0f));
+  }
 }
 
 TEST_CASE("nccl at world size 1 through lockstep-run: every collective and dtype",
