@@ -37,8 +37,12 @@ using distributed::RankHistory;
 RankHistory read_rank_history(const std::string& path, int rank, int node,
                               const std::string& host, int64_t pid);
 
+// "rank 1", "ranks 0 and 2", "ranks 0-3, 6 and 8".
+std::string ranks_text(std::vector<int> ranks);
+
 // The report's lines after its title, or "" when no rank issued a
-// collective. `no_record` says why a rank may have left no record.
+// collective. `no_record` says why a rank may have left no record
+// (postmortem_report.cpp).
 std::string report_text(const Postmortem& postmortem,
                         std::string_view no_record = "it did not get as far as making its "
                                                      "process group");
