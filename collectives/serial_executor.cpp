@@ -19,12 +19,12 @@ class ExecutorWork final : public Work {
         where_(std::move(where)),
         executor_(std::move(executor)) {}
 
-  void wait() override {
+ protected:
+  void wait_until_done() override {
     if (auto executor = executor_.lock()) executor->help(*this, call_.deadline);
-    Work::wait();
+    Work::wait_until_done();
   }
 
- protected:
   std::string timeout_text() override { return timeout_message(call_, *where_, ""); }
   void timed_out(const std::string& message) override {
     if (auto executor = executor_.lock()) executor->fail(message);

@@ -20,8 +20,13 @@ bool Work::is_completed() {
 }
 
 void Work::wait() {
-  // Waiting for the other ranks is not a hang of this one (runtime/liveness.h).
+  // Waiting for the other ranks is not a hang of this one (runtime/liveness.h),
+  // whether this thread only waits or runs the collective itself.
   const runtime::BusyScope waiting_for_peers;
+  wait_until_done();
+}
+
+void Work::wait_until_done() {
   std::unique_lock lock(mutex_);
   if (!done_cv_.wait_until(lock, deadline_, [&] { return done_; })) {
     // Timed out: the backend's thread may still be inside the collective.

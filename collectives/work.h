@@ -62,7 +62,9 @@ class Work {
   Work& operator=(const Work&) = delete;
 
   virtual bool is_completed();
-  virtual void wait();
+  // Counts as waiting for other ranks, not as a hang of this one
+  // (runtime/liveness.h), whoever's wait_until_done() runs.
+  void wait();
   std::exception_ptr exception();
   const std::string& description() const { return description_; }
   // When finish() was called (the epoch before that): DDP's overlap statistics.
@@ -81,6 +83,10 @@ class Work {
   void record_end_as(uint64_t record);
 
  protected:
+  // wait()'s blocking part: until finish() or the deadline (the default),
+  // or whatever the backend must do first (run the call on this thread, copy
+  // the results back).
+  virtual void wait_until_done();
   // What wait() throws when the deadline passes (by default the message given
   // at construction), and what it does next (by default on_timeout); a
   // subclass may word the message only then, as few calls ever time out.

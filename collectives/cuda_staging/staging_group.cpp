@@ -47,7 +47,7 @@ class StagingWork final : public Work {
     return true;
   }
 
-  void wait() override {
+  void wait_until_done() override {
     std::lock_guard lock(wait_mutex_);
     if (!copied_back_) {
       try {

@@ -26,7 +26,7 @@ class HostResultWork final : public Work {
     return true;
   }
 
-  void wait() override {
+  void wait_until_done() override {
     std::lock_guard lock(wait_mutex_);
     if (!copied_back_) {
       copied_back_ = true;

@@ -35,7 +35,7 @@ bool NcclWork::poll() {
 
 bool NcclWork::is_completed() { return poll(); }
 
-void NcclWork::wait() {
+void NcclWork::wait_until_done() {
   if (host_wait_) {
     // Ends: the watchdog fails the Work at its deadline at the latest.
     while (!poll()) std::this_thread::sleep_for(std::chrono::microseconds(20));

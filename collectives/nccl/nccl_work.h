@@ -36,7 +36,7 @@ class NcclWork final : public Work {
            int device, bool host_wait, std::shared_ptr<AbortState> abort);
 
   bool is_completed() override;
-  void wait() override;
+  void wait_until_done() override;
   bool waits_on_device() const override { return !host_wait_; }
 
   // Set up by the group while it issues the collective, before arm().

@@ -112,3 +112,14 @@ TEST_CASE("launcher: a rank waiting in a collective for a stopped peer is not th
                            Contains("is hung: it sent no heartbeat") &&
                            !Contains("rank 0 (local rank 0 on node 0"));
 }
+
+TEST_CASE("launcher: a rank that runs a collective on its own thread while it waits for a busy "
+          "peer is not hung",
+          "[launcher][hang]") {
+  // Rank 1 sleeps, busy, for three hang timeouts; rank 0 waits for it in an
+  // all-reduce, which shm runs on the waiting thread itself.
+  const auto r = launch({"-np", "2", "--hang-timeout", "1"},
+                        {"group-sum", "busy-sleep-ms=1:3000", "then-allreduce"});
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, !Contains("is hung"));
+}

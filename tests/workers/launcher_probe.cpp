@@ -30,6 +30,7 @@
 //                    only); blocks while nobody reads them
 //   spin-ms=N        then use the CPU for N ms (busy, not hung)
 //   busy-sleep-ms=N  then sleep N ms inside a runtime::BusyScope (not hung)
+//                    (busy-sleep-ms=R:N: rank R only)
 //   stop-self=R      then rank R stops itself with SIGSTOP (hung: no heartbeat)
 //   block=R          then rank R blocks for good using no CPU (hung: a deadlock)
 //   then-allreduce   then every rank runs one more all-reduce of 1000 values
@@ -204,8 +205,12 @@ int main(int argc, char** argv) {
       while (std::chrono::steady_clock::now() < until) x = x + 1;
     }
     if (a.rfind("busy-sleep-ms=", 0) == 0) {
+      const std::string spec = a.substr(14);
+      int ms = 0;
+      if (spec.find(':') == std::string::npos) ms = std::stoi(spec);
+      else for_me(spec, info.rank, &ms);
       const lockstep::runtime::BusyScope busy;
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(a.substr(14))));
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     }
     if (a.rfind("stop-self=", 0) == 0 && std::stoi(a.substr(10)) == info.rank) {
       fmt::print("rank {}: stopping itself with SIGSTOP\n", info.rank);
