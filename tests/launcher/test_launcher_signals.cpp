@@ -97,6 +97,21 @@ std::filesystem::path flight_record_dir(const std::string& log) {
   return std::filesystem::path(text.substr(at, text.find_first_of(" \n", at) - at)).parent_path();
 }
 
+// The pid of `launcher`'s reaper (its child named lockstep-reaper), or -1.
+pid_t reaper_of(pid_t launcher) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file(entry.path().string() + "/stat");
+    const auto open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || close + 4 >= stat.size() ||
+        stat.substr(open + 1, close - open - 1) != "lockstep-reaper")
+      continue;
+    if (std::stoi(stat.substr(close + 4)) == launcher) return std::stoi(name);  // ") S <ppid>"
+  }
+  return -1;
+}
+
 // A process's state letter from /proc/<pid>/stat ('T': stopped); 0 if gone.
 char process_state(pid_t pid) {
   const std::string stat = read_file(fmt::format("/proc/{}/stat", pid));
@@ -202,6 +217,8 @@ TEST_CASE("launcher: a launcher killed with its reaper leaves its scratch files 
   INFO("killed " << killed_dir << ", live " << live_dir);
   REQUIRE(std::filesystem::is_directory(killed_dir));
   REQUIRE(std::filesystem::is_directory(live_dir));
+  const pid_t reaper = reaper_of(killed->pid);
+  REQUIRE(reaper > 0);
   // Stopped first, so that it cannot clean up after its rank's death.
   REQUIRE(kill(killed->pid, SIGSTOP) == 0);
   REQUIRE(eventually([&] { return process_state(killed->pid) == 'T'; }, kLimit));
@@ -209,8 +226,9 @@ TEST_CASE("launcher: a launcher killed with its reaper leaves its scratch files 
       {"/bin/sh", "-c", fmt::format("pkill -KILL -P {}", killed->pid)}, kLimit);
   REQUIRE(children.ok());  // the reaper and the rank, before the launcher
   killed->kill_and_reap(SIGKILL);
-  std::this_thread::sleep_for(500ms);
-  REQUIRE(std::filesystem::is_directory(killed_dir));  // left behind: the case under test
+  // Nobody of that job is left to remove its directory (a launcher of another
+  // test running meanwhile may sweep it already).
+  REQUIRE(eventually([&] { return !running(reaper); }, kLimit));
 
   const auto next = launch({"-np", "1"}, {"print"});
   CHECK(next.ok());
