@@ -1,0 +1,112 @@
+// Module::load_state_dict: checks a state_dict against the model, then
+// copies it in, so that a load that fails changes nothing.
+#include <algorithm>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "lockstep/nn/module.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::nn {
+
+using runtime::NoGradGuard;
+
+namespace {
+
+std::string quoted_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += fmt::format("{}\"{}\"", i ? ", " : "", names[i]);
+  return out;
+}
+
+// Whether every name in `names` is "module." + a name in `others`: the keys
+// of a DistributedDataParallel or DataParallel wrapper against the bare
+// model's.
+bool wrapped_names_of(const std::vector<std::string>& names,
+                      const std::vector<std::string>& others) {
+  if (names.empty() || others.empty()) return false;
+  const std::unordered_set<std::string> other(others.begin(), others.end());
+  return std::all_of(names.begin(), names.end(), [&](const std::string& n) {
+    return n.starts_with("module.") && other.contains(n.substr(7));
+  });
+}
+
+std::string wrapper_hint(const LoadResult& r) {
+  if (wrapped_names_of(r.unexpected_keys, r.missing_keys))
+    return "\n  (the state_dict was saved from a DistributedDataParallel or DataParallel "
+           "wrapper: its keys start with \"module.\"; load dict.without_prefix(\"module.\"), "
+           "or load it into the wrapper)";
+  if (wrapped_names_of(r.missing_keys, r.unexpected_keys))
+    return "\n  (this model is a DistributedDataParallel or DataParallel wrapper and the "
+           "state_dict was saved from the bare model: load it into the wrapper's module())";
+  return "";
+}
+
+}  // namespace
+
+LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
+  const StateDict own = state_dict();
+  LoadResult result;
+  std::vector<std::string> mismatches;
+  for (const auto& [name, dst] : own) {
+    const Tensor* src = dict.find(name);
+    if (src == nullptr) {
+      result.missing_keys.push_back(name);
+    } else if (!src->defined() || src->shape() != dst.shape()) {
+      mismatches.push_back(fmt::format(
+          "size mismatch for {}: copying a tensor with shape {} from the state_dict, the shape "
+          "in the current model is {}",
+          name, src->defined() ? runtime::shape_str(src->shape()) : "(undefined)",
+          runtime::shape_str(dst.shape())));
+    }
+  }
+  for (const auto& [name, t] : dict)
+    if (!own.contains(name)) result.unexpected_keys.push_back(name);
+
+  // Shape mismatches are errors even when not strict (as in PyTorch).
+  std::vector<std::string> errors;
+  if (strict && !result.missing_keys.empty())
+    errors.push_back("missing key(s) in state_dict: " + quoted_list(result.missing_keys));
+  if (strict && !result.unexpected_keys.empty())
+    errors.push_back("unexpected key(s) in state_dict: " + quoted_list(result.unexpected_keys));
+  errors.insert(errors.end(), mismatches.begin(), mismatches.end());
+  if (!errors.empty()) {
+    std::string msg = fmt::format("error(s) in loading state_dict for {} (nothing was loaded):",
+                                  type_name());
+    for (const auto& e : errors) msg += "\n  " + e;
+    if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()))
+      msg += wrapper_hint(result) +
+             "\n  (pass strict=false to load the matching keys and ignore the others)";
+    throw Error(msg);
+  }
+
+  // A source may share memory with what is written: the model's own tensors
+  // (a view of one parameter loaded into another, a transposed copy of the
+  // destination itself). Writing one destination could then change a source
+  // read later, or copy_ refuse the overlap after earlier keys were copied.
+  // Such sources are cloned first, so that every value is read as the dict
+  // held it and the copies below cannot fail halfway. A source that is its
+  // destination exactly (a model's own state_dict loaded back) writes
+  // nothing and needs no clone.
+  const auto same_view = [](const Tensor& a, const Tensor& b) {
+    return a.storage() == b.storage() && a.storage_offset() == b.storage_offset() &&
+           a.shape() == b.shape() && a.strides() == b.strides() && a.dtype() == b.dtype();
+  };
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
+  std::unordered_set<const runtime::Storage*> written;
+  for (const auto& [name, dst] : own) {
+    const Tensor* src = dict.find(name);
+    if (src == nullptr || same_view(*src, dst)) continue;
+    copies.emplace_back(dst, *src);
+    written.insert(dst.storage().get());
+  }
+  NoGradGuard no_grad;
+  for (auto& [dst, src] : copies)
+    if (written.count(src.storage().get()) != 0) src = src.clone();
+  for (auto& [dst, src] : copies) dst.copy_(src);  // dst: a detached handle on the model's storage
+  return result;
+}
+
+}  // namespace lockstep::nn
