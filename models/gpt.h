@@ -7,7 +7,10 @@
 //   h.i: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))   (pre-LayerNorm)
 //        attn: causal MultiheadSelfAttention; mlp: c_fc [4C, C], GELU, c_proj
 //   ln_f, then lm_head [V, C], whose weight IS wte's (tied; listed once by
-//   parameters(), under both names by state_dict(), as in PyTorch)
+//   parameters(), under both names by state_dict(), as in PyTorch; a
+//   state_dict holding only one of the names, as safetensors' save_model
+//   writes it, loads both, and one holding different values under the two,
+//   an untied model's, is refused)
 //
 // Initialised as nanoGPT: every Linear and Embedding weight ~ N(0, 0.02),
 // biases 0, each residual projection (c_proj) ~ N(0, 0.02 / sqrt(2 n_layer)).

@@ -1,6 +1,8 @@
 // Module::load_state_dict: checks a state_dict against the model, then
 // copies it in, so that a load that fails changes nothing.
 #include <algorithm>
+#include <cstring>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -14,6 +16,40 @@ namespace lockstep::nn {
 using runtime::NoGradGuard;
 
 namespace {
+
+bool same_view(const Tensor& a, const Tensor& b) {
+  return a.storage() == b.storage() && a.storage_offset() == b.storage_offset() &&
+         a.shape() == b.shape() && a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
+// For each of the model's state_dict entries, the others that are the same
+// tensor: tied weights, such as GPT's transformer.wte.weight and
+// lm_head.weight, which state_dict() lists under every name.
+std::vector<std::vector<size_t>> twins_of(const StateDict& own) {
+  const auto& items = own.items();
+  std::unordered_map<const runtime::Storage*, std::vector<size_t>> by_storage;
+  for (size_t i = 0; i < items.size(); ++i)
+    by_storage[items[i].second.storage().get()].push_back(i);
+  std::vector<std::vector<size_t>> twins(items.size());
+  for (const auto& [storage, at] : by_storage)
+    for (size_t i : at)
+      for (size_t j : at)
+        if (i != j && same_view(items[i].second, items[j].second)) twins[i].push_back(j);
+  return twins;
+}
+
+// Whether `a` and `b` give `dst` the same bits once converted to its dtype.
+bool same_values_for(const Tensor& dst, const Tensor& a, const Tensor& b) {
+  if (same_view(a, b)) return true;
+  const auto converted = [&](const Tensor& t) {
+    Tensor out = Tensor::empty(dst.shape(), dst.dtype());
+    NoGradGuard no_grad;
+    out.copy_(t.to(runtime::Device::cpu()));
+    return out;
+  };
+  const Tensor x = converted(a), y = converted(b);
+  return std::memcmp(x.raw_data(), y.raw_data(), x.numel() * x.element_size()) == 0;
+}
 
 std::string quoted_list(const std::vector<std::string>& names) {
   std::string out;
@@ -48,18 +84,41 @@ std::string wrapper_hint(const LoadResult& r) {
 
 LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
   const StateDict own = state_dict();
+  const auto& items = own.items();
+  const std::vector<std::vector<size_t>> twins = twins_of(own);
   LoadResult result;
-  std::vector<std::string> mismatches;
-  for (const auto& [name, dst] : own) {
+  std::vector<std::string> mismatches, untied;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& [name, dst] = items[i];
     const Tensor* src = dict.find(name);
+    // A tied tensor is loaded by any of its names: safetensors' save_model
+    // and HF's save_pretrained write only one of them.
+    const auto twin_in_dict = [&] {
+      return std::any_of(twins[i].begin(), twins[i].end(),
+                         [&](size_t j) { return dict.contains(items[j].first); });
+    };
     if (src == nullptr) {
-      result.missing_keys.push_back(name);
+      if (!twin_in_dict()) result.missing_keys.push_back(name);
     } else if (!src->defined() || src->shape() != dst.shape()) {
       mismatches.push_back(fmt::format(
           "size mismatch for {}: copying a tensor with shape {} from the state_dict, the shape "
           "in the current model is {}",
           name, src->defined() ? runtime::shape_str(src->shape()) : "(undefined)",
           runtime::shape_str(dst.shape())));
+    } else {
+      // Two names of one tensor with different values: the dict comes from
+      // a model where they are separate, and one of them would be lost.
+      for (size_t j : twins[i]) {
+        const Tensor* other = dict.find(items[j].first);
+        if (j < i || other == nullptr || !other->defined() || other->shape() != dst.shape() ||
+            same_values_for(dst, *src, *other))
+          continue;
+        untied.push_back(fmt::format(
+            "{} and {} are one tensor in this model (tied), but the state_dict holds different "
+            "values for them: it was saved from a model where they are separate; load only the "
+            "one to keep (erase the other from the state_dict)",
+            name, items[j].first));
+      }
     }
   }
   for (const auto& [name, t] : dict)
@@ -72,6 +131,7 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
   if (strict && !result.unexpected_keys.empty())
     errors.push_back("unexpected key(s) in state_dict: " + quoted_list(result.unexpected_keys));
   errors.insert(errors.end(), mismatches.begin(), mismatches.end());
+  errors.insert(errors.end(), untied.begin(), untied.end());
   if (!errors.empty()) {
     std::string msg = fmt::format("error(s) in loading state_dict for {} (nothing was loaded):",
                                   type_name());
@@ -90,10 +150,6 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
   // held it and the copies below cannot fail halfway. A source that is its
   // destination exactly (a model's own state_dict loaded back) writes
   // nothing and needs no clone.
-  const auto same_view = [](const Tensor& a, const Tensor& b) {
-    return a.storage() == b.storage() && a.storage_offset() == b.storage_offset() &&
-           a.shape() == b.shape() && a.strides() == b.strides() && a.dtype() == b.dtype();
-  };
   std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
   std::unordered_set<const runtime::Storage*> written;
   for (const auto& [name, dst] : own) {

@@ -120,7 +120,9 @@ class Module {
   StateDict state_dict() const;
   // Copies values in place under no-grad (dtype converted). Checks first and
   // copies nothing on error: one Error lists every shape mismatch and, when
-  // strict, every missing and unexpected key.
+  // strict, every missing and unexpected key. A tensor the model holds under
+  // several names (tied weights) loads from any one of them, and the others
+  // are not missing; different values under two of them are an error.
   LoadResult load_state_dict(const StateDict& dict, bool strict = true);
 
   // ---- mode, device, gradients ----

@@ -1,0 +1,69 @@
+// GPT weights from other programs: state_dicts laid out as nanoGPT and
+// Hugging Face write them (one or both names of the tied embedding).
+#include <catch2/catch.hpp>
+
+#include "lockstep/models/models.h"
+#include "support/test_util.h"
+
+namespace lt = lockstep::testing;
+namespace nn = lockstep::nn;
+namespace models = lockstep::models;
+using lockstep::runtime::DType;
+using lockstep::runtime::Tensor;
+using Catch::Contains;
+
+namespace {
+
+models::GptConfig tiny() {
+  return {.vocab_size = 11, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 4};
+}
+
+// `from`'s state_dict without `drop`, with `replace` put in for `at`.
+nn::StateDict edited(const nn::StateDict& from, const std::string& drop,
+                     const std::string& at = "", const Tensor& replace = {}) {
+  nn::StateDict out;
+  for (const auto& [name, t] : from)
+    if (name != drop) out.insert(name, name == at ? replace : t.clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("GPT: a state_dict naming the tied embedding once loads it under both names",
+          "[nn][gpt][state_dict]") {
+  const auto source = models::gpt(tiny(), 1);
+  const nn::StateDict saved = source->state_dict();
+  // safetensors' save_model and HF's save_pretrained keep one name of a shared tensor.
+  for (const std::string drop : {"lm_head.weight", "transformer.wte.weight"}) {
+    const auto model = models::gpt(tiny(), 2);
+    const nn::LoadResult r = model->load_state_dict(edited(saved, drop));
+    CHECK(r.missing_keys.empty());
+    CHECK(lt::values(model->lm_head->weight) == lt::values(source->wte()->weight));
+    CHECK(model->lm_head->weight.is_same(model->wte()->weight));
+  }
+}
+
+TEST_CASE("GPT: a state_dict with different values under the tied names is refused",
+          "[nn][gpt][state_dict]") {
+  const auto source = models::gpt(tiny(), 1);
+  const auto model = models::gpt(tiny(), 2);
+  const auto before = lt::values(model->wte()->weight);
+  // An untied model's weights: lm_head.weight would silently overwrite wte's.
+  const nn::StateDict untied =
+      edited(source->state_dict(), "", "lm_head.weight", Tensor::zeros({11, 4}));
+  CHECK_THAT(lt::error_of([&] { model->load_state_dict(untied); }),
+             Contains("transformer.wte.weight and lm_head.weight are one tensor in this model "
+                      "(tied), but the state_dict holds different values for them"));
+  CHECK_THAT(lt::error_of([&] { model->load_state_dict(untied, /*strict=*/false); }),
+             Contains("(tied)"));
+  CHECK(lt::values(model->wte()->weight) == before);
+
+  // The same values in another dtype are one value.
+  nn::StateDict halves;
+  for (const auto& [name, t] : source->state_dict()) {
+    const Tensor half = t.to(DType::f16);
+    halves.insert(name, name == "lm_head.weight" ? half.to(DType::f32) : half);
+  }
+  model->load_state_dict(halves);
+  CHECK(lt::values(model->wte()->weight) == lt::values(source->wte()->weight.to(DType::f16)));
+}
