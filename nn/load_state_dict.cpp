@@ -38,6 +38,15 @@ std::vector<std::vector<size_t>> twins_of(const StateDict& own) {
   return twins;
 }
 
+// The full names of the entries a state_dict may leave out
+// (Module::optional_state), walked as state_dict() walks the tree.
+void collect_optional(const Module& m, const std::string& prefix,
+                      std::unordered_set<std::string>& out) {
+  for (const auto& name : m.optional_state()) out.insert(prefix + name);
+  for (const auto& [name, child] : m.child_list())
+    collect_optional(*child, prefix + name + ".", out);
+}
+
 // Whether `a` and `b` give `dst` the same bits once converted to its dtype.
 bool same_values_for(const Tensor& dst, const Tensor& a, const Tensor& b) {
   if (same_view(a, b)) return true;
@@ -86,6 +95,8 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
   const StateDict own = state_dict();
   const auto& items = own.items();
   const std::vector<std::vector<size_t>> twins = twins_of(own);
+  std::unordered_set<std::string> optional;
+  collect_optional(*this, "", optional);
   LoadResult result;
   std::vector<std::string> mismatches, untied;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -98,7 +109,7 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
                          [&](size_t j) { return dict.contains(items[j].first); });
     };
     if (src == nullptr) {
-      if (!twin_in_dict()) result.missing_keys.push_back(name);
+      if (!twin_in_dict() && !optional.contains(name)) result.missing_keys.push_back(name);
     } else if (!src->defined() || src->shape() != dst.shape()) {
       mismatches.push_back(fmt::format(
           "size mismatch for {}: copying a tensor with shape {} from the state_dict, the shape "

@@ -124,6 +124,11 @@ class Module {
   // several names (tied weights) loads from any one of them, and the others
   // are not missing; different values under two of them are an error.
   LoadResult load_state_dict(const StateDict& dict, bool strict = true);
+  // This module's own persistent buffers that a state_dict may leave out:
+  // load_state_dict then keeps their values and does not count them missing.
+  // BatchNorm's num_batches_tracked, as PyTorch loads it (PyTorch before
+  // 0.4.1 did not save it, and files converted from such weights lack it).
+  virtual std::vector<std::string> optional_state() const { return {}; }
 
   // ---- mode, device, gradients ----
   virtual void train(bool on = true);  // recursive

@@ -28,6 +28,7 @@ class BatchNormBase : public Module {
   // statistics and num_batches_tracked as they are, and zero gradients.
   Tensor forward(const Tensor& input) override;
   std::string extra_repr() const override;
+  std::vector<std::string> optional_state() const override { return {"num_batches_tracked"}; }
   void reset_running_stats();
 
   const int64_t num_features;

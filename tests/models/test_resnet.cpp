@@ -78,3 +78,25 @@ TEST_CASE("resnet18_cifar is seeded: same seed, same parameters", "[nn][models][
   for (size_t i = 0; i < pa.size(); ++i) CHECK(bitwise_equal(pa[i], pb[i]));
   CHECK_FALSE(bitwise_equal(pa[0], pc[0]));
 }
+
+TEST_CASE("resnet18_cifar loads weights without num_batches_tracked, as PyTorch does",
+          "[nn][models][resnet][state_dict]") {
+  // PyTorch before 0.4.1 saved no num_batches_tracked; PyTorch loads such a
+  // state_dict strictly and keeps each BatchNorm's own count.
+  auto source = models::resnet18_cifar(4), net = models::resnet18_cifar(5);
+  net->train();
+  (*net)(cifar_images(2, 9));
+  StateDict old;
+  for (const auto& [name, t] : source->state_dict())
+    if (!name.ends_with(".num_batches_tracked")) old.insert(name, t);
+  const LoadResult r = net->load_state_dict(old);
+  CHECK(r.missing_keys.empty());
+  CHECK(values(net->bn1->running_mean) == values(source->bn1->running_mean));
+  CHECK(net->bn1->num_batches_tracked.item() == 1);
+  CHECK(net->layers[3]->at<models::BasicBlock>(1)->bn2->num_batches_tracked.item() == 1);
+
+  // Every other buffer is still required.
+  old.erase("bn1.running_var");
+  CHECK_THAT(error_of([&] { net->load_state_dict(old); }),
+             Catch::Contains("missing key(s) in state_dict: \"bn1.running_var\"\n"));
+}
