@@ -12,6 +12,10 @@
 //   writes it, loads both, and one holding different values under the two,
 //   an untied model's, is refused)
 //
+// Every Linear weight is [out, in], as torch.nn.Linear and nanoGPT's;
+// Hugging Face's GPT-2 stores attn.c_attn, attn.c_proj, mlp.c_fc and
+// mlp.c_proj as Conv1D, [in, out]: transpose those weights to load them.
+//
 // Initialised as nanoGPT: every Linear and Embedding weight ~ N(0, 0.02),
 // biases 0, each residual projection (c_proj) ~ N(0, 0.02 / sqrt(2 n_layer)).
 // Dropout (config.dropout, training only) draws from default_generator().

@@ -99,6 +99,7 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
   collect_optional(*this, "", optional);
   LoadResult result;
   std::vector<std::string> mismatches, untied;
+  size_t transposed = 0;  // mismatches that are the model's 2-D shape reversed
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& [name, dst] = items[i];
     const Tensor* src = dict.find(name);
@@ -116,6 +117,8 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
           "in the current model is {}",
           name, src->defined() ? runtime::shape_str(src->shape()) : "(undefined)",
           runtime::shape_str(dst.shape())));
+      transposed += src->defined() && src->dim() == 2 && dst.dim() == 2 &&
+                    src->size(0) == dst.size(1) && src->size(1) == dst.size(0);
     } else {
       // Two names of one tensor with different values: the dict comes from
       // a model where they are separate, and one of them would be lost.
@@ -147,6 +150,13 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
     std::string msg = fmt::format("error(s) in loading state_dict for {} (nothing was loaded):",
                                   type_name());
     for (const auto& e : errors) msg += "\n  " + e;
+    // Hugging Face's GPT-2 keeps its projections in Conv1D, [in, out]: a square
+    // one loads without a mismatch, transposed, so all of them must be turned.
+    if (transposed != 0 && transposed == mismatches.size())
+      msg += "\n  (each is the transpose of the model's shape: the weights were saved [in, "
+             "out], as Hugging Face's Conv1D (GPT-2) stores them, and this model's Linear "
+             "holds [out, in], as torch.nn.Linear and nanoGPT; transpose every such weight, "
+             "the square ones too, which no shape check catches)";
     if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()))
       msg += wrapper_hint(result) +
              "\n  (pass strict=false to load the matching keys and ignore the others)";

@@ -1,5 +1,6 @@
 // GPT weights from other programs: state_dicts laid out as nanoGPT and
-// Hugging Face write them (one or both names of the tied embedding).
+// Hugging Face write them (one or both names of the tied embedding, Conv1D's
+// transposed projections).
 #include <catch2/catch.hpp>
 
 #include "lockstep/models/models.h"
@@ -66,4 +67,28 @@ TEST_CASE("GPT: a state_dict with different values under the tied names is refus
   }
   model->load_state_dict(halves);
   CHECK(lt::values(model->wte()->weight) == lt::values(source->wte()->weight.to(DType::f16)));
+}
+
+TEST_CASE("GPT: Hugging Face's Conv1D weights, [in, out], are refused with a hint to transpose",
+          "[nn][gpt][state_dict]") {
+  const auto source = models::gpt(tiny(), 1);
+  const auto model = models::gpt(tiny(), 2);
+  const auto before = lt::values(model->h()->at<models::GptBlock>(0)->attn->c_proj->weight);
+  nn::StateDict hf;
+  for (const auto& [name, t] : source->state_dict()) {
+    const bool conv1d = name.find(".c_") != std::string::npos && t.dim() == 2;
+    hf.insert(name, conv1d ? t.t().contiguous() : t);
+  }
+  const std::string msg = lt::error_of([&] { model->load_state_dict(hf); });
+  CHECK_THAT(msg, Contains("size mismatch for transformer.h.0.attn.c_attn.weight: copying a "
+                           "tensor with shape [4, 12] from the state_dict"));
+  CHECK_THAT(msg, Contains("each is the transpose of the model's shape") &&
+                      Contains("Hugging Face's Conv1D") && Contains("the square ones too"));
+  // attn.c_proj is square: it fits transposed, and nothing was loaded.
+  CHECK(lt::values(model->h()->at<models::GptBlock>(0)->attn->c_proj->weight) == before);
+
+  // A mismatch of another kind gets no such hint.
+  hf.erase("transformer.wpe.weight");
+  hf.insert("transformer.wpe.weight", Tensor::zeros({5, 4}));
+  CHECK_THAT(lt::error_of([&] { model->load_state_dict(hf); }), !Contains("transpose"));
 }
