@@ -2,6 +2,7 @@
 // copies it in, so that a load that fails changes nothing.
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -66,26 +67,30 @@ std::string quoted_list(const std::vector<std::string>& names) {
   return out;
 }
 
-// Whether every name in `names` is "module." + a name in `others`: the keys
-// of a DistributedDataParallel or DataParallel wrapper against the bare
-// model's.
+// Whether every name in `names` is `prefix` + a name in `others`: the keys
+// of a wrapper ("module.": DistributedDataParallel, DataParallel;
+// "_orig_mod.": torch.compile) against the bare model's.
 bool wrapped_names_of(const std::vector<std::string>& names,
-                      const std::vector<std::string>& others) {
+                      const std::vector<std::string>& others, std::string_view prefix) {
   if (names.empty() || others.empty()) return false;
   const std::unordered_set<std::string> other(others.begin(), others.end());
   return std::all_of(names.begin(), names.end(), [&](const std::string& n) {
-    return n.starts_with("module.") && other.contains(n.substr(7));
+    return n.starts_with(prefix) && other.contains(n.substr(prefix.size()));
   });
 }
 
 std::string wrapper_hint(const LoadResult& r) {
-  if (wrapped_names_of(r.unexpected_keys, r.missing_keys))
+  if (wrapped_names_of(r.unexpected_keys, r.missing_keys, "module."))
     return "\n  (the state_dict was saved from a DistributedDataParallel or DataParallel "
            "wrapper: its keys start with \"module.\"; load dict.without_prefix(\"module.\"), "
            "or load it into the wrapper)";
-  if (wrapped_names_of(r.missing_keys, r.unexpected_keys))
+  if (wrapped_names_of(r.missing_keys, r.unexpected_keys, "module."))
     return "\n  (this model is a DistributedDataParallel or DataParallel wrapper and the "
            "state_dict was saved from the bare model: load it into the wrapper's module())";
+  if (wrapped_names_of(r.unexpected_keys, r.missing_keys, "_orig_mod."))
+    return "\n  (the state_dict was saved from a model compiled with torch.compile, as "
+           "nanoGPT's train.py saves it: its keys start with \"_orig_mod.\"; load "
+           "dict.without_prefix(\"_orig_mod.\"))";
   return "";
 }
 

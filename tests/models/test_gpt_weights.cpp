@@ -1,6 +1,6 @@
 // GPT weights from other programs: state_dicts laid out as nanoGPT and
 // Hugging Face write them (one or both names of the tied embedding, Conv1D's
-// transposed projections).
+// transposed projections, torch.compile's key prefix).
 #include <catch2/catch.hpp>
 
 #include "lockstep/models/models.h"
@@ -91,4 +91,17 @@ TEST_CASE("GPT: Hugging Face's Conv1D weights, [in, out], are refused with a hin
   hf.erase("transformer.wpe.weight");
   hf.insert("transformer.wpe.weight", Tensor::zeros({5, 4}));
   CHECK_THAT(lt::error_of([&] { model->load_state_dict(hf); }), !Contains("transpose"));
+}
+
+TEST_CASE("GPT: a nanoGPT checkpoint of a compiled model gets a hint to strip \"_orig_mod.\"",
+          "[nn][gpt][state_dict]") {
+  const auto source = models::gpt(tiny(), 1);
+  const auto model = models::gpt(tiny(), 2);
+  nn::StateDict compiled;  // nanoGPT's train.py saves the torch.compile'd model's keys
+  for (const auto& [name, t] : source->state_dict()) compiled.insert("_orig_mod." + name, t);
+  CHECK_THAT(lt::error_of([&] { model->load_state_dict(compiled); }),
+             Contains("compiled with torch.compile") &&
+                 Contains("without_prefix(\"_orig_mod.\")"));
+  model->load_state_dict(compiled.without_prefix("_orig_mod."));
+  CHECK(lt::values(model->wte()->weight) == lt::values(source->wte()->weight));
 }
