@@ -56,7 +56,11 @@ class CheckpointError(Exception):
 
 
 def load(path, verify=True):
-    """Returns ({name: np.ndarray} in file order, {metadata key: value})."""
+    """Returns ({name: np.ndarray} in file order, {metadata key: value}).
+
+    The metadata comes without lockstep's checksums: they hold for this file's
+    bytes only, and a file saved again with them (other tensors, or the same
+    in another order) would be refused by lockstep as corrupt."""
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < 8:
@@ -106,6 +110,8 @@ def load(path, verify=True):
         tensors[name] = array.copy()
     if start + expected_begin != len(data):
         raise CheckpointError(f"{path}: the data ends at {start + expected_begin}, the file at {len(data)}")
+    metadata.pop("lockstep.checksum", None)
+    metadata.pop("lockstep.tensor_crc32", None)
     return tensors, metadata
 
 
@@ -127,8 +133,7 @@ def main():
             line += f" {zlib.crc32(np.ascontiguousarray(a, dtype='<f8').tobytes()):08x}"
         print(line)
     for key, value in sorted(metadata.items()):
-        if key not in ("lockstep.checksum", "lockstep.tensor_crc32"):
-            print(f"metadata {key}={value}")
+        print(f"metadata {key}={value}")
     return 0
 
 

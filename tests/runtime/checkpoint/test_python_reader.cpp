@@ -98,6 +98,18 @@ TEST_CASE("checkpoint: the numpy reader loads the weights", "[checkpoint][python
                                               shape_str(t.shape()), digest(t))));
   CHECK_THAT(r.output, Contains("metadata epoch=7"));
 
+  // load() leaves lockstep's checksums out of the metadata it returns: a file
+  // saved again with them would be refused as corrupt.
+  auto load = python;
+  load.insert(load.end(),
+              {"-c", fmt::format("import sys; sys.path.insert(0, '{}/scripts'); "
+                                 "import read_checkpoint as r; print(sorted(r.load('{}')[1]))",
+                                 LOCKSTEP_SOURCE_DIR, path)});
+  const ProcessResult meta = run_process(load, std::chrono::seconds(120));
+  INFO(meta.output);
+  REQUIRE(meta.ok());
+  CHECK(meta.output == "['epoch']\n");
+
   // A corrupt file is refused by the script too.
   flip_bit(path, data_offset_of(path) + 5);
   const ProcessResult bad = run_process(argv, std::chrono::seconds(120));
