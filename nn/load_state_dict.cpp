@@ -51,7 +51,9 @@ void collect_optional(const Module& m, const std::string& prefix,
 // Whether `a` and `b` give `dst` the same bits once converted to its dtype.
 bool same_values_for(const Tensor& dst, const Tensor& a, const Tensor& b) {
   if (same_view(a, b)) return true;
+  // Copied only where they are not yet dst's dtype in contiguous host memory.
   const auto converted = [&](const Tensor& t) {
+    if (t.device().is_cpu() && t.dtype() == dst.dtype() && t.is_contiguous()) return t;
     Tensor out = Tensor::empty(dst.shape(), dst.dtype());
     NoGradGuard no_grad;
     out.copy_(t.to(runtime::Device::cpu()));
