@@ -31,6 +31,10 @@ constexpr size_t kGatherBelow = size_t{256} << 10;
 constexpr uint64_t kWritebackEvery = uint64_t{32} << 20;
 
 constexpr const char* kZeroDigits = "00000000";
+// What to do with a file that another program saved again with our metadata.
+constexpr const char* kStaleChecksums =
+    "its checksums then describe the old file: leave lockstep.checksum and "
+    "lockstep.tensor_crc32 out of the metadata when saving it again";
 // Below this much data a thread costs more than the CRC it would take off.
 constexpr uint64_t kCrcThreadFrom = uint64_t{1} << 20;
 
@@ -306,6 +310,16 @@ SafetensorsFile read_safetensors(const std::string& path, const SafetensorsReadO
       c = crc(c, p + done, len);
     }
     file_crc = crc_combine(file_crc, c, e.nbytes());
+    // The sum another tensor should have: the data is whole, in another order,
+    // as when another program saves the tensors again with our metadata.
+    if (!stored_tensor_crcs.empty() && c != stored_tensor_crcs[i] && e.nbytes() > 0 &&
+        std::find(stored_tensor_crcs.begin(), stored_tensor_crcs.end(), c) !=
+            stored_tensor_crcs.end())
+      throw Error(fmt::format(
+          "{}: tensor '{}' has the checksum that metadata {} lists for another tensor: the "
+          "tensors are in another order than when lockstep wrote them, as when another program "
+          "saves the file again with this metadata copied ({})",
+          path, e.name, kTensorChecksumsKey, kStaleChecksums));
     if (!stored_tensor_crcs.empty())
       LOCKSTEP_CHECK(c == stored_tensor_crcs[i],
                      "{}: tensor '{}' (file bytes {} to {}) fails its checksum: stored crc32 {}, "
@@ -320,14 +334,17 @@ SafetensorsFile read_safetensors(const std::string& path, const SafetensorsReadO
     }
     out.tensors.emplace_back(e.name, std::move(t));
   }
-  if (stored_crc)
-    LOCKSTEP_CHECK(file_crc == *stored_crc,
-                   "{}: checksum mismatch: stored crc32 {}, computed {}{}; the file is corrupt, "
-                   "use an older checkpoint",
-                   path, hex8(*stored_crc), hex8(file_crc),
-                   stored_tensor_crcs.empty() ? ""
-                                              : " (every tensor's data matches its own checksum, "
-                                                "so the header was altered)");
+  if (stored_crc && file_crc != *stored_crc) {
+    const std::string mismatch = fmt::format("{}: checksum mismatch: stored crc32 {}, computed {}",
+                                             path, hex8(*stored_crc), hex8(file_crc));
+    if (stored_tensor_crcs.empty())
+      throw Error(mismatch + "; the file is corrupt, use an older checkpoint");
+    throw Error(fmt::format(
+        "{}; every tensor's data matches its own checksum, so the header was altered: damaged "
+        "(use an older checkpoint), or written again by another program with this metadata "
+        "copied ({})",
+        mismatch, kStaleChecksums));
+  }
   return out;
 }
 

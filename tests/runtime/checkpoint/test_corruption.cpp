@@ -107,6 +107,42 @@ TEST_CASE("checkpoint: a bit flip in the header is caught", "[checkpoint]") {
   }
 }
 
+TEST_CASE("checkpoint: a file saved again by another program with our checksums says so",
+          "[checkpoint]") {
+  // As Python's safetensors saves the tensors and metadata read from a
+  // checkpoint: its own tensor order and header, our checksums copied along.
+  TempDir dir;
+  const std::string path = saved(dir);
+  const SafetensorsFile read = read_safetensors(path);
+  const auto save_again = [&](const NamedTensors& tensors,
+                              std::map<std::string, std::string> metadata) {
+    std::vector<TensorEntry> entries;
+    std::string data;
+    for (const auto& [name, t] : tensors) {
+      entries.push_back({.name = name, .dtype = t.dtype(), .shape = t.shape()});
+      data += bytes_of(t);
+    }
+    write_bytes(path, encode_safetensors_header(entries, metadata) + data);
+  };
+
+  save_again({read.tensors.rbegin(), read.tensors.rend()}, read.metadata);
+  CHECK_THAT(load_error(path), Contains("in another order than when lockstep wrote them") &&
+                                   Contains("leave lockstep.checksum and lockstep.tensor_crc32 "
+                                            "out of the metadata when saving it again"));
+  auto format_pt = read.metadata;
+  format_pt["format"] = "pt";
+  save_again(read.tensors, format_pt);
+  CHECK_THAT(load_error(path), Contains("header was altered") &&
+                                   Contains("written again by another program") &&
+                                   Contains("leave lockstep.checksum"));
+
+  // Without them, it loads.
+  format_pt.erase(kChecksumKey);
+  format_pt.erase(kTensorChecksumsKey);
+  save_again({read.tensors.rbegin(), read.tensors.rend()}, format_pt);
+  CHECK(load_checkpoint(path, {.require_checksum = false}).tensors.size() == 4);
+}
+
 TEST_CASE("checkpoint: a wrong length prefix is refused", "[checkpoint]") {
   TempDir dir;
   const std::string path = saved(dir);
