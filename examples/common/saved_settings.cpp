@@ -1,7 +1,8 @@
 #include "saved_settings.h"
 
 #include <charconv>
-#include <limits>
+#include <cstdint>
+#include <type_traits>
 
 #include "lockstep/runtime/error.h"
 
@@ -10,18 +11,6 @@ namespace examples {
 using namespace lockstep;
 
 namespace {
-
-// Reads a whole number or a double; throws naming the option.
-template <class T>
-T parse(const std::string& option, const std::string& setting, const std::string& text) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  LOCKSTEP_CHECK(ec == std::errc{} && end == text.data() + text.size(),
-                 "the checkpoint records {} as \"{}\", where --{} needs a number; give --{} on "
-                 "the command line",
-                 setting, text, option, option);
-  return value;
-}
 
 std::string flag(std::string option) {
   for (char& c : option) c = c == '_' ? '-' : c;
@@ -67,51 +56,35 @@ std::optional<std::string> SavedSettings::text(const std::string& option,
   return value->second;
 }
 
-bool SavedSettings::take(const std::string& option, const std::string& setting,
-                         std::string& value, const std::optional<std::string>& part) const {
-  const auto t = text(option, setting, part);
-  if (t) value = *t;
-  return t.has_value();
+template <class T>
+T SavedSettings::parse(const std::string& option, const std::string& setting,
+                       const std::string& text) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return text;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    LOCKSTEP_CHECK(text == "on" || text == "off",
+                   "the checkpoint records {} as \"{}\", not on or off; give --{} (or leave it "
+                   "out for off) on the command line",
+                   setting, text, flag(option));
+    return text == "on";
+  } else {
+    T value{};
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    LOCKSTEP_CHECK(ec == std::errc{} && end == text.data() + text.size(),
+                   "the checkpoint records {} as \"{}\", where --{} needs a number; give --{} on "
+                   "the command line",
+                   setting, text, flag(option), flag(option));
+    return value;
+  }
 }
 
-bool SavedSettings::take(const std::string& option, const std::string& setting,
-                         bool& value) const {
-  const auto t = text(option, setting);
-  if (!t) return false;
-  LOCKSTEP_CHECK(*t == "on" || *t == "off",
-                 "the checkpoint records {} as \"{}\", not on or off; give --{} (or leave it "
-                 "out for off) on the command line",
-                 setting, *t, flag(option));
-  value = *t == "on";
-  return true;
-}
-
-bool SavedSettings::take(const std::string& option, const std::string& setting, int64_t& value,
-                         const std::optional<std::string>& part) const {
-  const auto t = text(option, setting, part);
-  if (t) value = parse<int64_t>(flag(option), setting, *t);
-  return t.has_value();
-}
-
-bool SavedSettings::take(const std::string& option, const std::string& setting,
-                         uint64_t& value) const {
-  const auto t = text(option, setting);
-  if (t) value = parse<uint64_t>(flag(option), setting, *t);
-  return t.has_value();
-}
-
-bool SavedSettings::take(const std::string& option, const std::string& setting,
-                         int& value) const {
-  const auto t = text(option, setting);
-  if (t) value = parse<int>(flag(option), setting, *t);
-  return t.has_value();
-}
-
-bool SavedSettings::take(const std::string& option, const std::string& setting, double& value,
-                         const std::optional<std::string>& part) const {
-  const auto t = text(option, setting, part);
-  if (t) value = parse<double>(flag(option), setting, *t);
-  return t.has_value();
-}
+// The types the examples' options have.
+using Text = const std::string&;
+template std::string SavedSettings::parse<std::string>(Text, Text, Text);
+template bool SavedSettings::parse<bool>(Text, Text, Text);
+template int SavedSettings::parse<int>(Text, Text, Text);
+template int64_t SavedSettings::parse<int64_t>(Text, Text, Text);
+template uint64_t SavedSettings::parse<uint64_t>(Text, Text, Text);
+template double SavedSettings::parse<double>(Text, Text, Text);
 
 }  // namespace examples

@@ -26,19 +26,19 @@ class SavedSettings {
 
   // The text of the setting `setting` (fixed or changeable), or of its part
   // `part` ("" for its head: "sgd", "StepLR"), when `option` was left out and
-  // the checkpoint records it. Each take() sets `value` from it and says
-  // whether it did; a number that does not parse throws, naming the option.
+  // the checkpoint records it.
   std::optional<std::string> text(const std::string& option, const std::string& setting,
                                   const std::optional<std::string>& part = std::nullopt) const;
-  bool take(const std::string& option, const std::string& setting, std::string& value,
-            const std::optional<std::string>& part = std::nullopt) const;
-  bool take(const std::string& option, const std::string& setting, bool& value) const;  // on/off
-  bool take(const std::string& option, const std::string& setting, int64_t& value,
-            const std::optional<std::string>& part = std::nullopt) const;
-  bool take(const std::string& option, const std::string& setting, uint64_t& value) const;
-  bool take(const std::string& option, const std::string& setting, int& value) const;
-  bool take(const std::string& option, const std::string& setting, double& value,
-            const std::optional<std::string>& part = std::nullopt) const;
+  // Sets `value` from that text (a string as it is, a bool from on/off, a
+  // number parsed whole) and says whether it did; a text that does not parse
+  // throws, naming the option.
+  template <class T>
+  bool take(const std::string& option, const std::string& setting, T& value,
+            const std::optional<std::string>& part = std::nullopt) const {
+    const auto t = text(option, setting, part);
+    if (t) value = parse<T>(option, setting, *t);
+    return t.has_value();
+  }
 
   // A composite setting's head and its name=value parts.
   struct Parts {
@@ -48,6 +48,9 @@ class SavedSettings {
   static Parts parts(const std::string& text);
 
  private:
+  template <class T>
+  static T parse(const std::string& option, const std::string& setting, const std::string& text);
+
   const lockstep::train::RunSettings& saved_;
   const std::set<std::string>& given_;
 };
