@@ -57,6 +57,13 @@ std::vector<std::shared_ptr<lc::ProcessGroup>> make_groups(
   return groups;
 }
 
+// `t`'s values in a tensor taken from `pool`, which the group reads in place.
+Tensor copied_into(lc::SharedTensorPool& pool, const Tensor& t) {
+  Tensor in_pool = pool.empty(t.shape(), t.dtype());
+  in_pool.copy_(t);
+  return in_pool;
+}
+
 // The layouts every test runs on: two even nodes, uneven nodes, nodes whose
 // ranks interleave, and every node a single rank.
 const std::vector<Keys> kLayouts = {
@@ -295,11 +302,7 @@ TEST_CASE("shm+gloo: each node's pool serves the reduce within it; a lone rank h
                                     lockstep::distributed::DebugLevel::Off, keys[static_cast<size_t>(r)]);
     auto pool = g->reserve_shared_pool(1 << 20);
     Tensor t = input(r, n, DType::f64);
-    if (pool) {
-      Tensor in_pool = pool->empty({n}, DType::f64);
-      in_pool.copy_(t);
-      t = in_pool;
-    }
+    if (pool) t = copied_into(*pool, t);
     g->allreduce(t)->wait();
     results[static_cast<size_t>(r)] =
         fmt::format("pool {} ", pool != nullptr) +
@@ -348,11 +351,7 @@ TEST_CASE("shm+gloo: a pool reserved behind collectives in flight joins after th
     }
     // The pool serves the collectives after it.
     Tensor t = input(r, n, DType::f64);
-    if (pool) {
-      Tensor in_pool = pool->empty({n}, DType::f64);
-      in_pool.copy_(t);
-      t = in_pool;
-    }
+    if (pool) t = copied_into(*pool, t);
     g->allreduce(t)->wait();
     result += mismatch(t, [](int64_t i) {
       return expected_value(lc::ReduceOp::Sum, DType::f64, 3, i);
