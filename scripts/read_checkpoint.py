@@ -70,7 +70,7 @@ def load(path, verify=True):
         raise CheckpointError(f"{path}: header length {n} does not fit a {len(data)}-byte file")
     header_bytes = data[8 : 8 + n]
     header = json.loads(header_bytes)
-    metadata = header.pop("__metadata__", {})
+    metadata = header.pop("__metadata__", None) or {}  # null means none, as in safetensors
     entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
     start = 8 + n
 

@@ -223,8 +223,12 @@ SafetensorsHeader decode_safetensors_header(std::string_view json, const std::st
       h.tensors.push_back(decode_entry(key, value, file));
       continue;
     }
+    // safetensors' own reader takes null as no metadata; some writers emit it.
+    if (value.is_null()) continue;
     LOCKSTEP_CHECK(value.is_object(),
-                   "{}: \"__metadata__\" in the safetensors header is not an object", file);
+                   "{}: \"__metadata__\" in the safetensors header is {}, not an object of "
+                   "strings",
+                   file, value.dump());
     for (const auto& [mk, mv] : value.items()) {
       LOCKSTEP_CHECK(mv.is_string(),
                      "{}: metadata '{}' is {}, safetensors metadata values are strings", file, mk,

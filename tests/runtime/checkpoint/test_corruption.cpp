@@ -229,6 +229,22 @@ TEST_CASE("checkpoint: a header naming something twice, or holding a NUL byte, i
   CHECK(ok.tensors.at(0).first == "dtype");
 }
 
+TEST_CASE("checkpoint: a null __metadata__ reads as no metadata, as safetensors' reader takes it",
+          "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("null.safetensors");
+  write_header(path,
+               R"({"__metadata__":null,"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4);
+  const CheckpointContent ok = load_checkpoint(path, {.require_checksum = false});
+  CHECK(ok.metadata.empty());
+  REQUIRE(ok.tensors.size() == 1);
+  CHECK(ok.tensors.at(0).first == "w");
+
+  write_header(path, R"({"__metadata__":[1]})", 0);
+  CHECK_THAT(error_of([&] { load_checkpoint(path, {.require_checksum = false}); }),
+             Contains("\"__metadata__\" in the safetensors header is [1], not an object"));
+}
+
 TEST_CASE("checkpoint: a missing file is reported as such", "[checkpoint]") {
   TempDir dir;
   CHECK_THAT(load_error(dir.file("nope.safetensors")), Contains("nope.safetensors: no such file"));
