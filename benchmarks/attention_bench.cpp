@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "cli_checks.h"
 #include "common/writable_file.h"
 #include "harness.h"
 #include "lockstep/runtime/ops.h"
@@ -34,13 +35,15 @@ int main(int argc, char** argv) {
   std::string json_file;
   CLI::App app{"Self-attention over a packed qkv, forward and backward: the blocked kernel on "
                "the packed layout against split heads and merge."};
-  app.add_option("--batch", batch, "sequences")->check(CLI::PositiveNumber);
-  app.add_option("--seq-len", seq_len, "tokens per sequence")->check(CLI::PositiveNumber);
-  app.add_option("--n-embd", n_embd, "width C (qkv is [B, T, 3C])")->check(CLI::PositiveNumber);
-  app.add_option("--heads", heads, "attention heads (dividing --n-embd)")->check(CLI::PositiveNumber);
-  app.add_option("--iters", iters, "timed calls of each")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed calls of each first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "BLAS threads")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "sequences")->check(cli_checks::positive);
+  app.add_option("--seq-len", seq_len, "tokens per sequence")->check(cli_checks::positive);
+  app.add_option("--n-embd", n_embd, "width C (qkv is [B, T, 3C])")->check(cli_checks::positive);
+  app.add_option("--heads", heads, "attention heads (dividing --n-embd)")
+      ->check(cli_checks::positive);
+  app.add_option("--iters", iters, "timed calls of each")->check(cli_checks::positive);
+  app.add_option("--warmup", warmup, "untimed calls of each first")
+      ->check(cli_checks::non_negative);
+  app.add_option("--threads", threads, "BLAS threads")->check(cli_checks::positive);
   app.add_option("--causal", causal, "causal attention (as the GPT's)");
   app.add_option("--json", json_file, "write the results as JSON to this file")
       ->check(bench::writable_file);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ctest's benchmark_script_errors: the comparison scripts, cpu_suite.sh and the PyTorch
 # peers, given bad input (a build without the programs, a bad size or list,
-# no mpirun, no PyTorch), exit with status 2 (the peers: 1) and one line
-# naming the problem, without a traceback and before running anything.
+# no mpirun, no PyTorch), exit with status 2 (the peers: 1; the C++ benchmarks
+# given a bad number: CLI11's 105) and one line naming the problem, without a
+# traceback and before running anything.
 # PyTorch is hidden behind a torch package whose import fails.
 #
 #   benchmarks/check_script_errors.sh BUILD_DIR SCRATCH_DIR
@@ -57,6 +58,12 @@ for peer in allreduce_torch step_bench_torch ddp_bench_torch; do
 done
 expect 2 "cpu_suite: --build needs a value" bash "$here/cpu_suite.sh" --build
 expect 2 "cpu_suite: unknown argument '--bogus'" bash "$here/cpu_suite.sh" --bogus
+# The C++ benchmarks name the rule a bad number breaks (CLI11's own message
+# spells out "not in range 0.000000 to" and 309 digits of the largest double).
+for bench in zero_bench ddp_bench step_bench checkpoint_bench data_parallel_bench; do
+  expect 105 "^--warmup: must be zero or a positive number, not -1" "$build/bin/$bench" --warmup -1
+done
+expect 105 "^--batch: must be a positive number, not 0" "$build/bin/attention_bench" --batch 0
 if ((status == 0)); then
   echo "check_script_errors: every bad input was refused with a clear message"
 fi

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "common/writable_file.h"
 #include "harness.h"
 #include "lockstep/runtime/checkpoint/checkpoint.h"
@@ -145,10 +146,10 @@ int main(int argc, char** argv) {
   app.add_option("--dir", o.dir, "directory to write in (default: a fresh one under /var/tmp)");
   app.add_option("--sizes", o.sizes_mb, "checkpoint sizes in MB")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::positive);
   app.add_option("--iters", o.iters, "timed runs per measurement (median reported)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "untimed runs first")->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::positive);
+  app.add_option("--warmup", o.warmup, "untimed runs first")->check(cli_checks::non_negative);
   app.add_flag("--hot", o.hot, "read from the page cache instead of evicting the file first");
   app.add_option("--json", o.json_file, "also write the results as JSON to this file")
       ->check(bench::writable_file);

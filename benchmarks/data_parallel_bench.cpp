@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include "cli_checks.h"
 #include "common/bench_models.h"
 #include "harness.h"
 #include "lockstep/collectives/init.h"
@@ -165,11 +166,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--replicas", o.replicas, "CPU replicas for DataParallel, ranks for DDP")
       ->check(CLI::Range(2, 64));
-  app.add_option("--batch-size", o.batch, "global batch")->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps, "timed steps per round")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-size", o.batch, "global batch")->check(cli_checks::positive);
+  app.add_option("--steps", o.steps, "timed steps per round")->check(cli_checks::positive);
+  app.add_option("--warmup", o.warmup, "untimed steps first")->check(cli_checks::non_negative);
   app.add_option("--rounds", o.rounds, "rounds alternating the four ways")
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::positive);
   app.add_flag("--json", o.json_out, "print JSON instead of a table");
   CLI11_PARSE(app, argc, argv);
   try {

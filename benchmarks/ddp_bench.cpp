@@ -39,6 +39,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_checks.h"
 #include "common/bench_models.h"
 #include "common/device.h"
 #include "common/kernel_profile.h"
@@ -422,22 +423,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--batch", o.batch,
                  "samples per rank per step (default: 64 for mlp and cnn, 256 for resnet18)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::positive);
   app.add_option("--warmup", o.warmup, "untimed steps first")
-      ->check(CLI::NonNegativeNumber)
+      ->check(cli_checks::non_negative)
       ->capture_default_str();
-  app.add_option("--iters", o.iters, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--iters", o.iters, "timed steps")
+      ->check(cli_checks::positive)->capture_default_str();
   app.add_option("--bucket-cap-mb", o.bucket_caps_mb, "bucket cap(s) in MiB; a list sweeps, e.g. 1,5,25")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(cli_checks::positive)
       ->capture_default_str();
   app.add_option("--first-bucket-cap-mb", o.first_bucket_cap_mb)
-      ->check(CLI::PositiveNumber)
+      ->check(cli_checks::positive)
       ->capture_default_str();
   app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view);
   app.add_option("--verify-every", o.verify_every,
                  "compare the replicas' parameters every K steps (DdpOptions::verify_every; 0: never)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(cli_checks::non_negative)
       ->capture_default_str();
   app.add_flag("--staged-buckets", o.staged_buckets,
                "buckets in ordinary memory, staged by the all-reduce (default over shm: in the "
@@ -454,9 +456,9 @@ int main(int argc, char** argv) {
   app.add_option("--kernel-trace", o.kernel_trace,
                  "CUDA: trace this many more DDP (and, with --compare-plain, plain) steps' "
                  "kernels and show where the GPU time goes")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::non_negative);
   app.add_option("--threads", o.threads, "BLAS threads per rank")
-      ->check(CLI::PositiveNumber)
+      ->check(cli_checks::positive)
       ->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
   app.add_option("--json", o.json_file, "write the results as JSON to this file (rank 0) instead "

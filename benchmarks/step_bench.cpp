@@ -58,6 +58,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_checks.h"
 #include "common/bench_models.h"
 #include "common/device.h"
 #include "common/kernel_profile.h"
@@ -472,15 +473,15 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", o.batch_size,
                  "samples per step (default: 64 for mlp and cnn, 256 for resnet18, 8 sequences "
                  "for gpt)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::positive);
   app.add_option("--seq-len", o.seq_len,
                  "tokens per sequence, gpt only (default: its block_size, 128 on the CPU, 1024 on "
                  "CUDA)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps, "timed steps (median reported)")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::positive);
+  app.add_option("--steps", o.steps, "timed steps (median reported)")->check(cli_checks::positive);
+  app.add_option("--warmup", o.warmup, "untimed steps first")->check(cli_checks::non_negative);
   app.add_option("--threads", o.threads, "threads for both lockstep and PyTorch")
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::positive);
   app.add_option("--device", o.device, "cpu or cuda (cuda:0)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -498,7 +499,7 @@ int main(int argc, char** argv) {
   app.add_option("--kernel-trace", o.kernel_trace,
                  "CUDA: trace this many more steps' kernels on both sides and show where the "
                  "GPU time goes")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::non_negative);
   app.add_flag("--json", o.json_out, "print JSON instead of a table");
   app.add_flag("!--no-peer", o.peer, "skip PyTorch");
   app.add_option("--python", o.python, "Python with torch for the peer")->capture_default_str();

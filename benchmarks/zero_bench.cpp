@@ -27,6 +27,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_checks.h"
 #include "common/device.h"
 #include "common/writable_file.h"
 #include "harness.h"
@@ -230,11 +231,14 @@ int main(int argc, char** argv) {
                              "zero-allgather-whole"}))
       ->delimiter(',')
       ->capture_default_str();
-  app.add_option("--batch", o.batch, "samples per rank per step")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--width", o.width, "deep: layer width")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--layers", o.layers, "deep: width x width layers")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--warmup", o.warmup)->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--iters", o.iters)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch", o.batch, "samples per rank per step")
+      ->check(cli_checks::positive)->capture_default_str();
+  app.add_option("--width", o.width, "deep: layer width")
+      ->check(cli_checks::positive)->capture_default_str();
+  app.add_option("--layers", o.layers, "deep: width x width layers")
+      ->check(cli_checks::positive)->capture_default_str();
+  app.add_option("--warmup", o.warmup)->check(cli_checks::non_negative)->capture_default_str();
+  app.add_option("--iters", o.iters)->check(cli_checks::positive)->capture_default_str();
   app.add_option("--backend", o.backend, "shm, shm+gloo, gloo or mpi (default: LOCKSTEP_BACKEND, else shm on one node)")
       ->check(CLI::IsMember({"shm", "shm+gloo", "gloo", "mpi"}));
   app.add_option("--seed", o.seed)->capture_default_str();

@@ -1,6 +1,7 @@
-// Checks for the examples' numeric flags. CLI11's PositiveNumber reports a
-// bad value as "not in range 0.000000 to 1797693...": these name the rule
-// instead ("--lr: must be a positive number, not 0").
+// Checks for the numeric flags of the examples and the benchmarks. CLI11's
+// PositiveNumber reports a bad value as "not in range 0.000000 to
+// 1797693...": these name the rule instead ("--lr: must be a positive number,
+// not 0"). The benchmarks include it from here.
 #pragma once
 
 #include <cmath>
@@ -8,7 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
-namespace examples {
+namespace cli_checks {
 
 namespace detail {
 
@@ -34,4 +35,4 @@ inline const CLI::Validator positive =
 inline const CLI::Validator non_negative =
     detail::number_check("zero or a positive number", [](double v) { return v >= 0; });
 
-}  // namespace examples
+}  // namespace cli_checks

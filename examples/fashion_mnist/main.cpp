@@ -256,42 +256,42 @@ int main(int argc, char** argv) {
   fashion_mnist::Options o;
   CLI::App app{"Train a Fashion-MNIST classifier with lockstep on one or more processes."};
   app.add_option("--model", o.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}));
-  app.add_option("--epochs", o.epochs, "passes over the training set")->check(examples::positive);
+  app.add_option("--epochs", o.epochs, "passes over the training set")->check(cli_checks::positive);
   app.add_option("--batch-size", o.batch_size, "samples per step on each rank")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   app.add_option("--train-samples", o.train_samples,
                  "train on the first N training samples only (quick runs); default: all")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   app.add_option("--test-samples", o.test_samples,
                  "evaluate on the first N test samples only (quick runs); default: all")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   app.add_option("--optimizer", o.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   app.add_option("--lr", o.lr, "learning rate (default: 0.05 for sgd, 1e-3 for adam and adamw)")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
   app.add_option("--weight-decay", o.weight_decay,
                  "weight decay (default 0, AdamW's own default 1e-2; 0 turns AdamW's off)")
-      ->check(examples::non_negative);
+      ->check(cli_checks::non_negative);
   app.add_option("--lr-schedule", o.lr_schedule,
                  "none, step (x0.5 each epoch), multistep (x0.1 at 50% and 75%), cosine, warmup "
                  "(linear), warmup-cosine or onecycle (peak at --lr); stepped every step")
       ->check(CLI::IsMember({"none", "step", "multistep", "cosine", "warmup", "warmup-cosine",
                              "onecycle"}));
   app.add_option("--warmup-steps", o.warmup_steps, "steps of warmup for warmup schedules")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "clip gradients to this global L2 norm (default: no clipping)")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   app.add_flag("--zero", o.zero,
                "shard the optimizer state across ranks (ZeroRedundancyOptimizer)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "directory for checkpoints (rank 0 writes; keeps --keep-last plus the best)");
   app.add_option("--checkpoint-every", o.checkpoint_every,
                  "also checkpoint every N steps (default: only at each epoch's end)")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   app.add_option("--keep-last", o.keep_last, "checkpoints kept besides the best")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   auto* resume = app.add_flag(
       "--resume", o.resume,
       "continue the run in --checkpoint-dir from its newest checkpoint (none yet: start fresh); "
@@ -304,11 +304,11 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed for initialisation and shuffling");
   app.add_option("--data", o.data, "directory with the Fashion-MNIST IDX files");
   app.add_option("--log-every", o.log_every, "steps between progress lines")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   app.add_option("--log-json", o.log_json,
                  "also write the loss, throughput and test accuracy as JSON to FILE (rank 0; "
                  "replaced after every epoch; scripts/plot-benchmarks draws it)");
-  app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(examples::positive);
+  app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(cli_checks::positive);
   app.add_flag("--sync-bn", o.sync_bn,
                "replace BatchNorm with SyncBatchNorm (statistics of the global batch)");
   app.add_option("--device", o.device,

@@ -331,50 +331,54 @@ int run(Options o) {
 int main(int argc, char** argv) {
   gpt_example::Options o;
   CLI::App app{"Train a byte-level GPT on Debian's fortunes with lockstep on one or more processes."};
-  app.add_option("--n-layer", o.n_layer, "transformer blocks")->check(examples::positive);
-  app.add_option("--n-head", o.n_head, "attention heads (dividing --n-embd)")->check(examples::positive);
-  app.add_option("--n-embd", o.n_embd, "width")->check(examples::positive);
-  app.add_option("--seq-len", o.seq_len, "context length in bytes")->check(examples::positive);
+  app.add_option("--n-layer", o.n_layer, "transformer blocks")->check(cli_checks::positive);
+  app.add_option("--n-head", o.n_head, "attention heads (dividing --n-embd)")
+      ->check(cli_checks::positive);
+  app.add_option("--n-embd", o.n_embd, "width")->check(cli_checks::positive);
+  app.add_option("--seq-len", o.seq_len, "context length in bytes")->check(cli_checks::positive);
   app.add_option("--dropout", o.dropout, "dropout in training")->check(CLI::Range(0.0, 0.99));
   app.add_flag("--checkpoint-blocks", o.checkpoint_blocks,
                "recompute each block's activations in backward (less memory, more time)");
   app.add_option("--amp", o.amp, "autocast dtype: none, bf16, f16 (with loss scaling)")
       ->check(CLI::IsMember({"none", "bf16", "f16"}))
       ->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps")->check(examples::positive);
+  app.add_option("--steps", o.steps, "optimizer steps")->check(cli_checks::positive);
   app.add_option("--batch-size", o.batch_size, "sequences per step on each rank")
-      ->check(examples::positive);
-  app.add_option("--lr", o.lr, "peak learning rate")->check(examples::positive);
+      ->check(cli_checks::positive);
+  app.add_option("--lr", o.lr, "peak learning rate")->check(cli_checks::positive);
   app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine")
-      ->check(examples::non_negative);
+      ->check(cli_checks::non_negative);
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")
-      ->check(examples::non_negative);
-  app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")->check(examples::non_negative);
+      ->check(cli_checks::non_negative);
+  app.add_option("--warmup-steps", o.warmup_steps, "linear warmup steps")
+      ->check(cli_checks::non_negative);
   app.add_option("--clip-grad-norm", o.clip_grad_norm, "global gradient norm limit (0: none)")
-      ->check(examples::non_negative);
+      ->check(cli_checks::non_negative);
   app.add_flag("--zero", o.zero, "shard the optimizer state across ranks");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints");
   app.add_option("--checkpoint-every", o.checkpoint_every, "also checkpoint every N steps")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   app.add_option("--keep-last", o.keep_last, "checkpoints kept besides the best")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   auto* resume = app.add_flag("--resume", o.resume,
                               "continue the run in --checkpoint-dir from its newest checkpoint; "
                               "options left out take the run's saved values");
   app.add_flag("--restart", o.restart, "start a new run in --checkpoint-dir (old files moved aside)")
       ->excludes(resume);
   app.add_option("--eval-every", o.eval_every, "steps between validation passes (and at the end)")
-      ->check(examples::positive);
+      ->check(cli_checks::positive);
   app.add_option("--eval-windows", o.eval_windows, "validation windows of --seq-len bytes")
-      ->check(examples::positive);
-  app.add_option("--log-every", o.log_every, "steps between progress lines")->check(examples::positive);
+      ->check(cli_checks::positive);
+  app.add_option("--log-every", o.log_every, "steps between progress lines")
+      ->check(cli_checks::positive);
   app.add_option("--prompt", o.prompt, "text the final sample continues");
   app.add_option("--sample-bytes", o.sample_bytes, "bytes to sample at the end (0: none)")
-      ->check(examples::non_negative);
-  app.add_option("--temperature", o.temperature, "sampling temperature")->check(examples::positive);
+      ->check(cli_checks::non_negative);
+  app.add_option("--temperature", o.temperature, "sampling temperature")
+      ->check(cli_checks::positive);
   app.add_option("--seed", o.seed, "seed for initialisation, batches and sampling");
   app.add_option("--data", o.data, "directory of fortune databases");
-  app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(examples::positive);
+  app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(cli_checks::positive);
   app.add_option("--device", o.device, "auto, cpu, cuda or cuda:N (default: LOCKSTEP_DEVICE, else auto)");
   app.add_option("--backend", o.backend, "process-group backend (default: LOCKSTEP_BACKEND, else chosen)");
   CLI11_PARSE(app, argc, argv);
