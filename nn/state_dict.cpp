@@ -57,4 +57,17 @@ StateDict StateDict::without_prefix(std::string_view prefix) const {
   return out;
 }
 
+StateDict StateDict::under(std::string_view prefix) const {
+  StateDict out;
+  for (const auto& [name, t] : items_)
+    if (std::string_view(name).starts_with(prefix)) out.insert(name.substr(prefix.size()), t);
+  return out;
+}
+
+StateDict StateDict::with_prefix(std::string_view prefix) const {
+  StateDict out;
+  for (const auto& [name, t] : items_) out.insert(std::string(prefix) + name, t);
+  return out;
+}
+
 }  // namespace lockstep::nn

@@ -39,6 +39,13 @@ class StateDict {
   // saved from a DistributedDataParallel or DataParallel wrapper ("module.")
   // into the bare model. Throws if two names become one.
   StateDict without_prefix(std::string_view prefix) const;
+  // Only the names that start with `prefix`, without it: one part of a
+  // larger dict, such as a training checkpoint's model ("model.").
+  StateDict under(std::string_view prefix) const;
+  // A copy with `prefix` in front of every name: loads a state_dict saved
+  // without the name its model has inside this one (Hugging Face's GPT2Model
+  // into a GPT whose blocks sit under "transformer.").
+  StateDict with_prefix(std::string_view prefix) const;
   // In order, e.g. for a checkpoint writer (the runtime layer cannot see nn types).
   const std::vector<Item>& items() const { return items_; }
   auto begin() const { return items_.begin(); }

@@ -105,3 +105,22 @@ TEST_CASE("GPT: a nanoGPT checkpoint of a compiled model gets a hint to strip \"
   model->load_state_dict(compiled.without_prefix("_orig_mod."));
   CHECK(lt::values(model->wte()->weight) == lt::values(source->wte()->weight));
 }
+
+TEST_CASE("GPT: Hugging Face's GPT2Model names, without \"transformer.\", get a hint to add it",
+          "[nn][gpt][state_dict]") {
+  const auto source = models::gpt(tiny(), 1);
+  const auto model = models::gpt(tiny(), 2);
+  // GPT2Model's file: the blocks without "transformer.", no lm_head, and each
+  // block's causal-mask buffer, which this model does not keep.
+  nn::StateDict hf;
+  for (const auto& [name, t] : source->state_dict())
+    if (name.starts_with("transformer.")) hf.insert(name.substr(12), t);
+  hf.insert("h.0.attn.bias", Tensor::ones({1, 1, 4, 4}));
+  CHECK_THAT(lt::error_of([&] { model->load_state_dict(hf); }),
+             Contains("this model's keys are the state_dict's with \"transformer.\" in front (") &&
+                 Contains("with_prefix(\"transformer.\")"));
+  const nn::LoadResult r = model->load_state_dict(hf.with_prefix("transformer."), false);
+  CHECK(r.missing_keys.empty());
+  CHECK(r.unexpected_keys == std::vector<std::string>{"transformer.h.0.attn.bias"});
+  CHECK(lt::values(model->lm_head->weight) == lt::values(source->wte()->weight));
+}

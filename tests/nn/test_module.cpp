@@ -2,6 +2,8 @@
 // errors, train/eval, to(), zero_grad() and printing.
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
+
 #include "lockstep/models/models.h"
 #include "lockstep/nn/nn.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -198,6 +200,36 @@ TEST_CASE("load_state_dict names a wrapper's \"module.\" prefix; without_prefix 
   other.insert("extra", Tensor::zeros({1}));
   CHECK_THAT(error_of([&] { other.without_prefix("module."); }),
              Contains("would become \"extra\", a key already there"));
+}
+
+TEST_CASE("load_state_dict names a prefix the state_dict's keys have, or lack, and only then",
+          "[nn][module]") {
+  auto make = [] {
+    return std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+        std::make_shared<Linear>(4, 3), std::make_shared<ReLU>(), std::make_shared<Linear>(3, 2)});
+  };
+  auto saved = make(), model = make();
+  // A training checkpoint: the model under "model.", beside the optimizer's state.
+  StateDict checkpoint;
+  for (const auto& [name, t] : saved->state_dict()) checkpoint.insert("model." + name, t);
+  for (int i = 0; i < 4; ++i)
+    for (const char* key : {"exp_avg", "exp_avg_sq", "step"})
+      checkpoint.insert(fmt::format("optimizer.state.{}.{}", i, key), Tensor::zeros({1}));
+  CHECK_THAT(error_of([&] { model->load_state_dict(checkpoint); }),
+             Contains("the state_dict's keys are this model's with \"model.\" in front, as a "
+                      "training checkpoint keeps the model") &&
+                 Contains("dict.under(\"model.\")"));
+  model->load_state_dict(checkpoint.under("model."));
+  CHECK(values(model->at<Linear>(2)->weight) == values(saved->at<Linear>(2)->weight));
+
+  // One Linear's keys fit "0." as well as "2.": a guess is no hint.
+  CHECK_THAT(error_of([&] { model->load_state_dict(Linear(4, 3).state_dict()); }),
+             !Contains("in front"));
+  // One of many keys explained by a prefix is no hint either.
+  StateDict mostly_other;
+  for (int i = 0; i < 6; ++i) mostly_other.insert(fmt::format("x{}", i), Tensor::zeros({1}));
+  mostly_other.insert("extra.2.bias", Tensor::zeros({2}));
+  CHECK_THAT(error_of([&] { model->load_state_dict(mostly_other); }), !Contains("in front"));
 }
 
 TEST_CASE("load_state_dict copies nothing when a source overlaps what it writes, and reads "
