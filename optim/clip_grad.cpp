@@ -20,13 +20,14 @@ void check_norm_type(double norm_type) {
                  norm_type);
 }
 
-// sum |g|^p (or max |g|) over one gradient, in double.
+// sum |g|^p (or max |g|) over one gradient, in double: every floating dtype,
+// as the optimizers step bf16 and f16 parameters too.
 double partial_of(const Tensor& grad, double norm_type) {
   // Read on the host, in double, as on the CPU: a CUDA gradient is copied
   // over first (the norm is a host number anyway, so the wait is inherent).
   const Tensor g =
       grad.device().is_cpu() ? grad.contiguous() : grad.detach().to(runtime::Device::cpu());
-  return runtime::dispatch_float(g.dtype(), "clip_grad_norm", [&](auto tag) {
+  return runtime::dispatch_floating(g.dtype(), "clip_grad_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* x = g.data_ptr<T>();
     const int64_t n = g.numel();
@@ -38,7 +39,10 @@ double partial_of(const Tensor& grad, double norm_type) {
         acc = (a > acc || std::isnan(a)) ? a : acc;
       }
     } else if (norm_type == 2.0) {
-      for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * x[i];
+      for (int64_t i = 0; i < n; ++i) {
+        const auto v = static_cast<double>(x[i]);
+        acc += v * v;
+      }
     } else if (norm_type == 1.0) {
       for (int64_t i = 0; i < n; ++i) acc += std::abs(static_cast<double>(x[i]));
     } else {

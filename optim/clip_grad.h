@@ -1,4 +1,5 @@
-// Gradient clipping by global norm: torch.nn.utils.clip_grad_norm_.
+// Gradient clipping by global norm: torch.nn.utils.clip_grad_norm_. Gradients
+// of every floating dtype (f32, f64, bf16, f16) are read in double.
 #pragma once
 
 #include <vector>

@@ -1,0 +1,30 @@
+// clip_grad_norm on its own: the gradient dtypes it reads.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "lockstep/optim/clip_grad.h"
+
+using namespace lockstep::optim;
+using lockstep::runtime::DType;
+
+TEST_CASE("clip_grad_norm reads bf16 and f16 gradients beside f32 ones", "[optim][clip]") {
+  // The optimizers step bf16 and f16 parameters, so their gradients clip too.
+  std::vector<Tensor> params;
+  for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+    Tensor p = Tensor::zeros({2}, dtype);
+    p.requires_grad_();
+    p.set_grad(Tensor::full({2}, 2.0, dtype));
+    params.push_back(p);
+  }
+  // Six elements of 2: the L2 norm is sqrt(24), the largest |g| 2.
+  CHECK(total_grad_norm(params, INFINITY) == 2.0);
+  const double total = clip_grad_norm(params, 1.0);
+  CHECK(total == Approx(std::sqrt(24.0)).epsilon(1e-12));
+  for (const Tensor& p : params) {
+    INFO(lockstep::runtime::dtype_name(p.dtype()));
+    CHECK(p.grad().dtype() == p.dtype());
+    for (float g : p.grad().to(DType::f32).to_vector<float>())
+      CHECK(g == Approx(2.0 / std::sqrt(24.0)).epsilon(4e-3));
+  }
+}
