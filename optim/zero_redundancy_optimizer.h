@@ -131,6 +131,8 @@ class ZeroRedundancyOptimizer : public Optimizer {
   const std::vector<Piece>& local_pieces() const { return local_pieces_; }
   const std::vector<Tensor>& local_params() const { return local_params_; }
   Optimizer* inner() { return inner_.get(); }  // null when this rank owns nothing
+  // The inner optimizer's type ("Adam", ...), on every rank, owner or not.
+  const std::string& inner_name() const { return probe_->name(); }
   collectives::ProcessGroup& process_group() { return *group_; }
 
  protected:

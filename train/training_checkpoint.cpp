@@ -85,9 +85,18 @@ std::string group_key(size_t g, const std::string& what) {
   return fmt::format("optimizer.group.{}.{}", g, what);
 }
 
+// The update rule the optimizer's state belongs to: a ZeroRedundancyOptimizer
+// keeps its inner optimizer's state, so a run may resume with or without it.
+std::string update_rule(const optim::Optimizer& opt) {
+  if (const auto* zero = dynamic_cast<const optim::ZeroRedundancyOptimizer*>(&opt))
+    return zero->inner_name();
+  return opt.name();
+}
+
 void add_optimizer(const optim::Optimizer& opt, CheckpointContent& c) {
   const optim::OptimizerState state = opt.state_dict();
   c.metadata["optimizer.type"] = opt.name();
+  c.metadata["optimizer.rule"] = update_rule(opt);
   c.metadata["optimizer.groups"] = std::to_string(state.param_groups.size());
   for (size_t g = 0; g < state.param_groups.size(); ++g) {
     const auto& group = state.param_groups[g];
@@ -120,6 +129,15 @@ std::vector<int64_t> parse_indices(const std::string& text, const std::string& f
 optim::OptimizerState read_optimizer(const CheckpointContent& c, const Metadata& meta,
                               const optim::Optimizer& opt, const std::string& file) {
   const std::string saved_type = meta.text("optimizer.type");
+  // Adam's state and options are AdamW's too: only the rule tells them apart.
+  // A file from before the rule was saved names it unless ZeRO hid it.
+  const std::string saved_rule = meta.has("optimizer.rule") ? meta.text("optimizer.rule")
+                                 : saved_type == "ZeroRedundancyOptimizer" ? std::string()
+                                                                           : saved_type;
+  LOCKSTEP_CHECK(saved_rule.empty() || saved_rule == update_rule(opt),
+                 "checkpoint {}: the run was saved with the {} optimizer, this one is {}; resume "
+                 "with the optimizer the run was saved with",
+                 file, saved_rule, update_rule(opt));
   const auto groups = meta.integer<size_t>("optimizer.groups");
   const auto& mine = opt.param_groups();
   LOCKSTEP_CHECK(groups == mine.size(),

@@ -63,11 +63,13 @@ inline std::vector<std::shared_ptr<collectives::ProcessGroup>> make_groups(
 }
 
 // This thread alone as a group (rank 0 of 1), made once per process, for the
-// calls that take a group in a one-process test. Never destroyed: it stays
-// reachable, and no test's end waits on its shutdown.
-inline collectives::ProcessGroup& one_rank_group() {
+// calls that take a group in a one-process test (one_rank_group_ptr(): for
+// objects that keep it). Never destroyed: it stays reachable, and no test's
+// end waits on its shutdown.
+inline std::shared_ptr<collectives::ProcessGroup> one_rank_group_ptr() {
   static auto* group = new std::shared_ptr<collectives::ProcessGroup>(make_groups("shm", 1, "alone")[0]);
-  return **group;
+  return *group;
 }
+inline collectives::ProcessGroup& one_rank_group() { return *one_rank_group_ptr(); }
 
 }  // namespace lockstep::testing

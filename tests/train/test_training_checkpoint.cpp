@@ -14,6 +14,7 @@
 #include "lockstep/models/models.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/sgd.h"
+#include "lockstep/optim/zero_redundancy_optimizer.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/train/training_checkpoint.h"
@@ -125,8 +126,35 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
     const auto before = flat_parameters(*same);
     SGD sgd(same->parameters(), {.lr = 0.1, .momentum = 0.9});
     CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &sgd}, testing::one_rank_group()),
-                      Contains("the saved Adam optimizer has option"));
+                      Contains("saved with the Adam optimizer, this one is SGD"));
     CHECK((flat_parameters(*same) == before));
+  }
+  SECTION("AdamW where the run had Adam") {
+    // The same options and state names: only the type tells them apart.
+    auto same = models::fashion_mlp(2);
+    const auto before = flat_parameters(*same);
+    AdamW adamw(same->parameters(), {});
+    CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &adamw},
+                                               testing::one_rank_group()),
+                      Contains("saved with the Adam optimizer, this one is AdamW"));
+    CHECK((flat_parameters(*same) == before));
+  }
+  SECTION("the same update rule with ZeRO, but not another") {
+    // ZeRO keeps the plain optimizer's state: a run may resume with or without it.
+    auto same = models::fashion_mlp(2);
+    const auto factory = [](bool decoupled) -> OptimizerFactory {
+      return [decoupled](std::vector<ParamGroup> g) -> std::unique_ptr<Optimizer> {
+        if (decoupled) return std::make_unique<AdamW>(std::move(g), AdamWOptions{});
+        return std::make_unique<Adam>(std::move(g), AdamOptions{});
+      };
+    };
+    ZeroRedundancyOptimizer adam(same->parameters(), testing::one_rank_group_ptr(), factory(false));
+    load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &adam},
+                             testing::one_rank_group());
+    ZeroRedundancyOptimizer adamw(same->parameters(), testing::one_rank_group_ptr(), factory(true));
+    CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &adamw},
+                                               testing::one_rank_group()),
+                      Contains("saved with the Adam optimizer, this one is AdamW"));
   }
   SECTION("a scheduler the run did not have") {
     auto same = models::fashion_mlp(2);
