@@ -57,6 +57,14 @@ void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf,
     const DType d = g.dtype();
     LOCKSTEP_CHECK(d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16,
                    "{}: gradients must be f32, f64, bf16 or f16; got {}", op, dtype_name(d));
+    // Each element is divided in place: an expanded gradient's one value
+    // would be divided once per element (PyTorch refuses the write too).
+    for (int64_t k = 0; k < g.dim(); ++k) {
+      LOCKSTEP_CHECK(g.strides()[k] != 0 || g.shape()[k] <= 1,
+                     "{}: a gradient (shape {}, strides {}) has several elements at one memory "
+                     "location (an expanded tensor); set the gradient to a .clone() of it",
+                     op, shape_str(g.shape()), shape_str(g.strides()));
+    }
   }
   if (!device.is_cpu()) {
     if (!grads.empty()) device_backend(device).amp_unscale(grads, found_inf, inv_scale);

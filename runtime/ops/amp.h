@@ -14,8 +14,9 @@ namespace lockstep::runtime {
 // One pass over each gradient: g *= inv_scale in place (computed in float for
 // bf16/f16, in the gradient's dtype for f32/f64) and found_inf = 1 when an
 // element was inf or NaN before scaling; otherwise found_inf is left as it is.
-// grads: f32, f64, bf16 or f16, any strides, on the device of found_inf and
-// inv_scale (1-element f32 tensors). Bumps each gradient's version.
+// grads: f32, f64, bf16 or f16, any strides but expanded ones (checked before
+// any is written), on the device of found_inf and inv_scale (1-element f32
+// tensors). Bumps each gradient's version.
 void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf,
                   const Tensor& inv_scale);
 

@@ -193,6 +193,21 @@ TEST_CASE("GradScaler refuses misuse as PyTorch does", "[optim][grad_scaler]") {
   CHECK_THROWS_WITH(GradScaler({.growth_interval = 0}), Contains("growth_interval"));
 }
 
+TEST_CASE("GradScaler::unscale_ refuses an expanded gradient before dividing any",
+          "[optim][grad_scaler]") {
+  // An expanded gradient holds one value for every element: dividing each
+  // element in place would divide that value once per element.
+  Tensor a = param({1, 1}), b = param({1, 1, 1, 1});
+  a.set_grad(Tensor::full({2}, 4.0));
+  b.set_grad(Tensor::full({1}, 4.0).expand({4}));
+  SGD opt({a, b});
+  GradScaler scaler({.init_scale = 2.0});
+  (void)scaler.scale(Tensor::scalar(1.0));
+  CHECK_THROWS_WITH(scaler.unscale_(opt), Contains("several elements at one memory location"));
+  CHECK(a.grad().to_vector<float>() == std::vector<float>{4, 4});
+  CHECK(b.grad().to_vector<float>() == std::vector<float>{4, 4, 4, 4});
+}
+
 TEST_CASE("GradScaler refuses to step or update for an optimizer with no gradient, as PyTorch",
           "[optim][grad_scaler]") {
   // zero_grad() between backward and step (or no backward at all) leaves
