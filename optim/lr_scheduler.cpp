@@ -18,6 +18,15 @@ double cosine_between(double from, double to, double fraction) {
 
 std::string base_lr_key(size_t group) { return fmt::format("base_lr.{}", group); }
 
+// A factor or floor of a schedule's rates: one below 0 (or NaN) makes a rate
+// negative some steps in, where the optimizer's step would refuse it.
+void check_not_negative(const char* scheduler, const char* what, double value) {
+  LOCKSTEP_CHECK(value >= 0.0,
+                 "{}: {} {} must be >= 0; it would make the learning rate negative (or NaN) "
+                 "later in the schedule",
+                 scheduler, what, value);
+}
+
 const std::string kOptionPrefix = "option.";
 
 // A state's "base_lr.0", "base_lr.1", ...
@@ -156,6 +165,7 @@ void LRScheduler::load_state_dict(const SchedulerState& state) {
 StepLR::StepLR(Optimizer& optimizer, StepLROptions options)
     : LRScheduler("StepLR", optimizer), o_(options) {
   LOCKSTEP_CHECK(o_.step_size >= 1, "StepLR: step_size {} must be >= 1", o_.step_size);
+  check_not_negative("StepLR", "gamma", o_.gamma);
   start();
 }
 
@@ -171,6 +181,7 @@ MultiStepLR::MultiStepLR(Optimizer& optimizer, MultiStepLROptions options)
     : LRScheduler("MultiStepLR", optimizer), o_(std::move(options)) {
   LOCKSTEP_CHECK(std::is_sorted(o_.milestones.begin(), o_.milestones.end()),
                  "MultiStepLR: milestones must be in increasing order");
+  check_not_negative("MultiStepLR", "gamma", o_.gamma);
   start();
 }
 
@@ -192,6 +203,7 @@ double MultiStepLR::lr_at(int64_t epoch, double base_lr) const {
 CosineLR::CosineLR(Optimizer& optimizer, CosineLROptions options)
     : LRScheduler("CosineLR", optimizer), o_(options) {
   LOCKSTEP_CHECK(o_.t_max >= 1, "CosineLR: t_max {} must be >= 1", o_.t_max);
+  check_not_negative("CosineLR", "eta_min", o_.eta_min);
   start();
 }
 
@@ -231,6 +243,7 @@ WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, WarmupCosineLROptions optio
                  o_.warmup_steps, o_.total_steps);
   LOCKSTEP_CHECK(o_.start_factor > 0.0 && o_.start_factor <= 1.0,
                  "WarmupCosineLR: start_factor {} must be in (0, 1]", o_.start_factor);
+  check_not_negative("WarmupCosineLR", "eta_min", o_.eta_min);
   start();
 }
 

@@ -100,7 +100,7 @@ class LRScheduler {
 // lr = base * gamma^floor(epoch / step_size)           (StepLR)
 struct StepLROptions {
   int64_t step_size = 1;
-  double gamma = 0.1;
+  double gamma = 0.1;  // >= 0
 };
 class StepLR : public LRScheduler {
  public:
@@ -115,7 +115,7 @@ class StepLR : public LRScheduler {
 // lr = base * gamma^(milestones <= epoch)              (MultiStepLR)
 struct MultiStepLROptions {
   std::vector<int64_t> milestones;  // increasing
-  double gamma = 0.1;
+  double gamma = 0.1;               // >= 0
 };
 class MultiStepLR : public LRScheduler {
  public:
@@ -130,7 +130,7 @@ class MultiStepLR : public LRScheduler {
 // lr = eta_min + (base - eta_min) * (1 + cos(pi * epoch / t_max)) / 2   (CosineAnnealingLR)
 struct CosineLROptions {
   int64_t t_max = 1;
-  double eta_min = 0.0;
+  double eta_min = 0.0;  // >= 0
 };
 class CosineLR : public LRScheduler {
  public:
@@ -167,7 +167,7 @@ struct WarmupCosineLROptions {
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;
   double start_factor = 1e-3;
-  double eta_min = 0.0;
+  double eta_min = 0.0;  // >= 0
 };
 class WarmupCosineLR : public LRScheduler {
  public:

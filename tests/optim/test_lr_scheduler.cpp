@@ -145,6 +145,23 @@ TEST_CASE("Schedulers reject bad options and foreign states", "[optim][lr_schedu
   CHECK(sched.last_epoch() == 0);
 }
 
+TEST_CASE("Schedulers refuse settings that would turn the rate negative later",
+          "[optim][lr_scheduler]") {
+  // The first rates are fine; a negative one would stop the optimizer's step
+  // near the end of the run (the cosine's floor) or after the first decay.
+  Tensor p = param();
+  SGD opt({p}, {.lr = 0.1});
+  CHECK_THROWS_WITH(CosineLR(opt, {.t_max = 10, .eta_min = -0.01}),
+                    Contains("eta_min -0.01 must be >= 0"));
+  CHECK_THROWS_WITH(WarmupCosineLR(opt, {.warmup_steps = 2, .total_steps = 10, .eta_min = -0.01}),
+                    Contains("eta_min -0.01 must be >= 0"));
+  CHECK_THROWS_WITH(StepLR(opt, {.step_size = 3, .gamma = -0.5}),
+                    Contains("gamma -0.5 must be >= 0"));
+  CHECK_THROWS_WITH(MultiStepLR(opt, {.milestones = {4}, .gamma = -0.1}),
+                    Contains("gamma -0.1 must be >= 0"));
+  CHECK(lr(opt) == 0.1);
+}
+
 TEST_CASE("A scheduler refuses a state saved with other settings, and changes nothing",
           "[optim][lr_scheduler]") {
   Tensor p = param();
