@@ -203,16 +203,15 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   // computed under no_grad between a forward and its backward) has no
   // backward and leaves the iteration that an earlier forward prepared.
   if (!runtime::grad_enabled()) return;
-  forward_ms_ = forward_ms;
-  forward_end_ = Clock::now();
-  if (timeline_) timeline_->forward_ended();
+  // So does one whose outputs need no gradient (predictions taken with grad
+  // mode on, a part of the model that is frozen): nothing can differentiate it.
   const bool expects_backward =
       std::any_of(outputs.begin(), outputs.end(),
                   [](const Tensor& t) { return t.defined() && t.requires_grad(); });
-  if (!expects_backward) {
-    mode_ = Mode::idle;
-    return;
-  }
+  if (!expects_backward) return;
+  forward_ms_ = forward_ms;
+  forward_end_ = Clock::now();
+  if (timeline_) timeline_->forward_ended();
   check_parameters_unchanged();
   if (!synced) {
     const Join* join = active_join();

@@ -48,8 +48,9 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   // Called at the start and the end of every DDP forward. `synced` is false
-  // under no_sync(). A forward without grad mode changes nothing here: the
-  // backward of the forward before it still averages.
+  // under no_sync(). A forward without grad mode, or whose outputs need no
+  // gradient, changes nothing here: the backward of the forward before it
+  // still averages.
   void forward_started();
   // After forward: `outputs` are every tensor the module returned (the
   // unused-parameter search walks back from all of them).

@@ -124,3 +124,59 @@ TEST_CASE("DDP: an evaluation forward with grad mode on between training steps c
     }
   }
 }
+
+namespace {
+
+// forward returns a tensor that needs no gradient when asked (predictions
+// of a model under evaluation, taken with grad mode on).
+class Detachable : public nn::Module {
+ public:
+  explicit Detachable(uint64_t seed) : inner(lt::small_mlp(seed)) {
+    register_module("inner", inner);
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = inner->forward(x);
+    return detach ? y.detach() : y;
+  }
+  std::shared_ptr<nn::Sequential> inner;
+  bool detach = false;
+};
+
+}  // namespace
+
+TEST_CASE("DDP: a forward whose outputs need no gradient, between a forward and its backward, "
+          "leaves the iteration to the first",
+          "[ddp]") {
+  // As a forward under no_grad: no backward can follow it, so the backward
+  // of the forward before it must still average (and, after no_sync(), be
+  // accumulated and then averaged by the next one).
+  const auto batch = lt::global_batch(8, 23);
+  for (const bool find_unused : {false, true}) {
+    for (const bool accumulate : {false, true}) {
+      const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+        auto model = std::make_shared<Detachable>(1);
+        DistributedDataParallel ddp(model, group,
+                                    DdpOptions{.find_unused_parameters = find_unused});
+        const auto local = lt::shard(batch, r, 2);
+        auto step = [&] {
+          Tensor out = ddp.forward(local.x);
+          model->detach = true;
+          (void)ddp.forward(local.x);  // grad mode on, nothing to differentiate
+          model->detach = false;
+          lockstep::runtime::mul(lockstep::runtime::cross_entropy(out, local.y),
+                                 accumulate ? 0.5 : 1.0)
+              .backward();
+        };
+        if (accumulate) {
+          auto guard = ddp.no_sync();
+          step();
+        }
+        step();
+        auto alone = lt::small_mlp(1);
+        return compare_with_one_process(*model->inner, *alone, batch);
+      });
+      INFO("find_unused_parameters " << find_unused << ", no_sync first " << accumulate);
+      CHECK(lt::joined(problems) == "");
+    }
+  }
+}
