@@ -29,8 +29,8 @@
 // active_ranks(), not the world size, so the averaged gradient is the
 // one-process gradient over the concatenated batches of the ranks that had
 // one; after iterations under no_sync(), by the mean of their active_ranks()
-// and this one's (DdpOptions::divide_by_initial_world_size gives PyTorch's
-// divisor).
+// and this one's, counting those whose forward a backward followed
+// (DdpOptions::divide_by_initial_world_size gives PyTorch's divisor).
 //
 // Contract: every rank of the group iterates its Join at the same point and
 // runs the body once per batch given; leaving the loop early on one rank

@@ -47,7 +47,8 @@ struct DdpOptions {
   // false: the ranks that had a real batch this iteration, so the averaged
   // gradient is the one-process gradient over the concatenation of their
   // batches, as with no Join (after no_sync() iterations, the mean of their
-  // counts and this one's). true: always the world size (PyTorch's name
+  // counts and this one's; a forward no backward follows counts for
+  // nothing). true: always the world size (PyTorch's name
   // and PyTorch's default), so once ranks have joined, their zero gradients
   // shrink the average by active/world. Without a Join both divide by the
   // world size.

@@ -215,13 +215,15 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   check_parameters_unchanged();
   if (!synced) {
     const Join* join = active_join();
-    window_active_ += join ? join->active_ranks() : group_.size();
-    ++window_steps_;
+    // Counted by its backward (on_gradient_ready): a forward that none
+    // follows adds nothing to the sum, so nothing to the divisor either.
+    uncounted_active_ = join ? join->active_ranks() : group_.size();
     mode_ = Mode::no_sync;
     stats_ = DdpStats{.iteration = stats_.iteration, .forward_ms = forward_ms, .synced = false};
     return;
   }
   mode_ = Mode::sync;
+  uncounted_active_ = 0;
   backward_started_ = false;
   walked_ = options_.find_unused_parameters && !(options_.static_graph && unused_known_);
   if (walked_) {
@@ -278,6 +280,13 @@ void Reducer::on_gradient_ready(size_t param) {
     // Gradients accumulate locally; the next averaged backward must know
     // that this rank has one for this parameter, even if it then goes unused.
     locally_used_[param] = 1;
+    // The first gradient of the forward's backward: its iteration joins the
+    // window that the next averaged backward divides by.
+    if (uncounted_active_ > 0) {
+      window_active_ += uncounted_active_;
+      ++window_steps_;
+      uncounted_active_ = 0;
+    }
     return;
   }
   if (mode_ == Mode::idle) {

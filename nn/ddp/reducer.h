@@ -132,6 +132,9 @@ class Reducer {
   // ranks with a real batch summed over them (the world size outside a Join).
   int64_t window_active_ = 0;
   int64_t window_steps_ = 0;
+  // The ranks with a real batch at the last no_sync() forward, until its
+  // backward's first gradient adds them to the window (0: added, or none).
+  int64_t uncounted_active_ = 0;
   std::vector<size_t> ready_order_;    // this iteration's
   Clock::time_point forward_end_;
   double forward_ms_ = 0;
