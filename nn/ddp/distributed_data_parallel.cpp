@@ -69,7 +69,10 @@ void DistributedDataParallel::broadcast_parameters() {
 template <class Run>
 void DistributedDataParallel::run_forward(Run&& run) {
   const auto start = std::chrono::steady_clock::now();
-  if (is_training() && options_.verify_every > 0 &&
+  // The wrapped module's mode, which its layers follow: model->eval() on the
+  // handle kept from before wrapping leaves this wrapper's own flag as it was.
+  const bool training = module_->is_training();
+  if (training && options_.verify_every > 0 &&
       ++training_forwards_ % options_.verify_every == 0)
     verify_replicas_identical(module_->named_parameters(), *group_,
                               fmt::format("before training forward #{}", training_forwards_));
@@ -85,7 +88,7 @@ void DistributedDataParallel::run_forward(Run&& run) {
   if (runtime::grad_enabled()) reducer_->forward_started();  // no_grad: no backward to time
   // Training only: in eval the buffers are read, not updated, and ranks may
   // evaluate different numbers of batches.
-  if (options_.broadcast_buffers && is_training() && group_->size() > 1) {
+  if (options_.broadcast_buffers && training && group_->size() > 1) {
     const auto buffers = module_->buffers();
     if (!buffers.empty()) broadcast_coalesced(buffers, *group_, 0);
   }
