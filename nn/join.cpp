@@ -1,5 +1,6 @@
 #include "lockstep/nn/join.h"
 
+#include <bit>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -62,15 +63,25 @@ const Join* Join::current(const collectives::ProcessGroup& group) {
 
 Join::Batches Join::batches(const runtime::DataLoader& loader) & { return Batches(*this, loader); }
 
-// One all-reduce (sum) of [has a batch, h, h^2], h the hash of this rank's
-// sample kind: the first counts the active ranks, the other two tell every
-// rank at once when the ranks iterate different kinds of data.
+// One all-reduce (sum) of [has a batch, h, h^2, which ranks have one], h the
+// hash of this rank's sample kind: the first counts the active ranks, the
+// next two tell every rank at once when the ranks iterate different kinds of
+// data, and the rest are a bit per rank (kRanksPerWord to an int64; each
+// rank sets only its own, so the sum is their union).
 bool Join::agree(bool has_batch, const std::string& kind) {
   const int64_t h = kind_hash(kind);
-  Tensor votes = Tensor::from_vector<int64_t>({has_batch ? 1 : 0, h, h * h}, {3});
+  const int64_t world = group_.size();
+  const int64_t words = (world + kRanksPerWord - 1) / kRanksPerWord;
+  std::vector<int64_t> mine(static_cast<size_t>(3 + words), 0);
+  mine[0] = has_batch ? 1 : 0;
+  mine[1] = h;
+  mine[2] = h * h;
+  const int64_t rank = group_.rank();
+  if (has_batch)
+    mine[static_cast<size_t>(3 + rank / kRanksPerWord)] = int64_t{1} << (rank % kRanksPerWord);
+  Tensor votes = Tensor::from_vector<int64_t>(mine, {3 + words});
   group_.allreduce(votes, {.op = collectives::ReduceOp::Sum})->wait();
   const auto sums = votes.to_vector<int64_t>();
-  const int64_t world = group_.size();
   if (sums[1] != world * h || sums[2] != world * h * h) {
     in_iteration_ = false;
     const auto kinds = collectives::allgather_text(kind, group_);
@@ -85,6 +96,13 @@ bool Join::agree(bool has_batch, const std::string& kind) {
   has_batch_ = has_batch;
   active_ = static_cast<int>(sums[0]);
   in_iteration_ = active_ > 0;
+  first_active_ = 0;
+  for (int64_t w = 0; w < words; ++w) {
+    const auto bits = static_cast<uint64_t>(sums[static_cast<size_t>(3 + w)]);
+    if (bits == 0) continue;
+    first_active_ = static_cast<int>(w * kRanksPerWord + std::countr_zero(bits));
+    break;
+  }
   return in_iteration_;
 }
 

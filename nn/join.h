@@ -11,7 +11,8 @@
 //   }
 //
 // Each iteration starts with one small all-reduce on `group`: does this rank
-// still have a batch? While any rank has one, every rank gets a batch: its
+// still have a batch (a count, and a bit per rank: 8 bytes per 62 ranks)?
+// While any rank has one, every rank gets a batch: its
 // own next one or, once its data has run out, the empty batch (x and y of
 // shape [0, ...one sample's shape...] with the dataset's dtypes). When no
 // rank has one, all leave the loop together. A joined rank thus runs the
@@ -67,6 +68,10 @@ class Join {
   // The ranks with a real batch in the current iteration; the world size
   // outside an iteration.
   int active_ranks() const { return in_iteration_ ? active_ : group_.size(); }
+  // The lowest rank with a real batch in the current iteration; 0 outside
+  // one. DDP broadcasts buffers (per-rank BatchNorm statistics) from it, as
+  // a joined rank's have stopped changing.
+  int first_active_rank() const { return in_iteration_ ? first_active_ : 0; }
   // Whether this rank's current batch is the empty one.
   bool joined() const { return in_iteration_ && !has_batch_; }
   collectives::ProcessGroup& group() const { return group_; }
@@ -82,8 +87,10 @@ class Join {
 
   collectives::ProcessGroup& group_;
   bool in_iteration_ = false;
+  static constexpr int64_t kRanksPerWord = 62;  // of the agreement's bit per rank
   bool has_batch_ = false;
   int active_ = 0;
+  int first_active_ = 0;
 };
 
 // The range batches() returns; refers to the Join and the loader.

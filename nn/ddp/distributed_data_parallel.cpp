@@ -7,6 +7,7 @@
 
 #include "lockstep/nn/ddp/reducer.h"
 #include "lockstep/nn/ddp/replica_sync.h"
+#include "lockstep/nn/join.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
@@ -90,7 +91,11 @@ void DistributedDataParallel::run_forward(Run&& run) {
   // evaluate different numbers of batches.
   if (options_.broadcast_buffers && training && group_->size() > 1) {
     const auto buffers = module_->buffers();
-    if (!buffers.empty()) broadcast_coalesced(buffers, *group_, 0);
+    // Under a Join, from a rank with a real batch: a joined rank's running
+    // statistics have stopped changing, and would undo the others' updates.
+    const Join* join = Join::current(*group_);
+    const int root = join ? join->first_active_rank() : 0;
+    if (!buffers.empty()) broadcast_coalesced(buffers, *group_, root);
   }
   const std::vector<Tensor> outputs = run();
   const double ms =

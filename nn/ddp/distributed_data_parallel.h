@@ -41,10 +41,11 @@ class DistributedDataParallel : public Module {
                           std::shared_ptr<collectives::ProcessGroup> group, DdpOptions options = {});
   ~DistributedDataParallel() override;
 
-  // Broadcasts buffers from rank 0 (broadcast_buffers), runs the module, and
-  // prepares the reducer for the backward that follows. forward_values passes
-  // several inputs and outputs through unchanged; the unused-parameter search
-  // walks back from every tensor returned.
+  // Broadcasts buffers from rank 0 (broadcast_buffers; under a Join, from
+  // Join::first_active_rank()), runs the module, and prepares the reducer
+  // for the backward that follows. forward_values passes several inputs and
+  // outputs through unchanged; the unused-parameter search walks back from
+  // every tensor returned.
   Tensor forward(const Tensor& input) override;
   Values forward_values(const Values& inputs) override;
 

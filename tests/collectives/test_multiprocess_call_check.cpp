@@ -105,7 +105,7 @@ TEST_CASE("the main job: ranks given different sample counts fail naming the cal
     return;
   }
   // Rank 1 gets more samples, so more steps: when rank 0 evaluates (its
-  // first collective there is nn::Join's all-reduce of 3 i64 values), rank 1
+  // first collective there is nn::Join's all-reduce of 4 i64 values), rank 1
   // still all-reduces its gradients.
   const std::string program = lt::bin_path("fashion_mnist");
   const std::string script = fmt::format(
@@ -119,7 +119,7 @@ TEST_CASE("the main job: ranks given different sample counts fail naming the cal
   CHECK_FALSE(result.timed_out);
   CHECK(result.exit_code != 0);
   CHECK_THAT(result.output, Contains("differs across the ranks of group 'default'") &&
-                                Contains("called allreduce(i64, 3 elements, sum)") &&
+                                Contains("called allreduce(i64, 4 elements, sum)") &&
                                 Contains("called allreduce(f32, "));
   CHECK_THAT(result.output, !Contains("test accuracy"));
 }

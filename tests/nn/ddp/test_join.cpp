@@ -277,3 +277,44 @@ TEST_CASE("Join: a forward under no_sync that no backward follows counts for not
   }, "join_accumulate_eval");
   for (const std::string& p : problems) CHECK(p == "");
 }
+
+TEST_CASE("Join: DDP broadcasts per-rank BatchNorm statistics from a rank that still has data",
+          "[ddp][join]") {
+  // broadcast_buffers copies one rank's running statistics to every rank
+  // before each forward. Once rank 0 has joined, its statistics stop
+  // changing; copied from it, rank 1's update of every iteration would be
+  // lost (PyTorch broadcasts from a rank that has not joined). BatchNorm
+  // first, with the cumulative average: rank 1 must end with BatchNorm's
+  // statistics over its own 3 batches, and rank 0 with those over rank 1's
+  // first 2 (copied from rank 1 before its last update).
+  const lt::Batch global = lt::global_batch(8, 9);
+  auto make = [] {
+    auto m = std::make_shared<nn::Sequential>();
+    m->push_back(std::make_shared<nn::BatchNorm1d>(12, nn::BatchNormOptions{.momentum = {}}));
+    m->push_back(std::make_shared<nn::Linear>(12, 5));
+    return m;
+  };
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    const int64_t lo = r == 0 ? 0 : 2, hi = r == 0 ? 2 : 8;
+    const rt::TensorDataset data(global.x.slice(0, lo, hi).contiguous(),
+                                 global.y.slice(0, lo, hi).contiguous());
+    rt::DataLoader loader(data, {.batch_size = 2});
+    auto model = make();
+    nn::DistributedDataParallel ddp(model, group);
+    nn::Join join(*group);
+    for (const rt::Batch& b : join.batches(loader)) {
+      ddp.zero_grad();
+      rt::cross_entropy(ddp.forward(b.x), b.y).backward();
+    }
+    auto alone = make();
+    for (int64_t i = 2; i < (r == 0 ? 6 : 8); i += 2)
+      (void)alone->forward(global.x.slice(0, i, i + 2).contiguous());
+    const auto mine = model->named_buffers(), theirs = alone->named_buffers();
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const auto m = lt::mismatch(mine[k].first, mine[k].second, theirs[k].second, 1e-6);
+      if (!m.empty()) return m;
+    }
+    return "";
+  }, "join_buffers");
+  for (const std::string& p : problems) CHECK(p == "");
+}
