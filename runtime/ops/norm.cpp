@@ -145,7 +145,9 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {x_in, weight, bias}))
     return batch_norm((*c)[0], (*c)[1], (*c)[2], running_mean, running_var, training, momentum,
                       eps);
-  if (auto low = detail::cpu_reduced_dtype({x_in, weight, bias}))
+  // Widened when the input is 16-bit, whose dtype the output keeps; a 16-bit
+  // weight or bias beside a wider input is a dtype mismatch, refused below.
+  if (auto low = detail::cpu_reduced_dtype({x_in}))
     return detail::in_f32(*low, {x_in, weight, bias}, [&](const auto& in) {
       return batch_norm(in[0], in[1], in[2], running_mean, running_var, training, momentum, eps);
     });
@@ -222,7 +224,7 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& normalized_sha
                   const Tensor& weight, const Tensor& bias, double eps) {
   if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {x_in, weight, bias}))
     return layer_norm((*c)[0], normalized_shape, (*c)[1], (*c)[2], eps);
-  if (auto low = detail::cpu_reduced_dtype({x_in, weight, bias}))
+  if (auto low = detail::cpu_reduced_dtype({x_in}))  // as batch_norm's
     return detail::in_f32(*low, {x_in, weight, bias}, [&](const auto& in) {
       return layer_norm(in[0], normalized_shape, in[1], in[2], eps);
     });

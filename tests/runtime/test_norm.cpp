@@ -187,3 +187,18 @@ TEST_CASE("layer_norm rejects a shape that does not match", "[runtime][ops][norm
   CHECK_THAT(error_of([&] { layer_norm(x, {4}, Tensor::ones({5})); }),
              Contains("expected weight of shape [4]"));
 }
+
+TEST_CASE("batch_norm and layer_norm refuse 16-bit parameters for a wider input",
+          "[runtime][ops][norm]") {
+  // Rounding the f32 input's result to the weight's bf16 would be a silent loss.
+  Tensor x = Tensor::ones({2, 4});
+  Tensor w = Tensor::ones({4}, DType::bf16), b = Tensor::zeros({4}, DType::bf16);
+  CHECK_THAT(error_of([&] { layer_norm(x, {4}, w, b); }),
+             Contains("input is f32 but weight is bf16"));
+  CHECK_THAT(error_of([&] { batch_norm(x, {}, b, {}, {}, true); }),
+             Contains("input is f32 but bias is bf16"));
+  // A 16-bit input with f32 parameters still runs in f32 and gives the input's dtype.
+  Tensor low = Tensor::ones({2, 4}, DType::bf16);
+  CHECK(layer_norm(low, {4}, w.to(DType::f32), b.to(DType::f32)).dtype() == DType::bf16);
+  CHECK(batch_norm(low, w.to(DType::f32), {}, {}, {}, true).dtype() == DType::bf16);
+}
