@@ -5,6 +5,9 @@
 #include "lockstep/runtime/ops/loss.h"
 
 #include <cmath>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
@@ -37,12 +40,16 @@ LossForward cross_entropy_cpu(const Tensor& x, const Tensor& t, double smoothing
                               Reduction reduction, std::optional<int64_t> ignore_index) {
   const int64_t n = x.shape()[0], c = x.shape()[1];
   const int64_t* tp = t.data_ptr<int64_t>();
+  // The hint for a negative target: pass ignore_index, or, when one was
+  // passed, that it is another value (nanoGPT's -1 beside PyTorch's -100).
+  const std::string skip_hint =
+      ignore_index ? fmt::format("; only targets equal to ignore_index = {} are skipped",
+                                 *ignore_index)
+                   : "; to skip such samples (PyTorch skips -100 by default), pass ignore_index";
   for (int64_t i = 0; i < n; ++i)
     LOCKSTEP_CHECK((tp[i] >= 0 && tp[i] < c) || is_ignored(tp[i], ignore_index),
                    "cross_entropy: target[{}] = {} is not a class index in [0, {}){}", i, tp[i], c,
-                   tp[i] < 0 ? "; to skip such samples (PyTorch skips -100 by default), pass "
-                               "ignore_index"
-                             : "");
+                   tp[i] < 0 ? skip_hint : std::string());
   Tensor probs = Tensor::empty({n, c}, x.dtype());
   Tensor losses = Tensor::empty({n}, x.dtype());
   dispatch_float(x.dtype(), "cross_entropy", [&](auto tag) {

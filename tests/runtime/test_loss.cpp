@@ -151,6 +151,16 @@ TEST_CASE("cross_entropy argument errors", "[runtime][ops][loss]") {
                     Contains("target[2] = -1"));
   CHECK_THROWS_WITH(cross_entropy(logits, Tensor::from_vector<int32_t>({7, 1, 1}, {3})),
                     Contains("target[0] = 7"));
+  CHECK_THROWS_WITH(cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1, -1}, {3})),
+                    Contains("pass ignore_index"));
+  // With an ignore_index of another value, the hint names it instead of asking for one.
+  const std::string other = error_of([&] {
+    cross_entropy(logits, Tensor::from_vector<int64_t>({0, -100, 1}, {3}), 0.0, Reduction::Mean,
+                  -1);
+  });
+  CHECK_THAT(other, Contains("target[1] = -100") &&
+                        Contains("only targets equal to ignore_index = -1 are skipped"));
+  CHECK_THAT(other, !Contains("pass ignore_index"));
   CHECK_THROWS_WITH(cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1}, {2})),
                     Contains("[3]") && Contains("[2]"));
   CHECK_THROWS_WITH(cross_entropy(logits, Tensor::zeros({3})), Contains("class indices") &&
