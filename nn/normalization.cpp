@@ -1,5 +1,6 @@
 #include "lockstep/nn/normalization.h"
 
+#include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/ops.h"
@@ -34,8 +35,10 @@ Tensor BatchNormBase::forward(const Tensor& x) {
   // Mirrors torch.nn.modules.batchnorm._BatchNorm.forward.
   double factor = options.momentum.value_or(0.0);
   // An empty batch (a joined rank's, nn::Join) is not counted: the running
-  // statistics and the count behind them stay as they are.
-  if (is_training() && options.track_running_stats && x.numel() > 0) {
+  // statistics and the count behind them stay as they are. Nor is a
+  // checkpoint's recomputation of this forward: the batch was counted once.
+  const bool recomputing = runtime::in_checkpoint_recomputation();
+  if (is_training() && options.track_running_stats && x.numel() > 0 && !recomputing) {
     {
       runtime::NoGradGuard no_grad;
       num_batches_tracked.add_(Tensor::full({}, 1.0, DType::i64, num_batches_tracked.device()));
@@ -44,9 +47,9 @@ Tensor BatchNormBase::forward(const Tensor& x) {
   }
   // Batch statistics in training, and always when there are no running ones.
   const bool use_batch_stats = is_training() || !running_mean.defined();
-  // Running statistics are updated only in training with tracking on, and
-  // read only in eval.
-  const bool pass_running = !is_training() || options.track_running_stats;
+  // Running statistics are updated only in training with tracking on (outside
+  // a recomputation), and read only in eval.
+  const bool pass_running = !is_training() || (options.track_running_stats && !recomputing);
   return runtime::batch_norm(x, weight, bias, pass_running ? running_mean : Tensor{},
                              pass_running ? running_var : Tensor{}, use_batch_stats, factor,
                              options.eps);

@@ -91,6 +91,7 @@ class RecomputedNode final : public Node {
 
 ActiveRegion* active_checkpoint() { return t_active; }
 bool in_checkpoint() { return t_active != nullptr; }
+bool in_checkpoint_recomputation() { return t_active != nullptr && t_active->recomputing; }
 
 std::shared_ptr<Node> recomputed_node(const char* op) {
   return std::make_shared<RecomputedNode>(op);

@@ -37,5 +37,9 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 
 // True on a thread running a checkpoint region's forward or recomputation.
 bool in_checkpoint();
+// True on a thread running a region's recomputation only: a module with side
+// effects beyond its outputs (BatchNorm's running statistics) makes them in
+// the forward and not again here.
+bool in_checkpoint_recomputation();
 
 }  // namespace lockstep::runtime

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -188,4 +189,25 @@ TEST_CASE("checkpoint: DataParallel CPU replicas recompute on their own lanes",
   };
   const auto plain = grads(false), ckpt = grads(true);
   for (size_t i = 0; i < plain.size(); ++i) CHECK(lockstep::testing::bitwise_equal(plain[i], ckpt[i]));
+}
+
+TEST_CASE("checkpoint: a checkpointed BatchNorm updates its running statistics once a step",
+          "[nn][checkpoint]") {
+  // The recomputation in backward runs the BatchNorm's forward again; its
+  // statistics must not be counted twice.
+  const auto momentum = GENERATE(std::optional<double>(0.1), std::optional<double>());
+  auto plain = std::make_shared<nn::BatchNorm1d>(2, nn::BatchNormOptions{.momentum = momentum});
+  auto inner = std::make_shared<nn::BatchNorm1d>(2, nn::BatchNormOptions{.momentum = momentum});
+  auto wrapped = std::make_shared<nn::Checkpoint>(inner);
+  lr::Generator g(3);
+  for (int step = 0; step < 2; ++step) {
+    const Tensor x = lr::randn({4, 2}, lr::DType::f32, g).requires_grad_();
+    lr::sum(lr::mul((*plain)(x), x)).backward();
+    lr::sum(lr::mul((*wrapped)(x), x)).backward();
+  }
+  for (const char* name : {"running_mean", "running_var", "num_batches_tracked"}) {
+    INFO(name);
+    CHECK(lt::bitwise_equal(plain->state_dict().at(name), inner->state_dict().at(name)));
+  }
+  CHECK(lt::bitwise_equal(plain->weight.grad(), inner->weight.grad()));
 }
