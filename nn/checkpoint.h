@@ -8,9 +8,9 @@
 // the prefix "module." (as DDP's and DataParallel's wrappers). To keep names
 // unchanged, checkpoint inside the module's own forward instead, as
 // GptConfig::checkpoint_blocks does. Non-tensor arguments and results of
-// forward_values pass through as they are. A BatchNorm inside counts each
-// batch in its running statistics once, in the forward, not again when
-// backward recomputes it.
+// forward_values pass through as they are. A BatchNorm (or SyncBatchNorm)
+// inside counts each batch in its running statistics once, in the forward,
+// not again when backward recomputes it.
 #pragma once
 
 #include <memory>

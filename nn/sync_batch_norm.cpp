@@ -7,6 +7,7 @@
 
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/affine_inputs.h"
+#include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
@@ -127,16 +128,20 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
   LOCKSTEP_CHECK(x.size(1) == num_features,
                  "SyncBatchNorm({}): input of shape {} has {} channels in dim 1", num_features,
                  runtime::shape_str(x.shape()), x.size(1));
-  // The running-statistics bookkeeping of BatchNormBase::forward.
+  // The running-statistics bookkeeping of BatchNormBase::forward, which a
+  // checkpoint's recomputation in backward does not repeat: the batch was
+  // counted once, in the forward.
+  const bool update = options.track_running_stats && !runtime::in_checkpoint_recomputation();
   double factor = options.momentum.value_or(0.0);
-  if (options.track_running_stats) {
+  if (update) {
     {
       runtime::NoGradGuard no_grad;
       num_batches_tracked.add_(Tensor::full({}, 1.0, DType::i64, num_batches_tracked.device()));
     }
     if (!options.momentum) factor = 1.0 / num_batches_tracked.item();
   }
-  return sync_batch_norm(x, weight, bias, running_mean, running_var, factor, options.eps, group_);
+  return sync_batch_norm(x, weight, bias, update ? running_mean : Tensor(),
+                         update ? running_var : Tensor(), factor, options.eps, group_);
 }
 
 namespace {

@@ -11,16 +11,15 @@
 #include "lockstep/nn/nn.h"
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/runtime/ops.h"
+#include "lockstep/runtime/random.h"
 #include "nn/sync_bn_check.h"
-#include "support/test_util.h"
-
-#if LOCKSTEP_HAVE_GLOO
 #include "collectives/rank_threads.h"
-#endif
+#include "support/test_util.h"
 
 using namespace lockstep::nn;
 using namespace lockstep::testing;
 namespace models = lockstep::models;
+namespace lr = lockstep::runtime;
 using lockstep::runtime::DType;
 using Catch::Contains;
 using namespace std::chrono_literals;
@@ -47,6 +46,40 @@ void check_same_state(const Module& a, const Module& b) {
 }
 
 }  // namespace
+
+TEST_CASE("SyncBatchNorm under activation checkpointing counts each batch once",
+          "[nn][syncbn][checkpoint]") {
+  // Backward's recomputation runs the forward again, collectives included; the
+  // running statistics and their count must move once a step, as without it.
+  const int world = 2;
+  const auto groups = make_groups("shm", world, "syncbn-checkpoint");
+  std::vector<std::vector<std::string>> found(static_cast<size_t>(world));
+  const auto errors = run_ranks(world, [&](int r) {
+    const auto& group = groups[static_cast<size_t>(r)];
+    for (const auto momentum : {std::optional<double>(0.1), std::optional<double>()}) {
+      const BatchNormOptions options{.momentum = momentum};
+      auto plain = std::make_shared<SyncBatchNorm>(2, group, options);
+      auto inner = std::make_shared<SyncBatchNorm>(2, group, options);
+      auto wrapped = std::make_shared<Checkpoint>(inner);
+      lr::Generator g(static_cast<uint64_t>(10 + r));
+      for (int step = 0; step < 2; ++step) {
+        const lr::Tensor x = lr::randn({3 + r, 2}, DType::f32, g).requires_grad_();
+        lr::sum(lr::mul((*plain)(x), x)).backward();
+        lr::sum(lr::mul((*wrapped)(x), x)).backward();
+      }
+      auto& mine = found[static_cast<size_t>(r)];
+      for (const char* name : {"running_mean", "running_var", "num_batches_tracked"})
+        if (!bitwise_equal(plain->state_dict().at(name), inner->state_dict().at(name)))
+          mine.push_back(fmt::format("{} (momentum {})", name, momentum.value_or(-1)));
+      if (!bitwise_equal(plain->weight.grad(), inner->weight.grad())) mine.push_back("weight.grad");
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << ": " << message_of(errors[static_cast<size_t>(r)]));
+    CHECK_FALSE(errors[static_cast<size_t>(r)]);
+    CHECK(found[static_cast<size_t>(r)] == std::vector<std::string>{});
+  }
+}
 
 #if LOCKSTEP_HAVE_GLOO
 

@@ -134,9 +134,10 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
     auto same = models::fashion_mlp(2);
     const auto before = flat_parameters(*same);
     AdamW adamw(same->parameters(), {});
-    CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &adamw},
-                                               testing::one_rank_group()),
-                      Contains("saved with the Adam optimizer, this one is AdamW"));
+    CHECK_THROWS_WITH(
+        load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &adamw},
+                                 testing::one_rank_group()),
+        Contains("saved with the Adam optimizer, this one is AdamW"));
     CHECK((flat_parameters(*same) == before));
   }
   SECTION("the same update rule with ZeRO, but not another") {
@@ -152,9 +153,10 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
     load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &adam},
                              testing::one_rank_group());
     ZeroRedundancyOptimizer adamw(same->parameters(), testing::one_rank_group_ptr(), factory(true));
-    CHECK_THROWS_WITH(load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &adamw},
-                                               testing::one_rank_group()),
-                      Contains("saved with the Adam optimizer, this one is AdamW"));
+    CHECK_THROWS_WITH(
+        load_training_checkpoint(entry.path, {.model = same.get(), .optimizer = &adamw},
+                                 testing::one_rank_group()),
+        Contains("saved with the Adam optimizer, this one is AdamW"));
   }
   SECTION("a scheduler the run did not have") {
     auto same = models::fashion_mlp(2);
