@@ -184,7 +184,9 @@ Tensor div(const Tensor& a, const Tensor& b) {
     const Tensor &a = g.saved[0], &b = g.saved[1];
     Tensor ga, gb;
     if (g.needs[0]) ga = reduce_grad(div(g.grad, b), a);
-    if (g.needs[1]) gb = reduce_grad(neg(div(mul(g.grad, a), mul(b, b))), b);
+    // -g * ((a / b) / b), as PyTorch: b * b overflows 16-bit floats from
+    // |b| > 256 (a zero gradient) and underflows for a small b (0 / 0).
+    if (g.needs[1]) gb = reduce_grad(neg(mul(g.grad, div(div(a, b), b))), b);
     return std::vector<Tensor>{ga, gb};
   });
 }

@@ -256,6 +256,24 @@ TEST_CASE("pow gradients at zero", "[runtime][ops][elementwise]") {
   CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 1});
 }
 
+TEST_CASE("div's gradient for the divisor does not square it", "[runtime][ops][elementwise]") {
+  // -g * a / b^2 as (a / b) / b, PyTorch's order: b * b overflows f16 past
+  // 256 (a zero gradient) and underflows for a small b (NaN where a is 0).
+  Tensor a = tensor({1000, 0}, {2}, DType::f16);
+  Tensor b = tensor({300, 1e-4}, {2}, DType::f16);
+  b.requires_grad_();
+  sum(div(a, b)).backward();
+  const std::vector<double> g = b.grad().to_vector<double>();
+  CHECK(g[0] == Approx(-1000.0 / (300.0 * 300.0)).epsilon(1e-3));
+  CHECK(g[1] == 0.0);
+
+  Tensor zero = Tensor::zeros({1});
+  Tensor tiny = Tensor::full({1}, 1e-23);
+  tiny.requires_grad_();
+  sum(div(zero, tiny)).backward();
+  CHECK(tiny.grad().to_vector<double>() == std::vector<double>{0});
+}
+
 TEST_CASE("gradients flow only where needed and keep each input's dtype",
           "[runtime][ops][elementwise]") {
   Tensor a = Tensor::ones({2, 3}, DType::f32);
