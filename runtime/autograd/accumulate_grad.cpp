@@ -10,6 +10,9 @@ AccumulateGrad::AccumulateGrad(const Tensor& leaf) : Node("AccumulateGrad"), lea
 
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
   AutogradMeta& meta = autograd_meta(*leaf_.impl_ptr());
+  // As PyTorch: a leaf frozen (requires_grad_(false)) after the forward that
+  // recorded it takes no gradient, and its hooks do not fire.
+  if (!meta.requires_grad) return {};
   LOCKSTEP_CHECK(grad_output.shape() == leaf_.shape(),
                  "gradient of shape {} does not match the leaf's shape {}",
                  shape_str(grad_output.shape()), shape_str(leaf_.shape()));

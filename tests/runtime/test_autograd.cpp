@@ -305,6 +305,22 @@ TEST_CASE("in-place ops on leaves that require grad are refused under grad mode"
   CHECK(values(x) == std::vector<double>{2, 4});
 }
 
+TEST_CASE("a leaf frozen between forward and backward takes no gradient",
+          "[runtime][autograd]") {
+  // As PyTorch's AccumulateGrad: the flag is read when the gradient arrives,
+  // so freezing part of a model after its loss was computed leaves it alone.
+  Tensor frozen = leaf({1, 2}, {2});
+  Tensor trained = leaf({3, 4}, {2});
+  int hook_calls = 0;
+  frozen.register_post_accumulate_grad_hook([&](Tensor&) { ++hook_calls; });
+  Tensor loss = sum(mul(frozen, trained));
+  frozen.requires_grad_(false);
+  loss.backward();
+  CHECK_FALSE(frozen.grad().defined());
+  CHECK(hook_calls == 0);
+  CHECK(values(trained.grad()) == std::vector<double>{1, 2});
+}
+
 TEST_CASE("post-accumulate-grad hooks see the new grad and fire once per accumulation",
           "[runtime][autograd][hooks]") {
   Tensor w = leaf({1, 2, 3}, {3});
