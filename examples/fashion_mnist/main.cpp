@@ -183,6 +183,7 @@ int run(Options o) {
       std::optional<double> lr;
       if (lr_changed) lr = learning_rate(o);
       progress = train::load_training_checkpoint(last->path, parts, *group, {.lr = lr});
+      log.continue_from(progress.step);
       print(rank, "resumed from {}: epoch {}, batch {}/{}, step {}\n", last->path.string(),
             progress.epoch + 1, progress.batch, batches, progress.step);
     }

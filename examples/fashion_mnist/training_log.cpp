@@ -1,5 +1,7 @@
 #include "training_log.h"
 
+#include <algorithm>
+#include <fstream>
 #include <string>
 #include <utility>
 
@@ -17,6 +19,29 @@ TrainingLog::TrainingLog(std::filesystem::path path, nlohmann::json settings)
           {"epochs", nlohmann::json::array()}};
   // A path that cannot take the file fails now, not after an epoch.
   lockstep::runtime::check_can_write_file(path_);
+}
+
+void TrainingLog::continue_from(int64_t step) {
+  if (path_.empty()) return;
+  std::ifstream in(path_);
+  if (!in) return;
+  const nlohmann::json old = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!old.is_object() || old.value("program", "") != "fashion_mnist") return;
+  double elapsed = 0;
+  for (const char* part : {"windows", "epochs"}) {
+    if (!old.contains(part) || !old[part].is_array()) continue;
+    for (const auto& entry : old[part]) {
+      if (!entry.is_object() || !entry.value("step", nlohmann::json()).is_number_integer() ||
+          entry["step"].get<int64_t>() > step)
+        continue;
+      doc_[part].push_back(entry);
+      if (const auto t = entry.find("elapsed_s"); t != entry.end() && t->is_number())
+        elapsed = std::max(elapsed, t->get<double>());
+    }
+  }
+  // The time the resumed run trains is added to the time the earlier one took.
+  start_ -= std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(elapsed));
 }
 
 void TrainingLog::window(int epoch, int64_t step, double mean_loss, double samples_per_s) {

@@ -2,7 +2,8 @@
 // loss and throughput and every epoch's test accuracy, with the settings that
 // produced them, for scripts/plot-benchmarks. Rank 0 writes it; the file is
 // replaced whole (runtime/checkpoint/atomic_file.h) after every epoch, so a
-// run stopped midway leaves the epochs it finished.
+// run stopped midway leaves the epochs it finished, and a resumed run keeps
+// them (continue_from).
 #pragma once
 
 #include <chrono>
@@ -19,6 +20,11 @@ class TrainingLog {
   // An empty path logs nothing (every call below does nothing).
   TrainingLog(std::filesystem::path path, nlohmann::json settings);
 
+  // A resumed run goes on with the curve the file holds: its windows and
+  // epochs up to `step` (the checkpoint's; later ones are trained again), and
+  // elapsed time from theirs. A file that is not this program's log, or none,
+  // leaves the log empty.
+  void continue_from(int64_t step);
   // One progress window ending at `step` (global, counted from the run's
   // first step, across a resume).
   void window(int epoch, int64_t step, double mean_loss, double samples_per_s);

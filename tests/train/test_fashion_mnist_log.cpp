@@ -1,0 +1,64 @@
+// fashion_mnist --log-json across a resume: the curve the run wrote before
+// stays in the file, and the resumed run adds to it.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "train/fashion_mnist_runs.h"
+
+using namespace lockstep::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+std::vector<int64_t> steps_of(const nlohmann::json& entries) {
+  std::vector<int64_t> steps;
+  for (const auto& e : entries) steps.push_back(e.at("step").get<int64_t>());
+  return steps;
+}
+
+}  // namespace
+
+TEST_CASE("fashion_mnist --log-json: a resumed run keeps the epochs logged before the resume",
+          "[optim][example][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("log-json");
+  const fs::path log = fs::path(dir + "-log.json");
+  const std::vector<std::string> quick = {"--train-samples", "256", "--test-samples", "100",
+                                          "--log-every",     "2",   "--checkpoint-dir", dir,
+                                          "--log-json",      log.string()};
+  std::vector<std::string> first = quick;
+  first.insert(first.end(), {"--epochs", "1"});
+  const FashionMnistRun one = run_fashion_mnist(1, first);
+  INFO(one.result.output);
+  REQUIRE(one.result.ok());
+  const nlohmann::json before = read_json(log);
+  REQUIRE(steps_of(before.at("epochs")) == std::vector<int64_t>{4});
+
+  std::vector<std::string> second = quick;
+  second.insert(second.end(), {"--epochs", "2", "--resume"});
+  const FashionMnistRun two = run_fashion_mnist(1, second);
+  INFO(two.result.output);
+  REQUIRE(two.result.ok());
+  const nlohmann::json after = read_json(log);
+  // The resumed run used to replace the file with its own epoch only.
+  CHECK(steps_of(after.at("windows")) == std::vector<int64_t>{2, 4, 6, 8});
+  CHECK(steps_of(after.at("epochs")) == std::vector<int64_t>{4, 8});
+  CHECK(after.at("epochs")[0] == before.at("epochs")[0]);
+  CHECK(after.at("settings").at("epochs") == 2);
+  // Elapsed time goes on from the earlier run's.
+  CHECK(after.at("windows")[2].at("elapsed_s").get<double>() >=
+        before.at("epochs")[0].at("elapsed_s").get<double>());
+  fs::remove_all(dir);
+  fs::remove(log);
+}
