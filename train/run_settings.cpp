@@ -1,5 +1,6 @@
 #include "lockstep/train/run_settings.h"
 
+#include <filesystem>
 #include <set>
 
 #include <fmt/format.h>
@@ -58,6 +59,14 @@ std::string data_changed(const std::string& path, const std::string& was,
       path, was, is, path);
 }
 
+// The data path as compared: "/srv/data/", "/srv/data/." and "/srv/data"
+// name one directory, so a resume that spells it another way is the same run.
+std::string path_form(const std::string& path) {
+  std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+  if (!p.has_filename() && p.has_relative_path()) p = p.parent_path();
+  return p.string();
+}
+
 }  // namespace
 
 std::map<std::string, std::string> run_settings_metadata(const RunSettings& settings) {
@@ -102,7 +111,11 @@ std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const 
   if (!saved.fixed.contains(kDataDigestSetting)) names.erase(kDataDigestSetting);
   for (const auto& name : names) {
     const std::string was = value(saved.fixed, name), is = value(now.fixed, name);
-    if (was != is)
+    const bool same = name == kDataSetting && saved.fixed.contains(name) &&
+                              now.fixed.contains(name)
+                          ? path_form(was) == path_form(is)
+                          : was == is;
+    if (!same)
       differences.push_back(fmt::format("  {}: saved {}, now {}", name, shown(was), shown(is)));
   }
   if (!differences.empty()) {

@@ -25,7 +25,8 @@ namespace lockstep::train {
 
 // Set by open_training_run (training_run.h) from the process group.
 inline constexpr const char* kWorldSizeSetting = "world_size";
-// The data's path as given, and a digest of what was loaded from it
+// The data's path as given (compared as a path: "/srv/data/" is "/srv/data"),
+// and a digest of what was loaded from it
 // (data_digest.h): a resume on other files under the same path is refused,
 // naming both digests. A checkpoint that records no digest (saved by an
 // earlier version) still resumes: the digest is recorded from then on.

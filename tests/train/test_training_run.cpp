@@ -390,3 +390,23 @@ TEST_CASE("A restarted job continues the run it was saving, and only that run",
   }
   fs::remove_all(dir);
 }
+
+TEST_CASE("The data path is compared as a path: another spelling of it resumes",
+          "[optim][checkpoint][run][data]") {
+  const auto with = [](const std::string& data) {
+    return RunSettings{.fixed = {{"model", "mlp"}, {kDataSetting, data}}};
+  };
+  // A trailing '/' or '.' used to refuse the resume as if the data had changed.
+  for (const char* same : {"/srv/data/", "/srv/data/.", "/srv/./data", "/srv/data//"})
+    CHECK_NOTHROW(compare_run_settings(with("/srv/data"), with(same), "ckpt"));
+  CHECK_NOTHROW(compare_run_settings(with("data/"), with("data"), "ckpt"));
+  CHECK_NOTHROW(compare_run_settings(with("./data"), with("data"), "ckpt"));
+  CHECK_NOTHROW(compare_run_settings(with("/"), with("/"), "ckpt"));
+  // Another directory is still refused, spelled as given.
+  CHECK_THAT(testing::error_of([&] {
+               compare_run_settings(with("/srv/data/"), with("/srv/other"), "ckpt");
+             }),
+             Contains("data: saved /srv/data/, now /srv/other"));
+  CHECK_THAT(testing::error_of([&] { compare_run_settings(with("data"), with("/data"), "ckpt"); }),
+             Contains("data: saved data, now /data"));
+}
