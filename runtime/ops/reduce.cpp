@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "lockstep/runtime/autocast.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/detail/convert.h"
@@ -228,7 +229,26 @@ Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
   });
 }
 
-Tensor max(const Tensor& a) { return max(a.reshape({-1}), 0, false); }
+Tensor max(const Tensor& a) {
+  Tensor value;
+  {
+    NoGradGuard no_grad;
+    value = max(a.reshape({-1}), 0, false);
+  }
+  // Every element equal to the maximum (every NaN, when it is NaN) is the
+  // maximum, so they share its gradient evenly, as PyTorch's
+  // evenly_distribute_backward shares it. The value is found again from the
+  // saved input: saving the output would make it own its own graph.
+  return record(value, "MaxBackward", {a}, {a}, [](const BackwardArgs& g) {
+    const Tensor& x = g.saved[0];
+    const Tensor v = max(x.reshape({-1}), 0, false);
+    const DType dt = x.dtype();
+    const auto is_nan = [dt](const Tensor& t) { return add(neg(eq(t, t).to(dt)), 1.0); };
+    // eq is false wherever a NaN is, so the two terms never overlap.
+    const Tensor mask = add(eq(x, v).to(dt), mul(is_nan(x), is_nan(v)));
+    return std::vector<Tensor>{mul(mask, div(g.grad.to(dt), sum(mask)))};
+  });
+}
 
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) {
   MaxResult r = max_impl(a, dim, false);

@@ -13,7 +13,9 @@ Tensor mean(const Tensor& a);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
 // Largest value along `dim`; the gradient goes to the first maximal element.
 Tensor max(const Tensor& a, int64_t dim, bool keepdim = false);
-Tensor max(const Tensor& a);  // all elements -> scalar
+// All elements -> scalar; its gradient is shared evenly by the elements equal
+// to it (the NaNs when it is NaN), as in PyTorch.
+Tensor max(const Tensor& a);
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);  // i64
 
 }  // namespace lockstep::runtime

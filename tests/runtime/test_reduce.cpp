@@ -164,7 +164,9 @@ TEST_CASE("max: NaN wins; empty dims are an error", "[runtime][ops][reduce]") {
   CHECK_THROWS_WITH(argmax(Tensor::zeros({2, 3}), 2), Contains("out of range"));
 }
 
-TEST_CASE("max gradient goes to the first maximal element", "[runtime][ops][reduce]") {
+TEST_CASE("max over a dim sends the gradient to the first maximal element; max over all "
+          "elements shares it among the ties, as PyTorch",
+          "[runtime][ops][reduce]") {
   Tensor t = Tensor::from_vector<double>({3, 1, 3, 0, 5, 5}, {2, 3});
   t.requires_grad_();
   max(t, 1).backward(Tensor::from_vector<double>({10, 20}, {2}));
@@ -174,7 +176,13 @@ TEST_CASE("max gradient goes to the first maximal element", "[runtime][ops][redu
   CHECK(values(t.grad()) == std::vector<double>{1, 0, 0, 0, 2, 3});
   t.set_grad(Tensor());
   max(t).backward();
-  CHECK(values(t.grad()) == std::vector<double>{0, 0, 0, 0, 1, 0});
+  CHECK(values(t.grad()) == std::vector<double>{0, 0, 0, 0, 0.5, 0.5});
+  // A NaN is the maximum: the NaNs share the gradient.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Tensor n = Tensor::from_vector<double>({1, nan, 3, nan}, {4});
+  n.requires_grad_();
+  max(n).backward(Tensor::full({}, 4.0, DType::f64));
+  CHECK(values(n.grad()) == std::vector<double>{0, 2, 0, 2});
 }
 
 TEST_CASE("reduction gradients match finite differences", "[runtime][ops][reduce][gradcheck]") {
