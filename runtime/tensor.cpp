@@ -164,9 +164,13 @@ bool Tensor::requires_grad() const {
 }
 
 Tensor& Tensor::requires_grad_(bool on) {
+  // A computed tensor already requires grad: asking for it again changes
+  // nothing (as in PyTorch, where ported code often does), turning it off
+  // cannot be done.
+  if (on && !is_leaf()) return *this;
   LOCKSTEP_CHECK(is_leaf(),
-                 "requires_grad_() can only be set on leaf tensors; this one is the result of "
-                 "{} (use detach() to get a leaf)",
+                 "requires_grad_(false) can only be set on leaf tensors; this one is the result "
+                 "of {} (use detach() to get a leaf that does not require grad)",
                  grad_fn()->name());
   LOCKSTEP_CHECK(!on || is_floating(dtype()),
                  "only floating-point tensors can require grad; this one is {}", dtype_name(dtype()));

@@ -105,7 +105,7 @@ class Tensor {
 
   // ---- autograd ----
   bool requires_grad() const;
-  Tensor& requires_grad_(bool on = true);  // leaves only
+  Tensor& requires_grad_(bool on = true);  // off: leaves only; on: a no-op on a computed one
   bool is_leaf() const;                     // no grad_fn
   const Tensor& grad() const;               // undefined until a backward wrote it
   void set_grad(const Tensor& g);

@@ -65,7 +65,12 @@ TEST_CASE("requires_grad_ rules", "[runtime][autograd]") {
   i.requires_grad_(false);  // turning it off is always fine
   Tensor a = leaf({1, 2}, {2});
   Tensor b = mul(a, 2.0);
-  CHECK_THROWS_WITH(b.requires_grad_(), Contains("leaf") && Contains("detach"));
+  // On a computed tensor, asking for grad again changes nothing (as in
+  // PyTorch); turning it off is refused.
+  b.requires_grad_();
+  CHECK(b.requires_grad());
+  CHECK(b.grad_fn() != nullptr);
+  CHECK_THROWS_WITH(b.requires_grad_(false), Contains("leaf") && Contains("detach"));
   a.requires_grad_(false);
   CHECK_FALSE(a.requires_grad());
   CHECK_FALSE(mul(a, 2.0).requires_grad());
