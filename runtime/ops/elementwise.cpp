@@ -102,6 +102,25 @@ Tensor unary(const Tensor& a, const char* name, F f, UnaryOp op, double scalar =
   return detail::map_float(a, name, f);
 }
 
+// The dtype a tensor-scalar op computes and returns in; the scalar is made in
+// it. A floating tensor keeps its dtype. An integer or bool tensor stays
+// integral for a whole, finite scalar (a double cannot tell 2 from 2.0), in
+// i64 for bool and u8 as their tensor-tensor arithmetic is, and becomes f32
+// otherwise. Made in the tensor's own dtype instead, the scalar wrapped or
+// collapsed first: u8 - 1 added 255, bool * -1e9 gave back the mask.
+DType scalar_op_dtype(DType a, double s, const char* name) {
+  if (is_floating(a)) return a;
+  if (!std::isfinite(s) || std::trunc(s) != s) return DType::f32;
+  const bool i32 = a == DType::i32;
+  // 2^31 and 2^63 are exact doubles, the first values past each range.
+  const double limit = i32 ? 2147483648.0 : 9223372036854775808.0;
+  LOCKSTEP_CHECK(s >= -limit && s < limit,
+                 "{}: the scalar {} is out of range for the {} tensor's integer arithmetic; "
+                 "convert the tensor with .to() first",
+                 name, s, dtype_name(a));
+  return i32 ? DType::i32 : DType::i64;
+}
+
 // The gradient for `input` from a gradient of the broadcast output.
 Tensor reduce_grad(const Tensor& g, const Shape& shape, DType dtype) {
   return sum_to(g, shape).to(dtype);
@@ -192,8 +211,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor add(const Tensor& a, double s) {
-  DType dt = a.dtype();
-  if (!is_floating(dt) && s != std::floor(s)) dt = DType::f32;
+  const DType dt = scalar_op_dtype(a.dtype(), s, "add");
   // bf16 and f16 on the CPU take the scalar in float, not rounded to 16 bits.
   Tensor out = a.device().is_cuda()
                    ? unary(a.to(dt), "add", [](auto x) { return x; }, UnaryOp::add_scalar, s)
@@ -207,8 +225,7 @@ Tensor add(const Tensor& a, double s) {
 }
 
 Tensor mul(const Tensor& a, double s) {
-  DType dt = a.dtype();
-  if (!is_floating(dt) && s != std::floor(s)) dt = DType::f32;
+  const DType dt = scalar_op_dtype(a.dtype(), s, "mul");
   Tensor out = !a.device().is_cpu()
                    ? unary(a.to(dt), "mul", [](auto x) { return x; }, UnaryOp::mul_scalar, s)
                : is_reduced_float(dt)

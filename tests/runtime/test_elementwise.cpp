@@ -90,6 +90,30 @@ TEST_CASE("scalar operands", "[runtime][ops][elementwise]") {
   check_close(mul(i, 0.5), {0.5, 1, 1.5});
 }
 
+TEST_CASE("a scalar operand of a bool, u8 or integer tensor keeps its value",
+          "[runtime][ops][elementwise]") {
+  // The scalar used to be converted to the tensor's dtype first: bool * -1e9
+  // gave back the 0/1 mask, u8 - 1 added 255, i64 + inf added INT64_MIN.
+  Tensor mask = tensor({1, 0}, {2}, DType::boolean);
+  CHECK(mul(mask, -1e9).dtype() == DType::i64);
+  CHECK(mul(mask, -1e9).to_vector<int64_t>() == std::vector<int64_t>{-1000000000, 0});
+  CHECK(add(mask, 2.0).to_vector<int64_t>() == std::vector<int64_t>{3, 2});
+  Tensor u = tensor({5, 250}, {2}, DType::u8);
+  CHECK((u - 1.0).to_vector<int64_t>() == std::vector<int64_t>{4, 249});
+  CHECK(add(u, 300.0).to_vector<int64_t>() == std::vector<int64_t>{305, 550});
+  // A non-finite scalar gives a floating result, as any fractional one does.
+  Tensor i = tensor({1, 2}, {2}, DType::i64);
+  CHECK(add(i, INFINITY).dtype() == DType::f32);
+  CHECK(add(i, -INFINITY).to_vector<double>() == std::vector<double>{-INFINITY, -INFINITY});
+  CHECK((i / 0.0).to_vector<double>() == std::vector<double>{INFINITY, INFINITY});
+  // One that an i32 cannot hold is refused, as PyTorch refuses it.
+  Tensor i32 = tensor({1, 2}, {2}, DType::i32);
+  CHECK_THROWS_WITH(mul(i32, 1e10), Contains("out of range") && Contains("i32"));
+  CHECK(add(i32, -2147483648.0).to_vector<int64_t>() ==
+        std::vector<int64_t>{-2147483647, -2147483646});
+  CHECK(mul(i, 1e10).to_vector<int64_t>() == std::vector<int64_t>{10000000000, 20000000000});
+}
+
 TEST_CASE("dtype promotion of binary ops", "[runtime][ops][elementwise]") {
   Tensor f32 = tensor({1.5, 2.5}, {2}, DType::f32);
   Tensor f64 = tensor({1, 2}, {2}, DType::f64);
