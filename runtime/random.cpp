@@ -46,7 +46,8 @@ void check_float(const Tensor& t, const char* op) {
                  "{}: needs an f32 or f64 tensor, got {}", op, dtype_name(t.dtype()));
 }
 
-// Fills t (any layout) from per-element values computed in logical order.
+// Fills t (any layout) from per-element values computed in logical order:
+// next_value(T{}) gives one, T the C++ type of t's dtype.
 template <class F>
 void fill_with(Tensor& t, F next_value) {
   Tensor c = Tensor::empty(t.shape(), t.dtype());
@@ -54,7 +55,7 @@ void fill_with(Tensor& t, F next_value) {
     using T = decltype(tag);
     T* p = c.data_ptr<T>();
     const int64_t n = c.numel();
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(next_value());
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(next_value(T{}));
   });
   NoGradGuard no_grad;
   t.copy_(c);
@@ -108,7 +109,14 @@ void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
 Tensor& uniform_(Tensor& t, double lo, double hi, Generator& g) {
   check_float(t, "uniform_");
   const double span = hi - lo;
-  fill_with(t, [&] { return lo + span * g.next_uniform(); });
+  fill_with(t, [&](auto tag) {
+    using T = decltype(tag);
+    // A draw just below hi can round up to it in T (an f32 rand() gave 1.0
+    // once in 2^25 draws): it takes the T next below, so values stay in [lo, hi).
+    const T v = static_cast<T>(lo + span * g.next_uniform());
+    const T top = static_cast<T>(hi), bottom = static_cast<T>(lo);
+    return v >= top && bottom < top ? std::nextafter(top, bottom) : v;
+  });
   return t;
 }
 
@@ -117,7 +125,7 @@ Tensor& normal_(Tensor& t, double mean, double std, Generator& g) {
   // Box-Muller, both values of each pair used.
   bool have_spare = false;
   double spare = 0;
-  fill_with(t, [&] {
+  fill_with(t, [&](auto) {
     if (have_spare) {
       have_spare = false;
       return mean + std * spare;

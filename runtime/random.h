@@ -67,7 +67,8 @@ void philox_u32(uint64_t seed, uint64_t at, uint32_t* out, size_t n);
 Generator& default_generator();
 void manual_seed(uint64_t seed);
 
-// In-place fills, under no-grad. Floating tensors only.
+// In-place fills, under no-grad. Floating tensors only. uniform_'s values lie
+// in [lo, hi) in t's dtype, as PyTorch's (rand() never gives 1.0).
 Tensor& uniform_(Tensor& t, double lo = 0.0, double hi = 1.0, Generator& g = default_generator());
 Tensor& normal_(Tensor& t, double mean = 0.0, double std = 1.0, Generator& g = default_generator());
 

@@ -224,6 +224,25 @@ TEST_CASE("uniform_: in range, mean about the middle", "[runtime][random]") {
   CHECK(std::abs(mu.mean - 1.0) < 0.05);
 }
 
+TEST_CASE("uniform_ stays below hi where a draw rounds up to it in f32", "[runtime][random]") {
+  // At this position next_uniform() is within 2^-25 of 1: rounded to f32 it
+  // was 1.0, outside rand()'s [0, 1).
+  Generator g(2);
+  g.set_offset(58491162);
+  CHECK(Generator(g).next_uniform() < 1.0);
+  CHECK(static_cast<float>(Generator(g).next_uniform()) == 1.0f);
+  Generator at(g);
+  const float r = rand({1}, DType::f32, at).item();
+  CHECK(r < 1.0f);
+  CHECK(r == std::nextafter(1.0f, 0.0f));
+  Generator wide(g);
+  CHECK(rand({1}, DType::f64, wide).item() < 1.0);
+  Generator scaled(g);
+  Tensor u = Tensor::empty({1});
+  uniform_(u, -3.0, 5.0, scaled);
+  CHECK(u.item() < 5.0);
+}
+
 TEST_CASE("normal_: mean and standard deviation", "[runtime][random]") {
   const DType dt = GENERATE(DType::f32, DType::f64);
   Generator g(2);
