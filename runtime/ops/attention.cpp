@@ -308,10 +308,24 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 
 namespace {
 constexpr const char* kPackedOp = "attention_from_qkv";
+
+// qkv [B, T, 3C] with C a positive multiple of num_heads: for both entry
+// points, the composed one too (num_heads = 0 divided by zero there, and a
+// last dim of 10 silently left its last column out of q, k and v).
+void check_packed(const Tensor& qkv, int64_t num_heads) {
+  LOCKSTEP_CHECK(qkv.defined() && qkv.dim() == 3,
+                 "{}: qkv must be [B, T, 3C] (q, k and v side by side in the last dim), got {}",
+                 kPackedOp, qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
+  LOCKSTEP_CHECK(num_heads >= 1 && qkv.size(2) % (3 * num_heads) == 0 && qkv.size(2) > 0,
+                 "{}: the last dim of qkv {} must be 3 * C with C a positive multiple of "
+                 "num_heads = {}",
+                 kPackedOp, shape_str(qkv.shape()), num_heads);
+}
 }  // namespace
 
 Tensor attention_from_qkv_composed(const Tensor& qkv, int64_t num_heads,
                                    const AttentionOptions& options) {
+  check_packed(qkv, num_heads);
   const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, hs = c / num_heads;
   const auto part = [&](int64_t i) {  // [B, T, C] -> [B, H, T, hs]
     return qkv.slice(2, i * c, (i + 1) * c).reshape({b, t, num_heads, hs}).transpose(1, 2);
@@ -326,13 +340,7 @@ Tensor attention_from_qkv(const Tensor& qkv, int64_t num_heads, const AttentionO
     cast_options.mask = (*c)[1];
     return attention_from_qkv((*c)[0], num_heads, cast_options);
   }
-  LOCKSTEP_CHECK(qkv.defined() && qkv.dim() == 3,
-                 "{}: qkv must be [B, T, 3C] (q, k and v side by side in the last dim), got {}",
-                 kPackedOp, qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
-  LOCKSTEP_CHECK(num_heads >= 1 && qkv.size(2) % (3 * num_heads) == 0 && qkv.size(2) > 0,
-                 "{}: the last dim of qkv {} must be 3 * C with C a positive multiple of "
-                 "num_heads = {}",
-                 kPackedOp, shape_str(qkv.shape()), num_heads);
+  check_packed(qkv, num_heads);
   const bool blocked = qkv.device().is_cpu() &&
                        (qkv.dtype() == DType::f32 || qkv.dtype() == DType::f64) &&
                        (!options.mask.defined() || options.mask.device().is_cpu());

@@ -146,3 +146,16 @@ TEST_CASE("attention_from_qkv: bf16 and autocast take the composition; bad shape
                                        {.mask = Tensor::zeros({5, 5})}),
                     Contains("does not broadcast"));
 }
+
+TEST_CASE("attention_from_qkv_composed refuses what attention_from_qkv refuses",
+          "[runtime][ops][attention]") {
+  // A last dim of 10 is not 3 * C: the composition took C = 3 and left the
+  // last column out of q, k and v without a word; num_heads = 0 divided by 0.
+  CHECK_THROWS_WITH(attention_from_qkv_composed(Tensor::zeros({1, 2, 10}), 1),
+                    Contains("[1, 2, 10]") && Contains("3 * C"));
+  CHECK_THROWS_WITH(attention_from_qkv_composed(Tensor::zeros({1, 2, 12}), 0),
+                    Contains("num_heads = 0"));
+  CHECK_THROWS_WITH(attention_from_qkv_composed(Tensor::zeros({2, 12}), 1),
+                    Contains("must be [B, T, 3C]"));
+  CHECK(attention_from_qkv_composed(Tensor::zeros({1, 2, 12}), 2).shape() == Shape{1, 2, 4});
+}
