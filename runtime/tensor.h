@@ -97,7 +97,7 @@ class Tensor {
   // ---- in place (bump the version counter; refuse on leaves that require grad
   //      while grad mode is on) ----
   Tensor& zero_();
-  Tensor& fill_(double value);
+  Tensor& fill_(double value);  // an integer dtype refuses a value outside its range
   Tensor& copy_(const Tensor& src);  // broadcasts src, converts dtype
   Tensor& add_(const Tensor& other, double alpha = 1.0);
   Tensor& mul_(double factor);

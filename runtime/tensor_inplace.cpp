@@ -2,6 +2,7 @@
 // version so that autograd notices a change to a tensor saved for backward.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -97,6 +98,27 @@ void check_integral_result(const Tensor& t, const char* op, DType operand, doubl
                  op, scalar, dtype_name(t.dtype()));
 }
 
+// Whether `value`, truncated toward zero, is a value of integer type T: in
+// (lowest - 1, max + 1). For i64, lowest - 1 rounds to lowest and max + 1 is 2^63.
+template <class T>
+bool fits_integer(double value) {
+  const double lo = static_cast<double>(std::numeric_limits<T>::lowest());
+  const double hi = static_cast<double>(std::numeric_limits<T>::max()) + 1.0;
+  return (value >= lo || value > lo - 1.0) && value < hi;
+}
+
+// Converting NaN, an infinity or 1e10 into an i32 is undefined (it gave
+// INT32_MIN), so such a fill is refused, as PyTorch's checked conversion of a
+// scalar refuses it. A fraction is truncated toward zero, as there.
+void check_fill_value(DType dtype, double value) {
+  const bool fits = dtype == DType::i32   ? fits_integer<int32_t>(value)
+                    : dtype == DType::i64 ? fits_integer<int64_t>(value)
+                    : dtype == DType::u8  ? fits_integer<uint8_t>(value)
+                                          : true;
+  LOCKSTEP_CHECK(fits, "fill_: the value {} does not fit in dtype {}; fill a floating tensor "
+                 "instead", value, dtype_name(dtype));
+}
+
 // The device whose backend runs an in-place op: dst's, or src's for a copy_
 // from a device into host memory. The CPU's loops below when both are there.
 Device kernel_device(const Tensor& dst, const Tensor* src = nullptr) {
@@ -175,6 +197,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
+  check_fill_value(dtype(), value);
   if (!device().is_cpu()) {
     device_backend(device()).fill(*this, value);
     storage()->bump_version();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -287,6 +288,26 @@ TEST_CASE("in-place writes: fill_, zero_, copy_, add_, mul_", "[runtime][tensor]
   // Integer tensors have arithmetic kernels; bool and u8 do not.
   CHECK_THROWS_WITH(Tensor::zeros({2}, DType::u8).add_(Tensor::ones({2}, DType::u8)),
                     Contains("add_") && Contains("u8"));
+}
+
+TEST_CASE("fill_ refuses a value an integer dtype cannot hold", "[runtime][tensor][inplace]") {
+  // Converted anyway, 1e10 became INT32_MIN and NaN or inf INT64_MIN.
+  CHECK_THROWS_WITH(Tensor::full({2}, 1e10, DType::i32), Contains("does not fit in dtype i32"));
+  CHECK_THROWS_WITH(Tensor::zeros({2}, DType::i64).fill_(std::nan("")), Contains("i64"));
+  CHECK_THROWS_WITH(Tensor::full({2}, -INFINITY, DType::i64), Contains("i64"));
+  CHECK_THROWS_WITH(Tensor::full({2}, 256, DType::u8), Contains("u8"));
+  CHECK_THROWS_WITH(Tensor::full({2}, -1, DType::u8), Contains("u8"));
+  CHECK_THROWS_WITH(Tensor::full({2}, 9223372036854775808.0, DType::i64), Contains("i64"));
+  // The ends of each range fit; fractions are truncated toward zero.
+  CHECK(Tensor::full({1}, -2147483648.0, DType::i32).item() == -2147483648.0);
+  CHECK(Tensor::full({1}, 2147483647.5, DType::i32).item() == 2147483647.0);
+  CHECK(Tensor::full({1}, -9223372036854775808.0, DType::i64).to_vector<int64_t>()[0] ==
+        std::numeric_limits<int64_t>::min());
+  CHECK(Tensor::full({1}, 255.9, DType::u8).item() == 255.0);
+  CHECK(Tensor::full({1}, -0.5, DType::u8).item() == 0.0);
+  CHECK(Tensor::full({1}, -2.5, DType::i64).item() == -2.0);
+  CHECK(Tensor::full({1}, INFINITY, DType::boolean).item() == 1.0);
+  CHECK(std::isinf(Tensor::full({1}, INFINITY, DType::f16).item()));
 }
 
 TEST_CASE("printing shows values, shape and dtype", "[runtime][tensor][print]") {
