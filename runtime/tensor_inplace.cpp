@@ -83,21 +83,6 @@ void check_inplace(const Tensor& t, const char* op, const Tensor* src = nullptr)
                  op, shape_str(src->shape()), shape_str(t.shape()));
 }
 
-// An integer tensor cannot hold a floating result. PyTorch refuses
-// i64.mul_(0.5), i64.add_(x, 0.5) and i64.add_(an f32 tensor) rather than
-// truncate them; so do we. `scalar` is the factor or alpha.
-void check_integral_result(const Tensor& t, const char* op, DType operand, double scalar) {
-  if (is_floating(t.dtype())) return;
-  LOCKSTEP_CHECK(!is_floating(operand),
-                 "{}: the result of a {} operand cannot be written into a {} tensor without "
-                 "truncating it; convert the tensor to a floating dtype with .to() first",
-                 op, dtype_name(operand), dtype_name(t.dtype()));
-  LOCKSTEP_CHECK(std::isfinite(scalar) && std::trunc(scalar) == scalar,
-                 "{}: {} is not a whole number, so a {} tensor cannot hold the result without "
-                 "truncating it; convert the tensor to a floating dtype with .to() first",
-                 op, scalar, dtype_name(t.dtype()));
-}
-
 // Whether `value`, truncated toward zero, is a value of integer type T: in
 // (lowest - 1, max + 1). For i64, lowest - 1 rounds to lowest and max + 1 is 2^63.
 template <class T>
@@ -117,6 +102,25 @@ void check_fill_value(DType dtype, double value) {
                                           : true;
   LOCKSTEP_CHECK(fits, "fill_: the value {} does not fit in dtype {}; fill a floating tensor "
                  "instead", value, dtype_name(dtype));
+}
+
+// An integer tensor cannot hold a floating result. PyTorch refuses
+// i64.mul_(0.5), i64.add_(x, 0.5) and i64.add_(an f32 tensor) rather than
+// truncate them; so do we. `scalar` is the factor or alpha.
+void check_integral_result(const Tensor& t, const char* op, DType operand, double scalar) {
+  if (is_floating(t.dtype())) return;
+  LOCKSTEP_CHECK(!is_floating(operand),
+                 "{}: the result of a {} operand cannot be written into a {} tensor without "
+                 "truncating it; convert the tensor to a floating dtype with .to() first",
+                 op, dtype_name(operand), dtype_name(t.dtype()));
+  LOCKSTEP_CHECK(std::isfinite(scalar) && std::trunc(scalar) == scalar,
+                 "{}: {} is not a whole number, so a {} tensor cannot hold the result without "
+                 "truncating it; convert the tensor to a floating dtype with .to() first",
+                 op, scalar, dtype_name(t.dtype()));
+  // Converted to an i32 anyway, an alpha of 1e10 was undefined (INT32_MIN).
+  LOCKSTEP_CHECK(t.dtype() != DType::i32 || fits_integer<int32_t>(scalar),
+                 "{}: {} is out of range for a {} tensor's arithmetic; convert the tensor with "
+                 ".to() first", op, scalar, dtype_name(t.dtype()));
 }
 
 // The device whose backend runs an in-place op: dst's, or src's for a copy_

@@ -310,6 +310,16 @@ TEST_CASE("fill_ refuses a value an integer dtype cannot hold", "[runtime][tenso
   CHECK(std::isinf(Tensor::full({1}, INFINITY, DType::f16).item()));
 }
 
+TEST_CASE("add_ and mul_ refuse a scalar an i32 tensor cannot hold", "[runtime][tensor][inplace]") {
+  // An alpha of 1e10 was converted to INT32_MIN: 1 + 1e10 * 1 gave -2147483647.
+  Tensor t = Tensor::ones({2}, DType::i32);
+  CHECK_THROWS_WITH(t.add_(Tensor::ones({2}, DType::i64), 1e10),
+                    Contains("add_: 10000000000 is out of range for a i32"));
+  CHECK_THROWS_WITH(t.mul_(-3e9), Contains("mul_") && Contains("out of range"));
+  CHECK(t.add_(Tensor::ones({2}, DType::i64), 2147483646.0).to_vector<int32_t>() ==
+        std::vector<int32_t>{2147483647, 2147483647});
+}
+
 TEST_CASE("printing shows values, shape and dtype", "[runtime][tensor][print]") {
   Tensor t = Tensor::from_vector<float>({1, 2.5f, -3, 4, 5, 6}, {2, 3});
   const std::string s = t.str();
