@@ -202,12 +202,18 @@ TEST_CASE("Join: ranks with 0, 1 and 3 batches, and a fresh pass per epoch", "[d
 }
 
 TEST_CASE("Join: no_sync accumulation over iterations with different active ranks averages "
-          "over every real batch",
+          "over every real batch; a forward that no backward follows counts for nothing",
           "[ddp][join]") {
   // Rank 0 holds 1 batch, rank 1 holds 2; both accumulate 2 iterations (the
   // first under no_sync, each loss / 2). Three real batches of 2 rows: the
   // average must be the one-process gradient on those 6 rows. The synced
   // iteration alone has 1 active rank; its count would make the result 1.5x.
+  // With an evaluation forward (grad mode on, its loss dropped) before the
+  // one under no_sync: it adds nothing to the sum of gradients, so it must
+  // add no iteration to the mean of active ranks either: (2 + 1) / 2, not
+  // (2 + 2 + 1) / 3.
+  const bool evaluation_forward = GENERATE(false, true);
+  CAPTURE(evaluation_forward);
   const lt::Batch global = lt::global_batch(6, 3);
   const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
     const int64_t lo = r == 0 ? 0 : 2, hi = r == 0 ? 2 : 6;
@@ -221,6 +227,7 @@ TEST_CASE("Join: no_sync accumulation over iterations with different active rank
       auto loss = [&] { return rt::mul(rt::cross_entropy(ddp.forward(b.x), b.y), 0.5); };
       if (i++ % 2 == 0) {
         auto guard = ddp.no_sync();
+        if (evaluation_forward) (void)loss();  // evaluated, never differentiated
         loss().backward();
       } else {
         loss().backward();
@@ -235,46 +242,7 @@ TEST_CASE("Join: no_sync accumulation over iterations with different active rank
       if (!m.empty()) return m;
     }
     return "";
-  }, "join_accumulate");
-  for (const std::string& p : problems) CHECK(p == "");
-}
-
-TEST_CASE("Join: a forward under no_sync that no backward follows counts for nothing in the "
-          "divisor",
-          "[ddp][join]") {
-  // As the test above, with an evaluation forward (grad mode on, its loss
-  // dropped) before the one under no_sync: it adds nothing to the sum of
-  // gradients, so it must add no iteration to the mean of active ranks
-  // either: (2 + 1) / 2, not (2 + 2 + 1) / 3.
-  const lt::Batch global = lt::global_batch(6, 3);
-  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
-    const int64_t lo = r == 0 ? 0 : 2, hi = r == 0 ? 2 : 6;
-    const rt::TensorDataset data(global.x.slice(0, lo, hi).contiguous(),
-                                 global.y.slice(0, lo, hi).contiguous());
-    rt::DataLoader loader(data, {.batch_size = 2});
-    nn::DistributedDataParallel ddp(lt::small_mlp(1), group);
-    nn::Join join(*group);
-    int64_t i = 0;
-    for (const rt::Batch& b : join.batches(loader)) {
-      auto loss = [&] { return rt::mul(rt::cross_entropy(ddp.forward(b.x), b.y), 0.5); };
-      if (i++ % 2 == 0) {
-        auto guard = ddp.no_sync();
-        (void)loss();  // evaluated, never differentiated
-        loss().backward();
-      } else {
-        loss().backward();
-      }
-    }
-    auto alone = lt::small_mlp(1);
-    lt::loss_of(*alone, global).backward();
-    const auto mine = ddp.module().named_parameters(), theirs = alone->named_parameters();
-    for (size_t k = 0; k < mine.size(); ++k) {
-      const auto m =
-          lt::mismatch(mine[k].first, mine[k].second.grad(), theirs[k].second.grad(), kTol);
-      if (!m.empty()) return m;
-    }
-    return "";
-  }, "join_accumulate_eval");
+  }, evaluation_forward ? "join_accumulate_eval" : "join_accumulate");
   for (const std::string& p : problems) CHECK(p == "");
 }
 
