@@ -1,5 +1,6 @@
 #include "lockstep/runtime/autocast.h"
 
+#include <span>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -90,11 +91,24 @@ AutocastGuard autocast(const AutocastOptions& options) {
 
 namespace detail {
 
-std::optional<std::vector<Tensor>> autocast_inputs(CastPolicy policy,
-                                                   std::initializer_list<Tensor> inputs) {
+namespace {
+
+// The dtype `policy` runs an op at, given its floating inputs.
+DType policy_dtype(CastPolicy policy, const AutocastState& s, std::span<const Tensor> inputs) {
+  if (policy == CastPolicy::lower) return s.dtype;
+  if (policy == CastPolicy::f32) return DType::f32;
+  std::optional<DType> widest;
+  for (const Tensor& t : inputs) {
+    if (!t.defined() || !is_floating(t.dtype())) continue;
+    widest = widest ? promote_types(*widest, t.dtype()) : t.dtype();
+  }
+  return widest.value_or(DType::f32);
+}
+
+std::optional<std::vector<Tensor>> cast_inputs(CastPolicy policy, std::span<const Tensor> inputs) {
   const AutocastState& s = t_state;
   if (!s.enabled) return std::nullopt;
-  const DType target = policy == CastPolicy::lower ? s.dtype : DType::f32;
+  const DType target = policy_dtype(policy, s, inputs);
   bool applies = false, changes = false;
   for (const Tensor& t : inputs) {
     if (!t.defined() || !is_floating(t.dtype())) continue;
@@ -109,6 +123,18 @@ std::optional<std::vector<Tensor>> autocast_inputs(CastPolicy policy,
     out.push_back(eligible(t, target) ? cast(t, target) : t);
   }
   return out;
+}
+
+}  // namespace
+
+std::optional<std::vector<Tensor>> autocast_inputs(CastPolicy policy,
+                                                   std::initializer_list<Tensor> inputs) {
+  return cast_inputs(policy, {inputs.begin(), inputs.size()});
+}
+
+std::optional<std::vector<Tensor>> autocast_inputs(CastPolicy policy,
+                                                   const std::vector<Tensor>& inputs) {
+  return cast_inputs(policy, inputs);
 }
 
 }  // namespace detail

@@ -13,7 +13,8 @@
 //          scaled_dot_product_attention;
 //   f32:   softmax, log_softmax, cross_entropy, mse_loss, layer_norm,
 //          batch_norm (and SyncBatchNorm), sum, mean;
-//   widest input: every other op (elementwise ops promote as always).
+//   widest input: every other op (elementwise ops promote as always; cat,
+//          which refuses mixed dtypes outside a scope, casts to its widest).
 // Parameters stay f32 (the master weights): a cast of a leaf that requires
 // grad is cached for the outermost scope, so one forward casts each weight
 // once, and its gradient arrives in f32 through the cast. f64 and integer
@@ -65,7 +66,9 @@ class AutocastGuard {
 
 namespace detail {
 
-enum class CastPolicy { lower, f32 };
+// promote: every floating input to the widest floating input's dtype, for
+// ops that need one dtype (cat of a bf16 matmul output and an f32 tensor).
+enum class CastPolicy { lower, f32, promote };
 
 // `inputs` cast for an op under `policy`, or nullopt when the op runs as it
 // is (autocast off or for another device, or every floating input already at
@@ -73,6 +76,8 @@ enum class CastPolicy { lower, f32 };
 // then calls itself again with the cast inputs.
 std::optional<std::vector<Tensor>> autocast_inputs(CastPolicy policy,
                                                    std::initializer_list<Tensor> inputs);
+std::optional<std::vector<Tensor>> autocast_inputs(CastPolicy policy,
+                                                   const std::vector<Tensor>& inputs);
 
 }  // namespace detail
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 
@@ -195,6 +196,7 @@ Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
 // slices the gradient the same way.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   LOCKSTEP_CHECK(!tensors.empty(), "cat: expected at least one tensor, got an empty list");
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::promote, tensors)) return cat(*c, dim);
   for (size_t i = 0; i < tensors.size(); ++i) {
     LOCKSTEP_CHECK(tensors[i].defined(), "cat: tensor {} is undefined", i);
     LOCKSTEP_CHECK(tensors[i].device() == tensors[0].device(),

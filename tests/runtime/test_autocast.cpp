@@ -120,6 +120,33 @@ TEST_CASE("autocast: an f32 row takes a low-precision input to f32", "[autocast]
   CHECK(mul(x, 0.5).dtype() == DType::bf16);
 }
 
+TEST_CASE("autocast: cat takes its widest floating input, as PyTorch's promote list",
+          "[autocast]") {
+  // cat refuses mixed dtypes; a bf16 linear output beside an f32 tensor threw.
+  Tensor x = leaf({2, 4}, 1), w = leaf({3, 4}, 2), skip = leaf({2, 3}, 3);
+  Tensor out;
+  {
+    auto amp = autocast({.dtype = DType::bf16});
+    Tensor h = linear(x, w);
+    REQUIRE(h.dtype() == DType::bf16);
+    out = cat({h, skip}, 1);
+    CHECK(cat({h, h}, 0).dtype() == DType::bf16);  // one dtype: as it is
+    CHECK(cat({h, Tensor::ones({2, 3}, DType::f16)}, 0).dtype() == DType::f32);
+    CHECK(cat({h, Tensor::ones({2, 3}, DType::f64)}, 0).dtype() == DType::f64);
+    CHECK_THROWS_WITH(cat({h, Tensor::arange(3).reshape({1, 3})}, 0),
+                      Contains("tensor 1 is i64 but tensor 0 is bf16"));
+  }
+  CHECK(out.dtype() == DType::f32);
+  sum(out).backward();
+  Tensor xr = leaf({2, 4}, 1), wr = leaf({3, 4}, 2), skipr = leaf({2, 3}, 3);
+  Tensor hr = linear(xr.to(DType::bf16), wr.to(DType::bf16)).to(DType::f32);
+  sum(cat({hr, skipr}, 1)).backward();
+  CHECK(bitwise_equal(out, cat({hr, skipr}, 1)));
+  CHECK(bitwise_equal(w.grad(), wr.grad()));
+  CHECK(bitwise_equal(skip.grad(), skipr.grad()));
+  CHECK(w.grad().dtype() == DType::f32);
+}
+
 TEST_CASE("autocast: scopes nest, turn off, filter by device, and end", "[autocast]") {
   Tensor a = leaf({3, 4}, 1), b = leaf({4, 2}, 2);
   CHECK(matmul(a, b).dtype() == DType::f32);  // off by default
