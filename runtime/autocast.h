@@ -12,7 +12,7 @@
 //   lower  (the scope's dtype, f32 accumulation): matmul, linear, conv2d,
 //          scaled_dot_product_attention;
 //   f32:   softmax, log_softmax, cross_entropy, mse_loss, layer_norm,
-//          batch_norm (and SyncBatchNorm), sum, mean;
+//          batch_norm (and SyncBatchNorm), sum, mean, exp, log, pow;
 //   widest input: every other op (elementwise ops promote as always; cat,
 //          which refuses mixed dtypes outside a scope, casts to its widest).
 // Parameters stay f32 (the master weights): a cast of a leaf that requires

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
@@ -251,13 +252,17 @@ Tensor neg(const Tensor& a) {
                 [](const BackwardArgs& g) { return std::vector<Tensor>{neg(g.grad)}; });
 }
 
+// exp, log and pow run in f32 under autocast, as in torch.autocast's list:
+// an f16 exp overflows from 11.1, an f16 pow(x, 2) from 256.
 Tensor exp(const Tensor& a) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {a})) return exp((*c)[0]);
   Tensor out = unary(a, "exp", [](auto x) { return std::exp(x); }, UnaryOp::exp);
   return record(out, "ExpBackward", {a}, {out},
                 [](const BackwardArgs& g) { return std::vector<Tensor>{mul(g.grad, g.saved[0])}; });
 }
 
 Tensor log(const Tensor& a) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {a})) return log((*c)[0]);
   Tensor out = unary(a, "log", [](auto x) { return std::log(x); }, UnaryOp::log);
   return record(out, "LogBackward", {a}, {a},
                 [](const BackwardArgs& g) { return std::vector<Tensor>{div(g.grad, g.saved[0])}; });
@@ -271,6 +276,7 @@ Tensor sqrt(const Tensor& a) {
 }
 
 Tensor pow(const Tensor& a, double e) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {a})) return pow((*c)[0], e);
   Tensor out = unary(
       a, "pow",
       [e](auto x) {

@@ -3,6 +3,7 @@
 // the cast cache, and the CPU's 16-bit kernels against f32 math rounded once.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -58,6 +59,9 @@ std::vector<Row> policy_rows() {
        {{4, 3, 2}, {3}, {3}}},
       {"sum", DType::f32, [](auto& in) { return sum(in[0], {1}); }, {{4, 5}}},
       {"mean", DType::f32, [](auto& in) { return mean(in[0]); }, {{4, 5}}},
+      {"exp", DType::f32, [](auto& in) { return exp(in[0]); }, {{4, 5}}},
+      {"log", DType::f32, [](auto& in) { return log(abs(in[0])); }, {{4, 5}}},
+      {"pow", DType::f32, [](auto& in) { return pow(in[0], 3.0); }, {{4, 5}}},
   };
 }
 
@@ -113,6 +117,14 @@ TEST_CASE("autocast: an f32 row takes a low-precision input to f32", "[autocast]
   CHECK(softmax(x, 1).dtype() == DType::f32);
   CHECK(layer_norm(x, {5}).dtype() == DType::f32);
   CHECK(sum(x).dtype() == DType::f32);
+  // In f32 as torch.autocast: an f16 exp overflowed to inf from 11.1 on.
+  {
+    auto half = autocast({.dtype = DType::f16});
+    const Tensor big = Tensor::full({2}, 12.0, DType::f16);
+    CHECK(exp(big).to_vector<float>() == std::vector<float>(2, std::exp(12.0f)));
+    CHECK(pow(big, 5.0).dtype() == DType::f32);
+    CHECK(log(big).dtype() == DType::f32);
+  }
   // Elementwise ops take the widest input; unary ones keep theirs.
   CHECK(add(x, leaf({4, 5}, 2)).dtype() == DType::f32);
   CHECK(relu(x).dtype() == DType::bf16);
