@@ -105,6 +105,9 @@ bool GradScaler::step(Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
+  LOCKSTEP_CHECK(scale_.defined(),
+                 "GradScaler::step: there is no scale yet; call scale(loss).backward() before "
+                 "step()");
   LOCKSTEP_CHECK(per_optimizer_[&optimizer].stage != Stage::stepped,
                  "GradScaler::step: step() has already been called since the last update()");
   if (per_optimizer_[&optimizer].stage == Stage::ready) unscale_(optimizer);

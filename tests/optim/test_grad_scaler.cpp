@@ -169,6 +169,7 @@ TEST_CASE("GradScaler refuses misuse as PyTorch does", "[optim][grad_scaler]") {
   GradScaler scaler;
   CHECK_THROWS_WITH(scaler.unscale_(opt), Contains("call scale(loss)"));
   CHECK_THROWS_WITH(scaler.update(), Contains("no scale yet"));
+  CHECK_THROWS_WITH(scaler.step(opt), Contains("GradScaler::step: there is no scale yet"));
   scaled_backward(scaler, p, {1});
   CHECK_THROWS_WITH(scaler.update(), Contains("no inf checks were recorded"));
   scaler.unscale_(opt);
