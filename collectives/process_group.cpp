@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/distributed/flight_recorder.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
 
 namespace lockstep::collectives {
 
@@ -16,6 +17,22 @@ namespace {
 // (milliseconds::max() meant as "never") overflowed into the past and timed
 // out at once. One over a year waits a year, LOCKSTEP_TIMEOUT_S's longest.
 constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 365);
+
+// Whether the elements of contiguous `a` and `b` share any byte.
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0 || a.storage() != b.storage()) return false;
+  const auto* a0 = static_cast<const char*>(a.raw_data());
+  const auto* b0 = static_cast<const char*>(b.raw_data());
+  return a0 < b0 + b.numel() * b.element_size() && b0 < a0 + a.numel() * a.element_size();
+}
+
+// A copy of `t`'s values that no autograd graph records.
+Tensor copy_of(const Tensor& t) {
+  const runtime::NoGradGuard no_grad;
+  Tensor copy = Tensor::empty(t.shape(), t.dtype(), t.device());
+  copy.copy_(t);
+  return copy;
+}
 
 }  // namespace
 
@@ -75,10 +92,18 @@ std::shared_ptr<Work> ProcessGroup::allgather(Tensor& output, const Tensor& inpu
   check_tensor("allgather", input);
   check_tensor("allgather", output);
   check_sizes("allgather", "output", output, "input", input);
+  // An input that is this rank's chunk of the output is gathered in place;
+  // one that overlaps the output elsewhere would be overwritten by other
+  // ranks' chunks while it is still being sent (shm gathered another rank's
+  // data in its place), so it is sent from a copy.
+  const auto* own_chunk =
+      static_cast<const char*>(output.raw_data()) + rank_ * input.numel() * input.element_size();
+  const Tensor sent = overlaps(output, input) && input.raw_data() != own_chunk ? copy_of(input)
+                                                                               : input;
   const CallSignature signature{
       .kind = CollectiveKind::allgather, .dtype = input.dtype(), .count = input.numel()};
-  return issue(signature, "allgather", &input, "", opts.timeout,
-               [&](Call&& call) { return run_allgather(std::move(call), output, input); });
+  return issue(signature, "allgather", &sent, "", opts.timeout,
+               [&](Call&& call) { return run_allgather(std::move(call), output, sent); });
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input,

@@ -58,7 +58,9 @@ class ProcessGroup {
   // unspecified.
   std::shared_ptr<Work> reduce(Tensor& tensor, const ReduceOptions& opts = {});
   // `output` holds size() * input.numel() elements: rank r's `input` at
-  // offset r * input.numel() (PyTorch's all_gather_into_tensor).
+  // offset r * input.numel() (PyTorch's all_gather_into_tensor). An `input`
+  // that is this rank's chunk of `output` is gathered in place; one that
+  // overlaps `output` elsewhere is sent from a copy made here.
   std::shared_ptr<Work> allgather(Tensor& output, const Tensor& input,
                                   const AllgatherOptions& opts = {});
   // `input` holds size() * output.numel() elements; rank r's `output` gets

@@ -1,0 +1,64 @@
+// Collectives handed tensors that share memory: an allgather input that lies
+// in its own output, in place or elsewhere, on every CPU backend built in.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "collectives/collective_check.h"
+#include "collectives/rank_threads.h"
+#include "lockstep/config.h"
+
+namespace lc = lockstep::collectives;
+namespace lt = lockstep::testing;
+using lockstep::runtime::DType;
+using lockstep::runtime::Tensor;
+
+namespace {
+
+std::vector<std::string> cpu_backends() {
+  std::vector<std::string> backends = {"shm"};
+  if (LOCKSTEP_HAVE_GLOO) backends.push_back("gloo");
+  return backends;
+}
+
+}  // namespace
+
+TEST_CASE("allgather: an input inside the output gathers every rank's values, wherever it lies",
+          "[collectives]") {
+  const int size = GENERATE(2, 3);
+  // 300000 f32 elements take several rounds of shm's 1 MiB staging buffer.
+  const int64_t n = GENERATE(int64_t{5}, int64_t{300000});
+  // Where each rank's input lies in its output: the first chunk (another
+  // rank's place on every rank but 0), the last, or its own (in place).
+  const std::string where = GENERATE("first", "last", "own");
+  for (const auto& backend : cpu_backends()) {
+    INFO(backend << ", " << size << " ranks, " << n << " elements, input at the " << where
+                 << " chunk");
+    auto groups = lt::make_groups(backend, size, "overlap");
+    std::vector<std::string> failures(static_cast<size_t>(size));
+    const auto errors = lt::run_ranks(size, [&](int r) {
+      Tensor out = Tensor::zeros({size * n}, DType::f32);
+      const int64_t chunk = where == "first" ? 0 : where == "last" ? size - 1 : r;
+      Tensor in = out.slice(0, chunk * n, (chunk + 1) * n);
+      in.copy_(lt::input(r, n, DType::f32));
+      groups[static_cast<size_t>(r)]->allgather(out, in)->wait();
+      const auto* got = static_cast<const float*>(out.raw_data());
+      for (int q = 0; q < size && failures[static_cast<size_t>(r)].empty(); ++q) {
+        for (int64_t i = 0; i < n; ++i) {
+          const auto want = static_cast<float>(lt::input_value(q, i));
+          if (got[q * n + i] != want) {
+            failures[static_cast<size_t>(r)] =
+                fmt::format("rank {}: chunk {} element {} is {}, expected {}", r, q, i,
+                            got[q * n + i], want);
+            break;
+          }
+        }
+      }
+    });
+    for (int r = 0; r < size; ++r) {
+      CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
+      if (!failures[static_cast<size_t>(r)].empty()) FAIL_CHECK(failures[static_cast<size_t>(r)]);
+    }
+  }
+}
