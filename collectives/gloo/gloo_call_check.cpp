@@ -16,7 +16,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // Slots of the check: gloo's collectives use prefixes 0x01..0x08 in the top
-// byte (gloo/types.h) and send/recv 0x40 (gloo_group.cpp).
+// byte (gloo/types.h) and send/recv 0x40 and 0x42 (gloo_group.cpp).
 constexpr uint64_t kCheckSlotPrefix = uint64_t{0x41} << 56;
 constexpr size_t kBytes = sizeof(PackedSignature);
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <functional>
 #include <list>
+#include <map>
+#include <tuple>
 #include <mutex>
 #include <sstream>
 #include <string_view>
@@ -36,10 +38,23 @@ using std::chrono::milliseconds;
 using ::gloo::transport::UnboundBuffer;
 
 // Slots of send/recv: gloo's collectives use slot prefixes 0x01..0x08 in the
-// top byte (gloo/types.h), so point-to-point traffic gets its own prefix.
-constexpr uint64_t kP2pSlotPrefix = uint64_t{0x40} << 56;
+// top byte (gloo/types.h) and the call check 0x41 (gloo_call_check.cpp), so
+// point-to-point traffic gets prefixes of its own.
+// Every message is a header (the sender's dtype and count) and then its data:
+// a recv reads the header first, since gloo terminates the process when more
+// bytes arrive than a recv posted, and leaves the rest of the tensor stale
+// when fewer do.
+constexpr uint64_t kP2pDataPrefix = uint64_t{0x40} << 56;
+constexpr uint64_t kP2pHeaderPrefix = uint64_t{0x42} << 56;
 
-uint64_t p2p_slot(int tag) { return kP2pSlotPrefix | static_cast<uint32_t>(tag); }
+uint64_t header_slot(int tag) { return kP2pHeaderPrefix | static_cast<uint32_t>(tag); }
+
+// The data of the `number`-th message (mod 2^24) between two ranks on `tag`
+// has a slot of its own, so a recv posts it once it has read the header,
+// whatever the recvs issued after it do meanwhile.
+uint64_t data_slot(int tag, uint64_t number) {
+  return kP2pDataPrefix | ((number & 0xffffff) << 32) | static_cast<uint32_t>(tag);
+}
 
 // gloo calls this to combine two chunks; the arithmetic is reduce_kernels.h's.
 std::function<void(void*, const void*, const void*, size_t)> reduce_function(runtime::DType dtype,
@@ -122,10 +137,15 @@ class GlooGroup final : public ProcessGroup {
   struct PendingP2p {
     std::shared_ptr<Work> work;
     Call call;
-    std::unique_ptr<UnboundBuffer> buffer;  // guarded by mutex_ once posted
+    // i64: the sender's dtype and element count (a recv's: what came).
+    Tensor header = Tensor::empty({2}, runtime::DType::i64);
+    std::unique_ptr<UnboundBuffer> header_buffer;
+    std::unique_ptr<UnboundBuffer> data_buffer;  // null while there is none
+    UnboundBuffer* waiting = nullptr;  // the one waited for; guarded by mutex_
     Tensor tensor;  // keeps the memory alive while gloo may touch it
     int peer = -1;
     int tag = 0;
+    uint64_t number = 0;  // this message's among those to or from `peer` on `tag`
     bool is_send;
     bool done = false;  // guarded by mutex_
     std::thread waiter;
@@ -137,6 +157,13 @@ class GlooGroup final : public ProcessGroup {
   std::shared_ptr<Work> post_p2p(const Call& call, const Tensor& tensor, int peer, int tag,
                                  bool is_send);
   void wait_p2p(PendingP2p& p);
+  // Waits for `buffer`'s send or recv; false when it was cancelled.
+  bool wait_buffer(PendingP2p& p, UnboundBuffer& buffer);
+  // Once a recv's header has come: posts the data's recv into the tensor, or
+  // into scratch memory (so that the send completes) when the header does
+  // not match the tensor; throws CollectiveError in that case after the data
+  // came. False when the group is being destroyed.
+  bool receive_data(PendingP2p& p);
   void reap_p2p_locked();
   // What gloo threw, worded: a timeout becomes DeadlineExceeded, anything
   // else a CollectiveError naming the op, this rank, the broken peers and
@@ -168,6 +195,8 @@ class GlooGroup final : public ProcessGroup {
 
   std::mutex mutex_;
   std::list<PendingP2p> p2p_;
+  // Messages posted so far per (peer, tag, is_send); guarded by mutex_.
+  std::map<std::tuple<int, int, bool>, uint64_t> p2p_numbers_;
   bool stopping_ = false;
 };
 
@@ -198,8 +227,8 @@ GlooGroup::~GlooGroup() {
     stopping_ = true;
     // Sends and recvs still waited for are cancelled (their Work fails).
     for (auto& p : p2p_) {
-      if (p.done || !p.buffer) continue;
-      if (p.is_send) p.buffer->abortWaitSend(); else p.buffer->abortWaitRecv();
+      if (p.done || p.waiting == nullptr) continue;
+      if (p.is_send) p.waiting->abortWaitSend(); else p.waiting->abortWaitRecv();
     }
     p2p.splice(p2p.end(), p2p_);
   }
@@ -288,16 +317,57 @@ void GlooGroup::abort_peers(const std::string& reason) {
   context_->closeConnections();
 }
 
-void GlooGroup::wait_p2p(PendingP2p& p) {
-  std::exception_ptr error;
+bool GlooGroup::wait_buffer(PendingP2p& p, UnboundBuffer& buffer) {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return false;
+    p.waiting = &buffer;
+  }
   const auto left = std::chrono::ceil<milliseconds>(p.call.deadline - Clock::now());
   const milliseconds timeout = left.count() > 0 ? left : milliseconds(1);
+  return p.is_send ? buffer.waitSend(timeout) : buffer.waitRecv(timeout);
+}
+
+bool GlooGroup::receive_data(PendingP2p& p) {
+  const auto* header = static_cast<const int64_t*>(p.header.raw_data());
+  const auto dtype = static_cast<runtime::DType>(header[0]);
+  const int64_t count = header[1];
+  const bool fits = dtype == p.tensor.dtype() && count == p.tensor.numel();
+  // A message that does not fit still arrives whole, so its send completes.
+  const Tensor into =
+      fits ? p.tensor
+           : Tensor::empty({count * static_cast<int64_t>(runtime::dtype_size(dtype))},
+                           runtime::DType::u8);
+  if (into.numel() > 0) {
+    p.data_buffer = context_->createUnboundBuffer(into.raw_data(), nbytes(into));
+    if (!fits) p.tensor = into;
+    p.data_buffer->recv(p.peer, data_slot(p.tag, p.number));
+    if (!wait_buffer(p, *p.data_buffer)) return false;
+  }
+  if (!fits) {
+    throw CollectiveError(fmt::format(
+        "{} on {}: rank {} sent {} elements of {}; send and recv must use tensors of the same "
+        "size and dtype (the message was dropped)",
+        p.call.description(), where(), p.peer, count, runtime::dtype_name(dtype)));
+  }
+  return true;
+}
+
+void GlooGroup::wait_p2p(PendingP2p& p) {
+  std::exception_ptr error;
   try {
-    const bool done = p.is_send ? p.buffer->waitSend(timeout) : p.buffer->waitRecv(timeout);
+    bool done = wait_buffer(p, *p.header_buffer);
+    if (done && p.is_send) {
+      done = p.data_buffer == nullptr || wait_buffer(p, *p.data_buffer);
+    } else if (done) {
+      done = receive_data(p);
+    }
     if (!done) {
       error = std::make_exception_ptr(CollectiveError(fmt::format(
           "{} on {} was cancelled: the group was destroyed first", p.call.description(), where())));
     }
+  } catch (const CollectiveError&) {
+    error = std::current_exception();  // a mismatched message: the group is still in step
   } catch (const std::exception& e) {
     try {
       if (std::string_view(e.what()).find("Timed out") != std::string_view::npos) {
@@ -321,7 +391,10 @@ void GlooGroup::wait_p2p(PendingP2p& p) {
   std::shared_ptr<Work> work = p.work;
   {
     std::lock_guard lock(mutex_);
-    if (error) graveyard_.emplace_back(std::move(p.buffer), p.tensor);
+    if (error) {
+      graveyard_.emplace_back(std::move(p.data_buffer), p.tensor);
+      graveyard_.emplace_back(std::move(p.header_buffer), p.header);
+    }
     p.done = true;
   }
   work->finish(error);
@@ -483,26 +556,39 @@ std::shared_ptr<Work> GlooGroup::post_p2p(const Call& call, const Tensor& tensor
   auto work = std::make_shared<Work>(call.description(),
                                      call.deadline + SerialExecutor::kWorkerGrace,
                                      timeout_message(call));
-  if (tensor.numel() == 0) {
-    work->finish();
-    return work;
-  }
-  auto buffer = context_->createUnboundBuffer(tensor.raw_data(), nbytes(tensor));
-  if (is_send) {
-    buffer->send(peer, p2p_slot(tag));
-  } else {
-    buffer->recv(peer, p2p_slot(tag));
-  }
   std::lock_guard lock(mutex_);
   reap_p2p_locked();
   PendingP2p& p = p2p_.emplace_back();
   p.work = work;
   p.call = call;
-  p.buffer = std::move(buffer);
   p.tensor = tensor;
   p.peer = peer;
   p.tag = tag;
+  p.number = p2p_numbers_[{peer, tag, is_send}]++;
   p.is_send = is_send;
+  try {
+    p.header_buffer = context_->createUnboundBuffer(p.header.raw_data(), nbytes(p.header));
+    if (is_send) {
+      auto* header = static_cast<int64_t*>(p.header.raw_data());
+      header[0] = static_cast<int64_t>(tensor.dtype());
+      header[1] = tensor.numel();
+      p.header_buffer->send(peer, header_slot(tag));
+      if (tensor.numel() > 0) {
+        p.data_buffer = context_->createUnboundBuffer(tensor.raw_data(), nbytes(tensor));
+        p.data_buffer->send(peer, data_slot(tag, p.number));
+      }
+    } else {
+      p.header_buffer->recv(peer, header_slot(tag));
+    }
+  } catch (...) {
+    // Not posted, or only in part: no waiter thread to join, and the next
+    // message takes this one's number.
+    --p2p_numbers_[{peer, tag, is_send}];
+    graveyard_.emplace_back(std::move(p.header_buffer), p.header);
+    graveyard_.emplace_back(std::move(p.data_buffer), p.tensor);
+    p2p_.pop_back();
+    throw;
+  }
   p.waiter = std::thread([this, &p] { wait_p2p(p); });
   return work;
 }

@@ -149,3 +149,60 @@ TEST_CASE("every CPU backend: a timed-out send or recv names the peer that did n
   // The group is unusable once wait() has said so (Work's contract).
   if (backend == "gloo") CHECK_FALSE(groups[0]->unusable_reason().empty());
 }
+
+TEST_CASE("every CPU backend: a recv that does not match its send's size or dtype fails naming "
+          "what was sent; the send completes and the group stays usable",
+          "[collectives][lifecycle]") {
+  // Every CPU backend sends point to point through gloo.
+  LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  const auto groups = lt::make_groups(backend, 2, "p2p-mismatch", 30s);
+  // Sent, then the tensor that receives it: more than a recv posted
+  // terminated the process; fewer left the rest of it stale; another dtype
+  // of as many bytes was taken as raw bits.
+  struct Case {
+    Tensor sent;
+    Tensor received;
+    const char* what;
+  };
+  const std::vector<Case> cases = {
+      {Tensor::ones({8}), Tensor::zeros({4}), "rank 0 sent 8 elements of f32"},
+      {Tensor::ones({4}), Tensor::zeros({8}), "rank 0 sent 4 elements of f32"},
+      {Tensor::ones({4}), Tensor::zeros({4}, lockstep::runtime::DType::i32),
+       "rank 0 sent 4 elements of f32"},
+      {Tensor::ones({0}), Tensor::zeros({4}), "rank 0 sent 0 elements of f32"},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    INFO("case " << c);
+    Tensor sent = cases[c].sent;
+    Tensor received = cases[c].received;
+    std::string send_error, recv_error;
+    const auto errors = lt::run_ranks(2, [&](int r) {
+      if (r == 0) {
+        send_error = lt::error_of([&] { groups[0]->send(sent, 1, {.tag = 2})->wait(); });
+      } else {
+        recv_error = lt::error_of([&] { groups[1]->recv(received, 0, {.tag = 2})->wait(); });
+      }
+    });
+    CHECK(send_error == "<no exception>");
+    CHECK_THAT(recv_error, Contains("from rank 0, tag 2)") && Contains(cases[c].what) &&
+                               Contains("send and recv must use tensors of the same size"));
+  }
+  // Both ranks still agree on what follows: a recv on tag 1 posted before
+  // collective #1 (whose call check has slots of its own) and sent after it.
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    Tensor t = Tensor::full({3}, r == 0 ? 5.0 : 0.0);
+    Tensor sum = Tensor::ones({3});
+    std::shared_ptr<lc::Work> received;
+    if (r == 1) received = groups[1]->recv(t, 0, {.tag = 1});
+    groups[static_cast<size_t>(r)]->allreduce(sum)->wait();
+    if (r == 0) groups[0]->send(t, 1, {.tag = 1})->wait();
+    if (r == 1) received->wait();
+    groups[static_cast<size_t>(r)]->allreduce(t)->wait();
+    if (static_cast<const float*>(t.raw_data())[2] != 10.0f) {
+      throw lockstep::Error("wrong sum after the mismatch");
+    }
+  });
+  for (const auto& e : errors) CHECK(lt::message_of(e) == "<no exception>");
+}
