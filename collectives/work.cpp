@@ -34,7 +34,7 @@ void Work::wait_until_done() {
     const std::string message = timeout_text();
     error_ = std::make_exception_ptr(CollectiveError(message));
     done_ = true;
-    distributed::FlightRecorder::instance().ended(std::exchange(record_, 0), /*ok=*/false);
+    end_records_locked(/*ok=*/false);
     lock.unlock();
     timed_out(message);
     std::rethrow_exception(error_);
@@ -61,7 +61,7 @@ void Work::finish(std::exception_ptr error) {
     error_ = std::move(error);
     done_ = true;
     finished_at_ = Clock::now();
-    distributed::FlightRecorder::instance().ended(std::exchange(record_, 0), error_ == nullptr);
+    end_records_locked(error_ == nullptr);
   }
   done_cv_.notify_all();
 }
@@ -71,9 +71,18 @@ void Work::record_end_as(uint64_t record) {
   std::lock_guard lock(mutex_);
   if (done_) {
     distributed::FlightRecorder::instance().ended(record, error_ == nullptr);  // ended already
-  } else {
+  } else if (record_ == 0) {
     record_ = record;
+  } else {
+    outer_records_.push_back(record);
   }
+}
+
+void Work::end_records_locked(bool ok) {
+  auto& recorder = distributed::FlightRecorder::instance();
+  recorder.ended(std::exchange(record_, 0), ok);
+  for (uint64_t record : outer_records_) recorder.ended(record, ok);
+  outer_records_.clear();
 }
 
 }  // namespace lockstep::collectives

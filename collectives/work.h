@@ -21,6 +21,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "lockstep/runtime/error.h"
 
@@ -79,7 +80,8 @@ class Work {
 
   // Marks flight recorder entry `record` (distributed/flight_recorder.h) ended
   // when this Work ends: finished, failed or timed out. ProcessGroup::issue
-  // calls it.
+  // calls it, once per group that returns this Work as its call's (shm's send
+  // and recv return their gloo group's), so every group's entry ends.
   void record_end_as(uint64_t record);
 
  protected:
@@ -101,8 +103,14 @@ class Work {
   std::exception_ptr error_;
   Clock::time_point finished_at_{};
   uint64_t record_ = 0;  // the flight recorder's entry; 0: none
+  // Those of the groups that returned this Work as their own after the group
+  // that made it (record_): ended with it.
+  std::vector<uint64_t> outer_records_;
 
  private:
+  // Ends record_ and outer_records_ (ok or not), with mutex_ held.
+  void end_records_locked(bool ok);
+
   std::string description_;
   Clock::time_point deadline_;
   std::string timeout_message_;

@@ -7,11 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/work.h"
 #include "lockstep/distributed/flight_recorder.h"
+#include "support/backend_skip.h"
 
 namespace lt = lockstep::testing;
 using lockstep::distributed::FlightRecord;
@@ -116,4 +118,35 @@ TEST_CASE("flight recorder: another process's file is read, or refused when it i
   CHECK_THROWS_WITH(lockstep::distributed::read_flight_recorder_file(path.string()),
                     Catch::Contains("is not a flight recorder file"));
   std::filesystem::remove(path);
+}
+
+TEST_CASE("flight recorder: a send and recv that a group hands to another end in both groups",
+          "[collectives][flight-recorder]") {
+  // shm sends point to point through a gloo group of its own, shm+gloo
+  // through its gloo group of all ranks: each records the call.
+  LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
+  const std::string backend = GENERATE("shm", "shm+gloo");
+  INFO(backend);
+  const std::string name = "recorded-p2p-" + backend;
+  const auto groups = lt::make_groups(backend, 2, name);
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    Tensor t = Tensor::ones({4});
+    // The recv is posted before the send, so it is still running when the
+    // outer group records it.
+    if (r == 1) groups[1]->recv(t, 0)->wait();
+    if (r == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      groups[0]->send(t, 1)->wait();
+    }
+  });
+  for (const auto& e : errors) REQUIRE(lt::message_of(e) == "<no exception>");
+  int recorded = 0;
+  for (const auto& r : FlightRecorder::instance().snapshot()) {
+    if (r.group.rfind(name, 0) != 0) continue;
+    ++recorded;
+    INFO(r.group << ": " << r.op << " on rank " << r.group_rank);
+    CHECK(r.state == FlightRecord::State::finished);
+    CHECK(r.end_ns >= r.start_ns);
+  }
+  CHECK(recorded == 4);  // the send and the recv, each in both groups
 }
