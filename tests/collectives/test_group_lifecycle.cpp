@@ -172,6 +172,11 @@ TEST_CASE("every CPU backend: a recv that does not match its send's size or dtyp
       {Tensor::ones({4}), Tensor::zeros({4}, lockstep::runtime::DType::i32),
        "rank 0 sent 4 elements of f32"},
       {Tensor::ones({0}), Tensor::zeros({4}), "rank 0 sent 0 elements of f32"},
+      // Past the 4 KiB that travel inside the header: the data comes apart.
+      {Tensor::ones({2048}), Tensor::zeros({1024}), "rank 0 sent 2048 elements of f32"},
+      {Tensor::ones({1024}), Tensor::zeros({2048}), "rank 0 sent 1024 elements of f32"},
+      {Tensor::ones({2048}), Tensor::zeros({4}), "rank 0 sent 2048 elements of f32"},
+      {Tensor::ones({4}), Tensor::zeros({2048}), "rank 0 sent 4 elements of f32"},
   };
   for (size_t c = 0; c < cases.size(); ++c) {
     INFO("case " << c);
@@ -202,6 +207,14 @@ TEST_CASE("every CPU backend: a recv that does not match its send's size or dtyp
     groups[static_cast<size_t>(r)]->allreduce(t)->wait();
     if (static_cast<const float*>(t.raw_data())[2] != 10.0f) {
       throw lockstep::Error("wrong sum after the mismatch");
+    }
+    // A message larger than the header carries, matched, arrives whole.
+    Tensor big = Tensor::arange(3000, lockstep::runtime::DType::f32);
+    if (r == 1) big.zero_();
+    if (r == 0) groups[0]->send(big, 1, {.tag = 3})->wait();
+    if (r == 1) groups[1]->recv(big, 0, {.tag = 3})->wait();
+    if (static_cast<const float*>(big.raw_data())[2999] != 2999.0f) {
+      throw lockstep::Error("a large message arrived wrong");
     }
   });
   for (const auto& e : errors) CHECK(lt::message_of(e) == "<no exception>");
