@@ -1,6 +1,7 @@
 #include "lockstep/runtime/dtype.h"
 
 #include <charconv>
+#include <limits>
 
 namespace lockstep::runtime {
 
@@ -26,6 +27,28 @@ std::string_view dtype_name(DType d) {
     case DType::boolean: return "bool";
   }
   return "?";
+}
+
+namespace {
+
+// In (lowest - 1, max + 1): for i64, lowest - 1 rounds to lowest and max + 1
+// is 2^63, both exact doubles.
+template <class T>
+bool fits_integer(double value) {
+  const double lo = static_cast<double>(std::numeric_limits<T>::lowest());
+  const double hi = static_cast<double>(std::numeric_limits<T>::max()) + 1.0;
+  return (value >= lo || value > lo - 1.0) && value < hi;
+}
+
+}  // namespace
+
+bool holds_value(DType d, double value) {
+  switch (d) {
+    case DType::i32: return fits_integer<int32_t>(value);
+    case DType::i64: return fits_integer<int64_t>(value);
+    case DType::u8: return fits_integer<uint8_t>(value);
+    default: return true;
+  }
 }
 
 bool is_floating(DType d) {

@@ -2,7 +2,6 @@
 // version so that autograd notices a change to a tensor saved for backward.
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -83,25 +82,13 @@ void check_inplace(const Tensor& t, const char* op, const Tensor* src = nullptr)
                  op, shape_str(src->shape()), shape_str(t.shape()));
 }
 
-// Whether `value`, truncated toward zero, is a value of integer type T: in
-// (lowest - 1, max + 1). For i64, lowest - 1 rounds to lowest and max + 1 is 2^63.
-template <class T>
-bool fits_integer(double value) {
-  const double lo = static_cast<double>(std::numeric_limits<T>::lowest());
-  const double hi = static_cast<double>(std::numeric_limits<T>::max()) + 1.0;
-  return (value >= lo || value > lo - 1.0) && value < hi;
-}
-
 // Converting NaN, an infinity or 1e10 into an i32 is undefined (it gave
 // INT32_MIN), so such a fill is refused, as PyTorch's checked conversion of a
 // scalar refuses it. A fraction is truncated toward zero, as there.
 void check_fill_value(DType dtype, double value) {
-  const bool fits = dtype == DType::i32   ? fits_integer<int32_t>(value)
-                    : dtype == DType::i64 ? fits_integer<int64_t>(value)
-                    : dtype == DType::u8  ? fits_integer<uint8_t>(value)
-                                          : true;
-  LOCKSTEP_CHECK(fits, "fill_: the value {} does not fit in dtype {}; fill a floating tensor "
-                 "instead", value, dtype_name(dtype));
+  LOCKSTEP_CHECK(holds_value(dtype, value),
+                 "fill_: the value {} does not fit in dtype {}; fill a floating tensor instead",
+                 value, dtype_name(dtype));
 }
 
 // An integer tensor cannot hold a floating result. PyTorch refuses
@@ -118,7 +105,7 @@ void check_integral_result(const Tensor& t, const char* op, DType operand, doubl
                  "truncating it; convert the tensor to a floating dtype with .to() first",
                  op, scalar, dtype_name(t.dtype()));
   // Converted to an i32 anyway, an alpha of 1e10 was undefined (INT32_MIN).
-  LOCKSTEP_CHECK(t.dtype() != DType::i32 || fits_integer<int32_t>(scalar),
+  LOCKSTEP_CHECK(t.dtype() != DType::i32 || holds_value(DType::i32, scalar),
                  "{}: {} is out of range for a {} tensor's arithmetic; convert the tensor with "
                  ".to() first", op, scalar, dtype_name(t.dtype()));
 }

@@ -112,14 +112,12 @@ Tensor unary(const Tensor& a, const char* name, F f, UnaryOp op, double scalar =
 DType scalar_op_dtype(DType a, double s, const char* name) {
   if (is_floating(a)) return a;
   if (!std::isfinite(s) || std::trunc(s) != s) return DType::f32;
-  const bool i32 = a == DType::i32;
-  // 2^31 and 2^63 are exact doubles, the first values past each range.
-  const double limit = i32 ? 2147483648.0 : 9223372036854775808.0;
-  LOCKSTEP_CHECK(s >= -limit && s < limit,
+  const DType integral = a == DType::i32 ? DType::i32 : DType::i64;
+  LOCKSTEP_CHECK(holds_value(integral, s),
                  "{}: the scalar {} is out of range for the {} tensor's integer arithmetic; "
                  "convert the tensor with .to() first",
                  name, s, dtype_name(a));
-  return i32 ? DType::i32 : DType::i64;
+  return integral;
 }
 
 // The gradient for `input` from a gradient of the broadcast output.

@@ -237,11 +237,9 @@ Tensor max(const Tensor& a) {
   }
   // Every element equal to the maximum (every NaN, when it is NaN) is the
   // maximum, so they share its gradient evenly, as PyTorch's
-  // evenly_distribute_backward shares it. The value is found again from the
-  // saved input: saving the output would make it own its own graph.
-  return record(value, "MaxBackward", {a}, {a}, [](const BackwardArgs& g) {
-    const Tensor& x = g.saved[0];
-    const Tensor v = max(x.reshape({-1}), 0, false);
+  // evenly_distribute_backward shares it.
+  return record(value, "MaxBackward", {a}, {a, value}, [](const BackwardArgs& g) {
+    const Tensor &x = g.saved[0], &v = g.saved[1];
     const DType dt = x.dtype();
     const auto is_nan = [dt](const Tensor& t) { return add(neg(eq(t, t).to(dt)), 1.0); };
     // eq is false wherever a NaN is, so the two terms never overlap.
