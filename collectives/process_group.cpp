@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include "lockstep/distributed/flight_recorder.h"
-#include "lockstep/runtime/autograd/grad_mode.h"
 
 namespace lockstep::collectives {
 
@@ -24,14 +23,6 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   const auto* a0 = static_cast<const char*>(a.raw_data());
   const auto* b0 = static_cast<const char*>(b.raw_data());
   return a0 < b0 + b.numel() * b.element_size() && b0 < a0 + a.numel() * a.element_size();
-}
-
-// A copy of `t`'s values that no autograd graph records.
-Tensor copy_of(const Tensor& t) {
-  const runtime::NoGradGuard no_grad;
-  Tensor copy = Tensor::empty(t.shape(), t.dtype(), t.device());
-  copy.copy_(t);
-  return copy;
 }
 
 }  // namespace
@@ -98,8 +89,9 @@ std::shared_ptr<Work> ProcessGroup::allgather(Tensor& output, const Tensor& inpu
   // data in its place), so it is sent from a copy.
   const auto* own_chunk =
       static_cast<const char*>(output.raw_data()) + rank_ * input.numel() * input.element_size();
-  const Tensor sent = overlaps(output, input) && input.raw_data() != own_chunk ? copy_of(input)
-                                                                               : input;
+  const Tensor sent = overlaps(output, input) && input.raw_data() != own_chunk
+                          ? input.detach().clone()  // no autograd graph records the copy
+                          : input;
   const CallSignature signature{
       .kind = CollectiveKind::allgather, .dtype = input.dtype(), .count = input.numel()};
   return issue(signature, "allgather", &sent, "", opts.timeout,
