@@ -70,9 +70,10 @@ class ProcessGroup {
   std::shared_ptr<Work> barrier(const BarrierOptions& opts = {});
   // Point to point; matched by (peer, tag) in issue order. Not numbered or
   // checked as collectives are: only two ranks take part. A recv whose
-  // tensor holds another count than the matching send's (gloo, and shm and
-  // shm+gloo through it: or another dtype) fails naming what was sent; the
-  // send completes and the group stays usable.
+  // tensor holds another count or dtype than the matching send's (gloo, shm
+  // and shm+gloo through it, and mpi) fails naming what was sent; the send
+  // completes and the group stays usable (with mpi, not after a message
+  // longer than the tensor, which MPI fails as a truncation).
   std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts = {});
   std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts = {});
 

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <climits>
 #include <functional>
 #include <type_traits>
@@ -47,6 +48,9 @@ void divide_by(const Tensor& t, int n) {
     default: LOCKSTEP_ASSERT(false);
   }
 }
+
+// What a send's first message says about its second: {dtype, element count}.
+using P2pHeader = std::array<int64_t, 2>;
 
 class MpiGroup final : public ProcessGroup {
  public:
@@ -156,38 +160,52 @@ class MpiGroup final : public ProcessGroup {
     return enqueue(call, [](MPI_Comm) {});
   }
 
+  // Each send is two messages on its tag, a header (the dtype and element
+  // count) and the data, sent and received at once: MPI does not compare
+  // dtypes, so without the header an f32 tensor received as an i32 one of the
+  // same size would pass as a message. Messages between two ranks on one tag
+  // match in the order sent, so the pairs never mix.
   std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst,
                                  int tag) override {
     check_tag(call, tag);
     const int count = mpi_count(call, tensor.numel());
     const MPI_Datatype type = mpi::mpi_datatype(tensor.dtype());
     const void* data = tensor.raw_data();
-    return enqueue_p2p(call, [=, keep = tensor](MPI_Comm comm, MPI_Request* request) {
-      LOCKSTEP_MPI_CHECK(MPI_Isend(data, count, type, dst, tag, comm, request));
+    auto header = std::make_shared<P2pHeader>(
+        P2pHeader{static_cast<int64_t>(tensor.dtype()), tensor.numel()});
+    return enqueue_p2p(call, [=, keep = tensor](MPI_Comm comm, MPI_Request* requests) {
+      LOCKSTEP_MPI_CHECK(MPI_Isend(header->data(), 2, MPI_INT64_T, dst, tag, comm, &requests[0]));
+      LOCKSTEP_MPI_CHECK(MPI_Isend(data, count, type, dst, tag, comm, &requests[1]));
     });
   }
 
   std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override {
     check_tag(call, tag);
     const int count = mpi_count(call, tensor.numel());
-    const MPI_Datatype type = mpi::mpi_datatype(tensor.dtype());
+    const DType dtype = tensor.dtype();
+    const MPI_Datatype type = mpi::mpi_datatype(dtype);
     void* data = tensor.raw_data();
-    // A shorter message than the tensor is an error too (MPI reports only a
-    // longer one), since the rest of the tensor would be left stale.
-    auto check_size = [=](const MPI_Status& status) {
-      int received = 0;
-      LOCKSTEP_MPI_CHECK(MPI_Get_count(&status, type, &received));
-      LOCKSTEP_CHECK(received == count,
-                     "received {} elements from rank {} but the tensor holds {}; send and recv "
-                     "must use tensors of the same size and dtype",
-                     received, src, count);
+    auto header = std::make_shared<P2pHeader>();
+    // A message of another dtype or size is an error, whether longer than the
+    // tensor (which MPI reports, but only as a truncation), shorter (which
+    // would leave the rest of the tensor stale) or of the same bytes.
+    auto check_sent = [=](const MPI_Status&) {
+      const auto sent_dtype = static_cast<DType>((*header)[0]);
+      const int64_t sent = (*header)[1];
+      LOCKSTEP_CHECK(sent_dtype == dtype && sent == count,
+                     "rank {} sent {} elements of {} but the tensor holds {} of {}; send and recv "
+                     "must use tensors of the same size and dtype (what arrived of the message "
+                     "is in the tensor now)",
+                     src, sent, runtime::dtype_name(sent_dtype), count, runtime::dtype_name(dtype));
     };
     return enqueue_p2p(
         call,
-        [=, keep = tensor](MPI_Comm comm, MPI_Request* request) {
-          LOCKSTEP_MPI_CHECK(MPI_Irecv(data, count, type, src, tag, comm, request));
+        [=, keep = tensor](MPI_Comm comm, MPI_Request* requests) {
+          LOCKSTEP_MPI_CHECK(
+              MPI_Irecv(header->data(), 2, MPI_INT64_T, src, tag, comm, &requests[0]));
+          LOCKSTEP_MPI_CHECK(MPI_Irecv(data, count, type, src, tag, comm, &requests[1]));
         },
-        check_size);
+        check_sent);
   }
 
  private:

@@ -34,14 +34,23 @@ namespace lockstep::collectives::mpi {
 // One issued call. Exactly one of `run` and `start` is set. The lambdas hold
 // the tensors, so their buffers live as long as the op.
 struct MpiOp {
+  // A send or recv is two messages: its data, and a header saying what the
+  // data is (see mpi_group.cpp).
+  static constexpr int kRequests = 2;
   std::shared_ptr<Work> work;
   std::string description;
   Work::Clock::time_point deadline;
   std::string timeout_message;
   std::function<void(MPI_Comm)> run;                    // a blocking collective
-  std::function<void(MPI_Comm, MPI_Request*)> start;    // a non-blocking send or recv
-  std::function<void(const MPI_Status&)> complete;      // after success; may be empty
-  MPI_Request request = MPI_REQUEST_NULL;
+  // A non-blocking send or recv: starts requests[0] (the header) and
+  // requests[1] (the data).
+  std::function<void(MPI_Comm, MPI_Request*)> start;
+  // After success, with the data's status; may be empty. Also when the data's
+  // request failed after the header came: what it throws then names the
+  // failure better than MPI's error code.
+  std::function<void(const MPI_Status&)> complete;
+  MPI_Request requests[kRequests] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  MPI_Status statuses[kRequests] = {};  // each request's, once it completed
 };
 
 class MpiProgress : public std::enable_shared_from_this<MpiProgress> {
@@ -62,6 +71,7 @@ class MpiProgress : public std::enable_shared_from_this<MpiProgress> {
   void loop();
   void run_blocking(MpiOp& op);
   bool start_nonblocking(std::shared_ptr<MpiOp>& op);  // false: failed to start
+  static int test_requests(MpiOp& op, int& done);      // an MPI error code
   bool test_in_flight();                                // true: something finished
   void fail_all(std::deque<std::shared_ptr<MpiOp>>& fresh, const std::string& why);
   std::exception_ptr failure(const MpiOp& op, const std::string& cause) const;

@@ -387,6 +387,34 @@ void check_misc(lc::ProcessGroup& group) {
   }, {"u8"});
 }
 
+// A send and recv of different dtypes or sizes fail the recv with what was
+// sent, even when the bytes agree (MPI itself compares only their number);
+// the group stays usable. A longer message than the tensor aborts the group
+// (MPI fails the recv), so it comes last.
+void check_p2p_mismatch(lc::ProcessGroup& group, bool longer_too) {
+  const int next = (g_rank + 1) % g_size, prev = (g_rank + g_size - 1) % g_size;
+  const std::string sender = fmt::format("rank {} sent", prev);
+  auto pair = [&](const Tensor& out, Tensor in) {
+    auto sent = group.send(out, next, {.tag = 4, .timeout = {}});
+    auto got = group.recv(in, prev, {.tag = 4, .timeout = {}});
+    sent->wait();
+    got->wait();
+  };
+  expect_error("f32 sent, i32 received", [&] {
+    pair(Tensor::full({5}, 1.0), Tensor::zeros({5}, lr::DType::i32));
+  }, {sender, "5 elements of f32", "5 of i32", "same size and dtype"});
+  expect_error("2 elements sent, 3 received", [&] {
+    pair(Tensor::full({2}, 1.0), Tensor::zeros({3}));
+  }, {sender, "2 elements of f32", "3 of f32"});
+  std::vector<Pending> pending;
+  for (int i = 0; i < 2; ++i) pending.push_back({group.barrier(), "barrier", {}, {}});
+  finish(pending);
+  if (!longer_too) return;
+  expect_error("4 elements sent, 3 received", [&] {
+    pair(Tensor::full({4}, 1.0), Tensor::zeros({3}));
+  }, {sender, "4 elements of f32", "3 of f32"});
+}
+
 void check_timeout(lc::ProcessGroup& group) {
   if (g_rank != 0) return;  // the others never join: rank 0's barrier times out
   auto work = group.barrier({.timeout = std::chrono::milliseconds(300)});
@@ -459,6 +487,7 @@ int main(int argc, char** argv) {
         g_rank == g_size - 1 ? "from the last rank" : "not this one", g_size - 1);
     if (word != "from the last rank") fail("broadcast_string gave '" + word + "'");
     ++g_checks;
+    check_p2p_mismatch(*group, /*longer_too=*/!timeout_case);
     if (timeout_case) check_timeout(*group);
     fmt::print("mpi_collective_worker rank {}/{}: OK ({} checks)\n", g_rank, g_size, g_checks);
     std::fflush(stdout);
