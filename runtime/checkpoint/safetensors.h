@@ -67,8 +67,9 @@ struct SafetensorsFile {
 SafetensorsFile read_safetensors(const std::string& path,
                                  const SafetensorsReadOptions& options = {});
 
-// The validated header alone (names, dtypes, shapes, metadata; sizes checked
-// against the file's, no checksum verified): cheap, for listing checkpoints.
+// The validated header alone (names, dtypes, shapes, metadata): cheap, for
+// listing checkpoints. Whether the data is all there is not checked, nor any
+// checksum: a file cut off after its header still says whose it is.
 SafetensorsHeader read_safetensors_header(const std::string& path);
 
 }  // namespace lockstep::runtime

@@ -168,6 +168,32 @@ TEST_CASE("A resume where no checkpoint loads names every file; files of two run
   fs::remove_all(dir);
 }
 
+TEST_CASE("A resume past a checkpoint cut off in its data saves that step again",
+          "[optim][checkpoint][run]") {
+  // As after copying the directory to another machine and the copy of the
+  // newest file stopping short: its header still says whose it is.
+  TempDir tmp;
+  const fs::path dir = tmp.file("cut");
+  const std::string id = saved_run(dir, settings("mlp", "0.05"), {1, 2});
+  const std::string second = runtime::CheckpointDir(dir).path_for_step(2).string();
+  fs::resize_file(second, fs::file_size(second) - 100);
+  CHECK(runtime::CheckpointDir(dir).list().back().run_id == id);
+
+  TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
+  record_run_settings(run, settings("mlp", "0.05"));
+  REQUIRE(run.resume_from);
+  CHECK(run.resume_from->step == 1);
+  REQUIRE(run.notes.size() == 1);
+  CHECK_THAT(run.notes[0], Contains(second) && Contains("truncated"));
+  // The run's own cut-off file is replaced when the run gets there again;
+  // before, the save refused it as a file of unknown owner, losing the work.
+  auto model = models::fashion_mlp(1);
+  save_training_checkpoint(run.dir, {.model = model.get()}, {.step = 2}, std::nullopt,
+                           testing::one_rank_group());
+  CHECK_NOTHROW(runtime::load_checkpoint(second));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("A checkpoint saved without a run id is adopted, with a note", "[optim][checkpoint][run]") {
   TempDir tmp;
   const fs::path dir = tmp.file("legacy");
