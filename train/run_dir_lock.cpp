@@ -1,12 +1,16 @@
 #include "lockstep/train/run_dir_lock.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -35,10 +39,34 @@ std::string holder(int fd, pid_t pid) {
   return pid > 0 ? fmt::format("process {}", pid) : std::string("another process");
 }
 
+// The lock files this process holds, each through one descriptor that every
+// RunDirLock of it shares: closing any descriptor of a file drops the
+// process's record locks on it, so a second one must never be opened and
+// closed while the lock is held.
+struct Held {
+  int fd = -1;
+  int users = 0;
+  pid_t pid = 0;  // a child made by fork() has the table but not the locks
+};
+std::mutex held_mutex;
+std::map<std::pair<dev_t, ino_t>, Held>& held_files() {
+  static std::map<std::pair<dev_t, ino_t>, Held> files;
+  return files;
+}
+
 }  // namespace
 
 RunDirLock RunDirLock::acquire(const std::filesystem::path& dir) {
   const std::string path = (dir / kLockFile).string();
+  const std::lock_guard<std::mutex> guard(held_mutex);
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0) {
+    const auto it = held_files().find({st.st_dev, st.st_ino});
+    if (it != held_files().end() && it->second.pid == getpid()) {
+      ++it->second.users;
+      return RunDirLock(it->second.fd);
+    }
+  }
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   LOCKSTEP_CHECK(fd >= 0, "cannot open the run lock {}: {}", path, std::strerror(errno));
   struct flock lock {};
@@ -71,20 +99,36 @@ RunDirLock RunDirLock::acquire(const std::filesystem::path& dir) {
   if (ftruncate(fd, 0) == 0) {
     [[maybe_unused]] const ssize_t n = pwrite(fd, me.data(), me.size(), 0);
   }
+  if (fstat(fd, &st) == 0) held_files()[{st.st_dev, st.st_ino}] = {fd, 1, getpid()};
   return RunDirLock(fd);
+}
+
+void RunDirLock::release() noexcept {
+  if (fd_ < 0) return;
+  const std::lock_guard<std::mutex> guard(held_mutex);
+  auto& files = held_files();
+  for (auto it = files.begin(); it != files.end(); ++it) {
+    if (it->second.fd != fd_) continue;
+    if (--it->second.users > 0) {
+      fd_ = -1;  // another RunDirLock of this process still holds it
+      return;
+    }
+    files.erase(it);
+    break;
+  }
+  close(fd_);  // closing drops the lock
+  fd_ = -1;
 }
 
 RunDirLock& RunDirLock::operator=(RunDirLock&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) close(fd_);
+    release();
     fd_ = other.fd_;
     other.fd_ = -1;
   }
   return *this;
 }
 
-RunDirLock::~RunDirLock() {
-  if (fd_ >= 0) close(fd_);  // closing drops the lock
-}
+RunDirLock::~RunDirLock() { release(); }
 
 }  // namespace lockstep::train

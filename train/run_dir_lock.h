@@ -9,7 +9,10 @@
 // its process ends, however it ends (SIGKILL included), so a dead run never
 // leaves a stale lock; it works on NFS through the lock manager. It belongs
 // to the process, so one process may take it again (tests open one run
-// directory many times). A file system without locks runs unlocked.
+// directory many times); the process's holders share one descriptor, as
+// closing any descriptor of the file would drop the lock for all of them,
+// and the lock goes when the last of them does. A file system without locks
+// runs unlocked.
 #pragma once
 
 #include <filesystem>
@@ -33,6 +36,7 @@ class RunDirLock {
 
  private:
   explicit RunDirLock(int fd) : fd_(fd) {}
+  void release() noexcept;
   int fd_ = -1;
 };
 

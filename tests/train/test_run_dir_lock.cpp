@@ -80,3 +80,38 @@ TEST_CASE("A checkpoint directory that another process's run holds is refused, n
   // One process may hold it again (a program opening its run twice).
   CHECK(RunDirLock::acquire(dir).held());
 }
+
+TEST_CASE("A run's lock stays held when its process takes it again and lets that go",
+          "[checkpoint][run]") {
+  // POSIX record locks are the process's: closing any descriptor of the lock
+  // file drops them, so a second acquire that ended freed the first run's
+  // directory for anyone.
+  TempDir tmp;
+  const std::filesystem::path dir = tmp.file("twice");
+  std::filesystem::create_directories(dir);
+  // Whether a child process can take the lock now.
+  const auto child_gets_it = [&] {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      try {
+        _exit(RunDirLock::acquire(dir).held() ? 0 : 2);
+      } catch (...) {
+        _exit(1);
+      }
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    REQUIRE(WIFEXITED(status));
+    return WEXITSTATUS(status) == 0;
+  };
+  RunDirLock mine = RunDirLock::acquire(dir);
+  { const RunDirLock again = RunDirLock::acquire(dir); CHECK(again.held()); }
+  CHECK_FALSE(child_gets_it());
+  RunDirLock moved = std::move(mine);
+  mine = RunDirLock::acquire(dir);
+  mine = RunDirLock();
+  CHECK_FALSE(child_gets_it());
+  moved = RunDirLock();
+  CHECK(child_gets_it());
+}
