@@ -71,7 +71,9 @@ def load(path, verify=True):
     header_bytes = data[8 : 8 + n]
     header = json.loads(header_bytes)
     metadata = header.pop("__metadata__", None) or {}  # null means none, as in safetensors
-    entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
+    # By (begin, end), as safetensors and lockstep order them: an empty tensor
+    # may share its offset with the next one and come after it in the header.
+    entries = sorted(header.items(), key=lambda kv: tuple(kv[1]["data_offsets"]))
     start = 8 + n
 
     if verify and "lockstep.checksum" in metadata:

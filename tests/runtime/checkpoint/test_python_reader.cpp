@@ -116,3 +116,36 @@ TEST_CASE("checkpoint: the numpy reader loads the weights", "[checkpoint][python
   CHECK(bad.exit_code == 1);
   CHECK_THAT(bad.output, Contains("checksum"));
 }
+
+TEST_CASE("checkpoint: the numpy reader takes an empty tensor listed after its neighbour",
+          "[checkpoint][python]") {
+  const auto python = python_with_numpy();
+  if (python.empty()) {
+    std::cout << "SKIPPED: no python3 with numpy found (apt-get install python3-numpy)"
+              << std::endl;
+    return;
+  }
+  // Valid safetensors (its reader orders by (begin, end)): "a" holds no
+  // bytes at the offset where "b" starts, and the header names "b" first.
+  // The reader took "a" for a tensor starting too early.
+  std::string json = R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                     R"("a":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}})";
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  const uint64_t n = json.size();
+  std::memcpy(bytes.data(), &n, 8);
+  const float b[2] = {1.5f, -2.0f};
+  bytes += json + std::string(reinterpret_cast<const char*>(b), sizeof b);
+  TempDir dir;
+  const std::string path = dir.file("empty-after.safetensors");
+  write_bytes(path, bytes);
+  const CheckpointContent c = load_checkpoint(path, {.require_checksum = false});
+  REQUIRE(c.tensors.size() == 2);
+
+  auto argv = python;
+  argv.insert(argv.end(), {kScript, path});
+  const ProcessResult r = run_process(argv, std::chrono::seconds(120));
+  INFO(r.output);
+  CHECK(r.ok());
+  CHECK_THAT(r.output, Contains("a float32 [0, 3]\n") && Contains("b float32 [2]\n"));
+}
