@@ -55,6 +55,19 @@ class CheckpointError(Exception):
     pass
 
 
+def _no_duplicates(path):
+    """A json object_pairs_hook refusing a name given twice, as lockstep does
+    (json.loads would keep the last one without a word)."""
+    def hook(pairs):
+        seen = {}
+        for key, value in pairs:
+            if key in seen:
+                raise CheckpointError(f"{path}: the header names '{key}' twice")
+            seen[key] = value
+        return seen
+    return hook
+
+
 def load(path, verify=True):
     """Returns ({name: np.ndarray} in file order, {metadata key: value}).
 
@@ -69,7 +82,9 @@ def load(path, verify=True):
     if n > _MAX_HEADER or 8 + n > len(data):
         raise CheckpointError(f"{path}: header length {n} does not fit a {len(data)}-byte file")
     header_bytes = data[8 : 8 + n]
-    header = json.loads(header_bytes)
+    header = json.loads(header_bytes, object_pairs_hook=_no_duplicates(path))
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the header is JSON but not an object")
     metadata = header.pop("__metadata__", None) or {}  # null means none, as in safetensors
     # By (begin, end), as safetensors and lockstep order them: an empty tensor
     # may share its offset with the next one and come after it in the header.
@@ -89,6 +104,9 @@ def load(path, verify=True):
     tensor_crcs = None
     if verify and "lockstep.tensor_crc32" in metadata:
         tensor_crcs = [int(c, 16) for c in metadata["lockstep.tensor_crc32"].split(",") if c]
+        if len(tensor_crcs) != len(entries):
+            raise CheckpointError(f"{path}: lockstep.tensor_crc32 lists {len(tensor_crcs)} "
+                                  f"checksums for {len(entries)} tensors")
 
     tensors = {}
     expected_begin = 0

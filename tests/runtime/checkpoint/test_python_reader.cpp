@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -60,6 +61,15 @@ std::string numpy_dtype(DType d) {
 uint32_t digest(const Tensor& t) {
   const std::vector<double> v = values(t);
   return static_cast<uint32_t>(crc32_z(0, reinterpret_cast<const Bytef*>(v.data()), v.size() * 8));
+}
+
+// A safetensors file of `json` (padded to 8 bytes) and `data`.
+std::string safetensors_bytes(std::string json, const std::string& data) {
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  const uint64_t n = json.size();
+  std::memcpy(bytes.data(), &n, 8);
+  return bytes + json + data;
 }
 
 }  // namespace
@@ -128,17 +138,13 @@ TEST_CASE("checkpoint: the numpy reader takes an empty tensor listed after its n
   // Valid safetensors (its reader orders by (begin, end)): "a" holds no
   // bytes at the offset where "b" starts, and the header names "b" first.
   // The reader took "a" for a tensor starting too early.
-  std::string json = R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                     R"("a":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}})";
-  json.append((8 - json.size() % 8) % 8, ' ');
-  std::string bytes(8, '\0');
-  const uint64_t n = json.size();
-  std::memcpy(bytes.data(), &n, 8);
+  const std::string json = R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                           R"("a":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}})";
   const float b[2] = {1.5f, -2.0f};
-  bytes += json + std::string(reinterpret_cast<const char*>(b), sizeof b);
   TempDir dir;
   const std::string path = dir.file("empty-after.safetensors");
-  write_bytes(path, bytes);
+  const std::string data(reinterpret_cast<const char*>(b), sizeof b);
+  write_bytes(path, safetensors_bytes(json, data));
   const CheckpointContent c = load_checkpoint(path, {.require_checksum = false});
   REQUIRE(c.tensors.size() == 2);
 
@@ -148,4 +154,43 @@ TEST_CASE("checkpoint: the numpy reader takes an empty tensor listed after its n
   INFO(r.output);
   CHECK(r.ok());
   CHECK_THAT(r.output, Contains("a float32 [0, 3]\n") && Contains("b float32 [2]\n"));
+}
+
+TEST_CASE("checkpoint: the numpy reader refuses the headers lockstep refuses, with a message",
+          "[checkpoint][python]") {
+  const auto python = python_with_numpy();
+  if (python.empty()) {
+    std::cout << "SKIPPED: no python3 with numpy found (apt-get install python3-numpy)"
+              << std::endl;
+    return;
+  }
+  const std::string one = R"({"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  // A name given twice (json.loads kept the last one without a word), a
+  // header that is not an object, and fewer tensor checksums than tensors
+  // (both ended in a Python traceback).
+  struct Case {
+    std::string json;
+    size_t data_bytes;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"{\"a\":" + one + ",\"a\":" + one + "}", 4, "names 'a' twice"},
+      {"[1, 2]", 0, "not an object"},
+      {R"({"__metadata__":{"lockstep.tensor_crc32":"00000000"},"a":)" + one +
+           R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+       8, "1 checksums for 2 tensors"}};
+  TempDir dir;
+  for (const auto& [json, data_bytes, needle] : cases) {
+    INFO(json);
+    const std::string path = dir.file("bad.safetensors");
+    write_bytes(path, safetensors_bytes(json, std::string(data_bytes, '\0')));
+    CHECK_THROWS(load_checkpoint(path, {.require_checksum = false}));
+    auto argv = python;
+    argv.insert(argv.end(), {kScript, path});
+    const ProcessResult r = run_process(argv, std::chrono::seconds(120));
+    INFO(r.output);
+    CHECK_FALSE(r.ok());
+    CHECK_THAT(r.output, Contains("error: ") && Contains(needle));
+    CHECK_THAT(r.output, !Contains("Traceback"));
+  }
 }
