@@ -123,7 +123,12 @@ int run(const Options& options) {
   // program continues the run this job started and no other
   // (train/training_run.h).
   std::string job_id = distributed::random_token().substr(0, 16);
-  if (link) job_id = link->agree_job_id(job_id, std::chrono::minutes(5));
+  if (link) {
+    job_id = link->agree_job_id(job_id,
+                                fmt::format("--nnodes {} --nproc-per-node {}", options.nnodes,
+                                            options.nproc_per_node),
+                                std::chrono::minutes(5));
+  }
 
   std::vector<std::string> base;
   for (char** e = environ; *e != nullptr; ++e) base.emplace_back(*e);

@@ -11,11 +11,14 @@
 
 #include <fmt/format.h>
 
+#include "launcher/options.h"
+
 namespace lockstep::launcher {
 namespace {
 
 const std::string kDoneKey = "lockstep-run/nodes-done";
 const std::string kJobIdKey = "lockstep-run/job-id";
+const std::string kShapeKey = "lockstep-run/shape";  // set before the job id
 // A counter (read with add(0), which never blocks) and, beside it, why.
 const std::string kStopKey = "lockstep-run/stop";
 const std::string kStopWhyKey = "lockstep-run/stop-why";
@@ -82,9 +85,12 @@ void NodeLink::notify(const std::string& what) {
   (void)ignored;
 }
 
-std::string NodeLink::agree_job_id(const std::string& mine, std::chrono::milliseconds timeout) {
+std::string NodeLink::agree_job_id(const std::string& mine, const std::string& shape,
+                                   std::chrono::milliseconds timeout) {
+  std::string node0_shape;
   try {
     if (node_rank_ == 0) {
+      store_->set(kShapeKey, distributed::to_bytes(shape));
       store_->set(kJobIdKey, distributed::to_bytes(mine));
       return mine;
     }
@@ -92,12 +98,23 @@ std::string NodeLink::agree_job_id(const std::string& mine, std::chrono::millise
     while (!interrupted() && std::chrono::steady_clock::now() < deadline) {
       try {
         store_->wait({kJobIdKey}, kPollInterval);
-        return store_->get_string(kJobIdKey);
+        node0_shape = store_->get_string(kShapeKey);
+        if (node0_shape == shape) return store_->get_string(kJobIdKey);
+        break;
       } catch (const distributed::StoreTimeout&) {
       }
     }
   } catch (const std::exception& e) {
     throw Error(fmt::format("cannot agree on the job's id through node 0's store: {}", e.what()));
+  }
+  if (!node0_shape.empty()) {
+    const std::string why = fmt::format(
+        "its launcher was started with {}, node 0's with {}; give every node's launcher the "
+        "same --nnodes and --nproc-per-node",
+        shape, node0_shape);
+    publish_stop(why);
+    publish_failure(why);
+    throw UsageError(fmt::format("node {}: {}", node_rank_, why));
   }
   throw Error(fmt::format("node 0's launcher did not publish the job's id within {} s (or this "
                           "launcher was told to stop); is node 0's launcher running?",

@@ -394,3 +394,26 @@ TEST_CASE("launcher: two nodes in two network namespaces", "[launcher]") {
   CHECK_THAT(r.output, Contains("collective_worker rank 0/2: OK") &&
                            Contains("collective_worker rank 1/2: OK"));
 }
+
+TEST_CASE("launcher: nodes whose launchers disagree on --nproc-per-node stop at once, saying so",
+          "[launcher]") {
+  // Node 0 numbers its rank 0 of 2, node 1 its ranks 3 to 5 of 6: they could
+  // never meet, and waited in the rendezvous until the collective timeout.
+  const int port = lockstep::testing::unused_tcp_port();
+  auto node = [&](int rank, int nproc) {
+    return fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node {} --master-addr 127.0.0.1 "
+                       "--master-port {} --grace-period 0.5 --max-restarts 1 {} group-sum",
+                       bin_path("lockstep-run"), rank, nproc, port, bin_path("launcher_probe"));
+  };
+  const std::string script = fmt::format(
+      "export LOCKSTEP_TOKEN=t; {} & n0=$!; {}; echo \"node 1 exit $?\"; wait $n0; "
+      "echo \"node 0 exit $?\"",
+      node(0, 1), node(1, 3));
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.seconds < 15);
+  CHECK_THAT(r.output, Contains("node 1: its launcher was started with --nnodes 2 "
+                                "--nproc-per-node 3, node 0's with --nnodes 2 --nproc-per-node 1"));
+  CHECK_THAT(r.output, Contains("node 1 exit 2") && Contains("node 0 exit 1") &&
+                           !Contains("restart 1 of 1") && !Contains("group-sum rank"));
+}
