@@ -110,24 +110,33 @@ int run(const Options& options) {
     address.port = server->port();
   }
 
+  // One id for this launch, every attempt and node alike: a restarted
+  // program continues the run this job started and no other
+  // (train/training_run.h).
+  std::string job_id = distributed::random_token().substr(0, 16);
   std::unique_ptr<NodeLink> link;
   if (options.nnodes > 1) {
     distributed::TcpStoreOptions client;
     client.host = address.host;
     client.port = static_cast<uint16_t>(address.port);
     client.token = address.token;
-    link = std::make_unique<NodeLink>(client, options.node_rank, options.nnodes);
-  }
-
-  // One id for this launch, every attempt and node alike: a restarted
-  // program continues the run this job started and no other
-  // (train/training_run.h).
-  std::string job_id = distributed::random_token().substr(0, 16);
-  if (link) {
-    job_id = link->agree_job_id(job_id,
-                                fmt::format("--nnodes {} --nproc-per-node {}", options.nnodes,
-                                            options.nproc_per_node),
-                                std::chrono::minutes(5));
+    try {
+      link = std::make_unique<NodeLink>(client, options.node_rank, options.nnodes);
+      job_id = link->agree_job_id(job_id,
+                                  fmt::format("--nnodes {} --nproc-per-node {}", options.nnodes,
+                                              options.nproc_per_node),
+                                  std::chrono::minutes(5));
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error&) {
+      // Ctrl-C while waiting for node 0's launcher ends the wait, as signalled.
+      const int sig = pending_stop_signal();
+      if (sig == 0) throw;
+      fmt::print(stderr, "lockstep-run: received {} while waiting for node 0's launcher at "
+                 "{}:{}; no rank was started\n",
+                 distributed::signal_name(sig), address.host, address.port);
+      return 128 + sig;
+    }
   }
 
   std::vector<std::string> base;

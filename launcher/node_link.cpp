@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "launcher/options.h"
+#include "lockstep/distributed/exit_status.h"
 
 namespace lockstep::launcher {
 namespace {
@@ -24,18 +25,28 @@ const std::string kStopKey = "lockstep-run/stop";
 const std::string kStopWhyKey = "lockstep-run/stop-why";
 constexpr auto kPollInterval = std::chrono::milliseconds(200);
 
-// The launcher blocks these (supervisor.h); one pending means: stop waiting.
-bool interrupted() {
-  sigset_t pending;
-  sigpending(&pending);
-  return sigismember(&pending, SIGINT) || sigismember(&pending, SIGTERM) ||
-         sigismember(&pending, SIGHUP);
-}
+bool interrupted() { return pending_stop_signal() != 0; }
 
 }  // namespace
 
-NodeLink::NodeLink(const distributed::TcpStoreOptions& store, int node_rank, int num_nodes)
+int pending_stop_signal() {
+  sigset_t pending;
+  sigpending(&pending);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP})
+    if (sigismember(&pending, sig)) return sig;
+  return 0;
+}
+
+NodeLink::NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_nodes)
     : node_rank_(node_rank), num_nodes_(num_nodes) {
+  // Node 0's launcher may start later than this one: say so while waiting,
+  // and stop waiting when told to.
+  store.report_waiting_every = std::chrono::seconds(10);
+  store.who = fmt::format("node {}'s launcher", node_rank);
+  store.give_up = [] {
+    const int sig = pending_stop_signal();
+    return sig == 0 ? std::string() : "received " + distributed::signal_name(sig);
+  };
   store_ = std::make_unique<distributed::TcpStore>(store);
   watcher_ = std::make_unique<distributed::TcpStore>(store);
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -26,10 +26,15 @@
 
 namespace lockstep::launcher {
 
+// SIGINT, SIGTERM or SIGHUP when one is pending (the launcher blocks them,
+// supervisor.h), else 0: a launcher waiting for another node stops then.
+int pending_stop_signal();
+
 class NodeLink {
  public:
-  // Connects to the store (retrying until `connect_timeout`) and starts watching.
-  NodeLink(const distributed::TcpStoreOptions& store, int node_rank, int num_nodes);
+  // Connects to the store (retrying until `connect_timeout`, or a pending
+  // stop signal) and starts watching.
+  NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_nodes);
   ~NodeLink();  // stops the watcher
   NodeLink(const NodeLink&) = delete;
   NodeLink& operator=(const NodeLink&) = delete;

@@ -229,6 +229,12 @@ void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
             address, *refused));
       }
     }
+    if (options.give_up) {
+      if (const std::string why = options.give_up(); !why.empty())
+        throw StoreTimeout(fmt::format("stopped connecting to the lockstep store at {} after {} "
+                                       "attempts ({}; last error: {})",
+                                       address, attempts, why, error));
+    }
     const auto now = Clock::now();
     if (now >= deadline) {
       const std::string advice =

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -88,6 +89,10 @@ struct TcpStoreOptions {
   // connect timeout is otherwise silent). Zero: never.
   std::chrono::milliseconds report_waiting_every{0};
   std::string who;  // names this client in that line, e.g. "rank 3 of 8 (from slurm)"
+  // Asked between connect attempts: a reason to stop trying at once (a
+  // launcher told to stop by a signal), which the StoreTimeout thrown then
+  // gives; empty: keep trying until connect_timeout. Unset: never asked.
+  std::function<std::string()> give_up;
 };
 
 // 128 random bits from /dev/urandom as hex: a fresh token for a job's store,

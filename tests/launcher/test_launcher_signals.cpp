@@ -336,3 +336,23 @@ TEST_CASE("launcher: SIGINT to node 0 while it waits for the other nodes ends th
                                     "other nodes"));
   CHECK_THAT(r.output, !Contains("node 1 exit 0"));
 }
+
+TEST_CASE("launcher: SIGINT to a node's launcher still waiting for node 0 ends it at once",
+          "[launcher]") {
+  // Node 0's launcher is not started: node 1's retries connecting to its
+  // store, and used to hold the SIGINT until its 60 s connect timeout, then
+  // exit 1 blaming the store's address.
+  const int port = lockstep::testing::unused_tcp_port();
+  const std::string script = fmt::format(
+      "export LOCKSTEP_TOKEN=t; {} --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr "
+      "127.0.0.1 --master-port {} {} print & n1=$!; sleep 1; kill -INT $n1; wait $n1; "
+      "echo \"node 1 exit $?\"",
+      bin_path("lockstep-run"), port, bin_path("launcher_probe"));
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.seconds < 10);
+  CHECK_THAT(r.output, Contains(fmt::format("received SIGINT while waiting for node 0's launcher "
+                                            "at 127.0.0.1:{}; no rank was started",
+                                            port)) &&
+                           Contains("node 1 exit 130") && !Contains("rank=1"));
+}
