@@ -122,9 +122,11 @@ int run(const Options& options) {
     client.token = address.token;
     try {
       link = std::make_unique<NodeLink>(client, options.node_rank, options.nnodes);
+      // Restarts too: a node that restarts alone waits for the others in vain.
       job_id = link->agree_job_id(job_id,
-                                  fmt::format("--nnodes {} --nproc-per-node {}", options.nnodes,
-                                              options.nproc_per_node),
+                                  fmt::format("--nnodes {} --nproc-per-node {} --max-restarts {}",
+                                              options.nnodes, options.nproc_per_node,
+                                              options.max_restarts),
                                   std::chrono::minutes(5));
     } catch (const UsageError&) {
       throw;

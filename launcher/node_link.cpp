@@ -121,7 +121,7 @@ std::string NodeLink::agree_job_id(const std::string& mine, const std::string& s
   if (!node0_shape.empty()) {
     const std::string why = fmt::format(
         "its launcher was started with {}, node 0's with {}; give every node's launcher the "
-        "same --nnodes and --nproc-per-node",
+        "same --nnodes, --nproc-per-node and --max-restarts",
         shape, node0_shape);
     publish_stop(why);
     publish_failure(why);

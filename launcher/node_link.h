@@ -42,9 +42,10 @@ class NodeLink {
   // The job's id (LOCKSTEP_JOB_ID), the same on every node: node 0 publishes
   // `mine` and returns it; the others return node 0's, waiting for it up to
   // `timeout`. Throws when it does not come (or the store is gone). `shape`
-  // ("--nnodes 2 --nproc-per-node 4") must be node 0's too: ranks numbered
-  // from another shape would never all meet, so a node whose shape differs
-  // tells every node to stop and throws UsageError naming both.
+  // ("--nnodes 2 --nproc-per-node 4 --max-restarts 0") must be node 0's too:
+  // ranks numbered from another shape would never all meet, nor nodes that
+  // restart differently, so a node whose shape differs tells every node to
+  // stop and throws UsageError naming both.
   std::string agree_job_id(const std::string& mine, const std::string& shape,
                            std::chrono::milliseconds timeout);
   // Readable once another node failed (or the store is gone).

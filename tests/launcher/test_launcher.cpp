@@ -395,25 +395,45 @@ TEST_CASE("launcher: two nodes in two network namespaces", "[launcher]") {
                            Contains("collective_worker rank 1/2: OK"));
 }
 
-TEST_CASE("launcher: nodes whose launchers disagree on --nproc-per-node stop at once, saying so",
+TEST_CASE("launcher: nodes whose launchers disagree on the job's shape stop at once, saying so",
           "[launcher]") {
-  // Node 0 numbers its rank 0 of 2, node 1 its ranks 3 to 5 of 6: they could
-  // never meet, and waited in the rendezvous until the collective timeout.
   const int port = lockstep::testing::unused_tcp_port();
-  auto node = [&](int rank, int nproc) {
+  auto node = [&](int rank, int nproc, int restarts, const std::string& probe) {
     return fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node {} --master-addr 127.0.0.1 "
-                       "--master-port {} --grace-period 0.5 --max-restarts 1 {} group-sum",
-                       bin_path("lockstep-run"), rank, nproc, port, bin_path("launcher_probe"));
+                       "--master-port {} --grace-period 0.5 --max-restarts {} "
+                       "--restart-backoff 0.1 --postmortem-dir '' {} {}",
+                       bin_path("lockstep-run"), rank, nproc, port, restarts,
+                       bin_path("launcher_probe"), probe);
   };
-  const std::string script = fmt::format(
-      "export LOCKSTEP_TOKEN=t; {} & n0=$!; {}; echo \"node 1 exit $?\"; wait $n0; "
-      "echo \"node 0 exit $?\"",
-      node(0, 1), node(1, 3));
-  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
-  INFO(describe(r) << "\n" << r.output);
-  CHECK(r.seconds < 15);
-  CHECK_THAT(r.output, Contains("node 1: its launcher was started with --nnodes 2 "
-                                "--nproc-per-node 3, node 0's with --nnodes 2 --nproc-per-node 1"));
-  CHECK_THAT(r.output, Contains("node 1 exit 2") && Contains("node 0 exit 1") &&
-                           !Contains("restart 1 of 1") && !Contains("group-sum rank"));
+  auto run_nodes = [&](const std::string& node0, const std::string& node1) {
+    const std::string script = fmt::format(
+        "export LOCKSTEP_TOKEN=t; {} & n0=$!; {}; echo \"node 1 exit $?\"; wait $n0; "
+        "echo \"node 0 exit $?\"",
+        node0, node1);
+    const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+    UNSCOPED_INFO(describe(r) << "\n" << r.output);
+    CHECK(r.seconds < 15);
+    return r.output;
+  };
+  SECTION("--nproc-per-node") {
+    // Node 0 numbers its rank 0 of 2, node 1 its ranks 3 to 5 of 6: they could
+    // never meet, and waited in the rendezvous until the collective timeout.
+    const auto out = run_nodes(node(0, 1, 1, "group-sum"), node(1, 3, 1, "group-sum"));
+    CHECK_THAT(out, Contains("node 1: its launcher was started with --nnodes 2 --nproc-per-node 3 "
+                             "--max-restarts 1, node 0's with --nnodes 2 --nproc-per-node 1 "
+                             "--max-restarts 1"));
+    CHECK_THAT(out, Contains("node 1 exit 2") && Contains("node 0 exit 1") &&
+                        !Contains("restart 1 of 1") && !Contains("group-sum rank"));
+  }
+  SECTION("--max-restarts") {
+    // Node 1 restarted alone: node 0's launcher ended, and node 1's said the
+    // store was lost, as if node 0 had crashed.
+    const auto out = run_nodes(node(0, 1, 0, "group-sum sleep"),
+                               node(1, 1, 2, "group-sum fail-attempts=1:1"));
+    CHECK_THAT(out, Contains("node 1: its launcher was started with --nnodes 2 --nproc-per-node 1 "
+                             "--max-restarts 2, node 0's with --nnodes 2 --nproc-per-node 1 "
+                             "--max-restarts 0"));
+    CHECK_THAT(out, Contains("node 1 exit 2") && Contains("node 0 exit 1") &&
+                        !Contains("store is gone"));
+  }
 }
