@@ -51,6 +51,25 @@ std::pair<std::vector<std::string>, std::vector<std::string>> split(int argc,
   return {own, command};
 }
 
+// CLI11 reads a whole number with a leading 0 as octal ("010" is 8, "08" is
+// refused) and one with 0x as hex; the launcher's are decimal, as torchrun's
+// and mpirun's are (a node rank cut from a zero-padded host name: node08).
+CLI::Validator decimal() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const size_t sign = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+        const std::string digits = text.substr(sign);
+        if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) {
+              return std::isdigit(static_cast<unsigned char>(c));
+            }))
+          return fmt::format("'{}' is not a whole number", text);
+        text = text.substr(0, sign) + digits.substr(std::min(digits.find_first_not_of('0'),
+                                                             digits.size() - 1));
+        return {};
+      },
+      "", "decimal");
+}
+
 bool valid_name(const std::string& name) {
   return !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
          std::all_of(name.begin(), name.end(), [](char c) {
@@ -162,16 +181,23 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                "lockstep-run");
   app.set_help_flag("-h,--help", "Print this help and exit");
   app.add_option("-n,--np", np, "Processes to start on this node (one node: same as "
-                 "--nproc-per-node N --nnodes 1); -np also works");
+                 "--nproc-per-node N --nnodes 1); -np also works")
+      ->transform(decimal());
   app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
-                 "Processes per node (several nodes)");
-  app.add_option("--nnodes", o.nnodes, "Number of nodes, one launcher each")->capture_default_str();
+                 "Processes per node (several nodes)")
+      ->transform(decimal());
+  app.add_option("--nnodes", o.nnodes, "Number of nodes, one launcher each")
+      ->transform(decimal())
+      ->capture_default_str();
   app.add_option("--node-rank,--node_rank", o.node_rank, "This node's index; node 0 serves the "
-                 "store")->capture_default_str();
+                 "store")
+      ->transform(decimal())
+      ->capture_default_str();
   app.add_option("--master-addr,--master_addr", o.master_addr,
                  "Address of node 0 the ranks reach the store at (default 127.0.0.1)");
   app.add_option("--master-port,--master_port", o.master_port,
-                 "Store port on node 0 (default 0: any free port, one node only)");
+                 "Store port on node 0 (default 0: any free port, one node only)")
+      ->transform(decimal());
   app.add_option("--token", o.token, "Store token shared by all nodes (default: LOCKSTEP_TOKEN, "
                  "else random; required with --nnodes > 1)");
   app.add_option("-x", exports, "Export VAR=value to the ranks, or VAR with the launcher's "
@@ -187,7 +213,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                  "stopping ranks")->capture_default_str();
   app.add_option("--max-restarts,--max_restarts", o.max_restarts, "When a rank fails, stop the "
                  "others and start the whole group again, up to N times (LOCKSTEP_RESTART_COUNT "
-                 "tells the ranks which attempt they are)")->capture_default_str();
+                 "tells the ranks which attempt they are)")
+      ->transform(decimal())
+      ->capture_default_str();
   app.add_option("--restart-backoff", o.restart_backoff_s, "Seconds before the first restart, "
                  "doubling for each later one (at most 60)")->capture_default_str();
   app.add_option("--hang-timeout", o.hang_timeout_s, "A rank that joined its process group and "

@@ -242,6 +242,9 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
       {{lr, "-np", "2", "--hang-timeout", "nan", "true"}, "--hang-timeout nan must be a number"},
       {{lr, "-np", "2", "--grace-period", "1e300", "true"}, "--grace-period 1e+300 must be"},
       {{lr, "-np", "2", "--restart-backoff", "inf", "true"}, "--restart-backoff inf must be"},
+      // CLI11 read 0x as hex: 2 ranks.
+      {{lr, "-np", "0x2", "true"}, "--np: '0x2' is not a whole number"},
+      {{lr, "-np", "2", "--master-port", "1e3", "true"}, "'1e3' is not a whole number"},
       // Every rank used to abort at start-up (exit 134) on a name that does not resolve.
       {{lr, "-np", "2", "--master-addr", "nosuchhost.invalid", "true"},
        "--master-addr nosuchhost.invalid: not an address or a host name that resolves"},
@@ -260,6 +263,18 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
                              "--grace-period", "--bind-to", "--max-restarts",
                              "--restart-backoff", "--hang-timeout"})
     CHECK_THAT(help.output, Contains(option));
+}
+
+TEST_CASE("launcher: whole numbers are decimal, leading zeros and all", "[launcher]") {
+  // A count cut from a zero-padded name (node08, gpu010): CLI11 read "010" as
+  // octal 8 and refused "08".
+  for (const auto& [np, ranks] : {std::pair{"010", 10}, std::pair{"08", 8}}) {
+    const auto r = launch({"-np", np}, {"print"});
+    CHECK(r.ok());
+    const auto lines = probe_lines(r.output);
+    CHECK(lines.size() == static_cast<size_t>(ranks));
+    for (const auto& [rank, kv] : lines) CHECK(kv.at("world") == std::to_string(ranks));
+  }
 }
 
 TEST_CASE("launcher: --master-addr [::1] is the address ::1", "[launcher]") {
