@@ -84,10 +84,8 @@ int run(const Options& options) {
   const auto program =
       find_program(options.command[0], env("PATH").value_or("/usr/local/bin:/usr/bin:/bin"));
   if (!program) {
-    throw UsageError(fmt::format("program '{}' not found{}", options.command[0],
-                                 options.command[0].find('/') == std::string::npos
-                                     ? " in PATH"
-                                     : " (or not an executable file)"));
+    throw UsageError(
+        fmt::format("program '{}' {}", options.command[0], why_not_found(options.command[0])));
   }
 
   ensure_descriptor_limit(options);

@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <string_view>
 
+#include <fmt/format.h>
+
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::launcher {
@@ -98,6 +100,25 @@ std::optional<std::string> find_program(const std::string& name, const std::stri
     if (colon == std::string_view::npos) return std::nullopt;
     rest.remove_prefix(colon + 1);
   }
+}
+
+std::string why_not_found(const std::string& name) {
+  struct stat st {};
+  if (name.find('/') != std::string::npos) {
+    if (stat(name.c_str(), &st) != 0) return "not found";
+    if (S_ISDIR(st.st_mode)) return "is a directory";
+    if (!S_ISREG(st.st_mode)) return "is not a regular file";
+    return "is not executable (chmod +x it)";
+  }
+  // A program in the current directory is not searched for (as with execvp
+  // and mpirun): its path must be given.
+  const std::string here = "./" + name;
+  std::string why = "not found in PATH";
+  if (stat(here.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) return why;
+  why += fmt::format("; {} is here", here);
+  if (!S_ISREG(st.st_mode)) return why + ", but it is not a regular file";
+  if (access(here.c_str(), X_OK) != 0) return why + ", but it is not executable (chmod +x it)";
+  return why + fmt::format(": start it as {}", here);
 }
 
 SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,

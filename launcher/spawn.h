@@ -13,6 +13,10 @@ namespace lockstep::launcher {
 // The program's path: `name` itself when it contains a '/', else the first
 // executable file named `name` in `path` (a PATH value). nullopt when none.
 std::optional<std::string> find_program(const std::string& name, const std::string& path);
+// Why find_program found nothing, to follow "program 'NAME' ": "not found in
+// PATH; ./NAME is here: start it as ./NAME", "is not executable (chmod +x
+// it)", ...
+std::string why_not_found(const std::string& name);
 
 struct SpawnedChild {
   pid_t pid = -1;  // also its process group id

@@ -256,6 +256,27 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
     CHECK_THAT(r.output, Contains(c.message));
   }
 
+  // A program in the current directory, or one that is not executable: the
+  // message says what to do instead of only "not found".
+  TempDir dir;
+  std::ofstream(dir.file("script.sh")) << "#!/bin/sh\nexit 0\n";
+  std::ofstream(dir.file("tool")) << "#!/bin/sh\nexit 0\n";
+  std::filesystem::permissions(dir.file("tool"), std::filesystem::perms::owner_exec,
+                               std::filesystem::perm_options::add);
+  const std::vector<std::pair<std::string, std::string>> here = {
+      {"tool", "'tool' not found in PATH; ./tool is here: start it as ./tool"},
+      {"script.sh", "./script.sh is here, but it is not executable (chmod +x it)"},
+      {"./script.sh", "'./script.sh' is not executable (chmod +x it)"},
+      {"./no-such", "'./no-such' not found"}};
+  for (const auto& [program, message] : here) {
+    const auto r = run_process(
+        {"/bin/sh", "-c", "cd \"$0\" && exec \"$1\" -np 1 \"$2\"", dir.str(), lr, program},
+        kLimit);
+    INFO(program << ": " << describe(r) << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Contains(message));
+  }
+
   const auto help = run_process({lr, "--help"}, kLimit);
   CHECK(help.exit_code == 0);
   for (const char* option : {"-np", "--nproc-per-node", "--nnodes", "--node-rank",
