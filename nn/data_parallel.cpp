@@ -94,37 +94,65 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, std::vector<Device> d
   register_module("module", module_, module_);
 }
 
-Module& DataParallel::refreshed_replica(size_t i, const std::vector<Tensor>& params,
-                                        const std::vector<Tensor>& buffers) {
+Module& DataParallel::refreshed_replica(size_t i) {
   if (replicas_.size() < i) replicas_.resize(i);
   std::shared_ptr<Module>& replica = replicas_[i - 1];
   if (!replica) replica = replicate_tree(*module_);
   const Device device = devices_[i];
-  const auto replica_params = replica->parameters();
-  const auto replica_buffers = replica->buffers();
-  LOCKSTEP_CHECK(params.size() == replica_params.size() && buffers.size() == replica_buffers.size(),
-                 "DataParallel: {}::replicate() made a module with {} parameters and {} buffers, "
-                 "not {} and {}",
-                 module_->type_name(), replica_params.size(), replica_buffers.size(),
-                 params.size(), buffers.size());
-  // Differentiable copies, so that backward through the replica sums into the
-  // wrapped module's gradients; plain copies of the buffers, whose updates
-  // in the replica are dropped.
-  for (size_t k = 0; k < params.size(); ++k)
-    runtime::rebind(replica_params[k], copy_to(params[k], device), /*with_history=*/true);
-  runtime::NoGradGuard no_grad;
-  for (size_t k = 0; k < buffers.size(); ++k)
-    runtime::rebind(replica_buffers[k], copy_to(buffers[k], device));
-  // Every submodule in the mode of its original, as PyTorch's replicate()
-  // copies each module's `training` flag: the wrapped module's (set by
-  // model->eval(), or a submodule frozen in eval), not this wrapper's own,
-  // which stays true unless dp.eval() is called. named_modules() walks both
-  // in the same pre-order, so a child's own flag is set after its parent's.
+  // named_modules() walks both trees in the same pre-order, each module once.
   const auto originals = module_->named_modules();
   const auto copies = replica->named_modules();
   LOCKSTEP_CHECK(originals.size() == copies.size(),
                  "DataParallel: {}::replicate() made a module with {} submodules, not {}",
                  module_->type_name(), copies.size(), originals.size());
+  // Each tensor slot of the replica reads a copy of the original's tensor in
+  // that slot, one copy per original tensor: a weight tied between two
+  // modules (an embedding and the output layer) is one copy in the replica
+  // too, whose gradient is both uses'. Parameters are differentiable copies,
+  // so that backward through the replica sums into the wrapped module's
+  // gradients; buffers are plain copies, whose updates in the replica are
+  // dropped.
+  std::unordered_map<const runtime::TensorImpl*, Tensor> copy_of;  // original -> its copy
+  // Replica tensor -> the original it reads, and that original's name.
+  std::unordered_map<const runtime::TensorImpl*, std::pair<const runtime::TensorImpl*, std::string>>
+      reads;
+  const auto bind = [&](size_t m, const NamedList<Tensor>& from, const NamedList<Tensor>& to,
+                        const char* what, bool differentiable) {
+    const std::string& prefix = originals[m].first;
+    LOCKSTEP_CHECK(from.size() == to.size(),
+                   "DataParallel: {}::replicate() made a module whose {} '{}' has {} {} of its "
+                   "own, not {}",
+                   module_->type_name(), originals[m].second->type_name(),
+                   prefix.empty() ? "(the root)" : prefix, to.size(), what, from.size());
+    for (size_t k = 0; k < from.size(); ++k) {
+      const runtime::TensorImpl* original = from[k].second.impl_ptr();
+      const std::string name = prefix.empty() ? from[k].first : prefix + "." + from[k].first;
+      const auto [it, first] = reads.try_emplace(to[k].second.impl_ptr(), original, name);
+      LOCKSTEP_CHECK(it->second.first == original,
+                     "DataParallel: {}::replicate() made a module in which '{}' and '{}' are one "
+                     "tensor, but they are two in the wrapped module",
+                     module_->type_name(), it->second.second, name);
+      if (!first) continue;
+      auto made = copy_of.find(original);
+      if (made == copy_of.end())
+        made = copy_of.emplace(original, copy_to(from[k].second, device)).first;
+      runtime::rebind(to[k].second, made->second, /*with_history=*/differentiable);
+    }
+  };
+  for (size_t k = 0; k < originals.size(); ++k) {
+    bind(k, originals[k].second->named_parameters(false),
+         copies[k].second->named_parameters(false), "parameters", true);
+  }
+  runtime::NoGradGuard no_grad;
+  for (size_t k = 0; k < originals.size(); ++k) {
+    bind(k, originals[k].second->named_buffers(false), copies[k].second->named_buffers(false),
+         "buffers", false);
+  }
+  // Every submodule in the mode of its original, as PyTorch's replicate()
+  // copies each module's `training` flag: the wrapped module's (set by
+  // model->eval(), or a submodule frozen in eval), not this wrapper's own,
+  // which stays true unless dp.eval() is called. A child's own flag is set
+  // after its parent's.
   for (size_t k = 0; k < originals.size(); ++k)
     copies[k].second->train(originals[k].second->is_training());
   return *replica;
@@ -220,11 +248,10 @@ Values DataParallel::forward_values(const Values& inputs) {
 
   std::vector<Values> chunk_inputs(chunks), outputs(chunks);
   std::vector<Module*> runners(chunks);
-  const std::vector<Tensor> params = module_->parameters(), buffers = module_->buffers();
   bool cpu_replicas = false;
   for (size_t i = 0; i < chunks; ++i) {
     chunk_inputs[i] = chunk_of(i);
-    runners[i] = i == 0 ? module_.get() : &refreshed_replica(i, params, buffers);
+    runners[i] = i == 0 ? module_.get() : &refreshed_replica(i);
     cpu_replicas = cpu_replicas || devices_[i].is_cpu();
   }
 

@@ -27,7 +27,8 @@
 // anywhere in it makes them again at the next forward, so the cache is never
 // seen (PyTorch replicates at every call). A replica's children follow the
 // original's, including ones replaced after construction, and a submodule
-// registered twice is one module in the replica too.
+// registered twice is one module in the replica too, as is a tensor held by
+// two modules (a weight tied between the embedding and the output layer).
 //
 // Devices may all be the CPU (CPU replicas, one BLAS thread each while they
 // run), so it can be used where there is no GPU. The wrapped module (and each
@@ -69,9 +70,8 @@ class DataParallel : public Module {
 
  private:
   // Replica i (devices_[i], i >= 1) holding copies of the wrapped module's
-  // `params` (differentiable) and `buffers` (plain), as of this forward.
-  Module& refreshed_replica(size_t i, const std::vector<Tensor>& params,
-                            const std::vector<Tensor>& buffers);
+  // parameters (differentiable) and buffers (plain), as of this forward.
+  Module& refreshed_replica(size_t i);
 
   // `options_.dim` for input (or output) `position` `t`, checked.
   int64_t split_dim(const Tensor& t, size_t position) const;

@@ -368,3 +368,43 @@ TEST_CASE("DataParallel: a submodule registered twice is one module in the repli
   lr::sum(expected).backward();
   CHECK(grad_mismatch(*model, *twin) == "");
 }
+
+TEST_CASE("DataParallel: a weight tied between two modules is one tensor in the replica too",
+          "[data_parallel]") {
+  // The output layer reads the embedding's weight, as GPT's lm_head.
+  const auto make = [](uint64_t seed) {
+    lr::Generator g(seed);
+    auto embedding = std::make_shared<nn::Embedding>(10, 4, g);
+    auto model = std::make_shared<nn::Sequential>();
+    model->push_back(embedding);
+    model->push_back(std::make_shared<nn::Flatten>());
+    model->push_back(std::make_shared<nn::Linear>(3 * 4, 4, true, g));
+    model->push_back(std::make_shared<nn::Linear>(embedding->weight));
+    return model;
+  };
+  auto model = make(9), twin = make(9);
+  REQUIRE(model->parameters().size() == 3);  // the tied weight once
+  const Tensor ids = Tensor::from_vector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2}, {4, 3});
+  nn::DataParallel dp(model, cpus(2));
+  const Tensor out = dp.forward(ids);
+  const Tensor expected = twin->forward(ids);
+  CHECK(lt::mismatch("out", out, expected, 1e-6) == "");
+  lr::sum(lr::mul(out, out)).backward();
+  lr::sum(lr::mul(expected, expected)).backward();
+  CHECK(grad_mismatch(*model, *twin) == "");
+
+  // A GPT, whose lm_head reads transformer.wte's weight.
+  models::GptConfig config{.vocab_size = 11, .block_size = 4, .n_layer = 1, .n_head = 2,
+                           .n_embd = 8};
+  lr::Generator g(3);
+  auto gpt = std::make_shared<models::Gpt>(config, g);
+  nn::DataParallel gdp(gpt, cpus(2));
+  const Tensor tokens = Tensor::from_vector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
+  const Tensor logits = gdp.forward_values({tokens}).tensor(0);
+  CHECK(lt::mismatch("logits", logits, gpt->forward(tokens), 1e-5) == "");
+  // Untied by hand: GPT::replicate() ties them, which is named, not ignored.
+  gpt->replace_child("lm_head", std::make_shared<nn::Linear>(8, 11, false, g));
+  CHECK_THROWS_WITH(gdp.forward_values({tokens}),
+                    Catch::Contains("'transformer.wte.weight' and 'lm_head.weight' are one "
+                                    "tensor, but they are two in the wrapped module"));
+}
