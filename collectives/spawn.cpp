@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,6 +72,85 @@ class ChildStatusKept {
   bool changed_ = false;
 };
 
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// The write end of the pipe that SIGINT, SIGTERM and SIGHUP are noted in
+// while spawn waits; -1 outside it.
+std::atomic<int> g_signal_pipe{-1};
+
+extern "C" void note_stop_signal(int sig) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!::write(g_signal_pipe.load(), &byte, 1);
+  errno = saved;
+}
+
+// While spawn waits, SIGINT, SIGTERM and SIGHUP (a terminal's Ctrl-C, a
+// scheduler's preemption) are noted instead of acted on, so that spawn can
+// pass them on to the children, which lead process groups of their own and
+// so get none of them from the terminal. A signal the caller ignores stays
+// ignored. Once the children have ended, the caller's handlers come back and
+// the first signal is raised again, so the program ends (or handles it) as it
+// would have, after its ranks have had their chance to.
+class StopSignalsCaught {
+ public:
+  StopSignalsCaught() {
+    if (::pipe2(fds_, O_CLOEXEC | O_NONBLOCK) != 0) return;  // signals then act as before
+    g_signal_pipe.store(fds_[1]);
+    for (size_t k = 0; k < kSignals.size(); ++k) {
+      ::sigaction(kSignals[k], nullptr, &previous_[k]);
+      if (previous_[k].sa_handler == SIG_IGN) continue;
+      struct sigaction note {};
+      note.sa_handler = note_stop_signal;
+      note.sa_flags = SA_RESTART;
+      sigemptyset(&note.sa_mask);
+      caught_[k] = ::sigaction(kSignals[k], &note, nullptr) == 0;
+    }
+  }
+  ~StopSignalsCaught() {
+    for (size_t k = 0; k < kSignals.size(); ++k)
+      if (caught_[k]) ::sigaction(kSignals[k], &previous_[k], nullptr);
+    g_signal_pipe.store(-1);
+    close_fd(fds_[0]);
+    close_fd(fds_[1]);
+  }
+  StopSignalsCaught(const StopSignalsCaught&) = delete;
+  StopSignalsCaught& operator=(const StopSignalsCaught&) = delete;
+
+  int fd() const { return fds_[0]; }
+  // The signals noted since the last call, oldest first.
+  std::vector<int> take() const {
+    std::vector<int> signals;
+    unsigned char bytes[16];
+    while (fds_[0] >= 0) {
+      const ssize_t n = ::read(fds_[0], bytes, sizeof bytes);
+      if (n > 0) {
+        signals.insert(signals.end(), bytes, bytes + n);
+      } else if (!(n < 0 && errno == EINTR)) {
+        break;
+      }
+    }
+    return signals;
+  }
+  // The caller's handlers back, then `sig` raised under them.
+  void raise_again(int sig) {
+    for (size_t k = 0; k < kSignals.size(); ++k) {
+      if (caught_[k]) ::sigaction(kSignals[k], &previous_[k], nullptr);
+      caught_[k] = false;
+    }
+    ::raise(sig);
+  }
+
+ private:
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+  int fds_[2] = {-1, -1};
+  std::array<struct sigaction, 3> previous_{};
+  std::array<bool, 3> caught_{};
+};
+
 // A descriptor that polls readable once `pid` has exited; -1 where the kernel
 // has no pidfd_open (before 5.3).
 int open_pidfd(pid_t pid) {
@@ -79,11 +160,6 @@ int open_pidfd(pid_t pid) {
   (void)pid;
   return -1;
 #endif
-}
-
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
 }
 
 void write_all(int fd, std::string_view data) {
@@ -179,8 +255,12 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 class Supervisor {
  public:
-  Supervisor(std::vector<Child>& children, const SpawnOptions& options)
-      : children_(children), options_(options) {}
+  Supervisor(std::vector<Child>& children, const SpawnOptions& options,
+             const StopSignalsCaught& signals)
+      : children_(children), options_(options), signals_(signals) {}
+
+  // The first SIGINT, SIGTERM or SIGHUP that came while waiting; 0: none.
+  int signalled() const { return signalled_; }
 
   // Waits for every child; the first failure, if any.
   std::optional<SpawnError> run() {
@@ -194,13 +274,14 @@ class Supervisor {
           if (c.alive) ::kill(-c.pid, SIGKILL);
         kill_at_.reset();
       }
-      const bool timing = !failure_ && options_.timeout.has_value();
+      const bool timing = !failure_ && signalled_ == 0 && options_.timeout.has_value();
       if (timing && now - start >= *options_.timeout) {
         on_timeout();
         continue;
       }
 
       std::vector<pollfd> fds;
+      if (signals_.fd() >= 0) fds.push_back({signals_.fd(), POLLIN, 0});
       bool all_pidfds = true;
       for (auto& c : children_) {
         if (c.error_fd >= 0) fds.push_back({c.error_fd, POLLIN, 0});
@@ -219,6 +300,7 @@ class Supervisor {
       if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR)
         throw Error(fmt::format("spawn: poll failed: {}", std::strerror(errno)));
       for (auto& c : children_) read_error(c, /*to_the_end=*/false);
+      for (int sig : signals_.take()) on_signal(sig);
     }
     // What the children wrote before they exited (a grandchild that still
     // holds a pipe open does not keep us here).
@@ -246,7 +328,7 @@ class Supervisor {
       if (!failure_ && failed_rank_ < 0 &&
           (c.status_lost || distributed::ended_in_failure(c.status))) {
         failed_rank_ = c.rank;
-        stop();
+        if (signalled_ == 0) stop(SIGTERM);  // after a signal, each rank has had it
       }
     }
   }
@@ -278,8 +360,13 @@ class Supervisor {
         stopped_ == 0 ? ""
                       : fmt::format("; stopped the other {}",
                                     stopped_ == 1 ? "rank" : fmt::format("{} ranks", stopped_));
-    return SpawnError(fmt::format("spawn: rank {} of {} (pid {}) {}{}", c.rank, children_.size(),
-                                  c.pid, how, stopped),
+    const std::string passed_on =
+        signalled_ == 0
+            ? ""
+            : fmt::format(" after spawn passed on the {} it was sent",
+                          distributed::signal_name(signalled_));
+    return SpawnError(fmt::format("spawn: rank {} of {} (pid {}) {}{}{}", c.rank,
+                                  children_.size(), c.pid, how, passed_on, stopped),
                       c.rank, c.status_lost ? -1 : distributed::exit_code_of(c.status));
   }
 
@@ -294,14 +381,26 @@ class Supervisor {
                                  ranks_text(running), children_.size(), seconds,
                                  running.size() == 1 ? "it" : "them"),
                      running.front(), -1);
-    stop();
+    stop(SIGTERM);
   }
 
-  void stop() {
+  // A signal to stop, passed on to every child as lockstep-run does: the
+  // first is forwarded (a rank may save its work on it), a second kills.
+  void on_signal(int sig) {
+    if (signalled_ != 0) {
+      for (auto& c : children_)
+        if (c.alive) ::kill(-c.pid, SIGKILL);
+      return;
+    }
+    signalled_ = sig;
+    stop(sig);
+  }
+
+  void stop(int sig) {
     stopped_ = alive();
     for (auto& c : children_) {
       if (!c.alive) continue;
-      ::kill(-c.pid, SIGTERM);
+      ::kill(-c.pid, sig);
       ::kill(-c.pid, SIGCONT);  // a stopped child acts on SIGTERM only once it runs
     }
     kill_at_ = Clock::now() + options_.grace_period;
@@ -313,6 +412,8 @@ class Supervisor {
   int failed_rank_ = -1;               // the first child that ended in failure
   int stopped_ = 0;                    // children still running when we stopped them
   std::optional<Clock::time_point> kill_at_;
+  const StopSignalsCaught& signals_;
+  int signalled_ = 0;
 };
 
 // Stops and reaps children already started when spawn cannot go on.
@@ -408,11 +509,14 @@ void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptio
     close_fd(c.go_fd);
   }
 
-  std::optional<SpawnError> failure = Supervisor(children, options).run();
+  StopSignalsCaught signals;
+  Supervisor supervisor(children, options, signals);
+  std::optional<SpawnError> failure = supervisor.run();
   for (auto& c : children) {
     close_fd(c.error_fd);
     close_fd(c.pid_fd);
   }
+  if (supervisor.signalled() != 0) signals.raise_again(supervisor.signalled());
   if (failure) throw *failure;
 }
 

@@ -18,6 +18,16 @@
 // running at the timeout are a hang and end the same way. spawn returns when
 // every child has exited 0.
 //
+// A SIGINT, SIGTERM or SIGHUP sent to this process while spawn waits (a
+// terminal's Ctrl-C reaches this process alone, the children leading process
+// groups of their own) is passed on to every child, as lockstep-run does, so
+// that each rank may act on it (save its work) within the grace period; a
+// second one kills them at once. When they have ended, the signal is raised
+// again in this process under the caller's own handling: by default it ends
+// the program as it would have; with a handler of the caller's, spawn then
+// returns or throws as the children ended. A signal the caller ignores stays
+// ignored.
+//
 // Fork, not exec: a child starts with a copy of the caller's memory, so fn may
 // capture anything, but call spawn before this process starts threads of its
 // own or touches CUDA (a forked child cannot use its parent's CUDA context,

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -212,6 +213,77 @@ TEST_CASE("spawn: OMP_NUM_THREADS in options.env sets each child's CPU kernel th
   options.env = {{"OMP_NUM_THREADS", "many"}};
   CHECK_THAT(spawn_error(1, [](int) {}, options).what(),
              Catch::Contains("OMP_NUM_THREADS='many' is not a whole number"));
+}
+
+namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;
+
+// fn for the signal test: each rank says it is ready, waits up to 20 s for
+// SIGINT or SIGTERM, and on one writes down which ("saved its work") and
+// exits 0.
+void wait_for_stop(const ScratchDir& dir, int rank) {
+  for (int sig : {SIGINT, SIGTERM}) ::signal(sig, [](int s) { g_stop_signal = s; });
+  write_text(dir.path / fmt::format("ready{}", rank), "");
+  for (int i = 0; i < 2000 && g_stop_signal == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  write_text(dir.file(rank), std::to_string(g_stop_signal));
+}
+
+// Waits until every one of `nprocs` ranks of wait_for_stop is ready.
+void wait_until_ready(const ScratchDir& dir, int nprocs) {
+  for (int r = 0; r < nprocs; ++r)
+    while (!fs::exists(dir.path / fmt::format("ready{}", r)))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
+}  // namespace
+
+TEST_CASE("spawn passes a SIGINT or SIGTERM it is sent on to every child, then raises it again",
+          "[spawn]") {
+  // With the caller's own handler: it runs, and spawn returns as its ranks
+  // did (each saved its work on the signal and exited 0).
+  {
+    ScratchDir dir;
+    struct sigaction previous {};
+    struct sigaction note {};
+    note.sa_handler = [](int s) { g_stop_signal = s; };
+    sigemptyset(&note.sa_mask);
+    ::sigaction(SIGINT, &note, &previous);
+    g_stop_signal = 0;
+    std::thread ctrl_c([&] {
+      wait_until_ready(dir, 2);
+      ::kill(::getpid(), SIGINT);
+    });
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_NOTHROW(spawn(2, [&](int rank) { wait_for_stop(dir, rank); }));
+    ctrl_c.join();
+    ::sigaction(SIGINT, &previous, nullptr);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+    CHECK(g_stop_signal == SIGINT);
+    for (int r = 0; r < 2; ++r) CHECK(read_text(dir.file(r)) == std::to_string(SIGINT));
+  }
+  // With the default handling, in a process of its own: the ranks save their
+  // work, then the signal ends the caller.
+  ScratchDir dir;
+  g_stop_signal = 0;
+  const pid_t caller = ::fork();
+  REQUIRE(caller >= 0);
+  if (caller == 0) {
+    ::signal(SIGTERM, SIG_DFL);
+    try {
+      spawn(3, [&](int rank) { wait_for_stop(dir, rank); });
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  wait_until_ready(dir, 3);
+  ::kill(caller, SIGTERM);
+  int status = 0;
+  REQUIRE(::waitpid(caller, &status, 0) == caller);
+  CHECK(WIFSIGNALED(status));
+  CHECK((WIFSIGNALED(status) ? WTERMSIG(status) : 0) == SIGTERM);
+  for (int r = 0; r < 3; ++r) CHECK(read_text(dir.file(r)) == std::to_string(SIGTERM));
 }
 
 TEST_CASE("spawn refuses nprocs < 1 and an empty function", "[spawn]") {
