@@ -173,8 +173,10 @@ Tensor log_softmax_cpu(const Tensor& x, int64_t dim) {
         const T* row = ip + r * n;
         T* orow = op + r * n;
         const T mx = cpu::row_max(row, n);
-        const T lse = mx + std::log(cpu::exp_shifted(row, static_cast<T*>(nullptr), n, mx));
-        for (int64_t i = 0; i < n; ++i) orow[i] = row[i] - lse;
+        const T log_sum = std::log(cpu::exp_shifted(row, static_cast<T*>(nullptr), n, mx));
+        // (x - max) - log(sum), in PyTorch's order: max + log(sum) would round
+        // log(sum) away once |max| is large (all of it from 1e8 in f32).
+        for (int64_t i = 0; i < n; ++i) orow[i] = (row[i] - mx) - log_sum;
       }
     });
   });

@@ -63,16 +63,19 @@ LossForward cross_entropy_cpu(const Tensor& x, const Tensor& t, double smoothing
       T* prow = pp + i * c;
       const T mx = cpu::row_max(row, c);
       const T se = cpu::exp_shifted(row, prow, c, mx);
-      T sum_x = 0;
-      for (int64_t j = 0; j < c; ++j) sum_x += row[j];
-      const T lse = mx + std::log(se);
+      // Logits are taken relative to the row's maximum, as log_softmax's
+      // (x - max) - log(sum): max + log(sum) would round log(sum) away once
+      // |max| is large (a loss of 0 for equal logits of 1e8 in f32).
+      T sum_shifted = 0;
+      for (int64_t j = 0; j < c; ++j) sum_shifted += row[j] - mx;
+      const T log_sum = std::log(se);
       for (int64_t j = 0; j < c; ++j) prow[j] /= se;
       if (is_ignored(tp[i], ignore_index)) {  // whatever its logits: no 0 * inf
         lp[i] = 0;
         continue;
       }
-      const T nll = lse - row[tp[i]];
-      const T smooth = lse - sum_x / static_cast<T>(c);  // mean over classes of -logp
+      const T nll = (mx - row[tp[i]]) + log_sum;
+      const T smooth = log_sum - sum_shifted / static_cast<T>(c);  // mean over classes of -logp
       // Without smoothing, a -inf logit (an infinite smooth) must not give 0 * inf.
       lp[i] = s > 0 ? (1 - s) * nll + s * smooth : nll;
     }

@@ -109,10 +109,28 @@ TEST_CASE("softmax is stable for large inputs", "[runtime][ops][activation]") {
   const std::vector<double> row = {0.09003057317038046, 0.24472847105479767, 0.6652409557748219};
   const std::vector<double> expected = {row[0], row[1], row[2], row[2], row[1], row[0]};
   check_close(softmax(x, 1), expected, 1e-6);
-  // log_softmax subtracts a logsumexp near 1000, whose f32 ulp is 6e-5.
-  const double tol = dt == DType::f32 ? 2e-4 : 1e-12;
+  const double tol = dt == DType::f32 ? 1e-6 : 1e-12;
   auto ls = values(log_softmax(x, 1));
   for (size_t i = 0; i < ls.size(); ++i) CHECK(ls[i] == Approx(std::log(expected[i])).margin(tol));
+}
+
+TEST_CASE("log_softmax keeps log(sum) beside a large maximum: (x - max) - log(sum), as PyTorch",
+          "[runtime][ops][activation]") {
+  // In f32, 1e8 + log(3) rounds to 1e8, so max + log(sum) lost the log(sum)
+  // whole: log_softmax gave 0 for each of three equal logits, and its
+  // gradient, which reads exp(y), did not sum to 0.
+  Tensor x = Tensor::full({1, 3}, 1e8);
+  x.requires_grad_();
+  Tensor y = log_softmax(x, 1);
+  check_close(y, {-std::log(3.0), -std::log(3.0), -std::log(3.0)}, 1e-6);
+  sum(mul(y, Tensor::from_vector<float>({1, 0, 0}, {1, 3}))).backward();
+  check_close(x.grad(), {2.0 / 3, -1.0 / 3, -1.0 / 3}, 1e-6);
+  // Shifted by 1e5 (whose f32 ulp is 0.008) the result is the unshifted one.
+  const std::vector<double> row = {0, 1, -1, 0.5};
+  std::vector<double> shifted;
+  for (double v : row) shifted.push_back(1e5 + v);
+  check_close(log_softmax(Tensor::from_vector<double>(shifted, {1, 4}).to(DType::f32), 1),
+              softmax_ref(row, 1, 4, 1, true), 1e-6);
 }
 
 TEST_CASE("activation gradients match finite differences",

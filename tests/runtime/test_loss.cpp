@@ -93,6 +93,24 @@ TEST_CASE("cross_entropy is stable for large logits", "[runtime][ops][loss]") {
   CHECK(l[1] == Approx(std::log(1 + std::exp(1.0) + std::exp(-1.0)) + 1).epsilon(1e-5));
 }
 
+TEST_CASE("cross_entropy keeps log(sum) beside a large maximum, as PyTorch's log_softmax",
+          "[runtime][ops][loss]") {
+  // In f32, max + log(sum) rounds log(sum) away from |max| = 1e8: three equal
+  // logits gave a loss of 0 instead of log(3).
+  const double smoothing = GENERATE(0.0, 0.3);
+  Tensor equal = Tensor::full({1, 3}, 1e8);
+  Tensor target = Tensor::from_vector<int64_t>({0}, {1});
+  CHECK(cross_entropy(equal, target, smoothing).item() == Approx(std::log(3.0)).epsilon(1e-6));
+  // Shifted by 1e5 (whose f32 ulp is 0.008) the loss is the unshifted one.
+  const std::vector<double> row = {0, 1, -1, 0.5};
+  std::vector<double> shifted;
+  for (double v : row) shifted.push_back(1e5 + v);
+  Tensor logits = Tensor::from_vector<double>(shifted, {1, 4}).to(DType::f32);
+  Tensor t = Tensor::from_vector<int64_t>({2}, {1});
+  CHECK(cross_entropy(logits, t, smoothing).item() ==
+        Approx(cross_entropy_ref(row, {2}, 4, smoothing)[0]).epsilon(1e-6));
+}
+
 TEST_CASE("cross_entropy without smoothing takes -inf (masked) logits", "[runtime][ops][loss]") {
   // The smoothing term is infinite here; weighted by 0 it must not turn into NaN.
   const double inf = std::numeric_limits<double>::infinity();
