@@ -65,7 +65,7 @@ NormStats cpu_batch_norm_forward(const ChannelShape& s, const Tensor& x, const T
     std::vector<T> scale(c), shift(c);
     for (int64_t i = 0; i < c; ++i) {
       scale[i] = static_cast<T>(w[i] * invstd[i]);
-      shift[i] = static_cast<T>(b[i] - mean[i] * w[i] * invstd[i]);
+      shift[i] = norm_kernels::affine_shift<T>(b[i], mean[i], scale[i]);
     }
     norm_kernels::channel_affine<T>(s, x.data_ptr<T>(), scale.data(), shift.data(),
                                     out.data_ptr<T>());

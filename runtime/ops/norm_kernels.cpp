@@ -237,7 +237,9 @@ void layer_norm_forward(int64_t rows, int64_t d, const T* x, const T* w, const T
     const double is = 1.0 / std::sqrt(var + eps);
     mean[r] = m;
     invstd[r] = is;
-    const T a = static_cast<T>(is), k = static_cast<T>(-m * is);
+    // k from the rounded a and mean, as PyTorch's -rstd * mean: x equal to
+    // the mean (a constant row) then normalises to exactly 0.
+    const T a = static_cast<T>(is), k = -(a * static_cast<T>(m));
     if (w == nullptr && b == nullptr) {
       affine_run(xr, d, a, k, yr);
     } else {
@@ -257,7 +259,7 @@ void layer_norm_backward(int64_t rows, int64_t d, const T* gy, const T* x, const
   for (int64_t r = 0; r < rows; ++r) {
     const T* gr = gy + r * d;
     const T* xr = x + r * d;
-    const T is = static_cast<T>(invstd[r]), k = static_cast<T>(-mean[r] * invstd[r]);
+    const T is = static_cast<T>(invstd[r]), k = -(is * static_cast<T>(mean[r]));  // as forward
     if (grad_w || grad_b) {
       for (int64_t i = 0; i < d; ++i) {
         if (grad_w) gw_acc[i] += static_cast<double>(gr[i]) * (xr[i] * is + k);

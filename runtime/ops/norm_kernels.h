@@ -22,6 +22,15 @@ struct ChannelShape {
 template <class T>
 void channel_stats(const ChannelShape& s, const T* x, double* mean, double* var);
 
+// The shift of y = x * scale + shift: b - mean * scale with the mean and the
+// product rounded to T, as PyTorch's beta. x equal to the mean (a constant
+// channel) then gives exactly 0 before the bias: a shift rounded from the
+// double product left x * scale + shift at -0.03 for a constant 1000.
+template <class T>
+T affine_shift(double b, double mean, T scale) {
+  return static_cast<T>(b) - static_cast<T>(mean) * scale;
+}
+
 // y = x * scale[c] + shift[c].
 template <class T>
 void channel_affine(const ChannelShape& s, const T* x, const T* scale, const T* shift, T* y);

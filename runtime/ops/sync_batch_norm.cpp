@@ -92,7 +92,7 @@ Combined combine(const Tensor& gathered, int world, DType dtype, const Tensor& w
     T* shift = out.shift.data_ptr<T>();
     for (int64_t i = 0; i < c; ++i) {
       scale[i] = static_cast<T>(w[i] * invstd[i]);
-      shift[i] = static_cast<T>(b[i] - mean[i] * w[i] * invstd[i]);
+      shift[i] = norm_kernels::affine_shift<T>(b[i], mean[i], scale[i]);
     }
   });
   return out;

@@ -7,6 +7,7 @@
 
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/norm.h"
+#include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/random.h"
 #include "support/gradcheck.h"
 #include "support/test_util.h"
@@ -106,6 +107,30 @@ TEST_CASE("batch_norm statistics stay accurate for a large mean", "[runtime][ops
   const double unbias = 3200.0 / 3199.0;
   CHECK(rv.to_vector<double>()[0] == Approx(var[0] * unbias).epsilon(1e-3));
   CHECK(rv.to_vector<double>()[1] == Approx(var[1] * unbias).epsilon(1e-3));
+}
+
+TEST_CASE("batch_norm and layer_norm take a constant input to exactly 0 before the bias, as "
+          "PyTorch", "[runtime][ops][norm]") {
+  // The shift used to be rounded from the double product mean * invstd while
+  // x * scale rounded on its own: a constant 1000 normalised to -0.03125.
+  const double c = GENERATE(3.0, 1000.0, -7.5);
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  INFO("constant " << c << ", " << dtype_name(dt));
+  Tensor x = Tensor::full({2, 8}, c, dt);
+  Tensor w = Tensor::full({8}, 2.0, dt), b = Tensor::full({8}, 0.5, dt);
+  w.requires_grad_();
+  Tensor y = layer_norm(x, {8}, w, b, 1e-5);
+  CHECK(values(y) == std::vector<double>(16, 0.5));
+  sum(mul(y, iota({2, 8}, dt))).backward();
+  CHECK(values(w.grad()) == std::vector<double>(8, 0.0));
+
+  Tensor xb = Tensor::full({4, 2, 3, 3}, c, dt);
+  Tensor wb = Tensor::full({2}, 2.0, dt);
+  CHECK(values(batch_norm(xb, wb, {}, {}, {}, true, 0.1, 1e-5)) == std::vector<double>(72, 0.0));
+  // Eval at the running mean, whatever the running variance.
+  Tensor rm = Tensor::full({2}, c, dt), rv = Tensor::full({2}, 0.3, dt);
+  CHECK(values(batch_norm(xb, wb, {}, rm, rv, false, 0.1, 1e-5)) ==
+        std::vector<double>(72, 0.0));
 }
 
 TEST_CASE("batch_norm gradcheck: training and eval, with and without affine",
