@@ -320,6 +320,31 @@ TEST_CASE("add_ and mul_ refuse a scalar an i32 tensor cannot hold", "[runtime][
         std::vector<int32_t>{2147483647, 2147483647});
 }
 
+TEST_CASE("add_ and mul_ on a bf16 or f16 tensor round once, with a wider operand read in f32",
+          "[runtime][tensor][inplace]") {
+  // As PyTorch computes them in f32. A factor rounded to 16 bits first (1/3
+  // became 0.333984375 in bf16) scaled every result 0.2% too far.
+  const DType dt = GENERATE(DType::bf16, DType::f16);
+  INFO(dtype_name(dt));
+  std::vector<float> v;
+  for (int i = 0; i < 256; ++i) v.push_back(1.0f + static_cast<float>(i) / 256);
+  const Tensor x = Tensor::from_vector(v, {256}).to(dt);
+  const std::vector<float> xf = x.to_vector<float>();
+  // What PyTorch gives: f(x, y) in f32, rounded once to dt.
+  auto once = [&](auto f) {
+    std::vector<float> out;
+    for (float a : xf) out.push_back(f(a));
+    return values(Tensor::from_vector(out, {256}).to(dt));
+  };
+  const float third = static_cast<float>(1.0 / 3);
+  CHECK(values(x.clone().mul_(1.0 / 3)) == once([&](float a) { return a * third; }));
+  const Tensor y = Tensor::full({1}, 1.0 / 3);  // f32
+  CHECK(values(x.clone().mul_(y)) == once([&](float a) { return a * third; }));
+  CHECK(values(x.clone().add_(y, -3.0)) == once([&](float a) { return a + -3.0f * third; }));
+  // Same-dtype operands are unchanged: exact sums.
+  CHECK(values(x.clone().add_(x)) == once([](float a) { return a + a; }));
+}
+
 TEST_CASE("printing shows values, shape and dtype", "[runtime][tensor][print]") {
   Tensor t = Tensor::from_vector<float>({1, 2.5f, -3, 4, 5, 6}, {2, 3});
   const std::string s = t.str();
