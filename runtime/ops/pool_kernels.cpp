@@ -21,10 +21,10 @@ inline bool takes_over(T v, T best) {
 
 // The common 2x2, stride-2, unpadded case. With random data the comparisons
 // are coin flips, so a compare-and-branch loop mispredicts about half the time
-// (most of its run time). Here the maximum is a tree of `a > b ? a : b`
-// (maxss/maxps) and the tap is the first one equal to it, computed with
-// integer arithmetic: no data-dependent branch except the rare NaN window,
-// which takes the generic rule (NaN wins).
+// (most of its run time). Here the maximum is a tree of `b > a ? b : a`
+// (maxss/maxps; of equal values, the first) and the tap is the first one
+// equal to it, computed with integer arithmetic: no data-dependent branch
+// except the rare NaN window, which takes the generic rule (NaN wins).
 //
 // f32 rows go four outputs at a time in vector registers (the even and odd
 // columns of each input row split apart by shuffles); a row's last ow % 4
@@ -52,8 +52,8 @@ int64_t max_pool_2x2_f32_groups(const float* r0, const float* r1, int64_t ow_n,
     const f32x4 v2 = __builtin_shuffle(b0, b1, even), v3 = __builtin_shuffle(b0, b1, odd);
     const i32x4 nan = (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3);
     if (nan[0] | nan[1] | nan[2] | nan[3]) return ow;
-    const f32x4 m01 = v0 > v1 ? v0 : v1, m23 = v2 > v3 ? v2 : v3;
-    const f32x4 best = m01 > m23 ? m01 : m23;
+    const f32x4 m01 = v1 > v0 ? v1 : v0, m23 = v3 > v2 ? v3 : v2;
+    const f32x4 best = m23 > m01 ? m23 : m01;
     // Comparisons give -1 (true) or 0: tap = first k with v_k == best.
     const i32x4 one = {1, 1, 1, 1};
     const i32x4 tap = (v0 != best) & (one + ((v1 != best) & (one + ((v2 != best) & one))));
@@ -68,7 +68,9 @@ int64_t max_pool_2x2_f32_groups(const float* r0, const float* r1, int64_t ow_n,
 template <class T>
 void max_pool_2x2(const PoolShape& s, const T* x, T* y, int32_t* argmax) {
   const int64_t plane_in = s.h * s.w, plane_out = s.oh * s.ow;
-  auto max2 = [](T a, T b) { return a > b ? a : b; };
+  // Keeps a unless b is larger, so that of equal values (0.0 and -0.0) the
+  // first one is the maximum, the value at the tap the gradient goes to.
+  auto max2 = [](T a, T b) { return b > a ? b : a; };
   for (int64_t pl = 0; pl < s.planes; ++pl) {
     const T* xp = x + pl * plane_in;
     for (int64_t oh = 0; oh < s.oh; ++oh) {

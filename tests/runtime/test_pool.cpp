@@ -157,6 +157,32 @@ TEST_CASE("max_pool2d 2x2: ties go to the first tap and NaN wins, on rows of man
   CHECK(grad == want_grad);
 }
 
+TEST_CASE("max_pool2d 2x2: a window of zeros of both signs gives its first one's sign",
+          "[runtime][ops][pool]") {
+  // 0.0 and -0.0 compare equal, so the maximum is the first of them, as the
+  // gradient's tap; 1 / y tells them apart (inf or -inf).
+  const DType dtype = GENERATE(DType::f32, DType::f64);
+  const int64_t ow = GENERATE(9, 3);  // vector groups and the scalar loop
+  const int64_t h = 2, w = 2 * ow;
+  std::vector<double> xv(h * w);
+  for (int64_t j = 0; j < ow; ++j) {
+    // Windows in order of taps (0,0) (0,1) (1,0) (1,1): + - - -, + - + -, - + - -, ...
+    const int64_t first_positive = j % 4;
+    for (int64_t k = 0; k < 4; ++k)
+      xv[(k / 2) * w + 2 * j + k % 2] = k == first_positive ? 0.0 : -0.0;
+  }
+  Tensor x = Tensor::from_vector(xv, {1, 1, h, w}).to(dtype).requires_grad_();
+  Tensor y = max_pool2d(x, {.kernel = {2, 2}});
+  y.backward(Tensor::ones(y.shape(), dtype));
+  const auto got = y.to_vector<double>(), grad = x.grad().to_vector<double>();
+  for (int64_t j = 0; j < ow; ++j) {
+    INFO("window " << j);
+    const int64_t first = 2 * j;  // tap (0,0): every window's first zero
+    CHECK(std::signbit(got[j]) == std::signbit(xv[first]));
+    CHECK(grad[first] == 1.0);
+  }
+}
+
 TEST_CASE("avg_pool2d counts the padding in the divisor", "[runtime][ops][pool]") {
   // 2x2 input of ones, kernel 2, stride 1, pad 1 -> 3x3 output; the corner
   // windows cover one real element of four, the edge ones two.
