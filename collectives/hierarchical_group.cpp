@@ -76,6 +76,9 @@ class HierarchicalGroup final : public ProcessGroup {
   void broadcast_steps(const Call& call, Tensor& t, int root);
   void reduce_steps(const Call& call, Tensor& t, ReduceOp op_kind, int root);
   void barrier_steps(const Call& call);
+  // Steps 1 and 2 of a collective that then runs over `all`: the call
+  // checked within the node and among the leaders (see run_allgather).
+  void check_steps(const Call& call);
   int local_index_of(int rank) const;  // a rank of this node -> its local rank
 
   NodeTopology topology_;
@@ -343,6 +346,21 @@ void HierarchicalGroup::barrier_steps(const Call& call) {
   local_barrier(3, "step 3 of 3");
 }
 
+// A barrier within the node and among the leaders, checked as `call`.
+void HierarchicalGroup::check_steps(const Call& call) {
+  if (local_->size() > 1) {
+    step(call, 1, *local_, fmt::format("step 1 of 3 (the call checked within the node over {})",
+                                       intra_),
+         [&](milliseconds left) { return local_->barrier({.timeout = left}); });
+  }
+  if (topology_.local_rank == 0 && leaders_->size() > 1) {
+    step(call, 2, *leaders_,
+         fmt::format("step 2 of 3 (the call checked among the {} node leaders over gloo)",
+                     leaders_->size()),
+         [&](milliseconds left) { return leaders_->barrier({.timeout = left}); });
+  }
+}
+
 int HierarchicalGroup::local_index_of(int r) const {
   const auto& ranks = topology_.local_ranks;
   const auto it = std::find(ranks.begin(), ranks.end(), r);
@@ -377,24 +395,29 @@ std::shared_ptr<Work> HierarchicalGroup::run_reduce(Call call, Tensor& tensor, R
   });
 }
 
-// allgather and reduce_scatter run over the flat gloo group (their chunks
-// follow rank order, which need not follow the nodes), still in issue order
-// on the worker.
+// allgather and reduce_scatter move their data over the flat gloo group
+// (their chunks follow rank order, which need not follow the nodes), still in
+// issue order on the worker. The call is checked first where the other
+// collectives are (check_steps): a rank in an allgather while another is in
+// an all-reduce would otherwise wait in `all` for a peer that waits for it
+// in its node's group, both until the timeout, instead of failing at once.
 std::shared_ptr<Work> HierarchicalGroup::run_allgather(Call call, Tensor& output,
                                                        const Tensor& input) {
   return executor_->submit(std::move(call), [this, out = output, in = input](const Call& c) mutable {
-    step(c, 1, *all_, "the allgather over gloo among all ranks", [&](milliseconds left) {
-      return all_->allgather(out, in, {.timeout = left});
-    });
+    check_steps(c);
+    step(c, 3, *all_, "step 3 of 3 (the allgather over gloo among all ranks)",
+         [&](milliseconds left) { return all_->allgather(out, in, {.timeout = left}); });
   });
 }
 
 std::shared_ptr<Work> HierarchicalGroup::run_reduce_scatter(Call call, Tensor& output,
                                                             const Tensor& input, ReduceOp op) {
   return executor_->submit(std::move(call), [this, out = output, in = input, op](const Call& c) mutable {
-    step(c, 1, *all_, "the reduce_scatter over gloo among all ranks", [&](milliseconds left) {
-      return all_->reduce_scatter(out, in, {.op = op, .timeout = left});
-    });
+    check_steps(c);
+    step(c, 3, *all_, "step 3 of 3 (the reduce_scatter over gloo among all ranks)",
+         [&](milliseconds left) {
+           return all_->reduce_scatter(out, in, {.op = op, .timeout = left});
+         });
   });
 }
 

@@ -7,8 +7,8 @@
 //   leaders  the lowest rank of every node, over gloo (on leaders only);
 //   all      every rank, over gloo.
 // allreduce, broadcast, reduce and barrier go local -> leaders -> local
-// (hierarchical_group.cpp explains why); allgather and reduce_scatter go
-// through `all`, and so do send/recv.
+// (hierarchical_group.cpp explains why); allgather and reduce_scatter are
+// checked local -> leaders, then go through `all`, and so do send/recv.
 // Collectives run in issue order on one background thread of the group, so
 // the Work returned is asynchronous as with the other backends; send and recv
 // are posted to `all` at once (queued behind collectives they could deadlock).

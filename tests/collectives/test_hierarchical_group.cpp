@@ -245,6 +245,39 @@ TEST_CASE("hierarchical group: a rank that never joins; the error names the step
   }
 }
 
+TEST_CASE("hierarchical group: an allgather or reduce_scatter against another collective fails "
+          "at once", "[collectives][hierarchical]") {
+  // The last rank gathers over the flat group while the others all-reduce
+  // by levels; a node of two ranks, and nodes of one rank each.
+  const Keys keys = GENERATE(Keys{"a", "a", "b", "b"}, Keys{"a", "b"}, Keys{"a", "b", "b"});
+  const bool scatter = GENERATE(false, true);
+  INFO("nodes " << layout_name(keys) << (scatter ? ", reduce_scatter" : ", allgather"));
+  const int size = static_cast<int>(keys.size());
+  const auto groups = make_groups(keys, "mismatch", 60s);
+  std::vector<std::string> errors_seen(static_cast<size_t>(size));
+  const auto errors = lt::run_ranks(size, [&](int r) {
+    auto& g = *groups[static_cast<size_t>(r)];
+    Tensor chunk = Tensor::ones({4});
+    Tensor full = Tensor::ones({4 * size});
+    errors_seen[static_cast<size_t>(r)] = lt::error_of([&] {
+      if (r < size - 1) {
+        g.allreduce(chunk, {.timeout = 8s})->wait();
+      } else if (scatter) {
+        g.reduce_scatter(chunk, full, {.timeout = 8s})->wait();
+      } else {
+        g.allgather(full, chunk, {.timeout = 8s})->wait();
+      }
+    });
+  });
+  for (const auto& e : errors) CHECK(e == nullptr);
+  for (int r = 0; r < size; ++r) {
+    INFO("rank " << r << ": " << errors_seen[static_cast<size_t>(r)]);
+    CHECK_THAT(errors_seen[static_cast<size_t>(r)],
+               Contains("differs across the ranks") || Contains("unusable"));
+    CHECK_THAT(errors_seen[static_cast<size_t>(r)], !Contains("timed out"));
+  }
+}
+
 TEST_CASE("hierarchical group refuses bad input before anything is sent",
           "[collectives][hierarchical]") {
   const auto groups = make_groups({"a", "b"}, "bad-input");
