@@ -57,6 +57,12 @@ std::string CallSignature::text() const {
                      extra);
 }
 
+std::string Call::rank_name(int rank) const {
+  if (ranks == nullptr || rank < 0 || static_cast<size_t>(rank) >= ranks->size())
+    return fmt::format("rank {}", rank);
+  return fmt::format("rank {} of {}", (*ranks)[static_cast<size_t>(rank)], *group);
+}
+
 std::string Call::description() const {
   const std::string head = own.seq > 0 ? fmt::format("{} #{}", op, own.seq) : std::string(op);
   std::string detail = extra;

@@ -74,6 +74,10 @@ struct Call {
   // "group 'default' (shm, 4 ranks)": the group whose calls the signature
   // numbers (a composite's for its members' calls). Shared: made once.
   std::shared_ptr<const std::string> group;
+  // For a composite's member call: the composite's rank of each rank of the
+  // member group, so that errors name the ranks the caller knows; null
+  // otherwise.
+  std::shared_ptr<const std::vector<int>> ranks;
   std::chrono::milliseconds timeout{0};
   std::chrono::steady_clock::time_point deadline;
   // A wait for other ranks that lasts this long prints one line saying what
@@ -84,6 +88,9 @@ struct Call {
   // rank 1, tag 0)": names the call in errors. Made when asked for: most
   // calls never need it.
   std::string description() const;
+  // "rank 1" for rank 1 of the group that runs the call; for a member call,
+  // the composite's rank: "rank 3 of group 'default' (shm+gloo, 4 ranks)".
+  std::string rank_name(int rank) const;
 };
 
 // "collective #943 differs across the ranks of group 'default' (shm, 2

@@ -80,12 +80,15 @@ class HierarchicalGroup final : public ProcessGroup {
   // checked within the node and among the leaders (see run_allgather).
   void check_steps(const Call& call);
   int local_index_of(int rank) const;  // a rank of this node -> its local rank
+  std::shared_ptr<const std::vector<int>> ranks_of(const ProcessGroup& member) const;
 
   NodeTopology topology_;
   std::string intra_;
   std::shared_ptr<ProcessGroup> local_;    // this node's ranks, over intra_
   std::shared_ptr<ProcessGroup> leaders_;  // one rank per node, over gloo; null off leaders
   std::shared_ptr<ProcessGroup> all_;      // every rank, over gloo
+  // This group's rank of each member's ranks, which the members' errors name.
+  std::shared_ptr<const std::vector<int>> local_ranks_, leader_ranks_, all_ranks_;
   std::shared_ptr<SerialExecutor> executor_;
   mutable std::mutex step_mutex_;
   std::string current_step_;  // for stall reports; guarded by step_mutex_
@@ -99,7 +102,11 @@ HierarchicalGroup::HierarchicalGroup(const std::shared_ptr<distributed::Store>& 
                                      int size, const std::string& name, milliseconds timeout,
                                      const NodeTopology& topology,
                                      const std::string& intra_backend)
-    : ProcessGroup(rank, size, name, timeout), topology_(topology), intra_(intra_backend) {
+    : ProcessGroup(rank, size, name, timeout),
+      topology_(topology),
+      intra_(intra_backend),
+      local_ranks_(std::make_shared<const std::vector<int>>(topology.local_ranks)),
+      leader_ranks_(std::make_shared<const std::vector<int>>(topology.leaders)) {
   LOCKSTEP_CHECK(store != nullptr, "group '{}' ({}): a store is needed for the rendezvous", name,
                  backend());
   LOCKSTEP_CHECK(intra_.find('+') == std::string::npos,
@@ -155,6 +162,9 @@ HierarchicalGroup::HierarchicalGroup(const std::shared_ptr<distributed::Store>& 
                                      .timeout = timeout});
   // Calls run on the worker alone; a waiting thread reports a stall naming
   // the step (the member groups name the ranks).
+  std::vector<int> every_rank(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) every_rank[static_cast<size_t>(r)] = r;
+  all_ranks_ = std::make_shared<const std::vector<int>>(std::move(every_rank));
   executor_ = std::make_shared<SerialExecutor>(SerialExecutor::Hooks{
       .where = where(),
       .abort = abort_state(),
@@ -190,7 +200,7 @@ void HierarchicalGroup::step(const Call& call, uint8_t step, ProcessGroup& membe
     if (left.count() <= 0) {
       throw DeadlineExceeded(fmt::format("its timeout ran out before {} began", label));
     }
-    check_next_as(member, call, step);
+    check_next_as(member, call, step, ranks_of(member));
     issue(left)->wait();
   } catch (const CollectiveMismatch&) {
     throw;  // already worded as this group's call
@@ -359,6 +369,12 @@ void HierarchicalGroup::check_steps(const Call& call) {
                      leaders_->size()),
          [&](milliseconds left) { return leaders_->barrier({.timeout = left}); });
   }
+}
+
+std::shared_ptr<const std::vector<int>> HierarchicalGroup::ranks_of(
+    const ProcessGroup& member) const {
+  if (&member == local_.get()) return local_ranks_;
+  return &member == leaders_.get() ? leader_ranks_ : all_ranks_;
 }
 
 int HierarchicalGroup::local_index_of(int r) const {

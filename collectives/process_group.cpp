@@ -189,6 +189,7 @@ Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const
     call.signature = next_origin_->signature;
     call.signature.step = next_step_;
     call.group = next_origin_->group;
+    call.ranks = std::move(next_ranks_);
     call.stall_report = next_origin_->stall_report;
     next_origin_.reset();
   }
@@ -212,10 +213,12 @@ void ProcessGroup::record_failure(uint64_t record) {
   distributed::FlightRecorder::instance().ended(record, /*ok=*/false);
 }
 
-void ProcessGroup::check_next_as(ProcessGroup& member, const Call& origin, uint8_t step) {
+void ProcessGroup::check_next_as(ProcessGroup& member, const Call& origin, uint8_t step,
+                                 std::shared_ptr<const std::vector<int>> ranks) {
   std::lock_guard lock(member.issue_mutex_);
   member.next_origin_ = origin;
   member.next_step_ = step;
+  member.next_ranks_ = std::move(ranks);
 }
 
 std::string ProcessGroup::where() const {

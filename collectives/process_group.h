@@ -171,8 +171,10 @@ class ProcessGroup {
   // Composite groups (hierarchical_group.h): the next collective issued on
   // `member` (a group the composite made and alone issues on) is checked as
   // step `step` of the composite's `origin`, so a mismatch names the
-  // composite's call and ranks.
-  static void check_next_as(ProcessGroup& member, const Call& origin, uint8_t step);
+  // composite's call and ranks; `ranks` (the composite's rank of each of
+  // the member's) makes its other errors name them too.
+  static void check_next_as(ProcessGroup& member, const Call& origin, uint8_t step,
+                            std::shared_ptr<const std::vector<int>> ranks = nullptr);
 
  private:
   bool is_unusable() const;
@@ -205,6 +207,7 @@ class ProcessGroup {
   // check_next_as's, consumed by the next collective.
   std::optional<Call> next_origin_;
   uint8_t next_step_ = 0;
+  std::shared_ptr<const std::vector<int>> next_ranks_;
 };
 
 }  // namespace lockstep::collectives

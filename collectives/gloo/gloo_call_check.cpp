@@ -63,6 +63,7 @@ void GlooCallCheck::check(const Call& call) {
     std::fill(arrived_.begin(), arrived_.end(), false);
     arrived_[static_cast<size_t>(rank_)] = true;
     checking_ = true;
+    call_ = &call;
   }
   int peer = -1;
   try {
@@ -101,14 +102,16 @@ void GlooCallCheck::check(const Call& call) {
     }
     std::lock_guard lock(mutex_);
     checking_ = false;
+    call_ = nullptr;
     graveyard_.push_back(std::move(x));
-    const std::string missing = missing_text(-1);
+    const std::string missing = missing_text(call, -1);
     if (Clock::now() >= call.deadline && !missing.empty()) throw DeadlineExceeded(missing);
     throw;
   }
   {
     std::lock_guard lock(mutex_);
     checking_ = false;
+    call_ = nullptr;
   }
   std::vector<CallSignature> every_rank;
   bool same = true;
@@ -121,10 +124,10 @@ void GlooCallCheck::check(const Call& call) {
 
 std::string GlooCallCheck::waiting_on() const {
   std::lock_guard lock(mutex_);
-  return checking_ ? missing_text(waiting_for_) : std::string();
+  return checking_ ? missing_text(*call_, waiting_for_) : std::string();
 }
 
-std::string GlooCallCheck::missing_text(int only) const {
+std::string GlooCallCheck::missing_text(const Call& call, int only) const {
   std::string text;
   for (int q = 0; q < size_; ++q) {
     if (arrived_[static_cast<size_t>(q)] || (only >= 0 && q != only)) continue;
@@ -132,9 +135,10 @@ std::string GlooCallCheck::missing_text(int only) const {
     if (!text.empty()) text += "; ";
     text +=
         seen.seq == 0
-            ? fmt::format("rank {} did not join it and has joined no collective on this group", q)
-            : fmt::format("rank {} did not join it; the last collective it joined was #{} {}", q,
-                          seen.seq, seen.text());
+            ? fmt::format("{} did not join it and has joined no collective on this group",
+                          call.rank_name(q))
+            : fmt::format("{} did not join it; the last collective it joined was #{} {}",
+                          call.rank_name(q), seen.seq, seen.text());
   }
   return text.empty() ? text : text + " (a rank stopped, deadlocked, or still computing)";
 }

@@ -40,7 +40,7 @@ class GlooCallCheck {
   struct Exchange;
   // The ranks (only `only`, when >= 0) that have not sent, with the last
   // call each was seen in; mutex_ held.
-  std::string missing_text(int only) const;
+  std::string missing_text(const Call& call, int only) const;
 
   // Declared first, destroyed last: failed checks' buffers (guarded by mutex_).
   std::vector<std::unique_ptr<Exchange>> graveyard_;
@@ -49,6 +49,7 @@ class GlooCallCheck {
   int size_;
   mutable std::mutex mutex_;
   bool checking_ = false;                 // guarded by mutex_
+  const Call* call_ = nullptr;            // the call being checked; guarded by mutex_
   int waiting_for_ = -1;                  // the peer awaited now; guarded by mutex_
   std::vector<bool> arrived_;             // this call's, by rank; guarded by mutex_
   std::vector<CallSignature> last_seen_;  // by rank; seq 0: none yet; guarded by mutex_

@@ -231,13 +231,14 @@ std::string Comm::who_is_missing(uint32_t target) const {
         identities_.size() == static_cast<size_t>(size_)
             ? fmt::format(" (pid {})", identities_[static_cast<size_t>(q)].pid)
             : std::string();
+    const std::string name = call_ != nullptr ? call_->rank_name(q) : fmt::format("rank {}", q);
     missing.push_back(done.seq == 0
-                          ? fmt::format("rank {}{} did not join it and has completed no "
+                          ? fmt::format("{}{} did not join it and has completed no "
                                         "collective on this group",
-                                        q, pid)
-                          : fmt::format("rank {}{} did not join it; the last collective it "
+                                        name, pid)
+                          : fmt::format("{}{} did not join it; the last collective it "
                                         "completed was #{} {}",
-                                        q, pid, done.seq, done.text()));
+                                        name, pid, done.seq, done.text()));
   }
   if (missing.empty()) return "every rank arrived just as the time ran out";
   std::string text = missing.front();

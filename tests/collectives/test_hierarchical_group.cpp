@@ -218,7 +218,8 @@ TEST_CASE("hierarchical group: a rank that never joins; the error names the step
           "[collectives][hierarchical]") {
   // Nodes {0, 1} and {2, 3}; rank 3 never calls. Rank 2 waits for it in its
   // node's reduce (step 1), rank 0 for rank 2 among the leaders (step 2), and
-  // rank 1 for rank 0's broadcast (step 3).
+  // rank 1 for rank 0's broadcast (step 3). Each names the rank it waits for
+  // by its rank in this group, not in the node's or the leaders' group.
   const auto groups = make_groups({"a", "a", "b", "b"}, "late-rank");
   std::latch others_done(3);
   std::vector<std::string> first(4), second(4);
@@ -236,11 +237,16 @@ TEST_CASE("hierarchical group: a rank that never joins; the error names the step
   });
   for (const auto& e : errors) CHECK(e == nullptr);
   const char* steps[] = {"step 2 of 3", "step 3 of 3", "step 1 of 3"};
+  const int awaited[] = {2, 0, 3};
   for (int r = 0; r < 3; ++r) {
     INFO("rank " << r << ": " << first[static_cast<size_t>(r)]);
     CHECK_THAT(first[static_cast<size_t>(r)],
                Contains("allreduce #1") && Contains(steps[r]) && Contains("timed out") &&
                    Contains(fmt::format("rank {} of group 'late-rank' (gloo+gloo, 4 ranks)", r)));
+    CHECK_THAT(first[static_cast<size_t>(r)],
+               Contains(fmt::format("rank {} of group 'late-rank' (gloo+gloo, 4 ranks) did not "
+                                    "join it",
+                                    awaited[r])));
     CHECK_THAT(second[static_cast<size_t>(r)], Contains("barrier") && Contains("unusable"));
   }
 }
@@ -395,6 +401,34 @@ TEST_CASE("shm+gloo: a pool reserved behind collectives in flight joins after th
     CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
     CHECK(results[static_cast<size_t>(r)] == (r < 2 ? "pool true " : "pool false "));
   }
+}
+
+TEST_CASE("shm+gloo: a rank that never joins is named by its rank in the group",
+          "[collectives][hierarchical][shm]") {
+  // Nodes {0, 1} and {2, 3}; rank 3 never calls, and rank 2 waits for it over
+  // shm, where rank 3 is the node's rank 1.
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+  const Keys keys = {"a", "a", "b", "b"};
+  std::latch others_done(3);
+  std::string seen;
+  const auto errors = lt::run_ranks(4, [&](int r) {
+    auto g = lc::make_process_group("shm+gloo", store, r, 4, "hier-late", 60s,
+                                    lockstep::distributed::DebugLevel::Off,
+                                    keys[static_cast<size_t>(r)]);
+    if (r == 3) {
+      others_done.wait();
+      return;
+    }
+    Tensor t = Tensor::ones({10});
+    auto work = g->allreduce(t, {.timeout = 1500ms});
+    const std::string error = lt::error_of([&] { work->wait(); });
+    if (r == 2) seen = error;
+    others_done.count_down();
+  });
+  for (const auto& e : errors) CHECK(lt::message_of(e) == "<no exception>");
+  INFO(seen);
+  CHECK_THAT(seen, Contains("step 1 of 3") &&
+                       Contains("rank 3 of group 'hier-late' (shm+gloo, 4 ranks) (pid"));
 }
 
 TEST_CASE("init_process_group: the default is shm on one node, shm+gloo across nodes",
