@@ -53,15 +53,22 @@ std::shared_ptr<ProcessGroup> make_gloo(const GroupArgs& a) {
   return make_gloo_group(a.store, a.rank, a.size, a.name, a.timeout, bind_address_of(a.store));
 }
 
+// This rank's node when the caller names none: LOCKSTEP_NODE_ID where set, as
+// init_process_group() reads it, so every group of a job sees the same nodes.
+std::string node_key_from_env() {
+  distributed::RankInfo info;
+  info.node_id = distributed::read_node_id();
+  return this_node_key(info);
+}
+
 std::shared_ptr<ProcessGroup> make_hierarchical(const GroupArgs& a) {
   LOCKSTEP_CHECK(a.store != nullptr, "group '{}' (shm+gloo) needs a store to find each rank's node",
                  a.name);
   const NodeTopology topology =
       a.topology != nullptr
           ? *a.topology
-          : discover_topology(
-                *a.store, a.rank, a.size, a.name,
-                a.node_key.empty() ? this_node_key(distributed::RankInfo{}) : a.node_key, a.timeout);
+          : discover_topology(*a.store, a.rank, a.size, a.name,
+                              a.node_key.empty() ? node_key_from_env() : a.node_key, a.timeout);
   return make_hierarchical_group(a.store, a.rank, a.size, a.name, a.timeout, topology);
 }
 #endif

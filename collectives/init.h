@@ -62,7 +62,8 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options = {});
 // ranks pass the same `name`). What init_process_group() ends with; tests use
 // it directly with a MemoryStore and one thread per rank. For "shm+gloo" it
 // finds which ranks share a node through the store, `node_key` naming this
-// rank's (empty: this host's; see this_node_key()).
+// rank's (empty: LOCKSTEP_NODE_ID where set, else this host's; see
+// this_node_key()).
 std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
                                                  std::shared_ptr<distributed::Store> store,
                                                  int rank, int size, const std::string& name,

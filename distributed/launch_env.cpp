@@ -203,7 +203,7 @@ std::string store_hint(const Source& source) {
 
 void read_settings(const EnvLookup& env, RankInfo& info) {
   if (auto token = env("LOCKSTEP_TOKEN")) info.token = *token;
-  if (auto node_id = env("LOCKSTEP_NODE_ID")) info.node_id = *node_id;
+  info.node_id = read_node_id(env);
 
   if (auto backend = env("LOCKSTEP_BACKEND")) {
     info.backend = lower(*backend);
@@ -239,6 +239,10 @@ void read_settings(const EnvLookup& env, RankInfo& info) {
 bool every_rank_on_this_host(const RankInfo& info) {
   return info.local_world_size == info.world_size &&
          (info.local_world_size_given || names_loopback(info.store_host));
+}
+
+std::string read_node_id(const EnvLookup& env) {
+  return env("LOCKSTEP_NODE_ID").value_or(std::string());
 }
 
 int read_restart_count(const EnvLookup& env) {

@@ -126,6 +126,9 @@ struct RankInfoOptions {
 // allowed), saying what to set.
 RankInfo read_rank_info(const EnvLookup& env = process_env(), RankInfoOptions options = {});
 
+// LOCKSTEP_NODE_ID (RankInfo::node_id); empty when unset.
+std::string read_node_id(const EnvLookup& env = process_env());
+
 // LOCKSTEP_RESTART_COUNT (RankInfo::restart_count): 0 when unset; throws
 // naming the variable when it is not a whole number >= 0.
 int read_restart_count(const EnvLookup& env = process_env());

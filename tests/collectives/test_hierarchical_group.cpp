@@ -10,6 +10,9 @@
 
 #if LOCKSTEP_HAVE_GLOO
 
+#include <stdlib.h>
+
+#include <cstdlib>
 #include <latch>
 #include <thread>
 
@@ -429,6 +432,38 @@ TEST_CASE("shm+gloo: a rank that never joins is named by its rank in the group",
   INFO(seen);
   CHECK_THAT(seen, Contains("step 1 of 3") &&
                        Contains("rank 3 of group 'hier-late' (shm+gloo, 4 ranks) (pid"));
+}
+
+TEST_CASE("make_process_group(\"shm+gloo\") without a node key reads LOCKSTEP_NODE_ID",
+          "[collectives][hierarchical][shm]") {
+  // Rank 0 names its node "pod-a"; rank 1 names none, and its
+  // LOCKSTEP_NODE_ID says "pod-a": one node, whose ranks share a pool.
+  const char* before = std::getenv("LOCKSTEP_NODE_ID");
+  const std::string saved = before != nullptr ? before : "";
+  ::setenv("LOCKSTEP_NODE_ID", "pod-a", 1);
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+  std::vector<std::string> results(2);
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    auto g = lc::make_process_group("shm+gloo", store, r, 2, "hier-env", 60s,
+                                    lockstep::distributed::DebugLevel::Off, r == 0 ? "pod-a" : "");
+    auto pool = g->reserve_shared_pool(1 << 16);
+    Tensor t = input(r, 7, DType::f64);
+    g->allreduce(t)->wait();
+    results[static_cast<size_t>(r)] =
+        fmt::format("pool {} ", pool != nullptr) +
+        mismatch(t, [](int64_t i) { return expected_value(lc::ReduceOp::Sum, DType::f64, 2, i); },
+                 "allreduce");
+  });
+  if (before != nullptr) {
+    ::setenv("LOCKSTEP_NODE_ID", saved.c_str(), 1);
+  } else {
+    ::unsetenv("LOCKSTEP_NODE_ID");
+  }
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
+    CHECK(results[static_cast<size_t>(r)] == "pool true ");
+  }
 }
 
 TEST_CASE("init_process_group: the default is shm on one node, shm+gloo across nodes",
