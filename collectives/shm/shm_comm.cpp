@@ -286,9 +286,13 @@ void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline, bool wok
     if (now >= deadline) throw DeadlineExceeded(who_is_missing(target));
     report_stall(target);
     if (peers_.size() == static_cast<size_t>(size_) && peers_[static_cast<size_t>(q)].exited()) {
+      // Both named as the caller knows them: a composite's member call
+      // carries the composite's ranks.
       const std::string reason = fmt::format(
-          "rank {} (pid {}) exited while rank {} waited for it in a collective", q,
-          identities_[static_cast<size_t>(q)].pid, rank_);
+          "{} (pid {}) exited while rank {} waited for it in a collective",
+          call_ != nullptr ? call_->rank_name(q) : fmt::format("rank {}", q),
+          identities_[static_cast<size_t>(q)].pid,
+          call_ != nullptr ? call_->signature.rank : rank_);
       abort(reason);
       throw Error(reason);
     }

@@ -11,8 +11,12 @@
 #if LOCKSTEP_HAVE_GLOO
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <latch>
 #include <thread>
 
@@ -22,6 +26,7 @@
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/hierarchical_group.h"
 #include "lockstep/collectives/node_topology.h"
+#include "lockstep/collectives/spawn.h"
 #include "support/test_util.h"
 
 namespace lc = lockstep::collectives;
@@ -464,6 +469,33 @@ TEST_CASE("make_process_group(\"shm+gloo\") without a node key reads LOCKSTEP_NO
     CHECK(lt::message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
     CHECK(results[static_cast<size_t>(r)] == "pool true ");
   }
+}
+
+TEST_CASE("shm+gloo: a rank whose process exits is named by its rank in the group",
+          "[collectives][hierarchical][shm][spawn]") {
+  // Nodes {0, 1} and {2, 3}; rank 3's process ends without a word while rank
+  // 2 waits for it over shm, where rank 3 is the node's rank 1.
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / fmt::format("lockstep-hier-exit-{}", ::getpid());
+  lc::SpawnOptions options;
+  options.env = {{"LOCKSTEP_BACKEND", "shm+gloo"}, {"LOCKSTEP_TIMEOUT_S", "60"}};
+  lc::spawn(
+      4,
+      [&](int r) {
+        ::setenv("LOCKSTEP_NODE_ID", r < 2 ? "a" : "b", 1);
+        auto g = lc::init_process_group();
+        if (r == 3) std::_Exit(0);
+        Tensor t = Tensor::ones({10});
+        const std::string error = lt::error_of([&] { g->allreduce(t)->wait(); });
+        if (r == 2) std::ofstream(file) << error;
+      },
+      options);
+  std::ifstream in(file);
+  const std::string seen((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(file);
+  INFO(seen);
+  CHECK_THAT(seen, Contains("rank 3 of group 'default' (shm+gloo, 4 ranks) (pid") &&
+                       Contains("exited while rank 2 waited for it"));
 }
 
 TEST_CASE("init_process_group: the default is shm on one node, shm+gloo across nodes",
