@@ -175,7 +175,7 @@ class GlooGroup final : public ProcessGroup {
   // else a CollectiveError naming the op, this rank, the broken peers and
   // why a peer gave up, where it said so.
   [[noreturn]] void fail_with(const Call& call, const std::exception& cause);
-  std::string name_broken_peers(const std::string& cause) const;
+  std::string name_broken_peers(const Call& call, const std::string& cause) const;
   std::string peer_abort_reason() const;
 
   template <class Options>
@@ -428,10 +428,10 @@ void GlooGroup::fail_with(const Call& call, const std::exception& cause) {
         "every rank joined it, but its data did not finish moving in time (gloo: {})", what));
   }
   throw CollectiveError(fmt::format("{} failed on {}: {}{}{}", call.description(), where(), what,
-                                    name_broken_peers(what), peer_abort_reason()));
+                                    name_broken_peers(call, what), peer_abort_reason()));
 }
 
-std::string GlooGroup::name_broken_peers(const std::string& cause) const {
+std::string GlooGroup::name_broken_peers(const Call& call, const std::string& cause) const {
   std::vector<int> peers;
   for (int peer = 0; peer < size(); ++peer) {
     const auto& address = peer_addresses_[static_cast<size_t>(peer)];
@@ -443,9 +443,12 @@ std::string GlooGroup::name_broken_peers(const std::string& cause) const {
     peers.push_back(1 - rank());
   }
   if (peers.empty()) return "";
-  return fmt::format(" (the connection to rank {} broke: that rank probably exited, crashed or "
+  // Named as the caller knows them: a composite's member call carries its ranks.
+  std::vector<std::string> names;
+  for (int peer : peers) names.push_back(call.rank_name(peer));
+  return fmt::format(" (the connection to {} broke: that rank probably exited, crashed or "
                      "gave up on the group; its own output says why)",
-                     fmt::join(peers, ", rank "));
+                     fmt::join(names, ", "));
 }
 
 // A peer that aborted the group left its reason in the store just before it
