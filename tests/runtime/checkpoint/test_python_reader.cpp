@@ -12,6 +12,7 @@
 
 #include "lockstep/runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/checkpoint_test_util.h"
+#include "support/skip.h"
 #include "support/subprocess.h"
 #include "support/test_util.h"
 
@@ -22,6 +23,7 @@ using Catch::Contains;
 namespace {
 
 const std::string kScript = std::string(LOCKSTEP_SOURCE_DIR) + "/scripts/read_checkpoint.py";
+const char* const kNoNumpy = "no python3 with numpy found (apt-get install python3-numpy)";
 
 // The first python3 that imports numpy: the one on PATH, then the system's
 // (a pyenv python3 on PATH may lack numpy where the system one has it).
@@ -76,11 +78,7 @@ std::string safetensors_bytes(std::string json, const std::string& data) {
 
 TEST_CASE("checkpoint: the numpy reader loads the weights", "[checkpoint][python]") {
   const auto python = python_with_numpy();
-  if (python.empty()) {
-    std::cout << "SKIPPED: no python3 with numpy found (apt-get install python3-numpy)"
-              << std::endl;
-    return;
-  }
+  LOCKSTEP_SKIP_IF(python.empty() ? kNoNumpy : "");
   TempDir dir;
   CheckpointContent c;
   const DType dtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16,
@@ -130,11 +128,7 @@ TEST_CASE("checkpoint: the numpy reader loads the weights", "[checkpoint][python
 TEST_CASE("checkpoint: the numpy reader takes an empty tensor listed after its neighbour",
           "[checkpoint][python]") {
   const auto python = python_with_numpy();
-  if (python.empty()) {
-    std::cout << "SKIPPED: no python3 with numpy found (apt-get install python3-numpy)"
-              << std::endl;
-    return;
-  }
+  LOCKSTEP_SKIP_IF(python.empty() ? kNoNumpy : "");
   // Valid safetensors (its reader orders by (begin, end)): "a" holds no
   // bytes at the offset where "b" starts, and the header names "b" first.
   // The reader took "a" for a tensor starting too early.
@@ -159,11 +153,7 @@ TEST_CASE("checkpoint: the numpy reader takes an empty tensor listed after its n
 TEST_CASE("checkpoint: the numpy reader refuses the headers lockstep refuses, with a message",
           "[checkpoint][python]") {
   const auto python = python_with_numpy();
-  if (python.empty()) {
-    std::cout << "SKIPPED: no python3 with numpy found (apt-get install python3-numpy)"
-              << std::endl;
-    return;
-  }
+  LOCKSTEP_SKIP_IF(python.empty() ? kNoNumpy : "");
   const std::string one = R"({"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
   // A name given twice (json.loads kept the last one without a word), a
   // header that is not an object, and fewer tensor checksums than tensors
