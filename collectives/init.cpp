@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string_view>
@@ -114,11 +116,25 @@ std::shared_ptr<distributed::TcpStoreServer> serve_store(const std::string& host
 }
 
 // Rank 0's server at the job's address, on the interface the ranks reach it by.
+// One per process while any of its groups holds it: a second group (another
+// name beside "default", as PyTorch's new_group) or a group made again before
+// the first is dropped would otherwise listen again on the port it holds.
+// Keyed by pid as well, as a forked child has the map but not the server's
+// threads.
 std::shared_ptr<distributed::TcpStoreServer> serve_job_store(const distributed::RankInfo& info) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<distributed::TcpStoreServer>> serving;
+  const std::string key =
+      fmt::format("{} {}:{} {}", ::getpid(), info.store_host, info.store_port, info.token);
+  std::lock_guard lock(mutex);
+  std::weak_ptr<distributed::TcpStoreServer>& shared = serving[key];
+  if (auto server = shared.lock()) return server;
   const bool one_host = distributed::every_rank_on_this_host(info);
   try {
-    return serve_store(distributed::listen_host_for(info.store_host, one_host),
-                       static_cast<uint16_t>(info.store_port), info.token);
+    auto server = serve_store(distributed::listen_host_for(info.store_host, one_host),
+                              static_cast<uint16_t>(info.store_port), info.token);
+    shared = server;
+    return server;
   } catch (const Error& e) {
     throw Error(fmt::format("rank 0 of {} (from {}) cannot serve the job's store at {}:{}, "
                             "taken from {}: {}",

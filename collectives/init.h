@@ -26,8 +26,9 @@
 // Store: lockstep-run serves it and passes LOCKSTEP_STORE_ADDR; where the
 // environment says rank 0 serves it (RankInfo::rank0_serves_store: torchrun,
 // MASTER_ADDR/MASTER_PORT, Slurm's derived address; distributed/launch_env.h), rank 0
-// serves it there, listening on the address's own interface where it is one
-// of this host's (distributed/store/listen_address.h); under mpirun with no
+// serves it there (one server for all its groups at that address), listening
+// on the address's own interface where it is one of this host's
+// (distributed/store/listen_address.h); under mpirun with no
 // address given and MPI built in, rank 0 serves it on a free port and shares
 // the address (and a fresh token) through MPI.
 #pragma once

@@ -2,7 +2,8 @@
 // processes: rank 0 serves it at MASTER_ADDR/MASTER_PORT under any launcher
 // (here MPICH's PMI variables, set by hand), and a rank whose store never
 // comes says so while it waits, and a second process claiming a rank already
-// taken fails at once. torchrun and Slurm themselves are tested in
+// taken fails at once; in one process, a second group beside the first
+// shares rank 0's server. torchrun and Slurm themselves are tested in
 // tests/launcher/.
 #include <catch2/catch.hpp>
 
@@ -16,9 +17,13 @@
 
 #include <fmt/format.h>
 
+#include "collectives/rank_threads.h"
 #include "lockstep/distributed/store/tcp_store.h"
 #include "support/subprocess.h"
 
+namespace lc = lockstep::collectives;
+namespace lt = lockstep::testing;
+using lockstep::runtime::Tensor;
 using lockstep::testing::bin_path;
 using lockstep::testing::describe;
 using lockstep::testing::ProcessResult;
@@ -112,4 +117,40 @@ TEST_CASE("store rendezvous: a second process claiming a rank already taken fail
   CHECK_THAT(loser.output, Contains("rank 1 of group 'default' is already taken on this store by"));
   CHECK_THAT(loser.output, Contains(fmt::format(" pid {} (tag ", m[1].str())));
   CHECK_THAT(loser.output, Contains("two jobs were given the same store address"));
+}
+
+TEST_CASE("store rendezvous: where rank 0 serves the store, a second group beside the first "
+          "shares its server",
+          "[collectives][store]") {
+  // PyTorch's new_group beside the default group: under torchrun's
+  // variables each init_process_group() of rank 0 used to listen on
+  // MASTER_PORT again, which its first group's server still held.
+  const int port = unused_tcp_port();
+  std::vector<std::string> results(2);
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    lockstep::distributed::RankInfo info;
+    info.rank = info.local_rank = r;
+    info.world_size = info.local_world_size = 2;
+    info.store_host = "127.0.0.1";
+    info.store_port = port;
+    info.token = fmt::format("second-group-{}", ::getpid());
+    info.rank0_serves_store = true;
+    info.source = "torchrun";
+    info.store_address_from = "MASTER_ADDR/MASTER_PORT";
+    const lc::InitOptions options{.backend = "shm", .timeout = 20s, .rank_info = info};
+    auto first = lc::init_process_group(options);
+    auto second_options = options;
+    second_options.name = "second";
+    auto second = lc::init_process_group(second_options);
+    for (auto* group : {second.get(), first.get()}) {
+      Tensor t = Tensor::ones({3});
+      group->allreduce(t)->wait();
+      results[static_cast<size_t>(r)] += fmt::format("{} ", t.data_ptr<float>()[0]);
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << lt::message_of(errors[static_cast<size_t>(r)]));
+    CHECK(errors[static_cast<size_t>(r)] == nullptr);
+    CHECK(results[static_cast<size_t>(r)] == "2 2 ");
+  }
 }
