@@ -26,6 +26,8 @@ constexpr size_t kSlotBytes = 256;  // the counter and the identity on separate 
 // How long a sleeping wait sleeps before it looks at the deadline, the abort
 // word and the awaited peer again.
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+// How long a rank that dropped its group counts as ending (see peer_gone).
+constexpr auto kLeaveGrace = std::chrono::seconds(2);
 // Bounds of one wait's spin (see wait_for).
 constexpr auto kMinSpin = std::chrono::microseconds(5);
 constexpr auto kMaxSpin = std::chrono::milliseconds(2);
@@ -81,6 +83,9 @@ struct Comm::Slot {
   // (see the call check in shm_comm.h): its hash here, on the line a waiting
   // rank reads anyway, and its signature, read only when a hash differs.
   std::atomic<uint64_t> call_hash[2];
+  // When this rank's group was destroyed (steady clock; 0: it was not): it
+  // arrives no more.
+  std::atomic<int64_t> left_ns;
   alignas(64) std::atomic<uint64_t> call[2][4];
   // The last call this rank completed (seq 0: none yet).
   alignas(64) std::atomic<uint64_t> done[4];
@@ -285,14 +290,14 @@ void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline, bool wok
     const auto now = Clock::now();
     if (now >= deadline) throw DeadlineExceeded(who_is_missing(target));
     report_stall(target);
-    if (peers_.size() == static_cast<size_t>(size_) && peers_[static_cast<size_t>(q)].exited()) {
+    const std::string gone = peer_gone(q, target);
+    if (!gone.empty()) {
       // Both named as the caller knows them: a composite's member call
       // carries the composite's ranks.
       const std::string reason = fmt::format(
-          "{} (pid {}) exited while rank {} waited for it in a collective",
-          call_ != nullptr ? call_->rank_name(q) : fmt::format("rank {}", q),
-          identities_[static_cast<size_t>(q)].pid,
-          call_ != nullptr ? call_->signature.rank : rank_);
+          "{} (pid {}) {} while rank {} waited for it in a collective",
+          call_ != nullptr ? call_->rank_name(q) : fmt::format("rank {}", q), s.identity.pid,
+          gone, call_ != nullptr ? call_->signature.rank : rank_);
       abort(reason);
       throw Error(reason);
     }
@@ -306,6 +311,28 @@ void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline, bool wok
       return;
     }
   }
+}
+
+// Its process exited, or it dropped its group some time ago: it will never
+// arrive. A process usually drops its groups as it ends: for a while it
+// counts as exiting, so that the launcher learns of its end (and its exit
+// code) before the others fail because of it.
+std::string Comm::peer_gone(int q, uint32_t target) const {
+  if (peers_.size() == static_cast<size_t>(size_) && peers_[static_cast<size_t>(q)].exited())
+    return "exited";
+  // Its arrivals come before `left_ns`: one made before leaving is seen here.
+  const Slot& s = slot(q);
+  const int64_t left = s.left_ns.load(std::memory_order_acquire);
+  if (left != 0 && !reached(s.arrivals.load(std::memory_order_acquire), target) &&
+      Clock::now() - Clock::time_point(Clock::duration(left)) >= kLeaveGrace) {
+    return "dropped its group";
+  }
+  return "";
+}
+
+void Comm::leave() {
+  slot(rank_).left_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
+  futex_wake_all(slot(rank_).arrivals);
 }
 
 void Comm::abort(const std::string& reason) {

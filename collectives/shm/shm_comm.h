@@ -16,7 +16,8 @@
 // moments ago, or this rank's arrival has just woken it), and at most 2 ms;
 // otherwise it sleeps on the futex in slices, checking between slices the
 // deadline, the abort word and whether the awaited peer's process has
-// exited. An arriving rank wakes the futex only when someone sleeps on it.
+// exited or its group was destroyed. An arriving rank wakes the futex only
+// when someone sleeps on it.
 //
 // Shared tensor pools (shm_pool.h) added to the Comm let a collective read a
 // peer's data in place: each rank publishes in its slot where its data lies
@@ -88,7 +89,8 @@ class Comm {
   // Arrive, then wait until every rank has arrived as often. Throws
   // DeadlineExceeded past `deadline` (naming the ranks that did not arrive
   // and the last call each completed), and lockstep::Error naming the rank
-  // when a peer's process exited or some rank aborted the group.
+  // when a peer's process exited, a peer left (leave()) or some rank aborted
+  // the group.
   void barrier(Clock::time_point deadline);
 
   // The collective now running: the next barrier checks that every rank is
@@ -113,6 +115,10 @@ class Comm {
   // published data lies in this process, or nullptr when it lies in no pool.
   std::byte* peer_view(int q) const;
 
+  // This rank is done with the group (its group is being destroyed, no call
+  // running): a rank waiting for its arrival fails within seconds, naming
+  // it (as exited, if its process ends meanwhile).
+  void leave();
   // Marks the group failed for every rank (first reason wins) and wakes them.
   void abort(const std::string& reason);
   // The reason the group was aborted (by any rank), or "".
@@ -127,6 +133,8 @@ class Comm {
   // `woke_peers`: this rank's arrival just woke ranks asleep on it.
   void wait_for(int q, uint32_t target, Clock::time_point deadline, bool woke_peers);
   void check_abort() const;
+  // Why rank q will never arrive `target` times ("exited", ...), or "".
+  std::string peer_gone(int q, uint32_t target) const;
   // After a barrier: every rank's signature of this call, compared.
   void check_same_call();
   // The ranks that have not arrived `target` times, with the last call each

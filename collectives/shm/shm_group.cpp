@@ -36,7 +36,10 @@ class ShmGroup final : public ProcessGroup {
  public:
   ShmGroup(std::shared_ptr<distributed::Store> store, int rank, int size, const std::string& name,
            milliseconds timeout, const ShmOptions& options);
-  ~ShmGroup() override { executor_->stop(); }
+  ~ShmGroup() override {
+    executor_->stop();
+    comm_->leave();
+  }
 
   std::string backend() const override { return "shm"; }
 

@@ -219,3 +219,28 @@ TEST_CASE("every CPU backend: a recv that does not match its send's size or dtyp
   });
   for (const auto& e : errors) CHECK(lt::message_of(e) == "<no exception>");
 }
+
+TEST_CASE("every CPU backend: a rank that drops its group makes the others' next collective "
+          "fail at once, naming it",
+          "[collectives][lifecycle]") {
+  // Rank 1 is done with the group (it leaves a training loop early, or
+  // recovers from an error by making a new one) while its process goes on;
+  // rank 0 must not wait out the group's timeout in a call rank 1 will
+  // never join.
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  auto groups = lt::make_groups(backend, 2, "dropped", 15s);
+  std::vector<std::string> first(2);
+  lt::run_ranks(2, [&](int r) {
+    Tensor t = Tensor::ones({4});
+    first[static_cast<size_t>(r)] =
+        lt::error_of([&] { groups[static_cast<size_t>(r)]->allreduce(t)->wait(); });
+  });
+  REQUIRE(first == std::vector<std::string>(2, "<no exception>"));
+  groups[1].reset();
+  Tensor t = Tensor::ones({4});
+  const auto start = Clock::now();
+  const std::string error = lt::error_of([&] { groups[0]->allreduce(t)->wait(); });
+  CHECK(seconds_since(start) < 5.0);
+  CHECK_THAT(error, Contains("allreduce #2") && Contains("rank 1"));
+}
