@@ -215,6 +215,21 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
   return group;
 }
 
+// `group`, kept alive by `owner`, which only the process that made it
+// destroys. A child forked from that process (ending with exit(), a group held
+// globally) has none of the group's threads and shares its sockets, memory
+// and store server with the parent: destroying it there waited without end
+// on threads that are not there, or crashed, and could tell the parent's
+// peers that this rank had left. The child leaves it to its own end.
+template <class Owner>
+std::shared_ptr<ProcessGroup> owned_by_this_process(std::shared_ptr<Owner> owner,
+                                                    ProcessGroup* group) {
+  auto* kept = new std::shared_ptr<Owner>(std::move(owner));
+  return std::shared_ptr<ProcessGroup>(group, [kept, maker = ::getpid()](ProcessGroup*) {
+    if (::getpid() == maker) delete kept;
+  });
+}
+
 }  // namespace
 
 std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
@@ -290,7 +305,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
                              &topology, node_key, info.stall_report,
                              device.is_cuda() ? device.index : -1);
   ProcessGroup* group = holder->group.get();
-  return std::shared_ptr<ProcessGroup>(std::move(holder), group);
+  return owned_by_this_process(std::move(holder), group);
 }
 
 std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
@@ -298,8 +313,10 @@ std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
                                                  int size, const std::string& name,
                                                  milliseconds timeout, distributed::DebugLevel debug,
                                                  const std::string& node_key) {
-  return make_group(backend, std::move(store), rank, size, name, timeout, debug, nullptr,
-                    node_key);
+  std::shared_ptr<ProcessGroup> group =
+      make_group(backend, std::move(store), rank, size, name, timeout, debug, nullptr, node_key);
+  ProcessGroup* raw = group.get();
+  return owned_by_this_process(std::move(group), raw);
 }
 
 }  // namespace lockstep::collectives

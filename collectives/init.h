@@ -57,6 +57,9 @@ struct InitOptions {
   std::shared_ptr<distributed::Store> store;       // default: connect as described above
 };
 
+// A child forked from this process does not destroy the groups it
+// inherited (their threads are not in it); they end with it. So for
+// make_process_group().
 std::shared_ptr<ProcessGroup> init_process_group(InitOptions options = {});
 
 // Builds a group of `backend` from an explicit store, rank and size (all

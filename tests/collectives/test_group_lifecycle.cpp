@@ -3,6 +3,10 @@
 // what send and recv do with it and with an abort.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -243,4 +247,42 @@ TEST_CASE("every CPU backend: a rank that drops its group makes the others' next
   const std::string error = lt::error_of([&] { groups[0]->allreduce(t)->wait(); });
   CHECK(seconds_since(start) < 5.0);
   CHECK_THAT(error, Contains("allreduce #2") && Contains("rank 1"));
+}
+
+TEST_CASE("every CPU backend: a forked child that drops the groups it inherited ends, and "
+          "leaves them to its parent",
+          "[collectives][lifecycle]") {
+  // A child forked after init (a worker, a helper process) that ends with
+  // exit() destroys a group held globally. It has none of the group's
+  // threads: its destructor used to wait for them without end, and the
+  // parent for the child.
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  auto groups = lt::make_groups(backend, 2, "forked", 15s);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    groups.clear();
+    ::_exit(0);
+  }
+  REQUIRE(child > 0);
+  int status = -1;
+  const auto start = Clock::now();
+  while (::waitpid(child, &status, WNOHANG) == 0 && seconds_since(start) < 5.0) {
+    std::this_thread::sleep_for(10ms);
+  }
+  const bool ended = seconds_since(start) < 5.0;
+  if (!ended) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+  }
+  CHECK(ended);
+  // The parent's ranks go on as if nothing happened.
+  std::vector<std::string> errors(2);
+  lt::run_ranks(2, [&](int r) {
+    Tensor t = Tensor::ones({4});
+    errors[static_cast<size_t>(r)] =
+        lt::error_of([&] { groups[static_cast<size_t>(r)]->allreduce(t)->wait(); });
+    if (t.data_ptr<float>()[0] != 2.0f) errors[static_cast<size_t>(r)] += " wrong sum";
+  });
+  CHECK(errors == std::vector<std::string>(2, "<no exception>"));
 }
