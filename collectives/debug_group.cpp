@@ -1,6 +1,8 @@
 #include "lockstep/collectives/debug_group.h"
 
 #include <algorithm>
+#include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -9,6 +11,9 @@
 
 namespace lockstep::collectives {
 namespace {
+
+// What a rank that destroyed its group publishes as its next call.
+constexpr std::string_view kDestroyed = "nothing more: it destroyed its group";
 
 class DebugGroup final : public ProcessGroup {
  public:
@@ -23,6 +28,19 @@ class DebugGroup final : public ProcessGroup {
     const int64_t instance = store_->add(fmt::format("{}/desync/instances/{}", name(), rank()), 1);
     prefix_ = fmt::format("{}/desync/{}/", name(), instance);
     wraps(*inner_);
+  }
+
+  // The others' next collective reads this rank's part at once, rather than
+  // waiting out its timeout for a call that will never come.
+  ~DebugGroup() override {
+    const std::string after =
+        last_seq_ == 0 ? std::string("before any collective")
+                       : fmt::format("after collective #{}", last_seq_);
+    try {
+      store_->set(key(last_seq_ + 1, rank()), fmt::format("{} {}", kDestroyed, after));
+    } catch (const std::exception&) {
+      // The store is gone too (the job is ending): nobody is left to tell.
+    }
   }
 
   std::string backend() const override { return inner_->backend(); }
@@ -82,6 +100,7 @@ class DebugGroup final : public ProcessGroup {
   std::shared_ptr<ProcessGroup> inner_;
   std::shared_ptr<distributed::Store> store_;
   std::string prefix_;
+  uint64_t last_seq_ = 0;  // the last collective checked
 };
 
 // Publish, wait for every rank's fingerprint of the same call, compare.
@@ -91,6 +110,7 @@ void DebugGroup::check_same(const Call& call) {
   const uint64_t seq = call.signature.seq;
   const std::string fingerprint = call.signature.text();
   const std::chrono::milliseconds t = call.timeout;
+  last_seq_ = seq;
   store_->set(key(seq, rank()), fingerprint);
   store_->set(last_key(rank()), fmt::format("collective #{}: {}", seq, fingerprint));
   std::vector<std::string> keys;
@@ -113,6 +133,12 @@ void DebugGroup::check_same(const Call& call) {
   }
   if (seq > 2) store_->delete_key(key(seq - 2, rank()));
   if (groups.size() == 1) return;
+  // A rank that destroyed its group is usually ending: the launcher learns
+  // of its end (and exit code) first, before this rank fails because of it.
+  if (std::any_of(groups.begin(), groups.end(),
+                  [](const auto& g) { return g.first.rfind(kDestroyed, 0) == 0; })) {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+  }
   std::vector<std::string> parts;
   for (const auto& [call, ranks] : groups) {
     parts.push_back(fmt::format("{} called {}", ranks_text(ranks), call));

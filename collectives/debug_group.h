@@ -7,7 +7,8 @@
 // and reads every rank's. When they differ, every rank throws a
 // CollectiveError naming the first divergent call and which ranks issued
 // what, instead of hanging or computing a wrong answer. A rank that does not
-// arrive within the call's timeout is named with its last recorded call.
+// arrive within the call's timeout is named with its last recorded call; one
+// that destroyed its group is named at once, as having called nothing more.
 // Sends and recvs involve two ranks only and are forwarded unchecked.
 //
 // Costs a few store round trips per collective; meant for debugging.

@@ -104,4 +104,24 @@ TEST_CASE("desync: a rank that never arrives is named with its last call", "[col
                        Contains("rank 1's last recorded call was collective #1: barrier()"));
 }
 
+TEST_CASE("desync: a rank that drops its group is named at once by the others' next call",
+          "[collectives][gloo]") {
+  // Rank 1 leaves its loop early and returns: its group is destroyed while
+  // rank 0 goes on. Without the checker gloo tells rank 0 at once; with it,
+  // rank 0 used to wait for rank 1's fingerprint for the whole timeout.
+  auto groups = make_checked(2, "dropped", 15s);
+  const auto errors =
+      lt::run_ranks(2, [&](int r) { groups[static_cast<size_t>(r)]->barrier()->wait(); });
+  REQUIRE(messages(errors) == std::vector<std::string>(2, "<no exception>"));
+  groups[1].reset();
+  Tensor t = Tensor::zeros({4});
+  const auto start = std::chrono::steady_clock::now();
+  const std::string seen = lt::error_of([&] { groups[0]->allreduce(t)->wait(); });
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  CHECK_THAT(seen, Contains("collective #2 differs across ranks of group 'dropped'") &&
+                       Contains("rank 0 called allreduce(f32, 4 elements, sum)") &&
+                       Contains("rank 1 called nothing more: it destroyed its group after "
+                                "collective #1"));
+}
+
 #endif  // LOCKSTEP_HAVE_GLOO
