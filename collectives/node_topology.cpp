@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <climits>
 #include <fstream>
 #include <map>
@@ -30,6 +32,28 @@ std::string boot_id() {
 }
 
 std::string key_of(const std::string& prefix, int rank) { return fmt::format("{}/{}", prefix, rank); }
+
+// Rank r's published "<size> <value>": its value, once its size is this
+// rank's. Rank 0's size is this rank's once checked, so a difference names
+// rank 0's size and the other's.
+std::string value_if_same_size(const std::string& published, int r, int rank, int size,
+                               const std::string& group_name) {
+  const size_t space = published.find(' ');
+  int theirs = 0;
+  const char* first = published.data();
+  const auto [end, ec] = std::from_chars(first, first + std::min(space, published.size()), theirs);
+  LOCKSTEP_CHECK(space != std::string::npos && ec == std::errc() && end == first + space,
+                 "group '{}': rank {} published '{}' where '<size> <value>' was expected: do all "
+                 "ranks run the same build of lockstep?",
+                 group_name, r, published);
+  if (theirs != size) {
+    throw Error(fmt::format(
+        "the ranks of group '{}' disagree on its size: rank 0 has {} ranks, rank {} has {}; give "
+        "every rank the same world size (WORLD_SIZE, or the launcher's count of ranks)",
+        group_name, r == 0 ? theirs : size, r == 0 ? rank : r, r == 0 ? size : theirs));
+  }
+  return published.substr(space + 1);
+}
 
 }  // namespace
 
@@ -64,10 +88,13 @@ NodeTopology topology_from_keys(const std::vector<std::string>& keys, int rank) 
   return t;
 }
 
-// Every rank publishes its value under "<group>/<topic>/<instance>/<rank>",
-// where <instance> counts this rank's exchanges of the topic for the group
-// name: all ranks of one making of a group agree on it, and a later making
-// does not see the values of an earlier one.
+// Every rank publishes its size and value under
+// "<group>/<topic>/<instance>/<rank>", where <instance> counts this rank's
+// exchanges of the topic for the group name: all ranks of one making of a
+// group agree on it, and a later making does not see the values of an earlier
+// one. Ranks told different sizes (WORLD_SIZE set differently on one) would
+// each wait out the timeout for ranks only they have: every rank reads rank
+// 0's value first, and compares sizes before waiting for the others.
 std::vector<std::string> exchange_through_store(distributed::Store& store, int rank, int size,
                                                 const std::string& group_name,
                                                 const std::string& topic,
@@ -78,12 +105,17 @@ std::vector<std::string> exchange_through_store(distributed::Store& store, int r
   const int64_t instance =
       store.add(fmt::format("{}/{}/instances/{}", group_name, topic, rank), 1);
   const std::string prefix = fmt::format("{}/{}/{}", group_name, topic, instance);
-  store.set(key_of(prefix, rank), value);
+  store.set(key_of(prefix, rank), fmt::format("{} {}", size, value));
 
   std::vector<std::string> all;
   for (int r = 0; r < size; ++r) all.push_back(key_of(prefix, r));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   try {
-    store.wait(all, timeout);
+    store.wait({all[0]}, timeout);
+    value_if_same_size(store.get_string(all[0]), 0, rank, size, group_name);
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    store.wait(all, std::max(left, std::chrono::milliseconds(1)));
   } catch (const distributed::StoreTimeout&) {
     std::vector<int> missing;
     for (int r = 0; r < size; ++r) {
@@ -99,7 +131,11 @@ std::vector<std::string> exchange_through_store(distributed::Store& store, int r
         rank, group_name, size, timeout.count(), what, fmt::join(missing, ", rank ")));
   }
   std::vector<std::string> values;
-  for (const auto& k : all) values.push_back(store.get_string(k));
+  for (int r = 0; r < size; ++r) {
+    values.push_back(
+        value_if_same_size(store.get_string(all[static_cast<size_t>(r)]), r, rank, size,
+                           group_name));
+  }
   return values;
 }
 

@@ -50,7 +50,8 @@ NodeTopology discover_topology(distributed::Store& store, int rank, int size,
 // Every rank's `value` (rank 0's first) through the store: each rank of the
 // group calls it with the same `group_name` and `topic`, and a later call
 // reads fresh values. Throws, naming the ranks whose `what` did not arrive
-// within `timeout`.
+// within `timeout`, and at once when a rank was given another `size` than
+// rank 0.
 std::vector<std::string> exchange_through_store(distributed::Store& store, int rank, int size,
                                                 const std::string& group_name,
                                                 const std::string& topic,

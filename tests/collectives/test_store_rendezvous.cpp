@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "collectives/rank_threads.h"
+#include "lockstep/distributed/store/memory_store.h"
 #include "lockstep/distributed/store/tcp_store.h"
 #include "support/subprocess.h"
 
@@ -152,5 +153,27 @@ TEST_CASE("store rendezvous: where rank 0 serves the store, a second group besid
     INFO("rank " << r << ": " << lt::message_of(errors[static_cast<size_t>(r)]));
     CHECK(errors[static_cast<size_t>(r)] == nullptr);
     CHECK(results[static_cast<size_t>(r)] == "2 2 ");
+  }
+}
+
+TEST_CASE("store rendezvous: ranks that disagree on the world size fail at once, naming the "
+          "sizes",
+          "[collectives][store]") {
+  // WORLD_SIZE set differently on one rank: each used to wait out the
+  // timeout for ranks the other does not have, rank 0's error naming a key.
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    lockstep::distributed::RankInfo info;
+    info.rank = info.local_rank = r;
+    info.world_size = info.local_world_size = r == 0 ? 2 : 3;
+    lc::init_process_group({.backend = "shm", .timeout = 10s, .rank_info = info, .store = store});
+  });
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(lt::message_of(errors[static_cast<size_t>(r)]),
+               Contains("the ranks of group 'default' disagree on its size: rank 0 has 2 ranks, "
+                        "rank 1 has 3"));
   }
 }
