@@ -21,6 +21,12 @@
 
 namespace lockstep::collectives {
 
+// How long a rank that destroyed its group still counts as ending: its
+// process usually exits meanwhile, and the launcher should learn of that exit
+// (and its code) before the other ranks fail because of it (shm's wait, the
+// desync checker).
+inline constexpr std::chrono::seconds kLeftGroupGrace{2};
+
 enum class CollectiveKind : uint8_t {
   allreduce,
   broadcast,

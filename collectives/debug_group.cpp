@@ -133,11 +133,10 @@ void DebugGroup::check_same(const Call& call) {
   }
   if (seq > 2) store_->delete_key(key(seq - 2, rank()));
   if (groups.size() == 1) return;
-  // A rank that destroyed its group is usually ending: the launcher learns
-  // of its end (and exit code) first, before this rank fails because of it.
+  // A rank that destroyed its group is usually ending (see kLeftGroupGrace).
   if (std::any_of(groups.begin(), groups.end(),
                   [](const auto& g) { return g.first.rfind(kDestroyed, 0) == 0; })) {
-    std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::this_thread::sleep_for(kLeftGroupGrace);
   }
   std::vector<std::string> parts;
   for (const auto& [call, ranks] : groups) {

@@ -340,32 +340,24 @@ void HierarchicalGroup::reduce_steps(const Call& call, Tensor& t, ReduceOp op_ki
 // A barrier within every node, among the leaders, then within every node
 // again: no rank leaves before every rank of every node has arrived.
 void HierarchicalGroup::barrier_steps(const Call& call) {
-  const auto local_barrier = [&](uint8_t number, const char* label) {
-    if (local_->size() > 1) {
-      step(call, number, *local_, fmt::format("{} (barrier within the node over {})", label, intra_),
-           [&](milliseconds left) { return local_->barrier({.timeout = left}); });
-    }
-  };
-  local_barrier(1, "step 1 of 3");
-  if (topology_.local_rank == 0 && leaders_->size() > 1) {
-    step(call, 2, *leaders_,
-         fmt::format("step 2 of 3 (barrier among the {} node leaders over gloo)",
-                     leaders_->size()),
-         [&](milliseconds left) { return leaders_->barrier({.timeout = left}); });
+  check_steps(call);
+  if (local_->size() > 1) {
+    step(call, 3, *local_, fmt::format("step 3 of 3 (barrier within the node over {})", intra_),
+         [&](milliseconds left) { return local_->barrier({.timeout = left}); });
   }
-  local_barrier(3, "step 3 of 3");
 }
 
-// A barrier within the node and among the leaders, checked as `call`.
+// Steps 1 and 2 of 3: a barrier within the node, then among the leaders,
+// each checked as `call` (a barrier's first two steps; before an allgather's
+// or reduce_scatter's data moves, the check that every rank is in it).
 void HierarchicalGroup::check_steps(const Call& call) {
   if (local_->size() > 1) {
-    step(call, 1, *local_, fmt::format("step 1 of 3 (the call checked within the node over {})",
-                                       intra_),
+    step(call, 1, *local_, fmt::format("step 1 of 3 (barrier within the node over {})", intra_),
          [&](milliseconds left) { return local_->barrier({.timeout = left}); });
   }
   if (topology_.local_rank == 0 && leaders_->size() > 1) {
     step(call, 2, *leaders_,
-         fmt::format("step 2 of 3 (the call checked among the {} node leaders over gloo)",
+         fmt::format("step 2 of 3 (barrier among the {} node leaders over gloo)",
                      leaders_->size()),
          [&](milliseconds left) { return leaders_->barrier({.timeout = left}); });
   }

@@ -26,8 +26,6 @@ constexpr size_t kSlotBytes = 256;  // the counter and the identity on separate 
 // How long a sleeping wait sleeps before it looks at the deadline, the abort
 // word and the awaited peer again.
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
-// How long a rank that dropped its group counts as ending (see peer_gone).
-constexpr auto kLeaveGrace = std::chrono::seconds(2);
 // Bounds of one wait's spin (see wait_for).
 constexpr auto kMinSpin = std::chrono::microseconds(5);
 constexpr auto kMaxSpin = std::chrono::milliseconds(2);
@@ -236,7 +234,7 @@ std::string Comm::who_is_missing(uint32_t target) const {
         identities_.size() == static_cast<size_t>(size_)
             ? fmt::format(" (pid {})", identities_[static_cast<size_t>(q)].pid)
             : std::string();
-    const std::string name = call_ != nullptr ? call_->rank_name(q) : fmt::format("rank {}", q);
+    const std::string name = rank_name(q);
     missing.push_back(done.seq == 0
                           ? fmt::format("{}{} did not join it and has completed no "
                                         "collective on this group",
@@ -295,9 +293,8 @@ void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline, bool wok
       // Both named as the caller knows them: a composite's member call
       // carries the composite's ranks.
       const std::string reason = fmt::format(
-          "{} (pid {}) {} while rank {} waited for it in a collective",
-          call_ != nullptr ? call_->rank_name(q) : fmt::format("rank {}", q), s.identity.pid,
-          gone, call_ != nullptr ? call_->signature.rank : rank_);
+          "{} (pid {}) {} while rank {} waited for it in a collective", rank_name(q),
+          s.identity.pid, gone, call_ != nullptr ? call_->signature.rank : rank_);
       abort(reason);
       throw Error(reason);
     }
@@ -313,6 +310,10 @@ void Comm::wait_for(int q, uint32_t target, Clock::time_point deadline, bool wok
   }
 }
 
+std::string Comm::rank_name(int q) const {
+  return call_ != nullptr ? call_->rank_name(q) : fmt::format("rank {}", q);
+}
+
 // Its process exited, or it dropped its group some time ago: it will never
 // arrive. A process usually drops its groups as it ends: for a while it
 // counts as exiting, so that the launcher learns of its end (and its exit
@@ -324,7 +325,7 @@ std::string Comm::peer_gone(int q, uint32_t target) const {
   const Slot& s = slot(q);
   const int64_t left = s.left_ns.load(std::memory_order_acquire);
   if (left != 0 && !reached(s.arrivals.load(std::memory_order_acquire), target) &&
-      Clock::now() - Clock::time_point(Clock::duration(left)) >= kLeaveGrace) {
+      Clock::now() - Clock::time_point(Clock::duration(left)) >= kLeftGroupGrace) {
     return "dropped its group";
   }
   return "";

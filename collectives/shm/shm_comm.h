@@ -135,6 +135,8 @@ class Comm {
   void check_abort() const;
   // Why rank q will never arrive `target` times ("exited", ...), or "".
   std::string peer_gone(int q, uint32_t target) const;
+  // "rank q", or as the running call names it (a composite's rank).
+  std::string rank_name(int q) const;
   // After a barrier: every rank's signature of this call, compared.
   void check_same_call();
   // The ranks that have not arrived `target` times, with the last call each
