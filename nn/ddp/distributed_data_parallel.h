@@ -58,8 +58,10 @@ class DistributedDataParallel : public Module {
   // parameter by hand on one rank). Collective.
   void broadcast_parameters();
 
-  // While the returned guard lives, backward accumulates gradients locally
-  // and communicates nothing; the first backward after it averages the sum.
+  // The backward of a forward run while the returned guard lives accumulates
+  // gradients locally and communicates nothing; the first backward after a
+  // forward outside it averages the sum. As PyTorch, a forward under the
+  // guard leaves armed the averaging of an earlier forward outside it.
   class NoSyncGuard {
    public:
     explicit NoSyncGuard(DistributedDataParallel& ddp);

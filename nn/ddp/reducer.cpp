@@ -215,15 +215,24 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   check_parameters_unchanged();
   if (!synced) {
     const Join* join = active_join();
+    const int64_t active = join ? join->active_ranks() : group_.size();
+    // As PyTorch: a no_sync() forward leaves armed the averaged iteration of
+    // the forward before it (a loss over both forwards' outputs is averaged);
+    // the backward after that averaged one accumulates locally.
+    if (mode_ == Mode::sync) {
+      deferred_no_sync_active_ = active;
+      return;
+    }
     // Counted by its backward (on_gradient_ready): a forward that none
     // follows adds nothing to the sum, so nothing to the divisor either.
-    uncounted_active_ = join ? join->active_ranks() : group_.size();
+    uncounted_active_ = active;
     mode_ = Mode::no_sync;
     stats_ = DdpStats{.iteration = stats_.iteration, .forward_ms = forward_ms, .synced = false};
     return;
   }
   mode_ = Mode::sync;
   uncounted_active_ = 0;
+  deferred_no_sync_active_ = 0;
   backward_started_ = false;
   walked_ = options_.find_unused_parameters && !(options_.static_graph && unused_known_);
   if (walked_) {
@@ -466,8 +475,7 @@ void Reducer::finalize() {
   }
   const auto waited_until = Clock::now();
   if (timeline_) timeline_->buckets_waited();
-  mode_ = Mode::idle;
-  backward_started_ = false;
+  end_iteration();
   // static_graph keeps this walk: the first one that a backward followed (a
   // forward without one, e.g. an evaluation with grad mode on, may use other
   // parameters, or run on some ranks only).
@@ -585,8 +593,17 @@ void Reducer::drain_and_reset() {
     b.result = {};
     b.view.reset();
   }
-  mode_ = Mode::idle;
+  deferred_no_sync_active_ = 0;
+  end_iteration();
+}
+
+// The next backward accumulates locally if a no_sync() forward came after the
+// averaged one's forward; otherwise it needs a new forward.
+void Reducer::end_iteration() {
   backward_started_ = false;
+  mode_ = deferred_no_sync_active_ > 0 ? Mode::no_sync : Mode::idle;
+  uncounted_active_ = deferred_no_sync_active_;
+  deferred_no_sync_active_ = 0;
 }
 
 }  // namespace lockstep::nn

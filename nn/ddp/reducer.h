@@ -95,6 +95,7 @@ class Reducer {
   void rebuild_buckets();
   void write_gradients(const std::vector<int32_t>& globally_used);
   void drain_and_reset();
+  void end_iteration();
   std::unordered_set<const runtime::TensorImpl*> reachable_leaves(
       const std::vector<Tensor>& outputs) const;
 
@@ -135,6 +136,9 @@ class Reducer {
   // The ranks with a real batch at the last no_sync() forward, until its
   // backward's first gradient adds them to the window (0: added, or none).
   int64_t uncounted_active_ = 0;
+  // The same for a no_sync() forward that came while an averaged iteration
+  // waited for its backward: it becomes uncounted_active_ once that ends.
+  int64_t deferred_no_sync_active_ = 0;
   std::vector<size_t> ready_order_;    // this iteration's
   Clock::time_point forward_end_;
   double forward_ms_ = 0;

@@ -324,6 +324,87 @@ TEST_CASE("DDP: no_sync accumulates locally and the next backward averages the s
   REQUIRE(all_problems(problems).empty());
 }
 
+// As PyTorch, whose no_sync() forward skips prepare_for_backward: the averaging
+// that an ordinary forward armed stays armed through a forward under the guard
+// (a GAN-style loss over a real and a generated batch, the second forward under
+// no_sync). Before, the second forward disarmed it: the backward of the summed
+// loss accumulated locally on each rank and the replicas drifted apart.
+TEST_CASE("DDP: a no_sync forward after an ordinary one leaves its backward averaged",
+          "[ddp]") {
+  const int size = 2;
+  const auto first = lt::global_batch(8, 31), second = lt::global_batch(8, 32);
+  auto ref = lt::small_mlp(3);
+  lockstep::runtime::mul(lockstep::runtime::add(lt::loss_of(*ref, first),
+                                                lt::loss_of(*ref, second)),
+                         0.5)
+      .backward();
+  const auto ref_grads = ref->parameters();
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(3), group);
+    const Tensor a = lt::loss_of(*ddp, lt::shard(first, r, size));
+    Tensor b;
+    {
+      auto guard = ddp->no_sync();
+      b = lt::loss_of(*ddp, lt::shard(second, r, size));
+    }
+    lockstep::runtime::mul(lockstep::runtime::add(a, b), 0.5).backward();
+    if (!ddp->stats().synced) return "the backward of both forwards was not averaged";
+    const auto mine = ddp->module().named_parameters();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      auto problem = lt::mismatch(mine[i].first, mine[i].second.grad(), ref_grads[i].grad(), kTol);
+      if (!problem.empty()) return problem;
+    }
+    return "";
+  });
+  INFO(all_problems(problems));
+  REQUIRE(all_problems(problems).empty());
+}
+
+// Separate backward passes: the first is averaged, the second accumulates
+// locally (as PyTorch, where the first backward ends the armed iteration) and
+// the next averaged backward averages it.
+TEST_CASE("DDP: after a no_sync forward behind an ordinary one, the first backward averages "
+          "and the second accumulates",
+          "[ddp]") {
+  const int size = 2;
+  const auto first = lt::global_batch(8, 41), second = lt::global_batch(8, 42);
+  const auto third = lt::global_batch(8, 43);
+  auto ref = lt::small_mlp(4);
+  for (const auto* batch : {&first, &second, &third}) lt::loss_of(*ref, *batch).backward();
+  const auto ref_grads = ref->parameters();
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(4), group);
+    const Tensor a = lt::loss_of(*ddp, lt::shard(first, r, size));
+    Tensor b;
+    {
+      auto guard = ddp->no_sync();
+      b = lt::loss_of(*ddp, lt::shard(second, r, size));
+    }
+    a.backward();
+    if (!ddp->stats().synced) return "the first backward was not averaged";
+    b.backward();
+    // The whole first batch's gradient plus this rank's share of the second.
+    auto local = lt::small_mlp(4);
+    lt::loss_of(*local, first).backward();
+    lt::loss_of(*local, lt::shard(second, r, size)).backward();
+    const auto mine = ddp->module().named_parameters();
+    const auto local_grads = local->parameters();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      auto problem = lt::mismatch("after the second backward, " + mine[i].first,
+                                  mine[i].second.grad(), local_grads[i].grad(), kTol);
+      if (!problem.empty()) return problem;
+    }
+    lt::loss_of(*ddp, lt::shard(third, r, size)).backward();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      auto problem = lt::mismatch(mine[i].first, mine[i].second.grad(), ref_grads[i].grad(), kTol);
+      if (!problem.empty()) return problem;
+    }
+    return "";
+  });
+  INFO(all_problems(problems));
+  REQUIRE(all_problems(problems).empty());
+}
+
 TEST_CASE("DDP: the first bucket's all-reduce starts while backward is still running", "[ddp]") {
   // Ten parameters; a first bucket of ~100 bytes holds only the last layer's
   // bias (20 bytes) and weight: it must launch before the other gradients exist.
