@@ -20,6 +20,7 @@
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda/core/error_context.h"
 #include "lockstep/distributed/device_select.h"
+#include "lockstep/distributed/exited_ranks.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/liveness.h"
 #include "lockstep/distributed/store/listen_address.h"
@@ -251,7 +252,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     // the keys of the attempts before (rank claims, addresses, counters).
     if (info.restart_count > 0)
       holder->store = std::make_shared<distributed::PrefixStore>(
-          fmt::format("restart-{}", info.restart_count), holder->store);
+          distributed::attempt_prefix(info.restart_count), holder->store);
   }
   claim_rank(*holder->store, options.name, info.rank);
   int rank = info.rank;
@@ -274,7 +275,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   std::vector<RankPlacement> placements;
   for (const std::string& value : exchange_through_store(
            *holder->store, rank, size, options.name, "placement", format_placement(mine),
-           "backend, node and device", timeout)) {
+           "backend, node and device", timeout, /*watch_exits=*/true)) {
     PublishedPlacement entry = parse_placement(value);
     asked.push_back(std::move(entry.asked));
     node_keys.push_back(entry.placement.node);

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lockstep/distributed/exited_ranks.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::collectives {
@@ -21,6 +22,10 @@ std::string host_name() {
 }
 
 namespace {
+
+// How often a wait for other ranks' values reads which ranks have exited: one
+// store round trip.
+constexpr std::chrono::milliseconds kExitCheckEvery{1000};
 
 // The kernel's id of this boot: the same for every process (and container)
 // of one running kernel, different across machines and reboots.
@@ -99,7 +104,8 @@ std::vector<std::string> exchange_through_store(distributed::Store& store, int r
                                                 const std::string& group_name,
                                                 const std::string& topic,
                                                 const std::string& value, const std::string& what,
-                                                std::chrono::milliseconds timeout) {
+                                                std::chrono::milliseconds timeout,
+                                                bool watch_exits) {
   LOCKSTEP_CHECK(rank >= 0 && rank < size, "{} of group '{}': rank {} is not in a group of {} ranks",
                  topic, group_name, rank, size);
   const int64_t instance =
@@ -110,20 +116,46 @@ std::vector<std::string> exchange_through_store(distributed::Store& store, int r
   std::vector<std::string> all;
   for (int r = 0; r < size; ++r) all.push_back(key_of(prefix, r));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto published = [&](int r) {
+    try {
+      store.wait({all[static_cast<size_t>(r)]}, std::chrono::milliseconds(1));
+      return true;
+    } catch (const distributed::StoreTimeout&) {
+      return false;
+    }
+  };
+  // Until `keys` exist; each second, a rank that ended without publishing
+  // (what its launcher recorded) ends the wait naming it.
+  const auto wait_for = [&](const std::vector<std::string>& keys) {
+    for (;;) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      const auto slice = std::max(
+          std::chrono::milliseconds(1), watch_exits ? std::min(left, kExitCheckEvery) : left);
+      try {
+        store.wait(keys, slice);
+        return;
+      } catch (const distributed::StoreTimeout&) {
+        if (!watch_exits || slice >= left) throw;
+      }
+      for (const auto& e : distributed::exited_ranks(store)) {
+        if (e.rank < 0 || e.rank >= size || e.rank == rank || published(e.rank)) continue;
+        throw Error(fmt::format(
+            "rank {} of group '{}' ({} ranks) waited for every rank's {}, but rank {} {} "
+            "without joining the group; every rank must join it (does rank {} return or exit "
+            "before init_process_group?)",
+            rank, group_name, size, what, e.rank, e.how, e.rank));
+      }
+    }
+  };
   try {
-    store.wait({all[0]}, timeout);
+    wait_for({all[0]});
     value_if_same_size(store.get_string(all[0]), 0, rank, size, group_name);
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    store.wait(all, std::max(left, std::chrono::milliseconds(1)));
+    wait_for(all);
   } catch (const distributed::StoreTimeout&) {
     std::vector<int> missing;
     for (int r = 0; r < size; ++r) {
-      try {
-        store.wait({all[static_cast<size_t>(r)]}, std::chrono::milliseconds(1));
-      } catch (const distributed::StoreTimeout&) {
-        missing.push_back(r);
-      }
+      if (!published(r)) missing.push_back(r);
     }
     throw Error(fmt::format(
         "rank {} of group '{}' ({} ranks) waited {} ms for every rank's {}, but rank "

@@ -51,12 +51,14 @@ NodeTopology discover_topology(distributed::Store& store, int rank, int size,
 // group calls it with the same `group_name` and `topic`, and a later call
 // reads fresh values. Throws, naming the ranks whose `what` did not arrive
 // within `timeout`, and at once when a rank was given another `size` than
-// rank 0.
+// rank 0. With `watch_exits` (ranks are the job's ranks), also within about a
+// second of a rank whose end its launcher recorded (distributed/exited_ranks.h).
 std::vector<std::string> exchange_through_store(distributed::Store& store, int rank, int size,
                                                 const std::string& group_name,
                                                 const std::string& topic,
                                                 const std::string& value, const std::string& what,
-                                                std::chrono::milliseconds timeout);
+                                                std::chrono::milliseconds timeout,
+                                                bool watch_exits = false);
 
 // The topology from a known node key per rank (what discover_topology() ends
 // with); tests build explicit topologies with it.

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -25,6 +26,7 @@
 
 #include "lockstep/distributed/launch_env.h"
 #include "lockstep/distributed/exit_status.h"
+#include "lockstep/distributed/exited_ranks.h"
 #include "lockstep/distributed/store/tcp_store.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/threads.h"
@@ -255,9 +257,13 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 class Supervisor {
  public:
+  // `on_exited`: told of a rank that exits 0 while others run, which they
+  // may be waiting for to join their group.
   Supervisor(std::vector<Child>& children, const SpawnOptions& options,
-             const StopSignalsCaught& signals)
-      : children_(children), options_(options), signals_(signals) {}
+             const StopSignalsCaught& signals,
+             std::function<void(int rank, const std::string& how)> on_exited)
+      : children_(children), options_(options), signals_(signals),
+        on_exited_(std::move(on_exited)) {}
 
   // The first SIGINT, SIGTERM or SIGHUP that came while waiting; 0: none.
   int signalled() const { return signalled_; }
@@ -329,6 +335,8 @@ class Supervisor {
           (c.status_lost || distributed::ended_in_failure(c.status))) {
         failed_rank_ = c.rank;
         if (signalled_ == 0) stop(SIGTERM);  // after a signal, each rank has had it
+      } else if (!failure_ && failed_rank_ < 0 && signalled_ == 0 && alive() > 0) {
+        on_exited_(c.rank, distributed::describe_wait_status(c.status));
       }
     }
   }
@@ -413,6 +421,7 @@ class Supervisor {
   int stopped_ = 0;                    // children still running when we stopped them
   std::optional<Clock::time_point> kill_at_;
   const StopSignalsCaught& signals_;
+  std::function<void(int, const std::string&)> on_exited_;
   int signalled_ = 0;
 };
 
@@ -509,8 +518,23 @@ void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptio
     close_fd(c.go_fd);
   }
 
+  // A client of our own store, made when a rank first exits before the others.
+  std::unique_ptr<distributed::TcpStore> exit_records;
+  const auto record_exit = [&](int rank, const std::string& how) {
+    try {
+      if (!exit_records) {
+        distributed::TcpStoreOptions client;
+        client.port = server->port();
+        client.token = token;
+        client.connect_timeout = client.timeout = std::chrono::seconds(2);
+        exit_records = std::make_unique<distributed::TcpStore>(client);
+      }
+      distributed::record_exited_rank(*exit_records, {.rank = rank, .how = how});
+    } catch (const std::exception&) {  // nobody can be waiting on a store we cannot reach
+    }
+  };
   StopSignalsCaught signals;
-  Supervisor supervisor(children, options, signals);
+  Supervisor supervisor(children, options, signals, record_exit);
   std::optional<SpawnError> failure = supervisor.run();
   for (auto& c : children) {
     close_fd(c.error_fd);

@@ -305,7 +305,11 @@ class Supervisor {
       for (auto& r : ranks_) {
         if (r.process.child.pid == pid && r.alive) {
           r.alive = false;
-          if (ended_in_failure(status) && !stopping_) on_first_failure(r, status);
+          if (ended_in_failure(status) && !stopping_) {
+            on_first_failure(r, status);
+          } else if (!stopping_ && alive() > 0 && options_.on_rank_exited) {
+            options_.on_rank_exited(r.process.rank, describe_wait_status(status));
+          }
         }
       }
     }

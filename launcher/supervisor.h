@@ -51,6 +51,9 @@ struct SupervisorOptions {
   // node's failure, a signal) just before the ranks are told to stop, while
   // they are still as the failure found them: the post-mortem reads them.
   std::function<void(const std::string&)> before_stop;
+  // Called with a rank and how it ended when it exits 0 while others still
+  // run: the others may be waiting for it to join their group.
+  std::function<void(int rank, const std::string& how)> on_rank_exited;
 };
 
 // How a supervised attempt ended, for the restart decision.

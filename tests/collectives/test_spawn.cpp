@@ -159,6 +159,19 @@ TEST_CASE("spawn: a caller that ignores SIGCHLD still learns how each child ende
   CHECK(after.sa_handler == SIG_IGN);  // the caller's disposition is back
 }
 
+TEST_CASE("spawn: a child that returns before joining the group is named by the others within "
+          "seconds",
+          "[spawn]") {
+  const auto start = std::chrono::steady_clock::now();
+  const SpawnError e = spawn_error(2, [](int rank) {
+    if (rank == 1) return;
+    lockstep::collectives::init_process_group();
+  });
+  CHECK(e.rank() == 0);
+  CHECK_THAT(e.what(), Catch::Contains("but rank 1 exited with code 0 without joining the group"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
 TEST_CASE("spawn: children still running at the timeout are stopped and named, SIGKILL for one "
           "that ignores SIGTERM",
           "[spawn]") {

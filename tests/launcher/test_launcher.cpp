@@ -184,6 +184,30 @@ TEST_CASE("launcher: a failing rank stops the others", "[launcher]") {
   check_no_orphans(dir.str(), 3);
 }
 
+// A rank that returns 0 before init_process_group (an early `return` for all
+// but rank 0, say): the others waited for it the whole timeout (10 minutes by
+// default), where a failure would have ended the job at once.
+TEST_CASE("launcher: a rank that exits 0 before joining its group is named by the ranks waiting "
+          "for it within seconds, after a restart too",
+          "[launcher]") {
+  const auto r = launch({"-np", "3"}, {"leave-early=1", "group-sum"});
+  CHECK(r.exit_code != 0);
+  CHECK_FALSE(r.timed_out);
+  CHECK(r.seconds < 10);
+  CHECK_THAT(r.output, Contains("waited for every rank's backend, node and device, but rank 1 "
+                                "exited with code 0 without joining the group"));
+  // Each attempt's ranks read their own attempt's records.
+  const auto again = launch({"-np", "2", "--max-restarts", "1", "--restart-backoff", "0"},
+                            {"leave-early=0", "group-sum"});
+  CHECK(again.exit_code != 0);
+  CHECK(again.seconds < 15);
+  CHECK_THAT(again.output, Contains("restart 1 of 1"));
+  const std::string named = "but rank 0 exited with code 0 without joining the group";
+  const size_t first = again.output.find(named);
+  REQUIRE(first != std::string::npos);
+  CHECK(again.output.find(named, first + 1) != std::string::npos);
+}
+
 TEST_CASE("launcher: a collective failing with no caller waiting ends its rank and the job",
           "[launcher][async_error]") {
   // What the NCCL watchdog does on a timeout (collectives/async_error.h), on

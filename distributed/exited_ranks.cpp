@@ -1,0 +1,64 @@
+#include "lockstep/distributed/exited_ranks.h"
+
+#include <algorithm>
+#include <charconv>
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace lockstep::distributed {
+namespace {
+
+// One key, a line "<rank> <how>" per rank, so that reading them all is one
+// round trip however many ranks the job has.
+constexpr const char* kKey = "lockstep/exited";
+
+// The key's value without waiting: compare_set swaps only a value equal to
+// the expected one, which no record is; a missing key reads as empty.
+Bytes peek(Store& store) {
+  const Bytes never{0x01};
+  return store.compare_set(kKey, never, never);
+}
+
+}  // namespace
+
+std::string attempt_prefix(int restart_count) {
+  return restart_count > 0 ? fmt::format("restart-{}", restart_count) : std::string();
+}
+
+void record_exited_rank(Store& store, const ExitedRank& exited) {
+  std::string how = exited.how.empty() ? std::string("ended") : exited.how;
+  for (char& c : how) {
+    if (c == '\n') c = ' ';
+  }
+  const std::string line = fmt::format("{} {}\n", exited.rank, how);
+  Bytes current = peek(store);
+  for (;;) {
+    Bytes next = current;
+    next.insert(next.end(), line.begin(), line.end());
+    const Bytes now = store.compare_set(kKey, current, next);
+    if (now == next) return;
+    current = now;  // another rank's record came first
+  }
+}
+
+std::vector<ExitedRank> exited_ranks(Store& store) {
+  const std::string text = to_string(peek(store));
+  std::vector<ExitedRank> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    const std::string_view line(text.data() + at, end - at);
+    at = end + 1;
+    const size_t space = line.find(' ');
+    ExitedRank e;
+    if (space == std::string_view::npos ||
+        std::from_chars(line.data(), line.data() + space, e.rank).ec != std::errc())
+      continue;
+    e.how = std::string(line.substr(space + 1));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace lockstep::distributed

@@ -1,0 +1,32 @@
+// The ranks of a job that exited while others still ran, as the process that
+// started them (lockstep-run, collectives::spawn) writes them down in the
+// job's store. A rank that returns before joining its group leaves the others
+// waiting for it; reading this, they fail at once naming it instead of
+// waiting out the timeout.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lockstep/distributed/store/store.h"
+
+namespace lockstep::distributed {
+
+// The prefix of the keys the ranks of attempt `restart_count` use in the
+// launcher's store (LOCKSTEP_RESTART_COUNT; see launch_env.h): "" for the
+// first, else "restart-N", clear of the keys earlier attempts left there.
+std::string attempt_prefix(int restart_count);
+
+struct ExitedRank {
+  int rank = 0;
+  std::string how;  // "exited with code 0"
+};
+
+// Records that `rank` ended. `store` is the one the ranks see (the attempt's
+// prefix applied).
+void record_exited_rank(Store& store, const ExitedRank& exited);
+
+// Every rank recorded so far, in the order they ended: one store round trip.
+std::vector<ExitedRank> exited_ranks(Store& store);
+
+}  // namespace lockstep::distributed
