@@ -198,7 +198,14 @@ int run(Options o) {
   const int rank = group->rank(), world = group->size();
   std::optional<train::TrainingRun> checkpoints = examples::open_checkpoints(
       {o.checkpoint_dir, o.keep_last, o.resume, o.restart}, runtime::BestMode::min, *group);
-  if (checkpoints && checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
+  const bool resumed = checkpoints && checkpoints->saved;
+  if (resumed) take_saved_settings(o, *checkpoints->saved);
+  // Checked on the values the run goes on with: a resume took the ones left out.
+  LOCKSTEP_CHECK(o.n_embd % o.n_head == 0, "--n-embd {} must be a multiple of --n-head {}{}",
+                 o.n_embd, o.n_head,
+                 resumed && !(o.given.contains("n_embd") && o.given.contains("n_head"))
+                     ? " (the run's saved value of the one left out)"
+                     : "");
   runtime::manual_seed(o.seed);  // the run's seed: a resume may have taken it from the checkpoint
   const Corpus corpus = load_fortunes(o.data);
   const double unigram = unigram_bits_per_byte(corpus.train, corpus.validation);
@@ -390,11 +397,6 @@ int main(int argc, char** argv) {
   if (o.sample_bytes > 0 && o.prompt.empty()) {
     fmt::print(stderr, "gpt_train: error: --prompt is empty; give the text the sample continues "
                        "(at least one byte), or --sample-bytes 0 for no sample\n");
-    return 2;
-  }
-  if (o.n_embd % o.n_head != 0) {
-    fmt::print(stderr, "gpt_train: error: --n-embd {} must be a multiple of --n-head {}\n",
-               o.n_embd, o.n_head);
     return 2;
   }
   for (const char* name :

@@ -374,3 +374,37 @@ TEST_CASE("gpt_train: a resume on other fortunes under the same --data is refuse
   CHECK(resumed.digest == first.digest);
   for (const auto& d : {data, fs::path(dir)}) fs::remove_all(d);
 }
+
+TEST_CASE("gpt_train: a resume that restates --n-head alone checks it against the run's width",
+          "[example][gpt][resume]") {
+  LOCKSTEP_SKIP_IF(skip_reason());
+  const fs::path data = scratch("heads-data");
+  fs::create_directories(data);
+  write_fortunes(data / "a", 0, 25);
+  const std::string dir = scratch("heads");
+  // Width 48 in 6 heads: the default width, 128, is no multiple of 6.
+  auto first = command(1, {"--steps", "2", "--eval-windows", "1", "--checkpoint-dir", dir,
+                           "--data", data.string()});
+  *(std::find(first.begin(), first.end(), "--n-head") + 1) = "6";
+  *(std::find(first.begin(), first.end(), "--n-embd") + 1) = "48";
+  const auto trained = run_process(first, std::chrono::seconds(120));
+  INFO(trained.output);
+  REQUIRE(trained.ok());
+
+  const auto resume = [&](const char* heads) {
+    return run_process({bin_path("gpt_train"), "--checkpoint-dir", dir, "--resume", "--n-head",
+                        heads, "--sample-bytes", "0"},
+                       std::chrono::seconds(120));
+  };
+  // It was refused as "--n-embd 128 must be a multiple of --n-head 6".
+  const auto same = resume("6");
+  INFO(same.output);
+  CHECK(same.ok());
+  CHECK_THAT(same.output, Catch::Contains("resumed from"));
+  const auto other = resume("5");
+  INFO(other.output);
+  CHECK(other.exit_code == 1);
+  CHECK_THAT(other.output, Catch::Contains("--n-embd 48 must be a multiple of --n-head 5 (the "
+                                           "run's saved value of the one left out)"));
+  for (const auto& d : {data, fs::path(dir)}) fs::remove_all(d);
+}
