@@ -24,8 +24,10 @@ Corpus load_fortunes(const std::string& dir) {
                  dir);
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir)) {
+    // The index beside it is what makes a database, whatever its name:
+    // "a.dat" and "a.u8" have none, and "my.quotes" is one with "my.quotes.dat".
     const fs::path& p = e.path();
-    if (p.has_extension() || !e.is_regular_file()) continue;
+    if (!e.is_regular_file()) continue;
     if (fs::exists(fs::path(p).concat(".dat"))) files.push_back(p);
   }
   std::sort(files.begin(), files.end());

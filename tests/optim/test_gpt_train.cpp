@@ -117,6 +117,23 @@ TEST_CASE("gpt_train: every 10th entry is held out; missing data is a clear erro
   fs::remove_all(dir);
 }
 
+TEST_CASE("gpt_train: a database whose name has a dot is read", "[example][gpt]") {
+  LOCKSTEP_SKIP_IF(skip_reason());
+  const fs::path dir = scratch("dotted");
+  fs::create_directories(dir);
+  // strfile's index of "my.quotes" is "my.quotes.dat"; this directory was
+  // refused as holding no database, and such a file beside others was left out.
+  write_fortunes(dir / "my.quotes", 0, 25);
+  std::ofstream(dir / "my.quotes.u8") << "entry 0\n%\n";  // no index of its own: skipped
+  const auto r = run_process(command(1, {"--data", dir.string(), "--steps", "1"}),
+                             std::chrono::seconds(120));
+  INFO(r.output);
+  REQUIRE(r.ok());
+  CHECK_THAT(r.output, Catch::Contains("1 files; 23 training entries") &&
+                           Catch::Contains("2 held out"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("gpt_train: an entry repeated in another file is counted once, in one split",
           "[example][gpt]") {
   LOCKSTEP_SKIP_IF(skip_reason());
