@@ -16,9 +16,9 @@
 // Checkpoints and --resume/--restart behave as fashion_mnist's: the files
 // belong to the run, and a resume refuses other model, batch, optimizer,
 // schedule, data (its path, and a digest of the text and split loaded from
-// it) or seed settings (run_settings() below); the clipping and
-// the logging, evaluation and checkpoint intervals may change, and options
-// left out take the run's saved values.
+// it) or seed settings (run_settings() below); the clipping, the number of
+// validation windows and the logging, evaluation and checkpoint intervals may
+// change, and options left out take the run's saved values.
 //   ... --amp bf16 | f16 [--checkpoint-blocks]
 // --amp runs forward and loss under autocast (runtime/autocast.h), f16 with a
 // GradScaler whose state rides in the checkpoints; --checkpoint-blocks
@@ -151,6 +151,7 @@ train::RunSettings run_settings(const Options& o, const std::string& data_digest
           .changeable = {{"clip_grad_norm", fmt::format("{}", o.clip_grad_norm)},
                          {"log_every", std::to_string(o.log_every)},
                          {"eval_every", std::to_string(o.eval_every)},
+                         {"eval_windows", std::to_string(o.eval_windows)},
                          {"checkpoint_every", std::to_string(o.checkpoint_every)}}};
 }
 
@@ -159,6 +160,8 @@ void take_saved_settings(Options& o, const train::RunSettings& saved) {
   s.take("clip_grad_norm", "clip_grad_norm", o.clip_grad_norm);
   s.take("log_every", "log_every", o.log_every);
   s.take("eval_every", "eval_every", o.eval_every);
+  // The validation set: the best checkpoint is chosen by losses measured on it.
+  s.take("eval_windows", "eval_windows", o.eval_windows);
   s.take("checkpoint_every", "checkpoint_every", o.checkpoint_every);
   s.take("n_layer", "model", o.n_layer, "n_layer");
   s.take("n_head", "model", o.n_head, "n_head");
@@ -400,9 +403,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const char* name :
-       {"clip_grad_norm", "log_every", "eval_every", "checkpoint_every", "n_layer", "n_head",
-        "n_embd", "seq_len", "dropout", "batch_size", "lr", "min_lr", "weight_decay", "zero", "amp",
-        "steps", "warmup_steps", "data", "seed"}) {
+       {"clip_grad_norm", "log_every", "eval_every", "eval_windows", "checkpoint_every", "n_layer",
+        "n_head", "n_embd", "seq_len", "dropout", "batch_size", "lr", "min_lr", "weight_decay",
+        "zero", "amp", "steps", "warmup_steps", "data", "seed"}) {
     std::string flag = std::string("--") + name;
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (app.count(flag) > 0) o.given.insert(name);

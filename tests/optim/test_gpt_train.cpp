@@ -425,3 +425,34 @@ TEST_CASE("gpt_train: a resume that restates --n-head alone checks it against th
                                            "run's saved value of the one left out)"));
   for (const auto& d : {data, fs::path(dir)}) fs::remove_all(d);
 }
+
+TEST_CASE("gpt_train: a resume keeps the run's number of validation windows",
+          "[example][gpt][resume]") {
+  LOCKSTEP_SKIP_IF(skip_reason());
+  const fs::path data = scratch("windows-data");
+  fs::create_directories(data);
+  write_fortunes(data / "a", 0, 60);
+  const std::string dir = scratch("windows");
+  const auto first = parse(run_process(
+      command(1, {"--steps", "4", "--eval-every", "2", "--eval-windows", "3", "--checkpoint-dir",
+                  dir, "--checkpoint-every", "2", "--data", data.string()}),
+      std::chrono::seconds(120)));
+  INFO(first.result.output);
+  REQUIRE(first.result.ok());
+  REQUIRE(fs::remove(fs::path(dir) / "ckpt-0000000004.safetensors"));
+  // --resume alone: step 4's validation was over every held-out window (the
+  // default 128, cut to what the text holds), not the run's 3, and its best
+  // checkpoint compared losses over the two sets.
+  const auto resumed = parse(run_process(
+      {bin_path("gpt_train"), "--checkpoint-dir", dir, "--resume", "--sample-bytes", "0"},
+      std::chrono::seconds(120)));
+  INFO(resumed.result.output);
+  REQUIRE(resumed.result.ok());
+  std::smatch was, is;
+  const std::regex step4("step 4 validation [0-9.]+");
+  REQUIRE(std::regex_search(first.result.output, was, step4));
+  REQUIRE(std::regex_search(resumed.result.output, is, step4));
+  CHECK(was.str() == is.str());
+  CHECK(resumed.digest == first.digest);
+  for (const auto& d : {data, fs::path(dir)}) fs::remove_all(d);
+}
