@@ -209,6 +209,10 @@ int run(Options o) {
                  resumed && !(o.given.contains("n_embd") && o.given.contains("n_head"))
                      ? " (the run's saved value of the one left out)"
                      : "");
+  // The cosine runs from --lr to --min-lr: above it, the rate would rise past the peak. A
+  // run that began so, before this check, resumes as it began (both are fixed settings).
+  LOCKSTEP_CHECK(resumed || o.min_lr <= o.lr, "--min-lr {} is above --lr {}, the peak learning "
+                 "rate; give a --min-lr of at most {}", o.min_lr, o.lr, o.lr);
   runtime::manual_seed(o.seed);  // the run's seed: a resume may have taken it from the checkpoint
   const Corpus corpus = load_fortunes(o.data);
   const double unigram = unigram_bits_per_byte(corpus.train, corpus.validation);

@@ -177,6 +177,13 @@ TEST_CASE("gpt_train: flags that cannot work are refused before training, naming
     CHECK(bad.exit_code != 0);
     CHECK_THAT(bad.output, Catch::Contains(fmt::format("must be a positive number, not {}", lr)));
   }
+  // A peak below the cosine's floor: the rate used to climb from --lr to --min-lr.
+  const auto below = run({"--lr", "5e-5"});
+  CHECK(below.exit_code == 1);
+  CHECK_THAT(below.output, Catch::Contains("--min-lr 0.0001 is above --lr 5e-05, the peak "
+                                           "learning rate") &&
+                               !Catch::Contains("model gpt"));
+  CHECK(run({"--lr", "5e-5", "--min-lr", "5e-5"}).ok());
   // More validation windows than the held-out text holds: each is used once.
   const auto windows = run({"--eval-windows", "1000000"});
   INFO(windows.output);
