@@ -25,6 +25,9 @@ namespace lockstep::train {
 
 // Set by open_training_run (training_run.h) from the process group.
 inline constexpr const char* kWorldSizeSetting = "world_size";
+// Set by record_run_settings from the directory's retention (changeable): a
+// resume that does not choose it keeps the run's (TrainingRunOptions).
+inline constexpr const char* kKeepLastSetting = "keep_last";
 // The data's path as given (compared as a path: "/srv/data/" is "/srv/data"),
 // and a digest of what was loaded from it
 // (data_digest.h): a resume on other files under the same path is refused,

@@ -1,5 +1,6 @@
 #include "lockstep/train/training_run.h"
 
+#include <charconv>
 #include <map>
 #include <set>
 
@@ -23,6 +24,18 @@ struct Decision {
   bool continues_job = false;  // pick is of the run this job was saving
   std::vector<std::string> notes;
 };
+
+// The keep_last a checkpoint recorded; one that is not a whole number >= 1
+// is refused rather than guessed.
+int keep_last_of(const std::string& text, const std::string& file) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  LOCKSTEP_CHECK(ec == std::errc() && end == text.data() + text.size() && value >= 1,
+                 "{} records keep_last '{}', which is not a whole number of at least 1; choose "
+                 "how many checkpoints to keep on the command line",
+                 file, text);
+  return value;
+}
 
 // "<path>: <why>", where the message does not start so already.
 std::string about(const fs::path& file, const std::string& message) {
@@ -221,6 +234,11 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
     const auto metadata = runtime::read_safetensors_header(picked).metadata;
     if (auto it = metadata.find(runtime::kRunKey); it != metadata.end()) run.run_id = it->second;
     run.saved = read_run_settings(metadata);
+    if (!options.keep_last_given && run.saved) {
+      if (const auto it = run.saved->changeable.find(kKeepLastSetting);
+          it != run.saved->changeable.end())
+        run.dir.set_keep_last(keep_last_of(it->second, picked));
+    }
   }
   // Saves continue the resumed run, even where no settings are recorded, and
   // name the job that saved them.
@@ -230,6 +248,7 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
 
 std::vector<SettingChange> record_run_settings(TrainingRun& run, RunSettings now) {
   now.fixed[kWorldSizeSetting] = std::to_string(run.world_size);
+  now.changeable[kKeepLastSetting] = std::to_string(run.dir.keep_last());
   std::vector<SettingChange> changes;
   if (run.saved) {
     changes = compare_run_settings(*run.saved, now, run.resume_from->path.string());

@@ -66,6 +66,10 @@ struct TrainingRunOptions {
   // of lockstep-run, restarts included); recorded in every save. Empty: the
   // run is not tied to a job, and resume and restart alone decide.
   std::string job;
+  // Whether the program's user chose the directory's keep_last. When not, a
+  // resumed run keeps the number it recorded: its next save would otherwise
+  // delete checkpoints the run was started to keep.
+  bool keep_last_given = true;
 };
 
 struct TrainingRun {

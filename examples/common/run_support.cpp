@@ -28,7 +28,8 @@ std::optional<train::TrainingRun> open_checkpoints(const CheckpointFlags& flags,
        .resume_hint = "add --resume",
        .restart_hint = "add --restart to move those files into a subdirectory (nothing is "
                        "deleted)",
-       .job = distributed::read_job_id()},
+       .job = distributed::read_job_id(),
+       .keep_last_given = flags.keep_last_given},
       group);
   if (restarts > 0 && run.continues_job)
     print(group.rank(), "restart {} (LOCKSTEP_RESTART_COUNT): resuming the run in {}\n",

@@ -29,6 +29,7 @@ void print(int rank, fmt::format_string<Args...> format, Args&&... args) {
 struct CheckpointFlags {
   std::string dir;  // empty: no checkpoints
   int keep_last = 2;
+  bool keep_last_given = false;  // else a resume keeps the run's
   bool resume = false;
   bool restart = false;
 };

@@ -200,7 +200,8 @@ int run(Options o) {
   auto group = collectives::init_process_group({.backend = o.backend});
   const int rank = group->rank(), world = group->size();
   std::optional<train::TrainingRun> checkpoints = examples::open_checkpoints(
-      {o.checkpoint_dir, o.keep_last, o.resume, o.restart}, runtime::BestMode::min, *group);
+      {o.checkpoint_dir, o.keep_last, o.given.contains("keep_last"), o.resume, o.restart},
+      runtime::BestMode::min, *group);
   const bool resumed = checkpoints && checkpoints->saved;
   if (resumed) take_saved_settings(o, *checkpoints->saved);
   // Checked on the values the run goes on with: a resume took the ones left out.
@@ -409,7 +410,7 @@ int main(int argc, char** argv) {
   for (const char* name :
        {"clip_grad_norm", "log_every", "eval_every", "eval_windows", "checkpoint_every", "n_layer",
         "n_head", "n_embd", "seq_len", "dropout", "batch_size", "lr", "min_lr", "weight_decay",
-        "zero", "amp", "steps", "warmup_steps", "data", "seed"}) {
+        "zero", "amp", "steps", "warmup_steps", "data", "seed", "keep_last"}) {
     std::string flag = std::string("--") + name;
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (app.count(flag) > 0) o.given.insert(name);

@@ -52,8 +52,7 @@ std::string new_run_id() {
 
 CheckpointDir::CheckpointDir(fs::path dir, CheckpointDirOptions options)
     : dir_(std::move(dir)), options_(std::move(options)) {
-  LOCKSTEP_CHECK(options_.keep_last >= 1, "CheckpointDir {}: keep_last is {}, must be at least 1",
-                 dir_.string(), options_.keep_last);
+  set_keep_last(options_.keep_last);
   LOCKSTEP_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
                  "CheckpointDir {}: prefix '{}' must be a non-empty file name part", dir_.string(),
                  options_.prefix);
@@ -70,6 +69,12 @@ CheckpointDir::CheckpointDir(fs::path dir, CheckpointDirOptions options)
     throw Error(fmt::format("{}; pick a checkpoint directory this user can write", e.what()));
   }
   remove_stale_temp_files_with_warning();
+}
+
+void CheckpointDir::set_keep_last(int keep_last) {
+  LOCKSTEP_CHECK(keep_last >= 1, "CheckpointDir {}: keep_last is {}, must be at least 1",
+                 dir_.string(), keep_last);
+  options_.keep_last = keep_last;
 }
 
 void CheckpointDir::set_run(CheckpointRun run) {

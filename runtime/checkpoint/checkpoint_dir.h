@@ -112,6 +112,10 @@ class CheckpointDir {
   void set_run(CheckpointRun run);
   const CheckpointRun& run() const { return run_; }
 
+  // How many of the run's newest steps each later save keeps (>= 1, or throws).
+  void set_keep_last(int keep_last);
+  int keep_last() const { return options_.keep_last; }
+
   // The checkpoints present, of every run, by increasing step. Reads each
   // header (cheap) for its metric and run; verifies no data.
   std::vector<CheckpointEntry> list() const;

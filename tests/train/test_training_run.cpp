@@ -76,6 +76,49 @@ TEST_CASE("A run's id and settings ride in its checkpoints and survive a resume"
   fs::remove_all(dir);
 }
 
+// A run started to keep its last 5 and resumed without saying how many: its
+// next save used the program's default (2) and deleted three of the five.
+TEST_CASE("A resume that does not choose keep_last keeps the run's; one that does is told the "
+          "change",
+          "[optim][checkpoint][run]") {
+  TempDir tmp;
+  const fs::path dir = tmp.file("keep");
+  {
+    runtime::CheckpointDirOptions five = kQuiet;
+    five.keep_last = 5;
+    TrainingRun run = open_training_run(dir, five, {}, testing::one_rank_group());
+    record_run_settings(run, settings("mlp", "0.05"));
+    auto model = models::fashion_mlp(1);
+    for (int64_t step = 1; step <= 6; ++step)
+      save_training_checkpoint(run.dir, {.model = model.get()}, {.step = step}, std::nullopt,
+                               testing::one_rank_group());
+  }
+  const auto steps_after_save = [&](TrainingRun& run, int64_t step) {
+    auto model = models::fashion_mlp(1);
+    save_training_checkpoint(run.dir, {.model = model.get()}, {.step = step}, std::nullopt,
+                             testing::one_rank_group());
+    std::vector<int64_t> steps;
+    for (const auto& e : run.dir.list()) steps.push_back(e.step);
+    return steps;
+  };
+  {
+    TrainingRun resumed = open_training_run(dir, kQuiet, {.resume = true, .keep_last_given = false},
+                                            testing::one_rank_group());
+    CHECK(resumed.dir.keep_last() == 5);
+    CHECK(record_run_settings(resumed, settings("mlp", "0.05")).empty());
+    CHECK(steps_after_save(resumed, 7) == std::vector<int64_t>{3, 4, 5, 6, 7});
+  }
+  TrainingRun chosen = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
+  CHECK(chosen.dir.keep_last() == 2);
+  const auto changes = record_run_settings(chosen, settings("mlp", "0.05"));
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].name == "keep_last");
+  CHECK(changes[0].saved == "5");
+  CHECK(changes[0].now == "2");
+  CHECK(steps_after_save(chosen, 8) == std::vector<int64_t>{7, 8});
+  fs::remove_all(dir);
+}
+
 TEST_CASE("A resume with other fixed settings is refused, naming each; changeable ones are returned",
           "[optim][checkpoint][run]") {
   TempDir tmp;
