@@ -16,6 +16,7 @@
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/ops/misc.h"
+#include "lockstep/runtime/replica_draws.h"
 #include "lockstep/runtime/threads.h"
 
 namespace lockstep::nn {
@@ -259,8 +260,12 @@ Values DataParallel::forward_values(const Values& inputs) {
   const bool grad = runtime::grad_enabled();
   const runtime::AutocastState autocast = runtime::autocast_state();
   std::vector<std::exception_ptr> errors(chunks);
+  // Each replica's dropout masks the same on every run with the seed, however
+  // the threads interleave (as each device's generator makes them in PyTorch).
+  runtime::ReplicaDrawBlocks draws(chunks);
   const auto run = [&](size_t i) {
     try {
+      runtime::ReplicaDrawScope own_draws(draws, i);
       runtime::set_grad_enabled(grad);
       runtime::AutocastGuard same_autocast(autocast);
       runtime::CurrentDevice on(devices_[i]);

@@ -43,7 +43,7 @@ class Generator {
   void set_offset(uint64_t offset) { offset_ = offset; }
   // Takes the next n draws of the stream for the caller: returns their first
   // position and moves past them. Threads drawing from one generator at once
-  // (DataParallel's CPU replicas sharing the default one) get disjoint draws.
+  // get disjoint draws (DataParallel's replicas: replica_draws.h).
   uint64_t reserve(uint64_t n);
   // reserve() without the thread's DrawLog.
   uint64_t take(uint64_t n) { return offset_.fetch_add(n); }

@@ -29,27 +29,35 @@ class ActiveScope {
   ActiveRegion active_;
 };
 
-// Installs a DrawLog on this thread until destroyed.
+// Installs a DrawLog on this thread until destroyed, then the one before.
 class DrawLogScope {
  public:
-  explicit DrawLogScope(detail::DrawLog* log) { detail::set_current_draw_log(log); }
-  ~DrawLogScope() { detail::set_current_draw_log(nullptr); }
+  explicit DrawLogScope(detail::DrawLog* log) : previous_(detail::current_draw_log()) {
+    detail::set_current_draw_log(log);
+  }
+  ~DrawLogScope() { detail::set_current_draw_log(previous_); }
   DrawLogScope(const DrawLogScope&) = delete;
   DrawLogScope& operator=(const DrawLogScope&) = delete;
+
+ private:
+  detail::DrawLog* previous_;
 };
 
-// The forward's draws: taken from the generator as usual, and noted.
+// The forward's draws: taken as they would be without it (from the generator,
+// or through the log installed before, a DataParallel replica's), and noted.
 class RecordDraws final : public detail::DrawLog {
  public:
-  explicit RecordDraws(CheckpointRegion& region) : region_(region) {}
+  explicit RecordDraws(CheckpointRegion& region)
+      : region_(region), outer_(detail::current_draw_log()) {}
   uint64_t reserve(Generator& g, uint64_t n) override {
-    const uint64_t at = g.take(n);
+    const uint64_t at = outer_ ? outer_->reserve(g, n) : g.take(n);
     region_.draws.push_back({&g, g.seed(), n, at});
     return at;
   }
 
  private:
   CheckpointRegion& region_;
+  detail::DrawLog* outer_;
 };
 
 // The recomputation's draws: the forward's, in order; the generator stays.

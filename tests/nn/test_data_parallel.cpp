@@ -12,6 +12,7 @@
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/nn/normalization.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/replica_draws.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"
 
@@ -239,6 +240,62 @@ TEST_CASE("DataParallel: Dropout replicas draw disjoint numbers from the generat
   CHECK(masks[1] != masks[2]);
 }
 
+// Replicas drawing from the default generator took the next draws as their
+// threads reached it: the same seed gave other dropout masks from run to run.
+TEST_CASE("DataParallel: after manual_seed, each replica's dropout masks are the same in every "
+          "run, however the threads interleave",
+          "[data_parallel]") {
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Dropout>(0.5));
+  model->push_back(std::make_shared<nn::Dropout>(0.5));
+  nn::DataParallel dp(model, cpus(4));
+  const auto masks = [&] {
+    lr::manual_seed(11);
+    std::vector<double> all;
+    for (int step = 0; step < 2; ++step) {
+      const auto v = lt::values(dp.forward(Tensor::ones({4, 2048})));
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  const auto first = masks();
+  for (int run = 0; run < 30; ++run) {
+    INFO("run " << run);
+    REQUIRE(masks() == first);
+  }
+}
+
+// Checkpointing inside a replica records the replica's own draws, so the
+// recomputed masks are the forward's, and the forward's those of the same
+// model without the checkpoint.
+TEST_CASE("DataParallel: a checkpointed block with dropout gives the gradients of the same "
+          "block without the checkpoint",
+          "[data_parallel][checkpoint]") {
+  const auto gradients = [](bool checkpointed) {
+    lr::Generator init(5);
+    auto block = std::make_shared<nn::Sequential>();
+    block->push_back(std::make_shared<nn::Dropout>(0.5));
+    block->push_back(std::make_shared<nn::Linear>(16, 16, true, init));
+    auto model = std::make_shared<nn::Sequential>();
+    model->push_back(std::make_shared<nn::Linear>(16, 16, true, init));
+    if (checkpointed) model->push_back(std::make_shared<nn::Checkpoint>(block));
+    else model->push_back(block);
+    nn::DataParallel dp(model, cpus(3));
+    lr::manual_seed(3);
+    lr::Generator data(9);
+    lr::sum(dp.forward(lr::randn({9, 16}, lr::DType::f32, data))).backward();
+    std::vector<Tensor> grads;
+    for (const auto& p : model->parameters()) grads.push_back(p.grad());
+    return grads;
+  };
+  const auto plain = gradients(false), checkpointed = gradients(true);
+  REQUIRE(plain.size() == checkpointed.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(lt::mismatch("grad", checkpointed[i], plain[i], 1e-6).empty());
+  }
+}
+
 TEST_CASE("DataParallel: a seeded Dropout's replicas draw from its generator, not a copy of it",
           "[data_parallel]") {
   const auto run = [] {
@@ -254,20 +311,14 @@ TEST_CASE("DataParallel: a seeded Dropout's replicas draw from its generator, no
       rows.push_back(r0);
       rows.push_back(r1);
     }
-    // Both replicas' draws came out of the one seeded stream.
-    CHECK(drop->generator->offset() == 3 * 2 * 64);
+    // Both replicas' draws came out of the one seeded stream: a block each
+    // per forward (runtime/replica_draws.h).
+    CHECK(drop->generator->offset() == 3 * 2 * lr::ReplicaDrawBlocks::kBlock);
     return rows;
   };
-  // Seeded: the same masks in every run (which replica takes which half of
-  // a step's draws follows the threads' order).
+  // Seeded: the same masks in every run, each replica its own.
   const auto a = run(), b = run();
-  for (size_t step = 0; step < 3; ++step) {
-    std::vector<std::vector<double>> sa{a[2 * step], a[2 * step + 1]};
-    std::vector<std::vector<double>> sb{b[2 * step], b[2 * step + 1]};
-    std::sort(sa.begin(), sa.end());
-    std::sort(sb.begin(), sb.end());
-    CHECK(sa == sb);
-  }
+  CHECK(a == b);
   // Reseeding the original reaches the replica.
   auto model = std::make_shared<nn::Sequential>();
   auto drop = model->push_back(std::make_shared<nn::Dropout>(0.5, 7));
@@ -275,7 +326,7 @@ TEST_CASE("DataParallel: a seeded Dropout's replicas draw from its generator, no
   dp.forward(Tensor::ones({2, 64}));
   drop->generator.emplace(7);
   dp.forward(Tensor::ones({2, 64}));
-  CHECK(drop->generator->offset() == 2 * 64);
+  CHECK(drop->generator->offset() == 2 * lr::ReplicaDrawBlocks::kBlock);
 }
 
 TEST_CASE("DataParallel: a module tree changed between calls is replicated again",

@@ -1,0 +1,34 @@
+#include "lockstep/runtime/replica_draws.h"
+
+#include "lockstep/runtime/error.h"
+
+namespace lockstep::runtime {
+
+uint64_t ReplicaDrawBlocks::reserve(Generator& g, size_t replica, uint64_t n) {
+  std::lock_guard lock(mutex_);
+  Region* region = nullptr;
+  for (auto& r : regions_) {
+    if (r.generator == &g) region = &r;
+  }
+  if (!region) {
+    // Replicas do not move g, so whichever draws first takes the same region.
+    regions_.push_back({&g, g.take(replicas_ * kBlock), std::vector<uint64_t>(replicas_, 0)});
+    region = &regions_.back();
+  }
+  uint64_t& taken = region->taken[replica];
+  LOCKSTEP_CHECK(n <= kBlock - taken,
+                 "replica {} drew more than {} random numbers from one generator in one forward",
+                 replica, kBlock);
+  const uint64_t at = region->start + replica * kBlock + taken;
+  taken += n;
+  return at;
+}
+
+ReplicaDrawScope::ReplicaDrawScope(ReplicaDrawBlocks& blocks, size_t replica)
+    : blocks_(blocks), replica_(replica), previous_(detail::current_draw_log()) {
+  detail::set_current_draw_log(this);
+}
+
+ReplicaDrawScope::~ReplicaDrawScope() { detail::set_current_draw_log(previous_); }
+
+}  // namespace lockstep::runtime

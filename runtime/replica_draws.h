@@ -1,0 +1,56 @@
+// Random draws of replicas that run at once (DataParallel's), the same on
+// every run with the same seed however their threads interleave.
+//
+// Replicas drawing from one generator would each take the next draws as their
+// threads happen to reach it, so the dropout masks would change from run to
+// run. Instead, the first draw of a forward from a generator takes one region
+// of `replicas` blocks from it, and replica i draws only from block i, in
+// order. Activation checkpointing inside a replica records those draws.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "lockstep/runtime/random.h"
+
+namespace lockstep::runtime {
+
+// The regions of one forward; shared by its replicas' threads.
+class ReplicaDrawBlocks {
+ public:
+  // Draws one replica may take from one generator in one forward.
+  static constexpr uint64_t kBlock = uint64_t{1} << 36;
+
+  explicit ReplicaDrawBlocks(size_t replicas) : replicas_(replicas) {}
+  // The first of n draws from `g` for `replica`.
+  uint64_t reserve(Generator& g, size_t replica, uint64_t n);
+
+ private:
+  struct Region {
+    const Generator* generator;
+    uint64_t start;
+    std::vector<uint64_t> taken;  // per replica
+  };
+  size_t replicas_;
+  std::mutex mutex_;
+  std::vector<Region> regions_;
+};
+
+// While alive on a replica's thread, that thread's draws come from its blocks.
+class ReplicaDrawScope final : public detail::DrawLog {
+ public:
+  ReplicaDrawScope(ReplicaDrawBlocks& blocks, size_t replica);
+  ~ReplicaDrawScope() override;
+  ReplicaDrawScope(const ReplicaDrawScope&) = delete;
+  ReplicaDrawScope& operator=(const ReplicaDrawScope&) = delete;
+
+  uint64_t reserve(Generator& g, uint64_t n) override { return blocks_.reserve(g, replica_, n); }
+
+ private:
+  ReplicaDrawBlocks& blocks_;
+  size_t replica_;
+  detail::DrawLog* previous_;
+};
+
+}  // namespace lockstep::runtime
