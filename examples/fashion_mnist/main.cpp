@@ -298,7 +298,7 @@ int main(int argc, char** argv) {
       "--resume", o.resume,
       "continue the run in --checkpoint-dir from its newest checkpoint (none yet: start fresh); "
       "options left out take the run's saved values, and --lr, --epochs, --clip-grad-norm, "
-      "--log-every and --checkpoint-every may change");
+      "--log-every, --checkpoint-every and --keep-last may change");
   app.add_flag("--restart", o.restart,
                "start a new run in --checkpoint-dir, moving the checkpoints there into a "
                "subdirectory (nothing is deleted)")
