@@ -199,9 +199,7 @@ int run(const Options& o) {
     const double seconds = runner->max_over_ranks(local) / o.iters;
     double median = std::numeric_limits<double>::quiet_NaN();
     if (!each.empty()) {
-      std::nth_element(each.begin(), each.begin() + static_cast<std::ptrdiff_t>(each.size() / 2),
-                       each.end());
-      median = runner->max_over_ranks(each[each.size() / 2]);
+      median = runner->max_over_ranks(bench::median(each));
     }
 
     int64_t wrong = 0;

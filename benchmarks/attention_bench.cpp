@@ -72,11 +72,7 @@ int main(int argc, char** argv) {
       if (i >= warmup) ms[w].push_back(t);
     }
   }
-  const auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
-  const double packed = median(ms[0]), composed = median(ms[1]);
+  const double packed = bench::median(ms[0]), composed = bench::median(ms[1]);
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));

@@ -185,8 +185,7 @@ int main(int argc, char** argv) {
           const auto stop = std::chrono::steady_clock::now();
           if (i >= o.warmup) t.push_back(std::chrono::duration<double>(stop - start).count());
         }
-        std::sort(t.begin(), t.end());
-        return t[t.size() / 2];
+        return bench::median(std::move(t));
       };
       auto fresh = [](const std::string& path) { return [path] { fs::remove(path); }; };
       auto cold = [&](const std::string& path) {

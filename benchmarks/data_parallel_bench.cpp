@@ -103,11 +103,6 @@ double ddp(const std::string& name, const Options& o) {
   return s;
 }
 
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
-
 int run(const Options& o) {
   LOCKSTEP_CHECK(o.batch % o.replicas == 0,
                  "--batch-size {} must split evenly over --replicas {} (DDP's ranks get batch / "
@@ -128,9 +123,9 @@ int run(const Options& o) {
       seconds[2].push_back(data_parallel(name, o));
       seconds[3].push_back(ddp(name, o));
     }
-    const double base = median(seconds[0]);
+    const double base = bench::median(seconds[0]);
     for (size_t w = 0; w < ways.size(); ++w) {
-      const double s = median(seconds[w]);
+      const double s = bench::median(seconds[w]);
       const double per_s = static_cast<double>(o.batch) / s;
       rows.push_back({name, ways[w], fmt::format("{:.2f}", s * 1e3), fmt::format("{:.0f}", per_s),
                       fmt::format("{:.2f}x", base / s)});

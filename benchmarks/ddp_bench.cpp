@@ -112,12 +112,6 @@ double mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
-
 /* Communication figures per step from the rank that finished backward last.
  *
  * A rank that finishes backward ahead of the others waits after it for
@@ -241,7 +235,7 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
   for (const auto& b : ddp->buckets()) r.shared_buckets += b.in_shared_memory ? 1 : 0;
 
   r.rank0_step_ms = mean(times);
-  r.rank0_median_ms = median(times);
+  r.rank0_median_ms = bench::median(times);
   r.forward_ms = mean(fwd);
   r.backward_ms = mean(bwd);
   r.rank0_comm_ms = mean(comm);
@@ -252,7 +246,7 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
   r.ready_at_first_launch = mean(ready);
   if (plain) {
     r.plain_ms = mean(plain_times);
-    r.plain_median_ms = median(plain_times);
+    r.plain_median_ms = bench::median(plain_times);
     r.overhead_pct = 100.0 * (r.rank0_median_ms - r.plain_median_ms) / r.plain_median_ms;
   }
   if (o.kernel_trace > 0) {
@@ -281,7 +275,7 @@ Result run_one(const std::string& name, double cap_mb, const Options& o,
       checks.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count());
     }
-    r.verify_ms = bench::max_over_ranks(*group, median(checks), device);
+    r.verify_ms = bench::max_over_ranks(*group, bench::median(checks), device);
     r.verify_pct = 100.0 * r.verify_ms / static_cast<double>(o.verify_every) / r.step_ms;
   }
   return r;

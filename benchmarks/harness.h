@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <sys/wait.h>
 #include <vector>
 
@@ -23,17 +24,27 @@
 
 namespace lockstep::bench {
 
+// The median of `v` (0 when empty): of an even count, the mean of the two
+// middle values, as Python's statistics.median that the PyTorch peers report;
+// the upper one alone would be the slower of two steps at --steps 2.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end());
+  if (v.size() % 2 == 1) return *mid;
+  return (*std::max_element(v.begin(), mid) + *mid) / 2;
+}
+
 // Median seconds of `steps` calls of fn after `warmup` untimed calls.
 inline double median_seconds(const std::function<void()>& fn, int warmup, int steps) {
   for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> t(steps);
-  for (int i = 0; i < steps; ++i) {
+  std::vector<double> t(static_cast<size_t>(steps));
+  for (auto& seconds : t) {
     auto start = std::chrono::steady_clock::now();
     fn();
-    t[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
-  std::nth_element(t.begin(), t.begin() + steps / 2, t.end());
-  return t[steps / 2];
+  return median(std::move(t));
 }
 
 struct CommandResult {
