@@ -22,6 +22,8 @@ Pool::Pool(int rank, std::vector<Segment> segments) : rank_(rank), segments_(std
   if (usable > 0) free_[0] = usable;
 }
 
+size_t Pool::segment_bytes(size_t bytes) { return round_up(bytes); }
+
 // First fit: a pool holds a few large buckets, allocated in the same order
 // every iteration, so the free list stays short.
 runtime::Tensor Pool::empty(const runtime::Shape& shape, runtime::DType dtype) {

@@ -22,6 +22,10 @@ class Pool final : public SharedTensorPool, public std::enable_shared_from_this<
   // rank's own.
   Pool(int rank, std::vector<Segment> segments);
 
+  // The segment size whose pool holds a tensor of `bytes`: tensors start on
+  // cache lines, so only whole cache lines of a segment are used.
+  static size_t segment_bytes(size_t bytes);
+
   runtime::Tensor empty(const runtime::Shape& shape, runtime::DType dtype) override;
   bool holds(const runtime::Tensor& t) const override;
   size_t capacity_bytes() const override;

@@ -104,6 +104,7 @@ std::shared_ptr<Pool> join_pool(distributed::Store& store, const std::string& pr
                                 int rank, int size, size_t bytes,
                                 std::chrono::milliseconds timeout) {
   if (bytes == 0) return nullptr;
+  bytes = Pool::segment_bytes(bytes);  // else a tensor of `bytes` would not fit
   const std::string keys = fmt::format("{}pool/{}/", prefix, index);
   // Every rank publishes its segment's name (or why it has none), maps the
   // others', and says whether that worked; any failure anywhere leaves every

@@ -155,6 +155,28 @@ TEST_CASE("shm pool: tensors come and go, first fit, full pool", "[collectives][
   });
 }
 
+TEST_CASE("shm pool: a pool of any size holds one tensor of that size",
+          "[collectives][shm][pool]") {
+  const auto groups = lt::make_groups("shm", 2, "pool-odd");
+  on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {
+    for (int64_t count : {1, 25, 250, 1023}) {  // 4 to 4092 bytes: no whole cache lines
+      auto pool = reserve(g, static_cast<size_t>(count) * 4, failures);
+      if (!pool) return;
+      Tensor t = pool->empty({count}, DType::f32);
+      if (!t.defined()) {
+        failures.push_back(fmt::format("a pool of {} bytes holds no tensor of {} floats",
+                                       count * 4, count));
+        continue;
+      }
+      t.copy_(lt::input(g.rank(), count, DType::f32));
+      g.allreduce(t)->wait();
+      add_failure(failures, reduced_mismatch(t, lc::ReduceOp::Sum, DType::f32, 2,
+                                             fmt::format("{} floats", count)));
+    }
+  });
+  CHECK(own_shm_files().empty());
+}
+
 TEST_CASE("shm pool: one too large for /dev/shm is refused on every rank alike",
           "[collectives][shm][pool]") {
   const auto groups = lt::make_groups("shm", 3, "pool-huge");
