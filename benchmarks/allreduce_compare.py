@@ -130,6 +130,8 @@ def main():
     a = p.parse_args()
     if a.np < 1 or a.w < 0 or a.n < 1 or a.f < 2 or a.b > a.e:
         p.error("needs -np >= 1, -w >= 0, -n >= 1, -f >= 2 and -b <= -e")
+    if a.b % 4:  # each path runs size // 4 floats and reports that size, matching no row
+        p.error(f"-b {a.b}: not a whole number of float32 elements; give a multiple of 4 bytes")
     script_checks.require_programs("allreduce_compare", a.build, ["allreduce_perf", "lockstep-run"])
     a.mpirun = script_checks.require_command("allreduce_compare", a.mpirun, "--mpirun")
     if not a.no_torch:

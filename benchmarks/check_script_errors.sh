@@ -43,6 +43,8 @@ for script in ddp_compare zero_compare; do
 done
 expect 2 "error: argument -b: '4Q' is not a size" \
   $python "$here/allreduce_compare.py" --build "$build" -b 4Q
+expect 2 "error: -b 1001: not a whole number of float32 elements" \
+  $python "$here/allreduce_compare.py" --build "$build" -b 1001 --no-torch
 expect 2 "error: needs .*-f >= 2" $python "$here/allreduce_compare.py" --build "$build" -f 1
 for script in allreduce_compare ddp_compare; do
   expect 2 "$script: $work/no-mpirun not found \(give its path with --mpirun\)" \
