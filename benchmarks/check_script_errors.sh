@@ -3,7 +3,8 @@
 # peers, given bad input (a build without the programs, a bad size or list,
 # no mpirun, no PyTorch), exit with status 2 (the peers: 1; the C++ benchmarks
 # given a bad number: CLI11's 105) and one line naming the problem, without a
-# traceback and before running anything.
+# traceback and before running anything. And zero_compare, one of whose world
+# sizes fails, still prints the others' rows.
 # PyTorch is hidden behind a torch package whose import fails.
 #
 #   benchmarks/check_script_errors.sh BUILD_DIR SCRATCH_DIR
@@ -13,7 +14,7 @@ work=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 python=/usr/bin/python3
 rm -rf "$work"
-mkdir -p "$work/no-torch/torch" "$work/empty-build"
+mkdir -p "$work/no-torch/torch" "$work/empty-build" "$work/flaky-build/bin"
 echo 'raise ImportError("torch hidden by check_script_errors.sh")' \
   >"$work/no-torch/torch/__init__.py"
 
@@ -66,6 +67,20 @@ for bench in zero_bench ddp_bench step_bench checkpoint_bench data_parallel_benc
   expect 105 "^--warmup: must be zero or a positive number, not -1" "$build/bin/$bench" --warmup -1
 done
 expect 105 "^--batch: must be a positive number, not 0" "$build/bin/attention_bench" --batch 0
+# A lockstep-run whose two-rank runs fail; one rank writes one plain row to --json.
+cat >"$work/flaky-build/bin/lockstep-run" <<'EOF'
+#!/usr/bin/env bash
+if [ "$2" = 2 ]; then echo "rank 1 exited with code 1" >&2; exit 1; fi
+echo '{"machine": "stub", "results": [{"model": "mlp", "mode": "plain", "world_size": 1,
+  "backend": "shm", "state_bytes_max": 1048576, "plain_state_bytes": 1048576,
+  "max_over_ideal": 1.0, "step_ms": 2.0, "opt_step_ms": 1.0}]}' >"${@: -1}"
+EOF
+cp "$work/flaky-build/bin/lockstep-run" "$work/flaky-build/bin/zero_bench"
+chmod +x "$work/flaky-build/bin/"*
+expect 1 "# failed: N=2 \\(errors above\\)" \
+  $python "$here/zero_compare.py" --build "$work/flaky-build" --sizes 1,2 --model mlp
+expect 1 "^\\| mlp +\\| plain +\\| 1 " \
+  $python "$here/zero_compare.py" --build "$work/flaky-build" --sizes 1,2 --model mlp
 if ((status == 0)); then
   echo "check_script_errors: every bad input was refused with a clear message"
 fi
