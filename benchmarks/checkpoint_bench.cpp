@@ -2,11 +2,12 @@
 //
 //   build/bin/checkpoint_bench [--dir DIR] [--sizes 16,64,256] [--json FILE]
 //
-// For each size (MB of f32 parameters, split into realistic tensor sizes):
-//   plain write  the same number of bytes from one buffer, 16 MB writes, fsync
+// For each size (MiB of f32 parameters, split into realistic tensor sizes;
+// rates are in MB/s, 10^6 bytes a second, as disks are rated):
+//   plain write  the same number of bytes from one buffer, 16 MiB writes, fsync
 //   ckpt write   save_checkpoint: safetensors + CRC-32s, temporary file,
 //                fsync, rename, fsync of the directory
-//   plain read   the plain file into a reused buffer, 16 MB reads
+//   plain read   the plain file into a reused buffer, 16 MiB reads
 //   ckpt read    load_checkpoint: header checks, fresh tensors, CRC-32s
 // Writes go to a new file each time (the previous one is removed, untimed).
 // Reads start cold: the file's pages are dropped from the page cache first
@@ -45,7 +46,7 @@ constexpr double kWriteGoal = 0.8;  // checkpoint write / plain write
 
 struct Options {
   std::string dir;
-  std::vector<int> sizes_mb = {16, 64, 256};
+  std::vector<int> sizes_mib = {16, 64, 256};
   int warmup = 1;
   int iters = 3;
   bool hot = false;
@@ -76,10 +77,10 @@ std::string filesystem_type(const std::string& dir) {
 }
 
 // Parameters like a model's: large weight matrices with small biases between.
-runtime::CheckpointContent model_of(int64_t megabytes) {
+runtime::CheckpointContent model_of(int64_t mib) {
   const int64_t pattern[] = {1 << 20, 1024, 512 << 10, 768, 256 << 10, 256};  // floats
   runtime::CheckpointContent c;
-  int64_t left = megabytes << 18;  // floats
+  int64_t left = mib << 18;  // floats
   for (int i = 0; left > 0; ++i) {
     const int64_t n = std::min(pattern[i % 6], left);
     runtime::Tensor t = runtime::Tensor::empty({n});
@@ -144,7 +145,7 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Checkpoint write/read throughput beside a plain write/read of the same bytes."};
   app.add_option("--dir", o.dir, "directory to write in (default: a fresh one under /var/tmp)");
-  app.add_option("--sizes", o.sizes_mb, "checkpoint sizes in MB")
+  app.add_option("--sizes", o.sizes_mib, "checkpoint sizes in MiB (2^20 bytes)")
       ->delimiter(',')
       ->check(cli_checks::positive);
   app.add_option("--iters", o.iters, "timed runs per measurement (median reported)")
@@ -163,8 +164,8 @@ int main(int argc, char** argv) {
 
     json results = json::array();
     std::vector<std::vector<std::string>> rows;
-    for (int mb : o.sizes_mb) {
-      const runtime::CheckpointContent content = model_of(mb);
+    for (int mib : o.sizes_mib) {
+      const runtime::CheckpointContent content = model_of(mib);
       const std::string ckpt = o.dir + "/bench.safetensors";
       const std::string plain = o.dir + "/plain.bin";
       const uint64_t bytes = runtime::save_checkpoint(ckpt, content);
@@ -198,7 +199,7 @@ int main(int argc, char** argv) {
       const double r_plain = timed(cold(plain), [&] { plain_read(plain, buffer.get(), bytes); });
       const double r_ckpt = timed(cold(ckpt), [&] { runtime::load_checkpoint(ckpt); });
 
-      results.push_back({{"size_mb", mb},
+      results.push_back({{"size_mib", mib},
                          {"bytes", bytes},
                          {"tensors", content.tensors.size()},
                          {"plain_write_mb_s", mbps(bytes, w_plain)},
@@ -208,7 +209,7 @@ int main(int argc, char** argv) {
                          {"checkpoint_read_mb_s", mbps(bytes, r_ckpt)},
                          {"read_ratio", r_plain / r_ckpt}});
       rows.push_back(
-          {std::to_string(mb), std::to_string(content.tensors.size()),
+          {std::to_string(mib), std::to_string(content.tensors.size()),
            fmt::format("{:.0f}", mbps(bytes, w_plain)), fmt::format("{:.0f}", mbps(bytes, w_ckpt)),
            fmt::format("{:.0f}%", 100 * w_plain / w_ckpt),
            fmt::format("{:.0f}", mbps(bytes, r_plain)), fmt::format("{:.0f}", mbps(bytes, r_ckpt)),
@@ -228,7 +229,7 @@ int main(int argc, char** argv) {
         date, bench::machine_description(), load, o.dir, fstype, o.iters, o.warmup,
         o.hot ? "hot (page cache)" : "cold (evicted first)");
     fmt::print("{}", bench::format_table(
-                         {"MB", "tensors", "plain write MB/s", "ckpt write MB/s", "write vs plain",
+                         {"MiB", "tensors", "plain write MB/s", "ckpt write MB/s", "write vs plain",
                           "plain read MB/s", "ckpt read MB/s", "read vs plain"},
                          rows));
     // The goal, judged at the size where the checkpoint write does worst.
@@ -237,9 +238,10 @@ int main(int argc, char** argv) {
       if (worst == nullptr || r["write_ratio"] < (*worst)["write_ratio"]) worst = &r;
     const bool goal_met = worst == nullptr || (*worst)["write_ratio"].get<double>() >= kWriteGoal;
     if (worst != nullptr) {
-      fmt::print("# goal: checkpoint write >= {:.0f}% of the plain write: {} (lowest {:.0f}%, at {} MB)\n",
+      fmt::print("# goal: checkpoint write >= {:.0f}% of the plain write: {} (lowest {:.0f}%, "
+                 "at {} MiB)\n",
                  100 * kWriteGoal, goal_met ? "met at every size" : "MISSED",
-                 100 * (*worst)["write_ratio"].get<double>(), (*worst)["size_mb"].get<int64_t>());
+                 100 * (*worst)["write_ratio"].get<double>(), (*worst)["size_mib"].get<int64_t>());
     }
     if (!o.json_file.empty()) {
       json doc = {{"benchmark", "checkpoint_bench"},
