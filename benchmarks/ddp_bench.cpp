@@ -374,7 +374,7 @@ int run(const Options& o) {
              o.verify_every > 0 ? fmt::format("; replicas verified every {} steps", o.verify_every)
                                 : "",
              machine);
-  std::vector<std::string> header{"model", "device", "ranks", "backend", "batch", "bucket cap MB",
+  std::vector<std::string> header{"model", "device", "ranks", "backend", "batch", "bucket cap MiB",
                                   "buckets", "step ms", "samples/s", "fwd ms", "bwd ms",
                                   "comm ms", "exposed ms", "hidden %", "imbalance ms"};
   if (o.compare_plain)
