@@ -53,6 +53,27 @@ std::string check_ddp_grads(int rank, int size, const std::shared_ptr<lockstep::
   return "";
 }
 
+// "" when every parameter's .grad of `module` is within kTol of the .grad of
+// the same parameter (in order) of `reference`; else the first that is not.
+std::string grads_differ(const lockstep::nn::Module& module, const lockstep::nn::Module& reference,
+                         const std::string& when = "") {
+  const auto mine = module.named_parameters();
+  const auto theirs = reference.parameters();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    auto problem = lt::mismatch(when + mine[i].first, mine[i].second.grad(), theirs[i].grad(), kTol);
+    if (!problem.empty()) return problem;
+  }
+  return "";
+}
+
+// The losses of a forward outside no_sync() on `a`, then of one under it on `b`.
+std::pair<Tensor, Tensor> synced_then_not(DistributedDataParallel& ddp, const lt::Batch& a,
+                                          const lt::Batch& b) {
+  const Tensor first = lt::loss_of(ddp, a);
+  auto guard = ddp.no_sync();
+  return {first, lt::loss_of(ddp, b)};
+}
+
 }  // namespace
 
 TEST_CASE("DDP: the averaged gradient equals one process's on the concatenated batch",
@@ -313,13 +334,7 @@ TEST_CASE("DDP: no_sync accumulates locally and the next backward averages the s
       if (ddp->stats().synced) return "a no_sync iteration reported communication";
     }
     lockstep::runtime::mul(lt::loss_of(*ddp, lt::shard(second, r, size)), 0.5).backward();
-    const auto mine = ddp->module().named_parameters();
-    const auto theirs = ref->parameters();
-    for (size_t i = 0; i < mine.size(); ++i) {
-      auto problem = lt::mismatch(mine[i].first, mine[i].second.grad(), theirs[i].grad(), kTol);
-      if (!problem.empty()) return problem;
-    }
-    return "";
+    return grads_differ(ddp->module(), *ref);
   });
   REQUIRE(all_problems(problems).empty());
 }
@@ -338,23 +353,12 @@ TEST_CASE("DDP: a no_sync forward after an ordinary one leaves its backward aver
                                                 lt::loss_of(*ref, second)),
                          0.5)
       .backward();
-  const auto ref_grads = ref->parameters();
   const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
     auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(3), group);
-    const Tensor a = lt::loss_of(*ddp, lt::shard(first, r, size));
-    Tensor b;
-    {
-      auto guard = ddp->no_sync();
-      b = lt::loss_of(*ddp, lt::shard(second, r, size));
-    }
+    const auto [a, b] = synced_then_not(*ddp, lt::shard(first, r, size), lt::shard(second, r, size));
     lockstep::runtime::mul(lockstep::runtime::add(a, b), 0.5).backward();
     if (!ddp->stats().synced) return "the backward of both forwards was not averaged";
-    const auto mine = ddp->module().named_parameters();
-    for (size_t i = 0; i < mine.size(); ++i) {
-      auto problem = lt::mismatch(mine[i].first, mine[i].second.grad(), ref_grads[i].grad(), kTol);
-      if (!problem.empty()) return problem;
-    }
-    return "";
+    return grads_differ(ddp->module(), *ref);
   });
   INFO(all_problems(problems));
   REQUIRE(all_problems(problems).empty());
@@ -371,15 +375,9 @@ TEST_CASE("DDP: after a no_sync forward behind an ordinary one, the first backwa
   const auto third = lt::global_batch(8, 43);
   auto ref = lt::small_mlp(4);
   for (const auto* batch : {&first, &second, &third}) lt::loss_of(*ref, *batch).backward();
-  const auto ref_grads = ref->parameters();
   const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
     auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(4), group);
-    const Tensor a = lt::loss_of(*ddp, lt::shard(first, r, size));
-    Tensor b;
-    {
-      auto guard = ddp->no_sync();
-      b = lt::loss_of(*ddp, lt::shard(second, r, size));
-    }
+    const auto [a, b] = synced_then_not(*ddp, lt::shard(first, r, size), lt::shard(second, r, size));
     a.backward();
     if (!ddp->stats().synced) return "the first backward was not averaged";
     b.backward();
@@ -387,19 +385,10 @@ TEST_CASE("DDP: after a no_sync forward behind an ordinary one, the first backwa
     auto local = lt::small_mlp(4);
     lt::loss_of(*local, first).backward();
     lt::loss_of(*local, lt::shard(second, r, size)).backward();
-    const auto mine = ddp->module().named_parameters();
-    const auto local_grads = local->parameters();
-    for (size_t i = 0; i < mine.size(); ++i) {
-      auto problem = lt::mismatch("after the second backward, " + mine[i].first,
-                                  mine[i].second.grad(), local_grads[i].grad(), kTol);
-      if (!problem.empty()) return problem;
-    }
+    auto problem = grads_differ(ddp->module(), *local, "after the second backward, ");
+    if (!problem.empty()) return problem;
     lt::loss_of(*ddp, lt::shard(third, r, size)).backward();
-    for (size_t i = 0; i < mine.size(); ++i) {
-      auto problem = lt::mismatch(mine[i].first, mine[i].second.grad(), ref_grads[i].grad(), kTol);
-      if (!problem.empty()) return problem;
-    }
-    return "";
+    return grads_differ(ddp->module(), *ref);
   });
   INFO(all_problems(problems));
   REQUIRE(all_problems(problems).empty());
