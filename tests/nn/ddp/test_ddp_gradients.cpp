@@ -60,7 +60,8 @@ std::string grads_differ(const lockstep::nn::Module& module, const lockstep::nn:
   const auto mine = module.named_parameters();
   const auto theirs = reference.parameters();
   for (size_t i = 0; i < mine.size(); ++i) {
-    auto problem = lt::mismatch(when + mine[i].first, mine[i].second.grad(), theirs[i].grad(), kTol);
+    auto problem =
+        lt::mismatch(when + mine[i].first, mine[i].second.grad(), theirs[i].grad(), kTol);
     if (!problem.empty()) return problem;
   }
   return "";
@@ -355,7 +356,8 @@ TEST_CASE("DDP: a no_sync forward after an ordinary one leaves its backward aver
       .backward();
   const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
     auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(3), group);
-    const auto [a, b] = synced_then_not(*ddp, lt::shard(first, r, size), lt::shard(second, r, size));
+    const auto [a, b] =
+        synced_then_not(*ddp, lt::shard(first, r, size), lt::shard(second, r, size));
     lockstep::runtime::mul(lockstep::runtime::add(a, b), 0.5).backward();
     if (!ddp->stats().synced) return "the backward of both forwards was not averaged";
     return grads_differ(ddp->module(), *ref);
@@ -377,7 +379,8 @@ TEST_CASE("DDP: after a no_sync forward behind an ordinary one, the first backwa
   for (const auto* batch : {&first, &second, &third}) lt::loss_of(*ref, *batch).backward();
   const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
     auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(4), group);
-    const auto [a, b] = synced_then_not(*ddp, lt::shard(first, r, size), lt::shard(second, r, size));
+    const auto [a, b] =
+        synced_then_not(*ddp, lt::shard(first, r, size), lt::shard(second, r, size));
     a.backward();
     if (!ddp->stats().synced) return "the first backward was not averaged";
     b.backward();
