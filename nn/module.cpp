@@ -109,6 +109,7 @@ Tensor Module::register_parameter(std::string name, Tensor value, bool requires_
   LOCKSTEP_CHECK(value.defined(), "{}: parameter \"{}\" is an undefined tensor", type_name(), name);
   value.requires_grad_(requires_grad);
   params_.push_back({std::move(name), value, true});
+  stamp_ = next_stamp();  // a wrapper built before would not average or replicate it
   return value;
 }
 

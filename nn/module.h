@@ -108,10 +108,12 @@ class Module {
   void apply(const std::function<void(Module&)>& fn);
   int64_t num_parameters() const;  // total elements over parameters()
   // One number per module of named_modules(), in that order, that changes
-  // whenever the module gains or swaps a child (register_module,
-  // replace_child) and is never reused by another module: an equal list means
-  // the same tree of the same modules. DataParallel compares it to know when
-  // its cached replicas must be made again.
+  // whenever the module gains a parameter or a child or swaps a child
+  // (register_parameter, register_module, replace_child) and is never reused
+  // by another module: an equal list means the same tree of the same modules
+  // with the same parameters. DataParallel compares it to know when its
+  // cached replicas must be made again, DDP to refuse a model changed after
+  // wrapping.
   std::vector<uint64_t> structure_stamps() const;
 
   // ---- state ----
@@ -227,7 +229,7 @@ class Module {
   NamedList<std::shared_ptr<Module>> children_;
   std::vector<Binding> bindings_;
   bool training_ = true;
-  uint64_t stamp_ = next_stamp();  // structure_stamps(); new at each child change
+  uint64_t stamp_ = next_stamp();  // structure_stamps(); new at each child or parameter change
   static uint64_t next_stamp();
 };
 

@@ -78,13 +78,15 @@ void DistributedDataParallel::run_forward(Run&& run) {
     verify_replicas_identical(module_->named_parameters(), *group_,
                               fmt::format("before training forward #{}", training_forwards_));
   // A submodule swapped inside the wrapped model (convert_sync_batchnorm after
-  // wrapping) would train parameters no bucket holds, never averaged.
+  // wrapping) or a parameter registered in it would train without a bucket,
+  // never averaged.
   LOCKSTEP_CHECK(module_->structure_stamps() == structure_,
-                 "DistributedDataParallel on rank {}: a submodule of the wrapped model was added or "
-                 "replaced after wrapping (convert_sync_batchnorm or replace_child on it?); the "
-                 "gradient buckets hold the old modules' parameters, so the new ones would train "
-                 "without averaging. Change the model before wrapping it, or wrap the changed "
-                 "model in a new DistributedDataParallel",
+                 "DistributedDataParallel on rank {}: a submodule or parameter of the wrapped "
+                 "model was added or replaced after wrapping (convert_sync_batchnorm, "
+                 "replace_child or register_parameter on it?); the gradient buckets hold the "
+                 "parameters it had when wrapped, so new ones would train without averaging. "
+                 "Change the model before wrapping it, or wrap the changed model in a new "
+                 "DistributedDataParallel",
                  group_->rank());
   if (runtime::grad_enabled()) reducer_->forward_started();  // no_grad: no backward to time
   // Training only: in eval the buffers are read, not updated, and ranks may

@@ -123,7 +123,8 @@ TEST_CASE("a tree that would contain itself is refused", "[nn][module]") {
   CHECK(a->named_modules().size() == 5);
 }
 
-TEST_CASE("structure_stamps change with every added or replaced child, anywhere", "[nn][module]") {
+TEST_CASE("structure_stamps change with every added or replaced child or added parameter",
+          "[nn][module]") {
   auto inner = std::make_shared<Sequential>();
   inner->push_back(std::make_shared<ReLU>());
   Sequential outer{inner, std::make_shared<Linear>(2, 2)};
@@ -144,7 +145,12 @@ TEST_CASE("structure_stamps change with every added or replaced child, anywhere"
   // The same module put back is a change too (the stamp is per change).
   const auto same = inner->child("0");
   inner->replace_child("0", same);
-  CHECK(outer.structure_stamps() != s2);
+  const auto s3 = outer.structure_stamps();
+  CHECK(s3 != s2);
+  // A parameter registered later is a change too: a wrapper made before
+  // holds no bucket or replica of it.
+  inner->register_parameter("extra", lr::randn({2}));
+  CHECK(outer.structure_stamps() != s3);
 }
 
 TEST_CASE("convert_sync_batchnorm on a ResNet: its forward runs the SyncBatchNorms and every "

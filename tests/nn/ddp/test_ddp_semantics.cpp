@@ -177,6 +177,30 @@ TEST_CASE("DDP: a submodule replaced inside the wrapped model after wrapping is 
                       Catch::Contains("wrap the changed model in a new DistributedDataParallel"));
 }
 
+TEST_CASE("DDP: a parameter registered in the wrapped model after wrapping is refused",
+          "[ddp]") {
+  // No bucket holds it: each rank trained it on its own gradient, and the
+  // replicas drifted apart without an error.
+  class Scaled : public nn::Module {
+   public:
+    Tensor forward(const Tensor& x) override { return scale.defined() ? x * scale : x; }
+    Tensor scale;
+  };
+  const auto batch = lt::global_batch(8, 4);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto model = lt::small_mlp(1);
+    auto scaled = model->push_back(std::make_shared<Scaled>());
+    DistributedDataParallel ddp(model, group);
+    scaled->scale = scaled->register_parameter("scale", Tensor::ones({}));
+    lt::loss_of(ddp, lt::shard(batch, r, 2)).backward();
+    return "no error";
+  });
+  for (const auto& p : problems)
+    CHECK_THAT(p, Catch::Contains("submodule or parameter of the wrapped model was added") &&
+                      Catch::Contains("register_parameter") &&
+                      Catch::Contains("wrap the changed model in a new DistributedDataParallel"));
+}
+
 TEST_CASE("DDP: a parameter with no gradient is named unless find_unused_parameters", "[ddp]") {
   const auto batch = lt::global_batch(8, 4);
   SECTION("without the option: a clear error naming it") {
