@@ -107,6 +107,13 @@ void Module::check_new_name(const std::string& name, const char* what) const {
 Tensor Module::register_parameter(std::string name, Tensor value, bool requires_grad) {
   check_new_name(name, "parameter");
   LOCKSTEP_CHECK(value.defined(), "{}: parameter \"{}\" is an undefined tensor", type_name(), name);
+  // As PyTorch: a parameter computed from other tensors would never hold a
+  // gradient of its own, so optimizers and DDP could not train it.
+  LOCKSTEP_CHECK(value.is_leaf(),
+                 "{}: parameter \"{}\" is not a leaf tensor (it was computed from tensors that "
+                 "require grad, and has a grad_fn); register a tensor of its own (a "
+                 "detach().clone() of it), or compute the value in forward()",
+                 type_name(), name);
   value.requires_grad_(requires_grad);
   params_.push_back({std::move(name), value, true});
   stamp_ = next_stamp();  // a wrapper built before would not average or replicate it

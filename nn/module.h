@@ -64,6 +64,7 @@ class Module {
 
   // ---- registration (names: non-empty, no '.', unique within the module) ----
   // Sets requires_grad on `value` and returns it (the same shared handle).
+  // `value` must be a leaf (no grad_fn), as PyTorch's Parameter.
   Tensor register_parameter(std::string name, Tensor value, bool requires_grad = true);
   // Non-persistent buffers are moved by to() but left out of state_dict().
   Tensor register_buffer(std::string name, Tensor value, bool persistent = true);

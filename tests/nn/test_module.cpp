@@ -102,6 +102,23 @@ TEST_CASE("registration rejects bad and duplicate names", "[nn][module]") {
              Contains("has no forward() of its own"));
 }
 
+TEST_CASE("a parameter computed from tensors that require grad is refused as in PyTorch",
+          "[nn][module]") {
+  // It would never get a .grad: optimizers refused it later without naming
+  // the module, DDP with an error about a gradient hook.
+  Module m;
+  auto a = m.register_module("a", std::make_shared<Linear>(3, 2));
+  CHECK_THAT(error_of([&] { m.register_parameter("w", a->weight.t()); }),
+             Contains("parameter \"w\" is not a leaf tensor") && Contains("detach().clone()"));
+  CHECK_THAT(error_of([&] { Linear from(a->weight * 2.0); }),
+             Contains("Linear: parameter \"weight\" is not a leaf tensor"));
+  CHECK(names(m.named_parameters()) == std::vector<std::string>{"a.weight", "a.bias"});
+  // A copy of its own, or a value that needs no gradient, is a leaf.
+  m.register_parameter("copy", a->weight.t().detach().clone());
+  m.register_parameter("scaled", Tensor::ones({2}) * 0.5);
+  CHECK(m.named_parameters().size() == 4);
+}
+
 TEST_CASE("a shared parameter is listed once but saved under every name", "[nn][module]") {
   Module m;
   auto a = m.register_module("a", std::make_shared<Linear>(2, 2));
