@@ -38,6 +38,13 @@ const T& get_at(const std::vector<Value>& values, size_t i, const char* wanted) 
 
 }  // namespace
 
+const Value& Values::operator[](size_t i) const {
+  LOCKSTEP_CHECK(i < values_.size(),
+                 "expected a value at position {} but only {} values were given", i,
+                 values_.size());
+  return values_[i];
+}
+
 bool Values::is_tensor(size_t i) const {
   const Tensor* t = i < values_.size() ? std::get_if<Tensor>(&values_[i]) : nullptr;
   return t != nullptr && t->defined();

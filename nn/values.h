@@ -30,7 +30,8 @@ class Values {
 
   size_t size() const { return values_.size(); }
   bool empty() const { return values_.empty(); }
-  const Value& operator[](size_t i) const { return values_.at(i); }
+  // An error naming i and the count when i is past the end.
+  const Value& operator[](size_t i) const;
   void push_back(Value v) { values_.push_back(std::move(v)); }
   auto begin() const { return values_.begin(); }
   auto end() const { return values_.end(); }

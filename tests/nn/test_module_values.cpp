@@ -97,6 +97,10 @@ TEST_CASE("Values: typed access names the position and what is there", "[nn][val
   CHECK_THAT(lt::error_of([&] { (void)v.integer(7); }),
              Catch::Contains("position 7 but only 6 values were given"));
   CHECK_THAT(lt::error_of([&] { (void)v.optional_tensor(2); }), Catch::Contains("a tensor or none"));
+  // Plain indexing too: a lockstep::Error, as every other access.
+  CHECK(nn::describe(v[5]) == "the text \"gelu\"");
+  CHECK_THAT(lt::error_of([&] { (void)v[6]; }),
+             Catch::Equals("expected a value at position 6 but only 6 values were given"));
 }
 
 TEST_CASE("Module: either forward serves both calls; neither, or a mismatched call, is named",
