@@ -405,7 +405,12 @@ void Reducer::launch_ready_buckets() {
     }
     if (next_launch_ == 0) stats_.ready_at_first_launch = static_cast<int64_t>(num_ready_);
     b.launched_at = Clock::now();
-    b.result = comm_hook_(*b.view);
+    try {
+      b.result = comm_hook_(*b.view);
+    } catch (...) {
+      abandon_buffer(b);
+      throw;
+    }
     LOCKSTEP_CHECK(b.result.work != nullptr,
                    "the communication hook returned no Work for bucket {}; return the Work of "
                    "the collective it started",
@@ -414,6 +419,22 @@ void Reducer::launch_ready_buckets() {
     stats_.bucket_bytes.push_back(b.buffer.numel() * static_cast<int64_t>(b.buffer.element_size()));
     ++next_launch_;
   }
+}
+
+// A hook that throws may have started a collective on the bucket's buffer
+// first, one that drain_and_reset() cannot wait for: it would sum into
+// whatever the buffer holds when it runs, the next iteration's gradients too.
+// The bucket takes a new buffer, and the gradients that are views of the old
+// one (gradient_as_bucket_view) copies of their own.
+void Reducer::abandon_buffer(Bucket& b) {
+  runtime::NoGradGuard no_grad;
+  for (size_t p : b.members) {
+    Tensor& param = params_[p].second;
+    if (same_storage(param.grad(), b.buffer)) param.set_grad(param.grad().clone());
+  }
+  abandoned_.push_back(b.buffer);
+  b.buffer = new_bucket_buffer(b.buffer.numel(), b.buffer.dtype(), b.buffer.device());
+  b.buffer.fill_(0);
 }
 
 void Reducer::finalize() {

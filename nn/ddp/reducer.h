@@ -90,6 +90,7 @@ class Reducer {
   void check_parameters_unchanged() const;
   void mark_ready(size_t param, bool used);
   void launch_ready_buckets();
+  void abandon_buffer(Bucket& b);
   void finalize();
   void take_hook_output(Bucket& b);
   void rebuild_buckets();
@@ -110,6 +111,9 @@ class Reducer {
   std::shared_ptr<collectives::SharedTensorPool> pool_;  // of bucket buffers, if any
   std::vector<Bucket> buckets_;
   std::vector<Slot> slots_;  // per parameter
+  // Buffers of buckets whose hook threw, which a collective the hook started
+  // may still write into (abandon_buffer): kept while the reducer lives.
+  std::vector<Tensor> abandoned_;
 
   // The iteration in progress.
   Mode mode_ = Mode::idle;

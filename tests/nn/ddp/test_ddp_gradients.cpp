@@ -2,6 +2,9 @@
 // memory matters): averaged (not summed) gradients equal to one process on
 // the whole batch, no_sync accumulation, unused parameters, compression
 // hooks, gradient_as_bucket_view, buckets in shared memory, overlap.
+#include <chrono>
+#include <thread>
+
 #include <catch2/catch.hpp>
 
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -216,6 +219,48 @@ TEST_CASE("DDP: a hook that puts its result in bucket.buffer has it taken; a wro
       REQUIRE_THAT(p, Catch::Contains("communication hook left a tensor of") &&
                           Catch::Contains("in bucket.buffer of bucket 0"));
     }
+  }
+}
+
+TEST_CASE("DDP: a hook that throws after starting its all-reduce leaves the next iteration "
+          "averaged",
+          "[ddp]") {
+  // That all-reduce runs on the bucket's buffer whenever the ranks get to it:
+  // here rank 1's comes late, after rank 0's next backward has filled the
+  // buffer again, and it summed into those gradients (wrong, without an error).
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9);
+  const auto expected = reference_grads(global, 1);
+  for (const bool as_view : {false, true}) {
+    const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+      int calls = 0;
+      auto ddp = std::make_shared<DistributedDataParallel>(
+          lt::small_mlp(1), group,
+          DdpOptions{.bucket_cap_mb = 0.0005,
+                     .first_bucket_cap_mb = 0.0005,
+                     .gradient_as_bucket_view = as_view});
+      ddp->register_comm_hook([&calls, r](lockstep::nn::GradBucket& bucket) {
+        const bool give_up = ++calls == 2;
+        if (give_up && r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        auto work =
+            bucket.group.allreduce(bucket.buffer, {.op = lockstep::collectives::ReduceOp::Sum});
+        if (give_up) throw lockstep::Error("the hook gave up");
+        return lockstep::nn::CommHookResult{work, nullptr};
+      });
+      const lt::Batch mine = lt::shard(global, r, size);
+      const std::string first = lt::error_of([&] { lt::loss_of(*ddp, mine).backward(); });
+      if (first != "the hook gave up") return "first backward: " + first;
+      ddp->module().zero_grad();
+      lt::loss_of(*ddp, mine).backward();
+      const auto params = ddp->module().named_parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], kTol);
+        if (!problem.empty()) return problem;
+      }
+      return "";
+    });
+    INFO("gradient_as_bucket_view " << as_view);
+    REQUIRE(all_problems(problems).empty());
   }
 }
 
