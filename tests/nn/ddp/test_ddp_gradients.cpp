@@ -399,8 +399,10 @@ TEST_CASE("DDP: a no_sync forward after an ordinary one leaves its backward aver
                                                 lt::loss_of(*ref, second)),
                          0.5)
       .backward();
+  const DdpOptions options = GENERATE(DdpOptions{}, DdpOptions{.find_unused_parameters = true},
+                                      DdpOptions{.gradient_as_bucket_view = true});
   const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
-    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(3), group);
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(3), group, options);
     const auto [a, b] =
         synced_then_not(*ddp, lt::shard(first, r, size), lt::shard(second, r, size));
     lockstep::runtime::mul(lockstep::runtime::add(a, b), 0.5).backward();
