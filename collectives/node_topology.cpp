@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lockstep/collectives/process_group.h"
 #include "lockstep/distributed/exited_ranks.h"
 #include "lockstep/runtime/error.h"
 
@@ -115,7 +116,8 @@ std::vector<std::string> exchange_through_store(distributed::Store& store, int r
 
   std::vector<std::string> all;
   for (int r = 0; r < size; ++r) all.push_back(key_of(prefix, r));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::min(timeout, ProcessGroup::kLongestTimeout);
   const auto published = [&](int r) {
     try {
       store.wait({all[static_cast<size_t>(r)]}, std::chrono::milliseconds(1));

@@ -12,11 +12,6 @@ using runtime::DType;
 
 namespace {
 
-// Deadlines are now + timeout, here and inside gloo: a longer timeout
-// (milliseconds::max() meant as "never") overflowed into the past and timed
-// out at once. One over a year waits a year, LOCKSTEP_TIMEOUT_S's longest.
-constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 365);
-
 // Whether the elements of contiguous `a` and `b` share any byte.
 bool overlaps(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0 || a.storage() != b.storage()) return false;

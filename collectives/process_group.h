@@ -39,6 +39,10 @@ using runtime::Tensor;
 class ProcessGroup {
  public:
   static constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(10);
+  // Deadlines are now + timeout, here and inside gloo: a longer timeout
+  // (milliseconds::max() meant as "never") would overflow into the past and
+  // time out at once. One over a year waits a year, LOCKSTEP_TIMEOUT_S's longest.
+  static constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 365);
 
   virtual ~ProcessGroup() = default;
   ProcessGroup(const ProcessGroup&) = delete;
