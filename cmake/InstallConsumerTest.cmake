@@ -43,6 +43,20 @@ file(MAKE_DIRECTORY "${WORK_DIR}")
 run_step("install into ${prefix}"
   "${CMAKE_COMMAND}" --install "${LOCKSTEP_BINARY_DIR}" --prefix "${prefix}" --config "${CONFIG}")
 
+# The package names what it links by target, each found again by
+# lockstepConfig.cmake on the consumer's machine: a library path baked in at
+# build time would fail there only at the link, as a file ninja cannot make.
+file(GLOB export_files "${prefix}/lib*/cmake/lockstep/lockstepTargets.cmake")
+foreach(export_file IN LISTS export_files)
+  file(STRINGS "${export_file}" link_lines REGEX "INTERFACE_LINK_LIBRARIES")
+  foreach(line IN LISTS link_lines)
+    if(line MATCHES "\"(.*;)?(/[^;\"]*)")
+      message(FATAL_ERROR "install_consumer: ${export_file} links the build machine's "
+        "${CMAKE_MATCH_2} by path, which the package does not look for:\n${line}")
+    endif()
+  endforeach()
+endforeach()
+
 set(sanitize_options "")
 if(SANITIZE_FLAGS)
   list(JOIN SANITIZE_FLAGS " " flags)

@@ -9,6 +9,7 @@ include(CheckCXXSourceCompiles)
 include(CMakePushCheckState)
 include(LockstepHelpers)
 include(LockstepCudaLibs)
+include(LockstepDeflate)
 
 set(LOCKSTEP_SETUP_HINT "scripts/setup installs it")
 
@@ -30,10 +31,12 @@ lockstep_require(ZLIB "zlib1g-dev")
 # libdeflate (optional): the checkpoint checksums' CRC-32 (the same CRC as
 # zlib's) at 6-8 GB/s with carry-less multiplies, where zlib's runs at about
 # 2 GB/s. Without it checkpoints use zlib's, with identical files, slower.
-find_path(LOCKSTEP_DEFLATE_INCLUDE_DIR libdeflate.h)
-find_library(LOCKSTEP_DEFLATE_LIBRARY deflate)
-if(LOCKSTEP_DEFLATE_INCLUDE_DIR AND LOCKSTEP_DEFLATE_LIBRARY)
+# The library is target lockstep::deflate, which a static lockstep's package
+# finds again on the consumer's machine.
+lockstep_find_deflate()
+if(LOCKSTEP_DEFLATE_FOUND)
   set(LOCKSTEP_HAVE_DEFLATE 1)
+  get_filename_component(LOCKSTEP_DEFLATE_LIBRARY_DIR "${LOCKSTEP_DEFLATE_LIBRARY}" DIRECTORY)
 else()
   set(LOCKSTEP_HAVE_DEFLATE 0)
 endif()
