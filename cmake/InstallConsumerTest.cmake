@@ -9,6 +9,7 @@
 #   CXX_COMPILER          the C++ compiler lockstep was built with
 #   SANITIZE_FLAGS        lockstep's sanitizer flags (LOCKSTEP_SANITIZE), if any:
 #                         its static libraries need them at the consumer's link
+#   FMT_VERSION           the fmt version lockstep was built with
 #   SHARED                ON when lockstep was built with BUILD_SHARED_LIBS: the
 #                         consumer is then configured with CMake barred from
 #                         finding zlib, a BLAS, CUDA, MPI and Gloo, which the
@@ -70,7 +71,38 @@ if(SHARED)
   endforeach()
 endif()
 
+# A fmt of the next major version (a stand-in without a library), found
+# first on the path (the environment's CMAKE_PREFIX_PATH, before the system's):
+# a static lockstep must pass it over for the fmt it was
+# built with, whose symbols (fmt::v9::..., say) its archives call.
+set(other_fmt "")
+if(NOT SHARED AND FMT_VERSION)
+  string(REGEX MATCH "^[0-9]+" fmt_major "${FMT_VERSION}")
+  math(EXPR fmt_major "${fmt_major} + 1")
+  set(other_fmt "${WORK_DIR}/other-fmt")
+  set(fmt_dir "${other_fmt}/lib/cmake/fmt")
+  file(WRITE "${fmt_dir}/fmt-config.cmake" "add_library(fmt::fmt INTERFACE IMPORTED)\n")
+  file(WRITE "${fmt_dir}/fmt-config-version.cmake" "set(PACKAGE_VERSION ${fmt_major}.0.0)
+if(PACKAGE_FIND_VERSION_RANGE)
+  if(PACKAGE_VERSION VERSION_LESS PACKAGE_FIND_VERSION_MIN OR
+     (PACKAGE_FIND_VERSION_RANGE_MAX STREQUAL EXCLUDE AND
+      PACKAGE_VERSION VERSION_GREATER_EQUAL PACKAGE_FIND_VERSION_MAX) OR
+     (PACKAGE_FIND_VERSION_RANGE_MAX STREQUAL INCLUDE AND
+      PACKAGE_VERSION VERSION_GREATER PACKAGE_FIND_VERSION_MAX))
+    set(PACKAGE_VERSION_COMPATIBLE FALSE)
+  else()
+    set(PACKAGE_VERSION_COMPATIBLE TRUE)
+  endif()
+elseif(PACKAGE_VERSION VERSION_LESS PACKAGE_FIND_VERSION)
+  set(PACKAGE_VERSION_COMPATIBLE FALSE)
+else()
+  set(PACKAGE_VERSION_COMPATIBLE TRUE)
+endif()
+")
+endif()
+
 run_step("configure the consumer project"
+  "${CMAKE_COMMAND}" -E env "CMAKE_PREFIX_PATH=${other_fmt}"
   "${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${consumer_build}" -G "${GENERATOR}"
   ${sanitize_options} ${barred_packages}
   "-DCMAKE_BUILD_TYPE=${CONFIG}"
