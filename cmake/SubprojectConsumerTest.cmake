@@ -1,7 +1,8 @@
 # ctest "subproject_consumer": configures tests/subproject/, a project that
 # add_subdirectory()s lockstep's source, without a build type and with its own
-# BUILD_TESTING, and checks what lockstep did to it. Configures only (building
-# would compile the library again). Run with cmake -P; inputs (-D):
+# BUILD_TESTING, and checks what lockstep did to it and where its programs go.
+# Configures only (building would compile the library again). Run with
+# cmake -P; inputs (-D):
 #   LOCKSTEP_SOURCE_DIR   lockstep's source tree
 #   PROJECT_DIR           tests/subproject
 #   WORK_DIR              scratch folder (emptied first)
@@ -33,6 +34,15 @@ set(failures "")
 file(STRINGS "${build}/CMakeCache.txt" build_type REGEX "^CMAKE_BUILD_TYPE:")
 if(NOT build_type STREQUAL "" AND NOT build_type MATCHES "^CMAKE_BUILD_TYPE:[A-Z]+=$")
   list(APPEND failures "the project's build type was set: ${build_type}")
+endif()
+
+# lockstep's tests, examples and benchmarks find its programs in its own
+# build folder's bin/ (LOCKSTEP_BINARY_DIR/bin), where they must be built.
+file(READ "${build}/lockstep-run-dir.txt" run_dir)
+if(NOT run_dir STREQUAL "${build}/lockstep/bin")
+  string(CONCAT failure "lockstep-run is built in ${run_dir}, where lockstep's tests, "
+    "which look in ${build}/lockstep/bin, do not find it")
+  list(APPEND failures "${failure}")
 endif()
 
 if(failures)
