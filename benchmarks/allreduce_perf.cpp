@@ -72,6 +72,10 @@ size_t parse_bytes(const std::string& text, const std::string& flag) {
   else if (unit == "M" || unit == "m") scale = 1024.0 * 1024;
   else if (unit == "G" || unit == "g") scale = 1024.0 * 1024 * 1024;
   else LOCKSTEP_CHECK(unit.empty(), "{} '{}': unknown unit '{}'; use K, M or G", flag, text, unit);
+  // Converting inf or 1e30 to size_t is undefined (it read as a tiny size).
+  constexpr double kMostBytes = 1024.0 * 1024 * 1024 * 1024 * 1024;  // 1 PiB
+  LOCKSTEP_CHECK(value * scale <= kMostBytes, "{} '{}': larger than any buffer (at most 1 PiB)",
+                 flag, text);
   return static_cast<size_t>(value * scale);
 }
 
