@@ -114,6 +114,10 @@ Tensor Module::register_parameter(std::string name, Tensor value, bool requires_
                  "require grad, and has a grad_fn); register a tensor of its own (a "
                  "detach().clone() of it), or compute the value in forward()",
                  type_name(), name);
+  LOCKSTEP_CHECK(!requires_grad || runtime::is_floating(value.dtype()),
+                 "{}: parameter \"{}\" is {}, and only floating-point tensors can require grad; "
+                 "register it with requires_grad false, or as a buffer",
+                 type_name(), name, runtime::dtype_name(value.dtype()));
   value.requires_grad_(requires_grad);
   params_.push_back({std::move(name), value, true});
   stamp_ = next_stamp();  // a wrapper built before would not average or replicate it

@@ -117,6 +117,12 @@ TEST_CASE("a parameter computed from tensors that require grad is refused as in 
   m.register_parameter("copy", a->weight.t().detach().clone());
   m.register_parameter("scaled", Tensor::ones({2}) * 0.5);
   CHECK(m.named_parameters().size() == 4);
+  // An integer tensor cannot require grad: named with its module, nothing added.
+  CHECK_THAT(error_of([&] { m.register_parameter("steps", Tensor::zeros({2}, lockstep::runtime::DType::i64)); }),
+             Contains("Module: parameter \"steps\" is i64, and only floating-point tensors "
+                      "can require grad"));
+  m.register_parameter("frozen_steps", Tensor::zeros({2}, lockstep::runtime::DType::i64), false);
+  CHECK(m.named_parameters().size() == 5);
 }
 
 TEST_CASE("a shared parameter is listed once but saved under every name", "[nn][module]") {
