@@ -10,6 +10,7 @@
 
 #include "lockstep/nn/module.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/checkpoint/name_insertion.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::nn {
@@ -69,66 +70,33 @@ std::string quoted_list(const std::vector<std::string>& names) {
   return out;
 }
 
-// A prefix that tells the state_dict's names from the model's: put in front
-// of every model name (a wrapper's "module.", torch.compile's "_orig_mod.", a
-// training checkpoint's "model.") or of every dict name (a model saved
-// without the name it has inside this one).
-struct PrefixMatch {
-  std::string prefix;
-  bool in_dict = false;  // the dict's names have it, else the model's
-  size_t count = 0;      // the names it pairs up
-};
-
-// Counts, for each "a.b." start of a name in `longer` whose rest is a name
-// in `shorter`, the names it pairs up; keeps the one that pairs up the most
-// (none if two different ones tie: the hint would be a guess).
-void best_prefix(const std::vector<std::string>& longer, const std::vector<std::string>& shorter,
-                 bool in_dict, PrefixMatch& best, bool& tied) {
-  const std::unordered_set<std::string_view> rest(shorter.begin(), shorter.end());
-  std::unordered_map<std::string_view, size_t> counts;
-  for (const std::string_view name : longer)
-    for (size_t dot = name.find('.'); dot != std::string_view::npos && dot + 1 < name.size();
-         dot = name.find('.', dot + 1))
-      if (rest.contains(name.substr(dot + 1))) ++counts[name.substr(0, dot + 1)];
-  for (const auto& [prefix, count] : counts) {
-    if (count > best.count) {
-      best = {std::string(prefix), in_dict, count};
-      tied = false;
-    } else if (count == best.count) {
-      tied = true;
-    }
-  }
-}
-
+// A prefix that tells the state_dict's names from the model's
+// (runtime/checkpoint/name_insertion.h): in front of every model name (a
+// wrapper's "module.", torch.compile's "_orig_mod.", a training checkpoint's
+// "model.") or of every dict name (a model saved without the name it has
+// inside this one), said in load_state_dict's terms.
 std::string prefix_hint(const LoadResult& r) {
-  const auto& missing = r.missing_keys;
-  const auto& unexpected = r.unexpected_keys;
-  if (missing.empty() || unexpected.empty()) return "";
-  PrefixMatch best;
-  bool tied = false;
-  best_prefix(unexpected, missing, /*in_dict=*/true, best, tied);
-  best_prefix(missing, unexpected, /*in_dict=*/false, best, tied);
-  // It must pair up all of one side, or at least half of the smaller one
-  // (Hugging Face's GPT-2 also holds buffers this model does not have).
-  const size_t n = best.in_dict ? missing.size() : unexpected.size();
-  if (tied || best.count == 0 ||
-      (best.count < n && 2 * best.count < std::min(missing.size(), unexpected.size())))
-    return "";
-  const std::string& p = best.prefix;
+  const auto found =
+      runtime::name_insertion(r.missing_keys, r.unexpected_keys, /*front_only=*/true);
+  if (!found) return "";
+  const runtime::NameInsertion& best = *found;
+  const bool in_dict = best.in_found;
+  const size_t n = best.of;
+  const std::string& p = best.segment;
   if (p == "module.")
-    return best.in_dict
+    return in_dict
                ? "\n  (the state_dict was saved from a DistributedDataParallel or DataParallel "
                  "wrapper: its keys start with \"module.\"; load dict.without_prefix(\"module.\"), "
                  "or load it into the wrapper)"
                : "\n  (this model is a DistributedDataParallel or DataParallel wrapper and the "
                  "state_dict was saved from the bare model: load it into the wrapper's module())";
-  if (p == "_orig_mod." && best.in_dict)
+  if (p == "_orig_mod." && in_dict)
     return "\n  (the state_dict was saved from a model compiled with torch.compile, as "
            "nanoGPT's train.py saves it: its keys start with \"_orig_mod.\"; load "
            "dict.without_prefix(\"_orig_mod.\"))";
   const std::string how_many =
       best.count == n ? "" : fmt::format(" ({} of the {})", best.count, n);
-  if (best.in_dict)
+  if (in_dict)
     return fmt::format(
         "\n  (the state_dict's keys are this model's with \"{}\" in front{}{}: load "
         "dict.under(\"{}\"), which keeps only those keys and takes the prefix off)",

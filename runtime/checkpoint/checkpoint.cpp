@@ -3,6 +3,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "lockstep/runtime/checkpoint/name_insertion.h"
+
 
 namespace lockstep::runtime {
 
@@ -34,7 +38,7 @@ void check_tensors_match(const NamedTensors& found, const NamedTensors& expected
   for (const auto& [name, want] : expected) {
     auto it = by_name.find(name);
     if (it == by_name.end()) {
-      missing.push_back("'" + name + "'");
+      missing.push_back(name);
       continue;
     }
     const Tensor& got = *it->second;
@@ -46,24 +50,46 @@ void check_tensors_match(const NamedTensors& found, const NamedTensors& expected
   }
   std::vector<std::string> unexpected;
   for (const auto& [name, t] : found)
-    if (by_name.count(name)) unexpected.push_back("'" + name + "'");
+    if (by_name.count(name)) unexpected.push_back(name);
   if (missing.empty() && mismatched.empty() && unexpected.empty()) return;
+  const auto insertion = name_insertion(missing, unexpected);
 
-  auto list = [&](const std::vector<std::string>& items) {
+  auto list = [&](const std::vector<std::string>& items, bool quote = true) {
     std::string s;
     for (size_t i = 0; i < items.size() && i < kMaxListed; ++i)
-      s += fmt::format("{}{}", i ? ", " : "", items[i]);
+      s += (i ? ", " : "") + (quote ? "'" + items[i] + "'" : items[i]);
     if (items.size() > kMaxListed) s += fmt::format(", ... ({} in all)", items.size());
     return s;
   };
   std::string msg = fmt::format("{} does not match the expected tensors:", file);
-  if (!mismatched.empty()) msg += fmt::format("\n  shape or dtype differs: {}", list(mismatched));
+  if (!mismatched.empty())
+    msg += fmt::format("\n  shape or dtype differs: {}", list(mismatched, false));
   if (!missing.empty()) msg += fmt::format("\n  missing from the file: {}", list(missing));
   if (!unexpected.empty())
     msg += fmt::format("\n  in the file but not expected: {}", list(unexpected));
-  msg +=
-      "\nThe checkpoint was written for a different model or configuration: build the model "
-      "the way the run that saved it did, or pick the matching checkpoint.";
+  if (insertion && insertion->segment == "module.") {
+    msg += insertion->in_found
+               ? "\nThe checkpoint was saved from a model wrapped in DistributedDataParallel or "
+                 "DataParallel (its names have \"module.\" in them): load it into the same "
+                 "wrapper, or save the wrapper's module() instead."
+               : "\nThe model being loaded is wrapped in DistributedDataParallel or DataParallel, "
+                 "and the checkpoint was saved from the bare model: load it into the wrapper's "
+                 "module().";
+  } else if (insertion) {
+    msg += fmt::format(
+        "\nThe {} names are the {} ones with \"{}\" {}{}: the same model, saved or loaded "
+        "inside another one, or under another name.",
+        insertion->in_found ? "file's" : "expected", insertion->in_found ? "expected" : "file's",
+        insertion->segment,
+        insertion->head.empty() ? "in front" : fmt::format("after \"{}\"", insertion->head),
+        insertion->count == insertion->of
+            ? ""
+            : fmt::format(" ({} of the {})", insertion->count, insertion->of));
+  } else {
+    msg +=
+        "\nThe checkpoint was written for a different model or configuration: build the model "
+        "the way the run that saved it did, or pick the matching checkpoint.";
+  }
   throw Error(msg);
 }
 

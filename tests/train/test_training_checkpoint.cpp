@@ -12,6 +12,8 @@
 
 #include "collectives/rank_threads.h"
 #include "lockstep/models/models.h"
+#include "lockstep/nn/container.h"
+#include "lockstep/nn/ddp/distributed_data_parallel.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
@@ -19,6 +21,7 @@
 #include "lockstep/runtime/ops.h"
 #include "lockstep/train/training_checkpoint.h"
 #include "support/backend_skip.h"
+#include "support/test_util.h"
 
 using namespace lockstep;
 using namespace lockstep::optim;
@@ -182,6 +185,35 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
                                                   "edited.safetensors"),
                       Contains("edited.safetensors") && Contains("has shape"));
     CHECK((flat_parameters(*same) == before));
+  }
+  SECTION("the same model saved from inside a DDP wrapper, and loaded into one") {
+    // Said as such, not as "a different model or configuration".
+    auto wrapped = std::make_shared<nn::DistributedDataParallel>(models::fashion_mlp(1),
+                                                                 testing::one_rank_group_ptr());
+    const auto from_wrapper =
+        save_training_checkpoint(ckpt, {.model = wrapped.get()}, {.step = 2}, std::nullopt,
+                                 testing::one_rank_group());
+    auto bare = models::fashion_mlp(2);
+    const auto before = flat_parameters(*bare);
+    const std::string into_bare = testing::error_of(
+        [&] { load_training_checkpoint(from_wrapper.path, {.model = bare.get()},
+                                       testing::one_rank_group()); });
+    CHECK_THAT(into_bare, Contains("saved from a model wrapped in DistributedDataParallel") &&
+                              !Contains("different model"));
+    CHECK((flat_parameters(*bare) == before));
+    CHECK_THAT(testing::error_of([&] {
+                 load_training_checkpoint(entry.path, {.model = wrapped.get()},
+                                          testing::one_rank_group());
+               }),
+               Contains("saved from the bare model: load it into the wrapper's module()"));
+    // Another name in front (the model held in a container, say).
+    auto outer = std::make_shared<nn::Sequential>();
+    outer->push_back(models::fashion_mlp(3));
+    CHECK_THAT(testing::error_of([&] {
+                 load_training_checkpoint(entry.path, {.model = outer.get()},
+                                          testing::one_rank_group());
+               }),
+               Contains("The expected names are the file's ones with \"0.\" in front"));
   }
   SECTION("a plain weights file is not a training checkpoint") {
     const fs::path plain = dir / "weights.safetensors";
