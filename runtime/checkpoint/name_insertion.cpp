@@ -20,8 +20,8 @@ void count_insertions(const std::vector<std::string>& longer,
   for (const std::string_view name : longer) {
     // Segments start at the front or after a dot and end with a dot.
     for (size_t start = 0; start < name.size(); start = name.find('.', start) + 1) {
-      for (size_t dot = name.find('.', start); dot != std::string_view::npos && dot + 1 < name.size();
-           dot = name.find('.', dot + 1)) {
+      for (size_t dot = name.find('.', start);
+           dot != std::string_view::npos && dot + 1 < name.size(); dot = name.find('.', dot + 1)) {
         without.assign(name.substr(0, start));
         without.append(name.substr(dot + 1));
         if (rest.contains(without))

@@ -8,7 +8,8 @@ using Names = std::vector<std::string>;
 
 TEST_CASE("name insertion: a wrapper's segment at the front or after a shared head",
           "[checkpoint]") {
-  const auto front = name_insertion({"fc.weight", "fc.bias"}, {"module.fc.weight", "module.fc.bias"});
+  const auto front =
+      name_insertion({"fc.weight", "fc.bias"}, {"module.fc.weight", "module.fc.bias"});
   REQUIRE(front);
   CHECK(front->head.empty());
   CHECK(front->segment == "module.");
