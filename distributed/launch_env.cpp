@@ -52,8 +52,20 @@ bool is_slurm_task(const EnvLookup& env) {
   return is_set(env, "SLURM_PROCID") && (is_set(env, "SLURM_STEP_ID") || is_set(env, "SLURM_STEPID"));
 }
 
+// srun --mpi=pmi2 gives each task of its step PMI_RANK and PMI_SIZE, with
+// PMI_JOBID "<job>.<step>". Those tasks are Slurm's, whose own variables
+// also say how many share a node and where task 0 is. An mpiexec inside an
+// allocation sets PMI_* for ranks whose SLURM_* are those of its proxies.
+bool slurm_serves_pmi(const EnvLookup& env) {
+  const auto pmi_job = env("PMI_JOBID");
+  const auto job = env("SLURM_JOB_ID") ? env("SLURM_JOB_ID") : env("SLURM_JOBID");
+  const auto step = env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : env("SLURM_STEPID");
+  return is_slurm_task(env) && pmi_job && job && step && *pmi_job == *job + "." + *step;
+}
+
 bool detected(const EnvLookup& env, const Source& source) {
   if (is(&source, "slurm")) return is_slurm_task(env);
+  if (is(&source, "pmi") && slurm_serves_pmi(env)) return false;
   return is_set(env, source.rank) || is_set(env, source.world_size);
 }
 

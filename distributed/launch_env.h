@@ -12,7 +12,9 @@
 //                  TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT
 //   Open MPI       OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
 //   MPICH / PMI    PMI_RANK, PMI_SIZE (local rank and size: MPI_LOCALRANKID,
-//                  MPI_LOCALNRANKS where set)
+//                  MPI_LOCALNRANKS where set); not where Slurm set them for
+//                  its own step (srun --mpi=pmi2, PMI_JOBID=<job>.<step>):
+//                  those tasks are read as Slurm's
 //   Slurm (srun)   SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS),
 //                  SLURM_LOCALID, SLURM_NODEID, and the local size from
 //                  SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE, else

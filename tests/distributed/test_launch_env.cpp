@@ -203,6 +203,36 @@ TEST_CASE("env: Slurm variables", "[env]") {
             .source == "slurm");  // older Slurm: SLURM_STEPID only
 }
 
+TEST_CASE("env: srun --mpi=pmi2 tasks are read as Slurm's and not as PMI's", "[env]") {
+  // Slurm's pmi2 plugin sets PMI_RANK, PMI_SIZE and PMI_JOBID=<job>.<step>:
+  // task 9 of 16 on the second node of two, 8 tasks each.
+  const Vars task = {{"PMI_RANK", "9"},           {"PMI_SIZE", "16"},
+                     {"PMI_JOBID", "77.0"},       {"PMI_FD", "11"},
+                     {"SLURM_PROCID", "9"},       {"SLURM_STEP_NUM_TASKS", "16"},
+                     {"SLURM_LOCALID", "1"},      {"SLURM_NODEID", "1"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "8(x2)"},
+                     {"SLURM_JOB_ID", "77"},      {"SLURM_STEP_ID", "0"},
+                     {"SLURM_STEP_NODELIST", "gpu[01-02]"}, {"SLURMD_NODENAME", "gpu02"}};
+  const auto info = read(task);
+  CHECK(info.source == "slurm");
+  CHECK(info.rank == 9);
+  CHECK(info.world_size == 16);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 8);
+  CHECK(info.node_rank == 1);
+  CHECK(info.store_host == "gpu01");
+  CHECK(info.rank0_serves_store);
+  // An mpiexec inside the allocation: PMI_* are its ranks', SLURM_* its proxies'.
+  const auto mpiexec = read(merged(task, {{"PMI_JOBID", "kvs_1234_0"}, {"SLURM_PROCID", "1"},
+                                          {"SLURM_STEP_NUM_TASKS", "2"},
+                                          {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+                                          {"SLURM_LOCALID", "0"}, {"SLURM_STEP_ID", "1"},
+                                          {"MASTER_ADDR", "gpu01"}, {"MASTER_PORT", "5"}}));
+  CHECK(mpiexec.source == "pmi");
+  CHECK(mpiexec.rank == 9);
+  CHECK(mpiexec.world_size == 16);
+}
+
 TEST_CASE("env: under srun rank 0 serves the store at an address every task derives",
           "[env]") {
   const Vars task = {{"SLURM_PROCID", "1"},          {"SLURM_STEP_NUM_TASKS", "4"},

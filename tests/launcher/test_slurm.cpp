@@ -107,6 +107,20 @@ TEST_CASE("slurm: srun --mpi=pmix tasks are ranks too", "[launcher][slurm]") {
   CHECK_THAT(r.output, Contains("collective_worker rank 1/2: OK"));
 }
 
+TEST_CASE("slurm: srun --mpi=pmi2 tasks are Slurm's ranks with its store", "[launcher][slurm]") {
+  // Where MpiDefault=pmi2, every srun sets PMI_RANK and PMI_SIZE.
+  const auto r = with_slurm(fmt::format(
+      "if ! srun --mpi=list 2>&1 | grep -qw pmi2; then echo 'SKIPPED: this Slurm has no pmi2 "
+      "plugin'; exit 0; fi; srun -n2 --mpi=pmi2 {0} print show=PMI_RANK && "
+      "srun -n2 --mpi=pmi2 {1}",
+      bin_path("launcher_probe"), bin_path("collective_worker")));
+  if (script_skipped(r)) return;
+  CHECK(r.ok());
+  CHECK_THAT(r.output, Contains("rank=1 world=2 local=1 local_world=2 node=0 source=slurm "
+                                "PMI_RANK=1"));
+  CHECK_THAT(r.output, Contains("collective_worker rank 1/2: OK"));
+}
+
 TEST_CASE("slurm: a killed task ends the step within seconds, named", "[launcher][slurm]") {
   // Task 1 SIGKILLs itself after the first barrier; task 0 is then waiting
   // for it in a collective. Within the limit (the default, which leaves room
