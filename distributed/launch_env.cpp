@@ -189,13 +189,15 @@ void read_store_address(const EnvLookup& env, const Source* source, RankInfo& in
 }
 
 // A token every rank of one launch derives alike, where the launcher gives
-// no secret: it keeps another job's (or an earlier attempt's) ranks out.
+// no secret: it keeps another job's ranks out. Not from torchrun's
+// TORCHELASTIC_RESTART_COUNT: each node's agent counts only the restarts its
+// own workers' failures caused, so after one the nodes' counts differ.
 std::string derived_token(const EnvLookup& env, const Source* source, const RankInfo& info) {
   std::string identity = fmt::format("{}|{}|{}|{}", source->name, info.world_size,
                                      info.store_host, info.store_port);
   const std::vector<const char*> names =
       is(source, "torchrun")
-          ? std::vector<const char*>{"TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"}
+          ? std::vector<const char*>{"TORCHELASTIC_RUN_ID"}
           : std::vector<const char*>{"SLURM_CLUSTER_NAME", "SLURM_JOB_ID", "SLURM_STEP_ID"};
   for (const char* name : names) {
     identity += '|';

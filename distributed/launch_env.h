@@ -9,7 +9,7 @@
 //                  LOCKSTEP_STORE_ADDR (host:port), LOCKSTEP_TOKEN
 //   torchrun       RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 //                  MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE,
-//                  TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT
+//                  TORCHELASTIC_RUN_ID
 //   Open MPI       OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
 //   MPICH / PMI    PMI_RANK, PMI_SIZE (local rank and size: MPI_LOCALRANKID,
 //                  MPI_LOCALNRANKS where set); not where Slurm set them for
@@ -41,9 +41,10 @@
 //     free port and shares its address through MPI (see collectives/init.h).
 //
 // The token: LOCKSTEP_TOKEN where set. Otherwise, under torchrun and Slurm,
-// one every rank derives from the job's identity (torchrun's run id, restart
-// count and address; Slurm's job and step ids): it keeps ranks of another job
-// or an earlier attempt out of this one's store, but it is no secret. Set
+// one every rank derives from the job's identity (torchrun's run id and
+// address; Slurm's job and step ids): it keeps ranks of another job out of
+// this one's store, but it is no secret. (torchrun stops every worker before
+// it starts the next attempt, whose store is new.) Set
 // LOCKSTEP_TOKEN to a secret on every rank to authenticate the store.
 //
 // Other variables read here: LOCKSTEP_BACKEND (collectives backend to use,

@@ -316,9 +316,11 @@ TEST_CASE("env: under torchrun rank 0 serves the store beside the agent's", "[en
   CHECK(info.rank0_serves_store);
   CHECK_THAT(info.store_address_from, Contains("MASTER_PORT=29500") && Contains("--master_port"));
   CHECK(read(merged(agent, {{"MASTER_PORT", "65535"}})).store_port == 65534);
-  // Every worker derives the same token; a restarted attempt another.
+  // Every worker derives the same token, on every node: after a worker on
+  // one node failed, that node's agent counts a restart and the others' not.
   CHECK(read(merged(agent, {{"RANK", "0"}, {"LOCAL_RANK", "0"}})).token == info.token);
-  CHECK(read(merged(agent, {{"TORCHELASTIC_RESTART_COUNT", "1"}})).token != info.token);
+  CHECK(read(merged(agent, {{"TORCHELASTIC_RESTART_COUNT", "1"}})).token == info.token);
+  CHECK(read(merged(agent, {{"TORCHELASTIC_RUN_ID", "other"}})).token != info.token);
   CHECK(read(merged(agent, {{"LOCKSTEP_TOKEN", "s"}})).token == "s");
   CHECK(read(merged(agent, {{"LOCKSTEP_TOKEN", ""}})).token.empty());
 }
