@@ -45,19 +45,6 @@ struct GroupHolder {
   std::shared_ptr<ProcessGroup> group;
 };
 
-#if LOCKSTEP_HAVE_MPI
-// Where peers reach this host's TCP listeners: the loopback address when all
-// ranks run on this host, else the first non-loopback IPv4 address.
-std::string address_for_peers(const distributed::RankInfo& info) {
-  if (info.local_world_size == info.world_size) return "127.0.0.1";
-  const std::string found = distributed::first_interface_ipv4();
-  LOCKSTEP_CHECK(!found.empty(),
-                 "rank 0 found no non-loopback IPv4 address for the other hosts to reach its "
-                 "store; set LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT)");
-  return found;
-}
-#endif
-
 // This process, as the other ranks' errors name it: host and pid, and a
 // random tag because pids repeat across containers and hosts' names can.
 const std::string& this_process() {
@@ -169,7 +156,8 @@ void make_store(const distributed::RankInfo& info, milliseconds timeout, GroupHo
   if (info.rank == 0) {
     const std::string token = distributed::random_token();
     holder.server = serve_store("0.0.0.0", 0, token);
-    shared = fmt::format("{}:{}:{}", address_for_peers(info), holder.server->port(), token);
+    shared = fmt::format("{}:{}:{}", distributed::address_for_peers(info),
+                         holder.server->port(), token);
   }
   shared = mpi::broadcast_string(shared, 0);
   const auto last = shared.rfind(':');

@@ -255,6 +255,18 @@ bool every_rank_on_this_host(const RankInfo& info) {
          (info.local_world_size_given || names_loopback(info.store_host));
 }
 
+std::string address_for_peers(const RankInfo& info) {
+  if (every_rank_on_this_host(info)) return "127.0.0.1";
+  const std::string found = first_interface_ipv4();
+  // No other host can reach this one: where the launcher did not say where
+  // the ranks are, they are all here.
+  if (found.empty() && !info.local_world_size_given) return "127.0.0.1";
+  LOCKSTEP_CHECK(!found.empty(),
+                 "rank 0 found no non-loopback IPv4 address for the other hosts to reach its "
+                 "store; set LOCKSTEP_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT)");
+  return found;
+}
+
 std::string read_node_id(const EnvLookup& env) {
   return env("LOCKSTEP_NODE_ID").value_or(std::string());
 }

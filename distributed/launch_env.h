@@ -117,6 +117,13 @@ struct RankInfo {
 // local sizes, may be several hosts' job: listen where the others reach it.
 bool every_rank_on_this_host(const RankInfo& info);
 
+// Where the other ranks reach a store rank 0 serves on this host when the
+// launcher gave no address (under mpirun): 127.0.0.1 when every rank is on
+// this host, else this host's first non-loopback IPv4 address (without
+// one, 127.0.0.1 where the launcher gave no local sizes; else it throws,
+// saying what to set). Without local sizes ranks may be on several hosts.
+std::string address_for_peers(const RankInfo& info);
+
 struct RankInfoOptions {
   // Accept world size > 1 without a store address (the caller will get one
   // some other way, e.g. from rank 0 through MPI).

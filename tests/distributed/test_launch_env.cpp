@@ -7,6 +7,7 @@
 
 #include "lockstep/distributed/launch_env.h"
 #include "lockstep/distributed/env_slurm.h"
+#include "lockstep/distributed/store/listen_address.h"
 #include "support/env_lookup.h"
 #include "support/test_util.h"
 
@@ -106,6 +107,27 @@ TEST_CASE("env: rank 0's store stays on loopback only when every rank is on this
   CHECK(every_rank_on_this_host(read(merged(by_hand, {{"LOCAL_WORLD_SIZE", "2"}}))));
   CHECK_FALSE(every_rank_on_this_host(read(merged(by_hand, {{"LOCAL_WORLD_SIZE", "1"}}))));
   CHECK(every_rank_on_this_host(read(kTorchrun)));
+}
+
+TEST_CASE("env: under mpirun rank 0 shares a loopback address only with ranks on its host",
+          "[env]") {
+  using lockstep::distributed::address_for_peers;
+  const auto mpi = [](const Vars& vars) {
+    return read_rank_info(env_lookup(vars), {.allow_missing_store = true});
+  };
+  const std::string interface = lockstep::distributed::first_interface_ipv4();
+  // PMI_RANK and PMI_SIZE alone (as Flux sets them): the ranks may be on two hosts.
+  const auto unknown = mpi({{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}});
+  CHECK(address_for_peers(unknown) == (interface.empty() ? "127.0.0.1" : interface));
+  // The launcher's word that every rank is here, or that some are not.
+  CHECK(address_for_peers(mpi({{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}, {"MPI_LOCALNRANKS", "4"}})) ==
+        "127.0.0.1");
+  const auto two_hosts = mpi({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                              {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  if (interface.empty())
+    CHECK_THAT(error_of([&] { address_for_peers(two_hosts); }), Contains("LOCKSTEP_STORE_ADDR"));
+  else
+    CHECK(address_for_peers(two_hosts) == interface);
 }
 
 TEST_CASE("env: a local world size without a local rank assumes nodes of that size", "[env]") {
