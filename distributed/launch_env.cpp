@@ -25,13 +25,16 @@ struct Source {
 };
 
 // In precedence order. Slurm's world and local sizes are read through
-// slurm_view() below.
-constexpr std::array<Source, 6> kSources = {{
+// slurm_view() below. PMI's local rank and size have two names: Cray's PMI
+// (PALS, aprun) sets PMI_LOCAL_RANK and PMI_LOCAL_SIZE, MPICH's and Intel
+// MPI's hydra MPI_LOCALRANKID and MPI_LOCALNRANKS.
+constexpr std::array<Source, 7> kSources = {{
     {"lockstep-run", "LOCKSTEP_RANK", "LOCKSTEP_WORLD_SIZE", "LOCKSTEP_LOCAL_RANK",
      "LOCKSTEP_LOCAL_WORLD_SIZE", "LOCKSTEP_NODE_RANK"},
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"},
     {"open-mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE", ""},
+    {"pmi", "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE", ""},
     {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", ""},
     {"slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
      "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"},
@@ -66,6 +69,10 @@ bool slurm_serves_pmi(const EnvLookup& env) {
 bool detected(const EnvLookup& env, const Source& source) {
   if (is(&source, "slurm")) return is_slurm_task(env);
   if (is(&source, "pmi") && slurm_serves_pmi(env)) return false;
+  // Cray's names for PMI's local rank and size, only where Cray's PMI set them.
+  if (std::string_view(source.local_rank) == "PMI_LOCAL_RANK" &&
+      !is_set(env, source.local_rank) && !is_set(env, source.local_world_size))
+    return false;
   return is_set(env, source.rank) || is_set(env, source.world_size);
 }
 

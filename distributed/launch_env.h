@@ -11,8 +11,9 @@
 //                  MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE,
 //                  TORCHELASTIC_RUN_ID
 //   Open MPI       OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
-//   MPICH / PMI    PMI_RANK, PMI_SIZE (local rank and size: MPI_LOCALRANKID,
-//                  MPI_LOCALNRANKS where set); not where Slurm set them for
+//   MPICH / PMI    PMI_RANK, PMI_SIZE (local rank and size: Cray's PMI's
+//                  PMI_LOCAL_RANK, PMI_LOCAL_SIZE where set, else hydra's
+//                  MPI_LOCALRANKID, MPI_LOCALNRANKS); not where Slurm set them for
 //                  its own step (srun --mpi=pmi2, PMI_JOBID=<job>.<step>):
 //                  those tasks are read as Slurm's
 //   Slurm (srun)   SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS),

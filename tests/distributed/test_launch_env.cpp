@@ -170,6 +170,22 @@ TEST_CASE("env: MPICH / PMI variables", "[env]") {
     CHECK(info.store_host == "127.0.0.1");
     CHECK(info.store_port == 1234);
   }
+  SECTION("with Cray's local variables (PALS, aprun)") {
+    // mpiexec -n 4 --ppn 2 with MPICH_RANK_REORDER_METHOD=0: ranks 1 and 3
+    // on the second node, local ranks 0 and 1 there.
+    const Vars cray = {{"PMI_RANK", "1"},       {"PMI_SIZE", "4"},
+                       {"PMI_LOCAL_RANK", "0"}, {"PMI_LOCAL_SIZE", "2"},
+                       {"MASTER_ADDR", "h"},    {"MASTER_PORT", "1"}};
+    const auto info = read(cray);
+    CHECK(info.source == "pmi");
+    CHECK(info.rank == 1);
+    CHECK(info.local_rank == 0);
+    CHECK(info.local_world_size == 2);
+    CHECK(info.local_world_size_given);
+    CHECK(read(merged(cray, {{"PMI_RANK", "3"}, {"PMI_LOCAL_RANK", "1"}})).local_rank == 1);
+    CHECK_THAT(error_for(merged(cray, {{"PMI_LOCAL_RANK", "2"}})),
+               Contains("PMI_LOCAL_RANK=2") && Contains("PMI_LOCAL_SIZE=2"));
+  }
   SECTION("without local variables: one node assumed") {
     const auto info = read({{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}, {"MASTER_ADDR", "h"},
                             {"MASTER_PORT", "1"}});
