@@ -66,14 +66,27 @@ bool slurm_serves_pmi(const EnvLookup& env) {
   return is_slurm_task(env) && pmi_job && job && step && *pmi_job == *job + "." + *step;
 }
 
-bool detected(const EnvLookup& env, const Source& source) {
+// Whether `source` launched this process: its rank variable is set, or with
+// `world_size_alone`, its world size.
+bool detected(const EnvLookup& env, const Source& source, bool world_size_alone) {
   if (is(&source, "slurm")) return is_slurm_task(env);
   if (is(&source, "pmi") && slurm_serves_pmi(env)) return false;
   // Cray's names for PMI's local rank and size, only where Cray's PMI set them.
   if (std::string_view(source.local_rank) == "PMI_LOCAL_RANK" &&
       !is_set(env, source.local_rank) && !is_set(env, source.local_world_size))
     return false;
-  return is_set(env, source.rank) || is_set(env, source.world_size);
+  return is_set(env, source.rank) || (world_size_alone && is_set(env, source.world_size));
+}
+
+// The first launcher whose rank is set. A world size alone counts only where
+// none is: a batch script may export WORLD_SIZE (with MASTER_ADDR and
+// MASTER_PORT) for every task of an srun, as PyTorch's Slurm recipes do.
+// Without a rank, it names the launcher whose rank variable is missing.
+const Source* find_source(const EnvLookup& env) {
+  for (const bool world_size_alone : {false, true})
+    for (const auto& candidate : kSources)
+      if (detected(env, candidate, world_size_alone)) return &candidate;
+  return nullptr;
 }
 
 // Slurm's variables as one number each: the step's task count (a step may
@@ -337,13 +350,7 @@ RankInfo read_rank_info(const EnvLookup& process, RankInfoOptions options) {
   RankInfo info;
   read_settings(process, info);
 
-  const Source* source = nullptr;
-  for (const auto& candidate : kSources) {
-    if (detected(process, candidate)) {
-      source = &candidate;
-      break;
-    }
-  }
+  const Source* source = find_source(process);
   if (source == nullptr) {
     info.source = "none";
     read_store_address(process, source, info);

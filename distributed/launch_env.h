@@ -2,7 +2,9 @@
 // environment through runtime/env.h's readers.
 //
 // Rank, world size, local rank, local world size and the store address come
-// from the first launcher whose variables are set, in this order:
+// from the first launcher whose rank variable is set, in this order (a world
+// size alone counts only where no rank is: a batch script may export
+// WORLD_SIZE for all its srun's tasks):
 //
 //   lockstep-run   LOCKSTEP_RANK, LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_RANK,
 //                  LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK,

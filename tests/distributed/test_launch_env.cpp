@@ -241,6 +241,27 @@ TEST_CASE("env: Slurm variables", "[env]") {
             .source == "slurm");  // older Slurm: SLURM_STEPID only
 }
 
+TEST_CASE("env: a WORLD_SIZE exported for every srun task leaves the ranks to Slurm", "[env]") {
+  // PyTorch's Slurm recipes: the batch script exports WORLD_SIZE, MASTER_ADDR
+  // and MASTER_PORT, srun starts the tasks, each rank is SLURM_PROCID.
+  const Vars recipe = {{"WORLD_SIZE", "4"}, {"MASTER_ADDR", "gpu01"}, {"MASTER_PORT", "29500"}};
+  const Vars task = {{"SLURM_PROCID", "3"},  {"SLURM_STEP_NUM_TASKS", "4"},
+                     {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+                     {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}};
+  const auto info = read(merged(recipe, task));
+  CHECK(info.source == "slurm");
+  CHECK(info.rank == 3);
+  CHECK(info.world_size == 4);
+  CHECK(info.local_rank == 1);
+  CHECK(info.local_world_size == 2);
+  CHECK(info.store_host == "gpu01");
+  CHECK(info.store_port == 29500);
+  CHECK(info.rank0_serves_store);
+  // With no launcher's rank at all, the world size still asks for its own.
+  CHECK_THAT(error_for(recipe), Contains("RANK is not set"));
+}
+
 TEST_CASE("env: srun --mpi=pmi2 tasks are read as Slurm's and not as PMI's", "[env]") {
   // Slurm's pmi2 plugin sets PMI_RANK, PMI_SIZE and PMI_JOBID=<job>.<step>:
   // task 9 of 16 on the second node of two, 8 tasks each.
