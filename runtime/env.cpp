@@ -25,10 +25,11 @@ int parse_int(const std::string& name, const std::string& text, int minimum) {
   const char* first = text.data();
   const char* last = first + text.size();
   const auto [end, ec] = std::from_chars(first, last, value);
+  // No example value: 0 is no port, nor a world size.
   LOCKSTEP_CHECK(!text.empty() && ec == std::errc() && end == last,
-                 "{}='{}' is not a whole number; set it to a decimal integer (e.g. {}=0) "
+                 "{}='{}' is not a whole number; set it to a decimal integer of at least {} "
                  "or unset it",
-                 name, text, name);
+                 name, text, minimum);
   LOCKSTEP_CHECK(value >= minimum, "{}={} is out of range; it must be at least {}", name, value,
                  minimum);
   return value;

@@ -474,6 +474,12 @@ TEST_CASE("env: world size > 1 needs a store address", "[env]") {
              Contains("MASTER_ADDR is not"));
   CHECK_THAT(error_for(merged(kTorchrun, {{"MASTER_PORT", "70000"}})), Contains("MASTER_PORT"));
   CHECK_THAT(error_for(merged(kTorchrun, {{"MASTER_PORT", "http"}})), Contains("MASTER_PORT"));
+  // The error asks for a value the variable may hold, not for 0.
+  CHECK_THAT(error_for(merged(kTorchrun, {{"MASTER_PORT", "29500 "}})),
+             Contains("MASTER_PORT='29500 '") && Contains("integer of at least 1") &&
+                 !Contains("=0"));
+  CHECK_THAT(error_for(merged(kTorchrun, {{"WORLD_SIZE", "four"}})),
+             Contains("integer of at least 1") && !Contains("=0"));
   CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_STORE_ADDR", "nohost"}})),
              Contains("LOCKSTEP_STORE_ADDR"));
 
