@@ -134,8 +134,11 @@ void read_master(const EnvLookup& env, RankInfo& info) {
   const auto port = env("MASTER_PORT");
   if (!addr && !port) return;
   if (info.world_size == 1 && !(addr && port)) return;
-  LOCKSTEP_CHECK(addr && !addr->empty(), "MASTER_PORT is set but MASTER_ADDR is not; set "
+  LOCKSTEP_CHECK(addr.has_value(), "MASTER_PORT is set but MASTER_ADDR is not; set "
                  "MASTER_ADDR to the host of rank 0 (e.g. MASTER_ADDR=10.0.0.1)");
+  // e.g. MASTER_ADDR=$(scontrol show hostnames ... | head -n 1) where that failed.
+  LOCKSTEP_CHECK(!addr->empty(), "MASTER_ADDR is set but empty (did the command that "
+                 "computed it fail?); set it to the host of rank 0 (e.g. MASTER_ADDR=10.0.0.1)");
   LOCKSTEP_CHECK(port.has_value(), "MASTER_ADDR={} is set but MASTER_PORT is not; set "
                  "MASTER_PORT to the store's port (e.g. MASTER_PORT=29500)", *addr);
   info.store_host = *addr;

@@ -472,6 +472,10 @@ TEST_CASE("env: world size > 1 needs a store address", "[env]") {
              Contains("MASTER_PORT is not"));
   CHECK_THAT(error_for({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}),
              Contains("MASTER_ADDR is not"));
+  // Set, but to nothing: a batch script's $(scontrol show hostnames ...) that failed.
+  CHECK_THAT(error_for({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""},
+                        {"MASTER_PORT", "1"}}),
+             Contains("MASTER_ADDR is set but empty") && !Contains("MASTER_ADDR is not"));
   CHECK_THAT(error_for(merged(kTorchrun, {{"MASTER_PORT", "70000"}})), Contains("MASTER_PORT"));
   CHECK_THAT(error_for(merged(kTorchrun, {{"MASTER_PORT", "http"}})), Contains("MASTER_PORT"));
   // The error asks for a value the variable may hold, not for 0.
