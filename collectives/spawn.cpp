@@ -518,23 +518,11 @@ void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptio
     close_fd(c.go_fd);
   }
 
-  // A client of our own store, made when a rank first exits before the others.
-  std::unique_ptr<distributed::TcpStore> exit_records;
-  const auto record_exit = [&](int rank, const std::string& how) {
-    try {
-      if (!exit_records) {
-        distributed::TcpStoreOptions client;
-        client.port = server->port();
-        client.token = token;
-        client.connect_timeout = client.timeout = std::chrono::seconds(2);
-        exit_records = std::make_unique<distributed::TcpStore>(client);
-      }
-      distributed::record_exited_rank(*exit_records, {.rank = rank, .how = how});
-    } catch (const std::exception&) {  // nobody can be waiting on a store we cannot reach
-    }
-  };
+  distributed::ExitRecorder exits({.port = server->port(), .token = token});
   StopSignalsCaught signals;
-  Supervisor supervisor(children, options, signals, record_exit);
+  Supervisor supervisor(children, options, signals, [&](int rank, const std::string& how) {
+    exits.record(0, {.rank = rank, .how = how});
+  });
   std::optional<SpawnError> failure = supervisor.run();
   for (auto& c : children) {
     close_fd(c.error_fd);

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/distributed/store/prefix_store.h"
+
 namespace lockstep::distributed {
 namespace {
 
@@ -39,6 +41,20 @@ void record_exited_rank(Store& store, const ExitedRank& exited) {
     const Bytes now = store.compare_set(kKey, current, next);
     if (now == next) return;
     current = now;  // another rank's record came first
+  }
+}
+
+ExitRecorder::ExitRecorder(TcpStoreOptions client) : client_(std::move(client)) {
+  client_.connect_timeout = client_.timeout = std::chrono::seconds(2);
+}
+
+void ExitRecorder::record(int restart_count, const ExitedRank& exited) noexcept {
+  try {
+    if (!store_) store_ = std::make_shared<TcpStore>(client_);
+    if (restart_count == 0) return record_exited_rank(*store_, exited);
+    PrefixStore attempt(attempt_prefix(restart_count), store_);
+    record_exited_rank(attempt, exited);
+  } catch (const std::exception&) {
   }
 }
 

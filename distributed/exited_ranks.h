@@ -5,10 +5,12 @@
 // waiting out the timeout.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "lockstep/distributed/store/store.h"
+#include "lockstep/distributed/store/tcp_store.h"
 
 namespace lockstep::distributed {
 
@@ -28,5 +30,19 @@ void record_exited_rank(Store& store, const ExitedRank& exited);
 
 // Every rank recorded so far, in the order they ended: one store round trip.
 std::vector<ExitedRank> exited_ranks(Store& store);
+
+// What a launcher records with: a client of the job's store, connected at the
+// first record (2 s to connect and to answer). Never throws: with no store to
+// tell, nobody waits on it.
+class ExitRecorder {
+ public:
+  explicit ExitRecorder(TcpStoreOptions client);
+  // Under the prefix of attempt `restart_count` (attempt_prefix).
+  void record(int restart_count, const ExitedRank& exited) noexcept;
+
+ private:
+  TcpStoreOptions client_;
+  std::shared_ptr<Store> store_;
+};
 
 }  // namespace lockstep::distributed

@@ -23,7 +23,6 @@
 #include "lockstep/distributed/exit_status.h"
 #include "lockstep/distributed/exited_ranks.h"
 #include "lockstep/distributed/store/listen_address.h"
-#include "lockstep/distributed/store/prefix_store.h"
 #include "lockstep/distributed/store/tcp_store.h"
 
 extern char** environ;
@@ -174,25 +173,9 @@ int run(const Options& options) {
 
   // A rank that exits 0 while others run may leave them waiting for it to
   // join their group: written down where they look (distributed/exited_ranks.h).
-  std::shared_ptr<distributed::Store> exit_records;
-  const auto record_exit = [&](int attempt, int rank, const std::string& how) {
-    try {
-      if (!exit_records) {
-        distributed::TcpStoreOptions client;
-        client.host = address.host;
-        client.port = static_cast<uint16_t>(address.port);
-        client.token = address.token;
-        client.connect_timeout = client.timeout = std::chrono::seconds(2);
-        exit_records = std::make_shared<distributed::TcpStore>(client);
-      }
-      std::shared_ptr<distributed::Store> store = exit_records;
-      if (attempt > 0)
-        store = std::make_shared<distributed::PrefixStore>(distributed::attempt_prefix(attempt),
-                                                           exit_records);
-      distributed::record_exited_rank(*store, {.rank = rank, .how = how});
-    } catch (const std::exception&) {  // no store to tell: nobody waits on it
-    }
-  };
+  distributed::ExitRecorder exits({.host = address.host,
+                                   .port = static_cast<uint16_t>(address.port),
+                                   .token = address.token});
 
   const FlightRecorderFiles recorders;
   reaper.remove_at_exit(recorders.dir());
@@ -221,8 +204,8 @@ int run(const Options& options) {
                                                       r.child.pid));
       }
     };
-    supervisor.on_rank_exited = [&record_exit, attempt](int rank, const std::string& how) {
-      record_exit(attempt, rank, how);
+    supervisor.on_rank_exited = [&exits, attempt](int rank, const std::string& how) {
+      exits.record(attempt, {.rank = rank, .how = how});
     };
     const SupervisorResult result = supervise(std::move(ranks), supervisor);
     code = result.exit_code;
