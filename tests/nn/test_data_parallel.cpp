@@ -265,6 +265,19 @@ TEST_CASE("DataParallel: after manual_seed, each replica's dropout masks are the
   }
 }
 
+// A batch of one row runs as one chunk: as the module alone, draws included.
+TEST_CASE("DataParallel: a single chunk draws its dropout mask as the module alone does",
+          "[data_parallel]") {
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Dropout>(0.5));
+  nn::DataParallel dp(model, cpus(3));
+  lr::manual_seed(4);
+  const auto wrapped = lt::values(dp.forward(Tensor::ones({1, 512})));
+  CHECK(lr::default_generator().offset() == 512);
+  lr::manual_seed(4);
+  CHECK(lt::values(model->forward(Tensor::ones({1, 512}))) == wrapped);
+}
+
 // Checkpointing inside a replica records the replica's own draws, so the
 // recomputed masks are the forward's, and the forward's those of the same
 // model without the checkpoint.
