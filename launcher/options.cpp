@@ -141,6 +141,13 @@ void validate(Options& o, bool np_given, const runtime::EnvLookup& env) {
   if (o.max_restarts < 0)
     throw UsageError(fmt::format("--max-restarts {} must not be negative", o.max_restarts));
   check_seconds("--hang-timeout", o.hang_timeout_s, " (0 turns it off)");
+  // Beats come at most every 20 ms (child_env.cpp): a shorter timeout would
+  // call every rank hung, and one under a millisecond was read as 0 (off).
+  if (o.hang_timeout_s > 0 && o.hang_timeout_s < 0.1)
+    throw UsageError(fmt::format("--hang-timeout {:g} is too short to tell a hung rank from a "
+                                 "busy one; give at least 0.1 s (10 s is usual), or 0 to turn "
+                                 "it off",
+                                 o.hang_timeout_s));
   check_seconds("--restart-backoff", o.restart_backoff_s);
   // [::1], as in a URL, is the address ::1 (ranks get it bracketed with the port).
   if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']')

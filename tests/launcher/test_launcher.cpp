@@ -264,6 +264,9 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
       {{lr, "-np", "2", "--hang-timeout", "-1", "true"}, "--hang-timeout -1 must be a number"},
       // NaN and huge values passed and were cast to milliseconds out of range.
       {{lr, "-np", "2", "--hang-timeout", "nan", "true"}, "--hang-timeout nan must be a number"},
+      // Read as 0 ms: hang detection off without a word.
+      {{lr, "-np", "2", "--hang-timeout", "0.0001", "true"},
+       "--hang-timeout 0.0001 is too short to tell a hung rank from a busy one"},
       {{lr, "-np", "2", "--grace-period", "1e300", "true"}, "--grace-period 1e+300 must be"},
       {{lr, "-np", "2", "--restart-backoff", "inf", "true"}, "--restart-backoff inf must be"},
       // CLI11 read 0x as hex: 2 ranks.
