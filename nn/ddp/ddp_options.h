@@ -26,10 +26,11 @@ struct DdpOptions {
   // param.grad becomes a view into its bucket: no copy back after the
   // all-reduce, and one copy of the gradients in memory instead of two.
   bool gradient_as_bucket_view = false;
-  // The set of used parameters never changes: with find_unused_parameters the
-  // graph is walked only until the first averaged backward, whose walk is kept
-  // (forwards that no backward follows, evaluations with grad mode on, count
-  // for nothing).
+  // The set of used parameters never changes: the graph is walked only until
+  // the first averaged backward, whose walk is kept (forwards that no backward
+  // follows, evaluations with grad mode on, count for nothing), so parameters
+  // it found unused need no find_unused_parameters (as PyTorch: with a static
+  // graph that option does not matter).
   bool static_graph = false;
   // Take CPU buckets from memory that the process group's collectives read in
   // place on every rank, where it has such memory (shm backend: a shared pool

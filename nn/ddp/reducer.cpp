@@ -51,6 +51,9 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> params,
       group_(group),
       options_(options),
       comm_hook_(comm_hooks::allreduce()) {
+  // As PyTorch: with a static graph the unused parameters are learnt from the
+  // first averaged iteration whether or not find_unused_parameters is set.
+  if (options_.static_graph) options_.find_unused_parameters = true;
   reserve_shared_pool();
   build_buckets(reverse_order(params_.size()));
   ready_.assign(params_.size(), false);
@@ -459,10 +462,11 @@ void Reducer::finalize() {
                   "the loss uses changes between iterations");
     if (options_.find_unused_parameters)
       throw Error(what +
-                  "find_unused_parameters counts them as used because a tensor forward returned "
-                  "depends on them, but the loss does not: make every tensor that forward "
-                  "returns take part in the loss (or return only those it uses), and run "
-                  "backward from that loss");
+                  fmt::format("{} counts them as used because a tensor forward returned "
+                              "depends on them, but the loss does not: make every tensor that "
+                              "forward returns take part in the loss (or return only those it "
+                              "uses), and run backward from that loss",
+                              options_.static_graph ? "static_graph" : "find_unused_parameters"));
     throw Error(what +
                 "If they are not used to compute the loss in every iteration, construct DDP "
                 "with DdpOptions{.find_unused_parameters = true}; if they are unused on purpose "

@@ -8,13 +8,14 @@
 // bucket order, so every rank issues the same collectives in the same order
 // while backward goes on. The first hook of a backward queues finalize(),
 // which runs once backward has finished: it waits for each bucket and writes
-// the averaged values into every param.grad. With find_unused_parameters a
-// parameter the graph does not reach counts as ready at once, its slot
-// holding the .grad it already has (from no_sync() backward passes, or not
-// zeroed) or zeros; one that no rank gave a gradient since the last average
-// keeps its .grad. After the first iteration the buckets are rebuilt in the
-// order rank 0 saw gradients become ready. CPU buckets come from the group's
-// shared pool where it has one, so that its all-reduce reads them in place.
+// the averaged values into every param.grad. With find_unused_parameters (or
+// static_graph, which implies it) a parameter the graph does not reach counts
+// as ready at once, its slot holding the .grad it already has (from
+// no_sync() backward passes, or not zeroed) or zeros; one that no rank gave a
+// gradient since the last average keeps its .grad. After the first iteration
+// the buckets are rebuilt in the order rank 0 saw gradients become ready.
+// CPU buckets come from the group's shared pool where it has one, so that its
+// all-reduce reads them in place.
 #pragma once
 
 #include <chrono>

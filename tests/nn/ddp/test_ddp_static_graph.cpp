@@ -85,6 +85,28 @@ TEST_CASE("DDP: static_graph learns the used parameters from the first backward,
   }
 }
 
+TEST_CASE("DDP: static_graph alone trains a model with a parameter no iteration uses, as "
+          "PyTorch",
+          "[ddp]") {
+  // PyTorch: with a static graph it does not matter whether
+  // find_unused_parameters is set. Here the head used in evaluation only
+  // got no gradient, and every backward failed naming it.
+  const auto batch = lt::global_batch(8, 23);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto model = std::make_shared<SecondHead>(1, false);
+    DistributedDataParallel ddp(model, group, DdpOptions{.static_graph = true});
+    auto alone = std::make_shared<SecondHead>(1, false);
+    for (int step = 0; step < 3; ++step) {
+      ddp.zero_grad();
+      lt::loss_of(ddp, lt::shard(batch, r, 2)).backward();
+      const auto p = compare_with_one_process(ddp.module(), *alone, batch);
+      if (!p.empty()) return fmt::format("step {}: {}", step, p);
+    }
+    return "";
+  });
+  CHECK(lt::joined(problems) == "");
+}
+
 TEST_CASE("DDP: an evaluation forward with grad mode on between training steps changes no "
           "gradient",
           "[ddp]") {
@@ -92,9 +114,11 @@ TEST_CASE("DDP: an evaluation forward with grad mode on between training steps c
   struct Mode {
     bool find_unused, static_graph, aux_in_training;
   };
-  // Without find_unused_parameters training must use every parameter.
+  // Without find_unused_parameters or static_graph training must use every
+  // parameter.
   for (const Mode mode : {Mode{false, false, true}, Mode{false, true, true},
-                          Mode{true, false, true}, Mode{true, false, false},
+                          Mode{false, true, false}, Mode{true, false, true},
+                          Mode{true, false, false},
                           Mode{true, true, true}, Mode{true, true, false}}) {
     for (const bool eval_on_every_rank : {true, false}) {
       const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
