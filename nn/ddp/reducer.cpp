@@ -311,6 +311,17 @@ void Reducer::on_gradient_ready(size_t param) {
         group_.rank(), name));
   }
   if (!backward_started_) begin_backward();
+  // Not walked this iteration: static_graph marked it ready from the first
+  // iteration's walk, which did not reach it. The graph changed.
+  if (ready_[param] && unused_[param] && !walked_) {
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: parameter '{}' received a gradient, but "
+        "static_graph keeps the parameters that the first averaged iteration used, and it was "
+        "unused then, so DDP did not wait for its gradient. Construct DDP without static_graph "
+        "(with find_unused_parameters) if the set of parameters that the loss uses changes "
+        "between iterations",
+        group_.rank(), name));
+  }
   if (ready_[param]) {
     throw Error(fmt::format(
         "DistributedDataParallel on rank {}: parameter '{}' was marked ready twice in one "

@@ -271,6 +271,34 @@ TEST_CASE("DDP: with find_unused_parameters, an output the loss leaves out is na
   }
 }
 
+TEST_CASE("DDP: static_graph names a parameter that the first iteration left unused and a "
+          "later one uses, with static_graph as the cause",
+          "[ddp]") {
+  // It was marked ready from the kept walk; the error said it got two
+  // gradients and that find_unused_parameters found it unreachable.
+  const auto batch = lt::global_batch(8, 5);
+  for (const bool find_unused : {false, true}) {
+    const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+      auto model = std::make_shared<TwoHeads>(1);
+      DistributedDataParallel ddp(
+          model, group, DdpOptions{.find_unused_parameters = find_unused, .static_graph = true});
+      const auto local = lt::shard(batch, r, 2);
+      model->use_b = false;
+      lt::loss_of(ddp, local).backward();
+      model->use_b = true;
+      lt::loss_of(ddp, local).backward();
+      return "no error";
+    });
+    INFO("find_unused_parameters " << find_unused);
+    for (const auto& p : problems) {
+      REQUIRE_THAT(p, Catch::Contains("parameter 'b.") &&
+                          Catch::Contains("Construct DDP without static_graph") &&
+                          !Catch::Contains("marked ready twice") &&
+                          !Catch::Contains("found it unreachable"));
+    }
+  }
+}
+
 TEST_CASE("DDP: a parameter marked ready twice, or a second backward per forward, is named",
           "[ddp]") {
   const auto batch = lt::global_batch(8, 4);
