@@ -153,7 +153,8 @@ void Reducer::register_comm_hook(CommHook hook) {
   LOCKSTEP_CHECK(!hook_registered_,
                  "register_comm_hook: a hook is already registered, and DDP takes one; call "
                  "the first from inside the second to combine them");
-  LOCKSTEP_CHECK(synced_iterations_ == 0 && mode_ == Mode::idle,
+  // A forward alone (a check of the output's shape) changes no bucket.
+  LOCKSTEP_CHECK(!gradients_seen_,
                  "register_comm_hook: register the hook before the first backward, the same way "
                  "on every rank");
   comm_hook_ = std::move(hook);
@@ -288,6 +289,7 @@ void Reducer::check_parameters_unchanged() const {
 
 void Reducer::on_gradient_ready(size_t param) {
   const std::string& name = params_[param].first;
+  gradients_seen_ = true;
   if (mode_ == Mode::no_sync) {
     // Gradients accumulate locally; the next averaged backward must know
     // that this rank has one for this parameter, even if it then goes unused.

@@ -107,6 +107,7 @@ class Reducer {
   DdpOptions options_;
   CommHook comm_hook_;
   bool hook_registered_ = false;  // comm_hook_ is the user's, not the default
+  bool gradients_seen_ = false;   // a backward has reached the hooks: too late for one
   std::vector<int64_t> hook_ids_;
 
   std::shared_ptr<collectives::SharedTensorPool> pool_;  // of bucket buffers, if any

@@ -288,6 +288,39 @@ TEST_CASE("DDP: a second communication hook is refused, the first kept", "[ddp]"
   REQUIRE(all_problems(problems).empty());
 }
 
+TEST_CASE("DDP: a hook registered after a forward but before any backward is taken; after a "
+          "backward it is refused",
+          "[ddp]") {
+  // A forward that checks the output's shape first, as PyTorch allows: it
+  // was refused as if a backward had run.
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9);
+  const auto expected = reference_grads(global, 1);
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group);
+    (void)lt::loss_of(*ddp, lt::shard(global, r, size));
+    ddp->register_comm_hook(lockstep::nn::comm_hooks::fp16_compress());
+    lt::loss_of(*ddp, lt::shard(global, r, size)).backward();
+    const auto params = ddp->module().named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], 2e-3);
+      if (!problem.empty()) return problem;
+    }
+    auto late = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group);
+    {
+      auto guard = late->no_sync();
+      lt::loss_of(*late, lt::shard(global, r, size)).backward();
+    }
+    const std::string error =
+        lt::error_of([&] { late->register_comm_hook(lockstep::nn::comm_hooks::fp16_compress()); });
+    if (error.find("before the first backward") == std::string::npos)
+      return "after a backward: " + (error.empty() ? std::string("accepted") : error);
+    return "";
+  });
+  INFO(all_problems(problems));
+  REQUIRE(all_problems(problems).empty());
+}
+
 TEST_CASE("DDP: gradient_as_bucket_view makes .grad a view into the bucket", "[ddp]") {
   const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
     auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group,
