@@ -487,9 +487,12 @@ void Reducer::finalize() {
   }
   // Which parameters got a gradient on any rank: those used nowhere keep
   // their .grad untouched. Issued after the buckets, on every rank alike.
+  // With static_graph, after the first averaged backward, the kept walk says
+  // (as PyTorch, which all-reduces its used map in that iteration only).
   Tensor used;
   std::shared_ptr<collectives::Work> used_work;
-  if (options_.find_unused_parameters) {
+  const bool used_known = options_.static_graph && unused_known_;
+  if (options_.find_unused_parameters && !used_known) {
     used = Tensor::from_vector(locally_used_, {static_cast<int64_t>(locally_used_.size())});
     used_work = group_.allreduce(used, {.op = collectives::ReduceOp::Sum});
     // The next average counts from here (no_sync() iterations included).
@@ -510,6 +513,9 @@ void Reducer::finalize() {
   if (used_work) {
     used_work->wait();
     globally_used = used.to_vector<int32_t>();
+  } else if (used_known) {
+    for (size_t i = 0; i < params_.size(); ++i) globally_used[i] = unused_[i] ? 0 : 1;
+    std::fill(locally_used_.begin(), locally_used_.end(), 0);
   }
   const auto waited_until = Clock::now();
   if (timeline_) timeline_->buckets_waited();

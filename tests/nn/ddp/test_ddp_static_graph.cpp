@@ -3,6 +3,7 @@
 // between its steps; in-process over gloo.
 #include <catch2/catch.hpp>
 
+#include "lockstep/distributed/flight_recorder.h"
 #include "nn/ddp/ddp_fixture.h"
 
 namespace lt = lockstep::testing;
@@ -105,6 +106,35 @@ TEST_CASE("DDP: static_graph alone trains a model with a parameter no iteration 
     return "";
   });
   CHECK(lt::joined(problems) == "");
+}
+
+// The used map's all-reduce (one i32 per parameter) runs once: a static
+// graph's first averaged backward says which parameters every later one uses.
+// Making static_graph find unused parameters had added it to every step.
+TEST_CASE("DDP: static_graph all-reduces which parameters were used in its first averaged "
+          "backward only",
+          "[ddp]") {
+  const auto batch = lt::global_batch(8, 25);
+  const std::string name = "ddp-static-used-map";
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto model = std::make_shared<SecondHead>(1, false);
+    DistributedDataParallel ddp(model, group, DdpOptions{.static_graph = true});
+    auto alone = std::make_shared<SecondHead>(1, false);
+    for (int step = 0; step < 4; ++step) {
+      ddp.zero_grad();
+      lt::loss_of(ddp, lt::shard(batch, r, 2)).backward();
+      const auto p = compare_with_one_process(ddp.module(), *alone, batch);
+      if (!p.empty()) return fmt::format("step {}: {}", step, p);
+    }
+    return "";
+  }, name);
+  CHECK(lt::joined(problems) == "");
+  int used_maps = 0;
+  for (const auto& record : lockstep::distributed::FlightRecorder::instance().snapshot())
+    if (record.group == name && record.group_rank == 0 && record.op == "allreduce" &&
+        record.dtype == "i32")
+      ++used_maps;
+  CHECK(used_maps == 1);
 }
 
 TEST_CASE("DDP: an evaluation forward with grad mode on between training steps changes no "
