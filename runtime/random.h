@@ -25,6 +25,20 @@ class DrawLog {
 };
 DrawLog* current_draw_log();
 void set_current_draw_log(DrawLog* log);
+
+// Installs a DrawLog on this thread until destroyed, then the one before.
+class DrawLogScope {
+ public:
+  explicit DrawLogScope(DrawLog* log) : previous_(current_draw_log()) {
+    set_current_draw_log(log);
+  }
+  ~DrawLogScope() { set_current_draw_log(previous_); }
+  DrawLogScope(const DrawLogScope&) = delete;
+  DrawLogScope& operator=(const DrawLogScope&) = delete;
+
+ private:
+  DrawLog* previous_;
+};
 }  // namespace detail
 
 class Generator {

@@ -24,11 +24,4 @@ uint64_t ReplicaDrawBlocks::reserve(Generator& g, size_t replica, uint64_t n) {
   return at;
 }
 
-ReplicaDrawScope::ReplicaDrawScope(ReplicaDrawBlocks& blocks, size_t replica)
-    : blocks_(blocks), replica_(replica), previous_(detail::current_draw_log()) {
-  detail::set_current_draw_log(this);
-}
-
-ReplicaDrawScope::~ReplicaDrawScope() { detail::set_current_draw_log(previous_); }
-
 }  // namespace lockstep::runtime

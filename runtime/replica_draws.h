@@ -40,17 +40,15 @@ class ReplicaDrawBlocks {
 // While alive on a replica's thread, that thread's draws come from its blocks.
 class ReplicaDrawScope final : public detail::DrawLog {
  public:
-  ReplicaDrawScope(ReplicaDrawBlocks& blocks, size_t replica);
-  ~ReplicaDrawScope() override;
-  ReplicaDrawScope(const ReplicaDrawScope&) = delete;
-  ReplicaDrawScope& operator=(const ReplicaDrawScope&) = delete;
+  ReplicaDrawScope(ReplicaDrawBlocks& blocks, size_t replica)
+      : blocks_(blocks), replica_(replica), installed_(this) {}
 
   uint64_t reserve(Generator& g, uint64_t n) override { return blocks_.reserve(g, replica_, n); }
 
  private:
   ReplicaDrawBlocks& blocks_;
   size_t replica_;
-  detail::DrawLog* previous_;
+  detail::DrawLogScope installed_;  // last: installs this once the rest is set
 };
 
 }  // namespace lockstep::runtime

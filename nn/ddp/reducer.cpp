@@ -495,9 +495,9 @@ void Reducer::finalize() {
   if (options_.find_unused_parameters && !used_known) {
     used = Tensor::from_vector(locally_used_, {static_cast<int64_t>(locally_used_.size())});
     used_work = group_.allreduce(used, {.op = collectives::ReduceOp::Sum});
-    // The next average counts from here (no_sync() iterations included).
-    std::fill(locally_used_.begin(), locally_used_.end(), 0);
   }
+  // The next average counts from here (no_sync() iterations included).
+  if (options_.find_unused_parameters) std::fill(locally_used_.begin(), locally_used_.end(), 0);
   std::vector<std::pair<double, double>> intervals;  // ms after forward's end
   for (auto& b : buckets_) {
     b.result.work->wait();
@@ -515,7 +515,6 @@ void Reducer::finalize() {
     globally_used = used.to_vector<int32_t>();
   } else if (used_known) {
     for (size_t i = 0; i < params_.size(); ++i) globally_used[i] = unused_[i] ? 0 : 1;
-    std::fill(locally_used_.begin(), locally_used_.end(), 0);
   }
   const auto waited_until = Clock::now();
   if (timeline_) timeline_->buckets_waited();

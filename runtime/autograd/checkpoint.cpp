@@ -29,20 +29,6 @@ class ActiveScope {
   ActiveRegion active_;
 };
 
-// Installs a DrawLog on this thread until destroyed, then the one before.
-class DrawLogScope {
- public:
-  explicit DrawLogScope(detail::DrawLog* log) : previous_(detail::current_draw_log()) {
-    detail::set_current_draw_log(log);
-  }
-  ~DrawLogScope() { detail::set_current_draw_log(previous_); }
-  DrawLogScope(const DrawLogScope&) = delete;
-  DrawLogScope& operator=(const DrawLogScope&) = delete;
-
- private:
-  detail::DrawLog* previous_;
-};
-
 // The forward's draws: taken as they would be without it (from the generator,
 // or through the log installed before, a DataParallel replica's), and noted.
 class RecordDraws final : public detail::DrawLog {
@@ -160,7 +146,7 @@ void CheckpointRegion::recompute() {
     } restore{grad_was};
     AutocastGuard autocast(autocast_);
     ActiveScope active(shared_from_this(), true);
-    DrawLogScope log(&replay);
+    detail::DrawLogScope log(&replay);
     fn_(inputs);  // the outputs and the graph behind them are dropped here
     LOCKSTEP_CHECK(replay.finished(),
                    "checkpoint: the recomputation drew fewer random numbers than the forward; "
@@ -198,7 +184,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   auto region = std::make_shared<CheckpointRegion>(fn, inputs);
   RecordDraws record(*region);
   ActiveScope active(region, false);
-  DrawLogScope log(&record);
+  detail::DrawLogScope log(&record);
   return fn(inputs);
 }
 
