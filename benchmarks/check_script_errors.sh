@@ -73,7 +73,7 @@ expect 1 "^allreduce_perf: -e 'inf': larger than any buffer" "$build/bin/allredu
 cat >"$work/flaky-build/bin/lockstep-run" <<'EOF'
 #!/usr/bin/env bash
 if [ "$2" = 2 ]; then echo "rank 1 exited with code 1" >&2; exit 1; fi
-echo '{"machine": "stub", "results": [{"model": "mlp", "mode": "plain", "world_size": 1,
+echo '{"machine": "stand-in", "results": [{"model": "mlp", "mode": "plain", "world_size": 1,
   "backend": "shm", "state_bytes_max": 1048576, "plain_state_bytes": 1048576,
   "max_over_ideal": 1.0, "step_ms": 2.0, "opt_step_ms": 1.0}]}' >"${@: -1}"
 EOF
