@@ -4,6 +4,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -23,6 +24,10 @@ using runtime::Tensor;
 // DDP asks from its gradient hooks, which may run on another thread.
 std::mutex registry_mutex;
 std::unordered_map<const collectives::ProcessGroup*, const Join*> registry;
+
+// The Join whose loop this thread is in: a model's forward runs on the thread
+// that iterates, whichever thread its gradient hooks run on.
+thread_local const Join* iterating_here = nullptr;
 
 std::string sample_kind(const Batch& empty) {
   auto one = [](const Tensor& t) {
@@ -60,6 +65,8 @@ const Join* Join::current(const collectives::ProcessGroup& group) {
   const auto it = registry.find(&group);
   return it == registry.end() ? nullptr : it->second;
 }
+
+const Join* Join::iterating_on_this_thread() { return iterating_here; }
 
 Join::Batches Join::batches(const runtime::DataLoader& loader) & { return Batches(*this, loader); }
 
@@ -113,13 +120,24 @@ Join::Batches::Batches(Join& join, const runtime::DataLoader& loader)
       kind_(sample_kind(empty_)) {}
 
 // A loop left early (break, an exception) ends the iteration for DDP too.
-Join::Batches::~Batches() { join_->in_iteration_ = false; }
+Join::Batches::~Batches() {
+  join_->in_iteration_ = false;
+  leave_loop();
+}
+
+void Join::Batches::leave_loop() {
+  if (!in_loop_) return;
+  in_loop_ = false;
+  iterating_here = outer_;
+}
 
 Join::Batches::Iterator Join::Batches::begin() {
   LOCKSTEP_CHECK(!started_,
                  "Join::batches: this range was iterated already; call join.batches(loader) "
                  "again for another pass");
   started_ = true;
+  outer_ = std::exchange(iterating_here, join_);
+  in_loop_ = true;
   advance();
   return Iterator(this);
 }
@@ -129,6 +147,7 @@ void Join::Batches::advance() {
   if (!join_->agree(has_batch, kind_)) {
     done_ = true;
     current_ = {};
+    leave_loop();
     return;
   }
   current_ = has_batch ? loader_->batch(next_++) : empty_;

@@ -26,7 +26,8 @@
 // running statistics alone (tests/nn/test_empty_batch.cpp). The batch size
 // is 0 there: code that divides by it must not.
 //
-// DDP over the same group object divides the summed gradients by
+// DDP over the same group object (a training forward inside a Join over
+// another group is refused) divides the summed gradients by
 // active_ranks(), not the world size, so the averaged gradient is the
 // one-process gradient over the concatenated batches of the ranks that had
 // one; after iterations under no_sync(), by the mean of their active_ranks()
@@ -78,6 +79,10 @@ class Join {
 
   // The Join over `group` (this very object), or null. DDP reads its divisor here.
   static const Join* current(const collectives::ProcessGroup& group);
+  // The Join whose batches this thread is iterating (the innermost loop), or
+  // null. DDP refuses to run inside a Join over another group: its divisor
+  // would count the joined ranks, whose gradients are zero.
+  static const Join* iterating_on_this_thread();
 
  private:
   friend class Batches;
@@ -124,6 +129,7 @@ class Join::Batches {
 
  private:
   void advance();
+  void leave_loop();
 
   Join* join_;
   const runtime::DataLoader* loader_;
@@ -133,6 +139,9 @@ class Join::Batches {
   int64_t next_ = 0;      // the loader's next batch
   bool started_ = false;
   bool done_ = false;
+  // Whether this range is iterating_on_this_thread(), and what was before it.
+  bool in_loop_ = false;
+  const Join* outer_ = nullptr;
 };
 
 }  // namespace lockstep::nn

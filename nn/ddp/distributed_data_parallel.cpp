@@ -88,6 +88,16 @@ void DistributedDataParallel::run_forward(Run&& run) {
                  "Change the model before wrapping it, or wrap the changed model in a new "
                  "DistributedDataParallel",
                  group_->rank());
+  // A Join over another group leaves this one's divisor at its size, counting
+  // the joined ranks' zero gradients, and its buffers broadcast from rank 0,
+  // which may have run out of data.
+  const Join* loop = Join::iterating_on_this_thread();
+  LOCKSTEP_CHECK(!training || loop == nullptr || &loop->group() == group_.get(),
+                 "DistributedDataParallel on rank {}: this forward runs inside an nn::Join over "
+                 "group '{}', not over the group object the model is wrapped over ('{}'); DDP "
+                 "averages over the ranks that still have data only under a Join over its own "
+                 "group. Make the Join over the group given to DistributedDataParallel",
+                 group_->rank(), loop ? loop->group().name() : "", group_->name());
   if (runtime::grad_enabled()) reducer_->forward_started();  // no_grad: no backward to time
   // Training only: in eval the buffers are read, not updated, and ranks may
   // evaluate different numbers of batches.

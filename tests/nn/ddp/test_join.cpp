@@ -172,6 +172,43 @@ TEST_CASE("Join: a second Join on the same group, or ranks with different sample
   }
 }
 
+TEST_CASE("Join: DDP refuses to train inside a Join over another group, whose joined ranks it "
+          "would count in its divisor",
+          "[ddp][join]") {
+  // The same ranks in a second group object: the Join's all-reduce runs there.
+  const auto others = lt::make_groups(lt::kThreadRankBackend, kWorld, "join_control",
+                                      std::chrono::seconds(30));
+  const auto problems = lt::on_ranks(kWorld, [&](int r, auto group) -> std::string {
+    auto model = make_model(std::make_shared<nn::BatchNorm1d>(8));
+    nn::DistributedDataParallel ddp(model, group);
+    const rt::TensorDataset data = shard_of(r);
+    rt::DataLoader loader(data, {.batch_size = kBatch});
+    std::string out;
+    {
+      nn::Join join(*others[static_cast<size_t>(r)]);
+      out = lt::error_of([&] {
+        for (const rt::Batch& b : join.batches(loader))
+          rt::cross_entropy(ddp.forward(b.x), b.y).backward();
+      });
+    }
+    // Outside the loop, and in a Join over the model's own group, it trains.
+    out += " | " + lt::error_of([&] { (void)ddp.forward(loader.batch(0).x); });
+    model->zero_grad();
+    nn::Join join(*group);
+    out += " | " + lt::error_of([&] {
+      for (const rt::Batch& b : join.batches(loader))
+        rt::cross_entropy(ddp.forward(b.x), b.y).backward();
+    });
+    return out;
+  }, "join_model");
+  for (const std::string& p : problems) {
+    INFO(p);
+    CHECK_THAT(p, Catch::StartsWith("DistributedDataParallel on rank") &&
+                      Catch::Contains("inside an nn::Join over group 'join_control") &&
+                      Catch::EndsWith(" | <no exception> | <no exception>"));
+  }
+}
+
 TEST_CASE("Join: ranks with 0, 1 and 3 batches, and a fresh pass per epoch", "[ddp][join]") {
   const auto problems = lt::on_ranks(kWorld, [](int r, auto group) -> std::string {
     const int64_t batches = std::vector<int64_t>{0, 1, 3}[static_cast<size_t>(r)];
