@@ -104,8 +104,9 @@ void check_integral_result(const Tensor& t, const char* op, DType operand, doubl
                  "{}: {} is not a whole number, so a {} tensor cannot hold the result without "
                  "truncating it; convert the tensor to a floating dtype with .to() first",
                  op, scalar, dtype_name(t.dtype()));
-  // Converted to an i32 anyway, an alpha of 1e10 was undefined (INT32_MIN).
-  LOCKSTEP_CHECK(t.dtype() != DType::i32 || holds_value(DType::i32, scalar),
+  // Converted to the tensor's dtype, an alpha past its range is undefined
+  // (1e10 gave INT32_MIN in an i32, 1e30 INT64_MIN in an i64).
+  LOCKSTEP_CHECK(holds_value(t.dtype(), scalar),
                  "{}: {} is out of range for a {} tensor's arithmetic; convert the tensor with "
                  ".to() first", op, scalar, dtype_name(t.dtype()));
 }

@@ -98,3 +98,14 @@ TEST_CASE("integer in-place ops refuse what they could only truncate") {
   f.add_(Tensor::ones({2}, DType::f64), 0.5).mul_(0.5);
   CHECK(f.to_vector<float>() == std::vector<float>{0.75f, 0.75f});
 }
+
+TEST_CASE("i64 in-place ops refuse an alpha or factor outside i64's range") {
+  Tensor i = Tensor::from_vector<int64_t>({1, 2}, {2});
+  // add_ gave INT64_MIN for an alpha of 1e30; mul_(1e30) blamed a fill_ the caller never made.
+  CHECK_THROWS_WITH(i.add_(Tensor::ones({2}, DType::i64), 1e30),
+                    Contains("add_: 1e+30 is out of range for a i64 tensor"));
+  CHECK_THROWS_WITH(i.mul_(-1e19), Contains("mul_: -1e+19 is out of range for a i64 tensor"));
+  CHECK(i.to_vector<int64_t>() == std::vector<int64_t>{1, 2});
+  i.add_(Tensor::ones({2}, DType::i64), 4e18);
+  CHECK(i.to_vector<int64_t>() == std::vector<int64_t>{4000000000000000001, 4000000000000000002});
+}
