@@ -190,6 +190,14 @@ Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
                 });
 }
 
+namespace {
+
+// As PyTorch (its legacy rule): a 1-D tensor of no elements, such as the
+// empty start of a loop that appends with cat, takes no part in the shape.
+bool cat_skips(const Tensor& t) { return t.dim() == 1 && t.numel() == 0; }
+
+}  // namespace
+
 // The output is [outer, total, inner] with outer = prod(shape[:dim]) and
 // inner = prod(shape[dim+1:]); tensor i fills columns [offset_i, offset_i +
 // size_i) of the middle axis. Copies are done as bytes (any dtype); backward
@@ -203,23 +211,30 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                    "cat: tensor {} is on {} but tensor 0 is on {}; move them to one device", i,
                    tensors[i].device().str(), tensors[0].device().str());
   }
-  const Tensor& ref = tensors[0];
-  LOCKSTEP_CHECK(ref.dim() > 0, "cat: tensor 0 is zero-dimensional; cat needs tensors with at "
-                 "least one dim");
+  // The shapes are checked against the first tensor that is not skipped.
+  size_t r = 0;
+  while (r + 1 < tensors.size() && cat_skips(tensors[r])) ++r;
+  const Tensor& ref = tensors[r];
+  LOCKSTEP_CHECK(ref.dim() > 0, "cat: tensor {} is zero-dimensional; cat needs tensors with at "
+                 "least one dim", r);
   const int64_t d = wrap_dim(dim, ref.dim());
   Shape shape = ref.shape();
   shape[d] = 0;
   std::vector<int64_t> sizes;
+  std::vector<bool> skipped;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    LOCKSTEP_CHECK(t.dtype() == ref.dtype(), "cat: tensor {} is {} but tensor 0 is {}; convert "
-                   "with .to()", i, dtype_name(t.dtype()), dtype_name(ref.dtype()));
-    bool same = t.dim() == ref.dim();
-    for (int64_t k = 0; same && k < ref.dim(); ++k) same = k == d || t.size(k) == ref.size(k);
-    LOCKSTEP_CHECK(same, "cat: tensor {} has shape {} but tensor 0 has shape {}; all sizes must "
-                   "match except in dim {}", i, shape_str(t.shape()), shape_str(ref.shape()), d);
-    sizes.push_back(t.size(d));
-    shape[d] += t.size(d);
+    LOCKSTEP_CHECK(t.dtype() == ref.dtype(), "cat: tensor {} is {} but tensor {} is {}; convert "
+                   "with .to()", i, dtype_name(t.dtype()), r, dtype_name(ref.dtype()));
+    skipped.push_back(i != r && cat_skips(t));
+    bool same = t.dim() == ref.dim() || skipped.back();
+    for (int64_t k = 0; same && !skipped.back() && k < ref.dim(); ++k)
+      same = k == d || t.size(k) == ref.size(k);
+    LOCKSTEP_CHECK(same, "cat: tensor {} has shape {} but tensor {} has shape {}; all sizes must "
+                   "match except in dim {}", i, shape_str(t.shape()), r, shape_str(ref.shape()),
+                   d);
+    sizes.push_back(skipped.back() ? 0 : t.size(d));
+    shape[d] += sizes.back();
   }
   int64_t outer = 1, inner = 1;
   for (int64_t k = 0; k < d; ++k) outer *= shape[k];
@@ -249,7 +264,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   }
 
   return record(std::move(out), "CatBackward", tensors, {},
-                [sizes, d, outer, inner, total](const BackwardArgs& a) {
+                [sizes, skipped, d, outer, inner, total](const BackwardArgs& a) {
                   if (on_device(a.grad)) {
                     // Fresh tensors, as on the CPU: gradients never alias each other.
                     std::vector<Tensor> grads(sizes.size());
@@ -257,7 +272,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                     for (size_t i = 0; i < sizes.size(); ++i) {
                       if (a.needs[i]) {
                         const Tensor part = a.grad.slice(d, offset, offset + sizes[i]);
-                        grads[i] = Tensor::empty(part.shape(), part.dtype(), part.device());
+                        grads[i] = Tensor::empty(skipped[i] ? Shape{0} : part.shape(),
+                                                 part.dtype(), part.device());
                         if (sizes[i] > 0) grads[i].copy_(part);
                       }
                       offset += sizes[i];
@@ -273,7 +289,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                     if (a.needs[i]) {
                       Shape s = gy.shape();
                       s[d] = sizes[i];
-                      grads[i] = Tensor::empty(s, gy.dtype());
+                      grads[i] = Tensor::empty(skipped[i] ? Shape{0} : s, gy.dtype());
                       auto* dst = static_cast<char*>(grads[i].raw_data());
                       const size_t block = static_cast<size_t>(sizes[i] * inner) * esize;
                       for (int64_t o = 0; o < outer && block > 0; ++o)

@@ -15,6 +15,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& g = default_
 // indices (i64 or i32, any shape) into weight [num, dim] -> [..., dim].
 Tensor embedding(const Tensor& indices, const Tensor& weight);
 
+// A 1-D tensor of no elements is left out whatever the others' shapes, as in
+// PyTorch (cat({empty, x}) appends to an empty start).
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 
 }  // namespace lockstep::runtime

@@ -158,3 +158,23 @@ TEST_CASE("cat: non-contiguous inputs, integer dtypes, shape errors", "[runtime]
   CHECK_THAT(error_of([] { cat({}, 0); }), Contains("expected at least one tensor"));
   CHECK_THAT(error_of([&] { cat({a}, 2); }), Contains("dim"));
 }
+
+TEST_CASE("cat leaves out 1-D tensors of no elements, as PyTorch", "[runtime][ops][misc]") {
+  // The loop `acc = cat({acc, batch})` from an empty `acc`; before, every such cat was refused.
+  Tensor a = random_input({2, 3}, 1), b = random_input({2, 2}, 2);
+  const Tensor none = Tensor::zeros({0}, DType::f64);
+  Tensor y = cat({none, a, none, b}, -1);
+  CHECK(y.shape() == Shape{2, 5});
+  CHECK(values(y.slice(1, 0, 3)) == values(a));
+  CHECK(values(y.slice(1, 3, 5)) == values(b));
+  CHECK(cat({none, none}, 0).shape() == Shape{0});
+  CHECK_THAT(error_of([&] { cat({none, a, b}, 0); }),
+             Contains("tensor 2 has shape [2, 2] but tensor 1 has shape [2, 3]"));
+
+  // The left-out tensor's gradient has its own shape.
+  Tensor e = Tensor::zeros({0}, DType::f64).requires_grad_();
+  Tensor x = random_input({2, 3}, 3).requires_grad_();
+  sum(cat({e, x}, 1)).backward();
+  CHECK(e.grad().shape() == Shape{0});
+  CHECK(values(x.grad()) == std::vector<double>(6, 1.0));
+}
