@@ -159,6 +159,15 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
                  "add: alpha {} is not a whole number, so the {} result cannot hold a + alpha*b "
                  "without truncating it; convert an operand to a floating dtype first",
                  alpha, dtype_name(promote_types(a.dtype(), b.dtype())));
+  // Converted to the integer arithmetic's type (i64 for u8 and bool), an
+  // alpha past its range is undefined (1e30 gave INT64_MIN).
+  const DType integral = promote_types(a.dtype(), b.dtype()) == DType::i32 ? DType::i32
+                                                                           : DType::i64;
+  LOCKSTEP_CHECK(is_floating(promote_types(a.dtype(), b.dtype())) ||
+                     holds_value(integral, alpha),
+                 "add: alpha {} is out of range for the {} arithmetic of an integer result; "
+                 "convert an operand to a floating dtype first",
+                 alpha, dtype_name(integral));
   Tensor out = alpha == 1.0 ? arith(a, b, "add", [](auto x, auto y) { return x + y; }, BinaryOp::add)
                             : arith(
                                   a, b, "add",

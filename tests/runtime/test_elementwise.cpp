@@ -153,6 +153,19 @@ TEST_CASE("integer results refuse a fractional alpha; neg of u8 and bool",
   CHECK_THROWS_WITH(neg(tensor({0, 1}, {2}, DType::boolean)), Contains("bool"));
 }
 
+TEST_CASE("integer results refuse an alpha outside their arithmetic's range",
+          "[runtime][ops][elementwise]") {
+  // Converted anyway, such an alpha was undefined: 1 + 1e30 * 1 gave INT64_MIN + 1.
+  Tensor i64 = tensor({1, 2}, {2}, DType::i64), i32 = tensor({1, 2}, {2}, DType::i32);
+  CHECK_THROWS_WITH(add(i64, i64, 1e30), Contains("alpha 1e+30 is out of range for the i64"));
+  CHECK_THROWS_WITH(add(i32, i32, 1e10), Contains("alpha 10000000000 is out of range"));
+  // u8 and bool add in i64, so an alpha past u8's range is fine.
+  Tensor u = tensor({1, 2}, {2}, DType::u8);
+  CHECK(add(u, u, 300.0).to_vector<int64_t>() == std::vector<int64_t>{301, 602});
+  CHECK(add(i32, i64, 1e10).to_vector<int64_t>() == std::vector<int64_t>{10000000001,
+                                                                         20000000002});
+}
+
 TEST_CASE("mismatched shapes name both shapes", "[runtime][ops][elementwise]") {
   Tensor a = Tensor::zeros({2, 3});
   CHECK_THROWS_AS(add(a, Tensor::zeros({2})), lockstep::Error);
