@@ -208,6 +208,10 @@ Tensor Tensor::expand(const Shape& new_shape) const {
 }
 
 Tensor Tensor::unsqueeze(int64_t d) const {
+  // Checked here: wrap_dim would name the result's dims as the tensor's.
+  LOCKSTEP_CHECK(d >= -dim() - 1 && d <= dim(),
+                 "unsqueeze: dim {} is out of range for a tensor with {} dims (expected {}..{})",
+                 d, dim(), -dim() - 1, dim());
   d = wrap_dim(d, dim() + 1);
   Shape shape = this->shape();
   shape.insert(shape.begin() + d, 1);
@@ -232,9 +236,9 @@ Tensor Tensor::squeeze(int64_t d) const {
 }
 
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
-  if (dim() == 0) return reshape({1});
-  start_dim = wrap_dim(start_dim, dim());
+  start_dim = wrap_dim(start_dim, dim());  // a 0-d tensor's are 0 and -1, as PyTorch
   end_dim = wrap_dim(end_dim, dim());
+  if (dim() == 0) return reshape({1});
   LOCKSTEP_CHECK(start_dim <= end_dim, "flatten: start_dim {} after end_dim {}", start_dim, end_dim);
   Shape shape(this->shape().begin(), this->shape().begin() + start_dim);
   int64_t n = 1;

@@ -269,6 +269,20 @@ TEST_CASE("unsqueeze, squeeze and flatten", "[runtime][views]") {
   CHECK_THROWS_WITH(f.flatten(2, 1), Contains("start_dim"));
 }
 
+TEST_CASE("unsqueeze and flatten name a dim out of range against the tensor's own dims",
+          "[runtime][views]") {
+  // unsqueeze said "for a tensor with 3 dims" of a 2-D tensor; a 0-d tensor's
+  // flatten took any dims at all.
+  Tensor t = iota({2, 3});
+  CHECK_THAT(error_of([&] { t.unsqueeze(4); }),
+             Contains("unsqueeze: dim 4 is out of range for a tensor with 2 dims") &&
+                 Contains("expected -3..2"));
+  CHECK_THAT(error_of([&] { t.unsqueeze(-4); }), Contains("dim -4"));
+  CHECK_THAT(error_of([] { Tensor::scalar(2).flatten(3); }), Contains("dimension 3"));
+  CHECK_THAT(error_of([] { Tensor::scalar(2).flatten(0, 2); }), Contains("dimension 2"));
+  CHECK(Tensor::scalar(2).flatten(-1, 0).shape() == Shape{1});
+}
+
 TEST_CASE("writes through a view change the base; clones are independent", "[runtime][views]") {
   Tensor base = Tensor::zeros({3, 4});
   {
