@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::collectives {
@@ -12,9 +13,9 @@ namespace lockstep::collectives {
 AsyncErrorHandling parse_async_error_handling(const std::string& text, const std::string& what) {
   if (text == "end-process") return AsyncErrorHandling::end_process;
   if (text == "fail-works") return AsyncErrorHandling::fail_works;
-  throw Error(fmt::format("{}='{}': use end-process (the default: a failed collective ends the "
+  throw Error(fmt::format("{}={}: use end-process (the default: a failed collective ends the "
                           "process) or fail-works (the Works fail, the process goes on)",
-                          what, text));
+                          what, runtime::quoted_value(text)));
 }
 
 AsyncErrorHandling async_error_handling_from_env(const runtime::EnvLookup& env) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/runtime/cuda/core/error_context.h"
+#include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::distributed {
@@ -31,8 +32,8 @@ std::string written(const std::string& origin, const std::string& text) {
   const std::string reason =
       c.gpus.unavailable_reason.empty() ? "no CUDA device found" : c.gpus.unavailable_reason;
   if (c.cuda_visible_devices)
-    throw Error(fmt::format("{}: no GPU visible (CUDA_VISIBLE_DEVICES='{}'): {}; or use {}", asked,
-                            *c.cuda_visible_devices, reason, instead));
+    throw Error(fmt::format("{}: no GPU visible (CUDA_VISIBLE_DEVICES={}): {}; or use {}", asked,
+                            runtime::quoted_value(*c.cuda_visible_devices), reason, instead));
   throw Error(fmt::format("{}: {}; run on a machine with a GPU, or use {}", asked, reason,
                           instead));
 }
@@ -63,7 +64,8 @@ DeviceChoice choose_device(const DeviceRequest& r, const DeviceContext& c) {
     throw_no_gpu(r, c);
   }
   const std::string visible =
-      c.cuda_visible_devices ? fmt::format(" (CUDA_VISIBLE_DEVICES='{}')", *c.cuda_visible_devices)
+      c.cuda_visible_devices ? fmt::format(" (CUDA_VISIBLE_DEVICES={})",
+                                               runtime::quoted_value(*c.cuda_visible_devices))
                              : "";
   if (index) {
     LOCKSTEP_CHECK(*index < c.gpus.count, "{}: {} GPU{} visible{}, cuda:0 to cuda:{}",

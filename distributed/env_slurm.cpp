@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 
+#include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/stable_hash.h"
 
@@ -29,18 +30,20 @@ std::string first_host(const std::string& nodelist, const std::string& what) {
     // A range set: keep its first number as written (zero padding included).
     const auto close = nodelist.find(']', i);
     LOCKSTEP_CHECK(close != std::string::npos,
-                   "{}='{}' has a '[' without its ']'; is it a Slurm node list?", what, nodelist);
+                   "{}={} has a '[' without its ']'; is it a Slurm node list?", what,
+                   runtime::quoted_value(nodelist));
     const std::string set = nodelist.substr(i + 1, close - i - 1);
     const std::string first = set.substr(0, set.find_first_of(",-"));
     LOCKSTEP_CHECK(!first.empty() && std::all_of(first.begin(), first.end(),
                                                  [](unsigned char c) { return std::isdigit(c); }),
-                   "{}='{}' has a range '[{}]' that does not start with a number", what,
-                   nodelist, set);
+                   "{}={} has a range '[{}]' that does not start with a number", what,
+                   runtime::quoted_value(nodelist), set);
     host += first;
     i = close + 1;
   }
   LOCKSTEP_CHECK(!host.empty() && (i == nodelist.size() || nodelist[i] == ','),
-                 "{}='{}' is not a Slurm node list (e.g. node[01-04],gpu5)", what, nodelist);
+                 "{}={} is not a Slurm node list (e.g. node[01-04],gpu5)", what,
+                 runtime::quoted_value(nodelist));
   return host;
 }
 
@@ -61,16 +64,16 @@ int tasks_on_node(const std::string& tasks_per_node, int node_index, const std::
                         : item.back() == ')' && parse_count(item.substr(0, paren), tasks) &&
                               parse_count(item.substr(paren + 2, item.size() - paren - 3), repeat);
     LOCKSTEP_CHECK(ok && tasks > 0 && repeat > 0,
-                   "{}='{}' is not a Slurm tasks-per-node list (e.g. 2(x3),1)", what,
-                   tasks_per_node);
+                   "{}={} is not a Slurm tasks-per-node list (e.g. 2(x3),1)", what,
+                   runtime::quoted_value(tasks_per_node));
     if (node_index >= nodes && node_index < nodes + repeat) found = tasks;
     nodes += repeat;
     at = comma + 1;
   }
   LOCKSTEP_CHECK(found > 0,
-                 "{}='{}' lists {} nodes, but this task is on node {} (SLURM_NODEID); the Slurm "
+                 "{}={} lists {} nodes, but this task is on node {} (SLURM_NODEID); the Slurm "
                  "variables disagree",
-                 what, tasks_per_node, nodes, node_index);
+                 what, runtime::quoted_value(tasks_per_node), nodes, node_index);
   return found;
 }
 

@@ -8,6 +8,7 @@
 
 #include "lockstep/distributed/env_slurm.h"
 #include "lockstep/distributed/store/listen_address.h"
+#include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/stable_hash.h"
 
@@ -247,8 +248,8 @@ void read_settings(const EnvLookup& env, RankInfo& info) {
     const bool ok = std::all_of(info.backend.begin(), info.backend.end(), [](char c) {
       return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '+';
     });
-    LOCKSTEP_CHECK(ok, "LOCKSTEP_BACKEND='{}' is not a backend name; use e.g. gloo, mpi, nccl "
-                   "or shm, or unset it for the default", *backend);
+    LOCKSTEP_CHECK(ok, "LOCKSTEP_BACKEND={} is not a backend name; use e.g. gloo, mpi, nccl "
+                   "or shm, or unset it for the default", runtime::quoted_value(*backend));
   }
 
   if (auto debug = env("LOCKSTEP_DEBUG")) {
@@ -260,8 +261,8 @@ void read_settings(const EnvLookup& env, RankInfo& info) {
     } else if (level == "detail" || level == "2") {
       info.debug = DebugLevel::Detail;
     } else {
-      throw Error(fmt::format("LOCKSTEP_DEBUG='{}' is not a debug level; use off, info or detail",
-                              *debug));
+      throw Error(fmt::format("LOCKSTEP_DEBUG={} is not a debug level; use off, info or detail",
+                              runtime::quoted_value(*debug)));
     }
   }
 
@@ -304,8 +305,9 @@ std::string read_job_id(const EnvLookup& env) {
                     return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
                            c == '.';
                   });
-  LOCKSTEP_CHECK(ok, "LOCKSTEP_JOB_ID='{}' is not a job id (letters, digits, '-', '_' and '.', "
-                 "at most 128); lockstep-run sets it: unset it to run without one", id);
+  LOCKSTEP_CHECK(ok, "LOCKSTEP_JOB_ID={} is not a job id (letters, digits, '-', '_' and '.', "
+                 "at most 128); lockstep-run sets it: unset it to run without one",
+                 runtime::quoted_value(id));
   return id;
 }
 
@@ -324,28 +326,29 @@ std::pair<std::string, int> parse_host_port(const std::string& text, const std::
     // [IPv6]:port
     const auto close = text.find(']');
     LOCKSTEP_CHECK(close != std::string::npos && close + 1 < text.size() && text[close + 1] == ':',
-                   "{}='{}' is not an address; write an IPv6 host as [addr]:port, "
-                   "e.g. [::1]:29500", what, text);
+                   "{}={} is not an address; write an IPv6 host as [addr]:port, "
+                   "e.g. [::1]:29500", what, runtime::quoted_value(text));
     host = text.substr(1, close - 1);
     port = text.substr(close + 2);
   } else {
     const auto colon = text.rfind(':');
     LOCKSTEP_CHECK(colon != std::string::npos,
-                   "{}='{}' has no port; write it as host:port, e.g. 127.0.0.1:29500", what, text);
+                   "{}={} has no port; write it as host:port, e.g. 127.0.0.1:29500", what,
+                   runtime::quoted_value(text));
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
     LOCKSTEP_CHECK(host.find(':') == std::string::npos,
-                   "{}='{}' is ambiguous; write an IPv6 host in brackets, e.g. [::1]:29500",
-                   what, text);
+                   "{}={} is ambiguous; write an IPv6 host in brackets, e.g. [::1]:29500",
+                   what, runtime::quoted_value(text));
   }
-  LOCKSTEP_CHECK(!host.empty(), "{}='{}' has no host; write it as host:port, e.g. "
-                 "127.0.0.1:29500", what, text);
+  LOCKSTEP_CHECK(!host.empty(), "{}={} has no host; write it as host:port, e.g. "
+                 "127.0.0.1:29500", what, runtime::quoted_value(text));
   int value = 0;
   const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
   LOCKSTEP_CHECK(!port.empty() && ec == std::errc() && end == port.data() + port.size() &&
                      value >= 1 && value <= 65535,
-                 "{}='{}' has a bad port '{}'; the port must be a number from 1 to 65535",
-                 what, text, port);
+                 "{}={} has a bad port {}; the port must be a number from 1 to 65535",
+                 what, runtime::quoted_value(text), runtime::quoted_value(port));
   return {host, value};
 }
 

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <fmt/format.h>
+
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::runtime {
@@ -17,6 +19,28 @@ EnvLookup process_env() {
   };
 }
 
+std::string quoted_value(std::string_view text) {
+  std::string out = "'";
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (byte < 0x20 || byte == 0x7f) {
+      out += fmt::format("\\x{:02x}", byte);
+    } else {
+      out += c;
+    }
+  }
+  out += "'";
+  if (text.find('\r') != std::string_view::npos)
+    out += " (a carriage return: was it set by a script with Windows line endings?)";
+  return out;
+}
+
 namespace {
 
 // A whole decimal integer >= minimum; throws naming the variable otherwise.
@@ -27,9 +51,9 @@ int parse_int(const std::string& name, const std::string& text, int minimum) {
   const auto [end, ec] = std::from_chars(first, last, value);
   // No example value: 0 is no port, nor a world size.
   LOCKSTEP_CHECK(!text.empty() && ec == std::errc() && end == last,
-                 "{}='{}' is not a whole number; set it to a decimal integer of at least {} "
+                 "{}={} is not a whole number; set it to a decimal integer of at least {} "
                  "or unset it",
-                 name, text, minimum);
+                 name, quoted_value(text), minimum);
   LOCKSTEP_CHECK(value >= minimum, "{}={} is out of range; it must be at least {}", name, value,
                  minimum);
   return value;
@@ -47,8 +71,8 @@ std::optional<int> read_whole_number(const EnvLookup& env, const char* name, int
 bool read_switch(const EnvLookup& env, const char* name, const char* what_1_does) {
   const auto text = env(name);
   if (!text || text->empty() || *text == "0") return false;
-  LOCKSTEP_CHECK(*text == "1", "{}='{}' is neither 0 nor 1; set it to 1 to {}, or unset it", name,
-                 *text, what_1_does);
+  LOCKSTEP_CHECK(*text == "1", "{}={} is neither 0 nor 1; set it to 1 to {}, or unset it", name,
+                 quoted_value(*text), what_1_does);
   return true;
 }
 
@@ -63,9 +87,9 @@ std::optional<std::chrono::milliseconds> read_seconds(const EnvLookup& env, cons
   const auto [end, ec] = std::from_chars(first, last, seconds);
   const bool ok = !text->empty() && ec == std::errc() && end == last && std::isfinite(seconds) &&
                   seconds > 0 && seconds <= 365.0 * 24 * 3600;
-  LOCKSTEP_CHECK(ok, "{}='{}' is not {}; set it to a positive number of seconds (e.g. {}={}) or "
+  LOCKSTEP_CHECK(ok, "{}={} is not {}; set it to a positive number of seconds (e.g. {}={}) or "
                  "unset it for the default",
-                 name, *text, what, name, example);
+                 name, quoted_value(*text), what, name, example);
   return std::chrono::milliseconds(
       std::max<int64_t>(1, static_cast<int64_t>(std::llround(seconds * 1000.0))));
 }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace lockstep::runtime {
 
@@ -18,6 +19,12 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 
 // Reads the real process environment.
 EnvLookup process_env();
+
+// `text` as an error message shows a value it read: in single quotes, with
+// control characters escaped ('29500\r'), and a carriage return explained:
+// unescaped, it would hide the start of the message on a terminal, and it
+// comes from a job script saved with Windows line endings.
+std::string quoted_value(std::string_view text);
 
 // A whole decimal number >= `minimum`; nullopt when unset. Throws naming the
 // variable when it is anything else.

@@ -32,3 +32,21 @@ TEST_CASE("a switch is off unless set to 1, and anything but 0 or 1 is refused b
                                                 "' is neither 0 nor 1; set it to 1 to do x"));
   }
 }
+
+TEST_CASE("a value in an error shows its control characters escaped, a carriage return explained") {
+  using lockstep::runtime::quoted_value;
+  CHECK(quoted_value("gloo") == "'gloo'");
+  CHECK(quoted_value("a\tb\x01\x7f") == "'a\\tb\\x01\\x7f'");
+  // A job script saved with Windows line endings exports "29500\r": printed
+  // as it is, the \r sent the terminal's cursor back over the variable's name.
+  std::string message;
+  try {
+    lockstep::runtime::read_whole_number(env_of({{"MASTER_PORT", "29500\r"}}), "MASTER_PORT", 1);
+  } catch (const lockstep::Error& e) {
+    message = e.what();
+  }
+  CHECK(message.find('\r') == std::string::npos);
+  CHECK_THAT(message, Catch::Matchers::StartsWith("MASTER_PORT='29500\\r' (a carriage return: was "
+                                                  "it set by a script with Windows line endings?) "
+                                                  "is not a whole number"));
+}
