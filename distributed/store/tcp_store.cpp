@@ -40,6 +40,8 @@ constexpr milliseconds kMaxBackoff{1000};
 // there takes it at once; a gone one (its host down, its process ended) must
 // not hold the caller for the whole connect timeout.
 constexpr milliseconds kReconnectTimeout = std::chrono::seconds(2);
+// The least a request that does not wait waits for its answer.
+constexpr milliseconds kLeastAnswerWait = std::chrono::seconds(2);
 constexpr int64_t kMaxTimeoutMs = int64_t{100} * 365 * 24 * 3600 * 1000;
 
 Clock::time_point deadline_after(milliseconds timeout) {
@@ -50,6 +52,13 @@ Clock::time_point deadline_after(milliseconds timeout) {
 // longer for that answer. (Clamped first: milliseconds::max() + grace overflows.)
 Clock::time_point reply_deadline(milliseconds timeout) {
   return deadline_after(std::min(timeout, milliseconds(kMaxTimeoutMs)) + kReplyGrace);
+}
+
+// For a request that does not wait (SET, ADD, ...), answered at once: timeout()
+// is how long get and wait wait for keys, and a short one (0 makes get a
+// try-get) must not fail a set or an add that the server has applied.
+Clock::time_point answer_deadline(milliseconds timeout) {
+  return deadline_after(std::max(timeout, kLeastAnswerWait));
 }
 
 // Milliseconds left until `deadline` for poll(): 0 when past, capped to fit an int.
@@ -423,7 +432,7 @@ void TcpStore::set(const std::string& key, const Bytes& value) {
   std::lock_guard lock(impl_->mutex);
   const std::string what = fmt::format("set('{}')", key);
   expect_ok(
-      impl_->call(proto::MessageType::Set, {key, view(value)}, deadline_after(timeout()), what), 0,
+      impl_->call(proto::MessageType::Set, {key, view(value)}, answer_deadline(timeout()), what), 0,
       impl_->address, what);
 }
 
@@ -447,7 +456,7 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
   std::lock_guard lock(impl_->mutex);
   const std::string what = fmt::format("add('{}', {})", key, delta);
   return int_field(impl_->call(proto::MessageType::Add, {key, proto::encode_i64(delta)},
-                               deadline_after(timeout()), what),
+                               answer_deadline(timeout()), what),
                    impl_->address, what);
 }
 
@@ -455,7 +464,7 @@ Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const
   std::lock_guard lock(impl_->mutex);
   const std::string what = fmt::format("compare_set('{}')", key);
   auto reply = impl_->call(proto::MessageType::CompareSet, {key, view(expected), view(desired)},
-                           deadline_after(timeout()), what);
+                           answer_deadline(timeout()), what);
   return bytes_of(expect_ok(reply, 1, impl_->address, what).fields[0]);
 }
 
@@ -484,14 +493,14 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
 bool TcpStore::delete_key(const std::string& key) {
   std::lock_guard lock(impl_->mutex);
   const std::string what = fmt::format("delete_key('{}')", key);
-  return int_field(impl_->call(proto::MessageType::Delete, {key}, deadline_after(timeout()), what),
+  return int_field(impl_->call(proto::MessageType::Delete, {key}, answer_deadline(timeout()), what),
                    impl_->address, what) != 0;
 }
 
 int64_t TcpStore::num_keys() {
   std::lock_guard lock(impl_->mutex);
   return int_field(
-      impl_->call(proto::MessageType::NumKeys, {}, deadline_after(timeout()), "num_keys()"),
+      impl_->call(proto::MessageType::NumKeys, {}, answer_deadline(timeout()), "num_keys()"),
       impl_->address, "num_keys()");
 }
 

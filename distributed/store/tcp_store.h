@@ -83,7 +83,9 @@ struct TcpStoreOptions {
   uint16_t port = 0;
   std::string token;
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(60);
-  std::chrono::milliseconds timeout = Store::kDefaultTimeout;  // for get and wait
+  // How long get and wait wait for keys; the other calls wait that long for
+  // the server's answer, but at least 2 s, however short it is.
+  std::chrono::milliseconds timeout = Store::kDefaultTimeout;
   // While connecting takes longer than this, print one line to stderr per
   // interval saying who waits for which store and the last error (a long
   // connect timeout is otherwise silent). Zero: never.

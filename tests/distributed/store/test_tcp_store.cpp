@@ -197,6 +197,23 @@ TEST_CASE("tcp store: get and wait time out with StoreTimeout naming keys and ad
   CHECK(store.num_keys() == 2);
 }
 
+TEST_CASE("tcp store: a get timeout of 0 leaves the calls that do not wait working", "[store]") {
+  TcpStoreServer server(server_options());
+  TcpStore store(client_options(server.port()));
+  store.set_timeout(0ms);  // get as a try-get
+
+  // A value big enough that the server cannot take it at once.
+  const Bytes big(8u << 20, 7);
+  store.set("big", big);
+  for (int i = 0; i < 20; ++i) store.add("counter", 1);
+  CHECK(store.compare_set("swap", {}, to_bytes("b")) == to_bytes("b"));
+  CHECK(store.delete_key("swap"));
+  CHECK(store.num_keys() == 2);
+  CHECK_THROWS_AS(store.get("absent"), StoreTimeout);
+  CHECK(store.get("big") == big);
+  CHECK(store.get_string("counter") == "20");
+}
+
 TEST_CASE("tcp store: hundreds of concurrent clients add to one counter exactly", "[store]") {
   TcpStoreServer server(server_options());
   constexpr int kThreads = 16, kClientsPerThread = 16, kAddsPerClient = 10;
