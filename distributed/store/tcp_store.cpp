@@ -42,6 +42,11 @@ constexpr milliseconds kMaxBackoff{1000};
 constexpr milliseconds kReconnectTimeout = std::chrono::seconds(2);
 // The least a request that does not wait waits for its answer.
 constexpr milliseconds kLeastAnswerWait = std::chrono::seconds(2);
+// A wait within one connect attempt (a SYN a firewall drops, the AUTH reply
+// of a server that accepted but does not answer: stopped in a debugger) is
+// cut into slices of this, so that give_up and the waiting report are heard
+// during it too, not only between attempts.
+constexpr milliseconds kConnectSlice{100};
 constexpr int64_t kMaxTimeoutMs = int64_t{100} * 365 * 24 * 3600 * 1000;
 
 Clock::time_point deadline_after(milliseconds timeout) {
@@ -107,7 +112,8 @@ struct TcpStore::Impl {
   }
 
   void connect_with_backoff(milliseconds timeout);
-  std::optional<int> try_connect(Clock::time_point deadline, std::string& error);
+  std::optional<int> try_connect(Clock::time_point deadline, std::string& error,
+                                 const std::function<void()>& between_slices);
   enum class Sent { All, TimedOut, Failed };
   Sent try_send_all(const std::vector<uint8_t>& bytes, Clock::time_point deadline,
                     std::string& error);
@@ -121,7 +127,8 @@ struct TcpStore::Impl {
 
 // One connection attempt to each address `host` resolves to; a non-blocking
 // connect so that an unreachable host cannot hold us past the deadline.
-std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::string& error) {
+std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::string& error,
+                                               const std::function<void()>& between_slices) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -150,9 +157,19 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
     if (rc2 < 0 && (errno == EINPROGRESS || errno == EINTR)) {
       pollfd p{s, POLLOUT, 0};
       int ready;
-      do {
-        ready = poll(&p, 1, poll_ms(deadline));
-      } while (ready < 0 && errno == EINTR);
+      while (true) {
+        ready = poll(&p, 1, poll_ms(std::min(deadline, Clock::now() + kConnectSlice)));
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready != 0 || Clock::now() >= deadline) break;
+        error = "the connection is not answered yet";
+        try {
+          between_slices();
+        } catch (...) {
+          close(s);
+          freeaddrinfo(found);
+          throw;
+        }
+      }
       int so_error = ETIMEDOUT;
       socklen_t len = sizeof so_error;
       if (ready > 0) getsockopt(s, SOL_SOCKET, SO_ERROR, &so_error, &len);
@@ -189,10 +206,32 @@ void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
   std::string error = "timed out";
   bool busy = false;  // the last attempt was turned away as busy
   int attempts = 0;
+  const auto stop_if_told = [&] {
+    if (!options.give_up) return;
+    if (const std::string why = options.give_up(); !why.empty())
+      throw StoreTimeout(fmt::format("stopped connecting to the lockstep store at {} after {} "
+                                     "attempts ({}; last error: {})",
+                                     address, attempts, why, error));
+  };
+  const auto report_if_due = [&] {
+    const auto now = Clock::now();
+    if (options.report_waiting_every.count() <= 0 || now < next_report) return;
+    using Seconds = std::chrono::duration<double>;
+    fmt::print(stderr, "lockstep: {} has been connecting to the store at {} for {:.1f} s; "
+               "still trying until the connect timeout ({:.0f} s). Last error: {}\n",
+               options.who.empty() ? "this process" : options.who, address,
+               Seconds(now - started).count(), Seconds(options.connect_timeout).count(), error);
+    std::fflush(stderr);
+    next_report = now + options.report_waiting_every;
+  };
+  const std::function<void()> between_slices = [&] {
+    stop_if_told();
+    report_if_due();
+  };
   while (true) {
     ++attempts;
     busy = false;
-    if (auto s = try_connect(deadline, error)) {
+    if (auto s = try_connect(deadline, error, between_slices)) {
       fd = *s;
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -205,7 +244,13 @@ void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
         std::string send_error;
         try_send_all(proto::encode_frame(proto::MessageType::Auth, {options.token}),
                      auth_deadline, send_error);
-        auto reply = read_frame(auth_deadline, "authenticating");
+        std::optional<proto::Frame> reply;
+        while (!(reply = read_frame(std::min(auth_deadline, Clock::now() + kConnectSlice),
+                                    "authenticating")) &&
+               Clock::now() < auth_deadline) {
+          error = "the server took the connection but has not answered yet";
+          between_slices();
+        }
         if (reply && reply->type == proto::MessageType::Ok) {
           const bool said = reply->fields.size() == 1 && reply->fields[0].size() == 8;
           max_body = said ? static_cast<uint64_t>(proto::decode_i64(reply->fields[0])) : 0;
@@ -223,6 +268,9 @@ void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
           error = reply ? "unexpected reply to AUTH"
                         : (send_error.empty() ? "no reply to AUTH" : send_error);
         }
+      } catch (const StoreTimeout&) {  // told to stop
+        disconnect();
+        throw;
       } catch (const Error& e) {
         error = e.what();  // e.g. the server closed the connection: retry
       }
@@ -238,12 +286,7 @@ void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
             address, *refused));
       }
     }
-    if (options.give_up) {
-      if (const std::string why = options.give_up(); !why.empty())
-        throw StoreTimeout(fmt::format("stopped connecting to the lockstep store at {} after {} "
-                                       "attempts ({}; last error: {})",
-                                       address, attempts, why, error));
-    }
+    stop_if_told();
     const auto now = Clock::now();
     if (now >= deadline) {
       const std::string advice =
@@ -260,15 +303,7 @@ void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
                       "attempts; last error: {}). {}",
                       address, again, timeout.count(), attempts, error, advice));
     }
-    if (options.report_waiting_every.count() > 0 && now >= next_report) {
-      using Seconds = std::chrono::duration<double>;
-      fmt::print(stderr, "lockstep: {} has been connecting to the store at {} for {:.1f} s; "
-                 "still trying until the connect timeout ({:.0f} s). Last error: {}\n",
-                 options.who.empty() ? "this process" : options.who, address,
-                 Seconds(now - started).count(), Seconds(options.connect_timeout).count(), error);
-      std::fflush(stderr);
-      next_report = now + options.report_waiting_every;
-    }
+    report_if_due();
     const auto sleep = std::min<Clock::duration>(
         backoff + milliseconds(jitter() % (backoff.count() / 2 + 1)), deadline - now);
     std::this_thread::sleep_for(sleep);

@@ -336,6 +336,32 @@ TEST_CASE("tcp store: after the server is gone, a call fails within seconds, not
   CHECK(std::chrono::steady_clock::now() - start < 30s);
 }
 
+TEST_CASE("tcp store: a client waiting for a server that took the connection but does not answer "
+          "hears give_up", "[store]") {
+  // A listener that never serves (a store server stopped in a debugger): the
+  // kernel completes the connection and the AUTH frame waits unread.
+  const int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(listen(silent, 16) == 0);
+  socklen_t len = sizeof addr;
+  getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len);
+
+  auto options = client_options(ntohs(addr.sin_port));
+  options.connect_timeout = 20s;
+  const auto start = std::chrono::steady_clock::now();
+  options.give_up = [&] {
+    return std::chrono::steady_clock::now() - start > 300ms ? "told to stop" : "";
+  };
+  const auto message = error_of([&] { TcpStore store(options); });
+  const auto took = std::chrono::steady_clock::now() - start;
+  close(silent);
+  CHECK_THAT(message, Catch::Contains("told to stop") && Catch::Contains("not answered"));
+  CHECK(took < 3s);
+}
+
 TEST_CASE("tcp store: a client started before the server connects once it is up", "[store]") {
   const uint16_t port = unused_port();
   std::unique_ptr<TcpStoreServer> server;
