@@ -436,6 +436,12 @@ proto::Frame TcpStore::Impl::call(proto::MessageType type,
 }
 
 TcpStore::TcpStore(TcpStoreOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  // Port 0 has a server pick one; a client given it (left unset) would retry
+  // a refused connection until its connect timeout.
+  LOCKSTEP_CHECK(impl_->options.port != 0,
+                 "TcpStore: no port for the store at {} (port 0 names no server); give the port "
+                 "the server listens on (TcpStoreServer::port() when it was made with port 0)",
+                 impl_->options.host);
   set_timeout(impl_->options.timeout);
   impl_->connect_with_backoff(impl_->options.connect_timeout);
 }

@@ -80,7 +80,7 @@ class TcpStoreServer {
 
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
-  uint16_t port = 0;
+  uint16_t port = 0;  // the server's; required (0 names no server)
   std::string token;
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(60);
   // How long get and wait wait for keys; the other calls wait that long for

@@ -306,6 +306,16 @@ TEST_CASE("tcp store: connecting where nobody serves fails within connect_timeou
   CHECK(elapsed < 20s);  // bounded, not a hang
 }
 
+TEST_CASE("tcp store: a client given no port fails at once, not at the timeout", "[store]") {
+  TcpStoreServer server(server_options());
+  const auto start = std::chrono::steady_clock::now();
+  const auto message = error_of([] {
+    TcpStore store({.host = "127.0.0.1", .token = kToken, .connect_timeout = 5s});
+  });
+  CHECK_THAT(message, Catch::Contains("no port") && Catch::Contains("TcpStoreServer::port()"));
+  CHECK(std::chrono::steady_clock::now() - start < 2s);
+}
+
 TEST_CASE("tcp store: a host name that does not exist fails at once, not at the timeout",
           "[store]") {
   // The resolver's "no such name" is final (only EAI_AGAIN is retried): the
