@@ -98,6 +98,7 @@ struct Conn {
   bool waiting = false;  // a GET or WAIT is pending
   proto::MessageType wait_type = proto::MessageType::Wait;
   std::vector<std::string> wait_keys;
+  size_t missing = 0;  // keys of the wait registered in `watchers`, not yet written
   std::optional<Clock::time_point> deadline;  // of the wait, or of AUTH
 
   size_t unsent() const { return out.size() - out_sent; }
@@ -136,7 +137,8 @@ struct TcpStoreServer::Impl {
   // Touched only by the loop thread.
   std::unordered_map<std::string, std::string> data;
   std::unordered_map<int, std::unique_ptr<Conn>> conns;
-  std::unordered_map<std::string, std::unordered_set<int>> watchers;  // key -> waiting fds
+  // A missing key -> the fds of the waits that counted it missing.
+  std::unordered_map<std::string, std::unordered_set<int>> watchers;
   std::set<std::pair<Clock::time_point, int>> deadlines;
   std::vector<int> resume;    // fds whose buffered requests may go on
   std::vector<int> to_close;  // fds dropped during this batch
@@ -580,10 +582,13 @@ struct TcpStoreServer::Impl {
 
   /*
    * Pending GET and WAIT. A request whose keys all exist is answered at once.
-   * Otherwise the connection is registered in `watchers` under each missing key
-   * and gets a deadline; every write to a key re-checks its watchers, and the
-   * deadline answers TIMEOUT. Either way the reply goes out on the connection,
-   * so the next request finds the stream in step.
+   * Otherwise the connection is registered in `watchers` under each missing key,
+   * counts them, and gets a deadline, which answers TIMEOUT. The write that
+   * makes a key exist takes one off the count of each of its watchers, and a
+   * count at 0 rescans the keys (one may have been deleted since): a write
+   * costs its watchers, not their keys (every rank waits on every rank's key
+   * of a large job). Either way the reply goes out on the connection, so the
+   * next request finds the stream in step.
    */
   void start_wait(Conn& c, proto::MessageType type, std::vector<std::string> keys, int64_t ms) {
     c.waiting = true;
@@ -594,17 +599,14 @@ struct TcpStoreServer::Impl {
         c, Clock::now() + std::chrono::milliseconds(std::clamp<int64_t>(ms, 0, kMaxTimeoutMs)));
   }
 
-  // Replies and ends the wait when every key exists; otherwise (re)registers
-  // under the missing ones (a key may have been deleted again meanwhile).
+  // Replies and ends the wait when every key exists; otherwise registers
+  // under the missing ones and counts them (once each, whatever repeats).
   bool try_finish_wait(Conn& c) {
-    bool all = true;
+    c.missing = 0;
     for (const auto& key : c.wait_keys) {
-      if (!data.contains(key)) {
-        watchers[key].insert(c.fd);
-        all = false;
-      }
+      if (!data.contains(key) && watchers[key].insert(c.fd).second) ++c.missing;
     }
-    if (!all) return false;
+    if (c.missing > 0) return false;
     if (c.wait_type == proto::MessageType::Get) {
       reply(c, proto::MessageType::Ok, {data[c.wait_keys[0]]});
     } else {
@@ -633,15 +635,18 @@ struct TcpStoreServer::Impl {
     if (when) deadlines.insert({*when, c.fd});
   }
 
+  // After a write to `key`: its watchers (there are some only when the key
+  // was missing until now) have one key fewer to wait for.
   void notify(const std::string& key) {
     auto it = watchers.find(key);
     if (it == watchers.end()) return;
     const std::vector<int> fds(it->second.begin(), it->second.end());
+    watchers.erase(it);
     for (int fd : fds) {
       auto conn = conns.find(fd);
       if (conn == conns.end() || conn->second->dead || !conn->second->waiting) continue;
       Conn& c = *conn->second;
-      if (try_finish_wait(c)) refresh(c);
+      if (--c.missing == 0 && try_finish_wait(c)) refresh(c);
     }
   }
 
