@@ -96,6 +96,13 @@ void append_frame(std::vector<uint8_t>& out, MessageType type,
   }
 }
 
+void append_frame_head(std::vector<uint8_t>& out, MessageType type, size_t field_bytes) {
+  out.insert(out.end(), kMagic, kMagic + 4);
+  out.push_back(static_cast<uint8_t>(type));
+  store_u32(out, static_cast<uint32_t>(4 + field_bytes));
+  store_u32(out, static_cast<uint32_t>(field_bytes));
+}
+
 std::vector<uint8_t> encode_frame(MessageType type, const std::vector<std::string_view>& fields) {
   std::vector<uint8_t> out;
   append_frame(out, type, fields);

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <set>
 #include <thread>
@@ -44,9 +45,31 @@ constexpr auto kWarningInterval = std::chrono::seconds(10);
 // Past this much unsent reply data a connection's requests wait for its reader.
 constexpr size_t kOutputHighWater = 4u << 20;
 constexpr size_t kReadChunk = 64u << 10;
+// A GET reply's value at least this big is sent from the stored value itself,
+// not copied: many clients reading one big value must not hold a copy each.
+constexpr size_t kShareValueBytes = 64u << 10;
 // A timeout beyond this (e.g. milliseconds::max()) means "forever" and must
 // not overflow the clock.
 constexpr int64_t kMaxTimeoutMs = int64_t{100} * 365 * 24 * 3600 * 1000;
+
+// A stored value: immutable, so that replies in flight can share it.
+using Value = std::shared_ptr<const std::string>;
+
+Value make_value(std::string text) { return std::make_shared<const std::string>(std::move(text)); }
+
+// Part of what a connection still has to send: bytes of its own (replies
+// appended back to back), or a stored value shared with the store.
+struct OutPiece {
+  std::vector<uint8_t> own;
+  Value shared;
+  size_t sent = 0;
+
+  size_t size() const { return shared ? shared->size() : own.size(); }
+  const void* at_sent() const {
+    return shared ? static_cast<const void*>(shared->data() + sent)
+                  : static_cast<const void*>(own.data() + sent);
+  }
+};
 
 struct Peer {
   std::string address;  // the IP, what connection caps count by
@@ -86,8 +109,8 @@ struct Conn {
   std::string address;
   std::string peer;
   proto::FrameParser parser;
-  std::vector<uint8_t> out;
-  size_t out_sent = 0;
+  std::deque<OutPiece> out;  // in the order it goes out
+  size_t out_bytes = 0;      // not yet sent, of all of `out`
   size_t read_before_auth = 0;  // bytes taken from the socket before AUTH was accepted
   size_t counted_bytes = 0;     // this connection's share of Stats::buffered_bytes
   bool authed = false;
@@ -101,7 +124,13 @@ struct Conn {
   size_t missing = 0;  // keys of the wait registered in `watchers`, not yet written
   std::optional<Clock::time_point> deadline;  // of the wait, or of AUTH
 
-  size_t unsent() const { return out.size() - out_sent; }
+  size_t unsent() const { return out_bytes; }
+  // Where the next reply's own bytes go: not into a piece being sent, which
+  // then is let go as soon as it is sent.
+  std::vector<uint8_t>& own_tail() {
+    if (out.empty() || out.back().shared || out.back().sent > 0) out.emplace_back();
+    return out.back().own;
+  }
 };
 
 // How a connection ends: normally (quiet), or for bad input (logged, and
@@ -135,7 +164,7 @@ struct TcpStoreServer::Impl {
   std::thread thread;
 
   // Touched only by the loop thread.
-  std::unordered_map<std::string, std::string> data;
+  std::unordered_map<std::string, Value> data;
   std::unordered_map<int, std::unique_ptr<Conn>> conns;
   // A missing key -> the fds of the waits that counted it missing.
   std::unordered_map<std::string, std::unordered_set<int>> watchers;
@@ -392,7 +421,8 @@ struct TcpStoreServer::Impl {
 
   // Keeps stats.buffered_bytes equal to what the live connections hold.
   void count_buffers(Conn& c) {
-    const size_t now = c.dead ? 0 : c.parser.buffered_bytes() + c.out.capacity();
+    size_t now = c.dead ? 0 : c.parser.buffered_bytes();
+    for (const OutPiece& piece : c.out) now += c.dead ? 0 : piece.own.capacity();
     stats.buffered_bytes += static_cast<int64_t>(now) - static_cast<int64_t>(c.counted_bytes);
     c.counted_bytes = now;
   }
@@ -449,7 +479,7 @@ struct TcpStoreServer::Impl {
     switch (frame.type) {
       case T::Auth: reply(c, T::Ok, {max_body_field}); return;
       case T::Set:
-        data[f[0]] = std::move(f[1]);
+        data[f[0]] = make_value(std::move(f[1]));
         reply(c, T::Ok, {});
         notify(f[0]);
         return;
@@ -462,25 +492,25 @@ struct TcpStoreServer::Impl {
         auto it = data.find(f[0]);
         int64_t result = 0;
         std::string error;
-        auto text = proto::add_to_counter(it == data.end() ? nullptr : &it->second,
+        auto text = proto::add_to_counter(it == data.end() ? nullptr : it->second.get(),
                                           proto::decode_i64(f[1]), &result, &error);
         if (!text) {
           reply(c, T::Error, {fmt::format("add on key '{}': {}", f[0], error)});
           return;
         }
-        data[f[0]] = std::move(*text);
+        data[f[0]] = make_value(std::move(*text));
         reply(c, T::Ok, {proto::encode_i64(result)});
         notify(f[0]);
         return;
       }
       case T::CompareSet: {
         auto it = data.find(f[0]);
-        const bool matches = it == data.end() ? f[1].empty() : it->second == f[1];
+        const bool matches = it == data.end() ? f[1].empty() : *it->second == f[1];
         if (!matches) {
-          reply(c, T::Ok, {it == data.end() ? std::string_view() : std::string_view(it->second)});
+          reply(c, T::Ok, {it == data.end() ? std::string_view() : std::string_view(*it->second)});
           return;
         }
-        data[f[0]] = f[2];
+        data[f[0]] = make_value(f[2]);
         reply(c, T::Ok, {f[2]});
         notify(f[0]);
         return;
@@ -499,28 +529,40 @@ struct TcpStoreServer::Impl {
   }
 
   void reply(Conn& c, proto::MessageType type, const std::vector<std::string_view>& fields) {
-    proto::append_frame(c.out, type, fields);
+    std::vector<uint8_t>& own = c.own_tail();
+    const size_t before = own.size();
+    proto::append_frame(own, type, fields);
+    c.out_bytes += own.size() - before;
   }
 
+  // An OK reply carrying a stored value; a big one is sent from the store's copy.
+  void reply_value(Conn& c, const Value& value) {
+    if (value->size() < kShareValueBytes) {
+      reply(c, proto::MessageType::Ok, {*value});
+      return;
+    }
+    std::vector<uint8_t>& own = c.own_tail();
+    const size_t before = own.size();
+    proto::append_frame_head(own, proto::MessageType::Ok, value->size());
+    c.out_bytes += own.size() - before + value->size();
+    c.out.push_back(OutPiece{.shared = value});
+  }
+
+  // Sends what the socket takes; a piece sent in full is let go at once.
   void flush(Conn& c) {
-    while (c.unsent() > 0) {
-      const ssize_t n = send(c.fd, c.out.data() + c.out_sent, c.unsent(), MSG_NOSIGNAL);
+    while (!c.out.empty()) {
+      OutPiece& piece = c.out.front();
+      const ssize_t n =
+          send(c.fd, piece.at_sent(), piece.size() - piece.sent, MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       if (n < 0) {
         drop(c, fmt::format("could not be written to: {}", strerror(errno)), Drop::Quiet);
         return;
       }
-      c.out_sent += static_cast<size_t>(n);
-    }
-    if (c.out_sent == c.out.size()) {
-      c.out.clear();
-      c.out_sent = 0;
-      // One big reply must not pin its memory for the rest of the connection.
-      if (c.out.capacity() > (1u << 20)) std::vector<uint8_t>().swap(c.out);
-    } else if (c.out_sent > (1u << 20)) {
-      c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(c.out_sent));
-      c.out_sent = 0;
+      piece.sent += static_cast<size_t>(n);
+      c.out_bytes -= static_cast<size_t>(n);
+      if (piece.sent == piece.size()) c.out.pop_front();
     }
   }
 
@@ -608,7 +650,7 @@ struct TcpStoreServer::Impl {
     }
     if (c.missing > 0) return false;
     if (c.wait_type == proto::MessageType::Get) {
-      reply(c, proto::MessageType::Ok, {data[c.wait_keys[0]]});
+      reply_value(c, data.at(c.wait_keys[0]));
     } else {
       reply(c, proto::MessageType::Ok, {});
     }

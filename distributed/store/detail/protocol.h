@@ -87,6 +87,9 @@ struct Frame {
 void append_frame(std::vector<uint8_t>& out, MessageType type,
                   const std::vector<std::string_view>& fields);
 std::vector<uint8_t> encode_frame(MessageType type, const std::vector<std::string_view>& fields);
+// Appends all of a frame of one field but that field's `field_bytes` bytes,
+// which the caller sends next (a big value sent without a copy).
+void append_frame_head(std::vector<uint8_t>& out, MessageType type, size_t field_bytes);
 
 std::string encode_i64(int64_t value);
 // `field` must be 8 bytes (the parser guarantees it for integer fields).

@@ -77,6 +77,15 @@ TEST_CASE("store protocol: frames round-trip through the parser", "[store]") {
   CHECK_FALSE(parser.mid_frame());
 }
 
+TEST_CASE("store protocol: a frame head and its field sent apart make the whole frame",
+          "[store]") {
+  const std::string value("big\0value", 9);
+  std::vector<uint8_t> out;
+  proto::append_frame_head(out, MessageType::Ok, value.size());
+  out.insert(out.end(), value.begin(), value.end());
+  CHECK(out == proto::encode_frame(MessageType::Ok, {value}));
+}
+
 TEST_CASE("store protocol: int64 fields encode little-endian and round-trip", "[store]") {
   for (int64_t v : {int64_t{0}, int64_t{1}, int64_t{-1}, INT64_MAX, INT64_MIN, int64_t{1} << 40}) {
     CHECK(proto::decode_i64(proto::encode_i64(v)) == v);

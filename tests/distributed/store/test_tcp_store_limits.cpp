@@ -319,6 +319,44 @@ TEST_CASE("tcp store server: unauthenticated clients hold a few KiB each, not wh
   CHECK(server.rejected_clients() == kClients);
 }
 
+TEST_CASE("tcp store server: clients reading one big value share it, not a copy each",
+          "[store]") {
+  TcpStoreServer server(server_options());
+  TcpStore writer(client_options(server.port()));
+  Bytes big(16u << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 31 + 7);
+  writer.set("big", big);
+  // Every rank of a node reading it at once, none reading its reply yet.
+  constexpr int kReaders = 32;
+  std::vector<std::unique_ptr<RawStoreClient>> readers;
+  for (int i = 0; i < kReaders; ++i) {
+    readers.push_back(std::make_unique<RawStoreClient>(server.port()));
+    readers.back()->send_frame(proto::MessageType::Auth, {kToken});
+    readers.back()->send_frame(proto::MessageType::Get, {"big", proto::encode_i64(30'000)});
+  }
+  writer.num_keys();  // sent after the readers' requests
+  std::this_thread::sleep_for(100ms);
+  CHECK(server.stats().buffered_bytes < 4 * (1 << 20));  // before: a 16 MiB copy each
+
+  // The replies still carry the value, whole, and in order among the others.
+  CHECK(writer.get("big") == big);
+  readers.clear();
+  CHECK(eventually([&] { return server.stats().connections == 1; }));
+  const std::string mid(200u << 10, 'm');
+  writer.set("mid", mid);
+  writer.set("small", "s");
+  RawStoreClient pipelined(server.port());
+  pipelined.send_frame(proto::MessageType::Auth, {kToken});
+  for (const char* key : {"mid", "small", "mid"})
+    pipelined.send_frame(proto::MessageType::Get, {key, proto::encode_i64(30'000)});
+  REQUIRE(pipelined.read_frame().has_value());  // AUTH's
+  for (const std::string& expected : {mid, std::string("s"), mid}) {
+    const auto reply = pipelined.read_frame();
+    REQUIRE(reply.has_value());
+    CHECK(reply->fields == std::vector<std::string>{expected});
+  }
+}
+
 TEST_CASE("tcp store server: connections are capped per peer address and in total", "[store]") {
   auto options = server_options();
   options.max_connections_per_address = 3;
