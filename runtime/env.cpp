@@ -19,8 +19,8 @@ EnvLookup process_env() {
   };
 }
 
-std::string quoted_value(std::string_view text) {
-  std::string out = "'";
+std::string escape_controls(std::string_view text) {
+  std::string out;
   for (const char c : text) {
     const auto byte = static_cast<unsigned char>(c);
     if (c == '\r') {
@@ -35,7 +35,11 @@ std::string quoted_value(std::string_view text) {
       out += c;
     }
   }
-  out += "'";
+  return out;
+}
+
+std::string quoted_value(std::string_view text) {
+  std::string out = "'" + escape_controls(text) + "'";
   if (text.find('\r') != std::string_view::npos)
     out += " (a carriage return: was it set by a script with Windows line endings?)";
   return out;

@@ -25,6 +25,8 @@ EnvLookup process_env();
 // unescaped, it would hide the start of the message on a terminal, and it
 // comes from a job script saved with Windows line endings.
 std::string quoted_value(std::string_view text);
+// Just the escaping: for a value inside other text ("host\r:29500").
+std::string escape_controls(std::string_view text);
 
 // A whole decimal number >= `minimum`; nullopt when unset. Throws naming the
 // variable when it is anything else.

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/runtime/env.h"
 #include "lockstep/runtime/liveness.h"
 #include "lockstep/distributed/store/detail/protocol.h"
 #include "lockstep/distributed/store/tcp_store.h"
@@ -100,8 +101,9 @@ struct TcpStore::Impl {
 
   explicit Impl(TcpStoreOptions opts) : options(std::move(opts)) {
     const bool v6 = options.host.find(':') != std::string::npos;
-    address = v6 ? fmt::format("[{}]:{}", options.host, options.port)
-                 : fmt::format("{}:{}", options.host, options.port);
+    const std::string host = runtime::escape_controls(options.host);
+    address = v6 ? fmt::format("[{}]:{}", host, options.port)
+                 : fmt::format("{}:{}", host, options.port);
   }
   ~Impl() { disconnect(); }
 
@@ -136,7 +138,8 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
   const int rc =
       getaddrinfo(options.host.c_str(), std::to_string(options.port).c_str(), &hints, &found);
   if (rc != 0) {
-    error = fmt::format("cannot resolve host '{}': {}", options.host, gai_strerror(rc));
+    error = fmt::format("cannot resolve host {}: {}", runtime::quoted_value(options.host),
+                        gai_strerror(rc));
     // A name the resolver says does not exist will not appear by waiting;
     // only a temporary failure (EAI_AGAIN) is worth retrying.
     LOCKSTEP_CHECK(rc != EAI_NONAME && rc != EAI_FAIL,

@@ -381,6 +381,14 @@ TEST_CASE("tcp store: a host name that does not exist fails at once, not at the 
   const std::string message = error_of([&] { TcpStore store(options); });
   CHECK_THAT(message, Catch::Contains("no-such-host.invalid:1") &&
                           Catch::Contains("every rank can resolve"));
+  // MASTER_ADDR exported by a script with Windows line endings: the name is
+  // shown escaped, or its \r would send the cursor back over the message.
+  options.host = "no-such-host.invalid\r";
+  options.connect_timeout = 2s;
+  const std::string crlf = error_of([&] { TcpStore store(options); });
+  CHECK(crlf.find('\r') == std::string::npos);
+  CHECK_THAT(crlf, Catch::Contains("cannot resolve host 'no-such-host.invalid\\r' (a carriage "
+                                   "return"));
 }
 
 TEST_CASE("tcp store: after the server is gone, a call fails within seconds, not the connect "
