@@ -57,8 +57,9 @@ struct Postmortem {
   double written_unix_s = 0;
   int world_size = 0;  // 0: not said (a rank's own part says it)
   // Which launch, and which attempt of it, a rank's own part is of, e.g.
-  // "torchrun run 7f3a, restart 1"; "": not said. A directory may keep parts
-  // of an earlier attempt, which the report must not mix with the last's.
+  // "torchrun run 7f3a, restart 1", "mpirun job 823656449"; "": not said.
+  // A directory may keep parts of an earlier job or attempt, which the
+  // report must not mix with the last's.
   std::string attempt;
 };
 

@@ -69,6 +69,9 @@ std::string attempt_of(const runtime::EnvLookup& env) {
     return fmt::format("slurm job {}, step {}, restart {}", *job,
                        env("SLURM_STEP_ID").value_or("?"),
                        env("SLURM_RESTART_COUNT").value_or("0"));
+  // Open MPI's mpirun (and PRRTE's) names each launch's job so; two jobs
+  // written to one directory are not one post-mortem.
+  if (const auto job = env("PMIX_NAMESPACE")) return fmt::format("mpirun job {}", *job);
   return "";
 }
 

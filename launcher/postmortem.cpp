@@ -66,8 +66,8 @@ Postmortem read_rank_postmortems(const std::string& dir) {
   });
   if (!stale.empty()) {
     fmt::print(stderr,
-               "lockstep-run: left out {}'s part{} in {}: of another attempt than the last "
-               "part's ({})\n",
+               "lockstep-run: left out {}'s part{} in {}: of another job or attempt than the "
+               "last part's ({})\n",
                ranks_text(stale), stale.size() == 1 ? "" : "s", dir,
                attempt.empty() ? std::string("which does not say its attempt") : attempt);
   }

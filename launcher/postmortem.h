@@ -50,8 +50,9 @@ std::string report_text(const Postmortem& postmortem,
 // The parts that ranks under another launcher wrote to `dir`
 // (distributed/rank_postmortem.h), merged, their ages brought to the moment
 // the last was written; a rank of the job that wrote none is unrecorded.
-// Parts of another attempt than the last part's (torchrun or Slurm restarted
-// the ranks) are left out, and said so on stderr.
+// Parts of another job or attempt than the last part's (torchrun or Slurm
+// restarted the ranks, an earlier mpirun job wrote there) are left out, and
+// said so on stderr.
 // Throws lockstep::Error when `dir` holds no part or a part is malformed.
 Postmortem read_rank_postmortems(const std::string& dir);
 

@@ -216,6 +216,20 @@ TEST_CASE("post-mortem: a rank's part says which attempt of a restarted job wrot
   mpirun.erase("TORCHELASTIC_RESTART_COUNT");
   REQUIRE(ld::write_rank_postmortem(env_lookup(mpirun), "it failed").has_value());
   CHECK(ld::postmortem_from_json_text(read_file(*path)).attempt.empty());
+
+  // Two mpirun jobs written to one directory: each part names its job, so
+  // that --postmortem-from leaves out a part an earlier job left there.
+  // Before, both said no attempt, and the earlier job's part of a rank was
+  // shown as this job's (that rank called ahead of the ones that failed).
+  auto job_a = mpirun, job_b = mpirun;
+  job_a["PMIX_NAMESPACE"] = "823656449";
+  job_b["PMIX_NAMESPACE"] = "823656450";
+  REQUIRE(ld::write_rank_postmortem(env_lookup(job_a), "it failed").has_value());
+  const std::string a = ld::postmortem_from_json_text(read_file(*path)).attempt;
+  REQUIRE(ld::write_rank_postmortem(env_lookup(job_b), "it failed").has_value());
+  const std::string b = ld::postmortem_from_json_text(read_file(*path)).attempt;
+  CHECK(a == "mpirun job 823656449");
+  CHECK(b == "mpirun job 823656450");
 }
 
 TEST_CASE("post-mortem: a rank whose newest record was left mid-write is said to have one",

@@ -346,8 +346,8 @@ TEST_CASE("launcher: --postmortem-from leaves out the parts of an earlier attemp
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output,
-             Contains(fmt::format("left out rank 2's part in {}: of another attempt than the "
-                                  "last part's (torchrun run j, restart 1)",
+             Contains(fmt::format("left out rank 2's part in {}: of another job or attempt "
+                                  "than the last part's (torchrun run j, restart 1)",
                                   dir.str())) &&
                  Contains("rank 2: left no record (it wrote no part to") &&
                  Contains("ranks 0 and 1: allreduce #4 (f32, 1000 elements) failed") &&
