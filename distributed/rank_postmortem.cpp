@@ -107,12 +107,19 @@ std::optional<std::string> write_part(const PartTarget& t, const std::string& ca
   pm.ranks.push_back(rank_history(FlightRecorder::instance().snapshot(), monotonic_ns(), t.rank,
                                   0, host_name(), ::getpid()));
   const auto path = part_path(t.dir, t.rank);
-  std::ofstream out(path);
+  // Written aside and renamed: another launcher kills the ranks as soon as
+  // one exits, and a part cut short would be a part nobody can read.
+  const auto temp = (fs::path(t.dir) / fmt::format(".lockstep-postmortem-rank{}.json.{}", t.rank,
+                                                   ::getpid()))
+                        .string();
+  std::ofstream out(temp);
   out << to_json_text(pm, 1) << "\n";
   out.close();
-  if (!out) {
+  if (!out || ::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
     fmt::print(stderr, "lockstep: rank {} could not write its post-mortem to {}: {}\n", t.rank,
-               path, std::strerror(errno));
+               path, std::strerror(error));
     return std::nullopt;
   }
   fmt::print(stderr,

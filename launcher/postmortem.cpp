@@ -33,6 +33,9 @@ RankHistory read_rank_history(const std::string& path, int rank, int node,
 Postmortem read_rank_postmortems(const std::string& dir) {
   namespace fs = std::filesystem;
   std::vector<Postmortem> parts;
+  // A part that cannot be read (cut short by a kill, or not a post-mortem)
+  // costs its rank's lines, not the report: rank -> why.
+  std::vector<std::pair<int, std::string>> unreadable;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
@@ -43,10 +46,18 @@ Postmortem read_rank_postmortems(const std::string& dir) {
     try {
       parts.push_back(distributed::postmortem_from_json_text(text));
     } catch (const std::exception& e) {
-      throw Error(fmt::format("{}: {}", entry.path().string(), e.what()));
+      int rank = -1;
+      if (std::sscanf(name.c_str(), "lockstep-postmortem-rank%d.json", &rank) != 1 || rank < 0)
+        continue;  // not a rank's part by its name
+      fmt::print(stderr, "lockstep-run: {}: {}\n", entry.path().string(), e.what());
+      unreadable.emplace_back(
+          rank, fmt::format("its part {} is unreadable: cut short, or not a post-mortem",
+                            entry.path().string()));
     }
   }
   LOCKSTEP_CHECK(!error, "cannot read the directory {}: {}", dir, error.message());
+  LOCKSTEP_CHECK(unreadable.empty() || !parts.empty(),
+                 "no part in {} can be read: {}", dir, unreadable.front().second);
   LOCKSTEP_CHECK(!parts.empty(),
                  "{} holds no lockstep-postmortem-rank<R>.json: ranks write one there when "
                  "LOCKSTEP_POSTMORTEM_DIR={} is in their environment and a collective of theirs "
@@ -98,6 +109,8 @@ Postmortem read_rank_postmortems(const std::string& dir) {
     return *std::min_element(a.second.begin(), a.second.end()) <
            *std::min_element(b.second.begin(), b.second.end());
   });
+  for (const auto& [rank, why] : unreadable)
+    distributed::merge(pm, Postmortem{.ranks = {RankHistory{.rank = rank, .no_record = why}}});
   for (int r = 0; r < pm.world_size; ++r) {
     const bool known = std::any_of(pm.ranks.begin(), pm.ranks.end(),
                                    [&](const RankHistory& h) { return h.rank == r; });

@@ -53,7 +53,8 @@ std::string report_text(const Postmortem& postmortem,
 // Parts of another job or attempt than the last part's (torchrun or Slurm
 // restarted the ranks, an earlier mpirun job wrote there) are left out, and
 // said so on stderr.
-// Throws lockstep::Error when `dir` holds no part or a part is malformed.
+// A part that cannot be read is said on stderr, and its rank left no record.
+// Throws lockstep::Error when `dir` holds no part that can be read.
 Postmortem read_rank_postmortems(const std::string& dir);
 
 // Prints the report on stderr and writes the JSON to

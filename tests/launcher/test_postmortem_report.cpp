@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <set>
@@ -331,6 +332,39 @@ TEST_CASE("launcher: a post-mortem says a rank's newest call is unknown when its
                           "written when read); before it: finished allreduce #4 (f32, 1000 "
                           "elements) 1.0 s ago\n") &&
                  !Contains("is behind"));
+}
+
+TEST_CASE("launcher: --postmortem-from reports the other ranks when a part is unreadable",
+          "[launcher][postmortem]") {
+  // Rank 1 was killed while writing its part (mpirun kills every rank once
+  // one exits): the file holds only its start. Before, the whole report was
+  // refused over it.
+  TempDir dir;
+  write_part(dir, 0, 3, 5, "failed");
+  write_part(dir, 2, 3, 5, "failed");
+  write_part(dir, 1, 3, 4, "finished");
+  std::string text;
+  {
+    std::ifstream in(part_path(dir, 1));
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::ofstream(part_path(dir, 1), std::ios::trunc) << text.substr(0, text.size() / 2);
+  const auto r = run_process({bin_path("lockstep-run"), "--postmortem-from", dir.str()});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output,
+             Contains("ranks 0 and 2: allreduce #5 (f32, 1000 elements) failed") &&
+                 Contains(fmt::format("rank 1: left no record (its part {} is unreadable: cut "
+                                      "short, or not a post-mortem)",
+                                      part_path(dir, 1))) &&
+                 !Contains("allreduce #4"));
+
+  // With no part readable, the error names one.
+  std::filesystem::remove(part_path(dir, 0));
+  std::filesystem::remove(part_path(dir, 2));
+  const auto none = run_process({bin_path("lockstep-run"), "--postmortem-from", dir.str()});
+  CHECK(none.exit_code == 1);
+  CHECK_THAT(none.output, Contains("no part in " + dir.str() + " can be read: its part"));
 }
 
 TEST_CASE("launcher: --postmortem-from leaves out the parts of an earlier attempt",
