@@ -59,6 +59,7 @@ std::string to_json_text(const Postmortem& pm, int indent) {
                      {"collectives", std::move(entries)}});
     if (!r.no_record.empty()) ranks.back()["no_record"] = r.no_record;
     if (r.newest_torn) ranks.back()["newest_record_torn"] = true;
+    if (r.stopped) ranks.back()["stopped"] = true;
   }
   nlohmann::json doc = {{"cause", pm.cause}, {"ranks", std::move(ranks)}};
   if (pm.written_unix_s > 0) doc["written_unix_s"] = pm.written_unix_s;
@@ -83,7 +84,8 @@ Postmortem postmortem_from_json_text(std::string_view text) {
                     .pid = r.at("pid").get<int64_t>(),
                     .recorded = r.at("recorded").get<bool>(),
                     .no_record = r.value("no_record", std::string()),
-                    .newest_torn = r.value("newest_record_torn", false)};
+                    .newest_torn = r.value("newest_record_torn", false),
+                    .stopped = r.value("stopped", false)};
       for (const auto& j : r.at("collectives")) {
         PostmortemEntry e{.group = j.at("group").get<std::string>(),
                           .op = j.at("op").get<std::string>(),

@@ -47,6 +47,9 @@ struct RankHistory {
   // Its newest call is unknown: its record was being written when read and
   // stayed so (the rank stopped or died mid-write). `entries` end before it.
   bool newest_torn = false;
+  // Its process was stopped (SIGSTOP, a debugger) when its launcher read the
+  // record: in a collective, the one the others wait for.
+  bool stopped = false;
 };
 
 struct Postmortem {

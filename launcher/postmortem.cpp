@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "launcher/process_identity.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/distributed/flight_recorder.h"
 
@@ -23,7 +24,11 @@ RankHistory read_rank_history(const std::string& path, int rank, int node,
   const int64_t now = distributed::monotonic_ns();
   try {
     const auto records = distributed::read_flight_recorder_file(path);
-    if (records) return distributed::rank_history(*records, now, rank, node, host, pid);
+    if (records) {
+      auto history = distributed::rank_history(*records, now, rank, node, host, pid);
+      history.stopped = process_stopped(static_cast<pid_t>(pid));
+      return history;
+    }
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep-run: rank {}'s flight record is unreadable: {}\n", rank, e.what());
   }

@@ -150,7 +150,8 @@ constexpr std::string_view kNothingSince = "; nothing since";
 // The group's line after its name: who is behind, and where the others are.
 std::string headline_of(const std::map<Key, std::vector<int>>& classes,
                         const std::map<Key, const PostmortemEntry*>& example, uint64_t newest,
-                        const Members& members, const std::vector<int>& in_p2p) {
+                        const Members& members, const std::vector<int>& in_p2p,
+                        const std::vector<int>& stopped) {
   // A torn rank is neither behind nor ahead: its newest call is unknown.
   std::vector<int> behind, ahead, unknown, torn_at_newest;
   const auto* front_key = &classes.rbegin()->first;
@@ -181,6 +182,17 @@ std::string headline_of(const std::map<Key, std::vector<int>>& classes,
     headline += fmt::format("{} {} {} {}", ranks_text(ahead), verb(ahead, "has", "have"),
                             waiting ? "reached, and wait in," : "reached", call_text(*front));
     if (!unknown.empty()) headline += "; " + unknown_text(unknown);
+  } else if (classes.size() == 1 && front->state == "running" && !stopped.empty() &&
+             stopped.size() < classes.begin()->second.size()) {
+    // A rank stopped inside the call holds the others in it: not the call's fault.
+    std::vector<int> waiting_ranks;
+    for (int rank : classes.begin()->second)
+      if (std::find(stopped.begin(), stopped.end(), rank) == stopped.end())
+        waiting_ranks.push_back(rank);
+    headline = fmt::format("{} {} stopped (SIGSTOP, a debugger) in {}, in which {} {} for {}",
+                           ranks_text(stopped), verb(stopped, "is", "are"), call_text(*front),
+                           ranks_text(waiting_ranks), verb(waiting_ranks, "waits", "wait"),
+                           verb(stopped, "it", "them"));
   } else if (classes.size() == 1 && front->state == "running") {
     headline = fmt::format("every rank is in {}: all issued it; it did not complete",
                            call_text(*front));
@@ -237,12 +249,13 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
   std::map<Key, const PostmortemEntry*> example;
   std::map<Key, double> oldest;
   // The report's lines: a class split by the send or recv its ranks issued
-  // after their last collective ("": none).
-  using LineKey = std::tuple<uint64_t, std::string, std::string>;
+  // after their last collective ("": none), and by whether they are stopped.
+  using LineKey = std::tuple<uint64_t, std::string, std::string, bool>;
   std::map<LineKey, std::vector<int>> lines;
   std::map<LineKey, const PostmortemEntry*> p2p_example;
   std::map<LineKey, double> p2p_oldest;
   std::vector<int> in_p2p;  // ranks waiting in a send or recv of the group
+  std::vector<int> stopped;  // ranks whose process was stopped when read
   uint64_t newest = 0;
   for (const RankHistory* member : members.ranks) {
     const RankHistory& r = *member;
@@ -255,8 +268,9 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
     classes[key].push_back(r.rank);
     const PostmortemEntry* p2p = point_to_point_after(r, group, last);
     const LineKey line{std::get<0>(key), std::get<1>(key),
-                       p2p ? point_to_point_text(*p2p, 0) : std::string()};
+                       p2p ? point_to_point_text(*p2p, 0) : std::string(), r.stopped};
     lines[line].push_back(r.rank);
+    if (r.stopped) stopped.push_back(r.rank);
     if (p2p) {
       p2p_example[line] = p2p;
       p2p_oldest[line] = std::max(p2p_oldest[line], age_of(*p2p));
@@ -270,7 +284,8 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
 
   out += fmt::format("  group '{}': {}\n", group,
                      newest == 0 ? "only sends and receives, which are not numbered"
-                                 : headline_of(classes, example, newest, members, in_p2p));
+                                 : headline_of(classes, example, newest, members, in_p2p,
+                                               stopped));
   for (const auto& [line, ranks] : lines) {
     const Key key{std::get<0>(line), std::get<1>(line)};
     std::string what = line_text(key, ranks, example, oldest, no_record);
@@ -285,6 +300,7 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
         what += "; then " + since;
       }
     }
+    if (std::get<3>(line)) what += "; stopped (SIGSTOP, a debugger)";
     out += fmt::format("    {}: {}\n", ranks_text(ranks), what);
   }
   if (members.unplaced > 0) {

@@ -28,6 +28,16 @@ std::optional<uint64_t> process_start_time(pid_t pid) {
   return std::nullopt;
 }
 
+bool process_stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(in, text)) return false;
+  // Field 3, the state, follows the command name's last ')'.
+  const auto paren = text.rfind(')');
+  const auto at = paren == std::string::npos ? paren : text.find_first_not_of(' ', paren + 1);
+  return at != std::string::npos && (text[at] == 'T' || text[at] == 't');
+}
+
 bool process_alive(pid_t pid, uint64_t start_time) {
   const auto now = process_start_time(pid);
   return now && *now == start_time;

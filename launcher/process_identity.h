@@ -16,4 +16,7 @@ std::optional<uint64_t> process_start_time(pid_t pid);
 // Whether the process that was `pid` and started at `start_time` still runs.
 bool process_alive(pid_t pid, uint64_t start_time);
 
+// Whether `pid` is stopped (SIGSTOP, SIGTSTP, or a debugger's trace stop).
+bool process_stopped(pid_t pid);
+
 }  // namespace lockstep::launcher

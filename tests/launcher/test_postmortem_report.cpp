@@ -206,6 +206,27 @@ TEST_CASE("launcher: a post-mortem names the rank that is behind and where the o
   CHECK_FALSE(std::filesystem::exists(json));
 }
 
+TEST_CASE("launcher: a post-mortem names the rank stopped inside the collective the others "
+          "wait in", "[launcher][postmortem]") {
+  // Rank 1 stops inside an all-reduce that ranks 0 and 2 then join; gloo's
+  // ring needs every rank to go on, so they wait in it. Before, the report
+  // said only that every rank was in it and it did not complete, which reads
+  // as the transport's fault.
+  TempDir dir;
+  const auto r = launch({"-np", "3", "--hang-timeout", "1.5", "--postmortem-dir", dir.str()},
+                        {"group-sum", "stop-inside=1"}, {"LOCKSTEP_BACKEND=gloo"});
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Contains("rank 1 (local rank 1 on node 0") &&
+                           Contains("rank 1 is stopped (SIGSTOP, a debugger) in allreduce #") &&
+                           Contains("in which ranks 0 and 2 wait for it") &&
+                           Contains("; stopped (SIGSTOP, a debugger)\n") &&
+                           !Contains("it did not complete"));
+  std::ifstream in(dir.str() + "/lockstep-postmortem-node0-attempt0.json");
+  const auto json = nlohmann::json::parse(in);
+  for (const auto& rank : json.at("ranks"))
+    CHECK(rank.value("stopped", false) == (rank.at("rank").get<int>() == 1));
+}
+
 TEST_CASE("launcher: the post-mortem of a two-node job covers both nodes' ranks",
           "[launcher][postmortem]") {
   TempDir dir;

@@ -33,6 +33,9 @@
 //                    (busy-sleep-ms=R:N: rank R only)
 //   stop-self=R      then rank R stops itself with SIGSTOP (hung: no heartbeat)
 //   block=R          then rank R blocks for good using no CPU (hung: a deadlock)
+//   stop-inside=R    then one more all-reduce, which rank R issues at once and
+//                    stops itself inside (SIGSTOP from a thread of its own, 0.3 s
+//                    on), and the other ranks issue 1 s later
 //   then-allreduce   then every rank runs one more all-reduce of 1000 values
 //                    (one that stopped, blocked or failed never gets there)
 //   sleep            then wait until killed (default: exit 0)
@@ -220,6 +223,17 @@ int main(int argc, char** argv) {
       fmt::print("rank {}: stopping itself with SIGSTOP\n", info.rank);
       std::fflush(stdout);
       raise(SIGSTOP);
+    }
+    if (a.rfind("stop-inside=", 0) == 0) {
+      if (std::stoi(a.substr(12)) == info.rank) {
+        std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          raise(SIGSTOP);
+        }).detach();
+      } else {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      allreduces(1);
     }
     if (a.rfind("block=", 0) == 0 && std::stoi(a.substr(6)) == info.rank) {
       fmt::print("rank {}: blocking for good\n", info.rank);
