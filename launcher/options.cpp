@@ -2,9 +2,13 @@
 
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <set>
 
 #include <CLI/CLI.hpp>
@@ -114,6 +118,21 @@ void check_resolves(const std::string& host) {
     throw UsageError(fmt::format("--master-addr {}: not an address or a host name that "
                                  "resolves ({}); give node 0's address",
                                  host, ::gai_strerror(rc)));
+}
+
+// The post-mortem is written only once a rank has failed, maybe hours in: a
+// directory it could not be written to is said now, before a rank starts.
+void check_postmortem_dir(const std::string& dir) {
+  if (dir.empty()) return;  // printed only
+  struct stat st {};
+  std::string why;
+  if (::stat(dir.c_str(), &st) != 0) why = std::strerror(errno);
+  else if (!S_ISDIR(st.st_mode)) why = "not a directory";
+  else if (::access(dir.c_str(), W_OK | X_OK) != 0) why = std::strerror(errno);
+  if (!why.empty())
+    throw UsageError(fmt::format("--postmortem-dir {}: {}; give a directory that can be "
+                                 "written to, or '' to print the post-mortem only",
+                                 dir, why));
 }
 
 void validate(Options& o, bool np_given, const runtime::EnvLookup& env) {
@@ -274,6 +293,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
   o.command = std::move(command);
   for (const auto& spec : exports) o.exports.push_back(resolve_export(spec, env));
   validate(o, app.count("-n") > 0, env);
+  // Only a directory asked for: the default (the working directory) may be
+  // one a job runs in without writing to it, which says so after a failure.
+  if (app.count("--postmortem-dir")) check_postmortem_dir(o.postmortem_dir);
   return parsed;
 }
 

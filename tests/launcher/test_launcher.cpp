@@ -275,6 +275,11 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
       // Every rank used to abort at start-up (exit 134) on a name that does not resolve.
       {{lr, "-np", "2", "--master-addr", "nosuchhost.invalid", "true"},
        "--master-addr nosuchhost.invalid: not an address or a host name that resolves"},
+      // The job ran, and once a rank failed its post-mortem's JSON could not be written.
+      {{lr, "-np", "2", "--postmortem-dir", "/no/such/dir", "true"},
+       "--postmortem-dir /no/such/dir: No such file or directory; give a directory"},
+      {{lr, "-np", "2", "--postmortem-dir", "/dev/null", "true"},
+       "--postmortem-dir /dev/null: not a directory"},
   };
   for (const auto& c : cases) {
     const auto r = run_process(c.args, kLimit, {"LOCKSTEP_TOKEN="});
