@@ -74,6 +74,7 @@ Postmortem read_rank_postmortems(const std::string& dir) {
       parts.begin(), parts.end(),
       [](const Postmortem& a, const Postmortem& b) { return a.written_unix_s < b.written_unix_s; });
   const std::string attempt = newest.attempt;
+  const int world_size = newest.world_size;
   std::vector<int> stale;
   std::erase_if(parts, [&](const Postmortem& part) {
     if (part.attempt == attempt) return false;
@@ -86,6 +87,20 @@ Postmortem read_rank_postmortems(const std::string& dir) {
                "last part's ({})\n",
                ranks_text(stale), stale.size() == 1 ? "" : "s", dir,
                attempt.empty() ? std::string("which does not say its attempt") : attempt);
+  }
+  // A part of a job of another size is another job's, whether or not its
+  // launcher names jobs (MPICH's, a script do not).
+  std::vector<int> resized;
+  std::erase_if(parts, [&](const Postmortem& part) {
+    if (world_size == 0 || part.world_size == 0 || part.world_size == world_size) return false;
+    for (const auto& rank : part.ranks) resized.push_back(rank.rank);
+    return true;
+  });
+  if (!resized.empty()) {
+    fmt::print(stderr,
+               "lockstep-run: left out {}'s part{} in {}: of a job of another size than the "
+               "last part's ({} ranks)\n",
+               ranks_text(resized), resized.size() == 1 ? "" : "s", dir, world_size);
   }
   double latest = 0;
   for (const auto& part : parts) latest = std::max(latest, part.written_unix_s);

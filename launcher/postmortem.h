@@ -51,8 +51,8 @@ std::string report_text(const Postmortem& postmortem,
 // (distributed/rank_postmortem.h), merged, their ages brought to the moment
 // the last was written; a rank of the job that wrote none is unrecorded.
 // Parts of another job or attempt than the last part's (torchrun or Slurm
-// restarted the ranks, an earlier mpirun job wrote there) are left out, and
-// said so on stderr.
+// restarted the ranks, an earlier mpirun job wrote there) or of a job of
+// another size are left out, and said so on stderr.
 // A part that cannot be read is said on stderr, and its rank left no record.
 // Throws lockstep::Error when `dir` holds no part that can be read.
 Postmortem read_rank_postmortems(const std::string& dir);

@@ -409,6 +409,27 @@ TEST_CASE("launcher: --postmortem-from leaves out the parts of an earlier attemp
                  !Contains("allreduce #9"));
 }
 
+TEST_CASE("launcher: --postmortem-from leaves out the parts of a job of another size",
+          "[launcher][postmortem]") {
+  // A 4-rank job wrote every part; then a 2-rank job, under a launcher that
+  // names no job, wrote over ranks 0 and 1. Before, ranks 2 and 3 of the old
+  // job were reported as this job's, ahead of ranks 0 and 1.
+  TempDir dir;
+  for (int rank = 2; rank < 4; ++rank) write_part(dir, rank, 4, 9, "failed", "", 1.8e9 - 600);
+  write_part(dir, 0, 2, 4, "failed");
+  write_part(dir, 1, 2, 4, "failed");
+  const auto r = run_process({bin_path("lockstep-run"), "--postmortem-from", dir.str()});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output,
+             Contains(fmt::format("left out ranks 2 and 3's parts in {}: of a job of another "
+                                  "size than the last part's (2 ranks)",
+                                  dir.str())) &&
+                 Contains("every rank issued allreduce #4 (f32, 1000 elements); it failed on "
+                          "every rank") &&
+                 !Contains("allreduce #9") && !Contains("ranks 2 and 3:"));
+}
+
 TEST_CASE("launcher: the post-mortem of a two-node job names the ranks of a node that sent no "
           "part", "[launcher][postmortem]") {
   TempDir dir;
