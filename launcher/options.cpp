@@ -246,7 +246,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                  "doubling for each later one (at most 60)")->capture_default_str();
   app.add_option("--hang-timeout", o.hang_timeout_s, "A rank that joined its process group and "
                  "then sends no heartbeat, or makes no progress (no CPU used, not waiting for "
-                 "other ranks, not writing a checkpoint), for this many seconds is hung: the job "
+                 "other ranks, not reading or writing a checkpoint), for this many seconds is hung: the job "
                  "is stopped, or restarted under --max-restarts; 0: off")->capture_default_str();
   app.add_option("--postmortem-dir", o.postmortem_dir, "When a rank fails or hangs, or the job "
                  "is stopped, the launcher prints what every rank was doing in its last "

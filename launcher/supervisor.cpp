@@ -360,7 +360,8 @@ class Supervisor {
                           "or frozen", seconds(silent));
       } else if (idle > options_.hang_timeout) {
         why = fmt::format("made no progress for {:.1f} s: it used no CPU and was not waiting "
-                          "for other ranks or writing a checkpoint (a deadlock?)", seconds(idle));
+                          "for other ranks or reading or writing a file (a deadlock?)",
+                          seconds(idle));
       } else {
         continue;
       }

@@ -6,7 +6,7 @@
 // not. Progress is CPU time used (at least 1% of the interval: computing,
 // evaluating, serialising a checkpoint, spinning on a GPU) or time spent
 // inside a BusyScope: waiting for other ranks in a collective or the store,
-// writing a checkpoint file. The launcher (--hang-timeout, 10 s) calls a rank
+// writing or reading a checkpoint file, reading a dataset's IDX file. The launcher (--hang-timeout, 10 s) calls a rank
 // hung when no beat comes (stopped by SIGSTOP, frozen) or only 'I' comes (a
 // deadlock: blocked, using no CPU, not waiting for peers), and stops the job.
 // A rank that sleeps on purpose for longer marks it with a BusyScope. A rank

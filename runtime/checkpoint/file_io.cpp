@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/liveness.h"
 
 namespace lockstep::runtime {
 
@@ -26,7 +27,11 @@ void UniqueFd::close(const std::string& file) {
   if (fd >= 0 && ::close(fd) != 0) throw_errno("cannot close", file);
 }
 
+// Opening and reading a checkpoint of many GB on slow storage is progress,
+// not a hang, however little CPU it uses (runtime/liveness.h); writing is
+// marked so where the file is written (atomic_file.cpp).
 UniqueFd open_for_read(const std::string& path) {
+  const BusyScope opening;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) throw Error(fmt::format("{}: no such file", path));
@@ -68,6 +73,7 @@ void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::
 }
 
 void pread_all(int fd, void* data, size_t n, uint64_t offset, const std::string& file) {
+  const BusyScope reading;
   auto p = static_cast<char*>(data);
   size_t done = 0;
   while (done < n) {

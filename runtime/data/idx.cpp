@@ -12,6 +12,8 @@
 #include <new>
 #include <utility>
 
+#include "lockstep/runtime/liveness.h"
+
 namespace lockstep::runtime {
 
 namespace {
@@ -235,6 +237,9 @@ void check_nothing_after(ByteSource& src, const std::string& name, uint64_t tota
 }  // namespace
 
 IdxArray read_idx(const std::string& path, const IdxReadOptions& options) {
+  // Reading a file is progress, not a hang, however little CPU a slow
+  // filesystem leaves it (runtime/liveness.h).
+  const BusyScope reading;
   ByteSource src(path);
   const std::string name = src.gzip() ? path + " (gzip)" : path;
 

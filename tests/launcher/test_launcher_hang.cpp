@@ -58,7 +58,7 @@ TEST_CASE("launcher: a hung rank is found within --hang-timeout and named; busy 
   CHECK_THAT(blocked.output, Contains("rank 0 (local rank 0 on node 0") &&
                                  Contains("is hung: it made no progress for ") &&
                                  Contains(" s: it used no CPU and was not waiting for other "
-                                          "ranks or writing a checkpoint (a deadlock?)"));
+                                          "ranks or reading or writing a file (a deadlock?)"));
 
   // Computing, or waiting on purpose inside a BusyScope, for twice the
   // timeout is not a hang.
@@ -81,6 +81,24 @@ TEST_CASE("launcher: a hung rank is found within --hang-timeout and named; busy 
                           {"print", "show=LOCKSTEP_HEARTBEAT_FD"});
   CHECK(off.exit_code == 0);
   CHECK_THAT(off.output, Contains("LOCKSTEP_HEARTBEAT_FD=(unset)"));
+}
+
+TEST_CASE("launcher: a rank waiting for a file's bytes (a slow network share) is not hung",
+          "[launcher][hang]") {
+  // The rank reads an IDX file from a FIFO whose writer sends it only after
+  // 3 s, three times the hang timeout: blocked in a read, using no CPU.
+  TempDir dir;
+  const std::string fifo = dir.str() + "/slow-idx";
+  // u8 elements, one dim of 3, then the 3 bytes.
+  const std::string idx = "'\\x00\\x00\\x08\\x01\\x00\\x00\\x00\\x03abc'";
+  const std::string script = fmt::format(
+      "mkfifo {0} && {{ {{ sleep 3; printf {1}; }} > {0} & }} && "
+      "{2} -np 1 --hang-timeout 1 {3} group-sum read-idx={0}; echo \"launcher exit $?\"",
+      fifo, idx, bin_path("lockstep-run"), bin_path("launcher_probe"));
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK_THAT(r.output, Contains("read-idx rows=3") && Contains("launcher exit 0") &&
+                           !Contains("is hung"));
 }
 
 TEST_CASE("launcher: a rank's wrapper may go on after its lockstep program exits",

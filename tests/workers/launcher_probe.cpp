@@ -31,6 +31,9 @@
 //   spin-ms=N        then use the CPU for N ms (busy, not hung)
 //   busy-sleep-ms=N  then sleep N ms inside a runtime::BusyScope (not hung)
 //                    (busy-sleep-ms=R:N: rank R only)
+//   read-idx=PATH    then read the IDX file PATH (runtime::read_idx) and print
+//                    "read-idx rows=N": from a FIFO fed slowly, a rank that waits
+//                    for a file's bytes (busy, not hung)
 //   stop-self=R      then rank R stops itself with SIGSTOP (hung: no heartbeat)
 //   block=R          then rank R blocks for good using no CPU (hung: a deadlock)
 //   stop-inside=R    then one more all-reduce, which rank R issues at once and
@@ -58,6 +61,7 @@
 #include "lockstep/collectives/init.h"
 #include "lockstep/runtime/tensor.h"
 #include "lockstep/distributed/launch_env.h"
+#include "lockstep/runtime/data/idx.h"
 #include "lockstep/runtime/liveness.h"
 #include "lockstep/distributed/store/tcp_store.h"
 
@@ -218,6 +222,11 @@ int main(int argc, char** argv) {
       else for_me(spec, info.rank, &ms);
       const lockstep::runtime::BusyScope busy;
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    }
+    if (a.rfind("read-idx=", 0) == 0) {
+      const auto array = lockstep::runtime::read_idx(a.substr(9));
+      fmt::print("read-idx rows={}\n", array.dims.at(0));
+      std::fflush(stdout);
     }
     if (a.rfind("stop-self=", 0) == 0 && std::stoi(a.substr(10)) == info.rank) {
       fmt::print("rank {}: stopping itself with SIGSTOP\n", info.rank);
