@@ -72,18 +72,39 @@ void NodeLink::stop_watching() {
 
 void NodeLink::watch() {
   const std::string key = failure_key();
+  // A store that answers neither a wait (within its grace) nor the reconnect
+  // after it (2 s) is lost: node 0's host is down, or its launcher stopped,
+  // without closing the connection. Once may be a stall.
+  int unanswered = 0;
   while (!stop_) {
     try {
       watcher_->wait({key}, kPollInterval);
       notify(watcher_->get_string(key));
       return;
+    } catch (const distributed::StoreUnreachable& e) {
+      if (++unanswered < 2) continue;
+      store_lost_ = true;
+      if (!stop_)
+        notify(fmt::format("lost the job's store: node 0's launcher does not answer (its host "
+                           "down, or the launcher stopped?): {}", e.what()));
+      return;
     } catch (const distributed::StoreTimeout&) {
       // Nothing yet; look again unless asked to stop.
+      unanswered = 0;
     } catch (const std::exception& e) {
+      store_lost_ = true;
       if (!stop_) notify(fmt::format("lost the job's store (node 0's launcher ended?): {}", e.what()));
       return;
     }
   }
+}
+
+// Once the watcher found the store lost, the other calls fail at once
+// instead of each waiting out its timeout on a server that does not answer.
+distributed::TcpStore& NodeLink::store() {
+  if (store_lost_)
+    throw Error(remote_failure());
+  return *store_;
 }
 
 void NodeLink::notify(const std::string& what) {
@@ -101,16 +122,16 @@ std::string NodeLink::agree_job_id(const std::string& mine, const std::string& s
   std::string node0_shape;
   try {
     if (node_rank_ == 0) {
-      store_->set(kShapeKey, distributed::to_bytes(shape));
-      store_->set(kJobIdKey, distributed::to_bytes(mine));
+      store().set(kShapeKey, distributed::to_bytes(shape));
+      store().set(kJobIdKey, distributed::to_bytes(mine));
       return mine;
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!interrupted() && std::chrono::steady_clock::now() < deadline) {
       try {
-        store_->wait({kJobIdKey}, kPollInterval);
-        node0_shape = store_->get_string(kShapeKey);
-        if (node0_shape == shape) return store_->get_string(kJobIdKey);
+        store().wait({kJobIdKey}, kPollInterval);
+        node0_shape = store().get_string(kShapeKey);
+        if (node0_shape == shape) return store().get_string(kJobIdKey);
         break;
       } catch (const distributed::StoreTimeout&) {
       }
@@ -139,7 +160,7 @@ std::string NodeLink::remote_failure() const {
 
 void NodeLink::publish_failure(const std::string& what) {
   try {
-    store_->compare_set(failure_key(), {},
+    store().compare_set(failure_key(), {},
                         distributed::to_bytes(fmt::format("node {}: {}", node_rank_, what)));
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep-run: could not tell the other nodes: {}\n", e.what());
@@ -148,9 +169,9 @@ void NodeLink::publish_failure(const std::string& what) {
 
 void NodeLink::publish_stop(const std::string& why) {
   try {
-    store_->compare_set(kStopWhyKey, {},
+    store().compare_set(kStopWhyKey, {},
                         distributed::to_bytes(fmt::format("node {}: {}", node_rank_, why)));
-    store_->add(kStopKey, 1);
+    store().add(kStopKey, 1);
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep-run: could not tell the other nodes to stop: {}\n", e.what());
   }
@@ -164,19 +185,19 @@ bool NodeLink::agree_to_restart(int attempt, std::chrono::milliseconds timeout) 
   };
   std::string missing;
   try {
-    store_->add(node_key(node_rank_), 1);
-    store_->add(stopped, 1);
+    store().add(node_key(node_rank_), 1);
+    store().add(stopped, 1);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
-      if (store_->add(kStopKey, 0) > 0) {
-        fmt::print(stderr, "lockstep-run: not restarting: {}\n", store_->get_string(kStopWhyKey));
+      if (store().add(kStopKey, 0) > 0) {
+        fmt::print(stderr, "lockstep-run: not restarting: {}\n", store().get_string(kStopWhyKey));
         return false;
       }
-      if (store_->add(stopped, 0) >= num_nodes_) break;
+      if (store().add(stopped, 0) >= num_nodes_) break;
       if (interrupted()) return false;  // main reads the signal and says so
       if (std::chrono::steady_clock::now() >= deadline) {
         for (int n = 0; n < num_nodes_; ++n)
-          if (store_->add(node_key(n), 0) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+          if (store().add(node_key(n), 0) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
         break;
       }
       std::this_thread::sleep_for(kPollInterval / 4);
@@ -209,11 +230,11 @@ bool NodeLink::agree_to_restart(int attempt, std::chrono::milliseconds timeout) 
 
 bool NodeLink::attempt_succeeded_everywhere(std::chrono::milliseconds timeout) {
   const std::string done = fmt::format("lockstep-run/attempt-{}/done", attempt_);
-  store_->add(done, 1);
+  store().add(done, 1);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline && !interrupted()) {
     if (!remote_failure().empty()) return false;
-    if (store_->add(done, 0) >= num_nodes_) return true;
+    if (store().add(done, 0) >= num_nodes_) return true;
     std::this_thread::sleep_for(kPollInterval / 4);
   }
   return remote_failure().empty();
@@ -226,7 +247,7 @@ std::string postmortem_key(int attempt, int node) {
 }  // namespace
 
 void NodeLink::publish_postmortem(int attempt, const std::string& part) {
-  store_->set(postmortem_key(attempt, node_rank_), part);
+  store().set(postmortem_key(attempt, node_rank_), part);
 }
 
 std::vector<std::string> NodeLink::collect_postmortems(int attempt,
@@ -239,8 +260,8 @@ std::vector<std::string> NodeLink::collect_postmortems(int attempt,
     try {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
-      store_->wait({key}, std::max(left, std::chrono::milliseconds(1)));
-      parts.push_back(store_->get_string(key));
+      store().wait({key}, std::max(left, std::chrono::milliseconds(1)));
+      parts.push_back(store().get_string(key));
     } catch (const distributed::StoreTimeout&) {
     }
   }
@@ -251,7 +272,7 @@ void NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {
   stop_watching();
   if (!succeeded) return;  // the failure was published; nobody waits for "done"
   try {
-    const int64_t done = store_->add(kDoneKey, 1);
+    const int64_t done = store().add(kDoneKey, 1);
     if (node_rank_ != 0 || done >= num_nodes_) return;
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + timeout;
@@ -262,10 +283,10 @@ void NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {
                    "the other nodes finish\n");
         said = true;
       }
-      if (store_->add(kDoneKey, 0) >= num_nodes_) return;
+      if (store().add(kDoneKey, 0) >= num_nodes_) return;
       if (!remote_failure().empty() || interrupted()) return;
       try {
-        store_->wait({failure_key()}, kPollInterval);
+        store().wait({failure_key()}, kPollInterval);
         return;  // a node failed; its launcher stops its ranks without the store
       } catch (const distributed::StoreTimeout&) {
       }

@@ -80,6 +80,7 @@ class NodeLink {
  private:
   void watch();
   void notify(const std::string& what);
+  distributed::TcpStore& store();  // throws once the watcher found the store lost
   void stop_watching();
   std::string failure_key() const;
 
@@ -92,6 +93,7 @@ class NodeLink {
   mutable std::mutex mutex_;
   std::string remote_failure_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> store_lost_{false};  // the watcher's verdict
   std::thread thread_;
 };
 

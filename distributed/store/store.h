@@ -28,6 +28,15 @@ class StoreTimeout : public Error {
   using Error::Error;
 };
 
+// A StoreTimeout in which the server gave no answer at all: no connection
+// within the connect timeout, or no reply to a request within its timeout
+// and a grace. Unlike a key that has not come yet, waiting on will not help
+// when it repeats: its host is down or its process stopped.
+class StoreUnreachable : public StoreTimeout {
+ public:
+  using StoreTimeout::StoreTimeout;
+};
+
 class Store {
  public:
   static constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(5);

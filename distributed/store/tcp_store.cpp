@@ -299,9 +299,9 @@ void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
                  "reachable there, and that the address (LOCKSTEP_STORE_ADDR, or MASTER_ADDR "
                  "and MASTER_PORT) names it";
       const std::string again =
-          broken_by.empty() ? "" : fmt::format(" again after it broke the connection ({})",
+          broken_by.empty() ? "" : fmt::format(" again after the connection was lost ({})",
                                                broken_by);
-      throw StoreTimeout(
+      throw StoreUnreachable(
           fmt::format("could not connect to the lockstep store at {}{} within {} ms ({} "
                       "attempts; last error: {}). {}",
                       address, again, timeout.count(), attempts, error, advice));
@@ -364,7 +364,8 @@ void TcpStore::Impl::send_all(const std::vector<uint8_t>& bytes, Clock::time_poi
     case Sent::Failed: lost(what, error);
     case Sent::TimedOut:
       disconnect();
-      throw StoreTimeout(
+      lost_cause = "the server took no data";
+      throw StoreUnreachable(
           fmt::format("lockstep store at {}: {}: the server took no data before "
                       "the timeout; it may be stuck or overloaded",
                       address, what));
@@ -425,9 +426,11 @@ proto::Frame TcpStore::Impl::call(proto::MessageType type,
   send_all(request, deadline, what);
   auto reply = read_frame(deadline, what);
   if (!reply) {
-    // The stream is out of step now (the reply may still come): start afresh.
+    // The stream is out of step now (the reply may still come): start afresh,
+    // within kReconnectTimeout as after a broken connection.
     disconnect();
-    throw StoreTimeout(
+    lost_cause = fmt::format("no reply to {}", what);
+    throw StoreUnreachable(
         fmt::format("lockstep store at {}: no reply to {}; the server may be "
                     "stuck or overloaded",
                     address, what));

@@ -15,7 +15,10 @@
 #include "support/temp_dir.h"
 #include "launcher/launch_probe.h"
 
+using lockstep::testing::bin_path;
 using lockstep::testing::check_no_orphans;
+using lockstep::testing::describe;
+using lockstep::testing::run_process;
 using lockstep::testing::launch;
 using Catch::Matchers::Contains;
 using lockstep::testing::TempDir;
@@ -148,3 +151,31 @@ TEST_CASE("launcher: losing node 0 ends the other nodes' launchers within second
                            Contains("cannot restart: the job's store is gone") &&
                            Contains("node 1 exit 1"));
 }
+
+TEST_CASE("launcher: a node 0 that stops answering (its host down) ends the other nodes' "
+          "launchers within seconds",
+          "[launcher][restart]") {
+  // Node 0's launcher is stopped (SIGSTOP) once both ranks joined: its store
+  // keeps its connections but answers nothing, as when its host goes down
+  // without a word. Node 1's launcher must not wait on it for good.
+  const int port = lockstep::testing::unused_tcp_port();
+  std::string script = "export LOCKSTEP_TOKEN=silent-node; dir=$(mktemp -d); ";
+  for (int node = 0; node < 2; ++node) {
+    script += fmt::format(
+        "{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+        "--master-port {} --postmortem-dir '' {} group-sum busy-sleep-ms=40000 > $dir/{} 2>&1 & "
+        "n{}=$!; ",
+        bin_path("lockstep-run"), node, port, bin_path("launcher_probe"), node, node);
+  }
+  script +=
+      "for i in $(seq 200); do grep -q 'group-sum rank=1' $dir/1 && break; sleep 0.1; done; "
+      "kill -STOP $n0; start=$SECONDS; wait $n1; echo \"node 1 exit $? after $((SECONDS - "
+      "start)) s\"; kill -CONT $n0; kill -TERM $n0; wait $n0; cat $dir/1; rm -rf $dir";
+  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(!r.timed_out);
+  CHECK_THAT(r.output, Contains("group-sum rank=1 restart=0 sum=3 ok") &&
+                           Contains("node 1 exit 1 after") &&
+                           Contains("lost the job's store: node 0's launcher does not answer"));
+}
+
