@@ -4,12 +4,17 @@
 
 namespace lockstep::runtime {
 
-void set_num_threads(int n);  // n >= 1
+// The count CPU kernels use (n >= 1), from now on, but below the bound of
+// any NumThreadsAtMost alive, on any thread, which then holds until it ends.
+void set_num_threads(int n);
+// The count CPU kernels use now (any NumThreadsAtMost's bound included).
 int num_threads();
 
-// While alive, CPU kernels use at most `n` threads, the count before restored
-// after: for work that runs CPU kernels on several threads of its own at once
-// (DataParallel's CPU replicas, forward and backward). Inactive: does nothing.
+// While alive, CPU kernels use at most `n` threads: for work that runs CPU
+// kernels on several threads of its own at once (DataParallel's CPU replicas,
+// forward and backward). Scopes on several threads overlap safely: the count
+// goes back to the one last set once no scope bounds it. Inactive: does
+// nothing.
 class NumThreadsAtMost {
  public:
   NumThreadsAtMost(int n, bool active = true);
@@ -18,7 +23,7 @@ class NumThreadsAtMost {
   NumThreadsAtMost& operator=(const NumThreadsAtMost&) = delete;
 
  private:
-  int previous_ = 0;  // 0: nothing to restore
+  int bound_ = 0;  // 0: inactive
 };
 
 }  // namespace lockstep::runtime
