@@ -123,7 +123,10 @@ int run(Options o) {
   std::optional<train::TrainingRun> checkpoints = examples::open_checkpoints(
       {o.checkpoint_dir, o.keep_last, o.given.contains("keep_last"), o.resume, o.restart},
       runtime::BestMode::max, *group);
-  if (checkpoints && checkpoints->saved) take_saved_settings(o, *checkpoints->saved);
+  if (checkpoints && checkpoints->saved) {
+    take_saved_settings(o, *checkpoints->saved);
+    runtime::set_num_threads(o.threads);
+  }
   runtime::manual_seed(o.seed);  // the run's seed: a resume may have taken it from the checkpoint
   const auto norm = models::kFashionMnistNormalization;
   auto train = models::load_fashion_mnist(o.data, models::Split::train, norm, o.train_samples);
@@ -329,7 +332,7 @@ int main(int argc, char** argv) {
   for (const char* name :
        {"lr", "epochs", "clip_grad_norm", "log_every", "checkpoint_every", "model", "sync_bn",
         "batch_size", "train_samples", "test_samples", "optimizer", "momentum", "weight_decay",
-        "zero", "lr_schedule", "warmup_steps", "data", "seed", "keep_last"}) {
+        "zero", "lr_schedule", "warmup_steps", "data", "seed", "keep_last", "threads"}) {
     std::string flag = std::string("--") + name;
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (app.count(flag) > 0) o.given.insert(name);

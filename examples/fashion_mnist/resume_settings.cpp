@@ -44,7 +44,8 @@ train::RunSettings run_settings(const Options& o, int64_t train_samples, int64_t
                          {"epochs", std::to_string(o.epochs)},
                          {"clip_grad_norm", fmt::format("{}", o.clip_grad_norm)},
                          {"log_every", std::to_string(o.log_every)},
-                         {"checkpoint_every", std::to_string(o.checkpoint_every)}}};
+                         {"checkpoint_every", std::to_string(o.checkpoint_every)},
+                         {"threads", std::to_string(o.threads)}}};
 }
 
 void take_saved_settings(Options& o, const train::RunSettings& saved) {
@@ -54,6 +55,9 @@ void take_saved_settings(Options& o, const train::RunSettings& saved) {
   s.take("clip_grad_norm", "clip_grad_norm", o.clip_grad_norm);
   s.take("log_every", "log_every", o.log_every);
   s.take("checkpoint_every", "checkpoint_every", o.checkpoint_every);
+  // OpenBLAS splits a product's sums by its thread count: another count
+  // changes the last bits.
+  s.take("threads", "threads", o.threads);
   s.take("model", "model", o.model);
   s.take("sync_bn", "sync_bn", o.sync_bn);
   s.take("batch_size", "batch_size", o.batch_size);

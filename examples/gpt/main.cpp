@@ -152,7 +152,8 @@ train::RunSettings run_settings(const Options& o, const std::string& data_digest
                          {"log_every", std::to_string(o.log_every)},
                          {"eval_every", std::to_string(o.eval_every)},
                          {"eval_windows", std::to_string(o.eval_windows)},
-                         {"checkpoint_every", std::to_string(o.checkpoint_every)}}};
+                         {"checkpoint_every", std::to_string(o.checkpoint_every)},
+                         {"threads", std::to_string(o.threads)}}};
 }
 
 void take_saved_settings(Options& o, const train::RunSettings& saved) {
@@ -163,6 +164,9 @@ void take_saved_settings(Options& o, const train::RunSettings& saved) {
   // The validation set: the best checkpoint is chosen by losses measured on it.
   s.take("eval_windows", "eval_windows", o.eval_windows);
   s.take("checkpoint_every", "checkpoint_every", o.checkpoint_every);
+  // OpenBLAS splits a product's sums by its thread count: another count
+  // changes the last bits.
+  s.take("threads", "threads", o.threads);
   s.take("n_layer", "model", o.n_layer, "n_layer");
   s.take("n_head", "model", o.n_head, "n_head");
   s.take("n_embd", "model", o.n_embd, "n_embd");
@@ -203,7 +207,10 @@ int run(Options o) {
       {o.checkpoint_dir, o.keep_last, o.given.contains("keep_last"), o.resume, o.restart},
       runtime::BestMode::min, *group);
   const bool resumed = checkpoints && checkpoints->saved;
-  if (resumed) take_saved_settings(o, *checkpoints->saved);
+  if (resumed) {
+    take_saved_settings(o, *checkpoints->saved);
+    runtime::set_num_threads(o.threads);
+  }
   // Checked on the values the run goes on with: a resume took the ones left out.
   LOCKSTEP_CHECK(o.n_embd % o.n_head == 0, "--n-embd {} must be a multiple of --n-head {}{}",
                  o.n_embd, o.n_head,
@@ -410,7 +417,7 @@ int main(int argc, char** argv) {
   for (const char* name :
        {"clip_grad_norm", "log_every", "eval_every", "eval_windows", "checkpoint_every", "n_layer",
         "n_head", "n_embd", "seq_len", "dropout", "batch_size", "lr", "min_lr", "weight_decay",
-        "zero", "amp", "steps", "warmup_steps", "data", "seed", "keep_last"}) {
+        "zero", "amp", "steps", "warmup_steps", "data", "seed", "keep_last", "threads"}) {
     std::string flag = std::string("--") + name;
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (app.count(flag) > 0) o.given.insert(name);

@@ -160,7 +160,7 @@ TEST_CASE("A resume with the options left out takes the run's saved values and e
       "--batch-size", "32",  "--train-samples", "256",    "--test-samples", "300",
       "--optimizer",  "sgd", "--momentum",      "0.5",    "--weight-decay", "0.001",
       "--lr-schedule", "warmup", "--warmup-steps", "5",   "--zero",         "--seed",
-      "3",            "--lr", "0.02"};
+      "3",            "--lr", "0.02", "--threads",     "2"};
   std::vector<std::string> straight = shaped;
   straight.insert(straight.end(), {"--epochs", "2"});
   const FashionMnistRun reference = run_fashion_mnist(2, straight);
