@@ -55,7 +55,7 @@ std::optional<VectorIsa> read_vector_isa(const EnvLookup& env) {
   if (*value == "avx2") return VectorIsa::avx2;
   throw Error(fmt::format("LOCKSTEP_CPU_ISA={}: expected baseline or avx2 (or leave it unset for "
                           "the widest this CPU has)",
-                          *value));
+                          quoted_value(*value)));
 }
 
 }  // namespace lockstep::runtime::cpu

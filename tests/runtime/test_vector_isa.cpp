@@ -4,6 +4,7 @@
 
 #include "lockstep/runtime/cpu/cpu_features.h"
 #include "lockstep/runtime/cpu/vector_isa.h"
+#include "lockstep/runtime/error.h"
 #include "support/env_lookup.h"
 #include "support/vector_isa_variants.h"
 
@@ -17,7 +18,16 @@ TEST_CASE("LOCKSTEP_CPU_ISA names a variant; anything else is refused, naming it
   CHECK(read_vector_isa(env_lookup({{"LOCKSTEP_CPU_ISA", "baseline"}})) == VectorIsa::baseline);
   CHECK(read_vector_isa(env_lookup({{"LOCKSTEP_CPU_ISA", "avx2"}})) == VectorIsa::avx2);
   CHECK_THROWS_WITH(read_vector_isa(env_lookup({{"LOCKSTEP_CPU_ISA", "avx512"}})),
-                    Contains("LOCKSTEP_CPU_ISA=avx512: expected baseline or avx2"));
+                    Contains("LOCKSTEP_CPU_ISA='avx512': expected baseline or avx2"));
+  // A job script with Windows line endings: the \r shown, not sent to the terminal.
+  try {
+    read_vector_isa(env_lookup({{"LOCKSTEP_CPU_ISA", "baseline\r"}}));
+    FAIL("a value with a carriage return was taken");
+  } catch (const lockstep::Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find('\r') == std::string::npos);
+    CHECK_THAT(what, Contains("LOCKSTEP_CPU_ISA='baseline\\r'") && Contains("carriage return"));
+  }
 }
 
 TEST_CASE("The widest variant the CPU has is chosen; one it lacks cannot be set",
