@@ -300,6 +300,20 @@ SafetensorsFile read_safetensors(const std::string& path, const SafetensorsReadO
 #endif
   SafetensorsFile out;
   out.metadata = h.metadata;
+  // A tensor whose sum is another tensor's may be that tensor moved (the file
+  // saved again in another order) or damage that happens to equal it (a
+  // LayerNorm weight zeroed on disk next to its zero bias): only when every
+  // sum is there, each once, were the tensors moved. Until then the error waits.
+  std::vector<uint32_t> computed;
+  std::optional<size_t> first_failed;
+  const auto corrupt = [&](size_t i) {
+    const TensorEntry& e = h.tensors[i];
+    return Error(fmt::format(
+        "{}: tensor '{}' (file bytes {} to {}) fails its checksum: stored crc32 {}, computed {}; "
+        "the data is corrupt, use an older checkpoint",
+        path, e.name, h.data_offset() + e.begin, h.data_offset() + e.end,
+        hex8(stored_tensor_crcs[i]), hex8(computed[i])));
+  };
   for (size_t i = 0; i < h.tensors.size(); ++i) {
     const TensorEntry& e = h.tensors[i];
     Tensor t = Tensor::empty(e.shape, e.dtype);
@@ -311,29 +325,31 @@ SafetensorsFile read_safetensors(const std::string& path, const SafetensorsReadO
       c = crc(c, p + done, len);
     }
     file_crc = crc_combine(file_crc, c, e.nbytes());
-    // The sum another tensor should have: the data is whole, in another order,
-    // as when another program saves the tensors again with our metadata.
-    if (!stored_tensor_crcs.empty() && c != stored_tensor_crcs[i] && e.nbytes() > 0 &&
-        std::find(stored_tensor_crcs.begin(), stored_tensor_crcs.end(), c) !=
-            stored_tensor_crcs.end())
-      throw Error(fmt::format(
-          "{}: tensor '{}' has the checksum that metadata {} lists for another tensor: the "
-          "tensors are in another order than when lockstep wrote them, as when another program "
-          "saves the file again with this metadata copied ({})",
-          path, e.name, kTensorChecksumsKey, kStaleChecksums));
-    if (!stored_tensor_crcs.empty())
-      LOCKSTEP_CHECK(c == stored_tensor_crcs[i],
-                     "{}: tensor '{}' (file bytes {} to {}) fails its checksum: stored crc32 {}, "
-                     "computed {}; the data is corrupt, use an older checkpoint",
-                     path, e.name, h.data_offset() + e.begin, h.data_offset() + e.end,
-                     hex8(stored_tensor_crcs[i]), hex8(c));
-    if (e.dtype == DType::boolean) {
+    computed.push_back(c);
+    const bool failed = !stored_tensor_crcs.empty() && c != stored_tensor_crcs[i];
+    if (failed && !first_failed) first_failed = i;
+    // A sum no tensor should have: damaged, whatever the others hold.
+    if (failed && std::find(stored_tensor_crcs.begin(), stored_tensor_crcs.end(), c) ==
+                      stored_tensor_crcs.end())
+      throw corrupt(*first_failed);
+    if (e.dtype == DType::boolean && !failed) {
       const auto* b = reinterpret_cast<const uint8_t*>(p);
       LOCKSTEP_CHECK(std::all_of(b, b + e.nbytes(), [](uint8_t v) { return v <= 1; }),
                      "{}: bool tensor '{}' holds bytes other than 0 and 1; the data is corrupt",
                      path, e.name);
     }
     out.tensors.emplace_back(e.name, std::move(t));
+  }
+  if (first_failed) {
+    std::vector<uint32_t> found = computed, stored = stored_tensor_crcs;
+    std::sort(found.begin(), found.end());
+    std::sort(stored.begin(), stored.end());
+    if (found != stored) throw corrupt(*first_failed);
+    throw Error(fmt::format(
+        "{}: tensor '{}' has the checksum that metadata {} lists for another tensor: the "
+        "tensors are in another order than when lockstep wrote them, as when another program "
+        "saves the file again with this metadata copied ({})",
+        path, h.tensors[*first_failed].name, kTensorChecksumsKey, kStaleChecksums));
   }
   if (stored_crc && file_crc != *stored_crc) {
     const std::string mismatch = fmt::format("{}: checksum mismatch: stored crc32 {}, computed {}",

@@ -79,6 +79,24 @@ TEST_CASE("checkpoint: a bit flip in the data names the tensor", "[checkpoint]")
                       Contains("fails its checksum") && Contains("use an older checkpoint"));
 }
 
+TEST_CASE("checkpoint: a tensor damaged into the bytes of another is corrupt rather than moved",
+          "[checkpoint]") {
+  // A LayerNorm's weight zeroed on disk now holds its bias's bytes, and so
+  // its checksum: the file is damaged, not saved again in another order.
+  TempDir dir;
+  const std::string path = dir.file("ln.safetensors");
+  save_checkpoint(path, {.tensors = {{"ln.weight", Tensor::ones({8})},
+                                     {"ln.bias", Tensor::zeros({8})},
+                                     {"head.weight", random_tensor({4, 8}, DType::f32)}}});
+  std::string bytes = read_bytes(path);
+  std::memset(bytes.data() + data_offset_of(path), 0, 32);
+  write_bytes(path, bytes);
+  const std::string err = load_error(path);
+  CHECK_THAT(err, Contains("tensor 'ln.weight'") && Contains("fails its checksum") &&
+                      Contains("use an older checkpoint"));
+  CHECK_THAT(err, !Contains("another order") && !Contains("leave lockstep.checksum"));
+}
+
 TEST_CASE("checkpoint: a bit flip in the header is caught", "[checkpoint]") {
   TempDir dir;
   const std::string path = saved(dir);
