@@ -126,7 +126,11 @@ def load(path, verify=True):
         shape = tuple(info["shape"])
         array = np.frombuffer(raw, dtype=_DTYPES[dtype]).reshape(shape)
         if dtype == "BF16":  # bfloat16 is the top half of a float32
-            array = (array.astype(np.uint32) << 16).view(np.float32)
+            # Shifted in place: `a << 16` of a 0-d array is a numpy scalar,
+            # an int64 under numpy 1.x, which cannot be viewed as float32.
+            wide = array.astype(np.uint32)
+            wide <<= np.uint32(16)
+            array = wide.view(np.float32)
         tensors[name] = array.copy()
     if start + expected_begin != len(data):
         raise CheckpointError(f"{path}: the data ends at {start + expected_begin}, the file at {len(data)}")
