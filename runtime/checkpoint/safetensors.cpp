@@ -182,9 +182,13 @@ std::vector<uint32_t> tensor_checksums(const SafetensorsHeader& h, const std::st
                    kTensorChecksumsKey, at);
     out.push_back(*v);
   }
+  // A whole list of another length is what a program writes that saves other
+  // tensors (save_model keeps one name of a tied weight) with our metadata.
   LOCKSTEP_CHECK(out.size() == h.tensors.size(),
-                 "{}: metadata {} lists {} checksums for {} tensors; the header is corrupt", path,
-                 kTensorChecksumsKey, out.size(), h.tensors.size());
+                 "{}: metadata {} lists {} checksums for {} tensors: the file was saved again by "
+                 "another program, with other tensors and this metadata copied ({}), or the "
+                 "header is corrupt",
+                 path, kTensorChecksumsKey, out.size(), h.tensors.size(), kStaleChecksums);
   return out;
 }
 
