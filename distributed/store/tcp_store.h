@@ -49,6 +49,10 @@ struct TcpStoreServerStats {
   int64_t buffered_bytes = 0;   // input and output buffers of the open connections
   int64_t refused_connections = 0;  // over max_connections(_per_address)
   int64_t failed_accepts = 0;       // accept() failures, e.g. out of descriptors
+  // Keys looked up to register or finish pending waits, since the start: the
+  // server's work for them, which grows with the waits' keys, not with the
+  // writes times those keys.
+  int64_t wait_key_checks = 0;
 };
 
 // Serves the store from one background thread running an epoll event loop.

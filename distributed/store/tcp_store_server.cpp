@@ -145,6 +145,7 @@ struct Stats {
   std::atomic<int64_t> buffered_bytes{0};
   std::atomic<int64_t> refused_connections{0};
   std::atomic<int64_t> failed_accepts{0};
+  std::atomic<int64_t> wait_key_checks{0};
 };
 
 }  // namespace
@@ -648,6 +649,7 @@ struct TcpStoreServer::Impl {
     for (const auto& key : c.wait_keys) {
       if (!data.contains(key) && watchers[key].insert(c.fd).second) ++c.missing;
     }
+    stats.wait_key_checks += static_cast<int64_t>(c.wait_keys.size());
     if (c.missing > 0) return false;
     if (c.wait_type == proto::MessageType::Get) {
       reply_value(c, data.at(c.wait_keys[0]));
@@ -731,7 +733,8 @@ TcpStoreServerStats TcpStoreServer::stats() const {
           .unauthenticated = s.unauthenticated.load(),
           .buffered_bytes = s.buffered_bytes.load(),
           .refused_connections = s.refused_connections.load(),
-          .failed_accepts = s.failed_accepts.load()};
+          .failed_accepts = s.failed_accepts.load(),
+          .wait_key_checks = s.wait_key_checks.load()};
 }
 
 }  // namespace lockstep::distributed
