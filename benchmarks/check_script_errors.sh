@@ -67,6 +67,7 @@ for bench in zero_bench ddp_bench step_bench checkpoint_bench data_parallel_benc
   expect 105 "^--warmup: must be zero or a positive number, not -1" "$build/bin/$bench" --warmup -1
 done
 expect 105 "^--batch: must be a positive number, not 0" "$build/bin/attention_bench" --batch 0
+expect 105 "^--clients: must be a positive number, not 0" "$build/bin/store_bench" --clients 64,0
 # A size past any buffer (inf converted to size_t read as a tiny size).
 expect 1 "^allreduce_perf: -e 'inf': larger than any buffer" "$build/bin/allreduce_perf" -e inf
 # A lockstep-run whose two-rank runs fail; one rank writes one plain row to --json.
