@@ -173,9 +173,10 @@ class GlooGroup final : public ProcessGroup {
   void reap_p2p_locked();
   // What gloo threw, worded: a timeout becomes DeadlineExceeded, anything
   // else a CollectiveError naming the op, this rank, the broken peers and
-  // why a peer gave up, where it said so.
-  [[noreturn]] void fail_with(const Call& call, const std::exception& cause);
-  std::string name_broken_peers(const Call& call, const std::string& cause) const;
+  // why a peer gave up, where it said so. `peer`: a send's or recv's rank,
+  // whose connection alone it uses; -1 for a collective.
+  [[noreturn]] void fail_with(const Call& call, const std::exception& cause, int peer = -1);
+  std::string name_broken_peers(const Call& call, const std::string& cause, int peer) const;
   std::string peer_abort_reason() const;
 
   template <class Options>
@@ -387,7 +388,7 @@ void GlooGroup::wait_p2p(PendingP2p& p) {
             p.is_send ? "did not receive it" : "sent nothing to match it",
             p.is_send ? "recv from this rank" : "send to this rank", p.tag));
       }
-      fail_with(p.call, e);
+      fail_with(p.call, e, p.peer);
     } catch (const DeadlineExceeded& timeout_error) {
       const std::string message = timeout_message(p.call, timeout_error.what());
       abort(message);
@@ -421,31 +422,35 @@ void GlooGroup::reap_p2p_locked() {
   }
 }
 
-void GlooGroup::fail_with(const Call& call, const std::exception& cause) {
+void GlooGroup::fail_with(const Call& call, const std::exception& cause, int peer) {
   const std::string what = cause.what();
   if (what.find("Timed out") != std::string::npos) {
     throw DeadlineExceeded(fmt::format(
         "every rank joined it, but its data did not finish moving in time (gloo: {})", what));
   }
   throw CollectiveError(fmt::format("{} failed on {}: {}{}{}", call.description(), where(), what,
-                                    name_broken_peers(call, what), peer_abort_reason()));
+                                    name_broken_peers(call, what, peer), peer_abort_reason()));
 }
 
-std::string GlooGroup::name_broken_peers(const Call& call, const std::string& cause) const {
+std::string GlooGroup::name_broken_peers(const Call& call, const std::string& cause,
+                                         int peer) const {
   std::vector<int> peers;
-  for (int peer = 0; peer < size(); ++peer) {
-    const auto& address = peer_addresses_[static_cast<size_t>(peer)];
-    if (!address.empty() && cause.find(address) != std::string::npos) peers.push_back(peer);
+  for (int q = 0; q < size(); ++q) {
+    const auto& address = peer_addresses_[static_cast<size_t>(q)];
+    if (!address.empty() && cause.find(address) != std::string::npos) peers.push_back(q);
   }
-  // The address is the peer's listening one only when this side connected;
-  // with a single peer there is no doubt either way.
-  if (peers.empty() && size() == 2 && cause.find("peer") != std::string::npos) {
-    peers.push_back(1 - rank());
+  // The address is the peer's listening one only when this side connected
+  // (gloo picks the side by comparing the two addresses, so by chance); with
+  // a single peer (a send's or recv's, or the other of two ranks) there is
+  // no doubt either way.
+  if (peer < 0 && size() == 2) peer = 1 - rank();
+  if (peers.empty() && peer >= 0 && cause.find("peer") != std::string::npos) {
+    peers.push_back(peer);
   }
   if (peers.empty()) return "";
   // Named as the caller knows them: a composite's member call carries its ranks.
   std::vector<std::string> names;
-  for (int peer : peers) names.push_back(call.rank_name(peer));
+  for (int q : peers) names.push_back(call.rank_name(q));
   return fmt::format(" (the connection to {} broke: that rank probably exited, crashed or "
                      "gave up on the group; its own output says why)",
                      fmt::join(names, ", "));
