@@ -398,13 +398,20 @@ void GlooGroup::wait_p2p(PendingP2p& p) {
       error = std::current_exception();
     }
   }
-  std::shared_ptr<Work> work = p.work;
+  std::shared_ptr<Work> work = std::move(p.work);
   {
     std::lock_guard lock(mutex_);
     if (error) {
       graveyard_.emplace_back(std::move(p.data_buffer), p.tensor);
       graveyard_.emplace_back(std::move(p.header_buffer), p.header);
     }
+    // gloo is done with the memory: the caller's tensor is freed when the
+    // caller drops it, not when the next send or recv reaps this entry.
+    p.data_buffer.reset();
+    p.header_buffer.reset();
+    p.waiting = nullptr;
+    p.tensor = Tensor();
+    p.header = Tensor();
     p.done = true;
   }
   work->finish(error);
