@@ -19,6 +19,7 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
@@ -171,6 +172,10 @@ class GlooGroup final : public ProcessGroup {
   // came. False when the group is being destroyed.
   bool receive_data(PendingP2p& p);
   void reap_p2p_locked();
+  // What posting a send or recv threw, rethrown: gloo's refusal to post on a
+  // connection it saw break worded as fail_with() words a failed one, with
+  // the group made unusable as after one.
+  [[noreturn]] void fail_unposted(const Call& call, std::exception_ptr error, int peer);
   // What gloo threw, worded: a timeout becomes DeadlineExceeded, anything
   // else a CollectiveError naming the op, this rank, the broken peers and
   // why a peer gave up, where it said so. `peer`: a send's or recv's rank,
@@ -580,7 +585,7 @@ std::shared_ptr<Work> GlooGroup::post_p2p(const Call& call, const Tensor& tensor
   auto work = std::make_shared<Work>(call.description(),
                                      call.deadline + SerialExecutor::kWorkerGrace,
                                      timeout_message(call));
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   reap_p2p_locked();
   PendingP2p& p = p2p_.emplace_back();
   p.work = work;
@@ -590,6 +595,7 @@ std::shared_ptr<Work> GlooGroup::post_p2p(const Call& call, const Tensor& tensor
   p.tag = tag;
   p.number = p2p_numbers_[{peer, tag, is_send}]++;
   p.is_send = is_send;
+  std::exception_ptr unposted;
   try {
     if (is_send) {
       auto* header = static_cast<int64_t*>(p.header.raw_data());
@@ -619,10 +625,27 @@ std::shared_ptr<Work> GlooGroup::post_p2p(const Call& call, const Tensor& tensor
     graveyard_.emplace_back(std::move(p.header_buffer), p.header);
     graveyard_.emplace_back(std::move(p.data_buffer), p.tensor);
     p2p_.pop_back();
-    throw;
+    unposted = std::current_exception();
+  }
+  if (unposted) {
+    lock.unlock();  // aborting the group wakes waiters that take the lock
+    fail_unposted(call, unposted, peer);
   }
   p.waiter = std::thread([this, &p] { wait_p2p(p); });
   return work;
+}
+
+void GlooGroup::fail_unposted(const Call& call, std::exception_ptr error, int peer) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const ::gloo::IoException& e) {
+    try {
+      fail_with(call, e, peer);
+    } catch (const std::exception& failure) {
+      abort(failure.what());
+      throw;
+    }
+  }
 }
 
 std::shared_ptr<Work> GlooGroup::run_send(Call call, const Tensor& tensor, int dst,

@@ -347,3 +347,37 @@ TEST_CASE("every CPU backend: once a send or recv has completed, the group no lo
     CHECK(received_memory.expired());
   }
 }
+
+TEST_CASE("every CPU backend: a send or recv issued after its peer's connection broke names the "
+          "call and the peer",
+          "[collectives][lifecycle]") {
+  // Every CPU backend sends point to point through gloo.
+  LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  const bool is_send = GENERATE(true, false);
+  INFO((is_send ? "send" : "recv"));
+  auto groups = lt::make_groups(backend, 2, "p2p-after-break", 30s);
+  groups[0].reset();  // as when its process ends while rank 1 computes
+  std::this_thread::sleep_for(200ms);  // rank 1's connection has seen it close
+  Tensor t = Tensor::ones({4});
+  const lc::SendRecvOptions options{.tag = 1};
+  // Before, gloo's refusal to post came out as it was: "[.../pair.cc:598]
+  // Connection closed by peer [127.0.0.1]:41384", naming no call, rank or group.
+  // It was no lockstep::Error either, which a caller's catch of CollectiveError missed.
+  std::string error = "<no exception>";
+  try {
+    (is_send ? groups[1]->send(t, 0, options) : groups[1]->recv(t, 0, options))->wait();
+  } catch (const lc::CollectiveError& e) {
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = std::string("not a CollectiveError: ") + e.what();
+  }
+  CHECK_THAT(error, Contains(is_send ? "send (f32, 4 elements, to rank 0, tag 1) failed on rank 1"
+                                     : "recv (f32, 4 elements, from rank 0, tag 1) failed on "
+                                       "rank 1") &&
+                        Contains("the connection to rank 0 broke"));
+  // And the next call says why it cannot go on.
+  CHECK_THAT(lt::error_of([&] { groups[1]->send(t, 0, options)->wait(); }),
+             Contains("is unusable because") && Contains("the connection to rank 0 broke"));
+}
