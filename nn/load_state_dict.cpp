@@ -107,14 +107,14 @@ std::string prefix_hint(const LoadResult& r) {
       p, how_many, p);
 }
 
-}  // namespace
-
-LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
-  const StateDict own = state_dict();
+// Everything load_state_dict checks, against the model's own state_dict
+// `own`: throws its error, or returns what a load would skip.
+LoadResult check_against(const Module& model, const StateDict& own, const StateDict& dict,
+                         bool strict) {
   const auto& items = own.items();
   const std::vector<std::vector<size_t>> twins = twins_of(own);
   std::unordered_set<std::string> optional;
-  collect_optional(*this, "", optional);
+  collect_optional(model, "", optional);
   LoadResult result;
   std::vector<std::string> mismatches, untied;
   size_t transposed = 0;  // mismatches that are the model's 2-D shape reversed
@@ -166,7 +166,7 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
   errors.insert(errors.end(), untied.begin(), untied.end());
   if (!errors.empty()) {
     std::string msg = fmt::format("error(s) in loading state_dict for {} (nothing was loaded):",
-                                  type_name());
+                                  model.type_name());
     for (const auto& e : errors) msg += "\n  " + e;
     // Hugging Face's GPT-2 keeps its projections in Conv1D, [in, out]: a square
     // one loads without a mismatch, transposed, so all of them must be turned.
@@ -180,6 +180,18 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
              "\n  (pass strict=false to load the matching keys and ignore the others)";
     throw Error(msg);
   }
+  return result;
+}
+
+}  // namespace
+
+LoadResult Module::check_state_dict(const StateDict& dict, bool strict) const {
+  return check_against(*this, state_dict(), dict, strict);
+}
+
+LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
+  const StateDict own = state_dict();
+  LoadResult result = check_against(*this, own, dict, strict);
 
   // A source may share memory with what is written: the model's own tensors
   // (a view of one parameter loaded into another, a transposed copy of the

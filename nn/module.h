@@ -127,6 +127,10 @@ class Module {
   // several names (tied weights) loads from any one of them, and the others
   // are not missing; different values under two of them are an error.
   LoadResult load_state_dict(const StateDict& dict, bool strict = true);
+  // load_state_dict's checks alone: throws the error it would throw, and
+  // otherwise returns what it would skip. Changes nothing; a caller that
+  // must change several objects together checks each before changing any.
+  LoadResult check_state_dict(const StateDict& dict, bool strict = true) const;
   // This module's own persistent buffers that a state_dict may leave out:
   // load_state_dict then keeps their values and does not count them missing.
   // BatchNorm's num_batches_tracked, as PyTorch loads it (PyTorch before

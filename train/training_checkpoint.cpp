@@ -290,6 +290,13 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
       model_tensors.emplace_back(name.substr(kModelPrefix.size()), tensor);
   const nn::StateDict current = parts.model->state_dict();
   runtime::check_tensors_match(model_tensors, current.items(), file);
+  // The model's own checks go further (two values for one tied weight).
+  const nn::StateDict model_state(std::move(model_tensors));
+  try {
+    parts.model->check_state_dict(model_state);
+  } catch (const Error& e) {
+    throw Error(fmt::format("checkpoint {}: {}", file, e.what()));
+  }
 
   std::optional<optim::OptimizerState> opt_state;
   if (parts.optimizer) {
@@ -369,7 +376,7 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
       throw Error(fmt::format("checkpoint {}: {}", file, e.what()));
     }
   }
-  parts.model->load_state_dict(nn::StateDict(model_tensors));
+  parts.model->load_state_dict(model_state);
   if (parts.scheduler) parts.scheduler->load_state_dict(sched_state);
   if (parts.scaler) parts.scaler->load_state_dict(scaler_state);
   for (size_t i = 0; i < rng_count; ++i) {

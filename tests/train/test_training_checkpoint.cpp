@@ -186,6 +186,32 @@ TEST_CASE("Loading a training checkpoint into another model or optimizer changes
                       Contains("edited.safetensors") && Contains("has shape"));
     CHECK((flat_parameters(*same) == before));
   }
+  SECTION("a model that refuses the file after the names and shapes matched") {
+    // GPT ties lm_head.weight to transformer.wte.weight: a file holding two
+    // values for them passes the name and shape checks, and the model's own
+    // load refuses it. The optimizer must not have taken the file's state.
+    const models::GptConfig config{.vocab_size = 11, .block_size = 4, .n_layer = 1,
+                                   .n_head = 1, .n_embd = 4};
+    auto gpt = models::gpt(config, 1);
+    Adam gpt_opt(gpt->parameters(), {.lr = 1e-3});
+    Tensor idx = Tensor::from_vector<int64_t>({1, 2, 3, 4}, {1, 4});
+    runtime::sum((*gpt)(idx)).backward();
+    gpt_opt.step();
+    auto content = training_checkpoint_content({.model = gpt.get(), .optimizer = &gpt_opt},
+                                               {.step = 1});
+    for (auto& [name, t] : content.tensors)
+      if (name == "model.lm_head.weight") t = runtime::add(t, 1.0);
+    auto fresh = models::gpt(config, 2);
+    Adam fresh_opt(fresh->parameters(), {.lr = 5e-4});
+    const auto before = flat_parameters(*fresh);
+    CHECK_THROWS_WITH(
+        restore_training_checkpoint(content, {.model = fresh.get(), .optimizer = &fresh_opt},
+                                    "edited.safetensors"),
+        Contains("edited.safetensors") && Contains("tied"));
+    CHECK((flat_parameters(*fresh) == before));
+    CHECK(fresh_opt.param_groups()[0].options.at("lr") == 5e-4);
+    CHECK(fresh_opt.state_dict().state.empty());
+  }
   SECTION("the same model saved from inside a DDP wrapper, and loaded into one") {
     // Said as such, not as "a different model or configuration".
     auto wrapped = std::make_shared<nn::DistributedDataParallel>(models::fashion_mlp(1),
