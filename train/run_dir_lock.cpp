@@ -68,7 +68,10 @@ RunDirLock RunDirLock::acquire(const std::filesystem::path& dir) {
     }
   }
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  LOCKSTEP_CHECK(fd >= 0, "cannot open the run lock {}: {}", path, std::strerror(errno));
+  LOCKSTEP_CHECK(fd >= 0,
+                 "cannot open the run lock {}: {}; pick a checkpoint directory this user can "
+                 "write",
+                 path, std::strerror(errno));
   struct flock lock {};
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;

@@ -199,8 +199,15 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
   std::string error;
   if (rank == 0) {
     try {
+      // The lock before the directory is cleaned: a temporary file of a run
+      // writing from another node looks left by a dead writer here, and
+      // removing it would fail that run's save. A directory that cannot be
+      // made is reported by CheckpointDir.
+      std::error_code made;
+      fs::create_directories(path, made);
+      if (!made) lock = RunDirLock::acquire(path);
       dir.emplace(path, dir_options);
-      lock = RunDirLock::acquire(path);
+      if (made) lock = RunDirLock::acquire(path);  // made since, by someone else
       const auto entries = dir->list();
       if (const auto job_run = run_of_job(*dir, options.job, entries))
         decision = continue_job(*dir, options, entries, *job_run);

@@ -15,7 +15,8 @@
 // What open_training_run decides, on rank 0, for every rank:
 //   - the directory must be creatable and writable by rank 0, or it throws;
 //   - no other run may be using it: rank 0 holds its lock while the run lives
-//     (run_dir_lock.h), and a second run is refused, naming the holder;
+//     (run_dir_lock.h), and a second run is refused, naming the holder,
+//     before it touches anything in the directory;
 //   - with a job id (lockstep-run's LOCKSTEP_JOB_ID, which stays the same
 //     across --max-restarts attempts) and checkpoints that this job saved in
 //     the directory: the job was restarted, and whatever resume and restart

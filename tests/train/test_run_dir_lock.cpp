@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -114,4 +117,31 @@ TEST_CASE("A run's lock stays held when its process takes it again and lets that
   CHECK_FALSE(child_gets_it());
   moved = RunDirLock();
   CHECK(child_gets_it());
+}
+
+TEST_CASE("A run refused because another holds the directory leaves that run's files alone",
+          "[checkpoint][run]") {
+  // The run holding the directory writes a checkpoint from another node (or
+  // container): its writer's pid means nothing here, and its temporary file
+  // looks left by a dead writer. Removing it would fail that run's save.
+  TempDir tmp;
+  const std::filesystem::path dir = tmp.file("busy");
+  std::filesystem::create_directories(dir);
+  const pid_t other = holder_of(dir);
+  int64_t max_pid = 4194304;
+  std::ifstream("/proc/sys/kernel/pid_max") >> max_pid;
+  const std::filesystem::path writing =
+      dir / fmt::format(".ckpt-0000000005.safetensors.tmp-{}-0", max_pid + 1);
+  std::ofstream(writing) << "being written";
+  std::vector<std::string> warnings;
+  const std::string run = error_of([&] {
+    lockstep::train::open_training_run(
+        dir, {.warn = [&](const std::string& w) { warnings.push_back(w); }}, {.resume = true},
+        lockstep::testing::one_rank_group());
+  });
+  CHECK_THAT(run, Contains("is in use by another run"));
+  CHECK(std::filesystem::exists(writing));
+  CHECK(warnings.empty());
+  kill(other, SIGKILL);
+  waitpid(other, nullptr, 0);
 }
