@@ -203,11 +203,11 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
       // writing from another node looks left by a dead writer here, and
       // removing it would fail that run's save. A directory that cannot be
       // made is reported by CheckpointDir.
-      std::error_code made;
-      fs::create_directories(path, made);
-      if (!made) lock = RunDirLock::acquire(path);
+      std::error_code not_made;
+      fs::create_directories(path, not_made);
+      if (!not_made) lock = RunDirLock::acquire(path);
       dir.emplace(path, dir_options);
-      if (made) lock = RunDirLock::acquire(path);  // made since, by someone else
+      if (not_made) lock = RunDirLock::acquire(path);  // made since, by someone else
       const auto entries = dir->list();
       if (const auto job_run = run_of_job(*dir, options.job, entries))
         decision = continue_job(*dir, options, entries, *job_run);
