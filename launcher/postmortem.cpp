@@ -75,33 +75,28 @@ Postmortem read_rank_postmortems(const std::string& dir) {
       [](const Postmortem& a, const Postmortem& b) { return a.written_unix_s < b.written_unix_s; });
   const std::string attempt = newest.attempt;
   const int world_size = newest.world_size;
-  std::vector<int> stale;
-  std::erase_if(parts, [&](const Postmortem& part) {
-    if (part.attempt == attempt) return false;
-    for (const auto& rank : part.ranks) stale.push_back(rank.rank);
-    return true;
-  });
-  if (!stale.empty()) {
-    fmt::print(stderr,
-               "lockstep-run: left out {}'s part{} in {}: of another job or attempt than the "
-               "last part's ({})\n",
-               ranks_text(stale), stale.size() == 1 ? "" : "s", dir,
-               attempt.empty() ? std::string("which does not say its attempt") : attempt);
-  }
+  // Drops the parts `other` says are not of the newest's job, saying so.
+  const auto leave_out = [&](const auto& other, const std::string& why) {
+    std::vector<int> left;
+    std::erase_if(parts, [&](const Postmortem& part) {
+      if (!other(part)) return false;
+      for (const auto& rank : part.ranks) left.push_back(rank.rank);
+      return true;
+    });
+    if (!left.empty())
+      fmt::print(stderr, "lockstep-run: left out {}'s part{} in {}: {}\n", ranks_text(left),
+                 left.size() == 1 ? "" : "s", dir, why);
+  };
+  leave_out([&](const Postmortem& part) { return part.attempt != attempt; },
+            fmt::format("of another job or attempt than the last part's ({})",
+                        attempt.empty() ? "which does not say its attempt" : attempt));
   // A part of a job of another size is another job's, whether or not its
   // launcher names jobs (MPICH's, a script do not).
-  std::vector<int> resized;
-  std::erase_if(parts, [&](const Postmortem& part) {
-    if (world_size == 0 || part.world_size == 0 || part.world_size == world_size) return false;
-    for (const auto& rank : part.ranks) resized.push_back(rank.rank);
-    return true;
-  });
-  if (!resized.empty()) {
-    fmt::print(stderr,
-               "lockstep-run: left out {}'s part{} in {}: of a job of another size than the "
-               "last part's ({} ranks)\n",
-               ranks_text(resized), resized.size() == 1 ? "" : "s", dir, world_size);
-  }
+  leave_out(
+      [&](const Postmortem& part) {
+        return world_size != 0 && part.world_size != 0 && part.world_size != world_size;
+      },
+      fmt::format("of a job of another size than the last part's ({} ranks)", world_size));
   double latest = 0;
   for (const auto& part : parts) latest = std::max(latest, part.written_unix_s);
   Postmortem pm{.written_unix_s = latest, .attempt = attempt};
