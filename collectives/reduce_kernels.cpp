@@ -1,6 +1,7 @@
 #include "lockstep/collectives/reduce_kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -31,10 +32,14 @@ void apply(void* out, const void* a, const void* b, size_t n, Combine combine) {
 // Max and Min where a NaN on either side wins, as torch.maximum's does:
 // std::max keeps its left operand against a NaN, so a NaN survived or was
 // dropped depending on which rank held it and on how the tensor was sliced.
+// For the same reason +0 is the larger of the two zeros (IEEE 754's maximum
+// and minimum): comparing equal, the left one was kept, so the sign of a Max
+// or Min of -0 and +0 depended on the rank order, the backend and the slice.
 template <class C>
 C max_of(C l, C r) {
   if constexpr (std::is_floating_point_v<C>) {
     if (r != r) return r;
+    if (l == r) return std::signbit(l) ? r : l;
   }
   return l < r ? r : l;  // a NaN on the left stays
 }
@@ -42,6 +47,7 @@ template <class C>
 C min_of(C l, C r) {
   if constexpr (std::is_floating_point_v<C>) {
     if (r != r) return r;
+    if (l == r) return std::signbit(l) ? l : r;
   }
   return r < l ? r : l;
 }
