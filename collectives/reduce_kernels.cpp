@@ -52,13 +52,36 @@ C min_of(C l, C r) {
   return r < l ? r : l;
 }
 
+// Integer Sum and Product wrap around in two's complement, as NCCL's and
+// gloo's do: computed in the unsigned type, since a signed overflow is
+// undefined (and stopped the process in a -fsanitize=undefined build).
+template <class C>
+C sum_of(C l, C r) {
+  if constexpr (std::is_integral_v<C>) {
+    using U = std::make_unsigned_t<C>;
+    return static_cast<C>(static_cast<U>(l) + static_cast<U>(r));
+  } else {
+    return l + r;
+  }
+}
+template <class C>
+C product_of(C l, C r) {
+  if constexpr (std::is_integral_v<C>) {
+    using U = std::make_unsigned_t<C>;
+    return static_cast<C>(static_cast<U>(l) * static_cast<U>(r));
+  } else {
+    return l * r;
+  }
+}
+
 template <class T>
 void typed(ReduceOp op, void* out, const void* a, const void* b, size_t n) {
   using C = compute_t<T>;
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: return apply<T>(out, a, b, n, [](C l, C r) { return l + r; });
-    case ReduceOp::Product: return apply<T>(out, a, b, n, [](C l, C r) { return l * r; });
+    case ReduceOp::Avg: return apply<T>(out, a, b, n, [](C l, C r) { return sum_of(l, r); });
+    case ReduceOp::Product:
+      return apply<T>(out, a, b, n, [](C l, C r) { return product_of(l, r); });
     case ReduceOp::Min: return apply<T>(out, a, b, n, [](C l, C r) { return min_of(l, r); });
     case ReduceOp::Max: return apply<T>(out, a, b, n, [](C l, C r) { return max_of(l, r); });
   }

@@ -5,9 +5,10 @@
 // f16 combine in float and round back once per pairwise step (as NCCL does);
 // their Avg reaches these kernels as f32 (float_average.h). Avg reduces as
 // Sum; divide_by() then divides the result by the group size (integers
-// truncate toward zero). Max and Min return NaN wherever any rank
-// holds one (torch.maximum's rule), and take +0 as larger than -0, whatever
-// the rank and the slicing.
+// truncate toward zero). Integer Sum and Product wrap around (two's
+// complement). Max and Min return NaN wherever any rank holds one
+// (torch.maximum's rule), and take +0 as larger than -0, whatever the rank
+// and the slicing.
 #pragma once
 
 #include <cstddef>
