@@ -229,6 +229,25 @@ void check_nan_wins(lc::ProcessGroup& group) {
   }
 }
 
+// Max of -0 and +0 is +0 and Min is -0, whichever rank holds which zero (as
+// the other backends).
+template <class T>
+void check_signed_zero(lc::ProcessGroup& group) {
+  for (int holder = 0; holder < g_size; ++holder) {
+    for (ReduceOp op : {ReduceOp::Max, ReduceOp::Min}) {
+      Tensor t = Tensor::from_vector<double>({g_rank == holder ? -0.0 : 0.0}, {1})
+                     .to(lr::dtype_v<T>);
+      group.allreduce(t, {.op = op, .timeout = {}})->wait();
+      const double got = read<T>(t)[0];
+      if (got != 0.0 || std::signbit(got) != (op == ReduceOp::Min)) {
+        fail(fmt::format("{} {} with -0 on rank {} and +0 on the others: {}", to_string(op),
+                         lr::dtype_name(lr::dtype_v<T>), holder, got));
+      }
+      ++g_checks;
+    }
+  }
+}
+
 template <class T>
 std::string label(std::string_view op, int64_t count, std::string_view extra = "") {
   return fmt::format("{} {} count {}{}{}", op, lr::dtype_name(lr::dtype_v<T>), count,
@@ -481,6 +500,9 @@ int main(int argc, char** argv) {
     check_nan_wins<double>(*group);
     check_nan_wins<lr::bf16>(*group);
     check_nan_wins<lr::f16>(*group);
+    check_signed_zero<float>(*group);
+    check_signed_zero<double>(*group);
+    check_signed_zero<lr::bf16>(*group);
     check_misc(*group);
     // The string every rank gets is the root's.
     const std::string word = lc::mpi::broadcast_string(
