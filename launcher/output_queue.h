@@ -31,6 +31,8 @@ class OutputQueue {
   void flush();
   bool empty() const { return pending_.size() == offset_; }
   bool full() const { return pending_.size() - offset_ >= kFullBytes; }
+  // The stream's reader is gone (EPIPE): nothing pushed will be written.
+  bool closed() const { return closed_; }
   size_t size() const { return pending_.size() - offset_; }
   // Drops what is queued (nobody will read it).
   void discard();

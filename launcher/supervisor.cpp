@@ -130,6 +130,7 @@ class Supervisor {
         kill_remaining(/*after_grace=*/true);
         kill_at_.reset();
       }
+      close_unread_streams();
       if (alive() == 0) {
         // Whatever the ranks left in the pipes; a lingering grandchild holding
         // one open does not keep the launcher waiting for long.
@@ -228,6 +229,18 @@ class Supervisor {
       Stream& s = streams_[i];
       s.target->push(s.tagger.finish());
       close(s.fd);
+      streams_.erase(streams_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+
+  // Closes the pipes whose output nobody would read (our reader is gone, as
+  // `| head` leaves it), so the rank's next write to them fails with SIGPIPE
+  // as it would without --tag-output; reading them on would let the ranks
+  // run on unseen, and the job never end.
+  void close_unread_streams() {
+    for (size_t i = streams_.size(); i-- > 0;) {
+      if (!streams_[i].target->closed()) continue;
+      close(streams_[i].fd);
       streams_.erase(streams_.begin() + static_cast<std::ptrdiff_t>(i));
     }
   }

@@ -155,6 +155,20 @@ TEST_CASE("launcher: --tag-output: a stalled reader of the output does not stall
                            Contains("rank 1 (local rank 1 on node 0"));
 }
 
+TEST_CASE("launcher: --tag-output: ranks writing to a reader that has gone end with SIGPIPE",
+          "[launcher]") {
+  // `| head -1` reads one line and exits; ranks that print without end
+  // must meet SIGPIPE as without --tag-output, not run on unseen for good.
+  const std::string script = fmt::format(
+      "{} -np 2 --tag-output yes | head -1; echo \"launcher exit ${{PIPESTATUS[0]}}\"",
+      bin_path("lockstep-run"));
+  const auto r = run_process({"/bin/bash", "-c", script}, 10s);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(!r.timed_out);
+  CHECK_THAT(r.output, Contains("] y\n") && Contains("killed by SIGPIPE") &&
+                           Contains("launcher exit 141"));
+}
+
 TEST_CASE("launcher: -x exports variables; OMP_NUM_THREADS is kept when set", "[launcher]") {
   const auto r = launch({"-np", "2", "-x", "PROBE_A=hello", "-x", "PROBE_B"},
                         {"print", "show=PROBE_A", "show=PROBE_B", "show=OMP_NUM_THREADS"},
