@@ -19,6 +19,7 @@
 #include "launcher/options.h"
 #include "launcher/postmortem.h"
 #include "launcher/spawn.h"
+#include "launcher/standard_streams.h"
 #include "launcher/supervisor.h"
 #include "lockstep/distributed/exit_status.h"
 #include "lockstep/distributed/exited_ranks.h"
@@ -305,6 +306,7 @@ int report_from(const std::string& dir) {
 
 int main(int argc, char** argv) {
   using namespace lockstep::launcher;
+  open_closed_standard_streams();
   // Before any thread starts (the store server's), so all inherit the mask.
   block_supervisor_signals();
   try {

@@ -169,6 +169,21 @@ TEST_CASE("launcher: --tag-output: ranks writing to a reader that has gone end w
                            Contains("launcher exit 141"));
 }
 
+TEST_CASE("launcher: started with its stdout closed, the job runs as with it open",
+          "[launcher]") {
+  // The store's socket used to take descriptor 1: --tag-output wrote the
+  // ranks' lines into it (on node 1, into its store connection), and now
+  // that a gone reader ends the ranks, they died of SIGPIPE.
+  const auto r = run_process(
+      {"/bin/sh", "-c",
+       fmt::format("exec {} -np 2 --tag-output {} print >&-", bin_path("lockstep-run"),
+                   bin_path("launcher_probe"))},
+      10s);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.ok());
+  CHECK_THAT(r.output, !Contains("SIGPIPE"));
+}
+
 TEST_CASE("launcher: -x exports variables; OMP_NUM_THREADS is kept when set", "[launcher]") {
   const auto r = launch({"-np", "2", "-x", "PROBE_A=hello", "-x", "PROBE_B"},
                         {"print", "show=PROBE_A", "show=PROBE_B", "show=OMP_NUM_THREADS"},

@@ -198,6 +198,26 @@ TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wra
   CHECK(eventually([&] { return !std::filesystem::exists(scratch); }, 20s));
 }
 
+TEST_CASE("launcher: started with stdin closed, a SIGKILLed launcher still takes the ranks' "
+          "children with it",
+          "[launcher]") {
+  // The reaper's pipe used to take descriptor 0, which the reaper then
+  // replaced by /dev/null: it saw end of file at once and was gone.
+  TempDir dir;
+  Background launcher({"/bin/sh", "-c", "exec \"$0\" \"$@\" <&-", bin_path("lockstep-run"),
+                       "-np", "1", "/bin/sh", "-c", "\"$0\" \"$@\"; true",
+                       bin_path("launcher_probe"), "pid-dir=" + dir.str(), "sleep"},
+                      dir.str() + "/launcher.log");
+  const bool started = eventually([&] { return pids_in(dir.str()).size() == 1; }, kLimit);
+  INFO("launcher output:\n" << read_file(dir.str() + "/launcher.log"));
+  REQUIRE(started);
+  const pid_t grandchild = pids_in(dir.str()).front();
+  REQUIRE(running(grandchild));
+  launcher.kill_and_reap(SIGKILL);
+  CHECK(eventually([&] { return !running(grandchild); }, 5s));
+  if (running(grandchild)) kill(grandchild, SIGKILL);  // do not leave it behind
+}
+
 TEST_CASE("launcher: a launcher killed with its reaper leaves its scratch files to the next "
           "launcher, which removes them and keeps a live launcher's",
           "[launcher]") {
