@@ -2,17 +2,37 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <string>
 
 namespace lockstep::launcher {
 
-OutputQueue::OutputQueue(int fd) : fd_(fd), saved_flags_(fcntl(fd, F_GETFL)) {
+OutputQueue::OutputQueue(int fd) : fd_(fd) {
+  struct stat st {};
+  const bool known = fstat(fd, &st) == 0;
+  if (known && (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) return;
+  if (known && S_ISSOCK(st.st_mode)) {
+    socket_ = true;
+    return;
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  const int own = open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (own >= 0) {
+    fd_ = own;
+    own_fd_ = true;
+    return;
+  }
+  // No /proc, or a pipe whose reader is gone (ENXIO): the next write says so.
+  saved_flags_ = fcntl(fd, F_GETFL);
   if (saved_flags_ >= 0) fcntl(fd, F_SETFL, saved_flags_ | O_NONBLOCK);
 }
 
-// The flags belong to the open file, which the shell that started us shares.
 OutputQueue::~OutputQueue() {
-  if (saved_flags_ >= 0) fcntl(fd_, F_SETFL, saved_flags_);
+  if (own_fd_) close(fd_);
+  else if (saved_flags_ >= 0) fcntl(fd_, F_SETFL, saved_flags_);
 }
 
 void OutputQueue::push(std::string_view data) {
@@ -23,7 +43,10 @@ void OutputQueue::push(std::string_view data) {
 
 void OutputQueue::flush() {
   while (!empty() && !closed_) {
-    const ssize_t n = write(fd_, pending_.data() + offset_, pending_.size() - offset_);
+    const char* data = pending_.data() + offset_;
+    const size_t size = pending_.size() - offset_;
+    const ssize_t n = socket_ ? send(fd_, data, size, MSG_DONTWAIT | MSG_NOSIGNAL)
+                              : write(fd_, data, size);
     if (n > 0) {
       offset_ += static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {

@@ -1,9 +1,11 @@
 // --tag-output: what the launcher has for one of its own output streams
-// (stdout or stderr) and could not write yet. The stream is made
-// non-blocking while the queue is in use, so a reader that stalls (a paused
-// `less`, a fifo nobody reads) holds up the ranks' output, not the launcher:
-// the supervisor stops reading the ranks' pipes while the queue is full,
-// which blocks the ranks' writes as it would without --tag-output.
+// (stdout or stderr) and could not write yet. It writes without blocking, so
+// a reader that stalls (a paused `less`, a fifo nobody reads) holds up the
+// ranks' output, not the launcher: the supervisor stops reading the ranks'
+// pipes while the queue is full, which blocks the ranks' writes as it would
+// without --tag-output. The stream's own flags stay as they are: they belong
+// to an open file that the shell and whoever else writes there share, and a
+// launcher killed with SIGKILL could not restore them.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +19,10 @@ class OutputQueue {
   // Past this many bytes the queue is full: nothing more is read for it.
   static constexpr size_t kFullBytes = 1 << 20;
 
-  // Makes `fd` non-blocking until destruction, which restores its flags.
+  // A pipe or terminal is opened anew, non-blocking (an open file of our
+  // own); a socket is written with MSG_DONTWAIT; a regular file as it is
+  // (writing one waits for no reader). Only where none of that works is
+  // `fd` itself made non-blocking until destruction, which restores it.
   explicit OutputQueue(int fd);
   ~OutputQueue();
   OutputQueue(const OutputQueue&) = delete;
@@ -39,7 +44,9 @@ class OutputQueue {
 
  private:
   int fd_;
-  int saved_flags_;
+  bool own_fd_ = false;  // fd_ is our reopened copy of the stream
+  bool socket_ = false;
+  int saved_flags_ = -1;  // the stream's flags, when we changed them
   bool closed_ = false;  // the reader is gone (EPIPE): pushed data is dropped
   std::string pending_;
   size_t offset_ = 0;  // what of pending_ was written already

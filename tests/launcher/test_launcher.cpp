@@ -2,6 +2,7 @@
 // launcher_probe worker (tests/workers/launcher_probe.cpp) under a time limit.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
 
@@ -167,6 +168,23 @@ TEST_CASE("launcher: --tag-output: ranks writing to a reader that has gone end w
   CHECK(!r.timed_out);
   CHECK_THAT(r.output, Contains("] y\n") && Contains("killed by SIGPIPE") &&
                            Contains("launcher exit 141"));
+}
+
+TEST_CASE("launcher: --tag-output leaves its stdout's flags alone, even killed with SIGKILL",
+          "[launcher]") {
+  // The stdout pipe is shared with the shell's next commands: the launcher
+  // used to make it non-blocking, and a SIGKILL left it so, failing their
+  // writes with EAGAIN ("Resource temporarily unavailable").
+  const std::string script = fmt::format(
+      "{{ {} --tag-output -np 1 sleep 10 & pid=$!; sleep 2; kill -9 $pid; wait $pid; "
+      "awk '/^flags/ {{ print \"flags \" $2 }}' /proc/self/fdinfo/1; }} | cat",
+      bin_path("lockstep-run"));
+  const auto r = run_process({"/bin/bash", "-c", script}, 10s);
+  INFO(describe(r) << "\n" << r.output);
+  const auto at = r.output.find("flags ");
+  REQUIRE(at != std::string::npos);
+  const long flags = std::stol(r.output.substr(at + 6), nullptr, 8);
+  CHECK((flags & O_NONBLOCK) == 0);
 }
 
 TEST_CASE("launcher: started with its stdout closed, the job runs as with it open",
