@@ -66,6 +66,7 @@ std::string ranks_word(int n) { return n == 1 ? "1 rank" : fmt::format("{} ranks
 
 // One captured output stream of one rank.
 struct Stream {
+  pid_t pid;  // of the rank that writes it
   int fd;
   OutputQueue* target;  // the launcher's stdout or stderr
   LineTagger tagger;
@@ -107,8 +108,11 @@ class Supervisor {
     }
     for (auto& r : ranks) {
       const std::string prefix = fmt::format("[rank {}] ", r.rank);
-      if (r.child.stdout_fd >= 0) streams_.push_back({r.child.stdout_fd, out_, LineTagger(prefix)});
-      if (r.child.stderr_fd >= 0) streams_.push_back({r.child.stderr_fd, err_, LineTagger(prefix)});
+      const pid_t pid = r.child.pid;
+      if (r.child.stdout_fd >= 0)
+        streams_.push_back({pid, r.child.stdout_fd, out_, LineTagger(prefix)});
+      if (r.child.stderr_fd >= 0)
+        streams_.push_back({pid, r.child.stderr_fd, err_, LineTagger(prefix)});
       ranks_.push_back({r, true});
     }
     const sigset_t set = handled_signals();
@@ -318,6 +322,11 @@ class Supervisor {
       for (auto& r : ranks_) {
         if (r.process.child.pid == pid && r.alive) {
           r.alive = false;
+          // What it wrote before it ended (its error) comes before what we
+          // say of its end.
+          for (auto& s : streams_) {
+            if (s.pid == pid) read_stream(s);
+          }
           if (ended_in_failure(status) && !stopping_) {
             on_first_failure(r, status);
           } else if (!stopping_ && alive() > 0 && options_.on_rank_exited) {
@@ -432,10 +441,10 @@ class Supervisor {
     }
   }
 
-  // Queues what one stream has, tagged, until its queue is full; at end of
-  // file queues the partial line and drops the stream.
-  void pump(size_t index) {
-    Stream& s = streams_[index];
+  // Queues what one stream has now, tagged, until its queue is full (16
+  // reads at most: one stream does not starve the others); at end of file
+  // queues the partial line and returns false.
+  static bool read_stream(Stream& s) {
     char buffer[65536];
     for (int round = 0; round < 16 && !s.target->full(); ++round) {
       const ssize_t n = read(s.fd, buffer, sizeof buffer);
@@ -443,12 +452,18 @@ class Supervisor {
         s.target->push(s.tagger.feed(std::string_view(buffer, static_cast<size_t>(n))));
         continue;
       }
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
       s.target->push(s.tagger.finish());
-      close(s.fd);
-      streams_.erase(streams_.begin() + static_cast<std::ptrdiff_t>(index));
-      return;
+      return false;
     }
+    return true;
+  }
+
+  // read_stream, dropping the stream at its end.
+  void pump(size_t index) {
+    if (read_stream(streams_[index])) return;
+    close(streams_[index].fd);
+    streams_.erase(streams_.begin() + static_cast<std::ptrdiff_t>(index));
   }
 
   SupervisorOptions options_;

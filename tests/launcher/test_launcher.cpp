@@ -202,6 +202,25 @@ TEST_CASE("launcher: started with its stdout closed, the job runs as with it ope
   CHECK_THAT(r.output, !Contains("SIGPIPE"));
 }
 
+TEST_CASE("launcher: --tag-output shows a failed rank's last words before saying it failed",
+          "[launcher]") {
+  // The launcher used to handle the rank's exit before reading what it had
+  // written just before: its error came after "rank 0 ... exited with code 3".
+  const std::string script = fmt::format(
+      "exec {} -np 2 --tag-output /bin/sh -c "
+      "'if [ $RANK = 0 ]; then echo fatal: boom >&2; printf unended >&2; exit 3; fi; "
+      "exec sleep 5' 2>&1",
+      bin_path("lockstep-run"));
+  for (int run = 0; run < 3; ++run) {
+    const auto r = run_process({"/bin/sh", "-c", script}, 10s);
+    INFO(describe(r) << "\n" << r.output);
+    CHECK(r.exit_code == 3);
+    const auto said = r.output.find("lockstep-run: rank 0");
+    REQUIRE(said != std::string::npos);
+    CHECK(r.output.find("[rank 0] fatal: boom\n[rank 0] unended\n") < said);
+  }
+}
+
 TEST_CASE("launcher: -x exports variables; OMP_NUM_THREADS is kept when set", "[launcher]") {
   const auto r = launch({"-np", "2", "-x", "PROBE_A=hello", "-x", "PROBE_B"},
                         {"print", "show=PROBE_A", "show=PROBE_B", "show=OMP_NUM_THREADS"},
