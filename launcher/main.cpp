@@ -17,6 +17,7 @@
 #include "launcher/group_reaper.h"
 #include "launcher/node_link.h"
 #include "launcher/options.h"
+#include "launcher/output_queue.h"
 #include "launcher/postmortem.h"
 #include "launcher/spawn.h"
 #include "launcher/standard_streams.h"
@@ -180,6 +181,9 @@ int run(const Options& options) {
 
   const FlightRecorderFiles recorders;
   reaper.remove_at_exit(recorders.dir());
+  const Capture capture = !options.tag_output ? Capture::none
+                          : same_file(STDOUT_FILENO, STDERR_FILENO) ? Capture::merged
+                                                                    : Capture::separate;
   int code = 0;
   for (int attempt = 0;; ++attempt) {
     recorders.clear();
@@ -190,7 +194,7 @@ int run(const Options& options) {
           child_environment(base, options, slot, address, attempt, recorders.path(slot.rank),
                             job_id);
       ranks.push_back({slot.rank, local,
-                       spawn_child(*program, options.command, child_env, options.tag_output,
+                       spawn_child(*program, options.command, child_env, capture,
                                    cpus[static_cast<size_t>(local)],
                                    /*heartbeat=*/options.hang_timeout_s > 0)});
       reaper.watch(ranks.back().child.pid);

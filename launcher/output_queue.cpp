@@ -10,6 +10,12 @@
 
 namespace lockstep::launcher {
 
+bool same_file(int a, int b) {
+  struct stat sa {}, sb {};
+  return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
 OutputQueue::OutputQueue(int fd) : fd_(fd) {
   struct stat st {};
   const bool known = fstat(fd, &st) == 0;

@@ -14,6 +14,10 @@
 
 namespace lockstep::launcher {
 
+// Whether descriptors `a` and `b` are one file (2>&1): one queue, and one
+// pipe from each rank, keep the order of their lines.
+bool same_file(int a, int b);
+
 class OutputQueue {
  public:
   // Past this many bytes the queue is full: nothing more is read for it.

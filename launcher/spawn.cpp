@@ -122,7 +122,7 @@ std::string why_not_found(const std::string& name) {
 }
 
 SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
-                         const std::vector<std::string>& env, bool capture_output,
+                         const std::vector<std::string>& env, Capture capture,
                          const std::vector<int>& cpus, bool heartbeat) {
   std::vector<char*> args, envp;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -136,10 +136,13 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
 
   int out[2] = {-1, -1};
   int err[2] = {-1, -1};
-  if (capture_output) {
-    LOCKSTEP_CHECK(pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0,
+  if (capture != Capture::none) {
+    LOCKSTEP_CHECK(pipe2(out, O_CLOEXEC) == 0 &&
+                       (capture == Capture::merged || pipe2(err, O_CLOEXEC) == 0),
                    "cannot create output pipes for rank: {}", strerror(errno));
   }
+  // One pipe for both keeps the order in which the child wrote them.
+  if (capture == Capture::merged) err[1] = out[1];
   int beats[2] = {-1, -1};  // [0] ours, [1] the child's
   if (heartbeat) {
     LOCKSTEP_CHECK(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, beats) == 0,
@@ -159,12 +162,14 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
   setpgid(pid, pid);  // also here, so the group exists before we may signal it
   SpawnedChild child;
   child.pid = pid;
-  if (capture_output) {
+  if (capture != Capture::none) {
     close(out[1]);
-    close(err[1]);
     fcntl(out[0], F_SETFL, O_NONBLOCK);
-    fcntl(err[0], F_SETFL, O_NONBLOCK);
     child.stdout_fd = out[0];
+  }
+  if (capture == Capture::separate) {
+    close(err[1]);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
     child.stderr_fd = err[0];
   }
   if (heartbeat) {

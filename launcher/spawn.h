@@ -18,10 +18,15 @@ std::optional<std::string> find_program(const std::string& name, const std::stri
 // it)", ...
 std::string why_not_found(const std::string& name);
 
+// Where a child's stdout and stderr go: ours (none), a pipe each the
+// launcher reads (separate), or one pipe for both (merged, as when ours
+// are one file: 2>&1).
+enum class Capture { none, separate, merged };
+
 struct SpawnedChild {
   pid_t pid = -1;  // also its process group id
   int stdout_fd = -1;  // read ends of its output pipes; -1 when it inherits ours
-  int stderr_fd = -1;
+  int stderr_fd = -1;  // -1 too when merged into stdout_fd's
   int heartbeat_fd = -1;  // our end of its heartbeat socket (runtime/liveness.h); -1: none
 };
 
@@ -32,8 +37,8 @@ inline constexpr int kChildHeartbeatFd = 3;
 // child leads its own process group, so the launcher alone receives a
 // terminal's Ctrl-C and forwards it once, and stopping a rank stops whatever
 // it started too. It dies with the launcher (PR_SET_PDEATHSIG; the rest of
-// its group is GroupReaper's), reads stdin from /dev/null, and with
-// `capture_output` writes to pipes the launcher reads. The caller must have
+// its group is GroupReaper's), reads stdin from /dev/null, and writes its
+// output as `capture` says. The caller must have
 // blocked the signals it handles (see supervisor.h); the child starts with no
 // signal blocked and every signal at its default disposition, whatever the
 // launcher inherited. With `cpus` non-empty the child runs only on those
@@ -41,7 +46,7 @@ inline constexpr int kChildHeartbeatFd = 3;
 // descriptor kChildHeartbeatFd, and the parent the other (non-blocking).
 // Exec (or binding) failure: the child prints why and exits 127.
 SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
-                         const std::vector<std::string>& env, bool capture_output,
+                         const std::vector<std::string>& env, Capture capture,
                          const std::vector<int>& cpus = {}, bool heartbeat = false);
 
 }  // namespace lockstep::launcher

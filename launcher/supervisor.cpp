@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,12 +70,6 @@ struct Stream {
   OutputQueue* target;  // the launcher's stdout or stderr
   LineTagger tagger;
 };
-
-bool same_file(int a, int b) {
-  struct stat sa {}, sb {};
-  return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-         sa.st_ino == sb.st_ino;
-}
 
 // Whether `fd` would block a write now (a pipe nobody reads has filled up).
 bool write_would_block(int fd) {

@@ -221,6 +221,24 @@ TEST_CASE("launcher: --tag-output shows a failed rank's last words before saying
   }
 }
 
+TEST_CASE("launcher: --tag-output keeps a rank's stdout and stderr lines in order when they go "
+          "to one file",
+          "[launcher]") {
+  // With 2>&1 each line comes out where it would without --tag-output; the
+  // two pipes read in turn used to put a batch of stderr lines before the
+  // stdout lines written first.
+  const std::string script = fmt::format(
+      "exec {} -np 1 --tag-output /bin/sh -c "
+      "'for i in 1 2 3 4 5 6 7 8 9; do echo out$i; echo err$i >&2; done' 2>&1",
+      bin_path("lockstep-run"));
+  std::string expected;
+  for (int i = 1; i <= 9; ++i) expected += fmt::format("[rank 0] out{0}\n[rank 0] err{0}\n", i);
+  const auto r = run_process({"/bin/sh", "-c", script}, 10s);
+  INFO(describe(r));
+  CHECK(r.ok());
+  CHECK(r.output == expected);
+}
+
 TEST_CASE("launcher: -x exports variables; OMP_NUM_THREADS is kept when set", "[launcher]") {
   const auto r = launch({"-np", "2", "-x", "PROBE_A=hello", "-x", "PROBE_B"},
                         {"print", "show=PROBE_A", "show=PROBE_B", "show=OMP_NUM_THREADS"},
