@@ -22,6 +22,7 @@
 #include "launcher/launch_probe.h"
 #include "lockstep/config.h"
 #include "lockstep/distributed/postmortem.h"
+#include "support/backend_skip.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 
@@ -212,6 +213,7 @@ TEST_CASE("launcher: a post-mortem names the rank stopped inside the collective 
   // ring needs every rank to go on, so they wait in it. Before, the report
   // said only that every rank was in it and it did not complete, which reads
   // as the transport's fault.
+  LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
   TempDir dir;
   const auto r = launch({"-np", "3", "--hang-timeout", "1.5", "--postmortem-dir", dir.str()},
                         {"group-sum", "stop-inside=1"}, {"LOCKSTEP_BACKEND=gloo"});

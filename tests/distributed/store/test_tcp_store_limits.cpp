@@ -167,6 +167,14 @@ class ChildServer {
   [[noreturn]] static void serve(int port_fd, int control_fd, int spare) {
     try {
       TcpStoreServer server(server_options());
+      {
+        // One value stored before the limit: a sanitizer's first type check
+        // of a stored value (UBSan's vptr check, in make_shared) opens a pipe
+        // to probe memory, and reads a failed pipe as a bad object.
+        TcpStore warm(client_options(server.port()));
+        warm.set("warm", "up");
+      }
+      while (server.stats().connections > 0) usleep(1000);  // its descriptor closed too
       const rlimit before = limit_descriptors(spare);
       // (port_fd stays open: closing it would free one more descriptor)
       const uint16_t port = server.port();
