@@ -61,10 +61,13 @@ class DistributedSampler : public Sampler {
   int64_t size() const override { return shard_size(n_, rank_, world_size_, options_); }
 
   // As PyTorch's set_epoch: stores the epoch indices() (no argument) uses.
-  // Under a DataLoader call loader.set_epoch(e) instead; the loader owns the
-  // sampler and passes its own epoch to indices(epoch).
-  void set_epoch(int64_t epoch);
+  // Under a DataLoader call loader.set_epoch(e) instead: the loader owns the
+  // sampler, passes its own epoch to indices(epoch) and sets this one to it;
+  // a loader whose sampler's set_epoch was called behind its back refuses to
+  // batch (it would repeat its old order) and says to call loader.set_epoch.
+  void set_epoch(int64_t epoch) override;
   int64_t epoch() const { return epoch_; }
+  int64_t held_epoch() const override { return epoch_; }
 
   // How many indices `rank` gets (the same for every epoch).
   static int64_t shard_size(int64_t n, int rank, int world_size,

@@ -48,6 +48,7 @@ void DataLoader::set_epoch(int64_t epoch) {
   for (int64_t i : order)
     LOCKSTEP_CHECK(i >= 0 && i < n, "DataLoader: the sampler gave index {} for a dataset of {}",
                    i, n);
+  sampler_->set_epoch(epoch);
   order_ = std::move(order);
   epoch_ = epoch;
 }
@@ -67,6 +68,14 @@ int64_t DataLoader::num_samples() const {
 Batch DataLoader::batch(int64_t i) const {
   LOCKSTEP_CHECK(i >= 0 && i < num_batches(), "DataLoader: batch {} is out of range [0, {})", i,
                  num_batches());
+  // The order was drawn for epoch_: a sampler told of another epoch by its
+  // own set_epoch would otherwise see its new epoch silently ignored.
+  const int64_t held = sampler_->held_epoch();
+  LOCKSTEP_CHECK(held < 0 || held == epoch_,
+                 "DataLoader: its sampler's set_epoch({}) was called, but the loader still "
+                 "batches epoch {}'s order; call loader.set_epoch({}) instead (it chooses the "
+                 "epoch for the loader and passes it to the sampler)",
+                 held, epoch_, held);
   const int64_t begin = i * options_.batch_size;  // at most the epoch's size
   const int64_t count =
       std::min(options_.batch_size, static_cast<int64_t>(order_.size()) - begin);

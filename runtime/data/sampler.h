@@ -18,6 +18,14 @@ class Sampler {
   virtual std::vector<int64_t> indices(int64_t epoch) const = 0;
   // How many indices indices() returns (the same for every epoch).
   virtual int64_t size() const = 0;
+
+  // For a sampler that also keeps an epoch of its own (DistributedSampler,
+  // whose set_epoch PyTorch users call): a DataLoader's set_epoch passes its
+  // epoch on here, and the loader refuses to batch once held_epoch() says
+  // another (the sampler's set_epoch was called, not the loader's).
+  // Samplers without one keep these defaults: nothing kept, -1.
+  virtual void set_epoch(int64_t /*epoch*/) {}
+  virtual int64_t held_epoch() const { return -1; }
 };
 
 // 0, 1, ..., n-1 in every epoch.

@@ -202,6 +202,38 @@ TEST_CASE("DistributedSampler: a DataLoader batches this rank's shard and passes
   CHECK(seen == iota_vec(n));
 }
 
+TEST_CASE("DistributedSampler: under a DataLoader its own set_epoch is refused, not ignored",
+          "[data][sampler][loader]") {
+  const int64_t n = 12;
+  std::vector<float> x(static_cast<size_t>(n));
+  std::iota(x.begin(), x.end(), 0.0f);
+  TensorDataset ds(Tensor::from_vector(x, {n, 1}), Tensor::from_vector(iota_vec(n), {n}));
+  const DistributedSamplerOptions o{.seed = 3};
+  auto owned = std::make_unique<DistributedSampler>(n, 1, 2, o);
+  DistributedSampler* sampler = owned.get();
+  DataLoader loader(ds, std::move(owned), {.batch_size = 6});
+  const auto epoch_of = [&] { return loader.batch(0).y.to_vector<int64_t>(); };
+
+  // The loader's set_epoch reaches the sampler: both say the same epoch.
+  loader.set_epoch(2);
+  CHECK(sampler->epoch() == 2);
+  CHECK(sampler->indices() == epoch_of());
+
+  // PyTorch's way, sampler.set_epoch(e), would leave the loader on epoch 2's
+  // order: a shuffle that silently never changes. It is refused, saying what to call.
+  sampler->set_epoch(3);
+  const std::string message = error_of([&] { epoch_of(); });
+  CHECK_THAT(message, Contains("sampler's set_epoch(3) was called") &&
+                          Contains("still batches epoch 2") &&
+                          Contains("call loader.set_epoch(3)"));
+  CHECK_THAT(error_of([&] {
+               for (const Batch& b : loader) (void)b;
+             }),
+             Contains("call loader.set_epoch(3)"));
+  loader.set_epoch(3);
+  CHECK(epoch_of() == DistributedSampler(n, 1, 2, o).indices(3));
+}
+
 TEST_CASE("DistributedSampler: built from a group, it takes the group's rank and size",
           "[data][sampler]") {
   const auto groups = make_groups("shm", 3, "sampler");
