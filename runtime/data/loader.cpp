@@ -14,15 +14,16 @@ std::unique_ptr<Sampler> default_sampler(const Dataset& dataset, const DataLoade
   return std::make_unique<SequentialSampler>(dataset.size());
 }
 
-DataLoaderOptions without_shuffle(DataLoaderOptions o) {
+DataLoaderOptions carried_by_sampler(DataLoaderOptions o) {
   o.shuffle = false;  // now carried by the sampler
+  o.seed = 0;
   return o;
 }
 
 }  // namespace
 
 DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
-    : DataLoader(dataset, default_sampler(dataset, options), without_shuffle(options)) {}
+    : DataLoader(dataset, default_sampler(dataset, options), carried_by_sampler(options)) {}
 
 DataLoader::DataLoader(const Dataset& dataset, std::unique_ptr<Sampler> sampler,
                        DataLoaderOptions options)
@@ -33,6 +34,11 @@ DataLoader::DataLoader(const Dataset& dataset, std::unique_ptr<Sampler> sampler,
   LOCKSTEP_CHECK(!options_.shuffle,
                  "DataLoader: shuffle is set but a sampler was given; the sampler decides the "
                  "order (use a RandomSampler, or leave shuffle false)");
+  LOCKSTEP_CHECK(options_.seed == 0,
+                 "DataLoader: seed {} is set but a sampler was given, whose own seed decides the "
+                 "order (DistributedSamplerOptions::seed, RandomSampler(n, seed)); give the seed "
+                 "to the sampler and leave the loader's 0",
+                 options_.seed);
   set_epoch(0);
 }
 

@@ -30,8 +30,8 @@ class DataLoader {
  public:
   // Sequential order, or a RandomSampler(dataset.size(), seed) when shuffle.
   DataLoader(const Dataset& dataset, DataLoaderOptions options);
-  // The order of `sampler`; options.shuffle must be false (the sampler decides
-  // the order) and options.seed is unused.
+  // The order of `sampler`, which decides it with its own seed: a shuffle or a
+  // nonzero seed in `options` is refused (the seed would be silently ignored).
   DataLoader(const Dataset& dataset, std::unique_ptr<Sampler> sampler, DataLoaderOptions options);
   // The loader refers to the dataset, which must outlive it: no temporaries.
   DataLoader(const Dataset&&, DataLoaderOptions) = delete;

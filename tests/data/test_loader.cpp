@@ -211,6 +211,16 @@ TEST_CASE("DataLoader rejects bad options", "[data][loader]") {
                DataLoader(ds, std::make_unique<SequentialSampler>(4), {.shuffle = true});
              }),
              Contains("shuffle is set but a sampler was given"));
+  // A seed the sampler would never see: every run would get the sampler's order.
+  CHECK_THAT(error_of([&] {
+               DataLoader(ds, std::make_unique<RandomSampler>(4, 1), {.seed = 7});
+             }),
+             Contains("seed 7 is set but a sampler was given") &&
+                 Contains("give the seed to the sampler"));
+  // The loader's own RandomSampler takes the seed: no refusal there.
+  DataLoader seeded(ds, {.shuffle = true, .seed = 7});
+  Generator g(7);
+  CHECK(epoch_order(seeded) == randperm(4, g));
   CHECK_THAT(error_of([&] { DataLoader(ds, std::make_unique<SequentialSampler>(5), {}); }),
              Contains("the sampler gave index 4 for a dataset of 4"));
   DataLoader loader(ds, {});
