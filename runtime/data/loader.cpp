@@ -39,7 +39,9 @@ DataLoader::DataLoader(const Dataset& dataset, std::unique_ptr<Sampler> sampler,
                  "order (DistributedSamplerOptions::seed, RandomSampler(n, seed)); give the seed "
                  "to the sampler and leave the loader's 0",
                  options_.seed);
-  set_epoch(0);
+  // A sampler that keeps an epoch was maybe given one already (PyTorch's
+  // sampler.set_epoch before the loop): start there, not at 0.
+  set_epoch(std::max<int64_t>(sampler_->held_epoch(), 0));
 }
 
 void DataLoader::set_epoch(int64_t epoch) {

@@ -37,10 +37,11 @@ class DataLoader {
   DataLoader(const Dataset&&, DataLoaderOptions) = delete;
   DataLoader(const Dataset&&, std::unique_ptr<Sampler>, DataLoaderOptions) = delete;
 
-  // Chooses the epoch that iteration and batch() use (0 until called), and
-  // passes it to the sampler (Sampler::set_epoch). Call it before every
-  // epoch: an epoch that is not set repeats the previous order. Calling the
-  // sampler's own set_epoch instead (PyTorch's way) is refused by batch().
+  // Chooses the epoch that iteration and batch() use (until called: the
+  // sampler's own epoch where it keeps one, else 0), and passes it to the
+  // sampler (Sampler::set_epoch). Call it before every epoch: an epoch that
+  // is not set repeats the previous order. Calling the sampler's own
+  // set_epoch instead (PyTorch's way) is refused by batch().
   void set_epoch(int64_t epoch);
   int64_t epoch() const { return epoch_; }
 

@@ -232,6 +232,13 @@ TEST_CASE("DistributedSampler: under a DataLoader its own set_epoch is refused, 
              Contains("call loader.set_epoch(3)"));
   loader.set_epoch(3);
   CHECK(epoch_of() == DistributedSampler(n, 1, 2, o).indices(3));
+
+  // A sampler set to an epoch before the loader took it: the loader starts there.
+  auto preset = std::make_unique<DistributedSampler>(n, 1, 2, o);
+  preset->set_epoch(4);
+  DataLoader later(ds, std::move(preset), {.batch_size = n});
+  CHECK(later.epoch() == 4);
+  CHECK(later.batch(0).y.to_vector<int64_t>() == DistributedSampler(n, 1, 2, o).indices(4));
 }
 
 TEST_CASE("DistributedSampler: built from a group, it takes the group's rank and size",
