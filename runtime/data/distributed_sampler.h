@@ -59,6 +59,7 @@ class DistributedSampler : public Sampler {
   // This rank's shard of epoch(), for code that drives the sampler itself.
   std::vector<int64_t> indices() const { return indices(epoch_); }
   int64_t size() const override { return shard_size(n_, rank_, world_size_, options_); }
+  int64_t dataset_size() const override { return n_; }  // n, which the shards split
 
   // As PyTorch's set_epoch: stores the epoch indices() (no argument) uses.
   // Under a DataLoader call loader.set_epoch(e) instead: the loader owns the

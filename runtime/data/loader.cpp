@@ -39,6 +39,12 @@ DataLoader::DataLoader(const Dataset& dataset, std::unique_ptr<Sampler> sampler,
                  "order (DistributedSamplerOptions::seed, RandomSampler(n, seed)); give the seed "
                  "to the sampler and leave the loader's 0",
                  options_.seed);
+  const int64_t built_for = sampler_->dataset_size();
+  LOCKSTEP_CHECK(built_for < 0 || built_for == dataset.size(),
+                 "DataLoader: the sampler was built for a dataset of {} samples, but the dataset "
+                 "holds {}; build it with dataset.size() (with fewer, every epoch would leave "
+                 "samples out)",
+                 built_for, dataset.size());
   // A sampler that keeps an epoch was maybe given one already (PyTorch's
   // sampler.set_epoch before the loop): start there, not at 0.
   set_epoch(std::max<int64_t>(sampler_->held_epoch(), 0));

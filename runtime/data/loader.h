@@ -31,7 +31,8 @@ class DataLoader {
   // Sequential order, or a RandomSampler(dataset.size(), seed) when shuffle.
   DataLoader(const Dataset& dataset, DataLoaderOptions options);
   // The order of `sampler`, which decides it with its own seed: a shuffle or a
-  // nonzero seed in `options` is refused (the seed would be silently ignored).
+  // nonzero seed in `options` is refused (the seed would be silently ignored),
+  // and so is a sampler built for another size (Sampler::dataset_size).
   DataLoader(const Dataset& dataset, std::unique_ptr<Sampler> sampler, DataLoaderOptions options);
   // The loader refers to the dataset, which must outlive it: no temporaries.
   DataLoader(const Dataset&&, DataLoaderOptions) = delete;

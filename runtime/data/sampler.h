@@ -26,6 +26,12 @@ class Sampler {
   // Samplers without one keep these defaults: nothing kept, -1.
   virtual void set_epoch(int64_t /*epoch*/) {}
   virtual int64_t held_epoch() const { return -1; }
+
+  // The size of the dataset the sampler was built for (n of the samplers
+  // here), or -1 for one that does not say. A DataLoader refuses a sampler
+  // built for another size: a smaller n would silently leave samples out of
+  // every epoch.
+  virtual int64_t dataset_size() const { return -1; }
 };
 
 // 0, 1, ..., n-1 in every epoch.
@@ -34,6 +40,7 @@ class SequentialSampler : public Sampler {
   explicit SequentialSampler(int64_t n);
   std::vector<int64_t> indices(int64_t epoch) const override;
   int64_t size() const override { return n_; }
+  int64_t dataset_size() const override { return n_; }
 
  private:
   int64_t n_;
@@ -45,6 +52,7 @@ class RandomSampler : public Sampler {
   RandomSampler(int64_t n, uint64_t seed);
   std::vector<int64_t> indices(int64_t epoch) const override;
   int64_t size() const override { return n_; }
+  int64_t dataset_size() const override { return n_; }
 
  private:
   int64_t n_;

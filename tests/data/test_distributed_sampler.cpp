@@ -241,6 +241,19 @@ TEST_CASE("DistributedSampler: under a DataLoader its own set_epoch is refused, 
   CHECK(later.batch(0).y.to_vector<int64_t>() == DistributedSampler(n, 1, 2, o).indices(4));
 }
 
+TEST_CASE("DistributedSampler: a DataLoader refuses one built for another dataset's size",
+          "[data][sampler][loader]") {
+  // The test set's size given for the training set's sampler: each rank would
+  // silently train on the first 4 of 10 samples, every epoch.
+  const int64_t n = 10;
+  TensorDataset train(Tensor::zeros({n, 1}, DType::f32), Tensor::from_vector(iota_vec(n), {n}));
+  CHECK_THAT(error_of([&] {
+               DataLoader(train, std::make_unique<DistributedSampler>(4, 0, 2), {});
+             }),
+             Contains("the sampler was built for a dataset of 4 samples, but the dataset holds "
+                      "10; build it with dataset.size()"));
+}
+
 TEST_CASE("DistributedSampler: built from a group, it takes the group's rank and size",
           "[data][sampler]") {
   const auto groups = make_groups("shm", 3, "sampler");

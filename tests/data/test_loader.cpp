@@ -221,8 +221,18 @@ TEST_CASE("DataLoader rejects bad options", "[data][loader]") {
   DataLoader seeded(ds, {.shuffle = true, .seed = 7});
   Generator g(7);
   CHECK(epoch_order(seeded) == randperm(4, g));
-  CHECK_THAT(error_of([&] { DataLoader(ds, std::make_unique<SequentialSampler>(5), {}); }),
+  CHECK_THAT(error_of([&] { DataLoader(ds, std::make_unique<EvenSampler>(9), {}); }),
              Contains("the sampler gave index 4 for a dataset of 4"));
+  // A sampler built for another dataset's size: a smaller one would silently
+  // train on a part of this one, a larger one give indices past its end.
+  for (int64_t n : {3, 5}) {
+    CHECK_THAT(error_of([&] { DataLoader(ds, std::make_unique<SequentialSampler>(n), {}); }),
+               Contains(fmt::format("sampler was built for a dataset of {} samples, but the "
+                                    "dataset holds 4",
+                                    n)));
+    CHECK_THAT(error_of([&] { DataLoader(ds, std::make_unique<RandomSampler>(n, 0), {}); }),
+               Contains("build it with dataset.size()"));
+  }
   DataLoader loader(ds, {});
   CHECK_THAT(error_of([&] { loader.set_epoch(-1); }), Contains("epoch must be >= 0"));
 }
