@@ -133,7 +133,7 @@ void LRScheduler::check_state_dict(const SchedulerState& state) const {
                    "does not have; build the scheduler the run was saved with",
                    name_, key, name_);
     LOCKSTEP_CHECK(own->second == it->second,
-                   "{}.load_state_dict: the saved schedule has {} = {:g}, this one has {:g}; "
+                   "{}.load_state_dict: the saved schedule has {} = {}, this one has {}; "
                    "build the scheduler with the settings of the run that saved it (the same "
                    "epochs and steps), or start a new run",
                    name_, key, it->second, own->second);
@@ -142,7 +142,7 @@ void LRScheduler::check_state_dict(const SchedulerState& state) const {
     for (const auto& [key, value] : mine) {
       LOCKSTEP_CHECK(state.contains(kOptionPrefix + key),
                      "{}.load_state_dict: the saved schedule has no setting \"{}\" (this one has "
-                     "{:g}); build the scheduler the run was saved with",
+                     "{}); build the scheduler the run was saved with",
                      name_, key, value);
     }
   }

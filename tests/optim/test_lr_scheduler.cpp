@@ -190,3 +190,25 @@ TEST_CASE("A scheduler refuses a state saved with other settings, and changes no
   longer.load_state_dict(old);
   CHECK(longer.last_epoch() == 7);
 }
+
+TEST_CASE("A refused schedule setting is shown with every digit rather than six",
+          "[optim][lr_scheduler]") {
+  SGD a({param()}, {.lr = 0.1}), b({param()}, {.lr = 0.1});
+  // A long run's length, one step apart; rounded, both read 1.5e+06.
+  const SchedulerState saved = CosineLR(a, {.t_max = 1500000}).state_dict();
+  CosineLR longer(b, {.t_max = 1500001});
+  CHECK_THROWS_WITH(longer.load_state_dict(saved),
+                    Contains("t_max = 1500000, this one has 1500001"));
+
+  // LinearLR's default start factor against one typed in as 0.333333.
+  SGD c({param()}, {.lr = 0.1}), d({param()}, {.lr = 0.1});
+  const SchedulerState typed = LinearLR(c, {.start_factor = 0.333333}).state_dict();
+  LinearLR by_default(d, {});
+  CHECK_THROWS_WITH(by_default.load_state_dict(typed),
+                    Contains("start_factor = 0.333333, this one has 0.3333333333333333"));
+  SchedulerState older = typed;
+  older.erase("option.end_factor");
+  LinearLR almost(c, {.start_factor = 0.333333, .end_factor = 0.9999999});
+  CHECK_THROWS_WITH(almost.load_state_dict(older),
+                    Contains("no setting \"end_factor\" (this one has 0.9999999)"));
+}
