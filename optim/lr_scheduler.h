@@ -67,6 +67,10 @@ class LRScheduler {
   void load_state_dict(const SchedulerState& state);
   // The schedule's settings, by name ("gamma", "milestone.0", ...).
   virtual SchedulerState options() const = 0;
+  // Whether each group's rate follows its base rate (the schedule's factor
+  // times it), so that other base rates give other rates: all but one-cycle,
+  // whose rates come from its max_lr alone.
+  virtual bool follows_base_lrs() const { return true; }
 
  protected:
   // Subclasses call start() at the end of their constructor (after checking
@@ -199,6 +203,7 @@ class OneCycleLR : public LRScheduler {
  public:
   OneCycleLR(Optimizer& optimizer, OneCycleLROptions options);
   SchedulerState options() const override;
+  bool follows_base_lrs() const override { return false; }
 
  protected:
   double lr_at(int64_t epoch, double base_lr) const override;

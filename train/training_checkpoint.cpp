@@ -326,7 +326,13 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
     for (const auto& [key, text] : meta.under("scheduler.state."))
       sched_state[key] = meta.real("scheduler.state." + key);
     // The schedule goes on from the new rate: its value at the saved
-    // position, computed from the new base.
+    // position, computed from the new base. A schedule whose rates do not
+    // follow its base rates would overwrite the new rate at once.
+    LOCKSTEP_CHECK(!options.lr || parts.scheduler->follows_base_lrs(),
+                   "checkpoint {}: a new learning rate ({}) was asked for, but {}'s rates do "
+                   "not follow the optimizer's (they come from its own settings, e.g. max_lr), "
+                   "so it would be ignored; resume with the learning rate the run was saved with",
+                   file, options.lr.value_or(0.0), parts.scheduler->name());
     if (options.lr)
       for (auto& [key, value] : sched_state)
         if (key.starts_with("base_lr.")) value = *options.lr;

@@ -75,7 +75,8 @@ runtime::CheckpointContent training_checkpoint_content(const TrainingParts& part
 struct RestoreOptions {
   // The learning rate to go on with instead of the saved one: written into
   // every parameter group's "lr" and, with a scheduler, into its base rates,
-  // so that the schedule continues from it.
+  // so that the schedule continues from it. Refused with a schedule whose
+  // rates do not follow its base rates (OneCycleLR: they come from max_lr).
   std::optional<double> lr;
 };
 

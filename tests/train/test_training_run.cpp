@@ -11,6 +11,7 @@
 
 #include "collectives/rank_threads.h"
 #include "lockstep/models/models.h"
+#include "lockstep/optim/lr_scheduler.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/train/training_checkpoint.h"
 #include "lockstep/train/training_run.h"
@@ -329,6 +330,40 @@ TEST_CASE("A resume that changes the learning rate trains with it, schedule incl
 
   load_training_checkpoint(entry.path, parts, testing::one_rank_group());  // without: the saved rate
   CHECK(other_opt.param_groups()[0].options.at("lr") == 0.05);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A new learning rate is refused on resume under a schedule that would ignore it",
+          "[optim][checkpoint][run]") {
+  TempDir tmp;
+  const fs::path dir = tmp.file("onecycle-lr");
+  auto model = models::fashion_mlp(1);
+  SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+  OneCycleLR sched(opt, {.max_lr = 0.1, .total_steps = 100});
+  for (int i = 0; i < 40; ++i) sched.step();
+  runtime::CheckpointDir ckpt(dir, kQuiet);
+  const auto entry = save_training_checkpoint(
+      ckpt, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {.step = 40},
+      std::nullopt, testing::one_rank_group());
+
+  // One-cycle's rates come from max_lr: the asked-for 0.01 would be
+  // overwritten by the schedule's value at step 40, with no word said.
+  auto other = models::fashion_mlp(1);
+  SGD other_opt(other->parameters(), {.lr = 0.1, .momentum = 0.9});
+  OneCycleLR other_sched(other_opt, {.max_lr = 0.1, .total_steps = 100});
+  const double before = other_opt.param_groups()[0].options.at("lr");
+  const TrainingParts parts{
+      .model = other.get(), .optimizer = &other_opt, .scheduler = &other_sched};
+  CHECK_THROWS_WITH(
+      load_training_checkpoint(entry.path, parts, testing::one_rank_group(), {.lr = 0.01}),
+      Contains("new learning rate (0.01)") && Contains("OneCycleLR") &&
+          Contains("resume with the learning rate the run was saved with"));
+  CHECK(other_sched.last_epoch() == 0);
+  CHECK(other_opt.param_groups()[0].options.at("lr") == before);
+
+  load_training_checkpoint(entry.path, parts, testing::one_rank_group());
+  CHECK(other_sched.last_epoch() == 40);
+  CHECK(other_opt.param_groups()[0].options.at("lr") == opt.param_groups()[0].options.at("lr"));
   fs::remove_all(dir);
 }
 
