@@ -342,6 +342,15 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
       throw Error(fmt::format("checkpoint {}: {}", file, e.what()));
     }
   }
+  // The reverse: without its scheduler the optimizer would go on at the
+  // last scheduled rate for the rest of the run.
+  LOCKSTEP_CHECK(parts.scheduler != nullptr || parts.optimizer == nullptr ||
+                     !meta.has("scheduler.type"),
+                 "checkpoint {}: the run was saved with LR scheduler {}, but none was given to "
+                 "restore, so the optimizer would stay at the rate the schedule last set; pass "
+                 "it as TrainingParts::scheduler, built with the run's settings (or leave "
+                 "TrainingParts::optimizer null to load the model only)",
+                 file, meta.has("scheduler.type") ? meta.text("scheduler.type") : "");
   optim::GradScalerState scaler_state;
   if (parts.scaler && parts.scaler->is_enabled()) {
     for (const auto& [key, text] : meta.under(std::string(kScalerPrefix)))

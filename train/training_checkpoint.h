@@ -83,7 +83,9 @@ struct RestoreOptions {
 // Checks `content` against `parts` (every tensor name, shape and dtype, the
 // optimizer's update rule (its type; a ZeroRedundancyOptimizer's inner one),
 // groups and state, the scheduler's type and settings, the GradScaler's state),
-// then restores them all; on error nothing has changed. Rank `rank` of
+// then restores them all; on error nothing has changed. A run saved with a
+// scheduler is restored with an optimizer only together with its scheduler
+// (the model alone needs neither). Rank `rank` of
 // `world` takes its own generator states when the file has one per rank for
 // that many ranks, and rank 0's otherwise (a run resumed on another number of
 // ranks continues, but not bit for bit; open_training_run refuses that).

@@ -327,6 +327,35 @@ TEST_CASE("A schedule saved with other settings is refused before anything chang
   fs::remove_all(dir);
 }
 
+TEST_CASE("A run saved with a schedule is not resumed without it", "[optim][checkpoint]") {
+  const fs::path dir = scratch("no-schedule");
+  auto model = models::fashion_mlp(1);
+  SGD opt(model->parameters(), {.lr = 0.1});
+  CosineLR sched(opt, {.t_max = 100});
+  for (int i = 0; i < 40; ++i) sched.step();
+  runtime::CheckpointDir ckpt(dir);
+  const auto entry = save_training_checkpoint(
+      ckpt, {.model = model.get(), .optimizer = &opt, .scheduler = &sched}, {.step = 40},
+      std::nullopt, testing::one_rank_group());
+
+  // Without its scheduler the optimizer would keep step 40's rate for good.
+  auto other = models::fashion_mlp(2);
+  SGD other_opt(other->parameters(), {.lr = 0.1});
+  const auto before = flat_parameters(*other);
+  CHECK_THROWS_WITH(
+      load_training_checkpoint(entry.path, {.model = other.get(), .optimizer = &other_opt},
+                               testing::one_rank_group()),
+      Contains(entry.path.string()) && Contains("saved with LR scheduler CosineLR") &&
+          Contains("TrainingParts::scheduler"));
+  CHECK((flat_parameters(*other) == before));
+  CHECK(other_opt.param_groups()[0].options.at("lr") == 0.1);
+
+  // The model alone needs no scheduler.
+  load_training_checkpoint(entry.path, {.model = other.get()}, testing::one_rank_group());
+  CHECK((flat_parameters(*other) == flat_parameters(*model)));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("Every rank's generators are saved, and each rank gets its own back",
           "[optim][checkpoint]") {
   const fs::path dir = scratch("rng-ranks");
