@@ -316,7 +316,11 @@ double OneCycleLR::anneal(int64_t epoch, double start_value, double peak_value,
   if (e <= rise_end) {
     from = start_value, to = peak_value, fraction = e / rise_end;
   } else {
-    from = peak_value, to = end_value, fraction = (e - rise_end) / (fall_end - rise_end);
+    // At total_steps, the position after the last step, PyTorch extrapolates
+    // the last phase (to a negative rate when linear); it holds the end value
+    // here, which the optimizer accepts (a checkpoint of a finished run loads).
+    from = peak_value, to = end_value,
+    fraction = std::min(1.0, (e - rise_end) / (fall_end - rise_end));
   }
   return o_.cosine ? cosine_between(from, to, fraction) : (to - from) * fraction + from;
 }

@@ -187,7 +187,9 @@ class WarmupCosineLR : public LRScheduler {
 // div_factor to max_lr over pct_start of total_steps, then anneals to
 // initial / final_div_factor; momentum ("momentum" for SGD, "beta1" for
 // Adam) moves the opposite way between max_momentum and base_momentum.
-// Stepping past total_steps is an error, as in PyTorch.
+// Stepping past total_steps is an error, as in PyTorch. At total_steps
+// itself (after the last step) the final values hold, where PyTorch
+// extrapolates the last phase (to a negative rate when linear).
 struct OneCycleLROptions {
   double max_lr = 0.1;
   int64_t total_steps = 1;

@@ -212,3 +212,22 @@ TEST_CASE("A refused schedule setting is shown with every digit rather than six"
   CHECK_THROWS_WITH(almost.load_state_dict(older),
                     Contains("no setting \"end_factor\" (this one has 0.9999999)"));
 }
+
+TEST_CASE("One-cycle holds its final rate after the last step, where a finished run is saved",
+          "[optim][lr_scheduler]") {
+  for (const bool cosine : {true, false}) {
+    INFO("cosine " << cosine);
+    Adam a({param()}, {.lr = 0.1});
+    OneCycleLR sched(a, {.max_lr = 0.5, .total_steps = 12, .pct_start = 0.4, .cosine = cosine});
+    for (int i = 0; i < 11; ++i) sched.step();
+    const double last = lr(a), beta1 = a.param_groups()[0].options.at("beta1");
+    sched.step();  // after the 12th and last optimizer step
+    CHECK(lr(a) == last);
+    CHECK(a.param_groups()[0].options.at("beta1") == beta1);
+    // The optimizer's state, as a checkpoint of the finished run holds it, loads.
+    Adam b({param()}, {.lr = 0.1});
+    CHECK_NOTHROW(b.load_state_dict(a.state_dict()));
+    CHECK(lr(b) == last);
+    CHECK_THROWS_WITH(sched.step(), Contains("stepped 13 times but total_steps is 12"));
+  }
+}
