@@ -32,27 +32,31 @@ Tensor BatchNormBase::forward(const Tensor& x) {
   check_input_dim(x);
   LOCKSTEP_CHECK(x.size(1) == num_features, "{}({}): input of shape {} has {} channels in dim 1",
                  type_name(), num_features, runtime::shape_str(x.shape()), x.size(1));
-  // Mirrors torch.nn.modules.batchnorm._BatchNorm.forward.
-  double factor = options.momentum.value_or(0.0);
-  // An empty batch (a joined rank's, nn::Join) is not counted: the running
-  // statistics and the count behind them stay as they are. Nor is a
-  // checkpoint's recomputation of this forward: the batch was counted once.
+  // Mirrors torch.nn.modules.batchnorm._BatchNorm.forward, except that the
+  // batch is counted once batch_norm has accepted it: a forward refused there
+  // (a batch of one value per channel, a dtype mismatch) leaves
+  // num_batches_tracked as it leaves the running statistics, so that a
+  // caller who skips it keeps the cumulative average (momentum unset) exact.
+  // An empty batch (a joined rank's, nn::Join) is not counted either, nor is
+  // a checkpoint's recomputation of this forward: the batch was counted once.
   const bool recomputing = runtime::in_checkpoint_recomputation();
-  if (is_training() && options.track_running_stats && x.numel() > 0 && !recomputing) {
-    {
-      runtime::NoGradGuard no_grad;
-      num_batches_tracked.add_(Tensor::full({}, 1.0, DType::i64, num_batches_tracked.device()));
-    }
-    if (!options.momentum) factor = 1.0 / num_batches_tracked.item();
-  }
+  const bool count_batch =
+      is_training() && options.track_running_stats && x.numel() > 0 && !recomputing;
+  double factor = options.momentum.value_or(0.0);
+  if (count_batch && !options.momentum) factor = 1.0 / (num_batches_tracked.item() + 1.0);
   // Batch statistics in training, and always when there are no running ones.
   const bool use_batch_stats = is_training() || !running_mean.defined();
   // Running statistics are updated only in training with tracking on (outside
   // a recomputation), and read only in eval.
   const bool pass_running = !is_training() || (options.track_running_stats && !recomputing);
-  return runtime::batch_norm(x, weight, bias, pass_running ? running_mean : Tensor{},
-                             pass_running ? running_var : Tensor{}, use_batch_stats, factor,
-                             options.eps);
+  Tensor out = runtime::batch_norm(x, weight, bias, pass_running ? running_mean : Tensor{},
+                                   pass_running ? running_var : Tensor{}, use_batch_stats,
+                                   factor, options.eps);
+  if (count_batch) {
+    runtime::NoGradGuard no_grad;
+    num_batches_tracked.add_(Tensor::full({}, 1.0, DType::i64, num_batches_tracked.device()));
+  }
+  return out;
 }
 
 std::string BatchNormBase::extra_repr() const {

@@ -130,18 +130,19 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
                  runtime::shape_str(x.shape()), x.size(1));
   // The running-statistics bookkeeping of BatchNormBase::forward, which a
   // checkpoint's recomputation in backward does not repeat: the batch was
-  // counted once, in the forward.
+  // counted once, in the forward. As there, the batch is counted once it is
+  // accepted: a global batch of one value per channel, refused on every rank,
+  // leaves num_batches_tracked as it was.
   const bool update = options.track_running_stats && !runtime::in_checkpoint_recomputation();
   double factor = options.momentum.value_or(0.0);
+  if (update && !options.momentum) factor = 1.0 / (num_batches_tracked.item() + 1.0);
+  Tensor out = sync_batch_norm(x, weight, bias, update ? running_mean : Tensor(),
+                               update ? running_var : Tensor(), factor, options.eps, group_);
   if (update) {
-    {
-      runtime::NoGradGuard no_grad;
-      num_batches_tracked.add_(Tensor::full({}, 1.0, DType::i64, num_batches_tracked.device()));
-    }
-    if (!options.momentum) factor = 1.0 / num_batches_tracked.item();
+    runtime::NoGradGuard no_grad;
+    num_batches_tracked.add_(Tensor::full({}, 1.0, DType::i64, num_batches_tracked.device()));
   }
-  return sync_batch_norm(x, weight, bias, update ? running_mean : Tensor(),
-                         update ? running_var : Tensor(), factor, options.eps, group_);
+  return out;
 }
 
 namespace {

@@ -163,6 +163,24 @@ TEST_CASE("BatchNorm: init, running statistics, momentum and options", "[nn][lay
   CHECK(bn.num_batches_tracked.item() == 0);
 }
 
+TEST_CASE("BatchNorm: a refused training batch is not counted and the cumulative average "
+          "stays exact",
+          "[nn][layers]") {
+  // momentum = nullopt weighs batch k by 1/num_batches_tracked: a refused
+  // forward that still counted would leave every later average wrong.
+  BatchNorm1d avg(1, {.momentum = std::nullopt});
+  avg(Tensor::from_vector<float>({1, 3}, {2, 1}));  // mean 2, unbiased var 2
+  CHECK_THAT(error_of([&] { avg(Tensor::from_vector<float>({100}, {1, 1})); }),
+             Contains("more than 1 value per channel"));
+  CHECK_THAT(error_of([&] { avg(Tensor::from_vector<double>({100, 200}, {2, 1})); }),
+             Contains("input is f64 but weight is f32"));
+  CHECK(avg.num_batches_tracked.item() == 1);
+  avg(Tensor::from_vector<float>({5, 9}, {2, 1}));  // mean 7, unbiased var 8
+  CHECK(avg.num_batches_tracked.item() == 2);
+  CHECK(values(avg.running_mean)[0] == Approx((2.0 + 7.0) / 2));
+  CHECK(values(avg.running_var)[0] == Approx((2.0 + 8.0) / 2));
+}
+
 TEST_CASE("LayerNorm and Embedding init", "[nn][layers]") {
   LayerNorm ln({4});
   CHECK(values(ln.weight) == std::vector<double>(4, 1.0));

@@ -81,6 +81,36 @@ TEST_CASE("SyncBatchNorm under activation checkpointing counts each batch once",
   }
 }
 
+TEST_CASE("SyncBatchNorm: a global batch of one value per channel is refused and not counted",
+          "[nn][syncbn]") {
+  // Refused on every rank; with momentum unset a count moved by it would
+  // leave the cumulative average of the later batches wrong on every rank.
+  const int world = 2;
+  const auto groups = make_groups("shm", world, "syncbn-refused");
+  std::vector<std::vector<double>> found(static_cast<size_t>(world));
+  std::vector<std::string> refused(static_cast<size_t>(world));
+  const auto errors = run_ranks(world, [&](int r) {
+    SyncBatchNorm bn(1, groups[static_cast<size_t>(r)], {.momentum = std::nullopt});
+    // Global batches {1, 3} (mean 2, unbiased var 2), {100}, {5, 9} (7, 8).
+    bn.forward(Tensor::from_vector<float>({r == 0 ? 1.0f : 3.0f}, {1, 1}));
+    refused[static_cast<size_t>(r)] = error_of([&] {
+      bn.forward(r == 0 ? Tensor::from_vector<float>({100}, {1, 1}) : Tensor::zeros({0, 1}));
+    });
+    bn.forward(Tensor::from_vector<float>({r == 0 ? 5.0f : 9.0f}, {1, 1}));
+    found[static_cast<size_t>(r)] = {bn.num_batches_tracked.item(), values(bn.running_mean)[0],
+                                     values(bn.running_var)[0]};
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    REQUIRE(message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
+    CHECK_THAT(refused[static_cast<size_t>(r)], Contains("more than 1 value per channel"));
+    const auto& f = found[static_cast<size_t>(r)];
+    CHECK(f[0] == 2);
+    CHECK(f[1] == Approx((2.0 + 7.0) / 2));
+    CHECK(f[2] == Approx((2.0 + 8.0) / 2));
+  }
+}
+
 #if LOCKSTEP_HAVE_GLOO
 
 namespace {
