@@ -166,7 +166,14 @@ std::shared_ptr<SyncBatchNorm> to_sync(const BatchNormBase& bn,
   return sync;
 }
 
-const BatchNormBase* as_batch_norm(const Module& m) {
+// A module that convert() replaces: a BatchNorm, or a SyncBatchNorm on
+// another group than `group` (or none), which is made again on `group` (as
+// PyTorch converts every _BatchNorm), so that one built before the group
+// existed synchronises over it. One already on `group` stays as it is.
+const BatchNormBase* as_batch_norm(const Module& m,
+                                   const std::shared_ptr<ProcessGroup>& group) {
+  if (auto* bn = dynamic_cast<const SyncBatchNorm*>(&m))
+    return bn->group() == group ? nullptr : bn;
   if (auto* bn = dynamic_cast<const BatchNorm1d*>(&m)) return bn;
   if (auto* bn = dynamic_cast<const BatchNorm2d*>(&m)) return bn;
   return nullptr;
@@ -179,7 +186,7 @@ std::shared_ptr<Module> convert(const std::shared_ptr<Module>& module,
                                 std::unordered_map<const Module*, std::shared_ptr<Module>>& done) {
   if (auto it = done.find(module.get()); it != done.end()) return it->second;
   std::shared_ptr<Module> result = module;
-  if (const BatchNormBase* bn = as_batch_norm(*module)) {
+  if (const BatchNormBase* bn = as_batch_norm(*module, group)) {
     result = to_sync(*bn, group);
   } else {
     // A copy of the entries: replace_child changes them.

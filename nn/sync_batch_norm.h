@@ -57,19 +57,21 @@ class SyncBatchNorm : public BatchNormBase {
 };
 
 // `module` with every BatchNorm1d/2d in its tree (itself included) replaced by
-// a SyncBatchNorm on `group` with the same options, mode, dtype, parameter and
-// buffer values, and requires_grad flags, under the same name, so state_dict()
-// keys and values are unchanged. Returns the new root when `module` itself is
-// a BatchNorm, else `module`, changed in place. The new modules hold copies:
-// build the optimizer from the converted model. A BatchNorm registered under
-// several names (or shared by several parents) becomes one SyncBatchNorm,
-// shared the same way. Modules that keep typed pointers to their children
-// (ResNet's bn1, Checkpoint's module) have them bound (Module::bind_child),
-// so their forward runs the SyncBatchNorm; a module of your own that calls a
-// BatchNorm child through a field of its own must bind it too, and a field
-// whose type a SyncBatchNorm is not (BatchNorm2d rather than BatchNormBase)
-// makes the conversion fail with an error naming it, before that child is
-// changed.
+// a SyncBatchNorm on `group`, and every SyncBatchNorm on no group or another
+// by one on `group` (so that it synchronises over `group`, as in PyTorch),
+// with the same options, mode, dtype, parameter and buffer values, and
+// requires_grad flags, under the same name, so state_dict() keys and values
+// are unchanged; a SyncBatchNorm already on `group` stays as it is. Returns
+// the new root when `module` itself is replaced, else `module`, changed in
+// place. The new modules hold copies: build the optimizer from the converted
+// model. A BatchNorm registered under several names (or shared by several
+// parents) becomes one SyncBatchNorm, shared the same way. Modules that keep
+// typed pointers to their children (ResNet's bn1, Checkpoint's module) have
+// them bound (Module::bind_child), so their forward runs the SyncBatchNorm; a
+// module of your own that calls a BatchNorm child through a field of its own
+// must bind it too, and a field whose type a SyncBatchNorm is not
+// (BatchNorm2d rather than BatchNormBase) makes the conversion fail with an
+// error naming it, before that child is changed.
 std::shared_ptr<Module> convert_sync_batchnorm(std::shared_ptr<Module> module,
                                                std::shared_ptr<collectives::ProcessGroup> group);
 

@@ -305,6 +305,51 @@ TEST_CASE("convert_sync_batchnorm: nested containers, options and a BatchNorm at
   CHECK(convert_sync_batchnorm(wide, nullptr)->state_dict().at("weight").dtype() == DType::f64);
 }
 
+TEST_CASE("convert_sync_batchnorm puts a SyncBatchNorm already in the model on the new group",
+          "[nn][syncbn]") {
+  // As torch.nn.SyncBatchNorm.convert_sync_batchnorm, which converts every
+  // _BatchNorm: a model built with SyncBatchNorm(C, nullptr) before a group
+  // existed is converted to synchronise, not left computing local statistics.
+  const int world = 2;
+  const auto groups = make_groups("shm", world, "syncbn-reconvert");
+  using Modules = std::initializer_list<std::shared_ptr<Module>>;
+  std::vector<std::vector<double>> means(static_cast<size_t>(world));
+  std::vector<std::string> problems(static_cast<size_t>(world));
+  const auto errors = run_ranks(world, [&](int r) {
+    const auto& group = groups[static_cast<size_t>(r)];
+    auto unsynced = std::make_shared<SyncBatchNorm>(1, nullptr, BatchNormOptions{.eps = 1e-3});
+    {
+      lockstep::runtime::NoGradGuard no_grad;
+      unsynced->running_mean.fill_(0.5);
+      unsynced->num_batches_tracked.fill_(4);
+    }
+    auto model = std::make_shared<Sequential>(
+        Modules{std::make_shared<Sequential>(Modules{unsynced}), std::make_shared<ReLU>()});
+    const StateDict before = model->state_dict();
+    auto converted = convert_sync_batchnorm(model, group);
+    auto sync = model->at<Sequential>(0)->at<SyncBatchNorm>(0);
+    if (sync->group() != group) problems[static_cast<size_t>(r)] += "not on the new group; ";
+    if (sync->options.eps != 1e-3) problems[static_cast<size_t>(r)] += "options lost; ";
+    for (const auto& [k, v] : before)
+      if (!bitwise_equal(converted->state_dict().at(k), v))
+        problems[static_cast<size_t>(r)] += k + " changed; ";
+    // Global batch {0, 4}: mean 2 on both ranks (rank-local would be 0 and 4).
+    (*converted)(Tensor::from_vector<float>({r == 0 ? 0.0f : 4.0f}, {1, 1}));
+    means[static_cast<size_t>(r)] = values(sync->running_mean);
+    // Converted again on the same group: nothing to change, the same module.
+    convert_sync_batchnorm(model, group);
+    if (model->at<Sequential>(0)->at<SyncBatchNorm>(0) != sync)
+      problems[static_cast<size_t>(r)] += "remade on its own group; ";
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    REQUIRE(message_of(errors[static_cast<size_t>(r)]) == "<no exception>");
+    CHECK(problems[static_cast<size_t>(r)] == "");
+    REQUIRE(means[static_cast<size_t>(r)].size() == 1);
+    CHECK(means[static_cast<size_t>(r)][0] == Approx(0.9 * 0.5 + 0.1 * 2));
+  }
+}
+
 TEST_CASE("Module::replace_child keeps the position and refuses unknown names",
           "[nn][syncbn][module]") {
   auto seq = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
