@@ -1,6 +1,7 @@
 #include "lockstep/runtime/dtype.h"
 
 #include <charconv>
+#include <cmath>
 #include <limits>
 
 namespace lockstep::runtime {
@@ -40,6 +41,13 @@ bool fits_integer(double value) {
   return (value >= lo || value > lo - 1.0) && value < hi;
 }
 
+// A finite value past a floating type's largest would become an infinity;
+// PyTorch refuses it ("cannot be converted to type at::Half without
+// overflow"), and lets NaN and the infinities through.
+bool fits_floating(double value, double max) {
+  return !std::isfinite(value) || std::fabs(value) <= max;
+}
+
 }  // namespace
 
 bool holds_value(DType d, double value) {
@@ -47,8 +55,12 @@ bool holds_value(DType d, double value) {
     case DType::i32: return fits_integer<int32_t>(value);
     case DType::i64: return fits_integer<int64_t>(value);
     case DType::u8: return fits_integer<uint8_t>(value);
-    default: return true;
+    case DType::f32: return fits_floating(value, std::numeric_limits<float>::max());
+    case DType::bf16: return fits_floating(value, 3.3895313892515355e38);  // 0x7f7f
+    case DType::f16: return fits_floating(value, 65504.0);
+    case DType::f64: case DType::boolean: return true;
   }
+  return true;
 }
 
 bool is_floating(DType d) {

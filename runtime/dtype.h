@@ -16,8 +16,9 @@ enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, u8, boolean };
 size_t dtype_size(DType d);
 std::string_view dtype_name(DType d);  // "f32", "f64", "bf16", ... "bool"
 bool is_floating(DType d);             // f32, f64, bf16, f16
-// Whether `d` holds `value` truncated toward zero: an integer dtype not NaN,
-// an infinity or a value past its range; a floating or bool one every value.
+// Whether `d` holds `value`: an integer dtype (truncating toward zero) not
+// NaN, an infinity or a value past its range; a floating one every value but
+// a finite one past its largest (70000 in f16); bool every value.
 bool holds_value(DType d, double value);
 // bf16, f16: on the CPU storage types that compute in f32 (half.h).
 inline bool is_reduced_float(DType d) { return d == DType::bf16 || d == DType::f16; }

@@ -83,12 +83,13 @@ void check_inplace(const Tensor& t, const char* op, const Tensor* src = nullptr)
 }
 
 // Converting NaN, an infinity or 1e10 into an i32 is undefined (it gave
-// INT32_MIN), so such a fill is refused, as PyTorch's checked conversion of a
-// scalar refuses it. A fraction is truncated toward zero, as there.
+// INT32_MIN), and 70000 into an f16 gives an infinity, so such a fill is
+// refused, as PyTorch's checked conversion of a scalar refuses it. A fraction
+// is truncated toward zero, as there.
 void check_fill_value(DType dtype, double value) {
   LOCKSTEP_CHECK(holds_value(dtype, value),
-                 "fill_: the value {} does not fit in dtype {}; fill a floating tensor instead",
-                 value, dtype_name(dtype));
+                 "fill_: the value {} does not fit in dtype {}; fill a {} tensor instead", value,
+                 dtype_name(dtype), is_floating(dtype) ? "wider floating (f32, f64)" : "floating");
 }
 
 // An integer tensor cannot hold a floating result. PyTorch refuses

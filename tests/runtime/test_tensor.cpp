@@ -310,6 +310,24 @@ TEST_CASE("fill_ refuses a value an integer dtype cannot hold", "[runtime][tenso
   CHECK(std::isinf(Tensor::full({1}, INFINITY, DType::f16).item()));
 }
 
+TEST_CASE("fill_ refuses a finite value past a floating dtype's largest",
+          "[runtime][tensor][inplace]") {
+  // Converted anyway, 70000 became an f16 infinity without a word; PyTorch
+  // refuses it ("cannot be converted to type at::Half without overflow").
+  CHECK_THROWS_WITH(Tensor::full({2}, 70000, DType::f16),
+                    Contains("70000 does not fit in dtype f16") && Contains("f32"));
+  CHECK_THROWS_WITH(Tensor::zeros({2}, DType::f16).fill_(-65505), Contains("f16"));
+  CHECK_THROWS_WITH(Tensor::full({2}, 1e39, DType::f32), Contains("f32"));
+  CHECK_THROWS_WITH(Tensor::full({2}, -3.4e38, DType::bf16), Contains("bf16"));
+  // The largest values, NaN and the infinities fit, as there.
+  CHECK(Tensor::full({1}, -65504, DType::f16).item() == -65504.0);
+  CHECK(Tensor::full({1}, 3.4028234663852886e38, DType::f32).item() == 3.4028234663852886e38);
+  CHECK(Tensor::full({1}, 3.3895313892515355e38, DType::bf16).item() == 3.3895313892515355e38);
+  CHECK(Tensor::full({1}, 1e300, DType::f64).item() == 1e300);
+  CHECK(std::isnan(Tensor::full({1}, NAN, DType::f16).item()));
+  CHECK(std::isinf(Tensor::full({1}, -INFINITY, DType::bf16).item()));
+}
+
 TEST_CASE("add_ and mul_ refuse a scalar an i32 tensor cannot hold", "[runtime][tensor][inplace]") {
   // An alpha of 1e10 was converted to INT32_MIN: 1 + 1e10 * 1 gave -2147483647.
   Tensor t = Tensor::ones({2}, DType::i32);

@@ -16,13 +16,14 @@ bool is_comparison(kernels::BinaryOp op) {
 
 // `t` on `device` in `dtype`. A 0-dim CPU tensor is a scalar operand: it is
 // made on the device by a fill kernel, since a copy from pageable host memory
-// may block the host.
+// may block the host. Its value is converted on the host first, as the CPU
+// converts it: 1e5 becomes an f16 infinity, which fill_ alone would refuse.
 Tensor operand(const Tensor& t, Device device, DType dtype, const char* name) {
   if (t.device() == device) return t.dtype() == dtype ? t : t.to(dtype);
   LOCKSTEP_CHECK(t.device().is_cpu() && t.dim() == 0,
                  "{}: operands on {} and {}; move one with .to(Device::parse(\"{}\"))", name,
                  t.device().str(), device.str(), device.str());
-  return Tensor::full({}, t.item(), dtype, device);
+  return Tensor::full({}, t.detach().to(dtype).item(), dtype, device);
 }
 
 void check_dtype(const char* name, DType dtype, bool integers_ok) {
