@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -17,10 +18,16 @@ using runtime::NoGradGuard;
 
 namespace {
 
+// The scale lives in an f32 tensor: a larger one would be an infinity there,
+// every step's gradients inf, and every step skipped without end.
+bool valid_scale(double scale) {
+  return scale > 0 && scale <= std::numeric_limits<float>::max();
+}
+
 void check_settings(double scale, double growth_factor, double backoff_factor,
                     double growth_interval, const char* where) {
-  LOCKSTEP_CHECK(std::isfinite(scale) && scale > 0, "{}: the scale must be finite and > 0, got {}",
-                 where, scale);
+  LOCKSTEP_CHECK(valid_scale(scale), "{}: the scale must be > 0 and finite in f32 (at most {}), "
+                 "got {}", where, std::numeric_limits<float>::max(), scale);
   LOCKSTEP_CHECK(growth_factor > 1.0 && std::isfinite(growth_factor),
                  "{}: growth_factor must be > 1, got {}", where, growth_factor);
   LOCKSTEP_CHECK(backoff_factor > 0.0 && backoff_factor < 1.0,
@@ -149,8 +156,9 @@ void GradScaler::update() {
 
 void GradScaler::update(double new_scale) {
   if (!options_.enabled) return;
-  LOCKSTEP_CHECK(std::isfinite(new_scale) && new_scale > 0,
-                 "GradScaler::update: the new scale must be finite and > 0, got {}", new_scale);
+  LOCKSTEP_CHECK(valid_scale(new_scale),
+                 "GradScaler::update: the new scale must be > 0 and finite in f32 (at most {}), "
+                 "got {}", std::numeric_limits<float>::max(), new_scale);
   if (scale_.defined()) {
     NoGradGuard no_grad;
     scale_.fill_(new_scale);

@@ -194,6 +194,25 @@ TEST_CASE("GradScaler refuses misuse as PyTorch does", "[optim][grad_scaler]") {
   CHECK_THROWS_WITH(GradScaler({.growth_interval = 0}), Contains("growth_interval"));
 }
 
+TEST_CASE("GradScaler refuses a scale its f32 tensor would hold as an infinity",
+          "[optim][grad_scaler]") {
+  // 1e39 is a finite double but an f32 infinity: every scaled gradient was
+  // inf, so every step was skipped and the scale, inf * 0.5, never came down.
+  CHECK_THROWS_WITH(GradScaler({.init_scale = 1e39}),
+                    Contains("GradScaler: the scale must be > 0 and finite in f32"));
+  Tensor p = param({1});
+  GradScaler scaler;
+  CHECK_THROWS_WITH(scaler.update(1e39), Contains("GradScaler::update") && Contains("1e+39"));
+  scaled_backward(scaler, p, {1});
+  CHECK_THROWS_WITH(scaler.update(-1), Contains("GradScaler::update"));
+  GradScalerState state = scaler.state_dict();
+  state["scale"] = 4e38;
+  CHECK_THROWS_WITH(scaler.load_state_dict(state), Contains("finite in f32"));
+  // The largest f32 is a valid scale.
+  scaler.update(std::numeric_limits<float>::max());
+  CHECK(scaler.get_scale() == std::numeric_limits<float>::max());
+}
+
 TEST_CASE("GradScaler::unscale_ refuses an expanded gradient before dividing any",
           "[optim][grad_scaler]") {
   // An expanded gradient holds one value for every element: dividing each
