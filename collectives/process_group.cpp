@@ -37,6 +37,10 @@ ProcessGroup::ProcessGroup(int rank, int size, std::string name, std::chrono::mi
                  rank, size, size);
   LOCKSTEP_CHECK(timeout.count() > 0, "process group '{}': timeout must be positive, got {} ms",
                  name_, timeout.count());
+  // The flight record exists from the group on, not from its first call: a
+  // post-mortem then tells a rank that made its group and issued nothing yet
+  // (still loading its data) from one that never got as far as the group.
+  distributed::FlightRecorder::instance();
 }
 
 std::shared_ptr<Work> ProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {

@@ -207,6 +207,21 @@ TEST_CASE("launcher: a post-mortem names the rank that is behind and where the o
   CHECK_FALSE(std::filesystem::exists(json));
 }
 
+TEST_CASE("launcher: a post-mortem tells a rank that made its group but issued no collective "
+          "from one that never made it", "[launcher][postmortem]") {
+  // Rank 1 joins the group and fails before its first collective (as a rank
+  // whose data will not load after init_process_group); rank 0 waits in an
+  // all-reduce. Before, the flight record began at the first collective, so
+  // the report sent the reader to rank 1's start-up: "left no record (it did
+  // not get as far as making its process group)".
+  TempDir dir;
+  const auto r = launch({"-np", "2", "--postmortem-dir", dir.str()},
+                        {"join", "fail-attempts=1:1", "then-allreduce"});
+  CHECK(r.exit_code == 7);
+  CHECK_THAT(r.output, Contains("rank 1: issued no collective on this group") &&
+                           !Contains("did not get as far as making its process group"));
+}
+
 TEST_CASE("launcher: a post-mortem names the rank stopped inside the collective the others "
           "wait in", "[launcher][postmortem]") {
   // Rank 1 stops inside an all-reduce that ranks 0 and 2 then join; gloo's

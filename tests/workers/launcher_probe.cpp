@@ -21,6 +21,8 @@
 //   group-sum        every rank joins the default process group
 //                    (init_process_group) and all-reduces rank+1; prints
 //                    "group-sum rank=R restart=N sum=S ok" (or WRONG, exit 1)
+//   join             every rank joins the default process group and issues no
+//                    collective (before fail-attempts, allreduces and the rest)
 //   fail-attempts=R:K  rank R exits 7 (after group-sum, if asked) while
 //                    LOCKSTEP_RESTART_COUNT < K
 //   allreduces=N     every rank joins the default process group and runs N
@@ -192,6 +194,7 @@ int main(int argc, char** argv) {
     if (a == fmt::format("leave-early={}", info.rank)) return 0;
   }
   for (const auto& a : args) {
+    if (a == "join") default_group();
     if (a == "group-sum" && group_sum(info) != 0) return 1;
   }
   for (const auto& a : args) {
