@@ -278,13 +278,9 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
       std::fprintf(stderr, "lockstep: group '%s': %s\n", options.name.c_str(), choice.note.c_str());
     backend = choice.backend;
   }
-#if LOCKSTEP_HAVE_MPI
-  if (backend == "mpi") {
-    mpi::ensure_mpi_initialized();
-    rank = mpi::world_rank();
-    size = mpi::world_size();
-  }
-#endif
+  // The mpi backend keeps the launcher's rank and size: make_mpi_group refuses
+  // an MPI world that is not this job (a process lockstep-run, spawn or
+  // torchrun started is a one-process MPI world of its own).
   // CUDA, cuBLAS, cuDNN and NCCL errors name this rank from now on.
   runtime::cuda::set_process_rank(rank);
   // The device the placement named: a thread whose current device is another

@@ -297,9 +297,11 @@ std::shared_ptr<ProcessGroup> make_mpi_group(int rank, int size, const std::stri
   const int world_size = mpi::world_size();
   LOCKSTEP_CHECK(rank == world_rank && size == world_size,
                  "mpi group '{}': asked for rank {} of {}, but MPI_COMM_WORLD says rank {} of "
-                 "{}; under mpirun the rank and world size come from MPI (do not set "
-                 "RANK/WORLD_SIZE by hand)",
-                 name, rank, size, world_rank, world_size);
+                 "{}. The mpi backend needs processes that mpirun (or srun with PMI) started "
+                 "together: one that lockstep-run, spawn or torchrun started is an MPI world of "
+                 "its own. Start the program with mpirun -np {}, or use another backend (shm, "
+                 "gloo, shm+gloo); under mpirun, do not set RANK/WORLD_SIZE by hand",
+                 name, rank, size, world_rank, world_size, size);
   // A duplicate per group: its own matching space, so two groups' collectives
   // never match each other. Collective: all ranks create groups in one order.
   MPI_Comm comm = MPI_COMM_NULL;

@@ -292,6 +292,20 @@ TEST_CASE("launcher: a rank that exits 0 before joining its group is named by th
   CHECK(again.output.find(named, first + 1) != std::string::npos);
 }
 
+TEST_CASE("launcher: the mpi backend outside mpirun is refused, not a one-rank world per process",
+          "[launcher][mpi]") {
+  // Ranks that lockstep-run starts are each an MPI world of one. Before, the
+  // group took MPI's rank and size over the launcher's, so every rank was
+  // "rank 0 of 1" and trained alone (all-reduces summed one rank, every rank
+  // wrote rank 0's checkpoints) without a word.
+  LOCKSTEP_SKIP_UNLESS_BACKEND("mpi");
+  const auto r = launch({"-np", "2"}, {"group-sum"}, {"LOCKSTEP_BACKEND=mpi"});
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, Contains("but MPI_COMM_WORLD says rank 0 of 1") &&
+                           Contains("Start the program with mpirun -np 2") &&
+                           !Contains("group-sum rank="));
+}
+
 TEST_CASE("launcher: a collective failing with no caller waiting ends its rank and the job",
           "[launcher][async_error]") {
   // What the NCCL watchdog does on a timeout (collectives/async_error.h), on
