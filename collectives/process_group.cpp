@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/distributed/flight_recorder.h"
+#include "lockstep/distributed/rank_postmortem.h"
 
 namespace lockstep::collectives {
 
@@ -37,10 +38,12 @@ ProcessGroup::ProcessGroup(int rank, int size, std::string name, std::chrono::mi
                  rank, size, size);
   LOCKSTEP_CHECK(timeout.count() > 0, "process group '{}': timeout must be positive, got {} ms",
                  name_, timeout.count());
-  // The flight record exists from the group on, not from its first call: a
-  // post-mortem then tells a rank that made its group and issued nothing yet
-  // (still loading its data) from one that never got as far as the group.
+  // The flight record and, under another launcher, the watch that answers
+  // the other ranks' post-mortems start with the group, not its first call:
+  // a post-mortem then tells a rank that made its group and issued nothing
+  // yet (still loading its data) from one that never got as far as the group.
   distributed::FlightRecorder::instance();
+  distributed::watch_for_postmortems();
 }
 
 std::shared_ptr<Work> ProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {

@@ -37,8 +37,8 @@ struct RankHistory {
   int node = 0;
   std::string host;
   int64_t pid = 0;
-  // False: the rank left no record (under lockstep-run: it did not get as
-  // far as making its process group; elsewhere, it never issued a collective).
+  // False: the rank left no record: it did not get as far as making its
+  // process group (or, under another launcher, wrote no part).
   bool recorded = false;
   // Why it left no record where the report's general reason does not say it
   // (its node sent no part); "" otherwise.

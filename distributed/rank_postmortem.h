@@ -7,7 +7,7 @@
 // DIR/lockstep-postmortem-rank<R>.json and name the file on stderr. The ranks
 // that saw the failure write theirs, and ask the others for theirs through
 // DIR/lockstep-postmortem-asked. Every rank watches for that file from its
-// first collective on (one stat() a second) and, once asked, writes its
+// first process group on (one stat() a second) and, once asked, writes its
 // part with no cause of its own: a rank stuck outside the collectives (a
 // deadlock in its own code, a data loader that never returns) shows its last
 // collective instead of nothing. A rank that wrote the part of its failure
@@ -35,8 +35,8 @@ inline constexpr const char* kPostmortemDirVariable = "LOCKSTEP_POSTMORTEM_DIR";
 std::optional<std::string> write_rank_postmortem(const runtime::EnvLookup& env,
                                                  const std::string& cause);
 
-// The recorder's hooks. The first collective starts the watch of DIR (after
-// that, one atomic load); the first failed one (`ordinal`, FlightRecorder's)
+// The recorder's hooks. The first process group or collective starts the
+// watch of DIR (after that, one atomic load); the first failed one (`ordinal`, FlightRecorder's)
 // writes the part, described by that record, over an answer written before.
 void watch_for_postmortems();
 void on_collective_failed(uint64_t ordinal);

@@ -54,7 +54,7 @@ std::map<int, std::pair<uint64_t, std::string>> last_collectives(const std::stri
 }
 
 // Three ranks started by a shell (as mpirun or torchrun would start them)
-// with LOCKSTEP_POSTMORTEM_DIR=dir: three all-reduces, then `stuck` (a
+// with LOCKSTEP_POSTMORTEM_DIR=dir: `first` (three all-reduces), then `stuck` (a
 // launcher_probe argument that stops rank 1), then a fourth all-reduce, in
 // which ranks 0 and 2 wait for rank 1 until their 3 s timeout. Rank 1 is
 // killed once they have ended (and, with `answers`, once its part is there
@@ -62,15 +62,17 @@ std::map<int, std::pair<uint64_t, std::string>> last_collectives(const std::stri
 // others wait); then `lockstep-run --postmortem-from dir`.
 lockstep::testing::ProcessResult run_three_ranks_and_report(const std::string& dir,
                                                             const std::string& stuck,
-                                                            bool answers = false) {
+                                                            bool answers = false,
+                                                            const std::string& first =
+                                                                "group-sum allreduces=3") {
   std::string script = fmt::format("dir={}; ", dir);
   const int port = lockstep::testing::unused_tcp_port();
   for (int r = 0; r < 3; ++r) {
     script += fmt::format(
         "RANK={} WORLD_SIZE=3 LOCAL_RANK={} LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "
-        "MASTER_PORT={} LOCKSTEP_TIMEOUT_S=3 LOCKSTEP_POSTMORTEM_DIR=$dir {} group-sum "
-        "allreduces=3 {} then-allreduce > $dir/out{} 2>&1 & p{}=$!; ",
-        r, r, port, bin_path("launcher_probe"), stuck, r, r);
+        "MASTER_PORT={} LOCKSTEP_TIMEOUT_S=3 LOCKSTEP_POSTMORTEM_DIR=$dir {} {} {} "
+        "then-allreduce > $dir/out{} 2>&1 & p{}=$!; ",
+        r, r, port, bin_path("launcher_probe"), first, stuck, r, r);
   }
   script += "wait $p0 $p2; ";
   if (answers)
@@ -335,6 +337,21 @@ TEST_CASE("launcher: under another launcher a rank stuck outside the collectives
                  Contains(fmt::format("rank 1: finished allreduce #{} (f32, 1000 elements) ",
                                       n - 1)) &&
                  Contains("report exit 0"));
+}
+
+// The same for a rank that made its group and is stuck before its first
+// collective (a data loader after init_process_group that never returns).
+// Before, the watch began with the first collective: it wrote no part, and
+// the report read "it was stopped or killed, exited first, or does not see
+// the directory".
+TEST_CASE("launcher: under another launcher a rank stuck before its first collective answers "
+          "that it issued none", "[launcher][postmortem]") {
+  TempDir dir;
+  const auto r = run_three_ranks_and_report(dir.str(), "block=1", /*answers=*/true, "join");
+  CHECK(r.ok());
+  CHECK(std::filesystem::exists(part_path(dir, 1)));
+  CHECK_THAT(r.output, Contains("rank 1: issued no collective on this group") &&
+                           !Contains("wrote no part") && Contains("report exit 0"));
 }
 
 TEST_CASE("launcher: --postmortem-from says when every rank failed the same collective",
