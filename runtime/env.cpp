@@ -89,11 +89,17 @@ std::optional<std::chrono::milliseconds> read_seconds(const EnvLookup& env, cons
   const char* first = text->data();
   const char* last = first + text->size();
   const auto [end, ec] = std::from_chars(first, last, seconds);
-  const bool ok = !text->empty() && ec == std::errc() && end == last && std::isfinite(seconds) &&
-                  seconds > 0 && seconds <= 365.0 * 24 * 3600;
-  LOCKSTEP_CHECK(ok, "{}={} is not {}; set it to a positive number of seconds (e.g. {}={}) or "
+  const bool number = !text->empty() && ec == std::errc() && end == last && std::isfinite(seconds);
+  LOCKSTEP_CHECK(number && seconds > 0,
+                 "{}={} is not {}; set it to a positive number of seconds (e.g. {}={}) or "
                  "unset it for the default",
                  name, quoted_value(*text), what, name, example);
+  // The longest wait a process group keeps (ProcessGroup::kLongestTimeout).
+  constexpr double kYear = 365.0 * 24 * 3600;
+  LOCKSTEP_CHECK(seconds <= kYear,
+                 "{}={} is more than a year ({:.0f} seconds), the most lockstep takes; set a "
+                 "shorter time, or unset it for the default",
+                 name, quoted_value(*text), kYear);
   return std::chrono::milliseconds(
       std::max<int64_t>(1, static_cast<int64_t>(std::llround(seconds * 1000.0))));
 }

@@ -511,6 +511,15 @@ TEST_CASE("env: LOCKSTEP_TIMEOUT_S", "[env]") {
     INFO("LOCKSTEP_TIMEOUT_S=" << bad);
     CHECK_THAT(error_for({{"LOCKSTEP_TIMEOUT_S", bad}}), Contains("LOCKSTEP_TIMEOUT_S"));
   }
+  // A positive number past the longest timeout says so; before, the error
+  // asked for "a positive number of seconds", which it was.
+  CHECK(read({{"LOCKSTEP_TIMEOUT_S", "31536000"}}).timeout == milliseconds(31536000000));
+  for (const char* long_one : {"99999999999", "1e9"}) {
+    INFO("LOCKSTEP_TIMEOUT_S=" << long_one);
+    CHECK_THAT(error_for({{"LOCKSTEP_TIMEOUT_S", long_one}}),
+               Contains("is more than a year (31536000 seconds), the most lockstep takes") &&
+                   !Contains("positive number"));
+  }
 }
 
 TEST_CASE("env: LOCKSTEP_BACKEND and LOCKSTEP_TOKEN", "[env]") {
