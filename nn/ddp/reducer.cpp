@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -41,6 +43,53 @@ int64_t cap_bytes(double mb) {
   return std::max<int64_t>(1, static_cast<int64_t>(bytes));
 }
 
+// Which reducer hears each parameter's gradients: the newest live one that
+// hooked it. A module wrapped again (as after changing requires_grad, which
+// the older wrapper refuses) keeps the older wrapper's hooks until that one
+// is destroyed; its reducer, which no forward prepared, would fail the new
+// wrapper's backward. PyTorch's reducer ignores gradients it did not expect;
+// here the older one hears nothing until the newer one is gone.
+class Listeners {
+ public:
+  void add(const runtime::TensorImpl* param, const Reducer* reducer) {
+    std::lock_guard lock(mutex_);
+    by_param_[param].push_back(reducer);
+  }
+  void remove(const runtime::TensorImpl* param, const Reducer* reducer) {
+    std::lock_guard lock(mutex_);
+    auto it = by_param_.find(param);
+    if (it == by_param_.end()) return;
+    std::erase(it->second, reducer);
+    if (it->second.empty()) by_param_.erase(it);
+  }
+  bool hears(const runtime::TensorImpl* param, const Reducer* reducer) const {
+    std::lock_guard lock(mutex_);
+    return hears_locked(param, reducer);
+  }
+  // The first of `params` that `reducer` does not hear, or null.
+  const std::string* first_unheard(const std::vector<std::pair<std::string, Tensor>>& params,
+                                   const Reducer* reducer) const {
+    std::lock_guard lock(mutex_);
+    for (const auto& [name, p] : params)
+      if (!hears_locked(p.impl_ptr(), reducer)) return &name;
+    return nullptr;
+  }
+
+ private:
+  bool hears_locked(const runtime::TensorImpl* param, const Reducer* reducer) const {
+    auto it = by_param_.find(param);
+    return it != by_param_.end() && it->second.back() == reducer;
+  }
+
+  mutable std::mutex mutex_;
+  std::unordered_map<const runtime::TensorImpl*, std::vector<const Reducer*>> by_param_;
+};
+
+Listeners& listeners() {
+  static Listeners* all = new Listeners;  // never destroyed: reducers may outlive statics
+  return *all;
+}
+
 }  // namespace
 
 Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> params,
@@ -61,8 +110,10 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> params,
   kept_grads_.assign(params_.size(), Tensor{});
   unused_.assign(params_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i) {
-    hook_ids_.push_back(params_[i].second.register_post_accumulate_grad_hook(
-        [this, i](Tensor&) { on_gradient_ready(i); }));
+    listeners().add(params_[i].second.impl_ptr(), this);
+    hook_ids_.push_back(params_[i].second.register_post_accumulate_grad_hook([this, i](Tensor&) {
+      if (listeners().hears(params_[i].second.impl_ptr(), this)) on_gradient_ready(i);
+    }));
   }
   if (!params_.empty() && !params_.front().second.device().is_cpu())
     timeline_ = std::make_unique<DeviceTimeline>(params_.front().second.device());
@@ -78,7 +129,10 @@ void Reducer::forward_started() {
 }
 
 Reducer::~Reducer() {
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].second.remove_hook(hook_ids_[i]);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].second.remove_hook(hook_ids_[i]);
+    listeners().remove(params_[i].second.impl_ptr(), this);
+  }
   // Buckets still in flight (an iteration that ended in an error) must
   // complete before their buffers are freed.
   for (auto& b : buckets_) {
@@ -252,6 +306,14 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
 // (the replicas drift apart); one frozen since would leave its bucket
 // waiting. PyTorch leaves both unchecked; a loop over flags costs nothing.
 void Reducer::check_parameters_unchanged() const {
+  // First: a newer wrapper over the same module takes the gradients (see
+  // Listeners), so a backward after this forward would average nothing.
+  if (const std::string* name = listeners().first_unheard(params_, this))
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: parameter '{}' was wrapped in a newer "
+        "DistributedDataParallel since this one was built, and the newer one averages its "
+        "gradients. Run forward through the newest wrapper (destroy it to use this one again)",
+        group_.rank(), *name));
   auto fail = [&](const std::string& name, bool now) {
     throw Error(fmt::format(
         "DistributedDataParallel on rank {}: parameter '{}' {} after the module was wrapped in "

@@ -3,8 +3,9 @@
 // parameter the averaged backward does not reach still takes part in the
 // average, with or without gradient_as_bucket_view; ranks that freeze
 // different parameters fail at construction; a parameter frozen or unfrozen
-// after wrapping fails at the next forward; any finite positive bucket cap
-// is taken.
+// after wrapping fails at the next forward; a module wrapped again while
+// its first wrapper lives trains through the new one; any finite positive
+// bucket cap is taken.
 #include <catch2/catch.hpp>
 
 #include <limits>
@@ -296,6 +297,46 @@ TEST_CASE("DDP: requires_grad changed after wrapping fails at the next forward, 
     });
     CHECK(lt::joined(problems) == "");
   }
+}
+
+TEST_CASE("DDP: a module wrapped again while its first wrapper lives trains through the new "
+          "one; the old one's forward is refused",
+          "[ddp]") {
+  // Unfrozen after wrapping, then re-wrapped as the error says, with the old
+  // wrapper still in scope: its hooks must not fail or average the new
+  // wrapper's backward.
+  const bool find_unused = GENERATE(false, true);
+  INFO("find_unused_parameters = " << find_unused);
+  const DdpOptions options{.find_unused_parameters = find_unused};
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto m = std::make_shared<TwoParams>();
+    m->b.requires_grad_(false);
+    DistributedDataParallel old_ddp(m, group, options);
+    step(old_ddp, r + 1);
+    if (auto p = expect("a.grad", m->a.grad(), 1.5); !p.empty()) return p;
+    m->b.requires_grad_(true);
+    m->zero_grad();
+    {
+      DistributedDataParallel ddp(m, group, options);
+      for (int i = 0; i < 2; ++i) {
+        m->zero_grad();
+        step(ddp, 2 * (r + 1));  // x = 2 and 4: each gradient averages to 3
+        if (auto p = expect("a.grad", m->a.grad(), 3); !p.empty()) return p;
+        if (auto p = expect("b.grad", m->b.grad(), 3); !p.empty()) return p;
+      }
+      const std::string error = lt::error_of([&] { step(old_ddp, r + 1); });
+      if (error.find("parameter 'a' was wrapped in a newer DistributedDataParallel") ==
+              std::string::npos ||
+          error.find("Run forward through the newest wrapper") == std::string::npos)
+        return "old wrapper's forward: " + error;
+    }
+    // The newer one destroyed, the old one hears its parameters again.
+    m->b.requires_grad_(false);
+    m->zero_grad();
+    step(old_ddp, r + 1);
+    return expect("a.grad", m->a.grad(), 1.5);
+  });
+  CHECK(lt::joined(problems) == "");
 }
 
 TEST_CASE("DDP: any finite positive bucket cap is taken; others are refused by name", "[ddp]") {
