@@ -519,15 +519,29 @@ void Reducer::finalize() {
   const auto backward_end = Clock::now();
   if (timeline_) timeline_->backward_ended();
   if (next_launch_ < buckets_.size()) {
-    std::vector<std::string> missing;
+    // The forward checked every flag; one cleared since (in or after it)
+    // stops the gradient, and no other advice below would help.
+    std::vector<std::string> missing, frozen_since;
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (!ready_[i]) missing.push_back("'" + params_[i].first + "'");
+      if (ready_[i]) continue;
+      missing.push_back("'" + params_[i].first + "'");
+      if (!params_[i].second.requires_grad()) frozen_since.push_back(missing.back());
     }
     drain_and_reset();
     const std::string what = fmt::format(
         "DistributedDataParallel on rank {}: {} parameter(s) received no gradient in this "
         "backward: {}. ",
         group_.rank(), missing.size(), fmt::join(missing, ", "));
+    if (!frozen_since.empty())
+      throw Error(what + fmt::format(
+                             "Of these, {} {} frozen (requires_grad set to false) since this "
+                             "iteration's forward checked the flags, and a frozen leaf takes no "
+                             "gradient; DDP averages the parameters that required grad when it "
+                             "was constructed. Change requires_grad between iterations, not "
+                             "between forward and backward, and re-wrap the module in "
+                             "DistributedDataParallel after changing it (on every rank alike)",
+                             fmt::join(frozen_since, ", "),
+                             frozen_since.size() == 1 ? "was" : "were"));
     // With the option on, suggesting it would send the user in a circle: the
     // walk found these reachable, and the loss did not use them.
     if (options_.find_unused_parameters && !walked_)

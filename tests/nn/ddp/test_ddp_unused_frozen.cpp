@@ -3,7 +3,8 @@
 // parameter the averaged backward does not reach still takes part in the
 // average, with or without gradient_as_bucket_view; ranks that freeze
 // different parameters fail at construction; a parameter frozen or unfrozen
-// after wrapping fails at the next forward; a module wrapped again while
+// after wrapping fails at the next forward, and one frozen between forward
+// and backward is named as frozen; a module wrapped again while
 // its first wrapper lives trains through the new one; any finite positive
 // bucket cap is taken.
 #include <catch2/catch.hpp>
@@ -297,6 +298,39 @@ TEST_CASE("DDP: requires_grad changed after wrapping fails at the next forward, 
     });
     CHECK(lt::joined(problems) == "");
   }
+}
+
+TEST_CASE("DDP: a parameter frozen between forward and backward is named as frozen, with or "
+          "without find_unused_parameters and static_graph",
+          "[ddp]") {
+  // The advice for an unused parameter (turn on find_unused_parameters, use
+  // every output in the loss, drop static_graph) would not help here.
+  const int mode = GENERATE(0, 1, 2);
+  const DdpOptions options{.find_unused_parameters = mode >= 1, .static_graph = mode == 2};
+  INFO("find_unused_parameters = " << options.find_unused_parameters
+                                   << ", static_graph = " << options.static_graph);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto m = std::make_shared<TwoParams>();
+    DistributedDataParallel ddp(m, group, options);
+    step(ddp, r + 1);
+    m->zero_grad();
+    Tensor loss = lockstep::runtime::sum(ddp.forward(filled(r + 1)));
+    m->b.requires_grad_(false);
+    const std::string error = lt::error_of([&] { loss.backward(); });
+    for (const char* part : {"received no gradient in this backward: 'b'",
+                             "Of these, 'b' was frozen (requires_grad set to false) since this "
+                             "iteration's forward checked the flags",
+                             "re-wrap the module"}) {
+      if (error.find(part) == std::string::npos)
+        return "no \"" + std::string(part) + "\" in: " + error;
+    }
+    // Unfrozen again, training goes on.
+    m->b.requires_grad_(true);
+    m->zero_grad();
+    step(ddp, r + 1);
+    return expect("b.grad", m->b.grad(), 1.5);
+  });
+  CHECK(lt::joined(problems) == "");
 }
 
 TEST_CASE("DDP: a module wrapped again while its first wrapper lives trains through the new "
