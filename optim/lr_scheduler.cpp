@@ -67,9 +67,16 @@ void LRScheduler::step() { apply(last_epoch_ + 1, base_lrs_); }
 std::vector<GroupOptions> LRScheduler::options_at(int64_t epoch,
                                                   const std::vector<double>& base) const {
   const auto& groups = optimizer_.param_groups();
+  // A group added after the scheduler (add_param_group when unfreezing part
+  // of a model) has no base rate. A scheduler made again now would take the
+  // current, already scheduled rates as its bases and start over from step 0.
   LOCKSTEP_CHECK(groups.size() == base.size(),
                  "{}: the optimizer has {} parameter group(s) but the scheduler was made for {}; "
-                 "make the scheduler after adding every group",
+                 "a group added after the scheduler has no place in its schedule. Add every "
+                 "group before making the scheduler: to unfreeze parameters later, give them a "
+                 "group of their own from the start (the optimizer skips parameters without a "
+                 "gradient). A scheduler made now would start the schedule over from the "
+                 "current rates",
                  name_, groups.size(), base.size());
   std::vector<GroupOptions> out;
   out.reserve(groups.size());

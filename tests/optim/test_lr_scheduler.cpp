@@ -57,6 +57,42 @@ TEST_CASE("Each parameter group follows the schedule from its own rate", "[optim
   CHECK(sched.last_lr() == std::vector<double>{lr(opt, 0), lr(opt, 1)});
 }
 
+TEST_CASE("A group added after the scheduler is refused with the way to unfreeze later; a "
+          "frozen group made up front follows the schedule once unfrozen",
+          "[optim][lr_scheduler]") {
+  Tensor head = param(), body = param();
+  body.requires_grad_(false);
+  SECTION("added after the scheduler: refused, nothing changes") {
+    SGD opt({head}, {.lr = 0.1});
+    StepLR sched(opt, {.step_size = 1, .gamma = 0.5});
+    sched.step();
+    body.requires_grad_(true);
+    opt.add_param_group({{body}, {}});
+    CHECK_THROWS_WITH(sched.step(),
+                      Contains("the optimizer has 2 parameter group(s) but the scheduler was "
+                               "made for 1") &&
+                          Contains("give them a group of their own from the start") &&
+                          Contains("would start the schedule over from the current rates"));
+    CHECK(lr(opt, 0) == 0.05);
+    CHECK(sched.last_epoch() == 1);
+  }
+  SECTION("a group of its own from the start") {
+    SGD opt(std::vector<ParamGroup>{{{head}, {}}, {{body}, {{"lr", 0.01}}}}, {.lr = 0.1});
+    StepLR sched(opt, {.step_size = 1, .gamma = 0.5});
+    for (int i = 0; i < 2; ++i) {
+      head.set_grad(Tensor::ones({2}));
+      opt.step();  // body has no gradient: skipped
+      sched.step();
+    }
+    CHECK(body.to_vector<double>() == std::vector<double>{0, 0});
+    body.requires_grad_(true);
+    body.set_grad(Tensor::ones({2}));
+    opt.step();
+    CHECK(lr(opt, 1) == 0.0025);
+    for (double v : body.to_vector<double>()) CHECK(v == Approx(-0.0025));
+  }
+}
+
 TEST_CASE("One-cycle cycles beta1 for Adam and refuses to run past its steps",
           "[optim][lr_scheduler]") {
   Tensor p = param();
