@@ -292,6 +292,15 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
     LOCKSTEP_CHECK(!momentum_key_.empty(),
                    "OneCycleLR: the optimizer has no momentum or beta1 option to cycle; pass "
                    "cycle_momentum = false");
+    // Checked here, where the settings are: the optimizer would refuse them
+    // only at its next step, naming its own option and not the schedule.
+    const bool beta = momentum_key_ == "beta1";
+    for (const double m : {o_.base_momentum, o_.max_momentum})
+      LOCKSTEP_CHECK(m >= 0.0 && (beta ? m < 1.0 : std::isfinite(m)),
+                     "OneCycleLR: base_momentum {} and max_momentum {} must be {} to cycle the "
+                     "optimizer's {}",
+                     o_.base_momentum, o_.max_momentum, beta ? "in [0, 1)" : "finite and >= 0",
+                     momentum_key_);
   }
   start();
 }

@@ -125,6 +125,26 @@ TEST_CASE("One-cycle cycles beta1 for Adam and refuses to run past its steps",
   CHECK(lr(other) == lr_before);
 }
 
+TEST_CASE("One-cycle refuses momenta its optimizer would refuse, naming the schedule",
+          "[optim][lr_scheduler]") {
+  // Before, a max_momentum of 1 was written into Adam's beta1 and refused
+  // only at the next step, as "Adam: invalid beta1", naming no schedule.
+  Adam adam({param()}, {.lr = 0.1});
+  CHECK_THROWS_WITH(OneCycleLR(adam, {.total_steps = 10, .max_momentum = 1.0}),
+                    Contains("OneCycleLR: base_momentum 0.85 and max_momentum 1 must be in "
+                             "[0, 1) to cycle the optimizer's beta1"));
+  CHECK_THROWS_WITH(OneCycleLR(adam, {.total_steps = 10, .base_momentum = -0.1}),
+                    Contains("OneCycleLR"));
+  CHECK(adam.param_groups()[0].options.at("beta1") == 0.9);  // nothing written
+  // SGD's momentum may reach 1 and past it (PyTorch's too), not below 0.
+  SGD sgd({param()}, {.lr = 0.1, .momentum = 0.9});
+  CHECK_NOTHROW(OneCycleLR(sgd, {.total_steps = 10, .max_momentum = 1.0}));
+  CHECK_THROWS_WITH(OneCycleLR(sgd, {.total_steps = 10, .base_momentum = -1.0}),
+                    Contains("finite and >= 0 to cycle the optimizer's momentum"));
+  CHECK_NOTHROW(OneCycleLR(adam, {.total_steps = 10, .cycle_momentum = false,
+                                  .max_momentum = 1.0}));
+}
+
 TEST_CASE("An optimizer takes one LR scheduler at a time", "[optim][lr_scheduler]") {
   Tensor p = param();
   SGD opt({p}, {.lr = 1.0});
