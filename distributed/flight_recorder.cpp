@@ -238,12 +238,19 @@ FlightRecorder::FlightRecorder(const std::optional<std::string>& path) {
   void* memory = nullptr;
   if (path && !path->empty()) {
     const int fd = ::open(path->c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(mapped_bytes_)) == 0) {
+    int error = fd < 0 ? errno : 0;
+    // The pages reserved, not only the size set: with /dev/shm (or TMPDIR)
+    // full, that fails here and the rank records in memory, where a sparse
+    // file would kill it with SIGBUS at the first write below.
+    if (error == 0) error = ::posix_fallocate(fd, 0, static_cast<off_t>(mapped_bytes_));
+    if (error == 0) {
       memory = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (memory == MAP_FAILED) memory = nullptr;
+      if (memory == MAP_FAILED) {
+        error = errno;
+        memory = nullptr;
+      }
     }
     in_launcher_file_ = memory != nullptr;
-    const int error = errno;
     if (fd >= 0) ::close(fd);
     if (memory == nullptr) {
       fmt::print(stderr,

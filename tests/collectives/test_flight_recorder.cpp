@@ -3,6 +3,8 @@
 // ended; the newest kFlightRecorderEntries stay.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -10,10 +12,13 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/work.h"
 #include "lockstep/distributed/flight_recorder.h"
 #include "support/backend_skip.h"
+#include "support/subprocess.h"
 
 namespace lt = lockstep::testing;
 using lockstep::distributed::FlightRecord;
@@ -118,6 +123,32 @@ TEST_CASE("flight recorder: another process's file is read, or refused when it i
   CHECK_THROWS_WITH(lockstep::distributed::read_flight_recorder_file(path.string()),
                     Catch::Contains("is not a flight recorder file"));
   std::filesystem::remove(path);
+}
+
+TEST_CASE("flight recorder: a rank whose recorder file finds its file system full records in "
+          "memory and runs on",
+          "[collectives][flight-recorder]") {
+  // A full /dev/shm (where lockstep-run puts the files) as another job can
+  // leave it: a 512 KiB tmpfs, filled, in a mount namespace of the script's
+  // own (root only).
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("lockstep-full-tmpfs-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  // $0: the mount point; $1: the rank program.
+  const std::string full_tmpfs = R"(mount -t tmpfs -o size=512k tmpfs "$0" || exit 1
+dd if=/dev/zero of="$0/fill" bs=4k 2>/dev/null
+LOCKSTEP_FLIGHT_RECORDER="$0/rank-0" exec "$1" group-sum)";
+  const std::string script = fmt::format(
+      "unshare -m true 2>/dev/null || {{ echo 'SKIPPED: cannot unshare a mount namespace (needs "
+      "root)'; exit 0; }}; exec unshare -m sh -c '{}' '{}' '{}'",
+      full_tmpfs, dir.string(), lt::bin_path("launcher_probe"));
+  const auto result = lt::run_process({"/bin/sh", "-c", script});
+  std::filesystem::remove_all(dir);
+  if (lt::script_skipped(result)) return;
+  INFO(lt::describe(result) << "\n" << result.output);
+  CHECK(result.ok());
+  CHECK_THAT(result.output, Catch::Contains("group-sum rank=0 restart=0 sum=1 ok"));
+  CHECK_THAT(result.output, Catch::Contains("could not be made (No space left on device)"));
 }
 
 TEST_CASE("flight recorder: a send and recv that a group hands to another end in both groups",
