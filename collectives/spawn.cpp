@@ -215,6 +215,12 @@ std::string read_port(int fd) {
   info.token = token;
   for (const auto& [name, value] : distributed::rank_variables(info, 1))
     ::setenv(name.c_str(), value.c_str(), 1);
+  // A job of its own, not a launcher's attempt: an inherited restart count
+  // would put its ranks' keys under another attempt's prefix than spawn's
+  // (distributed/exited_ranks.h), and an inherited job id would let its
+  // training run continue the outer job's checkpoints (train/training_run.h).
+  ::unsetenv("LOCKSTEP_RESTART_COUNT");
+  ::unsetenv("LOCKSTEP_JOB_ID");
   for (const auto& [name, value] : options.env) ::setenv(name.c_str(), value.c_str(), 1);
   // The parent's launcher's file for its post-mortem, not this child's.
   ::unsetenv("LOCKSTEP_FLIGHT_RECORDER");

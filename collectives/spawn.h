@@ -42,7 +42,9 @@
 // is destroyed as usual, statics the child made are not (as Python's forked
 // children). Unless OMP_NUM_THREADS is set, each child's CPU kernels run on
 // one thread, as under lockstep-run; OMP_NUM_THREADS in SpawnOptions::env
-// sets the children's count.
+// sets the children's count. The children are a job of their own, even in a
+// program that lockstep-run started: they get no LOCKSTEP_RESTART_COUNT and
+// no LOCKSTEP_JOB_ID from the caller (SpawnOptions::env may still set them).
 #pragma once
 
 #include <chrono>

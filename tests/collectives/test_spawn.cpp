@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -64,6 +65,28 @@ SpawnError spawn_error(int nprocs, const std::function<void(int)>& fn,
   FAIL("spawn returned without an error");
   return SpawnError("", -2, -2);
 }
+
+// Sets an environment variable of this process for a scope, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::string name, const std::string& value) : name_(std::move(name)) {
+    if (const char* before = std::getenv(name_.c_str())) before_ = before;
+    ::setenv(name_.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (before_) {
+      ::setenv(name_.c_str(), before_->c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> before_;
+};
 
 void sleep_long() { std::this_thread::sleep_for(std::chrono::minutes(10)); }
 
@@ -170,6 +193,32 @@ TEST_CASE("spawn: a child that returns before joining the group is named by the 
   CHECK(e.rank() == 0);
   CHECK_THAT(e.what(), Catch::Contains("but rank 1 exited with code 0 without joining the group"));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("spawn: in a program that lockstep-run restarted, the children are a job of their "
+          "own and a child that returns early is still named",
+          "[spawn]") {
+  // As in a rank of `lockstep-run --max-restarts` on its second attempt.
+  ScopedEnv restart("LOCKSTEP_RESTART_COUNT", "2");
+  ScopedEnv job("LOCKSTEP_JOB_ID", "outer-job");
+  ScratchDir dir;
+  SpawnOptions options;
+  options.env = {{"LOCKSTEP_TIMEOUT_S", "60"}};  // not the default's minutes, if it waits
+  const SpawnError e = spawn_error(
+      2,
+      [&](int rank) {
+        const char* restart_count = std::getenv("LOCKSTEP_RESTART_COUNT");
+        const char* job_id = std::getenv("LOCKSTEP_JOB_ID");
+        write_text(dir.file(rank), fmt::format("{} {}", restart_count ? restart_count : "unset",
+                                               job_id ? job_id : "unset"));
+        if (rank == 1) return;
+        lockstep::collectives::init_process_group();
+      },
+      options);
+  CHECK(read_text(dir.file(0)) == "unset unset");
+  CHECK(read_text(dir.file(1)) == "unset unset");
+  CHECK(e.rank() == 0);
+  CHECK_THAT(e.what(), Catch::Contains("but rank 1 exited with code 0 without joining the group"));
 }
 
 TEST_CASE("spawn: children still running at the timeout are stopped and named, SIGKILL for one "
