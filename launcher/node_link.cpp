@@ -119,6 +119,7 @@ void NodeLink::notify(const std::string& what) {
 
 std::string NodeLink::agree_job_id(const std::string& mine, const std::string& shape,
                                    std::chrono::milliseconds timeout) {
+  claim_node(mine);
   std::string node0_shape;
   try {
     if (node_rank_ == 0) {
@@ -151,6 +152,28 @@ std::string NodeLink::agree_job_id(const std::string& mine, const std::string& s
   throw Error(fmt::format("node 0's launcher did not publish the job's id within {} s (or this "
                           "launcher was told to stop); is node 0's launcher running?",
                           std::chrono::duration_cast<std::chrono::seconds>(timeout).count()));
+}
+
+void NodeLink::claim_node(const std::string& mine) {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
+  const std::string me = fmt::format("host {}, pid {}, job id {}", host, getpid(), mine);
+  const std::string key = fmt::format("lockstep-run/node-{}/launcher", node_rank_);
+  std::string holder;
+  try {
+    // compare_set, not add: a request retried after a reconnect finds its own claim.
+    holder = distributed::to_string(store().compare_set(key, {}, distributed::to_bytes(me)));
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("cannot join the job through node 0's store: {}", e.what()));
+  }
+  if (holder == me) return;
+  // Nothing is published: this launcher's failure is not the running job's.
+  throw UsageError(fmt::format(
+      "node {}: another launcher ({}) already joined the job of node 0's store as node {}, so "
+      "this one would run a second copy of its ranks; two launches were given the same "
+      "--master-addr, --master-port and token. Start each node's launcher once, and give "
+      "another job its own --master-port",
+      node_rank_, holder, node_rank_));
 }
 
 std::string NodeLink::remote_failure() const {

@@ -45,7 +45,9 @@ class NodeLink {
   // ("--nnodes 2 --nproc-per-node 4 --max-restarts 0") must be node 0's too:
   // ranks numbered from another shape would never all meet, nor nodes that
   // restart differently, so a node whose shape differs tells every node to
-  // stop and throws UsageError naming both.
+  // stop and throws UsageError naming both. Before that, a second launcher
+  // for a node that already joined (one node started twice) throws
+  // UsageError and publishes nothing, so the running job goes on.
   std::string agree_job_id(const std::string& mine, const std::string& shape,
                            std::chrono::milliseconds timeout);
   // Readable once another node failed (or the store is gone).
@@ -78,6 +80,9 @@ class NodeLink {
   void finish(bool succeeded, std::chrono::milliseconds timeout);
 
  private:
+  // Claims this node's place in the job, throwing UsageError, with nothing
+  // published, when another launcher holds it (a node started twice).
+  void claim_node(const std::string& mine);
   void watch();
   void notify(const std::string& what);
   distributed::TcpStore& store();  // throws once the watcher found the store lost

@@ -561,6 +561,35 @@ TEST_CASE("launcher: two nodes in two network namespaces", "[launcher]") {
                            Contains("collective_worker rank 1/2: OK"));
 }
 
+TEST_CASE("launcher: a node's launcher started twice is refused and the running job goes on",
+          "[launcher]") {
+  // A node-1 command run again while the job runs: with the same shape, the
+  // second launcher's ranks joined the job's store as a second rank 1 and
+  // their failure stopped the whole job; with another (as here), its
+  // complaint about the shape did.
+  const int port = lockstep::testing::unused_tcp_port();
+  auto node = [&](int rank, int nproc, const std::string& probe) {
+    return fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node {} --master-addr 127.0.0.1 "
+                       "--master-port {} --grace-period 0.5 --postmortem-dir '' {} {}",
+                       bin_path("lockstep-run"), rank, nproc, port,
+                       bin_path("launcher_probe"), probe);
+  };
+  const std::string script = fmt::format(
+      "export LOCKSTEP_TOKEN=t; dir=$(mktemp -d); {} > $dir/0 2>&1 & n0=$!; "
+      "{} > $dir/1 2>&1 & n1=$!; "
+      "for i in $(seq 600); do grep -q 'group-sum rank=1' $dir/1 && break; sleep 0.1; done; "
+      "{} > $dir/again 2>&1; echo \"again exit $?\"; "
+      "kill -0 $n0 && kill -0 $n1 && echo 'the job still runs'; "
+      "kill -TERM $n0 $n1; wait $n0; wait $n1; cat $dir/again $dir/0 $dir/1; rm -rf $dir",
+      node(0, 1, "group-sum sleep"), node(1, 1, "group-sum sleep"), node(1, 2, "group-sum"));
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK_THAT(r.output, Contains("again exit 2") && Contains("the job still runs"));
+  CHECK_THAT(r.output, Contains("node 1: another launcher (host ") &&
+                           Contains("already joined the job of node 0's store as node 1"));
+  CHECK_THAT(r.output, !Contains("SIGABRT") && !Contains("is already taken"));
+}
+
 TEST_CASE("launcher: nodes whose launchers disagree on the job's shape stop at once, saying so",
           "[launcher]") {
   const int port = lockstep::testing::unused_tcp_port();
