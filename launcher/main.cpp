@@ -216,7 +216,7 @@ int run(const Options& options) {
     code = result.exit_code;
     if (postmortem &&
         (!link || share_postmortem(*link, *postmortem, attempt, options, supervisor.grace_period)))
-      publish_report(*postmortem, options.postmortem_dir, options.node_rank, attempt);
+      publish_report(*postmortem, options.postmortem_dir, job_id, options.node_rank, attempt);
     // Only a rank's failure, here or on another node, is worth another
     // attempt: a stop asked for by a signal is the user's.
     bool failed =

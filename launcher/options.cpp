@@ -250,8 +250,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                  "is stopped, or restarted under --max-restarts; 0: off")->capture_default_str();
   app.add_option("--postmortem-dir", o.postmortem_dir, "When a rank fails or hangs, or the job "
                  "is stopped, the launcher prints what every rank was doing in its last "
-                 "collectives and writes it as JSON to DIR/lockstep-postmortem-node<N>-attempt<K>"
-                 ".json; '' prints it only")->capture_default_str();
+                 "collectives and writes it as JSON to DIR/lockstep-postmortem-<job id>-node<N>-"
+                 "attempt<K>.json; '' prints it only")->capture_default_str();
   app.add_option("--postmortem-from", o.postmortem_from, "Start nothing: print the post-mortem "
                  "of a job that another launcher (mpirun, torchrun, srun) ran with "
                  "LOCKSTEP_POSTMORTEM_DIR=DIR, from the parts its ranks wrote there");

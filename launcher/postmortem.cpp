@@ -142,13 +142,15 @@ Postmortem read_rank_postmortems(const std::string& dir) {
   return pm;
 }
 
-void publish_report(const Postmortem& pm, const std::string& dir, int node, int attempt) {
+void publish_report(const Postmortem& pm, const std::string& dir, const std::string& job_id,
+                    int node, int attempt) {
   const std::string text = report_text(pm);
   if (text.empty()) return;
   std::string saved;
   if (!dir.empty()) {
     const auto path = std::filesystem::path(dir) /
-                      fmt::format("lockstep-postmortem-node{}-attempt{}.json", node, attempt);
+                      fmt::format("lockstep-postmortem-{}-node{}-attempt{}.json", job_id, node,
+                                  attempt);
     std::ofstream out(path);
     out << distributed::to_json_text(pm, 1) << "\n";
     out.close();

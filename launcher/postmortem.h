@@ -11,7 +11,7 @@
 //     group 'default': rank 1 is behind: ranks 0 and 2 are in allreduce #1235
 //       rank 1: finished allreduce #1234 (f32, 1000 elements) 12.0 s ago; nothing since
 //       ranks 0 and 2: in allreduce #1235 (f32, 1000 elements) since 12.0 s
-//     every rank's last 256 collectives: ./lockstep-postmortem-node0-attempt0.json
+//     every rank's last 256 collectives: ./lockstep-postmortem-<job>-node0-attempt0.json
 //
 // Several nodes: every node's launcher publishes its ranks' part through the
 // store and node 0's report covers the nodes that answered, and names the
@@ -58,8 +58,11 @@ std::string report_text(const Postmortem& postmortem,
 Postmortem read_rank_postmortems(const std::string& dir);
 
 // Prints the report on stderr and writes the JSON to
-// `dir`/lockstep-postmortem-node<node>-attempt<attempt>.json (not when `dir`
-// is empty). Nothing when no rank issued a collective.
-void publish_report(const Postmortem& postmortem, const std::string& dir, int node, int attempt);
+// `dir`/lockstep-postmortem-<job_id>-node<node>-attempt<attempt>.json (not
+// when `dir` is empty): the job's id (LOCKSTEP_JOB_ID) keeps another job's
+// report in the same directory, before or at the same time, from replacing
+// it. Nothing when no rank issued a collective.
+void publish_report(const Postmortem& postmortem, const std::string& dir,
+                    const std::string& job_id, int node, int attempt);
 
 }  // namespace lockstep::launcher

@@ -37,6 +37,23 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// The report node `node`'s launcher wrote to `dir` for attempt 0
+// (lockstep-postmortem-<job id>-node<N>-attempt0.json); empty if none.
+std::string report_path(const std::string& dir, int node) {
+  const std::regex name(fmt::format("lockstep-postmortem-[0-9a-f]+-node{}-attempt0\\.json", node));
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (std::regex_match(entry.path().filename().string(), name)) return entry.path().string();
+  }
+  return {};
+}
+
+// The report's path as the launcher's output names it; empty if it names none.
+std::string named_report(const std::string& output) {
+  std::smatch found;
+  const std::regex line("every rank's last collectives: (\\S+)");
+  return std::regex_search(output, found, line) ? found[1].str() : std::string();
+}
+
 // The post-mortem's JSON (launcher/postmortem.h): each rank's last
 // collective of the default group as (seq, state).
 std::map<int, std::pair<uint64_t, std::string>> last_collectives(const std::string& path) {
@@ -161,6 +178,29 @@ std::set<int> ranks_named(const std::string& report, const std::string& group) {
 
 }  // namespace
 
+TEST_CASE("launcher: two jobs' post-mortems in one directory each keep their own file",
+          "[launcher][postmortem]") {
+  // Before, both were lockstep-postmortem-node0-attempt0.json: the second
+  // job's replaced the first's, whose output still named that file.
+  TempDir dir;
+  const auto first = launch({"-np", "2", "--postmortem-dir", dir.str()},
+                            {"group-sum", "allreduces=2", "exit=1:3"});
+  const auto second = launch({"-np", "2", "--postmortem-dir", dir.str()},
+                             {"group-sum", "allreduces=2", "exit=0:4"});
+  INFO(first.output << "\n----\n" << second.output);
+  const std::string first_path = named_report(first.output);
+  const std::string second_path = named_report(second.output);
+  REQUIRE_FALSE(first_path.empty());
+  REQUIRE_FALSE(second_path.empty());
+  CHECK(first_path != second_path);
+  std::ifstream first_in(first_path), second_in(second_path);
+  REQUIRE((first_in.good() && second_in.good()));
+  CHECK_THAT(nlohmann::json::parse(first_in).at("cause").get<std::string>(),
+             Catch::Contains("exited with code 3"));
+  CHECK_THAT(nlohmann::json::parse(second_in).at("cause").get<std::string>(),
+             Catch::Contains("exited with code 4"));
+}
+
 TEST_CASE("launcher: a post-mortem names the rank that is behind and where the others wait",
           "[launcher][postmortem]") {
   TempDir dir;
@@ -169,7 +209,7 @@ TEST_CASE("launcher: a post-mortem names the rank that is behind and where the o
   const auto hung = launch({"-np", "3", "--hang-timeout", "1.5", "--postmortem-dir", dir.str()},
                            {"group-sum", "allreduces=3", "stop-self=1", "then-allreduce"});
   CHECK(hung.exit_code == 1);
-  const std::string json = dir.str() + "/lockstep-postmortem-node0-attempt0.json";
+  const std::string json = report_path(dir.str(), 0);
   const auto last = last_collectives(json);
   REQUIRE(last.size() == 3);
   const uint64_t n = last.at(1).first;  // rank 1's last: the third all-reduce
@@ -190,7 +230,7 @@ TEST_CASE("launcher: a post-mortem names the rank that is behind and where the o
   const auto failed = launch({"-np", "2", "--postmortem-dir", dir.str()},
                              {"group-sum", "allreduces=2", "fail-attempts=0:1", "then-allreduce"});
   CHECK(failed.exit_code == 7);
-  const auto after_failure = last_collectives(json);
+  const auto after_failure = last_collectives(named_report(failed.output));
   REQUIRE(after_failure.size() == 2);
   CHECK(after_failure.at(0).second == "finished");
   CHECK(after_failure.at(1).first == after_failure.at(0).first + 1);
@@ -240,7 +280,7 @@ TEST_CASE("launcher: a post-mortem names the rank stopped inside the collective 
                            Contains("in which ranks 0 and 2 wait for it") &&
                            Contains("; stopped (SIGSTOP, a debugger)\n") &&
                            !Contains("it did not complete"));
-  std::ifstream in(dir.str() + "/lockstep-postmortem-node0-attempt0.json");
+  std::ifstream in(report_path(dir.str(), 0));
   const auto json = nlohmann::json::parse(in);
   for (const auto& rank : json.at("ranks"))
     CHECK(rank.value("stopped", false) == (rank.at("rank").get<int>() == 1));
@@ -262,11 +302,11 @@ TEST_CASE("launcher: the post-mortem of a two-node job covers both nodes' ranks"
                            (Contains("node 0 exit 134") &&
                             Contains("post-mortem of the collectives (rank 0 (local rank 0 on "
                                      "node 0")));
-  const auto last = last_collectives(dir.str() + "/lockstep-postmortem-node0-attempt0.json");
+  const auto last = last_collectives(report_path(dir.str(), 0));
   REQUIRE(last.size() == 2);
   CHECK(last.at(0).first == last.at(1).first + 1);
   // Node 1 handed its part to node 0 and wrote none of its own.
-  CHECK_FALSE(std::filesystem::exists(dir.str() + "/lockstep-postmortem-node1-attempt0.json"));
+  CHECK(report_path(dir.str(), 1).empty());
 }
 
 // Under another launcher (a shell here, as mpirun or torchrun would start
@@ -476,7 +516,7 @@ TEST_CASE("launcher: the post-mortem of a two-node job names the ranks of a node
                            Contains("rank 1: left no record (node 1 sent no part of the "
                                     "post-mortem)") &&
                            !Contains("every rank issued"));
-  std::ifstream in(dir.str() + "/lockstep-postmortem-node0-attempt0.json");
+  std::ifstream in(report_path(dir.str(), 0));
   REQUIRE(in.good());
   const auto json = nlohmann::json::parse(in);
   REQUIRE(json.at("ranks").size() == 2);
