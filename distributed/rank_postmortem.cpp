@@ -167,16 +167,24 @@ int fresh_parts(const std::string& dir, int self, fs::file_time_type since) {
   return n;
 }
 
-// Whether a rank asked for the others' parts since `since`.
-bool asked_since(const std::string& dir, fs::file_time_type since) {
+// Whether a rank of `attempt` asked for the others' parts since `since`. The
+// ask's first line names its launch (attempt_of): a rank of another job
+// writing to the same directory at the same time is not answered, which
+// would put this rank's part over that job's part of the same rank number.
+bool asked_since(const std::string& dir, fs::file_time_type since, const std::string& attempt) {
+  const fs::path file = fs::path(dir) / kAskedFile;
   std::error_code error;
-  const auto written = fs::last_write_time(fs::path(dir) / kAskedFile, error);
-  return !error && written >= since;
+  const auto written = fs::last_write_time(file, error);
+  if (error || written < since) return false;
+  std::string asker;
+  std::getline(std::ifstream(file), asker);
+  return attempt.empty() || asker.empty() || asker == attempt;
 }
 
 // Asks every rank watching dir for its part.
 void ask_for_parts(const PartTarget& t, const std::string& cause) {
-  std::ofstream(fs::path(t.dir) / kAskedFile) << fmt::format("rank {}: {}\n", t.rank, cause);
+  std::ofstream(fs::path(t.dir) / kAskedFile)
+      << fmt::format("{}\nrank {}: {}\n", t.attempt, t.rank, cause);
 }
 
 // The watch thread: once a rank asks, write this one's part, so that a rank
@@ -184,7 +192,7 @@ void ask_for_parts(const PartTarget& t, const std::string& cause) {
 void run_watch(const Watch& w) {
   for (;;) {
     std::this_thread::sleep_for(kWatchEvery);
-    if (!asked_since(w.target.dir, w.since)) continue;
+    if (!asked_since(w.target.dir, w.since, w.target.attempt)) continue;
     std::lock_guard lock(part_state->mutex);
     if (part_state->written == Written::nothing && write_part(w.target, ""))
       part_state->written = Written::answer;

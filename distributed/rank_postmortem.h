@@ -7,7 +7,8 @@
 // DIR/lockstep-postmortem-rank<R>.json and name the file on stderr. The ranks
 // that saw the failure write theirs, and ask the others for theirs through
 // DIR/lockstep-postmortem-asked. Every rank watches for that file from its
-// first process group on (one stat() a second) and, once asked, writes its
+// first process group on (one stat() a second) and, once asked by a rank of
+// its own launch (another job sharing DIR is not answered), writes its
 // part with no cause of its own: a rank stuck outside the collectives (a
 // deadlock in its own code, a data loader that never returns) shows its last
 // collective instead of nothing. A rank that wrote the part of its failure

@@ -13,10 +13,13 @@
 #include <iterator>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "lockstep/collectives/init.h"
+#include "lockstep/collectives/spawn.h"
 #include "lockstep/distributed/flight_recorder.h"
 #include "lockstep/distributed/postmortem.h"
 #include "lockstep/distributed/rank_postmortem.h"
@@ -160,6 +163,44 @@ TEST_CASE("post-mortem: a rank under another launcher writes its own part when a
   auto unwritable = torchrun;
   unwritable["LOCKSTEP_POSTMORTEM_DIR"] = dir.str() + "/missing/deeper";
   CHECK_FALSE(ld::write_rank_postmortem(env_lookup(unwritable), "x").has_value());
+}
+
+TEST_CASE("post-mortem: a rank answers the asks of its own launch only, not another job's in "
+          "the same directory",
+          "[postmortem]") {
+  // Two mpirun jobs with one LOCKSTEP_POSTMORTEM_DIR: job a's failed rank
+  // asks; job b's rank 0, healthy, must not write its part over job a's.
+  TempDir dir;
+  const std::string part = dir.str() + "/lockstep-postmortem-rank0.json";
+  const std::string asked = dir.str() + "/lockstep-postmortem-asked";
+  const std::string result = dir.str() + "/result";
+  lockstep::collectives::SpawnOptions options;
+  options.env = {{"LOCKSTEP_POSTMORTEM_DIR", dir.str()}, {"PMIX_NAMESPACE", "job-b"}};
+  lockstep::collectives::spawn(
+      1,
+      [&](int) {
+        auto group = lockstep::collectives::init_process_group();  // its watch starts
+        // Asks older than the watch are ignored, by times the file system
+        // keeps coarser than the clock's.
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        std::ofstream(asked) << "mpirun job job-a\nrank 1: allreduce #4 failed\n";
+        // Longer than the watch's look every second: an answer would be here.
+        std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+        const bool answered_other_job = std::filesystem::exists(part);
+        std::ofstream(asked) << "mpirun job job-b\nrank 1: allreduce #4 failed\n";
+        bool answered_own = false;
+        for (int i = 0; i < 300 && !answered_own; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          answered_own = std::filesystem::exists(part);
+        }
+        std::ofstream(result) << answered_other_job << " " << answered_own;
+      },
+      options);
+  std::ifstream in(result);
+  int answered_other_job = -1, answered_own = -1;
+  in >> answered_other_job >> answered_own;
+  CHECK(answered_other_job == 0);
+  CHECK(answered_own == 1);
 }
 
 TEST_CASE("post-mortem: long group names stay apart, cut between UTF-8 characters",
