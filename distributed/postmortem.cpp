@@ -17,7 +17,7 @@ double seconds_between(int64_t from_ns, int64_t to_ns) {
 
 RankHistory rank_history(const std::vector<FlightRecord>& records, int64_t now_ns, int rank,
                          int node, const std::string& host, int64_t pid) {
-  RankHistory h{.rank = rank, .node = node, .host = host, .pid = pid, .recorded = !records.empty()};
+  RankHistory h{.rank = rank, .node = node, .host = host, .pid = pid, .recorded = true};
   for (const auto& r : records) {
     if (r.state == FlightRecord::State::torn) {
       h.newest_torn = true;  // the newest only: nothing follows it

@@ -67,7 +67,8 @@ struct Postmortem {
 };
 
 // A rank's history from its flight records, with ages measured from now_ns
-// (monotonic_ns()).
+// (monotonic_ns()). Recorded even with no records: a rank makes its recorder
+// with its first process group, so it got that far.
 RankHistory rank_history(const std::vector<FlightRecord>& records, int64_t now_ns, int rank,
                          int node, const std::string& host, int64_t pid);
 

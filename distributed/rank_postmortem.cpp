@@ -106,9 +106,6 @@ std::optional<std::string> write_part(const PartTarget& t, const std::string& ca
                 .attempt = t.attempt};
   pm.ranks.push_back(rank_history(FlightRecorder::instance().snapshot(), monotonic_ns(), t.rank,
                                   0, host_name(), ::getpid()));
-  // A part comes from a failed collective or from the watch a process group
-  // starts: its rank made its group, with or without a collective since.
-  pm.ranks.back().recorded = true;
   const auto path = part_path(t.dir, t.rank);
   // Written aside and renamed: another launcher kills the ranks as soon as
   // one exits, and a part cut short would be a part nobody can read.

@@ -26,9 +26,6 @@ RankHistory read_rank_history(const std::string& path, int rank, int node,
     const auto records = distributed::read_flight_recorder_file(path);
     if (records) {
       auto history = distributed::rank_history(*records, now, rank, node, host, pid);
-      // A rank makes its file with its first process group
-      // (collectives/process_group.cpp): one without collectives made it too.
-      history.recorded = true;
       history.stopped = process_stopped(static_cast<pid_t>(pid));
       return history;
     }
