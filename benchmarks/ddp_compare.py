@@ -19,8 +19,10 @@ efficiency (samples/s at N ranks over N x the same path's samples/s at one
 rank), communication time, the part of it still waited for after backward
 (exposed) and the share hidden behind backward, and lockstep's samples/s over
 PyTorch's. Then a bucket-size sweep at two ranks (gloo, both libraries).
-Everything runs --repeats times (whole rounds) and each configuration's
-fastest run is reported, which damps other load on a shared machine.
+Everything runs --repeats times in whole rounds (A, B, A, B, ...: a burst of
+other load on a shared machine hits one repeat of a configuration rather than
+all of them) and each configuration's median run by samples/s is reported (of
+an even count, the slower of the two middle runs).
 
     benchmarks/ddp_compare.py --build build                 MLP and CNN at 1 and 2 ranks
     benchmarks/ddp_compare.py --build build --sizes 1,2,4   4 ranks oversubscribe 2 cores
@@ -185,8 +187,8 @@ def main():
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="cap for the main table")
     p.add_argument("--sweep", default="1,5,25",
                    help="bucket caps (MiB) swept at two ranks over gloo; empty: no sweep")
-    p.add_argument("--repeats", type=int, default=2,
-                   help="run everything this many times; report each configuration's fastest run")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="run everything this many times; report each configuration's median run")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="passed to both sides; on cuda lockstep's default backend and "
                         "PyTorch's are nccl (one GPU per rank)")
@@ -221,18 +223,20 @@ def main():
     paths = [f"lockstep {b}" for b in backends] + ([] if a.no_torch else ["torch gloo"])
     # The ceiling is measured against the first lockstep path's one-rank run.
     ceiling = not a.no_ceiling and a.device == "cpu" and backends and 1 in sizes
-    res = {}  # (model, n, path) -> result dict or None
     sweep_n = 2
-    sweep_res = {}  # (model, path) -> list of results, one per cap
     ok = True
 
-    def faster(old, new):
-        """Per entry, the repeat with the higher samples/s (the least disturbed one)."""
-        if old is None:
-            return new
-        if new is None:
-            return old
-        return [o if o["samples_per_s"] >= n["samples_per_s"] else n for o, n in zip(old, new)]
+    runs = {}  # (model, n, path) -> every successful repeat's result
+    sweep_runs = {}  # (model, path) -> per repeat, the results of every cap
+
+    def median_run(results):
+        """The repeat whose samples/s is the median (of an even count, the slower
+        middle one: a real run, not a mean of two), with every repeat's samples/s."""
+        if not results:
+            return None
+        ordered = sorted(results, key=lambda r: r["samples_per_s"])
+        return dict(ordered[(len(ordered) - 1) // 2],
+                    repeats_samples_per_s=[r["samples_per_s"] for r in results])
 
     # Whole rounds, so that a burst of other load on the machine hits one
     # repeat of a configuration rather than all of them.
@@ -248,9 +252,7 @@ def main():
                     else:
                         r = lockstep_path(a, path.split()[1], model, n, [a.bucket_cap_mb])
                     ok = ok and r is not None
-                    prev = res.get((model, n, path))
-                    best = faster(None if prev is None else [prev], r)
-                    res[(model, n, path)] = best[0] if best else None
+                    runs.setdefault((model, n, path), []).extend(r[:1] if r else [])
         if sweep:
             for model in models:
                 for path in paths:
@@ -261,7 +263,10 @@ def main():
                     else:
                         continue
                     ok = ok and r is not None
-                    sweep_res[(model, path)] = faster(sweep_res.get((model, path)), r)
+                    sweep_runs.setdefault((model, path), []).extend([r] if r else [])
+    res = {key: median_run(rs) for key, rs in runs.items()}  # (model, n, path) -> result
+    sweep_res = {key: [median_run([rs[i] for rs in per_repeat]) for i in range(len(sweep))]
+                 if per_repeat else None for key, per_repeat in sweep_runs.items()}
 
     def efficiency(model, n, path):
         base = paths[0] if path == "no comm" else path
@@ -278,7 +283,7 @@ def main():
 
     print(f"# DDP training step, batch {a.batch} per rank, {a.warmup} warm-up + {a.iters} timed "
           f"steps, bucket cap {a.bucket_cap_mb:g} MiB, 1 BLAS thread per rank; step = slowest "
-          f"rank's mean, fastest of {a.repeats} runs; ratio = lockstep samples/s over PyTorch's "
+          f"rank's mean, median of {a.repeats} runs; ratio = lockstep samples/s over PyTorch's "
           f"at the same N")
     print(f"# {LOCKSTEP_RUN['machine'] or machine.describe()}"
           + (f"; {max(sizes)} ranks oversubscribe the cores" if max(sizes) > (os.cpu_count() or 1) else ""))
