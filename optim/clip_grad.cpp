@@ -81,7 +81,9 @@ double total_grad_norm(const std::vector<Tensor>& params, double norm_type) {
 }
 
 double clip_grads_with_norm(const std::vector<Tensor>& params, double max_norm, double total_norm) {
-  LOCKSTEP_CHECK(max_norm >= 0.0, "clip_grad_norm: max_norm {} is negative; it must be >= 0",
+  LOCKSTEP_CHECK(max_norm >= 0.0,
+                 "clip_grad_norm: max_norm must be a number >= 0 (the largest total norm to "
+                 "allow), got {}",
                  max_norm);
   // PyTorch's rule: scale = max_norm / (total + 1e-6), applied only when < 1
   // (a NaN scale is applied too, so non-finite gradients stay visible).

@@ -394,7 +394,9 @@ void ZeroRedundancyOptimizer::step() {
 
 double ZeroRedundancyOptimizer::clip_grad_norm(double max_norm, double norm_type,
                                                bool error_if_nonfinite) {
-  LOCKSTEP_CHECK(max_norm >= 0.0, "{}.clip_grad_norm: max_norm {} is negative; it must be >= 0",
+  LOCKSTEP_CHECK(max_norm >= 0.0,
+                 "{}.clip_grad_norm: max_norm must be a number >= 0 (the largest total norm to "
+                 "allow), got {}",
                  kName, max_norm);
   check_not_moved("clip_grad_norm");
   // The partial and a NaN flag: a NaN must survive a max reduction too.

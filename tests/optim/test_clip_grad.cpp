@@ -28,3 +28,18 @@ TEST_CASE("clip_grad_norm reads bf16 and f16 gradients beside f32 ones", "[optim
       CHECK(g == Approx(2.0 / std::sqrt(24.0)).epsilon(4e-3));
   }
 }
+
+TEST_CASE("clip_grad_norm refuses a NaN or negative max_norm without calling NaN negative",
+          "[optim][clip]") {
+  // A max_norm computed from a diverged value is NaN: no limit at all, and the error says so.
+  Tensor p = Tensor::zeros({2});
+  p.requires_grad_();
+  p.set_grad(Tensor::full({2}, 3.0));
+  using Catch::Contains;
+  for (double max_norm : {std::nan(""), -1.0}) {
+    INFO("max_norm " << max_norm);
+    CHECK_THROWS_WITH(clip_grad_norm({p}, max_norm),
+                      Contains("max_norm must be a number >= 0") && !Contains("negative"));
+  }
+  CHECK(p.grad().to_vector<float>() == std::vector<float>{3.0f, 3.0f});
+}
