@@ -26,6 +26,7 @@
 // (it changes what the run computes); --checkpoint-blocks changes nothing
 // but memory and time.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -66,6 +67,10 @@ using namespace lockstep;
 using runtime::Tensor;
 
 using examples::print;
+
+// TrainingProgress::user keys: the unlogged part of the loss window.
+constexpr const char* kLogWindowLoss = "log_window_loss";
+constexpr const char* kLogWindowSteps = "log_window_steps";
 
 models::GptConfig model_config(const Options& o) {
   return {.vocab_size = 256,
@@ -271,9 +276,30 @@ int run(Options o) {
       print(rank, "resumed from {}: step {}\n", last->path.string(), progress.step);
     }
   }
+  // The loss logged at a --log-every step is the mean over the steps since the
+  // last log line; the part of that window a checkpoint ends in rides in it, so
+  // a resumed run logs the very numbers an uninterrupted one does.
+  double window_loss = 0;
+  int64_t window_steps = 0;
+  if (progress.user.contains(kLogWindowLoss)) {
+    const std::string& sum = progress.user.at(kLogWindowLoss);
+    const std::string steps = progress.user.contains(kLogWindowSteps)
+                                  ? progress.user.at(kLogWindowSteps)
+                                  : std::string();
+    const std::optional<double> loss = runtime::parse_metadata_number(sum);
+    const auto [end, ec] = std::from_chars(steps.data(), steps.data() + steps.size(), window_steps);
+    LOCKSTEP_CHECK(loss && ec == std::errc() && end == steps.data() + steps.size() &&
+                       window_steps >= 0,
+                   "{}: the saved log window (loss sum \"{}\" over \"{}\" steps) does not "
+                   "read; the checkpoint was not written by gpt_train",
+                   checkpoints->resume_from->path.string(), sum, steps);
+    window_loss = *loss;
+  }
   const auto save = [&](std::optional<double> metric) {
     if (!checkpoints) return;
     progress.batch = progress.step;
+    progress.user[kLogWindowLoss] = runtime::metadata_number(window_loss);
+    progress.user[kLogWindowSteps] = std::to_string(window_steps);
     auto entry = train::save_training_checkpoint(checkpoints->dir, parts, progress, metric, *group);
     print(rank, "saved {}\n", entry.path.string());
   };
@@ -283,8 +309,7 @@ int run(Options o) {
   // Throughput counts the training steps only: evaluation and checkpoint
   // writes between them are not training tokens.
   double window_secs = 0;
-  double window_loss = 0;
-  int64_t window_steps = 0;
+  int64_t timed_steps = 0;  // of the window, in this process
   std::optional<double> val;
   while (progress.step < o.steps) {
     const auto step_start = Clock::now();
@@ -311,8 +336,9 @@ int run(Options o) {
     window_secs += std::chrono::duration<double>(Clock::now() - step_start).count();
     window_loss += step_loss;
     ++window_steps;
+    ++timed_steps;
     if (progress.step % o.log_every == 0 || progress.step == o.steps) {
-      const double tokens = static_cast<double>(window_steps * o.batch_size * o.seq_len * world);
+      const double tokens = static_cast<double>(timed_steps * o.batch_size * o.seq_len * world);
       print(rank, "step {}/{} loss {:.6f} ({:.3f} bits/byte) lr {:.3g} tokens/s {:.0f} elapsed {:.0f}s\n",
             progress.step, o.steps, window_loss / static_cast<double>(window_steps),
             window_loss / static_cast<double>(window_steps) / std::log(2.0),
@@ -321,6 +347,7 @@ int run(Options o) {
       window_secs = 0;
       window_loss = 0;
       window_steps = 0;
+      timed_steps = 0;
     }
     const bool eval_now = progress.step % o.eval_every == 0 || progress.step == o.steps;
     if (eval_now) {

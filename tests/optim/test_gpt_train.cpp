@@ -463,3 +463,34 @@ TEST_CASE("gpt_train: a resume keeps the run's number of validation windows",
   CHECK(resumed.digest == first.digest);
   for (const auto& d : {data, fs::path(dir)}) fs::remove_all(d);
 }
+
+TEST_CASE("gpt_train: a run resumed inside a --log-every window logs the losses an "
+          "uninterrupted one does", "[example][gpt][resume]") {
+  LOCKSTEP_SKIP_IF(fortunes_skip_reason());
+  const std::string dir = scratch("log-window");
+  auto args = command(1, {"--steps", "10", "--eval-every", "100", "--eval-windows", "8",
+                          "--checkpoint-dir", dir, "--checkpoint-every", "3", "--keep-last", "5"});
+  *(std::find(args.begin(), args.end(), "--log-every") + 1) = "4";
+  const GptRun straight = parse(run_process(args, std::chrono::seconds(300)));
+  INFO(straight.result.output);
+  REQUIRE(straight.result.ok());
+  REQUIRE(straight.losses.size() == 3);  // steps 4, 8 and 10
+  // Back to the step-6 checkpoint: halfway through the window logged at step 8.
+  for (const char* later : {"ckpt-0000000009.safetensors", "ckpt-0000000010.safetensors"})
+    REQUIRE(fs::remove(fs::path(dir) / later));
+  args.push_back("--resume");
+  const GptRun resumed = parse(run_process(args, std::chrono::seconds(300)));
+  INFO(resumed.result.output);
+  REQUIRE(resumed.result.ok());
+  CHECK_THAT(resumed.result.output, Catch::Contains("resumed from"));
+  // Step 8's line is the mean of steps 5 to 8, two of them before the resume;
+  // it used to average steps 7 and 8 alone.
+  REQUIRE(resumed.losses.size() == 2);
+  for (const char* where : {"step 8", "step 10"}) {
+    INFO(where);
+    REQUIRE(resumed.losses.contains(where));
+    CHECK(resumed.losses.at(where) == straight.losses.at(where));
+  }
+  CHECK(resumed.digest == straight.digest);
+  fs::remove_all(dir);
+}
