@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/collectives/rank_text.h"
+#include "lockstep/runtime/checkpoint/atomic_file.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/train/training_checkpoint.h"
 
@@ -181,6 +182,40 @@ Decision continue_job(const runtime::CheckpointDir& dir, const TrainingRunOption
   return decision;
 }
 
+// Files whose header does not read, at steps above the one the run resumes
+// from: the run saves those steps again, and a save never replaces a file it
+// cannot tell is its own, so each would stop the run there, its work since the
+// resume lost. They move into a new subdirectory "<prefix>-unreadable[-N]"
+// (nothing is deleted); returns a note, empty when there was none.
+std::string move_unreadable_above(const fs::path& dir, const std::string& prefix,
+                                  const std::vector<CheckpointEntry>& entries, int64_t step) {
+  std::vector<const CheckpointEntry*> blocking;
+  for (const auto& e : entries)
+    if (!e.unreadable.empty() && e.step > step) blocking.push_back(&e);
+  if (blocking.empty()) return {};
+  fs::path target = dir / (prefix + "-unreadable");
+  std::error_code ec;
+  for (int n = 2; !fs::create_directory(target, ec); ++n) {
+    LOCKSTEP_CHECK(!ec && n < 1000, "cannot create {} to move unreadable checkpoints into: {}",
+                   target.string(), ec ? ec.message() : "too many folders of that name");
+    target = dir / fmt::format("{}-unreadable-{}", prefix, n);
+  }
+  std::string names;
+  for (const auto* e : blocking) {
+    fs::rename(e->path, target / e->path.filename(), ec);
+    LOCKSTEP_CHECK(!ec, "cannot move {}, whose header does not read, into {}: {}; move it away "
+                   "by hand, or the resumed run cannot save step {}",
+                   e->path.string(), target.string(), ec.message(), e->step);
+    names += (names.empty() ? "" : ", ") + e->path.filename().string();
+  }
+  runtime::fsync_directory(target);
+  runtime::fsync_directory(dir);
+  return fmt::format("moved {} into {}: {} header does not read, so the resumed run could not "
+                     "save over {} when it reaches {} step again",
+                     names, target.string(), blocking.size() == 1 ? "its" : "their",
+                     blocking.size() == 1 ? "it" : "them", blocking.size() == 1 ? "its" : "their");
+}
+
 }  // namespace
 
 TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOptions dir_options,
@@ -214,6 +249,11 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
       else
         decision = options.resume ? pick_to_resume(*dir, options, entries)
                                   : start_new(*dir, options, entries);
+      if (decision.pick) {
+        const std::string moved = move_unreadable_above(
+            path, dir_options.prefix, entries, dir->entry_for(*decision.pick).step);
+        if (!moved.empty()) decision.notes.push_back(moved);
+      }
     } catch (const std::exception& e) {
       error = *e.what() ? e.what() : "an error without a message";
     }

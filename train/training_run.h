@@ -36,7 +36,11 @@
 //     (verified in full) is picked, and when none loads it throws, naming
 //     every file and why it does not load. A file saved before runs had ids
 //     is adopted (with a note): its settings cannot be checked, and its
-//     files are never deleted by the new saves' retention.
+//     files are never deleted by the new saves' retention;
+//   - a resume, either way, moves the files whose header does not read at
+//     steps above its pick into a subdirectory "<prefix>-unreadable" (deleting
+//     nothing): the run saves those steps again, and a save never replaces a
+//     file it cannot tell is the run's own.
 // record_run_settings then refuses a resume whose fixed settings differ
 // (run_settings.h; the world size is always one, the data digest one where
 // the program records it) and returns the changes.

@@ -212,6 +212,39 @@ TEST_CASE("A resume where no checkpoint loads names every file; files of two run
   fs::remove_all(dir);
 }
 
+TEST_CASE("A resume past a checkpoint cut off in its header moves it aside and saves that step "
+          "again", "[optim][checkpoint][run]") {
+  // A copy that stopped inside the header (or left the file empty): the file
+  // no longer says whose it is, and the resumed run's save of its step used
+  // to refuse it, after the training that led there.
+  TempDir tmp;
+  const fs::path dir = tmp.file("header-cut");
+  saved_run(dir, settings("mlp", "0.05"), {1, 2});
+  runtime::CheckpointDir listing(dir);
+  const fs::path second = listing.path_for_step(2), third = listing.path_for_step(3);
+  fs::resize_file(second, 20);
+  std::ofstream(third).close();  // empty
+  REQUIRE_FALSE(runtime::CheckpointDir(dir).list().back().unreadable.empty());
+
+  TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
+  record_run_settings(run, settings("mlp", "0.05"));
+  REQUIRE(run.resume_from);
+  CHECK(run.resume_from->step == 1);
+  REQUIRE(run.notes.size() == 3);  // two skipped, one move
+  const fs::path aside = dir / "ckpt-unreadable";
+  CHECK_THAT(run.notes[2], Contains("moved ckpt-0000000002.safetensors, "
+                                    "ckpt-0000000003.safetensors into " + aside.string()));
+  // Nothing deleted: both files kept as they were, out of the run's way.
+  CHECK(fs::file_size(aside / second.filename()) == 20);
+  CHECK(fs::file_size(aside / third.filename()) == 0);
+  auto model = models::fashion_mlp(1);
+  for (int64_t step : {2, 3})
+    CHECK_NOTHROW(save_training_checkpoint(run.dir, {.model = model.get()}, {.step = step},
+                                           std::nullopt, testing::one_rank_group()));
+  CHECK_NOTHROW(runtime::load_checkpoint(third));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("A resume past a checkpoint cut off in its data saves that step again",
           "[optim][checkpoint][run]") {
   // As after copying the directory to another machine and the copy of the
