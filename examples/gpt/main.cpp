@@ -16,15 +16,17 @@
 // Checkpoints and --resume/--restart behave as fashion_mnist's: the files
 // belong to the run, and a resume refuses other model, batch, optimizer,
 // schedule, data (its path, and a digest of the text and split loaded from
-// it) or seed settings (run_settings() below); the clipping, the number of
-// validation windows and the logging, evaluation and checkpoint intervals may
-// change, and options left out take the run's saved values.
+// it) or seed settings (run_settings() below); the clipping, block
+// checkpointing, the number of validation windows and the logging, evaluation
+// and checkpoint intervals may change, and options left out take the run's
+// saved values.
 //   ... --amp bf16 | f16 [--checkpoint-blocks]
 // --amp runs forward and loss under autocast (runtime/autocast.h), f16 with a
 // GradScaler whose state rides in the checkpoints; --checkpoint-blocks
 // recomputes each block's activations in backward. A resume keeps --amp
 // (it changes what the run computes); --checkpoint-blocks changes nothing
-// but memory and time.
+// but memory and time, and a resume that leaves it out keeps the run's
+// (--no-checkpoint-blocks turns it off).
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -154,6 +156,7 @@ train::RunSettings run_settings(const Options& o, const std::string& data_digest
                     {train::kDataDigestSetting, data_digest},
                     {"seed", std::to_string(o.seed)}},
           .changeable = {{"clip_grad_norm", fmt::format("{}", o.clip_grad_norm)},
+                         {"checkpoint_blocks", o.checkpoint_blocks ? "on" : "off"},
                          {"log_every", std::to_string(o.log_every)},
                          {"eval_every", std::to_string(o.eval_every)},
                          {"eval_windows", std::to_string(o.eval_windows)},
@@ -164,6 +167,8 @@ train::RunSettings run_settings(const Options& o, const std::string& data_digest
 void take_saved_settings(Options& o, const train::RunSettings& saved) {
   const examples::SavedSettings s(saved, o.given);
   s.take("clip_grad_norm", "clip_grad_norm", o.clip_grad_norm);
+  // What let the model fit in the device's memory; --no-checkpoint-blocks drops it.
+  s.take("checkpoint_blocks", "checkpoint_blocks", o.checkpoint_blocks);
   s.take("log_every", "log_every", o.log_every);
   s.take("eval_every", "eval_every", o.eval_every);
   // The validation set: the best checkpoint is chosen by losses measured on it.
@@ -386,7 +391,7 @@ int main(int argc, char** argv) {
   app.add_option("--n-embd", o.n_embd, "width")->check(cli_checks::positive);
   app.add_option("--seq-len", o.seq_len, "context length in bytes")->check(cli_checks::positive);
   app.add_option("--dropout", o.dropout, "dropout in training")->check(CLI::Range(0.0, 0.99));
-  app.add_flag("--checkpoint-blocks", o.checkpoint_blocks,
+  app.add_flag("--checkpoint-blocks,!--no-checkpoint-blocks", o.checkpoint_blocks,
                "recompute each block's activations in backward (less memory, more time)");
   app.add_option("--amp", o.amp, "autocast dtype: none, bf16, f16 (with loss scaling)")
       ->check(CLI::IsMember({"none", "bf16", "f16"}))
@@ -442,9 +447,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const char* name :
-       {"clip_grad_norm", "log_every", "eval_every", "eval_windows", "checkpoint_every", "n_layer",
-        "n_head", "n_embd", "seq_len", "dropout", "batch_size", "lr", "min_lr", "weight_decay",
-        "zero", "amp", "steps", "warmup_steps", "data", "seed", "keep_last", "threads"}) {
+       {"clip_grad_norm", "checkpoint_blocks", "log_every", "eval_every", "eval_windows",
+        "checkpoint_every", "n_layer", "n_head", "n_embd", "seq_len", "dropout", "batch_size",
+        "lr", "min_lr", "weight_decay", "zero", "amp", "steps", "warmup_steps", "data", "seed",
+        "keep_last", "threads"}) {
     std::string flag = std::string("--") + name;
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (app.count(flag) > 0) o.given.insert(name);

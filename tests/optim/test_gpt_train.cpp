@@ -494,3 +494,39 @@ TEST_CASE("gpt_train: a run resumed inside a --log-every window logs the losses 
   CHECK(resumed.digest == straight.digest);
   fs::remove_all(dir);
 }
+
+TEST_CASE("gpt_train: a resume that leaves out --checkpoint-blocks keeps the run's",
+          "[example][gpt][resume]") {
+  LOCKSTEP_SKIP_IF(fortunes_skip_reason());
+  const std::string dir = scratch("blocks");
+  const auto args = command(1, {"--steps", "6", "--checkpoint-blocks", "--eval-every", "100",
+                                "--eval-windows", "8", "--checkpoint-dir", dir,
+                                "--checkpoint-every", "3", "--keep-last", "5"});
+  const GptRun straight = parse(run_process(args, std::chrono::seconds(300)));
+  INFO(straight.result.output);
+  REQUIRE(straight.result.ok());
+  CHECK_THAT(straight.result.output, Catch::Contains("blocks checkpointed"));
+  const auto resume = [&](std::vector<std::string> extra) {
+    REQUIRE(fs::remove(fs::path(dir) / "ckpt-0000000006.safetensors"));
+    std::vector<std::string> argv = {bin_path("gpt_train"), "--checkpoint-dir", dir, "--resume",
+                                     "--sample-bytes", "0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return parse(run_process(argv, std::chrono::seconds(300)));
+  };
+  // The memory the run was started to fit in: a resume of a model that fits
+  // only so used to drop it, as --checkpoint-blocks was not recorded.
+  const GptRun kept = resume({});
+  INFO(kept.result.output);
+  REQUIRE(kept.result.ok());
+  CHECK_THAT(kept.result.output, Catch::Contains("blocks checkpointed"));
+  CHECK(kept.digest == straight.digest);
+  // Turned off on purpose: said, and the run goes on exactly all the same.
+  const GptRun off = resume({"--no-checkpoint-blocks"});
+  INFO(off.result.output);
+  REQUIRE(off.result.ok());
+  CHECK_THAT(off.result.output,
+             Catch::Contains("checkpoint_blocks off from the command line replaces the saved on") &&
+                 !Catch::Contains("blocks checkpointed"));
+  CHECK(off.digest == straight.digest);
+  fs::remove_all(dir);
+}
