@@ -100,9 +100,15 @@ CheckpointRegion::CheckpointRegion(CheckpointFn fn, const std::vector<Tensor>& i
   }
 }
 
-size_t CheckpointRegion::add_slots(const char* op, size_t n) {
+size_t CheckpointRegion::add_slots(const char* op, const std::vector<Tensor>& saved) {
   const size_t first = slot_ops_.size();
-  slot_ops_.insert(slot_ops_.end(), n, op);
+  slot_ops_.insert(slot_ops_.end(), saved.size(), op);
+  for (const Tensor& t : saved) {
+    if (t.defined())
+      slot_origins_.push_back({t.storage(), t.version(), t.shape()});
+    else
+      slot_origins_.emplace_back();
+  }
   return first;
 }
 
@@ -162,9 +168,26 @@ void CheckpointRegion::recompute() {
   inputs_.clear();
 }
 
+// As SavedTensor::unpack without a region: a tensor the forward saved that
+// was changed in place since (a parameter updated between forward and
+// backward) is an error, not a recomputation from its new values, whose
+// gradient would not be the gradient of the loss the forward computed.
+void CheckpointRegion::check_unchanged(size_t slot, const Node& owner, size_t index) const {
+  const SlotOrigin& origin = slot_origins_[slot];
+  const std::shared_ptr<Storage> storage = origin.storage.lock();
+  LOCKSTEP_CHECK(!storage || storage->version() == origin.version,
+                 "{}: saved tensor {} (shape {}) needed for the gradient was modified by an "
+                 "in-place operation after the checkpointed forward: it is at version {}, "
+                 "expected version {}. Use an out-of-place op, or clone() the tensor before "
+                 "changing it.",
+                 owner.name(), index, shape_str(origin.shape), storage ? storage->version() : 0,
+                 origin.version);
+}
+
 Tensor CheckpointRegion::unpack(size_t slot, const Node& owner, size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!recomputed_) recompute();
+  if (!recomputed_) recompute();  // first: its own check names a changed input
+  check_unchanged(slot, owner, index);
   return saved_[slot].unpack(owner, index);
 }
 

@@ -17,8 +17,10 @@
 // meanwhile; generators are not moved by the replay). It must record the same
 // ops: a `fn` whose structure changes between runs throws, as does a `fn` that
 // changes its inputs in place, or a generator re-seeded between forward and
-// backward. Module train/eval mode is read again: do not switch it between
-// forward and backward. Regions do not nest (a clear error). Thread-safe: a
+// backward. A tensor an op saved that is changed in place before backward (a
+// parameter stepped too early) throws, as it does without checkpointing.
+// Module train/eval mode is read again: do not switch it between forward and
+// backward. Regions do not nest (a clear error). Thread-safe: a
 // region recomputes once, under its own lock.
 #pragma once
 

@@ -153,3 +153,33 @@ TEST_CASE("checkpoint: nesting, and an input changed in place, are clear errors"
   }
   CHECK_THROWS_WITH(out.backward(), Catch::Contains("modified in place after the region ran"));
 }
+
+TEST_CASE("checkpoint: a parameter changed in place before backward is an error, as without it",
+          "[autograd][checkpoint]") {
+  // The recomputation would read the new weight and return the gradient of
+  // a loss the forward never computed.
+  for (const bool checkpointed : {false, true}) {
+    CAPTURE(checkpointed);
+    Tensor w = Tensor::full({3}, 2.0).requires_grad_(true);
+    Tensor x = Tensor::ones({3}).requires_grad_(true);
+    const auto fn = [&w](const Tensor& in) { return lr::mul(in, w); };
+    const Tensor y = checkpointed ? lr::checkpoint(fn, x) : fn(x);
+    const Tensor loss = lr::sum(lr::mul(y, y));
+    {
+      lr::NoGradGuard no_grad;
+      w.mul_(10.0);  // an optimizer step between forward and backward
+    }
+    CHECK_THROWS_WITH(loss.backward(), Catch::Contains("modified by an in-place operation"));
+    CHECK(!x.grad().defined());
+  }
+  // A parameter left alone, with the activations dropped and recomputed, is
+  // no error, and neither is a second backward with the graph retained.
+  Tensor w = Tensor::full({3}, 2.0).requires_grad_(true);
+  Tensor x = Tensor::ones({3}).requires_grad_(true);
+  const Tensor y = lr::checkpoint([&w](const Tensor& in) { return lr::gelu(lr::mul(in, w)); }, x);
+  const Tensor loss = lr::sum(y);
+  loss.backward({}, true);
+  const Tensor first = x.grad().clone();
+  loss.backward();
+  CHECK(lockstep::testing::bitwise_equal(x.grad(), lr::add(first, first)));
+}

@@ -18,8 +18,9 @@ class CheckpointRegion : public std::enable_shared_from_this<CheckpointRegion> {
  public:
   CheckpointRegion(CheckpointFn fn, const std::vector<Tensor>& inputs);
 
-  // Forward: places for the `n` tensors op `op` saves; returns the first.
-  size_t add_slots(const char* op, size_t n);
+  // Forward: places for the tensors op `op` saves; returns the first. Only
+  // their versions are kept (not their memory), to be checked on unpack.
+  size_t add_slots(const char* op, const std::vector<Tensor>& saved);
   // Recomputation: the tensors op `op` saves, in the order of the forward.
   void collect(const char* op, const std::vector<Tensor>& saved);
 
@@ -37,6 +38,7 @@ class CheckpointRegion : public std::enable_shared_from_this<CheckpointRegion> {
 
  private:
   void recompute();
+  void check_unchanged(size_t slot, const Node& owner, size_t index) const;
 
   std::mutex mutex_;
   CheckpointFn fn_;
@@ -45,6 +47,15 @@ class CheckpointRegion : public std::enable_shared_from_this<CheckpointRegion> {
   std::vector<uint64_t> input_versions_;
   AutocastState autocast_;
   std::vector<const char*> slot_ops_;  // the op that saved each slot
+  // What each slot held in the forward: its storage (weak: an activation
+  // the forward dropped is recomputed, so nothing can have changed it), its
+  // version then, and its shape for the error.
+  struct SlotOrigin {
+    std::weak_ptr<Storage> storage;
+    uint64_t version = 0;
+    Shape shape;
+  };
+  std::vector<SlotOrigin> slot_origins_;
   std::vector<SavedTensor> saved_;     // recomputed, by slot
   std::vector<bool> released_;
   bool recomputed_ = false;
