@@ -111,8 +111,11 @@ Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& opts) {
                                         argmax.data_ptr<int32_t>());
     });
   }
-  return record(std::move(out), "MaxPool2dBackward", {x_in}, {},
-                [s, argmax, in_shape = x.shape()](const BackwardArgs& a) {
+  // The indices are saved, not captured: backward frees them (and a second
+  // backward without retain_graph is an error), as PyTorch's saved indices.
+  return record(std::move(out), "MaxPool2dBackward", {x_in}, {argmax},
+                [s, in_shape = x.shape()](const BackwardArgs& a) {
+                  const Tensor& argmax = a.saved[0];
                   const Tensor gy = a.grad.contiguous();
                   Tensor gx = Tensor::empty(in_shape, gy.dtype(), gy.device());
                   if (on_device(gy)) {

@@ -201,9 +201,11 @@ Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
   int64_t d = a.dim() == 0 ? 0 : wrap_dim(dim, a.dim());
   Shape in_shape = a.shape();
   Tensor values = keepdim && a.dim() > 0 ? r.values.unsqueeze(d) : r.values;
-  Tensor idx = r.indices;
   DType dt = a.dtype();
-  return record(values, "MaxBackward", {a}, {}, [=](const BackwardArgs& g) {
+  // The indices are saved, not captured: backward frees them (and a second
+  // backward without retain_graph is an error), as PyTorch's saved indices.
+  return record(values, "MaxBackward", {a}, {r.indices}, [=](const BackwardArgs& g) {
+    const Tensor& idx = g.saved[0];
     // Scatter each gradient to the position of its maximum.
     Tensor gv = keepdim && !in_shape.empty() ? g.grad.squeeze(d) : g.grad;
     if (!idx.device().is_cpu())

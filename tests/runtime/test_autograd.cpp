@@ -13,6 +13,7 @@
 #include "lockstep/runtime/ops/linalg.h"
 #include "lockstep/runtime/ops/loss.h"
 #include "lockstep/runtime/ops/norm.h"
+#include "lockstep/runtime/ops/pool.h"
 #include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
@@ -162,6 +163,27 @@ TEST_CASE("retain_graph allows a second backward; without it, a clear error",
   Tensor e = sum(exp(z));
   e.backward();
   CHECK_THROWS_WITH(e.backward(), Contains("second time") && Contains("ExpBackward"));
+}
+
+TEST_CASE("max and max_pool2d free their indices in backward; a second backward is an error",
+          "[runtime][autograd]") {
+  // Their indices are what backward needs, as a saved tensor is: freed by the
+  // first backward (not held while the graph lives), so a second backward
+  // without retain_graph is refused instead of adding the gradient again.
+  Tensor x = leaf({1, 5, 3, 2}, {2, 2});
+  Tensor m = sum(max(x, 1));
+  m.backward();
+  CHECK(values(x.grad()) == std::vector<double>{0, 1, 1, 0});
+  CHECK_THROWS_WITH(m.backward(), Contains("second time") && Contains("MaxBackward"));
+  CHECK(values(x.grad()) == std::vector<double>{0, 1, 1, 0});
+
+  Tensor p = leaf({1, 5, 3, 2}, {1, 1, 2, 2});
+  Tensor pooled = sum(max_pool2d(p, {}));
+  pooled.backward({}, /*retain_graph=*/true);
+  pooled.backward();
+  CHECK(values(p.grad()) == std::vector<double>{0, 2, 0, 0});
+  CHECK_THROWS_WITH(pooled.backward(), Contains("second time") && Contains("MaxPool2dBackward"));
+  CHECK(values(p.grad()) == std::vector<double>{0, 2, 0, 0});
 }
 
 TEST_CASE("backward needs something to differentiate and a fitting gradient",
