@@ -15,6 +15,11 @@ std::atomic<uint64_t> g_next_sequence_nr{0};
 thread_local int g_lane = 0;
 thread_local Device g_lane_device;
 
+constexpr const char* kSecondBackward =
+    "{}: trying to backward through the graph a second time (its saved tensors were freed by "
+    "the first backward). Pass retain_graph=true to the first backward() if you need to "
+    "backward through the graph again.";
+
 // A node whose backward is a lambda over its saved tensors.
 class FunctionNode final : public Node {
  public:
@@ -27,6 +32,7 @@ class FunctionNode final : public Node {
     std::vector<Tensor> saved;
     saved.reserve(saved_.size());
     for (size_t i = 0; i < saved_.size(); ++i) saved.push_back(saved_[i].unpack(*this, i));
+    LOCKSTEP_CHECK(fn_ != nullptr, kSecondBackward, name());  // only undefined tensors saved
     std::vector<bool> needs(next.size());
     for (size_t i = 0; i < next.size(); ++i) needs[i] = next[i] != nullptr;
     std::vector<Tensor> grads = fn_(BackwardArgs{grad_output, saved, needs});
@@ -40,8 +46,13 @@ class FunctionNode final : public Node {
     return grads;
   }
 
+  // The backward function goes with the saved tensors: what it captured (a
+  // normalisation's statistics, a process group) is freed with them rather
+  // than held as long as the graph is. A node that saved nothing keeps it: a
+  // second backward through it is no error, as in PyTorch.
   void release_saved() override {
     for (SavedTensor& s : saved_) s.release();
+    if (!saved_.empty()) fn_ = nullptr;
   }
 
  private:
@@ -89,11 +100,7 @@ void SavedTensor::release() {
 Tensor SavedTensor::unpack(const Node& owner, size_t index) const {
   if (!was_defined_) return Tensor();
   if (region_) return region_->unpack(slot_, owner, index);
-  LOCKSTEP_CHECK(!released_,
-                 "{}: trying to backward through the graph a second time (its saved tensors "
-                 "were freed by the first backward). Pass retain_graph=true to the first "
-                 "backward() if you need to backward through the graph again.",
-                 owner.name());
+  LOCKSTEP_CHECK(!released_, kSecondBackward, owner.name());
   LOCKSTEP_CHECK(tensor_.version() == version_,
                  "{}: saved tensor {} (shape {}) needed for the gradient was modified by an "
                  "in-place operation: it is at version {}, expected version {}. Use an "

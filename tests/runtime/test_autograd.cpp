@@ -165,6 +165,39 @@ TEST_CASE("retain_graph allows a second backward; without it, a clear error",
   CHECK_THROWS_WITH(e.backward(), Contains("second time") && Contains("ExpBackward"));
 }
 
+TEST_CASE("backward frees what a node's backward function captured with its saved tensors",
+          "[runtime][autograd]") {
+  // Statistics captured by value (as the normalisations capture theirs) are
+  // freed by the backward that frees the saved tensors, not held as long as
+  // the graph (a loss kept for logging) is.
+  Tensor x = leaf({1, 2, 3}, {3});
+  const Tensor stats = Tensor::from_vector<double>({4, 5, 6}, {3});
+  const auto scaled = [&stats](const Tensor& in) {
+    return record(mul(in.detach(), stats), "Scaled", {in}, {in}, [stats](const BackwardArgs& a) {
+      return std::vector<Tensor>{mul(a.grad, stats)};
+    });
+  };
+  Tensor y = sum(scaled(x));
+  REQUIRE(stats.use_count() == 2);
+  y.backward({}, /*retain_graph=*/true);
+  CHECK(stats.use_count() == 2);  // kept for the next backward
+  y.backward();
+  CHECK(values(x.grad()) == std::vector<double>{8, 10, 12});
+  CHECK(stats.use_count() == 1);
+  CHECK_THROWS_WITH(y.backward(), Contains("second time") && Contains("Scaled"));
+
+  // A node whose saved tensors were all undefined refuses a second backward
+  // too, instead of running without them.
+  Tensor w = leaf({1, 2}, {2});
+  Tensor z = sum(record(mul(w.detach(), 3.0), "NoBias", {w}, {Tensor()},
+                        [](const BackwardArgs& a) {
+                          return std::vector<Tensor>{mul(a.grad, 3.0)};
+                        }));
+  z.backward();
+  CHECK_THROWS_WITH(z.backward(), Contains("second time") && Contains("NoBias"));
+  CHECK(values(w.grad()) == std::vector<double>{3, 3});
+}
+
 TEST_CASE("max and max_pool2d free their indices in backward; a second backward is an error",
           "[runtime][autograd]") {
   // Their indices are what backward needs, as a saved tensor is: freed by the
