@@ -68,6 +68,26 @@ Node::Node(std::string name)
       lane_(g_lane),
       lane_device_(g_lane_device) {}
 
+// Dropping the last handle on a long chain of nodes (a loss added up over
+// many steps, a long unrolled sequence) would destroy each node inside the
+// destructor of the one after it, a few stack frames per node, until the
+// stack overflows. Instead a dying node takes over the edges of the nodes it
+// is the last owner of, and frees them from a list one at a time (as
+// PyTorch's deleteNode does). Only AccumulateGrad nodes are also reached
+// through weak handles, and they have no edges to take.
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> pending;
+  for (std::shared_ptr<Node>& edge : next)
+    if (edge) pending.push_back(std::move(edge));
+  while (!pending.empty()) {
+    std::shared_ptr<Node> node = std::move(pending.back());
+    pending.pop_back();
+    if (node.use_count() != 1) continue;  // another graph or tensor still holds it
+    for (std::shared_ptr<Node>& edge : node->next)
+      if (edge) pending.push_back(std::move(edge));
+  }  // each `node` is freed here with no edges left, so its destructor returns at once
+}
+
 AutogradLane::AutogradLane(int id, Device device)
     : previous_id_(g_lane), previous_device_(g_lane_device) {
   LOCKSTEP_CHECK(id >= 1, "AutogradLane: lane ids start at 1 (0 is the calling thread's), got {}",

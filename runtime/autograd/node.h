@@ -18,7 +18,10 @@ namespace lockstep::runtime {
 class Node {
  public:
   explicit Node(std::string name);
-  virtual ~Node() = default;
+  // Frees the nodes only this one holds one after another, not each inside
+  // the destructor of the next: a chain of any length is freed without
+  // running out of stack.
+  virtual ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 

@@ -165,6 +165,20 @@ TEST_CASE("retain_graph allows a second backward; without it, a clear error",
   CHECK_THROWS_WITH(e.backward(), Contains("second time") && Contains("ExpBackward"));
 }
 
+TEST_CASE("a graph as long as a loss added up over many steps is freed without a stack overflow",
+          "[runtime][autograd]") {
+  // Each node of the chain holds the one before it; freeing it from the
+  // last must not take a stack frame per node (200,000 overflowed 8 MiB).
+  Tensor x = leaf({1}, {1});
+  Tensor total = mul(x, 0.0);
+  constexpr int kSteps = 500000;
+  for (int i = 0; i < kSteps; ++i) total = add(total, x);
+  total.backward();
+  CHECK(values(x.grad()) == std::vector<double>{kSteps});
+  total = Tensor();  // the whole chain goes here
+  CHECK(x.use_count() == 1);
+}
+
 TEST_CASE("backward frees what a node's backward function captured with its saved tensors",
           "[runtime][autograd]") {
   // Statistics captured by value (as the normalisations capture theirs) are
