@@ -24,6 +24,7 @@
 // --lr, --epochs and the like may change; options left out take the run's
 // saved values.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -41,6 +42,7 @@
 #include "lockstep/nn/join.h"
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/checkpoint/metadata_text.h"
 #include "lockstep/runtime/data/distributed_sampler.h"
 #include "lockstep/runtime/data/loader.h"
 #include "lockstep/distributed/device_select.h"
@@ -63,6 +65,10 @@ using namespace lockstep;
 using runtime::Tensor;
 
 using examples::print;
+
+// TrainingProgress::user keys: the unlogged part of the --log-every loss window.
+constexpr const char* kLogWindowLoss = "log_window_loss";
+constexpr const char* kLogWindowSteps = "log_window_steps";
 
 // Accuracy over the whole test set: each rank classifies its shard (every
 // sample exactly once across ranks, no padding), then one all-reduce sums the
@@ -192,8 +198,31 @@ int run(Options o) {
             progress.epoch + 1, progress.batch, batches, progress.step);
     }
   }
-  auto save = [&](const train::TrainingProgress& at, std::optional<double> metric) {
+  // The loss logged at a --log-every step is the mean over the epoch's steps
+  // since the last log line; the part of that window a checkpoint ends in
+  // rides in it, so a resumed run logs the very numbers an uninterrupted one
+  // does.
+  double window_loss = 0;
+  int64_t window_steps = 0;
+  if (progress.user.contains(kLogWindowLoss)) {
+    const std::string& sum = progress.user.at(kLogWindowLoss);
+    const std::string steps = progress.user.contains(kLogWindowSteps)
+                                  ? progress.user.at(kLogWindowSteps)
+                                  : std::string();
+    const std::optional<double> loss = runtime::parse_metadata_number(sum);
+    const auto [end, ec] = std::from_chars(steps.data(), steps.data() + steps.size(), window_steps);
+    LOCKSTEP_CHECK(loss && ec == std::errc() && end == steps.data() + steps.size() &&
+                       window_steps >= 0 && window_steps <= progress.batch,
+                   "{}: the saved log window (loss sum \"{}\" over \"{}\" steps) does not "
+                   "read; the checkpoint was not written by fashion_mnist",
+                   checkpoints->resume_from->path.string(), sum, steps);
+    window_loss = *loss;
+  }
+  auto save = [&](train::TrainingProgress at, std::optional<double> metric) {
     if (!checkpoints) return;
+    const bool epoch_start = at.batch == 0;  // a new epoch starts a new window
+    at.user[kLogWindowLoss] = runtime::metadata_number(epoch_start ? 0.0 : window_loss);
+    at.user[kLogWindowSteps] = std::to_string(epoch_start ? 0 : window_steps);
     auto entry = train::save_training_checkpoint(checkpoints->dir, parts, at, metric, *group);
     print(rank, "saved {}\n", entry.path.string());
   };
@@ -203,8 +232,7 @@ int run(Options o) {
   for (; progress.epoch < o.epochs; ++progress.epoch, progress.batch = 0) {
     loader.set_epoch(progress.epoch);
     auto window_start = Clock::now();
-    int64_t window_samples = 0, window_steps = 0;
-    double window_loss = 0;
+    int64_t window_samples = 0;  // trained in this process: throughput
     while (progress.batch < batches) {
       const runtime::Batch b = loader.batch(progress.batch);
       Tensor loss = runtime::cross_entropy((*ddp)(b.x.to(device)), b.y.to(device));

@@ -62,3 +62,30 @@ TEST_CASE("fashion_mnist --log-json: a resumed run keeps the epochs logged befor
   fs::remove_all(dir);
   fs::remove(log);
 }
+
+TEST_CASE("fashion_mnist: a run resumed inside a --log-every window logs the losses an "
+          "uninterrupted one does", "[optim][example][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("log-window");
+  const std::vector<std::string> args = {
+      "--train-samples", "640", "--test-samples",     "100", "--batch-size", "64",
+      "--log-every",     "4",   "--checkpoint-every", "3",   "--keep-last",  "10",
+      "--checkpoint-dir", dir};
+  const FashionMnistRun straight = run_fashion_mnist(1, args);
+  INFO(straight.result.output);
+  REQUIRE(straight.result.ok());
+  REQUIRE(straight.losses.size() == 3);  // steps 4, 8 and 10 of the epoch's 10
+  // Back to the step-3 checkpoint: three steps into the window logged at step 4.
+  for (const char* later : {"06", "09", "10"})
+    REQUIRE(fs::remove(fs::path(dir) / fmt::format("ckpt-00000000{}.safetensors", later)));
+  std::vector<std::string> again = args;
+  again.push_back("--resume");
+  const FashionMnistRun resumed = run_fashion_mnist(1, again);
+  INFO(resumed.result.output);
+  REQUIRE(resumed.result.ok());
+  CHECK_THAT(resumed.result.output, Catch::Contains("resumed from"));
+  // Step 4's line is the mean of steps 1 to 4; it used to be step 4's loss alone.
+  CHECK(resumed.losses == straight.losses);
+  CHECK(resumed.digest == straight.digest);
+  fs::remove_all(dir);
+}
