@@ -223,6 +223,7 @@ int run(Options o) {
     const bool epoch_start = at.batch == 0;  // a new epoch starts a new window
     at.user[kLogWindowLoss] = runtime::metadata_number(epoch_start ? 0.0 : window_loss);
     at.user[kLogWindowSteps] = std::to_string(epoch_start ? 0 : window_steps);
+    log.write();  // first: the file then holds every window up to the checkpoint's step
     auto entry = train::save_training_checkpoint(checkpoints->dir, parts, at, metric, *group);
     print(rank, "saved {}\n", entry.path.string());
   };
@@ -340,7 +341,8 @@ int main(int argc, char** argv) {
       ->check(cli_checks::positive);
   app.add_option("--log-json", o.log_json,
                  "also write the loss, throughput and test accuracy as JSON to FILE (rank 0; "
-                 "replaced after every epoch; scripts/plot-benchmarks draws it)");
+                 "replaced after every epoch and before every checkpoint; "
+                 "scripts/plot-benchmarks draws it)");
   app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(cli_checks::positive);
   app.add_flag("--sync-bn", o.sync_bn,
                "replace BatchNorm with SyncBatchNorm (statistics of the global batch)");

@@ -63,6 +63,7 @@ void TrainingLog::epoch_end(int epoch, int64_t step, double test_accuracy) {
 }
 
 void TrainingLog::write() const {
+  if (path_.empty()) return;
   const std::string text = doc_.dump(2) + "\n";
   lockstep::runtime::write_file_atomically(path_, [&](int fd, const std::string& temp) {
     lockstep::runtime::write_all(fd, text.data(), text.size(), temp);

@@ -1,9 +1,9 @@
 // The run's curve as JSON (--log-json FILE): every progress window's mean
 // loss and throughput and every epoch's test accuracy, with the settings that
 // produced them, for scripts/plot-benchmarks. Rank 0 writes it; the file is
-// replaced whole (runtime/checkpoint/atomic_file.h) after every epoch, so a
-// run stopped midway leaves the epochs it finished, and a resumed run keeps
-// them (continue_from).
+// replaced whole (runtime/checkpoint/atomic_file.h) after every epoch and
+// before every checkpoint, so a run stopped midway leaves all it logged up to
+// its newest checkpoint, and a resumed run keeps that (continue_from).
 #pragma once
 
 #include <chrono>
@@ -30,9 +30,11 @@ class TrainingLog {
   void window(int epoch, int64_t step, double mean_loss, double samples_per_s);
   // The test accuracy after `epoch` (1-based); writes the file.
   void epoch_end(int epoch, int64_t step, double test_accuracy);
+  // Writes the file now; call it before saving a checkpoint, so that a resume
+  // from that checkpoint finds every window up to its step in the file.
+  void write() const;
 
  private:
-  void write() const;
   double elapsed_s() const;
 
   std::filesystem::path path_;

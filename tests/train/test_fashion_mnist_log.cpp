@@ -89,3 +89,34 @@ TEST_CASE("fashion_mnist: a run resumed inside a --log-every window logs the los
   CHECK(resumed.digest == straight.digest);
   fs::remove_all(dir);
 }
+
+TEST_CASE("fashion_mnist --log-json: a run killed mid-epoch and resumed keeps every window "
+          "up to its checkpoint", "[optim][example][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("log-json-kill");
+  const fs::path log = fs::path(dir + "-log.json");
+  // 4096 samples in batches of 32: 128 steps, the first epoch far from its end
+  // when the kill comes after the step-8 checkpoint.
+  const std::vector<std::string> args = {
+      "--train-samples", "4096", "--test-samples", "100",       "--batch-size", "32",
+      "--log-every",     "2",    "--checkpoint-every", "4",    "--keep-last",  "50",
+      "--checkpoint-dir", dir,   "--log-json",     log.string()};
+  const ProcessResult killed = run_until_file_then_kill(fashion_mnist_command(1, args),
+                                                        dir + "/ckpt-0000000008.safetensors");
+  INFO(killed.output);
+  std::vector<std::string> again = args;
+  again.push_back("--resume");
+  const FashionMnistRun resumed = run_fashion_mnist(1, again);
+  INFO(resumed.result.output);
+  REQUIRE(resumed.result.ok());
+  CHECK_THAT(resumed.result.output, Catch::Contains("resumed from"));
+  // Every window of the run, once: those before the resume used to be lost
+  // with the file, written only at the end of an epoch.
+  std::vector<int64_t> every;
+  for (int64_t step = 2; step <= 128; step += 2) every.push_back(step);
+  const nlohmann::json after = read_json(log);
+  CHECK(steps_of(after.at("windows")) == every);
+  CHECK(steps_of(after.at("epochs")) == std::vector<int64_t>{128});
+  fs::remove_all(dir);
+  fs::remove(log);
+}
