@@ -185,8 +185,15 @@ int run(Options o) {
     data.add("test.x", test.x()).add("test.y", test.y());
     const std::string digest = train::same_on_every_rank(data, o.data, *group);
     // Refuses a resume with other fixed settings, naming each, on every rank.
-    const auto changes = examples::record_settings(
-        *checkpoints, run_settings(o, train.size(), test.size(), digest, sched.get()), rank);
+    const train::RunSettings now =
+        run_settings(o, train.size(), test.size(), digest, sched.get());
+    std::vector<train::SettingChange> changes;
+    try {
+      changes = examples::record_settings(*checkpoints, now, rank);
+    } catch (const Error& e) {
+      if (!checkpoints->saved) throw;
+      throw Error(e.what() + schedule_change_notes(*checkpoints->saved, now));
+    }
     const bool lr_changed = std::any_of(changes.begin(), changes.end(),
                                         [](const auto& c) { return c.name == "lr"; });
     if (const auto& last = checkpoints->resume_from) {
@@ -329,7 +336,8 @@ int main(int argc, char** argv) {
   auto* resume = app.add_flag(
       "--resume", o.resume,
       "continue the run in --checkpoint-dir from its newest checkpoint (none yet: start fresh); "
-      "options left out take the run's saved values, and --lr, --epochs, --clip-grad-norm, "
+      "options left out take the run's saved values, and --lr (not under onecycle), --epochs "
+      "(not under a --lr-schedule that spans the run), --clip-grad-norm, "
       "--log-every, --checkpoint-every and --keep-last may change");
   app.add_flag("--restart", o.restart,
                "start a new run in --checkpoint-dir, moving the checkpoints there into a "

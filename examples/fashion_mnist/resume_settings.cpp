@@ -85,4 +85,33 @@ void take_saved_settings(Options& o, const train::RunSettings& saved) {
     s.take("warmup_steps", "lr_schedule", o.warmup_steps, warmup_part);
 }
 
+std::string schedule_change_notes(const train::RunSettings& saved,
+                                  const train::RunSettings& now) {
+  auto value = [](const std::map<std::string, std::string>& m, const std::string& name) {
+    const auto it = m.find(name);
+    return it == m.end() ? std::string() : it->second;
+  };
+  const std::string schedule_was = value(saved.fixed, "lr_schedule");
+  const std::string schedule_is = value(now.fixed, "lr_schedule");
+  // The same schedule ("CosineLR(...)"), with other settings.
+  auto type = [](const std::string& schedule) { return schedule.substr(0, schedule.find('(')); };
+  if (schedule_was.empty() || schedule_was == schedule_is ||
+      type(schedule_was) != type(schedule_is))
+    return {};
+  std::string notes;
+  // A changeable option that moves a fixed part of the schedule.
+  const auto note = [&](const std::string& option, const std::string& what) {
+    const std::string was = value(saved.changeable, option), is = value(now.changeable, option);
+    if (was.empty() || is.empty() || was == is) return;
+    notes += fmt::format(
+        "\n--{0} {1} (the run was saved with {2}) changes lr_schedule's {3}, which cannot "
+        "change midway. Leave --{0} out (or give --{0} {2}) to finish the run as planned, or "
+        "start a new run with --{0} {1} in another checkpoint directory.",
+        option, is, was, what);
+  };
+  note("epochs", "length (it spans the run's steps)");
+  if (type(schedule_is) == "OneCycleLR") note("lr", "peak rate (onecycle's max_lr)");
+  return notes;
+}
+
 }  // namespace fashion_mnist

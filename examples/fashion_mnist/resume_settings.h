@@ -29,4 +29,11 @@ lockstep::train::RunSettings run_settings(const Options& o, int64_t train_sample
 // goes on as it was unless told otherwise; examples/common/saved_settings.h).
 void take_saved_settings(Options& o, const lockstep::train::RunSettings& saved);
 
+// Where a resume's --epochs, which may change, changes the length of a
+// schedule that spans the run (cosine, multistep, warmup-cosine, onecycle),
+// or its --lr the peak rate of onecycle: a sentence for each, saying so and
+// what to do, for the refusal of the changed lr_schedule; otherwise empty.
+std::string schedule_change_notes(const lockstep::train::RunSettings& saved,
+                                  const lockstep::train::RunSettings& now);
+
 }  // namespace fashion_mnist

@@ -150,6 +150,44 @@ TEST_CASE("A resume that would change what the run computes is refused, naming e
   fs::remove_all(dir);
 }
 
+TEST_CASE("A resume whose --epochs would change the length of the run's schedule is refused, "
+          "naming --epochs", "[optim][checkpoint][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("epochs-schedule");
+  train_ok(1, {"--epochs", "1", "--lr-schedule", "cosine", "--checkpoint-dir", dir});
+  const FashionMnistRun r = refused(
+      1, {"--epochs", "2", "--lr-schedule", "cosine", "--checkpoint-dir", dir, "--resume"});
+  INFO(r.result.output);
+  CHECK_THAT(r.result.output, Contains("lr_schedule: saved CosineLR"));
+  // The refusal used to name the schedule's t_max alone, never the option that changed it.
+  CHECK_THAT(r.result.output, Contains("--epochs 2 (the run was saved with 1)") &&
+                                  Contains("Leave --epochs out"));
+  // The run goes on as planned without it.
+  const FashionMnistRun resumed =
+      train_ok(1, {"--lr-schedule", "cosine", "--checkpoint-dir", dir, "--resume"});
+  CHECK_THAT(resumed.result.output, Contains("test accuracy"));
+  // Another schedule is refused as such, without the note.
+  const FashionMnistRun other = refused(
+      1, {"--epochs", "2", "--lr-schedule", "step", "--checkpoint-dir", dir, "--resume"});
+  CHECK_THAT(other.result.output, Contains("lr_schedule: saved CosineLR"));
+  CHECK_THAT(other.result.output, !Contains("Leave --epochs out"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("A resume whose --lr would change onecycle's peak rate is refused, naming --lr",
+          "[optim][checkpoint][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("lr-onecycle");
+  train_ok(1, {"--epochs", "1", "--lr-schedule", "onecycle", "--checkpoint-dir", dir});
+  const FashionMnistRun r = refused(
+      1, {"--lr", "0.01", "--lr-schedule", "onecycle", "--checkpoint-dir", dir, "--resume"});
+  INFO(r.result.output);
+  CHECK_THAT(r.result.output, Contains("lr_schedule: saved OneCycleLR"));
+  CHECK_THAT(r.result.output, Contains("--lr 0.01 (the run was saved with 0.001)") &&
+                                  Contains("Leave --lr out"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("A resume with the options left out takes the run's saved values and ends where an "
           "uninterrupted run ends",
           "[optim][checkpoint][resume]") {
