@@ -24,7 +24,6 @@
 // --lr, --epochs and the like may change; options left out take the run's
 // saved values.
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -42,7 +41,6 @@
 #include "lockstep/nn/join.h"
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
-#include "lockstep/runtime/checkpoint/metadata_text.h"
 #include "lockstep/runtime/data/distributed_sampler.h"
 #include "lockstep/runtime/data/loader.h"
 #include "lockstep/distributed/device_select.h"
@@ -52,6 +50,7 @@
 #include "lockstep/train/training_checkpoint.h"
 #include "lockstep/train/training_run.h"
 #include "common/cli_checks.h"
+#include "common/loss_window.h"
 #include "common/run_support.h"
 #include "optimizer_setup.h"
 #include "options.h"
@@ -65,10 +64,6 @@ using namespace lockstep;
 using runtime::Tensor;
 
 using examples::print;
-
-// TrainingProgress::user keys: the unlogged part of the --log-every loss window.
-constexpr const char* kLogWindowLoss = "log_window_loss";
-constexpr const char* kLogWindowSteps = "log_window_steps";
 
 // Accuracy over the whole test set: each rank classifies its shard (every
 // sample exactly once across ranks, no padding), then one all-reduce sums the
@@ -205,31 +200,16 @@ int run(Options o) {
             progress.epoch + 1, progress.batch, batches, progress.step);
     }
   }
-  // The loss logged at a --log-every step is the mean over the epoch's steps
-  // since the last log line; the part of that window a checkpoint ends in
-  // rides in it, so a resumed run logs the very numbers an uninterrupted one
-  // does.
-  double window_loss = 0;
-  int64_t window_steps = 0;
-  if (progress.user.contains(kLogWindowLoss)) {
-    const std::string& sum = progress.user.at(kLogWindowLoss);
-    const std::string steps = progress.user.contains(kLogWindowSteps)
-                                  ? progress.user.at(kLogWindowSteps)
-                                  : std::string();
-    const std::optional<double> loss = runtime::parse_metadata_number(sum);
-    const auto [end, ec] = std::from_chars(steps.data(), steps.data() + steps.size(), window_steps);
-    LOCKSTEP_CHECK(loss && ec == std::errc() && end == steps.data() + steps.size() &&
-                       window_steps >= 0 && window_steps <= progress.batch,
-                   "{}: the saved log window (loss sum \"{}\" over \"{}\" steps) does not "
-                   "read; the checkpoint was not written by fashion_mnist",
-                   checkpoints->resume_from->path.string(), sum, steps);
-    window_loss = *loss;
-  }
+  // The mean loss over the epoch's steps since the last log line.
+  examples::LossWindow window;
+  if (checkpoints && checkpoints->resume_from)
+    window = examples::LossWindow::restore(progress, progress.batch,
+                                           checkpoints->resume_from->path.string(),
+                                           "fashion_mnist");
   auto save = [&](train::TrainingProgress at, std::optional<double> metric) {
     if (!checkpoints) return;
-    const bool epoch_start = at.batch == 0;  // a new epoch starts a new window
-    at.user[kLogWindowLoss] = runtime::metadata_number(epoch_start ? 0.0 : window_loss);
-    at.user[kLogWindowSteps] = std::to_string(epoch_start ? 0 : window_steps);
+    // A new epoch starts a new window.
+    (at.batch == 0 ? examples::LossWindow{} : window).save_to(at);
     log.write();  // first: the file then holds every window up to the checkpoint's step
     auto entry = train::save_training_checkpoint(checkpoints->dir, parts, at, metric, *group);
     print(rank, "saved {}\n", entry.path.string());
@@ -253,18 +233,16 @@ int run(Options o) {
       ++progress.step;
       const double step_loss = loss.item();
       examples::check_loss_finite(step_loss, progress.step, rank);
-      window_loss += step_loss;
+      window.add(step_loss);
       window_samples += b.size() * world;
-      ++window_steps;
       if (progress.batch % o.log_every == 0 || progress.batch == batches) {
         double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
         print(rank, "epoch {} step {}/{} loss {:.6f} samples/s {:.0f}\n", progress.epoch + 1,
-              progress.batch, batches, window_loss / window_steps, window_samples / secs);
-        log.window(progress.epoch + 1, progress.step, window_loss / window_steps,
-                   window_samples / secs);
+              progress.batch, batches, window.mean(), window_samples / secs);
+        log.window(progress.epoch + 1, progress.step, window.mean(), window_samples / secs);
         window_start = Clock::now();
-        window_samples = window_steps = 0;
-        window_loss = 0;
+        window_samples = 0;
+        window.reset();
       }
       if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0 &&
           progress.batch < batches)

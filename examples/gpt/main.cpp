@@ -28,7 +28,6 @@
 // but memory and time, and a resume that leaves it out keeps the run's
 // (--no-checkpoint-blocks turns it off).
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -41,6 +40,7 @@
 #include <fmt/format.h>
 
 #include "common/cli_checks.h"
+#include "common/loss_window.h"
 #include "common/run_support.h"
 #include "common/saved_settings.h"
 #include "corpus.h"
@@ -69,10 +69,6 @@ using namespace lockstep;
 using runtime::Tensor;
 
 using examples::print;
-
-// TrainingProgress::user keys: the unlogged part of the loss window.
-constexpr const char* kLogWindowLoss = "log_window_loss";
-constexpr const char* kLogWindowSteps = "log_window_steps";
 
 models::GptConfig model_config(const Options& o) {
   return {.vocab_size = 256,
@@ -281,30 +277,15 @@ int run(Options o) {
       print(rank, "resumed from {}: step {}\n", last->path.string(), progress.step);
     }
   }
-  // The loss logged at a --log-every step is the mean over the steps since the
-  // last log line; the part of that window a checkpoint ends in rides in it, so
-  // a resumed run logs the very numbers an uninterrupted one does.
-  double window_loss = 0;
-  int64_t window_steps = 0;
-  if (progress.user.contains(kLogWindowLoss)) {
-    const std::string& sum = progress.user.at(kLogWindowLoss);
-    const std::string steps = progress.user.contains(kLogWindowSteps)
-                                  ? progress.user.at(kLogWindowSteps)
-                                  : std::string();
-    const std::optional<double> loss = runtime::parse_metadata_number(sum);
-    const auto [end, ec] = std::from_chars(steps.data(), steps.data() + steps.size(), window_steps);
-    LOCKSTEP_CHECK(loss && ec == std::errc() && end == steps.data() + steps.size() &&
-                       window_steps >= 0,
-                   "{}: the saved log window (loss sum \"{}\" over \"{}\" steps) does not "
-                   "read; the checkpoint was not written by gpt_train",
-                   checkpoints->resume_from->path.string(), sum, steps);
-    window_loss = *loss;
-  }
+  // The mean loss over the steps since the last log line.
+  examples::LossWindow window;
+  if (checkpoints && checkpoints->resume_from)
+    window = examples::LossWindow::restore(progress, progress.step,
+                                           checkpoints->resume_from->path.string(), "gpt_train");
   const auto save = [&](std::optional<double> metric) {
     if (!checkpoints) return;
     progress.batch = progress.step;
-    progress.user[kLogWindowLoss] = runtime::metadata_number(window_loss);
-    progress.user[kLogWindowSteps] = std::to_string(window_steps);
+    window.save_to(progress);
     auto entry = train::save_training_checkpoint(checkpoints->dir, parts, progress, metric, *group);
     print(rank, "saved {}\n", entry.path.string());
   };
@@ -339,19 +320,16 @@ int run(Options o) {
     const double step_loss = loss.item();
     examples::check_loss_finite(step_loss, progress.step, rank);
     window_secs += std::chrono::duration<double>(Clock::now() - step_start).count();
-    window_loss += step_loss;
-    ++window_steps;
+    window.add(step_loss);
     ++timed_steps;
     if (progress.step % o.log_every == 0 || progress.step == o.steps) {
       const double tokens = static_cast<double>(timed_steps * o.batch_size * o.seq_len * world);
       print(rank, "step {}/{} loss {:.6f} ({:.3f} bits/byte) lr {:.3g} tokens/s {:.0f} elapsed {:.0f}s\n",
-            progress.step, o.steps, window_loss / static_cast<double>(window_steps),
-            window_loss / static_cast<double>(window_steps) / std::log(2.0),
+            progress.step, o.steps, window.mean(), window.mean() / std::log(2.0),
             step_lr, tokens / window_secs,
             std::chrono::duration<double>(Clock::now() - start).count());
       window_secs = 0;
-      window_loss = 0;
-      window_steps = 0;
+      window.reset();
       timed_steps = 0;
     }
     const bool eval_now = progress.step % o.eval_every == 0 || progress.step == o.steps;

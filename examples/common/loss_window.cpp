@@ -1,0 +1,40 @@
+#include "loss_window.h"
+
+#include <charconv>
+#include <optional>
+
+#include "lockstep/runtime/checkpoint/metadata_text.h"
+#include "lockstep/runtime/error.h"
+
+namespace examples {
+
+using namespace lockstep;
+
+namespace {
+constexpr const char* kLoss = "log_window_loss";
+constexpr const char* kSteps = "log_window_steps";
+}  // namespace
+
+void LossWindow::save_to(train::TrainingProgress& progress) const {
+  progress.user[kLoss] = runtime::metadata_number(sum);
+  progress.user[kSteps] = std::to_string(steps);
+}
+
+LossWindow LossWindow::restore(const train::TrainingProgress& progress, int64_t max_steps,
+                               const std::string& file, const std::string& program) {
+  LossWindow w;
+  if (!progress.user.contains(kLoss)) return w;  // saved before windows were kept
+  const std::string& sum = progress.user.at(kLoss);
+  const std::string steps = progress.user.contains(kSteps) ? progress.user.at(kSteps) : "";
+  const std::optional<double> loss = runtime::parse_metadata_number(sum);
+  const auto [end, ec] = std::from_chars(steps.data(), steps.data() + steps.size(), w.steps);
+  LOCKSTEP_CHECK(loss && ec == std::errc() && end == steps.data() + steps.size() &&
+                     w.steps >= 0 && w.steps <= max_steps,
+                 "{}: the saved log window (loss sum \"{}\" over \"{}\" steps) does not read; "
+                 "the checkpoint was not written by {}",
+                 file, sum, steps, program);
+  w.sum = *loss;
+  return w;
+}
+
+}  // namespace examples
