@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
       "continue the run in --checkpoint-dir from its newest checkpoint (none yet: start fresh); "
       "options left out take the run's saved values, and --lr (not under onecycle), --epochs "
       "(not under a --lr-schedule that spans the run), --clip-grad-norm, "
-      "--log-every, --checkpoint-every and --keep-last may change");
+      "--log-every, --checkpoint-every, --keep-last and --threads may change");
   app.add_flag("--restart", o.restart,
                "start a new run in --checkpoint-dir, moving the checkpoints there into a "
                "subdirectory (nothing is deleted)")

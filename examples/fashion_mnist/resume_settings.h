@@ -9,7 +9,8 @@
 // schedule, its length in steps included), data (the --data directory as
 // given), data_digest (of the training and test tensors loaded from it:
 // other files under the same directory are other data), seed.
-// Changeable: lr, epochs, clip_grad_norm, log_every, checkpoint_every.
+// Changeable: lr, epochs, clip_grad_norm, log_every, checkpoint_every, threads
+// (keep_last is the checkpoint directory's).
 #pragma once
 
 #include <cstdint>
