@@ -64,8 +64,10 @@ double clip_gradients(optim::Optimizer& opt, double max_norm) {
 void check_loss_finite(double loss, int64_t step, int rank) {
   LOCKSTEP_CHECK(std::isfinite(loss),
                  "rank {}: the loss of step {} is {}: training has diverged; start again with a "
-                 "lower --lr or with --clip-grad-norm (checkpoints of the diverged parameters are "
-                 "not written, so the newest one is still good)",
+                 "lower --lr or with --clip-grad-norm (no checkpoint is written after a loss that "
+                 "is not finite, so the newest one holds finite parameters; if a resume from it "
+                 "diverges again at once, move it out of the directory to resume from the one "
+                 "before)",
                  rank, step, loss);
 }
 
