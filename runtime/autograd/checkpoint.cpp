@@ -37,7 +37,7 @@ class RecordDraws final : public detail::DrawLog {
       : region_(region), outer_(detail::current_draw_log()) {}
   uint64_t reserve(Generator& g, uint64_t n) override {
     const uint64_t at = outer_ ? outer_->reserve(g, n) : g.take(n);
-    region_.draws.push_back({&g, g.seed(), n, at});
+    region_.draws.push_back({g.seed(), n, at});
     return at;
   }
 
@@ -51,16 +51,18 @@ class ReplayDraws final : public detail::DrawLog {
  public:
   explicit ReplayDraws(const std::vector<CheckpointRegion::Draw>& draws) : draws_(draws) {}
   uint64_t reserve(Generator& g, uint64_t n) override {
-    LOCKSTEP_CHECK(next_ < draws_.size() && draws_[next_].generator == &g && draws_[next_].n == n,
+    LOCKSTEP_CHECK(next_ < draws_.size() && draws_[next_].n == n,
                    "checkpoint: the recomputation drew random numbers differently from the "
                    "forward (draw {} of {}): the checkpointed function must draw the same "
                    "numbers from the same generators each time it runs",
                    next_ + 1, draws_.size());
     const CheckpointRegion::Draw& d = draws_[next_++];
     LOCKSTEP_CHECK(g.seed() == d.seed,
-                   "checkpoint: a generator was re-seeded (seed {} -> {}) between the forward "
-                   "and the backward of a checkpointed region; its dropout cannot be replayed",
-                   d.seed, g.seed());
+                   "checkpoint: draw {} of the recomputation came from a generator of seed {}, "
+                   "in the forward from one of seed {}: re-seed no generator between the "
+                   "forward and the backward of a checkpointed region, and seed one the "
+                   "checkpointed function creates the same way each time it runs",
+                   next_, g.seed(), d.seed);
     return d.at;
   }
   bool finished() const { return next_ == draws_.size(); }

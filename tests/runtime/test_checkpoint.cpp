@@ -183,3 +183,33 @@ TEST_CASE("checkpoint: a parameter changed in place before backward is an error,
   loss.backward();
   CHECK(lockstep::testing::bitwise_equal(x.grad(), lr::add(first, first)));
 }
+
+TEST_CASE("checkpoint: dropout from a generator the function creates replays its draws",
+          "[autograd][checkpoint]") {
+  // As torch.Generator().manual_seed(s) inside the function: each run makes a
+  // new generator object with the same seed, so the recomputation draws the
+  // forward's mask from it.
+  lr::Generator g(9);
+  Tensor x = lr::randn({6, 8}, lr::DType::f32, g).requires_grad_(true);
+  Tensor w = lr::randn({8}, lr::DType::f32, g).requires_grad_(true);
+  const auto fn = [&w](const Tensor& in) {
+    lr::Generator local(77);
+    return lr::dropout(lr::gelu(lr::mul(in, w)), 0.5, true, local);
+  };
+  lr::sum(lr::mul(fn(x), x)).backward();
+  const Tensor gx = x.grad().clone(), gw = w.grad().clone();
+  x.set_grad({});
+  w.set_grad({});
+  lr::sum(lr::mul(lr::checkpoint(fn, x), x)).backward();
+  CHECK(lockstep::testing::bitwise_equal(x.grad(), gx));
+  CHECK(lockstep::testing::bitwise_equal(w.grad(), gw));
+
+  // Seeded differently in the recomputation: a clear error, not another mask.
+  uint64_t seed = 1;
+  const auto reseeding = [&seed](const Tensor& in) {
+    lr::Generator local(seed++);
+    return lr::dropout(lr::gelu(in), 0.5, true, local);
+  };
+  CHECK_THROWS_WITH(lr::sum(lr::checkpoint(reseeding, x)).backward(),
+                    Catch::Contains("the same way each time it runs"));
+}

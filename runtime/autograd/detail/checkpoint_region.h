@@ -30,8 +30,9 @@ class CheckpointRegion : public std::enable_shared_from_this<CheckpointRegion> {
   void release(size_t slot);
 
   // Records the forward's random draws; replays them in the recomputation.
+  // A draw is its generator's seed and position, not the generator object:
+  // one the function creates is a new object in each run.
   struct Draw {
-    const Generator* generator;
     uint64_t seed, n, at;
   };
   std::vector<Draw> draws;
