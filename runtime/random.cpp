@@ -79,6 +79,28 @@ DrawLog* current_draw_log() { return t_draw_log; }
 void set_current_draw_log(DrawLog* log) { t_draw_log = log; }
 }  // namespace detail
 
+Generator& Generator::operator=(const Generator& other) {
+  if (detail::DrawLog* log = detail::t_draw_log) log->setting(*this);
+  seed_ = other.seed_;
+  offset_ = other.offset();
+  return *this;
+}
+
+Generator::~Generator() {
+  if (detail::DrawLog* log = detail::t_draw_log) log->destroying(*this);
+}
+
+void Generator::manual_seed(uint64_t seed) {
+  if (detail::DrawLog* log = detail::t_draw_log) log->setting(*this);
+  seed_ = seed;
+  offset_ = 0;
+}
+
+void Generator::set_offset(uint64_t offset) {
+  if (detail::DrawLog* log = detail::t_draw_log) log->setting(*this);
+  offset_ = offset;
+}
+
 uint64_t Generator::reserve(uint64_t n) {
   if (detail::DrawLog* log = detail::t_draw_log) return log->reserve(*this, n);
   return take(n);

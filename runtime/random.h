@@ -22,6 +22,10 @@ class DrawLog {
  public:
   virtual ~DrawLog() = default;
   virtual uint64_t reserve(Generator& g, uint64_t n) = 0;
+  // Before g's seed or position is set (manual_seed, set_offset, assignment),
+  // and when g is destroyed, on this thread.
+  virtual void setting(Generator& /*g*/) {}
+  virtual void destroying(Generator& /*g*/) {}
 };
 DrawLog* current_draw_log();
 void set_current_draw_log(DrawLog* log);
@@ -45,16 +49,13 @@ class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
   Generator(const Generator& other) : seed_(other.seed_), offset_(other.offset()) {}
-  Generator& operator=(const Generator& other) {
-    seed_ = other.seed_;
-    offset_ = other.offset();
-    return *this;
-  }
-  void manual_seed(uint64_t seed) { seed_ = seed; offset_ = 0; }
+  Generator& operator=(const Generator& other);
+  ~Generator();
+  void manual_seed(uint64_t seed);
   uint64_t seed() const { return seed_; }
   // Position in the stream, in 32-bit draws; save and restore it to resume.
   uint64_t offset() const { return offset_.load(); }
-  void set_offset(uint64_t offset) { offset_ = offset; }
+  void set_offset(uint64_t offset);
   // Takes the next n draws of the stream for the caller: returns their first
   // position and moves past them. Threads drawing from one generator at once
   // get disjoint draws (DataParallel's replicas: replica_draws.h).

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "lockstep/runtime/autograd/detail/checkpoint_region.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -40,6 +41,12 @@ class RecordDraws final : public detail::DrawLog {
     region_.draws.push_back({g.seed(), n, at});
     return at;
   }
+  void setting(Generator& g) override {
+    if (outer_) outer_->setting(g);
+  }
+  void destroying(Generator& g) override {
+    if (outer_) outer_->destroying(g);
+  }
 
  private:
   CheckpointRegion& region_;
@@ -67,9 +74,35 @@ class ReplayDraws final : public detail::DrawLog {
   }
   bool finished() const { return next_ == draws_.size(); }
 
+  // A generator the function seeds or positions (manual_seed inside it) is
+  // put back as it was before the recomputation, as PyTorch's fork_rng does,
+  // so the replay leaves it where the forward left it; one the function
+  // created itself is gone by then.
+  void setting(Generator& g) override {
+    for (const Before& b : before_)
+      if (b.generator == &g) return;
+    before_.push_back({&g, g.seed(), g.offset()});
+  }
+  void destroying(Generator& g) override {
+    std::erase_if(before_, [&g](const Before& b) { return b.generator == &g; });
+  }
+  // Call with this log no longer installed.
+  void restore() {
+    for (const Before& b : before_) {
+      b.generator->manual_seed(b.seed);
+      b.generator->set_offset(b.offset);
+    }
+    before_.clear();
+  }
+
  private:
+  struct Before {
+    Generator* generator;
+    uint64_t seed, offset;
+  };
   const std::vector<CheckpointRegion::Draw>& draws_;
   size_t next_ = 0;
+  std::vector<Before> before_;
 };
 
 // Records in the recomputation only mark their outputs as requiring grad.
@@ -154,6 +187,10 @@ void CheckpointRegion::recompute() {
     } restore{grad_was};
     AutocastGuard autocast(autocast_);
     ActiveScope active(shared_from_this(), true);
+    struct RestoreGenerators {
+      ReplayDraws& replay;
+      ~RestoreGenerators() { replay.restore(); }
+    } restore_generators{replay};  // after the log below is gone, even on a throw
     detail::DrawLogScope log(&replay);
     fn_(inputs);  // the outputs and the graph behind them are dropped here
     LOCKSTEP_CHECK(replay.finished(),

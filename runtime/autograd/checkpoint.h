@@ -14,8 +14,9 @@
 // The recomputation sees what the forward saw: the same autocast state, and
 // the same random draws (each generator's reservations are recorded in the
 // forward and replayed, whichever generator and whatever other threads drew
-// meanwhile; generators are not moved by the replay; a generator `fn` creates
-// and seeds itself replays as well). It must record the same
+// meanwhile; generators are not moved by the replay, and one `fn` seeds is
+// put back afterwards, as PyTorch's fork_rng; a generator `fn` creates and
+// seeds itself replays as well). It must record the same
 // ops: a `fn` whose structure changes between runs throws, as does a `fn` that
 // changes its inputs in place, or a generator re-seeded between forward and
 // backward. A tensor an op saved that is changed in place before backward (a

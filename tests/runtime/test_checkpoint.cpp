@@ -213,3 +213,30 @@ TEST_CASE("checkpoint: dropout from a generator the function creates replays its
   CHECK_THROWS_WITH(lr::sum(lr::checkpoint(reseeding, x)).backward(),
                     Catch::Contains("the same way each time it runs"));
 }
+
+TEST_CASE("checkpoint: a function that re-seeds a generator leaves it where the forward did",
+          "[autograd][checkpoint]") {
+  // As torch.manual_seed inside a checkpointed function: the recomputation
+  // seeds again, and PyTorch puts the generator back afterwards. The next
+  // step's dropout must not repeat this one's mask.
+  struct Out {
+    Tensor grad_x, next_default, next_own;
+  };
+  const auto run = [](bool checkpointed) {
+    lr::Generator g(9), own(4);
+    Tensor x = lr::randn({6, 8}, lr::DType::f32, g).requires_grad_(true);
+    const auto fn = [&own](const Tensor& in) {
+      lr::manual_seed(123);
+      own.manual_seed(321);
+      const Tensor h = lr::dropout(lr::gelu(in), 0.5, true);
+      return lr::dropout(h, 0.5, true, own);
+    };
+    const Tensor y = checkpointed ? lr::checkpoint(fn, x) : fn(x);
+    lr::sum(lr::mul(y, x)).backward();
+    return Out{x.grad(), lr::rand({16}), lr::rand({16}, lr::DType::f32, own)};
+  };
+  const Out plain = run(false), ckpt = run(true);
+  CHECK(lockstep::testing::bitwise_equal(ckpt.grad_x, plain.grad_x));
+  CHECK(lockstep::testing::bitwise_equal(ckpt.next_default, plain.next_default));
+  CHECK(lockstep::testing::bitwise_equal(ckpt.next_own, plain.next_own));
+}
