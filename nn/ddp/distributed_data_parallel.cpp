@@ -8,6 +8,7 @@
 #include "lockstep/nn/ddp/reducer.h"
 #include "lockstep/nn/ddp/replica_sync.h"
 #include "lockstep/nn/join.h"
+#include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/error.h"
 
@@ -69,6 +70,13 @@ void DistributedDataParallel::broadcast_parameters() {
 
 template <class Run>
 void DistributedDataParallel::run_forward(Run&& run) {
+  // Rerun by a checkpoint's recomputation in backward (the wrapped model
+  // inside runtime::checkpoint): the forward prepared this iteration, and
+  // the recomputed graph, which backward does not run, must not replace it.
+  if (runtime::in_checkpoint_recomputation()) {
+    run();
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   // The wrapped module's mode, which its layers follow: model->eval() on the
   // handle kept from before wrapping leaves this wrapper's own flag as it was.

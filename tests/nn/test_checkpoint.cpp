@@ -14,6 +14,7 @@
 #include "lockstep/nn/checkpoint.h"
 #include "lockstep/nn/data_parallel.h"
 #include "lockstep/optim/sgd.h"
+#include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/cpu/host_cache.h"
 #include "nn/ddp/ddp_fixture.h"
@@ -210,4 +211,43 @@ TEST_CASE("checkpoint: a checkpointed BatchNorm updates its running statistics o
     CHECK(lt::bitwise_equal(plain->state_dict().at(name), inner->state_dict().at(name)));
   }
   CHECK(lt::bitwise_equal(plain->weight.grad(), inner->weight.grad()));
+}
+
+TEST_CASE("checkpoint: a DDP-wrapped model checkpointed whole averages the plain gradients",
+          "[nn][checkpoint][ddp]") {
+  // The recomputation in backward reruns ddp.forward; it must not prepare a
+  // second iteration from the recomputed graph, in which no parameter is
+  // reachable (find_unused_parameters would call them all unused).
+  const lt::Batch batch = lt::global_batch(8, 3);
+  auto reference = lt::small_mlp(1);
+  lt::loss_of(*reference, batch).backward();
+  for (const bool find_unused : {false, true}) {
+    INFO("find_unused_parameters " << find_unused);
+    std::vector<std::vector<Tensor>> grads(2);
+    const auto problems = lt::on_ranks(
+        2,
+        [&](int r, auto group) -> std::string {
+          auto model = lt::small_mlp(1);
+          nn::DistributedDataParallel ddp(model, group, {.find_unused_parameters = find_unused});
+          const lt::Batch shard = lt::shard(batch, r, 2);
+          for (int step = 0; step < 2; ++step) {
+            for (Tensor p : model->parameters()) p.set_grad({});
+            const Tensor out =
+                lr::checkpoint([&ddp](const Tensor& x) { return ddp.forward(x); }, shard.x);
+            lr::cross_entropy(out, shard.y).backward();
+          }
+          auto& mine = grads[static_cast<size_t>(r)];
+          for (const Tensor& p : model->parameters()) mine.push_back(p.grad());
+          return "";
+        },
+        "ckpt_ddp_whole", "shm");
+    REQUIRE(lt::joined(problems) == "");
+    const auto expected = reference->parameters();
+    for (size_t r = 0; r < 2; ++r) {
+      REQUIRE(grads[r].size() == expected.size());
+      for (size_t i = 0; i < expected.size(); ++i)
+        CHECK(lt::mismatch(fmt::format("rank {} grad {}", r, i), grads[r][i], expected[i].grad(),
+                           1e-5) == "");
+    }
+  }
 }
