@@ -147,6 +147,13 @@ size_t CheckpointRegion::add_slots(const char* op, const std::vector<Tensor>& sa
   return first;
 }
 
+void CheckpointRegion::note_inputs(const char* op, const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.is_leaf() && t.requires_grad())
+      read_parameters_.push_back({op, t.storage(), t.version(), t.shape()});
+  }
+}
+
 void CheckpointRegion::collect(const char* op, const std::vector<Tensor>& saved) {
   for (const Tensor& t : saved) {
     const size_t slot = collected_++;
@@ -167,6 +174,16 @@ void CheckpointRegion::recompute() {
                    "the region ran (version {}, expected {}); the recomputation needs it "
                    "unchanged. clone() it before changing it, or change it outside the region.",
                    i, inputs_[i].version(), input_versions_[i]);
+  }
+  for (const ReadParameter& p : read_parameters_) {
+    const std::shared_ptr<Storage> storage = p.storage.lock();
+    LOCKSTEP_CHECK(!storage || storage->version() == p.version,
+                   "checkpoint: a parameter (shape {}) that {} read in a checkpointed forward "
+                   "was modified by an in-place operation before backward: it is at version "
+                   "{}, expected version {}. The recomputation would read the new values and "
+                   "return the gradient of a loss the forward never computed; step the "
+                   "optimizer after backward, or clone() the tensor before changing it.",
+                   shape_str(p.shape), p.op, storage->version(), p.version);
   }
   std::vector<Tensor> inputs;
   for (size_t i = 0; i < inputs_.size(); ++i) {
@@ -205,6 +222,7 @@ void CheckpointRegion::recompute() {
   // Everything backward needs is in saved_ now.
   fn_ = nullptr;
   inputs_.clear();
+  read_parameters_.clear();
 }
 
 // As SavedTensor::unpack without a region: a tensor the forward saved that

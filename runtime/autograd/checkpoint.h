@@ -20,7 +20,9 @@
 // ops: a `fn` whose structure changes between runs throws, as does a `fn` that
 // changes its inputs in place, or a generator re-seeded between forward and
 // backward. A tensor an op saved that is changed in place before backward (a
-// parameter stepped too early) throws, as it does without checkpointing.
+// parameter stepped too early) throws, as it does without checkpointing, and
+// so does a parameter any op in the region read (under autocast the ops save
+// a cast copy, and the recomputation would cast the stepped parameter).
 // Module train/eval mode is read again: do not switch it between forward and
 // backward. Regions do not nest (a clear error). Thread-safe: a
 // region recomputes once, under its own lock.

@@ -147,6 +147,7 @@ Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs,
       return out;
     }
     // In a checkpoint region: keep places, not tensors.
+    active->region->note_inputs(name, inputs);
     const size_t first = active->region->add_slots(name, saved);
     for (size_t i = 0; i < saved.size(); ++i) kept.emplace_back(active->region, first + i);
   } else {

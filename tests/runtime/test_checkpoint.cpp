@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lockstep/nn/linear.h"
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/ops.h"
@@ -239,4 +240,38 @@ TEST_CASE("checkpoint: a function that re-seeds a generator leaves it where the 
   CHECK(lockstep::testing::bitwise_equal(ckpt.grad_x, plain.grad_x));
   CHECK(lockstep::testing::bitwise_equal(ckpt.next_default, plain.next_default));
   CHECK(lockstep::testing::bitwise_equal(ckpt.next_own, plain.next_own));
+}
+
+TEST_CASE("checkpoint: a parameter stepped before backward under autocast is an error",
+          "[autograd][checkpoint][autocast]") {
+  // Under autocast the matmul saves a bf16 copy of the weight, not the
+  // weight, so without checkpointing the gradient is the forward's. The
+  // recomputation would cast the stepped weight instead: refuse, rather than
+  // return the gradient of a loss the forward never computed.
+  lr::Generator g(9);
+  Tensor x = lr::randn({4, 8}, lr::DType::f32, g).requires_grad_(true);
+  Tensor w = lr::randn({8, 8}, lr::DType::f32, g).requires_grad_(true);
+  const auto fn = [&w](const Tensor& in) { return lr::gelu(lr::matmul(in, w)); };
+  const auto loss_of = [&](bool checkpointed) {
+    auto scope = lr::autocast();
+    const Tensor y = checkpointed ? lr::checkpoint(fn, x) : fn(x);
+    return lr::sum(lr::mul(y, y));
+  };
+  // Left alone, the parameter is no error, and the gradients are the plain ones.
+  loss_of(false).backward();
+  const Tensor gx = x.grad().clone(), gw = w.grad().clone();
+  x.set_grad({});
+  w.set_grad({});
+  loss_of(true).backward();
+  CHECK(lockstep::testing::bitwise_equal(x.grad(), gx));
+  CHECK(lockstep::testing::bitwise_equal(w.grad(), gw));
+  x.set_grad({});
+
+  const Tensor stepped = loss_of(true);
+  {
+    lr::NoGradGuard no_grad;
+    w.mul_(10.0);
+  }
+  CHECK_THROWS_WITH(stepped.backward(), Catch::Contains("modified by an in-place operation"));
+  CHECK(!x.grad().defined());
 }

@@ -21,6 +21,9 @@ class CheckpointRegion : public std::enable_shared_from_this<CheckpointRegion> {
   // Forward: places for the tensors op `op` saves; returns the first. Only
   // their versions are kept (not their memory), to be checked on unpack.
   size_t add_slots(const char* op, const std::vector<Tensor>& saved);
+  // Forward: notes the parameters (leaves that require grad) op `op` reads,
+  // which the recomputation reads again and must find unchanged.
+  void note_inputs(const char* op, const std::vector<Tensor>& inputs);
   // Recomputation: the tensors op `op` saves, in the order of the forward.
   void collect(const char* op, const std::vector<Tensor>& saved);
 
@@ -57,6 +60,16 @@ class CheckpointRegion : public std::enable_shared_from_this<CheckpointRegion> {
     Shape shape;
   };
   std::vector<SlotOrigin> slot_origins_;
+  // The parameters the forward's ops read, as they were then: one stepped
+  // before backward (under autocast the ops save a cast copy, not it) would
+  // be read anew by the recomputation.
+  struct ReadParameter {
+    const char* op;
+    std::weak_ptr<Storage> storage;
+    uint64_t version = 0;
+    Shape shape;
+  };
+  std::vector<ReadParameter> read_parameters_;
   std::vector<SavedTensor> saved_;     // recomputed, by slot
   std::vector<bool> released_;
   bool recomputed_ = false;
