@@ -147,6 +147,14 @@ void Adam::validate(const GroupOptions& options) const {
                  o.weight_decay);
 }
 
+void Adam::check_state_keys(std::string_view what, int64_t index,
+                            const std::map<std::string, Tensor>& entries) const {
+  // No "max_exp_avg_sq" is needed: amsgrad may be turned on after some steps.
+  detail::check_state_keys(what, name_, index, entries,
+                           {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+                           {"step", "exp_avg", "exp_avg_sq"});
+}
+
 void Adam::step() {
   NoGradGuard no_grad;
   // Everything that can refuse the step is checked before anything changes:

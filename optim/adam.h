@@ -47,6 +47,10 @@ class Adam : public Optimizer {
   // launch for all parameters of a device (f32). Every parameter, gradient
   // and buffer is checked first: a step that throws has changed nothing.
   void step() override;
+  // Its state: "step", "exp_avg", "exp_avg_sq" (all or none), "max_exp_avg_sq"
+  // (made by the first amsgrad step) (optimizer.h).
+  void check_state_keys(std::string_view what, int64_t index,
+                        const std::map<std::string, Tensor>& entries) const override;
 
  protected:
   // For AdamW: same state and options, decoupled weight decay.

@@ -47,7 +47,37 @@ void check_state_entry(std::string_view what, int64_t index, const std::string& 
                  runtime::dtype_name(param.dtype()));
 }
 
+void Optimizer::check_state_keys(std::string_view, int64_t,
+                                 const std::map<std::string, Tensor>&) const {}
+
 namespace detail {
+
+void check_state_keys(std::string_view what, std::string_view optimizer, int64_t index,
+                      const std::map<std::string, Tensor>& entries,
+                      std::initializer_list<const char*> kept,
+                      std::initializer_list<const char*> together) {
+  const auto quoted = [](std::initializer_list<const char*> keys) {
+    std::string out;
+    for (const char* k : keys) out += fmt::format("{}\"{}\"", out.empty() ? "" : ", ", k);
+    return out;
+  };
+  for (const auto& [key, value] : entries) {
+    bool known = false;
+    for (const char* k : kept) known = known || key == k;
+    LOCKSTEP_CHECK(known,
+                   "{}: state \"{}\" of parameter {} is not {} state ({} keeps {}); the state is "
+                   "from another kind of optimizer: load it into the kind that saved it",
+                   what, key, index, optimizer, optimizer, quoted(kept));
+  }
+  if (entries.empty()) return;  // a parameter not yet stepped
+  for (const char* k : together) {
+    LOCKSTEP_CHECK(entries.contains(k),
+                   "{}: the state of parameter {} has no \"{}\"; {} keeps {} together (a "
+                   "parameter not yet stepped has none of them), so the state is incomplete: "
+                   "load a whole state_dict()",
+                   what, index, k, optimizer, quoted(together));
+  }
+}
 
 void check_step_inputs(std::string_view optimizer, size_t group, size_t index, const Tensor& param,
                        const std::map<std::string, Tensor>* state,
@@ -199,6 +229,7 @@ void Optimizer::load_state_dict(const OptimizerState& saved) {
       if (key != "step" && v.dtype() != p.dtype()) v = v.to(p.dtype());
       dst[key] = v.clone();  // never alias the caller's tensors
     }
+    check_state_keys(fmt::format("{}.load_state_dict", name_), index, entries);
   }
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = std::move(options[g]);
   state_ = std::move(state);

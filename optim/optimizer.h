@@ -67,9 +67,19 @@ class Optimizer {
   // Takes the groups' options and clones the state onto the parameters'
   // device, and every floating entry but "step" onto the parameter's dtype
   // (PyTorch's rule, 0-dim entries of a scalar parameter included). The groups
-  // must match in count and size, and each entry pass check_state_entry();
-  // checked first, nothing changes on error.
+  // must match in count and size, each entry pass check_state_entry() and
+  // each parameter's entries check_state_keys(); checked first, nothing
+  // changes on error.
   virtual void load_state_dict(const OptimizerState& saved);
+  // Throws, naming `what` ("Adam.load_state_dict"), unless `entries`, the
+  // saved state of parameter `index`, is this optimizer's kind: no key it
+  // does not keep (another optimizer's state), and either none or all of the
+  // keys its update reads together (Adam's count without its moments, or the
+  // reverse, would silently restart the bias correction). Every key passes
+  // by default. load_state_dict runs it per parameter, a sharded optimizer
+  // with its inner optimizer's rule.
+  virtual void check_state_keys(std::string_view what, int64_t index,
+                                const std::map<std::string, Tensor>& entries) const;
 
  protected:
   Optimizer(std::string name, GroupOptions defaults)

@@ -163,6 +163,11 @@ void SGD::validate(const GroupOptions& options) const {
                  o.momentum, o.dampening);
 }
 
+void SGD::check_state_keys(std::string_view what, int64_t index,
+                           const std::map<std::string, Tensor>& entries) const {
+  detail::check_state_keys(what, name_, index, entries, {"momentum_buffer"}, {});
+}
+
 void SGD::step() {
   NoGradGuard no_grad;
   // Everything that can refuse the step is checked before anything changes:

@@ -43,6 +43,9 @@ class SGD : public Optimizer {
   // launch for all parameters of a device (f32). Every parameter, gradient
   // and buffer is checked first: a step that throws has changed nothing.
   void step() override;
+  // Its state: "momentum_buffer" only (optimizer.h).
+  void check_state_keys(std::string_view what, int64_t index,
+                        const std::map<std::string, Tensor>& entries) const override;
 
  protected:
   void validate(const GroupOptions& options) const override;

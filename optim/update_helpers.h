@@ -49,4 +49,12 @@ void check_step_inputs(std::string_view optimizer, size_t group, size_t index, c
                        const std::map<std::string, Tensor>* state,
                        std::initializer_list<const char*> keys);
 
+// Optimizer::check_state_keys for an optimizer named `optimizer` that keeps
+// the keys `kept` in a parameter's state, of which it reads `together` at
+// every step (so a stepped parameter has them all).
+void check_state_keys(std::string_view what, std::string_view optimizer, int64_t index,
+                      const std::map<std::string, Tensor>& entries,
+                      std::initializer_list<const char*> kept,
+                      std::initializer_list<const char*> together);
+
 }  // namespace lockstep::optim::detail

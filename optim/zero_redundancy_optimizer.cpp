@@ -524,6 +524,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const OptimizerState& full) {
     // The inner optimizer's rule, against the whole parameter (a cut
     // piece's share of an entry passes it too): only its owner loads it.
     for (const auto& [key, value] : entries) check_state_entry(what, number, key, value, p);
+    probe_->check_state_keys(what, number, entries);
   }
   const std::vector<ParamGroup> before = groups_;
   probe_->load_state_dict(check);  // validates the options (keys missing keep their value)
@@ -556,6 +557,11 @@ void ZeroRedundancyOptimizer::load_state_dict(const OptimizerState& full) {
     groups_ = before;
     throw;
   }
+}
+
+void ZeroRedundancyOptimizer::check_state_keys(std::string_view what, int64_t index,
+                                               const std::map<std::string, Tensor>& entries) const {
+  probe_->check_state_keys(what, index, entries);
 }
 
 void ZeroRedundancyOptimizer::add_param_group(ParamGroup) {

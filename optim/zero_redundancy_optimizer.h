@@ -116,6 +116,9 @@ class ZeroRedundancyOptimizer : public Optimizer {
   // alike. On every rank; local.
   void load_state_dict(const OptimizerState& full) override;
 
+  // The inner optimizer's rule.
+  void check_state_keys(std::string_view what, int64_t index,
+                        const std::map<std::string, Tensor>& entries) const override;
   void add_param_group(ParamGroup group) override;  // throws: not supported
 
   // Bytes of this rank's optimizer state tensors (every piece's; a cut

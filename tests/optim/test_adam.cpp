@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "lockstep/optim/adam.h"
 #include "lockstep/runtime/autograd/rebind.h"
 #include "lockstep/runtime/random.h"
@@ -197,4 +199,48 @@ TEST_CASE("Adam's amsgrad maximum keeps a NaN, as torch.maximum", "[optim][adam]
   CHECK(std::isnan(vmax[0]));
   CHECK_FALSE(std::isnan(vmax[1]));
   CHECK(std::isnan(p.to_vector<float>()[0]));
+}
+
+TEST_CASE("Adam load_state_dict refuses an incomplete state or another optimizer's",
+          "[optim][adam]") {
+  Tensor a = param();
+  Adam opt({a}, {.lr = 0.01});
+  for (int i = 0; i < 5; ++i) {
+    set_grad(a, 0.5);
+    opt.step();
+  }
+  const OptimizerState full = opt.state_dict();
+
+  // Without its "step", the moments of 5 steps would be bias-corrected as if
+  // at step 1 (a step ten times too large), where PyTorch fails on the key.
+  for (const char* key : {"step", "exp_avg", "exp_avg_sq"}) {
+    OptimizerState partial = full;
+    partial.state[0].erase(key);
+    Tensor b = param();
+    Adam victim({b}, {.lr = 0.01});
+    CHECK_THAT(error_of([&] { victim.load_state_dict(partial); }),
+               Contains(fmt::format("Adam.load_state_dict: the state of parameter 0 has no "
+                                    "\"{}\"",
+                                    key)));
+    CHECK(victim.state_dict().state.empty());  // nothing changed
+  }
+
+  // An SGD's momentum buffer, loaded without its options.
+  OptimizerState foreign = full;
+  foreign.state[0] = {{"momentum_buffer", Tensor::zeros(a.shape(), a.dtype())}};
+  foreign.param_groups[0].options.clear();
+  Tensor c = param();
+  AdamW adamw({c});
+  CHECK_THAT(error_of([&] { adamw.load_state_dict(foreign); }),
+             Contains("AdamW.load_state_dict: state \"momentum_buffer\" of parameter 0 is not "
+                      "AdamW state"));
+
+  // A state saved before its amsgrad was turned on has no "max_exp_avg_sq":
+  // the first amsgrad step makes it, as for a fresh parameter.
+  Tensor d = param();
+  Adam ams({d}, {.lr = 0.01, .amsgrad = true});
+  ams.load_state_dict(full);
+  set_grad(d, 0.5);
+  ams.step();
+  CHECK(ams.state_dict().state.at(0).at("step").item() == 6);
 }

@@ -417,3 +417,18 @@ TEST_CASE("SGD steps bf16 and f16 parameters on the CPU in f32, rounding once", 
     }
   }
 }
+
+TEST_CASE("SGD load_state_dict refuses another optimizer's state", "[optim][sgd]") {
+  Tensor a = param({1.0, 2.0});
+  SGD opt({a}, {.lr = 0.1, .momentum = 0.9});
+  OptimizerState adam_like;
+  adam_like.param_groups.push_back({{}, {0}});  // options left out: only the state tells
+  adam_like.state[0] = {{"step", Tensor::scalar(3.0, DType::f32)},
+                        {"exp_avg", Tensor::zeros({2}, a.dtype())},
+                        {"exp_avg_sq", Tensor::zeros({2}, a.dtype())}};
+  // Before, it loaded: SGD ignored the moments and restarted its momentum.
+  CHECK_THAT(error_of([&] { opt.load_state_dict(adam_like); }),
+             Contains("SGD.load_state_dict: state \"exp_avg\" of parameter 0 is not SGD state "
+                      "(SGD keeps \"momentum_buffer\")"));
+  CHECK(opt.state_dict().state.empty());
+}

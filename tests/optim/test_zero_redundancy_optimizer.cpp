@@ -608,7 +608,7 @@ TEST_CASE("ZeroRedundancyOptimizer: clear errors", "[zero][optim]") {
   }
   SECTION("a state only the owning rank's optimizer would refuse fails on every rank") {
     for (bool split : {false, true}) {
-      for (int bad = 0; bad < 3; ++bad) {
+      for (int bad = 0; bad < 4; ++bad) {
         INFO("split " << split << ", case " << bad);
         const auto problems = on_ranks(2, [&](int, GroupPtr group) -> std::string {
           Tensor a = Tensor::ones({4}), b = Tensor::ones({4});
@@ -621,6 +621,7 @@ TEST_CASE("ZeroRedundancyOptimizer: clear errors", "[zero][optim]") {
           if (bad == 0) st.state[0]["momentum_buffer"] = Tensor::scalar(1.0);
           if (bad == 1) st.state[1]["momentum_buffer"] = Tensor::zeros({4}, DType::i32);
           if (bad == 2) st.state[1]["step"] = Tensor::zeros({4});
+          if (bad == 3) st.state[1]["exp_avg"] = Tensor::zeros({4});  // another optimizer's
           zero.load_state_dict(st);
           // Not reached: a rank that loaded would wait here for the other.
           a.set_grad(Tensor::ones({4}));
@@ -632,7 +633,8 @@ TEST_CASE("ZeroRedundancyOptimizer: clear errors", "[zero][optim]") {
             bad == 0   ? "state \"momentum_buffer\" of parameter 0 has shape [], the parameter "
                          "has shape [4]"
             : bad == 1 ? "state \"momentum_buffer\" of parameter 1 has dtype i32"
-                       : "state \"step\" of parameter 1 has shape [4]";
+            : bad == 2 ? "state \"step\" of parameter 1 has shape [4]"
+                       : "state \"exp_avg\" of parameter 1 is not SGD state";
         for (const auto& p : problems)
           CHECK_THAT(p, Contains("ZeroRedundancyOptimizer.load_state_dict") && Contains(want));
       }
