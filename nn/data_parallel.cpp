@@ -68,8 +68,19 @@ void match_children(const Module& original, Module& copy,
   }
 }
 
+// Takes no draws: a replicate() builds modules whose constructors initialise
+// parameters that are rebound to copies at once, so their draws are thrown
+// away, and must not move the generators (the default one included) that
+// the model's own draws come from.
+class NoDraws final : public runtime::detail::DrawLog {
+ public:
+  uint64_t reserve(runtime::Generator& g, uint64_t) override { return g.offset(); }
+};
+
 // `module.replicate()`, its tree made to match `module`'s.
 std::shared_ptr<Module> replicate_tree(const Module& module) {
+  NoDraws no_draws;
+  runtime::detail::DrawLogScope discarded(&no_draws);
   std::shared_ptr<Module> copy = module.replicate();
   std::unordered_map<const Module*, std::shared_ptr<Module>> made{{&module, copy}};
   match_children(module, *copy, made);

@@ -12,7 +12,9 @@ uint64_t ReplicaDrawBlocks::reserve(Generator& g, size_t replica, uint64_t n) {
   }
   if (!region) {
     // Replicas do not move g, so whichever draws first takes the same region.
-    regions_.push_back({&g, g.take(replicas_ * kBlock), std::vector<uint64_t>(replicas_, 0)});
+    const uint64_t n_region = replicas_ * kBlock;
+    const uint64_t start = outer_ ? outer_->reserve(g, n_region) : g.take(n_region);
+    regions_.push_back({&g, start, std::vector<uint64_t>(replicas_, 0)});
     region = &regions_.back();
   }
   uint64_t& taken = region->taken[replica];

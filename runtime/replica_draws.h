@@ -5,7 +5,9 @@
 // threads happen to reach it, so the dropout masks would change from run to
 // run. Instead, the first draw of a forward from a generator takes one region
 // of `replicas` blocks from it, and replica i draws only from block i, in
-// order. Activation checkpointing inside a replica records those draws.
+// order. Activation checkpointing inside a replica records those draws; a
+// forward that itself runs in a checkpoint region takes each region through
+// that region's log, so the recomputation replays the forward's regions.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +24,10 @@ class ReplicaDrawBlocks {
   // Draws one replica may take from one generator in one forward.
   static constexpr uint64_t kBlock = uint64_t{1} << 36;
 
-  explicit ReplicaDrawBlocks(size_t replicas) : replicas_(replicas) {}
+  // Make it on the thread that runs the forward: regions are taken through
+  // the draw log installed there (a checkpoint region's), if any.
+  explicit ReplicaDrawBlocks(size_t replicas)
+      : replicas_(replicas), outer_(detail::current_draw_log()) {}
   // The first of n draws from `g` for `replica`.
   uint64_t reserve(Generator& g, size_t replica, uint64_t n);
 
@@ -33,6 +38,7 @@ class ReplicaDrawBlocks {
     std::vector<uint64_t> taken;  // per replica
   };
   size_t replicas_;
+  detail::DrawLog* outer_;  // called under mutex_ only
   std::mutex mutex_;
   std::vector<Region> regions_;
 };

@@ -11,6 +11,7 @@
 #include "lockstep/nn/nn.h"
 #include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/nn/normalization.h"
+#include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/replica_draws.h"
 #include "nn/ddp/ddp_fixture.h"
@@ -471,4 +472,50 @@ TEST_CASE("DataParallel: a weight tied between two modules is one tensor in the 
   CHECK_THROWS_WITH(gdp.forward_values({tokens}),
                     Catch::Contains("'transformer.wte.weight' and 'lm_head.weight' are one "
                                     "tensor, but they are two in the wrapped module"));
+}
+
+// DataParallel inside a checkpointed function: the replicas' regions of the
+// generator are recorded in the forward and replayed in the recomputation.
+// Before, the forward also recorded the throwaway draws of making the replicas
+// (so backward threw), and the recomputation took new regions, moving the
+// generator in backward and giving replica 0 another dropout mask.
+TEST_CASE("DataParallel inside a checkpointed function: the recomputation replays each "
+          "replica's draws, the gradients are the plain run's bit for bit",
+          "[data_parallel][checkpoint]") {
+  const bool own_generator = GENERATE(false, true);
+  INFO((own_generator ? "a seeded Dropout's generator" : "the default generator"));
+  const auto run = [&](bool checkpointed, uint64_t& offset_after_forward,
+                       uint64_t& offset_after_backward) {
+    lr::Generator init(5);
+    auto model = std::make_shared<nn::Sequential>();
+    model->push_back(std::make_shared<nn::Linear>(16, 16, true, init));
+    auto drop = own_generator ? std::make_shared<nn::Dropout>(0.5, 21)
+                              : std::make_shared<nn::Dropout>(0.5);
+    model->push_back(drop);
+    model->push_back(std::make_shared<nn::Linear>(16, 16, true, init));
+    nn::DataParallel dp(model, cpus(3));
+    lr::manual_seed(3);
+    lr::Generator data(9);
+    const Tensor x = lr::randn({9, 16}, lr::DType::f32, data);
+    lr::Generator& g = own_generator ? *drop->generator : lr::default_generator();
+    const Tensor y = checkpointed
+                         ? lr::checkpoint([&](const Tensor& in) { return dp.forward(in); }, x)
+                         : dp.forward(x);
+    offset_after_forward = g.offset();
+    lr::sum(lr::mul(y, y)).backward();
+    offset_after_backward = g.offset();
+    std::vector<Tensor> grads;
+    for (const auto& p : model->parameters()) grads.push_back(p.grad());
+    return grads;
+  };
+  uint64_t plain_forward = 0, plain_backward = 0, forward = 0, backward = 0;
+  const auto plain = run(false, plain_forward, plain_backward);
+  const auto checkpointed = run(true, forward, backward);
+  CHECK(forward == plain_forward);
+  CHECK(backward == forward);  // the recomputation does not move the generator
+  REQUIRE(plain.size() == checkpointed.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(lt::bitwise_equal(checkpointed[i], plain[i]));
+  }
 }
