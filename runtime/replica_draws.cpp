@@ -26,4 +26,14 @@ uint64_t ReplicaDrawBlocks::reserve(Generator& g, size_t replica, uint64_t n) {
   return at;
 }
 
+void ReplicaDrawBlocks::forget(Generator& g, bool destroying) {
+  std::lock_guard lock(mutex_);
+  std::erase_if(regions_, [&g](const Region& r) { return r.generator == &g; });
+  if (!outer_) return;
+  if (destroying)
+    outer_->destroying(g);
+  else
+    outer_->setting(g);
+}
+
 }  // namespace lockstep::runtime

@@ -30,6 +30,10 @@ class ReplicaDrawBlocks {
       : replicas_(replicas), outer_(detail::current_draw_log()) {}
   // The first of n draws from `g` for `replica`.
   uint64_t reserve(Generator& g, size_t replica, uint64_t n);
+  // g is re-seeded, repositioned or destroyed: its region is dropped, so a
+  // generator made later at its address (a new one per layer in a forward)
+  // takes a region of its own stream.
+  void forget(Generator& g, bool destroying);
 
  private:
   struct Region {
@@ -50,6 +54,8 @@ class ReplicaDrawScope final : public detail::DrawLog {
       : blocks_(blocks), replica_(replica), installed_(this) {}
 
   uint64_t reserve(Generator& g, uint64_t n) override { return blocks_.reserve(g, replica_, n); }
+  void setting(Generator& g) override { blocks_.forget(g, false); }
+  void destroying(Generator& g) override { blocks_.forget(g, true); }
 
  private:
   ReplicaDrawBlocks& blocks_;

@@ -343,6 +343,39 @@ TEST_CASE("DataParallel: a seeded Dropout's replicas draw from its generator, no
   CHECK(drop->generator->offset() == 2 * lr::ReplicaDrawBlocks::kBlock);
 }
 
+// A module whose forward makes a generator per layer: each is a new stream,
+// even where the next is made at the address of the one before. Before, the
+// replica kept drawing from the region taken for the first one (regions were
+// found by the generator's address), so the second layer's mask was not its
+// generator's.
+class LocalDropouts : public nn::Module {
+ public:
+  Tensor forward(const Tensor& x) override {
+    Tensor y = x;
+    for (uint64_t layer = 0; layer < 2; ++layer) {
+      lr::Generator g(100 + layer);  // one object per layer, replica and call
+      y = lr::dropout(y, 0.5, true, g);
+    }
+    return y;
+  }
+  std::string type_name() const override { return "LocalDropouts"; }
+  std::shared_ptr<nn::Module> replicate() const override {
+    return std::make_shared<LocalDropouts>();
+  }
+};
+
+TEST_CASE("DataParallel: a generator made in the forward draws from its own stream, even at "
+          "the address of one destroyed before",
+          "[data_parallel]") {
+  auto model = std::make_shared<LocalDropouts>();
+  nn::DataParallel dp(model, cpus(2));
+  const Tensor x = Tensor::ones({2, 256});
+  const Tensor out = dp.forward(x);
+  // Replica 0 draws the first block of each generator: what the module draws alone.
+  CHECK(lt::values(out.slice(0, 0, 1)) == lt::values(model->forward(x.slice(0, 0, 1))));
+  CHECK(lt::values(dp.forward(x)) == lt::values(out));
+}
+
 TEST_CASE("DataParallel: a module tree changed between calls is replicated again",
           "[data_parallel]") {
   auto s = std::make_shared<nn::Sequential>();
