@@ -53,26 +53,38 @@ class RecordDraws final : public detail::DrawLog {
   detail::DrawLog* outer_;
 };
 
-// The recomputation's draws: the forward's, in order; the generator stays.
+// The recomputation's draws: the forward's, each generator's in order; the
+// generator stays. A draw replays the first one not yet replayed of the same
+// seed and size: DataParallel's replicas inside the region take their regions
+// of different generators (one each replica makes) in whatever order their
+// threads get there, in the forward and again here.
 class ReplayDraws final : public detail::DrawLog {
  public:
-  explicit ReplayDraws(const std::vector<CheckpointRegion::Draw>& draws) : draws_(draws) {}
+  explicit ReplayDraws(const std::vector<CheckpointRegion::Draw>& draws)
+      : draws_(draws), replayed_(draws.size(), false) {}
   uint64_t reserve(Generator& g, uint64_t n) override {
-    LOCKSTEP_CHECK(next_ < draws_.size() && draws_[next_].n == n,
-                   "checkpoint: the recomputation drew random numbers differently from the "
-                   "forward (draw {} of {}): the checkpointed function must draw the same "
-                   "numbers from the same generators each time it runs",
-                   next_ + 1, draws_.size());
-    const CheckpointRegion::Draw& d = draws_[next_++];
-    LOCKSTEP_CHECK(g.seed() == d.seed,
-                   "checkpoint: draw {} of the recomputation came from a generator of seed {}, "
-                   "in the forward from one of seed {}: re-seed no generator between the "
-                   "forward and the backward of a checkpointed region, and seed one the "
-                   "checkpointed function creates the same way each time it runs",
-                   next_, g.seed(), d.seed);
-    return d.at;
+    size_t k = next_;
+    while (k < draws_.size() && (replayed_[k] || draws_[k].n != n || draws_[k].seed != g.seed()))
+      ++k;
+    if (k == draws_.size()) {  // none matches: name how the next one differs
+      LOCKSTEP_CHECK(next_ < draws_.size() && draws_[next_].n == n,
+                     "checkpoint: the recomputation drew random numbers differently from the "
+                     "forward (draw {} of {}): the checkpointed function must draw the same "
+                     "numbers from the same generators each time it runs",
+                     next_ + 1, draws_.size());
+      LOCKSTEP_CHECK(false,
+                     "checkpoint: draw {} of the recomputation came from a generator of seed "
+                     "{}, in the forward from one of seed {}: re-seed no generator between the "
+                     "forward and the backward of a checkpointed region, and seed one the "
+                     "checkpointed function creates the same way each time it runs",
+                     next_ + 1, g.seed(), draws_[next_].seed);
+    }
+    replayed_[k] = true;
+    ++count_;
+    while (next_ < draws_.size() && replayed_[next_]) ++next_;
+    return draws_[k].at;
   }
-  bool finished() const { return next_ == draws_.size(); }
+  bool finished() const { return count_ == draws_.size(); }
 
   // A generator the function seeds or positions (manual_seed inside it) is
   // put back as it was before the recomputation, as PyTorch's fork_rng does,
@@ -101,7 +113,9 @@ class ReplayDraws final : public detail::DrawLog {
     uint64_t seed, offset;
   };
   const std::vector<CheckpointRegion::Draw>& draws_;
-  size_t next_ = 0;
+  std::vector<bool> replayed_;
+  size_t next_ = 0;   // the first draw not yet replayed
+  size_t count_ = 0;  // draws replayed
   std::vector<Before> before_;
 };
 

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -551,4 +553,61 @@ TEST_CASE("DataParallel inside a checkpointed function: the recomputation replay
     INFO("parameter " << i);
     CHECK(lt::bitwise_equal(checkpointed[i], plain[i]));
   }
+}
+
+// Two replicas, each with a generator of its own made in the forward, whose
+// regions are taken in one order in the forward and in the other in the
+// recomputation (as the threads' timing may make them). Before, the
+// recomputation replayed the draws strictly in the forward's order and threw
+// that a generator had been re-seeded.
+struct DrawOrder {
+  std::atomic<int> first{0};  // the replica that draws first
+  std::atomic<bool> drawn{false};
+};
+
+class OrderedLocalDropout : public nn::Module {
+ public:
+  explicit OrderedLocalDropout(std::shared_ptr<DrawOrder> order) : order_(std::move(order)) {}
+  Tensor forward(const Tensor& x) override {
+    // The chunk says which replica this is: rows of 1 or of 2.
+    const int replica = lt::values(x)[0] < 1.5 ? 0 : 1;
+    if (replica != order_->first.load()) {
+      while (!order_->drawn.load()) std::this_thread::yield();
+    }
+    struct Done {  // lets the other replica go on, even when this one throws
+      DrawOrder* order;
+      ~Done() {
+        if (order) order->drawn.store(true);
+      }
+    } done{replica == order_->first.load() ? order_.get() : nullptr};
+    lr::Generator g(100 + static_cast<uint64_t>(replica));
+    return lr::dropout(x, 0.5, true, g);
+  }
+  std::string type_name() const override { return "OrderedLocalDropout"; }
+  std::shared_ptr<nn::Module> replicate() const override {
+    return std::make_shared<OrderedLocalDropout>(order_);
+  }
+
+ private:
+  std::shared_ptr<DrawOrder> order_;
+};
+
+TEST_CASE("DataParallel inside a checkpointed function: replicas that take their generators' "
+          "regions in another order in the recomputation get the forward's draws",
+          "[data_parallel][checkpoint]") {
+  auto order = std::make_shared<DrawOrder>();
+  nn::DataParallel dp(std::make_shared<OrderedLocalDropout>(order), cpus(2));
+  const Tensor rows = lr::cat({Tensor::zeros({1, 256}), Tensor::ones({1, 256})}, 0);
+  Tensor w = Tensor::ones({1, 256}).requires_grad_(true);
+  const Tensor y = lr::checkpoint([&](const Tensor& in) { return dp.forward(lr::add(rows, in)); },
+                                  w);
+  order->first = 1;  // the recomputation: replica 1 takes its region first
+  order->drawn = false;
+  lr::sum(y).backward();
+  // w's element j reaches element j of both rows, each through its mask (kept: 2).
+  const auto out = lt::values(y);
+  std::vector<double> expected(256, 0.0);
+  for (size_t j = 0; j < 256; ++j)
+    expected[j] = (out[j] != 0 ? 2 : 0) + (out[256 + j] != 0 ? 2 : 0);
+  CHECK(lt::values(w.grad()) == expected);
 }
