@@ -88,6 +88,17 @@ Tensor state_tensor(const std::map<std::string, Tensor>& st, const char* key, co
                           : saved->contiguous();
 }
 
+// Counts a step of the parameter whose state is `st`: "step" as PyTorch
+// keeps it, a 0-dim f32 tensor (on the CPU) advanced in place, so that a
+// state_dict() not cloned sees it move with the moments (optimizer.h).
+void count_step(std::map<std::string, Tensor>& st, double step) {
+  const auto it = st.find("step");
+  if (it == st.end())
+    st["step"] = Tensor::scalar(step, runtime::DType::f32);
+  else
+    it->second.fill_(step);
+}
+
 }  // namespace
 
 GroupOptions AdamOptions::to_map() const {
@@ -191,8 +202,6 @@ void Adam::step() {
       grad = grad.contiguous();
 
       auto& st = state_of(param);
-      // "step" as PyTorch keeps it: a 0-dim f32 tensor (on the CPU) counting
-      // steps taken.
       const Tensor* saved_step = detail::find_entry(&st, "step");
       const double step = (saved_step == nullptr ? 0.0 : saved_step->item()) + 1.0;
       Tensor m = state_tensor(st, "exp_avg", param);
@@ -264,13 +273,13 @@ void Adam::step() {
       // Kept once the update ran: a step that throws leaves no count or
       // moments of a step not taken.
       keep_moments();
-      st["step"] = Tensor::scalar(step, runtime::DType::f32);
+      count_step(st, step);
     }
   }
   on_device.launch();
   // Only now: a launch that failed leaves the counts as they were (and the
   // new moments at zero, as for a parameter not yet stepped).
-  for (const auto& [st, step] : counted) (*st)["step"] = Tensor::scalar(step, runtime::DType::f32);
+  for (const auto& [st, step] : counted) count_step(*st, step);
 }
 
 }  // namespace lockstep::optim

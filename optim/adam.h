@@ -11,10 +11,10 @@
 //   denom = sqrt(amsgrad ? vmax : v) / sqrt(1 - beta2^t) + eps
 //   p   = p - lr / (1 - beta1^t) * m / denom
 //
-// State per parameter, under PyTorch's names: "step" (a 0-dim f32 tensor),
-// "exp_avg", "exp_avg_sq", and "max_exp_avg_sq" with amsgrad (max as
-// torch.maximum: NaN if either is). Parameters whose gradient is undefined are
-// skipped (their state too).
+// State per parameter, under PyTorch's names: "step" (a 0-dim f32 tensor,
+// advanced in place like the moments), "exp_avg", "exp_avg_sq", and
+// "max_exp_avg_sq" with amsgrad (max as torch.maximum: NaN if either is).
+// Parameters whose gradient is undefined are skipped (their state too).
 #pragma once
 
 #include <vector>

@@ -244,3 +244,37 @@ TEST_CASE("Adam load_state_dict refuses an incomplete state or another optimizer
   ams.step();
   CHECK(ams.state_dict().state.at(0).at("step").item() == 6);
 }
+
+TEST_CASE("An Adam state_dict kept in memory follows the optimizer, count and moments alike",
+          "[optim][adam]") {
+  // optimizer.h: the state tensors are the optimizer's own. The count is
+  // advanced in place like the moments (PyTorch's step is a tensor it adds
+  // to), so a snapshot not cloned never pairs one step's moments with
+  // another's count.
+  Tensor a = param();
+  Adam opt({a}, {.lr = 0.01});
+  for (int i = 0; i < 3; ++i) {
+    set_grad(a, 0.3 * (i + 1));
+    opt.step();
+  }
+  const OptimizerState snapshot = opt.state_dict();
+  set_grad(a, -0.4);
+  opt.step();
+  const auto& st = snapshot.state.at(0);
+  CHECK(st.at("step").item() == 4);
+  CHECK(st.at("exp_avg").is_same(opt.state_dict().state.at(0).at("exp_avg")));
+  CHECK(st.at("step").is_same(opt.state_dict().state.at(0).at("step")));
+
+  // Loaded, the snapshot continues the run exactly.
+  Tensor b = a.detach().clone();
+  b.requires_grad_();
+  Adam resumed({b}, {.lr = 0.01});
+  resumed.load_state_dict(snapshot);
+  for (int i = 0; i < 3; ++i) {
+    set_grad(a, 0.2 * i - 0.1);
+    set_grad(b, 0.2 * i - 0.1);
+    opt.step();
+    resumed.step();
+  }
+  CHECK(a.to_vector<float>() == b.to_vector<float>());
+}
