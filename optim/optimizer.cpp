@@ -1,5 +1,6 @@
 #include "lockstep/optim/optimizer.h"
 
+#include <cmath>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -32,6 +33,13 @@ void check_state_entry(std::string_view what, int64_t index, const std::string& 
                    "{}: state \"step\" of parameter {} has shape {}; a step count is a 0-dim "
                    "tensor",
                    what, index, runtime::shape_str(value.shape()));
+    // The update computes 1 - beta^(step + 1): a count of -1 makes it 0 and
+    // every parameter NaN, a fractional or non-finite one is no count at all.
+    const double count = value.item();
+    LOCKSTEP_CHECK(count >= 0 && std::isfinite(count) && count == std::floor(count),
+                   "{}: state \"step\" of parameter {} is {}; a count of steps taken is a "
+                   "whole number >= 0 (the state is damaged: load one saved by state_dict())",
+                   what, index, count);
     return;
   }
   // Per-element state (momentum buffers, moments) must match the parameter,

@@ -112,7 +112,8 @@ class Optimizer {
 
 // The rule every optimizer state load checks each entry with, before
 // anything changes: `value`, saved as state `key` of parameter `index`
-// (which is `param` here), must be defined; "step" must be a 0-dim count;
+// (which is `param` here), must be defined; "step" must be a 0-dim count
+// (a whole number >= 0);
 // any other entry is per-element state (a momentum buffer, a moment), which
 // must have the parameter's shape and a floating dtype (it is loaded in the
 // parameter's dtype). Optimizer::load_state_dict runs it on its parameters;

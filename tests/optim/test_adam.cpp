@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -277,4 +278,24 @@ TEST_CASE("An Adam state_dict kept in memory follows the optimizer, count and mo
     resumed.step();
   }
   CHECK(a.to_vector<float>() == b.to_vector<float>());
+}
+
+TEST_CASE("Adam load_state_dict refuses a step count that is not a whole number >= 0",
+          "[optim][adam]") {
+  Tensor a = param();
+  Adam opt({a}, {.lr = 0.01});
+  set_grad(a, 0.5);
+  opt.step();
+  const OptimizerState full = opt.state_dict();
+  for (double bad : {-1.0, 2.5, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    INFO("step " << bad);
+    OptimizerState damaged = full;
+    damaged.state[0]["step"] = Tensor::scalar(bad);
+    Tensor b = param();
+    Adam victim({b}, {.lr = 0.01});
+    CHECK_THAT(error_of([&] { victim.load_state_dict(damaged); }),
+               Contains("Adam.load_state_dict: state \"step\" of parameter 0 is") &&
+                   Contains("a count of steps taken is a whole number >= 0"));
+    CHECK(victim.state_dict().state.empty());  // nothing changed
+  }
 }

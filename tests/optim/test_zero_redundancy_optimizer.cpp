@@ -640,6 +640,32 @@ TEST_CASE("ZeroRedundancyOptimizer: clear errors", "[zero][optim]") {
       }
     }
   }
+  SECTION("a damaged Adam step count fails on every rank, before anything changes") {
+    for (bool split : {false, true}) {
+      INFO("split " << split);
+      const auto problems = on_ranks(2, [&](int, GroupPtr group) -> std::string {
+        Tensor a = Tensor::ones({4}), b = Tensor::ones({4});
+        a.requires_grad_();
+        b.requires_grad_();
+        ZeroRedundancyOptimizer zero(std::vector<Tensor>{a, b}, group, adam_factory(),
+                                     {.split_parameters = split});
+        OptimizerState st;
+        st.param_groups.push_back({{}, {0, 1}});
+        st.state[1] = {{"step", Tensor::scalar(-1.0)},
+                       {"exp_avg", Tensor::zeros({4})},
+                       {"exp_avg_sq", Tensor::zeros({4})}};
+        zero.load_state_dict(st);
+        // Not reached: a rank that loaded would wait here for the other.
+        a.set_grad(Tensor::ones({4}));
+        b.set_grad(Tensor::ones({4}));
+        zero.step();
+        return "loaded";
+      }, fmt::format("zero-bad-step-{}", split));
+      for (const auto& p : problems)
+        CHECK_THAT(p, Contains("ZeroRedundancyOptimizer.load_state_dict: state \"step\" of "
+                               "parameter 1 is -1"));
+    }
+  }
   SECTION("local misuse") {
     const auto problems = on_ranks(1, [&](int, GroupPtr group) -> std::string {
       auto m = mlp(6, 16, 1);
