@@ -106,13 +106,22 @@ export SLURM_CONF=$dir/slurm.conf
 
 running() { ps -o stat= -p "$1" 2>/dev/null | grep -qv Z; }
 
-# Ports of this run's own (outside Linux's ephemeral range), drawn again when
-# slurmctld finds its port taken (by another test's cluster, say).
+# Ports of this run's own, drawn below Linux's ephemeral range (where any
+# outgoing connection or bind to port 0 may hold one): slurmctld's even,
+# slurmd's the odd one after it. Both are drawn again when either daemon finds
+# its port taken (by another test's cluster, say).
+ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[ "$ephemeral_low" -gt 12000 ] 2>/dev/null || ephemeral_low=32768
+stop_daemon() {
+  kill "$1" 2>/dev/null
+  wait "$1" 2>/dev/null  # gone before the next try (or the cleanup) touches its files
+}
 started=""
 for _ in 1 2 3 4 5; do
-  port=$((40000 - (RANDOM % 5000) * 2))
+  port=$(((ephemeral_low - 10000) / 2 * 2 + (RANDOM % 4990) * 2))
   write_conf
   : >"$dir/slurmctld.log"
+  : >"$dir/slurmd.log"
   slurmctld -D -i >>"$dir/slurmctld.log" 2>&1 &
   ctld=$!
   # Up when it says so and has not died a moment later (a taken port ends it
@@ -123,18 +132,32 @@ for _ in 1 2 3 4 5; do
     grep -q "Running as primary controller" "$dir/slurmctld.log" && sleep 0.3 && break
     sleep 0.1
   done
-  if running "$ctld" && ! grep -q fatal "$dir/slurmctld.log"; then
-    pids+=("$ctld")
+  if ! running "$ctld" || grep -q fatal "$dir/slurmctld.log"; then
+    stop_daemon "$ctld"
+    grep -q "Address already in use" "$dir/slurmctld.log" || fail "slurmctld did not start"
+    continue
+  fi
+  slurmd -D -N "$node" >>"$dir/slurmd.log" 2>&1 &
+  slurmd_pid=$!
+  # slurmd binds its port before it says it started; a taken port never lets
+  # it start (it retries the bind), so the node would never become idle. One
+  # slow to start is waited for below, with the node.
+  for _ in $(seq 200); do
+    grep -q "Address already in use" "$dir/slurmd.log" && break
+    running "$slurmd_pid" || break
+    grep -q "slurmd started on" "$dir/slurmd.log" && break
+    sleep 0.1
+  done
+  if running "$slurmd_pid" && ! grep -q "Address already in use" "$dir/slurmd.log"; then
+    pids+=("$ctld" "$slurmd_pid")
     started=yes
     break
   fi
-  kill "$ctld" 2>/dev/null
-  wait "$ctld" 2>/dev/null  # gone before the next try (or the cleanup) touches its files
-  grep -q "Address already in use" "$dir/slurmctld.log" || fail "slurmctld did not start"
+  stop_daemon "$slurmd_pid"
+  stop_daemon "$ctld"
+  grep -q "Address already in use" "$dir/slurmd.log" || fail "slurmd did not start"
 done
-[ -n "$started" ] || fail "slurmctld found its port taken 5 times"
-slurmd -D -N "$node" >>"$dir/slurmd.log" 2>&1 &
-pids+=($!)
+[ -n "$started" ] || fail "slurmctld's or slurmd's port was taken 5 times"
 
 # Ready when the node is idle; sinfo itself can wait long for a controller
 # that is not there, so the wait is bounded by time.
