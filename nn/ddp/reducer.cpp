@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/work.h"
 #include "lockstep/nn/ddp/bucket_plan.h"
 #include "lockstep/nn/join.h"
 #include "lockstep/runtime/autograd/detail/accumulate_grad.h"
@@ -532,34 +534,53 @@ void Reducer::finalize() {
         "DistributedDataParallel on rank {}: {} parameter(s) received no gradient in this "
         "backward: {}. ",
         group_.rank(), missing.size(), fmt::join(missing, ", "));
-    if (!frozen_since.empty())
-      throw Error(what + fmt::format(
-                             "Of these, {} {} frozen (requires_grad set to false) since this "
-                             "iteration's forward checked the flags, and a frozen leaf takes no "
-                             "gradient; DDP averages the parameters that required grad when it "
-                             "was constructed. Change requires_grad between iterations, not "
-                             "between forward and backward, and re-wrap the module in "
-                             "DistributedDataParallel after changing it (on every rank alike)",
-                             fmt::join(frozen_since, ", "),
-                             frozen_since.size() == 1 ? "was" : "were"));
-    // With the option on, suggesting it would send the user in a circle: the
-    // walk found these reachable, and the loss did not use them.
-    if (options_.find_unused_parameters && !walked_)
-      throw Error(what +
-                  "static_graph keeps the parameters the first iteration used, and these were "
-                  "used then; construct DDP without static_graph if the set of parameters that "
-                  "the loss uses changes between iterations");
-    if (options_.find_unused_parameters)
-      throw Error(what +
-                  fmt::format("{} counts them as used because a tensor forward returned "
-                              "depends on them, but the loss does not: make every tensor that "
-                              "forward returns take part in the loss (or return only those it "
-                              "uses), and run backward from that loss",
-                              options_.static_graph ? "static_graph" : "find_unused_parameters"));
-    throw Error(what +
-                "If they are not used to compute the loss in every iteration, construct DDP "
-                "with DdpOptions{.find_unused_parameters = true}; if they are unused on purpose "
-                "for the whole run, set requires_grad(false) on them before wrapping the model");
+    std::string advice;
+    if (!frozen_since.empty()) {
+      advice = fmt::format(
+          "Of these, {} {} frozen (requires_grad set to false) since this iteration's forward "
+          "checked the flags, and a frozen leaf takes no gradient; DDP averages the parameters "
+          "that required grad when it was constructed. Change requires_grad between "
+          "iterations, not between forward and backward, and re-wrap the module in "
+          "DistributedDataParallel after changing it (on every rank alike)",
+          fmt::join(frozen_since, ", "), frozen_since.size() == 1 ? "was" : "were");
+    } else if (options_.find_unused_parameters && !walked_) {
+      // With the option on, suggesting it would send the user in a circle:
+      // the walk found these reachable, and the loss did not use them.
+      advice =
+          "static_graph keeps the parameters the first iteration used, and these were used "
+          "then; construct DDP without static_graph if the set of parameters that the loss "
+          "uses changes between iterations";
+    } else if (options_.find_unused_parameters) {
+      advice = fmt::format(
+          "{} counts them as used because a tensor forward returned depends on them, but the "
+          "loss does not: make every tensor that forward returns take part in the loss (or "
+          "return only those it uses), and run backward from that loss",
+          options_.static_graph ? "static_graph" : "find_unused_parameters");
+    } else {
+      advice =
+          "If they are not used to compute the loss in every iteration, construct DDP with "
+          "DdpOptions{.find_unused_parameters = true}; if they are unused on purpose for the "
+          "whole run, set requires_grad(false) on them before wrapping the model";
+    }
+    // Other ranks may have got every gradient and wait in the all-reduce of
+    // a bucket this rank never launched, which only the group's timeout
+    // would end. A barrier in its place tells at once: where every rank
+    // failed alike it matches (the ranks' calls still agree, and training
+    // may go on), and otherwise it mismatches that all-reduce on every rank
+    // (finalize's bucket wait names the cause there).
+    if (group_.size() > 1) {
+      try {
+        group_.barrier()->wait();
+      } catch (const collectives::CollectiveMismatch&) {
+        throw Error(what + advice +
+                    ". Other ranks did not stop here (they got these gradients, or stopped at "
+                    "another bucket), so the group is unusable now: create a new process group "
+                    "on every rank, or restart the job");
+      } catch (const collectives::CollectiveError& e) {
+        throw Error(what + advice + ". The group failed as well: " + e.what());
+      }
+    }
+    throw Error(what + advice);
   }
   // Which parameters got a gradient on any rank: those used nowhere keep
   // their .grad untouched. Issued after the buckets, on every rank alike.
@@ -567,16 +588,36 @@ void Reducer::finalize() {
   // (as PyTorch, which all-reduces its used map in that iteration only).
   Tensor used;
   std::shared_ptr<collectives::Work> used_work;
+  std::exception_ptr used_failure;
   const bool used_known = options_.static_graph && unused_known_;
   if (options_.find_unused_parameters && !used_known) {
     used = Tensor::from_vector(locally_used_, {static_cast<int64_t>(locally_used_.size())});
-    used_work = group_.allreduce(used, {.op = collectives::ReduceOp::Sum});
+    try {
+      used_work = group_.allreduce(used, {.op = collectives::ReduceOp::Sum});
+    } catch (const collectives::CollectiveError&) {
+      // The group failed while the buckets were in flight (a bucket's
+      // all-reduce met another rank's other call): their waits say why.
+      used_failure = std::current_exception();
+    }
   }
   // The next average counts from here (no_sync() iterations included).
   if (options_.find_unused_parameters) std::fill(locally_used_.begin(), locally_used_.end(), 0);
   std::vector<std::pair<double, double>> intervals;  // ms after forward's end
-  for (auto& b : buckets_) {
-    b.result.work->wait();
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    try {
+      b.result.work->wait();
+    } catch (const collectives::CollectiveMismatch& e) {
+      std::vector<std::string> names;
+      for (const std::string& name : b.view->names) names.push_back("'" + name + "'");
+      drain_and_reset();
+      throw Error(fmt::format(
+          "DistributedDataParallel on rank {}: the all-reduce of gradient bucket {} (parameters "
+          "{}) met another collective on some rank. The usual cause: a parameter received no "
+          "gradient in this backward on that rank (a branch of forward taken on some ranks "
+          "only), and that rank's own error names it and says what to do. {}",
+          group_.rank(), i, fmt::join(names, ", "), e.what()));
+    }
     if (b.result.then) b.result.then();
     take_hook_output(b);
     intervals.emplace_back(
@@ -584,6 +625,10 @@ void Reducer::finalize() {
         ms_between(forward_end_, std::max(b.launched_at, b.result.work->finished_at())));
     b.result = {};
     b.view.reset();
+  }
+  if (used_failure) {
+    drain_and_reset();
+    std::rethrow_exception(used_failure);
   }
   std::vector<int32_t> globally_used(params_.size(), 1);
   if (used_work) {

@@ -239,6 +239,48 @@ TEST_CASE("DDP: a parameter with no gradient is named unless find_unused_paramet
   }
 }
 
+TEST_CASE("DDP: a parameter with no gradient on one rank only fails every rank, naming it and "
+          "the rank",
+          "[ddp]") {
+  // The rank without it never launches its bucket, so the others waited in
+  // that bucket's all-reduce until the group's timeout, told nothing of why.
+  const auto batch = lt::global_batch(9, 4);
+  const std::string backend = GENERATE(as<std::string>(), "shm", lt::kThreadRankBackend);
+  for (const bool find_unused : {false, true}) {
+    const auto problems = lt::on_ranks(3, [&](int r, auto group) -> std::string {
+      const auto local = lt::shard(batch, r, 3);
+      if (!find_unused) {  // head b left out of forward on rank 1
+        auto model = std::make_shared<TwoHeads>(1);
+        model->use_b = r != 1;
+        DistributedDataParallel ddp(model, group);
+        lt::loss_of(ddp, local).backward();
+        return "no error";
+      }
+      // With the option: on rank 1 the loss leaves out head b's output.
+      DistributedDataParallel ddp(std::make_shared<TwoOutputs>(1), group,
+                                  DdpOptions{.find_unused_parameters = true});
+      const nn::Values out = ddp.forward_values({local.x});
+      using lockstep::runtime::cross_entropy;
+      Tensor loss = cross_entropy(out.tensor(0), local.y);
+      if (r != 1) loss = lockstep::runtime::add(loss, cross_entropy(out.tensor(1), local.y));
+      loss.backward();
+      return "no error";
+    }, "ddp", backend);
+    INFO(backend << ", find_unused_parameters " << find_unused << "\n" << lt::joined(problems));
+    REQUIRE_THAT(problems[1], Catch::Contains("DistributedDataParallel on rank 1: 2 "
+                                              "parameter(s) received no gradient") &&
+                                  Catch::Contains("'b.weight', 'b.bias'") &&
+                                  Catch::Contains("the group is unusable now"));
+    for (const int r : {0, 2}) {
+      REQUIRE_THAT(problems[static_cast<size_t>(r)],
+                   Catch::Contains("all-reduce of gradient bucket") &&
+                       Catch::Contains("received no gradient in this backward on that rank") &&
+                       Catch::Contains("rank 1 called barrier()") &&
+                       !Catch::Contains("timed out"));
+    }
+  }
+}
+
 TEST_CASE("DDP: with find_unused_parameters, an output the loss leaves out is named as the cause",
           "[ddp]") {
   // The walk starts from every output, so head b counts as used (under
