@@ -44,6 +44,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
                "or wrap the new one in a new DistributedDataParallel");
   const auto named = module_->named_parameters();
   verify_same_parameters(named, *group_);
+  verify_same_buffers(module_->named_buffers(), *group_);
   broadcast_parameters();
   std::vector<std::pair<std::string, Tensor>> trained, frozen;
   for (const auto& [name, p] : named) {

@@ -6,8 +6,8 @@
 //   loss.backward();      // buckets all-reduce while backward runs
 //   opt.step();           // every rank holds the same averaged gradients
 //
-// Construction checks that every rank holds the same parameters (names,
-// shapes, dtypes; an error names the first difference and the ranks), then
+// Construction checks that every rank holds the same parameters and buffers
+// (names, shapes, dtypes; an error names the first difference and the ranks), then
 // copies rank 0's parameters and buffers to all ranks. Gradients are summed
 // across ranks and multiplied by 1/world_size: averaged, never left summed.
 // All ranks must run forward and backward the same number of times; for

@@ -96,6 +96,44 @@ void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& p
   }
 }
 
+void verify_same_buffers(const std::vector<std::pair<std::string, Tensor>>& buffers,
+                         collectives::ProcessGroup& group) {
+  if (group.size() == 1) return;
+  std::string mine;
+  for (const auto& [name, t] : buffers) mine += what_of(describe(name, t)) + "\n";
+  const auto all = collectives::allgather_text(mine, group);
+  if (std::all_of(all.begin(), all.end(), [&](const auto& s) { return s == all[0]; })) return;
+
+  // The first buffer where some rank differs from rank 0.
+  std::vector<std::vector<std::string>> lists;
+  for (const auto& s : all) lists.push_back(split_lines(s));
+  size_t longest = 0;
+  for (const auto& l : lists) longest = std::max(longest, l.size());
+  auto at = [](const std::vector<std::string>& l, size_t i) {
+    return i < l.size() ? l[i] : std::string("no buffer (the model has fewer)");
+  };
+  for (size_t i = 0; i < longest; ++i) {
+    std::map<std::string, std::vector<int>> holders;  // what differs from rank 0, and who
+    for (size_t r = 1; r < lists.size(); ++r) {
+      const std::string what = at(lists[r], i);
+      if (what != at(lists[0], i)) holders[what].push_back(static_cast<int>(r));
+    }
+    if (holders.empty()) continue;
+    std::string others;
+    for (const auto& [what, ranks] : holders) {
+      others += fmt::format("; rank{} {} {} {}", ranks.size() > 1 ? "s" : "",
+                            fmt::join(ranks, ", "), ranks.size() > 1 ? "hold" : "holds", what);
+    }
+    throw Error(fmt::format(
+        "DistributedDataParallel: the ranks hold different buffers. Buffer #{}: rank 0 holds "
+        "{}{} ({} buffers on rank 0). DDP copies rank 0's buffers into every rank's, packed "
+        "together (at construction, and before each training forward with broadcast_buffers), "
+        "so every rank must hold the same buffers (names, shapes and dtypes, registered in the "
+        "same order); give each buffer a size that depends on neither the rank nor its data",
+        i, at(lists[0], i), others, lists[0].size()));
+  }
+}
+
 void verify_replicas_identical(const std::vector<std::pair<std::string, Tensor>>& params,
                                collectives::ProcessGroup& group, const std::string& when) {
   if (group.size() == 1 || params.empty()) return;

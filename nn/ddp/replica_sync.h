@@ -1,5 +1,5 @@
-// Keeping model replicas identical: the construction-time check that every
-// rank holds the same parameters, and coalesced broadcasts from rank 0.
+// Keeping model replicas identical: the construction-time checks that every
+// rank holds the same parameters and buffers, and coalesced broadcasts from rank 0.
 #pragma once
 
 #include <string>
@@ -17,6 +17,13 @@ namespace lockstep::nn {
 // (for requires_grad: which ranks train it and which freeze it).
 void verify_same_parameters(const std::vector<std::pair<std::string, runtime::Tensor>>& params,
                             collectives::ProcessGroup& group);
+
+// Collective. The same for the buffers (names, shapes, dtypes), which DDP
+// broadcasts from rank 0 packed together: ranks whose buffers differ would
+// fail with a mismatched broadcast, or, where the totals agree, silently
+// take each other's values in the wrong places.
+void verify_same_buffers(const std::vector<std::pair<std::string, runtime::Tensor>>& buffers,
+                         collectives::ProcessGroup& group);
 
 // Collective. Throws Error on every rank when some parameter's bits differ
 // between ranks (a 64-bit hash of each, one all-gather), naming the first

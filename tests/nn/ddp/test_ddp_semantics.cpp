@@ -71,6 +71,26 @@ TEST_CASE("DDP: ranks built with different models fail at construction, naming t
   }
 }
 
+TEST_CASE("DDP: ranks whose buffers differ fail at construction, naming the buffer", "[ddp]") {
+  // The same parameters everywhere, and buffers of the same total size, so
+  // that the packed broadcast of rank 0's buffers would go through: rank 1
+  // registers them with each other's shapes, as a buffer sized by the rank's
+  // own data would be.
+  const auto problems = lt::on_ranks(2, [](int r, auto group) -> std::string {
+    auto model = lt::small_mlp(1);
+    model->register_buffer("class_counts", Tensor::zeros({r == 0 ? 4 : 3}));
+    model->register_buffer("seen", Tensor::zeros({r == 0 ? 3 : 4}));
+    DistributedDataParallel ddp(model, group);
+    return "constructed";
+  });
+  for (const auto& p : problems) {
+    INFO(p);
+    REQUIRE_THAT(p, Catch::Contains("ranks hold different buffers") &&
+                        Catch::Contains("Buffer #0: rank 0 holds 'class_counts' [4] f32") &&
+                        Catch::Contains("rank 1 holds 'class_counts' [3] f32"));
+  }
+}
+
 TEST_CASE("DDP: construction copies rank 0's parameters and buffers; broadcast_parameters "
           "repairs a hand change",
           "[ddp]") {
