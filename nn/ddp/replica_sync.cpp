@@ -170,6 +170,16 @@ void verify_replicas_identical(const std::vector<std::pair<std::string, Tensor>>
   }
 }
 
+namespace {
+
+// What the collectives move (ProcessGroup::check_tensor).
+bool collectives_take(DType d) {
+  return d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16 ||
+         d == DType::i32 || d == DType::i64;
+}
+
+}  // namespace
+
 void broadcast_coalesced(const std::vector<Tensor>& tensors, collectives::ProcessGroup& group,
                          int root) {
   if (group.size() == 1 || tensors.empty()) return;
@@ -179,15 +189,26 @@ void broadcast_coalesced(const std::vector<Tensor>& tensors, collectives::Proces
   for (auto& [dtype, list] : by_dtype) {
     int64_t total = 0;
     for (const Tensor& t : list) total += t.numel();
-    Tensor flat = Tensor::empty({total}, dtype);
+    // A broadcast copies bytes, whatever they mean: the one-byte dtypes the
+    // collectives do not take (u8, bool: a mask, a flag) travel as i32 words,
+    // four to a word, in a buffer padded to whole words.
+    const bool as_words = !collectives_take(dtype);
+    LOCKSTEP_ASSERT(!as_words || runtime::dtype_size(dtype) == 1);
+    Tensor flat = Tensor::empty({as_words ? (total + 3) / 4 * 4 : total}, dtype);
+    Tensor sent = flat;
+    if (as_words) {
+      sent = Tensor(std::make_shared<runtime::TensorImpl>(
+          flat.storage(), runtime::Shape{flat.numel() / 4}, runtime::Shape{1}, 0, DType::i32));
+    }
     int64_t offset = 0;
     if (group.rank() == root) {
+      if (as_words) sent.fill_(0);  // the padding: defined bytes on the wire
       for (const Tensor& t : list) {
         flat.slice(0, offset, offset + t.numel()).view(t.shape()).copy_(t);
         offset += t.numel();
       }
     }
-    group.broadcast(flat, {.root = root})->wait();
+    group.broadcast(sent, {.root = root})->wait();
     if (group.rank() == root) continue;
     offset = 0;
     for (const Tensor& t : list) {

@@ -34,7 +34,9 @@ void verify_replicas_identical(const std::vector<std::pair<std::string, runtime:
                                collectives::ProcessGroup& group, const std::string& when);
 
 // Collective. Copies `root`'s values of `tensors` into every rank's, one
-// broadcast per dtype (the tensors are packed into one flat buffer).
+// broadcast per dtype (the tensors are packed into one flat buffer). Any
+// dtype: u8 and bool tensors, which the collectives do not take, go packed
+// as bytes.
 void broadcast_coalesced(const std::vector<runtime::Tensor>& tensors,
                          collectives::ProcessGroup& group, int root = 0);
 

@@ -112,6 +112,31 @@ TEST_CASE("DDP: construction copies rank 0's parameters and buffers; broadcast_p
   REQUIRE(lt::joined(problems).empty());
 }
 
+TEST_CASE("DDP: bool and u8 buffers (a mask, flags) are wrapped and take rank 0's values",
+          "[ddp]") {
+  using lockstep::runtime::DType;
+  const auto global = lt::global_batch(8, 3);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto model = lt::small_mlp(1);
+    Tensor mask =
+        model->register_buffer("mask", Tensor::full({5}, r == 0 ? 1 : 0, DType::boolean));
+    Tensor flags = model->register_buffer("flags", Tensor::full({3}, r == 0 ? 7 : 0, DType::u8));
+    DistributedDataParallel ddp(model, group);
+    const auto values = [](const Tensor& t) { return t.to(DType::f64).to_vector<double>(); };
+    if (values(mask) != std::vector<double>(5, 1.0)) return "mask is not rank 0's";
+    if (values(flags) != std::vector<double>(3, 7.0)) return "flags are not rank 0's";
+    // broadcast_buffers: rank 0's values again before a training forward.
+    {
+      lockstep::runtime::NoGradGuard no_grad;
+      flags.fill_(r == 0 ? 200 : 1);
+    }
+    lt::loss_of(ddp, lt::shard(global, r, 2)).backward();
+    if (values(flags) != std::vector<double>(3, 200.0)) return "flags after forward not rank 0's";
+    return "";
+  });
+  REQUIRE(lt::joined(problems).empty());
+}
+
 TEST_CASE("DDP: BatchNorm without sync uses local batch statistics; rank 0's running "
           "statistics are broadcast before each forward",
           "[ddp]") {
