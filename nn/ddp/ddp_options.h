@@ -17,8 +17,9 @@ struct DdpOptions {
   // so that per-call overhead is paid rarely. PyTorch's defaults.
   double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;
-  // Copy rank 0's buffers (BatchNorm running statistics) to every rank before
-  // each forward.
+  // Copy rank 0's buffers (BatchNorm running statistics) to every rank at
+  // construction and before each training forward; false: each rank keeps
+  // its own, as PyTorch.
   bool broadcast_buffers = true;
   // Walk the graph from forward's output and mark parameters it does not
   // reach as ready, so their buckets are not waited for forever.

@@ -44,7 +44,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
                "or wrap the new one in a new DistributedDataParallel");
   const auto named = module_->named_parameters();
   verify_same_parameters(named, *group_);
-  verify_same_buffers(module_->named_buffers(), *group_);
+  // As PyTorch: without broadcast_buffers each rank keeps its own buffers,
+  // from the start too (statistics of its own data, of any size).
+  if (options_.broadcast_buffers) verify_same_buffers(module_->named_buffers(), *group_);
   broadcast_parameters();
   std::vector<std::pair<std::string, Tensor>> trained, frozen;
   for (const auto& [name, p] : named) {
@@ -65,7 +67,8 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 
 void DistributedDataParallel::broadcast_parameters() {
   std::vector<Tensor> tensors = module_->parameters();
-  for (const Tensor& b : module_->buffers()) tensors.push_back(b);
+  if (options_.broadcast_buffers)
+    for (const Tensor& b : module_->buffers()) tensors.push_back(b);
   broadcast_coalesced(tensors, *group_, 0);
 }
 

@@ -8,7 +8,9 @@
 //
 // Construction checks that every rank holds the same parameters and buffers
 // (names, shapes, dtypes; an error names the first difference and the ranks), then
-// copies rank 0's parameters and buffers to all ranks. Gradients are summed
+// copies rank 0's parameters and buffers to all ranks (without
+// DdpOptions::broadcast_buffers, as PyTorch, the buffers are neither checked
+// nor copied: each rank keeps its own). Gradients are summed
 // across ranks and multiplied by 1/world_size: averaged, never left summed.
 // All ranks must run forward and backward the same number of times; for
 // ranks with different numbers of batches, iterate them through an nn::Join
@@ -54,8 +56,9 @@ class DistributedDataParallel : public Module {
   collectives::ProcessGroup& group() { return *group_; }
   const DdpOptions& options() const { return options_; }
 
-  // Copies rank 0's parameters and buffers to every rank (after changing a
-  // parameter by hand on one rank). Collective.
+  // Copies rank 0's parameters and buffers (these only with
+  // broadcast_buffers) to every rank (after changing a parameter by hand on
+  // one rank). Collective.
   void broadcast_parameters();
 
   // The backward of a forward run while the returned guard lives accumulates

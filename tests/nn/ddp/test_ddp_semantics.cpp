@@ -112,6 +112,22 @@ TEST_CASE("DDP: construction copies rank 0's parameters and buffers; broadcast_p
   REQUIRE(lt::joined(problems).empty());
 }
 
+TEST_CASE("DDP: without broadcast_buffers each rank keeps its own buffers from the start",
+          "[ddp]") {
+  // As PyTorch: statistics of each rank's own data, here of another size on
+  // rank 1, are neither refused nor overwritten by rank 0's.
+  const auto problems = lt::on_ranks(2, [](int r, auto group) -> std::string {
+    auto model = lt::small_mlp(1);
+    Tensor mine = model->register_buffer("mine", Tensor::full({2}, r + 1.0));
+    Tensor sized = model->register_buffer("sized", Tensor::zeros({r == 0 ? 4 : 3}));
+    DistributedDataParallel ddp(model, group, DdpOptions{.broadcast_buffers = false});
+    if (mine.to_vector<float>() != std::vector<float>(2, r + 1.0f)) return "overwritten";
+    if (sized.numel() != (r == 0 ? 4 : 3)) return "resized";
+    return "";
+  });
+  REQUIRE(lt::joined(problems).empty());
+}
+
 TEST_CASE("DDP: bool and u8 buffers (a mask, flags) are wrapped and take rank 0's values",
           "[ddp]") {
   using lockstep::runtime::DType;
