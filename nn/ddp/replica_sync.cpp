@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -42,75 +43,30 @@ std::vector<std::string> split_lines(const std::string& s) {
   return lines;
 }
 
-}  // namespace
-
-void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& params,
-                            collectives::ProcessGroup& group) {
-  if (group.size() == 1) return;
-  std::string mine;
-  for (const auto& [name, t] : params) mine += describe(name, t) + "\n";
+// Every rank's `mine`, one line per entry; nothing where all ranks agree.
+std::optional<std::vector<std::vector<std::string>>> gathered_lines(
+    const std::string& mine, collectives::ProcessGroup& group) {
   const auto all = collectives::allgather_text(mine, group);
-  if (std::all_of(all.begin(), all.end(), [&](const auto& s) { return s == all[0]; })) return;
-
-  // The first parameter index where some rank differs from rank 0.
+  if (std::all_of(all.begin(), all.end(), [&](const auto& s) { return s == all[0]; }))
+    return std::nullopt;
   std::vector<std::vector<std::string>> lists;
   for (const auto& s : all) lists.push_back(split_lines(s));
-  size_t longest = 0;
-  for (const auto& l : lists) longest = std::max(longest, l.size());
-  auto at = [](const std::vector<std::string>& l, size_t i) {
-    return i < l.size() ? what_of(l[i]) : std::string("no parameter (the model has fewer)");
-  };
-  for (size_t i = 0; i < longest; ++i) {
-    std::map<std::string, std::vector<int>> holders;  // what differs from rank 0, and who
-    for (size_t r = 1; r < lists.size(); ++r) {
-      if (at(lists[r], i) != at(lists[0], i)) holders[at(lists[r], i)].push_back(static_cast<int>(r));
-    }
-    if (holders.empty()) {
-      // The same parameter everywhere: does every rank train it, or none?
-      std::vector<int> trains, freezes;
-      for (size_t r = 0; r < lists.size(); ++r) {
-        (flag_of(lists[r][i]) == kTrained ? trains : freezes).push_back(static_cast<int>(r));
-      }
-      if (trains.empty() || freezes.empty()) continue;
-      auto ranks = [](const std::vector<int>& rs) {
-        return fmt::format("rank{} {}", rs.size() > 1 ? "s" : "", fmt::join(rs, ", "));
-      };
-      throw Error(fmt::format(
-          "DistributedDataParallel: the ranks freeze different parameters. Parameter #{} {} "
-          "requires grad on {} and is frozen (requires_grad false) on {}. DDP averages the "
-          "gradients of the parameters that require grad, bucket by bucket, so ranks training "
-          "different ones would average unrelated gradients together; set requires_grad the "
-          "same way on every rank before wrapping the model",
-          i, what_of(lists[0][i]), ranks(trains), ranks(freezes)));
-    }
-    std::string others;
-    for (const auto& [what, ranks] : holders) {
-      others += fmt::format("; rank{} {} {} {}", ranks.size() > 1 ? "s" : "",
-                            fmt::join(ranks, ", "), ranks.size() > 1 ? "hold" : "holds", what);
-    }
-    throw Error(fmt::format(
-        "DistributedDataParallel: the ranks hold different models. Parameter #{}: rank 0 holds "
-        "{}{} ({} parameters on rank 0). Build the same model on every rank (same layers, "
-        "sizes and dtypes, registered in the same order)",
-        i, at(lists[0], i), others, lists[0].size()));
-  }
+  return lists;
 }
 
-void verify_same_buffers(const std::vector<std::pair<std::string, Tensor>>& buffers,
-                         collectives::ProcessGroup& group) {
-  if (group.size() == 1) return;
-  std::string mine;
-  for (const auto& [name, t] : buffers) mine += what_of(describe(name, t)) + "\n";
-  const auto all = collectives::allgather_text(mine, group);
-  if (std::all_of(all.begin(), all.end(), [&](const auto& s) { return s == all[0]; })) return;
-
-  // The first buffer where some rank differs from rank 0.
-  std::vector<std::vector<std::string>> lists;
-  for (const auto& s : all) lists.push_back(split_lines(s));
+// The first entry whose description (what_of) differs between rank 0 and
+// some other rank: its index, rank 0's description, and "; rank(s) R hold(s)
+// X" for each other description. `absent` stands for a list that ends early.
+struct Difference {
+  size_t index;
+  std::string rank0, others;
+};
+std::optional<Difference> first_difference(const std::vector<std::vector<std::string>>& lists,
+                                           const std::string& absent) {
   size_t longest = 0;
   for (const auto& l : lists) longest = std::max(longest, l.size());
-  auto at = [](const std::vector<std::string>& l, size_t i) {
-    return i < l.size() ? l[i] : std::string("no buffer (the model has fewer)");
+  auto at = [&](const std::vector<std::string>& l, size_t i) {
+    return i < l.size() ? what_of(l[i]) : absent;
   };
   for (size_t i = 0; i < longest; ++i) {
     std::map<std::string, std::vector<int>> holders;  // what differs from rank 0, and who
@@ -124,14 +80,64 @@ void verify_same_buffers(const std::vector<std::pair<std::string, Tensor>>& buff
       others += fmt::format("; rank{} {} {} {}", ranks.size() > 1 ? "s" : "",
                             fmt::join(ranks, ", "), ranks.size() > 1 ? "hold" : "holds", what);
     }
-    throw Error(fmt::format(
-        "DistributedDataParallel: the ranks hold different buffers. Buffer #{}: rank 0 holds "
-        "{}{} ({} buffers on rank 0). DDP copies rank 0's buffers into every rank's, packed "
-        "together (at construction, and before each training forward with broadcast_buffers), "
-        "so every rank must hold the same buffers (names, shapes and dtypes, registered in the "
-        "same order); give each buffer a size that depends on neither the rank nor its data",
-        i, at(lists[0], i), others, lists[0].size()));
+    return Difference{i, at(lists[0], i), others};
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void verify_same_parameters(const std::vector<std::pair<std::string, Tensor>>& params,
+                            collectives::ProcessGroup& group) {
+  if (group.size() == 1) return;
+  std::string mine;
+  for (const auto& [name, t] : params) mine += describe(name, t) + "\n";
+  const auto lists = gathered_lines(mine, group);
+  if (!lists) return;
+  const auto diff = first_difference(*lists, "no parameter (the model has fewer)");
+  // Before it, the same parameters everywhere: does every rank train each, or none?
+  const size_t same = diff ? diff->index : (*lists)[0].size();
+  for (size_t i = 0; i < same; ++i) {
+    std::vector<int> trains, freezes;
+    for (size_t r = 0; r < lists->size(); ++r) {
+      (flag_of((*lists)[r][i]) == kTrained ? trains : freezes).push_back(static_cast<int>(r));
+    }
+    if (trains.empty() || freezes.empty()) continue;
+    auto ranks = [](const std::vector<int>& rs) {
+      return fmt::format("rank{} {}", rs.size() > 1 ? "s" : "", fmt::join(rs, ", "));
+    };
+    throw Error(fmt::format(
+        "DistributedDataParallel: the ranks freeze different parameters. Parameter #{} {} "
+        "requires grad on {} and is frozen (requires_grad false) on {}. DDP averages the "
+        "gradients of the parameters that require grad, bucket by bucket, so ranks training "
+        "different ones would average unrelated gradients together; set requires_grad the "
+        "same way on every rank before wrapping the model",
+        i, what_of((*lists)[0][i]), ranks(trains), ranks(freezes)));
+  }
+  if (!diff) return;
+  throw Error(fmt::format(
+      "DistributedDataParallel: the ranks hold different models. Parameter #{}: rank 0 holds "
+      "{}{} ({} parameters on rank 0). Build the same model on every rank (same layers, "
+      "sizes and dtypes, registered in the same order)",
+      diff->index, diff->rank0, diff->others, (*lists)[0].size()));
+}
+
+void verify_same_buffers(const std::vector<std::pair<std::string, Tensor>>& buffers,
+                         collectives::ProcessGroup& group) {
+  if (group.size() == 1) return;
+  std::string mine;
+  for (const auto& [name, t] : buffers) mine += describe(name, t) + "\n";
+  const auto lists = gathered_lines(mine, group);
+  if (!lists) return;
+  const auto diff = first_difference(*lists, "no buffer (the model has fewer)");
+  if (!diff) return;
+  throw Error(fmt::format(
+      "DistributedDataParallel: the ranks hold different buffers. Buffer #{}: rank 0 holds "
+      "{}{} ({} buffers on rank 0). DDP copies rank 0's buffers into every rank's, packed "
+      "together (at construction, and before each training forward with broadcast_buffers), "
+      "so every rank must hold the same buffers (names, shapes and dtypes, registered in the "
+      "same order); give each buffer a size that depends on neither the rank nor its data",
+      diff->index, diff->rank0, diff->others, (*lists)[0].size()));
 }
 
 void verify_replicas_identical(const std::vector<std::pair<std::string, Tensor>>& params,
