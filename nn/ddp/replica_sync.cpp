@@ -4,6 +4,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -189,10 +190,14 @@ bool collectives_take(DType d) {
 void broadcast_coalesced(const std::vector<Tensor>& tensors, collectives::ProcessGroup& group,
                          int root) {
   if (group.size() == 1 || tensors.empty()) return;
-  std::map<DType, std::vector<Tensor>> by_dtype;
-  for (const Tensor& t : tensors) by_dtype[t.dtype()].push_back(t);
+  // Packed on the tensors' own device: a CUDA model's buffers, broadcast
+  // before each forward, do not go through the host.
+  std::map<std::tuple<runtime::DeviceType, int, DType>, std::vector<Tensor>> groups;
+  for (const Tensor& t : tensors)
+    groups[{t.device().type, t.device().index, t.dtype()}].push_back(t);
   runtime::NoGradGuard no_grad;  // parameters are leaves that require grad
-  for (auto& [dtype, list] : by_dtype) {
+  for (auto& [key, list] : groups) {
+    const DType dtype = std::get<2>(key);
     int64_t total = 0;
     for (const Tensor& t : list) total += t.numel();
     // A broadcast copies bytes, whatever they mean: the one-byte dtypes the
@@ -200,7 +205,8 @@ void broadcast_coalesced(const std::vector<Tensor>& tensors, collectives::Proces
     // four to a word, in a buffer padded to whole words.
     const bool as_words = !collectives_take(dtype);
     LOCKSTEP_ASSERT(!as_words || runtime::dtype_size(dtype) == 1);
-    Tensor flat = Tensor::empty({as_words ? (total + 3) / 4 * 4 : total}, dtype);
+    Tensor flat =
+        Tensor::empty({as_words ? (total + 3) / 4 * 4 : total}, dtype, list[0].device());
     Tensor sent = flat;
     if (as_words) {
       sent = Tensor(std::make_shared<runtime::TensorImpl>(
