@@ -19,8 +19,7 @@ namespace {
 
 // The first and last element offsets `t` covers when its elements fill that
 // range exactly once (a dense layout, in any order of dims); nullopt for a
-// strided or empty view, whose overlap with another is too costly to decide
-// (PyTorch's rule too).
+// strided or empty view.
 std::optional<std::pair<int64_t, int64_t>> dense_span(const Tensor& t) {
   if (t.numel() == 0) return std::nullopt;
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
@@ -33,6 +32,53 @@ std::optional<std::pair<int64_t, int64_t>> dense_span(const Tensor& t) {
     expected *= size;
   }
   return std::pair{t.storage_offset(), t.storage_offset() + t.numel() - 1};
+}
+
+// The first and last element offsets of a non-empty `t` (strides are never negative).
+std::pair<int64_t, int64_t> extent(const Tensor& t) {
+  int64_t last = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
+  return {t.storage_offset(), last};
+}
+
+// Calls fn(offset) for the storage offset of each element of `t`.
+template <class F>
+void for_each_offset(const Tensor& t, F fn) {
+  detail::strided_loop<1>(t.shape(), {t.strides()},
+                          [&](const std::array<int64_t, 1>& off, int64_t n,
+                              const std::array<int64_t, 1>& st) {
+                            for (int64_t i = 0; i < n; ++i)
+                              fn(t.storage_offset() + off[0] + i * st[0]);
+                          });
+}
+
+// Whether views `a` and `b` of one storage have an element in common. Dense
+// views compare their spans; otherwise, where their extents meet, the sorted
+// offsets of the smaller view are looked up for each offset of the other:
+// strided views whose rows interleave (the two halves of each row) share
+// nothing, while a view shifted by a column (x[:, 1:] and x[:, :-1]) does.
+bool share_elements(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto da = dense_span(a), db = dense_span(b);
+  if (da && db) return !(da->second < db->first || db->second < da->first);
+  const auto [a_first, a_last] = extent(a);
+  const auto [b_first, b_last] = extent(b);
+  const int64_t lo = std::max(a_first, b_first), hi = std::min(a_last, b_last);
+  if (lo > hi) return false;
+  const bool a_smaller = a.numel() <= b.numel();
+  const Tensor& small = a_smaller ? a : b;
+  const Tensor& large = a_smaller ? b : a;
+  std::vector<int64_t> offsets;
+  for_each_offset(small, [&](int64_t o) {
+    if (o >= lo && o <= hi) offsets.push_back(o);
+  });
+  std::sort(offsets.begin(), offsets.end());
+  bool shared = false;
+  for_each_offset(large, [&](int64_t o) {
+    shared = shared ||
+             (o >= lo && o <= hi && std::binary_search(offsets.begin(), offsets.end(), o));
+  });
+  return shared;
 }
 
 // Whether `a` and `b` are views of the same elements in the same layout.
@@ -74,8 +120,7 @@ void check_inplace(const Tensor& t, const char* op, const Tensor* src = nullptr)
                  "flow",
                  op, shape_str(src->shape()));
   if (src->storage() != t.storage() || same_view(*src, t)) return;
-  const auto a = dense_span(t), b = dense_span(*src);
-  LOCKSTEP_CHECK(!a || !b || a->second < b->first || b->second < a->first,
+  LOCKSTEP_CHECK(!share_elements(t, *src),
                  "{}: the source (shape {}) and the tensor written to (shape {}) share part of "
                  "their memory, so the result would depend on the order of the writes; read "
                  "from a .clone() of the source",

@@ -43,6 +43,32 @@ TEST_CASE("in-place ops refuse a source that overlaps the tensor written to in p
   CHECK(x.to_vector<float>() == std::vector<float>{0, 2, 4, 0, 2, 4});
 }
 
+TEST_CASE("in-place ops refuse a strided source that shares elements with the tensor written to") {
+  // x[:, 1:].copy_(x[:, :-1]) ran memcpy over overlapping rows (undefined) and
+  // add_ gave a running sum along each row: neither view is dense, and only
+  // dense views were compared.
+  Tensor x = arange_f32(10).view({2, 5});
+  CHECK_THROWS_WITH(x.slice(1, 1, 5).copy_(x.slice(1, 0, 4)),
+                    Contains("share part of their memory"));
+  CHECK_THROWS_WITH(x.slice(1, 1, 5).add_(x.slice(1, 0, 4)),
+                    Contains("share part of their memory"));
+  CHECK_THROWS_WITH(x.slice(1, 0, 2).mul_(x.slice(1, 1, 3)),
+                    Contains("share part of their memory"));
+  // Subtracting the first column from each row zeroed that column first, so
+  // the rest of each row subtracted 0.
+  CHECK_THROWS_WITH(x.add_(x.slice(1, 0, 1), -1.0), Contains("share part of their memory"));
+  Tensor sq = arange_f32(12).view({3, 4}).slice(1, 0, 3);
+  CHECK_THROWS_WITH(sq.copy_(sq.t()), Contains("share part of their memory"));
+  CHECK(x.to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  // Views whose rows interleave but share no element are fine: the two halves
+  // of each row, or every other column.
+  Tensor y = arange_f32(8).view({2, 4});
+  y.slice(1, 0, 2).copy_(y.slice(1, 2, 4));
+  CHECK(y.to_vector<float>() == std::vector<float>{2, 3, 2, 3, 6, 7, 6, 7});
+  y.slice(1, 0, 4, 2).add_(y.slice(1, 1, 4, 2));
+  CHECK(y.to_vector<float>() == std::vector<float>{5, 3, 5, 3, 13, 7, 13, 7});
+}
+
 TEST_CASE("in-place ops refuse to write an expanded tensor") {
   Tensor base = Tensor::ones({1});
   Tensor e = base.expand({3});
