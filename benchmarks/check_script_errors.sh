@@ -67,6 +67,10 @@ for bench in zero_bench ddp_bench step_bench checkpoint_bench data_parallel_benc
   expect 105 "^--warmup: must be zero or a positive number, not -1" "$build/bin/$bench" --warmup -1
 done
 expect 105 "^--batch: must be a positive number, not 0" "$build/bin/attention_bench" --batch 0
+# A list of models is taken apart at its commas, as by the other benchmarks: the
+# error is the bad --rounds, not "--model: mlp,cnn not in {mlp,cnn}".
+expect 105 "^--rounds: must be a positive number, not 0" \
+  "$build/bin/data_parallel_bench" --model mlp,cnn --rounds 0
 expect 105 "^--clients: must be a positive number, not 0" "$build/bin/store_bench" --clients 64,0
 # A size past any buffer (inf converted to size_t read as a tiny size).
 expect 1 "^allreduce_perf: -e 'inf': larger than any buffer" "$build/bin/allreduce_perf" -e inf

@@ -157,8 +157,9 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   lockstep::Options o;
   CLI::App app{"Time a training step on one process, under DataParallel and under DDP."};
-  app.add_option("--model", o.models, "mlp and/or cnn (default: both)")
-      ->check(CLI::IsMember({"mlp", "cnn"}));
+  app.add_option("--model", o.models, "mlp and/or cnn, e.g. mlp,cnn (default: both)")
+      ->check(CLI::IsMember({"mlp", "cnn"}))
+      ->delimiter(',');
   app.add_option("--replicas", o.replicas, "CPU replicas for DataParallel, ranks for DDP")
       ->check(CLI::Range(2, 64));
   app.add_option("--batch-size", o.batch, "global batch")->check(cli_checks::positive);
