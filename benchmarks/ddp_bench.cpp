@@ -388,7 +388,7 @@ int run(const Options& o) {
                  r.overhead_pct <= kGoalOverheadPct ? "met" : "NOT met");
   }
   for (const auto& r : results)
-    fmt::print("# {} cap {:g} MB: bucket bytes in launch order {}; {:.1f} of {} gradients ready "
+    fmt::print("# {} cap {:g} MiB: bucket bytes in launch order {}; {:.1f} of {} gradients ready "
                "at the first launch; {} of {} buckets in shared memory\n",
                r.model, r.cap_mb, bytes_list(r.bucket_bytes), r.ready_at_first_launch,
                r.gradients_expected, r.shared_buckets, r.bucket_bytes.size());

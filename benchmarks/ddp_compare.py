@@ -8,7 +8,8 @@ table with ratios, then all results as one JSON line (into --json FILE instead):
   lockstep mpi      mpirun -np N ddp_bench --backend mpi
   torch gloo      ddp_bench_torch.py --np N (torch.nn.parallel.DistributedDataParallel
                   over gloo, Debian's python3-torch on OpenBLAS, running the
-                  OpenBLAS kernels lockstep ran: runtime/cpu/openblas_core.h)
+                  OpenBLAS kernels lockstep ran: runtime/cpu/openblas_core.h);
+                  "torch nccl" with --device cuda, where PyTorch runs over nccl
   no comm         N independent one-rank ddp_bench processes at once (N > 1): the
                   ceiling of scaling efficiency on this machine when ranks share
                   nothing but its cores and memory (--no-ceiling skips it)
@@ -18,7 +19,8 @@ rank's mean step time, samples/s (world size x batch / step time), scaling
 efficiency (samples/s at N ranks over N x the same path's samples/s at one
 rank), communication time, the part of it still waited for after backward
 (exposed) and the share hidden behind backward, and lockstep's samples/s over
-PyTorch's. Then a bucket-size sweep at two ranks (gloo, both libraries).
+PyTorch's. Then a bucket-size sweep at two ranks (gloo, both libraries; nccl
+with --device cuda).
 Everything runs --repeats times in whole rounds (A, B, A, B, ...: a burst of
 other load on a shared machine hits one repeat of a configuration rather than
 all of them) and each configuration's median run by samples/s is reported (of
@@ -186,7 +188,8 @@ def main():
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="cap for the main table")
     p.add_argument("--sweep", default="1,5,25",
-                   help="bucket caps (MiB) swept at two ranks over gloo; empty: no sweep")
+                   help="bucket caps (MiB) swept at two ranks over gloo (nccl with --device cuda); "
+                        "empty: no sweep")
     p.add_argument("--repeats", type=int, default=3,
                    help="run everything this many times; report each configuration's median run")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -220,7 +223,10 @@ def main():
         script_checks.require_torch("ddp_compare", a.python)
 
     started = time.time()
-    paths = [f"lockstep {b}" for b in backends] + ([] if a.no_torch else ["torch gloo"])
+    # The backend PyTorch runs over (ddp_bench_torch.py), and the sweep's.
+    peer_backend = "nccl" if a.device == "cuda" else "gloo"
+    peer = f"torch {peer_backend}"
+    paths = [f"lockstep {b}" for b in backends] + ([] if a.no_torch else [peer])
     # The ceiling is measured against the first lockstep path's one-rank run.
     ceiling = not a.no_ceiling and a.device == "cpu" and backends and 1 in sizes
     sweep_n = 2
@@ -247,7 +253,7 @@ def main():
                     if path == "no comm":
                         one = independent_path(a, model, n)
                         r = [one] if one else None
-                    elif path == "torch gloo":
+                    elif path == peer:
                         r = torch_path(a, model, n, [a.bucket_cap_mb])
                     else:
                         r = lockstep_path(a, path.split()[1], model, n, [a.bucket_cap_mb])
@@ -256,9 +262,9 @@ def main():
         if sweep:
             for model in models:
                 for path in paths:
-                    if path == "lockstep gloo":
-                        r = lockstep_path(a, "gloo", model, sweep_n, sweep)
-                    elif path == "torch gloo":
+                    if path == f"lockstep {peer_backend}":
+                        r = lockstep_path(a, peer_backend, model, sweep_n, sweep)
+                    elif path == peer:
                         r = torch_path(a, model, sweep_n, sweep)
                     else:
                         continue
@@ -276,7 +282,7 @@ def main():
         return r["samples_per_s"] / (n * r1["samples_per_s"])
 
     def ratio(model, n, path):
-        r, t = res.get((model, n, path)), res.get((model, n, "torch gloo"))
+        r, t = res.get((model, n, path)), res.get((model, n, peer))
         if not r or not t:
             return None
         return r["samples_per_s"] / t["samples_per_s"]
@@ -298,13 +304,13 @@ def main():
                     rows.append([model, str(n), path] + ["failed"] + ["n/a"] * 7)
                     continue
                 hid = r.get("hidden_fraction")
-                star = "*" if path == "torch gloo" else ""
+                star = "*" if path == peer else ""
                 rows.append([model, str(n), path, fmt(r["step_ms"]), fmt(r["samples_per_s"], ".0f"),
                              fmt(efficiency(model, n, path)), fmt(r.get("comm_ms")) + star,
                              fmt(r.get("exposed_comm_ms")),
                              fmt(None if hid is None else hid * 100, ".0f") + star,
                              fmt(r.get("imbalance_ms")),
-                             "-" if path in ("torch gloo", "no comm") else fmt(ratio(model, n, path), ".2f")])
+                             "-" if path in (peer, "no comm") else fmt(ratio(model, n, path), ".2f")])
     print_table(header, rows)
     print(LAST_RANK_NOTE)
     if not a.no_torch:
@@ -314,7 +320,7 @@ def main():
               f"{paths[0]}'s one rank) is the most any backend can reach here")
 
     if sweep:
-        print(f"\n# bucket-size sweep, {sweep_n} ranks, gloo")
+        print(f"\n# bucket-size sweep, {sweep_n} ranks, {peer_backend}")
         header = ["model", "path", "bucket cap MiB", "buckets", "step ms", "samples/s", "comm ms",
                   "exposed ms", "hidden %"]
         rows = []
@@ -324,7 +330,7 @@ def main():
                     rows.append([model, path, f"{cap:g}", "failed"] + ["n/a"] * 5)
                     continue
                 hid = r.get("hidden_fraction")
-                star = "*" if path == "torch gloo" else ""
+                star = "*" if path == peer else ""
                 rows.append([model, path, f"{cap:g}", str(r.get("buckets")), fmt(r["step_ms"]),
                              fmt(r["samples_per_s"], ".0f"), fmt(r.get("comm_ms")) + star,
                              fmt(r.get("exposed_comm_ms")),
@@ -337,7 +343,7 @@ def main():
               "efficiency >= 0.85, >= 80% of communication hidden (CNN)")
         for model in models:
             for path in paths:
-                if path == "torch gloo":
+                if path == peer:
                     continue
                 rt, eff = ratio(model, 2, path), efficiency(model, 2, path)
                 r = res.get((model, 2, path))
@@ -361,7 +367,7 @@ def main():
            "bucket_cap_mb": a.bucket_cap_mb, "sizes": sizes,
            "date": time.strftime("%Y-%m-%d"), "machine": LOCKSTEP_RUN["machine"] or machine.describe(),
            "results": [dict(r, model=m, world_size=n, path=path, scaling_efficiency=efficiency(m, n, path),
-                            ratio_vs_torch=ratio(m, n, path) if path != "torch gloo" else None)
+                            ratio_vs_torch=ratio(m, n, path) if path != peer else None)
                        for (m, n, path), r in res.items() if r],
            "sweep": {f"{m} {path}": rs for (m, path), rs in sweep_res.items()},
            "goals": goals}
