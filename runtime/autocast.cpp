@@ -55,8 +55,14 @@ Tensor cast(const Tensor& t, DType dtype) {
   const uint64_t version = t.storage()->version();
   auto it = t_cache.find(key);
   if (it != t_cache.end() && it->second.source.is_same(t) && it->second.version == version &&
-      it->second.grad_mode == grad_enabled())
+      it->second.grad_mode == grad_enabled()) {
+    // A checkpoint region's forward reads the parameter through a cast made
+    // earlier, but its recomputation casts it anew: note the read, as the
+    // cast op records it on a miss, so a step before backward is refused.
+    const ActiveRegion* region = active_checkpoint();
+    if (region != nullptr && grad_enabled()) region->region->note_inputs("ToDTypeBackward", {t});
     return it->second.cast;
+  }
   Tensor c = t.to(dtype);
   t_cache[key] = CachedCast{t, version, grad_enabled(), c};
   return c;
