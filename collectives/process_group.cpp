@@ -21,6 +21,14 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return a0 < b0 + b.numel() * b.element_size() && b0 < a0 + a.numel() * a.element_size();
 }
 
+// A call writes its tensor as an in-place op would, so it counts as one:
+// what checks a tensor's version (autograd's saved tensors, autocast's cast
+// cache, a checkpoint region's parameters) sees the new values. Counted when
+// issued, as PyTorch counts an op when it is dispatched.
+void count_write(const Tensor& t) {
+  if (t.storage() != nullptr) t.storage()->bump_version();
+}
+
 }  // namespace
 
 std::shared_ptr<SharedTensorPool> ProcessGroup::reserve_shared_pool(size_t /*bytes*/) {
@@ -52,6 +60,7 @@ std::shared_ptr<Work> ProcessGroup::allreduce(Tensor& tensor, const AllreduceOpt
                                 .dtype = tensor.dtype(),
                                 .count = tensor.numel(),
                                 .op = opts.op};
+  count_write(tensor);
   return issue(signature, "allreduce", &tensor, "", opts.timeout,
                [&](Call&& call) { return run_allreduce(std::move(call), tensor, opts.op); });
 }
@@ -63,6 +72,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(Tensor& tensor, const BroadcastOpt
                                 .dtype = tensor.dtype(),
                                 .count = tensor.numel(),
                                 .root = opts.root};
+  count_write(tensor);
   return issue(signature, "broadcast", &tensor, "", opts.timeout,
                [&](Call&& call) { return run_broadcast(std::move(call), tensor, opts.root); });
 }
@@ -75,6 +85,7 @@ std::shared_ptr<Work> ProcessGroup::reduce(Tensor& tensor, const ReduceOptions& 
                                 .count = tensor.numel(),
                                 .root = opts.root,
                                 .op = opts.op};
+  count_write(tensor);
   return issue(signature, "reduce", &tensor, "", opts.timeout, [&](Call&& call) {
     return run_reduce(std::move(call), tensor, opts.op, opts.root);
   });
@@ -96,6 +107,7 @@ std::shared_ptr<Work> ProcessGroup::allgather(Tensor& output, const Tensor& inpu
                           : input;
   const CallSignature signature{
       .kind = CollectiveKind::allgather, .dtype = input.dtype(), .count = input.numel()};
+  count_write(output);
   return issue(signature, "allgather", &sent, "", opts.timeout,
                [&](Call&& call) { return run_allgather(std::move(call), output, sent); });
 }
@@ -109,6 +121,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor&
                                 .dtype = output.dtype(),
                                 .count = output.numel(),
                                 .op = opts.op};
+  count_write(output);
   return issue(signature, "reduce_scatter", &output, "", opts.timeout, [&](Call&& call) {
     return run_reduce_scatter(std::move(call), output, input, opts.op);
   });
@@ -130,6 +143,7 @@ std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst,
 std::shared_ptr<Work> ProcessGroup::recv(Tensor& tensor, int src, const SendRecvOptions& opts) {
   check_tensor("recv", tensor);
   check_peer("recv", src, opts.tag);
+  count_write(tensor);
   return issue({}, "recv", &tensor, fmt::format("from rank {}, tag {}", src, opts.tag),
                opts.timeout,
                [&](Call&& call) { return run_recv(std::move(call), tensor, src, opts.tag); });

@@ -80,6 +80,11 @@ class ProcessGroup {
   // longer than the tensor, which MPI fails as a truncation).
   std::shared_ptr<Work> send(const Tensor& tensor, int dst, const SendRecvOptions& opts = {});
   std::shared_ptr<Work> recv(Tensor& tensor, int src, const SendRecvOptions& opts = {});
+  // Each call above that writes a tensor (the in-place ones, allgather's and
+  // reduce_scatter's output, recv's tensor) counts as an in-place write of it
+  // (its version goes up, as PyTorch's do): a tensor saved for backward and
+  // then broadcast into is refused at backward, and autocast's cached cast
+  // of a parameter is made again.
 
   // Collective (every rank, the same `bytes`, at the same point among the
   // group's calls): sets aside `bytes` per rank from which to take tensors

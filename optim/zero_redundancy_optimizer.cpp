@@ -346,11 +346,9 @@ void ZeroRedundancyOptimizer::sync_parameters() {
     if (b.root == rank) continue;
     if (b.direct) {
       Tensor data = data_of(piece(b, 0));
-      if (direct[i].storage() != data.storage()) {
-        data.copy_(direct[i]);  // the parameter was not contiguous
-      } else {
-        data.storage()->bump_version();  // written by the backend: as an in-place op would
-      }
+      // The broadcast counted its write; a parameter that was not
+      // contiguous was broadcast from a copy.
+      if (direct[i].storage() != data.storage()) data.copy_(direct[i]);
       continue;
     }
     for (size_t j = 0; j < b.pieces.size(); ++j) {
