@@ -221,6 +221,11 @@ std::string read_port(int fd) {
   // training run continue the outer job's checkpoints (train/training_run.h).
   ::unsetenv("LOCKSTEP_RESTART_COUNT");
   ::unsetenv("LOCKSTEP_JOB_ID");
+  // The launcher watches the rank that called spawn, not its children: beats
+  // of theirs would have it watch the rank from their first beat on, and call
+  // it hung once they end while it goes on without beating (runtime/liveness.h).
+  ::unsetenv("LOCKSTEP_HEARTBEAT_FD");
+  ::unsetenv("LOCKSTEP_HEARTBEAT_MS");
   for (const auto& [name, value] : options.env) ::setenv(name.c_str(), value.c_str(), 1);
   // The parent's launcher's file for its post-mortem, not this child's.
   ::unsetenv("LOCKSTEP_FLIGHT_RECORDER");

@@ -44,7 +44,9 @@
 // one thread, as under lockstep-run; OMP_NUM_THREADS in SpawnOptions::env
 // sets the children's count. The children are a job of their own, even in a
 // program that lockstep-run started: they get no LOCKSTEP_RESTART_COUNT and
-// no LOCKSTEP_JOB_ID from the caller (SpawnOptions::env may still set them).
+// no LOCKSTEP_JOB_ID from the caller (SpawnOptions::env may still set them),
+// and send the launcher no heartbeat: its hang detector watches the rank that
+// called spawn once that rank joins a group itself, not the children.
 #pragma once
 
 #include <chrono>

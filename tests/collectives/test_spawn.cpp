@@ -2,7 +2,9 @@
 // child reports through a file the parent reads.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -219,6 +221,38 @@ TEST_CASE("spawn: in a program that lockstep-run restarted, the children are a j
   CHECK(read_text(dir.file(1)) == "unset unset");
   CHECK(e.rank() == 0);
   CHECK_THAT(e.what(), Catch::Contains("but rank 1 exited with code 0 without joining the group"));
+}
+
+TEST_CASE("spawn: in a rank that lockstep-run watches for hangs, the children send the "
+          "launcher no heartbeat of their own",
+          "[spawn]") {
+  // As in a rank of `lockstep-run --hang-timeout S` that has not joined a
+  // group: its launcher's heartbeat socket is LOCKSTEP_HEARTBEAT_FD. Children
+  // that beat on it would make the launcher watch the rank, and call it hung
+  // once they end while the rank goes on without beating.
+  int beats[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, beats) == 0);
+  {
+    ScopedEnv fd("LOCKSTEP_HEARTBEAT_FD", std::to_string(beats[1]));
+    ScopedEnv ms("LOCKSTEP_HEARTBEAT_MS", "50");
+    // The child's end stays open in the children (spawn forks; no exec).
+    ::fcntl(beats[1], F_SETFD, 0);
+    ScratchDir dir;
+    spawn(2, [&](int rank) {
+      const char* fd_var = std::getenv("LOCKSTEP_HEARTBEAT_FD");
+      write_text(dir.file(rank), fd_var ? fd_var : "unset");
+      auto group = lockstep::collectives::init_process_group();
+      Tensor t = Tensor::full({4}, 1.0);
+      group->allreduce(t)->wait();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // beats, if any, sent
+    });
+    CHECK(read_text(dir.file(0)) == "unset");
+    CHECK(read_text(dir.file(1)) == "unset");
+  }
+  char beat = 0;
+  CHECK(::recv(beats[0], &beat, 1, MSG_DONTWAIT) < 0);  // no beat came
+  ::close(beats[0]);
+  ::close(beats[1]);
 }
 
 TEST_CASE("spawn: children still running at the timeout are stopped and named, SIGKILL for one "
