@@ -80,6 +80,9 @@ bool write_would_block(int fd) {
 struct Tracked {
   RankProcess process;
   bool alive = true;
+  // Its process group had no process left once the rank had ended; it never
+  // has one again, and its id may be another group's later.
+  bool group_gone = false;
   // From its heartbeats; unset until the first (the rank joined its group).
   std::optional<Clock::time_point> last_beat, last_progress;
 };
@@ -133,8 +136,9 @@ class Supervisor {
         // one open does not keep the launcher waiting for long.
         if (!drain_until_) drain_until_ = now + std::chrono::seconds(1);
         if (now >= *drain_until_) close_drained_streams();
-        // Then what is queued for our own output, unless a signal said not to.
-        if (streams_.empty() && (abandoned_ || !output_pending())) break;
+        // Then what is queued for our own output, unless a signal said not to;
+        // and while stopping, what the ranks started, until the grace period ends.
+        if (streams_.empty() && (abandoned_ || !output_pending()) && !group_lingers()) break;
       }
       std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
       const bool watch_remote = options_.remote_failure_fd >= 0 && !stopping_;
@@ -165,7 +169,8 @@ class Supervisor {
       }
       const size_t first_queue = fds.size() - writing.size();
 
-      int timeout_ms = watch_hangs ? kHangCheckMs : -1;
+      // A rank's group is not ours to wait for: looked at again every 100 ms.
+      int timeout_ms = watch_hangs || (alive() == 0 && group_lingers()) ? kHangCheckMs : -1;
       for (const auto& at : {kill_at_, streams_.empty() ? std::nullopt : drain_until_}) {
         if (!at) continue;
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(*at - now).count();
@@ -242,6 +247,26 @@ class Supervisor {
     }
   }
 
+  // While the job is stopped, within the grace period: whether a process is
+  // left in a rank's process group after its rank ended (what it started: a
+  // data loader's worker, the program a wrapper script runs). It gets the
+  // grace period the ranks get, then SIGKILL, or it would outlive the job.
+  bool group_lingers() {
+    if (!stopping_ || !kill_at_) return false;
+    bool lingers = false;
+    for (auto& r : ranks_) {
+      if (!r.alive && !look_for_group(r)) lingers = true;
+    }
+    return lingers;
+  }
+
+  // After its rank ended: whether its process group is gone (noted for good).
+  static bool look_for_group(Tracked& r) {
+    if (!r.group_gone && kill(-r.process.child.pid, 0) != 0 && errno == ESRCH)
+      r.group_gone = true;
+    return r.group_gone;
+  }
+
   int alive() const {
     int n = 0;
     for (const auto& r : ranks_) n += r.alive ? 1 : 0;
@@ -315,6 +340,7 @@ class Supervisor {
       for (auto& r : ranks_) {
         if (r.process.child.pid == pid && r.alive) {
           r.alive = false;
+          look_for_group(r);
           // What it wrote before it ended (its error) comes before what we
           // say of its end.
           for (auto& s : streams_) {
@@ -412,8 +438,10 @@ class Supervisor {
   void stop(int sig) {
     if (options_.before_stop) options_.before_stop(result_.failure);
     stopping_ = true;
+    // Ranks that ended too: what they started may still run in their group
+    // (the group outlives its leader while it has members; else ESRCH).
     for (const auto& r : ranks_) {
-      if (!r.alive) continue;
+      if (r.group_gone) continue;
       kill(-r.process.child.pid, sig);
       // A stopped rank (SIGSTOP, a debugger gone) acts on the signal only once
       // it runs again; otherwise it would take the whole grace period.
@@ -424,8 +452,17 @@ class Supervisor {
 
   void kill_remaining(bool after_grace) {
     const double grace_s = std::chrono::duration<double>(options_.grace_period).count();
-    for (const auto& r : ranks_) {
-      if (!r.alive) continue;
+    for (auto& r : ranks_) {
+      if (!r.alive) {
+        if (look_for_group(r)) continue;
+        if (after_grace) {
+          say(fmt::format("rank {} (pid {}) ended, but processes it started did not stop within "
+                          "{:g} s; sending them SIGKILL",
+                          r.process.rank, r.process.child.pid, grace_s));
+        }
+        kill(-r.process.child.pid, SIGKILL);
+        continue;
+      }
       if (after_grace) {
         say(fmt::format("rank {} (pid {}) did not stop within {:g} s; sending SIGKILL",
                         r.process.rank, r.process.child.pid, grace_s));

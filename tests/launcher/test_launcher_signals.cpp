@@ -161,6 +161,31 @@ TEST_CASE("launcher: the first outcome wins when another node fails in the same 
                            !Contains("node 1: rank 1 failed"));
 }
 
+TEST_CASE("launcher: stopping the job also stops what a rank started that outlives the rank, "
+          "SIGKILL after the grace period for what ignores SIGTERM",
+          "[launcher]") {
+  TempDir dir;
+  // Rank 0, a shell, starts a probe that ignores SIGTERM (a data loader's
+  // worker, say) and waits; rank 1 fails once that probe is there. The
+  // shell ends at the launcher's SIGTERM; the probe would live on.
+  const std::string script = fmt::format(
+      "if [ \"$LOCKSTEP_RANK\" = 0 ]; then \"$0\" ignore-term pid-dir={0} sleep & sleep 300; "
+      "else while [ ! -e {0}/0.pid ]; do sleep 0.05; done; exit 3; fi",
+      dir.str());
+  const auto r = run_process({bin_path("lockstep-run"), "-np", "2", "--grace-period", "0.5",
+                              "/bin/sh", "-c", script, bin_path("launcher_probe")},
+                             kLimit);
+  INFO("lockstep-run " << describe(r) << ", output:\n" << r.output);
+  CHECK(r.exit_code == 3);
+  const auto started = pids_in(dir.str());
+  REQUIRE(started.size() == 1);
+  CHECK_THAT(r.output, Contains("processes it started did not stop within 0.5 s; sending them "
+                                "SIGKILL"));
+  // Generous: the machine may be busy; the probe must end, not linger.
+  CHECK(eventually([&] { return !running(started[0]); }, 20s));
+  if (running(started[0])) kill(started[0], SIGKILL);  // do not leave it behind
+}
+
 TEST_CASE("launcher: a SIGKILLed launcher takes the ranks' children with it, wrapper or not, "
           "and leaves no scratch files behind",
           "[launcher]") {
