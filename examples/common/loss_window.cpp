@@ -5,6 +5,7 @@
 
 #include "lockstep/runtime/checkpoint/metadata_text.h"
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/tensor.h"
 
 namespace examples {
 
@@ -14,6 +15,18 @@ namespace {
 constexpr const char* kLoss = "log_window_loss";
 constexpr const char* kSteps = "log_window_steps";
 }  // namespace
+
+void LossWindow::average_over(collectives::ProcessGroup& group) {
+  if (group.size() == 1) return;
+  auto totals = runtime::Tensor::from_vector<double>({sum, static_cast<double>(steps)}, {2});
+  group.allreduce(totals, {.op = collectives::ReduceOp::Sum})->wait();
+  const auto t = totals.to_vector<double>();
+  LOCKSTEP_CHECK(t[1] == static_cast<double>(steps) * group.size(),
+                 "the log window holds {} steps on rank {} but {} over all {} ranks: every rank "
+                 "must log after the same steps",
+                 steps, group.rank(), t[1], group.size());
+  sum = t[0] / group.size();
+}
 
 void LossWindow::save_to(train::TrainingProgress& progress) const {
   progress.user[kLoss] = runtime::metadata_number(sum);

@@ -200,7 +200,7 @@ int run(Options o) {
             progress.epoch + 1, progress.batch, batches, progress.step);
     }
   }
-  // The mean loss over the epoch's steps since the last log line.
+  // The mean loss over the epoch's steps since the last log line, and over the ranks.
   examples::LossWindow window;
   if (checkpoints && checkpoints->resume_from)
     window = examples::LossWindow::restore(progress, progress.batch,
@@ -208,7 +208,8 @@ int run(Options o) {
                                            "fashion_mnist");
   auto save = [&](train::TrainingProgress at, std::optional<double> metric) {
     if (!checkpoints) return;
-    // A new epoch starts a new window.
+    // A new epoch starts a new window. Rank 0 saves it: the ranks' mean first.
+    if (at.batch != 0) window.average_over(*group);
     (at.batch == 0 ? examples::LossWindow{} : window).save_to(at);
     log.write();  // first: the file then holds every window up to the checkpoint's step
     auto entry = train::save_training_checkpoint(checkpoints->dir, parts, at, metric, *group);
@@ -237,9 +238,10 @@ int run(Options o) {
       window_samples += b.size() * world;
       if (progress.batch % o.log_every == 0 || progress.batch == batches) {
         double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
+        const double mean_loss = window.global_mean(*group);  // of the global batches
         print(rank, "epoch {} step {}/{} loss {:.6f} samples/s {:.0f}\n", progress.epoch + 1,
-              progress.batch, batches, window.mean(), window_samples / secs);
-        log.window(progress.epoch + 1, progress.step, window.mean(), window_samples / secs);
+              progress.batch, batches, mean_loss, window_samples / secs);
+        log.window(progress.epoch + 1, progress.step, mean_loss, window_samples / secs);
         window_start = Clock::now();
         window_samples = 0;
         window.reset();

@@ -277,7 +277,7 @@ int run(Options o) {
       print(rank, "resumed from {}: step {}\n", last->path.string(), progress.step);
     }
   }
-  // The mean loss over the steps since the last log line.
+  // The mean loss over the steps since the last log line, and over the ranks.
   examples::LossWindow window;
   if (checkpoints && checkpoints->resume_from)
     window = examples::LossWindow::restore(progress, progress.step,
@@ -285,6 +285,7 @@ int run(Options o) {
   const auto save = [&](std::optional<double> metric) {
     if (!checkpoints) return;
     progress.batch = progress.step;
+    window.average_over(*group);  // rank 0 saves it: the ranks' mean
     window.save_to(progress);
     auto entry = train::save_training_checkpoint(checkpoints->dir, parts, progress, metric, *group);
     print(rank, "saved {}\n", entry.path.string());
@@ -324,8 +325,9 @@ int run(Options o) {
     ++timed_steps;
     if (progress.step % o.log_every == 0 || progress.step == o.steps) {
       const double tokens = static_cast<double>(timed_steps * o.batch_size * o.seq_len * world);
+      const double mean_loss = window.global_mean(*group);  // of the global batches
       print(rank, "step {}/{} loss {:.6f} ({:.3f} bits/byte) lr {:.3g} tokens/s {:.0f} elapsed {:.0f}s\n",
-            progress.step, o.steps, window.mean(), window.mean() / std::log(2.0),
+            progress.step, o.steps, mean_loss, mean_loss / std::log(2.0),
             step_lr, tokens / window_secs,
             std::chrono::duration<double>(Clock::now() - start).count());
       window_secs = 0;

@@ -530,3 +530,29 @@ TEST_CASE("gpt_train: a resume that leaves out --checkpoint-blocks keeps the run
   CHECK(off.digest == straight.digest);
   fs::remove_all(dir);
 }
+
+TEST_CASE("gpt_train logs the loss of the global batch: two ranks of 2 log what one process "
+          "of 4 does", "[example][gpt]") {
+  LOCKSTEP_SKIP_IF(fortunes_skip_reason());
+  // Rank k's rows of a step are rows k * 2, k * 2 + 1 of the step's global
+  // draw: the same batches as one process of 4, so the same training.
+  const auto run = [](int ranks, const char* batch) {
+    auto args = command(ranks, {"--steps", "4", "--eval-every", "100", "--eval-windows", "8"});
+    *(std::find(args.begin(), args.end(), "--batch-size") + 1) = batch;
+    *(std::find(args.begin(), args.end(), "--dropout") + 1) = "0";
+    return parse(run_process(args, std::chrono::seconds(300)));
+  };
+  const GptRun one = run(1, "4");
+  INFO(one.result.output);
+  REQUIRE(one.result.ok());
+  const GptRun two = run(2, "2");
+  INFO(two.result.output);
+  REQUIRE(two.result.ok());
+  REQUIRE(one.losses.size() == 4);
+  REQUIRE(two.losses.size() == one.losses.size());
+  // Rank 0 used to log the loss of its own two rows.
+  for (const auto& [step, loss] : one.losses) {
+    INFO(step);
+    CHECK(std::stod(two.losses.at(step)) == Approx(std::stod(loss)).margin(1e-4));
+  }
+}

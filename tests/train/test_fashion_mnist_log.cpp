@@ -120,3 +120,54 @@ TEST_CASE("fashion_mnist --log-json: a run killed mid-epoch and resumed keeps ev
   fs::remove_all(dir);
   fs::remove(log);
 }
+
+TEST_CASE("fashion_mnist logs the loss of the global batch: two ranks of 32 log what one "
+          "process of 64 does", "[optim][example]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  // The same global batches in the same order (the sampler deals positions
+  // rank, rank + 2, ...), so the same training up to rounding.
+  const std::vector<std::string> common = {"--train-samples", "640", "--test-samples", "100",
+                                           "--log-every", "1"};
+  std::vector<std::string> one_args = common, two_args = common;
+  one_args.insert(one_args.end(), {"--batch-size", "64"});
+  two_args.insert(two_args.end(), {"--batch-size", "32"});
+  const FashionMnistRun one = run_fashion_mnist(1, one_args);
+  INFO(one.result.output);
+  REQUIRE(one.result.ok());
+  const FashionMnistRun two = run_fashion_mnist(2, two_args);
+  INFO(two.result.output);
+  REQUIRE(two.result.ok());
+  REQUIRE(one.losses.size() == 10);
+  REQUIRE(two.losses.size() == one.losses.size());
+  // Rank 0 used to log the loss of its own half of each batch.
+  for (const auto& [step, loss] : one.losses) {
+    INFO(step);
+    CHECK(std::stod(two.losses.at(step)) == Approx(std::stod(loss)).margin(1e-4));
+  }
+}
+
+TEST_CASE("fashion_mnist: two ranks resumed inside a --log-every window log the losses of "
+          "an uninterrupted run", "[optim][example][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = fresh_checkpoint_dir("log-window-2");
+  const std::vector<std::string> args = {
+      "--train-samples", "640", "--test-samples",     "100", "--batch-size", "32",
+      "--log-every",     "4",   "--checkpoint-every", "3",   "--keep-last",  "10",
+      "--checkpoint-dir", dir};
+  const FashionMnistRun straight = run_fashion_mnist(2, args);
+  INFO(straight.result.output);
+  REQUIRE(straight.result.ok());
+  REQUIRE(straight.losses.size() == 3);  // steps 4, 8 and 10 of the epoch's 10
+  for (const char* later : {"06", "09", "10"})
+    REQUIRE(fs::remove(fs::path(dir) / fmt::format("ckpt-00000000{}.safetensors", later)));
+  std::vector<std::string> again = args;
+  again.push_back("--resume");
+  const FashionMnistRun resumed = run_fashion_mnist(2, again);
+  INFO(resumed.result.output);
+  REQUIRE(resumed.result.ok());
+  CHECK_THAT(resumed.result.output, Catch::Contains("resumed from"));
+  // The checkpoint holds the ranks' mean window, which every rank goes on from.
+  CHECK(resumed.losses == straight.losses);
+  CHECK(resumed.digest == straight.digest);
+  fs::remove_all(dir);
+}
