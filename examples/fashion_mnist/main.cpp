@@ -71,9 +71,14 @@ using examples::print;
 // the Join keeps a rank that has run out answering the others' collectives
 // on an empty batch, so a model whose forward communicates (SyncBatchNorm,
 // DDP's buffer broadcast) cannot mismatch, and the empty batch adds nothing
-// to either count.
-double evaluate(nn::Module& model, const runtime::Dataset& data, collectives::ProcessGroup& group,
-                const runtime::Device& device) {
+// to either count. Every rank first takes rank 0's buffers (BatchNorm's
+// running statistics, which each rank's last forward updated from its own
+// batch): the accuracy is that of the one model a checkpoint saves, and a run
+// resumed from it reports the same.
+double evaluate(nn::DistributedDataParallel& ddp, const runtime::Dataset& data,
+                collectives::ProcessGroup& group, const runtime::Device& device) {
+  ddp.broadcast_parameters();
+  nn::Module& model = ddp.module();
   runtime::NoGradGuard no_grad;
   model.eval();
   auto sampler = std::make_unique<runtime::DistributedSampler>(
@@ -252,7 +257,7 @@ int run(Options o) {
     }
     // Evaluation leaves the parameters as they are: the digest is the same either way.
     if (checkpoints || !o.log_json.empty() || progress.epoch + 1 == o.epochs) {
-      accuracy = evaluate(*model, test, *group, device);
+      accuracy = evaluate(*ddp, test, *group, device);
       print(rank, "epoch {} test accuracy: {:.4f}\n", progress.epoch + 1, *accuracy);
       log.epoch_end(progress.epoch + 1, progress.step, *accuracy);
       if (!progress.best_metric || *accuracy > *progress.best_metric) progress.best_metric = accuracy;
@@ -264,7 +269,7 @@ int run(Options o) {
     }
   }
   // Resumed after the last epoch: nothing trained, report what was loaded.
-  if (!accuracy) accuracy = evaluate(*model, test, *group, device);
+  if (!accuracy) accuracy = evaluate(*ddp, test, *group, device);
   print(rank, "test accuracy: {:.4f}\n", *accuracy);
   print(rank, "parameters digest: {:016x}\n", examples::parameters_digest(*model));
   return 0;

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -170,4 +171,34 @@ TEST_CASE("fashion_mnist: two ranks resumed inside a --log-every window log the 
   CHECK(resumed.losses == straight.losses);
   CHECK(resumed.digest == straight.digest);
   fs::remove_all(dir);
+}
+
+TEST_CASE("fashion_mnist: two ranks resumed after the last epoch report the test accuracy the "
+          "run reported, BatchNorm's statistics included", "[optim][example][resume]") {
+  SKIP_WITHOUT_FASHION_MNIST();
+  // Without --sync-bn each rank's last forward updates its own running
+  // statistics; the checkpoint holds rank 0's.
+  const std::regex accuracy_line("\ntest accuracy: ([0-9.]+)");
+  for (const char* seed : {"1", "3"}) {
+    INFO("seed " << seed);
+    const std::string dir = fresh_checkpoint_dir(std::string("bn-accuracy-") + seed);
+    const std::vector<std::string> args = {
+        "--model", "cnn", "--train-samples", "256", "--test-samples", "2000", "--batch-size",
+        "16", "--lr", "0.2", "--seed", seed, "--checkpoint-dir", dir};
+    const FashionMnistRun run = run_fashion_mnist(2, args);
+    INFO(run.result.output);
+    REQUIRE(run.result.ok());
+    std::vector<std::string> again = args;
+    again.push_back("--resume");
+    const FashionMnistRun resumed = run_fashion_mnist(2, again);
+    INFO(resumed.result.output);
+    REQUIRE(resumed.result.ok());
+    std::smatch before, after;
+    REQUIRE(std::regex_search(run.result.output, before, accuracy_line));
+    REQUIRE(std::regex_search(resumed.result.output, after, accuracy_line));
+    // Ranks other than 0 used to classify with their own statistics.
+    CHECK(after[1] == before[1]);
+    CHECK(resumed.digest == run.digest);
+    fs::remove_all(dir);
+  }
 }
