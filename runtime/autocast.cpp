@@ -22,7 +22,10 @@ thread_local int t_open_scopes = 0;  // enabled scopes; the cache lives while > 
 // gradient flows to its own source), at the same version (a parameter
 // changed in place since is cast again).
 struct CachedCast {
-  Tensor source;  // keeps the key's storage alive
+  Tensor source;
+  // The key's storage, kept alive: Module::to rebinds a parameter to a new
+  // storage, and one made after the old was freed may take its address.
+  std::shared_ptr<Storage> storage;
   uint64_t version;
   bool grad_mode;
   Tensor cast;
@@ -54,7 +57,8 @@ Tensor cast(const Tensor& t, DType dtype) {
   const CastKey key{t.storage().get(), t.storage_offset(), dtype};
   const uint64_t version = t.storage()->version();
   auto it = t_cache.find(key);
-  if (it != t_cache.end() && it->second.source.is_same(t) && it->second.version == version &&
+  if (it != t_cache.end() && it->second.source.is_same(t) &&
+      it->second.storage == t.storage() && it->second.version == version &&
       it->second.grad_mode == grad_enabled()) {
     // A checkpoint region's forward reads the parameter through a cast made
     // earlier, but its recomputation casts it anew: note the read, as the
@@ -64,7 +68,7 @@ Tensor cast(const Tensor& t, DType dtype) {
     return it->second.cast;
   }
   Tensor c = t.to(dtype);
-  t_cache[key] = CachedCast{t, version, grad_enabled(), c};
+  t_cache[key] = CachedCast{t, t.storage(), version, grad_enabled(), c};
   return c;
 }
 

@@ -11,6 +11,7 @@
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/autograd/rebind.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/random.h"
 #include "lockstep/runtime/tensor.h"
@@ -230,6 +231,24 @@ TEST_CASE("autocast: a parameter is cast once per outermost scope", "[autocast]"
   Tensor fresh = (*autocast_inputs(CastPolicy::lower, {w}))[0];
   CHECK(fresh.defined());
   CHECK(fresh.dtype() == DType::bf16);
+}
+
+TEST_CASE("autocast: a parameter rebound to a new storage (Module::to) is cast again",
+          "[autocast]") {
+  // The new storage may take the freed one's address at the same version:
+  // before, that found the old values' cast.
+  Tensor w = leaf({3, 4}, 1);
+  auto amp = autocast({.dtype = DType::bf16});
+  using detail::autocast_inputs;
+  using detail::CastPolicy;
+  CHECK(autocast_inputs(CastPolicy::lower, {w}));  // cached
+  for (int round = 0; round < 4; ++round) {
+    NoGradGuard no_grad;
+    rebind(w, w.detach().to(DType::f64));  // frees the f32 storage
+    rebind(w, mul(w.detach(), 2.0).to(DType::f32));  // a new one of that size
+    CHECK(bitwise_equal((*autocast_inputs(CastPolicy::lower, {w}))[0],
+                        w.detach().to(DType::bf16)));
+  }
 }
 
 TEST_CASE("autocast: one forward casts a shared weight once and sums its gradient in f32",
