@@ -144,7 +144,9 @@ double load_average() {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Checkpoint write/read throughput beside a plain write/read of the same bytes."};
-  app.add_option("--dir", o.dir, "directory to write in (default: a fresh one under /var/tmp)");
+  app.add_option("--dir", o.dir,
+                 "where to measure: the files go in a fresh directory made in it and removed at "
+                 "the end (default: /var/tmp)");
   app.add_option("--sizes", o.sizes_mib, "checkpoint sizes in MiB (2^20 bytes)")
       ->delimiter(',')
       ->check(cli_checks::positive);
@@ -157,17 +159,26 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const bool own_dir = o.dir.empty();
-    if (own_dir) o.dir = fmt::format("/var/tmp/lockstep-checkpoint-bench-{}", ::getpid());
-    fs::create_directories(o.dir);
+    if (o.dir.empty()) o.dir = "/var/tmp";
+    // A directory of its own in --dir, removed on every exit, a failed write
+    // (a full disk) included: no file of the user's is overwritten, and no
+    // checkpoint of the run is left behind.
+    struct Scratch {
+      fs::path path;
+      ~Scratch() {
+        std::error_code ignored;
+        fs::remove_all(path, ignored);
+      }
+    } scratch{fs::path(o.dir) / fmt::format("lockstep-checkpoint-bench-{}", ::getpid())};
+    fs::create_directories(scratch.path);
     const std::string fstype = filesystem_type(o.dir);
 
     json results = json::array();
     std::vector<std::vector<std::string>> rows;
     for (int mib : o.sizes_mib) {
       const runtime::CheckpointContent content = model_of(mib);
-      const std::string ckpt = o.dir + "/bench.safetensors";
-      const std::string plain = o.dir + "/plain.bin";
+      const std::string ckpt = scratch.path / "bench.safetensors";
+      const std::string plain = scratch.path / "plain.bin";
       const uint64_t bytes = runtime::save_checkpoint(ckpt, content);
       // The plain file: the checkpoint's bytes, from one buffer.
       std::unique_ptr<char[]> buffer(new char[bytes]);
@@ -217,7 +228,6 @@ int main(int argc, char** argv) {
       fs::remove(ckpt);
       fs::remove(plain);
     }
-    if (own_dir) fs::remove_all(o.dir);
 
     const double load = load_average();
     std::time_t now = std::time(nullptr);
