@@ -16,7 +16,8 @@
 // the slowest rank's mean over -n iterations), median (us: the slowest
 // rank's median iteration, CPU tensors only), algbw = size / time, busbw =
 // algbw * 2(n-1)/n (the rate each link must sustain in a ring), #wrong
-// (elements that differ from the expected result with -c 1). In place only.
+// (elements that differ from the expected result with -c 1, on the rank with
+// the most; nccl-tests sums them over the ranks). In place only.
 #include <algorithm>
 #include <cmath>
 #include <limits>
