@@ -225,9 +225,12 @@ int run(Options o) {
   std::optional<double> accuracy;
   for (; progress.epoch < o.epochs; ++progress.epoch, progress.batch = 0) {
     loader.set_epoch(progress.epoch);
-    auto window_start = Clock::now();
+    // Throughput counts the training steps only, as gpt_train's: checkpoint
+    // and log writes between them are not training.
+    double window_secs = 0;
     int64_t window_samples = 0;  // trained in this process: throughput
     while (progress.batch < batches) {
+      const auto step_start = Clock::now();
       const runtime::Batch b = loader.batch(progress.batch);
       Tensor loss = runtime::cross_entropy((*ddp)(b.x.to(device)), b.y.to(device));
       opt->zero_grad();
@@ -239,15 +242,16 @@ int run(Options o) {
       ++progress.step;
       const double step_loss = loss.item();
       examples::check_loss_finite(step_loss, progress.step, rank);
+      window_secs += std::chrono::duration<double>(Clock::now() - step_start).count();
       window.add(step_loss);
       window_samples += b.size() * world;
       if (progress.batch % o.log_every == 0 || progress.batch == batches) {
-        double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
+        const double secs = window_secs;
         const double mean_loss = window.global_mean(*group);  // of the global batches
         print(rank, "epoch {} step {}/{} loss {:.6f} samples/s {:.0f}\n", progress.epoch + 1,
               progress.batch, batches, mean_loss, window_samples / secs);
         log.window(progress.epoch + 1, progress.step, mean_loss, window_samples / secs);
-        window_start = Clock::now();
+        window_secs = 0;
         window_samples = 0;
         window.reset();
       }
