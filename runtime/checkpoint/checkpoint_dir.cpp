@@ -114,6 +114,9 @@ std::optional<int64_t> CheckpointDir::step_of(const std::string& name) const {
   int64_t step = -1;
   auto [p, ec] = std::from_chars(begin, end, step);
   if (ec != std::errc() || p != end || step < 0 || *begin == '+') return std::nullopt;
+  // Only the name this directory gives the step: "ckpt-300.safetensors" is a
+  // copy the user made and named, which retention must not delete.
+  if (path_for_step(step).filename() != name) return std::nullopt;
   return step;
 }
 

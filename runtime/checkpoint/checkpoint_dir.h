@@ -5,7 +5,8 @@
 //   dir.save(content, step, val_loss);       // rank 0 only
 //   if (auto last = dir.load_latest()) { resume from last->content ... }
 //
-// Files are "<prefix>-<step, 10 digits>.safetensors", each written atomically
+// Files are "<prefix>-<step, 10 digits>.safetensors" (no other name is one of
+// the directory's: "ckpt-300.safetensors" is left alone), each written atomically
 // (atomic_file.h), with the step, the metric, the run and the job that saved
 // it in its metadata ("lockstep.step", "lockstep.metric", "lockstep.run",
 // "lockstep.job"). All state is in the

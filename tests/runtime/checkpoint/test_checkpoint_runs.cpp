@@ -168,3 +168,21 @@ TEST_CASE("checkpoint dir: the job that saved a checkpoint rides in it", "[check
   CHECK_THAT(error_of([&] { dir.set_run({.metadata = {{"lockstep.step", "1"}}}); }),
              Contains("the directory's own"));
 }
+
+TEST_CASE("checkpoint runs: a copy the user named like a checkpoint is never deleted or moved",
+          "[checkpoint]") {
+  // The directory writes "ckpt-<step, 10 digits>.safetensors" only; a copy
+  // such as "ckpt-300.safetensors" (the same run's bytes) is the user's.
+  TempDir tmp;
+  CheckpointDir dir(tmp.str(), quiet(1, BestMode::max));
+  dir.save(small_content(), 300, 0.5);
+  const std::vector<std::string> copies = {"ckpt-300.safetensors", "ckpt-00000000300.safetensors",
+                                           "ckpt-0300.safetensors"};
+  for (const auto& name : copies) fs::copy_file(dir.path_for_step(300), tmp.file(name));
+  for (int64_t step : {400, 500}) dir.save(small_content(), step, 0.002 * double(step));
+  CHECK(steps(dir) == std::vector<int64_t>{500});
+  for (const auto& name : copies) CHECK(fs::exists(tmp.file(name)));
+  CHECK(dir.set_aside().filename().string().starts_with("ckpt-set-aside-"));
+  for (const auto& name : copies) CHECK(fs::exists(tmp.file(name)));
+  CHECK(steps(dir).empty());
+}
