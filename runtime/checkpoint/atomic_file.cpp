@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,7 +10,11 @@
 #include <charconv>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
+#include <optional>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "lockstep/runtime/checkpoint/file_io.h"
 #include "lockstep/runtime/error.h"
@@ -69,6 +74,43 @@ std::string temp_name_for(const fs::path& dir, const std::string& file_name) {
   return (dir / fmt::format(".{}{}{}-{}", file_name, kTempMarker, ::getpid(), sequence++)).string();
 }
 
+// The temporary files this process is writing, by device and inode. A file
+// that carries this process's pid but is not among them was left by an
+// earlier process that had the same pid (a restarted container numbers its
+// processes alike) and is stale. The mutex is held from a file's creation to
+// its registration, and while remove_stale_temp_files judges one of ours, so
+// no file is judged before it is registered.
+struct InFlight {
+  std::mutex mutex;
+  std::set<std::pair<dev_t, ino_t>> files;
+};
+InFlight& in_flight() {
+  static InFlight registry;
+  return registry;
+}
+
+std::optional<std::pair<dev_t, ino_t>> file_id(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return std::nullopt;
+  return std::pair{st.st_dev, st.st_ino};
+}
+
+// Creates `temp` (O_EXCL) and registers it as in flight; -1 with errno on failure.
+int create_in_flight(const std::string& temp, std::optional<std::pair<dev_t, ino_t>>& id) {
+  const std::lock_guard<std::mutex> guard(in_flight().mutex);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return fd;
+  id = file_id(fd);
+  if (id) in_flight().files.insert(*id);
+  return fd;
+}
+
+void forget_in_flight(const std::optional<std::pair<dev_t, ino_t>>& id) {
+  if (!id) return;
+  const std::lock_guard<std::mutex> guard(in_flight().mutex);
+  in_flight().files.erase(*id);
+}
+
 }  // namespace
 
 bool is_temp_file_name(std::string_view name) { return temp_file_pid(name) != 0; }
@@ -86,7 +128,8 @@ void write_file_atomically(const fs::path& path,
   check_names_a_file(path);
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   const std::string temp = temp_name_for(dir, path.filename().string());
-  UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  std::optional<std::pair<dev_t, ino_t>> id;
+  UniqueFd fd(create_in_flight(temp, id));
   if (!fd) throw_errno("cannot create temporary checkpoint file", temp);
   try {
     fill(fd.get(), temp);
@@ -97,8 +140,10 @@ void write_file_atomically(const fs::path& path,
   } catch (...) {
     fd.reset();
     ::unlink(temp.c_str());
+    forget_in_flight(id);
     throw;
   }
+  forget_in_flight(id);
   fsync_directory(dir);
 }
 
@@ -107,7 +152,17 @@ std::vector<fs::path> remove_stale_temp_files(const fs::path& dir) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const pid_t pid = temp_file_pid(entry.path().filename().string());
-    if (pid == 0 || pid == ::getpid()) continue;
+    if (pid == 0) continue;
+    if (pid == ::getpid()) {
+      // Ours only if this process is writing it; else an earlier process's.
+      const std::lock_guard<std::mutex> guard(in_flight().mutex);
+      struct stat st {};
+      if (::lstat(entry.path().c_str(), &st) != 0 ||
+          in_flight().files.count({st.st_dev, st.st_ino}))
+        continue;
+      if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
+      continue;
+    }
     if (!writer_is_gone(pid)) continue;
     if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
   }
@@ -116,10 +171,12 @@ std::vector<fs::path> remove_stale_temp_files(const fs::path& dir) {
 
 void check_can_create_files(const fs::path& dir) {
   const std::string probe = temp_name_for(dir, "write-check");
-  UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  std::optional<std::pair<dev_t, ino_t>> id;
+  UniqueFd fd(create_in_flight(probe, id));
   if (!fd) throw_errno("cannot create files in", dir.string());
   fd.reset();
   ::unlink(probe.c_str());
+  forget_in_flight(id);
 }
 
 void check_can_write_file(const fs::path& path) {

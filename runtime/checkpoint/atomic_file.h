@@ -30,8 +30,10 @@ bool is_temp_file_name(std::string_view name);
 
 // Removes the temporary files in `dir` whose writer process no longer runs
 // on this host (checked by pid; a zombie, exited but not yet reaped by its
-// parent, counts as gone); returns their paths. Meant for a directory that
-// processes of one host write, as rank 0 does for checkpoints.
+// parent, counts as gone; a file with this process's pid that it is not
+// writing was left by an earlier process with that pid, as in a restarted
+// container); returns their paths. Meant for a directory that processes of
+// one host write, as rank 0 does for checkpoints.
 std::vector<std::filesystem::path> remove_stale_temp_files(const std::filesystem::path& dir);
 
 // Throws lockstep::Error naming `dir` and the system's reason unless this

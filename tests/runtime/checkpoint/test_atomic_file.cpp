@@ -1,17 +1,21 @@
 // write_file_atomically and check_can_write_file on paths that cannot take a
 // file: refused up front with a message that says why, nothing left behind.
+// Stale temporary files: a killed writer's is removed, even one that had this
+// process's pid; one being written is not.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "lockstep/runtime/checkpoint/atomic_file.h"
 #include "lockstep/runtime/error.h"
 #include "support/temp_dir.h"
 
 using lockstep::runtime::check_can_write_file;
+using lockstep::runtime::remove_stale_temp_files;
 using lockstep::runtime::write_file_atomically;
 using lockstep::testing::TempDir;
 namespace fs = std::filesystem;
@@ -57,5 +61,26 @@ TEST_CASE("atomic file: a missing directory is named; a good path is written and
   write_text(file, "first");
   write_text(file, "second");
   CHECK(read_text(file) == "second");
+  CHECK(std::distance(fs::directory_iterator(dir.str()), fs::directory_iterator()) == 1);
+}
+
+TEST_CASE("atomic file: a killed writer's temporary file with this process's pid is removed",
+          "[checkpoint]") {
+  // A restarted container (or pod) numbers its processes alike, so the rank
+  // that saves often gets the pid its killed predecessor wrote with: that
+  // partial file is no write of this process and must go, while one this
+  // process is writing stays.
+  TempDir dir;
+  const std::string pid = std::to_string(::getpid());
+  const fs::path left = dir.file(".ckpt-0000000007.safetensors.tmp-" + pid + "-0");
+  std::ofstream(left) << "partial, from the process that had this pid before";
+  std::vector<fs::path> removed_while_writing;
+  write_file_atomically(dir.file("ckpt-0000000008.safetensors"), [&](int fd, const std::string&) {
+    removed_while_writing = remove_stale_temp_files(dir.str());
+    REQUIRE(::write(fd, "x", 1) == 1);
+  });
+  CHECK(removed_while_writing == std::vector<fs::path>{left});
+  CHECK_FALSE(fs::exists(left));
+  CHECK(read_text(dir.file("ckpt-0000000008.safetensors")) == "x");
   CHECK(std::distance(fs::directory_iterator(dir.str()), fs::directory_iterator()) == 1);
 }
