@@ -1,8 +1,10 @@
 #include "lockstep/runtime/checkpoint/checkpoint_dir.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <iostream>
 #include <random>
@@ -16,6 +18,20 @@ namespace lockstep::runtime {
 namespace fs = std::filesystem;
 
 namespace {
+
+// What to do when a save failed for room: the file system is full (or the
+// user's quota), or the file outgrew a size limit (ulimit -f).
+std::string out_of_room_advice(const std::string& error, int keep_last) {
+  for (const int err : {ENOSPC, EDQUOT, EFBIG}) {
+    if (error.find(std::strerror(err)) == std::string::npos) continue;
+    return fmt::format(
+        ". A save needs room for one checkpoint more than the directory keeps (keep_last {}, "
+        "and the best) until it removes the oldest: free space there, keep fewer, or save "
+        "elsewhere",
+        keep_last);
+  }
+  return "";
+}
 
 constexpr std::string_view kSuffix = ".safetensors";
 
@@ -163,7 +179,13 @@ CheckpointEntry CheckpointDir::save(const CheckpointContent& content, int64_t st
   c.metadata[kRunKey] = run_.id;
   if (saved.job_id) c.metadata[kJobKey] = *saved.job_id;
   if (metric) c.metadata[kMetricKey] = metadata_number(*metric);
-  save_checkpoint(saved.path, c, save);
+  try {
+    save_checkpoint(saved.path, c, save);
+  } catch (const Error& e) {
+    throw Error(fmt::format("CheckpointDir {}: saving step {} failed, and the checkpoints there "
+                            "are as they were: {}{}",
+                            dir_.string(), step, e.what(), out_of_room_advice(e.what(), options_.keep_last)));
+  }
 
   // Retention, after the new file is durable (a crash in between leaves one
   // file too many, never one too few), among this run's files up to the

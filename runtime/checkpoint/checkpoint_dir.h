@@ -103,7 +103,9 @@ class CheckpointDir {
   // run's own file of that step), then deletes the run's files that retention
   // no longer keeps. A NaN metric is stored but never counts as best. Throws,
   // writing nothing, when the step's file is not the current run's: another
-  // run's, one saved without a run id, or one whose header does not read.
+  // run's, one saved without a run id, or one whose header does not read. A
+  // write that fails (a full disk) throws too, the directory's checkpoints
+  // left as they were, saying what to do where it ran out of room.
   // The step, metric, run and job keys of `content`'s metadata are replaced.
   CheckpointEntry save(const CheckpointContent& content, int64_t step,
                        std::optional<double> metric = std::nullopt, const SaveOptions& save = {});

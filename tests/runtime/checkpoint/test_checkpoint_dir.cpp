@@ -1,6 +1,8 @@
 // CheckpointDir: file naming, retention (last K plus the best), state
 // recovered from the directory alone, temporary files, corrupt newest files.
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "lockstep/runtime/checkpoint/atomic_file.h"
 #include "lockstep/runtime/checkpoint/checkpoint_dir.h"
 #include "runtime/checkpoint/checkpoint_test_util.h"
 #include "support/test_util.h"
@@ -181,6 +184,43 @@ TEST_CASE("checkpoint dir: a corrupt newest checkpoint is skipped or reported", 
     CHECK_FALSE(dir.latest());
     CHECK(warnings.size() == 2);
   }
+}
+
+TEST_CASE("checkpoint dir: a save that runs out of room says so, what to do, and keeps the rest",
+          "[checkpoint]") {
+  TempDir tmp;
+  CheckpointDir dir(tmp.str(), {.keep_last = 2});
+  dir.save(small_content(1), 1);
+  dir.save(small_content(2), 2);
+  CheckpointContent big;
+  big.tensors.emplace_back("w", Tensor::zeros({64 * 1024}));
+  std::string message;
+  {
+    // Files limited to 16 KiB, the signal ignored: write fails with EFBIG, as
+    // a full disk fails it with ENOSPC.
+    rlimit before{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &before) == 0);
+    const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+    rlimit limited = before;
+    limited.rlim_cur = 16 * 1024;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limited) == 0);
+    try {
+      dir.save(big, 3);
+    } catch (const lockstep::Error& e) {
+      message = e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &before);
+    ::signal(SIGXFSZ, old_handler);
+  }
+  CHECK_THAT(message, Contains("saving step 3 failed, and the checkpoints there are as they "
+                               "were") &&
+                          Contains("File too large") && Contains("keep_last 2") &&
+                          Contains("free space there, keep fewer, or save elsewhere"));
+  CHECK(steps(dir) == std::vector<int64_t>{1, 2});
+  for (const auto& f : fs::directory_iterator(tmp.str()))
+    CHECK_FALSE(is_temp_file_name(f.path().filename().string()));
+  REQUIRE(dir.load_latest());
+  CHECK(dir.load_latest()->entry.step == 2);
 }
 
 TEST_CASE("checkpoint dir: refuses bad options", "[checkpoint]") {
