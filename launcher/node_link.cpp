@@ -24,6 +24,12 @@ const std::string kShapeKey = "lockstep-run/shape";  // set before the job id
 const std::string kStopKey = "lockstep-run/stop";
 const std::string kStopWhyKey = "lockstep-run/stop-why";
 constexpr auto kPollInterval = std::chrono::milliseconds(200);
+constexpr auto kBeatInterval = std::chrono::milliseconds(250);
+
+std::string launcher_key(int node) { return fmt::format("lockstep-run/node-{}/launcher", node); }
+std::string beat_key(int node) { return fmt::format("lockstep-run/node-{}/beat", node); }
+// Set when the node's launcher ends after success: its beat stops then.
+std::string done_key(int node) { return fmt::format("lockstep-run/node-{}/done", node); }
 
 bool interrupted() { return pending_stop_signal() != 0; }
 
@@ -49,6 +55,15 @@ NodeLink::NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_no
   };
   store_ = std::make_unique<distributed::TcpStore>(store);
   watcher_ = std::make_unique<distributed::TcpStore>(store);
+  if (node_rank_ != 0) {
+    // Quiet, and never holding up the launcher's end: a store that does not
+    // answer (node 0's host down) is the watcher's to report.
+    distributed::TcpStoreOptions beats = store;
+    beats.report_waiting_every = std::chrono::milliseconds(0);
+    beats.timeout = std::chrono::seconds(2);
+    beats.give_up = [this] { return stop_beating_ ? std::string("the launcher ends") : ""; };
+    beater_ = std::make_unique<distributed::TcpStore>(beats);
+  }
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   LOCKSTEP_CHECK(event_fd_ >= 0, "eventfd failed: {}", std::strerror(errno));
   thread_ = std::thread([this] { watch(); });
@@ -56,6 +71,8 @@ NodeLink::NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_no
 
 NodeLink::~NodeLink() {
   stop_watching();
+  stop_beating_ = true;
+  if (beat_thread_.joinable()) beat_thread_.join();
   close(event_fd_);
 }
 
@@ -70,14 +87,57 @@ void NodeLink::stop_watching() {
   if (thread_.joinable()) thread_.join();
 }
 
+// Until the launcher ends: a store that stops answering is the watcher's to
+// report, so a failed beat is only tried again.
+void NodeLink::beat() {
+  while (!stop_beating_) {
+    try {
+      beater_->add(beat_key(node_rank_), 1);
+    } catch (const std::exception&) {
+    }
+    std::this_thread::sleep_for(kBeatInterval);
+  }
+}
+
+std::string NodeLink::silent_node(distributed::TcpStore& s, const std::vector<int>& nodes) {
+  const auto now = std::chrono::steady_clock::now();
+  beats_.resize(static_cast<size_t>(num_nodes_));
+  for (int n : nodes) {
+    if (n == 0 || n == node_rank_) continue;  // node 0 serves the store, and does not beat
+    Beats& b = beats_[static_cast<size_t>(n)];
+    const int64_t count = s.add(beat_key(n), 0);
+    // A node not joined yet (count 0) is left to the ranks' rendezvous.
+    if (count == 0 || count != b.count) {
+      b = {count, now};
+      continue;
+    }
+    if (now - b.since < kSilentAfter || s.add(done_key(n), 0) > 0) continue;
+    return fmt::format(
+        "node {}'s launcher ({}) has not been heard from for {} s: it was killed, or its host "
+        "is down or cut off; its ranks are gone or cannot be reached",
+        n, s.get_string(launcher_key(n)),
+        std::chrono::duration_cast<std::chrono::seconds>(now - b.since).count());
+  }
+  return {};
+}
+
 void NodeLink::watch() {
   const std::string key = failure_key();
+  // Node 0 watches the other nodes' launchers beat; a silent one fails the job.
+  std::vector<int> others;
+  if (node_rank_ == 0)
+    for (int n = 1; n < num_nodes_; ++n) others.push_back(n);
   // A store that answers neither a wait (within its grace) nor the reconnect
   // after it (2 s) is lost: node 0's host is down, or its launcher stopped,
   // without closing the connection. Once may be a stall.
   int unanswered = 0;
   while (!stop_) {
     try {
+      if (const std::string silent = silent_node(*watcher_, others); !silent.empty()) {
+        notify(distributed::to_string(watcher_->compare_set(
+            key, {}, distributed::to_bytes(fmt::format("node {}: {}", node_rank_, silent)))));
+        return;
+      }
       watcher_->wait({key}, kPollInterval);
       notify(watcher_->get_string(key));
       return;
@@ -120,6 +180,8 @@ void NodeLink::notify(const std::string& what) {
 std::string NodeLink::agree_job_id(const std::string& mine, const std::string& shape,
                                    std::chrono::milliseconds timeout) {
   claim_node(mine);
+  if (beater_ != nullptr && !beat_thread_.joinable())
+    beat_thread_ = std::thread([this] { beat(); });
   std::string node0_shape;
   try {
     if (node_rank_ == 0) {
@@ -158,7 +220,7 @@ void NodeLink::claim_node(const std::string& mine) {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
   const std::string me = fmt::format("host {}, pid {}, job id {}", host, getpid(), mine);
-  const std::string key = fmt::format("lockstep-run/node-{}/launcher", node_rank_);
+  const std::string key = launcher_key(node_rank_);
   std::string holder;
   try {
     // compare_set, not add: a request retried after a reconnect finds its own claim.
@@ -206,7 +268,7 @@ bool NodeLink::agree_to_restart(int attempt, std::chrono::milliseconds timeout) 
   const auto node_key = [&](int n) {
     return fmt::format("lockstep-run/attempt-{}/stopped-node-{}", attempt, n);
   };
-  std::string missing;
+  std::string missing, silent;
   try {
     store().add(node_key(node_rank_), 1);
     store().add(stopped, 1);
@@ -218,6 +280,11 @@ bool NodeLink::agree_to_restart(int attempt, std::chrono::milliseconds timeout) 
       }
       if (store().add(stopped, 0) >= num_nodes_) break;
       if (interrupted()) return false;  // main reads the signal and says so
+      std::vector<int> waiting_for;
+      for (int n = 0; n < num_nodes_; ++n)
+        if (store().add(node_key(n), 0) == 0) waiting_for.push_back(n);
+      silent = silent_node(store(), waiting_for);
+      if (!silent.empty()) break;
       if (std::chrono::steady_clock::now() >= deadline) {
         for (int n = 0; n < num_nodes_; ++n)
           if (store().add(node_key(n), 0) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
@@ -232,6 +299,8 @@ bool NodeLink::agree_to_restart(int attempt, std::chrono::milliseconds timeout) 
         "its own, or replicated), which lockstep-run does not do",
         e.what()));
   }
+  if (!silent.empty())
+    throw Error(fmt::format("the job cannot restart as a whole: {}", silent));
   if (!missing.empty())
     throw Error(fmt::format(
         "node(s) {} did not report their ranks stopped within {} s after the failure, so the "
@@ -295,8 +364,11 @@ void NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {
   stop_watching();
   if (!succeeded) return;  // the failure was published; nobody waits for "done"
   try {
+    store().add(done_key(node_rank_), 1);
     const int64_t done = store().add(kDoneKey, 1);
     if (node_rank_ != 0 || done >= num_nodes_) return;
+    std::vector<int> others;
+    for (int n = 1; n < num_nodes_; ++n) others.push_back(n);
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + timeout;
     bool said = false;
@@ -308,6 +380,10 @@ void NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {
       }
       if (store().add(kDoneKey, 0) >= num_nodes_) return;
       if (!remote_failure().empty() || interrupted()) return;
+      if (const std::string silent = silent_node(store(), others); !silent.empty()) {
+        fmt::print(stderr, "lockstep-run: not waiting for the other nodes: {}\n", silent);
+        return;
+      }
       try {
         store().wait({failure_key()}, kPollInterval);
         return;  // a node failed; its launcher stops its ranks without the store

@@ -8,6 +8,11 @@
 //  - Node 0's launcher makes the job's id; every node's ranks get that one.
 //  - Node 0 serves the store, so it keeps it up after its own ranks finish
 //    until every node reports done (or a failure, or a timeout).
+//  - Every node's launcher but node 0's beats (a counter in the store, a few
+//    times a second, from a thread of its own). A node whose launcher stops
+//    beating before it reported done (killed, its host down) fails the job:
+//    node 0's watcher publishes that, and a node waiting for it to restart or
+//    finish stops waiting, naming it.
 //  - Under --max-restarts, each attempt has its own failure key; after a
 //    failure every node's launcher reports its ranks stopped, and when all
 //    have, each starts the next attempt. A launcher told to stop by a signal
@@ -32,8 +37,12 @@ int pending_stop_signal();
 
 class NodeLink {
  public:
+  // How long a node's launcher may leave its beat unchanged before the other
+  // nodes call it gone.
+  static constexpr std::chrono::seconds kSilentAfter{10};
+
   // Connects to the store (retrying until `connect_timeout`, or a pending
-  // stop signal) and starts watching.
+  // stop signal), starts beating (nodes other than 0) and watching.
   NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_nodes);
   ~NodeLink();  // stops the watcher
   NodeLink(const NodeLink&) = delete;
@@ -60,8 +69,9 @@ class NodeLink {
   void publish_stop(const std::string& why);
   // After a failed attempt, with this node's ranks stopped: reports so and
   // waits until every node has (then returns true and watches `attempt + 1`),
-  // a node published stop (false), or `timeout` (throws naming the nodes that
-  // did not report). Throws when the store is gone.
+  // a node published stop (false), or `timeout` or the silence of a node's
+  // launcher (throws naming the nodes that did not report). Throws when the
+  // store is gone.
   bool agree_to_restart(int attempt, std::chrono::milliseconds timeout);
   // When this node's ranks all succeeded and a restart is still allowed:
   // reports so and waits for the attempt's verdict. True when every node's
@@ -76,7 +86,8 @@ class NodeLink {
   std::vector<std::string> collect_postmortems(int attempt, std::chrono::milliseconds timeout);
   // Stops watching. After success, reports this node done and, on node 0,
   // waits for the other nodes (up to `timeout`, or a failure, or SIGINT/
-  // SIGTERM) so that their ranks keep their store.
+  // SIGTERM, or a node's launcher gone silent) so that their ranks keep their
+  // store.
   void finish(bool succeeded, std::chrono::milliseconds timeout);
 
  private:
@@ -84,6 +95,12 @@ class NodeLink {
   // published, when another launcher holds it (a node started twice).
   void claim_node(const std::string& mine);
   void watch();
+  void beat();
+  // The first of `nodes` whose launcher has not beaten for kSilentAfter and
+  // has not reported done, described; "" when none. Read through `store`;
+  // called by one thread at a time (the watcher, or the main thread once it
+  // stopped the watcher).
+  std::string silent_node(distributed::TcpStore& store, const std::vector<int>& nodes);
   void notify(const std::string& what);
   distributed::TcpStore& store();  // throws once the watcher found the store lost
   void stop_watching();
@@ -94,12 +111,21 @@ class NodeLink {
   int attempt_ = 0;
   std::unique_ptr<distributed::TcpStore> store_;    // for this thread
   std::unique_ptr<distributed::TcpStore> watcher_;  // for the watcher thread
+  std::unique_ptr<distributed::TcpStore> beater_;   // for the beat thread
   int event_fd_ = -1;
   mutable std::mutex mutex_;
   std::string remote_failure_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> store_lost_{false};  // the watcher's verdict
   std::thread thread_;
+  // Each node's last beat count seen, and since when; see silent_node().
+  struct Beats {
+    int64_t count = 0;
+    std::chrono::steady_clock::time_point since{};
+  };
+  std::vector<Beats> beats_;
+  std::atomic<bool> stop_beating_{false};
+  std::thread beat_thread_;
 };
 
 }  // namespace lockstep::launcher

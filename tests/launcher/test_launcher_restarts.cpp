@@ -152,6 +152,35 @@ TEST_CASE("launcher: losing node 0 ends the other nodes' launchers within second
                            Contains("node 1 exit 1"));
 }
 
+TEST_CASE("launcher: losing another node's launcher ends node 0's within seconds, naming it",
+          "[launcher][restart]") {
+  // Node 1's launcher is killed (its rank dies with it) once both ranks
+  // joined. Node 0's launcher must not wait for it: not for its report of
+  // ranks stopped before a restart (60 s), not for it to finish (5 min), and
+  // not while node 0's ranks compute and do not see the loss themselves.
+  const std::vector<std::string> dies = {"group-sum", "kill-parent=1:9", "sleep"};
+  const auto restart = two_local_nodes({"--max-restarts", "1", "--postmortem-dir", "''"},
+                                       {"group-sum", "wait-ms=500", "then-allreduce"}, dies);
+  CHECK(!restart.timed_out);
+  CHECK_THAT(restart.output, Contains("cannot restart: the job cannot restart as a whole: "
+                                      "node 1's launcher (host ") &&
+                                 Contains("has not been heard from for") &&
+                                 !Contains("did not report their ranks stopped"));
+
+  const auto finished = two_local_nodes({}, {"group-sum"}, dies);
+  CHECK(!finished.timed_out);
+  CHECK_THAT(finished.output,
+             Contains("not waiting for the other nodes: node 1's launcher (host ") &&
+                 Contains("node 0 exit 0"));
+
+  const auto computing = two_local_nodes({"--postmortem-dir", "''"},
+                                         {"group-sum", "busy-sleep-ms=50000"}, dies);
+  CHECK(!computing.timed_out);
+  CHECK_THAT(computing.output,
+             Contains("node 0: node 1's launcher (host ") &&
+                 Contains("stopping the 1 rank on node 0") && Contains("node 0 exit 1"));
+}
+
 TEST_CASE("launcher: a node 0 that stops answering (its host down) ends the other nodes' "
           "launchers within seconds",
           "[launcher][restart]") {
