@@ -90,6 +90,8 @@ int run(const Options& options) {
     throw UsageError(
         fmt::format("program '{}' {}", options.command[0], why_not_found(options.command[0])));
   }
+  if (const auto why = why_interpreter_fails(*program))
+    throw UsageError(fmt::format("program '{}' {}", options.command[0], *why));
 
   ensure_descriptor_limit(options);
   // Before the store server's thread starts: the reaper is a fork of this process.

@@ -121,6 +121,38 @@ std::string why_not_found(const std::string& name) {
   return why + fmt::format(": start it as {}", here);
 }
 
+std::optional<std::string> why_interpreter_fails(const std::string& program) {
+  // The kernel reads the "#!" line from the file's first 256 bytes
+  // (BINPRM_BUF_SIZE): the interpreter is the first word after "#!".
+  char head[256] = {};
+  const int fd = open(program.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;  // execute-only: the kernel may still run it
+  const ssize_t n = read(fd, head, sizeof head);
+  close(fd);
+  if (n < 2 || head[0] != '#' || head[1] != '!') return std::nullopt;
+  const std::string_view line(head + 2, static_cast<size_t>(n) - 2);
+  const auto start = line.find_first_not_of(" \t");
+  if (start == std::string_view::npos || line[start] == '\n') return std::nullopt;
+  const std::string interpreter(line.substr(start, line.find_first_of(" \t\n", start) - start));
+  // A file saved with Windows line ends: the kernel looks for "/bin/sh\r".
+  const bool windows = interpreter.back() == '\r';
+  const std::string shown = windows ? interpreter.substr(0, interpreter.size() - 1) + "\\r"
+                                    : interpreter;
+  struct stat st {};
+  std::string why;
+  if (stat(interpreter.c_str(), &st) != 0) why = "is not found";
+  else if (S_ISDIR(st.st_mode)) why = "is a directory";
+  else if (access(interpreter.c_str(), X_OK) != 0) why = "is not executable";
+  else return std::nullopt;
+  if (windows)
+    return fmt::format("has Windows line ends: the interpreter on its #! line, '{}', {}; "
+                       "convert the file (dos2unix {})",
+                       shown, why, program);
+  return fmt::format("cannot be run: the interpreter on its #! line, '{}', {}; install it or "
+                     "correct the #! line",
+                     shown, why);
+}
+
 SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
                          const std::vector<std::string>& env, Capture capture,
                          const std::vector<int>& cpus, bool heartbeat) {

@@ -17,6 +17,12 @@ std::optional<std::string> find_program(const std::string& name, const std::stri
 // PATH; ./NAME is here: start it as ./NAME", "is not executable (chmod +x
 // it)", ...
 std::string why_not_found(const std::string& name);
+// Why the kernel would refuse to run `program` (a path find_program returned)
+// although it is an executable file, to follow "program 'NAME' ": its "#!"
+// line names an interpreter that is missing or not executable (execve then
+// says only "No such file or directory", of a file that is there). nullopt
+// when its interpreter, if any, can be run.
+std::optional<std::string> why_interpreter_fails(const std::string& program);
 
 // Where a child's stdout and stderr go: ours (none), a pipe each the
 // launcher reads (separate), or one pipe for both (merged, as when ours

@@ -416,6 +416,37 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
     CHECK_THAT(help.output, Contains(option));
 }
 
+TEST_CASE("launcher: a script whose #! interpreter cannot run is refused, naming the interpreter",
+          "[launcher]") {
+  // Every rank printed "cannot execute SCRIPT: No such file or directory", of a
+  // script that is there, and exited 127.
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"#!/no/such/python3 -u\nprint(1)\n",
+       "the interpreter on its #! line, '/no/such/python3', is not found"},
+      {"#!/bin/sh\r\necho hi\r\n",
+       "has Windows line ends: the interpreter on its #! line, '/bin/sh\\r', is not found"},
+      {"#! /tmp\n", "the interpreter on its #! line, '/tmp', is a directory"}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string script = dir.str() + fmt::format("/script{}", i);
+    std::ofstream(script) << cases[i].first;
+    std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+    const auto r = run_process({bin_path("lockstep-run"), "-np", "2", script}, kLimit);
+    INFO(describe(r) << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Contains(fmt::format("program '{}' ", script)) &&
+                             Contains(cases[i].second) && !Contains("No such file"));
+  }
+  // An interpreter that is there, found through env: the script runs.
+  const std::string ok = dir.str() + "/ok";
+  std::ofstream(ok) << "#!/usr/bin/env sh\necho \"rank $RANK ran\"\n";
+  std::filesystem::permissions(ok, std::filesystem::perms::owner_all);
+  const auto r = run_process({bin_path("lockstep-run"), "-np", "2", ok}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("rank 0 ran") && Contains("rank 1 ran"));
+}
+
 TEST_CASE("launcher: whole numbers are decimal, leading zeros and all", "[launcher]") {
   // A count cut from a zero-padded name (node08, gpu010): CLI11 read "010" as
   // octal 8 and refused "08".
