@@ -1,8 +1,14 @@
 // lockstep-run: starts the ranks of this node and supervises them (see
 // README.md). Node 0 serves the job's store for the lifetime of the job.
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -76,6 +82,47 @@ bool share_postmortem(NodeLink& link, Postmortem& postmortem, int attempt, const
   return true;
 }
 
+// Node 0's own ranks connect to the store at --master-addr as every rank
+// does: an address that does not lead back to this host (another machine's,
+// a typo) would leave them retrying until the hang detector or the store's
+// timeout ended them, blamed on a deadlock. Said now, before a rank starts.
+void check_store_reachable(const StoreAddress& address) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(address.port);
+  std::string why = "it does not resolve";
+  if (::getaddrinfo(address.host.c_str(), port.c_str(), &hints, &found) == 0) {
+    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                              a->ai_protocol);
+      if (fd < 0) continue;
+      int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
+      int error = rc == 0 ? 0 : errno;
+      if (rc != 0 && errno == EINPROGRESS) {
+        // This host answers at once; 3 s leaves room for a NAT that loops back.
+        pollfd p{fd, POLLOUT, 0};
+        while ((rc = ::poll(&p, 1, 3000)) < 0 && errno == EINTR) {
+        }
+        socklen_t len = sizeof error;
+        if (rc == 0) error = ETIMEDOUT;
+        else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) error = errno;
+      }
+      ::close(fd);
+      if (error == 0) {
+        ::freeaddrinfo(found);
+        return;
+      }
+      why = std::strerror(error);
+    }
+    ::freeaddrinfo(found);
+  }
+  throw UsageError(fmt::format(
+      "--master-addr {}: this node serves the job's store, but its ranks could not connect to "
+      "it at {}:{} ({}); give an address of this host (on one node, leave --master-addr out)",
+      address.host, address.host, address.port, why));
+}
+
 std::string hostname() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0) return "unknown";
@@ -111,6 +158,7 @@ int run(const Options& options) {
     server_options.token = address.token;
     server = std::make_unique<distributed::TcpStoreServer>(server_options);
     address.port = server->port();
+    if (!options.master_addr.empty()) check_store_reachable(address);
   }
 
   // One id for this launch, every attempt and node alike: a restarted

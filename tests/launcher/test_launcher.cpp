@@ -474,6 +474,29 @@ TEST_CASE("launcher: --master-addr [::1] is the address ::1", "[launcher]") {
   CHECK(bracketed_ok == plain_ok);
 }
 
+TEST_CASE("launcher: a --master-addr that does not lead back to node 0 is refused before a rank "
+          "starts", "[launcher]") {
+  // 203.0.113.7 is a documentation address (RFC 5737), no host's own. The
+  // ranks retried it until the hang detector killed one as deadlocked.
+  const auto r = run_process({bin_path("lockstep-run"), "-np", "2", "--master-addr",
+                              "203.0.113.7", bin_path("launcher_probe"), "group-sum"},
+                             kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Contains("--master-addr 203.0.113.7: this node serves the job's store, "
+                                "but its ranks could not connect to it at 203.0.113.7:") &&
+                           !Contains("group-sum") && !Contains("hung"));
+  // This host's own addresses still work.
+  for (const std::string addr : {"127.0.0.1", "localhost"}) {
+    const auto ok = run_process({bin_path("lockstep-run"), "-np", "2", "--master-addr", addr,
+                                 bin_path("launcher_probe"), "group-sum"},
+                                kLimit);
+    INFO(addr << ": " << describe(ok) << "\n" << ok.output);
+    CHECK(ok.exit_code == 0);
+    CHECK_THAT(ok.output, Contains("sum=3 ok"));
+  }
+}
+
 TEST_CASE("launcher: a script without #! runs under /bin/sh, as execvp runs it", "[launcher]") {
   // execve refuses it (ENOEXEC) and every rank exited 127.
   TempDir dir;
