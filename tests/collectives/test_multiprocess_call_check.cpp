@@ -104,9 +104,9 @@ TEST_CASE("the main job: ranks given different sample counts fail naming the cal
               << std::endl;
     return;
   }
-  // Rank 1 gets more samples, so more steps: when rank 0 evaluates (its
-  // first collective there is nn::Join's all-reduce of 4 i64 values), rank 1
-  // still all-reduces its gradients.
+  // Rank 1 gets more samples, so more steps: when rank 0 ends its epoch (its
+  // first collective there averages the log window's loss over the ranks, an
+  // all-reduce of 2 f64 values), rank 1 still all-reduces its gradients.
   const std::string program = lt::bin_path("fashion_mnist");
   const std::string script = fmt::format(
       "if [ \"$LOCKSTEP_RANK\" = 1 ]; then n=512; else n=256; fi; exec {} --model mlp "
@@ -119,7 +119,7 @@ TEST_CASE("the main job: ranks given different sample counts fail naming the cal
   CHECK_FALSE(result.timed_out);
   CHECK(result.exit_code != 0);
   CHECK_THAT(result.output, Contains("differs across the ranks of group 'default'") &&
-                                Contains("called allreduce(i64, 4 elements, sum)") &&
+                                Contains("called allreduce(f64, 2 elements, sum)") &&
                                 Contains("called allreduce(f32, "));
   CHECK_THAT(result.output, !Contains("test accuracy"));
 }
