@@ -227,7 +227,11 @@ int run(Options o) {
   // run that began so, before this check, resumes as it began (both are fixed settings).
   LOCKSTEP_CHECK(resumed || o.min_lr <= o.lr, "--min-lr {} is above --lr {}, the peak learning "
                  "rate; give a --min-lr of at most {}", o.min_lr, o.lr, o.lr);
-  runtime::manual_seed(o.seed);  // the run's seed: a resume may have taken it from the checkpoint
+  // The run's seed (a resume may have taken it from the checkpoint) plus the rank, as nanoGPT's
+  // 1337 + rank: the default generator serves dropout alone (initialisation, batches and the
+  // sample have their own), and seeded alike the ranks would drop the same units at the same
+  // positions of their batches every step.
+  runtime::manual_seed(o.seed + static_cast<uint64_t>(rank));
   const Corpus corpus = load_fortunes(o.data);
   const double unigram = unigram_bits_per_byte(corpus.train, corpus.validation);
   check_window_fits(corpus.train, "training", o.seq_len);
@@ -410,7 +414,8 @@ int main(int argc, char** argv) {
       ->check(cli_checks::non_negative);
   app.add_option("--temperature", o.temperature, "sampling temperature")
       ->check(cli_checks::positive);
-  app.add_option("--seed", o.seed, "seed for initialisation, batches and sampling");
+  app.add_option("--seed", o.seed,
+                 "seed for initialisation, batches, dropout (plus the rank) and sampling");
   app.add_option("--data", o.data, "directory of fortune databases");
   app.add_option("--threads", o.threads, "OpenBLAS threads per rank")->check(cli_checks::positive);
   app.add_option("--device", o.device, "auto, cpu, cuda or cuda:N (default: LOCKSTEP_DEVICE, else auto)");

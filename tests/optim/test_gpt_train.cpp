@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/runtime/checkpoint/safetensors.h"
 #include "support/skip.h"
 #include "support/subprocess.h"
 
@@ -555,4 +556,25 @@ TEST_CASE("gpt_train logs the loss of the global batch: two ranks of 2 log what 
     INFO(step);
     CHECK(std::stod(two.losses.at(step)) == Approx(std::stod(loss)).margin(1e-4));
   }
+}
+
+TEST_CASE("gpt_train: each rank draws its own dropout masks, as nanoGPT's seed + rank",
+          "[example][gpt]") {
+  LOCKSTEP_SKIP_IF(fortunes_skip_reason());
+  // The default generator serves dropout alone (initialisation, batches and
+  // the sample have their own): seeded alike on every rank, the ranks dropped
+  // the same units at the same positions of their batches each step.
+  const std::string dir = scratch("dropout-streams");
+  const auto r = run_process(command(2, {"--steps", "1", "--eval-windows", "2",
+                                         "--checkpoint-dir", dir, "--seed", "5"}),
+                             std::chrono::seconds(300));
+  INFO(r.output);
+  REQUIRE(r.ok());
+  const auto meta =
+      lockstep::runtime::read_safetensors(dir + "/ckpt-0000000001.safetensors").metadata;
+  REQUIRE(meta.at("rng.ranks") == "2");
+  CHECK(meta.at("rng.0.seed") == "5");  // rank 0 keeps the run's seed
+  CHECK(meta.at("rng.0.rank.1.seed") != meta.at("rng.0.seed"));
+  CHECK(meta.at("rng.0.offset") == meta.at("rng.0.rank.1.offset"));  // as many draws
+  fs::remove_all(dir);
 }
