@@ -130,7 +130,9 @@ Tensor Gpt::forward(const Tensor& idx) {
                  "GPT: token ids must be an integer tensor [B, T], got {} {}",
                  runtime::shape_str(idx.shape()), runtime::dtype_name(idx.dtype()));
   const int64_t t = idx.size(1);
-  LOCKSTEP_CHECK(t >= 1 && t <= config.block_size,
+  LOCKSTEP_CHECK(t >= 1, "GPT: the token ids {} hold no tokens; give at least one per sequence",
+                 runtime::shape_str(idx.shape()));
+  LOCKSTEP_CHECK(t <= config.block_size,
                  "GPT: a sequence of {} tokens does not fit block_size {}; pass at most {} (crop "
                  "the context to its last block_size tokens)",
                  t, config.block_size, config.block_size);

@@ -178,6 +178,11 @@ TEST_CASE("GPT: sampling is reproducible, stays in the vocabulary, and top_k 1 i
              Catch::Contains("17 tokens does not fit block_size 16"));
   CHECK_THAT(lt::error_of([&] { (*model)(Tensor::zeros({1, 4})); }),
              Catch::Contains("token ids must be an integer tensor"));
+  // No tokens is not too many: it used to be told to crop the context.
+  const std::string empty =
+      lt::error_of([&] { (*model)(Tensor::zeros({2, 0}, lr::DType::i64)); });
+  CHECK_THAT(empty, Catch::Contains("token ids [2, 0] hold no tokens") &&
+                        Catch::Contains("at least one") && !Catch::Contains("crop"));
   CHECK_THAT(lt::error_of([&] { models::sample(*model, prompt, 1, g3, {.top_k = -1}); }),
              Catch::Contains("top_k -1 must be 0"));
   CHECK_THAT(lt::error_of([&] { models::sample(*model, {99}, 1, g3); }),
