@@ -231,6 +231,9 @@ Values DataParallel::forward_values(const Values& inputs) {
     }
     return chunk;
   };
+  // One call at a time (a second thread's waits): they share the replicas,
+  // which each call rebinds to its own copies, and the wrapped module.
+  std::lock_guard<std::mutex> one_call(calls_mutex_);
   if (chunks == 1) {
     Values out = module_->forward_values(chunk_of(0));
     // Gathered as PyTorch gathers one output: a scalar becomes a vector of

@@ -37,9 +37,14 @@
 // on a thread of its own (replica i's nodes are recorded under
 // runtime::AutogradLane i), and sums their gradients in a fixed order: the
 // bits do not depend on which thread finishes first.
+//
+// Calls from several threads at once are safe: they run one at a time, as
+// they share the replicas and the wrapped module (a call's backward may run at
+// any time; its graph keeps what it needs).
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -82,6 +87,7 @@ class DataParallel : public Module {
   DataParallelOptions options_;
   std::vector<std::shared_ptr<Module>> replicas_;  // [i - 1] for devices_[i]; made on first use
   std::vector<uint64_t> replica_stamps_;  // module_->structure_stamps() the replicas were made of
+  std::mutex calls_mutex_;  // held through each forward: one at a time
 };
 
 }  // namespace lockstep::nn

@@ -229,6 +229,38 @@ TEST_CASE("DataParallel: backward gives the same bits every time, the replicas' 
   for (size_t i = 1; i < grads.size(); ++i) CHECK(lt::bitwise_equal(grads[i], grads[0]));
 }
 
+// Two threads calling one DataParallel at once rebound and ran the same
+// replicas (and made them at once on the first call): the process crashed.
+TEST_CASE("DataParallel: called from two threads at once, each call gets the output of one "
+          "device",
+          "[data_parallel]") {
+  const auto batch = lt::global_batch(12, 2);
+  auto model = lt::small_mlp(5);
+  nn::DataParallel dp(model, cpus(3));
+  const Tensor expected = lt::small_mlp(5)->forward(batch.x);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 2; ++t) {
+    callers.emplace_back([&] {
+      for (int call = 0; call < 100; ++call) {
+        if (!lt::mismatch("output", dp.forward(batch.x), expected, 1e-5).empty()) ++wrong;
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  CHECK(wrong == 0);
+  // The gradients of both threads' last calls add up, as two calls on one thread.
+  model->zero_grad();
+  Tensor first, second;
+  std::thread other([&] { first = dp.forward(batch.x); });
+  second = dp.forward(batch.x);
+  other.join();
+  lr::add(lr::cross_entropy(first, batch.y), lr::cross_entropy(second, batch.y)).backward();
+  auto alone = lt::small_mlp(5);
+  lr::mul(lt::loss_of(*alone, batch), 2.0).backward();
+  CHECK(grad_mismatch(*model, *alone) == "");
+}
+
 TEST_CASE("DataParallel: Dropout replicas draw disjoint numbers from the generator they share",
           "[data_parallel]") {
   auto model = std::make_shared<nn::Sequential>();
