@@ -117,6 +117,16 @@ Module& DataParallel::refreshed_replica(size_t i) {
   LOCKSTEP_CHECK(originals.size() == copies.size(),
                  "DataParallel: {}::replicate() made a module with {} submodules, not {}",
                  module_->type_name(), copies.size(), originals.size());
+  // Tensors are bound by position, so the two trees must list the same names
+  // in the same order: else a replica's encoder would read the decoder's
+  // weights, silently, wherever their shapes agree.
+  for (size_t k = 0; k < originals.size(); ++k) {
+    LOCKSTEP_CHECK(originals[k].first == copies[k].first,
+                   "DataParallel: {}::replicate() made a module whose submodule #{} is '{}', "
+                   "but the wrapped module's is '{}'; register the submodules in the same order "
+                   "and under the same names as the original",
+                   module_->type_name(), k, copies[k].first, originals[k].first);
+  }
   // Each tensor slot of the replica reads a copy of the original's tensor in
   // that slot, one copy per original tensor: a weight tied between two
   // modules (an embedding and the output layer) is one copy in the replica
@@ -139,6 +149,12 @@ Module& DataParallel::refreshed_replica(size_t i) {
     for (size_t k = 0; k < from.size(); ++k) {
       const runtime::TensorImpl* original = from[k].second.impl_ptr();
       const std::string name = prefix.empty() ? from[k].first : prefix + "." + from[k].first;
+      LOCKSTEP_CHECK(to[k].first == from[k].first,
+                     "DataParallel: {}::replicate() made a module whose {} '{}' has '{}' at "
+                     "position {} of its {}, where the wrapped module has '{}'; register them in "
+                     "the same order and under the same names as the original",
+                     module_->type_name(), originals[m].second->type_name(),
+                     prefix.empty() ? "(the root)" : prefix, to[k].first, k, what, from[k].first);
       const auto [it, first] = reads.try_emplace(to[k].second.impl_ptr(), original, name);
       LOCKSTEP_CHECK(it->second.first == original,
                      "DataParallel: {}::replicate() made a module in which '{}' and '{}' are one "

@@ -32,7 +32,10 @@
 //
 // Devices may all be the CPU (CPU replicas, one BLAS thread each while they
 // run), so it can be used where there is no GPU. The wrapped module (and each
-// submodule) needs replicate() (nn/module.h), which every built-in module has.
+// submodule) needs replicate() (nn/module.h), which every built-in module has;
+// the module it makes must register its submodules, parameters and buffers
+// under the original's names and in the original's order (an error names the
+// first that differs), since the replica's tensors are bound by position.
 // Backward runs the replicas' parts of the graph at the same time too, each
 // on a thread of its own (replica i's nodes are recorded under
 // runtime::AutogradLane i), and sums their gradients in a fixed order: the

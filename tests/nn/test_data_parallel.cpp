@@ -215,6 +215,75 @@ TEST_CASE("DataParallel: errors name what is wrong and what to do", "[data_paral
                     Catch::Contains("DataParallel: replica ") && Catch::Contains("on cpu:"));
 }
 
+// A module whose replicate() registers its children in another order than
+// the original. The replica's tensors are bound to the
+// original's by position: before, its encoder silently read the decoder's
+// weights, and the output of every chunk but the first was wrong.
+class EncoderDecoder : public nn::Module {
+ public:
+  explicit EncoderDecoder(bool swapped = false) {
+    lr::Generator g(3);
+    auto first = std::make_shared<nn::Linear>(4, 4, true, g);
+    auto second = std::make_shared<nn::Linear>(4, 4, true, g);
+    if (swapped) {
+      register_module("decoder", second, decoder);
+      register_module("encoder", first, encoder);
+    } else {
+      register_module("encoder", first, encoder);
+      register_module("decoder", second, decoder);
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    return decoder->forward(lr::relu(encoder->forward(x)));
+  }
+  std::string type_name() const override { return "EncoderDecoder"; }
+  std::shared_ptr<nn::Module> replicate() const override {
+    return std::make_shared<EncoderDecoder>(swap_in_replica);
+  }
+  bool swap_in_replica = true;
+  std::shared_ptr<nn::Linear> encoder, decoder;
+};
+
+// Registers its own parameters in the order given: for the parameters' check.
+class ScaleShift : public nn::Module {
+ public:
+  explicit ScaleShift(bool shift_first) {
+    if (shift_first) shift = register_parameter("shift", Tensor::zeros({4}));
+    scale = register_parameter("scale", Tensor::ones({4}));
+    if (!shift_first) shift = register_parameter("shift", Tensor::zeros({4}));
+  }
+  Tensor forward(const Tensor& x) override { return lr::add(lr::mul(x, scale), shift); }
+  std::string type_name() const override { return "ScaleShift"; }
+  std::shared_ptr<nn::Module> replicate() const override {
+    return std::make_shared<ScaleShift>(true);
+  }
+  Tensor scale, shift;
+};
+
+TEST_CASE("DataParallel: a replicate() that registers children or parameters in another order "
+          "is named, not run with the tensors swapped",
+          "[data_parallel]") {
+  lr::Generator g(9);
+  const Tensor x = lr::randn({4, 4}, lr::DType::f32, g);
+  auto model = std::make_shared<EncoderDecoder>();
+  CHECK_THROWS_WITH(nn::DataParallel(model, cpus(2)).forward(x),
+                    Catch::Contains("EncoderDecoder::replicate() made a module whose submodule #1 "
+                                    "is 'decoder', but the wrapped module's is 'encoder'"));
+  auto scale_shift = std::make_shared<ScaleShift>(false);
+  {
+    lr::NoGradGuard no_grad;
+    scale_shift->shift.fill_(1.0);
+  }
+  CHECK_THROWS_WITH(nn::DataParallel(scale_shift, cpus(2)).forward(x),
+                    Catch::Contains("ScaleShift::replicate() made a module whose ScaleShift "
+                                    "'(the root)' has 'shift' at position 0 of its parameters, "
+                                    "where the wrapped module has 'scale'"));
+  // Built in the same order, it runs as the module alone does.
+  model->swap_in_replica = false;
+  const Tensor out = nn::DataParallel(model, cpus(2)).forward(x);
+  CHECK(lt::mismatch("output", out, model->forward(x), 1e-6) == "");
+}
+
 TEST_CASE("DataParallel: backward gives the same bits every time, the replicas' parts run "
           "concurrently",
           "[data_parallel]") {
