@@ -339,16 +339,31 @@ Values DataParallel::gather(const std::vector<Values>& outputs, Device out_devic
       continue;
     }
     // A scalar per replica (a loss) becomes one element each, as PyTorch's gather.
-    const bool scalars = outputs[0].tensor(p).dim() == 0;
+    const Tensor& first = outputs[0].tensor(p);
+    const bool scalars = first.dim() == 0;
+    const int64_t dim = scalars || options_.dim >= 0 ? options_.dim : options_.dim + first.dim();
+    LOCKSTEP_CHECK(scalars || (dim >= 0 && dim < first.dim()),
+                   "DataParallel: dim {} is out of range for output {} of shape {}, along which "
+                   "the replicas' outputs are concatenated",
+                   options_.dim, p, runtime::shape_str(first.shape()));
     std::vector<Tensor> parts;
     for (size_t i = 0; i < outputs.size(); ++i) {
       LOCKSTEP_CHECK(outputs[i].is_tensor(p),
                      "DataParallel: output {} is a tensor on replica 0 but {} on replica {}", p,
                      describe(outputs[i][p]), i);
-      const Tensor part = outputs[i].tensor(p).to(out_device);
+      const Tensor& t = outputs[i].tensor(p);
+      bool fits = t.dim() == first.dim();
+      for (int64_t d = 0; fits && d < t.dim(); ++d) fits = d == dim || t.size(d) == first.size(d);
+      LOCKSTEP_CHECK(fits,
+                     "DataParallel: output {} has shape {} on replica {} but {} on replica 0; "
+                     "the replicas' outputs are concatenated along dim {} (scalars into a "
+                     "vector), so they must agree in every other dim",
+                     p, runtime::shape_str(t.shape()), i, runtime::shape_str(first.shape()),
+                     options_.dim);
+      const Tensor part = t.to(out_device);
       parts.push_back(scalars ? part.reshape({1}) : part);
     }
-    gathered.push_back(runtime::cat(parts, scalars ? 0 : split_dim(parts[0], p)));
+    gathered.push_back(runtime::cat(parts, scalars ? 0 : dim));
   }
   return gathered;
 }

@@ -284,6 +284,42 @@ TEST_CASE("DataParallel: a replicate() that registers children or parameters in 
   CHECK(lt::mismatch("output", out, model->forward(x), 1e-6) == "");
 }
 
+// Returns, for a chunk whose first element is k, a [rows, k] output (or, with
+// `per_row`, the per-row sums [rows]; with k = 0, a scalar).
+class ShapeByInput : public nn::Module {
+ public:
+  explicit ShapeByInput(bool per_row) : per_row(per_row) {}
+  Tensor forward(const Tensor& x) override {
+    const auto k = static_cast<int64_t>(lt::values(x)[0]);
+    if (per_row) return k == 0 ? lr::sum(x) : lr::sum(x, {1});
+    return Tensor::ones({x.size(0), k});
+  }
+  std::string type_name() const override { return "ShapeByInput"; }
+  std::shared_ptr<nn::Module> replicate() const override {
+    return std::make_shared<ShapeByInput>(per_row);
+  }
+  const bool per_row;
+};
+
+// Outputs the gather cannot concatenate. Before, the error came from cat or
+// reshape, of tensors the caller never passed, or called an output an input.
+TEST_CASE("DataParallel: outputs that cannot be gathered are named as the replicas' outputs",
+          "[data_parallel]") {
+  nn::DataParallel ragged(std::make_shared<ShapeByInput>(false), cpus(2));
+  CHECK_THROWS_WITH(ragged.forward(Tensor::from_vector<float>({2, 3}, {2, 1})),
+                    Catch::Contains("DataParallel: output 0 has shape [1, 3] on replica 1 but "
+                                    "[1, 2] on replica 0; the replicas' outputs are concatenated "
+                                    "along dim 0"));
+  nn::DataParallel scalar_or_not(std::make_shared<ShapeByInput>(true), cpus(2));
+  CHECK_THROWS_WITH(scalar_or_not.forward(Tensor::from_vector<float>({0, 1}, {2, 1})),
+                    Catch::Contains("output 0 has shape [1] on replica 1 but [] on replica 0"));
+  // Split along dim 1, each replica returning one value per row: no dim 1 to gather along.
+  nn::DataParallel by_columns(std::make_shared<ShapeByInput>(true), cpus(2), {.dim = 1});
+  CHECK_THROWS_WITH(by_columns.forward(Tensor::ones({3, 4})),
+                    Catch::Contains("DataParallel: dim 1 is out of range for output 0 of shape "
+                                    "[3], along which the replicas' outputs are concatenated"));
+}
+
 TEST_CASE("DataParallel: backward gives the same bits every time, the replicas' parts run "
           "concurrently",
           "[data_parallel]") {
