@@ -1,5 +1,6 @@
 #include "lockstep/nn/data_parallel.h"
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 #include <thread>
@@ -224,14 +225,14 @@ Values DataParallel::forward_values(const Values& inputs) {
   }
   LOCKSTEP_CHECK(n >= 0, "DataParallel: none of the {} inputs is a tensor to split",
                  inputs.size());
-  LOCKSTEP_CHECK(n > 0, "DataParallel: input {} of shape {} has no rows along dim {} to split",
-                 first, runtime::shape_str(inputs.tensor(first).shape()), options_.dim);
   const Device out_device = options_.output_device.value_or(devices_[0]);
 
   // torch.chunk's split: ceil(n / devices) rows per chunk, the last ones shorter.
+  // An empty batch (nn::Join's, on a rank whose data has run out) is one
+  // chunk: the wrapped module's empty output and zero gradients.
   const int64_t devices = static_cast<int64_t>(devices_.size());
-  const int64_t per = (n + devices - 1) / devices;
-  const size_t chunks = static_cast<size_t>((n + per - 1) / per);
+  const int64_t per = std::max<int64_t>((n + devices - 1) / devices, 1);
+  const size_t chunks = n == 0 ? 1 : static_cast<size_t>((n + per - 1) / per);
   // Chunk i of the inputs: tensors sliced and moved to devices_[i], the rest as given.
   const auto chunk_of = [&](size_t i) {
     Values chunk;
