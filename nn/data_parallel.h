@@ -3,7 +3,8 @@
 //
 // Each forward splits the input along `dim` into chunks as torch.chunk does
 // (ceil(N / devices) rows each, so a small batch gives fewer chunks than
-// devices, and an empty one, nn::Join's, runs as one chunk), copies the wrapped module's parameters and buffers onto one
+// devices, and an empty one, nn::Join's, runs as one chunk), copies the
+// wrapped module's parameters and buffers onto one
 // replica per further device, runs the chunks at the same time (one thread
 // per device; the first chunk on the wrapped module itself, on devices[0]),
 // and concatenates the outputs on the output device. Backward flows back
