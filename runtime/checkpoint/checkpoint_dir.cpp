@@ -184,7 +184,8 @@ CheckpointEntry CheckpointDir::save(const CheckpointContent& content, int64_t st
   } catch (const Error& e) {
     throw Error(fmt::format("CheckpointDir {}: saving step {} failed, and the checkpoints there "
                             "are as they were: {}{}",
-                            dir_.string(), step, e.what(), out_of_room_advice(e.what(), options_.keep_last)));
+                            dir_.string(), step, e.what(),
+                            out_of_room_advice(e.what(), options_.keep_last)));
   }
 
   // Retention, after the new file is durable (a crash in between leaves one

@@ -65,30 +65,35 @@ TEST_CASE("fashion_mnist --log-json: a resumed run keeps the epochs logged befor
 }
 
 TEST_CASE("fashion_mnist: a run resumed inside a --log-every window logs the losses an "
-          "uninterrupted one does", "[optim][example][resume]") {
+          "uninterrupted one does, on one rank and on two", "[optim][example][resume]") {
   SKIP_WITHOUT_FASHION_MNIST();
-  const std::string dir = fresh_checkpoint_dir("log-window");
-  const std::vector<std::string> args = {
-      "--train-samples", "640", "--test-samples",     "100", "--batch-size", "64",
-      "--log-every",     "4",   "--checkpoint-every", "3",   "--keep-last",  "10",
-      "--checkpoint-dir", dir};
-  const FashionMnistRun straight = run_fashion_mnist(1, args);
-  INFO(straight.result.output);
-  REQUIRE(straight.result.ok());
-  REQUIRE(straight.losses.size() == 3);  // steps 4, 8 and 10 of the epoch's 10
-  // Back to the step-3 checkpoint: three steps into the window logged at step 4.
-  for (const char* later : {"06", "09", "10"})
-    REQUIRE(fs::remove(fs::path(dir) / fmt::format("ckpt-00000000{}.safetensors", later)));
-  std::vector<std::string> again = args;
-  again.push_back("--resume");
-  const FashionMnistRun resumed = run_fashion_mnist(1, again);
-  INFO(resumed.result.output);
-  REQUIRE(resumed.result.ok());
-  CHECK_THAT(resumed.result.output, Catch::Contains("resumed from"));
-  // Step 4's line is the mean of steps 1 to 4; it used to be step 4's loss alone.
-  CHECK(resumed.losses == straight.losses);
-  CHECK(resumed.digest == straight.digest);
-  fs::remove_all(dir);
+  // Two ranks of 32: the checkpoint holds the ranks' mean window, which every
+  // rank goes on from.
+  for (const auto& [ranks, batch] : {std::pair{1, "64"}, std::pair{2, "32"}}) {
+    INFO(ranks << " rank(s)");
+    const std::string dir = fresh_checkpoint_dir(fmt::format("log-window-{}", ranks));
+    const std::vector<std::string> args = {
+        "--train-samples", "640", "--test-samples",     "100", "--batch-size", batch,
+        "--log-every",     "4",   "--checkpoint-every", "3",   "--keep-last",  "10",
+        "--checkpoint-dir", dir};
+    const FashionMnistRun straight = run_fashion_mnist(ranks, args);
+    INFO(straight.result.output);
+    REQUIRE(straight.result.ok());
+    REQUIRE(straight.losses.size() == 3);  // steps 4, 8 and 10 of the epoch's 10
+    // Back to the step-3 checkpoint: three steps into the window logged at step 4.
+    for (const char* later : {"06", "09", "10"})
+      REQUIRE(fs::remove(fs::path(dir) / fmt::format("ckpt-00000000{}.safetensors", later)));
+    std::vector<std::string> again = args;
+    again.push_back("--resume");
+    const FashionMnistRun resumed = run_fashion_mnist(ranks, again);
+    INFO(resumed.result.output);
+    REQUIRE(resumed.result.ok());
+    CHECK_THAT(resumed.result.output, Catch::Contains("resumed from"));
+    // Step 4's line is the mean of steps 1 to 4; it used to be step 4's loss alone.
+    CHECK(resumed.losses == straight.losses);
+    CHECK(resumed.digest == straight.digest);
+    fs::remove_all(dir);
+  }
 }
 
 TEST_CASE("fashion_mnist --log-json: a run killed mid-epoch and resumed keeps every window "
@@ -145,32 +150,6 @@ TEST_CASE("fashion_mnist logs the loss of the global batch: two ranks of 32 log 
     INFO(step);
     CHECK(std::stod(two.losses.at(step)) == Approx(std::stod(loss)).margin(1e-4));
   }
-}
-
-TEST_CASE("fashion_mnist: two ranks resumed inside a --log-every window log the losses of "
-          "an uninterrupted run", "[optim][example][resume]") {
-  SKIP_WITHOUT_FASHION_MNIST();
-  const std::string dir = fresh_checkpoint_dir("log-window-2");
-  const std::vector<std::string> args = {
-      "--train-samples", "640", "--test-samples",     "100", "--batch-size", "32",
-      "--log-every",     "4",   "--checkpoint-every", "3",   "--keep-last",  "10",
-      "--checkpoint-dir", dir};
-  const FashionMnistRun straight = run_fashion_mnist(2, args);
-  INFO(straight.result.output);
-  REQUIRE(straight.result.ok());
-  REQUIRE(straight.losses.size() == 3);  // steps 4, 8 and 10 of the epoch's 10
-  for (const char* later : {"06", "09", "10"})
-    REQUIRE(fs::remove(fs::path(dir) / fmt::format("ckpt-00000000{}.safetensors", later)));
-  std::vector<std::string> again = args;
-  again.push_back("--resume");
-  const FashionMnistRun resumed = run_fashion_mnist(2, again);
-  INFO(resumed.result.output);
-  REQUIRE(resumed.result.ok());
-  CHECK_THAT(resumed.result.output, Catch::Contains("resumed from"));
-  // The checkpoint holds the ranks' mean window, which every rank goes on from.
-  CHECK(resumed.losses == straight.losses);
-  CHECK(resumed.digest == straight.digest);
-  fs::remove_all(dir);
 }
 
 TEST_CASE("fashion_mnist: two ranks resumed after the last epoch report the test accuracy the "
