@@ -251,6 +251,19 @@ Values DataParallel::forward_values(const Values& inputs) {
   // One call at a time (a second thread's waits): they share the replicas,
   // which each call rebinds to its own copies, and the wrapped module.
   std::lock_guard<std::mutex> one_call(calls_mutex_);
+  // The replicas are kept between calls, as long as the wrapped module's tree
+  // is the same: a submodule added or replaced anywhere in it (stamps are
+  // never reused) makes them again, as PyTorch replicates at every call.
+  std::vector<uint64_t> stamps = module_->structure_stamps();
+  if (stamps != replica_stamps_) {
+    replicas_.clear();
+    replica_stamps_ = std::move(stamps);
+  }
+  // With several devices the first replica is made whatever the batch, so a
+  // module that cannot be replicated (a SyncBatchNorm over several ranks) is
+  // refused at every call: else a rank whose batch fills one chunk (nn::Join's
+  // empty one) would go on into the collectives the others left with the error.
+  if (devices_.size() > 1 && replicas_.empty()) replicas_.push_back(replicate_tree(*module_));
   if (chunks == 1) {
     Values out = module_->forward_values(chunk_of(0));
     // Gathered as PyTorch gathers one output: a scalar becomes a vector of
@@ -267,15 +280,6 @@ Values DataParallel::forward_values(const Values& inputs) {
       moved.push_back(gathered && t.dim() == 0 ? t.reshape({1}) : t);
     }
     return moved;
-  }
-
-  // The replicas are kept between calls, as long as the wrapped module's tree
-  // is the same: a submodule added or replaced anywhere in it (stamps are
-  // never reused) makes them again, as PyTorch replicates at every call.
-  std::vector<uint64_t> stamps = module_->structure_stamps();
-  if (stamps != replica_stamps_) {
-    replicas_.clear();
-    replica_stamps_ = std::move(stamps);
   }
 
   std::vector<Values> chunk_inputs(chunks), outputs(chunks);

@@ -23,7 +23,9 @@
 // chunk; only with one device is the module's output returned as it is), and
 // other outputs are replica 0's.
 //
-// The replicas are made on first use and kept while the wrapped module's tree
+// The replicas are made on first use (the first at the first call, whatever
+// its batch, so a module that cannot be replicated is refused at once on
+// every rank of a job) and kept while the wrapped module's tree
 // stays the same (Module::structure_stamps); a submodule added or replaced
 // anywhere in it makes them again at the next forward, so the cache is never
 // seen (PyTorch replicates at every call). A replica's children follow the

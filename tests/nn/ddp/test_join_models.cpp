@@ -273,3 +273,20 @@ TEST_CASE("Join: checkpointing, the GPT's forward_values, SyncBatchNorm, unused-
   }
   CHECK(compare(task, s, tol) == "");
 }
+
+// SyncBatchNorm cannot be replicated for DataParallel over a group of several
+// ranks. Before, only a call whose batch filled more than one chunk made the
+// replicas: the rank that had joined, whose empty batch is one chunk, went on
+// into SyncBatchNorm's all-gather, which the others had left with the error,
+// and waited there until the collective timeout.
+TEST_CASE("Join: a SyncBatchNorm under DataParallel inside DDP is refused on every rank, the "
+          "joined one too",
+          "[ddp][join][data_parallel]") {
+  const auto counts = GENERATE(std::vector<int64_t>{0, 1}, std::vector<int64_t>{0, 1, 3});
+  CAPTURE(counts);
+  const Setup s{.counts = counts, .wrap = [](auto m) { return data_parallel(m, 2); }};
+  std::vector<std::string> problems;
+  (void)train_joined(sbn_task(), s, problems);
+  for (const std::string& p : problems)
+    CHECK_THAT(p, Catch::StartsWith("SyncBatchNorm: cannot be replicated for DataParallel"));
+}
