@@ -53,6 +53,7 @@ TEST_CASE("every collective that writes a tensor raises its version", "[collecti
       raised(all, [&] { return g.allgather(all, t); });
       Tensor mine = Tensor::zeros({4});
       raised(mine, [&] { return g.reduce_scatter(mine, all); });
+      if (!LOCKSTEP_HAVE_GLOO) return;  // shm sends point to point through gloo
       if (r == 0) {
         g.send(t, 1)->wait();
       } else {
