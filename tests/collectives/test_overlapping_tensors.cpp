@@ -7,22 +7,13 @@
 
 #include "collectives/collective_check.h"
 #include "collectives/rank_threads.h"
+#include "support/backend_skip.h"
 #include "lockstep/config.h"
 
 namespace lc = lockstep::collectives;
 namespace lt = lockstep::testing;
 using lockstep::runtime::DType;
 using lockstep::runtime::Tensor;
-
-namespace {
-
-std::vector<std::string> cpu_backends() {
-  std::vector<std::string> backends = {"shm"};
-  if (LOCKSTEP_HAVE_GLOO) backends.push_back("gloo");
-  return backends;
-}
-
-}  // namespace
 
 TEST_CASE("allgather: an input inside the output gathers every rank's values, wherever it lies",
           "[collectives]") {
@@ -32,7 +23,7 @@ TEST_CASE("allgather: an input inside the output gathers every rank's values, wh
   // Where each rank's input lies in its output: the first chunk (another
   // rank's place on every rank but 0), the last, or its own (in place).
   const std::string where = GENERATE("first", "last", "own");
-  for (const auto& backend : cpu_backends()) {
+  for (const auto& backend : lt::cpu_backends()) {
     INFO(backend << ", " << size << " ranks, " << n << " elements, input at the " << where
                  << " chunk");
     auto groups = lt::make_groups(backend, size, "overlap");

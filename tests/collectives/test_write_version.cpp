@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "collectives/rank_threads.h"
+#include "support/backend_skip.h"
 #include "lockstep/config.h"
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -18,12 +19,6 @@ using lockstep::runtime::DType;
 using lockstep::runtime::Tensor;
 
 namespace {
-
-std::vector<std::string> backends() {
-  std::vector<std::string> names = {"shm"};
-  if (LOCKSTEP_HAVE_GLOO) names.push_back("gloo");
-  return names;
-}
 
 // Each rank's failure, "" where it succeeded.
 std::vector<std::string> on_two_ranks(const std::string& backend, const std::string& name,
@@ -38,7 +33,7 @@ std::vector<std::string> on_two_ranks(const std::string& backend, const std::str
 }  // namespace
 
 TEST_CASE("every collective that writes a tensor raises its version", "[collectives]") {
-  for (const std::string& backend : backends()) {
+  for (const std::string& backend : lt::cpu_backends()) {
     const auto problems = on_two_ranks(backend, "write-version", [](int r, lc::ProcessGroup& g) {
       auto raised = [](const Tensor& t, auto&& call) {
         const uint64_t before = t.version();
@@ -69,7 +64,7 @@ TEST_CASE("a tensor saved for backward and then broadcast into is refused at bac
           "[collectives]") {
   // Before, the broadcast changed the weight without a trace, and backward
   // returned the gradient of a product the forward never computed.
-  for (const std::string& backend : backends()) {
+  for (const std::string& backend : lt::cpu_backends()) {
     const auto problems = on_two_ranks(backend, "saved-then-broadcast", [](int r,
                                                                           lc::ProcessGroup& g) {
       Tensor w = Tensor::full({3}, static_cast<double>(r + 2)).requires_grad_(true);
@@ -90,7 +85,7 @@ TEST_CASE("a tensor saved for backward and then broadcast into is refused at bac
 TEST_CASE("autocast casts a weight again after a broadcast wrote it", "[collectives][autocast]") {
   // The cast cache keys on the weight's version: before, a broadcast inside
   // the scope left the next matmul on the old weight's cast.
-  for (const std::string& backend : backends()) {
+  for (const std::string& backend : lt::cpu_backends()) {
     const auto problems = on_two_ranks(backend, "autocast-broadcast", [](int r,
                                                                         lc::ProcessGroup& g) {
       Tensor w = Tensor::full({2, 2}, static_cast<double>(r + 1)).requires_grad_(true);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "lockstep/collectives/backend_registry.h"
 #include "lockstep/config.h"
@@ -15,6 +16,14 @@ namespace lockstep::testing {
 // gloo where built in (the backend these tests were written against), else
 // shm, which is always built in.
 inline constexpr const char* kThreadRankBackend = LOCKSTEP_HAVE_GLOO ? "gloo" : "shm";
+
+// The CPU backends every collective runs on in this build: shm, and gloo
+// where built in.
+inline std::vector<std::string> cpu_backends() {
+  std::vector<std::string> names = {"shm"};
+  if (LOCKSTEP_HAVE_GLOO) names.push_back("gloo");
+  return names;
+}
 
 // Empty when `backend` is built in; otherwise why the test cannot run.
 inline std::string backend_skip_reason(const std::string& backend) {
