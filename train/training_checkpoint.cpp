@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -93,8 +94,44 @@ std::string update_rule(const optim::Optimizer& opt) {
   return opt.name();
 }
 
-void add_optimizer(const optim::Optimizer& opt, CheckpointContent& c) {
+// Every parameter of `m` under every name it has there (a tied one, or one of
+// a module registered twice, under each, as state_dict() lists them), the
+// least of its names kept.
+void least_names(const nn::Module& m, const std::string& prefix,
+                 std::unordered_map<const runtime::TensorImpl*, std::string>& name_of) {
+  for (const auto& [local, p] : m.named_parameters(/*recurse=*/false)) {
+    auto [it, added] = name_of.emplace(p.impl_ptr(), prefix + local);
+    if (!added && prefix + local < it->second) it->second = prefix + local;
+  }
+  for (const auto& [name, child] : m.child_list())
+    least_names(*child, prefix + name + ".", name_of);
+}
+
+// The model's name of each of the optimizer's parameters, in the
+// optimizer's order (its groups one after the other); empty unless every one
+// has a name. A parameter of several names takes the least, so that the
+// order in which the model registers them does not change it.
+std::vector<std::string> optimizer_param_names(const nn::Module& model,
+                                               const optim::Optimizer& opt) {
+  std::unordered_map<const runtime::TensorImpl*, std::string> name_of;
+  least_names(model, "", name_of);
+  std::vector<std::string> names;
+  for (const auto& group : opt.param_groups()) {
+    for (const auto& p : group.params) {
+      const auto it = name_of.find(p.impl_ptr());
+      if (it == name_of.end()) return {};
+      names.push_back(it->second);
+    }
+  }
+  return names;
+}
+
+std::string param_name_key(size_t index) { return fmt::format("optimizer.param.{}.name", index); }
+
+void add_optimizer(const nn::Module& model, const optim::Optimizer& opt, CheckpointContent& c) {
   const optim::OptimizerState state = opt.state_dict();
+  const std::vector<std::string> names = optimizer_param_names(model, opt);
+  for (size_t i = 0; i < names.size(); ++i) c.metadata[param_name_key(i)] = names[i];
   c.metadata["optimizer.type"] = opt.name();
   c.metadata["optimizer.rule"] = update_rule(opt);
   c.metadata["optimizer.groups"] = std::to_string(state.param_groups.size());
@@ -126,8 +163,44 @@ std::vector<int64_t> parse_indices(const std::string& text, const std::string& f
   return out;
 }
 
+// Points each of `state`'s groups at the saved parameter of the same model
+// name as this optimizer's parameter in that place, so that the state of
+// each parameter goes back to it by name, as the model's weights do, and not
+// by position: a model that registers its layers in another order would
+// otherwise get another layer's momentum or moments. A file saved without
+// the names (or an optimizer over tensors the model does not hold) is read
+// by position.
+void match_params_by_name(optim::OptimizerState& state, const Metadata& meta,
+                          const nn::Module& model, const optim::Optimizer& opt,
+                          const std::string& file) {
+  const std::vector<std::string> names = optimizer_param_names(model, opt);
+  if (names.empty() || !meta.has(param_name_key(0))) return;
+  std::unordered_map<std::string, int64_t> saved_index;
+  size_t saved = 0;
+  for (; meta.has(param_name_key(saved)); ++saved)
+    saved_index.emplace(meta.text(param_name_key(saved)), static_cast<int64_t>(saved));
+  LOCKSTEP_CHECK(saved == names.size(),
+                 "checkpoint {}: the saved optimizer names {} parameter(s), this one has {}; "
+                 "build the optimizer over the parameters the run was saved with",
+                 file, saved, names.size());
+  size_t at = 0;
+  for (auto& group : state.param_groups) {
+    for (int64_t& index : group.params) {
+      const std::string& name = names[at++];
+      const auto it = saved_index.find(name);
+      LOCKSTEP_CHECK(it != saved_index.end(),
+                     "checkpoint {}: this optimizer's parameter '{}' is not among those of the "
+                     "saved optimizer; build the optimizer over the parameters the run was saved "
+                     "with",
+                     file, name);
+      index = it->second;
+    }
+  }
+}
+
 optim::OptimizerState read_optimizer(const CheckpointContent& c, const Metadata& meta,
-                              const optim::Optimizer& opt, const std::string& file) {
+                                     const nn::Module& model, const optim::Optimizer& opt,
+                                     const std::string& file) {
   const std::string saved_type = meta.text("optimizer.type");
   // Adam's state and options are AdamW's too: only the rule tells them apart.
   // A file from before the rule was saved names it unless ZeRO hid it.
@@ -172,6 +245,7 @@ optim::OptimizerState read_optimizer(const CheckpointContent& c, const Metadata&
                    name);
     state.state[index][rest.substr(dot + 1)] = tensor;
   }
+  match_params_by_name(state, meta, model, opt, file);
   return state;
 }
 
@@ -242,7 +316,7 @@ CheckpointContent training_checkpoint_content(const TrainingParts& parts,
   c.metadata[kFormatKey] = kFormat;
   for (const auto& [name, tensor] : parts.model->state_dict())
     c.tensors.emplace_back(std::string(kModelPrefix) + name, tensor);
-  if (parts.optimizer) add_optimizer(*parts.optimizer, c);
+  if (parts.optimizer) add_optimizer(*parts.model, *parts.optimizer, c);
   if (parts.scheduler) {
     c.metadata["scheduler.type"] = parts.scheduler->name();
     for (const auto& [key, value] : parts.scheduler->state_dict())
@@ -304,7 +378,7 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
                    "checkpoint {}: holds no optimizer state, but an optimizer was given to "
                    "restore; leave TrainingParts::optimizer null to load the model only",
                    file);
-    opt_state = read_optimizer(c, meta, *parts.optimizer, file);
+    opt_state = read_optimizer(c, meta, *parts.model, *parts.optimizer, file);
     if (options.lr) {
       for (size_t g = 0; g < opt_state->param_groups.size(); ++g) {
         auto& group_options = opt_state->param_groups[g].options;

@@ -14,6 +14,7 @@
 #include "lockstep/models/models.h"
 #include "lockstep/nn/container.h"
 #include "lockstep/nn/ddp/distributed_data_parallel.h"
+#include "lockstep/nn/linear.h"
 #include "lockstep/optim/adam.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
@@ -410,4 +411,112 @@ TEST_CASE("A checkpoint some rank cannot see stops every rank, naming it", "[opt
   CHECK_THAT(testing::message_of(errors[0]), Contains("which rank(s) 1 cannot see"));
   CHECK_THAT(testing::message_of(errors[1]), Contains("which rank(s) 1 cannot see"));
   fs::remove_all(dir);
+}
+
+namespace {
+
+// Two Linear(3, 3) layers "a" then "b", registered in that order or the
+// other: the same state_dict names, the parameters in another order.
+struct TwoLayers : nn::Module {
+  explicit TwoLayers(bool a_first) {
+    if (a_first) {
+      a = register_module("a", std::make_shared<nn::Linear>(3, 3));
+      b = register_module("b", std::make_shared<nn::Linear>(3, 3));
+    } else {
+      b = register_module("b", std::make_shared<nn::Linear>(3, 3));
+      a = register_module("a", std::make_shared<nn::Linear>(3, 3));
+    }
+  }
+  Tensor forward(const Tensor& x) override { return b->forward(a->forward(x)); }
+  std::string type_name() const override { return "TwoLayers"; }
+  std::shared_ptr<nn::Linear> a, b;
+};
+
+// One Linear registered as "x" and as "y", and another as "z": in the order
+// x, z, y or z, y, x. Its parameters have two names each; the optimizer sees
+// them in another order.
+struct SharedLayer : nn::Module {
+  explicit SharedLayer(bool x_first) {
+    auto shared = std::make_shared<nn::Linear>(3, 3);
+    if (x_first) {
+      register_module("x", shared);
+      z = register_module("z", std::make_shared<nn::Linear>(3, 3));
+      register_module("y", shared);
+    } else {
+      z = register_module("z", std::make_shared<nn::Linear>(3, 3));
+      register_module("y", shared);
+      register_module("x", shared);
+    }
+    x = shared;
+  }
+  Tensor forward(const Tensor& in) override { return z->forward(x->forward(in)); }
+  std::string type_name() const override { return "SharedLayer"; }
+  std::shared_ptr<nn::Linear> x, z;
+};
+
+// Each parameter's momentum buffer, by its name in `model`.
+std::map<std::string, std::vector<float>> momentum_by_name(const nn::Module& model,
+                                                           const Optimizer& opt) {
+  const OptimizerState state = opt.state_dict();
+  std::map<std::string, std::vector<float>> out;
+  int64_t index = 0;
+  for (const auto& [name, p] : model.named_parameters())
+    out[name] = state.state.at(index++).at("momentum_buffer").to_vector<float>();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("An optimizer's state goes back to the parameters of its names in any order",
+          "[optim][checkpoint]") {
+  TwoLayers saved_model(/*a_first=*/true);
+  SGD saved_opt(saved_model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  float fill = 1;
+  for (auto& p : saved_model.parameters()) p.set_grad(Tensor::full(p.shape(), fill++));
+  saved_opt.step();
+  TrainingParts saved_parts{.model = &saved_model, .optimizer = &saved_opt};
+  const runtime::CheckpointContent c = training_checkpoint_content(saved_parts, {});
+
+  const bool a_first = GENERATE(true, false);
+  INFO("the loading model registers a first: " << a_first);
+  TwoLayers model(a_first);
+  SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  restore_training_checkpoint(c, {.model = &model, .optimizer = &opt}, "ckpt");
+  CHECK((momentum_by_name(model, opt) == momentum_by_name(saved_model, saved_opt)));
+
+  // ZeRO numbers the parameters as the plain optimizer does.
+  ZeroRedundancyOptimizer zero(model.parameters(), testing::one_rank_group_ptr(),
+                               [](std::vector<ParamGroup> g) -> std::unique_ptr<Optimizer> {
+                                 return std::make_unique<SGD>(std::move(g), SGDOptions{
+                                     .lr = 0.1, .momentum = 0.9});
+                               });
+  restore_training_checkpoint(c, {.model = &model, .optimizer = &zero}, "ckpt");
+  zero.consolidate_state_dict(0);
+  CHECK((momentum_by_name(model, zero) == momentum_by_name(saved_model, saved_opt)));
+}
+
+TEST_CASE("An optimizer's state goes back by name to a module registered under two names",
+          "[optim][checkpoint]") {
+  SharedLayer saved_model(/*x_first=*/true);
+  SGD saved_opt(saved_model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  float fill = 1;
+  for (auto& p : saved_model.parameters()) p.set_grad(Tensor::full(p.shape(), fill++));
+  saved_opt.step();
+  const runtime::CheckpointContent c =
+      training_checkpoint_content({.model = &saved_model, .optimizer = &saved_opt}, {});
+
+  SharedLayer model(/*x_first=*/false);
+  SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  restore_training_checkpoint(c, {.model = &model, .optimizer = &opt}, "ckpt");
+  const auto by_name = [](const SharedLayer& m, const Optimizer& o) {
+    std::map<const runtime::TensorImpl*, std::vector<float>> momentum;
+    const OptimizerState state = o.state_dict();
+    int64_t index = 0;
+    for (const auto& p : m.parameters())
+      momentum[p.impl_ptr()] = state.state.at(index++).at("momentum_buffer").to_vector<float>();
+    return std::vector<std::vector<float>>{
+        momentum.at(m.x->weight.impl_ptr()), momentum.at(m.x->bias.impl_ptr()),
+        momentum.at(m.z->weight.impl_ptr()), momentum.at(m.z->bias.impl_ptr())};
+  };
+  CHECK((by_name(model, opt) == by_name(saved_model, saved_opt)));
 }
