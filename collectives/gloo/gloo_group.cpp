@@ -28,6 +28,7 @@
 #include "lockstep/collectives/float_average.h"
 #include "lockstep/collectives/gloo/gloo_call_check.h"
 #include "lockstep/collectives/gloo/gloo_store_adapter.h"
+#include "lockstep/collectives/p2p_text.h"
 #include "lockstep/collectives/serial_executor.h"
 #include "lockstep/collectives/reduce_kernels.h"
 
@@ -388,10 +389,7 @@ void GlooGroup::wait_p2p(PendingP2p& p) {
       if (std::string_view(e.what()).find("Timed out") != std::string_view::npos) {
         // Not fail_with's wording: no call check ran, so nothing says the
         // peer came; only that no matching call of its came in time.
-        throw DeadlineExceeded(fmt::format(
-            "rank {} {} in time (a {} with tag {} on this group)", p.peer,
-            p.is_send ? "did not receive it" : "sent nothing to match it",
-            p.is_send ? "recv from this rank" : "send to this rank", p.tag));
+        throw DeadlineExceeded(p2p_timeout_detail(p.is_send, p.peer, p.tag));
       }
       fail_with(p.call, e, p.peer);
     } catch (const DeadlineExceeded& timeout_error) {

@@ -15,6 +15,7 @@
 #include "lockstep/collectives/mpi/mpi_runtime.h"
 #include "lockstep/collectives/mpi/mpi_shutdown.h"
 #include "lockstep/collectives/mpi/mpi_types.h"
+#include "lockstep/collectives/p2p_text.h"
 
 namespace lockstep::collectives {
 namespace {
@@ -173,10 +174,13 @@ class MpiGroup final : public ProcessGroup {
     const void* data = tensor.raw_data();
     auto header = std::make_shared<P2pHeader>(
         P2pHeader{static_cast<int64_t>(tensor.dtype()), tensor.numel()});
-    return enqueue_p2p(call, [=, keep = tensor](MPI_Comm comm, MPI_Request* requests) {
-      LOCKSTEP_MPI_CHECK(MPI_Isend(header->data(), 2, MPI_INT64_T, dst, tag, comm, &requests[0]));
-      LOCKSTEP_MPI_CHECK(MPI_Isend(data, count, type, dst, tag, comm, &requests[1]));
-    });
+    return enqueue_p2p(
+        call, p2p_detail(true, dst, tag),
+        [=, keep = tensor](MPI_Comm comm, MPI_Request* requests) {
+          LOCKSTEP_MPI_CHECK(
+              MPI_Isend(header->data(), 2, MPI_INT64_T, dst, tag, comm, &requests[0]));
+          LOCKSTEP_MPI_CHECK(MPI_Isend(data, count, type, dst, tag, comm, &requests[1]));
+        });
   }
 
   std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override {
@@ -199,7 +203,7 @@ class MpiGroup final : public ProcessGroup {
                      src, sent, runtime::dtype_name(sent_dtype), count, runtime::dtype_name(dtype));
     };
     return enqueue_p2p(
-        call,
+        call, p2p_detail(false, src, tag),
         [=, keep = tensor](MPI_Comm comm, MPI_Request* requests) {
           LOCKSTEP_MPI_CHECK(
               MPI_Irecv(header->data(), 2, MPI_INT64_T, src, tag, comm, &requests[0]));
@@ -212,6 +216,17 @@ class MpiGroup final : public ProcessGroup {
   void check_tag(const Call& call, int tag) const {
     LOCKSTEP_CHECK(tag <= tag_ub_, "{} on group '{}': tag {} is outside MPI's range [0, {}]",
                    call.description(), name(), tag, tag_ub_);
+  }
+
+  // Why a send or recv may time out here: besides a peer that never
+  // matched it, one that waits for it before joining a collective that this
+  // rank issued first, since this group's calls start in issue order.
+  static std::string p2p_detail(bool is_send, int peer, int tag) {
+    return fmt::format(
+        "{}. On mpi a send or recv starts only once the collectives issued before it on this "
+        "rank's group have finished: if rank {} waits for its {} this rank before it joins one "
+        "of those, both wait until the timeout (issue the send or recv before them)",
+        p2p_timeout_detail(is_send, peer, tag), peer, is_send ? "recv from" : "send to");
   }
 
   int mpi_count(const Call& call, int64_t numel) const {
@@ -255,21 +270,23 @@ class MpiGroup final : public ProcessGroup {
   }
 
   // A send or recv: MPI's non-blocking call, tested until done.
-  std::shared_ptr<Work> enqueue_p2p(const Call& call,
+  // `detail`: what the timeout's message says did not happen.
+  std::shared_ptr<Work> enqueue_p2p(const Call& call, const std::string& detail,
                                     std::function<void(MPI_Comm, MPI_Request*)> start,
                                     std::function<void(const MPI_Status&)> complete = nullptr) {
     auto op = std::make_shared<mpi::MpiOp>();
     op->start = std::move(start);
     op->complete = std::move(complete);
-    return submit(call, std::move(op));
+    return submit(call, std::move(op), detail);
   }
 
   // The front numbers calls under its lock while handing them here, so they
   // reach the progress thread in sequence order.
-  std::shared_ptr<Work> submit(const Call& call, std::shared_ptr<mpi::MpiOp> op) {
+  std::shared_ptr<Work> submit(const Call& call, std::shared_ptr<mpi::MpiOp> op,
+                               const std::string& detail = {}) {
     op->description = call.description();
     op->deadline = call.deadline;
-    op->timeout_message = timeout_message(call) + abort_note();
+    op->timeout_message = timeout_message(call, detail) + abort_note();
     std::weak_ptr<mpi::MpiProgress> progress = progress_;
     std::weak_ptr<AbortState> abort = abort_state();
     op->work = std::make_shared<Work>(op->description, op->deadline, op->timeout_message,

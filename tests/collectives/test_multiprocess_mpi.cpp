@@ -101,3 +101,19 @@ TEST_CASE("mpi backend: a timed-out collective names the op, rank and group and 
   CHECK(contains(result.output, "not calling MPI_Finalize on rank 0"));
   CHECK(result.exit_code != 0);
 }
+
+TEST_CASE("mpi backend: a timed-out recv names its peer and tag, not a collective",
+          "[collectives][mpi]") {
+  const std::string mpirun = find_mpirun();
+  LOCKSTEP_SKIP_IF(skip_reason(mpirun));
+  // Rank 0 alone issues a recv from rank 1 with a 300 ms timeout; the worker
+  // checks the error's text. That recv never completes, so rank 0 skips
+  // MPI_Finalize and the job ends non-zero.
+  const auto result = run_worker(mpirun, 2, {"--p2p-timeout-case"}, std::chrono::seconds(120));
+  INFO("mpirun: " << describe(result) << "\n" << result.output);
+  CHECK_FALSE(result.timed_out);
+  CHECK(contains(result.output, "mpi_collective_worker rank 0/2: p2p timeout case OK"));
+  CHECK(contains(result.output, "mpi_collective_worker rank 0/2: OK ("));
+  CHECK(contains(result.output, "mpi_collective_worker rank 1/2: OK ("));
+  CHECK(result.exit_code != 0);
+}

@@ -14,6 +14,7 @@
 //        --timeout-case    after the checks, rank 0 alone issues a barrier with
 //                          a 300 ms timeout and checks the error (the job then
 //                          ends non-zero: that barrier never completes)
+//        --p2p-timeout-case  the same with a recv from rank 1, which sends nothing
 //        --timeout-ms T    the group's timeout (default 60000)
 //        --diverge-at-rank R  before the checks, rank R all-reduces 2 i64 where
 //                          the others all-reduce 1000 f32: every rank must fail
@@ -447,11 +448,32 @@ void check_timeout(lc::ProcessGroup& group) {
   std::fflush(stdout);
 }
 
+// A recv whose peer sends nothing names that peer and the tag, as gloo's
+// does, and why a send may not have started: before, it said that "some
+// rank did not join this collective".
+void check_p2p_timeout(lc::ProcessGroup& group) {
+  if (g_rank != 0) return;  // rank 1 sends nothing
+  Tensor t = Tensor::zeros({3});
+  auto work = group.recv(t, 1, {.tag = 8, .timeout = std::chrono::milliseconds(300)});
+  const auto message = expect_error(
+      "recv that rank 1 never matches", [&] { work->wait(); },
+      {"recv (f32, 3 elements, from rank 1, tag 8) timed out", "rank 0 of group 'default'",
+       "rank 1 sent nothing to match it in time (a send to this rank with tag 8",
+       "starts only once the collectives issued before it"});
+  if (message.find("did not join this collective") != std::string::npos) {
+    fail("a recv's timeout speaks of a collective: " + message);
+  }
+  fmt::print("mpi_collective_worker rank {}/{}: p2p timeout case OK: {}\n", g_rank, g_size,
+             message);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int die_at_rank = -1;
   bool timeout_case = false;
+  bool p2p_timeout_case = false;
   long timeout_ms = 60000;
   int diverge_at_rank = -1;
   for (int i = 1; i < argc; ++i) {
@@ -462,12 +484,14 @@ int main(int argc, char** argv) {
       timeout_ms = std::atol(argv[++i]);
     } else if (arg == "--timeout-case") {
       timeout_case = true;
+    } else if (arg == "--p2p-timeout-case") {
+      p2p_timeout_case = true;
     } else if (arg == "--diverge-at-rank" && i + 1 < argc) {
       diverge_at_rank = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--die-at-rank R] [--timeout-case] [--timeout-ms T] "
-                   "[--diverge-at-rank R]\n",
+                   "usage: %s [--die-at-rank R] [--timeout-case] [--p2p-timeout-case] "
+                   "[--timeout-ms T] [--diverge-at-rank R]\n",
                    argv[0]);
       return 2;
     }
@@ -509,8 +533,9 @@ int main(int argc, char** argv) {
         g_rank == g_size - 1 ? "from the last rank" : "not this one", g_size - 1);
     if (word != "from the last rank") fail("broadcast_string gave '" + word + "'");
     ++g_checks;
-    check_p2p_mismatch(*group, /*longer_too=*/!timeout_case);
+    check_p2p_mismatch(*group, /*longer_too=*/!timeout_case && !p2p_timeout_case);
     if (timeout_case) check_timeout(*group);
+    if (p2p_timeout_case) check_p2p_timeout(*group);
     fmt::print("mpi_collective_worker rank {}/{}: OK ({} checks)\n", g_rank, g_size, g_checks);
     std::fflush(stdout);
   } catch (const std::exception& e) {
