@@ -167,6 +167,8 @@ class GlooGroup final : public ProcessGroup {
   void wait_p2p(PendingP2p& p);
   // Waits for `buffer`'s send or recv; false when it was cancelled.
   bool wait_buffer(PendingP2p& p, UnboundBuffer& buffer);
+  // Cancels the waits of the sends and recvs not yet done; mutex_ held.
+  void cancel_p2p_waits_locked();
   // Once a recv's header has come: posts the data's recv into the tensor, or
   // into scratch memory (so that the send completes) when the header does
   // not match the tensor; throws CollectiveError in that case after the data
@@ -210,7 +212,8 @@ class GlooGroup final : public ProcessGroup {
   std::list<PendingP2p> p2p_;
   // Messages posted so far per (peer, tag, is_send); guarded by mutex_.
   std::map<std::tuple<int, int, bool>, uint64_t> p2p_numbers_;
-  bool stopping_ = false;
+  bool stopping_ = false;  // the group is being destroyed
+  bool aborted_ = false;   // abort() ran on this rank
 };
 
 GlooGroup::GlooGroup(std::shared_ptr<distributed::Store> store, int rank, int size,
@@ -238,11 +241,7 @@ GlooGroup::~GlooGroup() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
-    // Sends and recvs still waited for are cancelled (their Work fails).
-    for (auto& p : p2p_) {
-      if (p.done || p.waiting == nullptr) continue;
-      if (p.is_send) p.waiting->abortWaitSend(); else p.waiting->abortWaitRecv();
-    }
+    cancel_p2p_waits_locked();  // their Work fails
     p2p.splice(p2p.end(), p2p_);
   }
   for (auto& p : p2p) p.waiter.join();
@@ -318,9 +317,25 @@ std::shared_ptr<Work> GlooGroup::submit(Call call, Body body) {
   });
 }
 
+// Sends and recvs still waited for stop waiting, and those about to wait
+// find `stopping_` or `aborted_` set (wait_buffer).
+void GlooGroup::cancel_p2p_waits_locked() {
+  for (auto& p : p2p_) {
+    if (p.done || p.waiting == nullptr) continue;
+    if (p.is_send) p.waiting->abortWaitSend(); else p.waiting->abortWaitRecv();
+  }
+}
+
 // A rank that aborts says why in the store, then closes its connections:
 // peers waiting on it fail at once (their error reads the reason back).
+// This rank's own sends and recvs fail at once too: closing the connections
+// does not end gloo's wait for them, which lasted until their timeout.
 void GlooGroup::abort_peers(const std::string& reason) {
+  {
+    std::lock_guard lock(mutex_);
+    aborted_ = true;
+    cancel_p2p_waits_locked();
+  }
   try {
     store_->compare_set(abort_key_, {},
                         distributed::to_bytes(fmt::format("rank {}: {}", rank(), reason)));
@@ -333,7 +348,7 @@ void GlooGroup::abort_peers(const std::string& reason) {
 bool GlooGroup::wait_buffer(PendingP2p& p, UnboundBuffer& buffer) {
   {
     std::lock_guard lock(mutex_);
-    if (stopping_) return false;
+    if (stopping_ || aborted_) return false;
     p.waiting = &buffer;
   }
   const auto left = std::chrono::ceil<milliseconds>(p.call.deadline - Clock::now());
@@ -379,8 +394,15 @@ void GlooGroup::wait_p2p(PendingP2p& p) {
       done = receive_data(p);
     }
     if (!done) {
-      error = std::make_exception_ptr(CollectiveError(fmt::format(
-          "{} on {} was cancelled: the group was destroyed first", p.call.description(), where())));
+      const bool destroyed = [&] {
+        std::lock_guard lock(mutex_);
+        return stopping_;
+      }();
+      error = std::make_exception_ptr(CollectiveError(
+          destroyed ? fmt::format("{} on {} was cancelled: the group was destroyed first",
+                                  p.call.description(), where())
+                    : fmt::format("{} on {} was cancelled: the group was aborted because {}",
+                                  p.call.description(), where(), unusable_reason())));
     }
   } catch (const CollectiveError&) {
     error = std::current_exception();  // a mismatched message: the group is still in step
