@@ -27,6 +27,11 @@ milliseconds left_until(Clock::time_point deadline) {
   return std::max(left, milliseconds(1));
 }
 
+// A wait that abort() ended (gloo's waits return false then).
+void throw_if_aborted(bool completed) {
+  if (!completed) throw Error("this rank aborted the group while the call was being checked");
+}
+
 }  // namespace
 
 GlooCallCheck::GlooCallCheck(std::shared_ptr<::gloo::Context> context, int rank, int size)
@@ -74,18 +79,28 @@ void GlooCallCheck::check(const Call& call) {
       in->recv(q, slot);
       x->out->send(q, slot);
     }
+    {
+      // From here abort() ends the waits below: gloo keeps an ended wait's
+      // abort for the buffer's next one, so none is missed.
+      std::lock_guard lock(mutex_);
+      throw_if_aborted(!aborted_);
+      waiting_ = x.get();
+    }
     for (peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       {
         std::lock_guard lock(mutex_);
         waiting_for_ = peer;
       }
-      x->in[static_cast<size_t>(peer)]->waitRecv(nullptr, left_until(call.deadline));
+      throw_if_aborted(
+          x->in[static_cast<size_t>(peer)]->waitRecv(nullptr, left_until(call.deadline)));
       std::lock_guard lock(mutex_);
       arrived_[static_cast<size_t>(peer)] = true;
       last_seen_[static_cast<size_t>(peer)] = unpack(x->theirs[static_cast<size_t>(peer)]);
     }
-    for (int i = 1; i < size_; ++i) x->out->waitSend(nullptr, left_until(call.deadline));
+    for (int i = 1; i < size_; ++i) {
+      throw_if_aborted(x->out->waitSend(nullptr, left_until(call.deadline)));
+    }
   } catch (const std::exception& e) {
     // Who else has sent: a receive that completed answers at once; one that
     // did not throws (the failure has closed the connections) or, on a
@@ -93,7 +108,7 @@ void GlooCallCheck::check(const Call& call) {
     for (int q = peer + 1; q < size_; ++q) {
       if (q == rank_ || peer < 0) continue;
       try {
-        x->in[static_cast<size_t>(q)]->waitRecv(nullptr, milliseconds(1));
+        if (!x->in[static_cast<size_t>(q)]->waitRecv(nullptr, milliseconds(1))) continue;
         std::lock_guard lock(mutex_);
         arrived_[static_cast<size_t>(q)] = true;
         last_seen_[static_cast<size_t>(q)] = unpack(x->theirs[static_cast<size_t>(q)]);
@@ -103,6 +118,7 @@ void GlooCallCheck::check(const Call& call) {
     std::lock_guard lock(mutex_);
     checking_ = false;
     call_ = nullptr;
+    waiting_ = nullptr;
     graveyard_.push_back(std::move(x));
     const std::string missing = missing_text(call, -1);
     if (Clock::now() >= call.deadline && !missing.empty()) throw DeadlineExceeded(missing);
@@ -112,6 +128,7 @@ void GlooCallCheck::check(const Call& call) {
     std::lock_guard lock(mutex_);
     checking_ = false;
     call_ = nullptr;
+    waiting_ = nullptr;
   }
   std::vector<CallSignature> every_rank;
   bool same = true;
@@ -120,6 +137,16 @@ void GlooCallCheck::check(const Call& call) {
     same = same && every_rank.back().same_call(call.signature);
   }
   if (!same) throw CollectiveMismatch(mismatch_message(call, every_rank));
+}
+
+void GlooCallCheck::abort() {
+  std::lock_guard lock(mutex_);
+  aborted_ = true;
+  if (waiting_ == nullptr) return;
+  for (auto& in : waiting_->in) {
+    if (in != nullptr) in->abortWaitRecv();
+  }
+  waiting_->out->abortWaitSend();
 }
 
 std::string GlooCallCheck::waiting_on() const {

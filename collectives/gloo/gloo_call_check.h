@@ -35,6 +35,9 @@ class GlooCallCheck {
   // being checked is awaited now, with the last call it was seen in; "" when
   // none is being waited for.
   std::string waiting_on() const;
+  // Thread-safe: the group was aborted on this rank. The check under way
+  // stops waiting and throws at once, as does every later one.
+  void abort();
 
  private:
   struct Exchange;
@@ -49,6 +52,8 @@ class GlooCallCheck {
   int size_;
   mutable std::mutex mutex_;
   bool checking_ = false;                 // guarded by mutex_
+  bool aborted_ = false;                  // guarded by mutex_
+  Exchange* waiting_ = nullptr;           // the check whose waits abort() ends; guarded by mutex_
   const Call* call_ = nullptr;            // the call being checked; guarded by mutex_
   int waiting_for_ = -1;                  // the peer awaited now; guarded by mutex_
   std::vector<bool> arrived_;             // this call's, by rank; guarded by mutex_

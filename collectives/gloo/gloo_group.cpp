@@ -336,6 +336,7 @@ void GlooGroup::abort_peers(const std::string& reason) {
     aborted_ = true;
     cancel_p2p_waits_locked();
   }
+  check_->abort();  // a collective waiting in its call check for a rank that never comes
   try {
     store_->compare_set(abort_key_, {},
                         distributed::to_bytes(fmt::format("rank {}: {}", rank(), reason)));

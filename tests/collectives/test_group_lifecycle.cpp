@@ -154,6 +154,25 @@ TEST_CASE("every CPU backend: an abort on this rank fails its own sends and recv
              Contains("is unusable because rank 1 gave up"));
 }
 
+TEST_CASE("every CPU backend: an abort on this rank fails its collective waiting for a rank that "
+          "never joins, naming the reason",
+          "[collectives][lifecycle]") {
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  const auto groups = lt::make_groups(backend, 2, "own-abort", 30s);
+  // Rank 0 never joins. Before, gloo's call check went on waiting for its
+  // signature until the group's timeout, and then said only that rank 0 had
+  // not joined.
+  Tensor t = Tensor::ones({1000});
+  auto work = groups[1]->allreduce(t);
+  std::this_thread::sleep_for(100ms);  // waiting for rank 0
+  groups[1]->abort("rank 1 gave up");
+  CHECK_THAT(lt::error_of([&] { work->wait(); }),
+             Contains("allreduce #1 (f32, 1000 elements, sum)") && Contains("rank 1 gave up"));
+  CHECK_THAT(lt::error_of([&] { groups[1]->barrier()->wait(); }),
+             Contains("is unusable because rank 1 gave up"));
+}
+
 TEST_CASE("every CPU backend: a timed-out send or recv names the peer that did not match it",
           "[collectives][lifecycle]") {
   // Every CPU backend sends point to point through gloo.
