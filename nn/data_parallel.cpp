@@ -319,15 +319,32 @@ Values DataParallel::forward_values(const Values& inputs) {
     run(0);
     for (auto& t : threads) t.join();
   }
-  for (size_t i = 0; i < chunks; ++i) {
-    if (!errors[i]) continue;
-    try {
-      std::rethrow_exception(errors[i]);
-    } catch (const std::exception& e) {
-      throw Error(fmt::format("DataParallel: replica {} on {}: {}", i, devices_[i].str(), e.what()));
-    }
-  }
+  for (size_t i = 0; i < chunks; ++i)
+    if (errors[i]) rethrow_naming(errors[i], i);
   return gather(outputs, out_device);
+}
+
+// As PyTorch re-raises a replica's exception as its own type: the caller
+// catches what the module threw (a lockstep::Error subclass, an
+// std::invalid_argument, a type of its own), not a plain Error. Exceptions
+// that keep their message in a std::runtime_error or std::logic_error base
+// (lockstep's and the standard library's) get the replica and device before
+// it, by assigning that base, which keeps the object's type and its other
+// fields; others are rethrown as they are.
+void DataParallel::rethrow_naming(const std::exception_ptr& error, size_t replica) const {
+  const auto named = [&](const char* what) {
+    return fmt::format("DataParallel: replica {} on {}: {}", replica, devices_[replica].str(),
+                       what);
+  };
+  try {
+    std::rethrow_exception(error);
+  } catch (std::runtime_error& e) {
+    static_cast<std::runtime_error&>(e) = std::runtime_error(named(e.what()));
+    throw;
+  } catch (std::logic_error& e) {
+    static_cast<std::logic_error&>(e) = std::logic_error(named(e.what()));
+    throw;
+  }
 }
 
 Values DataParallel::gather(const std::vector<Values>& outputs, Device out_device) const {

@@ -49,6 +49,7 @@
 // any time; its graph keeps what it needs).
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -87,6 +88,8 @@ class DataParallel : public Module {
   // `options_.dim` for input (or output) `position` `t`, checked.
   int64_t split_dim(const Tensor& t, size_t position) const;
   Values gather(const std::vector<Values>& outputs, Device out_device) const;
+  // Rethrows `error`, thrown by replica `replica`, as its own type, named.
+  [[noreturn]] void rethrow_naming(const std::exception_ptr& error, size_t replica) const;
 
   std::shared_ptr<Module> module_;
   std::vector<Device> devices_;

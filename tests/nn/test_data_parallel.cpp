@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
@@ -212,6 +213,59 @@ TEST_CASE("DataParallel: errors name what is wrong and what to do", "[data_paral
   nn::DataParallel dp(lt::small_mlp(1), cpus(2));
   CHECK_THROWS_WITH(dp.forward(Tensor::ones({4, 7})),
                     Catch::Contains("DataParallel: replica ") && Catch::Contains("on cpu:"));
+}
+
+// An error of a caller's own kind, with a field of its own.
+class RetryableError : public lockstep::Error {
+ public:
+  RetryableError(const std::string& what, int rows) : Error(what), rows(rows) {}
+  int rows;
+};
+
+struct NotAStandardError {
+  int code;
+};
+
+// Throws, in the chunk whose first element is negative, the error `kind` names.
+class ThrowsOnNegative : public nn::Module {
+ public:
+  explicit ThrowsOnNegative(int kind) : kind(kind) {}
+  Tensor forward(const Tensor& x) override {
+    if (lt::values(x)[0] >= 0) return x;
+    if (kind == 0) throw std::invalid_argument("negative input");
+    if (kind == 1) throw RetryableError("too many rows", static_cast<int>(x.size(0)));
+    throw NotAStandardError{7};
+  }
+  std::string type_name() const override { return "ThrowsOnNegative"; }
+  std::shared_ptr<nn::Module> replicate() const override {
+    return std::make_shared<ThrowsOnNegative>(kind);
+  }
+  const int kind;
+};
+
+TEST_CASE("DataParallel: a replica's exception reaches the caller as its own type, the replica "
+          "named",
+          "[data_parallel]") {
+  // Rows 0-1 run on replica 0, rows 2-3 (negative) on replica 1.
+  const Tensor x = Tensor::from_vector(std::vector<float>{1, 1, -1, -1}, {4, 1});
+  nn::DataParallel invalid(std::make_shared<ThrowsOnNegative>(0), cpus(2));
+  CHECK_THROWS_MATCHES(invalid.forward(x), std::invalid_argument,
+                       Catch::Message("DataParallel: replica 1 on cpu: negative input"));
+  nn::DataParallel retryable(std::make_shared<ThrowsOnNegative>(1), cpus(2));
+  try {
+    retryable.forward(x);
+    FAIL("no exception");
+  } catch (const RetryableError& e) {
+    CHECK(e.rows == 2);
+    CHECK(std::string(e.what()) == "DataParallel: replica 1 on cpu: too many rows");
+  }
+  nn::DataParallel other(std::make_shared<ThrowsOnNegative>(2), cpus(2));
+  try {
+    other.forward(x);
+    FAIL("no exception");
+  } catch (const NotAStandardError& e) {
+    CHECK(e.code == 7);
+  }
 }
 
 // A module whose replicate() registers its children in another order than
