@@ -139,7 +139,16 @@ void Optimizer::zero_grad(bool set_to_none) {
       if (set_to_none) {
         p.set_grad(Tensor{});
       } else if (p.grad().defined()) {
+        // As PyTorch: the zeroed gradient is a plain tensor, not the output
+        // of the computation it was set from (whose graph it would keep alive
+        // and lead a use of it back into), nor a tensor requiring grad.
         Tensor g = p.grad();
+        if (g.grad_fn()) {
+          g = g.detach();
+          p.set_grad(g);
+        } else if (g.requires_grad()) {
+          g.requires_grad_(false);
+        }
         g.zero_();
       }
     }

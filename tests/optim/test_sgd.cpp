@@ -432,3 +432,26 @@ TEST_CASE("SGD load_state_dict refuses another optimizer's state", "[optim][sgd]
                       "(SGD keeps \"momentum_buffer\")"));
   CHECK(opt.state_dict().state.empty());
 }
+
+TEST_CASE("zero_grad(false) detaches a gradient computed with history, as PyTorch",
+          "[optim][sgd]") {
+  auto w = lockstep::runtime::Tensor::ones({3}).requires_grad_();
+  auto x = lockstep::runtime::Tensor::ones({3}).requires_grad_();
+  SGD opt({w}, {.lr = 0.1});
+  // A gradient set from a computation that requires grad keeps its graph.
+  const auto g = lockstep::runtime::mul(x, 2.0);
+  REQUIRE(g.grad_fn() != nullptr);
+  w.set_grad(g);
+  opt.zero_grad(/*set_to_none=*/false);
+  CHECK(w.grad().grad_fn() == nullptr);
+  CHECK_FALSE(w.grad().requires_grad());
+  CHECK(values(w.grad()) == std::vector<double>{0, 0, 0});
+  // The next backward accumulates into it as into any gradient.
+  lockstep::runtime::sum(lockstep::runtime::mul(w, 3.0)).backward();
+  CHECK(values(w.grad()) == std::vector<double>{3, 3, 3});
+  CHECK(w.grad().grad_fn() == nullptr);
+  // A gradient set to a leaf that requires grad stops requiring it.
+  w.set_grad(lockstep::runtime::Tensor::ones({3}).requires_grad_());
+  opt.zero_grad(/*set_to_none=*/false);
+  CHECK_FALSE(w.grad().requires_grad());
+}
