@@ -127,6 +127,7 @@ Adam::Adam(std::string name, bool decoupled_weight_decay, AdamOptions defaults)
       decoupled_weight_decay_(decoupled_weight_decay) {}
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options) : Adam("Adam", false, options) {
+  LOCKSTEP_CHECK(!params.empty(), "Adam: got an empty parameter list");
   add_param_group({std::move(params), {}});
 }
 
@@ -136,6 +137,7 @@ Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults) : Adam("Adam", 
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options) : Adam("AdamW", true, options) {
+  LOCKSTEP_CHECK(!params.empty(), "AdamW: got an empty parameter list");
   add_param_group({std::move(params), {}});
 }
 

@@ -156,7 +156,9 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 void Optimizer::add_param_group(ParamGroup group) {
-  LOCKSTEP_CHECK(!group.params.empty(), "{}: got an empty parameter list", name_);
+  // A group of no parameters is kept, as PyTorch's add_param_group keeps it
+  // (a model's optional part absent in this configuration): its index in
+  // state_dict()'s groups stays that of the configuration that has it.
   std::unordered_set<const runtime::TensorImpl*> seen;
   for (const auto& g : groups_)
     for (const auto& p : g.params) seen.insert(p.impl_ptr());

@@ -141,6 +141,7 @@ SGDOptions SGDOptions::from_map(const GroupOptions& m) {
 }
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions options) : Optimizer("SGD", options.to_map()) {
+  LOCKSTEP_CHECK(!params.empty(), "SGD: got an empty parameter list");
   add_param_group({std::move(params), {}});
 }
 

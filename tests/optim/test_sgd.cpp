@@ -455,3 +455,37 @@ TEST_CASE("zero_grad(false) detaches a gradient computed with history, as PyTorc
   opt.zero_grad(/*set_to_none=*/false);
   CHECK_FALSE(w.grad().requires_grad());
 }
+
+TEST_CASE("A parameter group of no parameters is kept, as PyTorch, and round-trips through "
+          "state_dict",
+          "[optim][sgd]") {
+  // torch.optim.SGD([{'params': []}, {'params': [w]}], lr=0.1, momentum=0.9) gives, after a
+  // step with gradient 1, state {0: momentum_buffer [1, 1]} and groups [[], [0]].
+  Tensor w = param({1.0, 2.0});
+  SGD opt(std::vector<ParamGroup>{{{}, {}}, {{w}, {}}}, {.lr = 0.1, .momentum = 0.9});
+  REQUIRE(opt.param_groups().size() == 2);
+  set_grad(w, {1.0, 1.0});
+  opt.step();
+  CHECK(values(w) == std::vector<double>{0.9, 1.9});
+  const OptimizerState saved = opt.state_dict();
+  CHECK(saved.param_groups[0].params.empty());
+  CHECK(saved.param_groups[1].params == std::vector<int64_t>{0});
+  CHECK(values(saved.state.at(0).at("momentum_buffer")) == std::vector<double>{1.0, 1.0});
+
+  Tensor w2 = param({0.9, 1.9});
+  SGD resumed(std::vector<ParamGroup>{{{}, {}}, {{w2}, {}}}, {.lr = 0.1});
+  resumed.load_state_dict(saved);
+  set_grad(w, {1.0, 1.0});
+  set_grad(w2, {1.0, 1.0});
+  opt.step();
+  resumed.step();
+  CHECK(bitwise_equal(w, w2));
+  // Without the empty group the groups differ in number, and that is named.
+  Tensor w3 = param({0.9, 1.9});
+  SGD other({w3}, {.lr = 0.1});
+  CHECK_THROWS(other.load_state_dict(saved));
+  // add_param_group keeps one too; a flat empty list is still refused.
+  other.add_param_group({{}, {{"lr", 0.5}}});
+  CHECK(other.param_groups().size() == 2);
+  CHECK_THAT(error_of([&] { SGD(std::vector<Tensor>{}, {}); }), Contains("empty parameter list"));
+}
