@@ -259,11 +259,13 @@ Values DataParallel::forward_values(const Values& inputs) {
     replicas_.clear();
     replica_stamps_ = std::move(stamps);
   }
-  // With several devices the first replica is made whatever the batch, so a
-  // module that cannot be replicated (a SyncBatchNorm over several ranks) is
-  // refused at every call: else a rank whose batch fills one chunk (nn::Join's
-  // empty one) would go on into the collectives the others left with the error.
-  if (devices_.size() > 1 && replicas_.empty()) replicas_.push_back(replicate_tree(*module_));
+  // With several devices the first replica is made and checked against the
+  // wrapped module whatever the batch, so a module that cannot be replicated
+  // (a SyncBatchNorm over several ranks), or whose replicate() builds another
+  // tree, is refused at every call: else a rank whose batch fills one chunk
+  // (nn::Join's empty one) would go on into the collectives the others left
+  // with the error.
+  if (devices_.size() > 1 && replicas_.empty()) refreshed_replica(1);
   if (chunks == 1) {
     Values out = module_->forward_values(chunk_of(0));
     // Gathered as PyTorch gathers one output: a scalar becomes a vector of

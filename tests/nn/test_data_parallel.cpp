@@ -331,6 +331,14 @@ TEST_CASE("DataParallel: a replicate() that registers children or parameters in 
                     Catch::Contains("ScaleShift::replicate() made a module whose ScaleShift "
                                     "'(the root)' has 'shift' at position 0 of its parameters, "
                                     "where the wrapped module has 'scale'"));
+  // Whatever the batch: one that fills a single chunk (a last batch of one
+  // row, nn::Join's empty one) is refused too, not run on the wrapped module.
+  CHECK_THROWS_WITH(nn::DataParallel(model, cpus(2)).forward(x.slice(0, 0, 1)),
+                    Catch::Contains("submodule #1 is 'decoder'"));
+  CHECK_THROWS_WITH(nn::DataParallel(model, cpus(2)).forward(x.slice(0, 0, 0)),
+                    Catch::Contains("submodule #1 is 'decoder'"));
+  CHECK_THROWS_WITH(nn::DataParallel(scale_shift, cpus(2)).forward(x.slice(0, 0, 1)),
+                    Catch::Contains("has 'shift' at position 0 of its parameters"));
   // Built in the same order, it runs as the module alone does.
   model->swap_in_replica = false;
   const Tensor out = nn::DataParallel(model, cpus(2)).forward(x);
