@@ -252,9 +252,12 @@ Values DataParallel::forward_values(const Values& inputs) {
   // which each call rebinds to its own copies, and the wrapped module.
   std::lock_guard<std::mutex> one_call(calls_mutex_);
   // The replicas are kept between calls, as long as the wrapped module's tree
-  // is the same: a submodule added or replaced anywhere in it (stamps are
-  // never reused) makes them again, as PyTorch replicates at every call.
+  // is the same: a submodule, parameter or buffer added or a submodule
+  // replaced anywhere in it (stamps are never reused) makes them again, as
+  // PyTorch replicates at every call.
   std::vector<uint64_t> stamps = module_->structure_stamps();
+  const std::vector<uint64_t> buffer_stamps = module_->buffer_stamps();
+  stamps.insert(stamps.end(), buffer_stamps.begin(), buffer_stamps.end());
   if (stamps != replica_stamps_) {
     replicas_.clear();
     replica_stamps_ = std::move(stamps);

@@ -95,7 +95,8 @@ class DataParallel : public Module {
   std::vector<Device> devices_;
   DataParallelOptions options_;
   std::vector<std::shared_ptr<Module>> replicas_;  // [i - 1] for devices_[i]; made on first use
-  std::vector<uint64_t> replica_stamps_;  // module_->structure_stamps() the replicas were made of
+  // module_->structure_stamps() then buffer_stamps(), of the tree the replicas were made of
+  std::vector<uint64_t> replica_stamps_;
   std::mutex calls_mutex_;  // held through each forward: one at a time
 };
 

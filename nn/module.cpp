@@ -128,6 +128,7 @@ Tensor Module::register_buffer(std::string name, Tensor value, bool persistent) 
   check_new_name(name, "buffer");
   LOCKSTEP_CHECK(value.defined(), "{}: buffer \"{}\" is an undefined tensor", type_name(), name);
   buffers_.push_back({std::move(name), value, persistent});
+  buffer_stamp_ = next_stamp();  // a DataParallel's replicas made before lack it
   return value;
 }
 
@@ -297,6 +298,13 @@ void Module::apply(const std::function<void(Module&)>& fn) {
 std::vector<uint64_t> Module::structure_stamps() const {
   std::vector<uint64_t> out;
   for (const auto& [name, m] : const_cast<Module*>(this)->named_modules()) out.push_back(m->stamp_);
+  return out;
+}
+
+std::vector<uint64_t> Module::buffer_stamps() const {
+  std::vector<uint64_t> out;
+  for (const auto& [name, m] : const_cast<Module*>(this)->named_modules())
+    out.push_back(m->buffer_stamp_);
   return out;
 }
 

@@ -116,6 +116,10 @@ class Module {
   // cached replicas must be made again, DDP to refuse a model changed after
   // wrapping.
   std::vector<uint64_t> structure_stamps() const;
+  // As structure_stamps(), changing whenever the module gains a buffer
+  // (register_buffer): DataParallel's replicas carry copies of the buffers,
+  // DDP broadcasts the ones the model has at each forward.
+  std::vector<uint64_t> buffer_stamps() const;
 
   // ---- state ----
   // Parameters and persistent buffers, detached handles that share storage
@@ -235,6 +239,7 @@ class Module {
   std::vector<Binding> bindings_;
   bool training_ = true;
   uint64_t stamp_ = next_stamp();  // structure_stamps(); new at each child or parameter change
+  uint64_t buffer_stamp_ = next_stamp();  // buffer_stamps(); new at each buffer registered
   static uint64_t next_stamp();
 };
 

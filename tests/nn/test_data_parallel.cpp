@@ -631,6 +631,34 @@ TEST_CASE("DataParallel: a module tree changed between calls is replicated again
   CHECK(grad_mismatch(*resnet, *twin, 1e-4) == "");
 }
 
+// Adds its buffer "offset", when it has one, to the input; replicate() copies
+// every buffer it has, those registered after construction too.
+class OffsetByBuffer : public nn::Module {
+ public:
+  Tensor forward(const Tensor& x) override {
+    for (const auto& [name, b] : named_buffers(false))
+      if (name == "offset") return lr::add(x, b);
+    return x;
+  }
+  std::string type_name() const override { return "OffsetByBuffer"; }
+  std::shared_ptr<nn::Module> replicate() const override {
+    auto copy = std::make_shared<OffsetByBuffer>();
+    for (const auto& [name, b] : const_cast<OffsetByBuffer*>(this)->named_buffers(false))
+      copy->register_buffer(name, b.clone());
+    return copy;
+  }
+};
+
+TEST_CASE("DataParallel: a buffer registered between calls reaches the replicas",
+          "[data_parallel]") {
+  auto model = std::make_shared<OffsetByBuffer>();
+  nn::DataParallel dp(model, cpus(2));
+  const Tensor x = Tensor::zeros({4, 2});
+  CHECK(lt::values(dp.forward(x)) == std::vector<double>(8, 0.0));
+  model->register_buffer("offset", Tensor::ones({2}));
+  CHECK(lt::values(dp.forward(x)) == std::vector<double>(8, 1.0));
+}
+
 TEST_CASE("DataParallel: a scalar output is gathered into a vector, one chunk or several",
           "[data_parallel]") {
   auto model = std::make_shared<nn::Sequential>();
