@@ -19,7 +19,8 @@
 // it) or seed settings (run_settings() below); the clipping, block
 // checkpointing, the number of validation windows and the logging, evaluation
 // and checkpoint intervals may change, and options left out take the run's
-// saved values.
+// saved values. The elapsed time of the progress lines is the run's training time:
+// a resumed run goes on from the time its checkpoint saved.
 //   ... --amp bf16 | f16 [--checkpoint-blocks]
 // --amp runs forward and loss under autocast (runtime/autocast.h), f16 with a
 // GradScaler whose state rides in the checkpoints; --checkpoint-blocks
@@ -191,6 +192,20 @@ void take_saved_settings(Options& o, const train::RunSettings& saved) {
   s.take("seed", "seed", o.seed);
 }
 
+// The run's training time up to a checkpoint, in its progress; 0 in one saved
+// before gpt_train kept it.
+constexpr const char* kElapsedKey = "elapsed_s";
+
+double saved_elapsed_secs(const train::TrainingProgress& progress, const std::string& file) {
+  const auto it = progress.user.find(kElapsedKey);
+  if (it == progress.user.end()) return 0;
+  const std::optional<double> secs = runtime::parse_metadata_number(it->second);
+  LOCKSTEP_CHECK(secs && std::isfinite(*secs) && *secs >= 0,
+                 "{}: the saved training time \"{}\" is not a number of seconds; the checkpoint "
+                 "was not written by gpt_train", file, it->second);
+  return *secs;
+}
+
 // Bytes as text, with anything unprintable but newline and tab escaped.
 std::string printable(const std::vector<int64_t>& bytes) {
   std::string out;
@@ -283,20 +298,29 @@ int run(Options o) {
   }
   // The mean loss over the steps since the last log line, and over the ranks.
   examples::LossWindow window;
-  if (checkpoints && checkpoints->resume_from)
-    window = examples::LossWindow::restore(progress, progress.step,
-                                           checkpoints->resume_from->path.string(), "gpt_train");
+  // The run's training time: a resumed run goes on from the time its checkpoint saved.
+  using Clock = std::chrono::steady_clock;
+  double earlier_secs = 0;
+  if (checkpoints && checkpoints->resume_from) {
+    const std::string file = checkpoints->resume_from->path.string();
+    window = examples::LossWindow::restore(progress, progress.step, file, "gpt_train");
+    earlier_secs = saved_elapsed_secs(progress, file);
+  }
+  auto start = Clock::now();
+  const auto elapsed = [&] {
+    return earlier_secs + std::chrono::duration<double>(Clock::now() - start).count();
+  };
   const auto save = [&](std::optional<double> metric) {
     if (!checkpoints) return;
     progress.batch = progress.step;
     window.average_over(*group);  // rank 0 saves it: the ranks' mean
     window.save_to(progress);
+    progress.user[kElapsedKey] = runtime::metadata_number(elapsed());
     auto entry = train::save_training_checkpoint(checkpoints->dir, parts, progress, metric, *group);
     print(rank, "saved {}\n", entry.path.string());
   };
 
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
+  start = Clock::now();
   // Throughput counts the training steps only: evaluation and checkpoint
   // writes between them are not training tokens.
   double window_secs = 0;
@@ -332,8 +356,7 @@ int run(Options o) {
       const double mean_loss = window.global_mean(*group);  // of the global batches
       print(rank, "step {}/{} loss {:.6f} ({:.3f} bits/byte) lr {:.3g} tokens/s {:.0f} elapsed {:.0f}s\n",
             progress.step, o.steps, mean_loss, mean_loss / std::log(2.0),
-            step_lr, tokens / window_secs,
-            std::chrono::duration<double>(Clock::now() - start).count());
+            step_lr, tokens / window_secs, elapsed());
       window_secs = 0;
       window.reset();
       timed_steps = 0;

@@ -578,3 +578,38 @@ TEST_CASE("gpt_train: each rank draws its own dropout masks, as nanoGPT's seed +
   CHECK(meta.at("rng.0.offset") == meta.at("rng.0.rank.1.offset"));  // as many draws
   fs::remove_all(dir);
 }
+
+TEST_CASE("gpt_train: a resumed run's elapsed time goes on from its checkpoint's",
+          "[example][gpt][resume]") {
+  LOCKSTEP_SKIP_IF(fortunes_skip_reason());
+  // A resume used to print the time since its own start: the run's first part
+  // was forgotten, in the log and in every later checkpoint.
+  const std::string dir = scratch("elapsed");
+  const std::vector<std::string> args = {"--steps", "4", "--eval-windows", "2",
+                                         "--checkpoint-dir", dir, "--checkpoint-every", "2",
+                                         "--keep-last", "5"};
+  const auto first = run_process(command(1, args), std::chrono::seconds(300));
+  INFO(first.output);
+  REQUIRE(first.ok());
+  REQUIRE(fs::remove(fs::path(dir) / "ckpt-0000000004.safetensors"));
+  // As if the run's first two steps had taken 5000 s.
+  const std::string step2 = dir + "/ckpt-0000000002.safetensors";
+  auto file = lockstep::runtime::read_safetensors(step2);
+  file.metadata.erase(lockstep::runtime::kChecksumKey);
+  file.metadata.erase(lockstep::runtime::kTensorChecksumsKey);
+  file.metadata["user.elapsed_s"] = "5000";
+  lockstep::runtime::write_safetensors(step2, file.tensors, file.metadata);
+
+  auto resume_args = args;
+  resume_args.push_back("--resume");
+  const auto resumed = run_process(command(1, resume_args), std::chrono::seconds(300));
+  INFO(resumed.output);
+  REQUIRE(resumed.ok());
+  std::smatch m;
+  REQUIRE(std::regex_search(resumed.output, m, std::regex("step 3/4 loss .* elapsed (\\d+)s")));
+  CHECK(std::stod(m[1]) >= 5000);
+  const auto saved =
+      lockstep::runtime::read_safetensors(dir + "/ckpt-0000000004.safetensors").metadata;
+  CHECK(std::stod(saved.at("user.elapsed_s")) >= 5000);
+  fs::remove_all(dir);
+}
