@@ -18,12 +18,13 @@ GptConfig GptConfig::gpt2_large() { return {.n_layer = 36, .n_head = 20, .n_embd
 
 int64_t GptConfig::num_parameters() const {
   const int64_t c = n_embd;
-  const int64_t per_block = 2 * 2 * c              // ln_1, ln_2
-                            + (3 * c * c + 3 * c)  // attn.c_attn
-                            + (c * c + c)          // attn.c_proj
-                            + (4 * c * c + 4 * c)  // mlp.c_fc
-                            + (4 * c * c + c);     // mlp.c_proj
-  return vocab_size * c + block_size * c + n_layer * per_block + 2 * c;
+  const int64_t b = bias ? 1 : 0;  // biases of the Linears and LayerNorms
+  const int64_t per_block = 2 * (1 + b) * c            // ln_1, ln_2
+                            + (3 * c * c + 3 * c * b)  // attn.c_attn
+                            + (c * c + c * b)          // attn.c_proj
+                            + (4 * c * c + 4 * c * b)  // mlp.c_fc
+                            + (4 * c * c + c * b);     // mlp.c_proj
+  return vocab_size * c + block_size * c + n_layer * per_block + (1 + b) * c;
 }
 
 namespace {
@@ -38,6 +39,10 @@ void check_config(const GptConfig& c) {
                  c.dropout);
 }
 
+std::shared_ptr<LayerNorm> layer_norm(const GptConfig& c) {
+  return std::make_shared<LayerNorm>(std::vector<int64_t>{c.n_embd}, 1e-5, true, c.bias);
+}
+
 void init_linear(Linear& l, double std, Generator& g) {
   runtime::NoGradGuard no_grad;
   runtime::normal_(l.weight, 0.0, std, g);
@@ -47,10 +52,9 @@ void init_linear(Linear& l, double std, Generator& g) {
 }  // namespace
 
 GptMlp::GptMlp(const GptConfig& config, Generator& gen) : config(config) {
-  register_module("c_fc", std::make_shared<Linear>(config.n_embd, 4 * config.n_embd, true, gen),
-                  c_fc);
-  register_module("c_proj", std::make_shared<Linear>(4 * config.n_embd, config.n_embd, true, gen),
-                  c_proj);
+  const int64_t c = config.n_embd;
+  register_module("c_fc", std::make_shared<Linear>(c, 4 * c, config.bias, gen), c_fc);
+  register_module("c_proj", std::make_shared<Linear>(4 * c, c, config.bias, gen), c_proj);
 }
 
 Tensor GptMlp::forward(const Tensor& x) {
@@ -63,13 +67,14 @@ std::shared_ptr<Module> GptMlp::replicate() const {
 }
 
 GptBlock::GptBlock(const GptConfig& config, Generator& gen) : config(config) {
-  register_module("ln_1", std::make_shared<LayerNorm>(std::vector<int64_t>{config.n_embd}), ln_1);
+  register_module("ln_1", layer_norm(config), ln_1);
   register_module("attn",
                   std::make_shared<MultiheadSelfAttention>(
                       config.n_embd, config.n_head,
-                      SelfAttentionOptions{.causal = true, .dropout = config.dropout}, gen),
+                      SelfAttentionOptions{
+                          .causal = true, .dropout = config.dropout, .bias = config.bias}, gen),
                   attn);
-  register_module("ln_2", std::make_shared<LayerNorm>(std::vector<int64_t>{config.n_embd}), ln_2);
+  register_module("ln_2", layer_norm(config), ln_2);
   register_module("mlp", std::make_shared<GptMlp>(config, gen), mlp);
 }
 
@@ -98,7 +103,7 @@ Gpt::Gpt(GptConfig cfg, Generator& gen) : config(cfg) {
       transformer->insert("wpe", std::make_shared<Embedding>(config.block_size, c, gen));
   const auto h = transformer->insert("h", std::make_shared<Sequential>());
   for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(std::make_shared<GptBlock>(config, gen));
-  transformer->insert("ln_f", std::make_shared<LayerNorm>(std::vector<int64_t>{c}));
+  transformer->insert("ln_f", layer_norm(config));
   // What forward() calls them as: replace_child on transformer refuses other kinds.
   transformer->require_child_type<Embedding>("wte", type_name());
   transformer->require_child_type<Embedding>("wpe", type_name());

@@ -39,6 +39,9 @@ struct GptConfig {
   int64_t n_head = 12;
   int64_t n_embd = 768;
   double dropout = 0.0;
+  // nanoGPT's GPTConfig.bias: false gives every Linear and LayerNorm no bias
+  // (a checkpoint trained with nanoGPT's bias=False loads strictly).
+  bool bias = true;
   // Recompute each block's activations in backward instead of keeping them
   // (runtime/autograd/checkpoint.h); parameter names do not change.
   bool checkpoint_blocks = false;

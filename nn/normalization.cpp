@@ -75,12 +75,12 @@ void BatchNorm2d::check_input_dim(const Tensor& x) const {
   LOCKSTEP_CHECK(x.dim() == 4, "BatchNorm2d: expected 4D input (got {}D input)", x.dim());
 }
 
-LayerNorm::LayerNorm(std::vector<int64_t> shape, double eps_, bool affine)
+LayerNorm::LayerNorm(std::vector<int64_t> shape, double eps_, bool affine, bool with_bias)
     : normalized_shape(std::move(shape)), eps(eps_) {
   LOCKSTEP_CHECK(!normalized_shape.empty(), "LayerNorm: normalized_shape must not be empty");
   if (affine) {
     weight = register_parameter("weight", Tensor::ones(normalized_shape));
-    bias = register_parameter("bias", Tensor::zeros(normalized_shape));
+    if (with_bias) bias = register_parameter("bias", Tensor::zeros(normalized_shape));
   }
 }
 
@@ -94,7 +94,8 @@ std::string LayerNorm::extra_repr() const {
   for (size_t i = 0; i < normalized_shape.size(); ++i)
     shape += (i ? ", " : "") + std::to_string(normalized_shape[i]);
   shape += normalized_shape.size() == 1 ? ",)" : ")";
-  return fmt::format("{}, eps={}, elementwise_affine={}", shape, eps, weight.defined());
+  return fmt::format("{}, eps={}, elementwise_affine={}{}", shape, eps, weight.defined(),
+                     weight.defined() && !bias.defined() ? ", bias=False" : "");
 }
 
 std::shared_ptr<Module> BatchNorm1d::replicate() const {
@@ -104,7 +105,7 @@ std::shared_ptr<Module> BatchNorm2d::replicate() const {
   return std::make_shared<BatchNorm2d>(num_features, options);
 }
 std::shared_ptr<Module> LayerNorm::replicate() const {
-  return std::make_shared<LayerNorm>(normalized_shape, eps, weight.defined());
+  return std::make_shared<LayerNorm>(normalized_shape, eps, weight.defined(), bias.defined());
 }
 
 }  // namespace lockstep::nn

@@ -66,10 +66,11 @@ class BatchNorm2d : public BatchNormBase {
 };
 
 // Normalises over the trailing `normalized_shape` dims; weight 1, bias 0.
+// bias = false keeps the weight alone (PyTorch's LayerNorm(..., bias=False)).
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5,
-                     bool elementwise_affine = true);
+                     bool elementwise_affine = true, bool bias = true);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "LayerNorm"; }
   std::shared_ptr<Module> replicate() const override;
@@ -77,7 +78,8 @@ class LayerNorm : public Module {
 
   const std::vector<int64_t> normalized_shape;
   const double eps;
-  Tensor weight, bias;  // normalized_shape, undefined without elementwise_affine
+  // normalized_shape; undefined without elementwise_affine (bias: or without bias)
+  Tensor weight, bias;
 };
 
 }  // namespace lockstep::nn

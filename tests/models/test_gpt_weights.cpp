@@ -1,6 +1,6 @@
 // GPT weights from other programs: state_dicts laid out as nanoGPT and
 // Hugging Face write them (one or both names of the tied embedding, Conv1D's
-// transposed projections, torch.compile's key prefix).
+// transposed projections, torch.compile's key prefix, nanoGPT's bias=False).
 #include <catch2/catch.hpp>
 
 #include "lockstep/models/models.h"
@@ -124,3 +124,34 @@ TEST_CASE("GPT: Hugging Face's GPT2Model names, without \"transformer.\", get a 
   CHECK(r.unexpected_keys == std::vector<std::string>{"transformer.h.0.attn.bias"});
   CHECK(lt::values(model->lm_head->weight) == lt::values(source->wte()->weight));
 }
+
+TEST_CASE("GPT: bias=false, as nanoGPT's GPTConfig(bias=False), has no Linear or LayerNorm bias",
+          "[nn][gpt][state_dict]") {
+  auto config = tiny();
+  config.bias = false;
+  const auto source = models::gpt(config, 1);
+  nn::StateDict dict;  // nanoGPT's bias=False keys: weights only
+  for (const auto& [name, t] : source->state_dict()) {
+    INFO(name);
+    CHECK_FALSE(name.ends_with(".bias"));
+    dict.insert(name, t.clone());
+  }
+  CHECK(source->num_parameters() == config.num_parameters());
+  CHECK(config.num_parameters() < tiny().num_parameters());
+  // Such a dict loads strictly into a model built alike, and the model runs.
+  const auto model = models::gpt(config, 2);
+  model->load_state_dict(dict);
+  CHECK(lt::values(model->ln_f()->weight) == lt::values(source->ln_f()->weight));
+  CHECK_FALSE(model->ln_f()->bias.defined());
+  const Tensor idx = Tensor::from_vector<int64_t>({1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(lt::values(model->forward(idx)) == lt::values(source->forward(idx)));
+  // A LayerNorm without bias is the one with a zero bias.
+  nn::LayerNorm with({4}), without({4}, 1e-5, true, false);
+  CHECK(without.state_dict().keys() == std::vector<std::string>{"weight"});
+  CHECK_THAT(without.extra_repr(), Contains("bias=False"));
+  CHECK_THAT(with.extra_repr(), !Contains("bias"));
+  const Tensor x = Tensor::from_vector<float>({1, 2, 4, 8, -1, 0, 3, 2}, {2, 4});
+  CHECK(lt::values(without.forward(x)) == lt::values(with.forward(x)));
+  CHECK(without.replicate()->state_dict().keys() == std::vector<std::string>{"weight"});
+}
+
