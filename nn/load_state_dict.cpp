@@ -107,6 +107,35 @@ std::string prefix_hint(const LoadResult& r) {
       p, how_many, p);
 }
 
+// The unexpected keys that are a GPT attention's causal-mask buffer: "<attn>.bias" (and
+// Hugging Face's "<attn>.masked_bias") beside a "<attn>.c_attn.weight" of the model. nanoGPT
+// keeps the mask as a buffer when it runs without flash attention, and Hugging Face's GPT-2
+// always, so their state_dicts hold it; it is a constant, not a weight, and this model's
+// attention makes its own.
+std::string causal_mask_hint(const StateDict& own, const LoadResult& r) {
+  std::vector<std::string> masks;
+  for (const auto& key : r.unexpected_keys) {
+    const size_t dot = key.rfind('.');
+    const std::string leaf = key.substr(dot + 1), attn = key.substr(0, dot + 1);
+    const bool in_attn = attn == "attn." || attn.ends_with(".attn.");
+    const bool mask_name = leaf == "bias" || leaf == "masked_bias";
+    if (mask_name && in_attn && own.contains(attn + "c_attn.weight"))
+      masks.push_back(key);
+  }
+  if (masks.empty()) return "";
+  const std::string which = masks.size() == 1
+                                ? fmt::format("\"{}\" is", masks[0])
+                                : fmt::format("the {} keys \"{}\" ... \"{}\" are", masks.size(),
+                                              masks.front(), masks.back());
+  return fmt::format(
+      "\n  ({} the causal mask that nanoGPT keeps as a buffer when it runs without flash "
+      "attention (and Hugging Face's GPT-2 always): a constant lower-triangular matrix, not a "
+      "weight; this model's attention makes its own. Erase {} from the state_dict "
+      "(dict.erase(key)), as nanoGPT's from_pretrained drops them{})",
+      which, masks.size() == 1 ? "it" : "them",
+      masks.size() == r.unexpected_keys.size() ? ", or load with strict=false" : "");
+}
+
 // Everything load_state_dict checks, against the model's own state_dict
 // `own`: throws its error, or returns what a load would skip.
 LoadResult check_against(const Module& model, const StateDict& own, const StateDict& dict,
@@ -176,7 +205,7 @@ LoadResult check_against(const Module& model, const StateDict& own, const StateD
              "holds [out, in], as torch.nn.Linear and nanoGPT; transpose every such weight, "
              "the square ones too, which no shape check catches)";
     if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()))
-      msg += prefix_hint(result) +
+      msg += prefix_hint(result) + causal_mask_hint(own, result) +
              "\n  (pass strict=false to load the matching keys and ignore the others)";
     throw Error(msg);
   }

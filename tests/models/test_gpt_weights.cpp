@@ -1,6 +1,7 @@
 // GPT weights from other programs: state_dicts laid out as nanoGPT and
 // Hugging Face write them (one or both names of the tied embedding, Conv1D's
-// transposed projections, torch.compile's key prefix, nanoGPT's bias=False).
+// transposed projections, torch.compile's key prefix, nanoGPT's bias=False and
+// its causal-mask buffers).
 #include <catch2/catch.hpp>
 
 #include "lockstep/models/models.h"
@@ -155,3 +156,23 @@ TEST_CASE("GPT: bias=false, as nanoGPT's GPTConfig(bias=False), has no Linear or
   CHECK(without.replicate()->state_dict().keys() == std::vector<std::string>{"weight"});
 }
 
+TEST_CASE("GPT: nanoGPT's causal-mask buffers (attn.bias) are named as such, with how to load",
+          "[nn][gpt][state_dict]") {
+  const auto source = models::gpt(tiny(), 1);
+  const auto model = models::gpt(tiny(), 2);
+  // nanoGPT without flash attention registers the mask as the buffer
+  // "attn.bias" [1, 1, block_size, block_size] of every block.
+  nn::StateDict nano;
+  for (const auto& [name, t] : source->state_dict()) nano.insert(name, t);
+  nano.insert("transformer.h.0.attn.bias", Tensor::ones({1, 1, 4, 4}));
+  const std::string error = lt::error_of([&] { model->load_state_dict(nano); });
+  CHECK_THAT(error, Contains("\"transformer.h.0.attn.bias\" is the causal mask that nanoGPT "
+                             "keeps as a buffer") &&
+                        Contains("dict.erase(key)") && Contains("or load with strict=false"));
+  nano.erase("transformer.h.0.attn.bias");
+  model->load_state_dict(nano);
+  CHECK(lt::values(model->wte()->weight) == lt::values(source->wte()->weight));
+  // A key that only looks alike gets no such note.
+  nano.insert("transformer.h.0.mlp.bias", Tensor::ones({4}));
+  CHECK_THAT(lt::error_of([&] { model->load_state_dict(nano); }), !Contains("causal mask"));
+}
