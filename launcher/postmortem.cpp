@@ -35,6 +35,30 @@ RankHistory read_rank_history(const std::string& path, int rank, int node,
   return RankHistory{.rank = rank, .node = node, .host = host, .pid = pid};
 }
 
+namespace {
+
+// More ranks than any job has: a part saying so is damaged, and believing it
+// would have the report list (and sort) that many ranks.
+constexpr int kMaxWorldSize = 1 << 20;
+
+// What makes a part's world size or ranks impossible; empty if nothing.
+std::string damaged_ranks(const Postmortem& part) {
+  if (part.world_size < 0 || part.world_size > kMaxWorldSize)
+    return fmt::format("its world_size {} is not a job's size (0 to {} ranks): the part is "
+                       "damaged; remove it",
+                       part.world_size, kMaxWorldSize);
+  const int ranks = part.world_size > 0 ? part.world_size : kMaxWorldSize;
+  for (const auto& r : part.ranks) {
+    if (r.rank < 0 || r.rank >= ranks)
+      return fmt::format("it names rank {}, not a rank of its {}-rank job: the part is "
+                         "damaged; remove it",
+                         r.rank, ranks);
+  }
+  return {};
+}
+
+}  // namespace
+
 Postmortem read_rank_postmortems(const std::string& dir) {
   namespace fs = std::filesystem;
   std::vector<Postmortem> parts;
@@ -48,17 +72,24 @@ Postmortem read_rank_postmortems(const std::string& dir) {
       continue;
     std::ifstream in(entry.path());
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string why, what = "unreadable: cut short, or not a post-mortem";
     try {
-      parts.push_back(distributed::postmortem_from_json_text(text));
+      Postmortem part = distributed::postmortem_from_json_text(text);
+      why = damaged_ranks(part);
+      if (why.empty()) {
+        parts.push_back(std::move(part));
+        continue;
+      }
+      what = "damaged";
     } catch (const std::exception& e) {
-      int rank = -1;
-      if (std::sscanf(name.c_str(), "lockstep-postmortem-rank%d.json", &rank) != 1 || rank < 0)
-        continue;  // not a rank's part by its name
-      fmt::print(stderr, "lockstep-run: {}: {}\n", entry.path().string(), e.what());
-      unreadable.emplace_back(
-          rank, fmt::format("its part {} is unreadable: cut short, or not a post-mortem",
-                            entry.path().string()));
+      why = e.what();
     }
+    int rank = -1;
+    if (std::sscanf(name.c_str(), "lockstep-postmortem-rank%d.json", &rank) != 1 || rank < 0)
+      continue;  // not a rank's part by its name
+    fmt::print(stderr, "lockstep-run: {}: {}\n", entry.path().string(), why);
+    unreadable.emplace_back(
+        rank, fmt::format("its part {} is {}", entry.path().string(), what));
   }
   LOCKSTEP_CHECK(!error, "cannot read the directory {}: {}", dir, error.message());
   LOCKSTEP_CHECK(unreadable.empty() || !parts.empty(),
@@ -126,11 +157,15 @@ Postmortem read_rank_postmortems(const std::string& dir) {
   });
   for (const auto& [rank, why] : unreadable)
     distributed::merge(pm, Postmortem{.ranks = {RankHistory{.rank = rank, .no_record = why}}});
-  for (int r = 0; r < pm.world_size; ++r) {
-    const bool known = std::any_of(pm.ranks.begin(), pm.ranks.end(),
-                                   [&](const RankHistory& h) { return h.rank == r; });
-    if (!known) distributed::merge(pm, Postmortem{.ranks = {RankHistory{.rank = r}}});
-  }
+  // The ranks no part tells of, added at once (merge() looks through and
+  // sorts every rank for each it adds).
+  std::vector<bool> known(static_cast<size_t>(pm.world_size), false);
+  for (const RankHistory& h : pm.ranks)
+    if (h.rank >= 0 && h.rank < pm.world_size) known[static_cast<size_t>(h.rank)] = true;
+  for (int r = 0; r < pm.world_size; ++r)
+    if (!known[static_cast<size_t>(r)]) pm.ranks.push_back(RankHistory{.rank = r});
+  std::sort(pm.ranks.begin(), pm.ranks.end(),
+            [](const RankHistory& a, const RankHistory& b) { return a.rank < b.rank; });
   std::vector<std::string> said;
   for (const auto& [text, ranks] : causes)
     said.push_back(fmt::format("{} on {}", text, ranks_text(ranks)));

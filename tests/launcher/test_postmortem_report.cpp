@@ -462,6 +462,38 @@ TEST_CASE("launcher: --postmortem-from reports the other ranks when a part is un
   CHECK_THAT(none.output, Contains("no part in " + dir.str() + " can be read: its part"));
 }
 
+TEST_CASE("launcher: --postmortem-from refuses a part whose world size or rank is impossible",
+          "[launcher][postmortem]") {
+  // A damaged (or hostile) part, the newest, says its job had 2^31-1 ranks.
+  // Before, the report was made for that many ranks: the launcher ran on
+  // without end, growing, and left out the good parts as another job's.
+  TempDir dir;
+  write_part(dir, 0, 3, 5, "failed");
+  write_part(dir, 1, 2147483647, 5, "failed", "", 1.8e9 + 10);
+  {
+    // And one whose rank is not one of its job's.
+    lockstep::distributed::Postmortem pm{.cause = "", .written_unix_s = 1.8e9, .world_size = 3};
+    pm.ranks.push_back({.rank = 1000000000, .host = "h", .pid = 7, .recorded = true});
+    std::ofstream(part_path(dir, 2)) << lockstep::distributed::to_json_text(pm, 1) << "\n";
+  }
+  const auto r =
+      run_process({bin_path("lockstep-run"), "--postmortem-from", dir.str()}, 60s);
+  INFO(describe(r));
+  REQUIRE(!r.timed_out);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output,
+             Contains(fmt::format("{}: its world_size 2147483647 is not a job's size (0 to "
+                                  "1048576 ranks): the part is damaged; remove it",
+                                  part_path(dir, 1))) &&
+                 Contains(fmt::format("{}: it names rank 1000000000, not a rank of its 3-rank "
+                                      "job",
+                                      part_path(dir, 2))) &&
+                 Contains("rank 0: allreduce #5 (f32, 1000 elements) failed") &&
+                 Contains(fmt::format("rank 1: left no record (its part {} is damaged)",
+                                      part_path(dir, 1))) &&
+                 !Contains("rank 3"));
+}
+
 TEST_CASE("launcher: --postmortem-from leaves out the parts of an earlier attempt",
           "[launcher][postmortem]") {
   // torchrun restarted the job: in restart 1 ranks 0 and 1 failed in
