@@ -79,7 +79,9 @@ void write_str(int fd, const char* text) {
   const char* desc = strerrordesc_np(error);
   write_str(STDERR_FILENO, desc != nullptr ? desc : "unknown error");
   write_str(STDERR_FILENO, "\n");
-  _exit(127);
+  // As shells and mpirun: 127 when there is no such program, 126 when it is
+  // there but cannot run (not executable, a directory, a bad format, busy).
+  _exit(error == ENOENT || error == ENOTDIR ? 127 : 126);
 }
 
 }  // namespace

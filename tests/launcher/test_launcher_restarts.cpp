@@ -5,9 +5,13 @@
 
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -107,6 +111,29 @@ TEST_CASE("launcher: --max-restarts gives up after N restarts, and a signal is n
   CHECK(stopped.exit_code == 128 + SIGTERM);
   CHECK_THAT(stopped.output, Contains("received SIGTERM") && !Contains("restart 1"));
   check_no_orphans(dir.str(), 2);
+}
+
+TEST_CASE("launcher: a rank that cannot be executed exits 126, one that is not there 127",
+          "[launcher]") {
+  // The program was there at the start and changed before the restart:
+  // every exec failure exited 127, "not found" to a shell or mpirun user,
+  // also when the program was there but no longer executable.
+  TempDir dir;
+  const std::vector<std::pair<std::string, int>> cases = {
+      {"chmod -x \"$0\"", 126}, {"rm \"$0\"", 127}, {"rm \"$0\" && mkdir \"$0\"", 126}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string script = dir.str() + fmt::format("/rank{}", i);
+    std::ofstream(script) << fmt::format(
+        "#!/bin/sh\n[ \"$LOCKSTEP_RESTART_COUNT$RANK\" = 00 ] && {}\nexit 1\n", cases[i].first);
+    std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+    const auto r = run_process({bin_path("lockstep-run"), "-np", "1", "--max-restarts", "1",
+                                "--restart-backoff", "0", script},
+                               60s);
+    INFO(cases[i].first << ": " << describe(r) << "\n" << r.output);
+    CHECK(r.exit_code == cases[i].second);
+    CHECK_THAT(r.output, Contains(fmt::format("exited with code {}", cases[i].second)) &&
+                             Contains("lockstep-run: cannot execute " + script + ": "));
+  }
 }
 
 TEST_CASE("launcher: --max-restarts across two nodes starts every node's ranks again together",
