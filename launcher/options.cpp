@@ -9,9 +9,12 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include <CLI/CLI.hpp>
+
+#include "lockstep/distributed/launch_env.h"
 
 namespace lockstep::launcher {
 namespace {
@@ -81,12 +84,45 @@ bool valid_name(const std::string& name) {
          });
 }
 
+// Why `name` cannot be exported: the launcher sets it for each rank itself,
+// over any value -x gives (README.md, what each rank gets); empty if it can.
+std::string set_by_launcher(const std::string& name) {
+  static const std::map<std::string, std::string> kFlagFor = {
+      {"WORLD_SIZE", "-np or --nproc-per-node and --nnodes"},
+      {"LOCKSTEP_WORLD_SIZE", "-np or --nproc-per-node and --nnodes"},
+      {"LOCAL_WORLD_SIZE", "-np or --nproc-per-node"},
+      {"LOCKSTEP_LOCAL_WORLD_SIZE", "-np or --nproc-per-node"},
+      {"LOCKSTEP_NUM_NODES", "--nnodes"},
+      {"LOCKSTEP_NODE_RANK", "--node-rank"},
+      {"MASTER_ADDR", "--master-addr"},
+      {"MASTER_PORT", "--master-port"},
+      {"LOCKSTEP_STORE_ADDR", "--master-addr and --master-port"},
+      {"LOCKSTEP_TOKEN", "--token"},
+      {"LOCKSTEP_HEARTBEAT_MS", "--hang-timeout"},
+      {"LOCKSTEP_HEARTBEAT_FD", "--hang-timeout"}};
+  static const std::set<std::string> kOwn = [] {
+    std::set<std::string> own = {"LOCKSTEP_RESTART_COUNT", "LOCKSTEP_JOB_ID",
+                                 "LOCKSTEP_FLIGHT_RECORDER"};
+    for (const auto& entry : kFlagFor) own.insert(entry.first);
+    for (const auto& [var, value] : distributed::rank_variables({}, 1)) own.insert(var);
+    return own;
+  }();
+  if (!kOwn.contains(name)) return {};
+  const auto flag = kFlagFor.find(name);
+  return fmt::format("lockstep-run sets {} for each rank itself, over any value -x gives{}",
+                     name,
+                     flag == kFlagFor.end() ? std::string()
+                                            : fmt::format("; to choose it, use {}", flag->second));
+}
+
 std::pair<std::string, std::string> resolve_export(const std::string& spec,
                                                    const runtime::EnvLookup& env) {
   const auto eq = spec.find('=');
   const std::string name = spec.substr(0, eq);
   if (!valid_name(name))
     throw UsageError(fmt::format("-x {}: '{}' is not a variable name", spec, name));
+  if (const std::string why = set_by_launcher(name); !why.empty())
+    throw UsageError(fmt::format("-x {}: {}", spec, why));
   if (eq != std::string::npos) return {name, spec.substr(eq + 1)};
   const auto value = env(name);
   if (!value)

@@ -416,6 +416,35 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
     CHECK_THAT(help.output, Contains(option));
 }
 
+TEST_CASE("launcher: -x of a variable the launcher sets for each rank is refused, naming it",
+          "[launcher]") {
+  // The ranks got the launcher's value without a word: -x MASTER_PORT=29500
+  // left the store on another port, -x RANK=0 gave each rank its own rank.
+  const auto lr = bin_path("lockstep-run");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"RANK=0", "-x RANK=0: lockstep-run sets RANK for each rank itself, over any value -x "
+                 "gives"},
+      {"MASTER_PORT=29500", "-x MASTER_PORT=29500: lockstep-run sets MASTER_PORT for each rank "
+                            "itself, over any value -x gives; to choose it, use --master-port"},
+      {"WORLD_SIZE=8", "to choose it, use -np or --nproc-per-node and --nnodes"},
+      {"LOCKSTEP_STORE_ADDR=h:1", "lockstep-run sets LOCKSTEP_STORE_ADDR for each rank itself"},
+      {"LOCKSTEP_JOB_ID=j", "lockstep-run sets LOCKSTEP_JOB_ID for each rank itself"},
+      {"LOCKSTEP_HEARTBEAT_FD", "to choose it, use --hang-timeout"}};
+  for (const auto& [spec, message] : cases) {
+    const auto r = run_process({lr, "-np", "2", "-x", spec, "true"}, kLimit,
+                               {"LOCKSTEP_HEARTBEAT_FD=3"});
+    INFO(spec << ": " << describe(r) << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Contains(message));
+  }
+  // The variables the ranks read but the launcher leaves alone still pass.
+  const auto ok = launch({"-np", "2", "-x", "OMP_NUM_THREADS=3", "-x", "LOCKSTEP_BACKEND=shm"},
+                         {"print", "show=OMP_NUM_THREADS"});
+  INFO(ok.output);
+  CHECK(ok.ok());
+  CHECK_THAT(ok.output, Contains("OMP_NUM_THREADS=3"));
+}
+
 TEST_CASE("launcher: a script whose #! interpreter cannot run is refused, naming the interpreter",
           "[launcher]") {
   // Every rank printed "cannot execute SCRIPT: No such file or directory", of a
