@@ -1,6 +1,8 @@
 #include "launcher/process_identity.h"
 
 #include <charconv>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -36,6 +38,29 @@ bool process_stopped(pid_t pid) {
   const auto paren = text.rfind(')');
   const auto at = paren == std::string::npos ? paren : text.find_first_not_of(' ', paren + 1);
   return at != std::string::npos && (text[at] == 'T' || text[at] == 't');
+}
+
+bool group_has_living(pid_t pgid) {
+  std::error_code error;
+  // increment(error), not ++: a failed read says so instead of throwing.
+  for (std::filesystem::directory_iterator it("/proc", error), end; !error && it != end;
+       it.increment(error)) {
+    const auto& entry = *it;
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name[0] < '0' || name[0] > '9') continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string text;
+    if (!std::getline(in, text)) continue;  // gone meanwhile
+    // After the command name's last ')': state (field 3), ppid, pgrp (5).
+    const auto paren = text.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= text.size()) continue;
+    const char state = text[paren + 2];
+    long ppid = 0, pgrp = 0;
+    if (std::sscanf(text.c_str() + paren + 3, " %ld %ld", &ppid, &pgrp) != 2) continue;
+    if (pgrp == pgid && state != 'Z' && state != 'X') return true;
+  }
+  // Unreadable /proc: say yes, so the group is waited for as before.
+  return static_cast<bool>(error);
 }
 
 bool process_alive(pid_t pid, uint64_t start_time) {

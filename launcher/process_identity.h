@@ -19,4 +19,9 @@ bool process_alive(pid_t pid, uint64_t start_time);
 // Whether `pid` is stopped (SIGSTOP, SIGTSTP, or a debugger's trace stop).
 bool process_stopped(pid_t pid);
 
+// Whether process group `pgid` holds a process that is not a zombie: one
+// that is dead but not yet waited for by its parent (outside the group) can
+// neither be killed nor hold anything open.
+bool group_has_living(pid_t pgid);
+
 }  // namespace lockstep::launcher

@@ -18,6 +18,7 @@
 
 #include "launcher/line_tagger.h"
 #include "launcher/output_queue.h"
+#include "launcher/process_identity.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/distributed/exit_status.h"
 
@@ -261,8 +262,11 @@ class Supervisor {
   }
 
   // After its rank ended: whether its process group is gone (noted for good).
+  // A group left with only zombies is gone: their parent, outside the group
+  // (a container's init that does not reap), may never wait for them.
   static bool look_for_group(Tracked& r) {
-    if (!r.group_gone && kill(-r.process.child.pid, 0) != 0 && errno == ESRCH)
+    if (!r.group_gone && ((kill(-r.process.child.pid, 0) != 0 && errno == ESRCH) ||
+                          !group_has_living(r.process.child.pid)))
       r.group_gone = true;
     return r.group_gone;
   }

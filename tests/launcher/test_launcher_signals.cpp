@@ -121,6 +121,17 @@ char process_state(pid_t pid) {
 
 }  // namespace
 
+TEST_CASE("launcher: a rank's group left with only a zombie is not waited for", "[launcher]") {
+  // The zombie's parent, outside the group, does not wait for it (a
+  // container's init that does not reap): the group cannot be killed or
+  // stop, and the launcher waited out the whole grace period for it.
+  const auto r = launch({"-np", "2", "--grace-period", "600"},
+                        {"zombie=0", "zombie=1", "exit=0:3", "exit=1:0"});
+  CHECK(!r.timed_out);
+  CHECK(r.exit_code == 3);
+  CHECK_THAT(r.output, Contains("exited with code 3") && !Contains("SIGKILL"));
+}
+
 TEST_CASE("launcher: ranks that ignore SIGTERM get SIGKILL after the grace period", "[launcher]") {
   TempDir dir;
   const auto r = launch({"-np", "2", "--grace-period", "0.5"},

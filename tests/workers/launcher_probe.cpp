@@ -43,7 +43,12 @@
 //                    on), and the other ranks issue 1 s later
 //   then-allreduce   then every rank runs one more all-reduce of 1000 values
 //                    (one that stopped, blocked or failed never gets there)
+//   zombie=R         rank R leaves a zombie in its process group, before
+//                    exit=: a process of it that ended, whose parent (moved to
+//                    a group of its own) does not wait for it until the
+//                    launcher is gone (as a container's init that does not reap)
 //   sleep            then wait until killed (default: exit 0)
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <unistd.h>
@@ -136,6 +141,30 @@ int store_sum(const lockstep::distributed::RankInfo& info) {
   if (store.add("probe/read", 1) == info.world_size) store.set("probe/all-read", "1");
   store.wait({"probe/all-read"});
   return sum == expected ? 0 : 1;
+}
+
+// See zombie=R above. Returns once the zombie's parent has left the group.
+void leave_zombie() {
+  const pid_t launcher = getppid();
+  int ready[2];
+  if (pipe(ready) != 0) std::abort();
+  if (fork() != 0) {
+    char byte;
+    close(ready[1]);
+    if (read(ready[0], &byte, 1) != 1) std::abort();
+    close(ready[0]);
+    return;
+  }
+  // The parent: async-signal-safe calls only (the rank has threads).
+  if (fork() == 0) _exit(0);  // the zombie, in the rank's group
+  setpgid(0, 0);
+  const int devnull = open("/dev/null", O_RDWR);
+  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) dup2(devnull, fd);
+  const char byte = 1;
+  if (write(ready[1], &byte, 1) != 1) _exit(1);
+  close_range(3, ~0U, 0);  // no pipe of the launcher's kept open
+  while (kill(launcher, 0) == 0) usleep(20'000);
+  _exit(0);
 }
 
 std::string sigint_disposition() {
@@ -282,6 +311,9 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  for (const auto& a : args) {
+    if (a == fmt::format("zombie={}", info.rank)) leave_zombie();
+  }
   for (const auto& a : args) {
     int value = 0;
     const auto eq = a.find('=');
