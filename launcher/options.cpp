@@ -296,13 +296,15 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
       "LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK, LOCKSTEP_NUM_NODES, LOCKSTEP_STORE_ADDR,\n"
       "LOCKSTEP_TOKEN, torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
       "MASTER_PORT, LOCKSTEP_RESTART_COUNT, LOCKSTEP_JOB_ID (one per launch, the same for every\n"
-      "attempt), LOCKSTEP_FLIGHT_RECORDER, and OMP_NUM_THREADS=1 unless set.\n"
+      "attempt), LOCKSTEP_FLIGHT_RECORDER, LOCKSTEP_HEARTBEAT_FD and LOCKSTEP_HEARTBEAT_MS (its\n"
+      "heartbeat socket, descriptor 3, and how often to beat; not with --hang-timeout 0), and\n"
+      "OMP_NUM_THREADS=1 unless set. -x cannot set these (OMP_NUM_THREADS aside).\n"
       "CUDA_VISIBLE_DEVICES is left alone: a rank uses cuda:<local rank>. Global rank = node\n"
       "rank * nproc-per-node + local rank.\n"
       "Ranks read stdin from /dev/null. SIGINT, SIGTERM and SIGHUP are forwarded to every rank\n"
       "(a second one sends SIGKILL). Exit status: 0 when every rank exits 0, else the first\n"
       "failing rank's code (128 + signal number when it was killed by a signal) of the last\n"
-      "attempt.");
+      "attempt; a rank whose program cannot run exits 126, or 127 when it is not there.");
 
   // CLI11 wants the program name first.
   std::vector<std::string> args = own;

@@ -414,6 +414,11 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
                              "--grace-period", "--bind-to", "--max-restarts",
                              "--restart-backoff", "--hang-timeout"})
     CHECK_THAT(help.output, Contains(option));
+  // Every variable each rank gets (README.md); the heartbeat's were missing.
+  for (const char* var : {"LOCKSTEP_RANK", "LOCKSTEP_STORE_ADDR", "MASTER_PORT",
+                          "LOCKSTEP_RESTART_COUNT", "LOCKSTEP_JOB_ID", "LOCKSTEP_FLIGHT_RECORDER",
+                          "LOCKSTEP_HEARTBEAT_FD", "LOCKSTEP_HEARTBEAT_MS", "OMP_NUM_THREADS"})
+    CHECK_THAT(help.output, Contains(var));
 }
 
 TEST_CASE("launcher: -x of a variable the launcher sets for each rank is refused, naming it",
