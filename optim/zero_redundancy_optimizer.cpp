@@ -62,7 +62,6 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ParamGroup> groups,
                  options_.bucket_cap_mb);
   std::unordered_set<const runtime::TensorImpl*> seen;
   for (size_t g = 0; g < groups.size(); ++g) {
-    LOCKSTEP_CHECK(!groups[g].params.empty(), "{}: parameter group {} is empty", kName, g);
     for (size_t i = 0; i < groups[g].params.size(); ++i) {
       const Tensor& p = groups[g].params[i];
       LOCKSTEP_CHECK(p.defined() && runtime::is_floating(p.dtype()) && p.is_leaf(),
@@ -74,13 +73,20 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ParamGroup> groups,
       placed_.emplace_back(p.dtype(), p.device());
     }
   }
+  // A group of no parameters is kept, as PyTorch's keeps it; no parameters
+  // at all is refused, as there.
+  LOCKSTEP_CHECK(!all_params_.empty(), "{}: got no parameters (every group is empty)", kName);
   check_same_parameters_on_every_rank(groups);
 
   // Full options of every group, identical on every rank: from a probe of the
-  // inner optimizer's type over one scalar per group.
+  // inner optimizer's type over one scalar per group (none for an empty one).
   std::vector<ParamGroup> probe_groups;
   for (const auto& g : groups) {
-    probe_groups.push_back({{Tensor::zeros({1}, g.params[0].dtype(), g.params[0].device())}, g.options});
+    std::vector<Tensor> scalar;
+    if (!g.params.empty()) {
+      scalar.push_back(Tensor::zeros({1}, g.params[0].dtype(), g.params[0].device()));
+    }
+    probe_groups.push_back({std::move(scalar), g.options});
   }
   probe_ = factory_(std::move(probe_groups));
   LOCKSTEP_CHECK(probe_ != nullptr && probe_->param_groups().size() == groups.size(),
@@ -359,20 +365,29 @@ void ZeroRedundancyOptimizer::sync_parameters() {
   }
 }
 
-void ZeroRedundancyOptimizer::validate(const GroupOptions& options) const {
+// A state with no entries for the probe: group g's options, and its scalar
+// (if it has one) numbered as the probe's state_dict() numbers it.
+OptimizerState ZeroRedundancyOptimizer::probe_state(
+    const std::function<const GroupOptions&(size_t)>& options_of) const {
   OptimizerState check;
-  for (size_t g = 0; g < groups_.size(); ++g) check.param_groups.push_back({options, {static_cast<int64_t>(g)}});
-  probe_->load_state_dict(check);
+  int64_t number = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    OptimizerState::Group group{options_of(g), {}};
+    if (!probe_->param_groups()[g].params.empty()) group.params.push_back(number++);
+    check.param_groups.push_back(std::move(group));
+  }
+  return check;
+}
+
+void ZeroRedundancyOptimizer::validate(const GroupOptions& options) const {
+  probe_->load_state_dict(probe_state([&](size_t) -> const GroupOptions& { return options; }));
 }
 
 // The options as edited in param_groups(), checked the same way on every rank
 // (the probe), then copied to the inner optimizer's groups.
 void ZeroRedundancyOptimizer::sync_options() {
-  OptimizerState check;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    check.param_groups.push_back({groups_[g].options, {static_cast<int64_t>(g)}});
-  }
-  probe_->load_state_dict(check);
+  probe_->load_state_dict(
+      probe_state([&](size_t g) -> const GroupOptions& { return groups_[g].options; }));
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].options = probe_->param_groups()[g].options;
   if (!inner_) return;
   auto& inner_groups = inner_->param_groups();
@@ -503,7 +518,6 @@ void ZeroRedundancyOptimizer::load_state_dict(const OptimizerState& full) {
   // Saved parameter number -> global index, by position; every check runs on
   // every rank, so all ranks fail alike or none does.
   std::map<int64_t, int64_t> global_of;
-  OptimizerState check;
   int64_t index = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     const auto& sg = full.param_groups[g];
@@ -511,8 +525,9 @@ void ZeroRedundancyOptimizer::load_state_dict(const OptimizerState& full) {
                    "{}: saved parameter group {} has {} parameter(s), this optimizer's has {}", what,
                    g, sg.params.size(), groups_[g].params.size());
     for (int64_t number : sg.params) global_of[number] = index++;
-    check.param_groups.push_back({sg.options, {static_cast<int64_t>(g)}});
   }
+  const OptimizerState check =
+      probe_state([&](size_t g) -> const GroupOptions& { return full.param_groups[g].options; });
   for (const auto& [number, entries] : full.state) {
     auto it = global_of.find(number);
     LOCKSTEP_CHECK(it != global_of.end(),

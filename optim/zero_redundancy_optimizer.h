@@ -32,6 +32,9 @@
 // pieces, then sends every piece from its owner to all ranks (ZeroOptions::
 // Sync below), so after step() all ranks hold the same bits.
 //
+// A group may hold no parameters (kept, with its options and its place in
+// state_dict(), as PyTorch keeps it); every group empty is refused.
+//
 // Options: param_groups() lists every parameter of every group, with the full
 // options (defaults filled in by the inner optimizer's type). Edit them there
 // (an LR scheduler does); step() copies them into the inner optimizer first.
@@ -150,6 +153,7 @@ class ZeroRedundancyOptimizer : public Optimizer {
   Tensor data_of(const Piece& piece) const;
   void bind_grads();
   void release_grads();
+  OptimizerState probe_state(const std::function<const GroupOptions&(size_t)>& options_of) const;
   void sync_options();
   void sync_parameters();
   void plan_sync();

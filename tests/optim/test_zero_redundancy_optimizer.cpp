@@ -747,3 +747,76 @@ TEST_CASE("ZeroRedundancyOptimizer: a model converted with .to() after it was bu
   }, "zero-moved");
   require_no_problems(problems);
 }
+
+TEST_CASE("ZeroRedundancyOptimizer: an empty parameter group is kept as by the plain optimizer",
+          "[zero][optim]") {
+  const bool split = GENERATE(true, false);
+  INFO((split ? "split" : "whole"));
+  // Body, an empty group (a model part absent in this configuration), head.
+  auto three_groups = [](nn::Module& m) {
+    auto groups = two_groups(m);
+    groups.insert(groups.begin() + 1, ParamGroup{{}, {{"lr", 0.5}}});
+    return groups;
+  };
+  const auto problems = on_ranks(2, [&](int rank, GroupPtr group) -> std::string {
+    auto zm = mlp(6, 16, 1), pm = mlp(6, 16, 1), rm = mlp(6, 16, 1);
+    ZeroRedundancyOptimizer zero(three_groups(*zm), group, adam_factory(),
+                                 {.split_parameters = split});
+    auto plain = adam_factory()(three_groups(*pm));
+    if (zero.param_groups().size() != 3 || !zero.param_groups()[1].params.empty()) {
+      return "the empty group was not kept";
+    }
+    for (int step = 0; step < 3; ++step) {
+      if (step == 2) {
+        zero.param_groups()[1].options["lr"] = 0.25;  // an edit to the empty group is checked too
+        plain->param_groups()[1].options["lr"] = 0.25;
+      }
+      zero.zero_grad();
+      plain->zero_grad();
+      backward_step(*zm, step, 6);
+      backward_step(*pm, step, 6);
+      zero.step();
+      plain->step();
+    }
+    const auto zp = zm->parameters(), pp = pm->parameters();
+    for (size_t i = 0; i < zp.size(); ++i) {
+      if (!same_bits(zp[i], pp[i])) return fmt::format("parameter {} differs", i);
+    }
+    zero.consolidate_state_dict(0);
+    OptimizerState saved = plain->state_dict();
+    if (rank == 0) {
+      const std::string m = state_mismatch(zero.state_dict(), saved);
+      if (!m.empty()) return "consolidated: " + m;
+    }
+    // The round trip: the saved state (three groups, the middle one empty)
+    // into a fresh ZeRO, which then trains on exactly as the plain one.
+    {
+      lockstep::runtime::NoGradGuard no_grad;
+      const auto rp = rm->parameters();
+      for (size_t i = 0; i < rp.size(); ++i) Tensor(rp[i]).copy_(pp[i]);
+    }
+    ZeroRedundancyOptimizer resumed(three_groups(*rm), group, adam_factory(),
+                                    {.split_parameters = split});
+    resumed.load_state_dict(saved);
+    if (resumed.param_groups()[1].options.at("lr") != 0.25) return "the empty group's lr was lost";
+    resumed.zero_grad();
+    plain->zero_grad();
+    backward_step(*rm, 3, 6);
+    backward_step(*pm, 3, 6);
+    resumed.step();
+    plain->step();
+    const auto rp = rm->parameters();
+    for (size_t i = 0; i < rp.size(); ++i) {
+      if (!same_bits(rp[i], pp[i])) return fmt::format("parameter {} differs after loading", i);
+    }
+    return "";
+  }, "zero-empty-group");
+  require_no_problems(problems);
+
+  const auto none = on_ranks(2, [&](int, GroupPtr group) -> std::string {
+    ZeroRedundancyOptimizer zero(std::vector<ParamGroup>{{{}, {}}, {{}, {}}}, group,
+                                 sgd_factory());
+    return "constructed";
+  }, "zero-no-params");
+  for (const auto& p : none) CHECK_THAT(p, Contains("got no parameters"));
+}
