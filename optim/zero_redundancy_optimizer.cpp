@@ -111,7 +111,20 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ParamGroup> groups,
                    kName, piece.param);
   }
   build_shard();
+  sent_ = changeable();
   plan_sync();
+}
+
+// Which parameters step() may change, and so must send: all but the frozen
+// ones without a gradient, which the inner optimizer skips as the plain one
+// does (a frozen parameter that still holds a gradient is stepped, so sent).
+// Every rank freezes alike and holds equal gradients (DDP makes them so),
+// so every rank computes the same mask and the same plan.
+std::vector<bool> ZeroRedundancyOptimizer::changeable() const {
+  std::vector<bool> mask;
+  mask.reserve(all_params_.size());
+  for (const Tensor& p : all_params_) mask.push_back(p.requires_grad() || p.grad().defined());
+  return mask;
 }
 
 // This rank's pieces, per original group (pieces and groups both follow the
@@ -246,9 +259,13 @@ void ZeroRedundancyOptimizer::plan_sync() {
   std::set<DType> dtypes;
   for (const auto& p : all_params_) dtypes.insert(p.dtype());
   const Tensor& any = all_params_.front();
-  std::vector<std::vector<size_t>> pieces_of(static_cast<size_t>(n));  // by owner, global order
+  // By owner, global order; the pieces of parameters step() cannot change
+  // (sent_) are left out.
+  std::vector<std::vector<size_t>> pieces_of(static_cast<size_t>(n));
   for (size_t k = 0; k < partition_.pieces.size(); ++k) {
-    pieces_of[static_cast<size_t>(partition_.pieces[k].owner)].push_back(k);
+    const Piece& piece = partition_.pieces[k];
+    if (!sent_[static_cast<size_t>(piece.param)]) continue;
+    pieces_of[static_cast<size_t>(piece.owner)].push_back(k);
   }
   auto dtype_of = [&](size_t k) { return all_params_[static_cast<size_t>(partition_.pieces[k].param)].dtype(); };
 
@@ -401,6 +418,11 @@ void ZeroRedundancyOptimizer::step() {
     bind_grads();
     inner_->step();
     release_grads();
+  }
+  // A parameter frozen or unfrozen since the last step changes what is sent.
+  if (std::vector<bool> now = changeable(); now != sent_) {
+    sent_ = std::move(now);
+    plan_sync();
   }
   sync_parameters();
 }

@@ -30,7 +30,12 @@
 // update reads only that element's gradient and state); optimizers with
 // per-tensor statistics need split_parameters = false. step() steps the
 // pieces, then sends every piece from its owner to all ranks (ZeroOptions::
-// Sync below), so after step() all ranks hold the same bits.
+// Sync below), so after step() all ranks hold the same bits. A frozen
+// parameter (requires_grad false) without a gradient is skipped by the inner
+// optimizer and not sent (as PyTorch's with parameters_as_bucket_view): a
+// fine-tuning run with a frozen backbone sends only what trains. Freezing or
+// unfreezing between steps is seen at the next step(); every rank must
+// freeze alike, as DDP requires.
 //
 // A group may hold no parameters (kept, with its options and its place in
 // state_dict(), as PyTorch keeps it); every group empty is refused.
@@ -156,6 +161,7 @@ class ZeroRedundancyOptimizer : public Optimizer {
   OptimizerState probe_state(const std::function<const GroupOptions&(size_t)>& options_of) const;
   void sync_options();
   void sync_parameters();
+  std::vector<bool> changeable() const;
   void plan_sync();
 
   std::shared_ptr<collectives::ProcessGroup> group_;
@@ -172,6 +178,7 @@ class ZeroRedundancyOptimizer : public Optimizer {
   // validates options identically on every rank, shard or no shard.
   std::unique_ptr<Optimizer> probe_;
   std::vector<Bucket> buckets_;
+  std::vector<bool> sent_;  // by global index: whether buckets_ send its pieces
   std::unique_ptr<OptimizerState> consolidated_;
   int consolidated_on_ = -1;
 };

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "collectives/rank_threads.h"
+#include "lockstep/distributed/flight_recorder.h"
 #include "lockstep/models/models.h"
 #include "lockstep/nn/activation.h"
 #include "lockstep/nn/container.h"
@@ -819,4 +820,70 @@ TEST_CASE("ZeroRedundancyOptimizer: an empty parameter group is kept as by the p
     return "constructed";
   }, "zero-no-params");
   for (const auto& p : none) CHECK_THAT(p, Contains("got no parameters"));
+}
+
+TEST_CASE("ZeroRedundancyOptimizer: frozen parameters without gradients are not sent",
+          "[zero][optim]") {
+  const int world = GENERATE(2, 3);
+  const auto sync = GENERATE(ZeroOptions::Sync::Broadcast, ZeroOptions::Sync::Allgather);
+  const bool split = GENERATE(true, false);
+  const bool broadcast = sync == ZeroOptions::Sync::Broadcast;
+  INFO("world " << world << (broadcast ? " broadcast" : " allgather")
+                << (split ? " split" : " whole"));
+  // f32 elements this process's rank 0 sent or gathered in the group, per step.
+  const std::string name = fmt::format("zero-frozen-{}-{}-{}", world, broadcast, split);
+  std::vector<int64_t> sent(6, 0);
+  const auto problems = on_ranks(world, [&](int rank, GroupPtr group) -> std::string {
+    // A fine-tuning run: the first Linear (its 96 + 16 of 469 elements) frozen.
+    auto zm = mlp(6, 16, 1), pm = mlp(6, 16, 1);
+    auto freeze = [&](bool frozen) {
+      for (auto* m : {zm.get(), pm.get()}) {
+        for (size_t i : {0, 1}) Tensor(m->parameters()[i]).requires_grad_(!frozen);
+      }
+    };
+    freeze(true);
+    ZeroRedundancyOptimizer zero(two_groups(*zm), group, adam_factory(),
+                                 {.sync = sync, .bucket_cap_mb = 600.0 / (1 << 20),
+                                  .split_parameters = split});
+    auto plain = adam_factory()(two_groups(*pm));
+    auto& recorder = lockstep::distributed::FlightRecorder::instance();
+    for (int step = 0; step < 6; ++step) {
+      if (step == 2 || step == 4) freeze(step == 4);  // unfrozen at 2, frozen again at 4
+      if (step != 4) {  // step 4 keeps step 3's gradients: frozen with a gradient, so stepped
+        zero.zero_grad();
+        plain->zero_grad();
+        backward_step(*zm, step, 6);
+        backward_step(*pm, step, 6);
+      }
+      const uint64_t before = recorder.snapshot().back().ordinal;
+      zero.step();
+      plain->step();
+      if (rank == 0) {
+        for (const auto& r : recorder.snapshot()) {
+          if (r.ordinal > before && r.group == name && r.group_rank == 0 && r.dtype == "f32") {
+            // An all-gather's count is one rank's slot.
+            sent[static_cast<size_t>(step)] += r.count * (r.op == "allgather" ? world : 1);
+          }
+        }
+      }
+      const auto zp = zm->parameters(), pp = pm->parameters();
+      for (size_t i = 0; i < zp.size(); ++i) {
+        if (!same_bits(zp[i], pp[i])) return fmt::format("step {}: parameter {} differs", step, i);
+      }
+    }
+    return "";
+  }, name);
+  require_no_problems(problems);
+  // Broadcast sends each element once: frozen (steps 0, 1, 5), what trains;
+  // unfrozen (2, 3) and frozen with a gradient (4), all. An all-gather's slots
+  // are padded to the largest rank's share of the whole model, frozen part
+  // included, so frozen steps gather at most what the unfrozen ones do.
+  const int64_t all = 469, trained = 469 - 96 - 16;
+  for (int step = 0; step < 6; ++step) {
+    INFO("step " << step);
+    const bool frozen = step < 2 || step == 5;
+    if (broadcast) CHECK(sent[static_cast<size_t>(step)] == (frozen ? trained : all));
+    if (!broadcast) CHECK(sent[static_cast<size_t>(step)] >= (frozen ? trained : all));
+    CHECK(sent[static_cast<size_t>(step)] <= sent[2]);
+  }
 }
