@@ -44,6 +44,46 @@ int64_t DistributedSampler::shard_size(int64_t n, int rank, int world_size,
   return total > rank ? (total - rank + world_size - 1) / world_size : 0;
 }
 
+namespace {
+// The words of agreement(): the dataset size, the seed's bits, the flags.
+constexpr int64_t kAgreedWords = 5;
+}  // namespace
+
+Tensor DistributedSampler::agreement() const {
+  return Tensor::from_vector(
+      std::vector<int64_t>{n_, static_cast<int64_t>(options_.seed), int64_t{options_.shuffle},
+                           int64_t{options_.drop_last}, int64_t{options_.pad}},
+      {kAgreedWords});
+}
+
+Tensor DistributedSampler::agreement_buffer() const {
+  return Tensor::zeros({kAgreedWords * world_size_}, DType::i64);
+}
+
+// Compared with rank 0's, the same way on every rank, so all throw alike.
+void DistributedSampler::check_agreement(const Tensor& all) const {
+  const auto v = all.to_vector<int64_t>();
+  for (int r = 1; r < world_size_; ++r) {
+    const int64_t* mine = v.data() + r * kAgreedWords;
+    LOCKSTEP_CHECK(mine[0] == v[0],
+                   "DistributedSampler: rank {} was built for a dataset of {} samples, rank 0 for "
+                   "{}; every rank must load the same dataset and pass its size()",
+                   r, mine[0], v[0]);
+    const char* flags[] = {"shuffle", "drop_last", "pad"};
+    for (int f = 0; f < 3; ++f) {
+      LOCKSTEP_CHECK(mine[2 + f] == v[2 + f],
+                     "DistributedSampler: rank {} has {} = {}, rank 0 has {} = {}; every rank "
+                     "must pass the same DistributedSamplerOptions",
+                     r, flags[f], mine[2 + f] != 0, flags[f], v[2 + f] != 0);
+    }
+    LOCKSTEP_CHECK(v[2] == 0 || mine[1] == v[1],
+                   "DistributedSampler: rank {} has seed {}, rank 0 has seed {}; every rank must "
+                   "pass the same DistributedSamplerOptions::seed (not one per rank), or the "
+                   "ranks shuffle differently, their shards overlap and samples are left out",
+                   r, static_cast<uint64_t>(mine[1]), static_cast<uint64_t>(v[1]));
+  }
+}
+
 void DistributedSampler::set_epoch(int64_t epoch) {
   LOCKSTEP_CHECK(epoch >= 0, "DistributedSampler: epoch must be >= 0, got {}", epoch);
   epoch_ = epoch;

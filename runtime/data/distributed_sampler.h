@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "lockstep/runtime/data/sampler.h"
+#include "lockstep/runtime/tensor.h"
 
 namespace lockstep::runtime {
 
@@ -52,6 +53,24 @@ class DistributedSampler : public Sampler {
     }
   DistributedSampler(int64_t n, const Group& group, DistributedSamplerOptions options = {})
       : DistributedSampler(n, group.rank(), group.size(), options) {}
+  // The same from a group that can all-gather (a collectives::ProcessGroup),
+  // and collective: every rank builds its sampler at the same point among
+  // the group's calls, and one all-gather of a few numbers checks that all
+  // were built alike. Ranks given different dataset sizes, options, or (with
+  // shuffle) seeds would deal out overlapping shards and leave samples out
+  // without a word; instead every rank throws, naming both values.
+  template <class Group>
+    requires requires(Group& g, runtime::Tensor& out, const runtime::Tensor& in) {
+      { g.rank() } -> std::convertible_to<int>;
+      { g.size() } -> std::convertible_to<int>;
+      g.allgather(out, in)->wait();
+    }
+  DistributedSampler(int64_t n, Group& group, DistributedSamplerOptions options = {})
+      : DistributedSampler(n, group.rank(), group.size(), options) {
+    runtime::Tensor all = agreement_buffer();
+    group.allgather(all, agreement())->wait();
+    check_agreement(all);
+  }
 
   // This rank's shard of `epoch`'s global order. The epoch is the argument:
   // a DataLoader passes the one given to loader.set_epoch().
@@ -73,6 +92,12 @@ class DistributedSampler : public Sampler {
   // How many indices `rank` gets (the same for every epoch).
   static int64_t shard_size(int64_t n, int rank, int world_size,
                             const DistributedSamplerOptions& options);
+
+  // What every rank must agree on, as i64 words; every rank's, by rank; the
+  // check of those (throws on a difference).
+  Tensor agreement() const;
+  Tensor agreement_buffer() const;
+  void check_agreement(const Tensor& all) const;
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -257,11 +258,56 @@ TEST_CASE("DistributedSampler: a DataLoader refuses one built for another datase
 TEST_CASE("DistributedSampler: built from a group, it takes the group's rank and size",
           "[data][sampler]") {
   const auto groups = make_groups("shm", 3, "sampler");
-  for (int r = 0; r < 3; ++r) {
+  // Built on every rank at once: building from a process group is collective.
+  std::vector<bool> same(3, false);
+  const auto errors = run_ranks(3, [&](int r) {
     const DistributedSampler from_group(10, *groups[static_cast<size_t>(r)], {.seed = 7});
     const DistributedSampler by_hand(10, r, 3, {.seed = 7});
-    CHECK(from_group.rank() == r);
-    CHECK(from_group.world_size() == 3);
-    CHECK(from_group.indices(2) == by_hand.indices(2));
+    same[static_cast<size_t>(r)] = from_group.rank() == r && from_group.world_size() == 3 &&
+                                   from_group.indices(2) == by_hand.indices(2);
+  });
+  for (size_t r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << (errors[r] ? message_of(errors[r]) : ""));
+    CHECK(!errors[r]);
+    CHECK(same[r]);
   }
+}
+
+TEST_CASE("DistributedSampler: ranks built with different seeds, sizes or options all throw",
+          "[data][sampler]") {
+  // The classic mistake: a seed per rank (seed + rank) shuffles differently
+  // on each rank, so the shards overlap and samples are left out.
+  struct Case {
+    const char* what;
+    std::function<DistributedSamplerOptions(int)> options;
+    std::function<int64_t(int)> size;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"seed + rank", [](int r) { return DistributedSamplerOptions{.seed = 42u + r}; },
+       [](int) { return int64_t{10}; }, "rank 1 has seed 43, rank 0 has seed 42"},
+      {"dataset size", [](int) { return DistributedSamplerOptions{}; },
+       [](int r) { return int64_t{10 - r}; },
+       "rank 1 was built for a dataset of 9 samples, rank 0 for 10"},
+      {"drop_last", [](int r) { return DistributedSamplerOptions{.drop_last = r == 1}; },
+       [](int) { return int64_t{10}; },
+       "rank 1 has drop_last = true, rank 0 has drop_last = false"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what);
+    const auto groups = make_groups("shm", 2, std::string("sampler-") + c.what);
+    const auto errors = run_ranks(2, [&](int r) {
+      DistributedSampler s(c.size(r), *groups[static_cast<size_t>(r)], c.options(r));
+    });
+    for (const auto& e : errors) {
+      CHECK_THAT(message_of(e), Contains(c.message));
+    }
+  }
+  // Without shuffle the seed is not used: different ones are fine.
+  const auto groups = make_groups("shm", 2, "sampler-unshuffled");
+  const auto errors = run_ranks(2, [&](int r) {
+    DistributedSampler s(10, *groups[static_cast<size_t>(r)],
+                         {.shuffle = false, .seed = static_cast<uint64_t>(r)});
+  });
+  for (const auto& e : errors) CHECK(!e);
 }
