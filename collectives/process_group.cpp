@@ -29,6 +29,16 @@ void count_write(const Tensor& t) {
   if (t.storage() != nullptr) t.storage()->bump_version();
 }
 
+// Avg of u8 and bool has no meaning PyTorch gives it (torch.distributed
+// refuses it), so it is refused here, on every rank alike, before anything
+// is sent. i32 and i64 keep NCCL's truncating Avg (types.h).
+void check_op(std::string_view op, const std::string& group, DType dtype, ReduceOp reduce_op) {
+  LOCKSTEP_CHECK(reduce_op != ReduceOp::Avg || (dtype != DType::u8 && dtype != DType::boolean),
+                 "{} on group '{}': ReduceOp::Avg of dtype {} is not supported (as in "
+                 "PyTorch); use Sum and divide, or convert with .to(DType::f32) first",
+                 op, group, runtime::dtype_name(dtype));
+}
+
 }  // namespace
 
 std::shared_ptr<SharedTensorPool> ProcessGroup::reserve_shared_pool(size_t /*bytes*/) {
@@ -56,6 +66,7 @@ ProcessGroup::ProcessGroup(int rank, int size, std::string name, std::chrono::mi
 
 std::shared_ptr<Work> ProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
   check_tensor("allreduce", tensor);
+  check_op("allreduce", name_, tensor.dtype(), opts.op);
   const CallSignature signature{.kind = CollectiveKind::allreduce,
                                 .dtype = tensor.dtype(),
                                 .count = tensor.numel(),
@@ -79,6 +90,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(Tensor& tensor, const BroadcastOpt
 
 std::shared_ptr<Work> ProcessGroup::reduce(Tensor& tensor, const ReduceOptions& opts) {
   check_tensor("reduce", tensor);
+  check_op("reduce", name_, tensor.dtype(), opts.op);
   check_root("reduce", opts.root);
   const CallSignature signature{.kind = CollectiveKind::reduce,
                                 .dtype = tensor.dtype(),
@@ -117,6 +129,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor&
   check_tensor("reduce_scatter", input);
   check_tensor("reduce_scatter", output);
   check_sizes("reduce_scatter", "input", input, "output", output);
+  check_op("reduce_scatter", name_, output.dtype(), opts.op);
   const CallSignature signature{.kind = CollectiveKind::reduce_scatter,
                                 .dtype = output.dtype(),
                                 .count = output.numel(),
@@ -247,11 +260,12 @@ std::string ProcessGroup::timeout_message(const Call& call, std::string_view det
 
 void ProcessGroup::check_tensor(std::string_view op, const Tensor& tensor) const {
   LOCKSTEP_CHECK(tensor.defined(), "{} on group '{}': the tensor is undefined", op, name_);
+  // u8 and bool reduce in reduce_kernels.h, which only the CPU backends use;
+  // NCCL's calls would reach them unmapped (nccl_types.h).
   const DType d = tensor.dtype();
-  LOCKSTEP_CHECK(d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16 ||
-                     d == DType::i32 || d == DType::i64,
-                 "{} on group '{}': dtype {} is not supported by collectives; use f32, f64, bf16, "
-                 "f16, i32 or i64 (convert with .to(DType))",
+  LOCKSTEP_CHECK(tensor.device().is_cpu() || (d != DType::u8 && d != DType::boolean),
+                 "{} on group '{}': dtype {} is taken only in CPU tensors; convert this CUDA "
+                 "tensor with .to(DType::i32) (or move it to the CPU) for the collective",
                  op, name_, runtime::dtype_name(d));
   LOCKSTEP_CHECK(tensor.is_contiguous(),
                  "{} on group '{}': the tensor must be contiguous; call .contiguous() and copy "

@@ -7,8 +7,10 @@
 // (LOCKSTEP_DEBUG=detail adds a store-based report; see debug_group.h).
 // Every call returns a Work at once; the tensors must stay alive and
 // untouched until Work::wait() returns. Tensors must be contiguous, on a
-// device the backend takes, of dtype f32, f64, bf16, f16, i32 or i64
-// (anything else is refused with a clear error before anything is sent).
+// device the backend takes, of any dtype (CUDA ones: not u8 or bool). u8 and
+// bool reduce as PyTorch: u8 Sum wraps modulo 256, bool Sum and Max are a
+// logical or, Product and Min a logical and, and neither has an Avg.
+// Anything refused is refused with a clear error before anything is sent.
 //
 // The class is the front every backend shares (as c10d's ProcessGroup over
 // its Backends): the public calls validate their arguments, refuse calls on

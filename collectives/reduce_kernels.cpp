@@ -88,6 +88,27 @@ void typed(ReduceOp op, void* out, const void* a, const void* b, size_t n) {
   throw Error(fmt::format("collectives: unknown reduce op {}", static_cast<int>(op)));
 }
 
+// bool, as PyTorch reduces it: Sum and Max are a logical or, Product and
+// Min a logical and (each element read as a byte, so any nonzero one is
+// true). Avg of bool is refused (ProcessGroup refuses it before sending).
+void logical(ReduceOp op, void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<uint8_t*>(out);
+  const auto* x = static_cast<const uint8_t*>(a);
+  const auto* y = static_cast<const uint8_t*>(b);
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Max:
+      for (size_t i = 0; i < n; ++i) o[i] = static_cast<uint8_t>((x[i] != 0) | (y[i] != 0));
+      return;
+    case ReduceOp::Product:
+    case ReduceOp::Min:
+      for (size_t i = 0; i < n; ++i) o[i] = static_cast<uint8_t>((x[i] != 0) & (y[i] != 0));
+      return;
+    case ReduceOp::Avg: break;
+  }
+  throw Error(fmt::format("collectives: cannot reduce dtype bool with {}", to_string(op)));
+}
+
 }  // namespace
 
 void combine(runtime::DType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t n) {
@@ -99,11 +120,10 @@ void combine(runtime::DType dtype, ReduceOp op, void* out, const void* a, const 
     case DType::f16: return typed<f16>(op, out, a, b, n);
     case DType::i32: return typed<int32_t>(op, out, a, b, n);
     case DType::i64: return typed<int64_t>(op, out, a, b, n);
-    default: break;
+    case DType::u8: return typed<uint8_t>(op, out, a, b, n);
+    case DType::boolean: return logical(op, out, a, b, n);
   }
-  throw Error(fmt::format("collectives: no reduction for dtype {}; use f32, f64, bf16, f16, i32 "
-                          "or i64",
-                          runtime::dtype_name(dtype)));
+  throw Error(fmt::format("collectives: no reduction for dtype {}", runtime::dtype_name(dtype)));
 }
 
 void divide_by(void* data, runtime::DType dtype, size_t n, int divisor) {

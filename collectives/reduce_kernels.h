@@ -6,9 +6,10 @@
 // their Avg reaches these kernels as f32 (float_average.h). Avg reduces as
 // Sum; divide_by() then divides the result by the group size (integers
 // truncate toward zero). Integer Sum and Product wrap around (two's
-// complement). Max and Min return NaN wherever any rank holds one
-// (torch.maximum's rule), and take +0 as larger than -0, whatever the rank
-// and the slicing.
+// complement; u8 modulo 256). bool Sum and Max are a logical or, Product and
+// Min a logical and, as PyTorch's; u8 and bool have no Avg. Max and Min
+// return NaN wherever any rank holds one (torch.maximum's rule), and take +0
+// as larger than -0, whatever the rank and the slicing.
 #pragma once
 
 #include <cstddef>

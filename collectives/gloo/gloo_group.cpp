@@ -75,10 +75,12 @@ std::function<void(void*, const void*, const void*, size_t)> reduce_function(run
 template <class Fn>
 void with_element_type(size_t element_size, Fn&& fn) {
   switch (element_size) {
+    case 1: fn(uint8_t{}); return;  // u8, bool
     case 2: fn(uint16_t{}); return;
     case 4: fn(uint32_t{}); return;
     case 8: fn(uint64_t{}); return;
-    default: LOCKSTEP_ASSERT(element_size == 2 || element_size == 4 || element_size == 8);
+    default: LOCKSTEP_ASSERT(element_size == 1 || element_size == 2 || element_size == 4 ||
+                             element_size == 8);
   }
 }
 

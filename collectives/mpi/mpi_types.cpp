@@ -20,10 +20,12 @@ void kernel_reduce(void* in, void* inout, int* len, MPI_Datatype* /*datatype*/) 
   combine(D, Op, inout, in, inout, static_cast<size_t>(*len));
 }
 
-// Index: [0] bf16, [1] f16, [2] f32, [3] f64; then sum, product, min, max
-// (f32 and f64 use MPI's own sum and product: MPI_OP_NULL here).
+// Index: [0] bf16, [1] f16, [2] f32, [3] f64, [4] u8; then sum, product, min,
+// max (f32 and f64 use MPI's own sum and product: MPI_OP_NULL here). u8 has
+// all four of its own: Open MPI's MPI_SUM of MPI_UINT8_T saturates at 255 (its
+// vectorised op), where PyTorch's wraps modulo 256.
 struct KernelOps {
-  MPI_Op ops[4][4];
+  MPI_Op ops[5][4];
 };
 
 template <DType D>
@@ -56,6 +58,7 @@ const KernelOps& kernel_ops() {
     create_ops<DType::f16>(ops.ops[1], true);
     create_ops<DType::f32>(ops.ops[2], false);
     create_ops<DType::f64>(ops.ops[3], false);
+    create_ops<DType::u8>(ops.ops[4], true);
     int key = MPI_KEYVAL_INVALID;
     LOCKSTEP_MPI_CHECK(
         MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_ops_at_finalize, &key, nullptr));
@@ -86,15 +89,19 @@ MPI_Datatype mpi_datatype(DType dtype) {
     case DType::f16: return MPI_UINT16_T;
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
-    default: break;
+    case DType::u8: return MPI_UINT8_T;
+    case DType::boolean: return MPI_C_BOOL;
   }
-  throw Error(fmt::format("mpi backend: dtype {} has no collective support; use f32, f64, bf16, "
-                          "f16, i32 or i64",
+  throw Error(fmt::format("mpi backend: dtype {} has no collective support",
                           runtime::dtype_name(dtype)));
 }
 
 MPI_Op mpi_op(ReduceOp op, DType dtype) {
   const int i = op_index(op);
+  // MPI defines only the logical ops on MPI_C_BOOL: Sum and Max are its or,
+  // Product and Min its and (reduce_kernels.h).
+  if (dtype == DType::boolean) return i == 0 || i == 3 ? MPI_LOR : MPI_LAND;
+  if (dtype == DType::u8) return kernel_ops().ops[4][i];
   if (dtype == DType::bf16 || dtype == DType::f16) {
     return kernel_ops().ops[dtype == DType::bf16 ? 0 : 1][i];
   }

@@ -179,7 +179,8 @@ void verify_replicas_identical(const std::vector<std::pair<std::string, Tensor>>
 
 namespace {
 
-// What the collectives move (ProcessGroup::check_tensor).
+// What every backend's collectives move: CUDA tensors of u8 and bool are
+// refused (ProcessGroup::check_tensor), so those travel as words everywhere.
 bool collectives_take(DType d) {
   return d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16 ||
          d == DType::i32 || d == DType::i64;
@@ -201,7 +202,7 @@ void broadcast_coalesced(const std::vector<Tensor>& tensors, collectives::Proces
     int64_t total = 0;
     for (const Tensor& t : list) total += t.numel();
     // A broadcast copies bytes, whatever they mean: the one-byte dtypes the
-    // collectives do not take (u8, bool: a mask, a flag) travel as i32 words,
+    // CUDA collectives do not take (u8, bool: a mask, a flag) travel as i32 words,
     // four to a word, in a buffer padded to whole words.
     const bool as_words = !collectives_take(dtype);
     LOCKSTEP_ASSERT(!as_words || runtime::dtype_size(dtype) == 1);

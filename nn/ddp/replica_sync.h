@@ -36,8 +36,8 @@ void verify_replicas_identical(const std::vector<std::pair<std::string, runtime:
 // Collective. Copies `root`'s values of `tensors` into every rank's, one
 // broadcast per dtype and device (the tensors are packed into one flat
 // buffer on their device). Any
-// dtype: u8 and bool tensors, which the collectives do not take, go packed
-// as bytes.
+// dtype: u8 and bool tensors, which NCCL's collectives do not take, go
+// packed as bytes.
 void broadcast_coalesced(const std::vector<runtime::Tensor>& tensors,
                          collectives::ProcessGroup& group, int root = 0);
 

@@ -233,8 +233,8 @@ TEST_CASE("gloo refuses bad input before anything is sent", "[collectives][gloo]
   const auto groups = lt::make_groups("gloo", 2, "bad-input");
   auto& g = *groups[0];
   Tensor bytes = Tensor::zeros({4}, DType::u8);
-  CHECK_THAT(lt::error_of([&] { g.allreduce(bytes); }),
-             Contains("dtype u8 is not supported") && Contains("group 'bad-input'"));
+  CHECK_THAT(lt::error_of([&] { g.allreduce(bytes, {.op = lc::ReduceOp::Avg, .timeout = {}}); }),
+             Contains("Avg of dtype u8 is not supported") && Contains("group 'bad-input'"));
   Tensor strided = Tensor::zeros({4, 4}).t();
   CHECK_THAT(lt::error_of([&] { g.allreduce(strided); }), Contains("contiguous"));
   Tensor t = Tensor::zeros({4});

@@ -297,8 +297,8 @@ TEST_CASE("hierarchical group refuses bad input before anything is sent",
   const auto groups = make_groups({"a", "b"}, "bad-input");
   auto& g = *groups[0];
   Tensor bytes = Tensor::zeros({4}, DType::u8);
-  CHECK_THAT(lt::error_of([&] { g.allreduce(bytes); }),
-             Contains("dtype u8 is not supported") && Contains("group 'bad-input'"));
+  CHECK_THAT(lt::error_of([&] { g.allreduce(bytes, {.op = lc::ReduceOp::Avg, .timeout = {}}); }),
+             Contains("Avg of dtype u8 is not supported") && Contains("group 'bad-input'"));
   Tensor t = Tensor::zeros({4});
   CHECK_THAT(lt::error_of([&] { g.broadcast(t, {.root = 2, .timeout = {}}); }),
              Contains("root 2 is not a rank"));

@@ -401,10 +401,66 @@ void check_misc(lc::ProcessGroup& group) {
                {"allgather", "default"});
   expect_error("send to a rank outside the group", [&] { group.send(small, size); },
                {"send", "peer"});
-  expect_error("u8 allreduce", [&] {
+  expect_error("u8 Avg", [&] {
     Tensor bytes = Tensor::zeros({3}, lr::DType::u8);
-    group.allreduce(bytes);
-  }, {"u8"});
+    group.allreduce(bytes, {.op = ReduceOp::Avg, .timeout = {}});
+  }, {"u8", "Avg"});
+}
+
+// u8 and bool as PyTorch reduces them: u8 Sum and Product wrap modulo 256,
+// bool Sum and Max are a logical or, Product and Min a logical and (MPI_C_BOOL
+// takes only MPI_LOR and MPI_LAND). Rank r's element i is byte_value(r, i).
+int byte_value(lr::DType dtype, int r, int64_t i) {
+  if (dtype == lr::DType::boolean) return (r + i) % 3 == 0 || i % 5 == 0 ? 1 : 0;
+  return static_cast<int>((200 + 37 * r + 11 * i) % 256);
+}
+
+void check_bytes(lc::ProcessGroup& group, lr::DType dtype) {
+  const int64_t n = 37;
+  const bool is_bool = dtype == lr::DType::boolean;
+  const auto make_bytes = [&](int r) {
+    Tensor t = Tensor::empty({n}, dtype);
+    auto* p = static_cast<uint8_t*>(t.raw_data());
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(byte_value(dtype, r, i));
+    return t;
+  };
+  const auto read_bytes = [](const Tensor& t) {
+    const auto* p = static_cast<const uint8_t*>(t.raw_data());
+    return std::vector<double>(p, p + t.numel());
+  };
+  std::vector<Pending> pending;
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max}) {
+    std::vector<double> want;
+    for (int64_t i = 0; i < n; ++i) {
+      int acc = byte_value(dtype, 0, i);
+      for (int r = 1; r < g_size; ++r) {
+        const int v = byte_value(dtype, r, i);
+        if (op == ReduceOp::Sum) acc = is_bool ? (acc | v) : (acc + v) % 256;
+        if (op == ReduceOp::Product) acc = is_bool ? (acc & v) : (acc * v) % 256;
+        if (op == ReduceOp::Min) acc = std::min(acc, v);
+        if (op == ReduceOp::Max) acc = std::max(acc, v);
+      }
+      want.push_back(acc);
+    }
+    Tensor t = make_bytes(g_rank);
+    pending.push_back({group.allreduce(t, {.op = op, .timeout = {}}),
+                       fmt::format("allreduce {} {}", lr::dtype_name(dtype), to_string(op)),
+                       [t, read_bytes] { return read_bytes(t); }, want});
+  }
+  const int root = g_size - 1;
+  Tensor b = make_bytes(g_rank);
+  pending.push_back({group.broadcast(b, {.root = root, .timeout = {}}),
+                     fmt::format("broadcast {}", lr::dtype_name(dtype)),
+                     [b, read_bytes] { return read_bytes(b); }, read_bytes(make_bytes(root))});
+  Tensor gathered = Tensor::zeros({n * g_size}, dtype);
+  std::vector<double> all;
+  for (int r = 0; r < g_size; ++r) {
+    for (double v : read_bytes(make_bytes(r))) all.push_back(v);
+  }
+  pending.push_back({group.allgather(gathered, make_bytes(g_rank)),
+                     fmt::format("allgather {}", lr::dtype_name(dtype)),
+                     [gathered, read_bytes] { return read_bytes(gathered); }, all});
+  finish(pending);
 }
 
 // A send and recv of different dtypes or sizes fail the recv with what was
@@ -527,6 +583,8 @@ int main(int argc, char** argv) {
     check_signed_zero<float>(*group);
     check_signed_zero<double>(*group);
     check_signed_zero<lr::bf16>(*group);
+    check_bytes(*group, lr::DType::u8);
+    check_bytes(*group, lr::DType::boolean);
     check_misc(*group);
     // The string every rank gets is the root's.
     const std::string word = lc::mpi::broadcast_string(
