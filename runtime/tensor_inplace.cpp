@@ -142,6 +142,11 @@ void check_fill_value(DType dtype, double value) {
 // truncate them; so do we. `scalar` is the factor or alpha.
 void check_integral_result(const Tensor& t, const char* op, DType operand, double scalar) {
   if (is_floating(t.dtype())) return;
+  // Only a bool result fits a bool tensor (PyTorch refuses the rest too).
+  LOCKSTEP_CHECK(t.dtype() != DType::boolean || operand == DType::boolean,
+                 "{}: the result of a {} operand cannot be written into a bool tensor; convert "
+                 "the tensor with .to(DType::{}) first",
+                 op, dtype_name(operand), dtype_name(operand));
   LOCKSTEP_CHECK(!is_floating(operand),
                  "{}: the result of a {} operand cannot be written into a {} tensor without "
                  "truncating it; convert the tensor to a floating dtype with .to() first",
@@ -195,11 +200,24 @@ DType operand_dtype(DType self, DType operand) {
   return is_reduced_float(self) && wider ? DType::f32 : self;
 }
 
-// dst = f(dst, src) in compute_t<T> with src read in operand_dtype.
+// dst = f(dst, src) in compute_t<T> with src read in operand_dtype. u8
+// computes in int and wraps modulo 256 as it is stored, and bool keeps
+// whether the result is nonzero (add_ a logical or, mul_ a logical and), as
+// PyTorch's arithmetic of them.
 template <class F>
 void combine_inplace(const Tensor& dst, const Tensor& other, const char* op, F f) {
   const DType read = operand_dtype(dst.dtype(), other.dtype());
   const Tensor src = other.to(read);
+  if (dst.dtype() == DType::u8) {
+    apply_inplace<uint8_t>(dst, src, [&](uint8_t x, uint8_t y) {
+      return static_cast<uint8_t>(f(int{x}, int{y}));
+    });
+    return;
+  }
+  if (dst.dtype() == DType::boolean) {
+    apply_inplace<bool>(dst, src, [&](bool x, bool y) { return f(int{x}, int{y}) != 0; });
+    return;
+  }
   dispatch_compute(dst.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -293,6 +311,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
                  shape_str(shape()));
   check_operand_device(*this, other, "add_");
   check_integral_result(*this, "add_", other.dtype(), alpha);
+  if (dtype() == DType::boolean && alpha != 0) alpha = 1;  // PyTorch's bool(alpha): an or
   if (!device().is_cpu()) {
     device_backend(device()).add_into(*this, other, alpha);
     storage()->bump_version();
@@ -328,6 +347,10 @@ Tensor& Tensor::mul_(const Tensor& other) {
 
 Tensor& Tensor::mul_(double factor) {
   check_integral_result(*this, "mul_", dtype(), factor);
+  LOCKSTEP_CHECK(dtype() != DType::boolean || factor == 0 || factor == 1,
+                 "mul_: a bool tensor can be multiplied by 0 or 1 (false, true) only, not {}; "
+                 "convert it with .to(DType::u8) first",
+                 factor);
   if (!device().is_cpu()) {
     check_inplace(*this, "mul_");
     device_backend(device()).mul_scalar_into(*this, factor);

@@ -154,11 +154,20 @@ MaxResult max_impl(const Tensor& a, int64_t dim, bool want_values) {
   MaxResult r;
   r.indices = Tensor::empty(out_shape, DType::i64);
   if (want_values) r.values = Tensor::empty(out_shape, a.dtype());
-  dispatch_arith(a.dtype(), "max", [&](auto tag) {
+  const auto rows_of = [&](auto tag) {
     using T = decltype(tag);
     max_rows<T>(moved.data_ptr<T>(), rows, n, want_values ? r.values.data_ptr<T>() : nullptr,
                 r.indices.data_ptr<int64_t>());
-  });
+  };
+  // u8 and bool compare as what they are (unsigned bytes, false < true), as
+  // PyTorch's max and argmax of them.
+  if (a.dtype() == DType::u8) {
+    rows_of(uint8_t{});
+  } else if (a.dtype() == DType::boolean) {
+    rows_of(bool{});
+  } else {
+    dispatch_arith(a.dtype(), "max", rows_of);
+  }
   return r;
 }
 
