@@ -132,7 +132,10 @@ int64_t Tensor::size(int64_t d) const { return shape()[existing_dim(*this, d, "s
 int64_t Tensor::stride(int64_t d) const { return strides()[existing_dim(*this, d, "stride")]; }
 int64_t Tensor::numel() const { return shape_numel(shape()); }
 
+// As PyTorch's: a tensor of no elements is contiguous whatever its strides
+// (there is no element whose place they could get wrong).
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;
   int64_t expected = 1;
   for (int64_t d = dim() - 1; d >= 0; --d) {
     if (shape()[d] == 1) continue;

@@ -423,3 +423,19 @@ TEST_CASE("view agrees with a copy for random layouts and shapes", "[runtime][vi
   CHECK(viewed > 50);  // both outcomes are exercised
   CHECK(refused > 20);
 }
+
+TEST_CASE("an empty tensor is contiguous whatever its strides, as PyTorch's",
+          "[runtime][views]") {
+  // Transposed, the stride of the size-0 dim no longer matched a row-major
+  // layout, so these counted as strided: collectives refused them and
+  // contiguous() copied them.
+  for (const Tensor& t : {Tensor::zeros({0, 3}).t(), Tensor::zeros({3, 0}).t(),
+                          Tensor::zeros({2, 0, 3}).transpose(0, 2),
+                          Tensor::zeros({4, 0}).slice(0, 0, 4, 2)}) {
+    INFO("shape " << shape_str(t.shape()) << ", strides " << shape_str(t.strides()));
+    CHECK(t.numel() == 0);
+    CHECK(t.is_contiguous());
+    CHECK(t.contiguous().storage() == t.storage());
+    CHECK(t.reshape({-1}).numel() == 0);
+  }
+}
