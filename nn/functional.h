@@ -4,9 +4,12 @@
 #pragma once
 
 #include "lockstep/runtime/ops.h"
+#include "lockstep/runtime/ops/pointwise_loss.h"
 
 namespace lockstep::nn::functional {
 
+using runtime::BceOptions;
+using runtime::BceWithLogitsOptions;
 using runtime::Conv2dOptions;
 using runtime::Pool2dOptions;
 using runtime::Reduction;
@@ -14,6 +17,8 @@ using runtime::Reduction;
 using runtime::adaptive_avg_pool2d;
 using runtime::avg_pool2d;
 using runtime::batch_norm;
+using runtime::binary_cross_entropy;
+using runtime::binary_cross_entropy_with_logits;
 using runtime::conv2d;
 using runtime::cross_entropy;
 using runtime::dropout;

@@ -67,4 +67,60 @@ std::shared_ptr<Module> CrossEntropyLoss::replicate() const {
 }
 std::shared_ptr<Module> MSELoss::replicate() const { return std::make_shared<MSELoss>(reduction); }
 
+Tensor PairLoss::forward(const Tensor&) { needs_target(type_name()); }
+
+Values PairLoss::forward_values(const Values& inputs) {
+  const auto [input, target] = input_and_target(type_name(), inputs);
+  return {loss(input, target)};
+}
+
+namespace {
+
+// A copy of an optional weight for a replica (DataParallel then copies the
+// buffers' values in); an undefined one stays undefined.
+std::optional<Tensor> copy_of(const Tensor& t) {
+  if (!t.defined()) return std::nullopt;
+  return t.clone();
+}
+
+// The buffer itself, or none, for a call.
+std::optional<Tensor> buffer_or_none(const Tensor& t) {
+  if (!t.defined()) return std::nullopt;
+  return t;
+}
+
+}  // namespace
+
+BCELoss::BCELoss(runtime::BceOptions options) : reduction(options.reduction) {
+  if (options.weight) weight = register_buffer("weight", *options.weight);
+}
+
+Tensor BCELoss::loss(const Tensor& input, const Tensor& target) {
+  return runtime::binary_cross_entropy(
+      input, target, {.weight = buffer_or_none(weight), .reduction = reduction});
+}
+
+std::shared_ptr<Module> BCELoss::replicate() const {
+  return std::make_shared<BCELoss>(
+      runtime::BceOptions{.weight = copy_of(weight), .reduction = reduction});
+}
+
+BCEWithLogitsLoss::BCEWithLogitsLoss(runtime::BceWithLogitsOptions options)
+    : reduction(options.reduction) {
+  if (options.weight) weight = register_buffer("weight", *options.weight);
+  if (options.pos_weight) pos_weight = register_buffer("pos_weight", *options.pos_weight);
+}
+
+Tensor BCEWithLogitsLoss::loss(const Tensor& input, const Tensor& target) {
+  return runtime::binary_cross_entropy_with_logits(input, target,
+                                                   {.weight = buffer_or_none(weight),
+                                                    .pos_weight = buffer_or_none(pos_weight),
+                                                    .reduction = reduction});
+}
+
+std::shared_ptr<Module> BCEWithLogitsLoss::replicate() const {
+  return std::make_shared<BCEWithLogitsLoss>(runtime::BceWithLogitsOptions{
+      .weight = copy_of(weight), .pos_weight = copy_of(pos_weight), .reduction = reduction});
+}
+
 }  // namespace lockstep::nn

@@ -1,11 +1,13 @@
-// Losses as modules, over runtime::cross_entropy and runtime::mse_loss (the
-// same functions are in nn::functional). Called with (input, target), or
+// Losses as modules, over runtime::cross_entropy, runtime::mse_loss and the
+// losses of runtime/ops/pointwise_loss.h (the same functions are in
+// nn::functional). Called with (input, target), or
 // through forward_values({input, target}) (DataParallel, Sequential, DDP),
 // which returns the loss alone.
 #pragma once
 
 #include "lockstep/nn/module.h"
 #include "lockstep/runtime/ops/loss.h"
+#include "lockstep/runtime/ops/pointwise_loss.h"
 
 namespace lockstep::nn {
 
@@ -47,6 +49,50 @@ class MSELoss : public Module {
   std::shared_ptr<Module> replicate() const override;
 
   const Reduction reduction;
+};
+
+// The base of the losses below: called as loss(input, target) or through
+// forward_values({input, target}), which returns the loss alone; forward
+// with one tensor is an error.
+class PairLoss : public Module {
+ public:
+  Tensor forward(const Tensor& input, const Tensor& target) { return loss(input, target); }
+  Tensor operator()(const Tensor& input, const Tensor& target) { return loss(input, target); }
+  Tensor forward(const Tensor& input) override;
+  Values forward_values(const Values& inputs) override;
+
+ protected:
+  virtual Tensor loss(const Tensor& input, const Tensor& target) = 0;
+};
+
+// torch.nn.BCELoss: input probabilities in [0, 1] (runtime::binary_cross_entropy).
+// A weight is a buffer named "weight" (moved by to(), in state_dict), as PyTorch's.
+class BCELoss : public PairLoss {
+ public:
+  explicit BCELoss(runtime::BceOptions options = {});
+  std::string type_name() const override { return "BCELoss"; }
+  std::shared_ptr<Module> replicate() const override;
+
+  Tensor weight;  // undefined when none was given
+  const Reduction reduction;
+
+ protected:
+  Tensor loss(const Tensor& input, const Tensor& target) override;
+};
+
+// torch.nn.BCEWithLogitsLoss: input logits (runtime::binary_cross_entropy_with_logits).
+// weight and pos_weight, when given, are buffers of those names.
+class BCEWithLogitsLoss : public PairLoss {
+ public:
+  explicit BCEWithLogitsLoss(runtime::BceWithLogitsOptions options = {});
+  std::string type_name() const override { return "BCEWithLogitsLoss"; }
+  std::shared_ptr<Module> replicate() const override;
+
+  Tensor weight, pos_weight;  // undefined when not given
+  const Reduction reduction;
+
+ protected:
+  Tensor loss(const Tensor& input, const Tensor& target) override;
 };
 
 }  // namespace lockstep::nn

@@ -1,0 +1,146 @@
+// The elementwise losses of pointwise_loss.h, built from the differentiable
+// elementwise ops (so they run wherever those do). binary_cross_entropy alone
+// records a node of its own, for PyTorch's clamped gradient, which the ops'
+// chain rule would turn into 0 * inf = NaN at an input of exactly 0 or 1.
+#include "lockstep/runtime/ops/pointwise_loss.h"
+
+#include <string>
+
+#include "lockstep/runtime/autocast.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/autograd/node.h"
+#include "lockstep/runtime/error.h"
+#include "lockstep/runtime/ops/activation.h"
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/ops/reduce.h"
+
+namespace lockstep::runtime {
+
+namespace {
+
+// Mean over no elements is 0 (the sum of nothing), as mse_loss's.
+Tensor reduce(const Tensor& losses, Reduction r) {
+  switch (r) {
+    case Reduction::Mean: return losses.numel() == 0 ? sum(losses) : mean(losses);
+    case Reduction::Sum: return sum(losses);
+    case Reduction::None: return losses;
+  }
+  return losses;
+}
+
+void check_pair(const char* loss, const Tensor& input, const Tensor& target) {
+  LOCKSTEP_CHECK(input.shape() == target.shape(),
+                 "{}: input {} and target {} must have the same shape", loss,
+                 shape_str(input.shape()), shape_str(target.shape()));
+  LOCKSTEP_CHECK(is_floating(input.dtype()) && input.dtype() == target.dtype(),
+                 "{}: input ({}) and target ({}) must be of one floating dtype; convert the "
+                 "target with .to(input.dtype())",
+                 loss, dtype_name(input.dtype()), dtype_name(target.dtype()));
+  LOCKSTEP_CHECK(input.device() == target.device(),
+                 "{}: input is on {} and target on {}; both must be on one device", loss,
+                 input.device().str(), target.device().str());
+}
+
+// A weight (or pos_weight) must broadcast to the input's shape without
+// growing it, be of the input's dtype and on its device.
+void check_weight(const char* loss, const char* name, const std::optional<Tensor>& w,
+                  const Tensor& input) {
+  if (!w) return;
+  LOCKSTEP_CHECK(w->dtype() == input.dtype() && w->device() == input.device(),
+                 "{}: {} ({} on {}) must be of the input's dtype and device ({} on {})", loss,
+                 name, dtype_name(w->dtype()), w->device().str(), dtype_name(input.dtype()),
+                 input.device().str());
+  bool fits = false;
+  try {
+    fits = broadcast_shapes(w->shape(), input.shape()) == input.shape();
+  } catch (const Error&) {  // not broadcastable at all: said below, with the names
+  }
+  LOCKSTEP_CHECK(fits, "{}: {} {} does not broadcast to the input's shape {}", loss, name,
+                 shape_str(w->shape()), shape_str(input.shape()));
+}
+
+Tensor scalar_like(const Tensor& t, double v) {
+  return Tensor::full({}, v, t.dtype(), t.device());
+}
+
+// max(log(x), -100), as PyTorch clamps BCE's logs: relu(-inf) is 0.
+Tensor clamped_log(const Tensor& x) { return add(relu(add(log(x), 100.0)), -100.0); }
+
+}  // namespace
+
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BceOptions& o) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {input, target})) {
+    BceOptions cast = o;
+    if (cast.weight) cast.weight = cast.weight->to(DType::f32);
+    return binary_cross_entropy((*c)[0], (*c)[1], cast);
+  }
+  check_pair("binary_cross_entropy", input, target);
+  check_weight("binary_cross_entropy", "weight", o.weight, input);
+  const Tensor x = input.detach(), y = target.detach();
+  Tensor losses;
+  {
+    NoGradGuard no_grad;
+    // NaN fails both comparisons, as in PyTorch's check.
+    const double outside = sum(gt(x, scalar_like(x, 1.0)).to(DType::f64)).item() +
+                           sum(gt(scalar_like(x, 0.0), x).to(DType::f64)).item() +
+                           static_cast<double>(x.numel()) - sum(eq(x, x).to(DType::f64)).item();
+    LOCKSTEP_CHECK(outside == 0,
+                   "binary_cross_entropy: all elements of input should be between 0 and 1, but "
+                   "{} are not (or are NaN); pass probabilities (e.g. sigmoid(logits)), or pass "
+                   "the logits to binary_cross_entropy_with_logits",
+                   outside);
+    const Tensor one_minus_y = add(neg(y), 1.0);
+    losses = neg(add(mul(y, clamped_log(x)), mul(one_minus_y, clamped_log(add(neg(x), 1.0)))));
+    if (o.weight) losses = mul(losses, *o.weight);
+  }
+  std::vector<Tensor> saved = {x, y};
+  if (o.weight) saved.push_back(o.weight->detach());
+  losses = record(losses, "BinaryCrossEntropyBackward", {input, target}, saved,
+                  [](const BackwardArgs& g) {
+                    const Tensor &x = g.saved[0], &y = g.saved[1];
+                    Tensor gw = g.saved.size() > 2 ? mul(g.grad, g.saved[2]) : g.grad;
+                    Tensor gx, gy;
+                    if (g.needs[0]) {
+                      // w (x - y) / max(x (1 - x), 1e-12), PyTorch's clamp.
+                      const Tensor var = mul(x, add(neg(x), 1.0));
+                      gx = div(mul(gw, sub(x, y)), add(relu(add(var, -1e-12)), 1e-12));
+                    }
+                    if (g.needs[1])  // d/dy of -[y log x + (1-y) log(1-x)], logs clamped
+                      gy = mul(gw, sub(clamped_log(add(neg(x), 1.0)), clamped_log(x)));
+                    return std::vector<Tensor>{gx, gy};
+                  });
+  return reduce(losses, o.reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const BceWithLogitsOptions& o) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {input, target})) {
+    BceWithLogitsOptions cast = o;
+    if (cast.weight) cast.weight = cast.weight->to(DType::f32);
+    if (cast.pos_weight) cast.pos_weight = cast.pos_weight->to(DType::f32);
+    return binary_cross_entropy_with_logits((*c)[0], (*c)[1], cast);
+  }
+  const char* name = "binary_cross_entropy_with_logits";
+  check_pair(name, input, target);
+  check_weight(name, "weight", o.weight, input);
+  check_weight(name, "pos_weight", o.pos_weight, input);
+  const Tensor& x = input;
+  const Tensor& y = target;
+  // log(1 + exp(-x)) = log(exp(-m) + exp(-x - m)) + m with m = max(-x, 0):
+  // neither exp overflows. Its gradient w.r.t. m is exactly 0, so relu's
+  // choice at x = 0 does not matter.
+  const Tensor m = relu(neg(x));
+  const Tensor softplus_neg =
+      add(log(add(exp(neg(m)), exp(sub(neg(x), m)))), m);  // -log sigmoid(x)
+  Tensor losses;
+  if (o.pos_weight) {
+    const Tensor log_weight = add(mul(add(*o.pos_weight, -1.0), y), 1.0);
+    losses = add(mul(add(neg(y), 1.0), x), mul(log_weight, softplus_neg));
+  } else {
+    losses = add(mul(add(neg(y), 1.0), x), softplus_neg);
+  }
+  if (o.weight) losses = mul(losses, *o.weight);
+  return reduce(losses, o.reduction);
+}
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,45 @@
+// Losses taken element by element over an input and a target of one shape,
+// as torch.nn.functional's of PyTorch 1.13, differentiable w.r.t. the input
+// (and the target, where PyTorch's is). Every one is built from ops that run
+// on every device.
+//
+// Common to all: input and target must have the same shape (an error names
+// both; PyTorch refuses it for the BCE losses and broadcasts with a warning
+// for the others); Mean divides by the number of elements, and over no
+// elements is 0, as mse_loss and cross_entropy (PyTorch gives NaN).
+#pragma once
+
+#include <optional>
+
+#include "lockstep/runtime/ops/loss.h"
+#include "lockstep/runtime/tensor.h"
+
+namespace lockstep::runtime {
+
+struct BceOptions {
+  // Multiplies each element's loss; broadcast to the input's shape (e.g. [C]).
+  std::optional<Tensor> weight;
+  Reduction reduction = Reduction::Mean;
+};
+
+struct BceWithLogitsOptions {
+  std::optional<Tensor> weight;  // as BceOptions::weight
+  // Weight of the positive term, broadcast to the input's shape (one per
+  // class, [C], for an input [N, C]): loss = -w [pw y log s(x) + (1-y) log(1-s(x))].
+  std::optional<Tensor> pos_weight;
+  Reduction reduction = Reduction::Mean;
+};
+
+// -w [y log x + (1-y) log(1-x)] with each log clamped at -100 (PyTorch's
+// rule: x = 0 or 1 gives 100, never inf). The gradient is PyTorch's,
+// w (x - y) / max(x (1-x), 1e-12). An input outside [0, 1] (or NaN) is an
+// error, as in PyTorch; checking it reads one number back from a device.
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target,
+                            const BceOptions& options = {});
+
+// binary_cross_entropy(sigmoid(x), y) without its overflow: with m = max(-x, 0),
+// (1-y) x + (1 + (pw-1) y) (log(exp(-m) + exp(-x-m)) + m), as PyTorch.
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const BceWithLogitsOptions& options = {});
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,64 @@
+// BCELoss and BCEWithLogitsLoss as modules:
+// the same numbers as the functions, callable through forward_values (as
+// DataParallel and DDP call them), weights as buffers, replicas, errors.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "lockstep/nn/functional.h"
+#include "lockstep/nn/loss.h"
+#include "lockstep/runtime/ops/activation.h"
+#include "lockstep/runtime/random.h"
+#include "support/test_util.h"
+
+namespace lt = lockstep::testing;
+namespace nn = lockstep::nn;
+namespace lr = lockstep::runtime;
+namespace F = lockstep::nn::functional;
+using lr::Tensor;
+
+TEST_CASE("the elementwise loss modules equal their functions, through forward_values too",
+          "[nn][loss]") {
+  lr::Generator g(11);
+  const Tensor x = lr::randn({4, 3}, lr::DType::f32, g);
+  const Tensor p = lr::sigmoid(x);
+  const Tensor y = lr::sigmoid(lr::randn({4, 3}, lr::DType::f32, g));
+  const Tensor w = Tensor::from_vector<float>({1, 2, 0.5f}, {3});
+  const Tensor pw = Tensor::from_vector<float>({3, 1, 2}, {3});
+
+  nn::BCELoss bce({.weight = w, .reduction = lr::Reduction::Sum});
+  CHECK(lt::bitwise_equal(bce(p, y), F::binary_cross_entropy(
+                                         p, y, {.weight = w, .reduction = lr::Reduction::Sum})));
+  nn::BCEWithLogitsLoss bcel({.pos_weight = pw});
+  CHECK(lt::bitwise_equal(bcel(x, y),
+                          F::binary_cross_entropy_with_logits(x, y, {.pos_weight = pw})));
+
+  std::vector<std::pair<nn::PairLoss*, Tensor>> all = {
+      {&bce, p}, {&bcel, x}};
+  for (auto& [m, in] : all) {
+    INFO(m->type_name());
+    CHECK(lt::bitwise_equal(m->forward_values({in, y}).tensor(0), m->forward(in, y)));
+    CHECK_THAT(lt::error_of([&] { m->forward_values({in}); }),
+               Catch::Contains(m->type_name() + " takes two tensors"));
+    CHECK_THAT(lt::error_of([&] { m->forward(in); }), Catch::Contains("takes (input, target)"));
+    // A replica computes the same loss once DataParallel has copied the buffers in.
+    auto replica = std::dynamic_pointer_cast<nn::PairLoss>(m->replicate());
+    REQUIRE(replica);
+    CHECK(lt::bitwise_equal(replica->forward(in, y), m->forward(in, y)));
+  }
+}
+
+TEST_CASE("BCE loss weights are buffers, in state_dict under PyTorch's names", "[nn][loss]") {
+  const Tensor w = Tensor::ones({3}), pw = Tensor::full({3}, 2.0);
+  CHECK(nn::BCELoss({.weight = w}).state_dict().keys() == std::vector<std::string>{"weight"});
+  CHECK(nn::BCELoss().state_dict().size() == 0);
+  CHECK(nn::BCEWithLogitsLoss({.weight = w, .pos_weight = pw}).state_dict().keys() ==
+        std::vector<std::string>{"weight", "pos_weight"});
+  // The module uses its buffer, so a loaded or edited weight takes effect.
+  nn::BCEWithLogitsLoss m({.pos_weight = pw});
+  const Tensor x = Tensor::zeros({1, 3}), y = Tensor::ones({1, 3});
+  const double before = m(x, y).item();
+  m.pos_weight.fill_(4.0);
+  CHECK(m(x, y).item() == Approx(2 * before));
+}

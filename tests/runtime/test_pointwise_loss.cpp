@@ -1,0 +1,173 @@
+// binary_cross_entropy with and without logits: values against double-precision references written from
+// PyTorch 1.13's definitions, gradients against finite differences or the
+// closed form, and argument errors.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "lockstep/runtime/ops/elementwise.h"
+#include "lockstep/runtime/ops/pointwise_loss.h"
+#include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/tensor.h"
+#include "support/gradcheck.h"
+#include "support/test_util.h"
+
+using namespace lockstep::runtime;
+using namespace lockstep::testing;
+using Catch::Contains;
+
+namespace {
+
+double total(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+
+// log(sigmoid(x)) in double without overflow.
+double log_sigmoid(double x) {
+  return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
+}
+
+Tensor f64(const std::vector<double>& v, const Shape& s) {
+  return Tensor::from_vector<double>(v, s);
+}
+
+}  // namespace
+
+TEST_CASE("binary_cross_entropy_with_logits matches its definition, with weight and pos_weight",
+          "[runtime][ops][loss]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  const bool weighted = GENERATE(false, true);
+  const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
+  INFO("dtype " << dtype_name(dt) << ", weighted " << weighted);
+  // [2, 3]: logits far out on both sides (where sigmoid rounds to 0 or 1).
+  const std::vector<double> x = {100, -100, 0, 2.5, -30, 0.75};
+  const std::vector<double> y = {0, 1, 0.5, 1, 0, 0.2};
+  const std::vector<double> w = {0.5, 2, 1}, pw = {2, 3, 4};  // [3], per column
+  std::vector<double> ref;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double p = weighted ? pw[i % 3] : 1, ww = weighted ? w[i % 3] : 1;
+    ref.push_back(-ww * (p * y[i] * log_sigmoid(x[i]) + (1 - y[i]) * log_sigmoid(-x[i])));
+  }
+  BceWithLogitsOptions o;
+  if (weighted) {
+    o.weight = f64(w, {3}).to(dt);
+    o.pos_weight = f64(pw, {3}).to(dt);
+  }
+  const Tensor input = f64(x, {2, 3}).to(dt), target = f64(y, {2, 3}).to(dt);
+  o.reduction = Reduction::None;
+  const Tensor none = binary_cross_entropy_with_logits(input, target, o);
+  CHECK(none.shape() == Shape{2, 3});
+  CHECK(none.dtype() == dt);
+  check_close(none, ref, tol * 100);  // |loss| up to 300
+  o.reduction = Reduction::Sum;
+  CHECK(binary_cross_entropy_with_logits(input, target, o).item() ==
+        Approx(total(ref)).epsilon(tol));
+  o.reduction = Reduction::Mean;
+  CHECK(binary_cross_entropy_with_logits(input, target, o).item() ==
+        Approx(total(ref) / 6).epsilon(tol));
+  if (!weighted)  // the default is Mean
+    CHECK(binary_cross_entropy_with_logits(input, target).item() ==
+          Approx(total(ref) / 6).epsilon(tol));
+}
+
+TEST_CASE("binary_cross_entropy_with_logits gradients match finite differences",
+          "[runtime][ops][loss]") {
+  const Tensor x = random_input({3, 4}, 1, -4, 4);
+  const Tensor y = random_input({3, 4}, 2, 0, 1);
+  const Tensor pw = random_input({4}, 3, 0.5, 3);
+  const Tensor w = random_input({3, 1}, 4, 0.5, 2);
+  auto r = gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return binary_cross_entropy_with_logits(
+            in[0], in[1], {.weight = in[3], .pos_weight = in[2], .reduction = Reduction::Sum});
+      },
+      {x, y, pw, w});
+  INFO(r.message);
+  CHECK(r.ok);
+  // At 0 the gradient is sigmoid(0) - y = 0.5 - y, whichever side relu takes.
+  Tensor z = Tensor::zeros({2}, DType::f64);
+  z.requires_grad_();
+  binary_cross_entropy_with_logits(z, f64({1, 0}, {2}), {.reduction = Reduction::Sum}).backward();
+  check_close(z.grad(), {-0.5, 0.5}, 1e-15);
+}
+
+TEST_CASE("binary_cross_entropy matches PyTorch: logs clamped at -100, its gradient clamp",
+          "[runtime][ops][loss]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
+  INFO("dtype " << dtype_name(dt));
+  const std::vector<double> x = {0, 1, 0.5, 0.9, 0.1, 1e-60};
+  const std::vector<double> y = {1, 0, 0.3, 1, 0, 1};
+  std::vector<double> ref;
+  for (size_t i = 0; i < x.size(); ++i)
+    ref.push_back(-(y[i] * std::max(std::log(x[i]), -100.0) +
+                    (1 - y[i]) * std::max(std::log(1 - x[i]), -100.0)));
+  Tensor input = f64(x, {6}).to(dt);
+  input.requires_grad_();
+  const Tensor target = f64(y, {6}).to(dt);
+  const Tensor none = binary_cross_entropy(input, target, {.reduction = Reduction::None});
+  check_close(none, ref, tol * 100);
+  CHECK(binary_cross_entropy(input, target).item() == Approx(total(ref) / 6).epsilon(tol));
+  binary_cross_entropy(input, target, {.reduction = Reduction::Sum}).backward();
+  // (x - y) / max(x (1 - x), 1e-12): finite (±1e12) at exactly 0 and 1, as PyTorch.
+  std::vector<double> expected;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double xi = static_cast<double>(values(input)[i]);
+    expected.push_back((xi - y[i]) / std::max(xi * (1 - xi), 1e-12));
+  }
+  const auto g = values(input.grad());
+  for (size_t i = 0; i < x.size(); ++i) CHECK(g[i] == Approx(expected[i]).epsilon(tol * 10));
+  CHECK(g[0] == Approx(-1e12));
+  CHECK(g[1] == Approx(1e12));
+}
+
+TEST_CASE("binary_cross_entropy gradients (input, target) match finite differences, weighted",
+          "[runtime][ops][loss]") {
+  const Tensor x = random_input({2, 3}, 5, 0.05, 0.95);
+  const Tensor y = random_input({2, 3}, 6, 0, 1);
+  const Tensor w = f64({0.5, 1, 3}, {3});
+  auto r = gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return binary_cross_entropy(in[0], in[1], {.weight = w, .reduction = Reduction::Mean});
+      },
+      {x, y});
+  INFO(r.message);
+  CHECK(r.ok);
+}
+
+TEST_CASE("binary_cross_entropy refuses inputs outside [0, 1] as PyTorch does",
+          "[runtime][ops][loss]") {
+  const double bad = GENERATE(1.5, -0.25, std::numeric_limits<double>::quiet_NaN());
+  INFO("input " << bad);
+  const Tensor x = f64({0.5, bad}, {2}), y = f64({1, 0}, {2});
+  CHECK_THROWS_WITH(binary_cross_entropy(x, y),
+                    Contains("all elements of input should be between 0 and 1") &&
+                        Contains("binary_cross_entropy_with_logits"));
+}
+
+TEST_CASE("the elementwise losses refuse mismatched shapes, dtypes and weights",
+          "[runtime][ops][loss]") {
+  const Tensor x = Tensor::full({2, 3}, 0.5), y1 = Tensor::full({2}, 0.5);
+  CHECK_THROWS_WITH(binary_cross_entropy(x, y1), Contains("[2, 3]") && Contains("same shape"));
+  CHECK_THROWS_WITH(binary_cross_entropy_with_logits(x, y1), Contains("same shape"));
+  CHECK_THROWS_WITH(binary_cross_entropy_with_logits(x, x.to(DType::f64)),
+                    Contains("one floating dtype"));
+  CHECK_THROWS_WITH(binary_cross_entropy_with_logits(x, x, {.pos_weight = Tensor::ones({2})}),
+                    Contains("pos_weight [2] does not broadcast"));
+  CHECK_THROWS_WITH(binary_cross_entropy(x, x, {.weight = Tensor::ones({3}, DType::f64)}),
+                    Contains("weight (f64 on cpu) must be of the input's dtype"));
+}
+
+TEST_CASE("the elementwise losses over no elements: Mean and Sum are 0, None is empty",
+          "[runtime][ops][loss]") {
+  const Tensor e = Tensor::empty({0, 3});
+  for (Reduction r : {Reduction::Mean, Reduction::Sum}) {
+    CHECK(binary_cross_entropy(e, e, {.reduction = r}).item() == 0);
+    CHECK(binary_cross_entropy_with_logits(e, e, {.reduction = r}).item() == 0);
+  }
+}
