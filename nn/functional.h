@@ -24,6 +24,8 @@ using runtime::cross_entropy;
 using runtime::dropout;
 using runtime::embedding;
 using runtime::gelu;
+using runtime::huber_loss;
+using runtime::l1_loss;
 using runtime::layer_norm;
 using runtime::linear;
 using runtime::log_softmax;
@@ -31,6 +33,7 @@ using runtime::max_pool2d;
 using runtime::mse_loss;
 using runtime::relu;
 using runtime::sigmoid;
+using runtime::smooth_l1_loss;
 using runtime::softmax;
 using runtime::tanh;
 

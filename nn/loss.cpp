@@ -123,4 +123,29 @@ std::shared_ptr<Module> BCEWithLogitsLoss::replicate() const {
       .weight = copy_of(weight), .pos_weight = copy_of(pos_weight), .reduction = reduction});
 }
 
+Tensor L1Loss::loss(const Tensor& input, const Tensor& target) {
+  return runtime::l1_loss(input, target, reduction);
+}
+std::shared_ptr<Module> L1Loss::replicate() const { return std::make_shared<L1Loss>(reduction); }
+
+SmoothL1Loss::SmoothL1Loss(Reduction reduction, double beta) : reduction(reduction), beta(beta) {
+  LOCKSTEP_CHECK(beta >= 0, "SmoothL1Loss: beta must be >= 0 (0 is L1Loss), got {}", beta);
+}
+Tensor SmoothL1Loss::loss(const Tensor& input, const Tensor& target) {
+  return runtime::smooth_l1_loss(input, target, reduction, beta);
+}
+std::shared_ptr<Module> SmoothL1Loss::replicate() const {
+  return std::make_shared<SmoothL1Loss>(reduction, beta);
+}
+
+HuberLoss::HuberLoss(Reduction reduction, double delta) : reduction(reduction), delta(delta) {
+  LOCKSTEP_CHECK(delta > 0, "HuberLoss: delta must be > 0, got {}", delta);
+}
+Tensor HuberLoss::loss(const Tensor& input, const Tensor& target) {
+  return runtime::huber_loss(input, target, reduction, delta);
+}
+std::shared_ptr<Module> HuberLoss::replicate() const {
+  return std::make_shared<HuberLoss>(reduction, delta);
+}
+
 }  // namespace lockstep::nn

@@ -95,4 +95,44 @@ class BCEWithLogitsLoss : public PairLoss {
   Tensor loss(const Tensor& input, const Tensor& target) override;
 };
 
+class L1Loss : public PairLoss {
+ public:
+  explicit L1Loss(Reduction reduction = Reduction::Mean) : reduction(reduction) {}
+  std::string type_name() const override { return "L1Loss"; }
+  std::shared_ptr<Module> replicate() const override;
+
+  const Reduction reduction;
+
+ protected:
+  Tensor loss(const Tensor& input, const Tensor& target) override;
+};
+
+// beta >= 0 (0 is L1Loss), checked here.
+class SmoothL1Loss : public PairLoss {
+ public:
+  explicit SmoothL1Loss(Reduction reduction = Reduction::Mean, double beta = 1.0);
+  std::string type_name() const override { return "SmoothL1Loss"; }
+  std::shared_ptr<Module> replicate() const override;
+
+  const Reduction reduction;
+  const double beta;
+
+ protected:
+  Tensor loss(const Tensor& input, const Tensor& target) override;
+};
+
+// delta > 0, checked here.
+class HuberLoss : public PairLoss {
+ public:
+  explicit HuberLoss(Reduction reduction = Reduction::Mean, double delta = 1.0);
+  std::string type_name() const override { return "HuberLoss"; }
+  std::shared_ptr<Module> replicate() const override;
+
+  const Reduction reduction;
+  const double delta;
+
+ protected:
+  Tensor loss(const Tensor& input, const Tensor& target) override;
+};
+
 }  // namespace lockstep::nn

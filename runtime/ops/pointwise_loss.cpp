@@ -143,4 +143,44 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   return reduce(losses, o.reduction);
 }
 
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {input, target}))
+    return l1_loss((*c)[0], (*c)[1], reduction);
+  check_pair("l1_loss", input, target);
+  return reduce(abs(sub(input, target)), reduction);
+}
+
+namespace {
+
+// With a = |d| and c = min(a, k) = a - relu(a - k): 0.5 c^2 + k (a - c) is
+// 0.5 d^2 inside |d| <= k and k (|d| - 0.5 k) outside, the Huber loss; its
+// gradient is d inside and k sign(d) outside (relu' = 0 at the border, where
+// both agree).
+Tensor huber(const Tensor& input, const Tensor& target, double k) {
+  const Tensor a = abs(sub(input, target));
+  const Tensor excess = relu(add(a, -k));
+  const Tensor c = sub(a, excess);
+  return add(mul(mul(c, c), 0.5), mul(excess, k));
+}
+
+}  // namespace
+
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction,
+                      double beta) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {input, target}))
+    return smooth_l1_loss((*c)[0], (*c)[1], reduction, beta);
+  LOCKSTEP_CHECK(beta >= 0, "smooth_l1_loss: beta must be >= 0 (0 is l1_loss), got {}", beta);
+  if (beta == 0) return l1_loss(input, target, reduction);
+  check_pair("smooth_l1_loss", input, target);
+  return reduce(mul(huber(input, target, beta), 1.0 / beta), reduction);
+}
+
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction, double delta) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {input, target}))
+    return huber_loss((*c)[0], (*c)[1], reduction, delta);
+  LOCKSTEP_CHECK(delta > 0, "huber_loss: delta must be > 0, got {}", delta);
+  check_pair("huber_loss", input, target);
+  return reduce(huber(input, target, delta), reduction);
+}
+
 }  // namespace lockstep::runtime

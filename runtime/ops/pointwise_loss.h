@@ -42,4 +42,17 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target,
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const BceWithLogitsOptions& options = {});
 
+// |x - y|.
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+
+// 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (d = x - y). beta = 0
+// is l1_loss; a negative beta is an error.
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
+                      Reduction reduction = Reduction::Mean, double beta = 1.0);
+
+// 0.5 d^2 where |d| <= delta, else delta (|d| - 0.5 delta): beta * smooth_l1
+// with beta = delta. delta must be > 0.
+Tensor huber_loss(const Tensor& input, const Tensor& target,
+                  Reduction reduction = Reduction::Mean, double delta = 1.0);
+
 }  // namespace lockstep::runtime

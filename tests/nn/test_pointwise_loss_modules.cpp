@@ -1,4 +1,4 @@
-// BCELoss and BCEWithLogitsLoss as modules:
+// BCELoss, BCEWithLogitsLoss, L1Loss, SmoothL1Loss and HuberLoss as modules:
 // the same numbers as the functions, callable through forward_values (as
 // DataParallel and DDP call them), weights as buffers, replicas, errors.
 #include <catch2/catch.hpp>
@@ -33,9 +33,15 @@ TEST_CASE("the elementwise loss modules equal their functions, through forward_v
   nn::BCEWithLogitsLoss bcel({.pos_weight = pw});
   CHECK(lt::bitwise_equal(bcel(x, y),
                           F::binary_cross_entropy_with_logits(x, y, {.pos_weight = pw})));
+  nn::L1Loss l1;
+  nn::SmoothL1Loss sl1(lr::Reduction::Mean, 0.5);
+  nn::HuberLoss hub(lr::Reduction::None, 2.0);
+  CHECK(lt::bitwise_equal(l1(x, y), F::l1_loss(x, y)));
+  CHECK(lt::bitwise_equal(sl1(x, y), F::smooth_l1_loss(x, y, lr::Reduction::Mean, 0.5)));
+  CHECK(lt::bitwise_equal(hub(x, y), F::huber_loss(x, y, lr::Reduction::None, 2.0)));
 
   std::vector<std::pair<nn::PairLoss*, Tensor>> all = {
-      {&bce, p}, {&bcel, x}};
+      {&bce, p}, {&bcel, x}, {&l1, x}, {&sl1, x}, {&hub, x}};
   for (auto& [m, in] : all) {
     INFO(m->type_name());
     CHECK(lt::bitwise_equal(m->forward_values({in, y}).tensor(0), m->forward(in, y)));
@@ -61,4 +67,11 @@ TEST_CASE("BCE loss weights are buffers, in state_dict under PyTorch's names", "
   const double before = m(x, y).item();
   m.pos_weight.fill_(4.0);
   CHECK(m(x, y).item() == Approx(2 * before));
+}
+
+TEST_CASE("SmoothL1Loss and HuberLoss refuse a bad beta or delta when built", "[nn][loss]") {
+  CHECK_THAT(lt::error_of([] { nn::SmoothL1Loss(lr::Reduction::Mean, -0.1); }),
+             Catch::Contains("SmoothL1Loss: beta must be >= 0"));
+  CHECK_THAT(lt::error_of([] { nn::HuberLoss(lr::Reduction::Mean, 0.0); }),
+             Catch::Contains("HuberLoss: delta must be > 0"));
 }

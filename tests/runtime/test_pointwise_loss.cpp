@@ -1,4 +1,5 @@
-// binary_cross_entropy with and without logits: values against double-precision references written from
+// The elementwise losses (binary_cross_entropy with and without logits, l1,
+// smooth_l1, huber): values against double-precision references written from
 // PyTorch 1.13's definitions, gradients against finite differences or the
 // closed form, and argument errors.
 #include <catch2/catch.hpp>
@@ -157,10 +158,16 @@ TEST_CASE("the elementwise losses refuse mismatched shapes, dtypes and weights",
   CHECK_THROWS_WITH(binary_cross_entropy_with_logits(x, y1), Contains("same shape"));
   CHECK_THROWS_WITH(binary_cross_entropy_with_logits(x, x.to(DType::f64)),
                     Contains("one floating dtype"));
+  CHECK_THROWS_WITH(l1_loss(x, y1), Contains("same shape"));
+  CHECK_THROWS_WITH(smooth_l1_loss(x, y1), Contains("same shape"));
+  CHECK_THROWS_WITH(huber_loss(x, y1), Contains("same shape"));
+  CHECK_THROWS_WITH(l1_loss(x, x.to(DType::f64)), Contains("one floating dtype"));
   CHECK_THROWS_WITH(binary_cross_entropy_with_logits(x, x, {.pos_weight = Tensor::ones({2})}),
                     Contains("pos_weight [2] does not broadcast"));
   CHECK_THROWS_WITH(binary_cross_entropy(x, x, {.weight = Tensor::ones({3}, DType::f64)}),
                     Contains("weight (f64 on cpu) must be of the input's dtype"));
+  CHECK_THROWS_WITH(smooth_l1_loss(x, x, Reduction::Mean, -1), Contains("beta must be >= 0"));
+  CHECK_THROWS_WITH(huber_loss(x, x, Reduction::Mean, 0), Contains("delta must be > 0"));
 }
 
 TEST_CASE("the elementwise losses over no elements: Mean and Sum are 0, None is empty",
@@ -169,5 +176,48 @@ TEST_CASE("the elementwise losses over no elements: Mean and Sum are 0, None is 
   for (Reduction r : {Reduction::Mean, Reduction::Sum}) {
     CHECK(binary_cross_entropy(e, e, {.reduction = r}).item() == 0);
     CHECK(binary_cross_entropy_with_logits(e, e, {.reduction = r}).item() == 0);
+    CHECK(l1_loss(e, e, r).item() == 0);
+    CHECK(smooth_l1_loss(e, e, r).item() == 0);
+    CHECK(huber_loss(e, e, r).item() == 0);
   }
+  CHECK(l1_loss(e, e, Reduction::None).shape() == Shape{0, 3});
+}
+
+TEST_CASE("l1, smooth_l1 and huber losses match their definitions and gradients",
+          "[runtime][ops][loss]") {
+  const double k = GENERATE(0.5, 1.0, 2.0);
+  INFO("beta = delta = " << k);
+  // Differences inside, outside and exactly on the border, and 0.
+  const std::vector<double> x = {0.1, -3, 2, k, -k, 0, 0.4, 5};
+  const std::vector<double> y = {0, 0, 1, 0, 0, 0, 0.9, -1};
+  std::vector<double> l1, sl1, hub, g_l1, g_sl1, g_hub;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double d = x[i] - y[i], a = std::abs(d);
+    const double sign = d > 0 ? 1 : d < 0 ? -1 : 0;
+    l1.push_back(a);
+    sl1.push_back(a < k ? 0.5 * d * d / k : a - 0.5 * k);
+    hub.push_back(a <= k ? 0.5 * d * d : k * (a - 0.5 * k));
+    // PyTorch's backward: d / beta inside, sign(d) outside; Huber is delta times that.
+    g_l1.push_back(sign);
+    g_sl1.push_back(a < k ? d / k : sign);
+    g_hub.push_back(a < k ? d : k * sign);
+  }
+  const Tensor target = f64(y, {8});
+  auto run = [&](auto f, const std::vector<double>& ref, const std::vector<double>& grad) {
+    Tensor input = f64(x, {8});
+    input.requires_grad_();
+    check_close(f(input, Reduction::None), ref, 1e-12);
+    CHECK(f(input, Reduction::Sum).item() == Approx(total(ref)));
+    Tensor mean_loss = f(input, Reduction::Mean);
+    CHECK(mean_loss.item() == Approx(total(ref) / 8));
+    mean_loss.backward();
+    std::vector<double> expected;
+    for (double g : grad) expected.push_back(g / 8);
+    check_close(input.grad(), expected, 1e-12);
+  };
+  run([&](const Tensor& in, Reduction r) { return l1_loss(in, target, r); }, l1, g_l1);
+  run([&](const Tensor& in, Reduction r) { return smooth_l1_loss(in, target, r, k); }, sl1, g_sl1);
+  run([&](const Tensor& in, Reduction r) { return huber_loss(in, target, r, k); }, hub, g_hub);
+  // beta = 0 is L1 (PyTorch's rule; the formula would divide by 0).
+  check_close(smooth_l1_loss(f64(x, {8}), target, Reduction::None, 0.0), l1, 1e-15);
 }
