@@ -4,6 +4,7 @@
 #pragma once
 
 #include "lockstep/runtime/ops.h"
+#include "lockstep/runtime/ops/nll_loss.h"
 #include "lockstep/runtime/ops/pointwise_loss.h"
 
 namespace lockstep::nn::functional {
@@ -11,6 +12,7 @@ namespace lockstep::nn::functional {
 using runtime::BceOptions;
 using runtime::BceWithLogitsOptions;
 using runtime::Conv2dOptions;
+using runtime::NllOptions;
 using runtime::Pool2dOptions;
 using runtime::Reduction;
 
@@ -31,6 +33,7 @@ using runtime::linear;
 using runtime::log_softmax;
 using runtime::max_pool2d;
 using runtime::mse_loss;
+using runtime::nll_loss;
 using runtime::relu;
 using runtime::sigmoid;
 using runtime::smooth_l1_loss;

@@ -148,4 +148,25 @@ std::shared_ptr<Module> HuberLoss::replicate() const {
   return std::make_shared<HuberLoss>(reduction, delta);
 }
 
+NLLLoss::NLLLoss(runtime::NllOptions options)
+    : ignore_index(options.ignore_index), reduction(options.reduction) {
+  if (options.weight) weight = register_buffer("weight", *options.weight);
+}
+
+Tensor NLLLoss::loss(const Tensor& input, const Tensor& target) {
+  return runtime::nll_loss(input, target,
+                           {.weight = buffer_or_none(weight),
+                            .ignore_index = ignore_index,
+                            .reduction = reduction});
+}
+
+std::shared_ptr<Module> NLLLoss::replicate() const {
+  return std::make_shared<NLLLoss>(runtime::NllOptions{
+      .weight = copy_of(weight), .ignore_index = ignore_index, .reduction = reduction});
+}
+
+std::string NLLLoss::extra_repr() const {
+  return ignore_index ? fmt::format("ignore_index={}", *ignore_index) : "";
+}
+
 }  // namespace lockstep::nn

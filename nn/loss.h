@@ -1,5 +1,5 @@
-// Losses as modules, over runtime::cross_entropy, runtime::mse_loss and the
-// losses of runtime/ops/pointwise_loss.h (the same functions are in
+// Losses as modules, over runtime::cross_entropy, runtime::mse_loss,
+// runtime::nll_loss and the losses of runtime/ops/pointwise_loss.h (the same functions are in
 // nn::functional). Called with (input, target), or
 // through forward_values({input, target}) (DataParallel, Sequential, DDP),
 // which returns the loss alone.
@@ -7,6 +7,7 @@
 
 #include "lockstep/nn/module.h"
 #include "lockstep/runtime/ops/loss.h"
+#include "lockstep/runtime/ops/nll_loss.h"
 #include "lockstep/runtime/ops/pointwise_loss.h"
 
 namespace lockstep::nn {
@@ -130,6 +131,23 @@ class HuberLoss : public PairLoss {
 
   const Reduction reduction;
   const double delta;
+
+ protected:
+  Tensor loss(const Tensor& input, const Tensor& target) override;
+};
+
+// torch.nn.NLLLoss over log-probabilities [N, C] (runtime::nll_loss). A
+// class weight is a buffer named "weight", as PyTorch's.
+class NLLLoss : public PairLoss {
+ public:
+  explicit NLLLoss(runtime::NllOptions options = {});
+  std::string type_name() const override { return "NLLLoss"; }
+  std::shared_ptr<Module> replicate() const override;
+  std::string extra_repr() const override;
+
+  Tensor weight;  // undefined when none was given
+  const std::optional<int64_t> ignore_index;
+  const Reduction reduction;
 
  protected:
   Tensor loss(const Tensor& input, const Tensor& target) override;

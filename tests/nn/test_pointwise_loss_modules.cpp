@@ -1,4 +1,4 @@
-// BCELoss, BCEWithLogitsLoss, L1Loss, SmoothL1Loss and HuberLoss as modules:
+// BCELoss, BCEWithLogitsLoss, L1Loss, SmoothL1Loss, HuberLoss and NLLLoss as modules:
 // the same numbers as the functions, callable through forward_values (as
 // DataParallel and DDP call them), weights as buffers, replicas, errors.
 #include <catch2/catch.hpp>
@@ -67,6 +67,20 @@ TEST_CASE("BCE loss weights are buffers, in state_dict under PyTorch's names", "
   const double before = m(x, y).item();
   m.pos_weight.fill_(4.0);
   CHECK(m(x, y).item() == Approx(2 * before));
+}
+
+TEST_CASE("NLLLoss equals nll_loss, keeps its weight as a buffer and passes forward_values",
+          "[nn][loss]") {
+  const Tensor x = lr::log_softmax(Tensor::from_vector<float>({1, 2, 3, 0, -1, 4}, {2, 3}), 1);
+  const Tensor t = Tensor::from_vector<int64_t>({2, 0}, {2});
+  const Tensor w = Tensor::from_vector<float>({3, 1, 2}, {3});
+  nn::NLLLoss m({.weight = w, .ignore_index = -100});
+  CHECK(lt::bitwise_equal(m(x, t), F::nll_loss(x, t, {.weight = w, .ignore_index = -100})));
+  CHECK(lt::bitwise_equal(m.forward_values({x, t}).tensor(0), m(x, t)));
+  CHECK(m.state_dict().keys() == std::vector<std::string>{"weight"});
+  CHECK(m.extra_repr() == "ignore_index=-100");
+  auto replica = std::dynamic_pointer_cast<nn::PairLoss>(m.replicate());
+  CHECK(lt::bitwise_equal(replica->forward(x, t), m(x, t)));
 }
 
 TEST_CASE("SmoothL1Loss and HuberLoss refuse a bad beta or delta when built", "[nn][loss]") {

@@ -1,0 +1,99 @@
+// nll_loss: values against PyTorch 1.13's definition (the weighted mean
+// divides by the kept targets' weights), gradients, ignore_index, errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "lockstep/runtime/ops/activation.h"
+#include "lockstep/runtime/ops/loss.h"
+#include "lockstep/runtime/ops/nll_loss.h"
+#include "lockstep/runtime/tensor.h"
+#include "support/gradcheck.h"
+#include "support/test_util.h"
+
+using namespace lockstep::runtime;
+using namespace lockstep::testing;
+using Catch::Contains;
+
+TEST_CASE("nll_loss matches PyTorch's weighted mean, with ignore_index", "[runtime][ops][loss]") {
+  const DType dt = GENERATE(DType::f32, DType::f64);
+  const bool weighted = GENERATE(false, true);
+  INFO("dtype " << dtype_name(dt) << ", weighted " << weighted);
+  // PyTorch 1.13: nll_loss(x, [0, 2, -100], weight=[1, 2, 3]) is [1, 7.5, 0], mean 2.125.
+  const std::vector<double> x = {-1, -2, -3, -0.5, -1.5, -2.5, -3, -0.1, -2};
+  const std::vector<int64_t> t = {0, 2, -100};
+  const std::vector<double> w = {1, 2, 3};
+  const Tensor input = Tensor::from_vector<double>(x, {3, 3}).to(dt);
+  const Tensor target = Tensor::from_vector<int64_t>(t, {3});
+  NllOptions o{.ignore_index = -100, .reduction = Reduction::None};
+  if (weighted) o.weight = Tensor::from_vector<double>(w, {3}).to(dt);
+  const std::vector<double> ref = weighted ? std::vector<double>{1, 7.5, 0}
+                                           : std::vector<double>{1, 2.5, 0};
+  check_close(nll_loss(input, target, o), ref, 1e-6);
+  o.reduction = Reduction::Sum;
+  CHECK(nll_loss(input, target, o).item() == Approx(ref[0] + ref[1]));
+  o.reduction = Reduction::Mean;
+  CHECK(nll_loss(input, target, o).item() == Approx(weighted ? 8.5 / 4 : 3.5 / 2));
+  // i32 targets work the same.
+  CHECK(nll_loss(input, target.to(DType::i32), o).item() == Approx(weighted ? 8.5 / 4 : 3.5 / 2));
+  // No sample kept: 0, not PyTorch's NaN (as cross_entropy).
+  const Tensor all_ignored = Tensor::full({3}, -100, DType::i64);
+  CHECK(nll_loss(input, all_ignored, o).item() == 0);
+}
+
+TEST_CASE("nll_loss of log_softmax is cross_entropy, values and gradients",
+          "[runtime][ops][loss]") {
+  const Tensor logits = random_input({4, 5}, 7, -3, 3);
+  const Tensor target = Tensor::from_vector<int64_t>({4, 0, 2, 2}, {4});
+  const Tensor a = nll_loss(log_softmax(logits, 1), target);
+  CHECK(a.item() == Approx(cross_entropy(logits, target).item()).epsilon(1e-12));
+  a.backward();
+  Tensor again = logits.detach().clone();
+  again.requires_grad_();
+  cross_entropy(again, target).backward();
+  check_close(logits.grad(), values(again.grad()), 1e-12);
+}
+
+TEST_CASE("nll_loss gradients match finite differences, weighted and ignoring",
+          "[runtime][ops][loss]") {
+  const Tensor x = random_input({5, 3}, 8, -3, 0);
+  const Tensor target = Tensor::from_vector<int64_t>({2, -1, 0, 2, 1}, {5});
+  const Tensor w = Tensor::from_vector<double>({0.5, 2, 1.5}, {3});
+  const Reduction r = GENERATE(Reduction::Mean, Reduction::Sum, Reduction::None);
+  auto res = gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return nll_loss(in[0], target, {.weight = w, .ignore_index = -1, .reduction = r});
+      },
+      {x});
+  INFO(res.message);
+  CHECK(res.ok);
+}
+
+TEST_CASE("nll_loss over an empty batch is 0 with an empty gradient", "[runtime][ops][loss]") {
+  Tensor x = Tensor::zeros({0, 4});
+  x.requires_grad_();
+  const Tensor t = Tensor::empty({0}, DType::i64);
+  Tensor l = nll_loss(x, t);
+  CHECK(l.item() == 0);
+  l.backward();
+  CHECK(x.grad().shape() == Shape{0, 4});
+  CHECK(nll_loss(x, t, {.reduction = Reduction::None}).shape() == Shape{0});
+}
+
+TEST_CASE("nll_loss refuses bad targets, shapes and weights, saying what to do",
+          "[runtime][ops][loss]") {
+  const Tensor x = Tensor::zeros({2, 3});
+  CHECK_THROWS_WITH(nll_loss(x, Tensor::from_vector<int64_t>({0, 3}, {2})),
+                    Contains("target[1] = 3 is not a class index in [0, 3)"));
+  CHECK_THROWS_WITH(nll_loss(x, Tensor::from_vector<int64_t>({-100, 0}, {2})),
+                    Contains("pass ignore_index"));
+  CHECK_THROWS_WITH(nll_loss(x, Tensor::from_vector<int64_t>({-1, 0}, {2}), {.ignore_index = -100}),
+                    Contains("only targets equal to ignore_index = -100 are skipped"));
+  CHECK_THROWS_WITH(nll_loss(x, Tensor::zeros({2})), Contains("i64 or i32"));
+  CHECK_THROWS_WITH(nll_loss(Tensor::zeros({2, 3, 4}), Tensor::zeros({2}, DType::i64)),
+                    Contains("input must be [N, C]"));
+  CHECK_THROWS_WITH(nll_loss(x, Tensor::zeros({3}, DType::i64)), Contains("[N] = [2]"));
+  CHECK_THROWS_WITH(nll_loss(x, Tensor::zeros({2}, DType::i64), {.weight = Tensor::ones({2})}),
+                    Contains("weight must be [C] = [3]"));
+}
