@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::optim {
@@ -108,6 +109,42 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
                  norm_type, total);
   clip_grads_with_norm(params, max_norm, total);
   return total;
+}
+
+void clip_grad_value(const std::vector<Tensor>& params, double clip_value) {
+  LOCKSTEP_CHECK(clip_value >= 0.0,
+                 "clip_grad_value: clip_value must be a number >= 0 (gradients are clamped to "
+                 "[-clip_value, clip_value]), got {}",
+                 clip_value);
+  runtime::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    Tensor g = p.grad();
+    if (!g.device().is_cpu()) {  // the backend's maximum/minimum, which keep NaN
+      const auto& backend = runtime::device_backend(g.device());
+      const Tensor lo = Tensor::full({}, -clip_value, g.dtype(), g.device());
+      const Tensor hi = Tensor::full({}, clip_value, g.dtype(), g.device());
+      const Tensor clamped = backend.binary(
+          runtime::BinaryOp::minimum,
+          backend.binary(runtime::BinaryOp::maximum, g, lo, g.dtype(), 1.0, "clip_grad_value"),
+          hi, g.dtype(), 1.0, "clip_grad_value");
+      g.copy_(clamped);
+      continue;
+    }
+    const bool in_place = g.is_contiguous();
+    const Tensor c = in_place ? g : g.contiguous();
+    runtime::dispatch_floating(c.dtype(), "clip_grad_value", [&](auto tag) {
+      using T = decltype(tag);
+      T* x = c.data_ptr<T>();
+      const auto lo = static_cast<T>(-clip_value), hi = static_cast<T>(clip_value);
+      for (int64_t i = 0, n = c.numel(); i < n; ++i) {
+        const double v = static_cast<double>(x[i]);  // NaN fails both tests: kept
+        if (v < -clip_value) x[i] = lo;
+        else if (v > clip_value) x[i] = hi;
+      }
+    });
+    if (!in_place) g.copy_(c);
+  }
 }
 
 }  // namespace lockstep::optim

@@ -1,5 +1,6 @@
-// Gradient clipping by global norm: torch.nn.utils.clip_grad_norm_. Gradients
-// of every floating dtype (f32, f64, bf16, f16) are read in double.
+// Gradient clipping by global norm, torch.nn.utils.clip_grad_norm_, and by
+// value, clip_grad_value_. Gradients of every floating dtype (f32, f64, bf16,
+// f16) are read in double.
 #pragma once
 
 #include <vector>
@@ -30,5 +31,11 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
 // Applies a clip whose total norm is already known (e.g. combined across
 // ZeRO shards); returns the scale used (1 when no clipping was needed).
 double clip_grads_with_norm(const std::vector<Tensor>& params, double max_norm, double total_norm);
+
+// Clamps every gradient of `params`, in place, to [-clip_value, clip_value]
+// (params without a gradient are skipped); NaN stays NaN, as PyTorch's clamp.
+// clip_value must be >= 0 (PyTorch would silently set every gradient to the
+// negative value). On a device the clamp runs there, without a host wait.
+void clip_grad_value(const std::vector<Tensor>& params, double clip_value);
 
 }  // namespace lockstep::optim
