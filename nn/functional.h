@@ -12,6 +12,7 @@ namespace lockstep::nn::functional {
 using runtime::BceOptions;
 using runtime::BceWithLogitsOptions;
 using runtime::Conv2dOptions;
+using runtime::KlDivReduction;
 using runtime::NllOptions;
 using runtime::Pool2dOptions;
 using runtime::Reduction;
@@ -27,6 +28,7 @@ using runtime::dropout;
 using runtime::embedding;
 using runtime::gelu;
 using runtime::huber_loss;
+using runtime::kl_div;
 using runtime::l1_loss;
 using runtime::layer_norm;
 using runtime::linear;

@@ -169,4 +169,11 @@ std::string NLLLoss::extra_repr() const {
   return ignore_index ? fmt::format("ignore_index={}", *ignore_index) : "";
 }
 
+Tensor KLDivLoss::loss(const Tensor& input, const Tensor& target) {
+  return runtime::kl_div(input, target, reduction, log_target);
+}
+std::shared_ptr<Module> KLDivLoss::replicate() const {
+  return std::make_shared<KLDivLoss>(reduction, log_target);
+}
+
 }  // namespace lockstep::nn

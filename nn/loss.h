@@ -153,4 +153,21 @@ class NLLLoss : public PairLoss {
   Tensor loss(const Tensor& input, const Tensor& target) override;
 };
 
+// torch.nn.KLDivLoss (runtime::kl_div): input log-probabilities. PyTorch's
+// default reduction is 'mean'; BatchMean is the KL divergence per sample.
+class KLDivLoss : public PairLoss {
+ public:
+  explicit KLDivLoss(runtime::KlDivReduction reduction = runtime::KlDivReduction::Mean,
+                     bool log_target = false)
+      : reduction(reduction), log_target(log_target) {}
+  std::string type_name() const override { return "KLDivLoss"; }
+  std::shared_ptr<Module> replicate() const override;
+
+  const runtime::KlDivReduction reduction;
+  const bool log_target;
+
+ protected:
+  Tensor loss(const Tensor& input, const Tensor& target) override;
+};
+
 }  // namespace lockstep::nn

@@ -183,4 +183,34 @@ Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction
   return reduce(huber(input, target, delta), reduction);
 }
 
+Tensor kl_div(const Tensor& input, const Tensor& target, KlDivReduction reduction,
+              bool log_target) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {input, target}))
+    return kl_div((*c)[0], (*c)[1], reduction, log_target);
+  check_pair("kl_div", input, target);
+  LOCKSTEP_CHECK(reduction != KlDivReduction::BatchMean || input.dim() >= 1,
+                 "kl_div: BatchMean divides by the batch size, input.shape()[0], but the input "
+                 "is a scalar; use Sum or Mean");
+  Tensor losses;
+  if (log_target) {
+    losses = mul(exp(target), sub(target, input));
+  } else {
+    // xlogy(t, t) = t log t, 0 at t = 0: log(t + [t == 0]) is log t elsewhere
+    // (exactly: the added 0 changes nothing) and 0 there, so no 0 * -inf.
+    const Tensor at_zero = eq(target, scalar_like(target, 0.0)).to(target.dtype());
+    losses = sub(mul(target, log(add(target, at_zero))), mul(target, input));
+  }
+  switch (reduction) {
+    case KlDivReduction::Mean: return reduce(losses, Reduction::Mean);
+    case KlDivReduction::Sum: return sum(losses);
+    case KlDivReduction::None: return losses;
+    case KlDivReduction::BatchMean: {
+      const int64_t batch = input.shape()[0];
+      const Tensor total = sum(losses);
+      return batch == 0 ? total : div(total, scalar_like(total, static_cast<double>(batch)));
+    }
+  }
+  return losses;
+}
+
 }  // namespace lockstep::runtime

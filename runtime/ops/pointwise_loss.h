@@ -4,8 +4,8 @@
 // on every device.
 //
 // Common to all: input and target must have the same shape (an error names
-// both; PyTorch refuses it for the BCE losses and broadcasts with a warning
-// for the others); Mean divides by the number of elements, and over no
+// both; PyTorch refuses it for the BCE losses and broadcasts, mostly with a
+// warning, for the others); Mean divides by the number of elements, and over no
 // elements is 0, as mse_loss and cross_entropy (PyTorch gives NaN).
 #pragma once
 
@@ -54,5 +54,20 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
 // with beta = delta. delta must be > 0.
 Tensor huber_loss(const Tensor& input, const Tensor& target,
                   Reduction reduction = Reduction::Mean, double delta = 1.0);
+
+// kl_div's reductions: PyTorch's 'mean' (over every element, which is not the
+// KL divergence; PyTorch warns) is the default, as there; BatchMean (the sum
+// over the batch size, input.shape()[0]) is the KL divergence per sample.
+enum class KlDivReduction { Mean, BatchMean, Sum, None };
+
+// The pointwise KL divergence of the target from the input's distribution,
+// input holding log-probabilities: target (log target - input), 0 where the
+// target is 0 (a negative target gives NaN, as in PyTorch); with log_target,
+// exp(target) (target - input), NaN for a log target of -inf as in PyTorch
+// (pass probabilities when they hold zeros). The input's gradient is -target
+// (or -exp(target)); the target's, where PyTorch gives NaN at a target of 0,
+// is -input there. BatchMean over an empty batch is 0, as Mean.
+Tensor kl_div(const Tensor& input, const Tensor& target,
+              KlDivReduction reduction = KlDivReduction::Mean, bool log_target = false);
 
 }  // namespace lockstep::runtime

@@ -1,6 +1,7 @@
-// BCELoss, BCEWithLogitsLoss, L1Loss, SmoothL1Loss, HuberLoss and NLLLoss as modules:
-// the same numbers as the functions, callable through forward_values (as
-// DataParallel and DDP call them), weights as buffers, replicas, errors.
+// BCELoss, BCEWithLogitsLoss, L1Loss, SmoothL1Loss, HuberLoss, NLLLoss and
+// KLDivLoss as modules: the same numbers as the functions, callable through
+// forward_values (as DataParallel and DDP call them), weights as buffers,
+// replicas, errors.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -36,12 +37,15 @@ TEST_CASE("the elementwise loss modules equal their functions, through forward_v
   nn::L1Loss l1;
   nn::SmoothL1Loss sl1(lr::Reduction::Mean, 0.5);
   nn::HuberLoss hub(lr::Reduction::None, 2.0);
+  nn::KLDivLoss kl(lr::KlDivReduction::BatchMean);
+  const Tensor logp = lr::log_softmax(x, 1);
+  CHECK(lt::bitwise_equal(kl(logp, y), F::kl_div(logp, y, lr::KlDivReduction::BatchMean)));
   CHECK(lt::bitwise_equal(l1(x, y), F::l1_loss(x, y)));
   CHECK(lt::bitwise_equal(sl1(x, y), F::smooth_l1_loss(x, y, lr::Reduction::Mean, 0.5)));
   CHECK(lt::bitwise_equal(hub(x, y), F::huber_loss(x, y, lr::Reduction::None, 2.0)));
 
   std::vector<std::pair<nn::PairLoss*, Tensor>> all = {
-      {&bce, p}, {&bcel, x}, {&l1, x}, {&sl1, x}, {&hub, x}};
+      {&bce, p}, {&bcel, x}, {&l1, x}, {&sl1, x}, {&hub, x}, {&kl, logp}};
   for (auto& [m, in] : all) {
     INFO(m->type_name());
     CHECK(lt::bitwise_equal(m->forward_values({in, y}).tensor(0), m->forward(in, y)));

@@ -1,5 +1,5 @@
 // The elementwise losses (binary_cross_entropy with and without logits, l1,
-// smooth_l1, huber): values against double-precision references written from
+// smooth_l1, huber, kl_div): values against double-precision references written from
 // PyTorch 1.13's definitions, gradients against finite differences or the
 // closed form, and argument errors.
 #include <catch2/catch.hpp>
@@ -220,4 +220,63 @@ TEST_CASE("l1, smooth_l1 and huber losses match their definitions and gradients"
   run([&](const Tensor& in, Reduction r) { return huber_loss(in, target, r, k); }, hub, g_hub);
   // beta = 0 is L1 (PyTorch's rule; the formula would divide by 0).
   check_close(smooth_l1_loss(f64(x, {8}), target, Reduction::None, 0.0), l1, 1e-15);
+}
+
+TEST_CASE("kl_div matches PyTorch's definition for every reduction, log_target too",
+          "[runtime][ops][loss]") {
+  const bool log_target = GENERATE(false, true);
+  INFO("log_target " << log_target);
+  // [2, 3] log-probabilities; target probabilities with zeros (xlogy(0, 0) =
+  // 0), but not as log targets: exp(-inf) (-inf - x) is NaN, in PyTorch too.
+  const std::vector<double> x = {-1, -2, -3, -0.5, -1.5, -2.5};
+  const std::vector<double> p = log_target ? std::vector<double>{0.1, 0.8, 0.1, 0.25, 0.25, 0.5}
+                                           : std::vector<double>{0, 1, 0, 0.25, 0.25, 0.5};
+  std::vector<double> t, ref;
+  for (size_t i = 0; i < x.size(); ++i) {
+    t.push_back(log_target ? std::log(p[i]) : p[i]);
+    ref.push_back(p[i] == 0 ? 0 : p[i] * (std::log(p[i]) - x[i]));
+  }
+  const Tensor input = f64(x, {2, 3}), target = f64(t, {2, 3});
+  check_close(kl_div(input, target, KlDivReduction::None, log_target), ref, 1e-15);
+  CHECK(kl_div(input, target, KlDivReduction::Sum, log_target).item() == Approx(total(ref)));
+  CHECK(kl_div(input, target, KlDivReduction::Mean, log_target).item() ==
+        Approx(total(ref) / 6));
+  CHECK(kl_div(input, target, KlDivReduction::BatchMean, log_target).item() ==
+        Approx(total(ref) / 2));
+  // The default is PyTorch's 'mean', over every element.
+  if (!log_target) CHECK(kl_div(input, target).item() == Approx(total(ref) / 6));
+  // The input's gradient is -p, 0 where the target is 0 (no NaN from its log).
+  Tensor in = input.clone();
+  in.requires_grad_();
+  kl_div(in, target, KlDivReduction::BatchMean, log_target).backward();
+  std::vector<double> expected;
+  for (double pi : p) expected.push_back(-pi / 2);
+  check_close(in.grad(), expected, 1e-15);
+}
+
+TEST_CASE("kl_div gradients match finite differences, for input and target",
+          "[runtime][ops][loss]") {
+  const bool log_target = GENERATE(false, true);
+  const Tensor x = random_input({3, 4}, 9, -3, 0);
+  const Tensor t = log_target ? random_input({3, 4}, 10, -3, 0) : random_input({3, 4}, 10, 0.1, 1);
+  auto r = gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return kl_div(in[0], in[1], KlDivReduction::BatchMean, log_target);
+      },
+      {x, t});
+  INFO(r.message);
+  CHECK(r.ok);
+}
+
+TEST_CASE("kl_div: a negative target is NaN, an empty batch 0, a shape mismatch an error",
+          "[runtime][ops][loss]") {
+  const auto v = values(kl_div(f64({-1, -1}, {2}), f64({-0.5, 0.5}, {2}), KlDivReduction::None));
+  CHECK(std::isnan(v[0]));
+  CHECK(v[1] == Approx(0.5 * (std::log(0.5) + 1)));
+  const Tensor e = Tensor::empty({0, 3});
+  CHECK(kl_div(e, e, KlDivReduction::BatchMean).item() == 0);
+  CHECK(kl_div(e, e, KlDivReduction::Mean).item() == 0);
+  CHECK_THROWS_WITH(kl_div(Tensor::zeros({2, 3}), Tensor::zeros({3})), Contains("same shape"));
+  CHECK_THROWS_WITH(kl_div(Tensor::zeros({}), Tensor::zeros({}), KlDivReduction::BatchMean),
+                    Contains("use Sum or Mean"));
 }
