@@ -63,8 +63,20 @@ Tensor scalar_like(const Tensor& t, double v) {
   return Tensor::full({}, v, t.dtype(), t.device());
 }
 
-// max(log(x), -100), as PyTorch clamps BCE's logs: relu(-inf) is 0.
-Tensor clamped_log(const Tensor& x) { return add(relu(add(log(x), 100.0)), -100.0); }
+// max(log(x), -100), as PyTorch clamps BCE's logs. Shifting by 100 and back
+// (relu(log x + 100) - 100) would round log x to the ulp of 100 (8e-6 in f32,
+// 0.5 in bf16) and lose every small loss; instead, where log x < -100 (x = 0
+// included) the log is taken of x + 1 = 1, and -100 added: exact everywhere.
+Tensor clamped_log(const Tensor& x) {
+  const Tensor below = gt(scalar_like(x, -100.0), log(x)).to(x.dtype());
+  return add(log(add(x, below)), mul(below, -100.0));
+}
+
+// max(v, eps) exactly: v where v >= eps, else eps (both finite).
+Tensor clamp_min(const Tensor& v, double eps) {
+  const Tensor below = gt(scalar_like(v, eps), v).to(v.dtype());
+  return add(mul(v, add(neg(below), 1.0)), mul(below, eps));
+}
 
 }  // namespace
 
@@ -103,7 +115,7 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Bce
                     if (g.needs[0]) {
                       // w (x - y) / max(x (1 - x), 1e-12), PyTorch's clamp.
                       const Tensor var = mul(x, add(neg(x), 1.0));
-                      gx = div(mul(gw, sub(x, y)), add(relu(add(var, -1e-12)), 1e-12));
+                      gx = div(mul(gw, sub(x, y)), clamp_min(var, 1e-12));
                     }
                     if (g.needs[1])  // d/dy of -[y log x + (1-y) log(1-x)], logs clamped
                       gy = mul(gw, sub(clamped_log(add(neg(x), 1.0)), clamped_log(x)));

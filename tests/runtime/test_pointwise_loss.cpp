@@ -127,6 +127,26 @@ TEST_CASE("binary_cross_entropy matches PyTorch: logs clamped at -100, its gradi
   CHECK(g[1] == Approx(1e12));
 }
 
+TEST_CASE("binary_cross_entropy keeps small losses: its clamp at -100 does not round the log",
+          "[runtime][ops][loss]") {
+  // A confident, right prediction: -log(1 - 1e-6) = 1e-6. Clamping by
+  // relu(log x + 100) - 100 rounded log x to the f32 ulp of 100 (8e-6): 0.
+  const DType dt = GENERATE(DType::f32, DType::bf16);
+  INFO("dtype " << dtype_name(dt));
+  const std::vector<double> x = {1 - 1e-6, 0.999, 0.25, 0.375};
+  const std::vector<double> y = {1, 1, 1, 0};  // 1 - x exact for y = 0
+  const Tensor input = f64(x, {4}).to(dt);
+  const auto xs = values(input);  // as rounded to dt
+  const auto l = values(binary_cross_entropy(input, f64(y, {4}).to(dt),
+                                             {.reduction = Reduction::None}));
+  const double tol = dt == DType::f32 ? 1e-5 : 1e-2;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double ref = y[i] == 1 ? -std::log(xs[i]) : -std::log(1 - xs[i]);
+    INFO("x = " << xs[i]);
+    CHECK(l[i] == Approx(ref).epsilon(tol));
+  }
+}
+
 TEST_CASE("binary_cross_entropy gradients (input, target) match finite differences, weighted",
           "[runtime][ops][loss]") {
   const Tensor x = random_input({2, 3}, 5, 0.05, 0.95);
