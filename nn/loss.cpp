@@ -29,11 +29,15 @@ CrossEntropyLoss::CrossEntropyLoss(CrossEntropyLossOptions opts) : options(opts)
   LOCKSTEP_CHECK(opts.label_smoothing >= 0.0 && opts.label_smoothing <= 1.0,
                  "CrossEntropyLoss: label_smoothing must be in [0, 1], got {}",
                  opts.label_smoothing);
+  if (opts.weight) weight = register_buffer("weight", *opts.weight);
 }
 
 Tensor CrossEntropyLoss::forward(const Tensor&) { needs_target(type_name()); }
 
 Tensor CrossEntropyLoss::forward(const Tensor& logits, const Tensor& target) {
+  if (weight.defined())
+    return runtime::cross_entropy(logits, target, weight, options.label_smoothing,
+                                  options.reduction, options.ignore_index);
   return runtime::cross_entropy(logits, target, options.label_smoothing, options.reduction,
                                 options.ignore_index);
 }
@@ -63,7 +67,9 @@ Values MSELoss::forward_values(const Values& inputs) {
 }
 
 std::shared_ptr<Module> CrossEntropyLoss::replicate() const {
-  return std::make_shared<CrossEntropyLoss>(options);
+  CrossEntropyLossOptions copy = options;
+  if (weight.defined()) copy.weight = weight.clone();  // DataParallel copies the values in
+  return std::make_shared<CrossEntropyLoss>(copy);
 }
 std::shared_ptr<Module> MSELoss::replicate() const { return std::make_shared<MSELoss>(reduction); }
 

@@ -20,6 +20,9 @@ struct CrossEntropyLossOptions {
   // Samples with this target add nothing (runtime::cross_entropy); PyTorch's
   // default is -100, lockstep's none.
   std::optional<int64_t> ignore_index;
+  // One weight per class, [C] (runtime::cross_entropy with a weight, in
+  // ops/nll_loss.h); kept as a buffer named "weight", as PyTorch's.
+  std::optional<Tensor> weight;
 };
 
 // logits [N, C], target [N] of class indices (i64 or i32). N = 0 (an empty
@@ -36,7 +39,8 @@ class CrossEntropyLoss : public Module {
   std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
 
-  const CrossEntropyLossOptions options;
+  const CrossEntropyLossOptions options;  // options.weight: as given, before any to()
+  Tensor weight;                          // the buffer; undefined without a weight
 };
 
 class MSELoss : public Module {

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/runtime/autocast.h"
+#include "lockstep/runtime/ops/activation.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/misc.h"
@@ -44,23 +45,29 @@ void check_args(const Tensor& input, const Tensor& target, const NllOptions& o) 
 
 }  // namespace
 
-Tensor nll_loss(const Tensor& input, const Tensor& target, const NllOptions& o) {
-  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {input})) {
-    NllOptions cast = o;
-    if (cast.weight) cast.weight = cast.weight->to(DType::f32);
-    return nll_loss((*c)[0], target, cast);
-  }
-  check_args(input, target, o);
+namespace {
+
+// Per sample of target: the flat index of its picked input entry, i * C + t;
+// its row in [v, 0] (i when kept, N when ignored), to read a per-sample
+// value as 0 for an ignored sample without multiplying by a mask (which
+// would make NaN of an ignored row's -inf); and its weight, kept * weight[t],
+// which the weighted Mean divides by. Ignored samples pick class 0.
+struct Picks {
+  Tensor flat;      // i64 [N]
+  Tensor row;       // i64 [N]
+  Tensor class_w;   // [N] weight[t], or undefined without a weight
+  Tensor weighted;  // [N] kept * weight[t] (kept alone without a weight)
+};
+
+Picks pick(const Tensor& input, const Tensor& target, const NllOptions& o, const char* loss) {
   const int64_t n = input.shape()[0], c = input.shape()[1];
-  // Per sample: the flat index of its picked entry, its class (0 for an
-  // ignored one, whose weight is then 0) and whether it is kept.
   const std::vector<int64_t> t = target.to(Device::cpu()).to(DType::i64).to_vector<int64_t>();
-  std::vector<int64_t> flat(n), cls(n);
+  std::vector<int64_t> flat(n), row(n), cls(n);
   std::vector<double> kept(n);
   for (int64_t i = 0; i < n; ++i) {
     const bool ignored = o.ignore_index && t[i] == *o.ignore_index;
     LOCKSTEP_CHECK(ignored || (t[i] >= 0 && t[i] < c),
-                   "nll_loss: target[{}] = {} is not a class index in [0, {}){}", i, t[i], c,
+                   "{}: target[{}] = {} is not a class index in [0, {}){}", loss, i, t[i], c,
                    t[i] >= 0 ? ""
                    : o.ignore_index
                        ? fmt::format("; only targets equal to ignore_index = {} are skipped",
@@ -69,26 +76,84 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NllOptions& o) 
                          "ignore_index");
     cls[i] = ignored ? 0 : t[i];
     flat[i] = i * c + cls[i];
+    row[i] = ignored ? n : i;
     kept[i] = ignored ? 0.0 : 1.0;
   }
   const Device dev = input.device();
-  const Tensor picked =
-      embedding(Tensor::from_vector<int64_t>(flat, {n}).to(dev), input.reshape({n * c, 1}))
-          .reshape({n});
-  Tensor w = Tensor::from_vector<double>(kept, {n}).to(input.dtype()).to(dev);
-  if (o.weight)
-    w = mul(w, embedding(Tensor::from_vector<int64_t>(cls, {n}).to(dev),
-                         o.weight->reshape({c, 1}))
-                   .reshape({n}));
-  const Tensor losses = neg(mul(picked, w));
-  if (o.reduction == Reduction::None) return losses;
-  // Summed in f32 (f64 for f64) and rounded once, as cross_entropy's.
-  const DType acc = input.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Picks p;
+  p.flat = Tensor::from_vector<int64_t>(flat, {n}).to(dev);
+  p.row = Tensor::from_vector<int64_t>(row, {n}).to(dev);
+  p.weighted = Tensor::from_vector<double>(kept, {n}).to(input.dtype()).to(dev);
+  if (o.weight) {
+    p.class_w = embedding(Tensor::from_vector<int64_t>(cls, {n}).to(dev),
+                          o.weight->reshape({c, 1}))
+                    .reshape({n});
+    p.weighted = mul(p.weighted, p.class_w);
+  }
+  return p;
+}
+
+// v [N] with the ignored samples' entries read as exactly 0.
+Tensor zero_ignored(const Tensor& v, const Picks& p) {
+  const int64_t n = v.shape()[0];
+  const Tensor padded = cat({v, Tensor::zeros({1}, v.dtype(), v.device())});
+  return embedding(p.row, padded.reshape({n + 1, 1})).reshape({n});
+}
+
+// -weight[t] * input[i, t] per sample, 0 for an ignored one.
+Tensor picked_losses(const Tensor& input, const Picks& p) {
+  const int64_t n = input.shape()[0], c = input.shape()[1];
+  Tensor picked = embedding(p.flat, input.reshape({n * c, 1})).reshape({n});
+  if (p.class_w.defined()) picked = mul(picked, p.class_w);
+  return zero_ignored(neg(picked), p);
+}
+
+// Sum, or Mean as the sum over the kept samples' weights summed (0 when that
+// is 0), in f32 (f64 for f64) and rounded once, as cross_entropy's.
+Tensor reduce_weighted(const Tensor& losses, const Tensor& weighted, Reduction reduction) {
+  if (reduction == Reduction::None) return losses;
+  const DType acc = losses.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const Tensor total = sum(losses.to(acc));
-  if (o.reduction == Reduction::Sum) return total.to(input.dtype());
-  const Tensor denom = sum(w.to(acc));
-  const Tensor zero_denom = eq(denom, Tensor::zeros({}, acc, dev)).to(acc);
-  return div(total, add(denom, zero_denom)).to(input.dtype());
+  if (reduction == Reduction::Sum) return total.to(losses.dtype());
+  const Tensor denom = sum(weighted.to(acc));
+  const Tensor zero_denom = eq(denom, Tensor::zeros({}, acc, denom.device())).to(acc);
+  return div(total, add(denom, zero_denom)).to(losses.dtype());
+}
+
+}  // namespace
+
+Tensor nll_loss(const Tensor& input, const Tensor& target, const NllOptions& o) {
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {input})) {
+    NllOptions cast = o;
+    if (cast.weight) cast.weight = cast.weight->to(DType::f32);
+    return nll_loss((*c)[0], target, cast);
+  }
+  check_args(input, target, o);
+  const Picks p = pick(input, target, o, "nll_loss");
+  return reduce_weighted(picked_losses(input, p), p.weighted, o.reduction);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
+                     double smoothing, Reduction reduction, std::optional<int64_t> ignore_index) {
+  LOCKSTEP_CHECK(weight.defined(),
+                 "cross_entropy: the class weight is an undefined tensor; call cross_entropy "
+                 "without it for no weight");
+  LOCKSTEP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got {}",
+                 shape_str(logits.shape()));
+  LOCKSTEP_CHECK(smoothing >= 0.0 && smoothing <= 1.0,
+                 "cross_entropy: label_smoothing must be in [0, 1], got {}", smoothing);
+  const Tensor logp = log_softmax(logits, 1);  // in f32 under autocast, as cross_entropy
+  const NllOptions o{.weight = weight.to(logp.dtype()), .ignore_index = ignore_index};
+  check_args(logp, target, o);
+  const Picks p = pick(logp, target, o, "cross_entropy");
+  Tensor losses = picked_losses(logp, p);
+  if (smoothing > 0.0) {
+    // -sum_j w[j] logp[j] per kept sample, as PyTorch's smooth_loss.
+    const Tensor smooth = zero_ignored(neg(sum(mul(logp, *o.weight), {1})), p);
+    const double c = static_cast<double>(logp.shape()[1]);
+    losses = add(mul(losses, 1.0 - smoothing), mul(smooth, smoothing / c));
+  }
+  return reduce_weighted(losses, p.weighted, reduction);
 }
 
 }  // namespace lockstep::runtime

@@ -87,6 +87,21 @@ TEST_CASE("NLLLoss equals nll_loss, keeps its weight as a buffer and passes forw
   CHECK(lt::bitwise_equal(replica->forward(x, t), m(x, t)));
 }
 
+TEST_CASE("CrossEntropyLoss takes a class weight, kept as a buffer", "[nn][loss]") {
+  const Tensor x = Tensor::from_vector<float>({1, 2, 3, 0, -1, 4}, {2, 3});
+  const Tensor t = Tensor::from_vector<int64_t>({2, 0}, {2});
+  const Tensor w = Tensor::from_vector<float>({3, 1, 2}, {3});
+  nn::CrossEntropyLoss m({.label_smoothing = 0.1, .weight = w});
+  CHECK(lt::bitwise_equal(m(x, t), F::cross_entropy(x, t, w, 0.1)));
+  CHECK(m.state_dict().keys() == std::vector<std::string>{"weight"});
+  CHECK(nn::CrossEntropyLoss().state_dict().size() == 0);
+  auto replica = m.replicate();
+  CHECK(lt::bitwise_equal(replica->forward_values({x, t}).tensor(0), m(x, t)));
+  // The buffer is what counts: a loaded or edited weight takes effect.
+  m.weight.fill_(1.0);
+  CHECK(m(x, t).item() == Approx(F::cross_entropy(x, t, 0.1).item()));
+}
+
 TEST_CASE("SmoothL1Loss and HuberLoss refuse a bad beta or delta when built", "[nn][loss]") {
   CHECK_THAT(lt::error_of([] { nn::SmoothL1Loss(lr::Reduction::Mean, -0.1); }),
              Catch::Contains("SmoothL1Loss: beta must be >= 0"));

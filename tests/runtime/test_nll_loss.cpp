@@ -3,11 +3,14 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "lockstep/runtime/ops/activation.h"
 #include "lockstep/runtime/ops/loss.h"
 #include "lockstep/runtime/ops/nll_loss.h"
+#include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/gradcheck.h"
 #include "support/test_util.h"
@@ -96,4 +99,60 @@ TEST_CASE("nll_loss refuses bad targets, shapes and weights, saying what to do",
   CHECK_THROWS_WITH(nll_loss(x, Tensor::zeros({3}, DType::i64)), Contains("[N] = [2]"));
   CHECK_THROWS_WITH(nll_loss(x, Tensor::zeros({2}, DType::i64), {.weight = Tensor::ones({2})}),
                     Contains("weight must be [C] = [3]"));
+}
+
+TEST_CASE("nll_loss reads an ignored row as 0 even when it holds -inf", "[runtime][ops][loss]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor x = Tensor::from_vector<double>({-inf, 0, -0.5, -1}, {2, 2});
+  x.requires_grad_();
+  const Tensor t = Tensor::from_vector<int64_t>({-1, 1}, {2});
+  const Tensor l = nll_loss(x, t, {.ignore_index = -1, .reduction = Reduction::None});
+  check_close(l, {0, 1}, 0);
+  sum(l).backward();
+  check_close(x.grad(), {0, 0, 0, -1}, 0);
+}
+
+TEST_CASE("cross_entropy with a class weight matches PyTorch's formula, smoothing included",
+          "[runtime][ops][loss]") {
+  const double s = GENERATE(0.0, 0.2);
+  const bool ignoring = GENERATE(false, true);
+  INFO("label_smoothing " << s << ", ignoring " << ignoring);
+  const std::vector<double> x = {1, 2, 0.5, -1, 0, 0, 0, 0, 3, -2, 1.5, 0.25};  // [3, 4]
+  const std::vector<int64_t> t = {1, 3, ignoring ? -100 : 2};
+  const std::vector<double> w = {1, 2, 0.5, 3};
+  // PyTorch 1.13: per kept sample (1-s) w[t] (-logp[t]) + (s/C) sum_j w[j] (-logp[j]);
+  // Mean divides by the kept samples' w[t] summed.
+  std::vector<double> ref;
+  double wsum = 0;
+  for (int64_t i = 0; i < 3; ++i) {
+    if (t[i] == -100) {
+      ref.push_back(0);
+      continue;
+    }
+    double z = 0;
+    for (int64_t j = 0; j < 4; ++j) z += std::exp(x[i * 4 + j]);
+    double smooth = 0;
+    for (int64_t j = 0; j < 4; ++j) smooth -= w[j] * (x[i * 4 + j] - std::log(z));
+    ref.push_back((1 - s) * w[t[i]] * (std::log(z) - x[i * 4 + t[i]]) + s / 4 * smooth);
+    wsum += w[t[i]];
+  }
+  const double ref_sum = ref[0] + ref[1] + ref[2];
+  const Tensor logits = Tensor::from_vector<double>(x, {3, 4});
+  const Tensor target = Tensor::from_vector<int64_t>(t, {3});
+  const Tensor weight = Tensor::from_vector<double>(w, {4});
+  const std::optional<int64_t> ig = ignoring ? std::optional<int64_t>(-100) : std::nullopt;
+  check_close(cross_entropy(logits, target, weight, s, Reduction::None, ig), ref, 1e-12);
+  CHECK(cross_entropy(logits, target, weight, s, Reduction::Sum, ig).item() == Approx(ref_sum));
+  CHECK(cross_entropy(logits, target, weight, s, Reduction::Mean, ig).item() ==
+        Approx(ref_sum / wsum));
+  // A weight of ones is the unweighted loss; gradients match finite differences.
+  CHECK(cross_entropy(logits, target, Tensor::ones({4}, DType::f64), s, Reduction::Mean, ig)
+            .item() == Approx(cross_entropy(logits, target, s, Reduction::Mean, ig).item()));
+  auto r = gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return cross_entropy(in[0], target, weight, s, Reduction::Mean, ig);
+      },
+      {random_input({3, 4}, 12, -2, 2)});
+  INFO(r.message);
+  CHECK(r.ok);
 }
