@@ -4,8 +4,6 @@
 #pragma once
 
 #include "lockstep/runtime/ops.h"
-#include "lockstep/runtime/ops/nll_loss.h"
-#include "lockstep/runtime/ops/pointwise_loss.h"
 
 namespace lockstep::nn::functional {
 

@@ -8,6 +8,8 @@
 #include "lockstep/runtime/ops/linalg.h"
 #include "lockstep/runtime/ops/loss.h"
 #include "lockstep/runtime/ops/misc.h"
+#include "lockstep/runtime/ops/nll_loss.h"
 #include "lockstep/runtime/ops/norm.h"
+#include "lockstep/runtime/ops/pointwise_loss.h"
 #include "lockstep/runtime/ops/pool.h"
 #include "lockstep/runtime/ops/reduce.h"
