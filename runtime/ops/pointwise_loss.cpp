@@ -92,10 +92,12 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Bce
   Tensor losses;
   {
     NoGradGuard no_grad;
-    // NaN fails both comparisons, as in PyTorch's check.
-    const double outside = sum(gt(x, scalar_like(x, 1.0)).to(DType::f64)).item() +
-                           sum(gt(scalar_like(x, 0.0), x).to(DType::f64)).item() +
-                           static_cast<double>(x.numel()) - sum(eq(x, x).to(DType::f64)).item();
+    // NaN fails both comparisons, as in PyTorch's check (x != x counts it).
+    // One number read back, so one wait on a device.
+    const Tensor above = gt(x, scalar_like(x, 1.0)).to(DType::f64);
+    const Tensor below = gt(scalar_like(x, 0.0), x).to(DType::f64);
+    const Tensor nan = add(neg(eq(x, x).to(DType::f64)), 1.0);
+    const auto outside = static_cast<int64_t>(sum(add(add(above, below), nan)).item());
     LOCKSTEP_CHECK(outside == 0,
                    "binary_cross_entropy: all elements of input should be between 0 and 1, but "
                    "{} are not (or are NaN); pass probabilities (e.g. sigmoid(logits)), or pass "
