@@ -163,8 +163,43 @@ size_t CheckpointRegion::add_slots(const char* op, const std::vector<Tensor>& sa
 
 void CheckpointRegion::note_inputs(const char* op, const std::vector<Tensor>& inputs) {
   for (const Tensor& t : inputs) {
-    if (t.defined() && t.is_leaf() && t.requires_grad())
+    if (!t.defined()) continue;
+    if (t.is_leaf() && t.requires_grad()) {
       read_parameters_.push_back({op, t.storage(), t.version(), t.shape()});
+      continue;
+    }
+    // A storage freed in the forward may come back at the same address.
+    ReadParameter& read = reads_[t.storage().get()];
+    if (read.storage.lock() != t.storage()) read = {op, t.storage(), t.version(), t.shape()};
+  }
+}
+
+void CheckpointRegion::forward_done() {
+  for (auto it = reads_.begin(); it != reads_.end();) {
+    const std::shared_ptr<Storage> storage = it->second.storage.lock();
+    if (storage == nullptr || storage.get() != it->first) {  // an activation, freed
+      it = reads_.erase(it);
+      continue;
+    }
+    it->second.version = storage->version();
+    ++it;
+  }
+}
+
+void CheckpointRegion::check_reads(const char* op, const std::vector<Tensor>& inputs) const {
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    const auto it = reads_.find(t.storage().get());
+    if (it == reads_.end() || it->second.storage.lock() != t.storage()) continue;
+    LOCKSTEP_CHECK(t.version() == it->second.version,
+                   "checkpoint: a tensor (shape {}) that {} read in a checkpointed forward, not "
+                   "an input of the region (the function captures it), was modified by an "
+                   "in-place operation before backward: it is at version {}, expected version "
+                   "{}. The recomputation ({} now) would read the new values and return the "
+                   "gradient of a loss the forward never computed; change it after backward, "
+                   "pass it to checkpoint() as an input, or give the function a clone() of it.",
+                   shape_str(it->second.shape), it->second.op, t.version(), it->second.version,
+                   op);
   }
 }
 
@@ -237,6 +272,7 @@ void CheckpointRegion::recompute() {
   fn_ = nullptr;
   inputs_.clear();
   read_parameters_.clear();
+  reads_.clear();
 }
 
 // As SavedTensor::unpack without a region: a tensor the forward saved that
@@ -279,7 +315,9 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   RecordDraws record(*region);
   ActiveScope active(region, false);
   detail::DrawLogScope log(&record);
-  return fn(inputs);
+  std::vector<Tensor> outputs = fn(inputs);
+  region->forward_done();
+  return outputs;
 }
 
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input) {

@@ -23,9 +23,13 @@
 // parameter stepped too early) throws, as it does without checkpointing, and
 // so does a parameter any op in the region read (under autocast the ops save
 // a cast copy, and the recomputation would cast the stepped parameter).
-// Module train/eval mode is read again: do not switch it between forward and
-// backward. Regions do not nest (a clear error). Thread-safe: a
-// region recomputes once, under its own lock.
+// A tensor the function captures rather than takes as an input (a mask, a
+// constant) that a recorded op read and that is changed in place before
+// backward throws too, naming its shape; the recomputation would read the new
+// values. (An op that records nothing, none of its inputs needing a gradient,
+// is not seen: pass such tensors as inputs.) Module train/eval mode is read
+// again: do not switch it between forward and backward. Regions do not nest
+// (a clear error). Thread-safe: a region recomputes once, under its own lock.
 #pragma once
 
 #include <functional>

@@ -142,6 +142,7 @@ Tensor record(Tensor out, const char* name, const std::vector<Tensor>& inputs,
   kept.reserve(saved.size());
   if (ActiveRegion* active = active_checkpoint()) {
     if (active->recomputing) {
+      active->region->check_reads(name, inputs);
       active->region->collect(name, saved);
       set_grad_fn(out, recomputed_node(name));
       return out;

@@ -213,6 +213,23 @@ TEST_CASE("checkpoint: a checkpointed BatchNorm updates its running statistics o
   CHECK(lt::bitwise_equal(plain->weight.grad(), inner->weight.grad()));
 }
 
+TEST_CASE("checkpoint: a BatchNorm forwarded twice before one backward is no error",
+          "[nn][checkpoint]") {
+  // The second forward updates the running statistics the first one read;
+  // the recomputation in training mode does not read them, so the check on
+  // what a region's function captured must not refuse it.
+  auto plain = std::make_shared<nn::BatchNorm1d>(2);
+  auto wrapped = std::make_shared<nn::Checkpoint>(std::make_shared<nn::BatchNorm1d>(2));
+  lr::Generator g(3);
+  const Tensor a = lr::randn({4, 2}, lr::DType::f32, g), b = lr::randn({4, 2}, lr::DType::f32, g);
+  const auto loss = [&](nn::Module& m) {
+    return lr::add(lr::sum(lr::mul(m(a), a)), lr::sum(lr::mul(m(b), b)));
+  };
+  loss(*plain).backward();
+  loss(*wrapped).backward();
+  CHECK(lt::bitwise_equal(plain->weight.grad(), wrapped->module->parameters()[0].grad()));
+}
+
 TEST_CASE("checkpoint: a DDP-wrapped model checkpointed whole averages the plain gradients",
           "[nn][checkpoint][ddp]") {
   // The recomputation in backward reruns ddp.forward; it must not prepare a

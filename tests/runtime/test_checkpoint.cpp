@@ -283,3 +283,41 @@ TEST_CASE("checkpoint: a parameter stepped before backward under autocast is an 
     CHECK(!x.grad().defined());
   }
 }
+
+TEST_CASE("checkpoint: a tensor the function captures, changed in place before backward, is an "
+          "error",
+          "[autograd][checkpoint]") {
+  // `c` is neither an input nor a parameter: the function reads it from its
+  // closure. The mul saves (x + c), which the recomputation would rebuild
+  // from the new c, returning 2 * (x + 3) where the forward's loss has
+  // gradient 2 * (x + 2).
+  Tensor x = Tensor::ones({4}).requires_grad_(true);
+  Tensor c = Tensor::full({4}, 2.0);
+  const auto fn = [&c](const Tensor& in) {
+    const Tensor h = lr::add(in, c);
+    return lr::mul(h, h);
+  };
+  const Tensor loss = lr::sum(lr::checkpoint(fn, x));
+  c.add_(Tensor::ones({4}));
+  CHECK_THROWS_WITH(loss.backward(), Catch::Contains("modified by an in-place operation") &&
+                                         Catch::Contains("shape [4]"));
+  CHECK(!x.grad().defined());
+
+  // Left alone it is no error; nor is an output of the region changed in
+  // place afterwards that an op inside also read (nothing saved it, and the
+  // recomputation makes it anew).
+  Tensor d = Tensor::full({4}, 2.0);
+  const auto two = [&d](const std::vector<Tensor>& in) {
+    const Tensor h = lr::add(in[0], d);
+    return std::vector<Tensor>{h, lr::mul(lr::exp(h), 1.0)};
+  };
+  Tensor x2 = Tensor::ones({4}).requires_grad_(true);
+  std::vector<Tensor> outs = lr::checkpoint(two, {x2});
+  {
+    lr::NoGradGuard no_grad;
+    outs[0].add_(Tensor::ones({4}));
+  }
+  lr::sum(outs[1]).backward();
+  const std::vector<double> g = lockstep::testing::values(x2.grad());
+  for (double v : g) CHECK(v == Approx(std::exp(3.0)));
+}

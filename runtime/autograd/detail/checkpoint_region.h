@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "lockstep/runtime/autocast.h"
@@ -24,6 +25,11 @@ class CheckpointRegion : public std::enable_shared_from_this<CheckpointRegion> {
   // Forward: notes the parameters (leaves that require grad) op `op` reads,
   // which the recomputation reads again and must find unchanged.
   void note_inputs(const char* op, const std::vector<Tensor>& inputs);
+  // After the forward: the versions the recomputation must find.
+  void forward_done();
+  // Recomputation: throws when op `op` reads a tensor the forward read too
+  // (one the function captures) that was changed in place since.
+  void check_reads(const char* op, const std::vector<Tensor>& inputs) const;
   // Recomputation: the tensors op `op` saves, in the order of the forward.
   void collect(const char* op, const std::vector<Tensor>& saved);
 
@@ -70,6 +76,11 @@ class CheckpointRegion : public std::enable_shared_from_this<CheckpointRegion> {
     Shape shape;
   };
   std::vector<ReadParameter> read_parameters_;
+  // Every other storage the forward's ops read, with its version when the
+  // forward ended. The recomputation makes its own activations, so of these
+  // it reads again only the ones made outside the region: the tensors the
+  // function captures, which must be as the forward left them.
+  std::unordered_map<const Storage*, ReadParameter> reads_;
   std::vector<SavedTensor> saved_;     // recomputed, by slot
   std::vector<bool> released_;
   bool recomputed_ = false;
