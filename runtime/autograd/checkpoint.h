@@ -28,8 +28,10 @@
 // backward throws too, naming its shape; the recomputation would read the new
 // values. (An op that records nothing, none of its inputs needing a gradient,
 // is not seen: pass such tensors as inputs.) Module train/eval mode is read
-// again: do not switch it between forward and backward. Regions do not nest
-// (a clear error). Thread-safe: a region recomputes once, under its own lock.
+// again: do not switch it between forward and backward. Regions do not nest,
+// and backward() inside the function is not supported (clear errors: the
+// recomputation would run it again). Thread-safe: a region recomputes once,
+// under its own lock.
 #pragma once
 
 #include <functional>

@@ -13,6 +13,7 @@
 
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/backward_callbacks.h"
+#include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/detail/meta.h"
 #include "lockstep/runtime/device_backend.h"
@@ -196,6 +197,14 @@ void queue_backward_callback(std::function<void()> fn) {
 }
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  // The recomputation runs the function again, and with it this backward: its
+  // gradients would be added twice, and the ops the region recorded so far
+  // have no activations to give it yet.
+  LOCKSTEP_CHECK(!in_checkpoint(),
+                 "backward() was called inside the checkpointed function of a checkpoint "
+                 "region, which is not supported: backward recomputes the region by running "
+                 "the function again. Call backward() after checkpoint() returns, or do not "
+                 "checkpoint this function.");
   // Each op's backward runs at the dtypes its forward ran at, even when
   // backward() is called inside an autocast scope.
   AutocastGuard no_autocast(AutocastState{});

@@ -321,3 +321,28 @@ TEST_CASE("checkpoint: a tensor the function captures, changed in place before b
   const std::vector<double> g = lockstep::testing::values(x2.grad());
   for (double v : g) CHECK(v == Approx(std::exp(3.0)));
 }
+
+TEST_CASE("checkpoint: backward inside the checkpointed function is a clear error",
+          "[autograd][checkpoint]") {
+  Tensor x = Tensor::ones({4}).requires_grad_(true);
+  Tensor w = Tensor::full({4}, 2.0).requires_grad_(true);
+  const auto fn = [&w](const Tensor& in) {
+    const Tensor h = lr::mul(in, w);
+    lr::sum(lr::mul(h, h)).backward();
+    return h;
+  };
+  CHECK_THROWS_WITH(lr::checkpoint(fn, x), Catch::Contains("inside the checkpointed function"));
+  CHECK(!lr::in_checkpoint());
+
+  // A graph made outside the region: the recomputation would run its
+  // backward again and add its gradients twice.
+  Tensor v = Tensor::full({4}, 2.0).requires_grad_(true);
+  const Tensor outside = lr::sum(lr::mul(v, v));
+  const auto backward_outside = [&outside](const Tensor& in) {
+    outside.backward({}, true);
+    return lr::gelu(in);
+  };
+  CHECK_THROWS_WITH(lr::checkpoint(backward_outside, x),
+                    Catch::Contains("inside the checkpointed function"));
+  CHECK(!v.grad().defined());
+}
