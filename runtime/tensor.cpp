@@ -242,6 +242,9 @@ int64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook fn) {
                  "register_post_accumulate_grad_hook: only leaf tensors that require grad "
                  "accumulate gradients");
   AutogradMeta& meta = autograd_meta(impl());
+  // Under the lock AccumulateGrad copies the list under: a backward on
+  // another thread may be reading it.
+  std::lock_guard<std::mutex> lock(meta.grad_mutex);
   int64_t id = meta.next_hook_id++;
   meta.post_accumulate_hooks.emplace_back(id, std::move(fn));
   return id;
@@ -249,8 +252,9 @@ int64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook fn) {
 
 void Tensor::remove_hook(int64_t id) {
   if (!impl().autograd) return;
-  auto& hooks = impl().autograd->post_accumulate_hooks;
-  std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+  AutogradMeta& meta = *impl().autograd;
+  std::lock_guard<std::mutex> lock(meta.grad_mutex);
+  std::erase_if(meta.post_accumulate_hooks, [id](const auto& h) { return h.first == id; });
 }
 
 // ---- printing ----

@@ -1,7 +1,10 @@
 // Autograd on several threads at once: independent backward passes whose
-// graphs share a leaf (a parameter) add every gradient into its .grad.
+// graphs share a leaf (a parameter) add every gradient into its .grad, and
+// hooks registered meanwhile from other threads are all kept.
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -26,4 +29,38 @@ TEST_CASE("concurrent backward passes into one leaf lose no gradient", "[runtime
   int64_t wrong = 0;
   for (float v : g) wrong += v != kThreads * kSteps;
   CHECK(wrong == 0);
+}
+
+TEST_CASE("hooks registered and removed while another thread runs backward are all kept",
+          "[runtime][autograd]") {
+  // As PyTorch: a hook may be registered on a leaf while a backward on
+  // another thread accumulates into it and runs its hooks.
+  constexpr int kThreads = 2, kHooks = 4000;
+  Tensor w = Tensor::ones({4});
+  w.requires_grad_();
+  std::atomic<int64_t> fired{0};
+  std::atomic<bool> stop{false};
+  std::thread backward([&] {
+    while (!stop) sum(mul(w, 2.0)).backward();
+  });
+  std::vector<std::vector<int64_t>> ids(kThreads);
+  std::vector<std::thread> registering;
+  for (int t = 0; t < kThreads; ++t) {
+    registering.emplace_back([&, t] {
+      for (int i = 0; i < kHooks; ++i) {
+        ids[t].push_back(w.register_post_accumulate_grad_hook([&](const Tensor&) { ++fired; }));
+        if (i % 2 == 1) w.remove_hook(ids[t][i - 1]);  // every other one goes again
+      }
+    });
+  }
+  for (std::thread& t : registering) t.join();
+  stop = true;
+  backward.join();
+
+  std::set<int64_t> unique;
+  for (const auto& mine : ids) unique.insert(mine.begin(), mine.end());
+  CHECK(unique.size() == kThreads * kHooks);  // no id given twice
+  fired = 0;
+  sum(mul(w, 2.0)).backward();
+  CHECK(fired == kThreads * kHooks / 2);
 }

@@ -15,7 +15,7 @@ namespace lockstep::runtime {
 struct AutogradMeta {
   bool requires_grad = false;  // for leaves; non-leaves require grad via grad_fn
   Tensor grad;
-  // Guards `grad` while AccumulateGrad adds into it: backward passes on
+  // Guards `grad` and the hooks below (and next_hook_id): backward passes on
   // several threads (graphs that share a parameter) accumulate into one leaf.
   std::mutex grad_mutex;
   std::shared_ptr<Node> grad_fn;
