@@ -25,17 +25,27 @@ class FunctionNode final : public Node {
  public:
   FunctionNode(const char* name, std::vector<SavedTensor> saved, BackwardFn fn,
                std::vector<Device> input_devices)
-      : Node(name), saved_(std::move(saved)), fn_(std::move(fn)),
+      : Node(name), saved_(std::move(saved)),
+        fn_(std::make_shared<const BackwardFn>(std::move(fn))),
         input_devices_(std::move(input_devices)) {}
 
+  // Backward passes on several threads may run one node of a graph they
+  // share (with retain_graph) while one of them releases it: each takes the
+  // saved tensors and the function under the lock, and keeps the function
+  // alive while it runs.
   std::vector<Tensor> apply(const Tensor& grad_output) override {
     std::vector<Tensor> saved;
-    saved.reserve(saved_.size());
-    for (size_t i = 0; i < saved_.size(); ++i) saved.push_back(saved_[i].unpack(*this, i));
-    LOCKSTEP_CHECK(fn_ != nullptr, kSecondBackward, name());  // only undefined tensors saved
+    std::shared_ptr<const BackwardFn> fn;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      saved.reserve(saved_.size());
+      for (size_t i = 0; i < saved_.size(); ++i) saved.push_back(saved_[i].unpack(*this, i));
+      fn = fn_;
+    }
+    LOCKSTEP_CHECK(fn != nullptr, kSecondBackward, name());  // only undefined tensors saved
     std::vector<bool> needs(next.size());
     for (size_t i = 0; i < next.size(); ++i) needs[i] = next[i] != nullptr;
-    std::vector<Tensor> grads = fn_(BackwardArgs{grad_output, saved, needs});
+    std::vector<Tensor> grads = (*fn)(BackwardArgs{grad_output, saved, needs});
     LOCKSTEP_ASSERT(grads.size() == next.size());
     // A gradient must live where its input does: one on another device would
     // be read through the wrong kind of pointer by the next node's kernel.
@@ -51,13 +61,15 @@ class FunctionNode final : public Node {
   // than held as long as the graph is. A node that saved nothing keeps it: a
   // second backward through it is no error, as in PyTorch.
   void release_saved() override {
+    std::lock_guard<std::mutex> lock(mutex_);
     for (SavedTensor& s : saved_) s.release();
     if (!saved_.empty()) fn_ = nullptr;
   }
 
  private:
+  std::mutex mutex_;  // guards saved_ and fn_
   std::vector<SavedTensor> saved_;
-  BackwardFn fn_;
+  std::shared_ptr<const BackwardFn> fn_;
   std::vector<Device> input_devices_;  // per input, as recorded
 };
 }  // namespace

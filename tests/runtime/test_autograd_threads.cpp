@@ -4,10 +4,13 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <future>
+#include <memory>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/tensor.h"
@@ -63,4 +66,40 @@ TEST_CASE("hooks registered and removed while another thread runs backward are a
   fired = 0;
   sum(mul(w, 2.0)).backward();
   CHECK(fired == kThreads * kHooks / 2);
+}
+
+TEST_CASE("a node released by one backward pass while another runs it keeps its function alive",
+          "[runtime][autograd]") {
+  // Two losses share h. Pass B (retain_graph) is inside h's backward function
+  // when pass A (no retain_graph) runs the same node and frees what it saved
+  // and its function. B's call must still have its function (and what it
+  // captured) to the end, as in PyTorch.
+  Tensor w = Tensor::full({4}, 3.0);
+  w.requires_grad_();
+  auto token = std::make_shared<int>(0);
+  const std::weak_ptr<int> captured = token;
+  std::promise<void> entered, resume;
+  std::shared_future<void> resumed = resume.get_future().share();
+  std::atomic<int> calls{0};
+  std::atomic<bool> alive_to_the_end{false};
+  const Tensor h = record(mul(w, 2.0), "Blocking", {w}, {w},
+                          [token, &entered, resumed, &calls, &alive_to_the_end,
+                           &captured](const BackwardArgs& a) {
+                            if (calls++ == 0) {  // pass B: wait until A has released the node
+                              entered.set_value();
+                              resumed.wait();
+                              alive_to_the_end = !captured.expired();
+                            }
+                            return std::vector<Tensor>{mul(a.grad, 2.0)};
+                          });
+  token.reset();
+  std::thread b([&] { sum(h).backward({}, true); });
+  entered.get_future().wait();
+  sum(mul(h, 1.0)).backward();  // pass A, which frees h's node
+  resume.set_value();
+  b.join();
+  CHECK(alive_to_the_end);
+  for (float v : w.grad().to_vector<float>()) CHECK(v == 4.0f);
+  // Sequentially, a third pass through the released node is the usual error.
+  CHECK_THROWS_WITH(sum(h).backward(), Catch::Contains("backward through the graph a second time"));
 }
