@@ -94,7 +94,7 @@ TEST_CASE("mpi across processes: allreduce(i64, 2) against allreduce(f32, 1000) 
                  Contains("rank 2 called allreduce(i64, 2 elements, sum)"));
 }
 
-TEST_CASE("the main job: ranks given different sample counts fail naming the call, not garbage",
+TEST_CASE("the main job: ranks given different batch sizes fail naming the call, not garbage",
           "[collectives][call_check]") {
   namespace fs = std::filesystem;
   if (!fs::exists(fs::path(lockstep::models::kFashionMnistDir) / "train-images-idx3-ubyte.gz") ||
@@ -104,13 +104,15 @@ TEST_CASE("the main job: ranks given different sample counts fail naming the cal
               << std::endl;
     return;
   }
-  // Rank 1 gets more samples, so more steps: when rank 0 ends its epoch (its
-  // first collective there averages the log window's loss over the ranks, an
-  // all-reduce of 2 f64 values), rank 1 still all-reduces its gradients.
+  // Rank 1 gets smaller batches of the same samples, so more steps (the
+  // sampler checks the sample counts agree, not the batch size): when rank 0
+  // ends its epoch (its first collective there averages the log window's loss
+  // over the ranks, an all-reduce of 2 f64 values), rank 1 still all-reduces
+  // its gradients.
   const std::string program = lt::bin_path("fashion_mnist");
   const std::string script = fmt::format(
-      "if [ \"$LOCKSTEP_RANK\" = 1 ]; then n=512; else n=256; fi; exec {} --model mlp "
-      "--batch-size 64 --train-samples $n --log-every 100",
+      "if [ \"$LOCKSTEP_RANK\" = 1 ]; then b=32; else b=64; fi; exec {} --model mlp "
+      "--batch-size $b --train-samples 256 --log-every 100",
       program);
   const auto result =
       lt::run_process({lt::bin_path("lockstep-run"), "-np", "2", "sh", "-c", script}, 120s,
