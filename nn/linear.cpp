@@ -47,18 +47,42 @@ std::string Linear::extra_repr() const {
                      bias.defined());
 }
 
+namespace {
+
+// As nn.Embedding: a padding_idx in [-num, num), negative from the end.
+std::optional<int64_t> resolve_padding_idx(std::optional<int64_t> p, int64_t num) {
+  if (!p) return p;
+  LOCKSTEP_CHECK(*p >= -num && *p < num,
+                 "Embedding: padding_idx {} is out of range for num_embeddings {}; give one in "
+                 "[{}, {}) (negative counts from the end) or none",
+                 *p, num, -num, num);
+  return *p < 0 ? *p + num : *p;
+}
+
+}  // namespace
+
 Embedding::Embedding(int64_t num, int64_t dim, Generator& gen)
-    : num_embeddings(num), embedding_dim(dim) {
+    : Embedding(num, dim, EmbeddingOptions{}, gen) {}
+
+Embedding::Embedding(int64_t num, int64_t dim, EmbeddingOptions opts, Generator& gen)
+    : num_embeddings(num),
+      embedding_dim(dim),
+      padding_idx(resolve_padding_idx(opts.padding_idx, num)) {
   LOCKSTEP_CHECK(num >= 0 && dim >= 0,
                  "Embedding: num_embeddings ({}) and embedding_dim ({}) must be >= 0", num, dim);
   Tensor w = Tensor::empty({num, dim});
   runtime::normal_(w, 0.0, 1.0, gen);
+  if (padding_idx) w.select(0, *padding_idx).zero_();
   weight = register_parameter("weight", w);
 }
 
-Tensor Embedding::forward(const Tensor& indices) { return runtime::embedding(indices, weight); }
+Tensor Embedding::forward(const Tensor& indices) {
+  return runtime::embedding(indices, weight, padding_idx);
+}
 
 std::string Embedding::extra_repr() const {
+  if (padding_idx) return fmt::format("{}, {}, padding_idx={}", num_embeddings, embedding_dim,
+                                      *padding_idx);
   return fmt::format("{}, {}", num_embeddings, embedding_dim);
 }
 
@@ -68,7 +92,8 @@ std::shared_ptr<Module> Linear::replicate() const {
 }
 std::shared_ptr<Module> Embedding::replicate() const {
   Generator unused;
-  return std::make_shared<Embedding>(num_embeddings, embedding_dim, unused);
+  return std::make_shared<Embedding>(num_embeddings, embedding_dim,
+                                     EmbeddingOptions{.padding_idx = padding_idx}, unused);
 }
 
 }  // namespace lockstep::nn

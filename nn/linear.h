@@ -1,6 +1,8 @@
 // Linear and Embedding layers, initialised as PyTorch initialises them.
 #pragma once
 
+#include <optional>
+
 #include "lockstep/nn/module.h"
 
 namespace lockstep::nn {
@@ -27,11 +29,21 @@ class Linear : public Module {
   Tensor bias;    // [out_features], undefined without bias
 };
 
+// Embedding(vocab, dim, {.padding_idx = 0}), as nn.Embedding's padding_idx:
+// that row starts at zeros and gets no gradient, so it stays as it is set;
+// a negative one counts from the end. Must lie in [-num_embeddings,
+// num_embeddings).
+struct EmbeddingOptions {
+  std::optional<int64_t> padding_idx;
+};
+
 // Lookup table: indices (i64/i32, any shape) -> [..., embedding_dim].
-// Init: weight ~ N(0, 1), as nn.Embedding.
+// Init: weight ~ N(0, 1), as nn.Embedding, then the padding row zeroed.
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim,
+            Generator& gen = runtime::default_generator());
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options,
             Generator& gen = runtime::default_generator());
   Tensor forward(const Tensor& indices) override;
   std::string type_name() const override { return "Embedding"; }
@@ -40,6 +52,7 @@ class Embedding : public Module {
 
   const int64_t num_embeddings;
   const int64_t embedding_dim;
+  const std::optional<int64_t> padding_idx;  // in [0, num_embeddings) once built
   Tensor weight;  // [num_embeddings, embedding_dim]
 };
 

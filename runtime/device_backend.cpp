@@ -104,7 +104,8 @@ void DeviceBackend::dropout_backward(const Tensor&, const Tensor&, double, const
 void DeviceBackend::embedding_forward(const Tensor&, const Tensor&, const Tensor&) const {
   missing("embedding");
 }
-Tensor DeviceBackend::embedding_backward(const Tensor&, const Tensor&, int64_t, int64_t) const {
+Tensor DeviceBackend::embedding_backward(const Tensor&, const Tensor&, int64_t, int64_t,
+                                         int64_t) const {
   missing("embedding backward");
 }
 

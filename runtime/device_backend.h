@@ -177,8 +177,9 @@ class DeviceBackend {
                                 const Tensor& grad_x) const;
   virtual void embedding_forward(const Tensor& indices, const Tensor& weight,
                                  const Tensor& out) const;
+  // Row padding_idx (in [0, rows), or -1 for none) gets no gradient.
   virtual Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows,
-                                    int64_t dim) const;
+                                    int64_t dim, int64_t padding_idx) const;
 
   virtual void max_pool2d_forward(const pool_kernels::PoolShape& s, const Tensor& x,
                                   const Tensor& y, const Tensor& argmax) const;

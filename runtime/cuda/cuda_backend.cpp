@@ -210,8 +210,8 @@ class CudaBackend final : public DeviceBackend {
     cuda::embedding_forward(indices, weight, out);
   }
   Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows,
-                            int64_t dim) const override {
-    return cuda::embedding_backward(grad, indices, rows, dim);
+                            int64_t dim, int64_t padding_idx) const override {
+    return cuda::embedding_backward(grad, indices, rows, dim, padding_idx);
   }
 
   void max_pool2d_forward(const pool_kernels::PoolShape& s, const Tensor& x, const Tensor& y,

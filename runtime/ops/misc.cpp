@@ -131,7 +131,20 @@ void for_each_index(const Tensor& indices, Fn&& fn) {
 
 }  // namespace
 
-Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
+// PyTorch's rule for padding_idx: within [-rows, rows), negative from the end.
+// Returns the row in [0, rows), or -1 for none.
+int64_t resolve_padding_idx(std::optional<int64_t> padding_idx, int64_t rows) {
+  if (!padding_idx) return -1;
+  const int64_t p = *padding_idx;
+  LOCKSTEP_CHECK(p >= -rows && p < rows,
+                 "embedding: padding_idx {} is out of range for a table of {} rows; give one in "
+                 "[{}, {}) (negative counts from the end) or none",
+                 p, rows, -rows, rows);
+  return p < 0 ? p + rows : p;
+}
+
+Tensor embedding(const Tensor& indices_in, const Tensor& weight_in,
+                 std::optional<int64_t> padding_idx) {
   check_defined("embedding", indices_in, "indices");
   check_defined("embedding", weight_in, "weight");
   LOCKSTEP_CHECK(indices_in.device() == weight_in.device(),
@@ -145,6 +158,7 @@ Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
   const Tensor indices = indices_in.contiguous();
   const Tensor weight = weight_in.contiguous();
   const int64_t rows = weight.size(0), dim = weight.size(1), n = indices.numel();
+  const int64_t pad = resolve_padding_idx(padding_idx, rows);
   Shape shape = indices.shape();
   shape.push_back(dim);
   Tensor out = Tensor::empty(shape, weight.dtype(), weight.device());
@@ -166,12 +180,12 @@ Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
   }
 
   return record(std::move(out), "EmbeddingBackward", {weight_in}, {indices},
-                [rows, dim](const BackwardArgs& a) {
+                [rows, dim, pad](const BackwardArgs& a) {
                   const Tensor& idx = a.saved[0];
                   const Tensor gy = a.grad.contiguous();
                   if (on_device(gy))
                     return std::vector<Tensor>{
-                        device_backend(gy.device()).embedding_backward(gy, idx, rows, dim)};
+                        device_backend(gy.device()).embedding_backward(gy, idx, rows, dim, pad)};
                   // bf16/f16 rows add up in f32 and round once at the end.
                   const DType acc = is_reduced_float(gy.dtype()) ? DType::f32 : gy.dtype();
                   const Tensor ga = gy.to(acc);
@@ -181,6 +195,7 @@ Tensor embedding(const Tensor& indices_in, const Tensor& weight_in) {
                     const T* g = ga.data_ptr<T>();
                     T* w = gw.data_ptr<T>();
                     for_each_index(idx, [&](int64_t i, int64_t r) {
+                      if (r == pad) return;
                       const T* gi = g + i * dim;
                       T* wr = w + r * dim;
                       for (int64_t j = 0; j < dim; ++j) wr[j] += gi[j];

@@ -202,6 +202,29 @@ TEST_CASE("LayerNorm and Embedding init", "[nn][layers]") {
   CHECK(bitwise_equal(e.select(0, 2), emb.weight.select(0, 3)));
 }
 
+TEST_CASE("Embedding padding_idx: a zero row that gets no gradient", "[nn][layers]") {
+  Generator gen(5);
+  Embedding emb(6, 3, {.padding_idx = -1}, gen);  // from the end: row 5
+  REQUIRE(emb.padding_idx == 5);
+  CHECK(emb.str() == "Embedding(6, 3, padding_idx=5)");
+  CHECK(values(emb.weight.select(0, 5)) == std::vector<double>(3, 0.0));
+  CHECK(values(emb.weight.select(0, 0)) != std::vector<double>(3, 0.0));
+  Tensor idx = Tensor::from_vector<int64_t>({5, 2, 5, 2}, {2, 2});
+  lockstep::runtime::sum(emb(idx)).backward();
+  std::vector<double> want(18, 0.0);
+  for (int j = 6; j < 9; ++j) want[j] = 2;  // row 2, looked up twice
+  CHECK(values(emb.weight.grad()) == want);
+
+  auto copy = std::dynamic_pointer_cast<Embedding>(emb.replicate());
+  REQUIRE(copy);
+  CHECK(copy->padding_idx == 5);
+  CHECK(Embedding(6, 3, gen).str() == "Embedding(6, 3)");
+  CHECK_THAT(error_of([&] { Embedding(6, 3, {.padding_idx = 6}, gen); }),
+             Contains("padding_idx 6 is out of range for num_embeddings 6; give one in [-6, 6)"));
+  CHECK_THAT(error_of([&] { Embedding(6, 3, {.padding_idx = -7}, gen); }),
+             Contains("padding_idx -7"));
+}
+
 TEST_CASE("Dropout: seeded, scaled, identity in eval", "[nn][layers]") {
   Tensor x = Tensor::ones({1000});
   Dropout a(0.25, 9), b(0.25, 9);

@@ -103,6 +103,33 @@ TEST_CASE("embedding backward of bf16 and f16 weights adds rows in f32",
   CHECK(w.grad().to_vector<float>() == std::vector<float>{0, 0, 1000, 1000, 0, 0});
 }
 
+TEST_CASE("embedding padding_idx row is looked up but gets no gradient",
+          "[runtime][ops][misc]") {
+  const DType index_type = GENERATE(DType::i64, DType::i32);
+  const DType dt = GENERATE(DType::f64, DType::f32, DType::bf16);
+  // -4 counts from the end of 5 rows: row 1, as PyTorch's padding_idx.
+  const int64_t pad = GENERATE(1, -4);
+  INFO(dtype_name(index_type) << " " << dtype_name(dt) << " padding_idx " << pad);
+  Tensor w = Tensor::from_vector<double>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {5, 2})
+                 .to(dt)
+                 .requires_grad_();
+  Tensor idx = Tensor::from_vector<int64_t>({1, 3, 1, 0}, {4}).to(index_type);
+  Tensor y = embedding(idx, w, pad);
+  CHECK(y.to_vector<double>() == std::vector<double>{2, 3, 6, 7, 2, 3, 0, 1});
+  sum(y).backward();
+  CHECK(w.grad().to_vector<double>() == std::vector<double>{1, 1, 0, 0, 0, 0, 1, 1, 0, 0});
+}
+
+TEST_CASE("embedding refuses a padding_idx outside the table", "[runtime][ops][misc]") {
+  Tensor w = Tensor::zeros({5, 2});
+  Tensor idx = Tensor::from_vector<int64_t>({1}, {1});
+  CHECK_THAT(error_of([&] { embedding(idx, w, 5); }),
+             Contains("padding_idx 5 is out of range for a table of 5 rows; give one in "
+                      "[-5, 5)"));
+  CHECK_THAT(error_of([&] { embedding(idx, w, -6); }), Contains("padding_idx -6"));
+  CHECK(embedding(idx, w, -5).shape() == Shape{1, 2});
+}
+
 TEST_CASE("embedding gradcheck and errors", "[runtime][ops][misc][gradcheck]") {
   Tensor idx = Tensor::from_vector<int64_t>({1, 4, 1, 0, 2}, {5});
   auto r = gradcheck([&](const std::vector<Tensor>& t) { return embedding(idx, t[0]); },

@@ -97,14 +97,16 @@ __global__ void embedding_forward_kernel(const I* __restrict__ indices, int64_t 
 template <class T, class I>
 __global__ void embedding_backward_kernel(const T* __restrict__ grad,
                                           const I* __restrict__ indices, int64_t n, int64_t rows,
-                                          int64_t dim, compute_t<T>* __restrict__ grad_weight) {
+                                          int64_t dim, int64_t padding_idx,
+                                          compute_t<T>* __restrict__ grad_weight) {
   const int64_t total = n * dim;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += step) {
     const int64_t i = e / dim, j = e - i * dim;
     const int64_t r = static_cast<int64_t>(indices[i]);
-    if (r >= 0 && r < rows) atomicAdd(grad_weight + r * dim + j, convert<compute_t<T>>(grad[e]));
+    if (r >= 0 && r < rows && r != padding_idx)
+      atomicAdd(grad_weight + r * dim + j, convert<compute_t<T>>(grad[e]));
   }
 }
 
@@ -175,7 +177,7 @@ cudaError_t embedding_forward(const void* indices, ScalarType index_dtype, int64
 
 cudaError_t embedding_backward(ScalarType grad_dtype, const void* grad, const void* indices,
                                ScalarType index_dtype, int64_t n, int64_t rows, int64_t dim,
-                               void* grad_weight, cudaStream_t stream) {
+                               int64_t padding_idx, void* grad_weight, cudaStream_t stream) {
   if (n == 0 || dim == 0) return cudaSuccess;
   return dispatch_float_type(grad_dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -183,7 +185,7 @@ cudaError_t embedding_backward(ScalarType grad_dtype, const void* grad, const vo
       using I = decltype(itag);
       embedding_backward_kernel<T, I><<<grid_for(n * dim), kBlock, 0, stream>>>(
           static_cast<const T*>(grad), static_cast<const I*>(indices), n, rows, dim,
-          static_cast<compute_t<T>*>(grad_weight));
+          padding_idx, static_cast<compute_t<T>*>(grad_weight));
       return cudaGetLastError();
     });
   });

@@ -32,9 +32,10 @@ cudaError_t embedding_forward(const void* indices, ScalarType index_dtype, int64
 // grad_weight[indices[i], :] += grad[i, :] by atomic adds, so the order of
 // additions to a repeated row varies from run to run. grad [n, dim] is
 // f32/f64/bf16/f16; grad_weight [rows, dim] is zeroed by the caller and is f32
-// (f64 for an f64 grad). Out-of-range indices add nothing.
+// (f64 for an f64 grad). Out-of-range indices add nothing, nor does row
+// padding_idx (-1 for none).
 cudaError_t embedding_backward(ScalarType grad_dtype, const void* grad, const void* indices,
                                ScalarType index_dtype, int64_t n, int64_t rows, int64_t dim,
-                               void* grad_weight, cudaStream_t stream);
+                               int64_t padding_idx, void* grad_weight, cudaStream_t stream);
 
 }  // namespace lockstep::runtime::cuda::kernels

@@ -47,7 +47,8 @@ void embedding_forward(const Tensor& indices, const Tensor& weight, const Tensor
                                                  out.raw_data(), stream_of(weight)));
 }
 
-Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows, int64_t dim) {
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows, int64_t dim,
+                          int64_t padding_idx) {
   check_float("embedding backward", grad.dtype());
   check_device("embedding backward", indices.device(), {&grad});
   const Tensor g = grad.contiguous();
@@ -57,7 +58,8 @@ Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t row
   LOCKSTEP_CUDA_CHECK(kernels::embedding_backward(scalar_type(g.dtype()), g.raw_data(),
                                                   indices.raw_data(),
                                                   scalar_type(indices.dtype()), indices.numel(),
-                                                  rows, dim, gw.raw_data(), stream_of(gw)));
+                                                  rows, dim, padding_idx, gw.raw_data(),
+                                                  stream_of(gw)));
   return gw.to(g.dtype());
 }
 

@@ -26,7 +26,9 @@ void dropout_backward(const Tensor& grad_y, const Tensor& mask, double scale,
 // cuda/kernels/misc.h for indices out of range (not checked on the host).
 void embedding_forward(const Tensor& indices, const Tensor& weight, const Tensor& out);
 // [rows, dim] gradient of the table: grad [..., dim] added into the rows of
-// `indices` (atomic adds in f32, or f64 for f64), in grad's dtype.
-Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows, int64_t dim);
+// `indices` (atomic adds in f32, or f64 for f64), in grad's dtype; row
+// padding_idx (in [0, rows), or -1 for none) gets none.
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows, int64_t dim,
+                          int64_t padding_idx);
 
 }  // namespace lockstep::runtime::cuda
