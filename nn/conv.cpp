@@ -7,6 +7,19 @@
 
 namespace lockstep::nn {
 
+Conv2dPadding::Conv2dPadding(std::string_view name) {
+  LOCKSTEP_CHECK(name == "same" || name == "valid",
+                 "Conv2d: invalid padding string '{}'; give \"same\", \"valid\" or a size",
+                 name);
+  mode = name == "same" ? Mode::same : Mode::valid;
+}
+
+std::string Conv2dPadding::str() const {
+  if (mode == Mode::same) return "same";
+  if (mode == Mode::valid) return "valid";
+  return size.str();
+}
+
 Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Conv2dOptions opts, Generator& gen)
     : in_channels(in), out_channels(out), kernel_size(k), options(opts) {
   LOCKSTEP_CHECK(opts.groups > 0, "Conv2d: groups must be positive, got {}", opts.groups);
@@ -19,8 +32,12 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Conv2dOptions opts, Generator& 
   LOCKSTEP_CHECK(k.h > 0 && k.w > 0, "Conv2d: kernel_size must be positive, got {}", k.str());
   LOCKSTEP_CHECK(opts.stride.h > 0 && opts.stride.w > 0, "Conv2d: stride must be positive, got {}",
                  opts.stride.str());
-  LOCKSTEP_CHECK(opts.padding.h >= 0 && opts.padding.w >= 0,
+  LOCKSTEP_CHECK(opts.padding.size.h >= 0 && opts.padding.size.w >= 0,
                  "Conv2d: padding must be non-negative, got {}", opts.padding.str());
+  LOCKSTEP_CHECK(opts.padding.mode != Conv2dPadding::Mode::same || opts.stride == Size2(1),
+                 "Conv2d: padding=\"same\" needs stride 1, got stride {}; for a strided conv "
+                 "give the padding as a size",
+                 opts.stride.str());
   LOCKSTEP_CHECK(opts.dilation.h > 0 && opts.dilation.w > 0,
                  "Conv2d: dilation must be positive, got {}", opts.dilation.str());
 
@@ -36,13 +53,30 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Conv2dOptions opts, Generator& 
   }
 }
 
-Tensor Conv2d::forward(const Tensor& x) {
-  LOCKSTEP_CHECK(x.dim() == 4 && x.size(1) == in_channels,
-                 "Conv2d({}, {}): expected input [N, {}, H, W], got {}", in_channels, out_channels,
-                 in_channels, runtime::shape_str(x.shape()));
+// padding="same", as PyTorch: dim d needs dilation * (kernel - 1) zeros in
+// all; conv2d pads half of them on both sides, and an odd one left over (an
+// even kernel with odd dilation) is appended to the bottom / right of the
+// input first, so the output keeps the input's size.
+Tensor Conv2d::forward(const Tensor& input) {
+  LOCKSTEP_CHECK(input.dim() == 4 && input.size(1) == in_channels,
+                 "Conv2d({}, {}): expected input [N, {}, H, W], got {}", in_channels,
+                 out_channels, in_channels, runtime::shape_str(input.shape()));
+  Tensor x = input;
+  Size2 pad = options.padding.mode == Conv2dPadding::Mode::size ? options.padding.size : 0;
+  if (options.padding.mode == Conv2dPadding::Mode::same) {
+    const int64_t total_h = options.dilation.h * (kernel_size.h - 1);
+    const int64_t total_w = options.dilation.w * (kernel_size.w - 1);
+    pad = Size2(total_h / 2, total_w / 2);
+    for (int64_t d : {2, 3}) {
+      if ((d == 2 ? total_h : total_w) % 2 == 0) continue;
+      Shape extra = x.shape();
+      extra[d] = 1;
+      x = runtime::cat({x, Tensor::zeros(extra, x.dtype(), x.device())}, d);
+    }
+  }
   return runtime::conv2d(x, weight, bias,
                          runtime::Conv2dOptions{.stride = options.stride.arr(),
-                                                .padding = options.padding.arr(),
+                                                .padding = pad.arr(),
                                                 .dilation = options.dilation.arr(),
                                                 .groups = options.groups});
 }
@@ -51,7 +85,7 @@ std::string Conv2d::extra_repr() const {
   // PyTorch prints stride always and the rest only when not the default.
   std::string s = fmt::format("{}, {}, kernel_size={}, stride={}", in_channels, out_channels,
                               kernel_size.str(), options.stride.str());
-  if (options.padding != Size2(0)) s += ", padding=" + options.padding.str();
+  if (options.padding != Conv2dPadding(0)) s += ", padding=" + options.padding.str();
   if (options.dilation != Size2(1)) s += ", dilation=" + options.dilation.str();
   if (options.groups != 1) s += fmt::format(", groups={}", options.groups);
   if (!options.bias) s += ", bias=false";

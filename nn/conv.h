@@ -1,15 +1,42 @@
 // Conv2d over NCHW input, initialised as PyTorch's nn.Conv2d.
 #pragma once
 
+#include <cstddef>
+#include <string>
+#include <string_view>
+
 #include "lockstep/nn/module.h"
 #include "lockstep/nn/size2.h"
 
 namespace lockstep::nn {
 
-// Conv2d(1, 32, 3, {.padding = 1}). Zero padding only.
+// Conv2d's padding, as PyTorch's: a size (`1`, `{1, 2}`) or "same" / "valid".
+// "same" keeps H and W (stride 1 only): dilation * (kernel - 1) zeros per
+// dim, half each side, the odd one (an even kernel) on the bottom / right.
+// "valid" is no padding.
+struct Conv2dPadding {
+  enum class Mode { size, same, valid };
+
+  Conv2dPadding(int64_t both) : size(both) {}  // implicit on purpose, as Size2
+  Conv2dPadding(int64_t h, int64_t w) : size(h, w) {}
+  Conv2dPadding(Size2 s) : size(s) {}
+  template <std::size_t N>
+  Conv2dPadding(const char (&s)[N]) : Conv2dPadding(std::string_view(s, N - 1)) {}
+  // "same" or "valid"; any other string is refused.
+  explicit Conv2dPadding(std::string_view mode_name);
+
+  // How PyTorch prints it: "same", "valid" or (h, w).
+  std::string str() const;
+  bool operator==(const Conv2dPadding&) const = default;
+
+  Mode mode = Mode::size;
+  Size2 size = 0;  // Mode::size only
+};
+
+// Conv2d(1, 32, 3, {.padding = 1}) or {.padding = "same"}. Zero padding only.
 struct Conv2dOptions {
   Size2 stride = 1;
-  Size2 padding = 0;
+  Conv2dPadding padding = 0;
   Size2 dilation = 1;
   int64_t groups = 1;
   bool bias = true;

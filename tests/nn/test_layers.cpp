@@ -202,6 +202,91 @@ TEST_CASE("LayerNorm and Embedding init", "[nn][layers]") {
   CHECK(bitwise_equal(e.select(0, 2), emb.weight.select(0, 3)));
 }
 
+namespace {
+
+// Direct convolution of one-batch, one-group x [C, H, W] by w [O, C, kH, kW],
+// stride 1, padded by (top, left) and as much on the bottom / right as
+// needed for an output [O, H, W]; and its input gradient for output grad gy.
+struct SameConvRef {
+  int64_t c, h, w, o, kh, kw, dh, dw, top, left;
+  double x_at(const std::vector<double>& x, int64_t ci, int64_t p, int64_t q) const {
+    return p < 0 || p >= h || q < 0 || q >= w ? 0.0 : x[(ci * h + p) * w + q];
+  }
+  std::vector<double> forward(const std::vector<double>& x, const std::vector<double>& wt) const {
+    std::vector<double> y(o * h * w, 0.0);
+    for (int64_t oi = 0; oi < o; ++oi)
+      for (int64_t i = 0; i < h; ++i)
+        for (int64_t j = 0; j < w; ++j)
+          for (int64_t ci = 0; ci < c; ++ci)
+            for (int64_t a = 0; a < kh; ++a)
+              for (int64_t b = 0; b < kw; ++b)
+                y[(oi * h + i) * w + j] += wt[((oi * c + ci) * kh + a) * kw + b] *
+                                           x_at(x, ci, i - top + a * dh, j - left + b * dw);
+    return y;
+  }
+  std::vector<double> grad_input(const std::vector<double>& gy,
+                                 const std::vector<double>& wt) const {
+    std::vector<double> gx(c * h * w, 0.0);
+    for (int64_t oi = 0; oi < o; ++oi)
+      for (int64_t i = 0; i < h; ++i)
+        for (int64_t j = 0; j < w; ++j)
+          for (int64_t ci = 0; ci < c; ++ci)
+            for (int64_t a = 0; a < kh; ++a)
+              for (int64_t b = 0; b < kw; ++b) {
+                const int64_t p = i - top + a * dh, q = j - left + b * dw;
+                if (p < 0 || p >= h || q < 0 || q >= w) continue;
+                gx[(ci * h + p) * w + q] +=
+                    gy[(oi * h + i) * w + j] * wt[((oi * c + ci) * kh + a) * kw + b];
+              }
+    return gx;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Conv2d padding=\"same\" keeps H and W, the odd zero on the bottom/right",
+          "[nn][layers]") {
+  struct Case {
+    Size2 k, dilation;
+  };
+  // Even kernels (odd total padding), an odd kernel, and a dilated mix.
+  const Case cs = GENERATE(Case{{2, 4}, 1}, Case{3, 1}, Case{{2, 3}, {3, 2}}, Case{{4, 1}, 1});
+  INFO("kernel " << cs.k.str() << " dilation " << cs.dilation.str());
+  Generator gen(3);
+  Conv2d conv(2, 3, cs.k, {.padding = "same", .dilation = cs.dilation, .bias = false}, gen);
+  const int64_t h = 5, w = 6;
+  Tensor x = lockstep::runtime::randn({1, 2, h, w}, DType::f32, gen).requires_grad_();
+  Tensor y = conv(x);
+  REQUIRE(y.shape() == Shape{1, 3, h, w});
+  const SameConvRef ref{2, h, w, 3, cs.k.h, cs.k.w, cs.dilation.h, cs.dilation.w,
+                        cs.dilation.h * (cs.k.h - 1) / 2, cs.dilation.w * (cs.k.w - 1) / 2};
+  const auto want = ref.forward(values(x), values(conv.weight));
+  const auto got = values(y);
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).margin(1e-5));
+  Tensor gy = lockstep::runtime::randn({1, 3, h, w}, DType::f32, gen);
+  y.backward(gy);
+  const auto want_gx = ref.grad_input(values(gy), values(conv.weight));
+  const auto got_gx = values(x.grad());
+  REQUIRE(got_gx.size() == want_gx.size());
+  for (size_t i = 0; i < want_gx.size(); ++i)
+    CHECK(got_gx[i] == Approx(want_gx[i]).margin(1e-5));
+}
+
+TEST_CASE("Conv2d padding strings: \"valid\", printing and refusals", "[nn][layers]") {
+  Conv2d valid(1, 2, 3, {.padding = "valid"});
+  CHECK(valid(Tensor::zeros({1, 1, 7, 8})).shape() == Shape{1, 2, 5, 6});
+  CHECK(valid.str() == "Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1), padding=valid)");
+  Conv2d same(1, 2, 3, {.padding = "same"});
+  CHECK(same.str() == "Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1), padding=same)");
+  auto copy = std::dynamic_pointer_cast<Conv2d>(same.replicate());
+  REQUIRE(copy);
+  CHECK(copy->options.padding.mode == Conv2dPadding::Mode::same);
+  CHECK_THAT(error_of([] { Conv2d(1, 2, 3, {.stride = 2, .padding = "same"}); }),
+             Contains("padding=\"same\" needs stride 1, got stride (2, 2)"));
+  CHECK_THAT(error_of([] { Conv2d(1, 2, 3, {.padding = "full"}); }),
+             Contains("invalid padding string 'full'; give \"same\", \"valid\" or a size"));
+}
+
 TEST_CASE("Embedding padding_idx: a zero row that gets no gradient", "[nn][layers]") {
   Generator gen(5);
   Embedding emb(6, 3, {.padding_idx = -1}, gen);  // from the end: row 5
