@@ -20,29 +20,33 @@ Size2 resolve_stride(const char* layer, Size2 kernel, Size2 stride, Size2 paddin
   return {stride.h == 0 ? kernel.h : stride.h, stride.w == 0 ? kernel.w : stride.w};
 }
 
-runtime::Pool2dOptions pool_options(Size2 kernel, Size2 stride, Size2 padding) {
-  return {.kernel = kernel.arr(), .stride = stride.arr(), .padding = padding.arr()};
+runtime::Pool2dOptions pool_options(Size2 kernel, Size2 stride, Size2 padding, bool ceil_mode) {
+  return {.kernel = kernel.arr(),
+          .stride = stride.arr(),
+          .padding = padding.arr(),
+          .ceil_mode = ceil_mode};
 }
 
 }  // namespace
 
-MaxPool2d::MaxPool2d(Size2 k, Size2 s, Size2 p)
-    : kernel_size(k), stride(resolve_stride("MaxPool2d", k, s, p)), padding(p) {}
+MaxPool2d::MaxPool2d(Size2 k, Size2 s, Size2 p, bool ceil)
+    : kernel_size(k), stride(resolve_stride("MaxPool2d", k, s, p)), padding(p), ceil_mode(ceil) {}
 
 Tensor MaxPool2d::forward(const Tensor& x) {
-  return runtime::max_pool2d(x, pool_options(kernel_size, stride, padding));
+  return runtime::max_pool2d(x, pool_options(kernel_size, stride, padding, ceil_mode));
 }
 
+// PyTorch prints MaxPool2d's ceil_mode (not AvgPool2d's); here only when set.
 std::string MaxPool2d::extra_repr() const {
-  return fmt::format("kernel_size={}, stride={}, padding={}", kernel_size.short_str(),
-                     stride.short_str(), padding.short_str());
+  return fmt::format("kernel_size={}, stride={}, padding={}{}", kernel_size.short_str(),
+                     stride.short_str(), padding.short_str(), ceil_mode ? ", ceil_mode=true" : "");
 }
 
-AvgPool2d::AvgPool2d(Size2 k, Size2 s, Size2 p)
-    : kernel_size(k), stride(resolve_stride("AvgPool2d", k, s, p)), padding(p) {}
+AvgPool2d::AvgPool2d(Size2 k, Size2 s, Size2 p, bool ceil)
+    : kernel_size(k), stride(resolve_stride("AvgPool2d", k, s, p)), padding(p), ceil_mode(ceil) {}
 
 Tensor AvgPool2d::forward(const Tensor& x) {
-  return runtime::avg_pool2d(x, pool_options(kernel_size, stride, padding));
+  return runtime::avg_pool2d(x, pool_options(kernel_size, stride, padding, ceil_mode));
 }
 
 std::string AvgPool2d::extra_repr() const {
@@ -59,10 +63,10 @@ std::string AdaptiveAvgPool2d::extra_repr() const {
 }
 
 std::shared_ptr<Module> MaxPool2d::replicate() const {
-  return std::make_shared<MaxPool2d>(kernel_size, stride, padding);
+  return std::make_shared<MaxPool2d>(kernel_size, stride, padding, ceil_mode);
 }
 std::shared_ptr<Module> AvgPool2d::replicate() const {
-  return std::make_shared<AvgPool2d>(kernel_size, stride, padding);
+  return std::make_shared<AvgPool2d>(kernel_size, stride, padding, ceil_mode);
 }
 std::shared_ptr<Module> AdaptiveAvgPool2d::replicate() const {
   return std::make_shared<AdaptiveAvgPool2d>(output_size);

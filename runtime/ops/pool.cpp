@@ -26,6 +26,16 @@ PoolShape planes_of(const char* op, const Tensor& x) {
   return s;
 }
 
+// PyTorch's pooling_output_shape (dilation 1): windows that fit, or with
+// ceil_mode one more for a partial window, unless it would start at or past
+// the end of the input and its bottom / right padding.
+int64_t output_size(int64_t in, int64_t k, int64_t stride, int64_t pad, bool ceil_mode) {
+  const int64_t span = in + 2 * pad - k;  // >= 0, checked by the caller
+  int64_t out = (span + (ceil_mode ? stride - 1 : 0)) / stride + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
 PoolShape window_shape(const char* op, const Tensor& x, const Pool2dOptions& o) {
   PoolShape s = planes_of(op, x);
   s.kh = o.kernel[0], s.kw = o.kernel[1];
@@ -41,8 +51,8 @@ PoolShape window_shape(const char* op, const Tensor& x, const Pool2dOptions& o) 
   LOCKSTEP_CHECK(s.h + 2 * s.ph >= s.kh && s.w + 2 * s.pw >= s.kw,
                  "{}: input {} with padding [{}, {}] is smaller than the kernel [{}, {}]", op,
                  shape_str(x.shape()), s.ph, s.pw, s.kh, s.kw);
-  s.oh = (s.h + 2 * s.ph - s.kh) / s.sh + 1;
-  s.ow = (s.w + 2 * s.pw - s.kw) / s.sw + 1;
+  s.oh = output_size(s.h, s.kh, s.sh, s.ph, o.ceil_mode);
+  s.ow = output_size(s.w, s.kw, s.sw, s.pw, o.ceil_mode);
   return s;
 }
 

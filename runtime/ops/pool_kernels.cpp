@@ -111,7 +111,9 @@ inline void window(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t si
 
 template <class T>
 void max_pool_forward(const PoolShape& s, const T* x, T* y, int32_t* argmax) {
-  if (s.kh == 2 && s.kw == 2 && s.sh == 2 && s.sw == 2 && s.ph == 0 && s.pw == 0)
+  // Only whole windows (a ceil_mode output can end in a clipped one).
+  if (s.kh == 2 && s.kw == 2 && s.sh == 2 && s.sw == 2 && s.ph == 0 && s.pw == 0 &&
+      2 * s.oh <= s.h && 2 * s.ow <= s.w)
     return max_pool_2x2(s, x, y, argmax);
   const int64_t plane_in = s.h * s.w, plane_out = s.oh * s.ow;
   for (int64_t pl = 0; pl < s.planes; ++pl) {

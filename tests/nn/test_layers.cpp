@@ -341,6 +341,14 @@ TEST_CASE("pooling, flatten and activations", "[nn][layers]") {
   CHECK(values(ap(x))[0] == Approx(3.5));
   AdaptiveAvgPool2d gap(1);
   CHECK(values(gap(x)) == std::vector<double>{8.5});
+  // ceil_mode keeps the last, clipped window of a 4x4 input by kernel 3, stride 2.
+  MaxPool2d mp_ceil(3, 2, 0, true);
+  CHECK(values(mp_ceil(x)) == std::vector<double>{11, 12, 15, 16});
+  CHECK(mp_ceil.str() == "MaxPool2d(kernel_size=3, stride=2, padding=0, ceil_mode=true)");
+  CHECK(std::dynamic_pointer_cast<MaxPool2d>(mp_ceil.replicate())->ceil_mode);
+  AvgPool2d ap_ceil(3, 2, 0, true);
+  CHECK(values(ap_ceil(x)) == std::vector<double>{6, 7.5, 12, 13.5});
+  CHECK(std::dynamic_pointer_cast<AvgPool2d>(ap_ceil.replicate())->ceil_mode);
 
   Flatten flat;
   CHECK(flat(Tensor::zeros({2, 3, 4, 5})).shape() == Shape{2, 60});

@@ -105,6 +105,41 @@ TEST_CASE("max_pool2d and avg_pool2d match a naive loop", "[runtime][ops][pool]"
               max_pool2d(x, k.options()).select(0, 1).to_vector<double>(), 0);
 }
 
+TEST_CASE("ceil_mode keeps a last partial window, as PyTorch", "[runtime][ops][pool]") {
+  const DType dtype = GENERATE(DType::f32, DType::f64);
+  // 5x5 by 2x2 windows: 3x3 out, the last row and column clipped to one input.
+  std::vector<double> v(25);
+  std::iota(v.begin(), v.end(), 0.0);
+  Tensor x = Tensor::from_vector(v, {1, 1, 5, 5}).to(dtype).requires_grad_();
+  const Pool2dOptions o{.kernel = {2, 2}, .ceil_mode = true};
+  Tensor y = max_pool2d(x, o);
+  REQUIRE(y.shape() == Shape{1, 1, 3, 3});
+  CHECK(y.to_vector<double>() == std::vector<double>{6, 8, 9, 16, 18, 19, 21, 23, 24});
+  y.backward(Tensor::ones({1, 1, 3, 3}, dtype));
+  std::vector<double> gx(25, 0.0);
+  for (int at : {6, 8, 9, 16, 18, 19, 21, 23, 24}) gx[at] = 1;
+  CHECK(x.grad().to_vector<double>() == gx);
+  // Average: a clipped window divides by its part inside the input.
+  CHECK(avg_pool2d(x, o).to_vector<double>() ==
+        std::vector<double>{3, 5, 6.5, 13, 15, 16.5, 20.5, 22.5, 24});
+  CHECK(max_pool2d(x, {.kernel = {2, 2}}).shape() == Shape{1, 1, 2, 2});
+
+  // 6x6, kernel 3, stride 2, padding 1: 4x4 out (3x3 without ceil_mode); the
+  // last window starts at 5 (inside) and counts the padded row 6, not row 7.
+  Tensor ones = Tensor::ones({1, 1, 6, 6}, dtype);
+  const Pool2dOptions p{.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .ceil_mode = true};
+  Tensor a = avg_pool2d(ones, p);
+  REQUIRE(a.shape() == Shape{1, 1, 4, 4});
+  const double t = 1.0 / 3, u = 2.0 / 3;
+  std::vector<double> want{4.0 / 9, u, u, t, u, 1, 1, 0.5, u, 1, 1, 0.5, t, 0.5, 0.5, 0.25};
+  check_close(a.to_vector<double>(), want, 1e-6);
+  // A window that would start in the bottom / right padding is not added:
+  // 5 rows, kernel 2, stride 2, padding 1 gives 3 rows, not 4.
+  CHECK(max_pool2d(Tensor::zeros({1, 1, 5, 5}, dtype),
+                   {.kernel = {2, 2}, .stride = {2, 2}, .padding = {1, 1}, .ceil_mode = true})
+            .shape() == Shape{1, 1, 3, 3});
+}
+
 TEST_CASE("max_pool2d propagates NaN and ignores the padding", "[runtime][ops][pool]") {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Tensor x = Tensor::from_vector<double>({1, nan, 3, 4}, {1, 1, 2, 2});
@@ -217,6 +252,18 @@ TEST_CASE("pooling gradcheck", "[runtime][ops][pool][gradcheck]") {
   check_grad("max", [&](const std::vector<Tensor>& t) { return max_pool2d(t[0], k.options()); },
              {distinct_input({2, 2, 6, 7}, 4)});
   check_grad("avg", [&](const std::vector<Tensor>& t) { return avg_pool2d(t[0], k.options()); },
+             {random_input({2, 2, 6, 7}, 5)});
+}
+
+TEST_CASE("pooling gradcheck with ceil_mode", "[runtime][ops][pool][gradcheck]") {
+  const Window k = GENERATE(Window{2, 2, 2, 2, 0, 0}, Window{3, 3, 2, 2, 1, 1},
+                            Window{3, 2, 2, 3, 0, 1});
+  INFO("kernel " << k.kh << "x" << k.kw);
+  Pool2dOptions o = k.options();
+  o.ceil_mode = true;
+  check_grad("max", [&](const std::vector<Tensor>& t) { return max_pool2d(t[0], o); },
+             {distinct_input({2, 2, 6, 7}, 4)});
+  check_grad("avg", [&](const std::vector<Tensor>& t) { return avg_pool2d(t[0], o); },
              {random_input({2, 2, 6, 7}, 5)});
 }
 
