@@ -13,6 +13,7 @@
 
 #include "collectives/collective_check.h"
 #include "collectives/rank_threads.h"
+#include "lockstep/config.h"
 #include "support/backend_skip.h"
 
 namespace lc = lockstep::collectives;
@@ -112,6 +113,8 @@ void check_bytes(const std::string& backend, int size, DType dtype) {
     }
     compare(failures, name + " allgather", gathered, want);
 
+    // shm sends point to point through gloo: without it there is no send.
+    if (!LOCKSTEP_HAVE_GLOO) return;
     if (rank == 0) {
       g.send(make(dtype, kCount, 0, 3), 1)->wait();
     } else if (rank == 1) {
