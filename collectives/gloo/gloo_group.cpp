@@ -187,7 +187,7 @@ class GlooGroup final : public ProcessGroup {
   // whose connection alone it uses; -1 for a collective.
   [[noreturn]] void fail_with(const Call& call, const std::exception& cause, int peer = -1);
   std::string name_broken_peers(const Call& call, const std::string& cause, int peer) const;
-  std::string peer_abort_reason() const;
+  std::string peer_abort_reason(const Call& call) const;
 
   template <class Options>
   void set_output(Options& o, const Tensor& t) {
@@ -341,7 +341,7 @@ void GlooGroup::abort_peers(const std::string& reason) {
   check_->abort();  // a collective waiting in its call check for a rank that never comes
   try {
     store_->compare_set(abort_key_, {},
-                        distributed::to_bytes(fmt::format("rank {}: {}", rank(), reason)));
+                        distributed::to_bytes(fmt::format("{}\n{}", rank(), reason)));
   } catch (const std::exception&) {
     // The store may be gone too; closing the connections still tells the peers.
   }
@@ -464,7 +464,7 @@ void GlooGroup::fail_with(const Call& call, const std::exception& cause, int pee
         "every rank joined it, but its data did not finish moving in time (gloo: {})", what));
   }
   throw CollectiveError(fmt::format("{} failed on {}: {}{}{}", call.description(), where(), what,
-                                    name_broken_peers(call, what, peer), peer_abort_reason()));
+                                    name_broken_peers(call, what, peer), peer_abort_reason(call)));
 }
 
 std::string GlooGroup::name_broken_peers(const Call& call, const std::string& cause,
@@ -491,13 +491,18 @@ std::string GlooGroup::name_broken_peers(const Call& call, const std::string& ca
                      fmt::join(names, ", "));
 }
 
-// A peer that aborted the group left its reason in the store just before it
-// closed its connections.
-std::string GlooGroup::peer_abort_reason() const {
+// A peer that aborted the group left its rank and reason in the store just
+// before it closed its connections. The rank is named as the caller knows it:
+// a composite's member group names the composite's rank.
+std::string GlooGroup::peer_abort_reason(const Call& call) const {
   try {
     store_->wait({abort_key_}, milliseconds(200));
-    return fmt::format("; the group was aborted by {}",
-                       distributed::to_string(store_->get(abort_key_)));
+    const std::string value = distributed::to_string(store_->get(abort_key_));
+    const size_t newline = value.find('\n');
+    if (newline == std::string::npos) return "";
+    return fmt::format("; the group was aborted by {}: {}",
+                       call.rank_name(std::stoi(value.substr(0, newline))),
+                       value.substr(newline + 1));
   } catch (const std::exception&) {
     return "";
   }

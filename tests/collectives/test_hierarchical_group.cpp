@@ -228,7 +228,12 @@ TEST_CASE("hierarchical group: a rank that never joins; the error names the step
   // node's reduce (step 1), rank 0 for rank 2 among the leaders (step 2), and
   // rank 1 for rank 0's broadcast (step 3). Each names the rank it waits for
   // by its rank in this group, not in the node's or the leaders' group.
+  // Each rank's timeout ends before that of the rank it waits for, by a
+  // margin that load cannot close: a rank that gives up first aborts, and the
+  // one waiting for it would report that abort instead of its own timeout
+  // (the next test).
   const auto groups = make_groups({"a", "a", "b", "b"}, "late-rank");
+  const std::chrono::milliseconds timeouts[] = {2000ms, 1000ms, 3000ms};
   std::latch others_done(3);
   std::vector<std::string> first(4), second(4);
   const auto errors = lt::run_ranks(4, [&](int r) {
@@ -237,7 +242,8 @@ TEST_CASE("hierarchical group: a rank that never joins; the error names the step
       return;
     }
     Tensor t = Tensor::ones({10});
-    auto work = groups[static_cast<size_t>(r)]->allreduce(t, {.timeout = 1500ms});
+    auto work = groups[static_cast<size_t>(r)]->allreduce(
+        t, {.timeout = timeouts[static_cast<size_t>(r)]});
     first[static_cast<size_t>(r)] = lt::error_of([&] { work->wait(); });
     second[static_cast<size_t>(r)] =
         lt::error_of([&] { groups[static_cast<size_t>(r)]->barrier()->wait(); });
@@ -257,6 +263,35 @@ TEST_CASE("hierarchical group: a rank that never joins; the error names the step
                                     awaited[r])));
     CHECK_THAT(second[static_cast<size_t>(r)], Contains("barrier") && Contains("unusable"));
   }
+}
+
+TEST_CASE("hierarchical group: a leader whose peer leader gave up names it by its rank in the "
+          "group", "[collectives][hierarchical]") {
+  // Nodes {0, 1} and {2, 3}; rank 3 never calls, and rank 2 gives up on it
+  // long before rank 0's timeout. Rank 0, waiting for rank 2 among the
+  // leaders, fails as soon as rank 2 aborts, with rank 2's reason, naming it
+  // as rank 2 of the group (it is rank 1 of the leaders' group).
+  const auto groups = make_groups({"a", "a", "b", "b"}, "gave-up");
+  std::latch others_done(3);
+  std::vector<std::string> seen(4);
+  const auto errors = lt::run_ranks(4, [&](int r) {
+    if (r == 3) {
+      others_done.wait();
+      return;
+    }
+    Tensor t = Tensor::ones({10});
+    auto work = groups[static_cast<size_t>(r)]->allreduce(t, {.timeout = r == 2 ? 500ms : 60s});
+    seen[static_cast<size_t>(r)] = lt::error_of([&] { work->wait(); });
+    others_done.count_down();
+  });
+  for (const auto& e : errors) CHECK(e == nullptr);
+  INFO("rank 0: " << seen[0]);
+  CHECK_THAT(seen[0], Contains("step 2 of 3") &&
+                          Contains("the group was aborted by rank 2 of group 'gave-up' "
+                                   "(gloo+gloo, 4 ranks): ") &&
+                          Contains("rank 3 of group 'gave-up' (gloo+gloo, 4 ranks) did not "
+                                   "join it"));
+  CHECK_THAT(seen[0], !Contains("aborted by rank 1"));
 }
 
 TEST_CASE("hierarchical group: an allgather or reduce_scatter against another collective fails "
