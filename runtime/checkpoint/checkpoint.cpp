@@ -1,9 +1,11 @@
 #include "lockstep/runtime/checkpoint/checkpoint.h"
 
+#include <set>
 #include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "lockstep/runtime/checkpoint/name_insertion.h"
 
@@ -35,6 +37,9 @@ void check_tensors_match(const NamedTensors& found, const NamedTensors& expected
   for (const auto& [name, t] : found) by_name[name] = &t;
 
   std::vector<std::string> missing, mismatched;
+  // The file's dtypes where only dtypes differ (a model converted after the save).
+  std::set<std::string> saved_dtypes;
+  bool only_dtypes = true;
   for (const auto& [name, want] : expected) {
     auto it = by_name.find(name);
     if (it == by_name.end()) {
@@ -42,10 +47,13 @@ void check_tensors_match(const NamedTensors& found, const NamedTensors& expected
       continue;
     }
     const Tensor& got = *it->second;
-    if (got.shape() != want.shape() || got.dtype() != want.dtype())
+    if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
+      only_dtypes = only_dtypes && got.shape() == want.shape();
+      saved_dtypes.emplace(dtype_name(got.dtype()));
       mismatched.push_back(fmt::format("'{}': expected {} {}, found {} {}", name,
                                        dtype_name(want.dtype()), shape_str(want.shape()),
                                        dtype_name(got.dtype()), shape_str(got.shape())));
+    }
     by_name.erase(it);
   }
   std::vector<std::string> unexpected;
@@ -85,6 +93,12 @@ void check_tensors_match(const NamedTensors& found, const NamedTensors& expected
         insertion->count == insertion->of
             ? ""
             : fmt::format(" ({} of the {})", insertion->count, insertion->of));
+  } else if (only_dtypes && missing.empty() && unexpected.empty()) {
+    msg += fmt::format(
+        "\nOnly dtypes differ: the checkpoint was saved from the model in {}. Convert the model "
+        "to the dtype it was saved in (Module::to) before loading, and convert it afterwards if "
+        "you want another.",
+        fmt::join(saved_dtypes, " and "));
   } else {
     msg +=
         "\nThe checkpoint was written for a different model or configuration: build the model "

@@ -290,3 +290,15 @@ TEST_CASE("checkpoint: check_tensors_match lists every difference", "[checkpoint
   CHECK_THAT(err, Contains("in the file but not expected: 'fc2.weight'"));
   CHECK_THAT(err, Contains("different model"));
 }
+
+TEST_CASE("checkpoint: a model converted to another dtype after the save is told to convert back",
+          "[checkpoint]") {
+  NamedTensors found = small_content().tensors;
+  NamedTensors expected = found;
+  for (auto& [name, t] : expected) t = Tensor::zeros(t.shape(), DType::bf16);
+  const std::string err = error_of([&] { check_tensors_match(found, expected, "c.safetensors"); });
+  CHECK_THAT(err, Contains("'fc1.bias': expected bf16 [16], found f32 [16]"));
+  CHECK_THAT(err, Contains("Only dtypes differ: the checkpoint was saved from the model in f32"));
+  CHECK_THAT(err, Contains("Module::to"));
+  CHECK_THAT(err, !Contains("different model"));
+}
