@@ -66,7 +66,7 @@ Device kernel_device(const Tensor& a, const Tensor& b) {
 template <class F>
 Tensor arith(const Tensor& a, const Tensor& b, const char* name, F f, BinaryOp op,
              double alpha = 1.0) {
-  DType dt = promote_types(a.dtype(), b.dtype());
+  DType dt = result_type(a, b);
   if (dt == DType::boolean || dt == DType::u8) dt = DType::i64;
   if (const Device d = kernel_device(a, b); !d.is_cpu())
     return device_backend(d).binary(op, a, b, dt, alpha, name);
@@ -82,7 +82,7 @@ Tensor arith(const Tensor& a, const Tensor& b, const char* name, F f, BinaryOp o
 
 template <class F>
 Tensor compare(const Tensor& a, const Tensor& b, const char* name, F f, BinaryOp op) {
-  DType dt = promote_types(a.dtype(), b.dtype());
+  DType dt = result_type(a, b);
   if (dt == DType::boolean || dt == DType::u8) dt = DType::i64;
   if (const Device d = kernel_device(a, b); !d.is_cpu())
     return device_backend(d).binary(op, a, b, dt, 1.0, name);
@@ -128,7 +128,21 @@ Tensor reduce_grad(const Tensor& g, const Tensor& input) {
   return reduce_grad(g, input.shape(), input.dtype());
 }
 
+// bool < integers < floating: the kinds result_type compares a 0-d operand by.
+int dtype_kind(DType d) {
+  if (d == DType::boolean) return 0;
+  return is_floating(d) ? 2 : 1;
+}
+
 }  // namespace
+
+DType result_type(const Tensor& a, const Tensor& b) {
+  if ((a.dim() == 0) == (b.dim() == 0)) return promote_types(a.dtype(), b.dtype());
+  const DType dimensioned = a.dim() == 0 ? b.dtype() : a.dtype();
+  const DType zero_dim = a.dim() == 0 ? a.dtype() : b.dtype();
+  return dtype_kind(zero_dim) <= dtype_kind(dimensioned) ? dimensioned
+                                                         : promote_types(a.dtype(), b.dtype());
+}
 
 Shape broadcast_shapes(const Shape& a, const Shape& b) {
   const size_t n = std::max(a.size(), b.size());
@@ -154,16 +168,16 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 }
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
-  LOCKSTEP_CHECK(is_floating(promote_types(a.dtype(), b.dtype())) ||
+  LOCKSTEP_CHECK(is_floating(result_type(a, b)) ||
                      (std::isfinite(alpha) && std::trunc(alpha) == alpha),
                  "add: alpha {} is not a whole number, so the {} result cannot hold a + alpha*b "
                  "without truncating it; convert an operand to a floating dtype first",
-                 alpha, dtype_name(promote_types(a.dtype(), b.dtype())));
+                 alpha, dtype_name(result_type(a, b)));
   // Converted to the integer arithmetic's type (i64 for u8 and bool), an
   // alpha past its range is undefined (1e30 gave INT64_MIN).
-  const DType integral = promote_types(a.dtype(), b.dtype()) == DType::i32 ? DType::i32
+  const DType integral = result_type(a, b) == DType::i32 ? DType::i32
                                                                            : DType::i64;
-  LOCKSTEP_CHECK(is_floating(promote_types(a.dtype(), b.dtype())) ||
+  LOCKSTEP_CHECK(is_floating(result_type(a, b)) ||
                      holds_value(integral, alpha),
                  "add: alpha {} is out of range for the {} arithmetic of an integer result; "
                  "convert an operand to a floating dtype first",
@@ -204,7 +218,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
-  DType dt = promote_types(a.dtype(), b.dtype());
+  DType dt = result_type(a, b);
   LOCKSTEP_CHECK(is_floating(dt), "div: integer division is not supported; convert to f32 first");
   Tensor out = arith(a, b, "div", [](auto x, auto y) { return x / y; }, BinaryOp::div);
   return record(out, "DivBackward", {a, b}, {a, b}, [](const BackwardArgs& g) {

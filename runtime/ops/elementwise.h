@@ -21,6 +21,12 @@ Tensor abs(const Tensor& a);
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor gt(const Tensor& a, const Tensor& b);
 
+// The dtype a binary op of a and b computes and returns in, as
+// torch.result_type: a 0-d tensor takes part only when its kind (bool, then
+// integer, then floating) is above every other operand's, so a bf16 tensor
+// times a 0-d f32 tensor stays bf16, and an i32 tensor plus a 0-d f64 is f64.
+DType result_type(const Tensor& a, const Tensor& b);
+
 // Shape that a and b broadcast to, or an error naming both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b);
 // Sums `g` down to `shape` (the inverse of broadcasting), for backward.

@@ -140,6 +140,40 @@ TEST_CASE("dtype promotion of binary ops", "[runtime][ops][elementwise]") {
   CHECK_THROWS_WITH(div(i32, i64), Contains("integer division"));
 }
 
+TEST_CASE("a 0-d tensor takes part in promotion only from a higher kind, as torch.result_type",
+          "[runtime][ops][elementwise]") {
+  // Each expected dtype is what PyTorch 1.13 gives.
+  const Tensor bf16 = tensor({1, 2}, {2}, DType::bf16), f16 = tensor({1, 2}, {2}, DType::f16);
+  const Tensor i32 = tensor({1, 2}, {2}, DType::i32), b = tensor({1, 0}, {2}, DType::boolean);
+  const Tensor two_f32 = Tensor::scalar(2.0, DType::f32), two_f64 = Tensor::scalar(2.0, DType::f64);
+  const Tensor two_i64 = Tensor::scalar(2.0, DType::i64);
+  // Before, a bf16 activation times a 0-d f32 scale came back f32.
+  CHECK(mul(bf16, two_f32).dtype() == DType::bf16);
+  check_close(mul(bf16, two_f32), {2, 4});
+  CHECK(mul(two_f32, bf16).dtype() == DType::bf16);
+  CHECK(add(f16, Tensor::scalar(2.0, DType::bf16)).dtype() == DType::f16);
+  CHECK(sub(f16, two_f64).dtype() == DType::f16);
+  CHECK(div(bf16, two_f64).dtype() == DType::bf16);
+  CHECK(add(i32, two_i64).dtype() == DType::i32);
+  CHECK(gt(i32, Tensor::scalar(1.5, DType::f64)).to_vector<int64_t>() ==
+        std::vector<int64_t>{0, 1});
+  // A 0-d operand of a higher kind does promote.
+  CHECK(add(i32, two_f64).dtype() == DType::f64);
+  CHECK(add(b, two_i64).dtype() == DType::i64);
+  CHECK(add(b, two_f32).dtype() == DType::f32);
+  // Two 0-d operands, or two dimensioned ones, promote as always.
+  CHECK(add(two_f32, two_f64).dtype() == DType::f64);
+  CHECK(result_type(bf16, tensor({1}, {1}, DType::f32)) == DType::f32);
+  // The gradients keep each input's dtype.
+  Tensor x = tensor({1, 2}, {2}, DType::bf16).requires_grad_(true);
+  Tensor s = Tensor::scalar(3.0, DType::f32).requires_grad_(true);
+  sum(mul(x, s)).backward();
+  CHECK(x.grad().dtype() == DType::bf16);
+  CHECK(s.grad().dtype() == DType::f32);
+  check_close(x.grad(), {3, 3});
+  check_close(s.grad(), {3});
+}
+
 TEST_CASE("integer results refuse a fractional alpha; neg of u8 and bool",
           "[runtime][ops][elementwise]") {
   Tensor a = tensor({3, 5}, {2}, DType::i64), b = tensor({1, 1}, {2}, DType::i64);
