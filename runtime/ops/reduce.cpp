@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <limits>
 
+#include <fmt/ranges.h>
+
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
@@ -18,17 +20,24 @@ namespace lockstep::runtime {
 
 namespace {
 
-// Sorted, unique, wrapped dims; empty `dims` means all.
-std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim) {
+// Sorted, wrapped dims; empty `dims` means all. A dim named twice (1 and -1
+// of a 2-d tensor) is refused, as PyTorch does: reducing it "twice" has no
+// meaning, and counting it once would hide the caller's mistake.
+std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int64_t ndim,
+                                    const char* name) {
   std::vector<int64_t> out;
   if (dims.empty()) {
     for (int64_t d = 0; d < ndim; ++d) out.push_back(d);
     return out;
   }
   for (int64_t d : dims) out.push_back(wrap_dim(d, ndim));
-  if (ndim == 0) return {};  // a 0-dim tensor accepts dim 0 or -1: nothing to reduce
   std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
+  const auto repeated = std::adjacent_find(out.begin(), out.end());
+  LOCKSTEP_CHECK(repeated == out.end(),
+                 "{}: dim {} appears more than once in dims [{}] of a {}-d tensor; list each dim "
+                 "once",
+                 name, *repeated, fmt::join(dims, ", "), ndim);
+  if (ndim == 0) return {};  // a 0-dim tensor accepts dim 0 or -1: nothing to reduce
   return out;
 }
 
@@ -177,7 +186,7 @@ Tensor sum(const Tensor& a) { return sum(a, {}, false); }
 
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) {
   if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {a})) return sum((*c)[0], dims_in, keepdim);
-  std::vector<int64_t> dims = normalize_dims(dims_in, a.dim());
+  std::vector<int64_t> dims = normalize_dims(dims_in, a.dim(), "sum");
   Tensor out = sum_impl(a, dims, keepdim);
   Shape in_shape = a.shape(), keep = kept_shape(a.shape(), dims);
   return record(out, "SumBackward", {a}, {}, [in_shape, keep](const BackwardArgs& g) {
@@ -192,7 +201,7 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims_in, bool keepdim) 
     return mean((*c)[0], dims_in, keepdim);
   LOCKSTEP_CHECK(is_floating(a.dtype()), "mean: needs a floating tensor, got {}",
                  dtype_name(a.dtype()));
-  std::vector<int64_t> dims = normalize_dims(dims_in, a.dim());
+  std::vector<int64_t> dims = normalize_dims(dims_in, a.dim(), "mean");
   int64_t count = 1;
   for (int64_t d : dims) count *= a.shape()[d];
   const double scale = 1.0 / static_cast<double>(count);
