@@ -140,7 +140,8 @@ class HuberLoss : public PairLoss {
   Tensor loss(const Tensor& input, const Tensor& target) override;
 };
 
-// torch.nn.NLLLoss over log-probabilities [N, C] (runtime::nll_loss). A
+// torch.nn.NLLLoss over log-probabilities [N, C] or [N, C, d1, ...]
+// (runtime::nll_loss). A
 // class weight is a buffer named "weight", as PyTorch's.
 class NLLLoss : public PairLoss {
  public:

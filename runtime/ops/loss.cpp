@@ -15,6 +15,7 @@
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/reduce.h"
+#include "lockstep/runtime/ops/detail/class_rows.h"
 #include "lockstep/runtime/ops/detail/reduced_float.h"
 
 namespace lockstep::runtime {
@@ -156,6 +157,11 @@ Tensor reduce_kept(const Tensor& losses, const Tensor& target, int64_t ignore_in
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing,
                      Reduction reduction, std::optional<int64_t> ignore_index) {
+  if (logits.dim() > 2) {
+    const detail::ClassRows r = detail::class_rows(logits, target, "cross_entropy");
+    const Tensor loss = cross_entropy(r.input, r.target, smoothing, reduction, ignore_index);
+    return reduction == Reduction::None ? loss.reshape(target.shape()) : loss;
+  }
   if (ignore_index && reduction != Reduction::None) {  // the rows' losses, reduced here
     return reduce_kept(cross_entropy(logits, target, smoothing, Reduction::None, ignore_index),
                        target, *ignore_index, reduction);
@@ -166,7 +172,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
     return detail::in_f32(*low, {logits}, [&](const auto& in) {
       return cross_entropy(in[0], target, smoothing, reduction, ignore_index);
     });
-  LOCKSTEP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got {}",
+  LOCKSTEP_CHECK(logits.dim() == 2,
+                 "cross_entropy: logits must be [N, C] or [N, C, d1, ...], got {}",
                  shape_str(logits.shape()));
   LOCKSTEP_CHECK(target.dim() == 1 && target.shape()[0] == logits.shape()[0],
                  "cross_entropy: target must be [N] = [{}] class indices, got {}",

@@ -10,7 +10,9 @@ namespace lockstep::runtime {
 
 enum class Reduction { Mean, Sum, None };
 
-// logits [N, C], target [N] of class indices (i64 or i32). With label
+// logits [N, C], target [N] of class indices (i64 or i32); or, as PyTorch,
+// logits [N, C, d1, ...] with target [N, d1, ...], each position one sample
+// (Mean over all of them, None of the target's shape). With label
 // smoothing s the target distribution is (1-s)*onehot + s/C, as in PyTorch.
 // With ignore_index, a sample whose target equals it adds nothing (its loss
 // and gradient are exactly 0, whatever its logits; None gives it 0) and Mean
@@ -22,6 +24,16 @@ enum class Reduction { Mean, Sum, None };
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0,
                      Reduction reduction = Reduction::Mean,
                      std::optional<int64_t> ignore_index = std::nullopt);
+
+// The same with a class weight [C], PyTorch's weight=: per kept sample
+// (1-s) w[t] (-logp[t]) + (s/C) sum_j w[j] (-logp[j]) with
+// logp = log_softmax(logits, 1), and Mean divided by the kept samples' w[t]
+// summed, as PyTorch 1.13 (0 when that is 0). Built from log_softmax and
+// nll_loss's gathers (ops/nll_loss.h) rather than the fused kernel.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
+                     double label_smoothing = 0.0, Reduction reduction = Reduction::Mean,
+                     std::optional<int64_t> ignore_index = std::nullopt);
+
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
 
 }  // namespace lockstep::runtime

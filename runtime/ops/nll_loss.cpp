@@ -11,6 +11,7 @@
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/ops/activation.h"
 #include "lockstep/runtime/error.h"
+#include "lockstep/runtime/ops/detail/class_rows.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/misc.h"
 #include "lockstep/runtime/ops/reduce.h"
@@ -21,7 +22,8 @@ namespace {
 
 void check_args(const Tensor& input, const Tensor& target, const NllOptions& o) {
   LOCKSTEP_CHECK(input.dim() == 2 && is_floating(input.dtype()),
-                 "nll_loss: input must be [N, C] floating log-probabilities, got {} {}",
+                 "nll_loss: input must be [N, C] or [N, C, d1, ...] floating log-probabilities, "
+                 "got {} {}",
                  shape_str(input.shape()), dtype_name(input.dtype()));
   LOCKSTEP_CHECK(target.dim() == 1 && target.shape()[0] == input.shape()[0],
                  "nll_loss: target must be [N] = [{}] class indices, got {}", input.shape()[0],
@@ -123,6 +125,11 @@ Tensor reduce_weighted(const Tensor& losses, const Tensor& weighted, Reduction r
 }  // namespace
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NllOptions& o) {
+  if (input.dim() > 2) {
+    const detail::ClassRows r = detail::class_rows(input, target, "nll_loss");
+    const Tensor loss = nll_loss(r.input, r.target, o);
+    return o.reduction == Reduction::None ? loss.reshape(target.shape()) : loss;
+  }
   if (auto c = detail::autocast_inputs(detail::CastPolicy::f32, {input})) {
     NllOptions cast = o;
     if (cast.weight) cast.weight = cast.weight->to(DType::f32);
@@ -138,7 +145,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
   LOCKSTEP_CHECK(weight.defined(),
                  "cross_entropy: the class weight is an undefined tensor; call cross_entropy "
                  "without it for no weight");
-  LOCKSTEP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got {}",
+  if (logits.dim() > 2) {
+    const detail::ClassRows r = detail::class_rows(logits, target, "cross_entropy");
+    const Tensor loss =
+        cross_entropy(r.input, r.target, weight, smoothing, reduction, ignore_index);
+    return reduction == Reduction::None ? loss.reshape(target.shape()) : loss;
+  }
+  LOCKSTEP_CHECK(logits.dim() == 2,
+                 "cross_entropy: logits must be [N, C] or [N, C, d1, ...], got {}",
                  shape_str(logits.shape()));
   LOCKSTEP_CHECK(smoothing >= 0.0 && smoothing <= 1.0,
                  "cross_entropy: label_smoothing must be in [0, 1], got {}", smoothing);

@@ -1,6 +1,6 @@
 // The negative log-likelihood loss over log-probabilities, as
-// torch.nn.functional.nll_loss of PyTorch 1.13 for an input [N, C], and
-// cross_entropy with a class weight, built on it.
+// torch.nn.functional.nll_loss of PyTorch 1.13. cross_entropy with a class
+// weight (declared in ops/loss.h) is built on it.
 #pragma once
 
 #include <cstdint>
@@ -21,22 +21,13 @@ struct NllOptions {
 };
 
 // input [N, C] of log-probabilities (e.g. log_softmax(logits, 1)), target [N]
-// of class indices (i64 or i32). Per sample -weight[t] * input[i, t], 0 for
-// an ignored one. Mean divides the sum by the kept samples' weights summed
-// (by their count without weights), PyTorch's weighted mean; when that is 0
-// (no sample kept, or N = 0) Mean is 0 where PyTorch gives NaN, as
-// cross_entropy. The targets are read on the host to check them, which
-// waits for a device. Only [N, C] inputs: PyTorch's [N, C, d...] is refused.
+// of class indices (i64 or i32); or, as PyTorch, input [N, C, d1, ...] with
+// target [N, d1, ...], each position one sample (None gives the target's
+// shape). Per sample -weight[t] * input[i, t], 0 for an ignored one. Mean
+// divides the sum by the kept samples' weights summed (by their count
+// without weights), PyTorch's weighted mean; when that is 0 (no sample kept,
+// or N = 0) Mean is 0 where PyTorch gives NaN, as cross_entropy. The targets
+// are read on the host to check them, which waits for a device.
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NllOptions& options = {});
-
-// cross_entropy (ops/loss.h) with a class weight [C], PyTorch's weight=:
-// per kept sample (1-s) w[t] (-logp[t]) + (s/C) sum_j w[j] (-logp[j]) with
-// logp = log_softmax(logits), and Mean divided by the kept samples' w[t]
-// summed, as PyTorch 1.13 (0 when that is 0, as nll_loss). Arguments and
-// errors as the unweighted cross_entropy's; built from log_softmax and
-// nll_loss's gathers rather than the fused kernel.
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
-                     double label_smoothing = 0.0, Reduction reduction = Reduction::Mean,
-                     std::optional<int64_t> ignore_index = std::nullopt);
 
 }  // namespace lockstep::runtime

@@ -95,7 +95,10 @@ TEST_CASE("nll_loss refuses bad targets, shapes and weights, saying what to do",
                     Contains("only targets equal to ignore_index = -100 are skipped"));
   CHECK_THROWS_WITH(nll_loss(x, Tensor::zeros({2})), Contains("i64 or i32"));
   CHECK_THROWS_WITH(nll_loss(Tensor::zeros({2, 3, 4}), Tensor::zeros({2}, DType::i64)),
-                    Contains("input must be [N, C]"));
+                    Contains("for an input [2, 3, 4] = [N, C, d1, ...] the target must be "
+                             "[N, d1, ...] = [2, 4] class indices, got [2]"));
+  CHECK_THROWS_WITH(nll_loss(Tensor::zeros({3}), Tensor::zeros({}, DType::i64)),
+                    Contains("input must be [N, C] or [N, C, d1, ...]"));
   CHECK_THROWS_WITH(nll_loss(x, Tensor::zeros({3}, DType::i64)), Contains("[N] = [2]"));
   CHECK_THROWS_WITH(nll_loss(x, Tensor::zeros({2}, DType::i64), {.weight = Tensor::ones({2})}),
                     Contains("weight must be [C] = [3]"));
@@ -155,4 +158,73 @@ TEST_CASE("cross_entropy with a class weight matches PyTorch's formula, smoothin
       {random_input({3, 4}, 12, -2, 2)});
   INFO(r.message);
   CHECK(r.ok);
+}
+
+// PyTorch 1.13, x[i] = fmod(0.37 i, 1.3) - 0.6 as [2, 3, 2, 2], t = [[[0, 2], [1, -100]],
+// [[2, 2], [0, 1]]], w = [0.5, 2, 1.5], ignore_index=-100 (float64):
+//   nll_loss(x, t, w, reduction='none') = the values below, 'sum' -2.19, 'mean' -0.2305263...,
+//   its mean's x.grad nonzero at the picked entries; cross_entropy(x, t, label_smoothing=0.1)
+//   with and without w as below.
+TEST_CASE("nll_loss and cross_entropy take PyTorch's spatial input with classes in dim 1",
+          "[runtime][ops][loss]") {
+  std::vector<double> xv(24);
+  for (size_t i = 0; i < xv.size(); ++i)
+    xv[i] = std::fmod(0.37 * static_cast<double>(i), 1.3) - 0.6;
+  const Tensor target =
+      Tensor::from_vector<int64_t>({0, 2, 1, -100, 2, 2, 0, 1}, {2, 2, 2});
+  const Tensor w = Tensor::from_vector<double>({0.5, 2.0, 1.5}, {3});
+  auto input = [&] {
+    return Tensor::from_vector<double>(xv, {2, 3, 2, 2}).requires_grad_();
+  };
+  NllOptions o{.weight = w, .ignore_index = -100, .reduction = Reduction::None};
+  const Tensor none = nll_loss(input(), target, o);
+  CHECK(none.shape() == Shape{2, 2, 2});
+  check_close(none, {0.3, -0.195, -0.64, 0.0, -0.45, -1.005, -0.34, 0.14}, 1e-9);
+  o.reduction = Reduction::Sum;
+  CHECK(nll_loss(input(), target, o).item() == Approx(-2.19).epsilon(1e-9));
+  o.reduction = Reduction::Mean;
+  Tensor x = input();
+  const Tensor mean = nll_loss(x, target, o);
+  CHECK(mean.item() == Approx(-0.23052631578947355).epsilon(1e-9));
+  mean.backward();
+  const double a = 0.05263157894736842, b = 0.21052631578947367, c = 0.15789473684210525;
+  check_close(x.grad(), {-a, 0, 0, 0, 0, 0, -b, 0, 0, -c, 0, 0,
+                         0, 0, -a, 0, 0, 0, 0, -b, -c, -c, 0, 0}, 1e-9);
+
+  x = input();
+  const Tensor ce_w = cross_entropy(x, target, w, 0.1, Reduction::Mean, -100);
+  CHECK(ce_w.item() == Approx(1.0133140887654362).epsilon(1e-9));
+  ce_w.backward();
+  check_close(x.grad(),
+              {-0.03220978742793492, 0.041253006705807595, 0.05430019324636306, 0.0,
+               0.013231016855850018, 0.0444716533883344, -0.12938171255594974, 0.0,
+               0.018978770572084906, -0.08572466009414198, 0.07508151930958669, 0.0,
+               0.041253006705807574, 0.041253006705807595, -0.013358792868110973,
+               0.05430019324636306, 0.04447165338833438, 0.044471653388334406,
+               0.004651531331923324, -0.1293817125559497, -0.08572466009414195,
+               -0.085724660094142, 0.008707261536187658, 0.07508151930958665},
+              1e-9);
+
+  x = input();
+  const Tensor ce = cross_entropy(x, target, 0.1, Reduction::Mean, -100);
+  CHECK(ce.item() == Approx(0.9916415765955156).epsilon(1e-9));
+  ce.backward();
+  check_close(x.grad(),
+              {-0.0939846755126105, 0.03458675305881809, 0.034586753058818094, 0.0,
+               0.042346991596603455, 0.04234699159660345, -0.08622443697482517, 0.0,
+               0.05163768391600708, -0.07693374465542153, 0.05163768391600709, 0.0,
+               0.034586753058818066, 0.03458675305881809, -0.05012725959791805,
+               0.034586753058818094, 0.042346991596603434, 0.042346991596603455,
+               0.022386555887876042, -0.08622443697482514, -0.07693374465542151,
+               -0.07693374465542153, 0.02774070371004204, 0.05163768391600707},
+              1e-9);
+  const Tensor ce_none = cross_entropy(input(), target, 0.0, Reduction::None, -100);
+  CHECK(ce_none.shape() == Shape{2, 2, 2});
+  check_close(ce_none, {1.28938326439423, 0.92938326439423, 1.1093832643942303, 0.0,
+                        0.9293832643942297, 0.9293832643942301, 0.5405247831365624,
+                        1.1093832643942296},
+              1e-9);
+  CHECK_THROWS_WITH(cross_entropy(input(), Tensor::zeros({2, 2}, DType::i64)),
+                    Contains("the target must be [N, d1, ...] = [2, 2, 2] class indices, "
+                             "got [2, 2]"));
 }
