@@ -53,30 +53,39 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Conv2dOptions opts, Generator& 
   }
 }
 
-// padding="same", as PyTorch: dim d needs dilation * (kernel - 1) zeros in
-// all; conv2d pads half of them on both sides, and an odd one left over (an
-// even kernel with odd dilation) is appended to the bottom / right of the
-// input first, so the output keeps the input's size.
+// The padding as (left, right, top, bottom). "same", as PyTorch: dim d needs
+// dilation * (kernel - 1) entries in all, half on each side and an odd one
+// left over (an even kernel with odd dilation) on the bottom / right, so the
+// output keeps the input's size.
+std::array<int64_t, 4> Conv2d::padding_amounts() const {
+  switch (options.padding.mode) {
+    case Conv2dPadding::Mode::valid: return {0, 0, 0, 0};
+    case Conv2dPadding::Mode::size: {
+      const Size2 p = options.padding.size;
+      return {p.w, p.w, p.h, p.h};
+    }
+    case Conv2dPadding::Mode::same: break;
+  }
+  const int64_t total_h = options.dilation.h * (kernel_size.h - 1);
+  const int64_t total_w = options.dilation.w * (kernel_size.w - 1);
+  return {total_w / 2, total_w - total_w / 2, total_h / 2, total_h - total_h / 2};
+}
+
+// Zeros: the conv pads both sides alike, so only what one side needs more is
+// padded first. The other modes pad everything first, as PyTorch.
 Tensor Conv2d::forward(const Tensor& input) {
   LOCKSTEP_CHECK(input.dim() == 4 && input.size(1) == in_channels,
                  "Conv2d({}, {}): expected input [N, {}, H, W], got {}", in_channels,
                  out_channels, in_channels, runtime::shape_str(input.shape()));
-  Tensor x = input;
-  Size2 pad = options.padding.mode == Conv2dPadding::Mode::size ? options.padding.size : 0;
-  if (options.padding.mode == Conv2dPadding::Mode::same) {
-    const int64_t total_h = options.dilation.h * (kernel_size.h - 1);
-    const int64_t total_w = options.dilation.w * (kernel_size.w - 1);
-    pad = Size2(total_h / 2, total_w / 2);
-    for (int64_t d : {2, 3}) {
-      if ((d == 2 ? total_h : total_w) % 2 == 0) continue;
-      Shape extra = x.shape();
-      extra[d] = 1;
-      x = runtime::cat({x, Tensor::zeros(extra, x.dtype(), x.device())}, d);
-    }
-  }
+  const auto [left, right, top, bottom] = padding_amounts();
+  const bool zeros = options.padding_mode == PadMode::zeros;
+  const Size2 conv_pad = zeros ? Size2(top, left) : Size2(0);
+  const Tensor x =
+      zeros ? runtime::pad2d(input, {0, right - left, 0, bottom - top})
+            : runtime::pad2d(input, {left, right, top, bottom}, options.padding_mode);
   return runtime::conv2d(x, weight, bias,
                          runtime::Conv2dOptions{.stride = options.stride.arr(),
-                                                .padding = pad.arr(),
+                                                .padding = conv_pad.arr(),
                                                 .dilation = options.dilation.arr(),
                                                 .groups = options.groups});
 }
@@ -89,6 +98,8 @@ std::string Conv2d::extra_repr() const {
   if (options.dilation != Size2(1)) s += ", dilation=" + options.dilation.str();
   if (options.groups != 1) s += fmt::format(", groups={}", options.groups);
   if (!options.bias) s += ", bias=false";
+  if (options.padding_mode != PadMode::zeros)
+    s += fmt::format(", padding_mode={}", runtime::pad_mode_name(options.padding_mode));
   return s;
 }
 

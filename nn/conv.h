@@ -1,12 +1,14 @@
 // Conv2d over NCHW input, initialised as PyTorch's nn.Conv2d.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <string>
 #include <string_view>
 
 #include "lockstep/nn/module.h"
 #include "lockstep/nn/size2.h"
+#include "lockstep/runtime/ops/pad.h"
 
 namespace lockstep::nn {
 
@@ -33,13 +35,19 @@ struct Conv2dPadding {
   Size2 size = 0;  // Mode::size only
 };
 
-// Conv2d(1, 32, 3, {.padding = 1}) or {.padding = "same"}. Zero padding only.
+using runtime::PadMode;
+
+// Conv2d(1, 32, 3, {.padding = 1}) or {.padding = "same"}. padding_mode is
+// PyTorch's: what the padding holds, zeros or (PadMode::reflect, replicate,
+// circular) the input's own entries, padded by runtime::pad2d before an
+// unpadded conv; reflect needs a padding < the input's H and W, circular <=.
 struct Conv2dOptions {
   Size2 stride = 1;
   Conv2dPadding padding = 0;
   Size2 dilation = 1;
   int64_t groups = 1;
   bool bias = true;
+  PadMode padding_mode = PadMode::zeros;
 };
 
 // Init (nn.Conv2d.reset_parameters): with fan_in = in_channels/groups * kH * kW,
@@ -53,6 +61,8 @@ class Conv2d : public Module {
   std::string type_name() const override { return "Conv2d"; }
   std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
+  // The padding forward applies, as (left, right, top, bottom).
+  std::array<int64_t, 4> padding_amounts() const;
 
   const int64_t in_channels;
   const int64_t out_channels;

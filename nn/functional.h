@@ -4,6 +4,7 @@
 #pragma once
 
 #include "lockstep/runtime/ops.h"
+#include "lockstep/runtime/ops/pad.h"
 
 namespace lockstep::nn::functional {
 
@@ -12,6 +13,7 @@ using runtime::BceWithLogitsOptions;
 using runtime::Conv2dOptions;
 using runtime::KlDivReduction;
 using runtime::NllOptions;
+using runtime::PadMode;
 using runtime::Pool2dOptions;
 using runtime::Reduction;
 
@@ -34,6 +36,7 @@ using runtime::log_softmax;
 using runtime::max_pool2d;
 using runtime::mse_loss;
 using runtime::nll_loss;
+using runtime::pad2d;
 using runtime::relu;
 using runtime::sigmoid;
 using runtime::smooth_l1_loss;

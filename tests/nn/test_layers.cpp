@@ -287,6 +287,75 @@ TEST_CASE("Conv2d padding strings: \"valid\", printing and refusals", "[nn][laye
              Contains("invalid padding string 'full'; give \"same\", \"valid\" or a size"));
 }
 
+// PyTorch 1.13, float64: Conv2d(1, 1, (2, 3), padding=(1, 2), padding_mode=mode) with
+// weight (arange(6) % 4) * 0.25 - 0.375, bias 0.25, x = arange(12) * 0.1 - 0.5 as
+// [1, 1, 3, 4]; y = conv(x), then (y * y).sum().backward().
+TEST_CASE("Conv2d padding_mode reflect, replicate and circular match PyTorch", "[nn][layers]") {
+  struct Case {
+    PadMode mode;
+    const char* name;
+    std::vector<double> y, gx, gw;
+  };
+  const Case c = GENERATE(
+      Case{PadMode::reflect, "reflect",
+           {0.3, 0.35, 0.3, 0.25, 0.2, 0.25, 0.4, 0.45, 0.4, 0.35, 0.3, 0.35,
+            0.2, 0.25, 0.2, 0.15, 0.1, 0.15, 0.1, 0.15, 0.1, 0.05, 0.0, 0.05},
+           {-0.425, -0.75, -0.65, -0.275, -0.6, -1.0, -0.8, -0.3, -0.175, -0.25, -0.15, -0.025},
+           {-1.0, -1.12, -1.0, -0.04, -0.16, -0.04}},
+      Case{PadMode::replicate, "replicate",
+           {0.5, 0.5, 0.45, 0.4, 0.35, 0.35, 0.45, 0.45, 0.4, 0.35, 0.3, 0.3,
+            0.25, 0.25, 0.2, 0.15, 0.1, 0.1, 0.1, 0.1, 0.05, 0.0, -0.05, -0.05},
+           {-2.0875, -0.7, -0.6125, -0.8375, -0.4, -0.25, -0.2, -0.5, -0.1125, -0.15, -0.0875,
+            -0.0625},
+           {-4.04, -3.5, -2.84, -1.4, -0.86, -0.2}},
+      Case{PadMode::circular, "circular",
+           {0.05, 0.2, 0.15, 0.1, 0.05, 0.2, 0.3, 0.45, 0.4, 0.35, 0.3, 0.45,
+            0.1, 0.25, 0.2, 0.15, 0.1, 0.25, 0.05, 0.2, 0.15, 0.1, 0.05, 0.2},
+           {-0.8, -0.4125, -0.5125, -0.3375, -0.75, -0.3, -0.05, -0.25, -0.65, -0.1875, -0.1375,
+            -0.4125},
+           {0.3, -0.5, -0.34, 0.54, -0.26, -0.1}});
+  INFO("padding_mode " << c.name);
+  Conv2d conv(1, 1, {2, 3}, {.padding = {1, 2}, .padding_mode = c.mode});
+  std::vector<double> w(6), xv(12);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<double>(i % 4) * 0.25 - 0.375;
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<double>(i) * 0.1 - 0.5;
+  conv.weight.detach().copy_(Tensor::from_vector<double>(w, {1, 1, 2, 3}));
+  conv.bias.detach().fill_(0.25);
+  Tensor x = Tensor::from_vector<double>(xv, {1, 1, 3, 4}).to(DType::f32).requires_grad_();
+  const Tensor y = conv(x);
+  REQUIRE(y.shape() == Shape{1, 1, 4, 6});
+  check_close(y, c.y, 1e-5);
+  lockstep::runtime::sum(lockstep::runtime::mul(y, y)).backward();
+  check_close(x.grad(), c.gx, 1e-5);
+  check_close(conv.weight.grad(), c.gw, 1e-5);
+  CHECK(conv.str() == std::string("Conv2d(1, 1, kernel_size=(2, 3), stride=(1, 1), "
+                                  "padding=(1, 2), padding_mode=") + c.name + ")");
+  CHECK(conv.state_dict().keys() == std::vector<std::string>{"weight", "bias"});  // PyTorch's
+  CHECK(std::dynamic_pointer_cast<Conv2d>(conv.replicate())->options.padding_mode == c.mode);
+}
+
+TEST_CASE("Conv2d padding_mode with padding=\"same\" and its refusals", "[nn][layers]") {
+  // PyTorch 1.13: Conv2d(1, 1, (2, 4), padding="same", padding_mode="circular", bias=False),
+  // weight arange(8) * 0.125, x as above: 1 row below, 1 column left and 2 right wrapped.
+  Conv2d conv(1, 1, {2, 4}, {.padding = "same", .bias = false,
+                             .padding_mode = PadMode::circular});
+  std::vector<double> xv(12);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<double>(i) * 0.1 - 0.5;
+  conv.weight.detach().copy_(
+      lockstep::runtime::mul(Tensor::arange(8, DType::f32), 0.125)
+          .reshape({1, 1, 2, 4}));
+  check_close(conv(Tensor::from_vector<double>(xv, {1, 1, 3, 4}).to(DType::f32)),
+              {-0.15, 0.0, -0.15, -0.2, 1.25, 1.4, 1.25, 1.2, -0.65, -0.5, -0.65, -0.7}, 1e-5);
+
+  Conv2d reflect(1, 1, 3, {.padding = 3, .padding_mode = PadMode::reflect});
+  CHECK_THAT(error_of([&] { reflect(Tensor::zeros({1, 1, 3, 4})); }),
+             Contains("reflect padding (3, 3) does not fit dim 2 of input [1, 1, 3, 4]: "
+                      "reflect needs each padding < the dim's size"));
+  Conv2d circular(1, 1, 3, {.padding = 5, .padding_mode = PadMode::circular});
+  CHECK_THAT(error_of([&] { circular(Tensor::zeros({1, 1, 5, 4})); }),
+             Contains("circular padding (5, 5) does not fit dim 3 of input [1, 1, 5, 4]"));
+}
+
 TEST_CASE("Embedding padding_idx: a zero row that gets no gradient", "[nn][layers]") {
   Generator gen(5);
   Embedding emb(6, 3, {.padding_idx = -1}, gen);  // from the end: row 5
