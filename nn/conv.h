@@ -29,6 +29,8 @@ struct Conv2dPadding {
 
   // How PyTorch prints it: "same", "valid" or (h, w).
   std::string str() const;
+  // The padding (left, right, top, bottom) for this kernel and dilation.
+  std::array<int64_t, 4> amounts(Size2 kernel, Size2 dilation) const;
   bool operator==(const Conv2dPadding&) const = default;
 
   Mode mode = Mode::size;
@@ -61,8 +63,6 @@ class Conv2d : public Module {
   std::string type_name() const override { return "Conv2d"; }
   std::shared_ptr<Module> replicate() const override;
   std::string extra_repr() const override;
-  // The padding forward applies, as (left, right, top, bottom).
-  std::array<int64_t, 4> padding_amounts() const;
 
   const int64_t in_channels;
   const int64_t out_channels;

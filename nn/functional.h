@@ -3,6 +3,7 @@
 // `namespace F = lockstep::nn::functional;` and `F::relu(x)`.
 #pragma once
 
+#include "lockstep/nn/conv.h"
 #include "lockstep/runtime/ops.h"
 #include "lockstep/runtime/ops/pad.h"
 
@@ -42,5 +43,12 @@ using runtime::sigmoid;
 using runtime::smooth_l1_loss;
 using runtime::softmax;
 using runtime::tanh;
+
+// torch.nn.functional.conv2d's padding argument: a size, "same" or "valid",
+// padded as Conv2d pads it (conv.h; "same" needs stride 1): F::conv2d(x, w,
+// b, "same"), or 1, or Size2(1, 2) (a bare {1, 2} is ambiguous with the
+// overload above, which takes runtime::Conv2dOptions).
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+              Conv2dPadding padding, Size2 stride = 1, Size2 dilation = 1, int64_t groups = 1);
 
 }  // namespace lockstep::nn::functional

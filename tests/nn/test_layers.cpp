@@ -356,6 +356,31 @@ TEST_CASE("Conv2d padding_mode with padding=\"same\" and its refusals", "[nn][la
              Contains("circular padding (5, 5) does not fit dim 3 of input [1, 1, 5, 4]"));
 }
 
+// PyTorch 1.13: F.conv2d(x, w, padding="same") with x = arange(12) * 0.1 - 0.5 as
+// [1, 1, 3, 4] and w = arange(8) * 0.125 as [1, 1, 2, 4] (float64).
+TEST_CASE("functional conv2d takes padding \"same\" and \"valid\" as Conv2d", "[nn][layers]") {
+  namespace F = lockstep::nn::functional;
+  std::vector<double> xv(12);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<double>(i) * 0.1 - 0.5;
+  Tensor x = Tensor::from_vector<double>(xv, {1, 1, 3, 4}).requires_grad_();
+  const Tensor w =
+      lockstep::runtime::mul(Tensor::arange(8, DType::f64), 0.125).reshape({1, 1, 2, 4});
+  const Tensor y = F::conv2d(x, w, {}, "same");
+  check_close(y, {-0.25, 0.0, 0.125, 0.15, 0.95, 1.4, 1.025, 0.65, 0.325, 0.4, 0.2125, 0.075},
+              1e-12);
+  CHECK(F::conv2d(x, w, {}, "valid").shape() == Shape{1, 1, 2, 1});
+  CHECK(F::conv2d(x, w, {}, Size2(1, 2)).shape() == Shape{1, 1, 4, 5});
+  CHECK(F::conv2d(x, w, {}, 1).shape() == Shape{1, 1, 4, 3});
+  // The module is the same function of its weight.
+  Conv2d conv(1, 1, {2, 4}, {.padding = "same", .bias = false});
+  conv.weight.detach().copy_(w);
+  check_close(conv(x.to(DType::f32)), values(y), 1e-5);
+  CHECK_THAT(error_of([&] { F::conv2d(x, w, {}, "same", 2); }),
+             Contains("conv2d: padding=\"same\" needs stride 1, got stride (2, 2)"));
+  CHECK_THAT(error_of([&] { F::conv2d(x, w, {}, "full"); }),
+             Contains("invalid padding string 'full'"));
+}
+
 TEST_CASE("Embedding padding_idx: a zero row that gets no gradient", "[nn][layers]") {
   Generator gen(5);
   Embedding emb(6, 3, {.padding_idx = -1}, gen);  // from the end: row 5
