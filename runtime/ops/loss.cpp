@@ -17,6 +17,7 @@
 #include "lockstep/runtime/ops/reduce.h"
 #include "lockstep/runtime/ops/detail/class_rows.h"
 #include "lockstep/runtime/ops/detail/reduced_float.h"
+#include "lockstep/runtime/ops/detail/soft_targets.h"
 
 namespace lockstep::runtime {
 
@@ -157,6 +158,10 @@ Tensor reduce_kept(const Tensor& losses, const Tensor& target, int64_t ignore_in
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing,
                      Reduction reduction, std::optional<int64_t> ignore_index) {
+  if (target.shape() == logits.shape()) {
+    return detail::probability_cross_entropy(logits, target, Tensor(), smoothing, reduction,
+                                             ignore_index);
+  }
   if (logits.dim() > 2) {
     const detail::ClassRows r = detail::class_rows(logits, target, "cross_entropy");
     const Tensor loss = cross_entropy(r.input, r.target, smoothing, reduction, ignore_index);

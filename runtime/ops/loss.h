@@ -21,6 +21,10 @@ enum class Reduction { Mean, Sum, None };
 // f64 logits) and round once, so 16-bit logits do not overflow the sum.
 // PyTorch ignores -100 unless told otherwise; lockstep only when asked, and
 // a target outside [0, C) is otherwise an error.
+// A floating target of the logits' shape holds class probabilities q, as in
+// PyTorch: per sample -sum_c q[c] logp[c] (q smoothed to (1-s) q + s/C), and
+// Mean divides by the samples (and positions), weighted or not; an
+// ignore_index >= 0 is refused there, as PyTorch does.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0,
                      Reduction reduction = Reduction::Mean,
                      std::optional<int64_t> ignore_index = std::nullopt);

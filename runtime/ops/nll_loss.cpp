@@ -12,6 +12,7 @@
 #include "lockstep/runtime/ops/activation.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/ops/detail/class_rows.h"
+#include "lockstep/runtime/ops/detail/soft_targets.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/misc.h"
 #include "lockstep/runtime/ops/reduce.h"
@@ -140,11 +141,63 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NllOptions& o) 
   return reduce_weighted(picked_losses(input, p), p.weighted, o.reduction);
 }
 
+namespace detail {
+
+// Per sample (and position) -sum_c w[c] q[c] logp[c], with q the target
+// probabilities, smoothed to (1-s) q + s/C, and logp = log_softmax(logits, 1);
+// Mean divides by the number of samples and positions, not by the weights,
+// as PyTorch 1.13. Over none, Mean is 0, as for class indices.
+Tensor probability_cross_entropy(const Tensor& logits, const Tensor& probs, const Tensor& weight,
+                                 double smoothing, Reduction reduction,
+                                 std::optional<int64_t> ignore_index) {
+  LOCKSTEP_CHECK(logits.dim() >= 2,
+                 "cross_entropy: logits must be [N, C] or [N, C, d1, ...], got {}",
+                 shape_str(logits.shape()));
+  LOCKSTEP_CHECK(is_floating(probs.dtype()),
+                 "cross_entropy: a target of the logits' shape {} holds class probabilities "
+                 "and must be floating, got {}; for class indices give a target [N, d1, ...]",
+                 shape_str(logits.shape()), dtype_name(probs.dtype()));
+  LOCKSTEP_CHECK(!ignore_index || *ignore_index < 0,
+                 "cross_entropy: ignore_index ({}) is not supported with class-probability "
+                 "targets; give a weight of 0 to the samples' probabilities instead",
+                 ignore_index.value_or(0));
+  LOCKSTEP_CHECK(smoothing >= 0.0 && smoothing <= 1.0,
+                 "cross_entropy: label_smoothing must be in [0, 1], got {}", smoothing);
+  LOCKSTEP_CHECK(logits.device() == probs.device(),
+                 "cross_entropy: logits are on {} and target on {}; both must be on one device",
+                 logits.device().str(), probs.device().str());
+  const Tensor logp = log_softmax(logits, 1);  // in f32 under autocast
+  const int64_t c = logits.shape()[1];
+  Tensor q = probs.to(logp.dtype());
+  if (smoothing > 0.0) q = add(mul(q, 1.0 - smoothing), smoothing / static_cast<double>(c));
+  Tensor terms = mul(q, logp);
+  if (weight.defined()) {
+    LOCKSTEP_CHECK(weight.dim() == 1 && weight.shape()[0] == c,
+                   "cross_entropy: weight must be [C] = [{}], one per class, got {}", c,
+                   shape_str(weight.shape()));
+    Shape per_class(logits.dim(), 1);
+    per_class[1] = c;
+    terms = mul(terms, weight.to(logp.dtype()).reshape(per_class));
+  }
+  const Tensor losses = neg(sum(terms, {1}));
+  if (reduction == Reduction::None) return losses;
+  const DType acc = losses.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor total = sum(losses.to(acc));
+  if (reduction == Reduction::Sum || losses.numel() == 0) return total.to(losses.dtype());
+  return mul(total, 1.0 / static_cast<double>(losses.numel())).to(losses.dtype());
+}
+
+}  // namespace detail
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
                      double smoothing, Reduction reduction, std::optional<int64_t> ignore_index) {
   LOCKSTEP_CHECK(weight.defined(),
                  "cross_entropy: the class weight is an undefined tensor; call cross_entropy "
                  "without it for no weight");
+  if (target.shape() == logits.shape()) {
+    return detail::probability_cross_entropy(logits, target, weight, smoothing, reduction,
+                                             ignore_index);
+  }
   if (logits.dim() > 2) {
     const detail::ClassRows r = detail::class_rows(logits, target, "cross_entropy");
     const Tensor loss =

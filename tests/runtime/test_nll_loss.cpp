@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lockstep/runtime/ops/activation.h"
+#include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/loss.h"
 #include "lockstep/runtime/ops/nll_loss.h"
 #include "lockstep/runtime/ops/reduce.h"
@@ -227,4 +228,44 @@ TEST_CASE("nll_loss and cross_entropy take PyTorch's spatial input with classes 
   CHECK_THROWS_WITH(cross_entropy(input(), Tensor::zeros({2, 2}, DType::i64)),
                     Contains("the target must be [N, d1, ...] = [2, 2, 2] class indices, "
                              "got [2, 2]"));
+}
+
+// PyTorch 1.13, float64: x = [[0.2, -1, 0.5], [1.5, 0.3, -0.4]], p = [[0.7, 0.2, 0.1],
+// [0, 0.5, 0.5]], w = [0.5, 2, 1.5]; cross_entropy(x, p, ...) as below.
+TEST_CASE("cross_entropy takes class probabilities as the target as PyTorch does",
+          "[runtime][ops][loss]") {
+  auto input = [] {
+    return Tensor::from_vector<double>({0.2, -1.0, 0.5, 1.5, 0.3, -0.4}, {2, 3}).requires_grad_();
+  };
+  const Tensor p = Tensor::from_vector<double>({0.7, 0.2, 0.1, 0.0, 0.5, 0.5}, {2, 3});
+  const Tensor w = Tensor::from_vector<double>({0.5, 2.0, 1.5}, {3});
+  check_close(cross_entropy(input(), p, 0.0, Reduction::None),
+              {1.18495692691384, 1.92208950853324}, 1e-12);
+  CHECK(cross_entropy(input(), p, 0.0, Reduction::Sum).item() ==
+        Approx(3.10704643544708).epsilon(1e-12));
+  CHECK(cross_entropy(input(), p).item() == Approx(1.55352321772354).epsilon(1e-12));
+  Tensor x = input();
+  const Tensor l = cross_entropy(x, p, w, 0.2);
+  CHECK(l.item() == Approx(2.2550533410552).epsilon(1e-12));  // Mean over 2 samples
+  l.backward();
+  check_close(x.grad(), {0.02942290970423, -0.17061756336656, 0.14119465366234,
+                         0.5577437851654, -0.29365756331297, -0.26408622185243},
+              1e-12);
+
+  // Spatial: x3 = arange(12) * 0.1 as [2, 3, 2], p3 = softmax(arange(12) as [2, 3, 2] flipped
+  // in dim 1, dim 1): every position's loss 1.28208885106837; weighted mean 0.85117844065597.
+  const Tensor x3 = mul(Tensor::arange(12, DType::f64), 0.1).reshape({2, 3, 2});
+  const double a = 0.86681333219733, b = 0.1173104278262, c = 0.01587623997647;
+  const Tensor p3 = Tensor::from_vector<double>({a, a, b, b, c, c, a, a, b, b, c, c}, {2, 3, 2});
+  const Tensor none = cross_entropy(x3, p3, 0.0, Reduction::None);
+  CHECK(none.shape() == Shape{2, 2});
+  check_close(none, std::vector<double>(4, 1.28208885106837), 1e-9);
+  CHECK(cross_entropy(x3, p3, w).item() == Approx(0.85117844065597).epsilon(1e-9));
+
+  CHECK_THROWS_WITH(cross_entropy(input(), Tensor::zeros({2, 3}, DType::i64)),
+                    Contains("holds class probabilities and must be floating, got i64"));
+  CHECK_THROWS_WITH(cross_entropy(input(), p, 0.0, Reduction::Mean, 0),
+                    Contains("ignore_index (0) is not supported with class-probability targets"));
+  CHECK(cross_entropy(input(), p, 0.0, Reduction::Mean, -100).item() ==
+        Approx(1.55352321772354).epsilon(1e-12));
 }
