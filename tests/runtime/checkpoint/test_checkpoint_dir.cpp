@@ -56,6 +56,14 @@ TEST_CASE("checkpoint dir: keeps the best as well, by min or max", "[checkpoint]
     dir.save(small_content(), 4, 0.75);  // a new best: the old one goes
     CHECK(steps(dir) == std::vector<int64_t>{4});
   }
+  SECTION("of equal metrics the earliest stays best") {
+    CheckpointDir dir(tmp.str(), {.keep_last = 1, .best = BestMode::min});
+    dir.save(small_content(), 1, 0.5);
+    dir.save(small_content(), 2, 0.5);
+    dir.save(small_content(), 3, 0.6);
+    CHECK(steps(dir) == std::vector<int64_t>{1, 3});
+    CHECK(dir.best()->step == 1);
+  }
   SECTION("a NaN first, and only NaNs, are never best") {
     CheckpointDir dir(tmp.str(), {.keep_last = 1, .best = BestMode::min});
     dir.save(small_content(), 1, std::nan(""));
