@@ -319,7 +319,7 @@ int run(const Options& options) {
     }
   }
   if (link) {
-    link->finish(code == 0, std::chrono::minutes(5));
+    const std::string elsewhere = link->finish(code == 0, std::chrono::minutes(5));
     // A signal that ended node 0's wait for the other nodes ends the job: the
     // other nodes are told, and this launcher exits as signalled (it exited
     // 0 and the others learnt only that the store was gone).
@@ -334,6 +334,11 @@ int run(const Options& options) {
       } catch (const std::exception&) {  // the store is gone: the others see that
       }
       code = 128 + sig;
+    } else if (!elsewhere.empty()) {
+      // This node's ranks succeeded, but the job did not on every node.
+      fmt::print(stderr, "lockstep-run: {}; node {}'s ranks had finished\n", elsewhere,
+                 options.node_rank);
+      code = 1;
     }
   }
   reaper.disarm();  // every rank was stopped and reaped

@@ -360,13 +360,13 @@ std::vector<std::string> NodeLink::collect_postmortems(int attempt,
   return parts;
 }
 
-void NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {
+std::string NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {
   stop_watching();
-  if (!succeeded) return;  // the failure was published; nobody waits for "done"
+  if (!succeeded) return {};  // the failure was published; nobody waits for "done"
   try {
     store().add(done_key(node_rank_), 1);
     const int64_t done = store().add(kDoneKey, 1);
-    if (node_rank_ != 0 || done >= num_nodes_) return;
+    if (node_rank_ != 0 || done >= num_nodes_) return {};
     std::vector<int> others;
     for (int n = 1; n < num_nodes_; ++n) others.push_back(n);
     const auto start = std::chrono::steady_clock::now();
@@ -378,22 +378,21 @@ void NodeLink::finish(bool succeeded, std::chrono::milliseconds timeout) {
                    "the other nodes finish\n");
         said = true;
       }
-      if (store().add(kDoneKey, 0) >= num_nodes_) return;
-      if (!remote_failure().empty() || interrupted()) return;
-      if (const std::string silent = silent_node(store(), others); !silent.empty()) {
-        fmt::print(stderr, "lockstep-run: not waiting for the other nodes: {}\n", silent);
-        return;
-      }
+      if (store().add(kDoneKey, 0) >= num_nodes_) return {};
+      if (const std::string failure = remote_failure(); !failure.empty()) return failure;
+      if (interrupted()) return {};  // main reads the signal and says so
+      if (const std::string silent = silent_node(store(), others); !silent.empty()) return silent;
       try {
+        // A node failed; its launcher stops its ranks without the store.
         store().wait({failure_key()}, kPollInterval);
-        return;  // a node failed; its launcher stops its ranks without the store
+        return store().get_string(failure_key());
       } catch (const distributed::StoreTimeout&) {
       }
     }
-    fmt::print(stderr, "lockstep-run: gave up waiting for the other nodes after {} s\n",
-               std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
+    return fmt::format("node 0 gave up waiting for the other nodes to finish after {} s",
+                       std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
   } catch (const std::exception& e) {
-    fmt::print(stderr, "lockstep-run: could not report this node done: {}\n", e.what());
+    return fmt::format("could not learn whether the other nodes finished: {}", e.what());
   }
 }
 

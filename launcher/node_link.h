@@ -87,8 +87,10 @@ class NodeLink {
   // Stops watching. After success, reports this node done and, on node 0,
   // waits for the other nodes (up to `timeout`, or a failure, or SIGINT/
   // SIGTERM, or a node's launcher gone silent) so that their ranks keep their
-  // store.
-  void finish(bool succeeded, std::chrono::milliseconds timeout);
+  // store. Returns why the job did not succeed on every node (a node failed
+  // or went silent, `timeout` passed, the store was lost), or "" when every
+  // node reported done, this node is not node 0, or a signal ended the wait.
+  std::string finish(bool succeeded, std::chrono::milliseconds timeout);
 
  private:
   // Claims this node's place in the job, throwing UsageError, with nothing

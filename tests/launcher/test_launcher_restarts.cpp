@@ -194,11 +194,12 @@ TEST_CASE("launcher: losing another node's launcher ends node 0's within seconds
                                  Contains("has not been heard from for") &&
                                  !Contains("did not report their ranks stopped"));
 
+  // Node 0's ranks succeeded, but the job did not on node 1: node 0 says so.
   const auto finished = two_local_nodes({}, {"group-sum"}, dies);
   CHECK(!finished.timed_out);
-  CHECK_THAT(finished.output,
-             Contains("not waiting for the other nodes: node 1's launcher (host ") &&
-                 Contains("node 0 exit 0"));
+  CHECK_THAT(finished.output, Contains("lockstep-run: node 1's launcher (host ") &&
+                                  Contains("node 0's ranks had finished") &&
+                                  Contains("node 0 exit 1"));
 
   const auto computing = two_local_nodes({"--postmortem-dir", "''"},
                                          {"group-sum", "busy-sleep-ms=50000"}, dies);
@@ -206,6 +207,20 @@ TEST_CASE("launcher: losing another node's launcher ends node 0's within seconds
   CHECK_THAT(computing.output,
              Contains("node 0: node 1's launcher (host ") &&
                  Contains("stopping the 1 rank on node 0") && Contains("node 0 exit 1"));
+}
+
+TEST_CASE("launcher: a node whose rank fails after node 0's ranks finished fails node 0's "
+          "launcher too",
+          "[launcher][restart]") {
+  // Node 0's rank ends at once after the group's sum; node 1's fails 3 s
+  // later, while node 0's launcher keeps the store up for it. Node 0's exit
+  // status is the job's: it must not say 0.
+  const auto r = two_local_nodes({"--postmortem-dir", "''"}, {"group-sum"},
+                                 {"group-sum", "wait-ms=3000", "exit=1:3"});
+  CHECK(!r.timed_out);
+  CHECK_THAT(r.output, Contains("group-sum rank=0 restart=0 sum=3 ok") &&
+                           Contains("lockstep-run: node 1: rank 1 (local rank 0 on node 1") &&
+                           Contains("node 0 exit 1") && Contains("node 1 exit 3"));
 }
 
 TEST_CASE("launcher: a node 0 that stops answering (its host down) ends the other nodes' "
