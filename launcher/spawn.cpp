@@ -29,12 +29,31 @@ void write_str(int fd, const char* text) {
   (void)ignored;
 }
 
+// Whether a file the kernel will not run (ENOEXEC) may be a script without
+// "#!", for /bin/sh to run as execvp and shells do. Not when it reads as
+// binary, as bash decides: an ELF header (a program for another
+// architecture), or a NUL byte in its first line (up to 80 bytes). /bin/sh
+// would read such a file as commands, and print garbage.
+bool may_be_script(const std::string& program) {
+  char head[80] = {};
+  const int fd = open(program.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;  // execute-only: /bin/sh could not read it either
+  const ssize_t n = read(fd, head, sizeof head);
+  close(fd);
+  if (n < 0) return false;
+  const std::string_view text(head, static_cast<size_t>(n));
+  if (text.substr(0, 4) == "\x7f" "ELF") return false;
+  return text.substr(0, text.find('\n')).find('\0') == std::string_view::npos;
+}
+
 // Runs in the forked child: only async-signal-safe calls until execve.
 // `as_script` is {"/bin/sh", program, argv[1:]...}: execvp's fallback for a
-// program the kernel does not know how to run (a script without "#!").
+// program the kernel does not know how to run (a script without "#!"), or
+// null when the file is not one (may_be_script); then `not_runnable` says so.
 [[noreturn]] void exec_child(pid_t launcher, const char* program, char* const* argv,
-                             char* const* as_script, char* const* envp, int out_fd, int err_fd,
-                             int heartbeat_fd, const cpu_set_t* cpus) {
+                             char* const* as_script, const char* not_runnable,
+                             char* const* envp, int out_fd, int err_fd, int heartbeat_fd,
+                             const cpu_set_t* cpus) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != launcher) _exit(127);  // the launcher died before prctl
@@ -70,6 +89,10 @@ void write_str(int fd, const char* text) {
     write_str(STDERR_FILENO, "lockstep-run: --bind-to core: cannot bind the rank running ");
   } else {
     execve(program, argv, envp);
+    if (errno == ENOEXEC && as_script == nullptr) {
+      write_str(STDERR_FILENO, not_runnable);
+      _exit(126);
+    }
     if (errno == ENOEXEC) execve(as_script[0], as_script, envp);
     error = errno;
     write_str(STDERR_FILENO, "lockstep-run: cannot execute ");
@@ -167,6 +190,12 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
   as_script.insert(as_script.end(), args.begin() + (argv.empty() ? 0 : 1), args.end());
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
+  const bool script = may_be_script(program);
+  const std::string not_runnable = fmt::format(
+      "lockstep-run: cannot execute {}: Exec format error: it is neither a program for this "
+      "machine (built for another architecture?) nor a script (a text file, or one starting "
+      "with a #! line)\n",
+      program);
 
   int out[2] = {-1, -1};
   int err[2] = {-1, -1};
@@ -189,8 +218,9 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
   const pid_t pid = fork();
   LOCKSTEP_CHECK(pid >= 0, "cannot fork a rank process: {}", strerror(errno));
   if (pid == 0) {
-    exec_child(launcher, program.c_str(), args.data(), as_script.data(), envp.data(), out[1],
-               err[1], beats[1], cpus.empty() ? nullptr : &cpu_set);
+    exec_child(launcher, program.c_str(), args.data(), script ? as_script.data() : nullptr,
+               not_runnable.c_str(), envp.data(), out[1], err[1], beats[1],
+               cpus.empty() ? nullptr : &cpu_set);
   }
 
   setpgid(pid, pid);  // also here, so the group exists before we may signal it

@@ -543,6 +543,29 @@ TEST_CASE("launcher: a script without #! runs under /bin/sh, as execvp runs it",
   CHECK_THAT(r.output, Contains("of 2: hello") && !Contains("Exec format error"));
 }
 
+TEST_CASE("launcher: a program for another architecture, or a binary file, is an exec format "
+          "error, not run by /bin/sh",
+          "[launcher]") {
+  // execve refuses both (ENOEXEC); /bin/sh would read their bytes as commands.
+  TempDir dir;
+  const std::string elf = dir.str() + "/foreign-elf";
+  const std::string binary = dir.str() + "/binary";
+  {
+    std::ofstream out(elf, std::ios::binary);
+    out << "\x7f" "ELF" << std::string(60, '\0') << "\necho ran-as-script\n";
+    const char bytes[] = "ab\0cd\necho ran-as-script\n";
+    std::ofstream(binary, std::ios::binary).write(bytes, sizeof bytes - 1);
+  }
+  for (const auto& program : {elf, binary}) {
+    std::filesystem::permissions(program, std::filesystem::perms::owner_all);
+    const auto r = run_process({bin_path("lockstep-run"), "-np", "2", program}, kLimit);
+    INFO(r.output);
+    CHECK(r.exit_code == 126);
+    CHECK_THAT(r.output, Contains("cannot execute " + program + ": Exec format error") &&
+                             !Contains("ran-as-script"));
+  }
+}
+
 TEST_CASE("launcher: too low an open-file limit is raised, or the job refused before a rank starts",
           "[launcher]") {
   const auto lr = bin_path("lockstep-run");
