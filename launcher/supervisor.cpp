@@ -86,6 +86,8 @@ struct Tracked {
   bool group_gone = false;
   // From its heartbeats; unset until the first (the rank joined its group).
   std::optional<Clock::time_point> last_beat, last_progress;
+  // While no beat is expected: since when its process was seen stopped.
+  std::optional<Clock::time_point> stopped_since;
 };
 
 class Supervisor {
@@ -334,6 +336,7 @@ class Supervisor {
     const auto now = Clock::now();
     for (auto& r : ranks_) {
       if (r.last_beat) r.last_beat = r.last_progress = now;
+      r.stopped_since.reset();
     }
   }
 
@@ -386,17 +389,37 @@ class Supervisor {
       }
       const auto now = Clock::now();
       r.last_beat = now;
+      r.stopped_since.reset();
       if (!r.last_progress || beat == 'P') r.last_progress = now;
     }
   }
 
   // The first rank that stopped beating, or beats "no progress", for longer
-  // than the hang timeout; stops the job as a failure of that rank.
+  // than the hang timeout; stops the job as a failure of that rank. A rank
+  // that beats no more, or not yet (its program has not joined its group,
+  // and may never: it may not be a lockstep program), is hung only when its
+  // process stays stopped (SIGSTOP, a debugger) that long: one stopped before
+  // its first beat is found as soon as one stopped later, and one that works
+  // for long before it joins is not called hung.
   void find_hung_rank() {
     const auto now = Clock::now();
     const bool stalled = output_stalled();
     for (auto& r : ranks_) {
-      if (!r.alive || !r.last_beat) continue;
+      if (!r.alive) continue;
+      if (!r.last_beat) {
+        if (!process_stopped(r.process.child.pid)) {
+          r.stopped_since.reset();
+        } else if (!r.stopped_since) {
+          r.stopped_since = now;
+        } else if (now - *r.stopped_since > options_.hang_timeout) {
+          on_hung(r, fmt::format("has been stopped (SIGSTOP, a debugger) for {:.1f} s, with no "
+                                 "heartbeat expected (its program had not joined its group, or "
+                                 "had left it)",
+                                 seconds(now - *r.stopped_since)));
+          return;
+        }
+        continue;
+      }
       if (stalled) r.last_progress = now;  // blocked writing its output, maybe
       const auto silent = now - *r.last_beat, idle = now - *r.last_progress;
       std::string why;

@@ -3,6 +3,9 @@
 // wrapper going on after its program, a rank blocked writing its output).
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
+
 #include <fmt/format.h>
 
 #include "launcher/launch_probe.h"
@@ -140,4 +143,37 @@ TEST_CASE("launcher: a rank that runs a collective on its own thread while it wa
                         {"group-sum", "busy-sleep-ms=1:3000", "then-allreduce"});
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, !Contains("is hung"));
+}
+
+TEST_CASE("launcher: a rank stopped before its first heartbeat is found within --hang-timeout; "
+          "one that works long before joining is not hung",
+          "[launcher][hang]") {
+  // Rank STOP's wrapper stops itself before its program starts, so it never
+  // beats; rank 0 waits for it in init_process_group for up to 120 s, far
+  // beyond the test's limit: only the hang detector ends the job in time.
+  // Rank SLOW's sleeps for three hang timeouts before its program starts.
+  TempDir dir;
+  const std::string script = dir.str() + "/rank.sh";
+  std::ofstream(script) << fmt::format(
+      "#!/bin/sh\n"
+      "if [ \"$RANK\" = \"$STOP\" ]; then kill -STOP $$; fi\n"
+      "if [ \"$RANK\" = \"$SLOW\" ]; then sleep 3; fi\n"
+      "exec {} group-sum\n",
+      bin_path("launcher_probe"));
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  const std::vector<std::string> argv = {bin_path("lockstep-run"), "-np", "2", "--hang-timeout",
+                                         "1", "--postmortem-dir", "", script};
+  const auto stopped = run_process(argv, kLimit, {"LOCKSTEP_TIMEOUT_S=120", "STOP=1"});
+  INFO(describe(stopped) << "\n" << stopped.output);
+  CHECK(!stopped.timed_out);
+  CHECK(stopped.exit_code == 1);
+  CHECK_THAT(stopped.output,
+             Contains("rank 1 (local rank 1 on node 0") &&
+                 Contains("is hung: it has been stopped (SIGSTOP, a debugger) for ") &&
+                 !Contains("rank 0 (local"));
+
+  const auto slow = run_process(argv, kLimit, {"SLOW=0"});
+  INFO(describe(slow) << "\n" << slow.output);
+  CHECK(slow.exit_code == 0);
+  CHECK_THAT(slow.output, Contains("group-sum rank=0 restart=0 sum=3 ok") && !Contains("is hung"));
 }
