@@ -202,8 +202,8 @@ int run(const Options& options) {
     if (shares.empty()) {
       size_t n = 0;
       for (const auto& core : cores) n += core.size();
-      fmt::print(stderr, "lockstep-run: --bind-to core: {} ranks on this node but {} CPUs; the "
-                 "ranks are not bound\n", options.nproc_per_node, n);
+      fmt::print(stderr, "lockstep-run: --bind-to core: {} ranks on this node but {} CPU{}; "
+                 "the ranks are not bound\n", options.nproc_per_node, n, n == 1 ? "" : "s");
     } else {
       cpus = shares;
     }

@@ -639,9 +639,23 @@ TEST_CASE("launcher: --bind-to core gives each rank its own CPUs; none leaves th
   SECTION("core with more ranks than CPUs: not bound, and said so") {
     const auto r = launch({"-np", std::to_string(n + 1), "--bind-to", "core"}, {"print", "cpus"});
     REQUIRE(r.ok());
-    CHECK_THAT(r.output, Contains(fmt::format("--bind-to core: {} ranks on this node but {} CPUs; "
-                                              "the ranks are not bound", n + 1, n)));
+    CHECK_THAT(r.output, Contains(fmt::format("--bind-to core: {} ranks on this node but {} "
+                                              "CPU{}; the ranks are not bound",
+                                              n + 1, n, n == 1 ? "" : "s")));
     for (const auto& [rank, line] : probe_lines(r.output)) CHECK(cpus_of(line) == mine);
+  }
+  SECTION("core with two ranks and one CPU: said in the singular") {
+    // The launcher inherits this thread's CPUs: one, for its run only.
+    cpu_set_t one, all;
+    CPU_ZERO(&one);
+    CPU_SET(*mine.begin(), &one);
+    REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+    REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+    const auto r = launch({"-np", "2", "--bind-to", "core"}, {"print", "cpus"});
+    REQUIRE(sched_setaffinity(0, sizeof all, &all) == 0);
+    REQUIRE(r.ok());
+    CHECK_THAT(r.output, Contains("--bind-to core: 2 ranks on this node but 1 CPU; the ranks "
+                                  "are not bound"));
   }
 }
 
