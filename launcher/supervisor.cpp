@@ -34,6 +34,12 @@ using Clock = std::chrono::steady_clock;
 
 // How often the loop looks for hung ranks while it watches heartbeats.
 constexpr int kHangCheckMs = 100;
+// A lingering group's /proc scan (group_has_living: every process's stat
+// file, thousands on a busy node) is repeated after these waits, doubling:
+// the cheap kill(-pgid, 0) on every tick sees the group end at once, the
+// scan tells only a group left with zombies from one still alive.
+constexpr Clock::duration kFirstScanWait = std::chrono::milliseconds(100);
+constexpr Clock::duration kLongestScanWait = std::chrono::seconds(1);
 
 sigset_t handled_signals() {
   sigset_t set;
@@ -88,6 +94,10 @@ struct Tracked {
   std::optional<Clock::time_point> last_beat, last_progress;
   // While no beat is expected: since when its process was seen stopped.
   std::optional<Clock::time_point> stopped_since;
+  // Scanning /proc for its group's living processes: when next, and the
+  // wait after that (doubled each time, up to kLongestScanWait).
+  Clock::time_point next_scan{};
+  Clock::duration scan_wait = kFirstScanWait;
 };
 
 class Supervisor {
@@ -265,12 +275,20 @@ class Supervisor {
 
   // After its rank ended: whether its process group is gone (noted for good).
   // A group left with only zombies is gone: their parent, outside the group
-  // (a container's init that does not reap), may never wait for them.
-  static bool look_for_group(Tracked& r) {
-    if (!r.group_gone && ((kill(-r.process.child.pid, 0) != 0 && errno == ESRCH) ||
-                          !group_has_living(r.process.child.pid)))
-      r.group_gone = true;
-    return r.group_gone;
+  // (a container's init that does not reap), may never wait for them. That
+  // takes a /proc scan, done again only after a wait that grows to 1 s
+  // (unless `scan_now`).
+  bool look_for_group(Tracked& r, bool scan_now = false) {
+    if (r.group_gone) return true;
+    const pid_t pgid = r.process.child.pid;
+    if (kill(-pgid, 0) != 0 && errno == ESRCH) return r.group_gone = true;
+    const auto now = Clock::now();
+    if (now < r.next_scan && !scan_now) return false;
+    r.next_scan = now + r.scan_wait;
+    r.scan_wait = std::min(2 * r.scan_wait, kLongestScanWait);
+    const bool living = options_.group_has_living ? options_.group_has_living(pgid)
+                                                  : group_has_living(pgid);
+    return r.group_gone = !living;
   }
 
   int alive() const {
@@ -481,7 +499,7 @@ class Supervisor {
     const double grace_s = std::chrono::duration<double>(options_.grace_period).count();
     for (auto& r : ranks_) {
       if (!r.alive) {
-        if (look_for_group(r)) continue;
+        if (look_for_group(r, /*scan_now=*/true)) continue;
         if (after_grace) {
           say(fmt::format("rank {} (pid {}) ended, but processes it started did not stop within "
                           "{:g} s; sending them SIGKILL",

@@ -54,6 +54,11 @@ struct SupervisorOptions {
   // Called with a rank and how it ended when it exits 0 while others still
   // run: the others may be waiting for it to join their group.
   std::function<void(int rank, const std::string& how)> on_rank_exited;
+  // Whether a process group holds a process that is not a zombie
+  // (process_identity.h; replaced by tests to count its /proc scans). Asked
+  // only while kill(-pgid, 0) finds the group, and then at most once per
+  // group per second after the first second.
+  std::function<bool(pid_t pgid)> group_has_living;
 };
 
 // How a supervised attempt ended, for the restart decision.

@@ -172,6 +172,26 @@ TEST_CASE("launcher: the first outcome wins when another node fails in the same 
                            !Contains("node 1: rank 1 failed"));
 }
 
+TEST_CASE("launcher: a group that lingers after its rank is looked for in /proc a bounded "
+          "number of times over the grace period",
+          "[launcher]") {
+  // The rank leaves a process that ignores SIGTERM in its group and exits 3;
+  // for the 3 s grace period the group holds a living process. The /proc scan
+  // that tells that from zombies reads every process's stat file: it was
+  // done twice on each 100 ms tick (about 60 times), now after waits that
+  // double up to 1 s (about 7; fewer when the machine is slow).
+  const auto r = run_process({bin_path("supervisor_probe"), "lingering-group"}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("did not stop within 3 s; sending them SIGKILL") &&
+                           Contains("exit_code=3 outcome=rank_failed before_stop=1 scans="));
+  const auto at = r.output.find("scans=");
+  REQUIRE(at != std::string::npos);
+  const int scans = std::stoi(r.output.substr(at + 6));
+  CHECK(scans >= 1);
+  CHECK(scans <= 12);
+}
+
 TEST_CASE("launcher: stopping the job also stops what a rank started that outlives the rank, "
           "SIGKILL after the grace period for what ignores SIGTERM",
           "[launcher]") {

@@ -1,8 +1,11 @@
 // supervisor_probe: runs the launcher's supervisor loop (launcher/supervisor.h)
 // over one child that waits to be stopped, with events made ready before the
 // loop starts, so that they all arrive in its first poll() wake-up. Prints
-// "exit_code=C outcome=O before_stop=N" (N: how often the job was stopped).
+// "exit_code=C outcome=O before_stop=N scans=S" (N: how often the job was
+// stopped; S: how often the rank's process group was looked for in /proc).
 //   signal-and-remote  SIGTERM to the launcher and another node's failure
+//   lingering-group    the child leaves a process that ignores SIGTERM in its
+//                      group and exits 3; grace period 3 s
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -12,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "launcher/process_identity.h"
 #include "launcher/supervisor.h"
 
 namespace {
@@ -32,8 +36,9 @@ const char* outcome_name(lockstep::launcher::Outcome outcome) {
 int main(int argc, char** argv) {
   using namespace lockstep::launcher;
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "signal-and-remote") {
-    fmt::print(stderr, "usage: supervisor_probe signal-and-remote\n");
+  const bool lingering = mode == "lingering-group";
+  if (mode != "signal-and-remote" && !lingering) {
+    fmt::print(stderr, "usage: supervisor_probe signal-and-remote|lingering-group\n");
     return 2;
   }
   block_supervisor_signals();
@@ -44,23 +49,39 @@ int main(int argc, char** argv) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (lingering) {
+      int ready[2];
+      if (pipe(ready) != 0) _exit(1);
+      if (fork() == 0) {
+        signal(SIGTERM, SIG_IGN);
+        const char byte = 1;
+        if (write(ready[1], &byte, 1) != 1) _exit(1);
+        for (;;) pause();
+      }
+      char byte;
+      _exit(read(ready[0], &byte, 1) == 1 ? 3 : 1);
+    }
     for (;;) pause();
   }
   setpgid(pid, pid);
 
-  const int remote = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK);  // readable at once
-  raise(SIGTERM);  // blocked: waits for the supervisor's signalfd
-  int stops = 0;
+  const int remote = eventfd(lingering ? 0 : 1, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (!lingering) raise(SIGTERM);  // blocked: waits for the supervisor's signalfd
+  int stops = 0, scans = 0;
   SupervisorOptions options;
-  options.grace_period = std::chrono::milliseconds(2000);
+  options.grace_period = std::chrono::milliseconds(lingering ? 3000 : 2000);
   options.hostname = "probe";
   options.remote_failure_fd = remote;
   options.remote_failure = [] { return std::string("node 1: rank 1 failed"); };
   options.before_stop = [&](const std::string&) { ++stops; };
+  options.group_has_living = [&](pid_t pgid) {
+    ++scans;
+    return group_has_living(pgid);
+  };
   RankProcess rank;
   rank.child.pid = pid;
   const SupervisorResult result = supervise({rank}, options);
-  fmt::print("exit_code={} outcome={} before_stop={}\n", result.exit_code,
-             outcome_name(result.outcome), stops);
+  fmt::print("exit_code={} outcome={} before_stop={} scans={}\n", result.exit_code,
+             outcome_name(result.outcome), stops, scans);
   return 0;
 }
