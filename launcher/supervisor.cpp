@@ -44,9 +44,16 @@ constexpr Clock::duration kLongestScanWait = std::chrono::seconds(1);
 sigset_t handled_signals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGTSTP, SIGCONT}) sigaddset(&set, sig);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGTSTP, SIGCONT, SIGUSR1, SIGUSR2})
+    sigaddset(&set, sig);
   return set;
 }
+
+// Passed on to the ranks, which go on running, as mpirun does: a batch
+// system's warning before a time limit (Slurm's --signal=B:USR1@90), on which
+// a program saves a checkpoint. Their default action would end the launcher,
+// and with it every rank (SIGKILL), before any could save.
+bool is_forwarded(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
 
 // Ctrl-Z and fg, as mpirun does them: the ranks lead process groups of their
 // own, so the terminal's SIGTSTP reaches only the launcher.
@@ -305,6 +312,12 @@ class Supervisor {
         reap();
       } else if (is_job_control(sig)) {
         if (!stopping_) job_control(sig);
+      } else if (is_forwarded(sig)) {
+        if (stopping_ || alive() == 0) continue;
+        say(fmt::format("received {}; forwarding it to {}", signal_name(sig), ranks_word(alive())));
+        for (const auto& r : ranks_) {
+          if (r.alive) kill(-r.process.child.pid, sig);
+        }
       } else if (alive() == 0 && output_pending()) {
         // Every rank is done; only a stalled reader of our output keeps us.
         abandoned_ = true;
@@ -584,8 +597,9 @@ int wait_unless_signalled(std::chrono::milliseconds delay) {
     while (read(fd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
       const int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGTSTP) raise(SIGSTOP);  // no rank runs between attempts
-      // SIGCHLD: a child of an earlier attempt, or the reaper.
-      if (sig != SIGCHLD && !is_job_control(sig)) received = sig;
+      // SIGCHLD: a child of an earlier attempt, or the reaper. SIGUSR1 and
+      // SIGUSR2 find no rank to pass them to.
+      if (sig != SIGCHLD && !is_job_control(sig) && !is_forwarded(sig)) received = sig;
     }
   }
   close(fd);

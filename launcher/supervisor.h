@@ -2,12 +2,13 @@
 // and stops them all when one fails or the launcher is signalled.
 //
 // One thread, one poll() over a signalfd (SIGCHLD, SIGINT, SIGTERM, SIGHUP,
-// SIGTSTP, SIGCONT), the ranks' output pipes and an optional "another node
-// failed" fd, so the first failure is noticed at once. Stopping: SIGTERM (or
-// the received signal) to every rank's process group, SIGKILL to those still
-// running after the grace period; a second SIGINT/SIGTERM kills at once.
-// SIGTSTP (Ctrl-Z) stops the ranks and then the launcher; SIGCONT (fg)
-// continues them.
+// SIGTSTP, SIGCONT, SIGUSR1, SIGUSR2), the ranks' output pipes and an
+// optional "another node failed" fd, so the first failure is noticed at once.
+// Stopping: SIGTERM (or the received signal) to every rank's process group,
+// SIGKILL to those still running after the grace period; a second
+// SIGINT/SIGTERM kills at once. SIGTSTP (Ctrl-Z) stops the ranks and then the
+// launcher; SIGCONT (fg) continues them. SIGUSR1 and SIGUSR2 are passed on to
+// every rank's process group, and the job runs on.
 #pragma once
 
 #include <chrono>

@@ -159,6 +159,36 @@ TEST_CASE("launcher: SIGTERM to the launcher is forwarded to every rank", "[laun
   check_no_orphans(dir.str(), 3);
 }
 
+TEST_CASE("launcher: SIGUSR1 and SIGUSR2 to the launcher are passed on to every rank, which "
+          "run on",
+          "[launcher]") {
+  // As mpirun does: a batch system's warning before its time limit, on which
+  // the ranks save a checkpoint. Each rank, a shell, says it got the signal
+  // and exits 0 at the second; before, the first ended the launcher and with
+  // it every rank.
+  TempDir dir;
+  const std::string rank = dir.str() + "/rank.sh";
+  std::ofstream(rank) << "#!/bin/sh\n"
+                         "trap 'echo \"rank $RANK got USR1\"; touch \"$0.$RANK.usr1\"' USR1\n"
+                         "trap 'echo \"rank $RANK got USR2\"; exit 0' USR2\n"
+                         "touch \"$0.$RANK.ready\"\n"
+                         "while :; do sleep 0.1; done\n";
+  std::filesystem::permissions(rank, std::filesystem::perms::owner_all);
+  const std::string script = fmt::format(
+      "{0} -np 2 {1} 2>&1 & launcher=$!; "
+      "for i in $(seq 200); do [ -e {1}.0.ready ] && [ -e {1}.1.ready ] && break; sleep 0.1; "
+      "done; kill -USR1 $launcher; "
+      "for i in $(seq 200); do [ -e {1}.0.usr1 ] && [ -e {1}.1.usr1 ] && break; sleep 0.1; done; "
+      "kill -USR2 $launcher; wait $launcher; echo \"launcher exit $?\"",
+      bin_path("lockstep-run"), rank);
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK_THAT(r.output, Contains("received SIGUSR1; forwarding it to 2 ranks") &&
+                           Contains("rank 0 got USR1") && Contains("rank 1 got USR1") &&
+                           Contains("rank 0 got USR2") && Contains("rank 1 got USR2") &&
+                           Contains("launcher exit 0"));
+}
+
 TEST_CASE("launcher: the first outcome wins when another node fails in the same wake-up",
           "[launcher]") {
   // A SIGTERM and another node's failure both ready before the supervisor's
