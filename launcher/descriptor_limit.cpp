@@ -30,13 +30,16 @@ void ensure_descriptor_limit(const Options& options) {
   // The hard limit where it is finite (no later raise is needed), else what the job needs.
   limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? needed : limit.rlim_max;
   if (hard_suffices && setrlimit(RLIMIT_NOFILE, &limit) == 0) return;
+  const bool one = options.nproc_per_node == 1;
   throw UsageError(fmt::format(
-      "{} ranks on this node need about {} open files in the launcher, but its limit is {} "
+      "{} on this node {} about {} open files in the launcher, but its limit is {} "
       "(ulimit -n) and {}: raise the limit (ulimit -Hn, or nofile in "
-      "/etc/security/limits.conf) or start fewer ranks per node",
-      options.nproc_per_node, needed, soft,
+      "/etc/security/limits.conf){}",
+      one ? std::string("1 rank") : fmt::format("{} ranks", options.nproc_per_node),
+      one ? "needs" : "need", needed, soft,
       hard_suffices ? std::string("raising it failed")
-                    : fmt::format("the hard limit is {}", limit.rlim_max)));
+                    : fmt::format("the hard limit is {}", limit.rlim_max),
+      one ? "" : " or start fewer ranks per node"));
 }
 
 }  // namespace lockstep::launcher

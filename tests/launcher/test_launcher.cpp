@@ -583,6 +583,14 @@ TEST_CASE("launcher: too low an open-file limit is raised, or the job refused be
                                  Contains("the hard limit is 100") && Contains("ulimit"));
   CHECK(std::filesystem::is_empty(dir.str()));
 
+  // One rank: said in the singular, and not told to start fewer.
+  const auto one = run_process(
+      {"/bin/sh", "-c", fmt::format("ulimit -n 20 && exec {} -np 1 /bin/true", lr)}, kLimit);
+  INFO(describe(one) << "\n" << one.output);
+  CHECK(one.exit_code == 2);
+  CHECK_THAT(one.output, Contains("1 rank on this node needs about") &&
+                             Contains("the hard limit is 20") && !Contains("fewer ranks"));
+
   // A soft limit below what 8 ranks need is raised to the hard limit, which
   // the ranks inherit.
   rlimit limit{};
