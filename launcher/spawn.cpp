@@ -46,6 +46,23 @@ bool may_be_script(const std::string& program) {
   return text.substr(0, text.find('\n')).find('\0') == std::string_view::npos;
 }
 
+// The interpreter `program`'s "#!" line names, as the kernel reads it: the
+// first word after "#!" in the file's first 256 bytes (BINPRM_BUF_SIZE).
+// nullopt when there is none, or the file cannot be read (execute-only: the
+// kernel may still run it).
+std::optional<std::string> interpreter_of(const std::string& program) {
+  char head[256] = {};
+  const int fd = open(program.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  const ssize_t n = read(fd, head, sizeof head);
+  close(fd);
+  if (n < 2 || head[0] != '#' || head[1] != '!') return std::nullopt;
+  const std::string_view line(head + 2, static_cast<size_t>(n) - 2);
+  const auto start = line.find_first_not_of(" \t");
+  if (start == std::string_view::npos || line[start] == '\n') return std::nullopt;
+  return std::string(line.substr(start, line.find_first_of(" \t\n", start) - start));
+}
+
 // Runs in the forked child: only async-signal-safe calls until execve.
 // `as_script` is {"/bin/sh", program, argv[1:]...}: execvp's fallback for a
 // program the kernel does not know how to run (a script without "#!"), or
@@ -147,18 +164,9 @@ std::string why_not_found(const std::string& name) {
 }
 
 std::optional<std::string> why_interpreter_fails(const std::string& program) {
-  // The kernel reads the "#!" line from the file's first 256 bytes
-  // (BINPRM_BUF_SIZE): the interpreter is the first word after "#!".
-  char head[256] = {};
-  const int fd = open(program.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;  // execute-only: the kernel may still run it
-  const ssize_t n = read(fd, head, sizeof head);
-  close(fd);
-  if (n < 2 || head[0] != '#' || head[1] != '!') return std::nullopt;
-  const std::string_view line(head + 2, static_cast<size_t>(n) - 2);
-  const auto start = line.find_first_not_of(" \t");
-  if (start == std::string_view::npos || line[start] == '\n') return std::nullopt;
-  const std::string interpreter(line.substr(start, line.find_first_of(" \t\n", start) - start));
+  const auto found = interpreter_of(program);
+  if (!found) return std::nullopt;
+  const std::string& interpreter = *found;
   // A file saved with Windows line ends: the kernel looks for "/bin/sh\r".
   const bool windows = interpreter.back() == '\r';
   const std::string shown = windows ? interpreter.substr(0, interpreter.size() - 1) + "\\r"
@@ -190,12 +198,20 @@ SpawnedChild spawn_child(const std::string& program, const std::vector<std::stri
   as_script.insert(as_script.end(), args.begin() + (argv.empty() ? 0 : 1), args.end());
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  const bool script = may_be_script(program);
-  const std::string not_runnable = fmt::format(
-      "lockstep-run: cannot execute {}: Exec format error: it is neither a program for this "
-      "machine (built for another architecture?) nor a script (a text file, or one starting "
-      "with a #! line)\n",
-      program);
+  // A "#!" script the kernel would not run has an interpreter that is not a
+  // program for this machine: /bin/sh must not read it as commands either.
+  const auto interpreter = interpreter_of(program);
+  const bool script = !interpreter && may_be_script(program);
+  const std::string not_runnable =
+      interpreter ? fmt::format("lockstep-run: cannot execute {}: Exec format error: the "
+                                "interpreter on its #! line, '{}', is not a program for this "
+                                "machine (built for another architecture?)\n",
+                                program, *interpreter)
+                  : fmt::format("lockstep-run: cannot execute {}: Exec format error: it is "
+                                "neither a program for this machine (built for another "
+                                "architecture?) nor a script (a text file, or one starting "
+                                "with a #! line)\n",
+                                program);
 
   int out[2] = {-1, -1};
   int err[2] = {-1, -1};

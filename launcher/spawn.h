@@ -53,7 +53,8 @@ inline constexpr int kChildHeartbeatFd = 3;
 // Exec (or binding) failure: the child prints why and exits 127 (no such
 // file) or 126 (it cannot run). A file the kernel does not know how to run
 // runs under /bin/sh, as execvp runs it, unless it reads as binary (a
-// program for another architecture): then "Exec format error", 126.
+// program for another architecture) or has a #! line (its interpreter is
+// such a program): then "Exec format error", 126.
 SpawnedChild spawn_child(const std::string& program, const std::vector<std::string>& argv,
                          const std::vector<std::string>& env, Capture capture,
                          const std::vector<int>& cpus = {}, bool heartbeat = false);

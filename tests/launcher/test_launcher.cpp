@@ -564,6 +564,17 @@ TEST_CASE("launcher: a program for another architecture, or a binary file, is an
     CHECK_THAT(r.output, Contains("cannot execute " + program + ": Exec format error") &&
                              !Contains("ran-as-script"));
   }
+  // A script whose #! interpreter is such a program: the kernel refuses the
+  // script (ENOEXEC) too, and /bin/sh is not its interpreter either.
+  const std::string script = dir.str() + "/foreign-interpreter";
+  std::ofstream(script) << "#!" << elf << "\necho ran-as-script\n";
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  const auto r = run_process({bin_path("lockstep-run"), "-np", "1", script}, kLimit);
+  INFO(r.output);
+  CHECK(r.exit_code == 126);
+  CHECK_THAT(r.output, Contains("cannot execute " + script + ": Exec format error: the "
+                                "interpreter on its #! line, '" + elf + "', is not a program") &&
+                           !Contains("ran-as-script"));
 }
 
 TEST_CASE("launcher: too low an open-file limit is raised, or the job refused before a rank starts",
