@@ -78,6 +78,7 @@ models::GptConfig model_config(const Options& o) {
           .n_head = o.n_head,
           .n_embd = o.n_embd,
           .dropout = o.dropout,
+          .bias = o.bias,
           .checkpoint_blocks = o.checkpoint_blocks};
 }
 
@@ -140,9 +141,11 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Options& o, nn::Module& m
 // What a resume must match (fixed) and what it may change.
 train::RunSettings run_settings(const Options& o, const std::string& data_digest,
                                 const optim::LRScheduler* sched) {
+  // bias=off only when off: runs saved before the option resume as they are.
   return {.fixed = {{"model", fmt::format("gpt n_layer={} n_head={} n_embd={} seq_len={} "
-                                          "dropout={}",
-                                          o.n_layer, o.n_head, o.n_embd, o.seq_len, o.dropout)},
+                                          "dropout={}{}",
+                                          o.n_layer, o.n_head, o.n_embd, o.seq_len, o.dropout,
+                                          o.bias ? "" : " bias=off")},
                     {"batch_size", std::to_string(o.batch_size)},
                     {"optimizer", fmt::format("adamw lr={} min_lr={} weight_decay={}", o.lr,
                                               o.min_lr, o.weight_decay)},
@@ -179,6 +182,7 @@ void take_saved_settings(Options& o, const train::RunSettings& saved) {
   s.take("n_embd", "model", o.n_embd, "n_embd");
   s.take("seq_len", "model", o.seq_len, "seq_len");
   s.take("dropout", "model", o.dropout, "dropout");
+  s.take("bias", "model", o.bias, "bias");
   s.take("batch_size", "batch_size", o.batch_size);
   s.take("lr", "optimizer", o.lr, "lr");
   s.take("min_lr", "optimizer", o.min_lr, "min_lr");
@@ -398,6 +402,9 @@ int main(int argc, char** argv) {
   app.add_option("--n-embd", o.n_embd, "width")->check(cli_checks::positive);
   app.add_option("--seq-len", o.seq_len, "context length in bytes")->check(cli_checks::positive);
   app.add_option("--dropout", o.dropout, "dropout in training")->check(CLI::Range(0.0, 0.99));
+  app.add_flag("--bias,!--no-bias", o.bias,
+               "biases in the Linear and LayerNorm layers (--no-bias: none, as nanoGPT's "
+               "bias=False)");
   app.add_flag("--checkpoint-blocks,!--no-checkpoint-blocks", o.checkpoint_blocks,
                "recompute each block's activations in backward (less memory, more time)");
   app.add_option("--amp", o.amp, "autocast dtype: none, bf16, f16 (with loss scaling)")
@@ -456,7 +463,7 @@ int main(int argc, char** argv) {
   }
   for (const char* name :
        {"clip_grad_norm", "checkpoint_blocks", "log_every", "eval_every", "eval_windows",
-        "checkpoint_every", "n_layer", "n_head", "n_embd", "seq_len", "dropout", "batch_size",
+        "checkpoint_every", "n_layer", "n_head", "n_embd", "seq_len", "dropout", "bias", "batch_size",
         "lr", "min_lr", "weight_decay", "zero", "amp", "steps", "warmup_steps", "data", "seed",
         "keep_last", "threads"}) {
     std::string flag = std::string("--") + name;

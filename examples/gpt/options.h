@@ -16,6 +16,7 @@ struct Options {
   int64_t n_embd = 128;
   int64_t seq_len = 128;
   double dropout = 0.0;
+  bool bias = true;  // biases in the Linear and LayerNorm layers (nanoGPT's bias)
   bool checkpoint_blocks = false;  // recompute each block's activations in backward
   std::string amp = "none";        // none, bf16, f16: autocast's dtype (f16 with loss scaling)
   // Training: AdamW with decay on the matrices only, warmup then cosine.

@@ -613,3 +613,40 @@ TEST_CASE("gpt_train: a resumed run's elapsed time goes on from its checkpoint's
   CHECK(std::stod(saved.at("user.elapsed_s")) >= 5000);
   fs::remove_all(dir);
 }
+
+TEST_CASE("gpt_train --no-bias trains a model without biases, which a resume keeps",
+          "[example][gpt][resume]") {
+  LOCKSTEP_SKIP_IF(fortunes_skip_reason());
+  const std::string dir = scratch("no-bias");
+  const auto args = command(1, {"--steps", "4", "--no-bias", "--eval-every", "100",
+                                "--eval-windows", "2", "--checkpoint-dir", dir,
+                                "--checkpoint-every", "2", "--keep-last", "5"});
+  const GptRun straight = parse(run_process(args, std::chrono::seconds(300)));
+  INFO(straight.result.output);
+  REQUIRE(straight.result.ok());
+  // nanoGPT's bias=False: no Linear or LayerNorm bias in the saved model.
+  const auto file = lockstep::runtime::read_safetensors(
+      (fs::path(dir) / "ckpt-0000000004.safetensors").string());
+  int biases = 0, weights = 0;
+  for (const auto& [name, t] : file.tensors) {
+    if (name.starts_with("model.") && name.ends_with(".bias")) ++biases;
+    if (name.starts_with("model.") && name.ends_with(".weight")) ++weights;
+  }
+  CHECK(biases == 0);
+  CHECK(weights > 0);
+  // A resume that leaves the flag out keeps the run's model; one that asks for
+  // biases is refused, naming both models.
+  REQUIRE(fs::remove(fs::path(dir) / "ckpt-0000000004.safetensors"));
+  const std::vector<std::string> resume = {bin_path("gpt_train"), "--checkpoint-dir", dir,
+                                           "--resume", "--sample-bytes", "0"};
+  const GptRun resumed = parse(run_process(resume, std::chrono::seconds(300)));
+  INFO(resumed.result.output);
+  REQUIRE(resumed.result.ok());
+  CHECK(resumed.digest == straight.digest);
+  auto with_bias = resume;
+  with_bias.push_back("--bias");
+  const auto refused = run_process(with_bias, std::chrono::seconds(300));
+  CHECK_FALSE(refused.ok());
+  CHECK_THAT(refused.output, Catch::Contains("bias=off, now gpt"));
+  fs::remove_all(dir);
+}
