@@ -60,6 +60,16 @@ if(NOT BLAS_FOUND OR NOT TARGET BLAS::BLAS OR NOT LOCKSTEP_CBLAS_INCLUDE_DIR)
   message(FATAL_ERROR "OpenBLAS (library and cblas.h) not found (BLA_VENDOR=${BLA_VENDOR}). "
     "Install it with: apt-get install libopenblas-dev (${LOCKSTEP_SETUP_HINT}).")
 endif()
+# What the library links: lockstep::openblas, which a static lockstep's package
+# finds again by the name and folder of the library found here
+# (cmake/LockstepOpenBLAS.cmake), whatever BLAS the consuming project chose.
+if(NOT TARGET lockstep::openblas)
+  add_library(lockstep::openblas INTERFACE IMPORTED)
+  target_link_libraries(lockstep::openblas INTERFACE BLAS::BLAS)
+endif()
+list(GET BLAS_LIBRARIES 0 _blas_library)
+get_filename_component(LOCKSTEP_OPENBLAS_LIBRARY_NAME "${_blas_library}" NAME)
+get_filename_component(LOCKSTEP_OPENBLAS_LIBRARY_DIR "${_blas_library}" DIRECTORY)
 set(LOCKSTEP_OPENBLAS_VERSION "${LOCKSTEP_PC_OPENBLAS_VERSION}")
 if(NOT LOCKSTEP_OPENBLAS_VERSION AND EXISTS "${LOCKSTEP_CBLAS_INCLUDE_DIR}/openblas_config.h")
   file(STRINGS "${LOCKSTEP_CBLAS_INCLUDE_DIR}/openblas_config.h" _line
