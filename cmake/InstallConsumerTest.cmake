@@ -101,6 +101,35 @@ endif()
 ")
 endif()
 
+# A project that builds fmt of the next major version itself (FetchContent,
+# add_subdirectory: fmt's CMakeLists.txt, here a stand-in, gives its target
+# fmt::fmt a VERSION but sets no fmt_VERSION) before it finds a static
+# lockstep: the package must refuse it, naming that version, rather than
+# configure a program that fails only at the link for want of fmt::v9::...
+if(NOT SHARED AND FMT_VERSION)
+  set(fetched "${WORK_DIR}/fetched-fmt")
+  file(WRITE "${fetched}/fmt/CMakeLists.txt" "project(FMT VERSION ${fmt_major}.0.0 LANGUAGES CXX)
+add_library(fmt INTERFACE)
+set_target_properties(fmt PROPERTIES VERSION \${FMT_VERSION})
+add_library(fmt::fmt ALIAS fmt)
+")
+  file(WRITE "${fetched}/CMakeLists.txt" "cmake_minimum_required(VERSION 3.25)
+project(fetched_fmt LANGUAGES CXX)
+add_subdirectory(fmt)
+find_package(lockstep REQUIRED)
+")
+  message(STATUS "install_consumer: configure a project that builds fmt ${fmt_major} itself")
+  execute_process(COMMAND "${CMAKE_COMMAND}" -S "${fetched}" -B "${fetched}/build"
+      -G "${GENERATOR}" "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" "-DCMAKE_PREFIX_PATH=${prefix}"
+      -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
+    RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
+  if(result EQUAL 0 OR NOT output MATCHES
+     "has fmt ${fmt_major}\\.0\\.0[ \n]+\\(target[ \n]+fmt::fmt")
+    message(FATAL_ERROR "install_consumer: a project that builds fmt ${fmt_major} itself "
+      "was not refused by name at configure time (exit ${result}):\n${output}")
+  endif()
+endif()
+
 run_step("configure the consumer project"
   "${CMAKE_COMMAND}" -E env "CMAKE_PREFIX_PATH=${other_fmt}"
   "${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${consumer_build}" -G "${GENERATOR}"
