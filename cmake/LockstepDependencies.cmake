@@ -41,12 +41,14 @@ else()
   set(LOCKSTEP_HAVE_DEFLATE 0)
 endif()
 
-# OpenBLAS: the library through FindBLAS (target BLAS::BLAS), cblas.h from
-# OpenBLAS's own include folder (pkg-config openblas) so that header and library
-# match, whatever Debian's cblas.h alternative points at.
-if(NOT DEFINED BLA_VENDOR)
-  set(BLA_VENDOR OpenBLAS)
-endif()
+# OpenBLAS: the library through FindBLAS, cblas.h from OpenBLAS's own include
+# folder (pkg-config openblas) so that header and library match, whatever
+# Debian's cblas.h alternative points at. Always OpenBLAS, whatever BLA_VENDOR
+# (or BLAS::BLAS) a project that builds lockstep as a part of itself chose:
+# the library calls OpenBLAS's own functions (openblas_set_num_threads), which
+# no other BLAS has. BLA_VENDOR and BLAS_LIBRARIES are set in this directory's
+# scope only.
+set(BLA_VENDOR OpenBLAS)
 find_package(PkgConfig QUIET)
 if(PkgConfig_FOUND)
   pkg_check_modules(LOCKSTEP_PC_OPENBLAS QUIET openblas)
@@ -56,16 +58,17 @@ find_path(LOCKSTEP_CBLAS_INCLUDE_DIR cblas.h
   HINTS ${LOCKSTEP_PC_OPENBLAS_INCLUDE_DIRS}
   PATH_SUFFIXES openblas x86_64-linux-gnu/openblas-pthread x86_64-linux-gnu/openblas-openmp
                 aarch64-linux-gnu/openblas-pthread)
-if(NOT BLAS_FOUND OR NOT TARGET BLAS::BLAS OR NOT LOCKSTEP_CBLAS_INCLUDE_DIR)
-  message(FATAL_ERROR "OpenBLAS (library and cblas.h) not found (BLA_VENDOR=${BLA_VENDOR}). "
+if(NOT BLAS_FOUND OR NOT LOCKSTEP_CBLAS_INCLUDE_DIR)
+  message(FATAL_ERROR "OpenBLAS (library and cblas.h) not found. "
     "Install it with: apt-get install libopenblas-dev (${LOCKSTEP_SETUP_HINT}).")
 endif()
-# What the library links: lockstep::openblas, which a static lockstep's package
-# finds again by the name and folder of the library found here
-# (cmake/LockstepOpenBLAS.cmake), whatever BLAS the consuming project chose.
+# What the library links: lockstep::openblas, the libraries just found (not
+# BLAS::BLAS, which an enclosing project may have made of another BLAS), and
+# which a static lockstep's package finds again by the name and folder of the
+# library found here (cmake/LockstepOpenBLAS.cmake).
 if(NOT TARGET lockstep::openblas)
   add_library(lockstep::openblas INTERFACE IMPORTED)
-  target_link_libraries(lockstep::openblas INTERFACE BLAS::BLAS)
+  target_link_libraries(lockstep::openblas INTERFACE ${BLAS_LIBRARIES} ${BLAS_LINKER_FLAGS})
 endif()
 list(GET BLAS_LIBRARIES 0 _blas_library)
 get_filename_component(LOCKSTEP_OPENBLAS_LIBRARY_NAME "${_blas_library}" NAME)

@@ -45,6 +45,23 @@ if(NOT run_dir STREQUAL "${build}/lockstep/bin")
   list(APPEND failures "${failure}")
 endif()
 
+# The program links the OpenBLAS lockstep calls into, not the BLAS the project
+# chose for itself (a link command to read only from Ninja).
+if(GENERATOR MATCHES "Ninja")
+  file(STRINGS "${build}/CMakeCache.txt" make_program REGEX "^CMAKE_MAKE_PROGRAM:")
+  string(REGEX REPLACE "^[^=]*=" "" make_program "${make_program}")
+  execute_process(COMMAND "${make_program}" -C "${build}" -t commands lockstep_consumer
+    RESULT_VARIABLE result OUTPUT_VARIABLE commands ERROR_VARIABLE commands)
+  string(REGEX MATCH "[^\n]*-o lockstep_consumer[^\n]*" link_line "${commands}")
+  if(NOT result EQUAL 0 OR NOT link_line)
+    list(APPEND failures "no link command for lockstep_consumer from ninja -t commands:\n"
+      "${commands}")
+  elseif(NOT link_line MATCHES "openblas")
+    list(APPEND failures "lockstep_consumer does not link OpenBLAS, whose own functions "
+      "lockstep calls: ${link_line}")
+  endif()
+endif()
+
 if(failures)
   list(JOIN failures "\n  " text)
   message(FATAL_ERROR "subproject_consumer:\n  ${text}")
