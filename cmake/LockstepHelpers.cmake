@@ -125,6 +125,15 @@ function(lockstep_add_library folder)
   install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/lockstep/${folder}
     FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp" ${excludes})
+  # The same headers, as "lockstep/<folder>/<path>", in the global property
+  # LOCKSTEP_INSTALLED_HEADERS (tests/ compiles each alone).
+  file(GLOB_RECURSE headers RELATIVE ${CMAKE_CURRENT_SOURCE_DIR} CONFIGURE_DEPENDS
+    ${CMAKE_CURRENT_SOURCE_DIR}/*.h ${CMAKE_CURRENT_SOURCE_DIR}/*.hpp)
+  foreach(dir IN ITEMS detail ${arg_EXCLUDE_HEADER_DIRS})
+    list(FILTER headers EXCLUDE REGEX "(^|/)${dir}/")
+  endforeach()
+  list(TRANSFORM headers PREPEND "lockstep/${folder}/")
+  set_property(GLOBAL APPEND PROPERTY LOCKSTEP_INSTALLED_HEADERS ${headers})
 endfunction()
 
 # lockstep_add_program(<name> <source>...)
