@@ -130,6 +130,22 @@ find_package(lockstep REQUIRED)
   endif()
 endif()
 
+# A component that is not one of the parts is refused, naming it and the parts.
+set(unknown "${WORK_DIR}/unknown-component")
+file(WRITE "${unknown}/CMakeLists.txt" "cmake_minimum_required(VERSION 3.25)
+project(unknown_component LANGUAGES CXX)
+find_package(lockstep REQUIRED COMPONENTS nn ddp)
+")
+message(STATUS "install_consumer: configure a project that asks for a component ddp")
+execute_process(COMMAND "${CMAKE_COMMAND}" -S "${unknown}" -B "${unknown}/build"
+    -G "${GENERATOR}" "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" "-DCMAKE_PREFIX_PATH=${prefix}"
+    -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
+  RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
+if(result EQUAL 0 OR NOT output MATCHES "no[ \n]+component[ \n]+'ddp'.*models")
+  message(FATAL_ERROR "install_consumer: a project that asks for a component ddp was not "
+    "refused, naming it and the parts (exit ${result}):\n${output}")
+endif()
+
 run_step("configure the consumer project"
   "${CMAKE_COMMAND}" -E env "CMAKE_PREFIX_PATH=${other_fmt}"
   "${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${consumer_build}" -G "${GENERATOR}"
