@@ -69,8 +69,12 @@ ResNet::ResNet(const std::vector<int64_t>& blocks_per_stage, int64_t num_classes
 }
 
 Tensor ResNet::forward(const Tensor& x) {
-  LOCKSTEP_CHECK(x.dim() == 4 && x.size(1) == 3, "ResNet: expected input [N, 3, H, W], got {}",
-                 runtime::shape_str(x.shape()));
+  // The channels of conv1 as it is now: a stem replaced for other images
+  // (model.conv1 = nn.Conv2d(1, 64, ...) in PyTorch) takes what it was built for.
+  const int64_t channels = conv1->in_channels;
+  LOCKSTEP_CHECK(x.dim() == 4 && x.size(1) == channels,
+                 "ResNet: expected input [N, {}, H, W] (the channels conv1 takes), got {}",
+                 channels, runtime::shape_str(x.shape()));
   Tensor out = runtime::relu((*bn1)((*conv1)(x)));
   for (const auto& layer : layers) out = (*layer)(out);
   out = runtime::adaptive_avg_pool2d(out, {1, 1}).flatten(1);

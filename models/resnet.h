@@ -34,7 +34,9 @@ class BasicBlock : public nn::Module {
   std::shared_ptr<nn::Sequential> downsample;  // null for the identity shortcut
 };
 
-// Input [N, 3, H, W] -> logits [N, num_classes]:
+// Input [N, 3, H, W] -> logits [N, num_classes] (with conv1 replaced, as
+// replace_child("conv1", Conv2d(1, 64, ...)) for grey images, [N, C, H, W] for
+// the C channels conv1 takes):
 //   conv1 (3x3, 64, stride 1, no bias), bn1, relu,
 //   layer1..layer4: blocks_per_stage[i] BasicBlocks of 64/128/256/512
 //   channels, the first block of layers 2-4 with stride 2,

@@ -100,3 +100,19 @@ TEST_CASE("resnet18_cifar loads weights without num_batches_tracked, as PyTorch 
   CHECK_THAT(error_of([&] { net->load_state_dict(old); }),
              Catch::Contains("missing key(s) in state_dict: \"bn1.running_var\"\n"));
 }
+
+TEST_CASE("resnet18_cifar with conv1 replaced for grey images takes [N, 1, H, W]",
+          "[nn][models][resnet]") {
+  // PyTorch's idiom for one-channel images: model.conv1 = nn.Conv2d(1, 64, ...).
+  auto net = models::resnet18_cifar(2);
+  Generator g(3);
+  net->replace_child("conv1",
+                     std::make_shared<Conv2d>(1, 64, 3, Conv2dOptions{.padding = 1, .bias = false},
+                                              g));
+  const Tensor grey = lockstep::runtime::randn({2, 1, 28, 28}, DType::f32, g);
+  CHECK((*net)(grey).shape() == Shape{2, 10});
+  // The message names the channels conv1 takes now.
+  CHECK_THAT(error_of([&] { (*net)(cifar_images(2, 4)); }),
+             Catch::Contains("expected input [N, 1, H, W]") &&
+                 Catch::Contains("got [2, 3, 32, 32]"));
+}
