@@ -23,14 +23,21 @@ bool is_default_dir(const std::string& dir) {
   return canonical_form(dir) == canonical_form(kFashionMnistDir);
 }
 
+// Where torchvision's datasets.FashionMNIST(root) keeps the files under root.
+constexpr const char* kTorchvisionSubdir = "FashionMNIST/raw";
+
 // The path of `base`.gz in dir, or of `base` if only the uncompressed file is
-// there. A missing file gets an error that says what to do.
+// there; failing both, the same in dir/FashionMNIST/raw, so that the root a
+// torchvision user passes (which holds the files there) works too. A missing
+// file gets an error that says what to do.
 std::string find_file(const std::string& dir, const std::string& base) {
   const fs::path gz = fs::path(dir) / (base + ".gz");
   const fs::path plain = fs::path(dir) / base;
   std::error_code ec;
-  if (fs::exists(gz, ec)) return gz.string();
-  if (fs::exists(plain, ec)) return plain.string();
+  for (const fs::path& in : {fs::path(dir), fs::path(dir) / kTorchvisionSubdir}) {
+    if (fs::exists(in / (base + ".gz"), ec)) return (in / (base + ".gz")).string();
+    if (fs::exists(in / base, ec)) return (in / base).string();
+  }
   const std::string hint =
       is_default_dir(dir)
           ? "install the dataset with `apt-get install dataset-fashion-mnist`, or pass "
@@ -39,8 +46,9 @@ std::string find_file(const std::string& dir, const std::string& base) {
             "is " + std::string(kFashionMnistDir);
   if (!fs::is_directory(dir, ec))
     throw Error(fmt::format("Fashion-MNIST: directory {} does not exist; {}", dir, hint));
-  throw Error(fmt::format("Fashion-MNIST: {} not found (nor {}); {}", gz.string(),
-                          plain.string(), hint));
+  throw Error(fmt::format("Fashion-MNIST: {} not found (nor {}, nor either in {}); {}",
+                          gz.string(), plain.string(),
+                          (fs::path(dir) / kTorchvisionSubdir).string(), hint));
 }
 
 }  // namespace

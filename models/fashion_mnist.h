@@ -28,8 +28,10 @@ inline constexpr Normalization kFashionMnistNormalization{.mean = 0.2860f, .std 
 // y i64 [N] with labels in [0, 10). `max_samples` > 0 loads only the first
 // that many samples (all of them where the split holds fewer), reading no
 // further into the files. Each file may also be stored uncompressed (the name
-// without .gz). Errors name the file and the problem; a missing file in the
-// default directory says how to install the package.
+// without .gz). A file not in `dir` is looked for in dir/FashionMNIST/raw,
+// where torchvision's datasets.FashionMNIST(root=dir, download=True) puts it.
+// Errors name the file and the problem; a missing file in the default
+// directory says how to install the package.
 runtime::TensorDataset load_fashion_mnist(const std::string& dir = kFashionMnistDir,
                                  Split split = Split::train,
                                  Normalization norm = kFashionMnistNormalization,

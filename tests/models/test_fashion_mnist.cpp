@@ -54,6 +54,27 @@ TEST_CASE("load_fashion_mnist reads and normalises a split", "[data][fashion_mni
         std::vector<int64_t>{3, 4});
 }
 
+TEST_CASE("load_fashion_mnist reads torchvision's root, which holds the files in "
+          "FashionMNIST/raw",
+          "[data][fashion_mnist]") {
+  TempDir root;
+  std::filesystem::create_directories(root.file("FashionMNIST/raw"));
+  TempDir raw;  // the files, then moved where torchvision's download puts them
+  write_split(raw, "t10k", 2, 255, {7, 1});
+  for (const char* name : {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
+    std::filesystem::rename(raw.file(name), root.file(std::string("FashionMNIST/raw/") + name));
+  CHECK(load_fashion_mnist(root.str(), Split::test).y().to_vector<int64_t>() ==
+        std::vector<int64_t>{7, 1});
+  // Files directly in the directory come first.
+  write_split(root, "t10k", 1, 0, {3});
+  CHECK(load_fashion_mnist(root.str(), Split::test).y().to_vector<int64_t>() ==
+        std::vector<int64_t>{3});
+  // Where neither holds them, the error names both places.
+  CHECK_THAT(error_of([&] { load_fashion_mnist(root.str(), Split::train); }),
+             Contains("train-images-idx3-ubyte.gz not found") &&
+                 Contains(root.file("FashionMNIST/raw")));
+}
+
 TEST_CASE("load_fashion_mnist loads the first max_samples samples", "[data][fashion_mnist]") {
   TempDir dir;
   write_split(dir, "train", 3, 255, {9, 0, 4});
