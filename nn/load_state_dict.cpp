@@ -136,6 +136,24 @@ std::string causal_mask_hint(const StateDict& own, const LoadResult& r) {
       masks.size() == r.unexpected_keys.size() ? ", or load with strict=false" : "");
 }
 
+// For a GPT's position embeddings ("<...>wpe.weight", [block_size, C]) whose
+// shape mismatch is a longer table than the model's: the dict was saved with a
+// larger block_size (GPT-2's 1024), and its first rows are this model's, as
+// nanoGPT's crop_block_size keeps them. `src` and `dst` have the same width.
+std::string position_crop_hint(const std::string& name, const Tensor& src, const Tensor& dst) {
+  const bool wpe = name == "wpe.weight" || name.ends_with(".wpe.weight");
+  if (!wpe || src.dim() != 2 || dst.dim() != 2 || src.size(1) != dst.size(1) ||
+      src.size(0) <= dst.size(0))
+    return "";
+  const int64_t rows = dst.size(0);
+  return fmt::format(
+      "\n  ({} holds position embeddings for {} positions, and this model's block_size is {}: "
+      "to run the model at the shorter context, keep the first {} rows, as nanoGPT's "
+      "crop_block_size does (erase the key and insert dict.at(\"{}\").slice(0, 0, {}) under "
+      "it); for the full context, build the model with block_size {})",
+      name, src.size(0), rows, rows, name, rows, src.size(0));
+}
+
 // Everything load_state_dict checks, against the model's own state_dict
 // `own`: throws its error, or returns what a load would skip.
 LoadResult check_against(const Module& model, const StateDict& own, const StateDict& dict,
@@ -145,7 +163,7 @@ LoadResult check_against(const Module& model, const StateDict& own, const StateD
   std::unordered_set<std::string> optional;
   collect_optional(model, "", optional);
   LoadResult result;
-  std::vector<std::string> mismatches, untied;
+  std::vector<std::string> mismatches, untied, crop_hints;
   size_t transposed = 0;  // mismatches that are the model's 2-D shape reversed
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& [name, dst] = items[i];
@@ -166,6 +184,10 @@ LoadResult check_against(const Module& model, const StateDict& own, const StateD
           runtime::shape_str(dst.shape())));
       transposed += src->defined() && src->dim() == 2 && dst.dim() == 2 &&
                     src->size(0) == dst.size(1) && src->size(1) == dst.size(0);
+      if (src->defined()) {
+        std::string hint = position_crop_hint(name, *src, dst);
+        if (!hint.empty()) crop_hints.push_back(std::move(hint));
+      }
     } else {
       // Two names of one tensor with different values: the dict comes from
       // a model where they are separate, and one of them would be lost.
@@ -204,6 +226,7 @@ LoadResult check_against(const Module& model, const StateDict& own, const StateD
              "out], as Hugging Face's Conv1D (GPT-2) stores them, and this model's Linear "
              "holds [out, in], as torch.nn.Linear and nanoGPT; transpose every such weight, "
              "the square ones too, which no shape check catches)";
+    for (const auto& hint : crop_hints) msg += hint;
     if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()))
       msg += prefix_hint(result) + causal_mask_hint(own, result) +
              "\n  (pass strict=false to load the matching keys and ignore the others)";

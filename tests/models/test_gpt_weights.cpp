@@ -1,7 +1,7 @@
 // GPT weights from other programs: state_dicts laid out as nanoGPT and
 // Hugging Face write them (one or both names of the tied embedding, Conv1D's
-// transposed projections, torch.compile's key prefix, nanoGPT's bias=False and
-// its causal-mask buffers).
+// transposed projections, torch.compile's key prefix, nanoGPT's bias=False, its
+// causal-mask buffers, and position embeddings of a longer context).
 #include <catch2/catch.hpp>
 
 #include "lockstep/models/models.h"
@@ -175,4 +175,35 @@ TEST_CASE("GPT: nanoGPT's causal-mask buffers (attn.bias) are named as such, wit
   // A key that only looks alike gets no such note.
   nano.insert("transformer.h.0.mlp.bias", Tensor::ones({4}));
   CHECK_THAT(lt::error_of([&] { model->load_state_dict(nano); }), !Contains("causal mask"));
+}
+
+TEST_CASE("GPT: position embeddings of a longer block_size get nanoGPT's crop as the hint, "
+          "which then loads",
+          "[nn][gpt][state_dict]") {
+  // GPT-2's weights (block_size 1024) into a model of a shorter context, which
+  // nanoGPT's crop_block_size makes by keeping the first rows of wpe.
+  models::GptConfig longer = tiny();
+  longer.block_size = 7;
+  const auto source = models::gpt(longer, 1);
+  const nn::StateDict saved = source->state_dict();
+  const auto model = models::gpt(tiny(), 2);
+  const std::string err = lt::error_of([&] { model->load_state_dict(saved); });
+  CHECK_THAT(err, Contains("size mismatch for transformer.wpe.weight") &&
+                      Contains("position embeddings for 7 positions, and this model's "
+                               "block_size is 4") &&
+                      Contains("crop_block_size") &&
+                      Contains("dict.at(\"transformer.wpe.weight\").slice(0, 0, 4)") &&
+                      Contains("build the model with block_size 7"));
+
+  // What the hint says to do loads, and the model is the source on its first 4 positions.
+  const Tensor cropped = saved.at("transformer.wpe.weight").slice(0, 0, 4);
+  model->load_state_dict(edited(saved, "", "transformer.wpe.weight", cropped));
+  const Tensor idx = Tensor::from_vector<int64_t>({3, 1, 4, 1}, {1, 4});
+  CHECK(lt::values((*model)(idx)) == lt::values((*source)(idx)));
+
+  // A shorter table than the model's is a plain mismatch: nothing to crop.
+  const auto big = models::gpt(longer, 3);
+  CHECK_THAT(lt::error_of([&] { big->load_state_dict(model->state_dict()); }),
+             Contains("size mismatch for transformer.wpe.weight") &&
+                 !Contains("crop_block_size"));
 }
