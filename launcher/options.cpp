@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "lockstep/config.h"
 #include "lockstep/distributed/launch_env.h"
 
 namespace lockstep::launcher {
@@ -242,6 +243,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                "  lockstep-run --postmortem-from DIR\n",
                "lockstep-run");
   app.set_help_flag("-h,--help", "Print this help and exit");
+  app.set_version_flag("--version", "lockstep-run " LOCKSTEP_VERSION_STRING,
+                       "Print lockstep's version and exit");
   app.add_option("-n,--np", np, "Processes to start on this node (one node: same as "
                  "--nproc-per-node N --nnodes 1); -np also works")
       ->transform(decimal());
@@ -313,6 +316,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
     app.parse(args);
   } catch (const CLI::CallForHelp&) {
     parsed.help = app.help();
+    return parsed;
+  } catch (const CLI::CallForVersion& e) {
+    parsed.help = std::string(e.what()) + "\n";
     return parsed;
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());

@@ -53,7 +53,7 @@ struct Options {
 
 struct ParsedCommandLine {
   Options options;
-  std::string help;  // non-empty: --help was asked for; print it and exit 0
+  std::string help;  // non-empty: --help or --version was asked for; print it and exit 0
 };
 
 // Parses argv (argv[0] is the launcher). `env` resolves `-x VAR` and

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/config.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 #include "support/backend_skip.h"
@@ -419,6 +420,13 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
                           "LOCKSTEP_RESTART_COUNT", "LOCKSTEP_JOB_ID", "LOCKSTEP_FLIGHT_RECORDER",
                           "LOCKSTEP_HEARTBEAT_FD", "LOCKSTEP_HEARTBEAT_MS", "OMP_NUM_THREADS"})
     CHECK_THAT(help.output, Contains(var));
+
+  // As mpirun --version: the version, exit 0, nothing started. Before, it was
+  // refused as an unknown option.
+  const auto version = run_process({lr, "--version"}, kLimit);
+  CHECK(version.exit_code == 0);
+  CHECK(version.output == fmt::format("lockstep-run {}\n", LOCKSTEP_VERSION_STRING));
+  CHECK_THAT(help.output, Contains("--version"));
 }
 
 TEST_CASE("launcher: -x of a variable the launcher sets for each rank is refused, naming it",
