@@ -2,6 +2,9 @@
 // BasicBlocks. Parameter names are torchvision's ("conv1.weight",
 // "layer2.0.downsample.0.weight", "fc.bias"), so a PyTorch twin with the same
 // attribute names (benchmarks/step_bench_torch.py) matches name for name.
+// Each layer starts as PyTorch's default nn.Conv2d / nn.Linear / BatchNorm2d
+// does (kaiming_uniform_ with a = sqrt(5); weight 1, bias 0), not with
+// torchvision's kaiming_normal_(mode="fan_out") for the convolutions.
 #pragma once
 
 #include <memory>
