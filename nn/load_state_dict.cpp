@@ -154,6 +154,25 @@ std::string position_crop_hint(const std::string& name, const Tensor& src, const
       name, src.size(0), rows, rows, name, rows, src.size(0));
 }
 
+// For a GPT's token embeddings ("<...>wte.weight", [vocab_size, C]; the tied
+// lm_head's mismatch says nothing more) of another vocabulary size at the
+// same width: nanoGPT
+// pads GPT-2's 50257 tokens to 50304 (a multiple of 64) when it trains from
+// scratch, so its checkpoints have 50304 rows.
+std::string vocab_size_hint(const std::string& name, const Tensor& src, const Tensor& dst) {
+  const bool embedding = name == "wte.weight" || name.ends_with(".wte.weight");
+  if (!embedding || src.dim() != 2 || dst.dim() != 2 || src.size(1) != dst.size(1) ||
+      src.size(0) == dst.size(0))
+    return "";
+  return fmt::format(
+      "\n  ({} holds {} token embeddings, and this model's vocab_size is {}: build the model "
+      "with vocab_size {}{})",
+      name, src.size(0), dst.size(0), src.size(0),
+      src.size(0) == 50304 ? " (nanoGPT pads GPT-2's 50257 tokens to 50304 when it trains "
+                             "from scratch)"
+                           : "");
+}
+
 // Everything load_state_dict checks, against the model's own state_dict
 // `own`: throws its error, or returns what a load would skip.
 LoadResult check_against(const Module& model, const StateDict& own, const StateDict& dict,
@@ -163,7 +182,7 @@ LoadResult check_against(const Module& model, const StateDict& own, const StateD
   std::unordered_set<std::string> optional;
   collect_optional(model, "", optional);
   LoadResult result;
-  std::vector<std::string> mismatches, untied, crop_hints;
+  std::vector<std::string> mismatches, untied, shape_hints;
   size_t transposed = 0;  // mismatches that are the model's 2-D shape reversed
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& [name, dst] = items[i];
@@ -185,8 +204,10 @@ LoadResult check_against(const Module& model, const StateDict& own, const StateD
       transposed += src->defined() && src->dim() == 2 && dst.dim() == 2 &&
                     src->size(0) == dst.size(1) && src->size(1) == dst.size(0);
       if (src->defined()) {
-        std::string hint = position_crop_hint(name, *src, dst);
-        if (!hint.empty()) crop_hints.push_back(std::move(hint));
+        for (std::string hint : {position_crop_hint(name, *src, dst),
+                                 vocab_size_hint(name, *src, dst)}) {
+          if (!hint.empty()) shape_hints.push_back(std::move(hint));
+        }
       }
     } else {
       // Two names of one tensor with different values: the dict comes from
@@ -226,7 +247,7 @@ LoadResult check_against(const Module& model, const StateDict& own, const StateD
              "out], as Hugging Face's Conv1D (GPT-2) stores them, and this model's Linear "
              "holds [out, in], as torch.nn.Linear and nanoGPT; transpose every such weight, "
              "the square ones too, which no shape check catches)";
-    for (const auto& hint : crop_hints) msg += hint;
+    for (const auto& hint : shape_hints) msg += hint;
     if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()))
       msg += prefix_hint(result) + causal_mask_hint(own, result) +
              "\n  (pass strict=false to load the matching keys and ignore the others)";

@@ -3,6 +3,7 @@
 // transposed projections, torch.compile's key prefix, nanoGPT's bias=False, its
 // causal-mask buffers, and position embeddings of a longer context).
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "lockstep/models/models.h"
 #include "support/test_util.h"
@@ -206,4 +207,22 @@ TEST_CASE("GPT: position embeddings of a longer block_size get nanoGPT's crop as
   CHECK_THAT(lt::error_of([&] { big->load_state_dict(model->state_dict()); }),
              Contains("size mismatch for transformer.wpe.weight") &&
                  !Contains("crop_block_size"));
+}
+
+TEST_CASE("GPT: token embeddings of another vocab_size name the size to build the model with",
+          "[nn][gpt][state_dict]") {
+  // nanoGPT trained from scratch pads GPT-2's 50257 tokens to 50304; here a
+  // tiny vocabulary of 11 tokens against the model's.
+  models::GptConfig padded = tiny();
+  padded.vocab_size = tiny().vocab_size + 3;
+  const nn::StateDict saved = models::gpt(padded, 1)->state_dict();
+  const auto model = models::gpt(tiny(), 2);
+  const std::string err = lt::error_of([&] { model->load_state_dict(saved); });
+  CHECK_THAT(err, Contains("size mismatch for transformer.wte.weight") &&
+                      Contains(fmt::format("holds {} token embeddings, and this model's "
+                                           "vocab_size is {}: build the model with vocab_size {}",
+                                           padded.vocab_size, tiny().vocab_size,
+                                           padded.vocab_size)));
+  // The tied lm_head's mismatch does not repeat the hint.
+  CHECK(err.find("token embeddings") == err.rfind("token embeddings"));
 }
