@@ -467,6 +467,17 @@ void GlooGroup::fail_with(const Call& call, const std::exception& cause, int pee
                                     name_broken_peers(call, what, peer), peer_abort_reason(call)));
 }
 
+// gloo's words for a connection that failed (transport/tcp/pair.cc):
+// "Connection closed by peer", "Read error ...: Connection reset by peer",
+// "Socket closed", "Socket unexpectedly closed", a write's "Broken pipe".
+bool is_connection_error(const std::string& cause) {
+  for (const char* words : {"peer", "Socket", "closed", "Broken pipe", "Read error",
+                            "Write error"}) {
+    if (cause.find(words) != std::string::npos) return true;
+  }
+  return false;
+}
+
 std::string GlooGroup::name_broken_peers(const Call& call, const std::string& cause,
                                          int peer) const {
   std::vector<int> peers;
@@ -479,7 +490,7 @@ std::string GlooGroup::name_broken_peers(const Call& call, const std::string& ca
   // a single peer (a send's or recv's, or the other of two ranks) there is
   // no doubt either way.
   if (peer < 0 && size() == 2) peer = 1 - rank();
-  if (peers.empty() && peer >= 0 && cause.find("peer") != std::string::npos) {
+  if (peers.empty() && peer >= 0 && is_connection_error(cause)) {
     peers.push_back(peer);
   }
   if (peers.empty()) return "";
