@@ -16,6 +16,7 @@
 #include "lockstep/collectives/backend_registry.h"
 #include "lockstep/collectives/backends.h"
 #include "lockstep/collectives/debug_group.h"
+#include "lockstep/collectives/new_group.h"
 #include "lockstep/collectives/node_topology.h"
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda/core/error_context.h"
@@ -290,7 +291,10 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
                              &topology, node_key, info.stall_report,
                              device.is_cuda() ? device.index : -1);
   ProcessGroup* group = holder->group.get();
-  return owned_by_this_process(std::move(holder), group);
+  std::shared_ptr<distributed::Store> store = holder->store;
+  std::shared_ptr<ProcessGroup> owned = owned_by_this_process(std::move(holder), group);
+  remember_group_store(owned, std::move(store));
+  return owned;
 }
 
 std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
@@ -299,9 +303,11 @@ std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
                                                  milliseconds timeout, distributed::DebugLevel debug,
                                                  const std::string& node_key) {
   std::shared_ptr<ProcessGroup> group =
-      make_group(backend, std::move(store), rank, size, name, timeout, debug, nullptr, node_key);
+      make_group(backend, store, rank, size, name, timeout, debug, nullptr, node_key);
   ProcessGroup* raw = group.get();
-  return owned_by_this_process(std::move(group), raw);
+  std::shared_ptr<ProcessGroup> owned = owned_by_this_process(std::move(group), raw);
+  remember_group_store(owned, std::move(store));
+  return owned;
 }
 
 }  // namespace lockstep::collectives

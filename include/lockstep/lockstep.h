@@ -42,6 +42,7 @@
 
 // Process groups.
 #include "lockstep/collectives/init.h"
+#include "lockstep/collectives/new_group.h"
 #include "lockstep/collectives/process_group.h"
 #include "lockstep/collectives/rank_text.h"
 #include "lockstep/collectives/spawn.h"

@@ -1,0 +1,224 @@
+#include "lockstep/collectives/new_group.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "lockstep/collectives/init.h"
+#include "lockstep/collectives/node_topology.h"
+#include "lockstep/distributed/store/prefix_store.h"
+
+namespace lockstep::collectives {
+namespace {
+
+// The store each group from init_process_group() or make_process_group() was
+// made over, and how many new_group() calls it has seen (which names them).
+struct Remembered {
+  std::weak_ptr<ProcessGroup> group;
+  std::weak_ptr<distributed::Store> store;
+  int new_groups = 0;
+};
+
+std::mutex remembered_mutex;
+std::map<const ProcessGroup*, Remembered>& remembered() {
+  static std::map<const ProcessGroup*, Remembered> groups;
+  return groups;
+}
+
+// The parent's store and its next new_group() number (from 1).
+std::pair<std::shared_ptr<distributed::Store>, int> next_of(const ProcessGroup& parent) {
+  std::lock_guard lock(remembered_mutex);
+  auto& groups = remembered();
+  const auto it = groups.find(&parent);
+  if (it == groups.end() || it->second.group.lock().get() != &parent) return {nullptr, 0};
+  return {it->second.store.lock(), ++it->second.new_groups};
+}
+
+// A subgroup: the member group `inner` (its own ranks 0..n-1) seen as the
+// parent's ranks `ranks`. Each collective is handed to inner's front,
+// checked as this group's call with the parent's rank of each of its ranks
+// (ProcessGroup::check_next_as), so errors name the ranks the caller knows.
+class Subgroup final : public ProcessGroup {
+ public:
+  Subgroup(std::shared_ptr<ProcessGroup> inner, std::vector<int> ranks, std::string label)
+      : ProcessGroup(inner->rank(), inner->size(), inner->name(), inner->timeout()),
+        inner_(std::move(inner)),
+        ranks_(std::make_shared<const std::vector<int>>(std::move(ranks))),
+        label_(std::make_shared<const std::string>(std::move(label))) {
+    report_stalls_after(inner_->stall_report_after());
+    wraps(*inner_);
+  }
+
+  std::string backend() const override { return inner_->backend(); }
+  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
+    return inner_->reserve_shared_pool(bytes);
+  }
+
+ protected:
+  void check_device(std::string_view, const Tensor&) const override {}  // the inner front checks
+  void abort_peers(const std::string& reason) override { inner_->abort(reason); }
+
+  std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override {
+    next_is(call);
+    return inner_->allreduce(tensor, {.op = op, .timeout = call.timeout});
+  }
+  std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override {
+    next_is(call);
+    return inner_->broadcast(tensor, {.root = root, .timeout = call.timeout});
+  }
+  std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op, int root) override {
+    next_is(call);
+    return inner_->reduce(tensor, {.op = op, .root = root, .timeout = call.timeout});
+  }
+  std::shared_ptr<Work> run_allgather(Call call, Tensor& output, const Tensor& input) override {
+    next_is(call);
+    return inner_->allgather(output, input, {.timeout = call.timeout});
+  }
+  std::shared_ptr<Work> run_reduce_scatter(Call call, Tensor& output, const Tensor& input,
+                                           ReduceOp op) override {
+    next_is(call);
+    return inner_->reduce_scatter(output, input, {.op = op, .timeout = call.timeout});
+  }
+  std::shared_ptr<Work> run_barrier(Call call) override {
+    next_is(call);
+    return inner_->barrier({.timeout = call.timeout});
+  }
+  // Point to point is not checked as a collective: the inner group names its ranks.
+  std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst, int tag) override {
+    return inner_->send(tensor, dst, {.tag = tag, .timeout = call.timeout});
+  }
+  std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override {
+    return inner_->recv(tensor, src, {.tag = tag, .timeout = call.timeout});
+  }
+
+ private:
+  // The inner group's next collective is checked as `call`, by the parent's ranks.
+  void next_is(Call call) {
+    call.group = label_;
+    call.signature.rank = (*ranks_)[static_cast<size_t>(rank())];
+    check_next_as(*inner_, call, 0, ranks_);
+  }
+
+  std::shared_ptr<ProcessGroup> inner_;
+  std::shared_ptr<const std::vector<int>> ranks_;  // the parent's rank of each of ours
+  std::shared_ptr<const std::string> label_;
+};
+
+std::string list_text(const std::vector<int>& ranks) {
+  return fmt::format("[{}]", fmt::join(ranks, ", "));
+}
+
+std::vector<int> parse_list(const std::string& text) {
+  std::vector<int> ranks;
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t comma = text.find(',', start);
+    const size_t end = comma == std::string::npos ? text.size() : comma;
+    ranks.push_back(std::stoi(text.substr(start, end - start)));
+    start = end + 1;
+  }
+  return ranks;
+}
+
+// Every rank's list through the store, then the same verdict on every rank:
+// the lists differ, or the one list is not a set of the parent's ranks.
+void agree_on_ranks(distributed::Store& store, const ProcessGroup& parent,
+                    const std::vector<int>& ranks, const std::string& name,
+                    std::chrono::milliseconds timeout) {
+  const std::string what =
+      fmt::format("new_group '{}' over group '{}' ({} ranks)", name, parent.name(), parent.size());
+  std::vector<std::string> lists;
+  try {
+    lists = exchange_through_store(store, parent.rank(), parent.size(), name, "new_group-ranks",
+                                   fmt::format("{}", fmt::join(ranks, ",")), "rank list",
+                                   timeout);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}. Every rank of group '{}' must call new_group, members or "
+                            "not, in the same order of new_group calls",
+                            what, e.what(), parent.name()));
+  }
+  if (std::adjacent_find(lists.begin(), lists.end(), std::not_equal_to<>()) != lists.end()) {
+    std::vector<std::pair<std::string, std::vector<int>>> passed;  // list, ranks passing it
+    for (size_t r = 0; r < lists.size(); ++r) {
+      auto it = std::find_if(passed.begin(), passed.end(),
+                             [&](const auto& p) { return p.first == lists[r]; });
+      if (it == passed.end()) it = passed.insert(passed.end(), {lists[r], {}});
+      it->second.push_back(static_cast<int>(r));
+    }
+    std::vector<std::string> parts;
+    for (const auto& [list, who] : passed)
+      parts.push_back(fmt::format("{} passed {}", ranks_text(who), list_text(parse_list(list))));
+    throw Error(fmt::format(
+        "{}: the ranks passed different rank lists: {}. Every rank of group '{}' must call "
+        "new_group with the same ranks, members or not, in the same order of new_group calls",
+        what, fmt::join(parts, "; "), parent.name()));
+  }
+  const std::string every = fmt::format("every rank passed {}", list_text(ranks));
+  LOCKSTEP_CHECK(!ranks.empty(),
+                 "{}: {}, an empty list; pass the ranks (0 to {}) the group holds, all of them "
+                 "for a group over every rank (PyTorch's new_group() with no ranks)",
+                 what, every, parent.size() - 1);
+  for (int r : ranks) {
+    LOCKSTEP_CHECK(r >= 0 && r < parent.size(),
+                   "{}: {}, which holds {}, not a rank of group '{}' (its ranks are 0 to {})",
+                   what, every, r, parent.name(), parent.size() - 1);
+    LOCKSTEP_CHECK(std::count(ranks.begin(), ranks.end(), r) == 1,
+                   "{}: {}, which names rank {} more than once; name each rank once", what,
+                   every, r);
+  }
+}
+
+}  // namespace
+
+void remember_group_store(const std::shared_ptr<ProcessGroup>& group,
+                          std::shared_ptr<distributed::Store> store) {
+  if (group == nullptr || store == nullptr) return;
+  std::lock_guard lock(remembered_mutex);
+  auto& groups = remembered();
+  std::erase_if(groups, [](const auto& entry) { return entry.second.group.expired(); });
+  groups[group.get()] = {.group = group, .store = std::move(store)};
+}
+
+std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> ranks,
+                                        const NewGroupOptions& options) {
+  auto [store, number] = next_of(parent);
+  if (options.store != nullptr) store = options.store;
+  LOCKSTEP_CHECK(store != nullptr,
+                 "new_group over group '{}': no store is known for it (it was not made by "
+                 "init_process_group() or make_process_group()); pass NewGroupOptions::store, "
+                 "the store its ranks met on",
+                 parent.name());
+  LOCKSTEP_CHECK(!options.name.empty() || number > 0,
+                 "new_group over group '{}': it was not made by init_process_group() or "
+                 "make_process_group(), so pass NewGroupOptions::name (the same on every rank)",
+                 parent.name());
+  const std::string name = !options.name.empty()
+                               ? options.name
+                               : fmt::format("{}/new_group{}", parent.name(), number);
+  const std::chrono::milliseconds timeout = options.timeout.value_or(parent.timeout());
+  agree_on_ranks(*store, parent, ranks, name, timeout);
+
+  std::sort(ranks.begin(), ranks.end());
+  const auto mine = std::find(ranks.begin(), ranks.end(), parent.rank());
+  if (mine == ranks.end()) return nullptr;
+  const std::string backend = !options.backend.empty() ? options.backend : parent.backend();
+  auto group_store =
+      std::make_shared<distributed::PrefixStore>(fmt::format("{}/members", name), store);
+  std::shared_ptr<ProcessGroup> inner =
+      make_process_group(backend, group_store, static_cast<int>(mine - ranks.begin()),
+                         static_cast<int>(ranks.size()), name, timeout);
+  inner->report_stalls_after(parent.stall_report_after());
+  std::string label = fmt::format("group '{}' ({}, {} ranks: {} of group '{}')", name,
+                                  inner->backend(), ranks.size(), ranks_text(ranks),
+                                  parent.name());
+  auto group = std::make_shared<Subgroup>(std::move(inner), std::move(ranks), std::move(label));
+  remember_group_store(group, group_store);
+  return group;
+}
+
+}  // namespace lockstep::collectives

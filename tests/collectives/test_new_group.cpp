@@ -1,0 +1,177 @@
+// new_group(): groups over some of a group's ranks, on every CPU backend
+// whose ranks can be threads (shm, and gloo where built in).
+#include <catch2/catch.hpp>
+
+#include "collectives/rank_threads.h"
+#include "lockstep/collectives/new_group.h"
+#include "lockstep/runtime/ops.h"
+#include "support/backend_skip.h"
+
+namespace lt = lockstep::testing;
+using lockstep::collectives::new_group;
+using lockstep::collectives::ProcessGroup;
+using lockstep::runtime::DType;
+using lockstep::runtime::Tensor;
+
+namespace {
+
+// Runs fn(rank, parent) on 4 rank threads over `backend`; each rank's error
+// message, "" where none.
+std::vector<std::string> on_four_ranks(const std::string& backend,
+                                       const std::function<void(int, ProcessGroup&)>& fn) {
+  const auto parents = lt::make_groups(backend, 4, "default");
+  const auto errors = lt::run_ranks(4, [&](int r) { fn(r, *parents[static_cast<size_t>(r)]); });
+  std::vector<std::string> messages;
+  for (const auto& e : errors) messages.push_back(e ? lt::message_of(e) : "");
+  return messages;
+}
+
+std::string joined(const std::vector<std::string>& messages) {
+  std::string out;
+  for (size_t r = 0; r < messages.size(); ++r)
+    if (!messages[r].empty()) out += fmt::format("rank {}: {}\n", r, messages[r]);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("new_group gives members a group of their own ranks and non-members nullptr",
+          "[collectives][new_group]") {
+  for (const std::string& backend : lt::cpu_backends()) {
+    INFO(backend);
+    std::vector<std::string> problems(4);
+    const auto errors = on_four_ranks(backend, [&](int r, ProcessGroup& parent) {
+      // Two disjoint groups, then one over ranks given out of order.
+      auto low = new_group(parent, {0, 1});
+      auto high = new_group(parent, {2, 3});
+      auto odd = new_group(parent, {3, 1});
+      std::string& problem = problems[static_cast<size_t>(r)];
+      if ((low != nullptr) != (r < 2) || (high != nullptr) != (r >= 2) ||
+          (odd != nullptr) != (r % 2 == 1)) {
+        problem = "membership is wrong";
+        return;
+      }
+      ProcessGroup& pair = low ? *low : *high;
+      if (pair.size() != 2 || pair.rank() != r % 2 || pair.backend() != parent.backend()) {
+        problem = fmt::format("pair group: rank {} size {} backend {}", pair.rank(), pair.size(),
+                              pair.backend());
+        return;
+      }
+      // Each pair sums over its own ranks only: 1 + 2 and 3 + 4.
+      Tensor t = Tensor::full({3}, static_cast<double>(r + 1), DType::f32);
+      pair.allreduce(t)->wait();
+      const float want = r < 2 ? 3.0f : 7.0f;
+      if (t.to_vector<float>() != std::vector<float>(3, want))
+        problem = fmt::format("pair allreduce gave {}", t.to_vector<float>()[0]);
+      if (odd) {
+        // Sorted: rank 1 is the odd group's rank 0, and its root.
+        Tensor b = Tensor::full({2}, static_cast<double>(r * 10), DType::f32);
+        odd->broadcast(b, {.root = 0})->wait();
+        if (odd->rank() != r / 2 || b.to_vector<float>() != std::vector<float>(2, 10.0f))
+          problem += fmt::format(" odd group: rank {}, broadcast gave {}", odd->rank(),
+                                 b.to_vector<float>()[0]);
+      }
+      parent.barrier()->wait();
+    });
+    CHECK(joined(errors).empty());
+    CHECK(joined(problems).empty());
+  }
+}
+
+TEST_CASE("new_group with rank lists that differ across ranks fails on every rank",
+          "[collectives][new_group]") {
+  const auto errors = on_four_ranks(lt::kThreadRankBackend, [](int r, ProcessGroup& parent) {
+    new_group(parent, r == 2 ? std::vector<int>{0, 2} : std::vector<int>{0, 1});
+  });
+  for (const std::string& message : errors) {
+    INFO(message);
+    CHECK_THAT(message, Catch::Contains("different rank lists") &&
+                            Catch::Contains("ranks 0, 1 and 3 passed [0, 1]; rank 2 passed "
+                                            "[0, 2]"));
+  }
+}
+
+TEST_CASE("new_group refuses an empty list, a duplicate and a rank outside the group",
+          "[collectives][new_group]") {
+  const std::vector<std::pair<std::vector<int>, std::string>> cases = {
+      {{}, "an empty list"},
+      {{0, 1, 1}, "names rank 1 more than once"},
+      {{0, 4}, "holds 4, not a rank of group 'default' (its ranks are 0 to 3)"},
+      {{-1, 2}, "holds -1, not a rank"}};
+  for (const auto& [ranks, expected] : cases) {
+    const auto errors = on_four_ranks(lt::kThreadRankBackend,
+                                      [&](int, ProcessGroup& parent) { new_group(parent, ranks); });
+    for (const std::string& message : errors) {
+      INFO(message);
+      CHECK_THAT(message, Catch::Contains("new_group 'default/new_group1'") &&
+                              Catch::Contains(expected));
+    }
+  }
+}
+
+TEST_CASE("a subgroup's collective mismatch names the parent's ranks", "[collectives][new_group]") {
+  for (const std::string& backend : lt::cpu_backends()) {
+    INFO(backend);
+    const auto errors = on_four_ranks(backend, [](int r, ProcessGroup& parent) {
+      auto odd = new_group(parent, {1, 3});
+      if (!odd) return;
+      // Ranks 1 and 3 (the group's 0 and 1) all-reduce different counts.
+      Tensor t = Tensor::zeros({r == 1 ? 4 : 8}, DType::f32);
+      odd->allreduce(t)->wait();
+    });
+    CHECK(errors[0].empty());
+    CHECK(errors[2].empty());
+    for (int r : {1, 3}) {
+      const std::string& message = errors[static_cast<size_t>(r)];
+      INFO(message);
+      CHECK_THAT(message, Catch::Contains("ranks 1 and 3 of group 'default'"));
+      CHECK_THAT(message, Catch::Contains("rank 1 called allreduce(f32, 4 elements") ||
+                              Catch::Contains("rank 1 of group 'default/new_group1'"));
+      CHECK_THAT(message, !Catch::Contains("rank 0 called"));
+    }
+  }
+}
+
+TEST_CASE("new_group over init_process_group's group, and over a group from new_group",
+          "[collectives][new_group]") {
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+  std::vector<std::string> problems(4);
+  const auto raised = lt::run_ranks(4, [&](int r) {
+    lockstep::distributed::RankInfo info;
+    info.rank = info.local_rank = r;
+    info.world_size = info.local_world_size = 4;
+    info.backend = lt::kThreadRankBackend;
+    auto world = lockstep::collectives::init_process_group(
+        {.timeout = std::chrono::seconds(60), .rank_info = info, .store = store});
+    auto odd = new_group(*world, {1, 3});
+    // Within {1, 3}: its rank 1 (the job's rank 3) alone.
+    auto last = odd ? new_group(*odd, {1}) : nullptr;
+    std::string& problem = problems[static_cast<size_t>(r)];
+    if ((last != nullptr) != (r == 3)) problem = "membership of the nested group is wrong";
+    if (last) {
+      Tensor t = Tensor::full({2}, 5.0, DType::f32);
+      last->allreduce(t)->wait();
+      if (last->size() != 1 || last->rank() != 0 ||
+          last->name() != "default/new_group1/new_group1" ||
+          t.to_vector<float>() != std::vector<float>(2, 5.0f))
+        problem = fmt::format("nested group: {} rank {} of {}", last->name(), last->rank(),
+                              last->size());
+    }
+  });
+  for (const auto& e : raised) CHECK(lt::message_of(e) == "<no exception>");
+  CHECK(joined(problems).empty());
+}
+
+TEST_CASE("new_group names the ranks that never called it", "[collectives][new_group]") {
+  // Rank 3 never calls new_group: the others fail once the call's timeout
+  // (short here) is out, naming it.
+  const auto errors = on_four_ranks(lt::kThreadRankBackend, [](int r, ProcessGroup& parent) {
+    if (r != 3) new_group(parent, {0, 1}, {.timeout = std::chrono::milliseconds(300)});
+  });
+  CHECK(errors[3].empty());
+  for (int r : {0, 1, 2}) {
+    INFO(errors[static_cast<size_t>(r)]);
+    CHECK_THAT(errors[static_cast<size_t>(r)],
+               Catch::Contains("rank list") && Catch::Contains("rank 3"));
+  }
+}
