@@ -9,9 +9,16 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lockstep/collectives/backend_registry.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/collectives/node_topology.h"
+#include "lockstep/config.h"
 #include "lockstep/distributed/store/prefix_store.h"
+
+#if LOCKSTEP_HAVE_MPI
+#include "lockstep/collectives/mpi/mpi_group.h"
+#include "lockstep/collectives/mpi/mpi_runtime.h"
+#endif
 
 namespace lockstep::collectives {
 namespace {
@@ -173,6 +180,29 @@ void agree_on_ranks(distributed::Store& store, const ProcessGroup& parent,
   }
 }
 
+// new_group()'s group over mpi, on every rank of `parent` (nullptr on
+// non-members): a split of MPI_COMM_WORLD, which needs `parent` to be the
+// whole MPI job (make_mpi_subgroup()).
+std::shared_ptr<ProcessGroup> mpi_subgroup(const ProcessGroup& parent,
+                                           const std::vector<int>& ranks,
+                                           const std::string& name,
+                                           std::chrono::milliseconds timeout) {
+#if LOCKSTEP_HAVE_MPI
+  mpi::ensure_mpi_initialized();
+  LOCKSTEP_CHECK(parent.size() == mpi::world_size() && parent.rank() == mpi::world_rank(),
+                 "new_group '{}' over mpi: group '{}' (rank {} of {}) is not the whole MPI job "
+                 "(MPI_COMM_WORLD rank {} of {}), and an mpi group over some ranks is made "
+                 "from it; make it over the job's group, or pass NewGroupOptions::backend "
+                 "(gloo or shm)",
+                 name, parent.name(), parent.rank(), parent.size(), mpi::world_rank(),
+                 mpi::world_size());
+  return make_mpi_subgroup(ranks, name, timeout);
+#else
+  (void)parent, (void)ranks, (void)name, (void)timeout;
+  return nullptr;  // not reached: require_backend("mpi") refused it
+#endif
+}
+
 }  // namespace
 
 void remember_group_store(const std::shared_ptr<ProcessGroup>& group,
@@ -204,14 +234,18 @@ std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> r
   agree_on_ranks(*store, parent, ranks, name, timeout);
 
   std::sort(ranks.begin(), ranks.end());
+  const std::string backend = !options.backend.empty() ? options.backend : parent.backend();
+  require_backend(backend);
+  // mpi splits the job's communicator, with every process of it.
+  std::shared_ptr<ProcessGroup> inner =
+      backend == "mpi" ? mpi_subgroup(parent, ranks, name, timeout) : nullptr;
   const auto mine = std::find(ranks.begin(), ranks.end(), parent.rank());
   if (mine == ranks.end()) return nullptr;
-  const std::string backend = !options.backend.empty() ? options.backend : parent.backend();
   auto group_store =
       std::make_shared<distributed::PrefixStore>(fmt::format("{}/members", name), store);
-  std::shared_ptr<ProcessGroup> inner =
-      make_process_group(backend, group_store, static_cast<int>(mine - ranks.begin()),
-                         static_cast<int>(ranks.size()), name, timeout);
+  if (inner == nullptr)
+    inner = make_process_group(backend, group_store, static_cast<int>(mine - ranks.begin()),
+                               static_cast<int>(ranks.size()), name, timeout);
   inner->report_stalls_after(parent.stall_report_after());
   std::string label = fmt::format("group '{}' ({}, {} ranks: {} of group '{}')", name,
                                   inner->backend(), ranks.size(), ranks_text(ranks),

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <functional>
@@ -325,6 +326,22 @@ std::shared_ptr<ProcessGroup> make_mpi_group(int rank, int size, const std::stri
   LOCKSTEP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
   LOCKSTEP_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
   return std::make_shared<MpiGroup>(rank, size, name, timeout, comm);
+}
+
+std::shared_ptr<ProcessGroup> make_mpi_subgroup(const std::vector<int>& members,
+                                                const std::string& name,
+                                                std::chrono::milliseconds timeout) {
+  mpi::ensure_mpi_initialized();
+  const int world_rank = mpi::world_rank();
+  const auto mine = std::find(members.begin(), members.end(), world_rank);
+  const bool member = mine != members.end();
+  MPI_Comm comm = MPI_COMM_NULL;
+  LOCKSTEP_MPI_CHECK(
+      MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, world_rank, &comm));
+  if (!member) return nullptr;
+  LOCKSTEP_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  return std::make_shared<MpiGroup>(static_cast<int>(mine - members.begin()),
+                                    static_cast<int>(members.size()), name, timeout, comm);
 }
 
 }  // namespace lockstep::collectives

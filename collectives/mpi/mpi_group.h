@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "lockstep/collectives/process_group.h"
 
@@ -20,5 +21,14 @@ namespace lockstep::collectives {
 // rank must create its groups in the same order.
 std::shared_ptr<ProcessGroup> make_mpi_group(int rank, int size, const std::string& name,
                                              std::chrono::milliseconds timeout);
+
+// The processes whose MPI_COMM_WORLD ranks are `members` (sorted, the same on
+// every process), ranked by their place in it: new_group() over mpi. Splits
+// MPI_COMM_WORLD (MPI_Comm_split is collective): every process of the world
+// calls it, members or not, in the same order among its groups; the others
+// get nullptr.
+std::shared_ptr<ProcessGroup> make_mpi_subgroup(const std::vector<int>& members,
+                                                const std::string& name,
+                                                std::chrono::milliseconds timeout);
 
 }  // namespace lockstep::collectives

@@ -117,3 +117,15 @@ TEST_CASE("mpi backend: a timed-out recv names its peer and tag, not a collectiv
   CHECK(contains(result.output, "mpi_collective_worker rank 1/2: OK ("));
   CHECK(result.exit_code != 0);
 }
+
+TEST_CASE("mpi backend: new_group over the job's odd ranks of 4 reduces among them",
+          "[collectives][mpi][new_group]") {
+  const std::string mpirun = find_mpirun();
+  LOCKSTEP_SKIP_IF(skip_reason(mpirun));
+  const auto result = run_worker(mpirun, 4, {"--new-group-case", "--timeout-ms", "60000"},
+                                 std::chrono::seconds(180));
+  INFO("mpirun: " << describe(result) << "\n" << result.output);
+  CHECK(result.ok());
+  for (int r = 0; r < 4; ++r)
+    CHECK(contains(result.output, fmt::format("rank {}/4: new_group case OK", r)));
+}

@@ -39,7 +39,9 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/collectives/init.h"
 #include "lockstep/collectives/mpi/mpi_group.h"
+#include "lockstep/collectives/new_group.h"
 #include "lockstep/collectives/mpi/mpi_runtime.h"
 #include "lockstep/runtime/tensor.h"
 
@@ -524,6 +526,28 @@ void check_p2p_timeout(lc::ProcessGroup& group) {
   std::fflush(stdout);
 }
 
+// new_group over an mpi group of the whole job: {1, 3} (the job's odd ranks)
+// sums among its members only; the others get nullptr.
+void check_new_group(long timeout_ms) {
+  auto world = lc::init_process_group(
+      {.backend = "mpi", .timeout = std::chrono::milliseconds(timeout_ms)});
+  g_rank = world->rank();
+  g_size = world->size();
+  auto odd = lc::new_group(*world, {1, 3});
+  if ((odd != nullptr) != (g_rank % 2 == 1)) fail("new_group: membership is wrong");
+  if (odd) {
+    if (odd->backend() != "mpi" || odd->size() != 2 || odd->rank() != g_rank / 2)
+      fail(fmt::format("new_group: {} rank {} of {}", odd->backend(), odd->rank(), odd->size()));
+    Tensor t = Tensor::full({4}, static_cast<double>(g_rank), lr::DType::f32);
+    odd->allreduce(t)->wait();
+    if (t.to_vector<float>() != std::vector<float>(4, 4.0f))
+      fail(fmt::format("new_group: allreduce over ranks 1 and 3 gave {}", t.to_vector<float>()[0]));
+  }
+  world->barrier()->wait();
+  fmt::print("mpi_collective_worker rank {}/{}: new_group case OK\n", g_rank, g_size);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -532,6 +556,7 @@ int main(int argc, char** argv) {
   bool p2p_timeout_case = false;
   long timeout_ms = 60000;
   int diverge_at_rank = -1;
+  bool new_group_case = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--die-at-rank" && i + 1 < argc) {
@@ -542,17 +567,23 @@ int main(int argc, char** argv) {
       timeout_case = true;
     } else if (arg == "--p2p-timeout-case") {
       p2p_timeout_case = true;
+    } else if (arg == "--new-group-case") {
+      new_group_case = true;
     } else if (arg == "--diverge-at-rank" && i + 1 < argc) {
       diverge_at_rank = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--die-at-rank R] [--timeout-case] [--p2p-timeout-case] "
-                   "[--timeout-ms T] [--diverge-at-rank R]\n",
+                   "[--timeout-ms T] [--diverge-at-rank R] [--new-group-case]\n",
                    argv[0]);
       return 2;
     }
   }
   try {
+    if (new_group_case) {
+      check_new_group(timeout_ms);
+      return 0;
+    }
     lc::mpi::ensure_mpi_initialized();
     g_rank = lc::mpi::world_rank();
     g_size = lc::mpi::world_size();
