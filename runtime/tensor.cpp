@@ -250,11 +250,29 @@ int64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook fn) {
   return id;
 }
 
+int64_t Tensor::register_hook(GradHook fn) {
+  LOCKSTEP_CHECK(requires_grad(),
+                 "register_hook: cannot register a hook on a tensor that doesn't require "
+                 "gradient; call requires_grad_() on the leaf first, or register the hook on a "
+                 "tensor computed from one that requires grad (outside NoGradGuard)");
+  LOCKSTEP_CHECK(fn != nullptr, "register_hook: the hook is empty");
+  AutogradMeta& meta = autograd_meta(impl());
+  std::lock_guard<std::mutex> lock(meta.grad_mutex);
+  int64_t id = meta.next_hook_id++;
+  if (meta.grad_fn)
+    meta.grad_fn->add_tensor_hook(id, std::move(fn));
+  else
+    meta.grad_hooks.emplace_back(id, std::move(fn));
+  return id;
+}
+
 void Tensor::remove_hook(int64_t id) {
   if (!impl().autograd) return;
   AutogradMeta& meta = *impl().autograd;
   std::lock_guard<std::mutex> lock(meta.grad_mutex);
   std::erase_if(meta.post_accumulate_hooks, [id](const auto& h) { return h.first == id; });
+  std::erase_if(meta.grad_hooks, [id](const auto& h) { return h.first == id; });
+  if (meta.grad_fn) meta.grad_fn->remove_tensor_hook(id);
 }
 
 // ---- printing ----

@@ -24,6 +24,9 @@ struct AutogradMeta;
 class Tensor;
 
 using PostAccumulateGradHook = std::function<void(Tensor&)>;
+// Sees the gradient flowing into a tensor; returns a replacement, or an
+// undefined tensor to keep it.
+using GradHook = std::function<Tensor(const Tensor&)>;
 
 struct TensorImpl {
   TensorImpl(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
@@ -116,7 +119,13 @@ class Tensor {
   // Fires right after this leaf's .grad has been accumulated during backward.
   // Returns an id for remove_hook.
   int64_t register_post_accumulate_grad_hook(PostAccumulateGradHook fn);
-  void remove_hook(int64_t id);
+  // As torch.Tensor.register_hook: fn sees this tensor's gradient each time
+  // backward computes it (summed over its uses), and what it returns (same
+  // shape) replaces it: on a leaf, before it is added into .grad; on a
+  // computed tensor, before it flows further back. Hooks chain in the order
+  // they were registered. Returns an id for remove_hook.
+  int64_t register_hook(GradHook fn);
+  void remove_hook(int64_t id);  // either kind of hook
   uint64_t version() const { return impl().storage->version(); }
 
   std::string str() const;  // shape, dtype, device and (abbreviated) values

@@ -17,6 +17,7 @@
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/backward_callbacks.h"
 #include "lockstep/runtime/autograd/checkpoint.h"
+#include "lockstep/runtime/autograd/grad.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/dtype.h"
 #include "lockstep/runtime/error.h"

@@ -10,6 +10,7 @@
 #include <queue>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/backward_callbacks.h"
@@ -67,6 +68,49 @@ std::unordered_map<Node*, int> count_dependencies(Node* root) {
   return deps;
 }
 
+// The nodes a capturing pass runs: those from which a captured node is
+// reached through at least one edge (a captured node itself runs only when
+// another is below it). Iterative, for graphs of any depth.
+std::unordered_set<Node*> nodes_to_run(Node* root, const GradCapture& capture) {
+  std::unordered_map<Node*, bool> leads;  // done: leads to a captured node
+  std::vector<std::pair<Node*, size_t>> stack{{root, 0}};
+  leads.emplace(root, false);
+  std::unordered_set<Node*> run;
+  while (!stack.empty()) {
+    auto& [node, edge] = stack.back();
+    if (edge < node->next.size()) {
+      Node* next = node->next[edge++].get();
+      if (next && leads.try_emplace(next, false).second) stack.push_back({next, 0});
+      continue;
+    }
+    for (const auto& next : node->next) {
+      if (next && (capture.at.count(next.get()) || run.count(next.get()))) {
+        run.insert(node);
+        break;
+      }
+    }
+    stack.pop_back();
+  }
+  return run;
+}
+
+// One node's step: capture its gradient if asked, skip it if a capturing
+// pass need not run it, else its tensor hooks and then apply().
+struct NodeRunner {
+  GradCapture* capture = nullptr;
+  std::unordered_set<Node*> run;  // with capture only
+
+  std::vector<Tensor> operator()(Node& node, Tensor input) {
+    if (capture) {
+      if (auto it = capture->at.find(&node); it != capture->at.end())
+        for (size_t i : it->second) capture->grads[i] = input;
+      if (!run.count(&node)) return {};
+    }
+    if (node.has_tensor_hooks()) input = node.run_tensor_hooks(std::move(input));
+    return node.apply(input);
+  }
+};
+
 using ReadyQueue = std::priority_queue<Node*, std::vector<Node*>, LaterFirst>;
 
 // A backward pass over a graph with lanes (AutogradLane in node.h): one thread
@@ -74,8 +118,9 @@ using ReadyQueue = std::priority_queue<Node*, std::vector<Node*>, LaterFirst>;
 // node's apply() runs outside it.
 class LanePass {
  public:
-  LanePass(std::unordered_map<Node*, int> deps, bool retain_graph)
-      : deps_(std::move(deps)), remaining_(deps_.size()), retain_graph_(retain_graph) {
+  LanePass(std::unordered_map<Node*, int> deps, bool retain_graph, NodeRunner& runner)
+      : deps_(std::move(deps)), remaining_(deps_.size()), retain_graph_(retain_graph),
+        runner_(runner) {
     for (const auto& entry : deps_) lanes_.try_emplace(entry.first->lane(), entry.first->lane_device());
   }
 
@@ -122,7 +167,8 @@ class LanePass {
         inputs_.erase(node);
         lock.unlock();
         std::vector<Tensor> outputs;
-        if (Tensor input = summed(contributions); input.defined()) outputs = node->apply(input);
+        if (Tensor input = summed(contributions); input.defined())
+          outputs = runner_(*node, std::move(input));
         contributions.clear();
         if (!retain_graph_) node->release_saved();
         lock.lock();
@@ -172,6 +218,7 @@ class LanePass {
   std::map<int, Device> lanes_;
   size_t remaining_;
   bool retain_graph_;
+  NodeRunner& runner_;  // each node runs once: captures go to distinct places
   std::exception_ptr error_;
   std::vector<std::function<void()>> worker_callbacks_;
 };
@@ -197,30 +244,37 @@ void queue_backward_callback(std::function<void()> fn) {
 }
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  std::shared_ptr<Node> root_node = gradient_edge(root);
+  LOCKSTEP_ASSERT(root_node != nullptr);
+  run_graph(root_node, grad, retain_graph, nullptr);
+}
+
+void run_graph(const std::shared_ptr<Node>& root_node, const Tensor& seed, bool retain_graph,
+               GradCapture* capture) {
   // The recomputation runs the function again, and with it this backward: its
   // gradients would be added twice, and the ops the region recorded so far
   // have no activations to give it yet.
   LOCKSTEP_CHECK(!in_checkpoint(),
-                 "backward() was called inside the checkpointed function of a checkpoint "
+                 "{} was called inside the checkpointed function of a checkpoint "
                  "region, which is not supported: backward recomputes the region by running "
-                 "the function again. Call backward() after checkpoint() returns, or do not "
-                 "checkpoint this function.");
+                 "the function again. Call it after checkpoint() returns, or do not "
+                 "checkpoint this function.", capture ? "autograd::grad()" : "backward()");
   // Each op's backward runs at the dtypes its forward ran at, even when
   // backward() is called inside an autocast scope.
   AutocastGuard no_autocast(AutocastState{});
   CallbackFrame frame;
-  std::shared_ptr<Node> root_node = gradient_edge(root);
-  LOCKSTEP_ASSERT(root_node != nullptr);
   std::unordered_map<Node*, int> deps = count_dependencies(root_node.get());
+  NodeRunner runner{capture};
+  if (capture) runner.run = nodes_to_run(root_node.get(), *capture);
   const bool lanes = std::any_of(deps.begin(), deps.end(),
                                  [](const auto& entry) { return entry.first->lane() != 0; });
   if (lanes) {
-    LanePass(std::move(deps), retain_graph).run(root_node.get(), grad);
+    LanePass(std::move(deps), retain_graph, runner).run(root_node.get(), seed);
     frame.run_all();
     return;
   }
   std::unordered_map<Node*, Tensor> buffers;
-  buffers[root_node.get()] = grad;
+  buffers[root_node.get()] = seed;
 
   NoGradGuard no_grad;
   std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
@@ -234,8 +288,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       buffers.erase(it);
     }
     std::vector<Tensor> outputs;
-    if (input.defined()) outputs = node->apply(input);
-    input = Tensor();
+    if (input.defined()) outputs = runner(*node, std::move(input));
     if (!retain_graph) node->release_saved();
     for (size_t i = 0; i < node->next.size(); ++i) {
       Node* next = node->next[i].get();

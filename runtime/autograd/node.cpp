@@ -100,6 +100,50 @@ Node::~Node() {
   }  // each `node` is freed here with no edges left, so its destructor returns at once
 }
 
+namespace {
+std::mutex g_tensor_hooks_mutex;  // guards every node's tensor_hooks_
+}  // namespace
+
+void Node::add_tensor_hook(int64_t id, GradHook fn) {
+  std::lock_guard<std::mutex> lock(g_tensor_hooks_mutex);
+  tensor_hooks_.emplace_back(id, std::move(fn));
+  has_tensor_hooks_.store(true, std::memory_order_release);
+}
+
+void Node::remove_tensor_hook(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_tensor_hooks_mutex);
+  std::erase_if(tensor_hooks_, [id](const auto& h) { return h.first == id; });
+  has_tensor_hooks_.store(!tensor_hooks_.empty(), std::memory_order_release);
+}
+
+Tensor Node::run_tensor_hooks(Tensor grad) {
+  std::vector<std::pair<int64_t, GradHook>> hooks;
+  {
+    // A copy: a hook may register or remove hooks.
+    std::lock_guard<std::mutex> lock(g_tensor_hooks_mutex);
+    hooks = tensor_hooks_;
+  }
+  return run_grad_hooks(hooks, std::move(grad), "the output of " + name());
+}
+
+Tensor run_grad_hooks(const std::vector<std::pair<int64_t, GradHook>>& hooks, Tensor grad,
+                      const std::string& what) {
+  for (const auto& [id, fn] : hooks) {
+    Tensor replaced = fn(grad);
+    if (!replaced.defined()) continue;
+    LOCKSTEP_CHECK(replaced.shape() == grad.shape() && replaced.dtype() == grad.dtype() &&
+                       replaced.device() == grad.device(),
+                   "a hook registered with register_hook on {} (hook id {}) returned a gradient "
+                   "of shape {} ({}, on {}) for one of shape {} ({}, on {}); a hook must return "
+                   "a gradient like the one it got, or an undefined tensor to keep it",
+                   what, id, shape_str(replaced.shape()), dtype_name(replaced.dtype()),
+                   replaced.device().str(), shape_str(grad.shape()), dtype_name(grad.dtype()),
+                   grad.device().str());
+    grad = std::move(replaced);
+  }
+  return grad;
+}
+
 AutogradLane::AutogradLane(int id, Device device)
     : previous_id_(g_lane), previous_device_(g_lane_device) {
   LOCKSTEP_CHECK(id >= 1, "AutogradLane: lane ids start at 1 (0 is the calling thread's), got {}",

@@ -5,10 +5,12 @@
 // leaf), or null when input i needs no gradient.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lockstep/runtime/tensor.h"
@@ -30,6 +32,13 @@ class Node {
   // Frees what apply() needs; a later apply() then fails with a clear error.
   virtual void release_saved() {}
 
+  // The hooks of this node's output tensor (Tensor::register_hook), which the
+  // engine runs on the summed gradient before apply().
+  void add_tensor_hook(int64_t id, GradHook fn);
+  void remove_tensor_hook(int64_t id);
+  bool has_tensor_hooks() const { return has_tensor_hooks_.load(std::memory_order_acquire); }
+  Tensor run_tensor_hooks(Tensor grad);
+
   const std::string& name() const { return name_; }
   uint64_t sequence_nr() const { return sequence_nr_; }
   // The lane recorded with the node (AutogradLane below); 0 by default.
@@ -43,7 +52,15 @@ class Node {
   uint64_t sequence_nr_;  // creation order; the engine runs later nodes first
   int lane_;
   Device lane_device_;
+  std::atomic<bool> has_tensor_hooks_{false};
+  std::vector<std::pair<int64_t, GradHook>> tensor_hooks_;  // guarded by a lock in node.cpp
 };
+
+// Runs `hooks` in order on `grad`, each on the previous one's result; a hook
+// may not change the gradient's shape, dtype or device. `what` names the
+// tensor in the error.
+Tensor run_grad_hooks(const std::vector<std::pair<int64_t, GradHook>>& hooks, Tensor grad,
+                      const std::string& what);
 
 // While alive, the nodes this thread records belong to lane `id` (>= 1) on
 // `device`. A backward pass runs each lane's nodes on a thread of its own

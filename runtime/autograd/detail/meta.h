@@ -26,6 +26,9 @@ struct AutogradMeta {
   std::weak_ptr<Node> grad_accumulator;
   std::mutex grad_accumulator_mutex;
   std::vector<std::pair<int64_t, PostAccumulateGradHook>> post_accumulate_hooks;
+  // A leaf's register_hook hooks, run before accumulation (a computed
+  // tensor's live on its grad_fn node).
+  std::vector<std::pair<int64_t, GradHook>> grad_hooks;
   int64_t next_hook_id = 0;
 };
 

@@ -109,6 +109,32 @@ TEST_CASE("DDP: options that change how, not what: small buckets, bucket views",
   REQUIRE(all_problems(problems).empty());
 }
 
+TEST_CASE("DDP averages the gradients register_hook hooks on its parameters return", "[ddp]") {
+  // As PyTorch: a tensor hook on a parameter runs before accumulation, so the
+  // reducer all-reduces the hooked gradient: twice each, twice the average.
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9);
+  auto expected = reference_grads(global, 1);
+  for (Tensor& g : expected) g = lockstep::runtime::mul(g, Tensor::scalar(2));
+  DdpOptions options;
+  SECTION("own buckets") {}
+  SECTION("gradient_as_bucket_view") { options.gradient_as_bucket_view = true; }
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group, options);
+    for (Tensor p : ddp->module().parameters()) {
+      p.register_hook([](const Tensor& g) { return lockstep::runtime::mul(g, Tensor::scalar(2)); });
+    }
+    lt::loss_of(*ddp, lt::shard(global, r, size)).backward();
+    const auto params = ddp->module().named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], kTol);
+      if (!problem.empty()) return problem;
+    }
+    return "";
+  });
+  REQUIRE(all_problems(problems).empty());
+}
+
 TEST_CASE("DDP over shm: buckets in the group's shared pool give the bits of ordinary ones",
           "[ddp]") {
   const int size = GENERATE(2, 3);
