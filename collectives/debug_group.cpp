@@ -9,25 +9,24 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lockstep/collectives/forwarding_group.h"
+
 namespace lockstep::collectives {
 namespace {
 
 // What a rank that destroyed its group publishes as its next call.
 constexpr std::string_view kDestroyed = "nothing more: it destroyed its group";
 
-class DebugGroup final : public ProcessGroup {
+class DebugGroup final : public ForwardingGroup {
  public:
   DebugGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<distributed::Store> store)
-      : ProcessGroup(inner->rank(), inner->size(), inner->name(), inner->timeout()),
-        inner_(std::move(inner)),
-        store_(std::move(store)) {
+      : ForwardingGroup(std::move(inner)), store_(std::move(store)) {
     LOCKSTEP_CHECK(store_ != nullptr, "desync checker for group '{}': a store is needed",
                    name());
     // Counts this rank's groups of this name, so that a group made again under
     // an old name does not read the previous one's fingerprints.
     const int64_t instance = store_->add(fmt::format("{}/desync/instances/{}", name(), rank()), 1);
     prefix_ = fmt::format("{}/desync/{}/", name(), instance);
-    wraps(*inner_);
   }
 
   // The others' next collective reads this rank's part at once, rather than
@@ -43,51 +42,8 @@ class DebugGroup final : public ProcessGroup {
     }
   }
 
-  std::string backend() const override { return inner_->backend(); }
-
-  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
-    return inner_->reserve_shared_pool(bytes);
-  }
-
-
  protected:
-  void check_device(std::string_view, const Tensor&) const override {}  // the inner front checks
-  void abort_peers(const std::string& reason) override { inner_->abort(reason); }
-
-  std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override {
-    check_same(call);
-    return inner_->allreduce(tensor, {.op = op, .timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override {
-    check_same(call);
-    return inner_->broadcast(tensor, {.root = root, .timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
-                                   int root) override {
-    check_same(call);
-    return inner_->reduce(tensor, {.op = op, .root = root, .timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_allgather(Call call, Tensor& output,
-                                      const Tensor& input) override {
-    check_same(call);
-    return inner_->allgather(output, input, {.timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_reduce_scatter(Call call, Tensor& output, const Tensor& input,
-                                           ReduceOp op) override {
-    check_same(call);
-    return inner_->reduce_scatter(output, input, {.op = op, .timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_barrier(Call call) override {
-    check_same(call);
-    return inner_->barrier({.timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst,
-                                 int tag) override {
-    return inner_->send(tensor, dst, {.tag = tag, .timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override {
-    return inner_->recv(tensor, src, {.tag = tag, .timeout = call.timeout});
-  }
+  void before_collective(const Call& call) override { check_same(call); }
 
  private:
   std::string key(uint64_t seq, int rank) const { return fmt::format("{}{}/{}", prefix_, seq, rank); }
@@ -97,7 +53,6 @@ class DebugGroup final : public ProcessGroup {
   [[noreturn]] void throw_missing(uint64_t seq, const std::string& fingerprint,
                                   std::chrono::milliseconds timeout);
 
-  std::shared_ptr<ProcessGroup> inner_;
   std::shared_ptr<distributed::Store> store_;
   std::string prefix_;
   uint64_t last_seq_ = 0;  // the last collective checked

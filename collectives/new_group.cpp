@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "lockstep/collectives/backend_registry.h"
+#include "lockstep/collectives/forwarding_group.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/collectives/node_topology.h"
 #include "lockstep/config.h"
@@ -50,68 +51,26 @@ std::pair<std::shared_ptr<distributed::Store>, int> next_of(const ProcessGroup& 
 // parent's ranks `ranks`. Each collective is handed to inner's front,
 // checked as this group's call with the parent's rank of each of its ranks
 // (ProcessGroup::check_next_as), so errors name the ranks the caller knows.
-class Subgroup final : public ProcessGroup {
+class Subgroup final : public ForwardingGroup {
  public:
   Subgroup(std::shared_ptr<ProcessGroup> inner, std::vector<int> ranks, std::string label)
-      : ProcessGroup(inner->rank(), inner->size(), inner->name(), inner->timeout()),
-        inner_(std::move(inner)),
+      : ForwardingGroup(std::move(inner)),
         ranks_(std::make_shared<const std::vector<int>>(std::move(ranks))),
         label_(std::make_shared<const std::string>(std::move(label))) {
-    report_stalls_after(inner_->stall_report_after());
-    wraps(*inner_);
-  }
-
-  std::string backend() const override { return inner_->backend(); }
-  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
-    return inner_->reserve_shared_pool(bytes);
+    report_stalls_after(this->inner().stall_report_after());
   }
 
  protected:
-  void check_device(std::string_view, const Tensor&) const override {}  // the inner front checks
-  void abort_peers(const std::string& reason) override { inner_->abort(reason); }
-
-  std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override {
-    next_is(call);
-    return inner_->allreduce(tensor, {.op = op, .timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override {
-    next_is(call);
-    return inner_->broadcast(tensor, {.root = root, .timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op, int root) override {
-    next_is(call);
-    return inner_->reduce(tensor, {.op = op, .root = root, .timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_allgather(Call call, Tensor& output, const Tensor& input) override {
-    next_is(call);
-    return inner_->allgather(output, input, {.timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_reduce_scatter(Call call, Tensor& output, const Tensor& input,
-                                           ReduceOp op) override {
-    next_is(call);
-    return inner_->reduce_scatter(output, input, {.op = op, .timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_barrier(Call call) override {
-    next_is(call);
-    return inner_->barrier({.timeout = call.timeout});
-  }
-  // Point to point is not checked as a collective: the inner group names its ranks.
-  std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst, int tag) override {
-    return inner_->send(tensor, dst, {.tag = tag, .timeout = call.timeout});
-  }
-  std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) override {
-    return inner_->recv(tensor, src, {.tag = tag, .timeout = call.timeout});
-  }
+  void before_collective(const Call& call) override { next_is(call); }
 
  private:
   // The inner group's next collective is checked as `call`, by the parent's ranks.
   void next_is(Call call) {
     call.group = label_;
     call.signature.rank = (*ranks_)[static_cast<size_t>(rank())];
-    check_next_as(*inner_, call, 0, ranks_);
+    check_next_as(inner(), call, 0, ranks_);
   }
 
-  std::shared_ptr<ProcessGroup> inner_;
   std::shared_ptr<const std::vector<int>> ranks_;  // the parent's rank of each of ours
   std::shared_ptr<const std::string> label_;
 };
