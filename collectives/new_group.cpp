@@ -202,14 +202,23 @@ std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> r
   if (mine == ranks.end()) return nullptr;
   auto group_store =
       std::make_shared<distributed::PrefixStore>(fmt::format("{}/members", name), store);
+  // The backend's own group, which checks each call: the Subgroup maps its
+  // calls onto it (check_next_as), and device staging, where the build has
+  // it, goes around the Subgroup. Inside it, the staging group's own calls
+  // would be the ones mapped, and the backend's would name the subgroup's
+  // ranks.
   if (inner == nullptr)
-    inner = make_process_group(backend, group_store, static_cast<int>(mine - ranks.begin()),
-                               static_cast<int>(ranks.size()), name, timeout);
+    inner = make_backend_group(backend, {.store = group_store,
+                                         .rank = static_cast<int>(mine - ranks.begin()),
+                                         .size = static_cast<int>(ranks.size()),
+                                         .name = name,
+                                         .timeout = timeout});
   inner->report_stalls_after(parent.stall_report_after());
   std::string label = fmt::format("group '{}' ({}, {} ranks: {} of group '{}')", name,
                                   inner->backend(), ranks.size(), ranks_text(ranks),
                                   parent.name());
-  auto group = std::make_shared<Subgroup>(std::move(inner), std::move(ranks), std::move(label));
+  std::shared_ptr<ProcessGroup> group = with_device_staging(
+      std::make_shared<Subgroup>(std::move(inner), std::move(ranks), std::move(label)), backend);
   remember_group_store(group, group_store);
   return group;
 }
