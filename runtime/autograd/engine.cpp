@@ -100,6 +100,10 @@ struct NodeRunner {
   GradCapture* capture = nullptr;
   std::unordered_set<Node*> run;  // with capture only
 
+  // Whether the pass runs this node; only a node that ran frees its saved
+  // tensors, so another backward can still go through the ones it skipped.
+  bool runs(Node& node) const { return !capture || run.count(&node); }
+
   std::vector<Tensor> operator()(Node& node, Tensor input) {
     if (capture) {
       if (auto it = capture->at.find(&node); it != capture->at.end())
@@ -170,7 +174,7 @@ class LanePass {
         if (Tensor input = summed(contributions); input.defined())
           outputs = runner_(*node, std::move(input));
         contributions.clear();
-        if (!retain_graph_) node->release_saved();
+        if (!retain_graph_ && runner_.runs(*node)) node->release_saved();
         lock.lock();
         for (size_t i = 0; i < node->next.size(); ++i) {
           Node* next = node->next[i].get();
@@ -289,7 +293,7 @@ void run_graph(const std::shared_ptr<Node>& root_node, const Tensor& seed, bool 
     }
     std::vector<Tensor> outputs;
     if (input.defined()) outputs = runner(*node, std::move(input));
-    if (!retain_graph) node->release_saved();
+    if (!retain_graph && runner.runs(*node)) node->release_saved();
     for (size_t i = 0; i < node->next.size(); ++i) {
       Node* next = node->next[i].get();
       if (!next) continue;

@@ -143,3 +143,16 @@ TEST_CASE("autograd::grad frees the graph unless retain_graph, as backward", "[a
   check_close(autograd::grad({y}, {x})[0], {2, 4});
   CHECK_THAT(error_of([&] { autograd::grad({y}, {x}); }), Contains("second time"));
 }
+
+TEST_CASE("autograd::grad frees only the nodes it ran: backward through the rest still works",
+          "[autograd]") {
+  // PyTorch frees the saved tensors of the nodes a grad() pass executes; the
+  // nodes below its inputs stay usable for another output's backward.
+  Tensor x = vec({1, 2}).requires_grad_();
+  Tensor y = mul(x, x);
+  Tensor z1 = sum(mul(y, y));
+  Tensor z2 = sum(mul(y, y));
+  check_close(autograd::grad({z1}, {y})[0], {2, 8});  // 2y
+  z2.backward();
+  check_close(x.grad(), {4, 32});  // 4x^3
+}
