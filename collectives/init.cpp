@@ -17,6 +17,7 @@
 #include "lockstep/collectives/backends.h"
 #include "lockstep/collectives/debug_group.h"
 #include "lockstep/collectives/new_group.h"
+#include "lockstep/collectives/owned_by_process.h"
 #include "lockstep/collectives/node_topology.h"
 #include "lockstep/config.h"
 #include "lockstep/runtime/cuda/core/error_context.h"
@@ -203,21 +204,6 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
     group = make_debug_group(std::move(group), std::move(store));
   }
   return group;
-}
-
-// `group`, kept alive by `owner`, which only the process that made it
-// destroys. A child forked from that process (ending with exit(), a group held
-// globally) has none of the group's threads and shares its sockets, memory
-// and store server with the parent: destroying it there waited without end
-// on threads that are not there, or crashed, and could tell the parent's
-// peers that this rank had left. The child leaves it to its own end.
-template <class Owner>
-std::shared_ptr<ProcessGroup> owned_by_this_process(std::shared_ptr<Owner> owner,
-                                                    ProcessGroup* group) {
-  auto* kept = new std::shared_ptr<Owner>(std::move(owner));
-  return std::shared_ptr<ProcessGroup>(group, [kept, maker = ::getpid()](ProcessGroup*) {
-    if (::getpid() == maker) delete kept;
-  });
 }
 
 }  // namespace

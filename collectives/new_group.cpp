@@ -13,6 +13,7 @@
 #include "lockstep/collectives/forwarding_group.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/collectives/node_topology.h"
+#include "lockstep/collectives/owned_by_process.h"
 #include "lockstep/config.h"
 #include "lockstep/distributed/store/prefix_store.h"
 
@@ -219,8 +220,10 @@ std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> r
                                   parent.name());
   std::shared_ptr<ProcessGroup> group = with_device_staging(
       std::make_shared<Subgroup>(std::move(inner), std::move(ranks), std::move(label)), backend);
-  remember_group_store(group, group_store);
-  return group;
+  ProcessGroup* raw = group.get();
+  std::shared_ptr<ProcessGroup> owned = owned_by_this_process(std::move(group), raw);
+  remember_group_store(owned, group_store);
+  return owned;
 }
 
 }  // namespace lockstep::collectives

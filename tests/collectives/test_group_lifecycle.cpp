@@ -14,6 +14,7 @@
 
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/backends.h"
+#include "lockstep/collectives/new_group.h"
 #include "lockstep/collectives/work.h"
 #include "support/backend_skip.h"
 #include "support/test_util.h"
@@ -295,16 +296,9 @@ TEST_CASE("every CPU backend: a rank that drops its group makes the others' next
   CHECK_THAT(error, Contains("allreduce #2") && Contains("rank 1"));
 }
 
-TEST_CASE("every CPU backend: a forked child that drops the groups it inherited ends, and "
-          "leaves them to its parent",
-          "[collectives][lifecycle]") {
-  // A child forked after init (a worker, a helper process) that ends with
-  // exit() destroys a group held globally. It has none of the group's
-  // threads: its destructor used to wait for them without end, and the
-  // parent for the child.
-  const std::string backend = GENERATE(from_range(cpu_backends()));
-  INFO(backend);
-  auto groups = lt::make_groups(backend, 2, "forked", 15s);
+// Forks a child that drops `groups` and ends with _exit(); true when the
+// child ended within 5 s (else it is killed).
+bool forked_child_dropping_ends(std::vector<std::shared_ptr<lc::ProcessGroup>>& groups) {
   const pid_t child = ::fork();
   if (child == 0) {
     groups.clear();
@@ -321,16 +315,54 @@ TEST_CASE("every CPU backend: a forked child that drops the groups it inherited 
     ::kill(child, SIGKILL);
     ::waitpid(child, &status, 0);
   }
-  CHECK(ended);
-  // The parent's ranks go on as if nothing happened.
-  std::vector<std::string> errors(2);
-  lt::run_ranks(2, [&](int r) {
+  return ended;
+}
+
+// Each rank's error from an allreduce of ones over `groups`, with " wrong
+// sum" appended where the sum is not the group's size.
+std::vector<std::string> allreduce_errors(
+    const std::vector<std::shared_ptr<lc::ProcessGroup>>& groups) {
+  std::vector<std::string> errors(groups.size());
+  lt::run_ranks(static_cast<int>(groups.size()), [&](int r) {
     Tensor t = Tensor::ones({4});
     errors[static_cast<size_t>(r)] =
         lt::error_of([&] { groups[static_cast<size_t>(r)]->allreduce(t)->wait(); });
-    if (t.data_ptr<float>()[0] != 2.0f) errors[static_cast<size_t>(r)] += " wrong sum";
+    if (t.data_ptr<float>()[0] != static_cast<float>(groups.size()))
+      errors[static_cast<size_t>(r)] += " wrong sum";
   });
-  CHECK(errors == std::vector<std::string>(2, "<no exception>"));
+  return errors;
+}
+
+TEST_CASE("every CPU backend: a forked child that drops the groups it inherited ends, and "
+          "leaves them to its parent",
+          "[collectives][lifecycle]") {
+  // A child forked after init (a worker, a helper process) that ends with
+  // exit() destroys a group held globally. It has none of the group's
+  // threads: its destructor used to wait for them without end, and the
+  // parent for the child.
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  auto groups = lt::make_groups(backend, 2, "forked", 15s);
+  CHECK(forked_child_dropping_ends(groups));
+  // The parent's ranks go on as if nothing happened.
+  CHECK(allreduce_errors(groups) == std::vector<std::string>(2, "<no exception>"));
+}
+
+TEST_CASE("every CPU backend: a forked child that drops the subgroups it inherited ends, and "
+          "leaves them to its parent",
+          "[collectives][lifecycle]") {
+  // new_group()'s groups have threads of their own, as init's do.
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  auto parents = lt::make_groups(backend, 2, "forked-parent", 15s);
+  std::vector<std::shared_ptr<lc::ProcessGroup>> groups(2);
+  lt::run_ranks(2, [&](int r) {
+    groups[static_cast<size_t>(r)] = lc::new_group(*parents[static_cast<size_t>(r)], {0, 1});
+  });
+  REQUIRE(groups[0] != nullptr);
+  REQUIRE(groups[1] != nullptr);
+  CHECK(forked_child_dropping_ends(groups));
+  CHECK(allreduce_errors(groups) == std::vector<std::string>(2, "<no exception>"));
 }
 
 TEST_CASE("every CPU backend: a send or recv whose peer's connection breaks names that peer, in "
