@@ -130,13 +130,22 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(Tensor& output, const Tensor&
   check_tensor("reduce_scatter", output);
   check_sizes("reduce_scatter", "input", input, "output", output);
   check_op("reduce_scatter", name_, output.dtype(), opts.op);
+  // An output that is this rank's chunk of the input is reduced in place;
+  // one that overlaps the input elsewhere would be written while the input
+  // is still being read (shm summed values it had just overwritten; MPI and
+  // NCCL forbid such buffers), so the input is read from a copy made here.
+  const auto* own_chunk = static_cast<const char*>(input.raw_data()) +
+                          rank_ * output.numel() * output.element_size();
+  const Tensor read = overlaps(output, input) && output.raw_data() != own_chunk
+                          ? input.detach().clone()  // no autograd graph records the copy
+                          : input;
   const CallSignature signature{.kind = CollectiveKind::reduce_scatter,
                                 .dtype = output.dtype(),
                                 .count = output.numel(),
                                 .op = opts.op};
   count_write(output);
   return issue(signature, "reduce_scatter", &output, "", opts.timeout, [&](Call&& call) {
-    return run_reduce_scatter(std::move(call), output, input, opts.op);
+    return run_reduce_scatter(std::move(call), output, read, opts.op);
   });
 }
 
