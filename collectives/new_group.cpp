@@ -57,9 +57,7 @@ class Subgroup final : public ForwardingGroup {
   Subgroup(std::shared_ptr<ProcessGroup> inner, std::vector<int> ranks, std::string label)
       : ForwardingGroup(std::move(inner)),
         ranks_(std::make_shared<const std::vector<int>>(std::move(ranks))),
-        label_(std::make_shared<const std::string>(std::move(label))) {
-    report_stalls_after(this->inner().stall_report_after());
-  }
+        label_(std::make_shared<const std::string>(std::move(label))) {}
 
  protected:
   void before_collective(const Call& call) override { next_is(call); }

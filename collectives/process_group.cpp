@@ -176,6 +176,15 @@ bool ProcessGroup::is_unusable() const {
   return abort_->is_set() || (inner_ != nullptr && inner_->is_unusable());
 }
 
+void ProcessGroup::report_stalls_after(std::chrono::milliseconds after) {
+  if (inner_ != nullptr) return inner_->report_stalls_after(after);
+  stall_report_ = after;
+}
+
+std::chrono::milliseconds ProcessGroup::stall_report_after() const {
+  return inner_ != nullptr ? inner_->stall_report_after() : stall_report_;
+}
+
 std::string ProcessGroup::unusable_reason() const {
   std::string reason = abort_->reason();
   if (reason.empty() && inner_ != nullptr) reason = inner_->unusable_reason();
@@ -205,7 +214,7 @@ Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const
   Call call;
   call.timeout = std::min(timeout.value_or(timeout_), kLongestTimeout);
   call.deadline = Work::Clock::now() + call.timeout;
-  call.stall_report = stall_report_;
+  call.stall_report = stall_report_after();
   if (label_ == nullptr) {
     label_ = std::make_shared<const std::string>(
         fmt::format("group '{}' ({}, {} ranks)", name_, backend(), size_));

@@ -107,9 +107,10 @@ class ProcessGroup {
   // A collective that waits this long for other ranks prints one line to
   // standard error saying what it waits for and on whom (the default, 1
   // minute, is LOCKSTEP_STALL_REPORT_S's under init_process_group()); the
-  // wait itself goes on until the timeout. Where the backend can tell.
-  void report_stalls_after(std::chrono::milliseconds after) { stall_report_ = after; }
-  std::chrono::milliseconds stall_report_after() const { return stall_report_; }
+  // wait itself goes on until the timeout. Where the backend can tell. A
+  // wrapper (wraps()) reads and sets its inner group's, which does the waiting.
+  void report_stalls_after(std::chrono::milliseconds after);
+  std::chrono::milliseconds stall_report_after() const;
 
  protected:
   ProcessGroup(int rank, int size, std::string name, std::chrono::milliseconds timeout);
@@ -173,8 +174,9 @@ class ProcessGroup {
   // A group that hands every call to `inner`'s public calls (a wrapper:
   // LOCKSTEP_DEBUG's checker, CUDA staging) leaves the flight recorder to
   // it, so each call is recorded once, and is unusable once `inner` is (a
-  // timeout inside it aborts it, not the wrapper). `inner` outlives this.
-  void wraps(const ProcessGroup& inner) {
+  // timeout inside it aborts it, not the wrapper), and shares its stall
+  // report interval. `inner` outlives this.
+  void wraps(ProcessGroup& inner) {
     recorded_ = false;
     inner_ = &inner;
   }
@@ -212,7 +214,7 @@ class ProcessGroup {
   std::mutex issue_mutex_;  // held from numbering a call to handing it to the backend
   uint64_t seq_ = 0;        // collectives numbered so far
   bool recorded_ = true;    // see wraps()
-  const ProcessGroup* inner_ = nullptr;  // see wraps()
+  ProcessGroup* inner_ = nullptr;  // see wraps()
   // "group 'default' (shm, 4 ranks)", made at the first call.
   std::shared_ptr<const std::string> label_;
   // check_next_as's, consumed by the next collective.

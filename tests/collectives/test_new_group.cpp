@@ -175,3 +175,34 @@ TEST_CASE("new_group names the ranks that never called it", "[collectives][new_g
                Catch::Contains("rank list") && Catch::Contains("rank 3"));
   }
 }
+
+TEST_CASE("the stall report interval holds through wrapper groups and into new_group",
+          "[collectives][new_group]") {
+  // LOCKSTEP_DEBUG=detail (and CUDA staging, in a build with CUDA) wraps the
+  // backend's group: the interval is the backend's, which does the waiting.
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+  std::vector<std::string> problems(2);
+  const auto raised = lt::run_ranks(2, [&](int r) {
+    lockstep::distributed::RankInfo info;
+    info.rank = info.local_rank = r;
+    info.world_size = info.local_world_size = 2;
+    info.backend = lt::kThreadRankBackend;
+    info.debug = lockstep::distributed::DebugLevel::Detail;
+    info.stall_report = std::chrono::seconds(7);
+    auto world = lockstep::collectives::init_process_group(
+        {.timeout = std::chrono::seconds(60), .rank_info = info, .store = store});
+    std::string& problem = problems[static_cast<size_t>(r)];
+    auto both = new_group(*world, {0, 1});
+    if (world->stall_report_after() != std::chrono::seconds(7) ||
+        both->stall_report_after() != std::chrono::seconds(7))
+      problem = fmt::format("intervals {} and {} ms, not 7 s", world->stall_report_after().count(),
+                            both->stall_report_after().count());
+    world->report_stalls_after(std::chrono::seconds(3));
+    auto later = new_group(*world, {0, 1});
+    if (later->stall_report_after() != std::chrono::seconds(3))
+      problem += fmt::format(" set on the group, a later new_group has {} ms",
+                             later->stall_report_after().count());
+  });
+  for (const auto& e : raised) CHECK(lt::message_of(e) == "<no exception>");
+  CHECK(joined(problems).empty());
+}
