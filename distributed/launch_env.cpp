@@ -58,13 +58,19 @@ bool is_slurm_task(const EnvLookup& env) {
 
 // srun --mpi=pmi2 gives each task of its step PMI_RANK and PMI_SIZE, with
 // PMI_JOBID "<job>.<step>". Those tasks are Slurm's, whose own variables
-// also say how many share a node and where task 0 is. An mpiexec inside an
-// allocation sets PMI_* for ranks whose SLURM_* are those of its proxies.
+// also say how many share a node and where task 0 is. An mpiexec (hydra)
+// inside an allocation sets PMI_RANK and PMI_SIZE for its ranks but leaves
+// PMI_JOBID and SLURM_* as the task it runs in had them (a shell from
+// srun --pty, or its proxies' step): there PMI's rank or size differs from
+// Slurm's, and the ranks are PMI's.
 bool slurm_serves_pmi(const EnvLookup& env) {
   const auto pmi_job = env("PMI_JOBID");
   const auto job = env("SLURM_JOB_ID") ? env("SLURM_JOB_ID") : env("SLURM_JOBID");
   const auto step = env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : env("SLURM_STEPID");
-  return is_slurm_task(env) && pmi_job && job && step && *pmi_job == *job + "." + *step;
+  const auto tasks = env("SLURM_STEP_NUM_TASKS") ? env("SLURM_STEP_NUM_TASKS")
+                                                 : env("SLURM_NTASKS");
+  return is_slurm_task(env) && pmi_job && job && step && *pmi_job == *job + "." + *step &&
+         env("PMI_RANK") == env("SLURM_PROCID") && env("PMI_SIZE") == tasks;
 }
 
 // Whether `source` launched this process: its rank variable is set, or with

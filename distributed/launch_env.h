@@ -16,8 +16,10 @@
 //   MPICH / PMI    PMI_RANK, PMI_SIZE (local rank and size: Cray's PMI's
 //                  PMI_LOCAL_RANK, PMI_LOCAL_SIZE where set, else hydra's
 //                  MPI_LOCALRANKID, MPI_LOCALNRANKS); not where Slurm set them for
-//                  its own step (srun --mpi=pmi2, PMI_JOBID=<job>.<step>):
-//                  those tasks are read as Slurm's
+//                  its own step (srun --mpi=pmi2: PMI_JOBID=<job>.<step>, and
+//                  PMI_RANK and PMI_SIZE Slurm's own): those tasks are read as
+//                  Slurm's. An mpiexec in such a task keeps its PMI_JOBID but
+//                  gives other ranks and sizes: its ranks are PMI's
 //   Slurm (srun)   SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS),
 //                  SLURM_LOCALID, SLURM_NODEID, and the local size from
 //                  SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE, else

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <map>
+#include <string>
+#include <vector>
 
 #include "lockstep/distributed/launch_env.h"
 #include "lockstep/distributed/env_slurm.h"
@@ -290,6 +292,44 @@ TEST_CASE("env: srun --mpi=pmi2 tasks are read as Slurm's and not as PMI's", "[e
   CHECK(mpiexec.source == "pmi");
   CHECK(mpiexec.rank == 9);
   CHECK(mpiexec.world_size == 16);
+}
+
+TEST_CASE("env: mpiexec inside an srun --mpi=pmi2 task gives every rank its PMI rank",
+          "[env]") {
+  // srun -n1 --mpi=pmi2 --pty bash, then mpiexec -n 4: hydra sets PMI_RANK,
+  // PMI_SIZE and MPI_LOCAL* for its ranks but not PMI_JOBID, so each keeps the
+  // shell's PMI_JOBID=<job>.<step> and SLURM_PROCID=0 of one task.
+  const Vars shell = {{"PMI_JOBID", "77.3"},        {"SLURM_PROCID", "0"},
+                      {"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_NTASKS", "1"},
+                      {"SLURM_LOCALID", "0"},        {"SLURM_NODEID", "0"},
+                      {"SLURM_STEP_TASKS_PER_NODE", "1"},
+                      {"SLURM_JOB_ID", "77"},        {"SLURM_STEP_ID", "3"},
+                      {"SLURM_STEP_NODELIST", "gpu01"}, {"SLURMD_NODENAME", "gpu01"},
+                      {"MASTER_ADDR", "gpu01"},      {"MASTER_PORT", "29500"}};
+  std::vector<int> ranks;
+  for (int r = 0; r < 4; ++r) {
+    const auto info = read(merged(shell, {{"PMI_RANK", std::to_string(r)}, {"PMI_SIZE", "4"},
+                                          {"MPI_LOCALRANKID", std::to_string(r)},
+                                          {"MPI_LOCALNRANKS", "4"}}));
+    CHECK(info.source == "pmi");
+    CHECK(info.world_size == 4);
+    CHECK(info.local_world_size == 4);
+    ranks.push_back(info.rank);
+  }
+  CHECK(ranks == std::vector<int>{0, 1, 2, 3});
+  // mpiexec over two nodes: the ranks on the second keep the SLURM_* of the
+  // proxy srun started there (task 1 of 2), PMI_JOBID of the proxies' step.
+  const auto remote = read(merged(shell, {{"SLURM_PROCID", "1"}, {"SLURM_NODEID", "1"},
+                                          {"SLURM_STEP_NUM_TASKS", "2"},
+                                          {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+                                          {"SLURM_STEP_NODELIST", "gpu[01-02]"},
+                                          {"SLURMD_NODENAME", "gpu02"}, {"PMI_RANK", "5"},
+                                          {"PMI_SIZE", "8"}, {"MPI_LOCALRANKID", "1"},
+                                          {"MPI_LOCALNRANKS", "4"}}));
+  CHECK(remote.source == "pmi");
+  CHECK(remote.rank == 5);
+  CHECK(remote.world_size == 8);
+  CHECK(remote.local_rank == 1);
 }
 
 TEST_CASE("env: under srun rank 0 serves the store at an address every task derives",
