@@ -61,17 +61,26 @@ struct PartTarget {
 
 // Which launch and attempt this is, where the launcher says: torchrun and
 // Slurm restart a job's ranks, and the new ranks write to the same directory.
-std::string attempt_of(const runtime::EnvLookup& env) {
+// `source` is the launcher that started this rank (RankInfo::source; empty
+// where unknown). Every rank of one launch must name it alike.
+std::string attempt_of(const runtime::EnvLookup& env, const std::string& source) {
   if (const auto run = env("TORCHELASTIC_RUN_ID"))
     return fmt::format("torchrun run {}, restart {}", *run,
                        env("TORCHELASTIC_RESTART_COUNT").value_or("0"));
+  // Open MPI's mpirun (and PRRTE's) names each launch's job so; two jobs
+  // written to one directory are not one post-mortem. Inside a Slurm job an
+  // mpirun's (or mpiexec's) ranks have the batch shell's SLURM_* on its node
+  // and its daemons' step's on the others: those name no launch of theirs.
+  // MPICH's hydra names none.
+  const auto pmix_job = env("PMIX_NAMESPACE");
+  if (source == "open-mpi" || source == "pmix")
+    return pmix_job ? fmt::format("mpirun job {}", *pmix_job) : "";
+  if (source == "pmi") return "";
   if (const auto job = env("SLURM_JOB_ID"))
     return fmt::format("slurm job {}, step {}, restart {}", *job,
                        env("SLURM_STEP_ID").value_or("?"),
                        env("SLURM_RESTART_COUNT").value_or("0"));
-  // Open MPI's mpirun (and PRRTE's) names each launch's job so; two jobs
-  // written to one directory are not one post-mortem.
-  if (const auto job = env("PMIX_NAMESPACE")) return fmt::format("mpirun job {}", *job);
+  if (pmix_job) return fmt::format("mpirun job {}", *pmix_job);
   return "";
 }
 
@@ -82,14 +91,17 @@ std::optional<PartTarget> part_target(const runtime::EnvLookup& env) {
   // variable is read, then unset, when the recorder is made).
   if (env("LOCKSTEP_FLIGHT_RECORDER") || FlightRecorder::instance().in_launcher_file())
     return std::nullopt;
-  PartTarget t{.dir = *dir, .rank = runtime::cuda::process_rank(), .attempt = attempt_of(env)};
+  PartTarget t{.dir = *dir, .rank = runtime::cuda::process_rank()};
+  std::string source;
   try {
     const RankInfo info = read_rank_info(env, {.allow_missing_store = true});
     t.rank = info.rank;
     t.world_size = info.world_size;
+    source = info.source;
   } catch (const std::exception&) {
     // The group was made somehow; the rank it runs as is known to the runtime.
   }
+  t.attempt = attempt_of(env, source);
   t.rank = std::max(t.rank, 0);
   return t;
 }

@@ -273,6 +273,46 @@ TEST_CASE("post-mortem: a rank's part says which attempt of a restarted job wrot
   CHECK(b == "mpirun job 823656450");
 }
 
+TEST_CASE("post-mortem: each mpirun in an sbatch script is a launch of its own and each srun "
+          "step one of Slurm's",
+          "[distributed][postmortem]") {
+  TempDir dir;
+  // The batch shell's variables, which every rank mpirun starts there inherits.
+  const std::map<std::string, std::string> batch = {
+      {"SLURM_JOB_ID", "77"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+      {"LOCKSTEP_POSTMORTEM_DIR", dir.str()}};
+  auto job_a = batch;
+  job_a.insert({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"},
+                {"PMIX_NAMESPACE", "1874788353"}});
+  auto job_b = job_a;
+  job_b["PMIX_NAMESPACE"] = "1874395137";
+  const auto attempt = [](const std::map<std::string, std::string>& vars) {
+    const auto path = ld::write_rank_postmortem(env_lookup(vars), "it failed");
+    REQUIRE(path.has_value());
+    return ld::postmortem_from_json_text(read_file(*path)).attempt;
+  };
+  CHECK(attempt(job_a) == "mpirun job 1874788353");
+  CHECK(attempt(job_b) == "mpirun job 1874395137");
+  // Job a's ranks on a second node have the SLURM_* of the srun step that
+  // started mpirun's daemon there, but are of the same launch.
+  auto remote = job_a;
+  remote.insert({{"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}});
+  remote["SLURM_NTASKS"] = "1";
+  CHECK(attempt(remote) == "mpirun job 1874788353");
+  // MPICH's mpiexec names no launch: no label, on its node and on the others.
+  auto mpiexec = batch;
+  mpiexec.insert({{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}});
+  CHECK(attempt(mpiexec).empty());
+  mpiexec.insert({{"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}});
+  CHECK(attempt(mpiexec).empty());
+  // srun --mpi=pmix: the namespace is the step's; the step and restart name it.
+  auto task = batch;
+  task.insert({{"SLURM_STEP_ID", "3"}, {"SLURM_STEP_NUM_TASKS", "1"},
+               {"PMIX_RANK", "0"}, {"PMIX_NAMESPACE", "slurm.pmix.77.3"}});
+  task["SLURM_NTASKS"] = "1";
+  CHECK(attempt(task) == "slurm job 77, step 3, restart 0");
+}
+
 TEST_CASE("post-mortem: a rank whose newest record was left mid-write is said to have one",
           "[distributed][postmortem][flight-recorder]") {
   // The rank was killed while recording allreduce #2: its entry's version is
