@@ -105,15 +105,24 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Bce
                    outside);
     const Tensor one_minus_y = add(neg(y), 1.0);
     losses = neg(add(mul(y, clamped_log(x)), mul(one_minus_y, clamped_log(add(neg(x), 1.0)))));
-    if (o.weight) losses = mul(losses, *o.weight);
   }
-  std::vector<Tensor> saved = {x, y};
-  if (o.weight) saved.push_back(o.weight->detach());
-  losses = record(losses, "BinaryCrossEntropyBackward", {input, target}, saved,
+  // The loss is linear in the weight, so the weight's gradient is the
+  // unweighted loss (summed over what the weight was broadcast along).
+  const Tensor unweighted = losses;
+  std::vector<Tensor> inputs = {input, target}, saved = {x, y};
+  if (o.weight) {
+    NoGradGuard no_grad;
+    losses = mul(losses, *o.weight);
+    inputs.push_back(*o.weight);
+    saved.push_back(o.weight->detach());
+    saved.push_back(unweighted);
+  }
+  losses = record(losses, "BinaryCrossEntropyBackward", inputs, saved,
                   [](const BackwardArgs& g) {
                     const Tensor &x = g.saved[0], &y = g.saved[1];
-                    Tensor gw = g.saved.size() > 2 ? mul(g.grad, g.saved[2]) : g.grad;
-                    Tensor gx, gy;
+                    const bool weighted = g.saved.size() > 2;
+                    Tensor gw = weighted ? mul(g.grad, g.saved[2]) : g.grad;
+                    Tensor gx, gy, gweight;
                     if (g.needs[0]) {
                       // w (x - y) / max(x (1 - x), 1e-12), PyTorch's clamp.
                       const Tensor var = mul(x, add(neg(x), 1.0));
@@ -121,7 +130,11 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Bce
                     }
                     if (g.needs[1])  // d/dy of -[y log x + (1-y) log(1-x)], logs clamped
                       gy = mul(gw, sub(clamped_log(add(neg(x), 1.0)), clamped_log(x)));
-                    return std::vector<Tensor>{gx, gy};
+                    std::vector<Tensor> grads = {gx, gy};
+                    if (weighted && g.needs[2])
+                      gweight = sum_to(mul(g.grad, g.saved[3]), g.saved[2].shape());
+                    if (weighted) grads.push_back(gweight);
+                    return grads;
                   });
   return reduce(losses, o.reduction);
 }

@@ -34,7 +34,8 @@ struct BceWithLogitsOptions {
 // rule: x = 0 or 1 gives 100, never inf). The gradient is PyTorch's,
 // w (x - y) / max(x (1-x), 1e-12). An input outside [0, 1] (or NaN) is an
 // error, as in PyTorch; checking it reads one number back from a device.
-// The weight gets no gradient (PyTorch has none for it either).
+// A weight that requires grad gets its gradient, the unweighted loss summed
+// to its shape (PyTorch 1.13 refuses such a weight).
 Tensor binary_cross_entropy(const Tensor& input, const Tensor& target,
                             const BceOptions& options = {});
 

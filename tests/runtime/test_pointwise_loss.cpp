@@ -161,6 +161,24 @@ TEST_CASE("binary_cross_entropy gradients (input, target) match finite differenc
   CHECK(r.ok);
 }
 
+TEST_CASE("binary_cross_entropy gives a weight that requires grad its gradient, broadcast or not",
+          "[runtime][ops][loss][gradcheck]") {
+  // The weight used to be read as a constant: its gradient came back zero.
+  const Tensor x = random_input({2, 3}, 7, 0.05, 0.95);
+  const Tensor y = random_input({2, 3}, 8, 0, 1).detach();
+  const Shape shape = GENERATE(Shape{2, 3}, Shape{3}, Shape{2, 1}, Shape{});
+  const Reduction reduction = GENERATE(Reduction::Mean, Reduction::Sum, Reduction::None);
+  INFO("weight " << shape_str(shape));
+  const Tensor w = random_input(shape, 9, 0.5, 2.0);
+  auto r = gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return binary_cross_entropy(in[0], y, {.weight = in[1], .reduction = reduction});
+      },
+      {x, w});
+  INFO(r.message);
+  CHECK(r.ok);
+}
+
 TEST_CASE("binary_cross_entropy refuses inputs outside [0, 1] as PyTorch does",
           "[runtime][ops][loss]") {
   const double bad = GENERATE(1.5, -0.25, std::numeric_limits<double>::quiet_NaN());
