@@ -8,6 +8,7 @@
 
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/affine_inputs.h"
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/autograd/node.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/norm_kernels.h"
@@ -175,6 +176,14 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   LOCKSTEP_CHECK(training || running_mean.defined(),
                  "batch_norm: eval mode normalises with the running statistics, but none were "
                  "given; pass running_mean/running_var or use training = true");
+  // In eval the output depends on the running statistics, but they are read
+  // as constants, never recorded: refused, as PyTorch refuses them, rather
+  // than given a gradient of zero.
+  LOCKSTEP_CHECK(training || !grad_enabled() ||
+                     !(running_mean.requires_grad() || running_var.requires_grad()),
+                 "batch_norm: in eval mode the running statistics get no gradient, but "
+                 "running_mean or running_var requires grad; pass them .detach()ed (or "
+                 "as buffers without requires_grad)");
   // No channels: nothing to normalise (cuDNN would be handed zero-sized dims).
   if (s.c == 0) return empty_batch_norm(x_in, weight, bias);
   LOCKSTEP_CHECK(!training || s.count() != 1,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "lockstep/runtime/autograd/grad_mode.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/norm.h"
 #include "lockstep/runtime/ops/reduce.h"
@@ -163,6 +164,22 @@ TEST_CASE("batch_norm rejects bad arguments", "[runtime][ops][norm]") {
              Contains("eval mode normalises with the running statistics"));
   CHECK_THAT(error_of([&] { batch_norm(Tensor::zeros({1, 3}), {}, {}, {}, {}, true); }),
              Contains("more than 1 value per channel"));
+}
+
+TEST_CASE("batch_norm in eval refuses running statistics that require grad, as PyTorch does",
+          "[runtime][ops][norm]") {
+  // Eval normalises with them but read them as constants: their gradient was
+  // silently zero.
+  const Tensor x = random_input({4, 3}, 1);
+  Tensor rm = random_input({3}, 2), rv = random_input({3}, 3, 0.5, 1.5);
+  const bool mean_requires_grad = GENERATE(true, false);
+  (mean_requires_grad ? rv : rm).requires_grad_(false);
+  CHECK_THAT(error_of([&] { batch_norm(x, {}, {}, rm, rv, false); }),
+             Contains("in eval mode the running statistics get no gradient"));
+  {
+    NoGradGuard no_grad;  // nothing is recorded, so nothing is lost
+    CHECK(batch_norm(x, {}, {}, rm, rv, false).shape() == x.shape());
+  }
 }
 
 TEST_CASE("layer_norm forward matches a direct computation", "[runtime][ops][norm]") {
