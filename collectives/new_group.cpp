@@ -25,12 +25,24 @@
 namespace lockstep::collectives {
 namespace {
 
+// The keys one new_group() call wrote on this rank: its rank lists and its
+// backend's rendezvous (values), and the counters that number makings of a
+// name (written by add()).
+struct Written {
+  std::weak_ptr<distributed::Store> store;
+  std::vector<std::string> values;
+  std::vector<std::string> counters;
+};
+
 // The store each group from init_process_group() or make_process_group() was
-// made over, and how many new_group() calls it has seen (which names them).
+// made over, how many new_group() calls it has seen (which names them), and
+// the keys the last two wrote here, not yet deleted (delete_previous_keys).
 struct Remembered {
   std::weak_ptr<ProcessGroup> group;
   std::weak_ptr<distributed::Store> store;
   int new_groups = 0;
+  Written last;     // the keys of the last new_group() call
+  Written counted;  // the counters of the one before it
 };
 
 std::mutex remembered_mutex;
@@ -46,6 +58,96 @@ std::pair<std::shared_ptr<distributed::Store>, int> next_of(const ProcessGroup& 
   const auto it = groups.find(&parent);
   if (it == groups.end() || it->second.group.lock().get() != &parent) return {nullptr, 0};
   return {it->second.store.lock(), ++it->second.new_groups};
+}
+
+// A view of a store that notes the keys this rank writes through it until
+// stop(): those of one new_group() call, so that the next call can delete
+// them. Writes after stop() (a group's abort reason) are the group's own.
+class NotingStore final : public distributed::Store {
+ public:
+  explicit NotingStore(std::shared_ptr<distributed::Store> inner) : inner_(std::move(inner)) {
+    set_timeout(inner_->timeout());
+  }
+
+  void set(const std::string& key, const distributed::Bytes& value) override {
+    note(written_.values, key);
+    inner_->set(key, value);
+  }
+  distributed::Bytes get(const std::string& key) override {
+    inner_->wait({key}, timeout());  // this view's timeout, as PrefixStore's get
+    return inner_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    note(written_.counters, key);
+    return inner_->add(key, delta);
+  }
+  distributed::Bytes compare_set(const std::string& key, const distributed::Bytes& expected,
+                                 const distributed::Bytes& desired) override {
+    note(written_.values, key);
+    return inner_->compare_set(key, expected, desired);
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    inner_->wait(keys, timeout);
+  }
+  bool delete_key(const std::string& key) override { return inner_->delete_key(key); }
+  int64_t num_keys() override { return inner_->num_keys(); }
+  using Store::set;
+  using Store::wait;
+
+  // The keys noted so far; no more are noted after this.
+  Written stop() {
+    std::lock_guard lock(mutex_);
+    stopped_ = true;
+    written_.store = inner_;
+    return std::move(written_);
+  }
+
+ private:
+  void note(std::vector<std::string>& keys, const std::string& key) {
+    std::lock_guard lock(mutex_);
+    if (!stopped_ && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+  }
+
+  std::shared_ptr<distributed::Store> inner_;
+  std::mutex mutex_;  // guards written_ and stopped_ (gloo writes from its own threads)
+  Written written_;
+  bool stopped_ = false;
+};
+
+// After call k over `parent` has agreed (every rank of `parent` has
+// published its rank list, which it did once its call k-1 had returned, past
+// every read of that call's keys), each rank deletes the values it wrote in
+// call k-1, and the counters it wrote in call k-2 that neither call k-1 nor k
+// wrote again. A counter numbers the makings of one name, and a rank
+// that finds it gone starts again at 1: by then (call k+1 or later) every
+// rank has deleted what it wrote in call k-1 and before, so a making of a
+// name used again (NewGroupOptions::name) reads no earlier making's keys.
+void delete_previous_keys(const ProcessGroup& parent, Written now) {
+  Written previous, counted;
+  {
+    std::lock_guard lock(remembered_mutex);
+    auto& groups = remembered();
+    const auto it = groups.find(&parent);
+    if (it == groups.end() || it->second.group.lock().get() != &parent) return;
+    Remembered& r = it->second;
+    counted = std::exchange(r.counted, {});
+    std::erase_if(counted.counters, [&](const std::string& key) {
+      return std::find(r.last.counters.begin(), r.last.counters.end(), key) !=
+                 r.last.counters.end() ||
+             std::find(now.counters.begin(), now.counters.end(), key) != now.counters.end();
+    });
+    previous = std::exchange(r.last, std::move(now));
+    r.counted = {.store = previous.store, .values = {}, .counters = previous.counters};
+  }
+  try {
+    if (const auto store = previous.store.lock())
+      for (const auto& key : previous.values) store->delete_key(key);
+    if (const auto store = counted.store.lock())
+      for (const auto& key : counted.counters) store->delete_key(key);
+  } catch (const std::exception&) {
+    // The store is unreachable: the group's collectives do not need it, and
+    // what could not be deleted costs the store a little memory only.
+  }
 }
 
 // A subgroup: the member group `inner` (its own ranks 0..n-1) seen as the
@@ -189,7 +291,9 @@ std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> r
                                ? options.name
                                : fmt::format("{}/new_group{}", parent.name(), number);
   const std::chrono::milliseconds timeout = options.timeout.value_or(parent.timeout());
-  agree_on_ranks(*store, parent, ranks, name, timeout);
+  const auto noting = std::make_shared<NotingStore>(store);
+  agree_on_ranks(*noting, parent, ranks, name, timeout);
+  const auto done = [&] { delete_previous_keys(parent, noting->stop()); };
 
   std::sort(ranks.begin(), ranks.end());
   const std::string backend = !options.backend.empty() ? options.backend : parent.backend();
@@ -198,9 +302,12 @@ std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> r
   std::shared_ptr<ProcessGroup> inner =
       backend == "mpi" ? mpi_subgroup(parent, ranks, name, timeout) : nullptr;
   const auto mine = std::find(ranks.begin(), ranks.end(), parent.rank());
-  if (mine == ranks.end()) return nullptr;
+  if (mine == ranks.end()) {
+    done();
+    return nullptr;
+  }
   auto group_store =
-      std::make_shared<distributed::PrefixStore>(fmt::format("{}/members", name), store);
+      std::make_shared<distributed::PrefixStore>(fmt::format("{}/members", name), noting);
   // The backend's own group, which checks each call: the Subgroup maps its
   // calls onto it (check_next_as), and device staging, where the build has
   // it, goes around the Subgroup. Inside it, the staging group's own calls
@@ -221,6 +328,7 @@ std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> r
   ProcessGroup* raw = group.get();
   std::shared_ptr<ProcessGroup> owned = owned_by_this_process(std::move(group), raw);
   remember_group_store(owned, group_store);
+  done();
   return owned;
 }
 

@@ -16,7 +16,10 @@
 // ranks 1 and 3 of group 'default')"). It runs over the parent's backend (or
 // NewGroupOptions::backend) on the parent's store under its own prefix, and
 // is independent of the parent: DDP or ZeRO over it reduce among its ranks
-// only, and its collectives need not be ordered with the parent's.
+// only, and its collectives need not be ordered with the parent's. The keys
+// a call writes in the store are deleted by the next two calls over the same
+// parent (made by init_process_group() or make_process_group()), once every
+// rank is past reading them, so new_group() in a loop does not grow the store.
 #pragma once
 
 #include <chrono>

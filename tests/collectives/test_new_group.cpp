@@ -206,3 +206,40 @@ TEST_CASE("the stall report interval holds through wrapper groups and into new_g
   for (const auto& e : raised) CHECK(lt::message_of(e) == "<no exception>");
   CHECK(joined(problems).empty());
 }
+
+TEST_CASE("new_group in a loop leaves the store no more keys than its first calls did",
+          "[collectives][new_group]") {
+  // A job that makes a subgroup per evaluation: each new_group's rank lists
+  // and rendezvous keys go once the next new_group has begun, so the store
+  // (a TCP store server for days) stops growing. Rank 3 is a member of no
+  // group; the named groups reuse one name.
+  std::vector<std::string> backends = lt::cpu_backends();
+  if (LOCKSTEP_HAVE_GLOO) backends.push_back("shm+gloo");
+  for (const std::string& backend : backends) {
+    INFO(backend);
+    auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+    std::vector<std::shared_ptr<ProcessGroup>> parents(4);
+    const auto made = lt::run_ranks(4, [&](int r) {
+      parents[static_cast<size_t>(r)] = lockstep::collectives::make_process_group(
+          backend, store, r, 4, "default", std::chrono::seconds(60));
+    });
+    for (const auto& e : made) REQUIRE(lt::message_of(e) == "<no exception>");
+    const auto rounds = [&](int n) {
+      const auto errors = lt::run_ranks(4, [&](int r) {
+        ProcessGroup& parent = *parents[static_cast<size_t>(r)];
+        for (int i = 0; i < n; ++i) {
+          auto pair = new_group(parent, {i % 2, 2});
+          auto named = new_group(parent, {0, 1, 2}, {.name = "eval"});
+          Tensor t = Tensor::full({2}, 1.0, DType::f32);
+          if (pair) pair->allreduce(t)->wait();
+          if (named) named->allreduce(t)->wait();
+        }
+      });
+      for (const auto& e : errors) REQUIRE(lt::message_of(e) == "<no exception>");
+      return store->num_keys();
+    };
+    const int64_t after_two = rounds(2);
+    const int64_t after_many = rounds(20);
+    CHECK(after_many == after_two);
+  }
+}
