@@ -150,6 +150,21 @@ void delete_previous_keys(const ProcessGroup& parent, Written now) {
   }
 }
 
+// Whether `key` is one of the counters by which a backend numbers the groups
+// made under new_group name `name`: "<name>/members/<name>/<backend>/instances/<rank>"
+// (the members' prefix, then the backend's key under the group's name).
+// Those of groups nested in them (a hierarchical group's) hold that number in
+// their own names, so they are never used again.
+bool numbers_makings_of(const std::string& key, const std::string& name) {
+  const std::string prefix = name + "/members/" + name + "/";
+  if (!key.starts_with(prefix)) return false;
+  const std::string rest = key.substr(prefix.size());
+  const size_t first = rest.find('/');
+  const size_t second = first == std::string::npos ? first : rest.find('/', first + 1);
+  return second != std::string::npos && rest.substr(first, second - first + 1) == "/instances/" &&
+         rest.find('/', second + 1) == std::string::npos;
+}
+
 // A subgroup: the member group `inner` (its own ranks 0..n-1) seen as the
 // parent's ranks `ranks`. Each collective is handed to inner's front,
 // checked as this group's call with the parent's rank of each of its ranks
@@ -293,7 +308,16 @@ std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> r
   const std::chrono::milliseconds timeout = options.timeout.value_or(parent.timeout());
   const auto noting = std::make_shared<NotingStore>(store);
   agree_on_ranks(*noting, parent, ranks, name, timeout);
-  const auto done = [&] { delete_previous_keys(parent, noting->stop()); };
+  const auto done = [&] {
+    Written written = noting->stop();
+    // The counters that number the makings of a name given again stay: a
+    // group of that name may still live, and one made after they were
+    // deleted would take its keys' prefix. A generated name is never reused.
+    if (!options.name.empty()) std::erase_if(written.counters, [&](const std::string& key) {
+      return numbers_makings_of(key, name);
+    });
+    delete_previous_keys(parent, std::move(written));
+  };
 
   std::sort(ranks.begin(), ranks.end());
   const std::string backend = !options.backend.empty() ? options.backend : parent.backend();

@@ -243,3 +243,43 @@ TEST_CASE("new_group in a loop leaves the store no more keys than its first call
     CHECK(after_many == after_two);
   }
 }
+
+TEST_CASE("a new_group name given again while its first group lives makes a group of its own",
+          "[collectives][new_group]") {
+  // The store's keys of earlier new_group calls are deleted (the test above),
+  // but not the counters that number a given name's makings: the second
+  // "kept" group must not take the keys of the first, which is still alive,
+  // nor hear of its end.
+  std::vector<std::string> backends = lt::cpu_backends();
+  if (LOCKSTEP_HAVE_GLOO) backends.push_back("shm+gloo");
+  for (const std::string& backend : backends) {
+    INFO(backend);
+    auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+    std::vector<std::string> problems(4);
+    const auto errors = lt::run_ranks(4, [&](int r) {
+      auto parent = lockstep::collectives::make_process_group(backend, store, r, 4, "default",
+                                                              std::chrono::seconds(60));
+      auto first = new_group(*parent, {0, 1, 2}, {.name = "kept"});
+      for (int i = 0; i < 3; ++i) new_group(*parent, {i % 2, 3});
+      auto second = new_group(*parent, {0, 1, 2}, {.name = "kept"});
+      if (first) first->reserve_shared_pool(4096);
+      if (second) second->reserve_shared_pool(4096);
+      parent->barrier()->wait();
+      first.reset();  // the first group ends on every rank
+      parent->barrier()->wait();
+      if (second) {
+        Tensor t = Tensor::full({3}, static_cast<double>(r + 1), DType::f32);
+        second->allreduce(t)->wait();
+        if (t.to_vector<float>() != std::vector<float>(3, 6.0f))
+          problems[static_cast<size_t>(r)] = fmt::format("sum {}", t.to_vector<float>()[0]);
+      }
+      parent->barrier()->wait();
+    });
+    for (size_t r = 0; r < 4; ++r) problems[r] += errors[r] ? lt::message_of(errors[r]) : "";
+    CHECK(joined(problems).empty());
+    // The backend numbered the two makings 1 and 2: the second's keys are its own.
+    const std::string kind = backend == "shm+gloo" ? "hierarchical" : backend;
+    for (int r = 0; r < 3; ++r)
+      CHECK(store->add(fmt::format("kept/members/kept/{}/instances/{}", kind, r), 0) == 2);
+  }
+}
