@@ -12,6 +12,7 @@
 #include "lockstep/runtime/cpu/openblas_core.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/ops/detail/gemm.h"
+#include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/reduce.h"
 
 namespace lockstep::runtime {
@@ -157,27 +158,108 @@ Tensor as_rows(const Tensor& t) {
   return t.reshape({rows, t.shape().back()});
 }
 
+// torch.matmul's rules for what the two direct paths below do not take: a
+// 1-D a is read as [1, k] and a 1-D b as [k, 1], that added dim dropped from
+// the result; the batch dims (all but a matrix's last two) broadcast against
+// each other, and every batch of the broadcast shape is one [m, k] x [k, n]
+// product. The operands are expanded to the broadcast batch and folded into
+// one batch dim for bmm: the fold is a view where the strides allow it (equal
+// batch dims, or broadcast ones that keep a zero stride), a copy only where
+// an operand's dims do not merge. Backward folds the
+// gradient the same way and sums each operand's gradient back to its shape.
+struct BatchedProduct {
+  Shape a_mat, b_mat;  // the operands as matrices: a 1-D one with its 1 added
+  Shape batch;         // the broadcast batch dims
+  int64_t count = 1;   // their product: bmm's batch
+  Shape out_shape;     // batch + [m] + [n], without the dims added for 1-D operands
+
+  BatchedProduct(const Tensor& a, const Tensor& b) {
+    a_mat = a.dim() == 1 ? Shape{1, a.shape()[0]} : a.shape();
+    b_mat = b.dim() == 1 ? Shape{b.shape()[0], 1} : b.shape();
+    const size_t na = a_mat.size() - 2, nb = b_mat.size() - 2, n = std::max(na, nb);
+    batch.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t x = i < n - na ? 1 : a_mat[i - (n - na)];
+      const int64_t y = i < n - nb ? 1 : b_mat[i - (n - nb)];
+      LOCKSTEP_CHECK(x == y || x == 1 || y == 1,
+                     "matmul: the batch dims of {} and {} do not broadcast (batch dim {}: {} vs "
+                     "{}); each batch dim must be equal or 1 in one of them",
+                     shape_str(a.shape()), shape_str(b.shape()), i, x, y);
+      batch[i] = x == 1 ? y : x;
+      count *= batch[i];
+    }
+    out_shape = batch;
+    if (a.dim() > 1) out_shape.push_back(a_mat[a_mat.size() - 2]);
+    if (b.dim() > 1) out_shape.push_back(b_mat.back());
+  }
+
+  // t (a or b) as [count, rows, cols], its matrix shape `mat`.
+  Tensor fold(const Tensor& t, const Shape& mat) const {
+    const int64_t rows = mat[mat.size() - 2], cols = mat.back();
+    Shape full = batch;
+    full.push_back(rows);
+    full.push_back(cols);
+    return t.view(mat).expand(full).reshape({count, rows, cols});
+  }
+  // A [count, rows, cols] gradient summed back to the operand's shape.
+  Tensor unfold(const Tensor& g3, const Shape& mat, const Shape& shape) const {
+    Shape full = batch;
+    full.push_back(g3.shape()[1]);
+    full.push_back(g3.shape()[2]);
+    return sum_to(g3.view(full), mat).reshape(shape);
+  }
+};
+
+Tensor batched_matmul(const Tensor& a, const Tensor& b) {
+  const BatchedProduct p(a, b);
+  Tensor out;
+  {
+    NoGradGuard no_grad;  // the folds stay out of the graph: MatmulBackward covers them
+    Tensor a3 = p.fold(a, p.a_mat), b3 = p.fold(b, p.b_mat);
+    out = Tensor::empty({p.count, a3.shape()[1], b3.shape()[2]}, a.dtype(), a.device());
+    bmm(a3, b3, out);
+  }
+  return record(out.view(p.out_shape), "MatmulBackward", {a, b}, {a, b},
+                [p](const BackwardArgs& g) {
+                  const Tensor &a = g.saved[0], &b = g.saved[1];
+                  const Tensor g3 = g.grad.reshape({p.count, p.a_mat[p.a_mat.size() - 2],
+                                                    p.b_mat.back()});
+                  Tensor ga, gb;
+                  if (g.needs[0])
+                    ga = p.unfold(matmul(g3, p.fold(b, p.b_mat).transpose(1, 2)), p.a_mat,
+                                  a.shape());
+                  if (g.needs[1])
+                    gb = p.unfold(matmul(p.fold(a, p.a_mat).transpose(1, 2), g3), p.b_mat,
+                                  b.shape());
+                  return std::vector<Tensor>{ga, gb};
+                });
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  if (auto c = detail::autocast_inputs(detail::CastPolicy::lower, {a, b})) return matmul((*c)[0], (*c)[1]);
+  if (auto c = detail::autocast_inputs(detail::CastPolicy::lower, {a, b}))
+    return matmul((*c)[0], (*c)[1]);
   check_same_device("matmul", a, b);
-  LOCKSTEP_CHECK(a.dim() >= 2 && (b.dim() == 2 || b.dim() == a.dim()),
-                 "matmul: expected [.., m, k] x [k, n] or batched [b, m, k] x [b, k, n]; got {} x {}",
+  LOCKSTEP_CHECK(a.dim() >= 1 && b.dim() >= 1,
+                 "matmul: both operands need at least 1 dim, got {} x {}; multiply by a 0-d "
+                 "tensor with mul()",
                  shape_str(a.shape()), shape_str(b.shape()));
-  LOCKSTEP_CHECK(a.shape().back() == b.shape()[b.dim() - 2],
-                 "matmul: inner dimensions differ: {} x {} ({} vs {})", shape_str(a.shape()),
-                 shape_str(b.shape()), a.shape().back(), b.shape()[b.dim() - 2]);
+  const int64_t kb = b.dim() == 1 ? b.shape()[0] : b.shape()[b.dim() - 2];
+  LOCKSTEP_CHECK(a.shape().back() == kb, "matmul: inner dimensions differ: {} x {} ({} vs {})",
+                 shape_str(a.shape()), shape_str(b.shape()), a.shape().back(), kb);
+  // A matrix times a vector is [.., m, k] x [k, 1]: the first direct path, one gemm.
+  if (a.dim() >= 2 && b.dim() == 1) return matmul(a, b.unsqueeze(1)).squeeze(-1);
+  const bool rows_by_matrix = a.dim() >= 2 && b.dim() == 2;
+  const bool same_batch = a.dim() == 3 && b.dim() == 3 && a.shape()[0] == b.shape()[0];
+  if (!rows_by_matrix && !same_batch) return batched_matmul(a, b);
   Tensor out;
-  if (b.dim() == 2) {
+  if (rows_by_matrix) {
     Shape out_shape = a.shape();
     out_shape.back() = b.shape()[1];
     Tensor a2 = a.dim() == 2 ? a : as_rows(a);
     out = mm(a2, b).reshape(out_shape);
   } else {
-    LOCKSTEP_CHECK(a.dim() == 3 && a.shape()[0] == b.shape()[0],
-                   "matmul: batched operands must be [b, m, k] x [b, k, n], got {} x {}",
-                   shape_str(a.shape()), shape_str(b.shape()));
     out = Tensor::empty({a.shape()[0], a.shape()[1], b.shape()[2]}, a.dtype(), a.device());
     bmm(a, b, out);
   }

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/ops/detail/gemm.h"
 #include "lockstep/runtime/ops/elementwise.h"
 #include "lockstep/runtime/ops/linalg.h"
@@ -119,6 +120,86 @@ TEST_CASE("matmul of [.., m, k] by [k, n] and batched 3-D", "[runtime][ops][lina
   check_close(matmul(a_t, bt), expected, tol);
 }
 
+namespace {
+
+// Small whole numbers, exact in every float dtype: element i is (i + offset) % 7 - 3.
+Tensor ramp(const Shape& shape, int64_t offset, DType dt) {
+  std::vector<double> v(static_cast<size_t>(shape_numel(shape)));
+  for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i)
+    v[static_cast<size_t>(i)] = static_cast<double>((i + offset) % 7) - 3;
+  return Tensor::from_vector<double>(v, shape).to(dt);
+}
+
+}  // namespace
+
+TEST_CASE("matmul follows torch.matmul's rules for 1-D operands and broadcast batch dims",
+          "[runtime][ops][linalg]") {
+  // Expected values from torch.matmul (1.13) on the same ramps.
+  struct Case {
+    const char* what;
+    Shape a, b;
+    bool transpose_b;  // b.transpose(-2, -1): k of a [B, H, T, D] as in q @ k^T
+    Shape out;
+    std::vector<double> want;
+  };
+  const std::vector<Case> cases = {
+      {"dot", {3}, {3}, false, {}, {2}},
+      {"vector x matrix", {3}, {3, 2}, false, {2}, {-2, -1}},
+      {"matrix x vector", {2, 3}, {3}, false, {2}, {2, 2}},
+      {"batch x vector", {2, 2, 3}, {3}, false, {2, 2}, {2, 2, -5, 2}},
+      {"vector x batch", {3}, {2, 3, 2}, false, {2, 2}, {-2, -1, 4, -2}},
+      {"q @ k^T", {2, 2, 3, 4}, {2, 2, 3, 4}, true, {2, 2, 3, 3},
+       {2,  -1, -4, -4, -6, -1, 4,  -4, 2,  -9, 5,  -9, 2, -4, 4,  -1, -6, -4,
+        -9, 8,  -10, -9, 2, -1, 5,  -4, -6, 2,  8,  -7, -9, -9, 5, 8,  2, -4}},
+      {"[1, m, k] x [b, k, n]", {1, 2, 3}, {2, 3, 2}, false, {2, 2, 2},
+       {-2, -1, 7, -4, 4, -2, 4, 7}},
+      {"matrix x batch", {2, 3}, {2, 3, 2}, false, {2, 2, 2}, {-2, -1, 7, -4, 4, -2, 4, 7}},
+      {"4-D x 3-D, both broadcast", {2, 1, 2, 3}, {3, 3, 2}, false, {2, 3, 2, 2},
+       {-2, -1, 7, -4, 4,   -2,  4, 7, 10, 4,   1, 4,
+        -12, 0, 4, -3, -10, -12, 4, 4, -8, -10, 4, 4}},
+  };
+  const DType dt = GENERATE(DType::f32, DType::f64, DType::bf16);
+  for (const Case& c : cases) {
+    INFO(c.what << " in " << dtype_name(dt));
+    Tensor a = ramp(c.a, 0, dt), b = ramp(c.b, 2, dt);
+    if (c.transpose_b) b = b.transpose(-2, -1);
+    Tensor out = matmul(a, b);
+    CHECK(out.shape() == c.out);
+    CHECK(out.dtype() == dt);
+    CHECK(values(out) == c.want);
+    // The same product from operands in another layout.
+    CHECK(values(matmul(a.contiguous(), b.contiguous())) == c.want);
+  }
+}
+
+TEST_CASE("a broadcast matmul leaves its operands alone and runs under autocast",
+          "[runtime][ops][linalg]") {
+  Tensor a = ramp({1, 2, 3}, 0, DType::f32), b = ramp({2, 3, 2}, 2, DType::f32);
+  const auto a_before = values(a), b_before = values(b);
+  Tensor out;
+  {
+    auto scope = autocast({.dtype = DType::bf16});
+    out = matmul(a, b);
+  }
+  CHECK(out.dtype() == DType::bf16);
+  CHECK(values(out) == std::vector<double>{-2, -1, 7, -4, 4, -2, 4, 7});
+  CHECK(values(a) == a_before);
+  CHECK(values(b) == b_before);
+  // Empty batch, m and k dims broadcast too.
+  CHECK(matmul(Tensor::ones({0, 1, 2, 3}), Tensor::ones({4, 3, 5})).shape() ==
+        Shape{0, 4, 2, 5});
+  Tensor k0 = matmul(Tensor::ones({3, 1, 0}), Tensor::ones({1, 3, 0, 2}));
+  CHECK(k0.shape() == Shape{1, 3, 1, 2});
+  CHECK(values(k0) == std::vector<double>(6, 0.0));
+  CHECK(matmul(Tensor::ones({0}), Tensor::ones({0})).shape() == Shape{});
+  // Strided vectors: every other element of [-3, -2, -1, 0, 1, 2].
+  Tensor v = ramp({6}, 0, DType::f64);
+  Tensor odd = v.slice(0, 0, 6, 2), even = v.slice(0, 1, 6, 2);  // [-3, -1, 1], [-2, 0, 2]
+  CHECK(values(matmul(odd, even)) == std::vector<double>{8});
+  CHECK(values(matmul(ramp({2, 3}, 0, DType::f64), even)) == std::vector<double>{4, 4});
+  CHECK(values(matmul(odd, ramp({3, 2}, 0, DType::f64))) == std::vector<double>{11, 8});
+}
+
 TEST_CASE("matmul with empty dims", "[runtime][ops][linalg]") {
   CHECK(matmul(Tensor::zeros({0, 3}), Tensor::zeros({3, 4})).shape() == Shape{0, 4});
   Tensor k0 = matmul(Tensor::ones({2, 0}), Tensor::ones({0, 3}));
@@ -154,10 +235,26 @@ TEST_CASE("matmul shape and dtype errors", "[runtime][ops][linalg]") {
   Tensor a = Tensor::zeros({2, 3});
   CHECK_THROWS_WITH(matmul(a, Tensor::zeros({4, 2})),
                     Contains("inner dimensions") && Contains("[2, 3]") && Contains("[4, 2]"));
-  CHECK_THROWS_WITH(matmul(Tensor::zeros({3}), Tensor::zeros({3, 2})), Contains("matmul"));
-  CHECK_THROWS_WITH(matmul(a, Tensor::zeros({3})), Contains("matmul"));
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({2}), Tensor::zeros({3, 2})),
+                    Contains("inner dimensions") && Contains("[2] x [3, 2]"));
+  CHECK_THROWS_WITH(matmul(a, Tensor::zeros({2})),
+                    Contains("inner dimensions") && Contains("[2, 3] x [2]"));
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({3}), Tensor::zeros({2})),
+                    Contains("inner dimensions") && Contains("(3 vs 2)"));
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({2, 2, 4}), Tensor::zeros({2, 3, 2})),
+                    Contains("inner dimensions") && Contains("[2, 2, 4] x [2, 3, 2]"));
   CHECK_THROWS_WITH(matmul(Tensor::zeros({2, 2, 3}), Tensor::zeros({3, 3, 2})),
-                    Contains("batched"));
+                    Contains("batch dims of [2, 2, 3] and [3, 3, 2] do not broadcast") &&
+                        Contains("2 vs 3"));
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({4, 2, 2, 3}), Tensor::zeros({3, 1, 3, 2})),
+                    Contains("[4, 2, 2, 3] and [3, 1, 3, 2]") && Contains("batch dim 0: 4 vs 3"));
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({2, 2, 3}), Tensor::zeros({3, 3, 3, 2})),
+                    Contains("batch dim 1: 2 vs 3"));
+  // 0-d operands are refused, as torch.matmul refuses them.
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({}), Tensor::zeros({2, 3})),
+                    Contains("at least 1 dim") && Contains("[] x [2, 3]") && Contains("mul()"));
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({3}), Tensor::zeros({})), Contains("[3] x []"));
+  CHECK_THROWS_WITH(matmul(Tensor::zeros({}), Tensor::zeros({})), Contains("at least 1 dim"));
   CHECK_THROWS_WITH(matmul(a, Tensor::zeros({3, 2}, DType::f64)),
                     Contains("f32") && Contains("f64"));
   CHECK_THROWS_WITH(matmul(Tensor::zeros({2, 3}, DType::i32), Tensor::zeros({3, 2}, DType::i32)),
@@ -225,6 +322,30 @@ TEST_CASE("matmul and linear gradients match finite differences",
   check_grad("matmul batched transposed",
              [](auto& in) { return matmul(in[0], in[1].transpose(1, 2).contiguous().transpose(1, 2)); },
              {a3, b3});
+  check_grad("matmul dot", [](auto& in) { return matmul(in[0], in[1]); },
+             {random_input({4}, 11), random_input({4}, 12)});
+  check_grad("matmul vector x matrix", [](auto& in) { return matmul(in[0], in[1]); },
+             {random_input({4}, 13), b});
+  check_grad("matmul matrix x vector", [](auto& in) { return matmul(in[0], in[1]); },
+             {a, random_input({4}, 14)});
+  check_grad("matmul batch x vector", [](auto& in) { return matmul(in[0], in[1]); },
+             {a3, random_input({4}, 15)});
+  check_grad("matmul vector x batch", [](auto& in) { return matmul(in[0], in[1]); },
+             {random_input({4}, 16), b3});
+  check_grad("matmul q @ k^T",
+             [](auto& in) { return matmul(in[0], in[1].transpose(-2, -1)); },
+             {random_input({2, 2, 3, 4}, 17), random_input({2, 2, 3, 4}, 18)});
+  check_grad("matmul [1,m,k] x [b,k,n]", [](auto& in) { return matmul(in[0], in[1]); },
+             {random_input({1, 3, 4}, 19), b3});
+  check_grad("matmul [b,m,k] x [1,k,n]", [](auto& in) { return matmul(in[0], in[1]); },
+             {a3, random_input({1, 4, 5}, 20)});
+  check_grad("matmul matrix x batch", [](auto& in) { return matmul(in[0], in[1]); }, {a, b3});
+  check_grad("matmul 4-D x 3-D, both broadcast",
+             [](auto& in) { return matmul(in[0], in[1]); },
+             {random_input({2, 1, 3, 4}, 21), random_input({3, 4, 2}, 22)});
+  check_grad("matmul broadcast, same operand twice",
+             [](auto& in) { return matmul(in[0], in[0].transpose(-2, -1).unsqueeze(0)); },
+             {random_input({2, 3, 4}, 23)});
   check_grad("matmul same operand twice", [](auto& in) { return matmul(in[0], in[0].t()); }, {a});
   check_grad("linear with bias", [](auto& in) { return linear(in[0], in[1], in[2]); },
              {x, w, bias});
