@@ -100,7 +100,9 @@ TrainingProgress restore_training_checkpoint(const runtime::CheckpointContent& c
 // for it, and every rank then returns the entry or throws rank 0's failure.
 // A model with a NaN or infinite parameter is not written (the run has
 // diverged; the newest checkpoint stays the last good one): every rank
-// throws, naming the parameters. runtime::CheckpointDir::save writes anything.
+// throws, naming the parameters. Every rank must pass the same directory
+// (checked; two models on groups from new_group() each save over their own
+// group). runtime::CheckpointDir::save writes anything.
 runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
                                                   const TrainingParts& parts,
                                                   const TrainingProgress& progress,

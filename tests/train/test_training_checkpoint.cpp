@@ -257,7 +257,9 @@ TEST_CASE("A checkpoint rank 0 cannot write fails every rank", "[optim][checkpoi
   std::vector<std::string> messages(2);
   const auto errors = testing::run_ranks(2, [&](int r) {
     auto model = models::fashion_mlp(1);
-    runtime::CheckpointDir ckpt(dir / std::to_string(r));
+    // Only rank 0 writes; the others open the directory read-only, as
+    // open_training_run does.
+    runtime::CheckpointDir ckpt(dir, {.read_only = r != 0});
     // Rank 0's directory disappears and a file takes its place.
     if (r == 0) {
       fs::remove_all(ckpt.path());
@@ -279,7 +281,7 @@ TEST_CASE("A diverged model is not saved: every rank throws and the newest check
   const auto errors = testing::run_ranks(2, [&](int r) {
     auto& group = *groups[static_cast<size_t>(r)];
     auto model = models::fashion_mlp(1);
-    runtime::CheckpointDir ckpt(dir / std::to_string(r), {.keep_last = 1});
+    runtime::CheckpointDir ckpt(dir, {.keep_last = 1, .read_only = r != 0});
     save_training_checkpoint(ckpt, {.model = model.get()}, {.step = 1}, std::nullopt, group);
     const double bad = r == 0 ? std::nan("") : INFINITY;  // both kinds, one per rank's model
     for (const auto& [name, p] : model->named_parameters()) {
@@ -297,10 +299,10 @@ TEST_CASE("A diverged model is not saved: every rank throws and the newest check
                  Contains("the checkpoints already saved are kept"));
   CHECK_THAT(testing::message_of(errors[1]), Contains("rank 0 could not write checkpoint step 2"));
   // keep_last 1 did not rotate step 1 out for the diverged step 2.
-  const auto latest = runtime::CheckpointDir(dir / "0").latest();
+  const auto latest = runtime::CheckpointDir(dir).latest();
   REQUIRE(latest);
   CHECK(latest->step == 1);
-  CHECK_FALSE(fs::exists(runtime::CheckpointDir(dir / "0").path_for_step(2)));
+  CHECK_FALSE(fs::exists(runtime::CheckpointDir(dir).path_for_step(2)));
   fs::remove_all(dir);
 }
 
