@@ -301,27 +301,6 @@ void check_parameters_finite(const nn::Module& model, int64_t step) {
       bad.size() > shown ? ", ..." : ""));
 }
 
-// Rank 0 writes for every rank of `group`, so the ranks must mean one
-// directory: ranks of another model (two models on subgroups of one job,
-// saved over the whole job's group) would return as if saved while nothing
-// of theirs was written. Throws on every rank alike, naming each rank's.
-void check_same_directory(const runtime::CheckpointDir& dir, collectives::ProcessGroup& group) {
-  if (group.size() == 1) return;
-  const std::vector<std::string> dirs = collectives::allgather_text(dir.path().string(), group);
-  const bool same =
-      std::all_of(dirs.begin(), dirs.end(), [&](const std::string& d) { return d == dirs[0]; });
-  if (same) return;
-  std::string listed;
-  for (size_t r = 0; r < dirs.size(); ++r)
-    listed += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r, dirs[r]);
-  throw Error(fmt::format(
-      "save_training_checkpoint on rank {} of group '{}': its ranks name different checkpoint "
-      "directories ({}), but only the group's rank 0 writes, so the others' checkpoints would "
-      "not be saved; pass each model's own group (the one from new_group() that its DDP and "
-      "optimizer use) with its directory",
-      group.rank(), group.name(), listed));
-}
-
 }  // namespace
 
 GeneratorStates generator_states(const TrainingParts& parts) {
@@ -503,7 +482,7 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
                                                   std::optional<double> metric,
                                                   collectives::ProcessGroup& group) {
   const int rank = group.rank();
-  check_same_directory(dir, group);
+  check_same_directory(dir.path(), group, "save_training_checkpoint");
   if (auto* zero = dynamic_cast<optim::ZeroRedundancyOptimizer*>(parts.optimizer))
     zero->consolidate_state_dict(0);
   const std::vector<GeneratorStates> generators = all_generator_states(parts, group);
@@ -549,6 +528,24 @@ std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
   }
   check_every_rank_sees(chosen->path, group);
   return chosen;
+}
+
+void check_same_directory(const std::filesystem::path& dir, collectives::ProcessGroup& group,
+                          const std::string& caller) {
+  if (group.size() == 1) return;
+  const std::vector<std::string> dirs = collectives::allgather_text(dir.string(), group);
+  const bool same =
+      std::all_of(dirs.begin(), dirs.end(), [&](const std::string& d) { return d == dirs[0]; });
+  if (same) return;
+  std::string listed;
+  for (size_t r = 0; r < dirs.size(); ++r)
+    listed += fmt::format("{}rank {}: {}", r == 0 ? "" : ", ", r, dirs[r]);
+  throw Error(fmt::format(
+      "{} on rank {} of group '{}': its ranks name different checkpoint directories ({}), but "
+      "the group's rank 0 decides and writes for all of them, so the others would save nothing "
+      "and resume from rank 0's choice; pass each model's own group (the one from new_group() "
+      "that its DDP and optimizer use) with its directory",
+      caller, group.rank(), group.name(), listed));
 }
 
 void check_every_rank_sees(const std::filesystem::path& path, collectives::ProcessGroup& group) {

@@ -114,6 +114,11 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
 // the ranks, when some rank cannot see the file rank 0 picked.
 std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
     const runtime::CheckpointDir& dir, collectives::ProcessGroup& group);
+// Every rank calls it: returns when every rank of `group` names the same
+// checkpoint directory `dir`, and otherwise throws on every rank, naming each
+// rank's, with `caller` (the group's rank 0 decides and writes for all).
+void check_same_directory(const std::filesystem::path& dir, collectives::ProcessGroup& group,
+                          const std::string& caller);
 // Every rank calls it: returns when every rank sees `path` as a file, and
 // otherwise throws on every rank, naming the ranks that do not.
 void check_every_rank_sees(const std::filesystem::path& path, collectives::ProcessGroup& group);

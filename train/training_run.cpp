@@ -227,6 +227,7 @@ TrainingRun open_training_run(const fs::path& path, runtime::CheckpointDirOption
                  "run in {}, restart moves it aside)",
                  path.string());
   if (rank != 0) dir_options.read_only = true;
+  check_same_directory(path, group, "open_training_run");
 
   std::optional<runtime::CheckpointDir> dir;
   RunDirLock lock;

@@ -45,8 +45,10 @@
 // (run_settings.h; the world size is always one, the data digest one where
 // the program records it) and returns the changes.
 // Every rank throws when one does: rank 0 with the reason, the others naming
-// rank 0's output. Rank 0 alone writes; the other ranks open the directory
-// read-only and must see the files rank 0 picked.
+// rank 0's output; and all of them when the ranks name different directories
+// (two models on groups from new_group() each open their run over their
+// own). Rank 0 alone writes; the other ranks open the directory read-only
+// and must see the files rank 0 picked.
 #pragma once
 
 #include <filesystem>
