@@ -159,10 +159,8 @@ bool numbers_makings_of(const std::string& key, const std::string& name) {
   const std::string prefix = name + "/members/" + name + "/";
   if (!key.starts_with(prefix)) return false;
   const std::string rest = key.substr(prefix.size());
-  const size_t first = rest.find('/');
-  const size_t second = first == std::string::npos ? first : rest.find('/', first + 1);
-  return second != std::string::npos && rest.substr(first, second - first + 1) == "/instances/" &&
-         rest.find('/', second + 1) == std::string::npos;
+  const size_t first = rest.find('/'), last = rest.rfind('/');
+  return first != std::string::npos && rest.compare(first, last - first + 1, "/instances/") == 0;
 }
 
 // A subgroup: the member group `inner` (its own ranks 0..n-1) seen as the

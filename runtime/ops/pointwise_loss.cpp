@@ -115,14 +115,15 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Bce
     losses = mul(losses, *o.weight);
     inputs.push_back(*o.weight);
     saved.push_back(o.weight->detach());
-    saved.push_back(unweighted);
+    // Kept for backward only where the weight's gradient is wanted.
+    if (o.weight->requires_grad()) saved.push_back(unweighted);
   }
   losses = record(losses, "BinaryCrossEntropyBackward", inputs, saved,
                   [](const BackwardArgs& g) {
                     const Tensor &x = g.saved[0], &y = g.saved[1];
                     const bool weighted = g.saved.size() > 2;
                     Tensor gw = weighted ? mul(g.grad, g.saved[2]) : g.grad;
-                    Tensor gx, gy, gweight;
+                    Tensor gx, gy;
                     if (g.needs[0]) {
                       // w (x - y) / max(x (1 - x), 1e-12), PyTorch's clamp.
                       const Tensor var = mul(x, add(neg(x), 1.0));
@@ -131,9 +132,9 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Bce
                     if (g.needs[1])  // d/dy of -[y log x + (1-y) log(1-x)], logs clamped
                       gy = mul(gw, sub(clamped_log(add(neg(x), 1.0)), clamped_log(x)));
                     std::vector<Tensor> grads = {gx, gy};
-                    if (weighted && g.needs[2])
-                      gweight = sum_to(mul(g.grad, g.saved[3]), g.saved[2].shape());
-                    if (weighted) grads.push_back(gweight);
+                    if (weighted) grads.emplace_back();
+                    if (g.saved.size() > 3 && g.needs[2])
+                      grads[2] = sum_to(mul(g.grad, g.saved[3]), g.saved[2].shape());
                     return grads;
                   });
   return reduce(losses, o.reduction);
