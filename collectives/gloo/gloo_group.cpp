@@ -1,6 +1,7 @@
 #include "lockstep/collectives/gloo/gloo_group.h"
 
 #include <sched.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cstring>
@@ -696,12 +697,27 @@ std::shared_ptr<Work> GlooGroup::run_recv(Call call, Tensor& tensor, int src, in
   return post_p2p(call, tensor, src, tag, false);
 }
 
+// gloo writes to its sockets with writev(), which raises SIGPIPE when the
+// peer's process has gone: its default action killed this rank ("killed by
+// SIGPIPE") before gloo's error, which names the peer, could be thrown.
+// PyTorch never meets it, as Python ignores SIGPIPE; so does a process with a
+// gloo group, unless the program chose its own handling of it.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 }  // namespace
 
 std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<distributed::Store> store, int rank,
                                               int size, const std::string& name,
                                               std::chrono::milliseconds timeout,
                                               const std::string& bind_address) {
+  ignore_sigpipe_unless_handled();
   return std::make_shared<GlooGroup>(std::move(store), rank, size, name, timeout, bind_address);
 }
 

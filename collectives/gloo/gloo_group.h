@@ -15,7 +15,9 @@
 namespace lockstep::collectives {
 
 // `bind_address`: the local IP address gloo listens on (peers connect to it);
-// "127.0.0.1" for ranks of one host.
+// "127.0.0.1" for ranks of one host. Sets SIGPIPE to be ignored where its
+// action is the default, as Python does: a write to a peer that has gone
+// then fails with an error naming it instead of killing this process.
 std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<distributed::Store> store, int rank,
                                               int size, const std::string& name,
                                               std::chrono::milliseconds timeout,

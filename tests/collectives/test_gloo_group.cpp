@@ -9,6 +9,8 @@
 
 #include <sched.h>
 
+#include <csignal>
+
 #include <filesystem>
 #include <latch>
 #include <regex>
@@ -368,6 +370,26 @@ TEST_CASE("gloo: an unmatched recv times out; a pending one is cancelled with it
   auto pending = fresh[0]->recv(u, 1, {.tag = 4, .timeout = {}});
   fresh[0].reset();  // must not wait for the 60 s timeout
   CHECK_THAT(lt::error_of([&] { pending->wait(); }), Contains("destroyed"));
+}
+
+TEST_CASE("gloo: a process with a gloo group ignores SIGPIPE unless it handles it itself",
+          "[collectives][gloo]") {
+  // gloo's writev() to a peer that has gone raises SIGPIPE: by its default
+  // action the rank died ("killed by SIGPIPE") before gloo's error named the
+  // peer. Python, and so PyTorch, ignores it.
+  struct sigaction saved {};
+  ::sigaction(SIGPIPE, nullptr, &saved);
+  const auto disposition_after_group = [](void (*before)(int)) {
+    ::signal(SIGPIPE, before);
+    lt::make_groups("gloo", 1, "sigpipe");
+    struct sigaction now {};
+    ::sigaction(SIGPIPE, nullptr, &now);
+    return now.sa_handler;
+  };
+  CHECK(disposition_after_group(SIG_DFL) == SIG_IGN);
+  void (*handler)(int) = [](int) {};
+  CHECK(disposition_after_group(handler) == handler);  // the program's own choice stays
+  ::sigaction(SIGPIPE, &saved, nullptr);
 }
 
 #endif  // LOCKSTEP_HAVE_GLOO
