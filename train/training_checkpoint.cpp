@@ -509,6 +509,7 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
 
 std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
     const runtime::CheckpointDir& dir, collectives::ProcessGroup& group) {
+  check_same_directory(dir.path(), group, "latest_training_checkpoint");
   const int rank = group.rank();
   std::optional<runtime::CheckpointEntry> chosen;
   if (rank == 0) chosen = dir.latest();

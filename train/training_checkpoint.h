@@ -110,8 +110,9 @@ runtime::CheckpointEntry save_training_checkpoint(runtime::CheckpointDir& dir,
                                                   collectives::ProcessGroup& group);
 // The checkpoint to resume from, the same on every rank: rank 0 picks the
 // newest one that loads (CheckpointDir::latest()) and tells the others; every
-// rank of `group` calls it, and all throw, naming
-// the ranks, when some rank cannot see the file rank 0 picked.
+// rank of `group` calls it with the same directory (checked, as for a save),
+// and all throw, naming the ranks, when some rank cannot see the file rank 0
+// picked.
 std::optional<runtime::CheckpointEntry> latest_training_checkpoint(
     const runtime::CheckpointDir& dir, collectives::ProcessGroup& group);
 // Every rank calls it: returns when every rank of `group` names the same

@@ -1,8 +1,8 @@
 // Training checkpoints of two models trained side by side on subgroups of one
 // job ({0, 1} train model A, {2, 3} model B): each pair's rank 0 writes its
-// own model's file and each pair resumes its own run; a save or a run opened
-// over the whole job's group, whose rank 0 decides and writes for all, is
-// refused when the ranks name different directories.
+// own model's file and each pair resumes its own run; a save, a run opened or
+// a checkpoint picked over the whole job's group, whose rank 0 decides and
+// writes for all, is refused when the ranks name different directories.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -80,14 +80,16 @@ TEST_CASE("Two models on subgroups each save their own checkpoint; a save over t
   fs::remove_all(base);
 }
 
-TEST_CASE("Two models on subgroups each resume their own run; a run opened over the job's group "
-          "naming two directories is refused on every rank",
+TEST_CASE("Two models on subgroups each resume their own run; a run opened, or a checkpoint "
+          "picked, over the job's group naming two directories is refused on every rank",
           "[optim][checkpoint][new_group]") {
   const fs::path base =
       fs::temp_directory_path() / fmt::format("lockstep-tc-subgroups-resume-{}", getpid());
   fs::remove_all(base);
   const bool over_job = GENERATE(false, true);
-  INFO("resume over the job's group: " << over_job);
+  const bool by_latest = GENERATE(false, true);
+  INFO("resume over the job's group: " << over_job << ", with latest_training_checkpoint: "
+                                        << by_latest);
   auto groups = testing::make_groups(testing::kThreadRankBackend, 4, "run-subgroups");
   std::vector<std::string> resumed(4);
   const auto errors = testing::run_ranks(4, [&](int r) {
@@ -105,10 +107,15 @@ TEST_CASE("Two models on subgroups each resume their own run; a run opened over 
         train::save_training_checkpoint(run.dir, parts, {.step = step}, std::nullopt, *pair);
     }
     job->barrier()->wait();
-    train::TrainingRun run =
-        train::open_training_run(dir, {}, {.resume = true}, over_job ? *job : *pair);
-    resumed[static_cast<size_t>(r)] =
-        run.resume_from ? run.resume_from->path.lexically_relative(base).string() : "none";
+    auto& resume_group = over_job ? *job : *pair;
+    std::optional<runtime::CheckpointEntry> from;
+    if (by_latest) {
+      from = train::latest_training_checkpoint(runtime::CheckpointDir(dir, {.read_only = true}),
+                                               resume_group);
+    } else {
+      from = train::open_training_run(dir, {}, {.resume = true}, resume_group).resume_from;
+    }
+    resumed[static_cast<size_t>(r)] = from ? from->path.lexically_relative(base).string() : "none";
   });
   if (!over_job) {
     for (int r = 0; r < 4; ++r) {
@@ -122,7 +129,7 @@ TEST_CASE("Two models on subgroups each resume their own run; a run opened over 
       INFO("rank " << r << " resumed " << resumed[static_cast<size_t>(r)]);
       REQUIRE(errors[static_cast<size_t>(r)]);
       const std::string message = testing::message_of(errors[static_cast<size_t>(r)]);
-      CHECK_THAT(message, Contains("open_training_run") &&
+      CHECK_THAT(message, Contains(by_latest ? "latest_training_checkpoint" : "open_training_run") &&
                               Contains("different checkpoint directories"));
     }
   }
