@@ -19,10 +19,12 @@ constexpr std::string_view kDestroyed = "nothing more: it destroyed its group";
 
 class DebugGroup final : public ForwardingGroup {
  public:
-  DebugGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<distributed::Store> store)
-      : ForwardingGroup(std::move(inner)), store_(std::move(store)) {
+  DebugGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<distributed::Store> store,
+             std::string label)
+      : ForwardingGroup(std::move(inner)), store_(std::move(store)), label_(std::move(label)) {
     LOCKSTEP_CHECK(store_ != nullptr, "desync checker for group '{}': a store is needed",
                    name());
+    if (label_.empty()) label_ = fmt::format("group '{}' ({})", name(), backend());
     // Counts this rank's groups of this name, so that a group made again under
     // an old name does not read the previous one's fingerprints.
     const int64_t instance = store_->add(fmt::format("{}/desync/instances/{}", name(), rank()), 1);
@@ -54,6 +56,7 @@ class DebugGroup final : public ForwardingGroup {
                                   std::chrono::milliseconds timeout);
 
   std::shared_ptr<distributed::Store> store_;
+  std::string label_;  // "group 'default' (gloo)", or a subgroup's with its parent's ranks
   std::string prefix_;
   uint64_t last_seq_ = 0;  // the last collective checked
 };
@@ -98,10 +101,9 @@ void DebugGroup::check_same(const Call& call) {
     parts.push_back(fmt::format("{} called {}", ranks_text(ranks), call));
   }
   throw CollectiveError(fmt::format(
-      "collective #{} differs across ranks of group '{}' ({}, seen on rank {}): {}. Every rank "
-      "must issue the same collectives, with the same dtype and element count, in the same "
-      "order",
-      seq, name(), backend(), rank(), fmt::join(parts, "; ")));
+      "collective #{} differs across ranks of {}: {} (seen on rank {}). Every rank must issue "
+      "the same collectives, with the same dtype and element count, in the same order",
+      seq, label_, fmt::join(parts, "; "), rank()));
 }
 
 void DebugGroup::throw_missing(uint64_t seq, const std::string& fingerprint,
@@ -125,9 +127,9 @@ void DebugGroup::throw_missing(uint64_t seq, const std::string& fingerprint,
                         : fmt::format("rank {} has issued no collective on this group", r));
   }
   throw CollectiveError(fmt::format(
-      "collective #{} ({}) on rank {} of group '{}' ({}): {} did not issue collective #{} within "
+      "collective #{} ({}) on rank {} of {}: {} did not issue collective #{} within "
       "{:.3g} s ({}); it may have died, be stuck, or be running other code",
-      seq, fingerprint, rank(), name(), backend(),
+      seq, fingerprint, rank(), label_,
       missing.empty() ? std::string("some rank") : ranks_text(missing), seq,
       static_cast<double>(timeout.count()) / 1000.0, fmt::join(lasts, "; ")));
 }
@@ -135,9 +137,10 @@ void DebugGroup::throw_missing(uint64_t seq, const std::string& fingerprint,
 }  // namespace
 
 std::shared_ptr<ProcessGroup> make_debug_group(std::shared_ptr<ProcessGroup> inner,
-                                               std::shared_ptr<distributed::Store> store) {
+                                               std::shared_ptr<distributed::Store> store,
+                                               std::string label) {
   LOCKSTEP_CHECK(inner != nullptr, "make_debug_group: the group to wrap is null");
-  return std::make_shared<DebugGroup>(std::move(inner), std::move(store));
+  return std::make_shared<DebugGroup>(std::move(inner), std::move(store), std::move(label));
 }
 
 }  // namespace lockstep::collectives

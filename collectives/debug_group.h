@@ -15,13 +15,17 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "lockstep/collectives/process_group.h"
 #include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives {
 
+// `label` names the group in errors; empty: "group '<name>' (<backend>)". A
+// subgroup's says whose ranks its ranks are.
 std::shared_ptr<ProcessGroup> make_debug_group(std::shared_ptr<ProcessGroup> inner,
-                                               std::shared_ptr<distributed::Store> store);
+                                               std::shared_ptr<distributed::Store> store,
+                                               std::string label = {});
 
 }  // namespace lockstep::collectives

@@ -279,7 +279,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   ProcessGroup* group = holder->group.get();
   std::shared_ptr<distributed::Store> store = holder->store;
   std::shared_ptr<ProcessGroup> owned = owned_by_this_process(std::move(holder), group);
-  remember_group_store(owned, std::move(store));
+  remember_group_store(owned, std::move(store), info.debug);
   return owned;
 }
 
@@ -292,7 +292,7 @@ std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend,
       make_group(backend, store, rank, size, name, timeout, debug, nullptr, node_key);
   ProcessGroup* raw = group.get();
   std::shared_ptr<ProcessGroup> owned = owned_by_this_process(std::move(group), raw);
-  remember_group_store(owned, std::move(store));
+  remember_group_store(owned, std::move(store), debug);
   return owned;
 }
 

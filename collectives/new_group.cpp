@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "lockstep/collectives/backend_registry.h"
+#include "lockstep/collectives/debug_group.h"
 #include "lockstep/collectives/forwarding_group.h"
 #include "lockstep/collectives/init.h"
 #include "lockstep/collectives/node_topology.h"
@@ -35,11 +36,13 @@ struct Written {
 };
 
 // The store each group from init_process_group() or make_process_group() was
-// made over, how many new_group() calls it has seen (which names them), and
-// the keys the last two wrote here, not yet deleted (delete_previous_keys).
+// made over, its debug level (its subgroups take it), how many new_group()
+// calls it has seen (which names them), and the keys the last two wrote
+// here, not yet deleted (delete_previous_keys).
 struct Remembered {
   std::weak_ptr<ProcessGroup> group;
   std::weak_ptr<distributed::Store> store;
+  distributed::DebugLevel debug = distributed::DebugLevel::Off;
   int new_groups = 0;
   Written last;     // the keys of the last new_group() call
   Written counted;  // the counters of the one before it
@@ -51,13 +54,20 @@ std::map<const ProcessGroup*, Remembered>& remembered() {
   return groups;
 }
 
-// The parent's store and its next new_group() number (from 1).
-std::pair<std::shared_ptr<distributed::Store>, int> next_of(const ProcessGroup& parent) {
+// What new_group() learns of a parent it remembers: its store, its next
+// new_group() number (from 1) and its debug level.
+struct ParentFacts {
+  std::shared_ptr<distributed::Store> store;
+  int number = 0;
+  distributed::DebugLevel debug = distributed::DebugLevel::Off;
+};
+
+ParentFacts next_of(const ProcessGroup& parent) {
   std::lock_guard lock(remembered_mutex);
   auto& groups = remembered();
   const auto it = groups.find(&parent);
-  if (it == groups.end() || it->second.group.lock().get() != &parent) return {nullptr, 0};
-  return {it->second.store.lock(), ++it->second.new_groups};
+  if (it == groups.end() || it->second.group.lock().get() != &parent) return {};
+  return {it->second.store.lock(), ++it->second.new_groups, it->second.debug};
 }
 
 // A view of a store that notes the keys this rank writes through it until
@@ -279,17 +289,18 @@ std::shared_ptr<ProcessGroup> mpi_subgroup(const ProcessGroup& parent,
 }  // namespace
 
 void remember_group_store(const std::shared_ptr<ProcessGroup>& group,
-                          std::shared_ptr<distributed::Store> store) {
+                          std::shared_ptr<distributed::Store> store,
+                          distributed::DebugLevel debug) {
   if (group == nullptr || store == nullptr) return;
   std::lock_guard lock(remembered_mutex);
   auto& groups = remembered();
   std::erase_if(groups, [](const auto& entry) { return entry.second.group.expired(); });
-  groups[group.get()] = {.group = group, .store = std::move(store)};
+  groups[group.get()] = {.group = group, .store = std::move(store), .debug = debug};
 }
 
 std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> ranks,
                                         const NewGroupOptions& options) {
-  auto [store, number] = next_of(parent);
+  auto [store, number, debug] = next_of(parent);
   if (options.store != nullptr) store = options.store;
   LOCKSTEP_CHECK(store != nullptr,
                  "new_group over group '{}': no store is known for it (it was not made by "
@@ -346,10 +357,15 @@ std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> r
                                   inner->backend(), ranks.size(), ranks_text(ranks),
                                   parent.name());
   std::shared_ptr<ProcessGroup> group = with_device_staging(
-      std::make_shared<Subgroup>(std::move(inner), std::move(ranks), std::move(label)), backend);
+      std::make_shared<Subgroup>(std::move(inner), std::move(ranks), label), backend);
+  // LOCKSTEP_DEBUG=detail checks a subgroup's calls as its parent's, as
+  // TORCH_DISTRIBUTED_DEBUG does every group's. Its keys are the group's own
+  // (under its name, on the unnoted store), deleted by the group itself.
+  if (debug == distributed::DebugLevel::Detail)
+    group = make_debug_group(std::move(group), store, std::move(label));
   ProcessGroup* raw = group.get();
   std::shared_ptr<ProcessGroup> owned = owned_by_this_process(std::move(group), raw);
-  remember_group_store(owned, group_store);
+  remember_group_store(owned, group_store, debug);
   done();
   return owned;
 }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "lockstep/collectives/process_group.h"
+#include "lockstep/distributed/launch_env.h"
 #include "lockstep/distributed/store/store.h"
 
 namespace lockstep::collectives {
@@ -47,9 +48,12 @@ struct NewGroupOptions {
 std::shared_ptr<ProcessGroup> new_group(ProcessGroup& parent, std::vector<int> ranks,
                                         const NewGroupOptions& options = {});
 
-// Records that `group`'s ranks meet on `store`, for new_group(); while
-// `group` lives. init_process_group() and make_process_group() call it.
+// Records that `group`'s ranks meet on `store`, and its debug level (which
+// its subgroups take: LOCKSTEP_DEBUG=detail checks theirs too), for
+// new_group(); while `group` lives. init_process_group() and
+// make_process_group() call it.
 void remember_group_store(const std::shared_ptr<ProcessGroup>& group,
-                          std::shared_ptr<distributed::Store> store);
+                          std::shared_ptr<distributed::Store> store,
+                          distributed::DebugLevel debug = distributed::DebugLevel::Off);
 
 }  // namespace lockstep::collectives

@@ -6,6 +6,7 @@
 #include "lockstep/collectives/new_group.h"
 #include "lockstep/runtime/ops.h"
 #include "support/backend_skip.h"
+#include "support/test_util.h"
 
 namespace lt = lockstep::testing;
 using lockstep::collectives::new_group;
@@ -282,4 +283,35 @@ TEST_CASE("a new_group name given again while its first group lives makes a grou
     for (int r = 0; r < 3; ++r)
       CHECK(store->add(fmt::format("kept/members/kept/{}/instances/{}", kind, r), 0) == 2);
   }
+}
+
+TEST_CASE("a subgroup of a group under LOCKSTEP_DEBUG=detail has its calls checked too",
+          "[collectives][new_group]") {
+  // The detail check names a rank that never arrives with its last call; the
+  // always-on check alone could only wait out the timeout. A subgroup made
+  // over a subgroup takes the level as well.
+  using namespace std::chrono_literals;
+  const bool nested = GENERATE(false, true);
+  INFO("a subgroup of a subgroup: " << nested);
+  const auto parents = lt::make_groups(lt::kThreadRankBackend, 4, "default", 1500ms,
+                                       lockstep::distributed::DebugLevel::Detail);
+  std::string seen;
+  std::vector<std::shared_ptr<ProcessGroup>> kept(4);  // rank 3's outlives its thread
+  const auto errors = lt::run_ranks(4, [&](int r) {
+    std::shared_ptr<ProcessGroup> odd = new_group(*parents[static_cast<size_t>(r)], {1, 3});
+    if (odd && nested) odd = new_group(*odd, {0, 1});
+    kept[static_cast<size_t>(r)] = odd;
+    if (!odd) return;
+    odd->barrier()->wait();
+    if (r == 3) return;  // stops issuing collectives
+    Tensor t = Tensor::zeros({4});
+    seen = lt::error_of([&] { odd->allreduce(t)->wait(); });
+  });
+  for (const auto& e : errors) CHECK(lt::message_of(e) == "<no exception>");
+  CHECK_THAT(seen, Catch::Contains("collective #2 (allreduce(f32, 4 elements, sum)) on rank 0") &&
+                       Catch::Contains("rank 1 did not issue collective #2") &&
+                       Catch::Contains("rank 1's last recorded call was collective #1: barrier()"));
+  // Its ranks are named as the parent's.
+  CHECK_THAT(seen, Catch::Contains(nested ? "2 ranks: ranks 0 and 1 of group 'default/new_group1')"
+                                          : "2 ranks: ranks 1 and 3 of group 'default')"));
 }
