@@ -119,6 +119,40 @@ EnvLookup slurm_view(const EnvLookup& env) {
   };
 }
 
+// Launchers that start this process but tell its rank and world size only
+// over their own protocol, which lockstep does not speak: read as no launcher
+// (or as the Slurm task they run in), every process would train alone as
+// rank 0 of 1. Refused, saying how to start the job instead.
+void refuse_unreadable_launcher(const EnvLookup& env, const Source* source) {
+  // MPICH's and Intel MPI's hydra with -pmi-port: PMI_PORT and PMI_ID (the
+  // rank) instead of PMI_FD, PMI_RANK and PMI_SIZE.
+  if (source == nullptr && (is_set(env, "PMI_PORT") || is_set(env, "PMI_ID"))) {
+    throw Error(fmt::format(
+        "PMI_PORT={} and PMI_ID={} say a PMI process manager started this process in port mode "
+        "(mpiexec -pmi-port), which gives the world size only over its PMI connection; "
+        "lockstep reads the rank and world size from the environment, so run mpiexec without "
+        "-pmi-port (it then sets PMI_RANK and PMI_SIZE), or launch with lockstep-run, torchrun "
+        "or srun",
+        runtime::quoted_value(env("PMI_PORT").value_or("")),
+        runtime::quoted_value(env("PMI_ID").value_or(""))));
+  }
+  // A PMIx launcher other than Slurm's (PRRTE's prterun) inside a Slurm task:
+  // PMIX_RANK, but no world size, beside the task's own SLURM_* variables.
+  // Slurm's PMIx names its namespace slurm.pmix.<job>.<step>.
+  const auto pmix_namespace = env("PMIX_NAMESPACE");
+  if (is(source, "slurm") && is_set(env, "PMIX_RANK") && pmix_namespace &&
+      pmix_namespace->rfind("slurm.pmix.", 0) != 0) {
+    throw Error(fmt::format(
+        "PMIX_RANK={} in PMIx namespace {} says a PMIx launcher other than Slurm started this "
+        "process inside Slurm task {} of {}, and no variable gives its world size; start the "
+        "job with srun, Open MPI's mpirun (which sets OMPI_COMM_WORLD_RANK and _SIZE), "
+        "lockstep-run or torchrun",
+        runtime::quoted_value(*env("PMIX_RANK")), runtime::quoted_value(*pmix_namespace),
+        env("SLURM_PROCID").value_or("?"),
+        env("SLURM_STEP_NUM_TASKS").value_or(env("SLURM_NTASKS").value_or("?"))));
+  }
+}
+
 int require_int(const EnvLookup& env, const Source& source, const char* name, int minimum) {
   const auto value = runtime::read_whole_number(env, name, minimum);
   LOCKSTEP_CHECK(value.has_value(),
@@ -363,6 +397,7 @@ RankInfo read_rank_info(const EnvLookup& process, RankInfoOptions options) {
   read_settings(process, info);
 
   const Source* source = find_source(process);
+  refuse_unreadable_launcher(process, source);
   if (source == nullptr) {
     info.source = "none";
     read_store_address(process, source, info);

@@ -29,6 +29,9 @@
 //                  is one process.
 //   PMIx           PMIX_RANK, PMIX_SIZE, PMIX_LOCAL_RANK, PMIX_LOCAL_SIZE
 //   none           one process: rank 0 of world size 1
+// Refused, as every process would be rank 0 of 1: hydra's port mode
+// (mpiexec -pmi-port: PMI_PORT and PMI_ID, no PMI_RANK), and a PMIx launcher
+// other than Slurm's (PMIX_NAMESPACE not slurm.pmix.*) inside a Slurm task.
 //
 // Who serves the store, and where (RankInfo::rank0_serves_store):
 //   - lockstep-run serves it and passes LOCKSTEP_STORE_ADDR. Set by hand

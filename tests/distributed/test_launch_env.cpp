@@ -332,6 +332,36 @@ TEST_CASE("env: mpiexec inside an srun --mpi=pmi2 task gives every rank its PMI 
   CHECK(remote.local_rank == 1);
 }
 
+TEST_CASE("env: launchers that give the world size only over their own protocol are refused",
+          "[env]") {
+  // mpiexec -pmi-port (hydra): PMI_PORT and PMI_ID, the rank, but no
+  // PMI_RANK or PMI_SIZE; read as no launcher, every rank was rank 0 of 1.
+  const Vars port_mode = {{"PMI_PORT", "node1:39211"}, {"PMI_ID", "2"},
+                          {"MPI_LOCALRANKID", "2"},    {"MPI_LOCALNRANKS", "4"}};
+  CHECK_THAT(error_for(port_mode), Contains("PMI_PORT='node1:39211' and PMI_ID='2'") &&
+                                       Contains("without -pmi-port"));
+  CHECK_THAT(error_for({{"PMI_ID", "0"}}), Contains("mpiexec -pmi-port"));
+  // With the rank variables (hydra's default mode), PMI_PORT is not looked at.
+  CHECK(read(merged(port_mode, {{"PMI_RANK", "2"}, {"PMI_SIZE", "4"}, {"MASTER_ADDR", "h"},
+                                {"MASTER_PORT", "5"}}))
+            .rank == 2);
+
+  // prterun -n 4 inside an srun task: each process keeps the task's SLURM_*
+  // (task 0 of 1) and gets PMIX_RANK in PRRTE's namespace, with no size.
+  const Vars task = {{"SLURM_PROCID", "0"},   {"SLURM_STEP_NUM_TASKS", "1"},
+                     {"SLURM_LOCALID", "0"},  {"SLURM_NODEID", "0"},
+                     {"SLURM_JOB_ID", "77"},  {"SLURM_STEP_ID", "0"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "1"}, {"SLURM_STEP_NODELIST", "gpu01"}};
+  CHECK_THAT(error_for(merged(task, {{"PMIX_RANK", "3"}, {"PMIX_NAMESPACE", "prterun-gpu01-9@1"}})),
+             Contains("PMIX_RANK='3' in PMIx namespace 'prterun-gpu01-9@1'") &&
+                 Contains("inside Slurm task 0 of 1"));
+  // srun --mpi=pmix's own tasks are Slurm's.
+  const auto pmix_task = read(merged(task, {{"PMIX_RANK", "0"},
+                                            {"PMIX_NAMESPACE", "slurm.pmix.77.0"}}));
+  CHECK(pmix_task.source == "slurm");
+  CHECK(pmix_task.world_size == 1);
+}
+
 TEST_CASE("env: under srun rank 0 serves the store at an address every task derives",
           "[env]") {
   const Vars task = {{"SLURM_PROCID", "1"},          {"SLURM_STEP_NUM_TASKS", "4"},
