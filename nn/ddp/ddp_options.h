@@ -91,9 +91,11 @@ CommHook allreduce();
 // a relative error up to 2^-9 or 2^-12) and each of the N - 1 additions once
 // more, so an element is off by at most about N * 2^-9 (bf16) or N * 2^-12
 // (f16) of the sum of its contributions' magnitudes; the test at 2 ranks
-// checks 1.6e-2 and 2e-3 of the expected gradient. f16's range (65504) is
-// ample for gradients already divided by the ranks' count. Without a hook the
-// buckets stay in the parameters' dtype, f32 under autocast too.
+// checks 1.6e-2 and 2e-3 of the expected gradient. f16's range (65504) holds
+// gradients already divided by the ranks' count, but not those a GradScaler
+// scaled (65536 by default): their sums come back inf and the scaler skips
+// steps until its scale fits, as with PyTorch's fp16_compress_hook. Without a
+// hook the buckets stay in the parameters' dtype, f32 under autocast too.
 CommHook fp16_compress();
 CommHook bf16_compress();
 }  // namespace comm_hooks
