@@ -133,7 +133,7 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options) : Adam("Adam", false
 
 Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults) : Adam("Adam", false, defaults) {
   LOCKSTEP_CHECK(!groups.empty(), "Adam: got an empty list of parameter groups");
-  for (auto& g : groups) add_param_group(std::move(g));
+  add_param_groups(std::move(groups));
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options) : Adam("AdamW", true, options) {
@@ -144,7 +144,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options) : Adam("AdamW", t
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults)
     : Adam("AdamW", true, defaults) {
   LOCKSTEP_CHECK(!groups.empty(), "AdamW: got an empty list of parameter groups");
-  for (auto& g : groups) add_param_group(std::move(g));
+  add_param_groups(std::move(groups));
 }
 
 void Adam::validate(const GroupOptions& options) const {

@@ -156,12 +156,26 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 void Optimizer::add_param_group(ParamGroup group) {
-  // A group of no parameters is kept, as PyTorch's add_param_group keeps it
-  // (a model's optional part absent in this configuration): its index in
-  // state_dict()'s groups stays that of the configuration that has it.
+  std::vector<ParamGroup> one;
+  one.push_back(std::move(group));
+  add_param_groups(std::move(one));
+}
+
+void Optimizer::add_param_groups(std::vector<ParamGroup> groups) {
+  // The parameters already grouped are gathered once for all the new groups:
+  // a constructor given one group per parameter (20,000 of them) would
+  // otherwise gather them again for each group, quadratic in their number.
   std::unordered_set<const runtime::TensorImpl*> seen;
   for (const auto& g : groups_)
     for (const auto& p : g.params) seen.insert(p.impl_ptr());
+  for (auto& group : groups) add_checked(std::move(group), seen);
+}
+
+void Optimizer::add_checked(ParamGroup group,
+                            std::unordered_set<const runtime::TensorImpl*>& seen) {
+  // A group of no parameters is kept, as PyTorch's add_param_group keeps it
+  // (a model's optional part absent in this configuration): its index in
+  // state_dict()'s groups stays that of the configuration that has it.
   for (size_t i = 0; i < group.params.size(); ++i) {
     const Tensor& p = group.params[i];
     LOCKSTEP_CHECK(p.defined(), "{}: parameter {} of the new group is undefined", name_, i);

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "lockstep/runtime/tensor.h"
@@ -84,6 +85,9 @@ class Optimizer {
  protected:
   Optimizer(std::string name, GroupOptions defaults)
       : name_(std::move(name)), defaults_(std::move(defaults)) {}
+  // add_param_group of each group in order, for constructors: the parameters
+  // already grouped are gathered once, not once per group.
+  void add_param_groups(std::vector<ParamGroup> groups);
   // Throws a clear Error if a group's options are invalid.
   virtual void validate(const GroupOptions& options) const = 0;
   // Per-parameter state, created empty on first use.
@@ -102,6 +106,9 @@ class Optimizer {
   // Keyed by the parameter's TensorImpl: identity, as PyTorch keys by the
   // Parameter object (Module::to keeps it).
   std::unordered_map<const runtime::TensorImpl*, std::map<std::string, Tensor>> state_;
+  // Checks `group` against the parameters in `seen` (those already grouped,
+  // to which it adds its own), fills in its defaults and appends it.
+  void add_checked(ParamGroup group, std::unordered_set<const runtime::TensorImpl*>& seen);
 
   // The name of the LR scheduler that drives this optimizer's "lr", empty
   // while none does (lr_scheduler.h: one at a time). Shared with that

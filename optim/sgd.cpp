@@ -148,7 +148,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options) : Optimizer("SGD", opti
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults)
     : Optimizer("SGD", defaults.to_map()) {
   LOCKSTEP_CHECK(!groups.empty(), "SGD: got an empty list of parameter groups");
-  for (auto& g : groups) add_param_group(std::move(g));
+  add_param_groups(std::move(groups));
 }
 
 void SGD::validate(const GroupOptions& options) const {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "lockstep/optim/adam.h"
 #include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/autograd/rebind.h"
 #include "lockstep/runtime/ops.h"
@@ -215,6 +216,44 @@ TEST_CASE("SGD param groups take their own options; lr can be changed", "[optim]
   CHECK(opt.param_groups().size() == 3);
   CHECK_THAT(error_of([&] { opt.add_param_group({{a}, {}}); }),
              Contains("appears more than once"));
+}
+
+TEST_CASE("SGD and Adam built from thousands of groups keep each group's options and refuse "
+          "a parameter in two of them",
+          "[optim][sgd]") {
+  // One group per parameter, as a per-layer learning rate gives: the
+  // constructor checks every parameter against those of all earlier groups.
+  const int n = 4000;
+  std::vector<Tensor> params;
+  std::vector<ParamGroup> groups;
+  for (int i = 0; i < n; ++i) {
+    params.push_back(param({1.0}));
+    groups.push_back({{params.back()}, {{"lr", 0.001 * (i + 1)}}});
+  }
+  SGD sgd(groups, {.lr = 0.1});
+  REQUIRE(sgd.param_groups().size() == static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) set_grad(params[i], {1.0});
+  sgd.step();
+  for (int i = 0; i < n; i += 397) {
+    CHECK(sgd.param_groups()[i].options.at("lr") == 0.001 * (i + 1));
+    CHECK(params[i].item() == Approx(1.0 - 0.001 * (i + 1)));
+  }
+  Adam adam(groups, {});
+  CHECK(adam.param_groups().size() == static_cast<size_t>(n));
+
+  // The last group repeats the first group's parameter: refused, as are a
+  // parameter already in a group added before and one twice in a new group.
+  groups.push_back({{params.front()}, {}});
+  CHECK_THAT(error_of([&] { SGD(groups, {}); }), Contains("appears more than once"));
+  CHECK_THAT(error_of([&] { Adam(groups, {}); }), Contains("appears more than once"));
+  groups.pop_back();
+  CHECK_THAT(error_of([&] { sgd.add_param_group({{params[n / 2]}, {}}); }),
+             Contains("appears more than once"));
+  Tensor fresh = param({1.0});
+  CHECK_THAT(error_of([&] { sgd.add_param_group({{fresh, fresh}, {}}); }),
+             Contains("appears more than once"));
+  sgd.add_param_group({{fresh}, {}});
+  CHECK(sgd.param_groups().size() == static_cast<size_t>(n + 1));
 }
 
 TEST_CASE("zero_grad drops or zeroes gradients", "[optim][sgd]") {
