@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <set>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,10 +41,53 @@ void check_utf8(const std::string& s, const std::string& what, const char* fix) 
                           what, static_cast<unsigned char>(s[good]), good, escape_bytes(s), fix));
 }
 
-// Thrown by the parser callback below for a key an object already has.
+// Thrown by KeyScan for a key an object already has.
 struct DuplicateKey {
   std::string key;
   bool top_level = true;  // a tensor name (or "__metadata__"), else a key inside one's object
+};
+
+// SAX events of a header: throws DuplicateKey for a key its object already
+// has, and keeps the top-level object's keys in the document's order.
+struct KeyScan : nlohmann::json_sax<nlohmann::json> {
+  std::vector<std::string> top_keys;
+  std::vector<std::unordered_set<std::string>> open;  // the keys of each open object
+  int depth = 0;                                      // open objects and arrays
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    ++depth;
+    open.emplace_back();
+    return true;
+  }
+  bool key(string_t& k) override {
+    const bool top_level = depth == 1;
+    if (!open.back().insert(k).second) throw DuplicateKey{k, top_level};
+    if (top_level) top_keys.push_back(k);
+    return true;
+  }
+  bool end_object() override {
+    --depth;
+    open.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    ++depth;
+    return true;
+  }
+  bool end_array() override {
+    --depth;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception&) override {
+    return false;
+  }
 };
 
 // Bytes of `shape` elements of `dtype`; false when the count overflows.
@@ -57,7 +100,7 @@ bool shape_bytes(const Shape& shape, DType dtype, uint64_t& out) {
 }
 
 // One tensor entry of the header; throws naming the file and the tensor.
-TensorEntry decode_entry(const std::string& name, const nlohmann::ordered_json& v,
+TensorEntry decode_entry(const std::string& name, const nlohmann::json& v,
                          const std::string& file) {
   const auto bad = [&](const std::string& what) {
     return Error(
@@ -178,26 +221,21 @@ SafetensorsHeader decode_safetensors_header(std::string_view json, const std::st
     throw Error(fmt::format("{}: the safetensors header holds a NUL byte at byte {} of the "
                             "file; the file is corrupt or not a safetensors file",
                             file, 8 + nul));
-  // ordered_json keeps the document's order, which breaks ties between a
-  // zero-byte tensor and its neighbour at the same offset. A key an object
-  // already has would silently replace the first (two tensors of one name,
-  // the last one winning): the callback refuses it, as the writer does.
-  std::vector<std::set<std::string>> keys;  // one per object being parsed
-  const auto refuse_duplicates = [&](int /*depth*/, nlohmann::ordered_json::parse_event_t event,
-                                     nlohmann::ordered_json& parsed) {
-    using Event = nlohmann::ordered_json::parse_event_t;
-    if (event == Event::object_start) {
-      keys.emplace_back();
-    } else if (event == Event::object_end) {
-      keys.pop_back();
-    } else if (event == Event::key && !keys.back().insert(parsed.get<std::string>()).second) {
-      throw DuplicateKey{parsed.get<std::string>(), keys.size() == 1};
-    }
-    return true;
-  };
-  nlohmann::ordered_json root;
+  // A first pass over the events alone refuses a key an object already has
+  // (the DOM would silently keep one: two tensors of one name) and lists the
+  // tensor names in the document's order, which breaks ties between a
+  // zero-byte tensor and its neighbour at the same offset; the second builds
+  // the DOM. Both are O(n log n) in the number of tensors: nlohmann's
+  // ordered_json finds a key by a linear search, and its callback parser scans
+  // the parent object at the end of each child, so either made reading the
+  // header of a model of 20,000 tensors quadratic (seconds).
+  KeyScan scan;
+  nlohmann::json root;
   try {
-    root = nlohmann::ordered_json::parse(json.begin(), json.end(), refuse_duplicates);
+    if (!nlohmann::json::sax_parse(json.begin(), json.end(), &scan)) {
+      // A syntax error stopped the scan: parse() below throws it, saying where.
+    }
+    root = nlohmann::json::parse(json.begin(), json.end());
   } catch (const DuplicateKey& d) {
     throw Error(fmt::format(
         "{}: the safetensors header {} \"{}\" twice; {} (a reader would keep one of them "
@@ -218,7 +256,8 @@ SafetensorsHeader decode_safetensors_header(std::string_view json, const std::st
 
   SafetensorsHeader h;
   h.header_bytes = json.size();
-  for (const auto& [key, value] : root.items()) {
+  for (const std::string& key : scan.top_keys) {
+    const nlohmann::json& value = root.at(key);
     if (key != "__metadata__") {
       h.tensors.push_back(decode_entry(key, value, file));
       continue;

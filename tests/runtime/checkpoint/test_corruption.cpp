@@ -3,6 +3,11 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "lockstep/runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/checkpoint_test_util.h"
@@ -250,6 +255,44 @@ TEST_CASE("checkpoint: a header naming something twice, or holding a NUL byte, i
   const CheckpointContent ok = load_checkpoint(path, {.require_checksum = false});
   CHECK(ok.metadata.at("dtype") == std::string("x\0y", 3));
   CHECK(ok.tensors.at(0).first == "dtype");
+}
+
+TEST_CASE("checkpoint: a header of thousands of tensors keeps their document order, empty "
+          "tensors at a shared offset included, and refuses a key twice in any object",
+          "[checkpoint]") {
+  // The names run against their sorted order, and tensors come in pairs of
+  // empty ones, each pair at one offset: only the document's order says which
+  // of the two comes first.
+  TempDir dir;
+  const std::string path = dir.file("many.safetensors");
+  const int n = 3000;
+  std::vector<std::string> names;
+  std::string json = R"({"__metadata__":{"z":"1","a":"2"})";
+  uint64_t offset = 0;
+  for (int i = 0; i < n; ++i) {
+    names.push_back(fmt::format("t{:04}", n - 1 - i));
+    const uint64_t bytes = i % 4 < 2 ? 0 : 4;
+    json += fmt::format(R"(,"{}":{{"dtype":"F32","shape":[{}],"data_offsets":[{},{}]}})",
+                        names.back(), bytes / 4, offset, offset + bytes);
+    offset += bytes;
+  }
+  write_header(path, json + "}", offset);
+  const CheckpointContent back = load_checkpoint(path, {.require_checksum = false});
+  REQUIRE(back.tensors.size() == names.size());
+  for (int i = 0; i < n; ++i) CHECK(back.tensors[i].first == names[i]);
+  CHECK(back.metadata == std::map<std::string, std::string>{{"a", "2"}, {"z", "1"}});
+
+  // A key twice inside an object within an array, and a tensor's name twice
+  // far apart, are each refused.
+  write_header(path, R"({"w":{"dtype":"F32","shape":[{"k":1,"k":2}],"data_offsets":[0,4]}})", 4);
+  CHECK_THAT(error_of([&] { load_checkpoint(path, {.require_checksum = false}); }),
+             Contains("has a key \"k\" twice"));
+  write_header(path, json + "," + json.substr(json.find(R"("t2999")")) + "}", offset);
+  CHECK_THAT(error_of([&] { load_checkpoint(path, {.require_checksum = false}); }),
+             Contains("names \"t2999\" twice"));
+  write_header(path, json + ",", offset);
+  CHECK_THAT(error_of([&] { load_checkpoint(path, {.require_checksum = false}); }),
+             Contains("is not valid JSON"));
 }
 
 TEST_CASE("checkpoint: a null __metadata__ reads as no metadata, as safetensors' reader takes it",
