@@ -92,15 +92,8 @@ void Module::check_new_name(const std::string& name, const char* what) const {
                  "{}: {} name \"{}\" must not contain \".\" (dots separate the levels of the "
                  "module tree in state_dict names)",
                  type_name(), what, name);
-  auto taken = [&](const auto& list) {
-    for (const auto& item : list)
-      if (item.first == name) return true;
-    return false;
-  };
-  bool dup = taken(children_);
-  for (const auto& s : params_) dup = dup || s.name == name;
-  for (const auto& s : buffers_) dup = dup || s.name == name;
-  LOCKSTEP_CHECK(!dup, "{}: a parameter, buffer or submodule named \"{}\" is already registered",
+  LOCKSTEP_CHECK(!names_.contains(name),
+                 "{}: a parameter, buffer or submodule named \"{}\" is already registered",
                  type_name(), name);
 }
 
@@ -119,6 +112,7 @@ Tensor Module::register_parameter(std::string name, Tensor value, bool requires_
                  "register it with requires_grad false, or as a buffer",
                  type_name(), name, runtime::dtype_name(value.dtype()));
   value.requires_grad_(requires_grad);
+  names_.insert(name);
   params_.push_back({std::move(name), value, true});
   stamp_ = next_stamp();  // a wrapper built before would not average or replicate it
   return value;
@@ -127,6 +121,7 @@ Tensor Module::register_parameter(std::string name, Tensor value, bool requires_
 Tensor Module::register_buffer(std::string name, Tensor value, bool persistent) {
   check_new_name(name, "buffer");
   LOCKSTEP_CHECK(value.defined(), "{}: buffer \"{}\" is an undefined tensor", type_name(), name);
+  names_.insert(name);
   buffers_.push_back({std::move(name), value, persistent});
   buffer_stamp_ = next_stamp();  // a DataParallel's replicas made before lack it
   return value;
@@ -175,6 +170,7 @@ void Module::add_child(std::string name, std::shared_ptr<Module> module) {
   check_new_name(name, "submodule");
   LOCKSTEP_CHECK(module != nullptr, "{}: submodule \"{}\" is null", type_name(), name);
   check_new_child(name, module.get(), "register_module");
+  names_.insert(name);
   children_.emplace_back(std::move(name), std::move(module));
   stamp_ = next_stamp();
 }

@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 #include <typeinfo>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -236,6 +237,10 @@ class Module {
   std::vector<Slot> params_;
   std::vector<Slot> buffers_;
   NamedList<std::shared_ptr<Module>> children_;
+  // The names in params_, buffers_ and children_ (registered names stay):
+  // check_new_name looks a name up here, not along each list, so a Sequential
+  // of n children is built in O(n).
+  std::unordered_set<std::string> names_;
   std::vector<Binding> bindings_;
   bool training_ = true;
   uint64_t stamp_ = next_stamp();  // structure_stamps(); new at each child or parameter change

@@ -102,6 +102,35 @@ TEST_CASE("registration rejects bad and duplicate names", "[nn][module]") {
              Contains("has no forward() of its own"));
 }
 
+TEST_CASE("a module of thousands of children, parameters and buffers refuses each name "
+          "taken by any of them, and a registration refused takes no name",
+          "[nn][module]") {
+  const int n = 3000;
+  Sequential seq;
+  for (int i = 0; i < n; ++i) seq.push_back(std::make_shared<ReLU>());
+  for (int i = 0; i < n; ++i) seq.register_parameter(fmt::format("p{}", i), Tensor::zeros({1}));
+  for (int i = 0; i < n; ++i) seq.register_buffer(fmt::format("b{}", i), Tensor::zeros({1}));
+  CHECK(seq.size() == static_cast<size_t>(n));
+  CHECK(seq.named_parameters().size() == static_cast<size_t>(n));
+  CHECK(seq.named_buffers().size() == static_cast<size_t>(n));
+  for (const std::string taken : {"0", "2999", "p0", "p2999", "b0", "b2999"}) {
+    CHECK_THAT(error_of([&] { seq.register_buffer(taken, Tensor::zeros({1})); }),
+               Contains(fmt::format("\"{}\" is already registered", taken)));
+    CHECK_THAT(error_of([&] { seq.register_module(taken, std::make_shared<ReLU>()); }),
+               Contains(fmt::format("\"{}\" is already registered", taken)));
+  }
+  // Refused for another reason, each leaves its name free.
+  CHECK_THAT(error_of([&] { seq.register_module<ReLU>("r", nullptr); }), Contains("is null"));
+  CHECK_THAT(error_of([&] { seq.register_parameter("q", Tensor::zeros({1}, DType::i64)); }),
+             Contains("only floating-point tensors can require grad"));
+  CHECK_THAT(error_of([&] { seq.register_buffer("s", Tensor{}); }), Contains("undefined"));
+  seq.register_module("r", std::make_shared<ReLU>());
+  seq.register_parameter("q", Tensor::zeros({1}));
+  seq.register_buffer("s", Tensor::zeros({1}));
+  const auto last = seq.push_back(std::make_shared<ReLU>());
+  CHECK(last == seq[static_cast<size_t>(n) + 1]);
+}
+
 TEST_CASE("a parameter computed from tensors that require grad is refused as in PyTorch",
           "[nn][module]") {
   // It would never get a .grad: optimizers refused it later without naming
