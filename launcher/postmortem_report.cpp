@@ -144,7 +144,9 @@ std::string unplaced_why(const Members& m) {
   return why;
 }
 
-using Key = std::tuple<uint64_t, std::string>;  // (seq, state) of a rank's last collective
+// (seq, state, call_text) of a rank's last collective: ranks that gave one
+// number to different calls (the mismatch the call check fails) differ.
+using Key = std::tuple<uint64_t, std::string, std::string>;
 constexpr std::string_view kNothingSince = "; nothing since";
 
 // The group's line after its name: who is behind, and where the others are.
@@ -167,6 +169,31 @@ std::string headline_of(const std::map<Key, std::vector<int>>& classes,
   // Only torn ranks reached the newest call: they did, at least.
   if (ahead.empty()) ahead = torn_at_newest;
   std::string headline;
+  // Ranks that numbered different calls alike: which rank issued which.
+  std::map<std::string, std::vector<int>> calls_at_newest;
+  for (const auto& [key, ranks] : classes) {
+    if (std::get<0>(key) != newest || std::get<1>(key).starts_with("torn ")) continue;
+    auto& into = calls_at_newest[std::get<2>(key)];
+    into.insert(into.end(), ranks.begin(), ranks.end());
+  }
+  if (calls_at_newest.size() > 1) {
+    std::map<int, std::string> calls;  // by each call's lowest rank
+    for (auto& [call, ranks] : calls_at_newest) {
+      const int lowest = *std::min_element(ranks.begin(), ranks.end());
+      calls[lowest] = fmt::format("{} issued {}", ranks_text(ranks), call);
+    }
+    std::vector<std::string> texts;
+    for (const auto& [lowest, text] : calls) texts.push_back(text);
+    headline = fmt::format("collective #{} differs across the ranks: {}", newest,
+                           fmt::join(texts, "; "));
+    if (!behind.empty())
+      headline += fmt::format("; {} {} behind", ranks_text(behind), verb(behind, "is", "are"));
+    if (members.unplaced > 0)
+      headline += fmt::format("; {} {} behind", unplaced_text(members, !behind.empty()),
+                              members.unplaced == 1 ? "is" : "are");
+    if (!unknown.empty()) headline += "; " + unknown_text(unknown);
+    return headline;
+  }
   const PostmortemEntry* front = example.at(*front_key);
   const bool waiting = front->state == "running" && !std::get<1>(*front_key).starts_with("torn");
   if (!behind.empty() || !unknown.empty() || members.unplaced > 0) {
@@ -250,7 +277,7 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
   std::map<Key, double> oldest;
   // The report's lines: a class split by the send or recv its ranks issued
   // after their last collective ("": none), and by whether they are stopped.
-  using LineKey = std::tuple<uint64_t, std::string, std::string, bool>;
+  using LineKey = std::tuple<uint64_t, std::string, std::string, bool, std::string>;
   std::map<LineKey, std::vector<int>> lines;
   std::map<LineKey, const PostmortemEntry*> p2p_example;
   std::map<LineKey, double> p2p_oldest;
@@ -261,14 +288,16 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
     const RankHistory& r = *member;
     const PostmortemEntry* last = last_of(r, group);
     // Unrecorded ranks are told apart by why they left no record.
-    Key key = last ? std::make_tuple(last->seq, last->state)
-                   : std::make_tuple(uint64_t{0}, r.recorded ? std::string("none")
-                                                             : "unrecorded" + r.no_record);
+    Key key = last ? std::make_tuple(last->seq, last->state, call_text(*last))
+                   : std::make_tuple(uint64_t{0},
+                                     r.recorded ? std::string("none") : "unrecorded" + r.no_record,
+                                     std::string());
     if (r.newest_torn) std::get<1>(key) = "torn " + std::get<1>(key);
     classes[key].push_back(r.rank);
     const PostmortemEntry* p2p = point_to_point_after(r, group, last);
     const LineKey line{std::get<0>(key), std::get<1>(key),
-                       p2p ? point_to_point_text(*p2p, 0) : std::string(), r.stopped};
+                       p2p ? point_to_point_text(*p2p, 0) : std::string(), r.stopped,
+                       std::get<2>(key)};
     lines[line].push_back(r.rank);
     if (r.stopped) stopped.push_back(r.rank);
     if (p2p) {
@@ -287,7 +316,7 @@ void report_group(std::string& out, const Postmortem& pm, const std::string& gro
                                  : headline_of(classes, example, newest, members, in_p2p,
                                                stopped));
   for (const auto& [line, ranks] : lines) {
-    const Key key{std::get<0>(line), std::get<1>(line)};
+    const Key key{std::get<0>(line), std::get<1>(line), std::get<4>(line)};
     std::string what = line_text(key, ranks, example, oldest, no_record);
     if (const auto p2p = p2p_example.find(line); p2p != p2p_example.end()) {
       const std::string since = point_to_point_text(*p2p->second, p2p_oldest.at(line));

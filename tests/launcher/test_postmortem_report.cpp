@@ -406,6 +406,28 @@ TEST_CASE("launcher: --postmortem-from says when every rank failed the same coll
                            !Contains("ended it differently"));
 }
 
+TEST_CASE("launcher: a post-mortem names each rank's call when ranks gave one number to "
+          "different collectives", "[launcher][postmortem]") {
+  // Rank 0 broadcast the parameters as collective #14 where rank 1 all-reduced
+  // a bucket (rank 1 trained one epoch more): the call check failed both.
+  TempDir dir;
+  write_entries(dir, 0, 2,
+                {{.group = "default", .op = "broadcast", .dtype = "f32", .group_size = 2,
+                  .group_rank = 0, .state = "failed", .seq = 14, .count = 1863690, .root = 0,
+                  .started_s_ago = 2.0, .ended_s_ago = 1.0}});
+  write_entries(dir, 1, 2, {allreduce_of("default", 2, 1, 14, "failed")});
+  const auto r = run_process({bin_path("lockstep-run"), "--postmortem-from", dir.str()});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output,
+             Contains("group 'default': collective #14 differs across the ranks: rank 0 issued "
+                      "broadcast #14 (f32, 1863690 elements, root 0); rank 1 issued allreduce "
+                      "#14 (f32, 1000 elements)\n") &&
+                 Contains("rank 0: broadcast #14 (f32, 1863690 elements, root 0) failed") &&
+                 Contains("rank 1: allreduce #14 (f32, 1000 elements) failed") &&
+                 !Contains("every rank issued"));
+}
+
 TEST_CASE("launcher: a post-mortem says a rank's newest call is unknown when its record was "
           "left mid-write", "[launcher][postmortem]") {
   TempDir dir;
