@@ -1,8 +1,11 @@
 #include "lockstep/runtime/random.h"
 
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/half.h"
 
 namespace lockstep::runtime {
 
@@ -42,16 +45,31 @@ Block philox(uint64_t counter, uint64_t seed) {
 constexpr double kTwoPi = 6.283185307179586;
 
 void check_float(const Tensor& t, const char* op) {
-  LOCKSTEP_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
-                 "{}: needs an f32 or f64 tensor, got {}", op, dtype_name(t.dtype()));
+  LOCKSTEP_CHECK(is_floating(t.dtype()), "{}: needs a floating tensor (f32, f64, bf16 or f16), "
+                 "got {}", op, dtype_name(t.dtype()));
+}
+
+// The value of T next below `top` (finite), towards -infinity.
+template <class T>
+T next_below(T top) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return std::nextafter(top, -std::numeric_limits<T>::infinity());
+  } else {  // bf16, f16: sign and magnitude bits, so one step of the magnitude
+    T r = top;
+    if ((r.bits & 0x7fffu) == 0) r.bits = 0x8001u;  // +-0: the negative subnormal
+    else if (r.bits & 0x8000u) ++r.bits;            // negative: larger magnitude
+    else --r.bits;                                   // positive: smaller magnitude
+    return r;
+  }
 }
 
 // Fills t (any layout) from per-element values computed in logical order:
-// next_value(T{}) gives one, T the C++ type of t's dtype.
+// next_value(T{}) gives one, T the C++ type of t's dtype (bf16 and f16 take
+// the same draws as f32, each value rounded once to 16 bits).
 template <class F>
 void fill_with(Tensor& t, F next_value) {
   Tensor c = Tensor::empty(t.shape(), t.dtype());
-  dispatch_float(t.dtype(), "random fill", [&](auto tag) {
+  dispatch_floating(t.dtype(), "random fill", [&](auto tag) {
     using T = decltype(tag);
     T* p = c.data_ptr<T>();
     const int64_t n = c.numel();
@@ -137,7 +155,7 @@ Tensor& uniform_(Tensor& t, double lo, double hi, Generator& g) {
     // once in 2^25 draws): it takes the T next below, so values stay in [lo, hi).
     const T v = static_cast<T>(lo + span * g.next_uniform());
     const T top = static_cast<T>(hi), bottom = static_cast<T>(lo);
-    return v >= top && bottom < top ? std::nextafter(top, bottom) : v;
+    return v >= top && bottom < top ? next_below(top) : v;
   });
   return t;
 }
