@@ -148,6 +148,15 @@ void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
 
 Tensor& uniform_(Tensor& t, double lo, double hi, Generator& g) {
   check_float(t, "uniform_");
+  // As PyTorch: a range the dtype cannot hold would fill infinities (f16's
+  // largest is 65504).
+  const DType dt = t.dtype();
+  LOCKSTEP_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi && holds_value(dt, lo) &&
+                     holds_value(dt, hi) && holds_value(dt, hi - lo),
+                 "uniform_: [{}, {}) is not a range of {} values: lo <= hi must hold, and lo, "
+                 "hi and hi - lo must be finite in {}; narrow the range or fill a wider dtype "
+                 "and convert",
+                 lo, hi, dtype_name(dt), dtype_name(dt));
   const double span = hi - lo;
   fill_with(t, [&](auto tag) {
     using T = decltype(tag);

@@ -433,3 +433,19 @@ TEST_CASE("rand, randn and the initialisers fill bf16 and f16 tensors, rand belo
   xavier_normal_(w);
   CHECK(moments(w).std > 0.1);
 }
+
+TEST_CASE("uniform_ refuses a range its dtype cannot hold, as PyTorch", "[runtime][random]") {
+  // f16's largest is 65504: the draws past it would be infinities.
+  Tensor h = Tensor::empty({1000}, DType::f16);
+  CHECK_THROWS_WITH(uniform_(h, -1e5, 1e5), Contains("uniform_") && Contains("f16"));
+  CHECK_THROWS_WITH(uniform_(h, -4e4, 4e4), Contains("hi - lo"));  // a span past 65504
+  Tensor f = Tensor::empty({10});
+  CHECK_THROWS_WITH(uniform_(f, 0.0, 1e39), Contains("f32"));
+  CHECK_THROWS_WITH(uniform_(f, 1.0, 0.0), Contains("lo <= hi"));
+  CHECK_THROWS_WITH(uniform_(f, 0.0, std::nan("")), Contains("finite"));
+  // The largest range f16 holds fills finite values.
+  Generator g(1);
+  uniform_(h, -3e4, 3e4, g);
+  const auto v = values(h);
+  CHECK(std::all_of(v.begin(), v.end(), [](double x) { return std::abs(x) <= 3e4; }));
+}
