@@ -202,22 +202,26 @@ double leaky_relu_gain(double a) { return std::sqrt(2.0 / (1.0 + a * a)); }
 }  // namespace
 
 Tensor& kaiming_uniform_(Tensor& t, double a, Generator& g) {
+  if (t.numel() == 0) return t;  // no fan to divide by (Linear(0, n)): as PyTorch, a no-op
   double bound = std::sqrt(3.0) * leaky_relu_gain(a) / std::sqrt(double(fan_in_and_out(t.shape()).first));
   return uniform_(t, -bound, bound, g);
 }
 
 Tensor& kaiming_normal_(Tensor& t, double a, Generator& g) {
+  if (t.numel() == 0) return t;  // no fan to divide by (Linear(0, n)): as PyTorch, a no-op
   double std = leaky_relu_gain(a) / std::sqrt(double(fan_in_and_out(t.shape()).first));
   return normal_(t, 0.0, std, g);
 }
 
 Tensor& xavier_uniform_(Tensor& t, double gain, Generator& g) {
+  if (t.numel() == 0) return t;  // no fan to divide by (Linear(0, n)): as PyTorch, a no-op
   auto [fan_in, fan_out] = fan_in_and_out(t.shape());
   double bound = gain * std::sqrt(6.0 / double(fan_in + fan_out));
   return uniform_(t, -bound, bound, g);
 }
 
 Tensor& xavier_normal_(Tensor& t, double gain, Generator& g) {
+  if (t.numel() == 0) return t;  // no fan to divide by (Linear(0, n)): as PyTorch, a no-op
   auto [fan_in, fan_out] = fan_in_and_out(t.shape());
   return normal_(t, 0.0, gain * std::sqrt(2.0 / double(fan_in + fan_out)), g);
 }

@@ -90,7 +90,8 @@ Tensor& normal_(Tensor& t, double mean = 0.0, double std = 1.0, Generator& g = d
 // fan_in, fan_out as PyTorch computes them: [out, in, k...] -> (in*k, out*k).
 std::pair<int64_t, int64_t> fan_in_and_out(const Shape& shape);
 // PyTorch's kaiming_uniform_(mode=fan_in, nonlinearity=leaky_relu, a).
-// a = sqrt(5) is what nn.Linear and nn.Conv2d use by default.
+// a = sqrt(5) is what nn.Linear and nn.Conv2d use by default. These four
+// leave a tensor of no elements as it is, as PyTorch's do.
 Tensor& kaiming_uniform_(Tensor& t, double a = 0.0, Generator& g = default_generator());
 Tensor& kaiming_normal_(Tensor& t, double a = 0.0, Generator& g = default_generator());
 Tensor& xavier_uniform_(Tensor& t, double gain = 1.0, Generator& g = default_generator());

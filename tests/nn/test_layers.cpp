@@ -48,6 +48,21 @@ void check_uniform(const Tensor& t, double bound) {
 
 }  // namespace
 
+TEST_CASE("Linear with no inputs: the initialisers leave its empty weight alone, as PyTorch's",
+          "[nn][layers]") {
+  // fan_in 0: kaiming's bound would be infinite, a range uniform_ refuses.
+  Generator gen(0);
+  Linear empty(0, 3, true, gen);
+  CHECK(empty.weight.shape() == Shape{3, 0});
+  CHECK(values(empty.bias) == std::vector<double>(3, 0.0));
+  CHECK(values(empty(Tensor::zeros({2, 0}))) == std::vector<double>(6, 0.0));
+  for (auto init : {&lockstep::runtime::kaiming_normal_, &lockstep::runtime::xavier_uniform_,
+                    &lockstep::runtime::xavier_normal_}) {
+    Tensor w = Tensor::empty({3, 0});
+    CHECK(error_of([&] { init(w, 1.0, gen); }) == "<no exception>");
+  }
+}
+
 TEST_CASE("Linear: PyTorch's default init and forward", "[nn][layers]") {
   Generator gen(0);
   Linear fc(400, 300, true, gen);
