@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -97,12 +98,38 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
   return result;
 }
 
+namespace {
+
+// A bash loop that returns once `file` exists, or a later file of its
+// directory: one with the same text before the digits and after the last
+// dot, whose name sorts after it (checked every 25 ms, for up to `limit`).
+// The later file counts because a run keeps only its last few checkpoints
+// (ckpt-<zero-padded step>.safetensors: the names sort as the steps do): on a
+// loaded machine the run may have saved and deleted `file` between two looks.
+// It also returns once the program $pid has ended.
+std::string wait_for_file_or_later(const std::string& file, std::chrono::milliseconds limit) {
+  const size_t slash = file.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : file.substr(0, slash);
+  const std::string name = slash == std::string::npos ? file : file.substr(slash + 1);
+  const size_t digits = name.find_first_of("0123456789");
+  const size_t dot = name.rfind('.');
+  const std::string prefix = name.substr(0, digits);
+  const std::string extension = dot == std::string::npos ? "" : name.substr(dot);
+  return fmt::format(
+      "seen() {{ for f in '{}'/'{}'*'{}'; do [ -e \"$f\" ] && "
+      "[[ ! \"${{f##*/}}\" < '{}' ]] && return 0; done; return 1; }}; "
+      "for i in $(seq {}); do seen && break; kill -0 $pid 2>/dev/null || break; sleep 0.025; "
+      "done; ",
+      dir, prefix, extension, name, std::max<int64_t>(1, limit.count() / 25));
+}
+
+}  // namespace
+
 ProcessResult run_until_file_then_kill(const std::vector<std::string>& argv,
                                        const std::string& file,
                                        std::chrono::milliseconds limit) {
-  // Polls every 25 ms for up to a minute; pkill -P reaches the launcher's ranks.
-  const std::string script = "\"$@\" & pid=$!; for i in $(seq 2400); do [ -e '" + file +
-                             "' ] && break; sleep 0.025; done; "
+  // pkill -P reaches the launcher's ranks.
+  const std::string script = "\"$@\" & pid=$!; " + wait_for_file_or_later(file, limit) +
                              "pkill -KILL -P $pid; kill -KILL $pid; wait $pid; echo exit $?";
   std::vector<std::string> bash = {"/bin/bash", "-c", script, "bash"};
   bash.insert(bash.end(), argv.begin(), argv.end());
@@ -112,8 +139,7 @@ ProcessResult run_until_file_then_kill(const std::vector<std::string>& argv,
 ProcessResult run_until_file_then_kill_rank(const std::vector<std::string>& argv,
                                             const std::string& file, const std::string& rank,
                                             std::chrono::milliseconds limit) {
-  const std::string script = "\"$@\" & pid=$!; for i in $(seq 2400); do [ -e '" + file +
-                             "' ] && break; sleep 0.025; done; "
+  const std::string script = "\"$@\" & pid=$!; " + wait_for_file_or_later(file, limit) +
                              "pkill -KILL -o -x -P $pid '" + rank + "'; wait $pid; "
                              "echo launcher exit $?";
   std::vector<std::string> bash = {"/bin/bash", "-c", script, "bash"};

@@ -27,14 +27,16 @@ ProcessResult run_process(const std::vector<std::string>& argv,
                           const std::vector<std::string>& env = {});
 
 // Runs argv as run_process does, waits until `file` exists (a checkpoint:
-// files appear only complete), then SIGKILLs the program and its children
-// (a launcher and its ranks): the run dies somewhere after that point. The
-// result is the shell's: exit 0, and the program's output so far.
+// files appear only complete), or a later one of its directory (one that
+// sorts after it: a run that keeps its last few may have deleted `file`
+// already), then SIGKILLs the program and its children (a launcher and its
+// ranks): the run dies somewhere after that point. The result is the
+// shell's: exit 0, and the program's output so far.
 ProcessResult run_until_file_then_kill(const std::vector<std::string>& argv,
                                        const std::string& file,
                                        std::chrono::milliseconds limit = std::chrono::seconds(300));
 
-// Runs a launcher as run_process does, waits until `file` exists, then
+// Runs a launcher as run_process does, waits until `file` (or a later one) exists, then
 // SIGKILLs one of its ranks: the oldest child of the launcher named `rank`
 // (its reaper is a child too, under another name). The launcher lives on;
 // the result ends with a line "launcher exit N", its exit status.
