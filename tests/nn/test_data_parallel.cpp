@@ -19,6 +19,7 @@
 #include "lockstep/runtime/replica_draws.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"
+#include "support/tied_model.h"
 
 namespace lt = lockstep::testing;
 namespace nn = lockstep::nn;
@@ -720,17 +721,8 @@ TEST_CASE("DataParallel: a submodule registered twice is one module in the repli
 TEST_CASE("DataParallel: a weight tied between two modules is one tensor in the replica too",
           "[data_parallel]") {
   // The output layer reads the embedding's weight, as GPT's lm_head.
-  const auto make = [](uint64_t seed) {
-    lr::Generator g(seed);
-    auto embedding = std::make_shared<nn::Embedding>(10, 4, g);
-    auto model = std::make_shared<nn::Sequential>();
-    model->push_back(embedding);
-    model->push_back(std::make_shared<nn::Flatten>());
-    model->push_back(std::make_shared<nn::Linear>(3 * 4, 4, true, g));
-    model->push_back(std::make_shared<nn::Linear>(embedding->weight));
-    return model;
-  };
-  auto model = make(9), twin = make(9);
+  auto model = lockstep::testing::tied_embedding_model(9);
+  auto twin = lockstep::testing::tied_embedding_model(9);
   REQUIRE(model->parameters().size() == 3);  // the tied weight once
   const Tensor ids = Tensor::from_vector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2}, {4, 3});
   nn::DataParallel dp(model, cpus(2));

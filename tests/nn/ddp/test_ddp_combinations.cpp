@@ -28,6 +28,7 @@
 #include "lockstep/optim/sgd.h"
 #include "lockstep/optim/zero_redundancy_optimizer.h"
 #include "lockstep/runtime/autocast.h"
+#include "support/tied_model.h"
 #include "support/tokens.h"
 
 namespace lt = lockstep::testing;
@@ -38,17 +39,6 @@ namespace optim = lockstep::optim;
 namespace nn = lockstep::nn;
 
 namespace {
-
-std::shared_ptr<nn::Sequential> tied_model(uint64_t seed) {
-  lr::Generator g(seed);
-  auto embedding = std::make_shared<nn::Embedding>(10, 4, g);
-  auto model = std::make_shared<nn::Sequential>();
-  model->push_back(embedding);
-  model->push_back(std::make_shared<nn::Flatten>());
-  model->push_back(std::make_shared<nn::Linear>(3 * 4, 4, true, g));
-  model->push_back(std::make_shared<nn::Linear>(embedding->weight));
-  return model;
-}
 
 struct Ids {
   Tensor x, y;
@@ -163,7 +153,7 @@ TEST_CASE("DDP combinations: a tied weight, no_sync accumulation, clipping and g
   // One process: each micro-batch's mean loss over the whole global batch.
   const auto make = [&]() -> std::shared_ptr<nn::Module> {
     if (branchy) return std::make_shared<Branchy>(7);
-    return tied_model(7);
+    return lockstep::testing::tied_embedding_model(7);
   };
   // Branchy's aux layer on every other micro-batch, alike on every rank.
   const auto use_aux = [&](nn::Module& m, bool on) {
