@@ -232,9 +232,8 @@ SafetensorsHeader decode_safetensors_header(std::string_view json, const std::st
   KeyScan scan;
   nlohmann::json root;
   try {
-    if (!nlohmann::json::sax_parse(json.begin(), json.end(), &scan)) {
-      // A syntax error stopped the scan: parse() below throws it, saying where.
-    }
+    // A syntax error stops the scan early; parse() below throws it, saying where.
+    nlohmann::json::sax_parse(json.begin(), json.end(), &scan);
     root = nlohmann::json::parse(json.begin(), json.end());
   } catch (const DuplicateKey& d) {
     throw Error(fmt::format(
