@@ -171,6 +171,11 @@ Tensor& uniform_(Tensor& t, double lo, double hi, Generator& g) {
 
 Tensor& normal_(Tensor& t, double mean, double std, Generator& g) {
   check_float(t, "normal_");
+  // As PyTorch: a negative or NaN std is refused, not drawn as -std or NaN.
+  LOCKSTEP_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0.0,
+                 "normal_: mean {} and std {} do not describe a normal distribution: both must "
+                 "be finite and std at least 0",
+                 mean, std);
   // Box-Muller, both values of each pair used.
   bool have_spare = false;
   double spare = 0;

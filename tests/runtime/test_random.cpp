@@ -449,3 +449,17 @@ TEST_CASE("uniform_ refuses a range its dtype cannot hold, as PyTorch", "[runtim
   const auto v = values(h);
   CHECK(std::all_of(v.begin(), v.end(), [](double x) { return std::abs(x) <= 3e4; }));
 }
+
+TEST_CASE("normal_ refuses a negative or non-finite std, as PyTorch", "[runtime][random]") {
+  Tensor f = Tensor::full({10}, 7.0f);
+  CHECK_THROWS_WITH(normal_(f, 0.0, -1.0), Contains("normal_") && Contains("std -1"));
+  CHECK_THROWS_WITH(normal_(f, 0.0, std::nan("")), Contains("finite"));
+  CHECK_THROWS_WITH(normal_(f, INFINITY, 1.0), Contains("finite"));
+  // The tensor is left as it was.
+  const auto v = values(f);
+  CHECK(std::all_of(v.begin(), v.end(), [](double x) { return x == 7.0; }));
+  // std 0 is a constant fill, as PyTorch's.
+  normal_(f, 2.5, 0.0);
+  const auto c = values(f);
+  CHECK(std::all_of(c.begin(), c.end(), [](double x) { return x == 2.5; }));
+}
