@@ -451,12 +451,13 @@ RankInfo read_rank_info(const EnvLookup& process, RankInfoOptions options) {
 }
 
 std::vector<std::pair<std::string, std::string>> rank_variables(const RankInfo& info,
-                                                                int num_nodes) {
+                                                                int num_nodes,
+                                                                std::optional<int> master_port) {
   const bool ipv6 = info.store_host.find(':') != std::string::npos;
   const std::string port = std::to_string(info.store_port);
   const std::string addr =
       ipv6 ? "[" + info.store_host + "]:" + port : info.store_host + ":" + port;
-  return {
+  std::vector<std::pair<std::string, std::string>> vars = {
       {"LOCKSTEP_RANK", std::to_string(info.rank)},
       {"LOCKSTEP_WORLD_SIZE", std::to_string(info.world_size)},
       {"LOCKSTEP_LOCAL_RANK", std::to_string(info.local_rank)},
@@ -469,9 +470,12 @@ std::vector<std::pair<std::string, std::string>> rank_variables(const RankInfo& 
       {"WORLD_SIZE", std::to_string(info.world_size)},
       {"LOCAL_RANK", std::to_string(info.local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(info.local_world_size)},
-      {"MASTER_ADDR", info.store_host},
-      {"MASTER_PORT", port},
   };
+  if (master_port) {
+    vars.emplace_back("MASTER_ADDR", info.store_host);
+    vars.emplace_back("MASTER_PORT", std::to_string(*master_port));
+  }
+  return vars;
 }
 
 }  // namespace lockstep::distributed

@@ -172,9 +172,13 @@ DeviceEnv read_device_env(const EnvLookup& env = process_env());
 // The variables a launcher gives one rank, which read_rank_info() reads back
 // as lockstep-run's: rank, sizes and node rank from `info`, the store at
 // info.store_host:store_port (IPv6 without brackets) with info.token, and
-// the same values under torchrun's names for programs that read those.
-std::vector<std::pair<std::string, std::string>> rank_variables(const RankInfo& info,
-                                                                int num_nodes);
+// the sizes and ranks under torchrun's names for programs that read those.
+// With `master_port`, also torchrun's MASTER_ADDR (the store's host) and
+// MASTER_PORT: a port there left free for such a program's own rank 0 to
+// serve its store on, as torchrun --standalone leaves it (lockstep's ranks
+// read LOCKSTEP_STORE_ADDR instead).
+std::vector<std::pair<std::string, std::string>> rank_variables(
+    const RankInfo& info, int num_nodes, std::optional<int> master_port = std::nullopt);
 
 // "host:port" -> (host, port); throws naming `what` (the variable) when malformed.
 std::pair<std::string, int> parse_host_port(const std::string& text, const std::string& what);

@@ -20,7 +20,8 @@ RankSlot rank_slot(const Options& options, int local_rank) {
 
 std::vector<std::string> child_environment(const std::vector<std::string>& base,
                                            const Options& options, const RankSlot& slot,
-                                           const StoreAddress& store, int restart_count,
+                                           const StoreAddress& store, int master_port,
+                                           int restart_count,
                                            const std::string& flight_recorder,
                                            const std::string& job_id) {
   std::map<std::string, std::string> vars;
@@ -41,7 +42,8 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
   info.store_host = store.host;
   info.store_port = store.port;
   info.token = store.token;
-  for (auto& [name, value] : distributed::rank_variables(info, options.nnodes)) vars[name] = value;
+  for (auto& [name, value] : distributed::rank_variables(info, options.nnodes, master_port))
+    vars[name] = value;
   vars["LOCKSTEP_RESTART_COUNT"] = std::to_string(restart_count);
   // Not an outer launcher's job: this launch is a job of its own.
   if (job_id.empty()) {

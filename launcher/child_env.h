@@ -28,6 +28,8 @@ int heartbeat_interval_ms(const Options& options);
 RankSlot rank_slot(const Options& options, int local_rank);
 
 // "NAME=value" entries; `base` is the launcher's environment in the same form.
+// `master_port`: MASTER_PORT, the port on the store's host left free for the
+// program's own rank 0 (program_port.h).
 // `restart_count`: LOCKSTEP_RESTART_COUNT, the attempt (0 the first time).
 // `flight_recorder`: LOCKSTEP_FLIGHT_RECORDER, the file the rank records its
 // collectives in (distributed/flight_recorder.h); empty: none.
@@ -36,7 +38,8 @@ RankSlot rank_slot(const Options& options, int local_rank);
 // train/training_run.h); empty: none.
 std::vector<std::string> child_environment(const std::vector<std::string>& base,
                                            const Options& options, const RankSlot& slot,
-                                           const StoreAddress& store, int restart_count = 0,
+                                           const StoreAddress& store, int master_port,
+                                           int restart_count = 0,
                                            const std::string& flight_recorder = {},
                                            const std::string& job_id = {});
 

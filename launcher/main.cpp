@@ -25,6 +25,7 @@
 #include "launcher/options.h"
 #include "launcher/output_queue.h"
 #include "launcher/postmortem.h"
+#include "launcher/program_port.h"
 #include "launcher/spawn.h"
 #include "launcher/standard_streams.h"
 #include "launcher/supervisor.h"
@@ -164,7 +165,8 @@ int run(const Options& options) {
   // One id for this launch, every attempt and node alike: a restarted
   // program continues the run this job started and no other
   // (train/training_run.h).
-  std::string job_id = distributed::random_token().substr(0, 16);
+  NodeLink::Job job{.id = distributed::random_token().substr(0, 16)};
+  if (options.node_rank == 0) job.master_port = free_program_port(address.host);
   std::unique_ptr<NodeLink> link;
   if (options.nnodes > 1) {
     distributed::TcpStoreOptions client;
@@ -174,11 +176,11 @@ int run(const Options& options) {
     try {
       link = std::make_unique<NodeLink>(client, options.node_rank, options.nnodes);
       // Restarts too: a node that restarts alone waits for the others in vain.
-      job_id = link->agree_job_id(job_id,
-                                  fmt::format("--nnodes {} --nproc-per-node {} --max-restarts {}",
-                                              options.nnodes, options.nproc_per_node,
-                                              options.max_restarts),
-                                  std::chrono::minutes(5));
+      job = link->agree_job(job,
+                            fmt::format("--nnodes {} --nproc-per-node {} --max-restarts {}",
+                                        options.nnodes, options.nproc_per_node,
+                                        options.max_restarts),
+                            std::chrono::minutes(5));
     } catch (const UsageError&) {
       throw;
     } catch (const Error&) {
@@ -241,8 +243,8 @@ int run(const Options& options) {
     for (int local = 0; local < options.nproc_per_node; ++local) {
       const RankSlot slot = rank_slot(options, local);
       const auto child_env =
-          child_environment(base, options, slot, address, attempt, recorders.path(slot.rank),
-                            job_id);
+          child_environment(base, options, slot, address, job.master_port, attempt,
+                            recorders.path(slot.rank), job.id);
       ranks.push_back({slot.rank, local,
                        spawn_child(*program, options.command, child_env, capture,
                                    cpus[static_cast<size_t>(local)],
@@ -266,7 +268,7 @@ int run(const Options& options) {
     code = result.exit_code;
     if (postmortem &&
         (!link || share_postmortem(*link, *postmortem, attempt, options, supervisor.grace_period)))
-      publish_report(*postmortem, options.postmortem_dir, job_id, options.node_rank, attempt);
+      publish_report(*postmortem, options.postmortem_dir, job.id, options.node_rank, attempt);
     // Only a rank's failure, here or on another node, is worth another
     // attempt: a stop asked for by a signal is the user's.
     bool failed =

@@ -19,7 +19,9 @@ namespace {
 
 const std::string kDoneKey = "lockstep-run/nodes-done";
 const std::string kJobIdKey = "lockstep-run/job-id";
-const std::string kShapeKey = "lockstep-run/shape";  // set before the job id
+// Set before the job id, which tells the other nodes they are there.
+const std::string kShapeKey = "lockstep-run/shape";
+const std::string kMasterPortKey = "lockstep-run/master-port";
 // A counter (read with add(0), which never blocks) and, beside it, why.
 const std::string kStopKey = "lockstep-run/stop";
 const std::string kStopWhyKey = "lockstep-run/stop-why";
@@ -177,16 +179,17 @@ void NodeLink::notify(const std::string& what) {
   (void)ignored;
 }
 
-std::string NodeLink::agree_job_id(const std::string& mine, const std::string& shape,
-                                   std::chrono::milliseconds timeout) {
-  claim_node(mine);
+NodeLink::Job NodeLink::agree_job(const Job& mine, const std::string& shape,
+                                  std::chrono::milliseconds timeout) {
+  claim_node(mine.id);
   if (beater_ != nullptr && !beat_thread_.joinable())
     beat_thread_ = std::thread([this] { beat(); });
   std::string node0_shape;
   try {
     if (node_rank_ == 0) {
       store().set(kShapeKey, distributed::to_bytes(shape));
-      store().set(kJobIdKey, distributed::to_bytes(mine));
+      store().set(kMasterPortKey, distributed::to_bytes(std::to_string(mine.master_port)));
+      store().set(kJobIdKey, distributed::to_bytes(mine.id));
       return mine;
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -194,7 +197,10 @@ std::string NodeLink::agree_job_id(const std::string& mine, const std::string& s
       try {
         store().wait({kJobIdKey}, kPollInterval);
         node0_shape = store().get_string(kShapeKey);
-        if (node0_shape == shape) return store().get_string(kJobIdKey);
+        if (node0_shape == shape) {
+          return {.id = store().get_string(kJobIdKey),
+                  .master_port = std::stoi(store().get_string(kMasterPortKey))};
+        }
         break;
       } catch (const distributed::StoreTimeout&) {
       }

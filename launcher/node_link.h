@@ -48,17 +48,22 @@ class NodeLink {
   NodeLink(const NodeLink&) = delete;
   NodeLink& operator=(const NodeLink&) = delete;
 
-  // The job's id (LOCKSTEP_JOB_ID), the same on every node: node 0 publishes
-  // `mine` and returns it; the others return node 0's, waiting for it up to
-  // `timeout`. Throws when it does not come (or the store is gone). `shape`
-  // ("--nnodes 2 --nproc-per-node 4 --max-restarts 0") must be node 0's too:
-  // ranks numbered from another shape would never all meet, nor nodes that
-  // restart differently, so a node whose shape differs tells every node to
-  // stop and throws UsageError naming both. Before that, a second launcher
-  // for a node that already joined (one node started twice) throws
-  // UsageError and publishes nothing, so the running job goes on.
-  std::string agree_job_id(const std::string& mine, const std::string& shape,
-                           std::chrono::milliseconds timeout);
+  // What every node's ranks get alike, made by node 0's launcher: the job's id
+  // (LOCKSTEP_JOB_ID) and the port on node 0 left free for the program's own
+  // rank 0 (MASTER_PORT).
+  struct Job {
+    std::string id;
+    int master_port = 0;
+  };
+  // Node 0 publishes `mine` and returns it; the others return node 0's,
+  // waiting for it up to `timeout`. Throws when it does not come (or the
+  // store is gone). `shape` ("--nnodes 2 --nproc-per-node 4 --max-restarts 0")
+  // must be node 0's too: ranks numbered from another shape would never all
+  // meet, nor nodes that restart differently, so a node whose shape differs
+  // tells every node to stop and throws UsageError naming both. Before that,
+  // a second launcher for a node that already joined (one node started twice)
+  // throws UsageError and publishes nothing, so the running job goes on.
+  Job agree_job(const Job& mine, const std::string& shape, std::chrono::milliseconds timeout);
   // Readable once another node failed (or the store is gone).
   int failure_fd() const { return event_fd_; }
   // What failed elsewhere, for the message.

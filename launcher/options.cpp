@@ -96,7 +96,6 @@ std::string set_by_launcher(const std::string& name) {
       {"LOCKSTEP_NUM_NODES", "--nnodes"},
       {"LOCKSTEP_NODE_RANK", "--node-rank"},
       {"MASTER_ADDR", "--master-addr"},
-      {"MASTER_PORT", "--master-port"},
       {"LOCKSTEP_STORE_ADDR", "--master-addr and --master-port"},
       {"LOCKSTEP_TOKEN", "--token"},
       {"LOCKSTEP_HEARTBEAT_MS", "--hang-timeout"},
@@ -105,7 +104,7 @@ std::string set_by_launcher(const std::string& name) {
     std::set<std::string> own = {"LOCKSTEP_RESTART_COUNT", "LOCKSTEP_JOB_ID",
                                  "LOCKSTEP_FLIGHT_RECORDER"};
     for (const auto& entry : kFlagFor) own.insert(entry.first);
-    for (const auto& [var, value] : distributed::rank_variables({}, 1)) own.insert(var);
+    for (const auto& [var, value] : distributed::rank_variables({}, 1, 0)) own.insert(var);
     return own;
   }();
   if (!kOwn.contains(name)) return {};
@@ -297,8 +296,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
   app.footer(
       "\nEach rank gets LOCKSTEP_RANK, LOCKSTEP_WORLD_SIZE, LOCKSTEP_LOCAL_RANK,\n"
       "LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK, LOCKSTEP_NUM_NODES, LOCKSTEP_STORE_ADDR,\n"
-      "LOCKSTEP_TOKEN, torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,\n"
-      "MASTER_PORT, LOCKSTEP_RESTART_COUNT, LOCKSTEP_JOB_ID (one per launch, the same for every\n"
+      "LOCKSTEP_TOKEN, torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
+      "and MASTER_PORT (a free port on node 0 for a torchrun program's own rank 0 to serve its\n"
+      "store on, as torchrun --standalone leaves it; lockstep's ranks use LOCKSTEP_STORE_ADDR),\n"
+      "LOCKSTEP_RESTART_COUNT, LOCKSTEP_JOB_ID (one per launch, the same for every\n"
       "attempt), LOCKSTEP_FLIGHT_RECORDER, LOCKSTEP_HEARTBEAT_FD and LOCKSTEP_HEARTBEAT_MS (its\n"
       "heartbeat socket, descriptor 3, and how often to beat; not with --hang-timeout 0), and\n"
       "OMP_NUM_THREADS=1 unless set. -x cannot set these (OMP_NUM_THREADS aside).\n"

@@ -653,7 +653,8 @@ TEST_CASE("rank_variables: what a launcher sets reads back as the same rank, und
     info.store_port = 29512;
     info.token = "secret";
     Vars vars;
-    for (const auto& [name, value] : lockstep::distributed::rank_variables(info, 2)) vars[name] = value;
+    for (const auto& [name, value] : lockstep::distributed::rank_variables(info, 2, 29613))
+      vars[name] = value;
     const RankInfo back = read(vars);
     CHECK(back.source == "lockstep-run");
     CHECK(back.rank == 5);
@@ -671,7 +672,11 @@ TEST_CASE("rank_variables: what a launcher sets reads back as the same rank, und
     CHECK(vars.at("WORLD_SIZE") == "8");
     CHECK(vars.at("LOCAL_RANK") == "1");
     CHECK(vars.at("LOCAL_WORLD_SIZE") == "4");
+    // MASTER_PORT is the port left for such a program's own store, not lockstep's.
     CHECK(vars.at("MASTER_ADDR") == host);
-    CHECK(vars.at("MASTER_PORT") == "29512");
+    CHECK(vars.at("MASTER_PORT") == "29613");
+    // Without one (spawn's children), no MASTER_ADDR or MASTER_PORT.
+    for (const auto& [name, value] : lockstep::distributed::rank_variables(info, 1))
+      CHECK((name != "MASTER_ADDR" && name != "MASTER_PORT"));
   }
 }

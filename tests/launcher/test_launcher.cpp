@@ -61,7 +61,7 @@ TEST_CASE("launcher: ranks get their variables", "[launcher]") {
   REQUIRE(r.ok());
   const auto lines = probe_lines(r.output);
   REQUIRE(lines.size() == static_cast<size_t>(n));
-  std::set<std::string> addrs, tokens;
+  std::set<std::string> addrs, tokens, master_ports;
   for (const auto& [rank, kv] : lines) {
     INFO("rank " << rank);
     CHECK(kv.at("source") == "lockstep-run");
@@ -75,15 +75,20 @@ TEST_CASE("launcher: ranks get their variables", "[launcher]") {
     CHECK(kv.at("LOCAL_WORLD_SIZE") == std::to_string(n));
     CHECK(kv.at("OMP_NUM_THREADS") == "1");
     CHECK(kv.at("LOCKSTEP_NUM_NODES") == "1");
-    CHECK(kv.at("LOCKSTEP_STORE_ADDR") ==
-          kv.at("MASTER_ADDR") + ":" + kv.at("MASTER_PORT"));
+    // MASTER_PORT is left free for a torchrun program's own store, beside
+    // lockstep's on the same host.
     CHECK(std::regex_match(kv.at("LOCKSTEP_STORE_ADDR"), std::regex(R"(127\.0\.0\.1:[1-9][0-9]*)")));
+    CHECK(kv.at("MASTER_ADDR") == "127.0.0.1");
+    CHECK(std::regex_match(kv.at("MASTER_PORT"), std::regex("[1-9][0-9]*")));
+    CHECK(kv.at("LOCKSTEP_STORE_ADDR") != kv.at("MASTER_ADDR") + ":" + kv.at("MASTER_PORT"));
     CHECK(std::regex_match(kv.at("LOCKSTEP_TOKEN"), std::regex("[0-9a-f]{32}")));
     addrs.insert(kv.at("LOCKSTEP_STORE_ADDR"));
+    master_ports.insert(kv.at("MASTER_PORT"));
     tokens.insert(kv.at("LOCKSTEP_TOKEN"));
   }
   CHECK(addrs.size() == 1);
   CHECK(tokens.size() == 1);
+  CHECK(master_ports.size() == 1);
 }
 
 TEST_CASE("launcher: all ranks reach the same store", "[launcher]") {
@@ -91,6 +96,19 @@ TEST_CASE("launcher: all ranks reach the same store", "[launcher]") {
   CHECK(r.ok());
   for (int rank = 0; rank < 3; ++rank)
     CHECK_THAT(r.output, Contains(fmt::format("store-sum rank={} sum=6 expected=6 ok", rank)));
+}
+
+TEST_CASE("launcher: a program written for torchrun serves its own store on MASTER_PORT",
+          "[launcher]") {
+  // As a PyTorch program's init_process_group("gloo") does: rank 0 serves a
+  // store on MASTER_PORT and every rank connects to MASTER_ADDR:MASTER_PORT.
+  // MASTER_PORT was lockstep-run's own store's port, so rank 0 failed with
+  // "Address already in use".
+  const auto r = launch({"-np", "3"}, {"master-sum"});
+  INFO(r.output);
+  CHECK(r.ok());
+  for (int rank = 0; rank < 3; ++rank)
+    CHECK_THAT(r.output, Contains(fmt::format("master-sum rank={} sum=6 expected=6 ok", rank)));
 }
 
 TEST_CASE("launcher: --tag-output prefixes every line with its rank", "[launcher]") {
@@ -432,13 +450,14 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
 TEST_CASE("launcher: -x of a variable the launcher sets for each rank is refused, naming it",
           "[launcher]") {
   // The ranks got the launcher's value without a word: -x MASTER_PORT=29500
-  // left the store on another port, -x RANK=0 gave each rank its own rank.
+  // gave rank 0 another port to serve on, -x RANK=0 gave each rank its own rank.
   const auto lr = bin_path("lockstep-run");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"RANK=0", "-x RANK=0: lockstep-run sets RANK for each rank itself, over any value -x "
                  "gives"},
       {"MASTER_PORT=29500", "-x MASTER_PORT=29500: lockstep-run sets MASTER_PORT for each rank "
-                            "itself, over any value -x gives; to choose it, use --master-port"},
+                            "itself, over any value -x gives"},
+      {"MASTER_ADDR=h", "to choose it, use --master-addr"},
       {"WORLD_SIZE=8", "to choose it, use -np or --nproc-per-node and --nnodes"},
       {"LOCKSTEP_STORE_ADDR=h:1", "lockstep-run sets LOCKSTEP_STORE_ADDR for each rank itself"},
       {"LOCKSTEP_JOB_ID=j", "lockstep-run sets LOCKSTEP_JOB_ID for each rank itself"},
@@ -711,6 +730,33 @@ TEST_CASE("launcher: two nodes in two network namespaces", "[launcher]") {
   CHECK(r.ok());
   CHECK_THAT(r.output, Contains("collective_worker rank 0/2: OK") &&
                            Contains("collective_worker rank 1/2: OK"));
+}
+
+TEST_CASE("launcher: a torchrun program's ranks on two nodes meet at node 0's MASTER_PORT",
+          "[launcher]") {
+  // Node 0's launcher picks the port and every node's ranks get that one.
+  const int port = lockstep::testing::unused_tcp_port();
+  auto node = [&](int rank) {
+    return fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 2 --master-addr 127.0.0.1 "
+                       "--master-port {} --postmortem-dir '' {} print show=MASTER_PORT "
+                       "master-sum",
+                       bin_path("lockstep-run"), rank, port, bin_path("launcher_probe"));
+  };
+  const std::string script = fmt::format(
+      "export LOCKSTEP_TOKEN=t; {} & n0=$!; {} & n1=$!; wait $n0; e0=$?; wait $n1; "
+      "echo \"exits $e0 $?\"",
+      node(0), node(1));
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK_THAT(r.output, Contains("exits 0 0"));
+  for (int rank = 0; rank < 4; ++rank)
+    CHECK_THAT(r.output, Contains(fmt::format("master-sum rank={} sum=10 expected=10 ok", rank)));
+  std::set<std::string> ports;
+  const auto lines = probe_lines(r.output);
+  CHECK(lines.size() == 4);
+  for (const auto& [rank, kv] : lines) ports.insert(kv.at("MASTER_PORT"));
+  CHECK(ports.size() == 1);
+  CHECK_FALSE(ports.contains(std::to_string(port)));
 }
 
 TEST_CASE("launcher: a node's launcher started twice is refused and the running job goes on",

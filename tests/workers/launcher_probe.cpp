@@ -14,6 +14,10 @@
 //   partial          print a last line without its newline
 //   store-sum        every rank adds rank+1 to a counter in the job's store,
 //                    waits for all, checks the sum is W(W+1)/2; exit 1 if not
+//   master-sum       the same through a store of the program's own, as a
+//                    program written for torchrun makes it from torchrun's
+//                    variables alone: rank 0 serves it on MASTER_PORT, every
+//                    rank connects to MASTER_ADDR:MASTER_PORT
 //   async-failure=R  rank R reports a timed-out collective from a thread of its
 //                    own, as the NCCL watchdog does (collectives/async_error.h,
 //                    LOCKSTEP_ASYNC_ERROR_HANDLING); if the process is still
@@ -57,6 +61,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -121,11 +126,12 @@ int group_sum(const lockstep::distributed::RankInfo& info) {
   return sum == expected ? 0 : 1;
 }
 
-int store_sum(const lockstep::distributed::RankInfo& info) {
+int store_sum(const lockstep::distributed::RankInfo& info, const std::string& host, int port,
+              const std::string& token, const char* label) {
   lockstep::distributed::TcpStoreOptions options;
-  options.host = info.store_host;
-  options.port = static_cast<uint16_t>(info.store_port);
-  options.token = info.token;
+  options.host = host;
+  options.port = static_cast<uint16_t>(port);
+  options.token = token;
   options.connect_timeout = std::chrono::seconds(30);
   options.timeout = std::chrono::seconds(30);
   lockstep::distributed::TcpStore store(options);
@@ -134,13 +140,40 @@ int store_sum(const lockstep::distributed::RankInfo& info) {
   store.wait({"probe/done"});
   const int64_t sum = store.add("probe/sum", 0);
   const int64_t expected = int64_t{info.world_size} * (info.world_size + 1) / 2;
-  fmt::print("store-sum rank={} sum={} expected={} {}\n", info.rank, sum, expected,
+  fmt::print("{} rank={} sum={} expected={} {}\n", label, info.rank, sum, expected,
              sum == expected ? "ok" : "WRONG");
   std::fflush(stdout);
   // Keep the connection until everyone has read the sum.
   if (store.add("probe/read", 1) == info.world_size) store.set("probe/all-read", "1");
   store.wait({"probe/all-read"});
   return sum == expected ? 0 : 1;
+}
+
+// See master-sum above. Rank 0's server stays until every other rank has
+// said it is done with it.
+int master_sum(const lockstep::distributed::RankInfo& info) {
+  const std::string host = var("MASTER_ADDR");
+  const int port = std::stoi(var("MASTER_PORT"));
+  std::unique_ptr<lockstep::distributed::TcpStoreServer> server;
+  if (info.rank == 0) {
+    lockstep::distributed::TcpStoreServerOptions options;
+    options.port = static_cast<uint16_t>(port);
+    options.token = "probe";
+    server = std::make_unique<lockstep::distributed::TcpStoreServer>(options);
+  }
+  const int code = store_sum(info, host, port, "probe", "master-sum");
+  lockstep::distributed::TcpStoreOptions options;
+  options.host = host;
+  options.port = static_cast<uint16_t>(port);
+  options.token = "probe";
+  lockstep::distributed::TcpStore store(options);
+  if (info.rank != 0) {
+    store.add("probe/left", 1);
+  } else {
+    while (store.add("probe/left", 0) < info.world_size - 1)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return code;
 }
 
 // See zombie=R above. Returns once the zombie's parent has left the group.
@@ -197,12 +230,13 @@ int main(int argc, char** argv) {
   std::string line = fmt::format("rank={} world={} local={} local_world={} node={} source={}",
                                  info.rank, info.world_size, info.local_rank,
                                  info.local_world_size, info.node_rank, info.source);
-  bool print = false, partial = false, sleep = false, sum = false;
+  bool print = false, partial = false, sleep = false, sum = false, master = false;
   for (const auto& a : args) {
     if (a == "print") print = true;
     if (a == "partial") partial = true;
     if (a == "sleep") sleep = true;
     if (a == "store-sum") sum = true;
+    if (a == "master-sum") master = true;
     if (a == "ignore-term") signal(SIGTERM, SIG_IGN);
     if (a == "cpus") line += " cpus=" + allowed_cpus();
     if (a == "sigint") line += " sigint=" + sigint_disposition();
@@ -217,7 +251,8 @@ int main(int argc, char** argv) {
     std::ofstream(path + ".tmp") << getpid() << "\n";
     std::filesystem::rename(path + ".tmp", path);
   }
-  if (sum) return store_sum(info);
+  if (sum) return store_sum(info, info.store_host, info.store_port, info.token, "store-sum");
+  if (master) return master_sum(info);
   for (const auto& a : args) {
     // A rank that returns 0 before the others' group can form.
     if (a == fmt::format("leave-early={}", info.rank)) return 0;
