@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -85,6 +88,21 @@ class Listeners {
 
   mutable std::mutex mutex_;
   std::unordered_map<const runtime::TensorImpl*, std::vector<const Reducer*>> by_param_;
+};
+
+// Runs its function when destroyed, unless disarmed first; never throws.
+class DropGuard {
+ public:
+  explicit DropGuard(std::function<void()> fn) : fn_(std::move(fn)) {}
+  ~DropGuard() {
+    if (fn_) fn_();
+  }
+  DropGuard(const DropGuard&) = delete;
+  DropGuard& operator=(const DropGuard&) = delete;
+  void disarm() { fn_ = nullptr; }
+
+ private:
+  std::function<void()> fn_;
 };
 
 Listeners& listeners() {
@@ -403,7 +421,13 @@ void Reducer::on_gradient_ready(size_t param) {
 
 void Reducer::begin_backward() {
   backward_started_ = true;
-  runtime::queue_backward_callback([this] { finalize(); });
+  // A backward that throws part-way drops its callbacks unrun
+  // (backward_callbacks.h): the guard then tells backward_failed().
+  auto dropped = std::make_shared<DropGuard>([this] { backward_failed(); });
+  runtime::queue_backward_callback([this, dropped] {
+    dropped->disarm();
+    finalize();
+  });
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(kept_grads_.begin(), kept_grads_.end(), Tensor{});
   for (auto& b : buckets_) b.pending = b.members.size();
@@ -507,14 +531,42 @@ void Reducer::launch_ready_buckets() {
 // The bucket takes a new buffer, and the gradients that are views of the old
 // one (gradient_as_bucket_view) copies of their own.
 void Reducer::abandon_buffer(Bucket& b) {
+  abandoned_.emplace_back();
+  renew_buffer(b, abandoned_.back());
+}
+
+// Moves the bucket's buffer to `keep_old` and gives it a new one, and each
+// .grad that is a view of the old one (gradient_as_bucket_view) a copy.
+void Reducer::renew_buffer(Bucket& b, Tensor& keep_old) {
   runtime::NoGradGuard no_grad;
+  Tensor fresh = new_bucket_buffer(b.buffer.numel(), b.buffer.dtype(), b.buffer.device());
+  fresh.fill_(0);
   for (size_t p : b.members) {
     Tensor& param = params_[p].second;
     if (same_storage(param.grad(), b.buffer)) param.set_grad(param.grad().clone());
   }
-  abandoned_.push_back(b.buffer);
-  b.buffer = new_bucket_buffer(b.buffer.numel(), b.buffer.dtype(), b.buffer.device());
-  b.buffer.fill_(0);
+  keep_old = std::exchange(b.buffer, std::move(fresh));
+}
+
+// A backward that threw part-way (in an autograd node, a hook, the loss's
+// backward) never reaches finalize(); the next forward waits for the buckets
+// it launched (drain_and_reset). Until then their all-reduces may still write
+// into their buffers: into .grad where it is a bucket view, which the caller
+// zeroes (zero_grad(set_to_none=false)) to skip the batch, and the next
+// backward would add this one's average to its own. Those buckets take new
+// buffers now. Runs while the exception unwinds: it must not throw or wait.
+void Reducer::backward_failed() noexcept {
+  try {
+    for (Bucket& b : buckets_)
+      if (b.result.work && !b.retired.defined()) renew_buffer(b, b.retired);
+  } catch (const std::exception& e) {
+    fmt::print(stderr,
+               "lockstep: DistributedDataParallel on rank {}: after a failed backward, could "
+               "not give the buckets still being reduced new buffers ({}); a .grad that is a "
+               "bucket view may yet receive that backward's average\n",
+               group_.rank(), e.what());
+  } catch (...) {
+  }
 }
 
 void Reducer::finalize() {
@@ -756,6 +808,7 @@ void Reducer::drain_and_reset() {
     }
     b.result = {};
     b.view.reset();
+    b.retired = Tensor{};
   }
   deferred_no_sync_active_ = 0;
   end_iteration();

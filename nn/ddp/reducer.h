@@ -74,6 +74,9 @@ class Reducer {
     std::unique_ptr<GradBucket> view;
     CommHookResult result;
     Clock::time_point launched_at;
+    // The buffer that `result`'s collective works on, once a failed backward
+    // gave the bucket a new one (backward_failed); freed when drained.
+    Tensor retired;
   };
   struct Slot {
     size_t bucket = 0;
@@ -92,6 +95,8 @@ class Reducer {
   void mark_ready(size_t param, bool used);
   void launch_ready_buckets();
   void abandon_buffer(Bucket& b);
+  void renew_buffer(Bucket& b, Tensor& keep_old);
+  void backward_failed() noexcept;
   void finalize();
   void take_hook_output(Bucket& b);
   void rebuild_buckets();

@@ -3,10 +3,13 @@
 // the whole batch, no_sync accumulation, unused parameters, compression
 // hooks, gradient_as_bucket_view, buckets in shared memory, overlap.
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include <catch2/catch.hpp>
 
+#include "lockstep/optim/sgd.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"
@@ -277,6 +280,101 @@ TEST_CASE("DDP: a hook that throws after starting its all-reduce leaves the next
       const std::string first = lt::error_of([&] { lt::loss_of(*ddp, mine).backward(); });
       if (first != "the hook gave up") return "first backward: " + first;
       ddp->module().zero_grad();
+      lt::loss_of(*ddp, mine).backward();
+      const auto params = ddp->module().named_parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], kTol);
+        if (!problem.empty()) return problem;
+      }
+      return "";
+    });
+    INFO("gradient_as_bucket_view " << as_view);
+    REQUIRE(all_problems(problems).empty());
+  }
+}
+
+namespace {
+
+// Identity whose output's gradient hook throws while `fail` is set: a
+// backward that fails part-way, after the later layers' buckets launched.
+class ThrowInBackward : public lockstep::nn::Module {
+ public:
+  Tensor forward(const Tensor& x) override {
+    Tensor y = x * 1.0;
+    y.register_hook([this](const Tensor& g) -> Tensor {
+      if (fail) throw lockstep::Error("bad batch");
+      return g;
+    });
+    return y;
+  }
+  bool fail = false;
+};
+
+// A flag one rank thread raises and another waits for.
+struct Signal {
+  void raise() {
+    std::lock_guard lock(mutex);
+    raised = true;
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return raised; });
+  }
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool raised = false;
+};
+
+}  // namespace
+
+TEST_CASE("DDP: a backward that fails on every rank after buckets launched leaves the next "
+          "iteration averaged, also when .grad is zeroed in between",
+          "[ddp]") {
+  // The pattern of PyTorch users who catch an error, skip the batch with
+  // zero_grad and go on. With gradient_as_bucket_view, .grad was the bucket
+  // that the failed step's all-reduce still wrote into after zero_grad(false)
+  // here (rank 1 reaches it later), so the next average held that step too.
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9);
+  const auto expected = reference_grads(global, 1);
+  for (const bool as_view : {false, true}) {
+    Signal rank0_zeroed;
+    const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+      struct RaiseOnExit {  // rank 1 must not wait for a rank 0 that failed
+        Signal* signal;
+        ~RaiseOnExit() {
+          if (signal) signal->raise();
+        }
+      } raise_on_exit{r == 0 ? &rank0_zeroed : nullptr};
+      lockstep::runtime::Generator g(1);
+      auto model = std::make_shared<lockstep::nn::Sequential>();
+      model->push_back(std::make_shared<lockstep::nn::Linear>(12, 16, true, g));
+      auto thrower = model->push_back(std::make_shared<ThrowInBackward>());
+      model->push_back(std::make_shared<lockstep::nn::ReLU>());
+      model->push_back(std::make_shared<lockstep::nn::Linear>(16, 16, true, g));
+      model->push_back(std::make_shared<lockstep::nn::ReLU>());
+      model->push_back(std::make_shared<lockstep::nn::Linear>(16, 5, true, g));
+      auto ddp = std::make_shared<DistributedDataParallel>(
+          model, group,
+          DdpOptions{.bucket_cap_mb = 0.0005,
+                     .first_bucket_cap_mb = 0.0005,
+                     .gradient_as_bucket_view = as_view});
+      lockstep::optim::SGD opt(ddp->parameters(), {.lr = 0.1});
+      const lt::Batch mine = lt::shard(global, r, size);
+      lt::loss_of(*ddp, mine).backward();  // the buckets are the .grad from here on
+      opt.zero_grad(/*set_to_none=*/false);
+      thrower->fail = true;
+      Tensor loss = lt::loss_of(*ddp, mine);
+      if (r == 1) rank0_zeroed.wait();
+      const std::string error = lt::error_of([&] { loss.backward(); });
+      if (error != "bad batch") return "failed backward: " + error;
+      // Rank 1's buffer keeps its gradients for the all-reduce (dropping
+      // them as .grad), so that rank 0's .grad gets them if it still is the
+      // bucket.
+      opt.zero_grad(/*set_to_none=*/r == 1);
+      if (r == 0) rank0_zeroed.raise();
+      thrower->fail = false;
       lt::loss_of(*ddp, mine).backward();
       const auto params = ddp->module().named_parameters();
       for (size_t i = 0; i < params.size(); ++i) {
