@@ -81,6 +81,7 @@ void DistributedDataParallel::run_forward(Run&& run) {
     run();
     return;
   }
+  reducer_->settle_failed_backward();
   const auto start = std::chrono::steady_clock::now();
   // The wrapped module's mode, which its layers follow: model->eval() on the
   // handle kept from before wrapping leaves this wrapper's own flag as it was.

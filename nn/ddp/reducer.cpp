@@ -274,6 +274,36 @@ std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves(
   return leaves;
 }
 
+// A rank that skips a batch after an error drains what its backward started
+// (drain_and_reset), but the other ranks' next calls pair with those
+// all-reduces in order: where they started fewer (their error came earlier,
+// or they had none), a bucket of their next backward would be summed with
+// this rank's failed one, and each later bucket with the wrong one, of equal
+// size, without a word. A barrier after the drained buckets, where this rank
+// started any, makes the sequences of two ranks that started different
+// numbers differ at once (a barrier against an all-reduce), and the check of
+// every collective fails both; where every rank failed at the same point,
+// the barriers match and training goes on.
+void Reducer::settle_failed_backward() {
+  if (mode_ != Mode::sync || !backward_started_) return;
+  const size_t launched = next_launch_;
+  drain_and_reset();
+  if (launched == 0 || group_.size() == 1) return;
+  try {
+    group_.barrier()->wait();
+  } catch (const collectives::CollectiveMismatch& e) {
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: this rank's previous backward failed after "
+        "starting the all-reduce of {} of its {} gradient bucket(s), and other ranks did not "
+        "stop at the same point (they finished that backward, or failed before or after it), "
+        "so their collectives no longer pair with this rank's: the group is unusable now. "
+        "Create a new process group and DistributedDataParallel on every rank, or restart the "
+        "job. To skip a bad batch, decide on every rank alike before backward (all-reduce a "
+        "flag), or fail every rank. {}",
+        group_.rank(), launched, buckets_.size(), e.what()));
+  }
+}
+
 void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool synced,
                                    double forward_ms) {
   if (mode_ == Mode::sync && backward_started_) drain_and_reset();
@@ -665,9 +695,11 @@ void Reducer::finalize() {
       drain_and_reset();
       throw Error(fmt::format(
           "DistributedDataParallel on rank {}: the all-reduce of gradient bucket {} (parameters "
-          "{}) met another collective on some rank. The usual cause: a parameter received no "
+          "{}) met another collective on some rank. The usual causes: a parameter received no "
           "gradient in this backward on that rank (a branch of forward taken on some ranks "
-          "only), and that rank's own error names it and says what to do. {}",
+          "only), or that rank's previous backward failed part-way (an error caught there to "
+          "skip the batch) after starting some bucket all-reduces, and that rank's own error "
+          "says which and what to do. {}",
           group_.rank(), i, fmt::join(names, ", "), e.what()));
     }
     if (b.result.then) b.result.then();

@@ -53,6 +53,11 @@ class Reducer {
   // gradient, changes nothing here: the backward of the forward before it
   // still averages.
   void forward_started();
+  // Called first in every DDP forward, before any collective of it: after a
+  // backward that threw part-way, waits for the bucket all-reduces it had
+  // started, then checks that every rank started as many (a barrier where
+  // this rank started any); throws Error if the ranks' calls no longer line up.
+  void settle_failed_backward();
   // After forward: `outputs` are every tensor the module returned (the
   // unused-parameter search walks back from all of them).
   void prepare_for_backward(const std::vector<Tensor>& outputs, bool synced, double forward_ms);

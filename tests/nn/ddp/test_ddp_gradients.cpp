@@ -388,6 +388,58 @@ TEST_CASE("DDP: a backward that fails on every rank after buckets launched leave
   }
 }
 
+TEST_CASE("DDP: a rank that skips a batch whose backward failed part-way there only fails "
+          "the next step on every rank, naming the cause, instead of averaging mismatched "
+          "buckets",
+          "[ddp]") {
+  // Rank 0's backward throws after two of its three (equal) buckets started
+  // their all-reduce; rank 1's error comes before backward. Both skip the
+  // batch. Rank 1's next backward paired its buckets 0 and 1 with rank 0's
+  // failed ones and its bucket 2 with rank 0's next bucket 0: its gradients
+  // were wrong, without an error, and the ranks stayed one bucket apart.
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9, 8);
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    lockstep::runtime::Generator g(1);
+    auto model = std::make_shared<lockstep::nn::Sequential>();
+    model->push_back(std::make_shared<lockstep::nn::Linear>(8, 8, true, g));
+    auto thrower = model->push_back(std::make_shared<ThrowInBackward>());
+    model->push_back(std::make_shared<lockstep::nn::ReLU>());
+    model->push_back(std::make_shared<lockstep::nn::Linear>(8, 8, true, g));
+    model->push_back(std::make_shared<lockstep::nn::ReLU>());
+    model->push_back(std::make_shared<lockstep::nn::Linear>(8, 8, true, g));
+    // A layer per bucket: 72 floats each.
+    auto ddp = std::make_shared<DistributedDataParallel>(
+        model, group, DdpOptions{.bucket_cap_mb = 0.00027, .first_bucket_cap_mb = 0.00027});
+    if (ddp->buckets().size() != 3) return "expected 3 buckets";
+    lockstep::optim::SGD opt(ddp->parameters(), {.lr = 0.1});
+    const lt::Batch mine = lt::shard(global, r, size);
+    const auto loss = [&] {
+      return lockstep::runtime::cross_entropy(ddp->forward(mine.x), mine.y);
+    };
+    loss().backward();
+    opt.step();
+    opt.zero_grad();
+    thrower->fail = true;
+    std::string error = lt::error_of([&] {
+      if (r == 1) throw lockstep::Error("bad batch");  // say, a shape check before backward
+      loss().backward();
+    });
+    if (error != "bad batch") return "failed step: " + error;
+    opt.zero_grad();
+    thrower->fail = false;
+    error = lt::error_of([&] { loss().backward(); });
+    if (r == 0 && error.find("this rank's previous backward failed after starting the "
+                             "all-reduce of 2 of its 3 gradient bucket(s)") == std::string::npos)
+      return "next step: " + (error.empty() ? std::string("no error") : error);
+    if (r == 1 && error.find("previous backward failed part-way") == std::string::npos)
+      return "next step: " + (error.empty() ? std::string("no error") : error);
+    return "";
+  });
+  INFO(all_problems(problems));
+  REQUIRE(all_problems(problems).empty());
+}
+
 TEST_CASE("DDP: a second communication hook is refused, the first kept", "[ddp]") {
   const int size = 2;
   const auto global = lt::global_batch(16, 9);
