@@ -1,5 +1,6 @@
 #include "lockstep/optim/grad_scaler.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <limits>
@@ -61,6 +62,21 @@ Tensor GradScaler::scale(const Tensor& loss) {
   LOCKSTEP_CHECK(scale_.device() == loss.device(),
                  "GradScaler::scale: the loss is on {}, the scale on {}; one scaler per device",
                  loss.device().str(), scale_.device().str());
+  // A loss to scale starts a backward of new scaled gradients. An optimizer
+  // unscaled but not stepped whose gradients were dropped since (zero_grad)
+  // belongs to an iteration that an error ended (in clipping after unscale_,
+  // in optimizer.step()) and that the loop skipped: its flags are that
+  // iteration's, and step() would step the new gradients without dividing
+  // them (as PyTorch's does); forget them, as update() would. Gradients
+  // still there may be another model's, unscaled before this loss's backward
+  // on purpose, and stay unscaled.
+  std::erase_if(per_optimizer_, [](const auto& entry) {
+    const PerOptimizer& state = entry.second;
+    return state.stage == Stage::unscaled &&
+           std::any_of(state.unscaled.begin(), state.unscaled.end(), [](const auto& pair) {
+             return !pair.first.grad().is_same(pair.second);
+           });
+  });
   return runtime::mul(loss, scale_);
 }
 
@@ -76,6 +92,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   LOCKSTEP_CHECK(state.stage != Stage::stepped,
                  "GradScaler::unscale_: unscale_() is being called after step()");
   std::vector<Tensor> grads;
+  state.unscaled.clear();
   for (const ParamGroup& group : optimizer.param_groups()) {
     for (const Tensor& p : group.params) {
       const Tensor& g = p.grad();
@@ -87,6 +104,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
                      "GradScaler::unscale_: a gradient is on {}, the scale on {}",
                      g.device().str(), scale_.device().str());
       grads.push_back(g);
+      state.unscaled.emplace_back(p, g);
     }
   }
   NoGradGuard no_grad;

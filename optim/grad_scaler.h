@@ -34,6 +34,8 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "lockstep/collectives/process_group.h"
 #include "lockstep/optim/optimizer.h"
@@ -92,6 +94,9 @@ class GradScaler {
     Tensor found_inf;  // 1-element f32 on the scale's device: flags[0]
     Tensor flags;      // [found inf/NaN, a rank had no gradient], all-reduced with a group
     bool has_grads = false;  // this rank's unscale_ found a gradient
+    // Each parameter and the .grad that unscale_ divided: a later scale()
+    // finds whether they were replaced since (GradScaler::scale).
+    std::vector<std::pair<Tensor, Tensor>> unscaled;
   };
 
   GradScalerOptions options_;

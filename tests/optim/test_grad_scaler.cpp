@@ -194,6 +194,64 @@ TEST_CASE("GradScaler refuses misuse as PyTorch does", "[optim][grad_scaler]") {
   CHECK_THROWS_WITH(GradScaler({.growth_interval = 0}), Contains("growth_interval"));
 }
 
+TEST_CASE("An iteration that an error ends after unscale_ leaves the next one unscaled and "
+          "stepped as if it had not run",
+          "[optim][grad_scaler]") {
+  // The PyTorch user's "catch the error, zero_grad, go on": the error came
+  // from optimizer.step() inside scaler.step() (here: a learning rate a
+  // scheduler made negative), or from clipping after unscale_. The next
+  // step() took that iteration's flags and stepped the new, still scaled
+  // gradients (65536 times too large), and the next unscale_ was refused as
+  // a second one; PyTorch does both.
+  for (const bool error_in_step : {true, false}) {
+    auto run = [&](bool with_error) {
+      runtime::Generator g(7);
+      nn::Linear model(3, 2, true, g);
+      SGD opt(model.parameters(), {.lr = 0.1});
+      GradScaler scaler;
+      if (with_error) {
+        opt.zero_grad();
+        scaler.scale(runtime::sum(model.forward(Tensor::ones({4, 3})))).backward();
+        const std::string error = error_of([&] {
+          if (error_in_step) {
+            opt.param_groups()[0].options["lr"] = -1.0;
+            scaler.step(opt);
+          } else {
+            scaler.unscale_(opt);
+            throw Error("clipping failed");
+          }
+        });
+        REQUIRE(!error.empty());
+        opt.param_groups()[0].options["lr"] = 0.1;
+      }
+      train_step(model, opt, scaler, 1, false);
+      std::vector<Tensor> out;
+      for (const Tensor& p : model.parameters()) out.push_back(p.detach().clone());
+      out.push_back(Tensor::scalar(scaler.get_scale(), DType::f64));
+      return out;
+    };
+    const auto expected = run(false);
+    const auto got = run(true);
+    INFO("error in step() " << error_in_step);
+    REQUIRE(got.size() == expected.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      CHECK(got[i].to_vector<double>() == expected[i].to_vector<double>());
+  }
+  // A loss scaled after unscale_ for another optimizer's parameters leaves
+  // the first one's unscaled gradients as they are (PyTorch's GAN loops).
+  Tensor p = param({1}), q = param({1});
+  SGD opt_p({p}, {.lr = 1.0}), opt_q({q}, {.lr = 1.0});
+  GradScaler scaler;
+  scaled_backward(scaler, p, {1});
+  scaler.unscale_(opt_p);
+  scaled_backward(scaler, q, {2});
+  scaler.step(opt_p);
+  scaler.step(opt_q);
+  scaler.update();
+  CHECK(p.to_vector<double>() == std::vector<double>{0});
+  CHECK(q.to_vector<double>() == std::vector<double>{-1});
+}
+
 TEST_CASE("GradScaler refuses a scale its f32 tensor would hold as an infinity",
           "[optim][grad_scaler]") {
   // 1e39 is a finite double but an f32 infinity: every scaled gradient was
