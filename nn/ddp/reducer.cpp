@@ -702,7 +702,24 @@ void Reducer::finalize() {
           "says which and what to do. {}",
           group_.rank(), i, fmt::join(names, ", "), e.what()));
     }
-    if (b.result.then) b.result.then();
+    if (b.result.then) {
+      // One that throws must not leave the later buckets' all-reduces (and
+      // the used map's) in flight, writing into their buffers -- .grad under
+      // gradient_as_bucket_view -- after the caller caught the error and
+      // zeroed it: every rank started them, so they end.
+      try {
+        b.result.then();
+      } catch (...) {
+        drain_and_reset();
+        if (used_work) {
+          try {
+            used_work->wait();
+          } catch (...) {  // the hook's error is the one to report
+          }
+        }
+        throw;
+      }
+    }
     take_hook_output(b);
     intervals.emplace_back(
         ms_between(forward_end_, b.launched_at),

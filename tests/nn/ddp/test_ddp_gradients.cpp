@@ -440,6 +440,55 @@ TEST_CASE("DDP: a rank that skips a batch whose backward failed part-way there o
   REQUIRE(all_problems(problems).empty());
 }
 
+TEST_CASE("DDP: a communication hook whose `then` throws leaves no all-reduce writing into "
+          ".grad after the error",
+          "[ddp]") {
+  // Bucket 0's `then` throws on every rank, after every bucket started. The
+  // error left bucket 1's all-reduce in flight (here rank 1 starts it late),
+  // and with gradient_as_bucket_view it wrote that step's average into
+  // .grad after rank 0 had zeroed it to skip the batch.
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9);
+  const auto expected = reference_grads(global, 1);
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    bool fail = false;
+    auto ddp = std::make_shared<DistributedDataParallel>(
+        lt::small_mlp(1), group,
+        DdpOptions{.bucket_cap_mb = 0.0005,
+                   .first_bucket_cap_mb = 0.0005,
+                   .gradient_as_bucket_view = true});
+    ddp->register_comm_hook([&fail, r](lockstep::nn::GradBucket& bucket) {
+      const bool late = fail && r == 1 && bucket.index == 1;
+      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      auto work =
+          bucket.group.allreduce(bucket.buffer, {.op = lockstep::collectives::ReduceOp::Sum});
+      std::function<void()> then;
+      if (fail && bucket.index == 0) then = [] { throw lockstep::Error("decompression failed"); };
+      return lockstep::nn::CommHookResult{work, then};
+    });
+    lockstep::optim::SGD opt(ddp->parameters(), {.lr = 0.1});
+    const lt::Batch mine = lt::shard(global, r, size);
+    lt::loss_of(*ddp, mine).backward();  // the buckets are the .grad from here on
+    if (ddp->buckets().size() < 2) return "expected 2 buckets or more";
+    opt.zero_grad(/*set_to_none=*/false);
+    fail = true;
+    const std::string error = lt::error_of([&] { lt::loss_of(*ddp, mine).backward(); });
+    if (error != "decompression failed") return "failed backward: " + error;
+    // Rank 1's buffers keep their gradients for the all-reduce (see above).
+    opt.zero_grad(/*set_to_none=*/r == 1);
+    fail = false;
+    lt::loss_of(*ddp, mine).backward();
+    const auto params = ddp->module().named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], kTol);
+      if (!problem.empty()) return problem;
+    }
+    return "";
+  });
+  INFO(all_problems(problems));
+  REQUIRE(all_problems(problems).empty());
+}
+
 TEST_CASE("DDP: a second communication hook is refused, the first kept", "[ddp]") {
   const int size = 2;
   const auto global = lt::global_batch(16, 9);
