@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "lockstep/nn/detail/collective_context.h"
 #include "lockstep/runtime/autocast.h"
 #include "lockstep/runtime/autograd/affine_inputs.h"
 #include "lockstep/runtime/autograd/checkpoint.h"
@@ -76,7 +77,24 @@ Tensor sync_batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& b
   const int world = group->size();
   const Tensor local = sbn::local_stats(x);
   Tensor gathered = Tensor::empty({world * (2 * c + 1)}, DType::f64, dev);
-  group->allgather(gathered, local, {.timeout = {}})->wait();
+  // A rank that runs forward alone (validation on rank 0 with the model
+  // left in train mode) waits here for the others: the timeout says why.
+  detail::with_collective_context(
+      [&] { group->allgather(gathered, local, {.timeout = {}})->wait(); },
+      [&] {
+        return fmt::format(
+            "SyncBatchNorm on rank {}: the all-gather of the batch statistics, which every "
+            "forward in train mode starts, failed",
+            group->rank());
+      },
+      [] {
+        return std::string(
+            "Every rank of its group must run each train-mode forward of a model with "
+            "SyncBatchNorm. To evaluate on some ranks only (validation on rank 0), put the model "
+            "in eval mode first (model.eval(): SyncBatchNorm then normalises with its running "
+            "statistics and communicates nothing), and back in train mode before training "
+            "resumes");
+      });
   // 2. Global statistics, scale and shift, running statistics.
   const sbn::Combined st = sbn::combine(gathered, world, x.dtype(), weight, bias, running_mean,
                                         running_var, momentum, eps);

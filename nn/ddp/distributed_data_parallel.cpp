@@ -7,6 +7,7 @@
 
 #include "lockstep/nn/ddp/reducer.h"
 #include "lockstep/nn/ddp/replica_sync.h"
+#include "lockstep/nn/detail/collective_context.h"
 #include "lockstep/nn/join.h"
 #include "lockstep/runtime/autograd/checkpoint.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
@@ -120,7 +121,25 @@ void DistributedDataParallel::run_forward(Run&& run) {
     // statistics have stopped changing, and would undo the others' updates.
     const Join* join = Join::current(*group_);
     const int root = join ? join->first_active_rank() : 0;
-    if (!buffers.empty()) broadcast_coalesced(buffers, *group_, root);
+    // A collective in every train-mode forward: a rank that runs forward
+    // alone (validation on rank 0 with the model left in train mode) waits
+    // here for the others, and the timeout should say why it was waiting.
+    if (!buffers.empty())
+      detail::with_collective_context(
+          [&] { broadcast_coalesced(buffers, *group_, root); },
+          [&] {
+            return fmt::format(
+                "DistributedDataParallel on rank {}: the broadcast of the module's buffers from "
+                "rank {}, which every forward in train mode starts (broadcast_buffers), failed",
+                group_->rank(), root);
+          },
+          [] {
+            return std::string(
+                "Every rank must run each train-mode forward of a DDP model. To evaluate on "
+                "some ranks only (validation on rank 0), put the model in eval mode first "
+                "(ddp.eval(): an eval-mode forward communicates nothing) or call ddp.module() "
+                "in eval mode, and ddp.train() before training resumes");
+          });
   }
   const std::vector<Tensor> outputs = run();
   const double ms =

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "lockstep/nn/normalization.h"
+#include "lockstep/nn/sync_batch_norm.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"
@@ -50,4 +51,43 @@ TEST_CASE("DDP: a wrapped module put in eval mode by itself evaluates without co
       problems[static_cast<size_t>(r)] = lt::message_of(errors[static_cast<size_t>(r)]);
   }
   CHECK(lt::joined(problems) == "");
+}
+
+TEST_CASE("DDP: a train-mode forward on rank 0 alone fails naming the collective of DDP or "
+          "SyncBatchNorm it started, and says to evaluate in eval mode",
+          "[ddp][syncbn]") {
+  // The forum's hang: validation on rank 0 with the model left in train
+  // mode, while rank 1 goes on to the all-reduce of the metric. The two
+  // calls differ, so both ranks fail at once; rank 0's error must say which
+  // forward collective it was in and what to do, not only "collective #11
+  // differs" about a broadcast it never called.
+  const bool sync_bn = GENERATE(false, true);
+  const auto global = lt::global_batch(16, 6);
+  const auto groups = lt::make_groups(lt::kThreadRankBackend, 2,
+                                      sync_bn ? "ddp-alone-syncbn" : "ddp-alone",
+                                      std::chrono::seconds(60));
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    const auto& group = groups[static_cast<size_t>(r)];
+    auto model = std::make_shared<nn::Sequential>();
+    model->push_back(std::make_shared<nn::Linear>(12, 12));
+    model->push_back(std::make_shared<nn::BatchNorm1d>(12));
+    model->push_back(std::make_shared<nn::Linear>(12, 5));
+    std::shared_ptr<nn::Module> wrapped = model;
+    if (sync_bn) wrapped = nn::convert_sync_batchnorm(model, group);
+    DistributedDataParallel ddp(wrapped, group, DdpOptions{.broadcast_buffers = !sync_bn});
+    lt::loss_of(ddp, lt::shard(global, r, 2)).backward();
+    lockstep::runtime::NoGradGuard no_grad;
+    if (r == 0) (void)ddp.forward(global.x);
+    Tensor metric = Tensor::from_vector<int64_t>({3, 8}, {2});
+    group->allreduce(metric, {.op = lockstep::collectives::ReduceOp::Sum})->wait();
+  });
+  REQUIRE(errors[0]);
+  REQUIRE(errors[1]);  // its all-reduce met rank 0's forward collective
+  const std::string message = lt::message_of(errors[0]);
+  INFO(message);
+  CHECK_THROWS_AS(std::rethrow_exception(errors[0]), lockstep::collectives::CollectiveMismatch);
+  CHECK_THAT(message, Catch::Contains(sync_bn ? "SyncBatchNorm on rank 0: the all-gather"
+                                              : "DistributedDataParallel on rank 0: the "
+                                                "broadcast of the module's buffers"));
+  CHECK_THAT(message, Catch::Contains("put the model in eval mode first"));
 }
