@@ -64,7 +64,9 @@ class DistributedDataParallel : public Module {
   // The backward of a forward run while the returned guard lives accumulates
   // gradients locally and communicates nothing; the first backward after a
   // forward outside it averages the sum. As PyTorch, a forward under the
-  // guard leaves armed the averaging of an earlier forward outside it.
+  // guard leaves armed the averaging of an earlier forward outside it, while
+  // any tensor of that forward's graph lives (one whose outputs are all gone
+  // can never be backpropagated).
   class NoSyncGuard {
    public:
     explicit NoSyncGuard(DistributedDataParallel& ddp);

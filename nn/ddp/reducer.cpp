@@ -326,11 +326,16 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     const int64_t active = join ? join->active_ranks() : group_.size();
     // As PyTorch: a no_sync() forward leaves armed the averaged iteration of
     // the forward before it (a loss over both forwards' outputs is averaged);
-    // the backward after that averaged one accumulates locally.
-    if (mode_ == Mode::sync) {
+    // the backward after that averaged one accumulates locally. Unless no
+    // tensor of that forward's graph is left (an evaluation with grad mode
+    // on, its outputs dropped; perhaps on rank 0 only): no backward can come
+    // from it, and averaging this forward's backward in its place would
+    // all-reduce where the other ranks accumulate.
+    if (mode_ == Mode::sync && armed_forward_alive()) {
       deferred_no_sync_active_ = active;
       return;
     }
+    deferred_no_sync_active_ = 0;
     // Counted by its backward (on_gradient_ready): a forward that none
     // follows adds nothing to the sum, so nothing to the divisor either.
     uncounted_active_ = active;
@@ -338,10 +343,24 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     stats_ = DdpStats{.iteration = stats_.iteration, .forward_ms = forward_ms, .synced = false};
     return;
   }
+  // Every averaged forward since the last backward armed it: their graphs
+  // together (the expired dropped, so an evaluation loop does not grow it).
+  if (mode_ != Mode::sync) {
+    armed_graph_.clear();
+    armed_by_leaf_ = false;
+  }
+  std::erase_if(armed_graph_, [](const auto& node) { return node.expired(); });
   mode_ = Mode::sync;
   uncounted_active_ = 0;
   deferred_no_sync_active_ = 0;
   backward_started_ = false;
+  for (const Tensor& t : outputs) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    if (const auto node = t.grad_fn())
+      armed_graph_.push_back(node);
+    else
+      armed_by_leaf_ = true;  // a parameter returned as it is: alive with the module
+  }
   walked_ = options_.find_unused_parameters && !(options_.static_graph && unused_known_);
   if (walked_) {
     const auto reached = reachable_leaves(outputs);
@@ -349,6 +368,11 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
       unused_[i] = reached.count(params_[i].second.impl_ptr()) == 0;
     }
   }
+}
+
+bool Reducer::armed_forward_alive() const {
+  return armed_by_leaf_ || std::any_of(armed_graph_.begin(), armed_graph_.end(),
+                                       [](const auto& node) { return !node.expired(); });
 }
 
 // The reducer hooks and buckets the parameters that required grad when DDP
@@ -867,6 +891,8 @@ void Reducer::drain_and_reset() {
 // averaged one's forward; otherwise it needs a new forward.
 void Reducer::end_iteration() {
   backward_started_ = false;
+  armed_graph_.clear();
+  armed_by_leaf_ = false;
   mode_ = deferred_no_sync_active_ > 0 ? Mode::no_sync : Mode::idle;
   uncounted_active_ = deferred_no_sync_active_;
   deferred_no_sync_active_ = 0;

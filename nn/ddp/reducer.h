@@ -110,6 +110,7 @@ class Reducer {
   void end_iteration();
   std::unordered_set<const runtime::TensorImpl*> reachable_leaves(
       const std::vector<Tensor>& outputs) const;
+  bool armed_forward_alive() const;
 
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> frozen_;
@@ -139,6 +140,11 @@ class Reducer {
   // backward since the last average touched on this rank, as it was before
   // its bucket was scaled and reduced; put back if no rank used it.
   std::vector<Tensor> kept_grads_;
+  // The outputs' grad_fn of the averaged forwards since the last backward,
+  // held weakly: once all are gone no backward can come from them
+  // (armed_forward_alive).
+  std::vector<std::weak_ptr<runtime::Node>> armed_graph_;
+  bool armed_by_leaf_ = false;         // it returned a parameter itself
   std::vector<bool> unused_;           // find_unused_parameters: not reached from the output
   bool unused_known_ = false;          // static_graph: kept from the first averaged backward
   bool walked_ = false;                // unused_ computed for this iteration's outputs

@@ -91,3 +91,41 @@ TEST_CASE("DDP: a train-mode forward on rank 0 alone fails naming the collective
                                                 "broadcast of the module's buffers"));
   CHECK_THAT(message, Catch::Contains("put the model in eval mode first"));
 }
+
+TEST_CASE("DDP: an evaluation with grad mode on, on rank 0 only, leaves the gradients of the "
+          "no_sync() accumulation that follows right on every rank",
+          "[ddp]") {
+  // Validation on rank 0 through the DDP model in eval mode, NoGradGuard
+  // forgotten, its outputs dropped; then every rank accumulates over two
+  // micro-batches, the first under no_sync(). The evaluation's forward can
+  // never be backpropagated, so it must not turn rank 0's no_sync() backward
+  // into an averaged one: that all-reduce would meet rank 1's averaged
+  // backward (wrong gradients there) and leave rank 0's waiting.
+  const auto first = lt::global_batch(8, 51), second = lt::global_batch(8, 52);
+  auto ref = lt::small_mlp(4);
+  lt::loss_of(*ref, first).backward();
+  lt::loss_of(*ref, second).backward();
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto model = lt::small_mlp(4);
+    DistributedDataParallel ddp(model, group);
+    if (r == 0) {
+      ddp.eval();
+      for (int i = 0; i < 2; ++i) (void)ddp.forward(first.x);
+      ddp.train();
+    }
+    {
+      auto no_sync = ddp.no_sync();
+      lt::loss_of(ddp, lt::shard(first, r, 2)).backward();
+    }
+    if (ddp.stats().synced) return "the no_sync() backward was averaged";
+    lt::loss_of(ddp, lt::shard(second, r, 2)).backward();
+    if (!ddp.stats().synced) return "the last backward was not averaged";
+    const auto got = model->named_parameters(), want = ref->named_parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      auto problem = lt::mismatch(got[i].first, got[i].second.grad(), want[i].second.grad(), 1e-5);
+      if (!problem.empty()) return problem;
+    }
+    return "";
+  }, "ddp-eval-rank0-grad");
+  CHECK(lt::joined(problems) == "");
+}

@@ -671,6 +671,35 @@ TEST_CASE("DDP: a no_sync forward after an ordinary one leaves its backward aver
   REQUIRE(all_problems(problems).empty());
 }
 
+// A forward whose outputs are dropped (predictions taken with grad mode on)
+// between the two: the first forward's loss still lives, so the averaging it
+// armed stays armed for the no_sync forward, as without the dropped one.
+TEST_CASE("DDP: a no_sync forward after an ordinary one and a dropped one leaves its backward "
+          "averaged",
+          "[ddp]") {
+  const int size = 2;
+  const auto first = lt::global_batch(8, 31), second = lt::global_batch(8, 32);
+  auto ref = lt::small_mlp(3);
+  lockstep::runtime::mul(lockstep::runtime::add(lt::loss_of(*ref, first),
+                                                lt::loss_of(*ref, second)),
+                         0.5)
+      .backward();
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(3), group);
+    const Tensor a = lt::loss_of(*ddp, lt::shard(first, r, size));
+    (void)ddp->forward(lt::shard(second, r, size).x);
+    Tensor b;
+    {
+      auto guard = ddp->no_sync();
+      b = lt::loss_of(*ddp, lt::shard(second, r, size));
+    }
+    lockstep::runtime::mul(lockstep::runtime::add(a, b), 0.5).backward();
+    if (!ddp->stats().synced) return "the backward of both forwards was not averaged";
+    return grads_differ(ddp->module(), *ref);
+  });
+  REQUIRE(all_problems(problems).empty());
+}
+
 // Separate backward passes: the first is averaged, the second accumulates
 // locally (as PyTorch, where the first backward ends the armed iteration) and
 // the next averaged backward averages it.
