@@ -141,6 +141,23 @@ TEST_CASE("DataParallel: the replicas take the wrapped module's mode, not the wr
   CHECK(lt::mismatch("output", out, lr::cat({first, second}, 0), 1e-5) == "");
 }
 
+TEST_CASE("DataParallel: dp.eval() reaches the replicas' BatchNorm, which normalises with the "
+          "running statistics and leaves them as they are",
+          "[data_parallel]") {
+  const Tensor x = lt::global_batch(10, 7).x;
+  auto bn = std::make_shared<nn::BatchNorm1d>(12);
+  nn::DataParallel dp(bn, cpus(2));
+  (void)dp.forward(x);  // training: the first replica's chunk updates the statistics
+  const Tensor mean = bn->running_mean.clone(), var = bn->running_var.clone();
+  dp.eval();
+  REQUIRE_FALSE(bn->is_training());
+  const Tensor out = dp.forward(x);
+  CHECK(lt::mismatch("output", out, bn->forward(x), 1e-6) == "");
+  CHECK(lt::mismatch("running_mean", bn->running_mean, mean, 0) == "");
+  CHECK(lt::mismatch("running_var", bn->running_var, var, 0) == "");
+  CHECK(bn->num_batches_tracked.item() == 1);
+}
+
 TEST_CASE("DataParallel: BatchNorm's running mean is the first half's (the forum's example)",
           "[data_parallel]") {
   // BatchNorm2d(3, momentum=1.0); the first half of the batch has mean 7 and

@@ -23,8 +23,11 @@ TEST_CASE("DDP: a wrapped module put in eval mode by itself evaluates without co
   // a training script keeps) stops the buffer broadcast and verify_every's
   // check, so rank 0 evaluating three batches while rank 1 evaluates one
   // neither waits for rank 1 (2 s timeout) nor takes rank 0's statistics.
+  // ddp.eval() on the wrapper reaches the wrapped module alike.
+  const bool via_wrapper = GENERATE(false, true);
   const auto global = lt::global_batch(16, 6);
-  const auto groups = lt::make_groups(lt::kThreadRankBackend, 2, "ddp-eval",
+  const auto groups = lt::make_groups(lt::kThreadRankBackend, 2,
+                                      via_wrapper ? "ddp-eval-wrapper" : "ddp-eval",
                                       std::chrono::seconds(2));
   std::vector<std::string> problems(2);
   const auto errors = lt::run_ranks(2, [&](int r) {
@@ -35,7 +38,10 @@ TEST_CASE("DDP: a wrapped module put in eval mode by itself evaluates without co
                                 DdpOptions{.verify_every = 1});
     const auto local = lt::shard(global, r, 2);
     lt::loss_of(ddp, local).backward();  // the ranks' running statistics now differ
-    model->eval();
+    if (via_wrapper)
+      ddp.eval();
+    else
+      model->eval();
     lockstep::runtime::NoGradGuard no_grad;
     for (int i = 0; i < (r == 0 ? 3 : 1); ++i) {
       const Tensor want = model->forward(local.x);

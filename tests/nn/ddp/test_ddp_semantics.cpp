@@ -467,6 +467,45 @@ TEST_CASE("DDP: a forward under no_grad between a forward and its backward leave
   }
 }
 
+TEST_CASE("DDP: a forward never backpropagated (an evaluation with grad mode on, on every rank "
+          "or on rank 0 only) leaves the next training step right",
+          "[ddp]") {
+  // The next forward replaces the one never backpropagated (no gradient of
+  // it reached the reducer), whose unused head b must not count as unused in
+  // the step that uses it; ranks that skipped it take part alike.
+  const auto batch = lt::global_batch(8, 4);
+  auto alone = std::make_shared<TwoHeads>(1);
+  lt::loss_of(*alone, batch).backward();
+  const auto theirs = alone->named_parameters();
+  for (const bool find_unused : {false, true}) {
+    for (const bool rank0_only : {false, true}) {
+      const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+        auto model = std::make_shared<TwoHeads>(1);
+        DistributedDataParallel ddp(model, group,
+                                    DdpOptions{.find_unused_parameters = find_unused});
+        const auto local = lt::shard(batch, r, 2);
+        if (r == 0 || !rank0_only) {
+          ddp.eval();
+          model->use_b = false;
+          (void)lockstep::runtime::cross_entropy(ddp.forward(local.x), local.y);
+          model->use_b = true;
+          ddp.train();
+        }
+        lt::loss_of(ddp, local).backward();
+        const auto mine = ddp.module().named_parameters();
+        for (size_t i = 0; i < mine.size(); ++i) {
+          const auto m = lt::mismatch(mine[i].first, mine[i].second.grad(),
+                                      theirs[i].second.grad(), 1e-5);
+          if (!m.empty()) return m;
+        }
+        return "";
+      });
+      INFO("find_unused_parameters " << find_unused << ", rank 0 only " << rank0_only);
+      CHECK(lt::joined(problems).empty());
+    }
+  }
+}
+
 TEST_CASE("DDP: after the first iteration buckets follow the order gradients became ready",
           "[ddp]") {
   const auto batch = lt::global_batch(8, 6);
