@@ -258,18 +258,38 @@ std::optional<CheckpointEntry> CheckpointDir::best() const {
 }
 
 std::optional<LoadedCheckpoint> CheckpointDir::load_latest(const LoadOptions& load) const {
-  auto entries = list();
-  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
-    try {
-      CheckpointContent content = load_checkpoint(it->path, load);
-      return LoadedCheckpoint{.entry = *it, .content = std::move(content)};
-    } catch (const Error& e) {
-      if (options_.on_corrupt == OnCorrupt::throw_error) throw;
-      warn(fmt::format("skipping checkpoint {} (step {}), it does not load: {}", it->path.string(),
-                       it->step, e.what()));
+  // A reader beside a running job (an evaluator polling the directory) races
+  // its retention: a file listed here may be deleted before it is opened,
+  // once a newer one is durable. A file that is gone is not corrupt, and the
+  // older ones may be going too: the directory is listed again, which finds
+  // the newer file. Each listing that changes so comes after a save, so this
+  // ends; a directory that changes under every one of many is reported.
+  constexpr int kListings = 100;
+  std::set<fs::path> warned;  // a corrupt file is reported once, not per listing
+  for (int listing = 1;; ++listing) {
+    bool vanished = false;
+    const auto entries = list();
+    for (auto it = entries.rbegin(); it != entries.rend() && !vanished; ++it) {
+      try {
+        CheckpointContent content = load_checkpoint(it->path, load);
+        return LoadedCheckpoint{.entry = *it, .content = std::move(content)};
+      } catch (const Error& e) {
+        std::error_code ec;
+        vanished = !fs::exists(fs::symlink_status(it->path, ec));
+        if (vanished) continue;
+        if (options_.on_corrupt == OnCorrupt::throw_error) throw;
+        if (warned.insert(it->path).second)
+          warn(fmt::format("skipping checkpoint {} (step {}), it does not load: {}",
+                           it->path.string(), it->step, e.what()));
+      }
     }
+    if (!vanished) return std::nullopt;
+    LOCKSTEP_CHECK(listing < kListings,
+                   "CheckpointDir {}: checkpoints were deleted between listing the directory and "
+                   "opening them, {} times in a row; is something other than the run's retention "
+                   "deleting them? Read a copy of the directory instead",
+                   dir_.string(), kListings);
   }
-  return std::nullopt;
 }
 
 std::optional<CheckpointEntry> CheckpointDir::latest() const {

@@ -129,7 +129,9 @@ class CheckpointDir {
   std::optional<CheckpointEntry> best() const;
   // The newest checkpoint (of any run) that loads and verifies (this reads
   // it whole); a corrupt newer one is skipped with a warning naming it, or
-  // thrown, per options.on_corrupt. nullopt when there is none.
+  // thrown, per options.on_corrupt. nullopt when there is none. A file that
+  // is deleted between listing and opening it (a running job's retention,
+  // seen by a reader beside it) is neither: the directory is listed again.
   std::optional<CheckpointEntry> latest() const;
   // latest(), loaded.
   std::optional<LoadedCheckpoint> load_latest(const LoadOptions& load = {}) const;

@@ -194,6 +194,35 @@ TEST_CASE("checkpoint dir: a corrupt newest checkpoint is skipped or reported", 
   }
 }
 
+TEST_CASE("checkpoint dir: a reader whose listed files a running job deletes takes the newer one",
+          "[checkpoint]") {
+  // An evaluator reads the directory while the job saves into it: between
+  // the reader's listing and its opening a file, the job saves step 4 and its
+  // retention deletes steps 1 to 3. Those files are gone, not corrupt, and
+  // step 4 is there; before, the reader tried each listed file in turn and
+  // answered that no checkpoint loads.
+  TempDir tmp;
+  CheckpointDir job(tmp.str(), {.keep_last = 3});
+  for (int64_t step : {1, 2, 3}) job.save(small_content(uint32_t(step)), step);
+  const std::string damaged = job.path_for_step(3).string();
+  flip_bit(damaged, data_offset_of(damaged) + 3);
+  std::vector<std::string> warnings;
+  CheckpointDir reader(tmp.str(), {.warn = [&](const std::string& w) {
+                                     warnings.push_back(w);
+                                     if (warnings.size() > 1) return;
+                                     job.set_keep_last(1);  // the job saves on meanwhile
+                                     job.save(small_content(4), 4);
+                                   },
+                                   .read_only = true});
+  const auto latest = reader.load_latest();
+  REQUIRE(latest);
+  CHECK(latest->entry.step == 4);
+  CHECK(same_tensor(latest->content.tensors[0].second, small_content(4).tensors[0].second));
+  REQUIRE(warnings.size() == 1);  // the damaged step 3, once
+  CHECK_THAT(warnings[0], Contains(damaged) && Contains("fails its checksum"));
+  CHECK(steps(job) == std::vector<int64_t>{4});
+}
+
 TEST_CASE("checkpoint dir: a save that runs out of room says so, what to do, and keeps the rest",
           "[checkpoint]") {
   TempDir tmp;
