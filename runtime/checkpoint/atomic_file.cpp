@@ -95,11 +95,35 @@ std::optional<std::pair<dev_t, ino_t>> file_id(int fd) {
   return std::pair{st.st_dev, st.st_ino};
 }
 
-// Creates `temp` (O_EXCL) and registers it as in flight; -1 with errno on failure.
+// A writer holds an open-file-description lock on its temporary file until
+// the file is renamed into place. A process that cannot see the writer's pid
+// (another node on a shared file system, another container's pid namespace:
+// an evaluation sidecar) sees the lock, which the kernel drops however the
+// writer ends. A file system without locks goes without.
+void lock_as_writing(int fd) {
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  (void)::fcntl(fd, F_OFD_SETLK, &lock);
+}
+
+// Whether a writer holds `path`'s lock (lock_as_writing).
+bool writer_holds_lock(const fs::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return false;
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  return ::fcntl(fd.get(), F_OFD_GETLK, &lock) == 0 && lock.l_type != F_UNLCK;
+}
+
+// Creates `temp` (O_EXCL), locked as being written, and registers it as in
+// flight; -1 with errno on failure.
 int create_in_flight(const std::string& temp, std::optional<std::pair<dev_t, ino_t>>& id) {
   const std::lock_guard<std::mutex> guard(in_flight().mutex);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return fd;
+  lock_as_writing(fd);
   id = file_id(fd);
   if (id) in_flight().files.insert(*id);
   return fd;
@@ -131,6 +155,9 @@ void write_file_atomically(const fs::path& path,
   std::optional<std::pair<dev_t, ino_t>> id;
   UniqueFd fd(create_in_flight(temp, id));
   if (!fd) throw_errno("cannot create temporary checkpoint file", temp);
+  // Keeps the file's description, and so its lock, open until the rename:
+  // `fd` is closed before it, to report a failed close.
+  const UniqueFd locked(::dup(fd.get()));
   try {
     fill(fd.get(), temp);
     fsync_or_throw(fd.get(), temp);
@@ -163,7 +190,7 @@ std::vector<fs::path> remove_stale_temp_files(const fs::path& dir) {
       if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
       continue;
     }
-    if (!writer_is_gone(pid)) continue;
+    if (!writer_is_gone(pid) || writer_holds_lock(entry.path())) continue;
     if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
   }
   return removed;

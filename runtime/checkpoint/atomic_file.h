@@ -32,8 +32,11 @@ bool is_temp_file_name(std::string_view name);
 // on this host (checked by pid; a zombie, exited but not yet reaped by its
 // parent, counts as gone; a file with this process's pid that it is not
 // writing was left by an earlier process with that pid, as in a restarted
-// container); returns their paths. Meant for a directory that processes of
-// one host write, as rank 0 does for checkpoints.
+// container); returns their paths. A writer holds a lock on its file until
+// the rename (an open file description's, which the kernel drops when the
+// writer ends), so where the file system has locks, the file of a writer
+// whose pid this process cannot see (on another node, in another container's
+// pid namespace: an evaluator beside a job) stays.
 std::vector<std::filesystem::path> remove_stale_temp_files(const std::filesystem::path& dir);
 
 // Throws lockstep::Error naming `dir` and the system's reason unless this

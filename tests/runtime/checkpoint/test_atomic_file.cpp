@@ -84,3 +84,33 @@ TEST_CASE("atomic file: a killed writer's temporary file with this process's pid
   CHECK(read_text(dir.file("ckpt-0000000008.safetensors")) == "x");
   CHECK(std::distance(fs::directory_iterator(dir.str()), fs::directory_iterator()) == 1);
 }
+
+TEST_CASE("atomic file: a temporary file whose writer's pid is not visible here stays while "
+          "it is written",
+          "[checkpoint]") {
+  // An evaluator in another container (its own pid namespace) or on another
+  // node opens the job's checkpoint directory while the job writes: the pid
+  // in the temporary file's name is no process it can see. Before, it removed
+  // the file as stale, and the job's save failed at its rename. Here the
+  // writer's file is renamed to carry a pid that no process has, which is
+  // what such a reader sees, and renamed back before the writer goes on.
+  TempDir dir;
+  int64_t max_pid = 4194304;
+  std::ifstream("/proc/sys/kernel/pid_max") >> max_pid;
+  const fs::path unseen =
+      dir.file(".ckpt-0000000005.safetensors.tmp-" + std::to_string(max_pid + 1) + "-0");
+  std::vector<fs::path> removed;
+  write_file_atomically(dir.file("ckpt-0000000005.safetensors"),
+                        [&](int fd, const std::string& temp) {
+                          REQUIRE(::write(fd, "whole", 5) == 5);
+                          fs::rename(temp, unseen);
+                          removed = remove_stale_temp_files(dir.str());
+                          std::error_code ec;
+                          fs::rename(unseen, temp, ec);
+                        });
+  CHECK(removed.empty());
+  CHECK(read_text(dir.file("ckpt-0000000005.safetensors")) == "whole");
+  // Once its writer is done, such a file is stale again: one left so is removed.
+  std::ofstream(unseen) << "partial";
+  CHECK(remove_stale_temp_files(dir.str()) == std::vector<fs::path>{unseen});
+}
