@@ -109,13 +109,20 @@ std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const 
   for (const auto& [name, v] : now.fixed) names.insert(name);
   // A run saved before data digests were recorded cannot be checked.
   if (!saved.fixed.contains(kDataDigestSetting)) names.erase(kDataDigestSetting);
+  // Where both record what was loaded and it is the same, the data's path is
+  // only where it lies now (a run moved to another machine, its data with it):
+  // another path is a change, not another run.
+  const bool same_data = saved.fixed.contains(kDataDigestSetting) &&
+                         now.fixed.contains(kDataDigestSetting) &&
+                         saved.fixed.at(kDataDigestSetting) == now.fixed.at(kDataDigestSetting);
+  std::vector<SettingChange> changes;
   for (const auto& name : names) {
     const std::string was = value(saved.fixed, name), is = value(now.fixed, name);
-    const bool same = name == kDataSetting && saved.fixed.contains(name) &&
-                              now.fixed.contains(name)
-                          ? path_form(was) == path_form(is)
-                          : was == is;
-    if (!same)
+    const bool both = saved.fixed.contains(name) && now.fixed.contains(name);
+    const bool same = name == kDataSetting && both ? path_form(was) == path_form(is) : was == is;
+    if (!same && name == kDataSetting && both && same_data)
+      changes.push_back({name, was, is});
+    else if (!same)
       differences.push_back(fmt::format("  {}: saved {}, now {}", name, shown(was), shown(is)));
   }
   if (!differences.empty()) {
@@ -151,7 +158,6 @@ std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const 
     }
     throw Error(msg);
   }
-  std::vector<SettingChange> changes;
   for (const auto& [name, is] : now.changeable) {
     auto it = saved.changeable.find(name);
     if (it == saved.changeable.end()) {

@@ -31,8 +31,10 @@ inline constexpr const char* kKeepLastSetting = "keep_last";
 // The data's path as given (compared as a path: "/srv/data/" is "/srv/data"),
 // and a digest of what was loaded from it
 // (data_digest.h): a resume on other files under the same path is refused,
-// naming both digests. A checkpoint that records no digest (saved by an
-// earlier version) still resumes: the digest is recorded from then on.
+// naming both digests, and one on the same files under another path (the
+// run and its data moved) resumes, the path returned as a change. A
+// checkpoint that records no digest (saved by an earlier version) still
+// resumes: the digest is recorded from then on.
 inline constexpr const char* kDataSetting = "data";
 inline constexpr const char* kDataDigestSetting = "data_digest";
 
@@ -43,7 +45,8 @@ struct RunSettings {
   bool operator==(const RunSettings&) const = default;
 };
 
-// A changeable setting whose value on resume differs from the saved one.
+// A setting whose value on resume differs from the saved one: a changeable
+// one, or the data's path where the data is the same (kDataSetting).
 struct SettingChange {
   std::string name;
   std::string saved;
@@ -65,9 +68,9 @@ std::optional<RunSettings> read_run_settings(const std::map<std::string, std::st
 // Throws one lockstep::Error naming `file` and every fixed setting that
 // differs between `saved` and `now` (one missing on either side included,
 // but for a data digest that `saved` lacks), with what to do. Otherwise
-// returns the changeable settings whose values
-// differ, by name; a changeable setting `now` lacks keeps its saved value
-// and is no change.
+// returns the changeable settings whose values differ, by name (and the
+// data's path, where the digests on both sides agree); a changeable setting
+// `now` lacks keeps its saved value and is no change.
 std::vector<SettingChange> compare_run_settings(const RunSettings& saved, const RunSettings& now,
                                                 const std::string& file);
 

@@ -328,9 +328,10 @@ TEST_CASE("gpt_train: a data directory whose name is not UTF-8 is recorded and c
   // die at its first checkpoint (nlohmann's type_error 316, naming nothing).
   const fs::path data = scratch("fort\xe9");
   const fs::path utf8_data = scratch("fort\xc3\xa9");
+  // Other fortunes under each: the same ones under another path would resume.
   for (const auto& d : {data, utf8_data}) {
     fs::create_directories(d);
-    write_fortunes(d / "a", 0, 25);
+    write_fortunes(d / "a", d == data ? 0 : 1, 25);
   }
   const std::string dir = scratch("latin1-ckpt");
   const std::vector<std::string> args = {"--steps", "6", "--eval-every", "100", "--eval-windows",
@@ -353,7 +354,8 @@ TEST_CASE("gpt_train: a data directory whose name is not UTF-8 is recorded and c
   CHECK(resumed.losses.size() == 3);
   CHECK(resumed.digest == straight.digest);
 
-  // The same name in UTF-8 is another directory: refused, the saved one shown escaped.
+  // The same name in UTF-8 is another directory, with other data: refused, the saved one
+  // shown escaped.
   const ProcessResult other = run_process(with(utf8_data, {"--resume"}), std::chrono::seconds(120));
   INFO(other.output);
   CHECK_FALSE(other.ok());

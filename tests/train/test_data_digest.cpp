@@ -102,6 +102,35 @@ TEST_CASE("A resume on other data under the same path is refused, naming both di
                        !Contains("is not the data this run started with"));
 }
 
+TEST_CASE("The same data under another path resumes: the path is a change the run records",
+          "[checkpoint][run][data]") {
+  // A run moved to another machine, its data copied to another path there.
+  // The digest says the files are the ones the run started with; before, the
+  // resume was refused as if continuing it would compute something else.
+  TempDir tmp;
+  const fs::path dir = tmp.file("moved");
+  const std::string digest = digest_of("one\n%\n", "two\n%\n");
+  saved_run(dir, settings_with(digest));
+  RunSettings elsewhere = settings_with(digest);
+  elsewhere.fixed[kDataSetting] = "/scratch/fortunes";
+
+  TrainingRun run = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
+  const auto changes = record_run_settings(run, elsewhere);
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].name == kDataSetting);
+  CHECK(changes[0].saved == "/srv/fortunes");
+  CHECK(changes[0].now == "/scratch/fortunes");
+  CHECK(run.dir.run().metadata.at("run.fixed.data") == "/scratch/fortunes");
+
+  // Other files under the new path are still refused, naming the path too.
+  TrainingRun other = open_training_run(dir, kQuiet, {.resume = true}, testing::one_rank_group());
+  RunSettings other_data = settings_with(digest_of("one\n%\n", "2\n%\n"));
+  other_data.fixed[kDataSetting] = "/scratch/fortunes";
+  CHECK_THAT(testing::error_of([&] { record_run_settings(other, other_data); }),
+             Contains("data: saved /srv/fortunes, now /scratch/fortunes") &&
+                 Contains("data_digest: saved " + digest));
+}
+
 TEST_CASE("A checkpoint saved without a data digest resumes and records one from then on",
           "[checkpoint][run][data]") {
   TempDir tmp;
