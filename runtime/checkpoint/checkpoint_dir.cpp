@@ -58,6 +58,27 @@ std::string utc_timestamp() {
   return text;
 }
 
+// Why `dir` cannot be created, where the system's reason misleads: a part of
+// it is a symbolic link to nothing (a file system not mounted, a link copied
+// from another machine), for which mkdir says "File exists". Empty otherwise.
+std::string dangling_link_in(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path whole = fs::absolute(dir, ec);
+  for (fs::path p = whole; !ec && !p.empty(); p = p.parent_path()) {
+    std::error_code link, target;
+    if (fs::is_symlink(fs::symlink_status(p, link)) && !fs::exists(fs::status(p, target))) {
+      fs::path to = fs::read_symlink(p, link);
+      if (to.is_relative()) to = (p.parent_path() / to).lexically_normal();
+      return fmt::format("{} is a symbolic link to {}, which does not exist (a file system that "
+                         "is not mounted, or a link from another machine); mount or create "
+                         "{}, or pick another checkpoint directory",
+                         p.string(), to.string(), to.string());
+    }
+    if (p == p.root_path()) break;
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string new_run_id() {
@@ -75,6 +96,11 @@ CheckpointDir::CheckpointDir(fs::path dir, CheckpointDirOptions options)
   if (options_.read_only) return;
   std::error_code ec;
   fs::create_directories(dir_, ec);
+  if (ec) {
+    const std::string dangling = dangling_link_in(dir_);
+    LOCKSTEP_CHECK(dangling.empty(), "cannot create checkpoint directory {}: {}", dir_.string(),
+                   dangling);
+  }
   LOCKSTEP_CHECK(!ec,
                  "cannot create checkpoint directory {}: {}; pick a directory this user can "
                  "create and write",

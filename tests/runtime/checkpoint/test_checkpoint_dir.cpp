@@ -260,6 +260,23 @@ TEST_CASE("checkpoint dir: a save that runs out of room says so, what to do, and
   CHECK(dir.load_latest()->entry.step == 2);
 }
 
+TEST_CASE("checkpoint dir: a path through a symbolic link to nothing is named as such",
+          "[checkpoint]") {
+  // A checkpoint directory on a volume that is not mounted, reached through
+  // a link: the system's reason for the failed mkdir is "File exists", which
+  // is not what is wrong.
+  TempDir tmp;
+  const fs::path link = tmp.file("volume");
+  fs::create_symlink("not-mounted/ckpts", link);
+  for (const fs::path& dir : {link, link / "run" / "ckpt"}) {
+    const std::string message = error_of([&] { CheckpointDir d(dir); });
+    CHECK_THAT(message, Contains(link.string() + " is a symbolic link to " +
+                                 tmp.file("not-mounted/ckpts") + ", which does not exist") &&
+                            Contains("not mounted") && !Contains("File exists"));
+  }
+  CHECK_FALSE(fs::exists(tmp.file("not-mounted")));
+}
+
 TEST_CASE("checkpoint dir: refuses bad options", "[checkpoint]") {
   TempDir tmp;
   CHECK_THAT(error_of([&] { CheckpointDir(tmp.str(), {.keep_last = 0}); }),
