@@ -32,6 +32,10 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
   for (const auto& [name, value] : options.exports) vars[name] = value;
   // Ranks, not BLAS threads, use the cores (DESIGN.md, performance habits).
   vars.try_emplace("OMP_NUM_THREADS", "1");
+  // --tag-output puts a pipe where the ranks had the launcher's stdout (a
+  // terminal, line-buffered): Python would hold a rank's prints until 8 KiB
+  // or its exit, after its tracebacks, and lose them when it is stopped.
+  if (options.tag_output) vars.try_emplace("PYTHONUNBUFFERED", "1");
 
   distributed::RankInfo info;
   info.rank = slot.rank;

@@ -1,5 +1,6 @@
 // The environment of one rank: the launcher's own, the user's -x exports,
-// OMP_NUM_THREADS=1 unless set, then the rank variables (which always win).
+// OMP_NUM_THREADS=1 unless set (and PYTHONUNBUFFERED=1 under --tag-output),
+// then the rank variables (which always win).
 #pragma once
 
 #include <string>

@@ -276,6 +276,30 @@ TEST_CASE("launcher: -x exports variables; OMP_NUM_THREADS is kept when set", "[
   CHECK_THAT(unset.output, Contains("PROBE_SURELY_UNSET_VAR is not set"));
 }
 
+TEST_CASE("launcher: --tag-output ranks get PYTHONUNBUFFERED=1 unless it is set",
+          "[launcher]") {
+  // Their stdout is the launcher's pipe, not its terminal: a Python rank
+  // would hold its prints back (and lose them when stopped) without it.
+  // The launcher starts without the variable, whatever the test's own has.
+  auto shown = [](std::vector<std::string> launcher_args) {
+    std::vector<std::string> argv = {"/usr/bin/env", "-u", "PYTHONUNBUFFERED",
+                                     bin_path("lockstep-run")};
+    argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
+    argv.insert(argv.end(), {bin_path("launcher_probe"), "print", "show=PYTHONUNBUFFERED"});
+    const auto r = run_process(argv, kLimit);
+    INFO(describe(r) << "\n" << r.output);
+    REQUIRE(r.ok());
+    std::set<std::string> values;
+    for (const auto& [rank, kv] : probe_lines(r.output)) values.insert(kv.at("PYTHONUNBUFFERED"));
+    return values;
+  };
+  CHECK(shown({"-np", "2", "--tag-output"}) == std::set<std::string>{"1"});
+  CHECK(shown({"-np", "2", "--tag-output", "-x", "PYTHONUNBUFFERED=kept"}) ==
+        std::set<std::string>{"kept"});
+  // Without the option the ranks write where the launcher does, untouched.
+  CHECK(shown({"-np", "2"}) == std::set<std::string>{"(unset)"});
+}
+
 TEST_CASE("launcher: a failing rank stops the others", "[launcher]") {
   TempDir dir;
   const auto r = launch({"-np", "3"}, {"pid-dir=" + dir.str(), "exit=1:3", "sleep"});
