@@ -29,6 +29,10 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
     const auto eq = entry.find('=');
     if (eq != std::string::npos) vars[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
+  // An outer torchrun's run (lockstep-run started by one of its workers) is
+  // not this launch: it would have a PyTorch rank take its restart count for
+  // this job's and lockstep's rank post-mortems name that run.
+  vars.erase("TORCHELASTIC_RUN_ID");
   for (const auto& [name, value] : options.exports) vars[name] = value;
   // Ranks, not BLAS threads, use the cores (DESIGN.md, performance habits).
   vars.try_emplace("OMP_NUM_THREADS", "1");
@@ -49,6 +53,18 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
   for (auto& [name, value] : distributed::rank_variables(info, options.nnodes, master_port))
     vars[name] = value;
   vars["LOCKSTEP_RESTART_COUNT"] = std::to_string(restart_count);
+  // The rest of what torchrun --standalone gives a worker, for a program
+  // written for it: its node (GROUP_*) and role (one role: every rank), and
+  // its restarts (a script resumes from its checkpoint when the count is
+  // not 0). Its rank 0 serves its own store at MASTER_PORT, as there.
+  vars["GROUP_RANK"] = std::to_string(options.node_rank);
+  vars["GROUP_WORLD_SIZE"] = std::to_string(options.nnodes);
+  vars["ROLE_NAME"] = "default";
+  vars["ROLE_RANK"] = std::to_string(slot.rank);
+  vars["ROLE_WORLD_SIZE"] = std::to_string(options.world_size());
+  vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
+  vars["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   // Not an outer launcher's job: this launch is a job of its own.
   if (job_id.empty()) {
     vars.erase("LOCKSTEP_JOB_ID");

@@ -31,7 +31,8 @@ RankSlot rank_slot(const Options& options, int local_rank);
 // "NAME=value" entries; `base` is the launcher's environment in the same form.
 // `master_port`: MASTER_PORT, the port on the store's host left free for the
 // program's own rank 0 (program_port.h).
-// `restart_count`: LOCKSTEP_RESTART_COUNT, the attempt (0 the first time).
+// `restart_count`: LOCKSTEP_RESTART_COUNT and torchrun's
+// TORCHELASTIC_RESTART_COUNT, the attempt (0 the first time).
 // `flight_recorder`: LOCKSTEP_FLIGHT_RECORDER, the file the rank records its
 // collectives in (distributed/flight_recorder.h); empty: none.
 // `job_id`: LOCKSTEP_JOB_ID, the same for every attempt of this launch (a

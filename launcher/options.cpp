@@ -95,6 +95,10 @@ std::string set_by_launcher(const std::string& name) {
       {"LOCKSTEP_LOCAL_WORLD_SIZE", "-np or --nproc-per-node"},
       {"LOCKSTEP_NUM_NODES", "--nnodes"},
       {"LOCKSTEP_NODE_RANK", "--node-rank"},
+      {"GROUP_RANK", "--node-rank"},
+      {"GROUP_WORLD_SIZE", "--nnodes"},
+      {"ROLE_WORLD_SIZE", "-np or --nproc-per-node and --nnodes"},
+      {"TORCHELASTIC_MAX_RESTARTS", "--max-restarts"},
       {"MASTER_ADDR", "--master-addr"},
       {"LOCKSTEP_STORE_ADDR", "--master-addr and --master-port"},
       {"LOCKSTEP_TOKEN", "--token"},
@@ -102,7 +106,8 @@ std::string set_by_launcher(const std::string& name) {
       {"LOCKSTEP_HEARTBEAT_FD", "--hang-timeout"}};
   static const std::set<std::string> kOwn = [] {
     std::set<std::string> own = {"LOCKSTEP_RESTART_COUNT", "LOCKSTEP_JOB_ID",
-                                 "LOCKSTEP_FLIGHT_RECORDER"};
+                                 "LOCKSTEP_FLIGHT_RECORDER", "ROLE_NAME", "ROLE_RANK",
+                                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"};
     for (const auto& entry : kFlagFor) own.insert(entry.first);
     for (const auto& [var, value] : distributed::rank_variables({}, 1, 0)) own.insert(var);
     return own;
@@ -299,6 +304,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
       "LOCKSTEP_TOKEN, torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
       "and MASTER_PORT (a free port on node 0 for a torchrun program's own rank 0 to serve its\n"
       "store on, as torchrun --standalone leaves it; lockstep's ranks use LOCKSTEP_STORE_ADDR),\n"
+      "torchrun's GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE,\n"
+      "TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_USE_AGENT_STORE,\n"
       "LOCKSTEP_RESTART_COUNT, LOCKSTEP_JOB_ID (one per launch, the same for every\n"
       "attempt), LOCKSTEP_FLIGHT_RECORDER, LOCKSTEP_HEARTBEAT_FD and LOCKSTEP_HEARTBEAT_MS (its\n"
       "heartbeat socket, descriptor 3, and how often to beat; not with --hang-timeout 0), and\n"

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +95,57 @@ TEST_CASE("launcher: every rank of every attempt gets the launch's LOCKSTEP_JOB_
   CHECK(both.size() == 2);
   REQUIRE_FALSE(both.empty());
   CHECK(both.count(*both.begin()) == 2);
+}
+
+TEST_CASE(
+    "launcher: every attempt's ranks get torchrun's node and role variables and restart count",
+    "[launcher][restart]") {
+  // A script written for torchrun resumes from its checkpoint when
+  // TORCHELASTIC_RESTART_COUNT is not 0, and reads its node as GROUP_RANK.
+  // An outer torchrun's run id and agent store are not this launch's.
+  const auto r = launch({"-np", "2", "--max-restarts", "2", "--restart-backoff", "0"},
+                        {"print", "show=TORCHELASTIC_RESTART_COUNT", "show=LOCKSTEP_RESTART_COUNT",
+                         "show=TORCHELASTIC_MAX_RESTARTS", "show=GROUP_RANK",
+                         "show=GROUP_WORLD_SIZE", "show=ROLE_NAME", "show=ROLE_RANK",
+                         "show=ROLE_WORLD_SIZE", "show=TORCHELASTIC_USE_AGENT_STORE",
+                         "show=TORCHELASTIC_RUN_ID", "fail-attempts=1:1"},
+                        {"TORCHELASTIC_RUN_ID=outer", "TORCHELASTIC_USE_AGENT_STORE=True"});
+  CHECK(r.exit_code == 0);
+  int restarted = 0;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    const auto kv = lockstep::testing::probe_lines(line);
+    if (kv.empty()) continue;
+    const auto& [rank, v] = *kv.begin();
+    INFO(line);
+    CHECK(v.at("TORCHELASTIC_RESTART_COUNT") == v.at("LOCKSTEP_RESTART_COUNT"));
+    if (v.at("LOCKSTEP_RESTART_COUNT") == "1") ++restarted;
+    CHECK(v.at("TORCHELASTIC_MAX_RESTARTS") == "2");
+    CHECK(v.at("GROUP_RANK") == "0");
+    CHECK(v.at("GROUP_WORLD_SIZE") == "1");
+    CHECK(v.at("ROLE_NAME") == "default");
+    CHECK(v.at("ROLE_RANK") == std::to_string(rank));
+    CHECK(v.at("ROLE_WORLD_SIZE") == "2");
+    CHECK(v.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+    CHECK(v.at("TORCHELASTIC_RUN_ID") == "(unset)");
+  }
+  CHECK(restarted == 2);
+
+  // Several nodes: each rank's own node.
+  const auto nodes = two_local_nodes({}, {"print", "show=GROUP_RANK", "show=GROUP_WORLD_SIZE"},
+                                     {"print", "show=GROUP_RANK", "show=GROUP_WORLD_SIZE"});
+  CHECK(nodes.ok());
+  const auto lines = lockstep::testing::probe_lines(nodes.output);
+  CHECK(lines.size() == 2);
+  for (const auto& [rank, v] : lines) {
+    CHECK(v.at("GROUP_RANK") == v.at("node"));
+    CHECK(v.at("GROUP_WORLD_SIZE") == "2");
+  }
+
+  // They are the launcher's to set, as torchrun's RANK is.
+  const auto refused = launch({"-np", "1", "-x", "TORCHELASTIC_RESTART_COUNT=1"}, {});
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, Contains("lockstep-run sets TORCHELASTIC_RESTART_COUNT"));
 }
 
 TEST_CASE("launcher: --max-restarts gives up after N restarts, and a signal is not restarted",
