@@ -166,7 +166,10 @@ int run(const Options& options) {
   // program continues the run this job started and no other
   // (train/training_run.h).
   NodeLink::Job job{.id = distributed::random_token().substr(0, 16)};
-  if (options.node_rank == 0) job.master_port = free_program_port(address.host);
+  if (options.node_rank == 0)
+    job.master_port = options.program_port == 0
+                          ? free_program_port(address.host)
+                          : chosen_program_port(address.host, options.program_port);
   std::unique_ptr<NodeLink> link;
   if (options.nnodes > 1) {
     distributed::TcpStoreOptions client;
@@ -176,11 +179,16 @@ int run(const Options& options) {
     try {
       link = std::make_unique<NodeLink>(client, options.node_rank, options.nnodes);
       // Restarts too: a node that restarts alone waits for the others in vain.
-      job = link->agree_job(job,
-                            fmt::format("--nnodes {} --nproc-per-node {} --max-restarts {}",
-                                        options.nnodes, options.nproc_per_node,
-                                        options.max_restarts),
-                            std::chrono::minutes(5));
+      // And the program's port: a node's ranks would look for their rank 0
+      // at node 0's, not at the one its own -x MASTER_PORT chose.
+      job = link->agree_job(
+          job,
+          fmt::format("--nnodes {} --nproc-per-node {} --max-restarts {}{}", options.nnodes,
+                      options.nproc_per_node, options.max_restarts,
+                      options.program_port == 0
+                          ? std::string()
+                          : fmt::format(" -x MASTER_PORT={}", options.program_port)),
+          std::chrono::minutes(5));
     } catch (const UsageError&) {
       throw;
     } catch (const Error&) {

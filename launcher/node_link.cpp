@@ -211,7 +211,7 @@ NodeLink::Job NodeLink::agree_job(const Job& mine, const std::string& shape,
   if (!node0_shape.empty()) {
     const std::string why = fmt::format(
         "its launcher was started with {}, node 0's with {}; give every node's launcher the "
-        "same --nnodes, --nproc-per-node and --max-restarts",
+        "same --nnodes, --nproc-per-node, --max-restarts and -x MASTER_PORT",
         shape, node0_shape);
     publish_stop(why);
     publish_failure(why);

@@ -110,6 +110,7 @@ std::string set_by_launcher(const std::string& name) {
                                  "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"};
     for (const auto& entry : kFlagFor) own.insert(entry.first);
     for (const auto& [var, value] : distributed::rank_variables({}, 1, 0)) own.insert(var);
+    own.erase("MASTER_PORT");  // chooses the program's port (take_program_port())
     return own;
   }();
   if (!kOwn.contains(name)) return {};
@@ -118,6 +119,30 @@ std::string set_by_launcher(const std::string& name) {
                      name,
                      flag == kFlagFor.end() ? std::string()
                                             : fmt::format("; to choose it, use {}", flag->second));
+}
+
+// -x MASTER_PORT=P chooses the port node 0 leaves to the program's rank 0
+// (child_env.h) instead of a free one: not an export, since the launcher
+// gives every node's ranks node 0's port.
+void take_program_port(Options& o) {
+  const auto it = std::find_if(o.exports.begin(), o.exports.end(),
+                               [](const auto& e) { return e.first == "MASTER_PORT"; });
+  if (it == o.exports.end()) return;
+  const std::string text = it->second;
+  o.exports.erase(it);
+  const bool digits = !text.empty() && text.size() <= 5 &&
+                      std::all_of(text.begin(), text.end(), [](char c) {
+                        return std::isdigit(static_cast<unsigned char>(c));
+                      });
+  o.program_port = digits ? std::stoi(text) : 0;
+  if (o.program_port < 1 || o.program_port > 65535)
+    throw UsageError(fmt::format("-x MASTER_PORT={}: not a TCP port (1-65535); leave it out "
+                                 "for a free one",
+                                 text));
+  if (o.program_port == o.master_port)
+    throw UsageError(fmt::format("-x MASTER_PORT={}: that is --master-port, where lockstep-run "
+                                 "serves its own store; give the program another port",
+                                 text));
 }
 
 std::pair<std::string, std::string> resolve_export(const std::string& spec,
@@ -303,14 +328,15 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
       "LOCKSTEP_LOCAL_WORLD_SIZE, LOCKSTEP_NODE_RANK, LOCKSTEP_NUM_NODES, LOCKSTEP_STORE_ADDR,\n"
       "LOCKSTEP_TOKEN, torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
       "and MASTER_PORT (a free port on node 0 for a torchrun program's own rank 0 to serve its\n"
-      "store on, as torchrun --standalone leaves it; lockstep's ranks use LOCKSTEP_STORE_ADDR),\n"
+      "store on, as torchrun --standalone leaves it, or -x MASTER_PORT=P; lockstep's ranks use\n"
+      "LOCKSTEP_STORE_ADDR),\n"
       "torchrun's GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE,\n"
       "TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_USE_AGENT_STORE,\n"
       "LOCKSTEP_RESTART_COUNT, LOCKSTEP_JOB_ID (one per launch, the same for every\n"
       "attempt), LOCKSTEP_FLIGHT_RECORDER, LOCKSTEP_HEARTBEAT_FD and LOCKSTEP_HEARTBEAT_MS (its\n"
       "heartbeat socket, descriptor 3, and how often to beat; not with --hang-timeout 0), and\n"
       "OMP_NUM_THREADS=1 unless set (with --tag-output, PYTHONUNBUFFERED=1 unless set too).\n"
-      "-x cannot set these (OMP_NUM_THREADS and PYTHONUNBUFFERED aside).\n"
+      "-x cannot set these (OMP_NUM_THREADS, PYTHONUNBUFFERED and MASTER_PORT aside).\n"
       "CUDA_VISIBLE_DEVICES is left alone: a rank uses cuda:<local rank>. Global rank = node\n"
       "rank * nproc-per-node + local rank.\n"
       "Ranks read stdin from /dev/null. SIGINT, SIGTERM and SIGHUP are forwarded to every rank\n"
@@ -346,6 +372,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
   o.command = std::move(command);
   for (const auto& spec : exports) o.exports.push_back(resolve_export(spec, env));
   validate(o, app.count("-n") > 0, env);
+  take_program_port(o);
   // Only a directory asked for: the default (the working directory) may be
   // one a job runs in without writing to it, which says so after a failure.
   if (app.count("--postmortem-dir")) check_postmortem_dir(o.postmortem_dir);

@@ -29,6 +29,9 @@ struct Options {
   int master_port = 0;      // 0: any free port (one node only)
   std::string token;        // --token, else LOCKSTEP_TOKEN; empty: a random one
   std::vector<std::pair<std::string, std::string>> exports;  // -x, resolved to values
+  // -x MASTER_PORT=P: the port on node 0 left to the program's own rank 0
+  // (program_port.h), one a firewall can let through; 0: a free one.
+  int program_port = 0;
   bool tag_output = false;
   bool bind_to_core = false;  // --bind-to core (see cpu_binding.h); default none
   double grace_period_s = 5.0;  // SIGTERM -> SIGKILL

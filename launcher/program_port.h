@@ -16,4 +16,8 @@ namespace lockstep::launcher {
 // it; the program then fails saying the address is in use.
 int free_program_port(const std::string& store_host);
 
+// `port` itself (-x MASTER_PORT), checked free the same way; throws
+// UsageError naming it when a socket of this host holds it.
+int chosen_program_port(const std::string& store_host, int port);
+
 }  // namespace lockstep::launcher

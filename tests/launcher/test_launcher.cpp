@@ -2,9 +2,13 @@
 // launcher_probe worker (tests/workers/launcher_probe.cpp) under a time limit.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -46,6 +50,29 @@ std::set<int> own_cpus() {
     if (CPU_ISSET(cpu, &set)) cpus.insert(cpu);
   }
   return cpus;
+}
+
+// Leaves `port` of 127.0.0.1 in TIME_WAIT on its server side, as a job whose
+// rank 0 ended first leaves its store's port.
+void leave_server_time_wait(int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int server = socket(AF_INET, SOCK_STREAM, 0);
+  const int on = 1;
+  REQUIRE(setsockopt(server, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) == 0);
+  REQUIRE(bind(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(listen(server, 1) == 0);
+  const int client = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  const int accepted = accept(server, nullptr, nullptr);
+  REQUIRE(accepted >= 0);
+  close(server);
+  close(accepted);  // the server side closes first ...
+  char byte = 0;
+  REQUIRE(read(client, &byte, 1) == 0);  // ... the client sees it ...
+  close(client);                         // ... and answers: TIME_WAIT on `port`
 }
 
 }  // namespace
@@ -474,13 +501,13 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
 TEST_CASE("launcher: -x of a variable the launcher sets for each rank is refused, naming it",
           "[launcher]") {
   // The ranks got the launcher's value without a word: -x MASTER_PORT=29500
-  // gave rank 0 another port to serve on, -x RANK=0 gave each rank its own rank.
+  // gave rank 0 another port to serve on (it now chooses that port: "-x
+  // MASTER_PORT chooses ..."), -x RANK=0 gave each rank its own rank.
   const auto lr = bin_path("lockstep-run");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"RANK=0", "-x RANK=0: lockstep-run sets RANK for each rank itself, over any value -x "
                  "gives"},
-      {"MASTER_PORT=29500", "-x MASTER_PORT=29500: lockstep-run sets MASTER_PORT for each rank "
-                            "itself, over any value -x gives"},
+      {"LOCAL_RANK=0", "-x LOCAL_RANK=0: lockstep-run sets LOCAL_RANK for each rank itself"},
       {"MASTER_ADDR=h", "to choose it, use --master-addr"},
       {"WORLD_SIZE=8", "to choose it, use -np or --nproc-per-node and --nnodes"},
       {"LOCKSTEP_STORE_ADDR=h:1", "lockstep-run sets LOCKSTEP_STORE_ADDR for each rank itself"},
@@ -781,6 +808,76 @@ TEST_CASE("launcher: a torchrun program's ranks on two nodes meet at node 0's MA
   for (const auto& [rank, kv] : lines) ports.insert(kv.at("MASTER_PORT"));
   CHECK(ports.size() == 1);
   CHECK_FALSE(ports.contains(std::to_string(port)));
+}
+
+TEST_CASE("launcher: -x MASTER_PORT chooses the port node 0 leaves to a torchrun program",
+          "[launcher]") {
+  // A firewall between nodes lets through ports chosen beforehand: the
+  // program's, as well as --master-port.
+  const int chosen = lockstep::testing::unused_tcp_port();
+  const auto one = launch({"-np", "2", "-x", fmt::format("MASTER_PORT={}", chosen)},
+                          {"print", "show=MASTER_PORT"});
+  REQUIRE(one.ok());
+  const auto lines = probe_lines(one.output);
+  CHECK(lines.size() == 2);
+  for (const auto& [rank, kv] : lines) CHECK(kv.at("MASTER_PORT") == std::to_string(chosen));
+
+  // The last job's rank 0 ended first: its connections wait out TIME_WAIT
+  // there, which PyTorch's store (SO_REUSEADDR) binds over.
+  leave_server_time_wait(chosen);
+  const auto again = launch({"-np", "1", "-x", fmt::format("MASTER_PORT={}", chosen)},
+                            {"print", "show=MASTER_PORT"});
+  CHECK(again.ok());
+  CHECK_THAT(again.output, Contains(fmt::format("MASTER_PORT={}", chosen)));
+
+  // Every node's ranks get it; a node that names another port is refused.
+  const int store = lockstep::testing::unused_tcp_port();
+  auto node = [&](int rank, int port) {
+    return fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+                       "--master-port {} --postmortem-dir '' -x MASTER_PORT={} {} print "
+                       "show=MASTER_PORT",
+                       bin_path("lockstep-run"), rank, store, port, bin_path("launcher_probe"));
+  };
+  const auto two = run_process(
+      {"/bin/bash", "-c",
+       fmt::format("export LOCKSTEP_TOKEN=t; {} & n0=$!; {} & n1=$!; wait $n0; e0=$?; "
+                   "wait $n1; echo \"exits $e0 $?\"",
+                   node(0, chosen), node(1, chosen))},
+      kLimit);
+  INFO(describe(two) << "\n" << two.output);
+  CHECK_THAT(two.output, Contains("exits 0 0"));
+  const auto both = probe_lines(two.output);
+  CHECK(both.size() == 2);
+  for (const auto& [rank, kv] : both) CHECK(kv.at("MASTER_PORT") == std::to_string(chosen));
+
+  const int store2 = lockstep::testing::unused_tcp_port();
+  const auto differs = run_process(
+      {"/bin/bash", "-c",
+       fmt::format("export LOCKSTEP_TOKEN=t; {} > /dev/null 2>&1 & n0=$!; {}; echo \"node 1 "
+                   "exit $?\"; wait $n0; echo \"node 0 exit $?\"",
+                   fmt::format("{} --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr "
+                               "127.0.0.1 --master-port {} --postmortem-dir '' {} wait-ms=30000",
+                               bin_path("lockstep-run"), store2, bin_path("launcher_probe")),
+                   fmt::format("{} --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr "
+                               "127.0.0.1 --master-port {} --postmortem-dir '' -x "
+                               "MASTER_PORT={} {} print",
+                               bin_path("lockstep-run"), store2, chosen,
+                               bin_path("launcher_probe")))},
+      kLimit);
+  INFO(describe(differs) << "\n" << differs.output);
+  // Node 0 is told, and stops its ranks, as for another --nnodes.
+  CHECK_THAT(differs.output, Contains("node 1 exit 2") && Contains("node 0 exit 1") &&
+                                 Contains("-x MASTER_PORT=" + std::to_string(chosen)));
+
+  // Not a port, or lockstep's own store's: refused before any rank starts.
+  const auto bad = launch({"-np", "1", "-x", "MASTER_PORT=0x10"}, {"print"});
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.output, Contains("-x MASTER_PORT=0x10: not a TCP port"));
+  const auto same = launch({"-np", "1", "--master-port", std::to_string(store), "-x",
+                            fmt::format("MASTER_PORT={}", store)},
+                           {"print"});
+  CHECK(same.exit_code == 2);
+  CHECK_THAT(same.output, Contains("that is --master-port"));
 }
 
 TEST_CASE("launcher: a node's launcher started twice is refused and the running job goes on",
