@@ -144,12 +144,25 @@ std::optional<std::string> find_program(const std::string& name, const std::stri
   }
 }
 
+// A Python script is run as `python3 train.py`, as torchrun runs it: made
+// executable without a "#!" line, /bin/sh runs its lines as commands.
+bool is_python_script(const std::string& name) {
+  return name.size() > 3 && name.ends_with(".py");
+}
+
+std::string run_python_instead(const std::string& name) {
+  return fmt::format("; run it with Python, as torchrun does (lockstep-run -np N python3 {}), or "
+                     "give it a #! line (#!/usr/bin/env python3) and chmod +x it",
+                     name);
+}
+
 std::string why_not_found(const std::string& name) {
   struct stat st {};
   if (name.find('/') != std::string::npos) {
     if (stat(name.c_str(), &st) != 0) return "not found";
     if (S_ISDIR(st.st_mode)) return "is a directory";
     if (!S_ISREG(st.st_mode)) return "is not a regular file";
+    if (is_python_script(name)) return "is not executable" + run_python_instead(name);
     return "is not executable (chmod +x it)";
   }
   // A program in the current directory is not searched for (as with execvp
@@ -159,12 +172,18 @@ std::string why_not_found(const std::string& name) {
   if (stat(here.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) return why;
   why += fmt::format("; {} is here", here);
   if (!S_ISREG(st.st_mode)) return why + ", but it is not a regular file";
-  if (access(here.c_str(), X_OK) != 0) return why + ", but it is not executable (chmod +x it)";
+  if (access(here.c_str(), X_OK) != 0) {
+    return why + (is_python_script(name) ? ", but it is not executable" + run_python_instead(name)
+                                         : ", but it is not executable (chmod +x it)");
+  }
   return why + fmt::format(": start it as {}", here);
 }
 
 std::optional<std::string> why_interpreter_fails(const std::string& program) {
   const auto found = interpreter_of(program);
+  if (!found && is_python_script(program) && may_be_script(program))
+    return "is a Python script without a #! line, whose lines /bin/sh would run as commands" +
+           run_python_instead(program);
   if (!found) return std::nullopt;
   const std::string& interpreter = *found;
   // A file saved with Windows line ends: the kernel looks for "/bin/sh\r".

@@ -20,7 +20,8 @@ std::string why_not_found(const std::string& name);
 // Why the kernel would refuse to run `program` (a path find_program returned)
 // although it is an executable file, to follow "program 'NAME' ": its "#!"
 // line names an interpreter that is missing or not executable (execve then
-// says only "No such file or directory", of a file that is there). nullopt
+// says only "No such file or directory", of a file that is there), or it is
+// a Python script (NAME.py) without one, which /bin/sh would run. nullopt
 // when its interpreter, if any, can be run.
 std::optional<std::string> why_interpreter_fails(const std::string& program);
 

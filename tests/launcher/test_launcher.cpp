@@ -621,6 +621,39 @@ TEST_CASE("launcher: a script without #! runs under /bin/sh, as execvp runs it",
   CHECK_THAT(r.output, Contains("of 2: hello") && !Contains("Exec format error"));
 }
 
+TEST_CASE("launcher: a Python script given as the program is refused, saying to run python3",
+          "[launcher]") {
+  // torchrun's `torchrun --nproc_per_node 2 train.py` runs python on it. Given
+  // so to lockstep-run it was "not executable (chmod +x it)", and once made
+  // executable /bin/sh ran its lines as commands ("import: not found").
+  TempDir dir;
+  std::ofstream(dir.file("train.py")) << "import os\nprint('ran')\n";
+  const auto lr = bin_path("lockstep-run");
+  auto run_in_dir = [&](const std::string& program) {
+    const auto r = run_process(
+        {"/bin/sh", "-c", "cd \"$0\" && exec \"$1\" -np 2 \"$2\"", dir.str(), lr, program},
+        kLimit);
+    INFO(program << ": " << describe(r) << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Contains("run it with Python, as torchrun does (lockstep-run -np N "
+                                  "python3 " + program + ")") &&
+                             !Contains("import: not found") && !Contains("ran\n"));
+  };
+  run_in_dir("train.py");
+  run_in_dir("./train.py");
+  std::filesystem::permissions(dir.file("train.py"), std::filesystem::perms::owner_exec,
+                               std::filesystem::perm_options::add);
+  run_in_dir("./train.py");
+
+  // With its #! line it is a program like any other.
+  std::ofstream(dir.file("tool.py")) << "#!/bin/sh\necho \"tool rank $RANK\"\n";
+  std::filesystem::permissions(dir.file("tool.py"), std::filesystem::perms::owner_all);
+  const auto r = run_process({lr, "-np", "2", dir.file("tool.py")}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.ok());
+  CHECK_THAT(r.output, Contains("tool rank 0") && Contains("tool rank 1"));
+}
+
 TEST_CASE("launcher: a program for another architecture, or a binary file, is an exec format "
           "error, not run by /bin/sh",
           "[launcher]") {
