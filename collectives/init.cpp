@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -105,26 +106,52 @@ std::shared_ptr<distributed::TcpStoreServer> serve_store(const std::string& host
   return std::make_shared<distributed::TcpStoreServer>(options);
 }
 
-// Rank 0's server at the job's address, on the interface the ranks reach it by.
-// One per process while any of its groups holds it: a second group (another
-// name beside "default", as PyTorch's new_group) or a group made again before
-// the first is dropped would otherwise listen again on the port it holds.
-// Keyed by pid as well, as a forked child has the map but not the server's
-// threads.
+// Rank 0's servers at the job's address, one per address and token, each kept
+// from the first group that needs it to the end of the process, as
+// lockstep-run keeps its store for the whole job. A second group (another
+// name beside "default", as PyTorch's new_group) or a group made again would
+// otherwise listen again on the port the first holds; and a rank that makes
+// its next group while rank 0 still holds the last one (rank 0 saving a
+// checkpoint) connects to that group's server: one that closed with rank 0's
+// last group lost that rank's keys and connection, and rank 0's next group,
+// on a new server, waited for a rank that had published on the old one.
+// Keyed by pid as well: a forked child has the map but not the servers'
+// threads, so it leaves its parent's servers alone at exit.
+class JobStoreServers {
+ public:
+  ~JobStoreServers() {
+    // A parent's servers, in a forked child: kept, reachable, never destroyed.
+    static auto* inherited = new std::vector<std::shared_ptr<distributed::TcpStoreServer>>();
+    for (auto& [key, entry] : serving_) {
+      if (entry.pid != ::getpid()) inherited->push_back(std::move(entry.server));
+    }
+  }
+
+  std::shared_ptr<distributed::TcpStoreServer> serve(const distributed::RankInfo& info) {
+    const std::string key =
+        fmt::format("{} {}:{} {}", ::getpid(), info.store_host, info.store_port, info.token);
+    std::lock_guard lock(mutex_);
+    Entry& entry = serving_[key];
+    if (entry.server) return entry.server;
+    const bool one_host = distributed::every_rank_on_this_host(info);
+    entry = {::getpid(), serve_store(distributed::listen_host_for(info.store_host, one_host),
+                                     static_cast<uint16_t>(info.store_port), info.token)};
+    return entry.server;
+  }
+
+ private:
+  struct Entry {
+    pid_t pid = 0;
+    std::shared_ptr<distributed::TcpStoreServer> server;
+  };
+  std::mutex mutex_;
+  std::map<std::string, Entry> serving_;
+};
+
 std::shared_ptr<distributed::TcpStoreServer> serve_job_store(const distributed::RankInfo& info) {
-  static std::mutex mutex;
-  static std::map<std::string, std::weak_ptr<distributed::TcpStoreServer>> serving;
-  const std::string key =
-      fmt::format("{} {}:{} {}", ::getpid(), info.store_host, info.store_port, info.token);
-  std::lock_guard lock(mutex);
-  std::weak_ptr<distributed::TcpStoreServer>& shared = serving[key];
-  if (auto server = shared.lock()) return server;
-  const bool one_host = distributed::every_rank_on_this_host(info);
+  static JobStoreServers servers;
   try {
-    auto server = serve_store(distributed::listen_host_for(info.store_host, one_host),
-                              static_cast<uint16_t>(info.store_port), info.token);
-    shared = server;
-    return server;
+    return servers.serve(info);
   } catch (const Error& e) {
     throw Error(fmt::format("rank 0 of {} (from {}) cannot serve the job's store at {}:{}, "
                             "taken from {}: {}",
