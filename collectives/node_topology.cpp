@@ -109,23 +109,36 @@ std::vector<std::string> exchange_through_store(distributed::Store& store, int r
                                                 bool watch_exits) {
   LOCKSTEP_CHECK(rank >= 0 && rank < size, "{} of group '{}': rank {} is not in a group of {} ranks",
                  topic, group_name, rank, size);
-  const int64_t instance =
-      store.add(fmt::format("{}/{}/instances/{}", group_name, topic, rank), 1);
-  const std::string prefix = fmt::format("{}/{}/{}", group_name, topic, instance);
-  store.set(key_of(prefix, rank), fmt::format("{} {}", size, value));
-
-  std::vector<std::string> all;
-  for (int r = 0; r < size; ++r) all.push_back(key_of(prefix, r));
   const auto deadline =
       std::chrono::steady_clock::now() + std::min(timeout, ProcessGroup::kLongestTimeout);
-  const auto published = [&](int r) {
+  const auto exists = [&](const std::string& key) {
     try {
-      store.wait({all[static_cast<size_t>(r)]}, std::chrono::milliseconds(1));
+      store.wait({key}, std::chrono::milliseconds(1));
       return true;
     } catch (const distributed::StoreTimeout&) {
       return false;
     }
   };
+  // An exchange a rank gave up on (it timed out, and throws) is marked
+  // abandoned under its "state" key; the ranks that found every value mark it
+  // "met" instead, and whichever comes first holds. A rank that comes late to
+  // an abandoned exchange goes on to the next instance, where the rank that
+  // gave up (and tries again) is: it used to take that rank's stale value as
+  // a meeting and go on into the backend's rendezvous alone, one instance
+  // behind the others in every attempt after.
+  int64_t instance = 0;
+  std::string prefix, state;
+  do {
+    instance = store.add(fmt::format("{}/{}/instances/{}", group_name, topic, rank), 1);
+    prefix = fmt::format("{}/{}/{}", group_name, topic, instance);
+    state = prefix + "/state";
+  } while (exists(state) && store.get_string(state) == "abandoned" &&
+           std::chrono::steady_clock::now() < deadline);
+  store.set(key_of(prefix, rank), fmt::format("{} {}", size, value));
+
+  std::vector<std::string> all;
+  for (int r = 0; r < size; ++r) all.push_back(key_of(prefix, r));
+  const auto published = [&](int r) { return exists(all[static_cast<size_t>(r)]); };
   // Until `keys` exist; each second, a rank that ended without publishing
   // (what its launcher recorded) ends the wait naming it.
   const auto wait_for = [&](const std::vector<std::string>& keys) {
@@ -150,11 +163,34 @@ std::vector<std::string> exchange_through_store(distributed::Store& store, int r
       }
     }
   };
+  const auto read_values = [&] {
+    std::vector<std::string> values;
+    for (int r = 0; r < size; ++r) {
+      values.push_back(value_if_same_size(store.get_string(all[static_cast<size_t>(r)]), r, rank,
+                                          size, group_name));
+    }
+    return values;
+  };
+  // "met" or "abandoned", as the state key holds it after this rank's say.
+  const auto settle = [&](const char* mine) {
+    return distributed::to_string(
+        store.compare_set(state, {}, distributed::to_bytes(std::string_view(mine))));
+  };
   try {
     wait_for({all[0]});
     value_if_same_size(store.get_string(all[0]), 0, rank, size, group_name);
     wait_for(all);
+    if (settle("met") == "abandoned") {
+      if (std::chrono::steady_clock::now() < deadline) {
+        return exchange_through_store(store, rank, size, group_name, topic, value, what,
+                                      std::chrono::ceil<std::chrono::milliseconds>(
+                                          deadline - std::chrono::steady_clock::now()),
+                                      watch_exits);
+      }
+      throw distributed::StoreTimeout("abandoned");
+    }
   } catch (const distributed::StoreTimeout&) {
+    if (settle("abandoned") == "met") return read_values();
     std::vector<int> missing;
     for (int r = 0; r < size; ++r) {
       if (!published(r)) missing.push_back(r);
@@ -164,13 +200,7 @@ std::vector<std::string> exchange_through_store(distributed::Store& store, int r
         "{} did not publish one; check that every rank started and uses the same store",
         rank, group_name, size, timeout.count(), what, fmt::join(missing, ", rank ")));
   }
-  std::vector<std::string> values;
-  for (int r = 0; r < size; ++r) {
-    values.push_back(
-        value_if_same_size(store.get_string(all[static_cast<size_t>(r)]), r, rank, size,
-                           group_name));
-  }
-  return values;
+  return read_values();
 }
 
 NodeTopology discover_topology(distributed::Store& store, int rank, int size,

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +15,7 @@
 
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/init.h"
+#include "lockstep/distributed/store/memory_store.h"
 #include "lockstep/distributed/store/tcp_store.h"
 #include "support/backend_skip.h"
 #include "support/subprocess.h"
@@ -122,4 +124,40 @@ TEST_CASE("reinit: a child forked while rank 0 serves the store ends with exit()
   CHECK(result.ok());
   CHECK_THAT(result.output, Catch::Matchers::Contains("reinit_worker rank 0/1: round 2 OK"));
   CHECK_THAT(result.output, Catch::Matchers::Contains("reinit_worker: done"));
+}
+
+TEST_CASE("reinit: a rank late to an init another rank gave up on meets that rank's next try",
+          "[collectives][store][reinit]") {
+  // A retry loop around init_process_group with a short timeout: rank 0's
+  // first try times out before rank 1 comes. Rank 1 used to take rank 0's
+  // value from that try as a meeting and go on into the backend alone; every
+  // later try of either was then one making apart from the other's.
+  const std::string backend = GENERATE(as<std::string>{}, "shm", "gloo");
+  if (backend == "gloo") LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
+  auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+  std::atomic<bool> gave_up{false};
+  std::vector<std::string> results(2);
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    lc::InitOptions options{.backend = backend, .timeout = 20s,
+                            .rank_info = torchrun_info(r, 2, 1), .store = store};
+    if (r == 0) {
+      auto first = options;
+      first.timeout = 200ms;
+      CHECK_THROWS_WITH(lc::init_process_group(first),
+                        Catch::Matchers::Contains("but rank 1 did not publish one"));
+      gave_up = true;
+      gave_up.notify_all();
+    } else {
+      gave_up.wait(false);
+    }
+    auto group = lc::init_process_group(options);
+    Tensor t = Tensor::full({3}, static_cast<float>(r + 1));
+    group->allreduce(t)->wait();
+    results[static_cast<size_t>(r)] = fmt::format("{}", t.data_ptr<float>()[0]);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << lt::message_of(errors[static_cast<size_t>(r)]));
+    CHECK(errors[static_cast<size_t>(r)] == nullptr);
+    CHECK(results[static_cast<size_t>(r)] == "3");
+  }
 }
