@@ -67,15 +67,18 @@ Tensor GradScaler::scale(const Tensor& loss) {
   // belongs to an iteration that an error ended (in clipping after unscale_,
   // in optimizer.step()) and that the loop skipped: its flags are that
   // iteration's, and step() would step the new gradients without dividing
-  // them (as PyTorch's does); forget them, as update() would. Gradients
+  // them (as PyTorch's does); forget them, as update() would. Dropped: each
+  // .grad replaced, or zeroed in place by the optimizer's zero_grad(). Gradients
   // still there may be another model's, unscaled before this loss's backward
   // on purpose, and stay unscaled.
   std::erase_if(per_optimizer_, [](const auto& entry) {
     const PerOptimizer& state = entry.second;
+    const bool zeroed = state.zero_grads && *state.zero_grads != state.zero_grads_at_unscale;
     return state.stage == Stage::unscaled &&
-           std::any_of(state.unscaled.begin(), state.unscaled.end(), [](const auto& pair) {
-             return !pair.first.grad().is_same(pair.second);
-           });
+           (zeroed ||
+            std::any_of(state.unscaled.begin(), state.unscaled.end(), [](const auto& pair) {
+              return !pair.first.grad().is_same(pair.second);
+            }));
   });
   return runtime::mul(loss, scale_);
 }
@@ -93,6 +96,8 @@ void GradScaler::unscale_(Optimizer& optimizer) {
                  "GradScaler::unscale_: unscale_() is being called after step()");
   std::vector<Tensor> grads;
   state.unscaled.clear();
+  state.zero_grads = optimizer.zero_grad_count();
+  state.zero_grads_at_unscale = *state.zero_grads;
   for (const ParamGroup& group : optimizer.param_groups()) {
     for (const Tensor& p : group.params) {
       const Tensor& g = p.grad();

@@ -97,6 +97,10 @@ class GradScaler {
     // Each parameter and the .grad that unscale_ divided: a later scale()
     // finds whether they were replaced since (GradScaler::scale).
     std::vector<std::pair<Tensor, Tensor>> unscaled;
+    // The optimizer's zero_grad() count then, and the count itself: a
+    // zero_grad(set_to_none=false) keeps each .grad, zeroed in place.
+    std::shared_ptr<const uint64_t> zero_grads;
+    uint64_t zero_grads_at_unscale = 0;
   };
 
   GradScalerOptions options_;

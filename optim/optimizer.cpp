@@ -134,6 +134,7 @@ void check_step_inputs(std::string_view optimizer, size_t group, size_t index, c
 
 void Optimizer::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
+  ++*zero_grads_;
   for (auto& group : groups_) {
     for (auto& p : group.params) {
       if (set_to_none) {

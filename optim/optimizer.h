@@ -8,6 +8,7 @@
 // checks every group's values, at construction and at each step.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -53,6 +54,9 @@ class Optimizer {
   virtual void step() = 0;
   // set_to_none (the default, as PyTorch): drop the gradients; else zero them.
   void zero_grad(bool set_to_none = true);
+  // How many times zero_grad() has run, shared so that a holder (GradScaler)
+  // may outlive the optimizer: a gradient zeroed in place is the same tensor.
+  std::shared_ptr<const uint64_t> zero_grad_count() const { return zero_grads_; }
 
   // "SGD", "Adam", ...: for messages and checkpoints.
   const std::string& name() const { return name_; }
@@ -106,6 +110,7 @@ class Optimizer {
   // Keyed by the parameter's TensorImpl: identity, as PyTorch keys by the
   // Parameter object (Module::to keeps it).
   std::unordered_map<const runtime::TensorImpl*, std::map<std::string, Tensor>> state_;
+  std::shared_ptr<uint64_t> zero_grads_ = std::make_shared<uint64_t>(0);
   // Checks `group` against the parameters in `seen` (those already grouped,
   // to which it adds its own), fills in its defaults and appends it.
   void add_checked(ParamGroup group, std::unordered_set<const runtime::TensorImpl*>& seen);

@@ -252,6 +252,36 @@ TEST_CASE("An iteration that an error ends after unscale_ leaves the next one un
   CHECK(q.to_vector<double>() == std::vector<double>{-1});
 }
 
+TEST_CASE("An iteration that an error ends after unscale_ is forgotten when zero_grad zeroes "
+          "the gradients in place",
+          "[optim][grad_scaler]") {
+  // zero_grad(set_to_none=false) keeps each .grad tensor, zeroed: the next
+  // step() took the failed iteration's flags and stepped the new gradients
+  // still multiplied by the scale.
+  auto run = [](bool with_error) {
+    runtime::Generator g(7);
+    nn::Linear model(3, 2, true, g);
+    SGD opt(model.parameters(), {.lr = 0.1});
+    GradScaler scaler;
+    auto iteration = [&](bool fail) {
+      opt.zero_grad(/*set_to_none=*/false);
+      scaler.scale(runtime::sum(model.forward(Tensor::ones({4, 3})))).backward();
+      scaler.unscale_(opt);
+      if (fail) throw Error("clipping failed");
+      scaler.step(opt);
+      scaler.update();
+    };
+    if (with_error) CHECK_THROWS_WITH(iteration(true), Contains("clipping failed"));
+    iteration(false);
+    std::vector<double> out;
+    for (const Tensor& p : model.parameters())
+      for (double v : p.to_vector<double>()) out.push_back(v);
+    out.push_back(scaler.get_scale());
+    return out;
+  };
+  CHECK(run(true) == run(false));
+}
+
 TEST_CASE("GradScaler refuses a scale its f32 tensor would hold as an infinity",
           "[optim][grad_scaler]") {
   // 1e39 is a finite double but an f32 infinity: every scaled gradient was
