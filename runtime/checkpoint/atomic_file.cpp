@@ -181,11 +181,13 @@ std::vector<fs::path> remove_stale_temp_files(const fs::path& dir) {
     const pid_t pid = temp_file_pid(entry.path().filename().string());
     if (pid == 0) continue;
     if (pid == ::getpid()) {
-      // Ours only if this process is writing it; else an earlier process's.
+      // Ours only if this process is writing it; else an earlier process's,
+      // or a live writer's in another pid namespace with the same pid (each
+      // container's program is pid 1), which holds its lock.
       const std::lock_guard<std::mutex> guard(in_flight().mutex);
       struct stat st {};
       if (::lstat(entry.path().c_str(), &st) != 0 ||
-          in_flight().files.count({st.st_dev, st.st_ino}))
+          in_flight().files.count({st.st_dev, st.st_ino}) || writer_holds_lock(entry.path()))
         continue;
       if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
       continue;

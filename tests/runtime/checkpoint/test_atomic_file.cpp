@@ -2,6 +2,7 @@
 // file: refused up front with a message that says why, nothing left behind.
 // Stale temporary files: a killed writer's is removed, even one that had this
 // process's pid; one being written is not.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -113,4 +114,31 @@ TEST_CASE("atomic file: a temporary file whose writer's pid is not visible here 
   // Once its writer is done, such a file is stale again: one left so is removed.
   std::ofstream(unseen) << "partial";
   CHECK(remove_stale_temp_files(dir.str()) == std::vector<fs::path>{unseen});
+}
+
+TEST_CASE("atomic file: a temporary file with this process's pid that another namespace's "
+          "writer holds locked stays",
+          "[checkpoint]") {
+  // Two containers each run their program as pid 1 (or any same pid): an
+  // evaluator's pid is then the pid in the job's temporary file's name. It
+  // is no file of the evaluator's own, and it was removed as an earlier
+  // process's without a look at the writer's lock. The file here is held
+  // locked as write_file_atomically holds its own.
+  TempDir dir;
+  const fs::path theirs =
+      dir.file(".ckpt-0000000006.safetensors.tmp-" + std::to_string(::getpid()) + "-77");
+  std::ofstream(theirs) << "partial";
+  {
+    const int fd = ::open(theirs.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    struct flock lock {};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    REQUIRE(::fcntl(fd, F_OFD_SETLK, &lock) == 0);
+    CHECK(remove_stale_temp_files(dir.str()).empty());
+    CHECK(fs::exists(theirs));
+    ::close(fd);
+  }
+  // Its writer gone, the lock with it: stale.
+  CHECK(remove_stale_temp_files(dir.str()) == std::vector<fs::path>{theirs});
 }
