@@ -82,11 +82,11 @@ void DistributedDataParallel::run_forward(Run&& run) {
     run();
     return;
   }
-  reducer_->settle_failed_backward();
-  const auto start = std::chrono::steady_clock::now();
   // The wrapped module's mode, which its layers follow: model->eval() on the
   // handle kept from before wrapping leaves this wrapper's own flag as it was.
   const bool training = module_->is_training();
+  reducer_->settle_failed_backward(/*communicates=*/training);
+  const auto start = std::chrono::steady_clock::now();
   if (training && options_.verify_every > 0 &&
       ++training_forwards_ % options_.verify_every == 0)
     verify_replicas_identical(module_->named_parameters(), *group_,

@@ -284,11 +284,19 @@ std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves(
 // numbers differ at once (a barrier against an all-reduce), and the check of
 // every collective fails both; where every rank failed at the same point,
 // the barriers match and training goes on.
-void Reducer::settle_failed_backward() {
-  if (mode_ != Mode::sync || !backward_started_) return;
-  const size_t launched = next_launch_;
-  drain_and_reset();
-  if (launched == 0 || group_.size() == 1) return;
+//
+// The check waits for a forward that communicates anyway (train mode): an
+// eval-mode forward, which rank 0 may run alone to validate, only drains, or
+// its barrier would meet the other ranks' next collective (a metric's
+// all-reduce) and fail a group whose ranks all failed at one point.
+void Reducer::settle_failed_backward(bool communicates) {
+  if (mode_ == Mode::sync && backward_started_) {
+    unsettled_launches_ = std::max(unsettled_launches_, next_launch_);
+    drain_and_reset();
+  }
+  if (!communicates || unsettled_launches_ == 0) return;
+  const size_t launched = std::exchange(unsettled_launches_, 0);
+  if (group_.size() == 1) return;
   try {
     group_.barrier()->wait();
   } catch (const collectives::CollectiveMismatch& e) {

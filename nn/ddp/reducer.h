@@ -57,7 +57,9 @@ class Reducer {
   // backward that threw part-way, waits for the bucket all-reduces it had
   // started, then checks that every rank started as many (a barrier where
   // this rank started any); throws Error if the ranks' calls no longer line up.
-  void settle_failed_backward();
+  // A forward that communicates nothing (eval mode: `communicates` false),
+  // which one rank may run alone, leaves the check to the next one that does.
+  void settle_failed_backward(bool communicates);
   // After forward: `outputs` are every tensor the module returned (the
   // unused-parameter search walks back from all of them).
   void prepare_for_backward(const std::vector<Tensor>& outputs, bool synced, double forward_ms);
@@ -150,6 +152,9 @@ class Reducer {
   bool walked_ = false;                // unused_ computed for this iteration's outputs
   size_t num_ready_ = 0;
   size_t next_launch_ = 0;
+  // Buckets that a failed backward had started, not yet checked across ranks
+  // (settle_failed_backward).
+  size_t unsettled_launches_ = 0;
   double scale_ = 1.0;                 // 1 / divisor(), fixed when backward begins
   // The no_sync() iterations since the last average: their count, and the
   // ranks with a real batch summed over them (the world size outside a Join).

@@ -388,6 +388,56 @@ TEST_CASE("DDP: a backward that fails on every rank after buckets launched leave
   }
 }
 
+TEST_CASE("DDP: after a backward that failed on every rank, rank 0 may evaluate alone in "
+          "eval mode before the others' next collective",
+          "[ddp]") {
+  // The epoch's last batch fails on every rank alike and is skipped; rank 0
+  // validates in eval mode (which communicates nothing) and all ranks then
+  // all-reduce a metric. Rank 0's eval forward ran the check of the failed
+  // backward (a barrier) there, against the other ranks' all-reduce: the
+  // group was declared unusable though every rank had failed at one point.
+  const int size = 2;
+  const auto global = lt::global_batch(16, 9);
+  const auto expected = reference_grads(global, 1);
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    lockstep::runtime::Generator g(1);
+    auto model = std::make_shared<lockstep::nn::Sequential>();
+    model->push_back(std::make_shared<lockstep::nn::Linear>(12, 16, true, g));
+    auto thrower = model->push_back(std::make_shared<ThrowInBackward>());
+    model->push_back(std::make_shared<lockstep::nn::ReLU>());
+    model->push_back(std::make_shared<lockstep::nn::Linear>(16, 16, true, g));
+    model->push_back(std::make_shared<lockstep::nn::ReLU>());
+    model->push_back(std::make_shared<lockstep::nn::Linear>(16, 5, true, g));
+    auto ddp = std::make_shared<DistributedDataParallel>(
+        model, group, DdpOptions{.bucket_cap_mb = 0.0005, .first_bucket_cap_mb = 0.0005});
+    const lt::Batch mine = lt::shard(global, r, size);
+    thrower->fail = true;
+    const std::string error = lt::error_of([&] { lt::loss_of(*ddp, mine).backward(); });
+    if (error != "bad batch") return "failed backward: " + error;
+    thrower->fail = false;
+    ddp->zero_grad();
+    if (r == 0) {
+      ddp->eval();
+      lt::loss_of(*ddp, mine);
+      ddp->train();
+    }
+    Tensor metric = Tensor::ones({1});
+    const std::string metric_error = lt::error_of(
+        [&] { group->allreduce(metric, {.op = lockstep::collectives::ReduceOp::Sum})->wait(); });
+    if (metric_error != "<no exception>") return "metric all-reduce: " + metric_error;
+    const std::string step_error = lt::error_of([&] { lt::loss_of(*ddp, mine).backward(); });
+    if (step_error != "<no exception>") return "next step: " + step_error;
+    const auto params = ddp->module().named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], kTol);
+      if (!problem.empty()) return problem;
+    }
+    return "";
+  });
+  INFO(all_problems(problems));
+  REQUIRE(all_problems(problems).empty());
+}
+
 TEST_CASE("DDP: a rank that skips a batch whose backward failed part-way there only fails "
           "the next step on every rank, naming the cause, instead of averaging mismatched "
           "buckets",
