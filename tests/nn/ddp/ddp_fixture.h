@@ -74,6 +74,19 @@ inline std::string mismatch(const std::string& what, const Tensor& a, const Tens
   return "";
 }
 
+// "" when each parameter's .grad of `m`, in named_parameters() order, matches
+// expected[i] as mismatch() says, else the first that does not.
+inline std::string grads_mismatch(nn::Module& m, const std::vector<Tensor>& expected, double tol) {
+  const auto params = m.named_parameters();
+  if (params.size() != expected.size())
+    return fmt::format("{} parameters, {} expected gradients", params.size(), expected.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto problem = mismatch(params[i].first, params[i].second.grad(), expected[i], tol);
+    if (!problem.empty()) return problem;
+  }
+  return "";
+}
+
 // Runs fn(rank, group) on `size` rank threads over `backend`; returns each
 // rank's problems (fn returns "" when fine; an exception's message counts as
 // a problem).

@@ -51,12 +51,7 @@ std::string check_ddp_grads(int rank, int size, const std::shared_ptr<lockstep::
                                                        group, options);
   if (hook) ddp->register_comm_hook(hook);
   lt::loss_of(*ddp, lt::shard(global, rank, size)).backward();
-  const auto params = ddp->module().named_parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], tol);
-    if (!problem.empty()) return problem;
-  }
-  return "";
+  return lt::grads_mismatch(ddp->module(), expected, tol);
 }
 
 // "" when every parameter's .grad of `module` is within kTol of the .grad of
@@ -128,12 +123,7 @@ TEST_CASE("DDP averages the gradients register_hook hooks on its parameters retu
       p.register_hook([](const Tensor& g) { return lockstep::runtime::mul(g, Tensor::scalar(2)); });
     }
     lt::loss_of(*ddp, lt::shard(global, r, size)).backward();
-    const auto params = ddp->module().named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], kTol);
-      if (!problem.empty()) return problem;
-    }
-    return "";
+    return lt::grads_mismatch(ddp->module(), expected, kTol);
   });
   REQUIRE(all_problems(problems).empty());
 }
@@ -281,12 +271,7 @@ TEST_CASE("DDP: a hook that throws after starting its all-reduce leaves the next
       if (first != "the hook gave up") return "first backward: " + first;
       ddp->module().zero_grad();
       lt::loss_of(*ddp, mine).backward();
-      const auto params = ddp->module().named_parameters();
-      for (size_t i = 0; i < params.size(); ++i) {
-        auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], kTol);
-        if (!problem.empty()) return problem;
-      }
-      return "";
+      return lt::grads_mismatch(ddp->module(), expected, kTol);
     });
     INFO("gradient_as_bucket_view " << as_view);
     REQUIRE(all_problems(problems).empty());
@@ -376,12 +361,7 @@ TEST_CASE("DDP: a backward that fails on every rank after buckets launched leave
       if (r == 0) rank0_zeroed.raise();
       thrower->fail = false;
       lt::loss_of(*ddp, mine).backward();
-      const auto params = ddp->module().named_parameters();
-      for (size_t i = 0; i < params.size(); ++i) {
-        auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], kTol);
-        if (!problem.empty()) return problem;
-      }
-      return "";
+      return lt::grads_mismatch(ddp->module(), expected, kTol);
     });
     INFO("gradient_as_bucket_view " << as_view);
     REQUIRE(all_problems(problems).empty());
@@ -427,12 +407,7 @@ TEST_CASE("DDP: after a backward that failed on every rank, rank 0 may evaluate 
     if (metric_error != "<no exception>") return "metric all-reduce: " + metric_error;
     const std::string step_error = lt::error_of([&] { lt::loss_of(*ddp, mine).backward(); });
     if (step_error != "<no exception>") return "next step: " + step_error;
-    const auto params = ddp->module().named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], kTol);
-      if (!problem.empty()) return problem;
-    }
-    return "";
+    return lt::grads_mismatch(ddp->module(), expected, kTol);
   });
   INFO(all_problems(problems));
   REQUIRE(all_problems(problems).empty());
@@ -528,12 +503,7 @@ TEST_CASE("DDP: a communication hook whose `then` throws leaves no all-reduce wr
     opt.zero_grad(/*set_to_none=*/r == 1);
     fail = false;
     lt::loss_of(*ddp, mine).backward();
-    const auto params = ddp->module().named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], kTol);
-      if (!problem.empty()) return problem;
-    }
-    return "";
+    return lt::grads_mismatch(ddp->module(), expected, kTol);
   });
   INFO(all_problems(problems));
   REQUIRE(all_problems(problems).empty());
@@ -552,12 +522,7 @@ TEST_CASE("DDP: a second communication hook is refused, the first kept", "[ddp]"
       return "second hook: " + (error.empty() ? std::string("accepted") : error);
     lt::loss_of(*ddp, lt::shard(global, r, size)).backward();
     // Within fp16's rounding (bf16's would be 8x coarser).
-    const auto params = ddp->module().named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], 2e-3);
-      if (!problem.empty()) return problem;
-    }
-    return "";
+    return lt::grads_mismatch(ddp->module(), expected, 2e-3);
   });
   INFO(all_problems(problems));
   REQUIRE(all_problems(problems).empty());
@@ -576,11 +541,8 @@ TEST_CASE("DDP: a hook registered after a forward but before any backward is tak
     (void)lt::loss_of(*ddp, lt::shard(global, r, size));
     ddp->register_comm_hook(lockstep::nn::comm_hooks::fp16_compress());
     lt::loss_of(*ddp, lt::shard(global, r, size)).backward();
-    const auto params = ddp->module().named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto problem = lt::mismatch(params[i].first, params[i].second.grad(), expected[i], 2e-3);
-      if (!problem.empty()) return problem;
-    }
+    if (auto problem = lt::grads_mismatch(ddp->module(), expected, 2e-3); !problem.empty())
+      return problem;
     auto late = std::make_shared<DistributedDataParallel>(lt::small_mlp(1), group);
     {
       auto guard = late->no_sync();
