@@ -148,7 +148,7 @@ def main():
     args = parser.parse_args()
     try:
         tensors, metadata = load(args.file, verify=not args.no_verify)
-    except (CheckpointError, ValueError, KeyError) as e:
+    except (CheckpointError, ValueError, KeyError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for name, a in tensors.items():
