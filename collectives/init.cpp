@@ -26,6 +26,7 @@
 #include "lockstep/distributed/exited_ranks.h"
 #include "lockstep/runtime/device_backend.h"
 #include "lockstep/runtime/liveness.h"
+#include "lockstep/runtime/standard_streams.h"
 #include "lockstep/distributed/store/listen_address.h"
 #include "lockstep/distributed/store/memory_store.h"
 #include "lockstep/distributed/store/prefix_store.h"
@@ -236,6 +237,8 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend,
 }  // namespace
 
 std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
+  // Before the store's socket, which would otherwise take a closed stdout's number.
+  runtime::open_closed_standard_streams();
   const distributed::RankInfo info = options.rank_info ? *options.rank_info : rank_info_from_env();
   // Under lockstep-run: beats that tell it this rank is alive (runtime/liveness.h).
   runtime::start_heartbeats();

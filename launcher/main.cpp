@@ -27,12 +27,12 @@
 #include "launcher/postmortem.h"
 #include "launcher/program_port.h"
 #include "launcher/spawn.h"
-#include "launcher/standard_streams.h"
 #include "launcher/supervisor.h"
 #include "lockstep/distributed/exit_status.h"
 #include "lockstep/distributed/exited_ranks.h"
 #include "lockstep/distributed/store/listen_address.h"
 #include "lockstep/distributed/store/tcp_store.h"
+#include "lockstep/runtime/standard_streams.h"
 
 extern char** environ;
 
@@ -375,7 +375,7 @@ int report_from(const std::string& dir) {
 
 int main(int argc, char** argv) {
   using namespace lockstep::launcher;
-  open_closed_standard_streams();
+  lockstep::runtime::open_closed_standard_streams();
   // Before any thread starts (the store server's), so all inherit the mask.
   block_supervisor_signals();
   try {

@@ -1,4 +1,4 @@
-#include "launcher/standard_streams.h"
+#include "lockstep/runtime/standard_streams.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <initializer_list>
 
-namespace lockstep::launcher {
+namespace lockstep::runtime {
 
 void open_closed_standard_streams() {
   for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
@@ -16,4 +16,4 @@ void open_closed_standard_streams() {
   }
 }
 
-}  // namespace lockstep::launcher
+}  // namespace lockstep::runtime
