@@ -1,5 +1,6 @@
 #include "launcher/descriptor_limit.h"
 
+#include <dirent.h>
 #include <sys/resource.h>
 
 #include <fmt/format.h>
@@ -7,9 +8,23 @@
 namespace lockstep::launcher {
 namespace {
 
-// The launcher's own: stdio, the signalfd, the poll set, the reaper's pipe,
-// the store's listening socket, the node link, files the post-mortem reads.
-constexpr long kOwnDescriptors = 64;
+// What the launcher opens for itself, with room to spare (about 8 are open
+// at once): the signalfd, the store server's poll set, wakeup and listening
+// socket, the reaper's pipe, the node link, the files the post-mortem reads.
+constexpr long kOwnDescriptors = 16;
+
+// Descriptors open now: stdio and whatever the caller let the launcher
+// inherit; 3 where /proc cannot tell.
+long descriptors_open_now() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return 3;
+  long open = 0;
+  for (const dirent* e = readdir(dir); e != nullptr; e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++open;
+  }
+  closedir(dir);
+  return open - 1;  // the listing's own
+}
 
 }  // namespace
 
@@ -17,7 +32,8 @@ long descriptors_needed(const Options& options) {
   const long per_local_rank = 1 + (options.tag_output ? 2 : 0);
   const long store_connections =
       options.node_rank == 0 ? static_cast<long>(options.world_size()) + options.nnodes : 0;
-  return kOwnDescriptors + per_local_rank * options.nproc_per_node + store_connections;
+  return descriptors_open_now() + kOwnDescriptors + per_local_rank * options.nproc_per_node +
+         store_connections;
 }
 
 void ensure_descriptor_limit(const Options& options) {

@@ -10,7 +10,8 @@
 
 namespace lockstep::launcher {
 
-// Descriptors the launcher needs for `options`' ranks, with room for its own.
+// Descriptors the launcher needs for `options`' ranks: those open now, its
+// own and each rank's.
 long descriptors_needed(const Options& options);
 
 // Raises the soft limit towards what the job needs; throws UsageError, naming
