@@ -1,5 +1,7 @@
 #include "lockstep/collectives/process_group.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -49,7 +51,8 @@ ProcessGroup::ProcessGroup(int rank, int size, std::string name, std::chrono::mi
     : rank_(rank),
       size_(size),
       name_(std::move(name)),
-      timeout_(std::min(timeout, kLongestTimeout)) {
+      timeout_(std::min(timeout, kLongestTimeout)),
+      maker_pid_(::getpid()) {
   LOCKSTEP_CHECK(size >= 1, "process group '{}': size must be >= 1, got {}", name_, size);
   LOCKSTEP_CHECK(rank >= 0 && rank < size,
                  "process group '{}': rank {} is outside [0, {}) for a group of {} ranks", name_,
@@ -193,7 +196,17 @@ std::string ProcessGroup::unusable_reason() const {
 
 void ProcessGroup::abort(const std::string& reason) {
   if (!abort_->set(reason)) return;
-  abort_peers(reason);
+  if (::getpid() == maker_pid_) abort_peers(reason);
+}
+
+void ProcessGroup::refuse_in_forked_child(std::string_view op) const {
+  if (::getpid() == maker_pid_) return;
+  throw CollectiveError(fmt::format(
+      "{} on group '{}': this process (pid {}) was forked from the one that made the group "
+      "(pid {}), and a forked child cannot use its parent's group (its threads are not here; "
+      "its memory and connections are the parent's); do the collective in the parent, or start "
+      "the child with lockstep::spawn or lockstep-run and call init_process_group() there",
+      op, name_, ::getpid(), maker_pid_));
 }
 
 Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const Tensor* tensor,

@@ -19,6 +19,8 @@
 // and check the call's signature against the other ranks'.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -98,7 +100,9 @@ class ProcessGroup {
 
   // Makes the group unusable on this rank (later calls fail naming
   // `reason`) and tells the other ranks where the backend can (shm: at once;
-  // gloo: by closing this rank's connections). The first reason stays.
+  // gloo: by closing this rank's connections). The first reason stays. In a
+  // child forked from the process that made the group, only the child's
+  // copy: the other ranks are its parent's peers, not its own.
   void abort(const std::string& reason);
   // Why the group is unusable, or "" while it is usable: its own reason, or
   // that of the group it hands its calls to (wraps()), which may fail alone.
@@ -158,6 +162,7 @@ class ProcessGroup {
   std::shared_ptr<Work> issue(const CallSignature& signature, std::string_view op,
                               const Tensor* tensor, std::string_view extra, const Timeout& timeout,
                               Run&& run) {
+    refuse_in_forked_child(op);  // before the lock, which a parent's thread may have held
     std::lock_guard lock(issue_mutex_);
     Call call = make_call(signature, op, tensor, extra, timeout);
     const uint64_t record = recorded_ ? record_start(call) : 0;
@@ -191,6 +196,11 @@ class ProcessGroup {
 
  private:
   bool is_unusable() const;
+  // Throws in a child forked from the process that made the group: the
+  // group's threads are not in it, and its memory and sockets are its
+  // parent's, so a call there would wait for ever or take part in the
+  // parent's collectives (as PyTorch, the child must make a group of its own).
+  void refuse_in_forked_child(std::string_view op) const;
   // issue()'s, with the issue lock held.
   Call make_call(CallSignature signature, std::string_view op, const Tensor* tensor,
                  std::string_view extra, const Timeout& timeout);
@@ -209,6 +219,7 @@ class ProcessGroup {
   int size_;
   std::string name_;
   std::chrono::milliseconds timeout_;
+  pid_t maker_pid_;  // the process that made the group; see refuse_in_forked_child()
   std::chrono::milliseconds stall_report_ = std::chrono::minutes(1);
   std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
   std::mutex issue_mutex_;  // held from numbering a call to handing it to the backend

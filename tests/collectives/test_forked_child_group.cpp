@@ -1,0 +1,131 @@
+// A child forked after a group was made (a data-loading worker, an
+// evaluator) that calls a collective on its parent's group: refused with a
+// clear error, and the parent's ranks go on undisturbed.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/rank_threads.h"
+#include "lockstep/collectives/backends.h"
+#include "lockstep/collectives/work.h"
+#include "support/test_util.h"
+
+namespace lc = lockstep::collectives;
+namespace lt = lockstep::testing;
+using lockstep::runtime::Tensor;
+using Catch::Matchers::Contains;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> cpu_backends() {
+  std::vector<std::string> names{"shm"};
+  if (lc::is_built_in("gloo")) {
+    names.push_back("gloo");
+    names.push_back("shm+gloo");
+  }
+  return names;
+}
+
+// What a child forked now reports when it calls `call` on `group`: the
+// error's message through a pipe ("<no exception>" if it ran, "<hung>" if
+// the child had not ended within 10 s, when it is killed).
+template <class Call>
+std::string error_in_forked_child(Call&& call) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    const std::string error = lt::error_of(call);
+    (void)!::write(fds[1], error.data(), error.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  int status = 0;
+  const auto start = Clock::now();
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (Clock::now() - start > 10s) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      ::close(fds[0]);
+      return "<hung>";
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::string error;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;) error.append(buffer, n);
+  ::close(fds[0]);
+  return error;
+}
+
+}  // namespace
+
+TEST_CASE("every CPU backend: a collective on the parent's group in a forked child is refused, "
+          "and the parent's ranks go on",
+          "[collectives][lifecycle][fork]") {
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  auto groups = lt::make_groups(backend, 2, "forked-use", 20s);
+  // A first call, so the backend's threads and connections are up.
+  lt::run_ranks(2, [&](int r) {
+    Tensor t = Tensor::ones({4});
+    groups[static_cast<size_t>(r)]->allreduce(t)->wait();
+  });
+  const std::string error = error_in_forked_child([&] {
+    Tensor t = Tensor::ones({4});
+    groups[0]->allreduce(t)->wait();
+  });
+  CHECK_THAT(error, Contains("allreduce on group 'forked-use'") &&
+                        Contains("forked") && Contains("init_process_group"));
+  // The child numbered nothing and sent nothing: the parent's ranks agree.
+  std::vector<float> sums(2);
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    Tensor t = Tensor::ones({4});
+    groups[static_cast<size_t>(r)]->allreduce(t)->wait();
+    sums[static_cast<size_t>(r)] = t.data_ptr<float>()[0];
+  });
+  CHECK(lt::message_of(errors[0]) == "<no exception>");
+  CHECK(lt::message_of(errors[1]) == "<no exception>");
+  CHECK(sums == std::vector<float>{2.0f, 2.0f});
+}
+
+TEST_CASE("every CPU backend: a forked child that aborts its parent's group aborts only its own "
+          "copy",
+          "[collectives][lifecycle][fork]") {
+  // The other ranks are the parent's peers: telling them the group is
+  // unusable would fail the parent's job.
+  const std::string backend = GENERATE(from_range(cpu_backends()));
+  INFO(backend);
+  auto groups = lt::make_groups(backend, 2, "forked-abort", 20s);
+  lt::run_ranks(2, [&](int r) {
+    Tensor t = Tensor::ones({4});
+    groups[static_cast<size_t>(r)]->allreduce(t)->wait();
+  });
+  const std::string error = error_in_forked_child([&] {
+    groups[0]->abort("the child gave up");
+    Tensor t = Tensor::ones({4});
+    groups[0]->allreduce(t)->wait();
+  });
+  CHECK_THAT(error, Contains("forked"));
+  std::vector<float> sums(2);
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    Tensor t = Tensor::ones({4});
+    groups[static_cast<size_t>(r)]->allreduce(t)->wait();
+    sums[static_cast<size_t>(r)] = t.data_ptr<float>()[0];
+  });
+  CHECK(lt::message_of(errors[0]) == "<no exception>");
+  CHECK(lt::message_of(errors[1]) == "<no exception>");
+  CHECK(sums == std::vector<float>{2.0f, 2.0f});
+}
