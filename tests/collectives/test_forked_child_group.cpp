@@ -1,6 +1,6 @@
 // A child forked after a group was made (a data-loading worker, an
 // evaluator) that calls a collective on its parent's group: refused with a
-// clear error, and the parent's ranks go on undisturbed.
+// clear error (also through DDP), and the parent's ranks go on undisturbed.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -15,11 +15,14 @@
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/backends.h"
 #include "lockstep/collectives/work.h"
+#include "lockstep/nn/linear.h"
+#include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"
 
 namespace lc = lockstep::collectives;
 namespace lt = lockstep::testing;
 using lockstep::runtime::Tensor;
+namespace nn = lockstep::nn;
 using Catch::Matchers::Contains;
 using namespace std::chrono_literals;
 
@@ -128,4 +131,27 @@ TEST_CASE("every CPU backend: a forked child that aborts its parent's group abor
   CHECK(lt::message_of(errors[0]) == "<no exception>");
   CHECK(lt::message_of(errors[1]) == "<no exception>");
   CHECK(sums == std::vector<float>{2.0f, 2.0f});
+}
+
+TEST_CASE("DDP: a training step in a child forked from a rank is refused, naming the fork",
+          "[ddp][fork]") {
+  // A forked evaluator or data worker that steps the parent's DDP model
+  // reaches the group through DDP's buffer broadcast and gradient buckets.
+  const auto groups = lt::make_groups(lt::kThreadRankBackend, 2, "forked-ddp", 20s);
+  const auto global = lt::global_batch(8, 3);
+  std::vector<std::unique_ptr<nn::DistributedDataParallel>> ddps(2);
+  lt::run_ranks(2, [&](int r) {
+    auto model = std::make_shared<nn::Linear>(12, 5);
+    ddps[static_cast<size_t>(r)] =
+        std::make_unique<nn::DistributedDataParallel>(model, groups[static_cast<size_t>(r)]);
+  });
+  REQUIRE(ddps[0] != nullptr);
+  const std::string error = error_in_forked_child(
+      [&] { lt::loss_of(*ddps[0], lt::shard(global, 0, 2)).backward(); });
+  CHECK_THAT(error, Contains("group 'forked-ddp'") && Contains("forked"));
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    lt::loss_of(*ddps[static_cast<size_t>(r)], lt::shard(global, r, 2)).backward();
+  });
+  CHECK(lt::message_of(errors[0]) == "<no exception>");
+  CHECK(lt::message_of(errors[1]) == "<no exception>");
 }
