@@ -39,7 +39,9 @@ std::string escape_controls(std::string_view text) {
 }
 
 std::string quoted_value(std::string_view text) {
-  std::string out = "'" + escape_controls(text) + "'";
+  // Formatted, not "'" + ... + "'": GCC 12 warns (-Wrestrict) on that
+  // concatenation, a false positive that fails a -Werror build.
+  std::string out = fmt::format("'{}'", escape_controls(text));
   if (text.find('\r') != std::string_view::npos)
     out += " (a carriage return: was it set by a script with Windows line endings?)";
   return out;
