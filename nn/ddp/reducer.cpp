@@ -248,16 +248,19 @@ std::vector<BucketInfo> Reducer::bucket_info() const {
   return out;
 }
 
-std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves(
-    const std::vector<Tensor>& outputs) const {
-  std::unordered_set<const runtime::TensorImpl*> leaves;
+// The parameters that the graphs of every armed forward reach: a loss over
+// the outputs of several forwards (two towers of one model called apart, a
+// discriminator on real and then on fake rows) uses what any of them used.
+std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves() const {
+  std::unordered_set<const runtime::TensorImpl*> leaves(armed_leaves_.begin(),
+                                                        armed_leaves_.end());
   std::unordered_set<const runtime::Node*> seen;
   std::vector<runtime::Node*> stack;
-  for (const Tensor& output : outputs) {
-    if (output.grad_fn()) {
-      stack.push_back(output.grad_fn().get());
-    } else if (output.requires_grad()) {
-      leaves.insert(output.impl_ptr());
+  std::vector<std::shared_ptr<runtime::Node>> alive;  // held while walked
+  for (const auto& weak : armed_graph_) {
+    if (auto node = weak.lock()) {
+      stack.push_back(node.get());
+      alive.push_back(std::move(node));
     }
   }
   while (!stack.empty()) {
@@ -355,7 +358,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   // together (the expired dropped, so an evaluation loop does not grow it).
   if (mode_ != Mode::sync) {
     armed_graph_.clear();
-    armed_by_leaf_ = false;
+    armed_leaves_.clear();
   }
   std::erase_if(armed_graph_, [](const auto& node) { return node.expired(); });
   mode_ = Mode::sync;
@@ -367,11 +370,11 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     if (const auto node = t.grad_fn())
       armed_graph_.push_back(node);
     else
-      armed_by_leaf_ = true;  // a parameter returned as it is: alive with the module
+      armed_leaves_.push_back(t.impl_ptr());  // a parameter returned as it is
   }
   walked_ = options_.find_unused_parameters && !(options_.static_graph && unused_known_);
   if (walked_) {
-    const auto reached = reachable_leaves(outputs);
+    const auto reached = reachable_leaves();
     for (size_t i = 0; i < params_.size(); ++i) {
       unused_[i] = reached.count(params_[i].second.impl_ptr()) == 0;
     }
@@ -379,8 +382,9 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
 }
 
 bool Reducer::armed_forward_alive() const {
-  return armed_by_leaf_ || std::any_of(armed_graph_.begin(), armed_graph_.end(),
-                                       [](const auto& node) { return !node.expired(); });
+  return !armed_leaves_.empty() ||
+         std::any_of(armed_graph_.begin(), armed_graph_.end(),
+                     [](const auto& node) { return !node.expired(); });
 }
 
 // The reducer hooks and buckets the parameters that required grad when DDP
@@ -900,7 +904,7 @@ void Reducer::drain_and_reset() {
 void Reducer::end_iteration() {
   backward_started_ = false;
   armed_graph_.clear();
-  armed_by_leaf_ = false;
+  armed_leaves_.clear();
   mode_ = deferred_no_sync_active_ > 0 ? Mode::no_sync : Mode::idle;
   uncounted_active_ = deferred_no_sync_active_;
   deferred_no_sync_active_ = 0;

@@ -110,8 +110,7 @@ class Reducer {
   void write_gradients(const std::vector<int32_t>& globally_used);
   void drain_and_reset();
   void end_iteration();
-  std::unordered_set<const runtime::TensorImpl*> reachable_leaves(
-      const std::vector<Tensor>& outputs) const;
+  std::unordered_set<const runtime::TensorImpl*> reachable_leaves() const;
   bool armed_forward_alive() const;
 
   std::vector<std::pair<std::string, Tensor>> params_;
@@ -146,7 +145,7 @@ class Reducer {
   // held weakly: once all are gone no backward can come from them
   // (armed_forward_alive).
   std::vector<std::weak_ptr<runtime::Node>> armed_graph_;
-  bool armed_by_leaf_ = false;         // it returned a parameter itself
+  std::vector<const runtime::TensorImpl*> armed_leaves_;  // parameters they returned as they are
   std::vector<bool> unused_;           // find_unused_parameters: not reached from the output
   bool unused_known_ = false;          // static_graph: kept from the first averaged backward
   bool walked_ = false;                // unused_ computed for this iteration's outputs

@@ -1,0 +1,185 @@
+// DDP in programs with several models or several forwards per step: two
+// towers of one model called apart, a GAN's generator and discriminator,
+// two models' losses summed; gradients compared with one process on the
+// whole batch; in-process over gloo.
+#include <catch2/catch.hpp>
+
+#include "lockstep/runtime/ops/loss.h"
+#include "lockstep/runtime/ops/reduce.h"
+#include "nn/ddp/ddp_fixture.h"
+
+namespace lt = lockstep::testing;
+namespace nn = lockstep::nn;
+namespace rt = lockstep::runtime;
+using lockstep::nn::DdpOptions;
+using lockstep::nn::DistributedDataParallel;
+using lockstep::runtime::Tensor;
+
+namespace {
+
+// Two encoders in one module (a CLIP-style model): the input's width picks
+// the tower, so a step calls forward once per tower.
+class TwoTowers : public nn::Module {
+ public:
+  explicit TwoTowers(uint64_t seed) {
+    rt::Generator g(seed);
+    image = register_module("image", std::make_shared<nn::Linear>(12, 5, true, g));
+    text = register_module("text", std::make_shared<nn::Linear>(8, 5, true, g));
+  }
+  Tensor forward(const Tensor& x) override {
+    return x.size(1) == 12 ? image->forward(x) : text->forward(x);
+  }
+  std::shared_ptr<nn::Linear> image, text;
+};
+
+struct TwoInputs {
+  Tensor images, texts, labels;
+};
+
+TwoInputs two_inputs(int64_t rows) {
+  rt::Generator g(5);
+  std::vector<int64_t> y(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) y[static_cast<size_t>(i)] = i % 5;
+  return {rt::randn({rows, 12}, rt::DType::f32, g), rt::randn({rows, 8}, rt::DType::f32, g),
+          Tensor::from_vector(y, {rows})};
+}
+
+TwoInputs rows_of(const TwoInputs& in, int rank, int n) {
+  const int64_t rows = in.images.size(0), lo = rows * rank / n, hi = rows * (rank + 1) / n;
+  return {in.images.slice(0, lo, hi).contiguous(), in.texts.slice(0, lo, hi).contiguous(),
+          in.labels.slice(0, lo, hi).contiguous()};
+}
+
+Tensor two_tower_loss(nn::Module& m, const TwoInputs& in) {
+  Tensor a = m.forward(in.images);
+  Tensor b = m.forward(in.texts);
+  return rt::add(rt::cross_entropy(a, in.labels), rt::cross_entropy(b, in.labels));
+}
+
+std::vector<Tensor> grads_of(nn::Module& m) {
+  std::vector<Tensor> out;
+  for (const auto& [name, p] : m.named_parameters()) out.push_back(p.grad().clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("DDP: two forwards through different parameters, one loss over both, equal one "
+          "process, with find_unused_parameters and static_graph too",
+          "[ddp][multimodel]") {
+  const auto all = two_inputs(8);
+  auto alone = std::make_shared<TwoTowers>(3);
+  two_tower_loss(*alone, all).backward();
+  const auto expected = grads_of(*alone);
+  const auto [find_unused, static_graph] = GENERATE(table<bool, bool>({{false, false},
+                                                                        {true, false},
+                                                                        {true, true},
+                                                                        {false, true}}));
+  INFO("find_unused_parameters " << find_unused << ", static_graph " << static_graph);
+  const auto problems = lt::on_ranks(2, [&](int rank, auto group) -> std::string {
+    auto model = std::make_shared<TwoTowers>(3);
+    DistributedDataParallel ddp(model, group,
+                                {.find_unused_parameters = find_unused, .static_graph = static_graph});
+    for (int step = 0; step < 2; ++step) {
+      model->zero_grad();
+      two_tower_loss(ddp, rows_of(all, rank, 2)).backward();
+      auto problem = lt::grads_mismatch(*model, expected, 1e-5);
+      if (!problem.empty()) return fmt::format("step {}: {}", step, problem);
+    }
+    return "";
+  });
+  CHECK(lt::joined(problems) == "");
+}
+
+namespace {
+
+std::shared_ptr<nn::Sequential> generator(uint64_t seed) {
+  rt::Generator g(seed);
+  auto m = std::make_shared<nn::Sequential>();
+  m->push_back(std::make_shared<nn::Linear>(4, 12, true, g));
+  return m;
+}
+
+struct GanGrads {
+  std::vector<Tensor> discriminator, generator;
+};
+
+// One DCGAN-style step: the discriminator on real rows and on detached
+// fakes, then the generator's loss through the discriminator (whose
+// gradients from it are zeroed before its next step).
+GanGrads gan_step(nn::Module& g, nn::Module& d, nn::Module& g_params, nn::Module& d_params,
+                  const Tensor& real, const Tensor& noise) {
+  const int64_t rows = real.size(0);
+  const Tensor ones = Tensor::ones({rows, 5}), zeros = Tensor::zeros({rows, 5});
+  d_params.zero_grad();
+  Tensor fake = g.forward(noise);
+  rt::add(rt::mse_loss(d.forward(real), ones), rt::mse_loss(d.forward(fake.detach()), zeros))
+      .backward();
+  GanGrads out;
+  out.discriminator = grads_of(d_params);
+  g_params.zero_grad();
+  d_params.zero_grad();
+  rt::mse_loss(d.forward(fake), ones).backward();
+  out.generator = grads_of(g_params);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("DDP: a GAN's two wrapped models trained alternately equal one process", "[ddp][multimodel]") {
+  rt::Generator data(9);
+  const Tensor real = rt::randn({8, 12}, rt::DType::f32, data);
+  const Tensor noise = rt::randn({8, 4}, rt::DType::f32, data);
+  auto g_alone = generator(1);
+  auto d_alone = lt::small_mlp(2);
+  const auto expected = gan_step(*g_alone, *d_alone, *g_alone, *d_alone, real, noise);
+  const bool find_unused = GENERATE(false, true);
+  INFO("find_unused_parameters " << find_unused);
+  const auto problems = lt::on_ranks(2, [&](int rank, auto group) -> std::string {
+    auto g = generator(1);
+    auto d = lt::small_mlp(2);
+    DistributedDataParallel g_ddp(g, group, {.find_unused_parameters = find_unused});
+    DistributedDataParallel d_ddp(d, group, {.find_unused_parameters = find_unused});
+    for (int step = 0; step < 2; ++step) {
+      const auto got = gan_step(g_ddp, d_ddp, *g, *d, real.slice(0, rank * 4, rank * 4 + 4).contiguous(),
+                                noise.slice(0, rank * 4, rank * 4 + 4).contiguous());
+      for (size_t i = 0; i < got.discriminator.size(); ++i) {
+        auto p = lt::mismatch(fmt::format("step {} D grad {}", step, i), got.discriminator[i],
+                              expected.discriminator[i], 1e-5);
+        if (!p.empty()) return p;
+      }
+      for (size_t i = 0; i < got.generator.size(); ++i) {
+        auto p = lt::mismatch(fmt::format("step {} G grad {}", step, i), got.generator[i],
+                              expected.generator[i], 1e-5);
+        if (!p.empty()) return p;
+      }
+    }
+    return "";
+  });
+  CHECK(lt::joined(problems) == "");
+}
+
+TEST_CASE("DDP: two wrapped models' losses summed and backpropagated once equal one process",
+          "[ddp][multimodel]") {
+  const auto batch = lt::global_batch(8, 4);
+  auto a_alone = lt::small_mlp(1), b_alone = lt::small_mlp(2);
+  rt::add(lt::loss_of(*a_alone, batch), lt::loss_of(*b_alone, batch)).backward();
+  const auto expected_a = grads_of(*a_alone), expected_b = grads_of(*b_alone);
+  const bool find_unused = GENERATE(false, true);
+  const auto problems = lt::on_ranks(2, [&](int rank, auto group) -> std::string {
+    auto a = lt::small_mlp(1), b = lt::small_mlp(2);
+    DistributedDataParallel a_ddp(a, group, {.find_unused_parameters = find_unused});
+    DistributedDataParallel b_ddp(b, group, {.find_unused_parameters = find_unused});
+    const auto mine = lt::shard(batch, rank, 2);
+    for (int step = 0; step < 2; ++step) {
+      a->zero_grad();
+      b->zero_grad();
+      rt::add(lt::loss_of(a_ddp, mine), lt::loss_of(b_ddp, mine)).backward();
+      auto p = lt::grads_mismatch(*a, expected_a, 1e-5);
+      if (p.empty()) p = lt::grads_mismatch(*b, expected_b, 1e-5);
+      if (!p.empty()) return fmt::format("step {}: {}", step, p);
+    }
+    return "";
+  });
+  CHECK(lt::joined(problems) == "");
+}
