@@ -328,6 +328,14 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
       std::any_of(outputs.begin(), outputs.end(),
                   [](const Tensor& t) { return t.defined() && t.requires_grad(); });
   if (!expects_backward) return;
+  // So does one through a model frozen whole (a GAN's discriminator during
+  // the generator's step): its backward reaches the inputs only, and none of
+  // these parameters gets a gradient to average. Frozen in part is refused
+  // (check_parameters_unchanged).
+  const auto frozen = [](const auto& named) { return !named.second.requires_grad(); };
+  if (std::all_of(params_.begin(), params_.end(), frozen) &&
+      std::all_of(frozen_.begin(), frozen_.end(), frozen))
+    return;
   forward_ms_ = forward_ms;
   forward_end_ = Clock::now();
   if (timeline_) timeline_->forward_ended();
@@ -405,7 +413,9 @@ void Reducer::check_parameters_unchanged() const {
         "DistributedDataParallel on rank {}: parameter '{}' {} after the module was wrapped in "
         "DDP (requires_grad is now {}). DDP averages the gradients of the parameters that "
         "required grad when it was constructed, so {}. Re-wrap the module in "
-        "DistributedDataParallel after changing requires_grad (on every rank alike)",
+        "DistributedDataParallel after changing requires_grad (on every rank alike), or "
+        "freeze all of its parameters for a forward that must not train it (a GAN's "
+        "discriminator in the generator's step): such a forward has nothing to average",
         group_.rank(), name, now ? "was unfrozen" : "was frozen", now ? "true" : "false",
         now ? "its gradient would never be averaged and the replicas would drift apart"
             : "its bucket would wait for a gradient that never comes"));

@@ -49,9 +49,9 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   // Called at the start and the end of every DDP forward. `synced` is false
-  // under no_sync(). A forward without grad mode, or whose outputs need no
-  // gradient, changes nothing here: the backward of the forward before it
-  // still averages.
+  // under no_sync(). A forward without grad mode, whose outputs need no
+  // gradient, or through parameters all frozen, changes nothing here: the
+  // backward of the forward before it still averages.
   void forward_started();
   // Called first in every DDP forward, before any collective of it: after a
   // backward that threw part-way, waits for the bucket all-reduces it had

@@ -105,10 +105,10 @@ struct GanGrads {
 };
 
 // One DCGAN-style step: the discriminator on real rows and on detached
-// fakes, then the generator's loss through the discriminator (whose
-// gradients from it are zeroed before its next step).
+// fakes, then the generator's loss through the discriminator, whose
+// parameters are frozen for it or whose gradients from it are zeroed.
 GanGrads gan_step(nn::Module& g, nn::Module& d, nn::Module& g_params, nn::Module& d_params,
-                  const Tensor& real, const Tensor& noise) {
+                  const Tensor& real, const Tensor& noise, bool freeze_discriminator) {
   const int64_t rows = real.size(0);
   const Tensor ones = Tensor::ones({rows, 5}), zeros = Tensor::zeros({rows, 5});
   d_params.zero_grad();
@@ -119,22 +119,27 @@ GanGrads gan_step(nn::Module& g, nn::Module& d, nn::Module& g_params, nn::Module
   out.discriminator = grads_of(d_params);
   g_params.zero_grad();
   d_params.zero_grad();
+  for (Tensor& p : d_params.parameters()) p.requires_grad_(!freeze_discriminator);
   rt::mse_loss(d.forward(fake), ones).backward();
+  for (Tensor& p : d_params.parameters()) p.requires_grad_(true);
   out.generator = grads_of(g_params);
   return out;
 }
 
 }  // namespace
 
-TEST_CASE("DDP: a GAN's two wrapped models trained alternately equal one process", "[ddp][multimodel]") {
+TEST_CASE("DDP: a GAN's two wrapped models trained alternately equal one process, the "
+          "discriminator frozen for the generator's step or not",
+          "[ddp][multimodel]") {
   rt::Generator data(9);
   const Tensor real = rt::randn({8, 12}, rt::DType::f32, data);
   const Tensor noise = rt::randn({8, 4}, rt::DType::f32, data);
   auto g_alone = generator(1);
   auto d_alone = lt::small_mlp(2);
-  const auto expected = gan_step(*g_alone, *d_alone, *g_alone, *d_alone, real, noise);
+  const auto expected = gan_step(*g_alone, *d_alone, *g_alone, *d_alone, real, noise, false);
   const bool find_unused = GENERATE(false, true);
-  INFO("find_unused_parameters " << find_unused);
+  const bool freeze = GENERATE(false, true);
+  INFO("find_unused_parameters " << find_unused << ", discriminator frozen " << freeze);
   const auto problems = lt::on_ranks(2, [&](int rank, auto group) -> std::string {
     auto g = generator(1);
     auto d = lt::small_mlp(2);
@@ -142,7 +147,7 @@ TEST_CASE("DDP: a GAN's two wrapped models trained alternately equal one process
     DistributedDataParallel d_ddp(d, group, {.find_unused_parameters = find_unused});
     for (int step = 0; step < 2; ++step) {
       const auto got = gan_step(g_ddp, d_ddp, *g, *d, real.slice(0, rank * 4, rank * 4 + 4).contiguous(),
-                                noise.slice(0, rank * 4, rank * 4 + 4).contiguous());
+                                noise.slice(0, rank * 4, rank * 4 + 4).contiguous(), freeze);
       for (size_t i = 0; i < got.discriminator.size(); ++i) {
         auto p = lt::mismatch(fmt::format("step {} D grad {}", step, i), got.discriminator[i],
                               expected.discriminator[i], 1e-5);
