@@ -4,7 +4,10 @@
 // whole batch; in-process over gloo.
 #include <catch2/catch.hpp>
 
+#include "lockstep/nn/join.h"
+#include "lockstep/runtime/data/loader.h"
 #include "lockstep/runtime/ops/loss.h"
+#include "lockstep/runtime/ops/misc.h"
 #include "lockstep/runtime/ops/reduce.h"
 #include "nn/ddp/ddp_fixture.h"
 
@@ -185,6 +188,56 @@ TEST_CASE("DDP: two wrapped models' losses summed and backpropagated once equal 
       if (!p.empty()) return fmt::format("step {}: {}", step, p);
     }
     return "";
+  });
+  CHECK(lt::joined(problems) == "");
+}
+
+TEST_CASE("DDP: a GAN's two wrapped models under one Join, ranks of 1 and 2 batches, equal one "
+          "process on the active ranks' rows",
+          "[ddp][multimodel][join]") {
+  // Rows 0-3 are rank 0's one batch; rows 4-11 rank 1's two. Each row pairs
+  // a real sample with the generator's noise.
+  rt::Generator data(9);
+  const Tensor real = rt::randn({12, 12}, rt::DType::f32, data);
+  const Tensor noise = rt::randn({12, 4}, rt::DType::f32, data);
+  auto rows = [&](const Tensor& t, int64_t lo, int64_t hi) { return t.slice(0, lo, hi).contiguous(); };
+  std::vector<GanGrads> expected;
+  for (const auto& active_rows : std::vector<std::vector<int64_t>>{{0, 4, 4, 8}, {8, 12}}) {
+    std::vector<Tensor> r, z;
+    for (size_t i = 0; i < active_rows.size(); i += 2) {
+      r.push_back(rows(real, active_rows[i], active_rows[i + 1]));
+      z.push_back(rows(noise, active_rows[i], active_rows[i + 1]));
+    }
+    auto g = generator(1);
+    auto d = lt::small_mlp(2);
+    expected.push_back(gan_step(*g, *d, *g, *d, rt::cat(r, 0), rt::cat(z, 0), false));
+  }
+  const bool freeze = GENERATE(false, true);
+  INFO("discriminator frozen " << freeze);
+  const auto problems = lt::on_ranks(2, [&](int rank, auto group) -> std::string {
+    auto g = generator(1);
+    auto d = lt::small_mlp(2);
+    DistributedDataParallel g_ddp(g, group), d_ddp(d, group);
+    const int64_t lo = rank == 0 ? 0 : 4, hi = rank == 0 ? 4 : 12;
+    rt::TensorDataset mine(rows(real, lo, hi), rows(noise, lo, hi));
+    rt::DataLoader loader(mine, {.batch_size = 4});
+    nn::Join join(*group);
+    size_t step = 0;
+    for (const rt::Batch& b : join.batches(loader)) {
+      const auto got = gan_step(g_ddp, d_ddp, *g, *d, b.x, b.y, freeze);
+      for (size_t i = 0; i < got.discriminator.size(); ++i) {
+        auto p = lt::mismatch(fmt::format("step {} D grad {}", step, i), got.discriminator[i],
+                              expected[step].discriminator[i], 1e-5);
+        if (!p.empty()) return p;
+      }
+      for (size_t i = 0; i < got.generator.size(); ++i) {
+        auto p = lt::mismatch(fmt::format("step {} G grad {}", step, i), got.generator[i],
+                              expected[step].generator[i], 1e-5);
+        if (!p.empty()) return p;
+      }
+      ++step;
+    }
+    return step == 2 ? "" : fmt::format("{} steps", step);
   });
   CHECK(lt::joined(problems) == "");
 }
