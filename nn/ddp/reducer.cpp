@@ -352,6 +352,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     // all-reduce where the other ranks accumulate.
     if (mode_ == Mode::sync && armed_forward_alive()) {
       deferred_no_sync_active_ = active;
+      arm(outputs);  // its gradients are averaged with the armed forward's
       return;
     }
     deferred_no_sync_active_ = 0;
@@ -373,6 +374,13 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   uncounted_active_ = 0;
   deferred_no_sync_active_ = 0;
   backward_started_ = false;
+  walked_ = options_.find_unused_parameters && !(options_.static_graph && unused_known_);
+  arm(outputs);
+}
+
+// Adds a forward's outputs to the graph that the next averaged backward runs
+// through and, where unused parameters are searched, searches it again.
+void Reducer::arm(const std::vector<Tensor>& outputs) {
   for (const Tensor& t : outputs) {
     if (!t.defined() || !t.requires_grad()) continue;
     if (const auto node = t.grad_fn())
@@ -380,12 +388,10 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     else
       armed_leaves_.push_back(t.impl_ptr());  // a parameter returned as it is
   }
-  walked_ = options_.find_unused_parameters && !(options_.static_graph && unused_known_);
-  if (walked_) {
-    const auto reached = reachable_leaves();
-    for (size_t i = 0; i < params_.size(); ++i) {
-      unused_[i] = reached.count(params_[i].second.impl_ptr()) == 0;
-    }
+  if (!walked_) return;
+  const auto reached = reachable_leaves();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    unused_[i] = reached.count(params_[i].second.impl_ptr()) == 0;
   }
 }
 

@@ -110,6 +110,7 @@ class Reducer {
   void write_gradients(const std::vector<int32_t>& globally_used);
   void drain_and_reset();
   void end_iteration();
+  void arm(const std::vector<Tensor>& outputs);
   std::unordered_set<const runtime::TensorImpl*> reachable_leaves() const;
   bool armed_forward_alive() const;
 
@@ -141,9 +142,9 @@ class Reducer {
   // backward since the last average touched on this rank, as it was before
   // its bucket was scaled and reduced; put back if no rank used it.
   std::vector<Tensor> kept_grads_;
-  // The outputs' grad_fn of the averaged forwards since the last backward,
-  // held weakly: once all are gone no backward can come from them
-  // (armed_forward_alive).
+  // The outputs' grad_fn of the averaged forwards since the last backward
+  // (and of no_sync() forwards that came while one was armed), held weakly:
+  // once all are gone no backward can come from them (armed_forward_alive).
   std::vector<std::weak_ptr<runtime::Node>> armed_graph_;
   std::vector<const runtime::TensorImpl*> armed_leaves_;  // parameters they returned as they are
   std::vector<bool> unused_;           // find_unused_parameters: not reached from the output

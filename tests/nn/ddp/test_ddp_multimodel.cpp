@@ -241,3 +241,29 @@ TEST_CASE("DDP: a GAN's two wrapped models under one Join, ranks of 1 and 2 batc
   });
   CHECK(lt::joined(problems) == "");
 }
+
+TEST_CASE("DDP: a loss over a forward and a no_sync forward after it through other parameters "
+          "is averaged whole, with find_unused_parameters too",
+          "[ddp][multimodel]") {
+  const auto all = two_inputs(8);
+  auto alone = std::make_shared<TwoTowers>(3);
+  two_tower_loss(*alone, all).backward();
+  const auto expected = grads_of(*alone);
+  const bool find_unused = GENERATE(false, true);
+  INFO("find_unused_parameters " << find_unused);
+  const auto problems = lt::on_ranks(2, [&](int rank, auto group) -> std::string {
+    auto model = std::make_shared<TwoTowers>(3);
+    DistributedDataParallel ddp(model, group, {.find_unused_parameters = find_unused});
+    const auto mine = rows_of(all, rank, 2);
+    Tensor images = ddp.forward(mine.images);
+    Tensor texts;
+    {
+      auto guard = ddp.no_sync();
+      texts = ddp.forward(mine.texts);
+    }
+    rt::add(rt::cross_entropy(images, mine.labels), rt::cross_entropy(texts, mine.labels))
+        .backward();
+    return lt::grads_mismatch(*model, expected, 1e-5);
+  });
+  CHECK(lt::joined(problems) == "");
+}
