@@ -412,7 +412,8 @@ void Reducer::check_parameters_unchanged() const {
     throw Error(fmt::format(
         "DistributedDataParallel on rank {}: parameter '{}' was wrapped in a newer "
         "DistributedDataParallel since this one was built, and the newer one averages its "
-        "gradients. Run forward through the newest wrapper (destroy it to use this one again)",
+        "gradients. Run forward through the newest wrapper (destroy it to use this one again); "
+        "for a module shared by two models, wrap one module that holds both instead",
         group_.rank(), *name));
   auto fail = [&](const std::string& name, bool now) {
     throw Error(fmt::format(

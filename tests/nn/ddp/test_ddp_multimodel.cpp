@@ -10,6 +10,7 @@
 #include "lockstep/runtime/ops/misc.h"
 #include "lockstep/runtime/ops/reduce.h"
 #include "nn/ddp/ddp_fixture.h"
+#include "support/test_util.h"
 
 namespace lt = lockstep::testing;
 namespace nn = lockstep::nn;
@@ -264,6 +265,30 @@ TEST_CASE("DDP: a loss over a forward and a no_sync forward after it through oth
     rt::add(rt::cross_entropy(images, mine.labels), rt::cross_entropy(texts, mine.labels))
         .backward();
     return lt::grads_mismatch(*model, expected, 1e-5);
+  });
+  CHECK(lt::joined(problems) == "");
+}
+
+TEST_CASE("DDP: a module shared by two wrapped models is refused, saying to wrap one module "
+          "that holds both",
+          "[ddp][multimodel]") {
+  const auto problems = lt::on_ranks(2, [&](int rank, auto group) -> std::string {
+    rt::Generator g(1);
+    auto shared = std::make_shared<nn::Linear>(12, 12, true, g);
+    auto a = std::make_shared<nn::Sequential>(), b = std::make_shared<nn::Sequential>();
+    a->push_back(shared);
+    a->push_back(std::make_shared<nn::Linear>(12, 5, true, g));
+    b->push_back(shared);
+    b->push_back(std::make_shared<nn::Linear>(12, 5, true, g));
+    DistributedDataParallel a_ddp(a, group), b_ddp(b, group);
+    const auto mine = lt::shard(lt::global_batch(8, 4), rank, 2);
+    const std::string error = lt::error_of([&] { lt::loss_of(a_ddp, mine).backward(); });
+    for (const char* part : {"parameter '0.weight'", "newer DistributedDataParallel",
+                             "one module that holds both"}) {
+      if (error.find(part) == std::string::npos)
+        return "no \"" + std::string(part) + "\" in: " + error;
+    }
+    return "";
   });
   CHECK(lt::joined(problems) == "");
 }
