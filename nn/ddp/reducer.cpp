@@ -248,23 +248,19 @@ std::vector<BucketInfo> Reducer::bucket_info() const {
   return out;
 }
 
-// The parameters that the graphs of every armed forward reach: a loss over
-// the outputs of several forwards (two towers of one model called apart, a
-// discriminator on real and then on fake rows) uses what any of them used.
+// The parameters this backward can give a gradient to: those its graph
+// reaches from the node it started from. Walked from the backward itself,
+// not from forward's outputs, so a loss over several forwards (two towers of
+// one model called apart, a forward and a no_sync() one) reaches what each
+// used, an output the loss leaves out counts for nothing, and a forward whose
+// output is kept but never backpropagated adds nothing.
 std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves() const {
-  std::unordered_set<const runtime::TensorImpl*> leaves(armed_leaves_.begin(),
-                                                        armed_leaves_.end());
+  std::unordered_set<const runtime::TensorImpl*> leaves;
   std::unordered_set<const runtime::Node*> seen;
-  std::vector<runtime::Node*> stack;
-  std::vector<std::shared_ptr<runtime::Node>> alive;  // held while walked
-  for (const auto& weak : armed_graph_) {
-    if (auto node = weak.lock()) {
-      stack.push_back(node.get());
-      alive.push_back(std::move(node));
-    }
-  }
+  std::vector<const runtime::Node*> stack;
+  if (const runtime::Node* root = runtime::current_backward_root()) stack.push_back(root);
   while (!stack.empty()) {
-    runtime::Node* node = stack.back();
+    const runtime::Node* node = stack.back();
     stack.pop_back();
     if (!seen.insert(node).second) continue;
     if (const auto* acc = dynamic_cast<const runtime::AccumulateGrad*>(node)) {
@@ -367,36 +363,32 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   // together (the expired dropped, so an evaluation loop does not grow it).
   if (mode_ != Mode::sync) {
     armed_graph_.clear();
-    armed_leaves_.clear();
+    armed_by_leaf_ = false;
   }
   std::erase_if(armed_graph_, [](const auto& node) { return node.expired(); });
   mode_ = Mode::sync;
   uncounted_active_ = 0;
   deferred_no_sync_active_ = 0;
   backward_started_ = false;
+  // Searched when the backward begins (begin_backward).
   walked_ = options_.find_unused_parameters && !(options_.static_graph && unused_known_);
   arm(outputs);
 }
 
-// Adds a forward's outputs to the graph that the next averaged backward runs
-// through and, where unused parameters are searched, searches it again.
+// Adds a forward's outputs to the graphs that the next averaged backward may
+// come from (armed_forward_alive).
 void Reducer::arm(const std::vector<Tensor>& outputs) {
   for (const Tensor& t : outputs) {
     if (!t.defined() || !t.requires_grad()) continue;
     if (const auto node = t.grad_fn())
       armed_graph_.push_back(node);
     else
-      armed_leaves_.push_back(t.impl_ptr());  // a parameter returned as it is
-  }
-  if (!walked_) return;
-  const auto reached = reachable_leaves();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    unused_[i] = reached.count(params_[i].second.impl_ptr()) == 0;
+      armed_by_leaf_ = true;  // a parameter returned as it is: alive with the module
   }
 }
 
 bool Reducer::armed_forward_alive() const {
-  return !armed_leaves_.empty() ||
+  return armed_by_leaf_ ||
          std::any_of(armed_graph_.begin(), armed_graph_.end(),
                      [](const auto& node) { return !node.expired(); });
 }
@@ -495,8 +487,9 @@ void Reducer::on_gradient_ready(size_t param) {
         "backward{}. A parameter may contribute to the loss only through the output of "
         "ddp.forward(), once per iteration; otherwise compute the extra term inside the module",
         group_.rank(), name,
-        unused_[param] ? " (find_unused_parameters found it unreachable from forward's output, "
-                         "yet it got a gradient)"
+        unused_[param] ? " (find_unused_parameters found it unreachable from the tensor this "
+                         "backward started from, yet it got a gradient: from another backward "
+                         "running meanwhile?)"
                        : ""));
   }
   mark_ready(param, true);
@@ -523,6 +516,11 @@ void Reducer::begin_backward() {
   stats_ = DdpStats{.iteration = stats_.iteration,
                     .forward_ms = forward_ms_,
                     .gradients_expected = static_cast<int64_t>(params_.size())};
+  if (walked_) {
+    const auto reached = reachable_leaves();
+    for (size_t i = 0; i < params_.size(); ++i)
+      unused_[i] = reached.count(params_[i].second.impl_ptr()) == 0;
+  }
   if (options_.find_unused_parameters) {
     for (size_t i = 0; i < params_.size(); ++i) {
       if (unused_[i]) mark_ready(i, false);
@@ -686,11 +684,10 @@ void Reducer::finalize() {
           "then; construct DDP without static_graph if the set of parameters that the loss "
           "uses changes between iterations";
     } else if (options_.find_unused_parameters) {
-      advice = fmt::format(
-          "{} counts them as used because a tensor forward returned depends on them, but the "
-          "loss does not: make every tensor that forward returns take part in the loss (or "
-          "return only those it uses), and run backward from that loss",
-          options_.static_graph ? "static_graph" : "find_unused_parameters");
+      advice =
+          "find_unused_parameters found them reachable from the tensor this backward started "
+          "from, yet no gradient came to them: an op on the way passed none back (a gradient "
+          "hook or a custom backward that returned an undefined tensor?)";
     } else {
       advice =
           "If they are not used to compute the loss in every iteration, construct DDP with "
@@ -921,7 +918,7 @@ void Reducer::drain_and_reset() {
 void Reducer::end_iteration() {
   backward_started_ = false;
   armed_graph_.clear();
-  armed_leaves_.clear();
+  armed_by_leaf_ = false;
   mode_ = deferred_no_sync_active_ > 0 ? Mode::no_sync : Mode::idle;
   uncounted_active_ = deferred_no_sync_active_;
   deferred_no_sync_active_ = 0;

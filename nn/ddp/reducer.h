@@ -9,8 +9,8 @@
 // while backward goes on. The first hook of a backward queues finalize(),
 // which runs once backward has finished: it waits for each bucket and writes
 // the averaged values into every param.grad. With find_unused_parameters (or
-// static_graph, which implies it) a parameter the graph does not reach counts
-// as ready at once, its slot holding the .grad it already has (from
+// static_graph, which implies it) a parameter that the backward's graph does
+// not reach counts as ready at once, its slot holding the .grad it already has (from
 // no_sync() backward passes, or not zeroed) or zeros; one that no rank gave a
 // gradient since the last average keeps its .grad. After the first iteration
 // the buckets are rebuilt in the order rank 0 saw gradients become ready.
@@ -146,10 +146,10 @@ class Reducer {
   // (and of no_sync() forwards that came while one was armed), held weakly:
   // once all are gone no backward can come from them (armed_forward_alive).
   std::vector<std::weak_ptr<runtime::Node>> armed_graph_;
-  std::vector<const runtime::TensorImpl*> armed_leaves_;  // parameters they returned as they are
-  std::vector<bool> unused_;           // find_unused_parameters: not reached from the output
+  bool armed_by_leaf_ = false;         // one returned a parameter itself
+  std::vector<bool> unused_;           // find_unused_parameters: not reached from backward's root
   bool unused_known_ = false;          // static_graph: kept from the first averaged backward
-  bool walked_ = false;                // unused_ computed for this iteration's outputs
+  bool walked_ = false;                // unused_ computed from this iteration's backward
   size_t num_ready_ = 0;
   size_t next_launch_ = 0;
   // Buckets that a failed backward had started, not yet checked across ranks

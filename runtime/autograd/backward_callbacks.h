@@ -8,8 +8,17 @@
 
 namespace lockstep::runtime {
 
+class Node;
+
 // True while a backward pass runs on this thread (inside hooks and nodes).
 bool in_backward();
+
+// The node the backward pass running on this thread started from (the
+// loss's grad_fn; a leaf's AccumulateGrad where backward() was called on a
+// leaf), or null when none runs. Its edges stay while the pass runs, so the
+// graph that the pass can reach is walkable from it: DDP's reducer learns
+// from it which parameters this backward gives a gradient to.
+const Node* current_backward_root();
 
 // Runs `fn` once the backward pass running on this thread has applied every
 // node, in the order queued; a callback may queue more. An exception from a

@@ -26,13 +26,20 @@ namespace lockstep::runtime {
 namespace {
 
 // The callbacks of each backward pass running on this thread, innermost last
-// (a hook may itself run a backward).
+// (a hook may itself run a backward), and the node each pass started from.
 thread_local std::vector<std::deque<std::function<void()>>> callback_frames;
+thread_local std::vector<const Node*> backward_roots;
 
 // Pops this pass's frame however the pass ends.
 struct CallbackFrame {
-  CallbackFrame() { callback_frames.emplace_back(); }
-  ~CallbackFrame() { callback_frames.pop_back(); }
+  explicit CallbackFrame(const Node* root) {
+    callback_frames.emplace_back();
+    backward_roots.push_back(root);
+  }
+  ~CallbackFrame() {
+    callback_frames.pop_back();
+    backward_roots.pop_back();
+  }
   CallbackFrame(const CallbackFrame&) = delete;
   CallbackFrame& operator=(const CallbackFrame&) = delete;
   void run_all() {
@@ -129,6 +136,7 @@ class LanePass {
   }
 
   void run(Node* root, const Tensor& grad) {
+    root_ = root;
     inputs_[root].push_back({{0, 0}, grad});
     ready_[root->lane()].push(root);
     bool cpu_lanes = false;
@@ -157,7 +165,7 @@ class LanePass {
     std::unique_ptr<CurrentDevice> current;
     try {
       if (lane != 0) {
-        frame = std::make_unique<CallbackFrame>();
+        frame = std::make_unique<CallbackFrame>(root_);
         current = std::make_unique<CurrentDevice>(device);
       }
       NoGradGuard no_grad;
@@ -225,6 +233,7 @@ class LanePass {
   NodeRunner& runner_;  // each node runs once: captures go to distinct places
   std::exception_ptr error_;
   std::vector<std::function<void()>> worker_callbacks_;
+  const Node* root_ = nullptr;  // the pass's, for current_backward_root() on every lane
 };
 
 }  // namespace
@@ -239,6 +248,10 @@ class LanePass {
  * post-accumulate hooks DDP relies on) fire as early as possible.
  */
 bool in_backward() { return !callback_frames.empty(); }
+
+const Node* current_backward_root() {
+  return backward_roots.empty() ? nullptr : backward_roots.back();
+}
 
 void queue_backward_callback(std::function<void()> fn) {
   LOCKSTEP_CHECK(in_backward(),
@@ -266,7 +279,7 @@ void run_graph(const std::shared_ptr<Node>& root_node, const Tensor& seed, bool 
   // Each op's backward runs at the dtypes its forward ran at, even when
   // backward() is called inside an autocast scope.
   AutocastGuard no_autocast(AutocastState{});
-  CallbackFrame frame;
+  CallbackFrame frame(root_node.get());
   std::unordered_map<Node*, int> deps = count_dependencies(root_node.get());
   NodeRunner runner{capture};
   if (capture) runner.run = nodes_to_run(root_node.get(), *capture);

@@ -53,3 +53,26 @@ TEST_CASE("an exception from a backward callback leaves backward and drops the r
   REQUIRE(ran == 0);
   REQUIRE_FALSE(in_backward());
 }
+
+TEST_CASE("current_backward_root names the node each backward started from, nested ones too",
+          "[autograd]") {
+  REQUIRE(current_backward_root() == nullptr);
+  Tensor a = Tensor::ones({3}).requires_grad_();
+  Tensor b = Tensor::ones({3}).requires_grad_();
+  Tensor inner_loss = sum(mul(b, b));
+  const Node* seen_in_a = nullptr;
+  const Node* seen_in_b = nullptr;
+  const Node* seen_after_inner = nullptr;
+  b.register_post_accumulate_grad_hook([&](Tensor&) { seen_in_b = current_backward_root(); });
+  a.register_post_accumulate_grad_hook([&](Tensor&) {
+    seen_in_a = current_backward_root();
+    inner_loss.backward();  // a hook's own backward has its own root
+    seen_after_inner = current_backward_root();
+  });
+  Tensor loss = sum(a);
+  loss.backward();
+  CHECK(seen_in_a == loss.grad_fn().get());
+  CHECK(seen_in_b == inner_loss.grad_fn().get());
+  CHECK(seen_after_inner == loss.grad_fn().get());
+  CHECK(current_backward_root() == nullptr);
+}

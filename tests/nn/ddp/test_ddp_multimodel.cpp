@@ -62,7 +62,8 @@ Tensor two_tower_loss(nn::Module& m, const TwoInputs& in) {
 
 std::vector<Tensor> grads_of(nn::Module& m) {
   std::vector<Tensor> out;
-  for (const auto& [name, p] : m.named_parameters()) out.push_back(p.grad().clone());
+  for (const auto& [name, p] : m.named_parameters())
+    out.push_back(p.grad().defined() ? p.grad().clone() : Tensor{});  // none: a tower unused
   return out;
 }
 
@@ -264,6 +265,33 @@ TEST_CASE("DDP: a loss over a forward and a no_sync forward after it through oth
     }
     rt::add(rt::cross_entropy(images, mine.labels), rt::cross_entropy(texts, mine.labels))
         .backward();
+    return lt::grads_mismatch(*model, expected, 1e-5);
+  });
+  CHECK(lt::joined(problems) == "");
+}
+
+TEST_CASE("DDP: a forward kept but never backpropagated leaves out of the unused-parameter "
+          "search the parameters that only it used, as in PyTorch",
+          "[ddp][multimodel]") {
+  // A step skipped after its forward (a NaN loss, a batch judged bad) whose
+  // output is still held when the next forward runs, through a model whose
+  // parameters in use change with the input (experts, towers): the next
+  // backward reaches the text tower only, and the image tower's gradients
+  // never come. Its search must say so, or the buckets wait for them.
+  const auto all = two_inputs(8);
+  auto alone = std::make_shared<TwoTowers>(3);
+  rt::cross_entropy(alone->forward(all.texts), all.labels).backward();
+  const auto expected = grads_of(*alone);
+  const bool static_graph = GENERATE(false, true);
+  INFO("static_graph " << static_graph);
+  const auto problems = lt::on_ranks(2, [&](int rank, auto group) -> std::string {
+    auto model = std::make_shared<TwoTowers>(3);
+    DistributedDataParallel ddp(model, group,
+                                {.find_unused_parameters = true, .static_graph = static_graph});
+    const auto mine = rows_of(all, rank, 2);
+    Tensor skipped = ddp.forward(mine.images);  // its loss was not finite: no backward
+    Tensor texts = ddp.forward(mine.texts);
+    rt::cross_entropy(texts, mine.labels).backward();
     return lt::grads_mismatch(*model, expected, 1e-5);
   });
   CHECK(lt::joined(problems) == "");

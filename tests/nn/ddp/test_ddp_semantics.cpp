@@ -303,74 +303,96 @@ TEST_CASE("DDP: a parameter with no gradient is named unless find_unused_paramet
 TEST_CASE("DDP: a parameter with no gradient on one rank only fails every rank, naming it and "
           "the rank",
           "[ddp]") {
-  // The rank without it never launches its bucket, so the others waited in
+  // Head b left out of forward on rank 1, without find_unused_parameters:
+  // the rank without it never launches its bucket, so the others waited in
   // that bucket's all-reduce until the group's timeout, told nothing of why.
   const auto batch = lt::global_batch(9, 4);
   const std::string backend = GENERATE(as<std::string>(), "shm", lt::kThreadRankBackend);
-  for (const bool find_unused : {false, true}) {
-    const auto problems = lt::on_ranks(3, [&](int r, auto group) -> std::string {
-      const auto local = lt::shard(batch, r, 3);
-      if (!find_unused) {  // head b left out of forward on rank 1
-        auto model = std::make_shared<TwoHeads>(1);
-        model->use_b = r != 1;
-        DistributedDataParallel ddp(model, group);
-        lt::loss_of(ddp, local).backward();
-        return "no error";
-      }
-      // With the option: on rank 1 the loss leaves out head b's output.
-      DistributedDataParallel ddp(std::make_shared<TwoOutputs>(1), group,
-                                  DdpOptions{.find_unused_parameters = true});
-      const nn::Values out = ddp.forward_values({local.x});
-      using lockstep::runtime::cross_entropy;
-      Tensor loss = cross_entropy(out.tensor(0), local.y);
-      if (r != 1) loss = lockstep::runtime::add(loss, cross_entropy(out.tensor(1), local.y));
-      loss.backward();
-      return "no error";
-    }, "ddp", backend);
-    INFO(backend << ", find_unused_parameters " << find_unused << "\n" << lt::joined(problems));
-    REQUIRE_THAT(problems[1], Catch::Contains("DistributedDataParallel on rank 1: 2 "
-                                              "parameter(s) received no gradient") &&
-                                  Catch::Contains("'b.weight', 'b.bias'") &&
-                                  Catch::Contains("the group is unusable now"));
-    for (const int r : {0, 2}) {
-      REQUIRE_THAT(problems[static_cast<size_t>(r)],
-                   Catch::Contains("all-reduce of gradient bucket") &&
-                       Catch::Contains("received no gradient in this backward on that rank") &&
-                       Catch::Contains("rank 1 called barrier()") &&
-                       !Catch::Contains("timed out"));
-    }
+  const auto problems = lt::on_ranks(3, [&](int r, auto group) -> std::string {
+    const auto local = lt::shard(batch, r, 3);
+    auto model = std::make_shared<TwoHeads>(1);
+    model->use_b = r != 1;
+    DistributedDataParallel ddp(model, group);
+    lt::loss_of(ddp, local).backward();
+    return "no error";
+  }, "ddp", backend);
+  INFO(backend << "\n" << lt::joined(problems));
+  REQUIRE_THAT(problems[1], Catch::Contains("DistributedDataParallel on rank 1: 2 "
+                                            "parameter(s) received no gradient") &&
+                                Catch::Contains("'b.weight', 'b.bias'") &&
+                                Catch::Contains("the group is unusable now"));
+  for (const int r : {0, 2}) {
+    REQUIRE_THAT(problems[static_cast<size_t>(r)],
+                 Catch::Contains("all-reduce of gradient bucket") &&
+                     Catch::Contains("received no gradient in this backward on that rank") &&
+                     Catch::Contains("rank 1 called barrier()") &&
+                     !Catch::Contains("timed out"));
   }
 }
 
-TEST_CASE("DDP: with find_unused_parameters, an output the loss leaves out is named as the cause",
+TEST_CASE("DDP: with find_unused_parameters, an output that one rank's loss leaves out counts "
+          "as that rank's zeros in the average",
           "[ddp]") {
-  // The walk starts from every output, so head b counts as used (under
-  // static_graph: as in the first iteration); telling the user to turn on
-  // the option already on would lead nowhere.
-  const auto batch = lt::global_batch(8, 4);
-  for (const bool static_graph : {false, true}) {
-    const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
-      DistributedDataParallel ddp(
-          std::make_shared<TwoOutputs>(1), group,
-          DdpOptions{.find_unused_parameters = true, .static_graph = static_graph});
-      const auto local = lt::shard(batch, r, 2);
-      if (static_graph) {  // a first iteration that uses both heads fixes the used set
-        const nn::Values out = ddp.forward_values({local.x});
-        lockstep::runtime::add(lockstep::runtime::cross_entropy(out.tensor(0), local.y),
-                               lockstep::runtime::cross_entropy(out.tensor(1), local.y))
-            .backward();
-      }
-      const nn::Values out = ddp.forward_values({local.x});
-      lockstep::runtime::cross_entropy(out.tensor(0), local.y).backward();
-      return "no error";
-    });
-    INFO("static_graph " << static_graph);
-    for (const auto& p : problems) {
-      REQUIRE_THAT(p, Catch::Contains("received no gradient") && Catch::Contains("'b.weight'") &&
-                          !Catch::Contains(".find_unused_parameters = true"));
-      REQUIRE_THAT(p, Catch::Contains(static_graph ? "construct DDP without static_graph"
-                                                   : "every tensor that forward returns"));
+  // The search walks from the tensor backward started from, so head b, which
+  // rank 1's loss does not use, is unused there (PyTorch walks from every
+  // output forward returned and fails the step).
+  const auto batch = lt::global_batch(9, 4);
+  using lockstep::runtime::add;
+  using lockstep::runtime::cross_entropy;
+  auto alone = std::make_shared<TwoOutputs>(1);
+  Tensor sum_of_losses;
+  for (int r = 0; r < 3; ++r) {
+    const auto local = lt::shard(batch, r, 3);
+    const nn::Values out = alone->forward_values({local.x});
+    Tensor loss = cross_entropy(out.tensor(0), local.y);
+    if (r != 1) loss = add(loss, cross_entropy(out.tensor(1), local.y));
+    sum_of_losses = sum_of_losses.defined() ? add(sum_of_losses, loss) : loss;
+  }
+  lockstep::runtime::mul(sum_of_losses, 1.0 / 3).backward();  // the average of the ranks'
+  const std::string backend = GENERATE(as<std::string>(), "shm", lt::kThreadRankBackend);
+  const auto problems = lt::on_ranks(3, [&](int r, auto group) -> std::string {
+    auto model = std::make_shared<TwoOutputs>(1);
+    DistributedDataParallel ddp(model, group, DdpOptions{.find_unused_parameters = true});
+    const auto local = lt::shard(batch, r, 3);
+    const nn::Values out = ddp.forward_values({local.x});
+    Tensor loss = cross_entropy(out.tensor(0), local.y);
+    if (r != 1) loss = add(loss, cross_entropy(out.tensor(1), local.y));
+    loss.backward();
+    const auto mine = model->named_parameters(), theirs = alone->named_parameters();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      auto problem = lt::mismatch(mine[i].first, mine[i].second.grad(), theirs[i].second.grad(),
+                                  1e-5);
+      if (!problem.empty()) return problem;
     }
+    return "";
+  }, "ddp", backend);
+  INFO(backend);
+  CHECK(lt::joined(problems) == "");
+}
+
+TEST_CASE("DDP: with static_graph, an output the loss stops using is named as the cause",
+          "[ddp]") {
+  // The first iteration used both heads, which fixes the used set; the
+  // second leaves head b out. Telling the user to turn on
+  // find_unused_parameters, already on, would lead nowhere.
+  const auto batch = lt::global_batch(8, 4);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    DistributedDataParallel ddp(
+        std::make_shared<TwoOutputs>(1), group,
+        DdpOptions{.find_unused_parameters = true, .static_graph = true});
+    const auto local = lt::shard(batch, r, 2);
+    const nn::Values first = ddp.forward_values({local.x});
+    lockstep::runtime::add(lockstep::runtime::cross_entropy(first.tensor(0), local.y),
+                           lockstep::runtime::cross_entropy(first.tensor(1), local.y))
+        .backward();
+    const nn::Values out = ddp.forward_values({local.x});
+    lockstep::runtime::cross_entropy(out.tensor(0), local.y).backward();
+    return "no error";
+  });
+  for (const auto& p : problems) {
+    REQUIRE_THAT(p, Catch::Contains("received no gradient") && Catch::Contains("'b.weight'") &&
+                        !Catch::Contains(".find_unused_parameters = true") &&
+                        Catch::Contains("construct DDP without static_graph"));
   }
 }
 
@@ -402,21 +424,26 @@ TEST_CASE("DDP: static_graph names a parameter that the first iteration left unu
   }
 }
 
-TEST_CASE("DDP: a parameter marked ready twice, or a second backward per forward, is named",
+TEST_CASE("DDP: a parameter reached outside forward's output is averaged, and a second backward "
+          "per forward is named",
           "[ddp]") {
   const auto batch = lt::global_batch(8, 4);
-  SECTION("reached outside forward's output") {
+  SECTION("reached outside forward's output: averaged like any other gradient") {
+    // The search walks from the loss, which reaches b.weight through the
+    // extra term only (PyTorch walks from forward's output, counts it
+    // unused, and fails when its gradient comes).
     const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
       auto model = std::make_shared<TwoHeads>(1);
       model->use_b = false;
       DistributedDataParallel ddp(model, group, DdpOptions{.find_unused_parameters = true});
       Tensor loss = lt::loss_of(ddp, lt::shard(batch, r, 2));
       lockstep::runtime::add(loss, lockstep::runtime::sum(model->b->weight)).backward();
-      return "no error";
+      // Each rank's gradient of the extra term is all ones; so is their average.
+      if (model->b->bias.grad().defined()) return "b.bias, reached by no loss, got a gradient";
+      return lt::mismatch("b.weight.grad", model->b->weight.grad(),
+                          Tensor::ones(model->b->weight.shape()), 1e-6);
     });
-    for (const auto& p : problems) {
-      REQUIRE_THAT(p, Catch::Contains("'b.weight' was marked ready twice in one backward"));
-    }
+    REQUIRE(lt::joined(problems) == "");
   }
   SECTION("two backward passes through one forward") {
     const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
