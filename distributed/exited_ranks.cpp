@@ -28,6 +28,19 @@ std::string attempt_prefix(int restart_count) {
   return restart_count > 0 ? fmt::format("restart-{}", restart_count) : std::string();
 }
 
+bool is_attempt_key(const std::string& key, int restart_count) {
+  if (restart_count > 0) return key.starts_with(attempt_prefix(restart_count) + "/");
+  if (key.starts_with("lockstep-run/")) return false;
+  // "restart-<N>/...": a later attempt's.
+  const std::string_view later = "restart-";
+  if (!key.starts_with(later)) return true;
+  const size_t slash = key.find('/');
+  if (slash == std::string::npos || slash == later.size()) return true;
+  return !std::all_of(key.begin() + static_cast<std::ptrdiff_t>(later.size()),
+                      key.begin() + static_cast<std::ptrdiff_t>(slash),
+                      [](char c) { return c >= '0' && c <= '9'; });
+}
+
 void record_exited_rank(Store& store, const ExitedRank& exited) {
   std::string how = exited.how.empty() ? std::string("ended") : exited.how;
   for (char& c : how) {

@@ -18,6 +18,10 @@ namespace lockstep::distributed {
 // launcher's store (LOCKSTEP_RESTART_COUNT; see launch_env.h): "" for the
 // first, else "restart-N", clear of the keys earlier attempts left there.
 std::string attempt_prefix(int restart_count);
+// Whether `key` of the launcher's store is one the ranks of attempt
+// `restart_count` wrote: under its prefix, or for the first attempt under
+// none (neither a later attempt's nor the launchers' own "lockstep-run/...").
+bool is_attempt_key(const std::string& key, int restart_count);
 
 struct ExitedRank {
   int rank = 0;

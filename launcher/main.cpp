@@ -315,6 +315,11 @@ int run(const Options& options) {
         break;
       }
     }
+    // Every rank of this attempt has stopped: no one reads its keys again,
+    // and a job restarted many times would otherwise keep every attempt's.
+    if (server)
+      server->delete_keys_if(
+          [attempt](const std::string& key) { return distributed::is_attempt_key(key, attempt); });
     const double delay_s = restart_delay_s(options.restart_backoff_s, attempt);
     fmt::print(stderr, "lockstep-run: restart {} of {}: starting the {} again in {:g} s, with "
                "LOCKSTEP_RESTART_COUNT={}\n",

@@ -76,6 +76,10 @@ class TcpStoreServer {
   int64_t rejected_clients() const;
   // A snapshot from any thread; cheap (atomic loads).
   TcpStoreServerStats stats() const;
+  // Deletes every key for which `doomed` holds, on the server's thread (safe
+  // from any other), and returns how many it deleted. For the keys of a
+  // finished attempt of a restarted job, which no client reads again.
+  size_t delete_keys_if(const std::function<bool(const std::string&)>& doomed);
 
  private:
   struct Impl;

@@ -16,7 +16,9 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -173,6 +175,12 @@ struct TcpStoreServer::Impl {
   std::vector<int> resume;    // fds whose buffered requests may go on
   std::vector<int> to_close;  // fds dropped during this batch
   std::optional<Clock::time_point> accept_paused_until;
+  // Work handed to the loop thread by others (delete_keys_if), which write
+  // wake_fd after adding some; once the loop has ended, callers run it
+  // themselves (nothing else touches the loop's state then).
+  std::mutex tasks_mutex;
+  std::vector<std::function<void()>> tasks;
+  bool loop_ended = false;
   store_limits::ConnectionCounter counter;
   store_limits::RateLimitedLog accept_failures{kWarningInterval};
   store_limits::RateLimitedLog refusals{kWarningInterval};
@@ -252,7 +260,43 @@ struct TcpStoreServer::Impl {
     close(epoll_fd);
   }
 
+  // Runs fn on the loop thread and returns when it has run.
+  void run_on_loop(std::function<void()> fn) {
+    std::packaged_task<void()> task(std::move(fn));
+    std::future<void> done = task.get_future();
+    {
+      std::lock_guard lock(tasks_mutex);
+      if (loop_ended) {
+        task();
+        return done.get();
+      }
+      tasks.emplace_back([&task] { task(); });
+    }
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_fd, &one, sizeof one);
+    done.get();
+  }
+
+  void run_tasks() {
+    uint64_t count = 0;
+    [[maybe_unused]] ssize_t n = read(wake_fd, &count, sizeof count);
+    std::vector<std::function<void()>> now;
+    {
+      std::lock_guard lock(tasks_mutex);
+      now.swap(tasks);
+    }
+    for (auto& task : now) task();
+  }
+
   void loop() {
+    loop_events();
+    std::lock_guard lock(tasks_mutex);
+    loop_ended = true;
+    for (auto& task : tasks) task();  // handed over before the loop saw them
+    tasks.clear();
+  }
+
+  void loop_events() {
     std::vector<epoll_event> events(256);
     while (!stop) {
       int timeout_ms = -1;
@@ -273,7 +317,10 @@ struct TcpStoreServer::Impl {
       }
       for (int i = 0; i < n; ++i) {
         const int fd = events[i].data.fd;
-        if (fd == wake_fd) continue;  // `stop` is checked by the while
+        if (fd == wake_fd) {  // `stop` is checked by the while
+          run_tasks();
+          continue;
+        }
         if (fd == listen_fd) {
           accept_all();
           continue;
@@ -726,6 +773,16 @@ TcpStoreServer::~TcpStoreServer() = default;
 uint16_t TcpStoreServer::port() const { return impl_->port; }
 
 int64_t TcpStoreServer::rejected_clients() const { return impl_->rejected.load(); }
+
+size_t TcpStoreServer::delete_keys_if(const std::function<bool(const std::string&)>& doomed) {
+  size_t deleted = 0;
+  // A key that exists has no watchers (they wait for missing keys): nothing
+  // else needs telling.
+  impl_->run_on_loop([&] { deleted = std::erase_if(impl_->data, [&](const auto& entry) {
+                             return doomed(entry.first);
+                           }); });
+  return deleted;
+}
 
 TcpStoreServerStats TcpStoreServer::stats() const {
   const Stats& s = impl_->stats;

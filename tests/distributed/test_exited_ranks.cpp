@@ -12,8 +12,22 @@
 
 using lockstep::distributed::ExitedRank;
 using lockstep::distributed::exited_ranks;
+using lockstep::distributed::is_attempt_key;
 using lockstep::distributed::MemoryStore;
 using lockstep::distributed::record_exited_rank;
+
+TEST_CASE("exited ranks: an attempt's keys are those under its prefix, the first's those under "
+          "none but the launchers' own",
+          "[store]") {
+  CHECK(is_attempt_key("restart-2/lockstep/exited", 2));
+  CHECK_FALSE(is_attempt_key("restart-2/lockstep/exited", 1));
+  CHECK_FALSE(is_attempt_key("restart-20/x", 2));
+  CHECK_FALSE(is_attempt_key("x", 2));
+  CHECK(is_attempt_key("default/rank-claim/0", 0));
+  CHECK(is_attempt_key("restart-x/y", 0));  // a user's key, not an attempt prefix
+  CHECK_FALSE(is_attempt_key("restart-1/default/rank-claim/0", 0));
+  CHECK_FALSE(is_attempt_key("lockstep-run/job-id", 0));
+}
 
 TEST_CASE("exited ranks: none recorded reads as none, without waiting", "[store]") {
   MemoryStore store;

@@ -57,6 +57,28 @@ TEST_CASE("launcher: --max-restarts starts the whole group again after a rank fa
   CHECK_THAT(once.output, Contains("LOCKSTEP_RESTART_COUNT=0") && !Contains("restart 1"));
 }
 
+TEST_CASE("launcher: the store holds the keys of the current attempt only, however many "
+          "restarts came before",
+          "[launcher][restart]") {
+  // Each attempt's ranks write their rank claims, placements and backend
+  // rendezvous; before, every attempt's stayed in node 0's store for the
+  // whole job (20 keys more per restart here, a few per rank per restart in
+  // a job of thousands). Rank 0 counts them once its group has formed, then
+  // fails; rank 1 waits to be stopped, so nothing else writes meanwhile.
+  const auto r = launch(
+      {"-np", "2", "--max-restarts", "3", "--restart-backoff", "0", "--postmortem-dir", ""},
+      {"group-sum", "store-keys=0", "fail-attempts=0:4", "sleep"}, {}, 60s);
+  CHECK(r.exit_code == 7);
+  CHECK_THAT(r.output, Contains("giving up"));
+  const std::regex line(R"(store-keys restart=(\d+) keys=(\d+))");
+  std::vector<std::string> counts(4);
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it)
+    counts.at(std::stoul((*it)[1].str())) = (*it)[2].str();
+  INFO(r.output);
+  REQUIRE_FALSE(counts[0].empty());
+  for (size_t attempt = 1; attempt < counts.size(); ++attempt) CHECK(counts[attempt] == counts[0]);
+}
+
 TEST_CASE("launcher: every rank of every attempt gets the launch's LOCKSTEP_JOB_ID",
           "[launcher][restart]") {
   // The ids each "rank=..." line showed, all of them.

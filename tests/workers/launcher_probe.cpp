@@ -318,6 +318,16 @@ int main(int argc, char** argv) {
     }
   }
   for (const auto& a : args) {
+    // How many keys the launcher's store holds, as this rank of this attempt sees it.
+    if (a == fmt::format("store-keys={}", info.rank)) {
+      lockstep::distributed::TcpStore store({.host = info.store_host,
+                                             .port = static_cast<uint16_t>(info.store_port),
+                                             .token = info.token});
+      fmt::print("store-keys restart={} keys={}\n", info.restart_count, store.num_keys());
+      std::fflush(stdout);
+    }
+  }
+  for (const auto& a : args) {
     int attempts = 0;
     if (a.rfind("fail-attempts=", 0) == 0 && for_me(a.substr(14), info.rank, &attempts) &&
         info.restart_count < attempts) {

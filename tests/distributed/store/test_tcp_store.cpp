@@ -129,6 +129,23 @@ TEST_CASE("tcp store: a host name is resolved", "[store]") {
   CHECK(store.get_string("k") == "v");
 }
 
+TEST_CASE("tcp store: the server deletes the keys its owner names, and a waiter still sees a "
+          "key written again",
+          "[store]") {
+  TcpStoreServer server(server_options());
+  TcpStore store(client_options(server.port()));
+  for (const char* key : {"old/a", "old/b", "new/a"}) store.set(key, "v");
+  CHECK(server.delete_keys_if([](const std::string& key) { return key.starts_with("old/"); }) == 2);
+  CHECK(store.num_keys() == 1);
+  CHECK(store.get_string("new/a") == "v");
+  std::thread writer([&] {
+    TcpStore again(client_options(server.port()));
+    again.set("old/a", "w");
+  });
+  CHECK(store.get_string("old/a") == "w");
+  writer.join();
+}
+
 TEST_CASE("tcp store: get blocks until another client sets the key", "[store]") {
   TcpStoreServer server(server_options());
   TcpStore reader(client_options(server.port()));
