@@ -135,6 +135,34 @@ void forget_in_flight(const std::optional<std::pair<dev_t, ino_t>>& id) {
   in_flight().files.erase(*id);
 }
 
+// remove_stale_temp_files, of the temporary files of `file_name` only when
+// it is not empty.
+std::vector<fs::path> remove_stale(const fs::path& dir, const std::string& file_name) {
+  const std::string own = file_name.empty() ? "" : fmt::format(".{}{}", file_name, kTempMarker);
+  std::vector<fs::path> removed;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const pid_t pid = temp_file_pid(name);
+    if (pid == 0 || !name.starts_with(own)) continue;
+    if (pid == ::getpid()) {
+      // Ours only if this process is writing it; else an earlier process's,
+      // or a live writer's in another pid namespace with the same pid (each
+      // container's program is pid 1), which holds its lock.
+      const std::lock_guard<std::mutex> guard(in_flight().mutex);
+      struct stat st {};
+      if (::lstat(entry.path().c_str(), &st) != 0 ||
+          in_flight().files.count({st.st_dev, st.st_ino}) || writer_holds_lock(entry.path()))
+        continue;
+      if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
+      continue;
+    }
+    if (!writer_is_gone(pid) || writer_holds_lock(entry.path())) continue;
+    if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
+  }
+  return removed;
+}
+
 }  // namespace
 
 bool is_temp_file_name(std::string_view name) { return temp_file_pid(name) != 0; }
@@ -151,6 +179,9 @@ void write_file_atomically(const fs::path& path,
   const BusyScope writing;
   check_names_a_file(path);
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  // A writer killed mid-write (a rank stopped because another failed) left a
+  // partial copy, as large as the file: each such kill would leave another.
+  remove_stale(dir, path.filename().string());
   const std::string temp = temp_name_for(dir, path.filename().string());
   std::optional<std::pair<dev_t, ino_t>> id;
   UniqueFd fd(create_in_flight(temp, id));
@@ -175,27 +206,7 @@ void write_file_atomically(const fs::path& path,
 }
 
 std::vector<fs::path> remove_stale_temp_files(const fs::path& dir) {
-  std::vector<fs::path> removed;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const pid_t pid = temp_file_pid(entry.path().filename().string());
-    if (pid == 0) continue;
-    if (pid == ::getpid()) {
-      // Ours only if this process is writing it; else an earlier process's,
-      // or a live writer's in another pid namespace with the same pid (each
-      // container's program is pid 1), which holds its lock.
-      const std::lock_guard<std::mutex> guard(in_flight().mutex);
-      struct stat st {};
-      if (::lstat(entry.path().c_str(), &st) != 0 ||
-          in_flight().files.count({st.st_dev, st.st_ino}) || writer_holds_lock(entry.path()))
-        continue;
-      if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
-      continue;
-    }
-    if (!writer_is_gone(pid) || writer_holds_lock(entry.path())) continue;
-    if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
-  }
-  return removed;
+  return remove_stale(dir, "");
 }
 
 void check_can_create_files(const fs::path& dir) {

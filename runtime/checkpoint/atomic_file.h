@@ -9,8 +9,10 @@
 //   3. rename over `path` (atomic on POSIX filesystems);
 //   4. fsync of the directory (the rename itself is on disk).
 // On any error the temporary file is removed and the error rethrown. A killed
-// writer leaves its temporary file behind: remove_stale_temp_files() cleans
-// them up, and is_temp_file_name() lets directory listings skip them.
+// writer leaves its temporary file behind: the next write of the same path
+// removes it (a file saved again after every restart keeps no partial copy of
+// each killed save), remove_stale_temp_files() removes a whole directory's,
+// and is_temp_file_name() lets directory listings skip them.
 #pragma once
 
 #include <filesystem>

@@ -86,6 +86,31 @@ TEST_CASE("atomic file: a killed writer's temporary file with this process's pid
   CHECK(std::distance(fs::directory_iterator(dir.str()), fs::directory_iterator()) == 1);
 }
 
+TEST_CASE("atomic file: writing a file removes the partial copies its killed writers left, "
+          "and no other file's",
+          "[checkpoint]") {
+  // A program that saves model.safetensors itself (not through CheckpointDir,
+  // which sweeps its directory) and is killed mid-save at each restart: before,
+  // every kill left a partial copy as large as the model, never removed.
+  TempDir dir;
+  int64_t max_pid = 4194304;
+  std::ifstream("/proc/sys/kernel/pid_max") >> max_pid;
+  const std::string gone = std::to_string(max_pid + 1);
+  std::vector<fs::path> left;
+  for (int kill = 0; kill < 3; ++kill) {
+    left.push_back(dir.file(".model.safetensors.tmp-" + gone + "-" + std::to_string(kill)));
+    std::ofstream(left.back()) << "partial";
+  }
+  const fs::path other = dir.file(".log.json.tmp-" + gone + "-0");
+  std::ofstream(other) << "partial";
+  write_text(dir.file("model.safetensors"), "whole");
+  for (const fs::path& p : left) CHECK_FALSE(fs::exists(p));
+  CHECK(fs::exists(other));  // another file's: left to that file's next write
+  CHECK(read_text(dir.file("model.safetensors")) == "whole");
+  write_text(dir.file("log.json"), "{}");
+  CHECK_FALSE(fs::exists(other));
+}
+
 TEST_CASE("atomic file: a temporary file whose writer's pid is not visible here stays while "
           "it is written",
           "[checkpoint]") {
