@@ -317,9 +317,14 @@ int run(const Options& options) {
     }
     // Every rank of this attempt has stopped: no one reads its keys again,
     // and a job restarted many times would otherwise keep every attempt's.
+    // The launchers' own keys of the attempt before: every launcher left
+    // their waits when it agreed on this restart, those of this one they
+    // may still be reading.
     if (server)
-      server->delete_keys_if(
-          [attempt](const std::string& key) { return distributed::is_attempt_key(key, attempt); });
+      server->delete_keys_if([attempt](const std::string& key) {
+        return distributed::is_attempt_key(key, attempt) ||
+               (attempt > 0 && NodeLink::is_attempt_key(key, attempt - 1));
+      });
     const double delay_s = restart_delay_s(options.restart_backoff_s, attempt);
     fmt::print(stderr, "lockstep-run: restart {} of {}: starting the {} again in {:g} s, with "
                "LOCKSTEP_RESTART_COUNT={}\n",

@@ -84,6 +84,11 @@ std::string NodeLink::failure_key() const {
                        : fmt::format("lockstep-run/attempt-{}/failure", attempt_);
 }
 
+bool NodeLink::is_attempt_key(const std::string& key, int attempt) {
+  if (attempt == 0 && key == "lockstep-run/failure") return true;
+  return key.starts_with(fmt::format("lockstep-run/attempt-{}/", attempt));
+}
+
 void NodeLink::stop_watching() {
   stop_ = true;
   if (thread_.joinable()) thread_.join();

@@ -78,6 +78,10 @@ class NodeLink {
   // launcher (throws naming the nodes that did not report). Throws when the
   // store is gone.
   bool agree_to_restart(int attempt, std::chrono::milliseconds timeout);
+  // Whether `key` is one the launchers wrote about attempt `attempt` (its
+  // failure, stops, verdict and post-mortem parts). Every launcher is done
+  // with them once all have agreed to restart after the attempt that follows.
+  static bool is_attempt_key(const std::string& key, int attempt);
   // When this node's ranks all succeeded and a restart is still allowed:
   // reports so and waits for the attempt's verdict. True when every node's
   // ranks succeeded (or `timeout` passed, as finish() gives up waiting);

@@ -65,18 +65,37 @@ TEST_CASE("launcher: the store holds the keys of the current attempt only, howev
   // whole job (20 keys more per restart here, a few per rank per restart in
   // a job of thousands). Rank 0 counts them once its group has formed, then
   // fails; rank 1 waits to be stopped, so nothing else writes meanwhile.
+  const std::regex line(R"(store-keys restart=(\d+) keys=(\d+))");
+  const auto counts = [&](const std::string& output) {
+    std::vector<std::string> found(4);
+    for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it)
+      found.at(std::stoul((*it)[1].str())) = (*it)[2].str();
+    return found;
+  };
   const auto r = launch(
       {"-np", "2", "--max-restarts", "3", "--restart-backoff", "0", "--postmortem-dir", ""},
       {"group-sum", "store-keys=0", "fail-attempts=0:4", "sleep"}, {}, 60s);
   CHECK(r.exit_code == 7);
   CHECK_THAT(r.output, Contains("giving up"));
-  const std::regex line(R"(store-keys restart=(\d+) keys=(\d+))");
-  std::vector<std::string> counts(4);
-  for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it)
-    counts.at(std::stoul((*it)[1].str())) = (*it)[2].str();
+  const auto one_node = counts(r.output);
   INFO(r.output);
-  REQUIRE_FALSE(counts[0].empty());
-  for (size_t attempt = 1; attempt < counts.size(); ++attempt) CHECK(counts[attempt] == counts[0]);
+  REQUIRE_FALSE(one_node[0].empty());
+  for (size_t attempt = 1; attempt < one_node.size(); ++attempt)
+    CHECK(one_node[attempt] == one_node[0]);
+
+  // Across two nodes the launchers' own keys of an attempt (its failure, the
+  // nodes' stops and post-mortem parts) go too, one attempt later: from the
+  // second attempt on, every attempt sees the same count.
+  // (Their command lines pass through bash: '' is the empty directory.)
+  const auto two = two_local_nodes({"--max-restarts", "3", "--restart-backoff", "0",
+                                    "--postmortem-dir", "''"},
+                                   {"group-sum", "store-keys=0", "fail-attempts=0:4", "sleep"},
+                                   {"group-sum", "sleep"});
+  CHECK_THAT(two.output, Contains("giving up"));
+  const auto two_nodes = counts(two.output);
+  REQUIRE_FALSE(two_nodes[1].empty());
+  for (size_t attempt = 2; attempt < two_nodes.size(); ++attempt)
+    CHECK(two_nodes[attempt] == two_nodes[1]);
 }
 
 TEST_CASE("launcher: every rank of every attempt gets the launch's LOCKSTEP_JOB_ID",
