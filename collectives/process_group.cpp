@@ -8,6 +8,7 @@
 
 #include "lockstep/distributed/flight_recorder.h"
 #include "lockstep/distributed/rank_postmortem.h"
+#include "lockstep/runtime/process_id.h"
 
 namespace lockstep::collectives {
 
@@ -52,7 +53,7 @@ ProcessGroup::ProcessGroup(int rank, int size, std::string name, std::chrono::mi
       size_(size),
       name_(std::move(name)),
       timeout_(std::min(timeout, kLongestTimeout)),
-      maker_pid_(::getpid()) {
+      maker_pid_(runtime::this_process_id()) {
   LOCKSTEP_CHECK(size >= 1, "process group '{}': size must be >= 1, got {}", name_, size);
   LOCKSTEP_CHECK(rank >= 0 && rank < size,
                  "process group '{}': rank {} is outside [0, {}) for a group of {} ranks", name_,
@@ -196,11 +197,11 @@ std::string ProcessGroup::unusable_reason() const {
 
 void ProcessGroup::abort(const std::string& reason) {
   if (!abort_->set(reason)) return;
-  if (::getpid() == maker_pid_) abort_peers(reason);
+  if (runtime::this_process_id() == maker_pid_) abort_peers(reason);
 }
 
 void ProcessGroup::refuse_in_forked_child(std::string_view op) const {
-  if (::getpid() == maker_pid_) return;
+  if (runtime::this_process_id() == maker_pid_) return;
   throw CollectiveError(fmt::format(
       "{} on group '{}': this process (pid {}) was forked from the one that made the group "
       "(pid {}), and a forked child cannot use its parent's group (its threads are not here; "
