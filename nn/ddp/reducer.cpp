@@ -653,6 +653,17 @@ void Reducer::backward_failed() noexcept {
 void Reducer::finalize() {
   const auto backward_end = Clock::now();
   if (timeline_) timeline_->backward_ended();
+  // The walk finds what the graph reaches; an op on the way may still pass
+  // no gradient back (a custom backward that returns none for an input).
+  // Such a parameter got none, as one not reached: unused, as in PyTorch,
+  // whose hook sees an undefined gradient. (Frozen since forward: named below.)
+  if (walked_) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (ready_[i] || !params_[i].second.requires_grad()) continue;
+      unused_[i] = true;  // static_graph keeps it so
+      mark_ready(i, false);
+    }
+  }
   if (next_launch_ < buckets_.size()) {
     // The forward checked every flag; one cleared since (in or after it)
     // stops the gradient, and no other advice below would help.
@@ -683,11 +694,6 @@ void Reducer::finalize() {
           "static_graph keeps the parameters the first iteration used, and these were used "
           "then; construct DDP without static_graph if the set of parameters that the loss "
           "uses changes between iterations";
-    } else if (options_.find_unused_parameters) {
-      advice =
-          "find_unused_parameters found them reachable from the tensor this backward started "
-          "from, yet no gradient came to them: an op on the way passed none back (a gradient "
-          "hook or a custom backward that returned an undefined tensor?)";
     } else {
       advice =
           "If they are not used to compute the loss in every iteration, construct DDP with "

@@ -11,8 +11,9 @@
 // the averaged values into every param.grad. With find_unused_parameters (or
 // static_graph, which implies it) a parameter that the backward's graph does
 // not reach counts as ready at once, its slot holding the .grad it already has (from
-// no_sync() backward passes, or not zeroed) or zeros; one that no rank gave a
-// gradient since the last average keeps its .grad. After the first iteration
+// no_sync() backward passes, or not zeroed) or zeros (one it reaches that gets
+// no gradient all the same counts so when backward ends); one that no rank
+// gave a gradient since the last average keeps its .grad. After the first iteration
 // the buckets are rebuilt in the order rank 0 saw gradients become ready.
 // CPU buckets come from the group's shared pool where it has one, so that its
 // all-reduce reads them in place.

@@ -4,6 +4,7 @@
 
 #include "lockstep/nn/normalization.h"
 #include "lockstep/runtime/autograd/grad_mode.h"
+#include "lockstep/runtime/autograd/node.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/test_util.h"
 
@@ -422,6 +423,57 @@ TEST_CASE("DDP: static_graph names a parameter that the first iteration left unu
                           !Catch::Contains("found it unreachable"));
     }
   }
+}
+
+// A gate whose custom backward passes no gradient back to its parameter
+// (an op that treats it as a constant in backward): the parameter is
+// reachable from the loss, yet its gradient never comes.
+class GatedHead : public nn::Module {
+ public:
+  explicit GatedHead(uint64_t seed) {
+    lockstep::runtime::Generator g(seed);
+    a = register_module("a", std::make_shared<nn::Linear>(12, 5, true, g));
+    gate = register_parameter("gate", Tensor::full({5}, 0.5));
+  }
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = a->forward(x), scale = gate.detach();
+    return lockstep::runtime::record(
+        lockstep::runtime::mul(h.detach(), scale), "Gate", {h, gate}, {},
+        [scale](const lockstep::runtime::BackwardArgs& args) {
+          return std::vector<Tensor>{lockstep::runtime::mul(args.grad, scale), Tensor()};
+        });
+  }
+  std::shared_ptr<nn::Linear> a;
+  Tensor gate;
+};
+
+TEST_CASE("DDP: with find_unused_parameters, a parameter the loss reaches but that gets no "
+          "gradient (a custom backward passed none) counts as unused, as in PyTorch",
+          "[ddp]") {
+  // It used to fail the step: "reachable from the tensor this backward
+  // started from, yet no gradient came to them".
+  const auto batch = lt::global_batch(8, 4);
+  auto alone = std::make_shared<GatedHead>(1);
+  lt::loss_of(*alone, batch).backward();
+  std::vector<Tensor> expected;
+  for (const auto& named : alone->named_parameters()) expected.push_back(named.second.grad());
+  REQUIRE_FALSE(alone->gate.grad().defined());
+  const bool static_graph = GENERATE(false, true);
+  INFO("static_graph " << static_graph);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto model = std::make_shared<GatedHead>(1);
+    DistributedDataParallel ddp(
+        model, group, DdpOptions{.find_unused_parameters = true, .static_graph = static_graph});
+    const auto local = lt::shard(batch, r, 2);
+    for (int step = 0; step < 2; ++step) {  // static_graph: the kept walk, then without one
+      model->zero_grad();
+      lt::loss_of(ddp, local).backward();
+      const std::string problem = lt::grads_mismatch(*model, expected, 1e-5);
+      if (!problem.empty()) return fmt::format("step {}: {}", step, problem);
+    }
+    return "";
+  });
+  CHECK(lt::joined(problems) == "");
 }
 
 TEST_CASE("DDP: a parameter reached outside forward's output is averaged, and a second backward "
