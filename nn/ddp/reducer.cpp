@@ -249,7 +249,8 @@ std::vector<BucketInfo> Reducer::bucket_info() const {
 }
 
 // The parameters this backward can give a gradient to: those its graph
-// reaches from the node it started from. Walked from the backward itself,
+// reaches from the node it started from (and from those of the passes it
+// runs inside, or that run inside it so far). Walked from the backward itself,
 // not from forward's outputs, so a loss over several forwards (two towers of
 // one model called apart, a forward and a no_sync() one) reaches what each
 // used, an output the loss leaves out counts for nothing, and a forward whose
@@ -257,8 +258,7 @@ std::vector<BucketInfo> Reducer::bucket_info() const {
 std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves() const {
   std::unordered_set<const runtime::TensorImpl*> leaves;
   std::unordered_set<const runtime::Node*> seen;
-  std::vector<const runtime::Node*> stack;
-  if (const runtime::Node* root = runtime::current_backward_root()) stack.push_back(root);
+  std::vector<const runtime::Node*> stack = runtime::running_backward_roots();
   while (!stack.empty()) {
     const runtime::Node* node = stack.back();
     stack.pop_back();
@@ -500,7 +500,9 @@ void Reducer::begin_backward() {
   // A backward that throws part-way drops its callbacks unrun
   // (backward_callbacks.h): the guard then tells backward_failed().
   auto dropped = std::make_shared<DropGuard>([this] { backward_failed(); });
-  runtime::queue_backward_callback([this, dropped] {
+  // When the outermost pass ends: one run inside it (a custom backward that
+  // backpropagates a recomputed part) ends before every gradient has come.
+  runtime::queue_outermost_backward_callback([this, dropped] {
     dropped->disarm();
     finalize();
   });

@@ -233,7 +233,7 @@ class LanePass {
   NodeRunner& runner_;  // each node runs once: captures go to distinct places
   std::exception_ptr error_;
   std::vector<std::function<void()>> worker_callbacks_;
-  const Node* root_ = nullptr;  // the pass's, for current_backward_root() on every lane
+  const Node* root_ = nullptr;  // the pass's, for running_backward_roots() on every lane
 };
 
 }  // namespace
@@ -249,15 +249,20 @@ class LanePass {
  */
 bool in_backward() { return !callback_frames.empty(); }
 
-const Node* current_backward_root() {
-  return backward_roots.empty() ? nullptr : backward_roots.back();
-}
+std::vector<const Node*> running_backward_roots() { return backward_roots; }
 
 void queue_backward_callback(std::function<void()> fn) {
   LOCKSTEP_CHECK(in_backward(),
                  "queue_backward_callback: no backward pass is running on this thread; call it "
                  "from a gradient hook or an autograd node");
   callback_frames.back().push_back(std::move(fn));
+}
+
+void queue_outermost_backward_callback(std::function<void()> fn) {
+  LOCKSTEP_CHECK(in_backward(),
+                 "queue_outermost_backward_callback: no backward pass is running on this "
+                 "thread; call it from a gradient hook or an autograd node");
+  callback_frames.front().push_back(std::move(fn));
 }
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {

@@ -54,25 +54,46 @@ TEST_CASE("an exception from a backward callback leaves backward and drops the r
   REQUIRE_FALSE(in_backward());
 }
 
-TEST_CASE("current_backward_root names the node each backward started from, nested ones too",
+TEST_CASE("running_backward_roots names the node each backward started from, outermost first",
           "[autograd]") {
-  REQUIRE(current_backward_root() == nullptr);
+  using Roots = std::vector<const Node*>;
+  REQUIRE(running_backward_roots().empty());
   Tensor a = Tensor::ones({3}).requires_grad_();
   Tensor b = Tensor::ones({3}).requires_grad_();
   Tensor inner_loss = sum(mul(b, b));
-  const Node* seen_in_a = nullptr;
-  const Node* seen_in_b = nullptr;
-  const Node* seen_after_inner = nullptr;
-  b.register_post_accumulate_grad_hook([&](Tensor&) { seen_in_b = current_backward_root(); });
+  Roots seen_in_a, seen_in_b, seen_after_inner;
+  b.register_post_accumulate_grad_hook([&](Tensor&) { seen_in_b = running_backward_roots(); });
   a.register_post_accumulate_grad_hook([&](Tensor&) {
-    seen_in_a = current_backward_root();
+    seen_in_a = running_backward_roots();
     inner_loss.backward();  // a hook's own backward has its own root
-    seen_after_inner = current_backward_root();
+    seen_after_inner = running_backward_roots();
   });
   Tensor loss = sum(a);
   loss.backward();
-  CHECK(seen_in_a == loss.grad_fn().get());
-  CHECK(seen_in_b == inner_loss.grad_fn().get());
-  CHECK(seen_after_inner == loss.grad_fn().get());
-  CHECK(current_backward_root() == nullptr);
+  CHECK(seen_in_a == Roots{loss.grad_fn().get()});
+  CHECK(seen_in_b == Roots{loss.grad_fn().get(), inner_loss.grad_fn().get()});
+  CHECK(seen_after_inner == Roots{loss.grad_fn().get()});
+  CHECK(running_backward_roots().empty());
+}
+
+TEST_CASE("an outermost backward callback queued in a nested backward runs when the outer one "
+          "ends",
+          "[autograd]") {
+  Tensor a = Tensor::ones({3}).requires_grad_();
+  Tensor b = Tensor::ones({3}).requires_grad_();
+  Tensor inner_loss = sum(mul(b, b));
+  std::vector<std::string> events;
+  b.register_post_accumulate_grad_hook([&](Tensor&) {
+    events.push_back("b");
+    queue_outermost_backward_callback([&] { events.push_back("outer ended"); });
+    queue_backward_callback([&] { events.push_back("inner ended"); });
+  });
+  a.register_post_accumulate_grad_hook([&](Tensor&) {
+    inner_loss.backward();
+    events.push_back("a");
+  });
+  sum(a).backward();
+  CHECK(events == std::vector<std::string>{"b", "inner ended", "a", "outer ended"});
+  REQUIRE_THAT(lockstep::testing::error_of([] { queue_outermost_backward_callback([] {}); }),
+               Catch::Contains("no backward pass is running"));
 }

@@ -476,6 +476,63 @@ TEST_CASE("DDP: with find_unused_parameters, a parameter the loss reaches but th
   CHECK(lt::joined(problems) == "");
 }
 
+// Head b runs without history in forward; its backward recomputes it with
+// history and backpropagates it on its own, inside the outer backward (a
+// reentrant checkpoint, written by hand).
+class ReentrantHead : public nn::Module {
+ public:
+  ReentrantHead() {
+    lockstep::runtime::Generator g(1);
+    a = register_module("a", std::make_shared<nn::Linear>(12, 8, true, g));
+    b = register_module("b", std::make_shared<nn::Linear>(8, 5, true, g));
+  }
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = a->forward(x);
+    Tensor out;
+    {
+      lockstep::runtime::NoGradGuard no_grad;
+      out = b->forward(h);
+    }
+    return lockstep::runtime::record(
+        out, "Reentrant", {h}, {h}, [head = b](const lockstep::runtime::BackwardArgs& args) {
+          lockstep::runtime::set_grad_enabled(true);
+          Tensor in = args.saved[0].detach().requires_grad_(true);
+          head->forward(in).backward(args.grad);
+          lockstep::runtime::set_grad_enabled(false);
+          return std::vector<Tensor>{in.grad()};
+        });
+  }
+  std::shared_ptr<nn::Linear> a, b;
+};
+
+TEST_CASE("DDP: a custom backward that runs a backward of its own inside the outer one (a "
+          "reentrant checkpoint) equals one process",
+          "[ddp]") {
+  // The iteration ended with the inner backward, before a's gradients came:
+  // "'a.weight', 'a.bias' received no gradient" (with find_unused_parameters:
+  // "received a gradient, but no ddp.forward() ran").
+  const auto batch = lt::global_batch(8, 4);
+  auto alone = std::make_shared<ReentrantHead>();
+  lt::loss_of(*alone, batch).backward();
+  std::vector<Tensor> expected;
+  for (const auto& named : alone->named_parameters()) expected.push_back(named.second.grad());
+  const bool find_unused = GENERATE(false, true);
+  INFO("find_unused_parameters " << find_unused);
+  const auto problems = lt::on_ranks(2, [&](int r, auto group) -> std::string {
+    auto model = std::make_shared<ReentrantHead>();
+    DistributedDataParallel ddp(model, group, DdpOptions{.find_unused_parameters = find_unused});
+    const auto local = lt::shard(batch, r, 2);
+    for (int step = 0; step < 2; ++step) {
+      model->zero_grad();
+      lt::loss_of(ddp, local).backward();
+      const std::string problem = lt::grads_mismatch(*model, expected, 1e-5);
+      if (!problem.empty()) return fmt::format("step {}: {}", step, problem);
+    }
+    return "";
+  });
+  CHECK(lt::joined(problems) == "");
+}
+
 TEST_CASE("DDP: a parameter reached outside forward's output is averaged, and a second backward "
           "per forward is named",
           "[ddp]") {
