@@ -311,6 +311,27 @@ void Reducer::settle_failed_backward(bool communicates) {
   }
 }
 
+// A rank that froze the model for a forward the others did not freeze
+// starts no bucket in its backward while theirs start theirs: their
+// all-reduces would pair with this rank's next backward's, one iteration
+// apart, equal in size, without a word. A barrier here makes the ranks'
+// calls differ at once (a barrier against a bucket's all-reduce or a
+// buffer broadcast), and the check of every collective fails them all.
+void Reducer::agree_frozen_forward() {
+  if (group_.size() == 1) return;
+  try {
+    group_.barrier()->wait();
+  } catch (const collectives::CollectiveMismatch& e) {
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: this forward ran with every parameter of the "
+        "wrapped model frozen (requires_grad false), and other ranks' forward did not: they "
+        "average gradients that this rank does not give, so the group is unusable now. Freeze "
+        "and unfreeze the model on every rank alike (a GAN's discriminator for the "
+        "generator's step). {}",
+        group_.rank(), e.what()));
+  }
+}
+
 void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool synced,
                                    double forward_ms) {
   if (mode_ == Mode::sync && backward_started_) drain_and_reset();
@@ -330,8 +351,10 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   // (check_parameters_unchanged).
   const auto frozen = [](const auto& named) { return !named.second.requires_grad(); };
   if (std::all_of(params_.begin(), params_.end(), frozen) &&
-      std::all_of(frozen_.begin(), frozen_.end(), frozen))
+      std::all_of(frozen_.begin(), frozen_.end(), frozen)) {
+    agree_frozen_forward();
     return;
+  }
   forward_ms_ = forward_ms;
   forward_end_ = Clock::now();
   if (timeline_) timeline_->forward_ended();

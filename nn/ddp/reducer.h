@@ -112,6 +112,7 @@ class Reducer {
   void drain_and_reset();
   void end_iteration();
   void arm(const std::vector<Tensor>& outputs);
+  void agree_frozen_forward();
   std::unordered_set<const runtime::TensorImpl*> reachable_leaves() const;
   bool armed_forward_alive() const;
 

@@ -194,6 +194,28 @@ TEST_CASE("DDP: two wrapped models' losses summed and backpropagated once equal 
   CHECK(lt::joined(problems) == "");
 }
 
+TEST_CASE("DDP: a model frozen whole on one rank only fails every rank at once, naming the "
+          "freeze",
+          "[ddp][multimodel]") {
+  // Rank 0's forward has nothing to average and starts no bucket; rank 1's
+  // buckets would have paired with rank 0's next backward, one iteration
+  // apart, without a word (a model without buffers: no broadcast to differ).
+  const auto batch = lt::global_batch(8, 4);
+  const auto problems = lt::on_ranks(2, [&](int rank, auto group) -> std::string {
+    auto model = lt::small_mlp(2);
+    DistributedDataParallel ddp(model, group);
+    for (Tensor& p : model->parameters()) p.requires_grad_(rank != 0);
+    Tensor x = lt::shard(batch, rank, 2).x.clone().requires_grad_();
+    rt::sum(ddp.forward(x)).backward();
+    return "no error";
+  });
+  INFO(lt::joined(problems));
+  CHECK_THAT(problems[0], Catch::Contains("every parameter of the wrapped model frozen") &&
+                              Catch::Contains("on every rank alike"));
+  CHECK_THAT(problems[1], Catch::Contains("rank 0 called barrier()") &&
+                              !Catch::Contains("timed out"));
+}
+
 TEST_CASE("DDP: a GAN's two wrapped models under one Join, ranks of 1 and 2 batches, equal one "
           "process on the active ranks' rows",
           "[ddp][multimodel][join]") {
