@@ -144,7 +144,7 @@ void DistributedDataParallel::run_forward(Run&& run) {
   const std::vector<Tensor> outputs = run();
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  reducer_->prepare_for_backward(outputs, require_sync_, ms);
+  reducer_->prepare_for_backward(outputs, require_sync_, training, ms);
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {

@@ -311,7 +311,7 @@ void Reducer::settle_failed_backward(bool communicates) {
   }
 }
 
-// A rank that froze the model for a forward the others did not freeze
+// A rank that froze the model for a training forward the others did not freeze
 // starts no bucket in its backward while theirs start theirs: their
 // all-reduces would pair with this rank's next backward's, one iteration
 // apart, equal in size, without a word. A barrier here makes the ranks'
@@ -333,7 +333,7 @@ void Reducer::agree_frozen_forward() {
 }
 
 void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool synced,
-                                   double forward_ms) {
+                                   bool training, double forward_ms) {
   if (mode_ == Mode::sync && backward_started_) drain_and_reset();
   // As PyTorch: a forward without grad mode (an evaluation, or targets
   // computed under no_grad between a forward and its backward) has no
@@ -352,7 +352,9 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
   const auto frozen = [](const auto& named) { return !named.second.requires_grad(); };
   if (std::all_of(params_.begin(), params_.end(), frozen) &&
       std::all_of(frozen_.begin(), frozen_.end(), frozen)) {
-    agree_frozen_forward();
+    // Not in eval mode: a saliency map or an adversarial input computed on
+    // rank 0 alone through the frozen model is no training step.
+    if (training) agree_frozen_forward();
     return;
   }
   forward_ms_ = forward_ms;

@@ -61,9 +61,11 @@ class Reducer {
   // A forward that communicates nothing (eval mode: `communicates` false),
   // which one rank may run alone, leaves the check to the next one that does.
   void settle_failed_backward(bool communicates);
-  // After forward: `outputs` are every tensor the module returned (the
-  // unused-parameter search walks back from all of them).
-  void prepare_for_backward(const std::vector<Tensor>& outputs, bool synced, double forward_ms);
+  // After forward: `outputs` are every tensor the module returned (whose
+  // graphs a backward may come from). `training`: a train-mode forward,
+  // which every rank runs alike (an eval-mode one may run on one rank).
+  void prepare_for_backward(const std::vector<Tensor>& outputs, bool synced, bool training,
+                            double forward_ms);
   void register_comm_hook(CommHook hook);
   std::vector<BucketInfo> bucket_info() const;
   // On CUDA over NCCL this waits for the last iteration's device times.

@@ -216,6 +216,34 @@ TEST_CASE("DDP: a model frozen whole on one rank only fails every rank at once, 
                               !Catch::Contains("timed out"));
 }
 
+TEST_CASE("DDP: an input's gradient through a model frozen whole in eval mode, on rank 0 "
+          "alone, waits for no other rank",
+          "[ddp][multimodel]") {
+  // A saliency map or an adversarial input on rank 0 only; then both ranks
+  // train a step, unfrozen, as if it had not happened.
+  const auto batch = lt::global_batch(8, 4);
+  auto alone = lt::small_mlp(2);
+  lt::loss_of(*alone, batch).backward();
+  std::vector<Tensor> expected;
+  for (const Tensor& p : alone->parameters()) expected.push_back(p.grad().clone());
+  const auto problems = lt::on_ranks(2, [&](int rank, auto group) -> std::string {
+    auto model = lt::small_mlp(2);
+    DistributedDataParallel ddp(model, group);
+    if (rank == 0) {
+      ddp.eval();
+      for (Tensor& p : model->parameters()) p.requires_grad_(false);
+      Tensor x = lt::shard(batch, 0, 2).x.clone().requires_grad_();
+      rt::sum(ddp.forward(x)).backward();
+      if (!x.grad().defined()) return "the input got no gradient";
+      for (Tensor& p : model->parameters()) p.requires_grad_(true);
+      ddp.train();
+    }
+    lt::loss_of(ddp, lt::shard(batch, rank, 2)).backward();
+    return lt::grads_mismatch(*model, expected, 1e-5);
+  });
+  CHECK(lt::joined(problems) == "");
+}
+
 TEST_CASE("DDP: a GAN's two wrapped models under one Join, ranks of 1 and 2 batches, equal one "
           "process on the active ranks' rows",
           "[ddp][multimodel][join]") {
