@@ -648,6 +648,41 @@ TEST_CASE("launcher: 4 ranks start under an open-file limit of 64 (ulimit -n 64)
     CHECK_THAT(r.output, Contains(fmt::format("collective_worker rank {}/4: OK", rank)));
 }
 
+TEST_CASE("launcher: node 0 of a several-node job runs under the open-file limit it says it needs",
+          "[launcher]") {
+  // Node 0 serves every other node's launcher four store connections (node
+  // link and exit recorder); it used to count one, so a limit it accepted
+  // ran out at the store's accept ("Too many open files") and the job
+  // failed as hung ranks instead of being refused before a rank started.
+  constexpr int kNodes = 6;
+  const auto lr = bin_path("lockstep-run");
+  const int port = lockstep::testing::unused_tcp_port();
+  const auto node = [&](int n) {
+    return fmt::format("{} --nnodes {} --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+                       "--master-port {} {} group-sum",
+                       lr, kNodes, n, port, bin_path("launcher_probe"));
+  };
+  const std::string token = "export LOCKSTEP_TOKEN=open-file-limit; ";
+  const auto refused = run_process(
+      {"/bin/sh", "-c", fmt::format("{}ulimit -n 20 && exec {}", token, node(0))}, kLimit);
+  INFO(describe(refused) << "\n" << refused.output);
+  REQUIRE(refused.exit_code == 2);
+  std::smatch needs;
+  REQUIRE(std::regex_search(refused.output, needs, std::regex(R"(needs about (\d+) open files)")));
+  CHECK_THAT(refused.output, Contains("4 for each other node's launcher"));
+
+  std::string script = token;
+  for (int n = 1; n < kNodes; ++n) script += fmt::format("timeout 50 {} & ", node(n));
+  script += fmt::format("(ulimit -n {} && exec timeout 50 {}); echo \"node 0 exit $?\"; wait",
+                        needs[1].str(), node(0));
+  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.ok());
+  CHECK_THAT(r.output, Contains("node 0 exit 0") && !Contains("Too many open files"));
+  for (int rank = 0; rank < kNodes; ++rank)
+    CHECK_THAT(r.output, Contains(fmt::format("group-sum rank={} restart=0 sum=21 ok", rank)));
+}
+
 TEST_CASE("launcher: --bind-to core gives each rank its own CPUs; none leaves them alone",
           "[launcher]") {
   const auto mine = own_cpus();
