@@ -21,8 +21,9 @@ struct DdpOptions {
   // construction and before each training forward; false: each rank keeps
   // its own, as PyTorch.
   bool broadcast_buffers = true;
-  // Walk the graph from forward's output and mark parameters it does not
-  // reach as ready, so their buckets are not waited for forever.
+  // When backward begins, walk its graph from the tensor it started from and
+  // mark the parameters it does not reach as ready, so their buckets are not
+  // waited for forever (PyTorch walks from forward's outputs instead).
   bool find_unused_parameters = false;
   // param.grad becomes a view into its bucket: no copy back after the
   // all-reduce, and one copy of the gradients in memory instead of two.
