@@ -22,6 +22,7 @@
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/liveness.h"
 #include "lockstep/distributed/store/detail/protocol.h"
+#include "lockstep/distributed/store/listen_address.h"
 #include "lockstep/distributed/store/tcp_store.h"
 
 namespace lockstep::distributed {
@@ -150,6 +151,10 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
     return std::nullopt;
   }
   std::optional<int> connected;
+  // Loopback that no attempt could even route to: this machine's `lo` is
+  // down, which waiting will not change (the server not being up yet is a
+  // refusal instead).
+  bool loopback_down = names_loopback(options.host);
   for (addrinfo* ai = found; ai != nullptr && !connected; ai = ai->ai_next) {
     const int s = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s < 0) {
@@ -182,11 +187,18 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
     if (rc2 == 0) {
       connected = s;
     } else {
+      if (errno != ENETUNREACH && errno != EADDRNOTAVAIL) loopback_down = false;
       error = strerror(errno);
       close(s);
     }
   }
   freeaddrinfo(found);
+  LOCKSTEP_CHECK(connected || !loopback_down,
+                 "cannot reach the lockstep store at {}: {}: this machine's loopback interface "
+                 "is down (as in a network namespace of its own, e.g. `unshare -n` or a "
+                 "container started without networking); bring it up (`ip link set lo up`) or "
+                 "give the store an address on an interface that is up (MASTER_ADDR)",
+                 address, error);
   return connected;
 }
 

@@ -768,6 +768,25 @@ TEST_CASE("launcher: two nodes in two network namespaces", "[launcher]") {
                            Contains("collective_worker rank 1/2: OK"));
 }
 
+TEST_CASE("launcher: in a network namespace whose loopback is down, ranks say so instead of "
+          "hanging",
+          "[launcher]") {
+  // `unshare -n` (and a container without networking) leaves `lo` down: every
+  // connect to 127.0.0.1 is "Network is unreachable", which retrying never
+  // mends; the ranks waited for the store until the hang detector killed
+  // them as if deadlocked.
+  const std::string script = fmt::format(
+      "unshare -n true 2>/dev/null || {{ echo 'SKIPPED: cannot unshare a network namespace "
+      "(needs root)'; exit 0; }}; exec unshare -n {} -np 2 --postmortem-dir '' {} group-sum",
+      bin_path("lockstep-run"), bin_path("launcher_probe"));
+  const auto r = run_process({"/bin/sh", "-c", script}, 120s);
+  INFO(describe(r) << "\n" << r.output);
+  if (lockstep::testing::script_skipped(r)) return;
+  CHECK_FALSE(r.ok());
+  CHECK_THAT(r.output, Contains("loopback interface is down") && Contains("ip link set lo up"));
+  CHECK_THAT(r.output, !Contains("is hung"));
+}
+
 TEST_CASE("launcher: a node's launcher started twice is refused and the running job goes on",
           "[launcher]") {
   // A node-1 command run again while the job runs: with the same shape, the
