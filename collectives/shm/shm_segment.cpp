@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -36,6 +37,19 @@ constexpr size_t kStampBytes = 4096;
 constexpr time_t kUnstampedGraceSeconds = 60;
 
 std::string errno_text() { return std::strerror(errno); }
+
+// What /dev/shm is here, for a message about a segment it could not take:
+// its size and free space (Docker gives 64 MiB unless told --shm-size).
+std::string dev_shm_state() {
+  struct statvfs fs {};
+  if (::statvfs("/dev/shm", &fs) != 0)
+    return fmt::format("/dev/shm is not usable here ({})", errno_text());
+  constexpr double kMiB = 1 << 20;
+  return fmt::format("/dev/shm holds {:.1f} MiB, {:.1f} MiB of it free{}",
+                     static_cast<double>(fs.f_blocks) * fs.f_frsize / kMiB,
+                     static_cast<double>(fs.f_bavail) * fs.f_frsize / kMiB,
+                     (fs.f_flag & ST_RDONLY) != 0 ? ", and is mounted read-only" : "");
+}
 
 bool creator_alive(const Stamp& stamp) {
   if (stamp.creator_pid <= 0) return false;
@@ -105,8 +119,12 @@ Segment Segment::create(const std::string& name, size_t bytes) {
     ::shm_unlink(name.c_str());  // a crashed job's segment under the same name
     fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   }
-  LOCKSTEP_CHECK(fd >= 0, "could not create shm segment {}: {}{}", name, errno_text(),
-                 errno == EEXIST ? " (a live process holds it)" : "");
+  if (fd < 0) {
+    const std::string why = errno_text();
+    throw Error(fmt::format("could not create shm segment {}: {}{}", name, why,
+                            errno == EEXIST ? std::string(" (a live process holds it)")
+                                            : "; " + dev_shm_state()));
+  }
   // Reserve the pages now: a full /dev/shm fails here with a message instead
   // of a SIGBUS on first touch later.
   const int reserve = ::posix_fallocate(fd, 0, static_cast<off_t>(total));
@@ -114,9 +132,9 @@ Segment Segment::create(const std::string& name, size_t bytes) {
     ::close(fd);
     ::shm_unlink(name.c_str());
     throw Error(fmt::format(
-        "could not reserve {:.1f} MiB in /dev/shm for shm segment {}: {}; free space there "
-        "(in a container: raise --shm-size)",
-        static_cast<double>(total) / (1 << 20), name, std::strerror(reserve)));
+        "could not reserve {:.1f} MiB in /dev/shm for shm segment {}: {}; {}: free space "
+        "there (in a container: raise --shm-size, e.g. docker run --shm-size=1g)",
+        static_cast<double>(total) / (1 << 20), name, std::strerror(reserve), dev_shm_state()));
   }
   void* p = nullptr;
   try {

@@ -539,6 +539,10 @@ TEST_CASE("shm: a segment /dev/shm cannot hold fails every rank, naming gloo as 
     CHECK_THAT(lt::message_of(errors[static_cast<size_t>(r)]),
                Contains("rank 0 could not create the shared segment") &&
                    Contains("/dev/shm") && Contains("LOCKSTEP_BACKEND=gloo"));
+    // How big /dev/shm is, so the user knows how far to raise it.
+    CHECK_THAT(lt::message_of(errors[static_cast<size_t>(r)]),
+               Contains("/dev/shm holds") && Contains("MiB of it free") &&
+                   Contains("--shm-size"));
   }
 }
 
