@@ -159,6 +159,7 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
     const int s = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s < 0) {
       error = strerror(errno);
+      loopback_down = false;  // no socket (out of descriptors?): nothing learned of `lo`
       continue;
     }
     int rc2 = connect(s, ai->ai_addr, ai->ai_addrlen);
