@@ -184,9 +184,15 @@ void match_params_by_name(optim::OptimizerState& state, const Metadata& meta,
                  "checkpoint {}: the saved optimizer names {} parameter(s), this one has {}; "
                  "build the optimizer over the parameters the run was saved with",
                  file, saved, names.size());
+  // Each group's options (its lr, weight decay) and its schedule are read by
+  // the group's place, so each parameter must be in the group it was saved in:
+  // groups of equal sizes built in another order would silently swap rates.
+  std::unordered_map<int64_t, size_t> saved_group_of;
+  for (size_t g = 0; g < state.param_groups.size(); ++g)
+    for (int64_t index : state.param_groups[g].params) saved_group_of.emplace(index, g);
   size_t at = 0;
-  for (auto& group : state.param_groups) {
-    for (int64_t& index : group.params) {
+  for (size_t g = 0; g < state.param_groups.size(); ++g) {
+    for (int64_t& index : state.param_groups[g].params) {
       const std::string& name = names[at++];
       const auto it = saved_index.find(name);
       LOCKSTEP_CHECK(it != saved_index.end(),
@@ -194,6 +200,18 @@ void match_params_by_name(optim::OptimizerState& state, const Metadata& meta,
                      "saved optimizer; build the optimizer over the parameters the run was saved "
                      "with",
                      file, name);
+      const auto saved_group = saved_group_of.find(it->second);
+      LOCKSTEP_CHECK(saved_group != saved_group_of.end() && saved_group->second == g,
+                     "checkpoint {}: parameter '{}' is in this optimizer's parameter group {}, "
+                     "but the run saved it in group {}; a group's options (lr, weight decay) and "
+                     "schedule are restored by the group's place, so it would train at another "
+                     "group's rate. Build the parameter groups as the run that saved it did: the "
+                     "same parameters in each, in the same order (a group added with "
+                     "add_param_group, as when unfreezing, comes after those the optimizer was "
+                     "built with)",
+                     file, name, g,
+                     saved_group == saved_group_of.end() ? std::string("(none)")
+                                                         : std::to_string(saved_group->second));
       index = it->second;
     }
   }

@@ -524,3 +524,39 @@ TEST_CASE("An optimizer's state goes back by name to a module registered under t
   };
   CHECK((by_name(model, opt) == by_name(saved_model, saved_opt)));
 }
+
+TEST_CASE("A resume whose parameter groups are built in another order is refused, not given "
+          "swapped rates",
+          "[optim][checkpoint]") {
+  // The run trained the head ("b") first and added the backbone ("a") with a
+  // lower rate when it unfroze it.
+  TwoLayers saved_model(/*a_first=*/true);
+  SGD saved_opt(std::vector<ParamGroup>{{{saved_model.b->weight, saved_model.b->bias}, {{"lr", 0.1}}}},
+                {.momentum = 0.9});
+  saved_opt.add_param_group({{saved_model.a->weight, saved_model.a->bias}, {{"lr", 0.001}}});
+  for (auto& p : saved_model.parameters()) p.set_grad(Tensor::full(p.shape(), 1.0f));
+  saved_opt.step();
+  const runtime::CheckpointContent c =
+      training_checkpoint_content({.model = &saved_model, .optimizer = &saved_opt}, {});
+
+  TwoLayers model(/*a_first=*/true);
+  SECTION("the groups in the order the run saved them: each keeps its rate") {
+    SGD opt(std::vector<ParamGroup>{{{model.b->weight, model.b->bias}, {{"lr", 0.5}}}}, {.momentum = 0.9});
+    opt.add_param_group({{model.a->weight, model.a->bias}, {{"lr", 0.5}}});
+    restore_training_checkpoint(c, {.model = &model, .optimizer = &opt}, "ckpt");
+    CHECK(opt.param_groups()[0].options.at("lr") == 0.1);
+    CHECK(opt.param_groups()[1].options.at("lr") == 0.001);
+  }
+  SECTION("the backbone's group first, as the model lists it: refused, nothing changed") {
+    SGD opt(std::vector<ParamGroup>{{{model.a->weight, model.a->bias}, {{"lr", 0.5}}}}, {.momentum = 0.9});
+    opt.add_param_group({{model.b->weight, model.b->bias}, {{"lr", 0.5}}});
+    const std::string error = testing::error_of(
+        [&] { restore_training_checkpoint(c, {.model = &model, .optimizer = &opt}, "ckpt"); });
+    CHECK_THAT(error, Contains("parameter 'a.weight' is in this optimizer's parameter group 0, "
+                               "but the run saved it in group 1"));
+    CHECK_THAT(error, Contains("Build the parameter groups as the run that saved it did"));
+    CHECK(opt.param_groups()[0].options.at("lr") == 0.5);
+    CHECK(opt.param_groups()[1].options.at("lr") == 0.5);
+    CHECK(opt.state_dict().state.empty());
+  }
+}
