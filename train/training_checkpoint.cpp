@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <functional>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -399,14 +400,26 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
                    file);
     opt_state = read_optimizer(c, meta, *parts.model, *parts.optimizer, file);
     if (options.lr) {
+      std::vector<double> saved_lrs;
       for (size_t g = 0; g < opt_state->param_groups.size(); ++g) {
         auto& group_options = opt_state->param_groups[g].options;
         LOCKSTEP_CHECK(group_options.contains("lr"),
                        "checkpoint {}: parameter group {} of the saved {} optimizer has no "
                        "learning rate to replace",
                        file, g, meta.text("optimizer.type"));
+        saved_lrs.push_back(group_options["lr"]);
         group_options["lr"] = *options.lr;
       }
+      // One rate for groups that trained at different ones (a backbone
+      // below its head, layer-wise decay) would flatten them silently.
+      LOCKSTEP_CHECK(std::adjacent_find(saved_lrs.begin(), saved_lrs.end(),
+                                        std::not_equal_to<>()) == saved_lrs.end(),
+                     "checkpoint {}: a new learning rate ({}) was asked for, but the saved "
+                     "parameter groups train at different rates ({}); one rate for all of them "
+                     "would undo their differences. Resume with the saved rates, then set each "
+                     "group's \"lr\" (and, with a scheduler, its base rates through its "
+                     "state_dict) yourself",
+                     file, *options.lr, fmt::join(saved_lrs, ", "));
     }
   }
   optim::SchedulerState sched_state;
@@ -426,9 +439,23 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
                    "not follow the optimizer's (they come from its own settings, e.g. max_lr), "
                    "so it would be ignored; resume with the learning rate the run was saved with",
                    file, options.lr.value_or(0.0), parts.scheduler->name());
-    if (options.lr)
-      for (auto& [key, value] : sched_state)
-        if (key.starts_with("base_lr.")) value = *options.lr;
+    if (options.lr) {
+      std::vector<double> saved_bases;
+      for (auto& [key, value] : sched_state) {
+        if (!key.starts_with("base_lr.")) continue;
+        saved_bases.push_back(value);
+        value = *options.lr;
+      }
+      // The groups' rates may meet where the schedule has shrunk them all to
+      // its floor; their bases still differ.
+      LOCKSTEP_CHECK(std::adjacent_find(saved_bases.begin(), saved_bases.end(),
+                                        std::not_equal_to<>()) == saved_bases.end(),
+                     "checkpoint {}: a new learning rate ({}) was asked for, but {}'s saved "
+                     "base rates differ between parameter groups ({}); one rate for all of them "
+                     "would undo their differences. Resume with the saved rates, then set the "
+                     "base rates through the scheduler's state_dict yourself",
+                     file, *options.lr, parts.scheduler->name(), fmt::join(saved_bases, ", "));
+    }
     try {
       parts.scheduler->check_state_dict(sched_state);
     } catch (const Error& e) {

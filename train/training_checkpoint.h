@@ -76,7 +76,9 @@ struct RestoreOptions {
   // The learning rate to go on with instead of the saved one: written into
   // every parameter group's "lr" and, with a scheduler, into its base rates,
   // so that the schedule continues from it. Refused with a schedule whose
-  // rates do not follow its base rates (OneCycleLR: they come from max_lr).
+  // rates do not follow its base rates (OneCycleLR: they come from max_lr),
+  // and where the saved groups' rates or base rates differ (a backbone below
+  // its head, layer-wise decay), which one rate would flatten.
   std::optional<double> lr;
 };
 

@@ -560,3 +560,45 @@ TEST_CASE("A resume whose parameter groups are built in another order is refused
     CHECK(opt.state_dict().state.empty());
   }
 }
+
+TEST_CASE("A new learning rate on resume is refused where the groups train at different rates",
+          "[optim][checkpoint]") {
+  // A head at 0.1 and a backbone at 0.001 below it.
+  TwoLayers saved_model(/*a_first=*/true);
+  SGD saved_opt(std::vector<ParamGroup>{{{saved_model.b->weight, saved_model.b->bias}, {{"lr", 0.1}}},
+                                        {{saved_model.a->weight, saved_model.a->bias}, {{"lr", 0.001}}}},
+                {.momentum = 0.9});
+  const bool with_scheduler = GENERATE(false, true);
+  INFO("with a cosine schedule at its floor: " << with_scheduler);
+  // At the end of a cosine schedule every group sits at eta_min: equal rates,
+  // different bases.
+  std::optional<CosineLR> saved_sched;
+  if (with_scheduler) {
+    saved_sched.emplace(saved_opt, CosineLROptions{.t_max = 2});
+    saved_sched->step();
+    saved_sched->step();
+  }
+  const runtime::CheckpointContent c = training_checkpoint_content(
+      {.model = &saved_model, .optimizer = &saved_opt,
+       .scheduler = saved_sched ? &*saved_sched : nullptr},
+      {});
+
+  TwoLayers model(/*a_first=*/true);
+  SGD opt(std::vector<ParamGroup>{{{model.b->weight, model.b->bias}, {{"lr", 0.1}}},
+                                  {{model.a->weight, model.a->bias}, {{"lr", 0.001}}}},
+          {.momentum = 0.9});
+  std::optional<CosineLR> sched;
+  if (with_scheduler) sched.emplace(opt, CosineLROptions{.t_max = 2});
+  const TrainingParts parts{.model = &model, .optimizer = &opt,
+                            .scheduler = sched ? &*sched : nullptr};
+  const std::string error = testing::error_of(
+      [&] { restore_training_checkpoint(c, parts, "ckpt", 0, 1, {.lr = 0.05}); });
+  CHECK_THAT(error, Contains("a new learning rate (0.05) was asked for"));
+  CHECK_THAT(error, Contains("0.1, 0.001"));
+  CHECK(opt.param_groups()[0].options.at("lr") == 0.1);
+  CHECK(opt.param_groups()[1].options.at("lr") == 0.001);
+  // Without a new rate, each group goes on at its own.
+  restore_training_checkpoint(c, parts, "ckpt");
+  if (with_scheduler) CHECK((sched->base_lrs() == std::vector<double>{0.1, 0.001}));
+  else CHECK(opt.param_groups()[1].options.at("lr") == 0.001);
+}
