@@ -41,7 +41,10 @@ std::vector<double> saved_base_lrs(const SchedulerState& state) {
 // ---- LRScheduler --------------------------------------------------------------
 
 LRScheduler::LRScheduler(std::string name, Optimizer& optimizer)
-    : name_(std::move(name)), optimizer_(optimizer), slot_(optimizer.scheduler_) {
+    : name_(std::move(name)),
+      optimizer_(optimizer),
+      slot_(optimizer.scheduler_),
+      optimizer_lifetime_(optimizer.lifetime_) {
   LOCKSTEP_CHECK(slot_->empty(),
                  "{}: this {} already has an LR scheduler, {}; an optimizer takes one at a time. "
                  "Each sets \"lr\" to its own schedule's value, so two would overwrite each "
@@ -66,6 +69,14 @@ void LRScheduler::step() { apply(last_epoch_ + 1, base_lrs_); }
 
 std::vector<GroupOptions> LRScheduler::options_at(int64_t epoch,
                                                   const std::vector<double>& base) const {
+  // A program that makes a new optimizer (to unfreeze a backbone) and steps
+  // the old one's scheduler would write through a dangling reference.
+  LOCKSTEP_CHECK(!optimizer_lifetime_.expired(),
+                 "{}: the optimizer this scheduler was made for has been destroyed; a scheduler "
+                 "drives only its own optimizer. After making a new optimizer (as when "
+                 "unfreezing part of a model), destroy this scheduler and make one for the new "
+                 "optimizer",
+                 name_);
   const auto& groups = optimizer_.param_groups();
   // A group added after the scheduler (add_param_group when unfreezing part
   // of a model) has no base rate. A scheduler made again now would take the

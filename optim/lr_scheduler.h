@@ -21,7 +21,9 @@
 //     LinearLR and CosineAnnealingLR);
 //   - one schedule after another: destroy the first scheduler, then make the
 //     next, whose base rates are the rates the first left (SequentialLR-like).
-// A scheduler may outlive its optimizer only to be destroyed.
+// A scheduler may outlive its optimizer only to be destroyed: anything else
+// it is asked then throws (a new optimizer, as when unfreezing part of a
+// model, needs a new scheduler).
 #pragma once
 
 #include <memory>
@@ -99,6 +101,8 @@ class LRScheduler {
   // The optimizer's scheduler slot (optimizer.h), holding name_ while this
   // scheduler lives.
   std::shared_ptr<std::string> slot_;
+  // Expires with the optimizer: every use of optimizer_ checks it first.
+  std::weak_ptr<const bool> optimizer_lifetime_;
 };
 
 // lr = base * gamma^floor(epoch / step_size)           (StepLR)

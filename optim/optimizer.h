@@ -120,6 +120,9 @@ class Optimizer {
   // scheduler, so either may be destroyed first.
   friend class LRScheduler;
   std::shared_ptr<std::string> scheduler_ = std::make_shared<std::string>();
+  // Held by this optimizer alone: a scheduler watches it to know that the
+  // optimizer it drives still exists.
+  std::shared_ptr<const bool> lifetime_ = std::make_shared<const bool>(true);
 };
 
 // The rule every optimizer state load checks each entry with, before

@@ -3,6 +3,7 @@
 // rates, and bad options and states fail with clear messages.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <memory>
 
 #include "lockstep/optim/adam.h"
@@ -91,6 +92,29 @@ TEST_CASE("A group added after the scheduler is refused with the way to unfreeze
     CHECK(lr(opt, 1) == 0.0025);
     for (double v : body.to_vector<double>()) CHECK(v == Approx(-0.0025));
   }
+}
+
+TEST_CASE("A scheduler whose optimizer was replaced (to unfreeze a backbone) is refused, not "
+          "stepped through a dangling reference",
+          "[optim][lr_scheduler]") {
+  Tensor head = param(), body = param();
+  auto opt = std::make_unique<SGD>(std::vector<Tensor>{head}, SGDOptions{.lr = 0.1});
+  StepLR sched(*opt, {.step_size = 1, .gamma = 0.5});
+  sched.step();
+  // The new optimizer is made before the old one goes, as unique_ptr's
+  // assignment does.
+  opt = std::make_unique<SGD>(std::vector<ParamGroup>{{{head}, {}}, {{body}, {{"lr", 0.01}}}},
+                              SGDOptions{.lr = 0.1});
+  for (const auto& refused : std::vector<std::function<void()>>{
+           [&] { sched.step(); },
+           [&] { sched.load_state_dict({{"last_epoch", 0}, {"base_lr.0", 0.1}}); }}) {
+    CHECK_THROWS_WITH(refused(),
+                      Contains("the optimizer this scheduler was made for has been destroyed") &&
+                          Contains("make one for the new optimizer"));
+  }
+  CHECK(sched.last_epoch() == 1);
+  CHECK(lr(*opt, 0) == 0.1);
+  CHECK(lr(*opt, 1) == 0.01);
 }
 
 TEST_CASE("One-cycle cycles beta1 for Adam and refuses to run past its steps",
