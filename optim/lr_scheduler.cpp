@@ -63,6 +63,10 @@ LRScheduler::LRScheduler(std::string name, Optimizer& optimizer)
 
 LRScheduler::~LRScheduler() { slot_->clear(); }
 
+bool LRScheduler::drives(const Optimizer& optimizer) const {
+  return !optimizer_lifetime_.expired() && &optimizer_ == &optimizer;
+}
+
 void LRScheduler::start() { step(); }
 
 void LRScheduler::step() { apply(last_epoch_ + 1, base_lrs_); }

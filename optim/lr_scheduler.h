@@ -57,6 +57,9 @@ class LRScheduler {
   // Each group's learning rate when the scheduler was made (its "initial_lr").
   const std::vector<double>& base_lrs() const { return base_lrs_; }
   const std::string& name() const { return name_; }
+  // Whether this scheduler sets `optimizer`'s rates (the one it was made
+  // for, while that lives).
+  bool drives(const Optimizer& optimizer) const;
 
   SchedulerState state_dict() const;
   // Throws, naming what differs, unless `state` fits this scheduler: a valid

@@ -320,6 +320,19 @@ void check_parameters_finite(const nn::Module& model, int64_t step) {
       bad.size() > shown ? ", ..." : ""));
 }
 
+// A scheduler left from before a new optimizer was made (when unfreezing a
+// backbone) goes on setting the old one's rates: the new one would train at
+// a constant rate and be saved with another optimizer's schedule.
+void check_scheduler_drives_optimizer(const TrainingParts& parts, std::string_view what) {
+  LOCKSTEP_CHECK(parts.scheduler == nullptr || parts.optimizer == nullptr ||
+                     parts.scheduler->drives(*parts.optimizer),
+                 "{}: TrainingParts::scheduler ({}) was made for another optimizer than "
+                 "TrainingParts::optimizer ({}), so it does not set that optimizer's rates. "
+                 "After making a new optimizer (as when unfreezing part of a model), make a "
+                 "scheduler for it and pass both",
+                 what, parts.scheduler->name(), parts.optimizer->name());
+}
+
 }  // namespace
 
 GeneratorStates generator_states(const TrainingParts& parts) {
@@ -332,6 +345,7 @@ CheckpointContent training_checkpoint_content(const TrainingParts& parts,
                                               const TrainingProgress& progress,
                                               const std::vector<GeneratorStates>& ranks) {
   LOCKSTEP_CHECK(parts.model != nullptr, "save_training_checkpoint: TrainingParts has no model");
+  check_scheduler_drives_optimizer(parts, "save_training_checkpoint");
   CheckpointContent c;
   c.metadata[kFormatKey] = kFormat;
   for (const auto& [name, tensor] : parts.model->state_dict())
@@ -371,6 +385,7 @@ TrainingProgress restore_training_checkpoint(const CheckpointContent& c, const T
                                              const std::string& file, int rank, int world,
                                              const RestoreOptions& options) {
   LOCKSTEP_CHECK(parts.model != nullptr, "load_training_checkpoint: TrainingParts has no model");
+  check_scheduler_drives_optimizer(parts, "load_training_checkpoint");
   const Metadata meta(c.metadata, file);
   LOCKSTEP_CHECK(meta.has(kFormatKey) && meta.text(kFormatKey) == kFormat,
                  "checkpoint {}: not a lockstep training checkpoint (metadata \"{}\" is {}); "

@@ -602,3 +602,25 @@ TEST_CASE("A new learning rate on resume is refused where the groups train at di
   if (with_scheduler) CHECK((sched->base_lrs() == std::vector<double>{0.1, 0.001}));
   else CHECK(opt.param_groups()[1].options.at("lr") == 0.001);
 }
+
+TEST_CASE("A checkpoint's scheduler must drive its optimizer: the one left from before a new "
+          "optimizer is refused",
+          "[optim][checkpoint]") {
+  TwoLayers model(/*a_first=*/true);
+  SGD head_opt({model.b->weight, model.b->bias}, {.lr = 0.1});
+  StepLR sched(head_opt, {.step_size = 1, .gamma = 0.5});
+  const runtime::CheckpointContent c =
+      training_checkpoint_content({.model = &model, .optimizer = &head_opt, .scheduler = &sched}, {});
+  // Unfrozen: a new optimizer over head and backbone, the old scheduler kept.
+  SGD full_opt(std::vector<ParamGroup>{{{model.b->weight, model.b->bias}, {}},
+                                       {{model.a->weight, model.a->bias}, {{"lr", 0.01}}}},
+               {.lr = 0.1});
+  const TrainingParts stale{.model = &model, .optimizer = &full_opt, .scheduler = &sched};
+  CHECK_THROWS_WITH(training_checkpoint_content(stale, {}),
+                    Contains("save_training_checkpoint: TrainingParts::scheduler (StepLR) was "
+                             "made for another optimizer than TrainingParts::optimizer (SGD)") &&
+                        Contains("make a scheduler for it and pass both"));
+  CHECK_THROWS_WITH(restore_training_checkpoint(c, stale, "ckpt"),
+                    Contains("load_training_checkpoint: TrainingParts::scheduler (StepLR) was "
+                             "made for another optimizer"));
+}
