@@ -182,7 +182,7 @@ LoadResult check_against(const Module& model, const StateDict& own, const StateD
   std::unordered_set<std::string> optional;
   collect_optional(model, "", optional);
   LoadResult result;
-  std::vector<std::string> mismatches, untied, shape_hints;
+  std::vector<std::string> mismatches, mismatched_names, untied, shape_hints;
   size_t transposed = 0;  // mismatches that are the model's 2-D shape reversed
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& [name, dst] = items[i];
@@ -201,6 +201,7 @@ LoadResult check_against(const Module& model, const StateDict& own, const StateD
           "in the current model is {}",
           name, src->defined() ? runtime::shape_str(src->shape()) : "(undefined)",
           runtime::shape_str(dst.shape())));
+      mismatched_names.push_back(name);
       transposed += src->defined() && src->dim() == 2 && dst.dim() == 2 &&
                     src->size(0) == dst.size(1) && src->size(1) == dst.size(0);
       if (src->defined()) {
@@ -248,6 +249,14 @@ LoadResult check_against(const Module& model, const StateDict& own, const StateD
              "holds [out, in], as torch.nn.Linear and nanoGPT; transpose every such weight, "
              "the square ones too, which no shape check catches)";
     for (const auto& hint : shape_hints) msg += hint;
+    // Fine-tuning's usual case: pretrained weights whose classifier head has
+    // another number of classes than the model's new one.
+    if (!mismatched_names.empty() && shape_hints.empty() && transposed != mismatches.size())
+      msg += fmt::format(
+          "\n  (to load the other weights and keep this model's own {} (a classifier head of "
+          "another size, replaced for fine-tuning), erase {} from the state_dict "
+          "(dict.erase(key)) and load with strict=false)",
+          quoted_list(mismatched_names), mismatched_names.size() == 1 ? "it" : "them");
     if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()))
       msg += prefix_hint(result) + causal_mask_hint(own, result) +
              "\n  (pass strict=false to load the matching keys and ignore the others)";

@@ -225,6 +225,29 @@ TEST_CASE("load_state_dict names every missing, unexpected and mismatched key", 
              Contains("size mismatch for 2.weight"));
 }
 
+TEST_CASE("load_state_dict says how to keep a classifier head of another size when fine-tuning",
+          "[nn][module]") {
+  auto make = [](int64_t classes) {
+    return std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+        std::make_shared<Linear>(4, 3), std::make_shared<ReLU>(), std::make_shared<Linear>(3, classes)});
+  };
+  auto pretrained = make(10), model = make(2);
+  StateDict dict = pretrained->state_dict();
+  const std::string msg = error_of([&] { model->load_state_dict(dict, /*strict=*/false); });
+  CHECK_THAT(msg, Contains("size mismatch for 2.weight"));
+  CHECK_THAT(msg, Contains("keep this model's own \"2.weight\", \"2.bias\" (a classifier head of "
+                           "another size, replaced for fine-tuning), erase them from the "
+                           "state_dict (dict.erase(key)) and load with strict=false"));
+  // Doing so loads the backbone and keeps the new head.
+  const auto head = values(model->at<Linear>(2)->weight);
+  dict.erase("2.weight");
+  dict.erase("2.bias");
+  const LoadResult r = model->load_state_dict(dict, /*strict=*/false);
+  CHECK(r.missing_keys == std::vector<std::string>{"2.weight", "2.bias"});
+  CHECK(values(model->at<Linear>(0)->weight) == values(pretrained->at<Linear>(0)->weight));
+  CHECK(values(model->at<Linear>(2)->weight) == head);
+}
+
 TEST_CASE("load_state_dict names a wrapper's \"module.\" prefix; without_prefix strips it",
           "[nn][module]") {
   auto make = [] {
