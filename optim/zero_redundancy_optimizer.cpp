@@ -601,7 +601,9 @@ void ZeroRedundancyOptimizer::check_state_keys(std::string_view what, int64_t in
 
 void ZeroRedundancyOptimizer::add_param_group(ParamGroup) {
   throw Error(fmt::format("{}: add_param_group after construction is not supported; pass every "
-                          "group to the constructor",
+                          "group to the constructor. To unfreeze parameters later (a backbone "
+                          "after its head), give them a group of their own from the start: "
+                          "while frozen, without gradients, they are skipped and not sent",
                           kName));
 }
 

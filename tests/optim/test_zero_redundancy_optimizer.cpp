@@ -677,6 +677,9 @@ TEST_CASE("ZeroRedundancyOptimizer: clear errors", "[zero][optim]") {
         if (e.find(text) == std::string::npos) out += "expected \"" + text + "\", got \"" + e + "\"; ";
       };
       expect([&] { zero.add_param_group({m->parameters(), {}}); }, "not supported");
+      expect([&] { zero.add_param_group({m->parameters(), {}}); },
+             "To unfreeze parameters later (a backbone after its head), give them a group of "
+             "their own from the start");
       expect([&] { zero.consolidate_state_dict(3); }, "rank 3 is not in the group");
       OptimizerState one_group;
       one_group.param_groups.push_back({{}, {0}});
