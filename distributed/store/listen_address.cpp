@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -85,6 +86,16 @@ bool names_loopback(const std::string& host) {
   v6->sin6_family = AF_INET6;
   return inet_pton(AF_INET6, bare.c_str(), &v6->sin6_addr) == 1 &&
          is_loopback(reinterpret_cast<const sockaddr*>(&address));
+}
+
+bool loopback_interface_up() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return true;  // unknown: claim nothing about `lo`
+  bool up = false;
+  for (ifaddrs* i = list; i != nullptr && !up; i = i->ifa_next)
+    up = (i->ifa_flags & IFF_LOOPBACK) != 0 && (i->ifa_flags & IFF_UP) != 0;
+  freeifaddrs(list);
+  return up;
 }
 
 std::string first_interface_ipv4() {

@@ -21,6 +21,11 @@ std::string listen_host_for(const std::string& host, bool clients_on_this_host);
 // resolve it to this machine's real address.
 bool names_loopback(const std::string& host);
 
+// Whether this machine's loopback interface (`lo`) is up. Only a down `lo`
+// makes a loopback address unroutable for good: connect's EADDRNOTAVAIL
+// there also means no ephemeral port is free yet, which passes.
+bool loopback_interface_up();
+
 // This host's first non-loopback IPv4 address (what other hosts may reach it
 // by when no address is given), or empty when it has none.
 std::string first_interface_ipv4();

@@ -194,7 +194,9 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
     }
   }
   freeaddrinfo(found);
-  LOCKSTEP_CHECK(connected || !loopback_down,
+  // Unroutable with `lo` up is no free ephemeral port (EADDRNOTAVAIL), which
+  // frees up as connections close: retried like any other failure.
+  LOCKSTEP_CHECK(connected || !loopback_down || loopback_interface_up(),
                  "cannot reach the lockstep store at {}: {}: this machine's loopback interface "
                  "is down (as in a network namespace of its own, e.g. `unshare -n` or a "
                  "container started without networking); bring it up (`ip link set lo up`) or "

@@ -787,6 +787,40 @@ TEST_CASE("launcher: in a network namespace whose loopback is down, ranks say so
   CHECK_THAT(r.output, !Contains("is hung"));
 }
 
+TEST_CASE("launcher: ranks wait out a moment with no free ephemeral port instead of blaming "
+          "the loopback",
+          "[launcher]") {
+  // With `lo` up, connect's EADDRNOTAVAIL on a loopback address means every
+  // local port is taken (here, held for 2 s by another program), which
+  // passes; rank 1 failed at once saying the loopback interface was down.
+  // Ranks started by hand (as torchrun's env://): the launcher's own check
+  // of the address would stop first.
+  TempDir dir;
+  std::ofstream(dir.file("hold_ports.py")) << "import socket, time\n"
+                                               "held = [socket.socket() for _ in range(64)]\n"
+                                               "for i, s in enumerate(held):\n"
+                                               "    s.bind(('127.0.0.1', 40000 + i))\n"
+                                               "open('ports-held', 'w').close()\n"
+                                               "time.sleep(2)\n";
+  const std::string in_namespace =
+      "ip link set lo up && sysctl -qw net.ipv4.ip_local_port_range=\"40000 40063\"";
+  const std::string script = fmt::format(
+      "cd '{}' || exit 1; command -v python3 >/dev/null && unshare -Urn sh -c '{}' 2>/dev/null || "
+      "{{ echo 'SKIPPED: needs python3 and an unprivileged network namespace'; exit 0; }}; "
+      "exec unshare -Urn sh -c '{} && {{ python3 hold_ports.py & "
+      "while [ ! -e ports-held ]; do sleep 0.05; done; "
+      "export MASTER_ADDR=127.0.0.2 MASTER_PORT=29500 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2; "
+      "RANK=1 LOCAL_RANK=1 {} group-sum & one=$!; RANK=0 LOCAL_RANK=0 {} group-sum || exit 1; "
+      "wait $one; }}'",
+      dir.str(), in_namespace, in_namespace, bin_path("launcher_probe"), bin_path("launcher_probe"));
+  const auto r = run_process({"/bin/sh", "-c", script}, 120s);
+  INFO(describe(r) << "\n" << r.output);
+  if (lockstep::testing::script_skipped(r)) return;
+  CHECK(r.ok());
+  CHECK_THAT(r.output, !Contains("loopback interface is down"));
+  CHECK_THAT(r.output, Contains("group-sum rank=0") && Contains("group-sum rank=1"));
+}
+
 TEST_CASE("launcher: a node's launcher started twice is refused and the running job goes on",
           "[launcher]") {
   // A node-1 command run again while the job runs: with the same shape, the
