@@ -17,6 +17,7 @@
 #include "lockstep/collectives/work.h"
 #include "lockstep/nn/linear.h"
 #include "nn/ddp/ddp_fixture.h"
+#include "support/backend_skip.h"
 #include "support/test_util.h"
 
 namespace lc = lockstep::collectives;
@@ -29,15 +30,6 @@ using namespace std::chrono_literals;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::vector<std::string> cpu_backends() {
-  std::vector<std::string> names{"shm"};
-  if (lc::is_built_in("gloo")) {
-    names.push_back("gloo");
-    names.push_back("shm+gloo");
-  }
-  return names;
-}
 
 // What a child forked now reports when it calls `call` on `group`: the
 // error's message through a pipe ("<no exception>" if it ran, "<hung>" if
@@ -78,7 +70,7 @@ std::string error_in_forked_child(Call&& call) {
 TEST_CASE("every CPU backend: a collective on the parent's group in a forked child is refused, "
           "and the parent's ranks go on",
           "[collectives][lifecycle][fork]") {
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   auto groups = lt::make_groups(backend, 2, "forked-use", 20s);
   // A first call, so the backend's threads and connections are up.
@@ -109,7 +101,7 @@ TEST_CASE("every CPU backend: a forked child that aborts its parent's group abor
           "[collectives][lifecycle][fork]") {
   // The other ranks are the parent's peers: telling them the group is
   // unusable would fail the parent's job.
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   auto groups = lt::make_groups(backend, 2, "forked-abort", 20s);
   lt::run_ranks(2, [&](int r) {

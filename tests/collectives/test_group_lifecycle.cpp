@@ -30,15 +30,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<std::string> cpu_backends() {
-  std::vector<std::string> names{"shm"};
-  if (lc::is_built_in("gloo")) {
-    names.push_back("gloo");
-    names.push_back("shm+gloo");
-  }
-  return names;
-}
-
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -48,7 +39,7 @@ double seconds_since(Clock::time_point start) {
 TEST_CASE("every CPU backend: a call's timeout must be positive; the longest one does not "
           "overflow",
           "[collectives][lifecycle]") {
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   SECTION("zero or negative is refused before the call is numbered") {
     const auto groups = lt::make_groups(backend, 2, "bad-timeout", 20s);
@@ -103,7 +94,7 @@ TEST_CASE("every CPU backend: send and recv keep the call's timeout, and an abor
           "[collectives][lifecycle]") {
   // Every CPU backend sends point to point through gloo.
   LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   const auto groups = lt::make_groups(backend, 2, "p2p-life", 30s);
   SECTION("a recv with a short timeout gives up after it, not the group's") {
@@ -133,7 +124,7 @@ TEST_CASE("every CPU backend: an abort on this rank fails its own sends and recv
           "[collectives][lifecycle]") {
   // Every CPU backend sends point to point through gloo.
   LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   const auto groups = lt::make_groups(backend, 2, "p2p-own-abort", 30s);
   // Within the 4 KiB that travel inside the header, and past them. Rank 0
@@ -158,7 +149,7 @@ TEST_CASE("every CPU backend: an abort on this rank fails its own sends and recv
 TEST_CASE("every CPU backend: an abort on this rank fails its collective waiting for a rank that "
           "never joins, naming the reason",
           "[collectives][lifecycle]") {
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   const auto groups = lt::make_groups(backend, 2, "own-abort", 30s);
   // Rank 0 never joins. Before, gloo's call check went on waiting for its
@@ -178,7 +169,7 @@ TEST_CASE("every CPU backend: a timed-out send or recv names the peer that did n
           "[collectives][lifecycle]") {
   // Every CPU backend sends point to point through gloo.
   LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   // Detail wraps each group in the desync checker, as CUDA builds wrap the
   // CPU backends in host staging: the wrapper must be unusable too.
@@ -206,7 +197,7 @@ TEST_CASE("every CPU backend: a recv that does not match its send's size or dtyp
           "[collectives][lifecycle]") {
   // Every CPU backend sends point to point through gloo.
   LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   const auto groups = lt::make_groups(backend, 2, "p2p-mismatch", 30s);
   // Sent, then the tensor that receives it: more than a recv posted
@@ -278,7 +269,7 @@ TEST_CASE("every CPU backend: a rank that drops its group makes the others' next
   // recovers from an error by making a new one) while its process goes on;
   // rank 0 must not wait out the group's timeout in a call rank 1 will
   // never join.
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   auto groups = lt::make_groups(backend, 2, "dropped", 15s);
   std::vector<std::string> first(2);
@@ -340,7 +331,7 @@ TEST_CASE("every CPU backend: a forked child that drops the groups it inherited 
   // exit() destroys a group held globally. It has none of the group's
   // threads: its destructor used to wait for them without end, and the
   // parent for the child.
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   auto groups = lt::make_groups(backend, 2, "forked", 15s);
   CHECK(forked_child_dropping_ends(groups));
@@ -352,7 +343,7 @@ TEST_CASE("every CPU backend: a forked child that drops the subgroups it inherit
           "leaves them to its parent",
           "[collectives][lifecycle]") {
   // new_group()'s groups have threads of their own, as init's do.
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   auto parents = lt::make_groups(backend, 2, "forked-parent", 15s);
   std::vector<std::shared_ptr<lc::ProcessGroup>> groups(2);
@@ -370,7 +361,7 @@ TEST_CASE("every CPU backend: a send or recv whose peer's connection breaks name
           "[collectives][lifecycle]") {
   // Every CPU backend sends point to point through gloo.
   LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   // Which side of a connection dialled is chance (gloo compares the two
   // addresses), and the peer's address in gloo's error named its rank only
@@ -401,7 +392,7 @@ TEST_CASE("every CPU backend: once a send or recv has completed, the group no lo
           "[collectives][lifecycle]") {
   // Every CPU backend sends point to point through gloo.
   LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   const auto groups = lt::make_groups(backend, 2, "p2p-release", 30s);
   // Past the 4 KiB that travel inside the header, and within them.
@@ -431,7 +422,7 @@ TEST_CASE("every CPU backend: a send or recv issued after its peer's connection 
           "[collectives][lifecycle]") {
   // Every CPU backend sends point to point through gloo.
   LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
-  const std::string backend = GENERATE(from_range(cpu_backends()));
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
   const bool is_send = GENERATE(true, false);
   INFO((is_send ? "send" : "recv"));

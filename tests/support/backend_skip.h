@@ -25,6 +25,14 @@ inline std::vector<std::string> cpu_backends() {
   return names;
 }
 
+// The same, and the hierarchical group over them (shm+gloo), for tests of
+// what every group does whatever carries its calls.
+inline std::vector<std::string> cpu_backends_and_hierarchical() {
+  std::vector<std::string> names = cpu_backends();
+  if (LOCKSTEP_HAVE_GLOO) names.push_back("shm+gloo");
+  return names;
+}
+
 // Empty when `backend` is built in; otherwise why the test cannot run.
 inline std::string backend_skip_reason(const std::string& backend) {
   try {
