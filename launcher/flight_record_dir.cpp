@@ -16,7 +16,6 @@
 
 #include "launcher/process_identity.h"
 #include "lockstep/runtime/env.h"
-#include "lockstep/runtime/error.h"
 
 namespace lockstep::launcher {
 namespace {
@@ -87,10 +86,11 @@ FlightRecorderFiles::FlightRecorderFiles() {
   if (!fs::is_directory(base) || access(base.c_str(), W_OK) != 0)
     base = env("TMPDIR").value_or("/tmp");
   std::string pattern = fmt::format("{}/{}XXXXXX", base, kPrefix);
-  LOCKSTEP_CHECK(mkdtemp(pattern.data()) != nullptr,
-                 "cannot make a directory for the ranks' flight records in {}: {}; set TMPDIR "
-                 "to a writable directory",
-                 base, std::strerror(errno));
+  if (mkdtemp(pattern.data()) == nullptr) {
+    unavailable_ = fmt::format("cannot make a directory for them in {}: {}", base,
+                               std::strerror(errno));
+    return;
+  }
   dir_ = fs::absolute(pattern).string();
   const Scope scope = this_scope();
   write_owner(dir_, scope);
@@ -98,13 +98,17 @@ FlightRecorderFiles::FlightRecorderFiles() {
 }
 
 FlightRecorderFiles::~FlightRecorderFiles() {
+  if (dir_.empty()) return;
   std::error_code ignored;
   fs::remove_all(dir_, ignored);
 }
 
-std::string FlightRecorderFiles::path(int rank) const { return fmt::format("{}/rank-{}", dir_, rank); }
+std::string FlightRecorderFiles::path(int rank) const {
+  return dir_.empty() ? std::string() : fmt::format("{}/rank-{}", dir_, rank);
+}
 
 void FlightRecorderFiles::clear() const {
+  if (dir_.empty()) return;
   std::error_code ignored;
   for (const auto& entry : fs::directory_iterator(dir_, ignored)) {
     if (entry.path().filename() != "owner") fs::remove(entry.path(), ignored);

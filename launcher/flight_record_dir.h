@@ -9,6 +9,10 @@
 // user whose launcher is gone. A directory is left alone when its owner
 // cannot be told (no or an unreadable `owner`, another pid namespace or
 // boot): a pid there means nothing here.
+//
+// With /dev/shm and TMPDIR both unwritable (a read-only root file system) the
+// job runs without the files: each rank records its calls in its own memory,
+// and a failure's report lists the ranks without their last calls.
 #pragma once
 
 #include <string>
@@ -17,20 +21,23 @@ namespace lockstep::launcher {
 
 class FlightRecorderFiles {
  public:
-  // Makes the directory and removes stale ones beside it; throws saying why
-  // it could not make it.
+  // Makes the directory and removes stale ones beside it. Where it cannot be
+  // made, dir() is empty and unavailable() says why.
   FlightRecorderFiles();
   ~FlightRecorderFiles();
   FlightRecorderFiles(const FlightRecorderFiles&) = delete;
   FlightRecorderFiles& operator=(const FlightRecorderFiles&) = delete;
 
   const std::string& dir() const { return dir_; }
+  const std::string& unavailable() const { return unavailable_; }
+  // Empty where there is no directory: the rank then gets no file.
   std::string path(int rank) const;
   // Removes every rank's file: an attempt must not report its predecessor's.
   void clear() const;
 
  private:
   std::string dir_;
+  std::string unavailable_;
 };
 
 }  // namespace lockstep::launcher

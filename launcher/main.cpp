@@ -240,7 +240,12 @@ int run(const Options& options) {
                                    .token = address.token});
 
   const FlightRecorderFiles recorders;
-  reaper.remove_at_exit(recorders.dir());
+  if (recorders.dir().empty())
+    fmt::print(stderr, "lockstep-run: warning: the ranks' flight records are off for this job "
+               "(a failure's report will not list their last collectives): {}; set TMPDIR to a "
+               "writable directory to have them\n", recorders.unavailable());
+  else
+    reaper.remove_at_exit(recorders.dir());
   const Capture capture = !options.tag_output ? Capture::none
                           : same_file(STDOUT_FILENO, STDERR_FILENO) ? Capture::merged
                                                                     : Capture::separate;
