@@ -67,7 +67,7 @@ RunDirLock RunDirLock::acquire(const std::filesystem::path& dir) {
       return RunDirLock(it->second.fd);
     }
   }
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   LOCKSTEP_CHECK(fd >= 0,
                  "cannot open the run lock {}: {}; pick a checkpoint directory this user can "
                  "write",

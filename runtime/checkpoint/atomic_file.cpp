@@ -121,7 +121,7 @@ bool writer_holds_lock(const fs::path& path) {
 // flight; -1 with errno on failure.
 int create_in_flight(const std::string& temp, std::optional<std::pair<dev_t, ino_t>>& id) {
   const std::lock_guard<std::mutex> guard(in_flight().mutex);
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) return fd;
   lock_as_writing(fd);
   id = file_id(fd);

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -144,4 +145,19 @@ TEST_CASE("A run refused because another holds the directory leaves that run's f
   CHECK(warnings.empty());
   kill(other, SIGKILL);
   waitpid(other, nullptr, 0);
+}
+
+TEST_CASE("run dir lock: the lock file's mode is what the umask leaves of 0666",
+          "[checkpoint][run]") {
+  // A group sharing a checkpoint directory (umask 002) takes turns at its
+  // runs: the lock needs a file they can open for writing. It was 0644.
+  TempDir dir;
+  struct UmaskFor {
+    mode_t old;
+    ~UmaskFor() { ::umask(old); }
+  } restore{::umask(002)};
+  { const RunDirLock held = RunDirLock::acquire(dir.str()); }
+  struct stat st {};
+  REQUIRE(::stat(dir.file(".lockstep-run.lock").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0664);
 }

@@ -3,6 +3,7 @@
 // Stale temporary files: a killed writer's is removed, even one that had this
 // process's pid; one being written is not.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -166,4 +167,21 @@ TEST_CASE("atomic file: a temporary file with this process's pid that another na
   }
   // Its writer gone, the lock with it: stale.
   CHECK(remove_stale_temp_files(dir.str()) == std::vector<fs::path>{theirs});
+}
+
+TEST_CASE("atomic file: the file's mode is what the umask leaves of 0666, as a plain open gives",
+          "[checkpoint]") {
+  // A checkpoint directory shared by a group (umask 002) needs group-writable
+  // files, as torch.save's are; they were 0644 whatever the umask.
+  const mode_t mask = GENERATE(mode_t{022}, mode_t{002}, mode_t{077});
+  INFO("umask " << std::oct << mask);
+  TempDir dir;
+  struct UmaskFor {
+    mode_t old;
+    ~UmaskFor() { ::umask(old); }
+  } restore{::umask(mask)};
+  write_text(dir.file("shared.bin"), "x");
+  struct stat st {};
+  REQUIRE(::stat(dir.file("shared.bin").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == (0666 & ~mask));
 }
