@@ -21,6 +21,7 @@
 
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/liveness.h"
+#include "lockstep/runtime/process_id.h"
 #include "lockstep/distributed/store/detail/protocol.h"
 #include "lockstep/distributed/store/listen_address.h"
 #include "lockstep/distributed/store/tcp_store.h"
@@ -99,6 +100,7 @@ struct TcpStore::Impl {
   uint64_t max_body = 0;
   std::mutex mutex;
   proto::FrameParser parser{0xffffffffu};
+  pid_t maker_pid = runtime::this_process_id();
 
   explicit Impl(TcpStoreOptions opts) : options(std::move(opts)) {
     const bool v6 = options.host.find(':') != std::string::npos;
@@ -126,7 +128,24 @@ struct TcpStore::Impl {
   proto::Frame call(proto::MessageType type, const std::vector<std::string_view>& fields,
                     Clock::time_point deadline, const std::string& what);
   [[noreturn]] void lost(const std::string& what, const std::string& cause);
+  // The connection, for one request of `op`; refused in a process forked
+  // from the one that made it.
+  std::unique_lock<std::mutex> use(std::string_view op);
 };
+
+// A forked child shares its parent's socket: their requests and replies
+// would cross, and a get could return the value of the parent's request.
+std::unique_lock<std::mutex> TcpStore::Impl::use(std::string_view op) {
+  if (runtime::this_process_id() != maker_pid) {
+    throw Error(fmt::format(
+        "lockstep store at {}: {} in process {}, which was forked from the one that connected "
+        "(pid {}): the two would share one connection and receive each other's replies; make "
+        "a TcpStore of the child's own (same host, port and token), or start the child with "
+        "lockstep::spawn or lockstep-run",
+        address, op, ::getpid(), maker_pid));
+  }
+  return std::unique_lock<std::mutex>(mutex);
+}
 
 // One connection attempt to each address `host` resolves to; a non-blocking
 // connect so that an unreachable host cannot hold us past the deadline.
@@ -491,7 +510,7 @@ int64_t int_field(const proto::Frame& reply, const std::string& address, const s
 }  // namespace
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
-  std::lock_guard lock(impl_->mutex);
+  const auto lock = impl_->use("set");
   const std::string what = fmt::format("set('{}')", key);
   expect_ok(
       impl_->call(proto::MessageType::Set, {key, view(value)}, answer_deadline(timeout()), what), 0,
@@ -500,7 +519,7 @@ void TcpStore::set(const std::string& key, const Bytes& value) {
 
 Bytes TcpStore::get(const std::string& key) {
   const runtime::BusyScope waiting_for_peers;  // not a hang (runtime/liveness.h)
-  std::lock_guard lock(impl_->mutex);
+  const auto lock = impl_->use("get");
   const std::string what = fmt::format("get('{}')", key);
   const milliseconds limit = timeout();
   auto reply = impl_->call(proto::MessageType::Get, {key, proto::encode_i64(limit.count())},
@@ -515,7 +534,7 @@ Bytes TcpStore::get(const std::string& key) {
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
-  std::lock_guard lock(impl_->mutex);
+  const auto lock = impl_->use("add");
   const std::string what = fmt::format("add('{}', {})", key, delta);
   return int_field(impl_->call(proto::MessageType::Add, {key, proto::encode_i64(delta)},
                                answer_deadline(timeout()), what),
@@ -523,7 +542,7 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 }
 
 Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
-  std::lock_guard lock(impl_->mutex);
+  const auto lock = impl_->use("compare_set");
   const std::string what = fmt::format("compare_set('{}')", key);
   auto reply = impl_->call(proto::MessageType::CompareSet, {key, view(expected), view(desired)},
                            answer_deadline(timeout()), what);
@@ -536,7 +555,7 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
                  "TcpStore::wait on {} keys: at most {} keys per call; wait in batches",
                  keys.size(), proto::kMaxFields - 1);
   const runtime::BusyScope waiting_for_peers;
-  std::lock_guard lock(impl_->mutex);
+  const auto lock = impl_->use("wait");
   const std::string what = fmt::format("wait({})", quoted_list(keys));
   const std::string timeout_field = proto::encode_i64(timeout.count());
   std::vector<std::string_view> fields{timeout_field};
@@ -553,14 +572,14 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
 }
 
 bool TcpStore::delete_key(const std::string& key) {
-  std::lock_guard lock(impl_->mutex);
+  const auto lock = impl_->use("delete_key");
   const std::string what = fmt::format("delete_key('{}')", key);
   return int_field(impl_->call(proto::MessageType::Delete, {key}, answer_deadline(timeout()), what),
                    impl_->address, what) != 0;
 }
 
 int64_t TcpStore::num_keys() {
-  std::lock_guard lock(impl_->mutex);
+  const auto lock = impl_->use("num_keys");
   return int_field(
       impl_->call(proto::MessageType::NumKeys, {}, answer_deadline(timeout()), "num_keys()"),
       impl_->address, "num_keys()");

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -340,6 +341,44 @@ TEST_CASE("tcp store: calls from several threads on one client are serialised", 
   for (auto& t : threads) t.join();
   CHECK(store.add("n", 0) == 800);
   CHECK(store.get_string("t3") == "199");
+}
+
+TEST_CASE("tcp store: a process forked from the client's is refused its connection; the "
+          "parent's goes on",
+          "[store]") {
+  // A forked data worker shares the client's socket: its get and the
+  // parent's requests would receive each other's replies. It went through.
+  TcpStoreServer server(server_options());
+  TcpStore store(client_options(server.port()));
+  store.set("k", "parent");
+  int out[2];
+  REQUIRE(::pipe(out) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(out[0]);
+    std::string message = "<no exception>";
+    try {
+      store.get("k");
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    (void)!::write(out[1], message.data(), message.size());
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  std::string message;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) message.append(buffer, n);
+  ::close(out[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK_THAT(message, Catch::Contains("get in process") &&
+                          Catch::Contains("forked from the one that connected") &&
+                          Catch::Contains("make a TcpStore of the child's own"));
+  CHECK(store.get_string("k") == "parent");
+  store.set("k2", "v");
+  CHECK(store.get_string("k2") == "v");
 }
 
 TEST_CASE("tcp store: a wrong token is refused with a message about LOCKSTEP_TOKEN and about "
