@@ -3,13 +3,8 @@
 // clear error (also through DDP), and the parent's ranks go on undisturbed.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
-#include <csignal>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "collectives/rank_threads.h"
@@ -18,6 +13,7 @@
 #include "lockstep/nn/linear.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/backend_skip.h"
+#include "support/forked_child.h"
 #include "support/test_util.h"
 
 namespace lc = lockstep::collectives;
@@ -26,46 +22,6 @@ using lockstep::runtime::Tensor;
 namespace nn = lockstep::nn;
 using Catch::Matchers::Contains;
 using namespace std::chrono_literals;
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// What a child forked now reports when it calls `call` on `group`: the
-// error's message through a pipe ("<no exception>" if it ran, "<hung>" if
-// the child had not ended within 10 s, when it is killed).
-template <class Call>
-std::string error_in_forked_child(Call&& call) {
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    ::close(fds[0]);
-    const std::string error = lt::error_of(call);
-    (void)!::write(fds[1], error.data(), error.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  int status = 0;
-  const auto start = Clock::now();
-  while (::waitpid(child, &status, WNOHANG) == 0) {
-    if (Clock::now() - start > 10s) {
-      ::kill(child, SIGKILL);
-      ::waitpid(child, &status, 0);
-      ::close(fds[0]);
-      return "<hung>";
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  std::string error;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;) error.append(buffer, n);
-  ::close(fds[0]);
-  return error;
-}
-
-}  // namespace
 
 TEST_CASE("every CPU backend: a collective on the parent's group in a forked child is refused, "
           "and the parent's ranks go on",
@@ -78,7 +34,7 @@ TEST_CASE("every CPU backend: a collective on the parent's group in a forked chi
     Tensor t = Tensor::ones({4});
     groups[static_cast<size_t>(r)]->allreduce(t)->wait();
   });
-  const std::string error = error_in_forked_child([&] {
+  const std::string error = lt::error_in_forked_child([&] {
     Tensor t = Tensor::ones({4});
     groups[0]->allreduce(t)->wait();
   });
@@ -108,7 +64,7 @@ TEST_CASE("every CPU backend: a forked child that aborts its parent's group abor
     Tensor t = Tensor::ones({4});
     groups[static_cast<size_t>(r)]->allreduce(t)->wait();
   });
-  const std::string error = error_in_forked_child([&] {
+  const std::string error = lt::error_in_forked_child([&] {
     groups[0]->abort("the child gave up");
     Tensor t = Tensor::ones({4});
     groups[0]->allreduce(t)->wait();
@@ -138,7 +94,7 @@ TEST_CASE("DDP: a training step in a child forked from a rank is refused, naming
         std::make_unique<nn::DistributedDataParallel>(model, groups[static_cast<size_t>(r)]);
   });
   REQUIRE(ddps[0] != nullptr);
-  const std::string error = error_in_forked_child(
+  const std::string error = lt::error_in_forked_child(
       [&] { lt::loss_of(*ddps[0], lt::shard(global, 0, 2)).backward(); });
   CHECK_THAT(error, Contains("group 'forked-ddp'") && Contains("forked"));
   const auto errors = lt::run_ranks(2, [&](int r) {

@@ -6,7 +6,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,6 +21,7 @@
 #include "lockstep/distributed/store/detail/protocol.h"
 #include "lockstep/distributed/store/tcp_store.h"
 #include "raw_store_client.h"
+#include "support/forked_child.h"
 #include "support/test_util.h"
 
 using namespace lockstep::distributed;
@@ -351,28 +351,7 @@ TEST_CASE("tcp store: a process forked from the client's is refused its connecti
   TcpStoreServer server(server_options());
   TcpStore store(client_options(server.port()));
   store.set("k", "parent");
-  int out[2];
-  REQUIRE(::pipe(out) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(out[0]);
-    std::string message = "<no exception>";
-    try {
-      store.get("k");
-    } catch (const std::exception& e) {
-      message = e.what();
-    }
-    (void)!::write(out[1], message.data(), message.size());
-    ::_exit(0);
-  }
-  ::close(out[1]);
-  std::string message;
-  char buffer[512];
-  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) message.append(buffer, n);
-  ::close(out[0]);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  const std::string message = lockstep::testing::error_in_forked_child([&] { store.get("k"); });
   CHECK_THAT(message, Catch::Contains("get in process") &&
                           Catch::Contains("forked from the one that connected") &&
                           Catch::Contains("make a TcpStore of the child's own"));
