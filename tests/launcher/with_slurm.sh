@@ -71,6 +71,8 @@ munged --force --socket="$dir/munge.socket" --key-file=/etc/munge/munge.key \
   fail "munged did not start"
 
 mkdir -p "$dir/state" "$dir/spool"
+# The node's CPUs as slurmd counts them: nproc answers OMP_NUM_THREADS where a
+# user's shell sets it, and slurmctld drains a node with fewer CPUs than that.
 write_conf() {
   cat >"$dir/slurm.conf" <<EOF
 ClusterName=lockstep-test-$$
@@ -98,7 +100,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none
 ReturnToService=2
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) State=UNKNOWN
 PartitionName=test Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 EOF
 }
