@@ -29,7 +29,12 @@ std::vector<std::string> merged_environment(const std::vector<std::string>& extr
     std::string entry(*e);
     vars[entry.substr(0, entry.find('='))] = entry;
   }
-  for (const auto& entry : extra) vars[entry.substr(0, entry.find('='))] = entry;
+  for (const auto& entry : extra) {
+    if (entry.find('=') == std::string::npos)
+      vars.erase(entry);  // a bare name: the child runs without it
+    else
+      vars[entry.substr(0, entry.find('='))] = entry;
+  }
   std::vector<std::string> out;
   for (auto& [name, entry] : vars) out.push_back(entry);
   return out;

@@ -21,7 +21,8 @@ struct ProcessResult {
 };
 
 // Runs argv[0] (a path) with `argv`, the current environment plus `env`
-// ("NAME=value" entries, overriding), in its own process group.
+// ("NAME=value" entries, overriding; a bare "NAME" removes NAME, for a test
+// of what happens where it is unset), in its own process group.
 ProcessResult run_process(const std::vector<std::string>& argv,
                           std::chrono::milliseconds limit = std::chrono::seconds(120),
                           const std::vector<std::string>& env = {});
