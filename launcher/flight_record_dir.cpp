@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -11,8 +12,10 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "launcher/process_identity.h"
 #include "lockstep/runtime/env.h"
@@ -81,20 +84,28 @@ void remove_stale(const fs::path& base, const fs::path& ours, const Scope& scope
 }  // namespace
 
 FlightRecorderFiles::FlightRecorderFiles() {
-  const auto& env = runtime::process_env();
-  std::string base = "/dev/shm";
-  if (!fs::is_directory(base) || access(base.c_str(), W_OK) != 0)
-    base = env("TMPDIR").value_or("/tmp");
-  std::string pattern = fmt::format("{}/{}XXXXXX", base, kPrefix);
-  if (mkdtemp(pattern.data()) == nullptr) {
-    unavailable_ = fmt::format("cannot make a directory for them in {}: {}", base,
-                               std::strerror(errno));
+  // /dev/shm first (memory: the ranks write at every collective), then where
+  // temporary files go, as mkstemp's callers look: TMPDIR, else /tmp.
+  std::vector<std::string> bases = {"/dev/shm"};
+  for (const std::string& base : {runtime::process_env()("TMPDIR").value_or(""),
+                                  std::string("/tmp")}) {
+    if (!base.empty() && std::find(bases.begin(), bases.end(), base) == bases.end())
+      bases.push_back(base);
+  }
+  std::vector<std::string> failures;
+  for (const std::string& base : bases) {
+    std::string pattern = fmt::format("{}/{}XXXXXX", base, kPrefix);
+    if (mkdtemp(pattern.data()) == nullptr) {
+      failures.push_back(fmt::format("{}: {}", base, std::strerror(errno)));
+      continue;
+    }
+    dir_ = fs::absolute(pattern).string();
+    const Scope scope = this_scope();
+    write_owner(dir_, scope);
+    remove_stale(base, dir_, scope);
     return;
   }
-  dir_ = fs::absolute(pattern).string();
-  const Scope scope = this_scope();
-  write_owner(dir_, scope);
-  remove_stale(base, dir_, scope);
+  unavailable_ = fmt::format("cannot make a directory for them ({})", fmt::join(failures, "; "));
 }
 
 FlightRecorderFiles::~FlightRecorderFiles() {

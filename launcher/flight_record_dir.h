@@ -10,9 +10,10 @@
 // cannot be told (no or an unreadable `owner`, another pid namespace or
 // boot): a pid there means nothing here.
 //
-// With /dev/shm and TMPDIR both unwritable (a read-only root file system) the
-// job runs without the files: each rank records its calls in its own memory,
-// and a failure's report lists the ranks without their last calls.
+// The directory goes in /dev/shm, else in TMPDIR, else in /tmp. Where none is
+// writable (a read-only root file system) the job runs without the files:
+// each rank records its calls in its own memory only, and a failure's report
+// has no calls of this node's ranks to show (it says why).
 #pragma once
 
 #include <string>

@@ -21,6 +21,10 @@ namespace lockstep::launcher {
 
 RankHistory read_rank_history(const std::string& path, int rank, int node,
                               const std::string& host, int64_t pid) {
+  if (path.empty()) {
+    return RankHistory{.rank = rank, .node = node, .host = host, .pid = pid,
+                       .no_record = "its launcher had nowhere to keep flight records"};
+  }
   const int64_t now = distributed::monotonic_ns();
   try {
     const auto records = distributed::read_flight_recorder_file(path);

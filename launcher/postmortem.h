@@ -33,7 +33,8 @@ using distributed::PostmortemEntry;
 using distributed::RankHistory;
 
 // Reads one rank's recorder file, with ages measured from now. A file that
-// cannot be read gives an unrecorded history (and a note on stderr).
+// cannot be read gives an unrecorded history (and a note on stderr); no
+// file (`path` empty: the launcher had nowhere to keep them), one that says so.
 RankHistory read_rank_history(const std::string& path, int rank, int node,
                               const std::string& host, int64_t pid);
 

@@ -237,18 +237,18 @@ TEST_CASE("launcher: in a network namespace whose loopback is down, ranks say so
   CHECK_THAT(r.output, !Contains("is hung"));
 }
 
-TEST_CASE("launcher: with /dev/shm and TMPDIR read-only, the job runs without flight records",
+TEST_CASE("launcher: a job whose flight records have nowhere to go (a read-only root file "
+          "system) runs without them",
           "[launcher]") {
   // A container with a read-only root file system: the launcher refused the
   // job because it could not make its flight-record directory, which only
-  // serves a failure's report. /dev/shm and TMPDIR are read-only tmpfs mounts
-  // in a mount namespace of the script's own (root only); the ranks use gloo,
-  // as shm's segments need /dev/shm.
+  // serves a failure's report. /dev/shm, TMPDIR and /tmp are read-only tmpfs
+  // mounts in a mount namespace of the script's own (root only); the ranks
+  // use gloo, as shm's segments need /dev/shm.
   LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
   TempDir dir;
-  // $0: the read-only TMPDIR; $1: lockstep-run; $2: the rank program.
-  const std::string read_only = R"(mount -t tmpfs -o ro tmpfs /dev/shm || exit 1
-mount -t tmpfs -o ro tmpfs "$0" || exit 1
+  // $0: TMPDIR; $1: lockstep-run; $2: the rank program.
+  const std::string read_only = R"(for d in /dev/shm "$0" /tmp; do mount -t tmpfs -o ro tmpfs "$d" || exit 1; done
 TMPDIR="$0" exec "$1" -np 2 --postmortem-dir "" -x LOCKSTEP_BACKEND=gloo "$2" group-sum)";
   const std::string script = fmt::format(
       "unshare -m true 2>/dev/null || {{ echo 'SKIPPED: cannot unshare a mount namespace (needs "
@@ -260,8 +260,11 @@ TMPDIR="$0" exec "$1" -np 2 --postmortem-dir "" -x LOCKSTEP_BACKEND=gloo "$2" gr
   CHECK(r.ok());
   CHECK_THAT(r.output, Contains("group-sum rank=0 restart=0 sum=3 ok") &&
                            Contains("group-sum rank=1 restart=0 sum=3 ok"));
+  // Every place tried is named, with why.
   CHECK_THAT(r.output, Contains("flight records are off for this job") &&
-                           Contains("Read-only file system") && Contains("set TMPDIR"));
+                           Contains("/dev/shm: Read-only file system") &&
+                           Contains(dir.str() + ": ") &&  // hidden by /tmp's mount
+                           Contains("/tmp: Read-only file system") && Contains("set TMPDIR"));
 }
 
 TEST_CASE("launcher: ranks wait out a moment with no free ephemeral port instead of blaming "
