@@ -588,7 +588,7 @@ int64_t TcpStore::num_keys() {
 std::string TcpStore::address() const { return impl_->address; }
 
 std::string TcpStore::local_address() const {
-  std::lock_guard lock(impl_->mutex);
+  const auto lock = impl_->use("local_address");
   return impl_->local;
 }
 

@@ -20,6 +20,7 @@
 #include "lockstep/distributed/store/prefix_store.h"
 #include "lockstep/distributed/store/detail/protocol.h"
 #include "lockstep/distributed/store/tcp_store.h"
+#include "lockstep/runtime/error.h"
 #include "raw_store_client.h"
 #include "support/forked_child.h"
 #include "support/test_util.h"
@@ -355,6 +356,16 @@ TEST_CASE("tcp store: a process forked from the client's is refused its connecti
   CHECK_THAT(message, Catch::Contains("get in process") &&
                           Catch::Contains("forked from the one that connected") &&
                           Catch::Contains("make a TcpStore of the child's own"));
+  // Before any call: gloo asks it first, under a lock a parent's thread may hold.
+  CHECK_THAT(lockstep::testing::error_in_forked_child([&] { store.local_address(); }),
+             Catch::Contains("local_address in process"));
+  // A client of the child's own works.
+  const std::string own = lockstep::testing::error_in_forked_child([&] {
+    TcpStore child_store(client_options(server.port()));
+    LOCKSTEP_CHECK(child_store.get_string("k") == "parent", "the child's own client read {}",
+                   child_store.get_string("k"));
+  });
+  CHECK(own == "<no exception>");
   CHECK(store.get_string("k") == "parent");
   store.set("k2", "v");
   CHECK(store.get_string("k2") == "v");
