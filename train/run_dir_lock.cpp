@@ -68,10 +68,21 @@ RunDirLock RunDirLock::acquire(const std::filesystem::path& dir) {
     }
   }
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  LOCKSTEP_CHECK(fd >= 0,
-                 "cannot open the run lock {}: {}; pick a checkpoint directory this user can "
-                 "write",
-                 path, std::strerror(errno));
+  if (fd < 0) {
+    const int error = errno;
+    // A lock left by another user's run, made under a umask that kept the
+    // group from writing it: the directory itself may be writable.
+    struct stat there {};
+    LOCKSTEP_CHECK(!(error == EACCES && stat(path.c_str(), &there) == 0 &&
+                     there.st_uid != geteuid()),
+                   "cannot open the run lock {} (mode {:o}, owned by uid {}): {}; it was made "
+                   "by another user's run; have that user make it group-writable (chmod g+w) "
+                   "or remove it, and run with umask 002 in a directory shared by a group",
+                   path, there.st_mode & 07777, there.st_uid, std::strerror(error));
+    throw Error(fmt::format("cannot open the run lock {}: {}; pick a checkpoint directory this "
+                            "user can write",
+                            path, std::strerror(error)));
+  }
   struct flock lock {};
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;

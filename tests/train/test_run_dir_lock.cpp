@@ -18,6 +18,9 @@
 #include "lockstep/train/run_dir_lock.h"
 #include "collectives/rank_threads.h"
 #include "lockstep/train/training_run.h"
+#include "support/forked_child.h"
+#include "support/scoped_umask.h"
+#include "support/skip.h"
 #include "support/temp_dir.h"
 #include "support/test_util.h"
 
@@ -152,12 +155,31 @@ TEST_CASE("run dir lock: the lock file's mode is what the umask leaves of 0666",
   // A group sharing a checkpoint directory (umask 002) takes turns at its
   // runs: the lock needs a file they can open for writing. It was 0644.
   TempDir dir;
-  struct UmaskFor {
-    mode_t old;
-    ~UmaskFor() { ::umask(old); }
-  } restore{::umask(002)};
-  { const RunDirLock held = RunDirLock::acquire(dir.str()); }
+  {
+    const lockstep::testing::ScopedUmask group_shares(002);
+    const RunDirLock held = RunDirLock::acquire(dir.str());
+  }
   struct stat st {};
   REQUIRE(::stat(dir.file(".lockstep-run.lock").c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0664);
+}
+
+TEST_CASE("run dir lock: another user's lock that this user cannot open is named with its mode "
+          "and owner",
+          "[checkpoint][run]") {
+  // Made under umask 022 by one user of a group-shared directory: the others
+  // were told to pick a directory they can write, which they can.
+  LOCKSTEP_SKIP_IF(::geteuid() != 0 ? "needs root, to run as another user" : "");
+  TempDir dir;
+  REQUIRE(::chmod(dir.str().c_str(), 0777) == 0);
+  {
+    const lockstep::testing::ScopedUmask old_default(022);
+    const RunDirLock held = RunDirLock::acquire(dir.str());
+  }
+  const std::string message = lockstep::testing::error_in_forked_child([&] {
+    LOCKSTEP_CHECK(::setgid(65534) == 0 && ::setuid(65534) == 0, "cannot become nobody");
+    RunDirLock::acquire(dir.str());
+  });
+  CHECK_THAT(message, Contains("mode 644, owned by uid 0") && Contains("another user's run") &&
+                          Contains("chmod g+w"));
 }

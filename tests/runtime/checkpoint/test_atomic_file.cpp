@@ -14,6 +14,7 @@
 
 #include "lockstep/runtime/checkpoint/atomic_file.h"
 #include "lockstep/runtime/error.h"
+#include "support/scoped_umask.h"
 #include "support/temp_dir.h"
 
 using lockstep::runtime::check_can_write_file;
@@ -173,13 +174,12 @@ TEST_CASE("atomic file: the file's mode is what the umask leaves of 0666, as a p
           "[checkpoint]") {
   // A checkpoint directory shared by a group (umask 002) needs group-writable
   // files, as torch.save's are; they were 0644 whatever the umask.
+  // 002 tells the old 0644 from 0666 less the umask; 022 and 077 show the
+  // umask is still applied.
   const mode_t mask = GENERATE(mode_t{022}, mode_t{002}, mode_t{077});
   INFO("umask " << std::oct << mask);
   TempDir dir;
-  struct UmaskFor {
-    mode_t old;
-    ~UmaskFor() { ::umask(old); }
-  } restore{::umask(mask)};
+  const lockstep::testing::ScopedUmask umask_for_this_test(mask);
   write_text(dir.file("shared.bin"), "x");
   struct stat st {};
   REQUIRE(::stat(dir.file("shared.bin").c_str(), &st) == 0);
