@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "lockstep/collectives/build_identity.h"
 #include "lockstep/runtime/error.h"
 
 namespace lockstep::collectives {
@@ -66,21 +67,27 @@ BackendChoice choose_default_backend(const std::vector<RankPlacement>& ranks, bo
 std::string format_placement(const PublishedPlacement& entry) {
   const RankPlacement& p = entry.placement;
   const auto or_dash = [](const std::string& s) { return s.empty() ? std::string("-") : s; };
-  return fmt::format("{} {} {} {}", or_dash(entry.asked),
+  const std::string build = entry.build.empty() ? "" : entry.build + " ";
+  return fmt::format("{}{} {} {} {}", build, or_dash(entry.asked),
                      entry.asked.empty() ? p.device.str() : "-",
                      entry.asked.empty() ? or_dash(p.gpu_id) : "-", p.node);
 }
 
-PublishedPlacement parse_placement(const std::string& line) {
+PublishedPlacement parse_placement(const std::string& text) {
+  // The build first, where the rank's lockstep publishes one.
+  const size_t build_end = text.find(' ');
+  const bool has_build = build_end != std::string::npos && is_build(text.substr(0, build_end));
+  const std::string line = has_build ? text.substr(build_end + 1) : text;
   const size_t first = line.find(' ');
   const size_t second = first == std::string::npos ? first : line.find(' ', first + 1);
   const size_t third = second == std::string::npos ? second : line.find(' ', second + 1);
   LOCKSTEP_CHECK(third != std::string::npos,
-                 "a rank published '{}' where '<backend> <device> <GPU identity> <node key>' "
-                 "was expected: do all ranks run the same build of lockstep?",
-                 line);
+                 "a rank published '{}' where '<build> <backend> <device> <GPU identity> <node "
+                 "key>' was expected: do all ranks run the same build of lockstep?",
+                 text);
   const auto field = [](std::string s) { return s == "-" ? std::string() : s; };
   PublishedPlacement entry;
+  if (has_build) entry.build = text.substr(0, build_end);
   entry.asked = field(line.substr(0, first));
   const std::string device = line.substr(first + 1, second - first - 1);
   entry.placement.device = device == "-" ? runtime::Device::cpu() : runtime::Device::parse(device);

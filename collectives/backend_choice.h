@@ -45,14 +45,20 @@ BackendChoice choose_default_backend(const std::vector<RankPlacement>& ranks, bo
 // One rank's entry in init_process_group()'s exchange: the backend it asked
 // for ("" for the default) and where it runs. A rank that asked for a backend
 // publishes only its node (its device is not looked at, and reads as the CPU).
+// `build` is the rank's build of lockstep (build_identity.h's this_build()).
 struct PublishedPlacement {
   std::string asked;
   RankPlacement placement;
+  std::string build;
 };
 
-// The entry as one line, "<backend> <device> <GPU identity> <node key>" with
-// "-" for what is empty or not looked at (only the node key may hold a
-// space), and back. Parsing throws lockstep::Error for a malformed entry.
+// The entry as one line, "<build> <backend> <device> <GPU identity> <node
+// key>" with "-" for what is empty or not looked at (only the node key may
+// hold a space), and back. Without a build (what lockstep published before
+// wire protocol 1) the line starts at the backend, and parses with `build`
+// empty, for the error that names it. Parsing throws lockstep::Error for a
+// malformed entry. The line's layout is part of the wire protocol
+// (distributed/wire_protocol.h): change the number with it.
 std::string format_placement(const PublishedPlacement& entry);
 PublishedPlacement parse_placement(const std::string& line);
 

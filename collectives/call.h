@@ -57,6 +57,8 @@ struct CallSignature {
   std::string text() const;
 };
 
+// Part of the wire protocol: change distributed/wire_protocol.h's
+// kWireProtocol with this packing.
 using PackedSignature = std::array<uint64_t, 4>;
 PackedSignature pack(const CallSignature& signature);
 CallSignature unpack(const PackedSignature& words);

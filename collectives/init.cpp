@@ -15,6 +15,7 @@
 
 #include "lockstep/collectives/backend_choice.h"
 #include "lockstep/collectives/backend_registry.h"
+#include "lockstep/collectives/build_identity.h"
 #include "lockstep/collectives/backends.h"
 #include "lockstep/collectives/debug_group.h"
 #include "lockstep/collectives/new_group.h"
@@ -263,11 +264,12 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   int rank = info.rank;
   int size = info.world_size;
   const std::string node_key = this_node_key(info);
-  // Every rank's backend asked for, device, GPU identity and node key, in one
+  // Every rank's build, backend asked for, device, GPU identity and node key, in one
   // exchange (backend_choice.h's format_placement). Ranks that ask for
   // different backends fail here rather than each waiting for the others in
   // its own backend's rendezvous until the timeout.
-  PublishedPlacement mine{.asked = backend, .placement = {.node = node_key}};
+  PublishedPlacement mine{
+      .asked = backend, .placement = {.node = node_key}, .build = this_build()};
   const runtime::Device device =
       options.device.value_or(distributed::selected_device().value_or(runtime::Device::cpu()));
   if (backend.empty()) {
@@ -276,16 +278,20 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     if (device.is_cuda())
       mine.placement.gpu_id = runtime::device_backend(device).physical_id(device);
   }
-  std::vector<std::string> asked, node_keys;
+  std::vector<std::string> asked, node_keys, builds;
   std::vector<RankPlacement> placements;
   for (const std::string& value : exchange_through_store(
            *holder->store, rank, size, options.name, "placement", format_placement(mine),
            "backend, node and device", timeout, /*watch_exits=*/true)) {
     PublishedPlacement entry = parse_placement(value);
     asked.push_back(std::move(entry.asked));
+    builds.push_back(std::move(entry.build));
     node_keys.push_back(entry.placement.node);
     placements.push_back(std::move(entry.placement));
   }
+  // Ranks of different builds would pair bytes they read differently (or
+  // choose different default backends): every rank refuses the group here.
+  require_same_build(builds, node_keys, options.name);
   backend = agreed_backend(asked, options.name);
   const NodeTopology topology = topology_from_keys(node_keys, rank);
   if (backend.empty()) {

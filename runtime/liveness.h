@@ -17,6 +17,8 @@
 // the launcher stops expecting beats from the rank, whose process may go on
 // without this program (a wrapper script's later steps), until a beat comes
 // again (a later lockstep program of the same rank).
+// These bytes are part of the wire protocol: change
+// distributed/wire_protocol.h's kWireProtocol with them.
 #pragma once
 
 namespace lockstep::runtime {

@@ -60,6 +60,8 @@ bool reached(uint32_t count, uint32_t target) { return static_cast<int32_t>(coun
 
 }  // namespace
 
+// The header and slots are part of the wire protocol: change
+// distributed/wire_protocol.h's kWireProtocol with their layout.
 struct Comm::Header {
   uint32_t magic;
   uint32_t world_size;

@@ -1,0 +1,34 @@
+// What decides whether two ranks can be in one group: lockstep's version, its
+// wire protocol (distributed/wire_protocol.h) and the backends built in (a
+// rank without NCCL chooses another default backend than one with it; a rank
+// without gloo cannot join shm+gloo). init_process_group() carries every
+// rank's build in its placement exchange (backend_choice.h) and refuses a
+// group whose ranks differ, on every rank at once, instead of pairing ranks
+// that read each other's bytes differently.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace lockstep::collectives {
+
+// This build, as one word for the placement line:
+// "lockstep/<version>/wire<N>/<backend>,<backend>,..." (built_in_backends()).
+std::string this_build();
+
+// `build` for people: "lockstep 0.1.0 wire 1 (gloo, mpi, shm)". An empty
+// `build` is a rank of a lockstep from before builds were published.
+std::string describe_build(const std::string& build);
+
+// Whether `word` is a build as this_build() writes it (a placement line's
+// first field; before builds were published that field was the backend).
+bool is_build(const std::string& word);
+
+// Throws lockstep::Error where the ranks of `group` run different builds:
+// `builds[r]` is rank r's ("" for one from before builds were published),
+// `nodes[r]` its node key. The message names each build with its ranks and
+// nodes, and what to do.
+void require_same_build(const std::vector<std::string>& builds,
+                        const std::vector<std::string>& nodes, const std::string& group);
+
+}  // namespace lockstep::collectives

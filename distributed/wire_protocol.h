@@ -1,0 +1,21 @@
+// lockstep's wire protocol number: what the ranks of one group, and a rank
+// and the lockstep-run that started it, must share to talk at all. Ranks of
+// builds with different numbers are refused at init_process_group()
+// (collectives/build_identity.h).
+//
+// Change kWireProtocol whenever any layout that crosses a process changes:
+//   - the line each rank publishes in init_process_group()'s placement
+//     exchange (backend_choice.h's format_placement, build_identity.h);
+//   - the shm segment's header and slots (collectives/shm/shm_comm.cpp);
+//   - the packed collective signature (collectives/call.h) and gloo's
+//     exchange of it (collectives/gloo/gloo_call_check.cpp);
+//   - store key names and the TCP store's messages (distributed/store/);
+//   - the launcher's heartbeat bytes (runtime/liveness.h) and the variables
+//     it gives a rank (launch_env.h, launcher/child_env.cpp).
+#pragma once
+
+namespace lockstep::distributed {
+
+inline constexpr int kWireProtocol = 1;
+
+}  // namespace lockstep::distributed
