@@ -8,6 +8,7 @@
 
 #include "lockstep/distributed/env_slurm.h"
 #include "lockstep/distributed/store/listen_address.h"
+#include "lockstep/distributed/wire_protocol.h"
 #include "lockstep/runtime/env.h"
 #include "lockstep/runtime/error.h"
 #include "lockstep/runtime/stable_hash.h"
@@ -405,6 +406,9 @@ RankInfo read_rank_info(const EnvLookup& process, RankInfoOptions options) {
   }
 
   info.source = source->name;
+  // A rank of another build than its lockstep-run's would misread what the
+  // launcher tells it (these variables, its heartbeats).
+  if (is(source, "lockstep-run")) require_launcher_wire(process);
   const EnvLookup env = is(source, "slurm") ? slurm_view(process) : process;
   info.world_size = require_int(env, *source, source->world_size, 1);
   info.rank = require_int(env, *source, source->rank, 0);

@@ -1,7 +1,8 @@
 // lockstep's wire protocol number: what the ranks of one group, and a rank
 // and the lockstep-run that started it, must share to talk at all. Ranks of
 // builds with different numbers are refused at init_process_group()
-// (collectives/build_identity.h).
+// (collectives/build_identity.h), and a rank started by a lockstep-run of
+// another number is refused as it reads its environment (launch_env.h).
 //
 // Change kWireProtocol whenever any layout that crosses a process changes:
 //   - the line each rank publishes in init_process_group()'s placement
@@ -14,8 +15,21 @@
 //     it gives a rank (launch_env.h, launcher/child_env.cpp).
 #pragma once
 
+#include "lockstep/runtime/env.h"
+
 namespace lockstep::distributed {
 
 inline constexpr int kWireProtocol = 1;
+
+// Set by lockstep-run in each rank's environment: its kWireProtocol and its
+// version (for the message when the rank's differs).
+inline constexpr const char* kLauncherWireVar = "LOCKSTEP_LAUNCHER_WIRE";
+inline constexpr const char* kLauncherVersionVar = "LOCKSTEP_LAUNCHER_VERSION";
+
+// For a rank lockstep-run started: throws lockstep::Error, naming both
+// builds, where `env`'s LOCKSTEP_LAUNCHER_WIRE is not this build's
+// kWireProtocol (or not a number). Where it is unset (a launcher from before
+// it was set, or rank variables set by hand) nothing can be checked.
+void require_launcher_wire(const runtime::EnvLookup& env);
 
 }  // namespace lockstep::distributed

@@ -4,7 +4,9 @@
 #include <map>
 
 #include "launcher/spawn.h"
+#include "lockstep/config.h"
 #include "lockstep/distributed/launch_env.h"
+#include "lockstep/distributed/wire_protocol.h"
 
 namespace lockstep::launcher {
 
@@ -53,6 +55,9 @@ std::vector<std::string> child_environment(const std::vector<std::string>& base,
   for (auto& [name, value] : distributed::rank_variables(info, options.nnodes, master_port))
     vars[name] = value;
   vars["LOCKSTEP_RESTART_COUNT"] = std::to_string(restart_count);
+  // The rank's lockstep checks that it speaks this launcher's protocol.
+  vars[distributed::kLauncherWireVar] = std::to_string(distributed::kWireProtocol);
+  vars[distributed::kLauncherVersionVar] = LOCKSTEP_VERSION_STRING;
   // The rest of what torchrun --standalone gives a worker, for a program
   // written for it: its node (GROUP_*) and role (one role: every rank), and
   // its restarts (a script resumes from its checkpoint when the count is

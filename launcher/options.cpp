@@ -16,6 +16,7 @@
 
 #include "lockstep/config.h"
 #include "lockstep/distributed/launch_env.h"
+#include "lockstep/distributed/wire_protocol.h"
 
 namespace lockstep::launcher {
 namespace {
@@ -107,7 +108,9 @@ std::string set_by_launcher(const std::string& name) {
   static const std::set<std::string> kOwn = [] {
     std::set<std::string> own = {"LOCKSTEP_RESTART_COUNT", "LOCKSTEP_JOB_ID",
                                  "LOCKSTEP_FLIGHT_RECORDER", "ROLE_NAME", "ROLE_RANK",
-                                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"};
+                                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE",
+                                 distributed::kLauncherWireVar,
+                                 distributed::kLauncherVersionVar};
     for (const auto& entry : kFlagFor) own.insert(entry.first);
     for (const auto& [var, value] : distributed::rank_variables({}, 1, 0)) own.insert(var);
     own.erase("MASTER_PORT");  // chooses the program's port (take_program_port())
@@ -334,7 +337,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
       "TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_USE_AGENT_STORE,\n"
       "LOCKSTEP_RESTART_COUNT, LOCKSTEP_JOB_ID (one per launch, the same for every\n"
       "attempt), LOCKSTEP_FLIGHT_RECORDER, LOCKSTEP_HEARTBEAT_FD and LOCKSTEP_HEARTBEAT_MS (its\n"
-      "heartbeat socket, descriptor 3, and how often to beat; not with --hang-timeout 0), and\n"
+      "heartbeat socket, descriptor 3, and how often to beat; not with --hang-timeout 0),\n"
+      "LOCKSTEP_LAUNCHER_WIRE and LOCKSTEP_LAUNCHER_VERSION (this launcher's wire protocol\n"
+      "and version: a rank of another protocol refuses to start), and\n"
       "OMP_NUM_THREADS=1 unless set (with --tag-output, PYTHONUNBUFFERED=1 unless set too).\n"
       "-x cannot set these (OMP_NUM_THREADS, PYTHONUNBUFFERED and MASTER_PORT aside).\n"
       "CUDA_VISIBLE_DEVICES is left alone: a rank uses cuda:<local rank>. Global rank = node\n"

@@ -7,9 +7,13 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "lockstep/config.h"
 #include "lockstep/distributed/launch_env.h"
 #include "lockstep/distributed/env_slurm.h"
 #include "lockstep/distributed/store/listen_address.h"
+#include "lockstep/distributed/wire_protocol.h"
 #include "support/env_lookup.h"
 #include "support/test_util.h"
 
@@ -474,6 +478,28 @@ TEST_CASE("env: PMIx variables", "[env]") {
   CHECK(info.world_size == 2);
   CHECK(info.local_world_size == 2);
   CHECK_THAT(error_for({{"PMIX_RANK", "0"}}), Contains("PMIX_SIZE is not set"));
+}
+
+TEST_CASE("env: a rank started by a lockstep-run of another wire protocol is refused, naming "
+          "both builds",
+          "[env][wire_protocol]") {
+  // Before, the rank read the variables and heartbeats of another protocol as
+  // its own and went on.
+  const std::string mine = std::to_string(lockstep::distributed::kWireProtocol);
+  const std::string other = std::to_string(lockstep::distributed::kWireProtocol + 1);
+  const auto e = error_for(merged(
+      kLockstep, {{"LOCKSTEP_LAUNCHER_WIRE", other}, {"LOCKSTEP_LAUNCHER_VERSION", "9.9.0"}}));
+  CHECK_THAT(e, Contains(fmt::format("this program runs lockstep {} wire {}, but the lockstep-run "
+                                     "that started it runs lockstep 9.9.0 wire {}",
+                                     LOCKSTEP_VERSION_STRING, mine, other)) &&
+                    Contains("the same install's bin/lockstep-run"));
+  CHECK_THAT(error_for(merged(kLockstep, {{"LOCKSTEP_LAUNCHER_WIRE", "seven"}})),
+             Contains("wire seven (LOCKSTEP_LAUNCHER_WIRE=seven)"));
+  // The same protocol, or none given (rank variables set by hand): read as before.
+  CHECK(read(merged(kLockstep, {{"LOCKSTEP_LAUNCHER_WIRE", mine}})).rank == 3);
+  CHECK(read(kLockstep).rank == 3);
+  // Another launcher's rank leaves it alone (an outer lockstep-run's value).
+  CHECK(read(merged(kTorchrun, {{"LOCKSTEP_LAUNCHER_WIRE", other}})).source == "torchrun");
 }
 
 TEST_CASE("env: precedence lockstep-run > torchrun > Open MPI > PMI > Slurm > PMIx", "[env]") {

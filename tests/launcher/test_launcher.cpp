@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "lockstep/config.h"
+#include "lockstep/distributed/wire_protocol.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 #include "support/backend_skip.h"
@@ -70,6 +72,36 @@ TEST_CASE("launcher: ranks get their variables", "[launcher]") {
   CHECK(addrs.size() == 1);
   CHECK(tokens.size() == 1);
   CHECK(master_ports.size() == 1);
+}
+
+TEST_CASE("launcher: a rank of another wire protocol than the launcher's refuses to start, "
+          "naming both builds",
+          "[launcher][wire_protocol]") {
+  // Each rank is told the launcher's protocol and version.
+  const auto r = launch({"-np", "1"},
+                        {"print", "show=LOCKSTEP_LAUNCHER_WIRE", "show=LOCKSTEP_LAUNCHER_VERSION"});
+  REQUIRE(r.ok());
+  const auto lines = probe_lines(r.output);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines.at(0).at("LOCKSTEP_LAUNCHER_WIRE") ==
+        std::to_string(lockstep::distributed::kWireProtocol));
+  CHECK(lines.at(0).at("LOCKSTEP_LAUNCHER_VERSION") == LOCKSTEP_VERSION_STRING);
+
+  // A program whose build speaks another protocol than its lockstep-run,
+  // played by one that sees another launcher's values. Before, it read the
+  // launcher's variables as its own and went on.
+  const auto other = run_process({bin_path("lockstep-run"), "-np", "2", "/usr/bin/env",
+                                  "LOCKSTEP_LAUNCHER_WIRE=0", "LOCKSTEP_LAUNCHER_VERSION=0.0.1",
+                                  bin_path("launcher_probe"), "print"},
+                                 kLimit);
+  INFO(describe(other) << "\n" << other.output);
+  CHECK(other.exit_code != 0);
+  CHECK_THAT(other.output, Contains(fmt::format("this program runs lockstep {} wire {}, but the "
+                                                "lockstep-run that started it runs lockstep "
+                                                "0.0.1 wire 0",
+                                                LOCKSTEP_VERSION_STRING,
+                                                lockstep::distributed::kWireProtocol)));
+  CHECK(probe_lines(other.output).empty());
 }
 
 TEST_CASE("launcher: all ranks reach the same store", "[launcher]") {
