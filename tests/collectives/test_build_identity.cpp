@@ -69,8 +69,11 @@ TEST_CASE("This build reads back from its placement line, and a line of an older
              Contains(fmt::format("lockstep {} wire {} (", LOCKSTEP_VERSION_STRING,
                                   distributed::kWireProtocol)) &&
                  Contains("shm"));
-  const auto back = collectives::parse_placement(collectives::format_placement(
-      {.asked = "gloo", .placement = {.node = "node a"}, .build = mine}));
+  collectives::PublishedPlacement entry;
+  entry.asked = "gloo";
+  entry.placement.node = "node a";
+  entry.build = mine;
+  const auto back = collectives::parse_placement(collectives::format_placement(entry));
   CHECK(back.build == mine);
   CHECK(back.asked == "gloo");
   CHECK(back.placement.node == "node a");
