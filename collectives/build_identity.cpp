@@ -26,6 +26,15 @@ std::vector<std::string> split(const std::string& text, char separator) {
   return parts;
 }
 
+// What must be equal: the wire protocol, and the backends built in where
+// they choose the default. A build that does not parse is itself.
+std::string must_match(const std::string& build, bool compare_backends) {
+  if (!is_build(build)) return build;
+  const std::vector<std::string> parts = split(build.substr(kPrefix.size()), '/');
+  if (parts.size() != 3) return build;
+  return compare_backends ? parts[1] + "/" + parts[2] : parts[1];
+}
+
 }  // namespace
 
 std::string this_build() {
@@ -37,9 +46,7 @@ bool is_build(const std::string& word) { return word.starts_with(kPrefix); }
 
 std::string describe_build(const std::string& build) {
   if (build.empty())
-    return fmt::format("a lockstep from before wire protocol {} (one that does not say its "
-                       "version)",
-                       distributed::kWireProtocol);
+    return "a lockstep from before wire protocol 1 (one that does not say its version)";
   const std::vector<std::string> parts = split(build.substr(kPrefix.size()), '/');
   if (parts.size() != 3 || !parts[1].starts_with("wire")) return fmt::format("'{}'", build);
   return fmt::format("lockstep {} wire {} ({})", parts[0], parts[1].substr(4),
@@ -47,11 +54,14 @@ std::string describe_build(const std::string& build) {
 }
 
 void require_same_build(const std::vector<std::string>& builds,
-                        const std::vector<std::string>& nodes, const std::string& group) {
+                        const std::vector<std::string>& nodes, const std::string& group,
+                        bool compare_backends) {
   LOCKSTEP_CHECK(!builds.empty() && builds.size() == nodes.size(),
                  "require_same_build: {} builds for {} nodes", builds.size(), nodes.size());
-  if (std::all_of(builds.begin(), builds.end(),
-                  [&](const std::string& b) { return b == builds.front(); }))
+  const std::string first = must_match(builds.front(), compare_backends);
+  if (std::all_of(builds.begin(), builds.end(), [&](const std::string& b) {
+        return must_match(b, compare_backends) == first;
+      }))
     return;
   // Each build, in order of its lowest rank, with its ranks and their nodes.
   struct Users {
@@ -77,10 +87,13 @@ void require_same_build(const std::vector<std::string>& builds,
                                 fmt::join(u.nodes, ", "), one ? "s" : "", describe_build(u.build)));
   }
   throw Error(fmt::format(
-      "group '{}': its ranks run different builds of lockstep, which cannot be paired: {}. Run "
-      "the same build on every node (one version, built with the same backends), and start the "
-      "ranks with that build's lockstep-run",
-      group, fmt::join(parts, "; ")));
+      "group '{}': its ranks run builds of lockstep that cannot be paired ({}): {}. Run the "
+      "same build on every node, and start the ranks with that build's lockstep-run",
+      group,
+      compare_backends ? "another wire protocol, or other backends built in where the default "
+                         "backend is chosen"
+                       : "another wire protocol",
+      fmt::join(parts, "; ")));
 }
 
 }  // namespace lockstep::collectives

@@ -1,10 +1,11 @@
-// What decides whether two ranks can be in one group: lockstep's version, its
-// wire protocol (distributed/wire_protocol.h) and the backends built in (a
-// rank without NCCL chooses another default backend than one with it; a rank
-// without gloo cannot join shm+gloo). init_process_group() carries every
-// rank's build in its placement exchange (backend_choice.h) and refuses a
-// group whose ranks differ, on every rank at once, instead of pairing ranks
-// that read each other's bytes differently.
+// What decides whether two ranks can be in one group: lockstep's wire
+// protocol (distributed/wire_protocol.h), and where the default backend is
+// chosen, the backends built in (a rank without NCCL chooses another default
+// than one with it). init_process_group() carries every rank's build
+// (version, protocol, backends) in its placement exchange (backend_choice.h)
+// and refuses a group whose ranks cannot be paired, on every rank at once,
+// naming each build, instead of pairing ranks that read each other's bytes
+// differently. Versions of one protocol pair.
 #pragma once
 
 #include <string>
@@ -24,11 +25,13 @@ std::string describe_build(const std::string& build);
 // first field; before builds were published that field was the backend).
 bool is_build(const std::string& word);
 
-// Throws lockstep::Error where the ranks of `group` run different builds:
-// `builds[r]` is rank r's ("" for one from before builds were published),
-// `nodes[r]` its node key. The message names each build with its ranks and
-// nodes, and what to do.
+// Throws lockstep::Error where the ranks of `group` run builds of different
+// wire protocols, or, with `compare_backends` (some rank asked for the
+// default backend), different backends built in: `builds[r]` is rank r's (""
+// for one from before builds were published), `nodes[r]` its node key. The
+// message names each build with its ranks and nodes, and what to do.
 void require_same_build(const std::vector<std::string>& builds,
-                        const std::vector<std::string>& nodes, const std::string& group);
+                        const std::vector<std::string>& nodes, const std::string& group,
+                        bool compare_backends);
 
 }  // namespace lockstep::collectives

@@ -291,7 +291,9 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   }
   // Ranks of different builds would pair bytes they read differently (or
   // choose different default backends): every rank refuses the group here.
-  require_same_build(builds, node_keys, options.name);
+  require_same_build(builds, node_keys, options.name,
+                     std::any_of(asked.begin(), asked.end(),
+                                 [](const std::string& a) { return a.empty(); }));
   backend = agreed_backend(asked, options.name);
   const NodeTopology topology = topology_from_keys(node_keys, rank);
   if (backend.empty()) {

@@ -88,22 +88,31 @@ TEST_CASE("Ranks of different builds are refused, naming each build with its ran
           "[collectives][build_identity]") {
   const std::string mine = collectives::this_build();
   const std::string older = "lockstep/0.0.9/wire0/gloo,shm";
-  collectives::require_same_build({mine, mine}, {"a", "b"}, "g");
+  collectives::require_same_build({mine, mine}, {"a", "b"}, "g", true);
   const std::string e = error_of([&] {
-    collectives::require_same_build({mine, mine, older, older}, {"a", "a", "b", "c"}, "g");
+    collectives::require_same_build({mine, mine, older, older}, {"a", "a", "b", "c"}, "g", false);
   });
-  CHECK_THAT(e, Contains("group 'g': its ranks run different builds of lockstep") &&
+  CHECK_THAT(e, Contains("group 'g': its ranks run builds of lockstep that cannot be paired "
+                         "(another wire protocol)") &&
                     Contains(fmt::format("ranks 0, 1 (node a) run {}",
                                          collectives::describe_build(mine))) &&
                     Contains("ranks 2, 3 (nodes b, c) run lockstep 0.0.9 wire 0 (gloo, shm)") &&
                     Contains("Run the same build on every node"));
-  // Same version, other backends built in (a CPU-only build beside one with NCCL).
+  // Other backends built in (a CPU-only build beside one with NCCL): refused
+  // where the default backend is chosen, which they would choose apart.
   CHECK_THAT(error_of([&] {
-               collectives::require_same_build({mine, mine + ",nccl"}, {"a", "b"}, "g");
+               collectives::require_same_build({mine, mine + ",nccl"}, {"a", "b"}, "g", true);
              }),
              Contains("rank 1 (node b) runs") && Contains("nccl)"));
-  CHECK_THAT(error_of([&] { collectives::require_same_build({mine, ""}, {"a", "b"}, "g"); }),
-             Contains("rank 1 (node b) runs a lockstep from before wire protocol"));
+  collectives::require_same_build({mine, mine + ",nccl"}, {"a", "b"}, "g", false);
+  // Another version of the same protocol pairs.
+  const std::string wire = fmt::format("/wire{}/", distributed::kWireProtocol);
+  const std::string other_version =
+      "lockstep/9.9.9" + mine.substr(mine.find(wire));
+  collectives::require_same_build({mine, other_version}, {"a", "b"}, "g", true);
+  CHECK_THAT(
+      error_of([&] { collectives::require_same_build({mine, ""}, {"a", "b"}, "g", false); }),
+      Contains("rank 1 (node b) runs a lockstep from before wire protocol 1"));
 }
 
 TEST_CASE("init_process_group fails at once on every rank beside a rank of another build",
@@ -114,7 +123,8 @@ TEST_CASE("init_process_group fails at once on every rank beside a rank of anoth
   // differently; a newer build's read as a backend asked for.
   for (const std::string& e :
        init_beside("lockstep/0.0.9/wire0/gloo,shm shm - - other-node", 3)) {
-    CHECK_THAT(e, Contains("group 'default': its ranks run different builds of lockstep") &&
+    CHECK_THAT(e, Contains("group 'default': its ranks run builds of lockstep that cannot be "
+                           "paired") &&
                       Contains("rank 2 (node other-node) runs lockstep 0.0.9 wire 0 (gloo, shm)") &&
                       Contains("ranks 0, 1 (node "));
   }
