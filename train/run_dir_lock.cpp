@@ -67,7 +67,10 @@ RunDirLock RunDirLock::acquire(const std::filesystem::path& dir) {
       return RunDirLock(it->second.fd);
     }
   }
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  // In a sticky shared directory, fs.protected_regular refuses O_CREAT of
+  // another user's file even where its mode lets this user write it.
+  if (fd < 0 && errno == EACCES) fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     const int error = errno;
     // A lock left by another user's run, made under a umask that kept the
@@ -75,10 +78,12 @@ RunDirLock RunDirLock::acquire(const std::filesystem::path& dir) {
     struct stat there {};
     LOCKSTEP_CHECK(!(error == EACCES && stat(path.c_str(), &there) == 0 &&
                      there.st_uid != geteuid()),
-                   "cannot open the run lock {} (mode {:o}, owned by uid {}): {}; it was made "
-                   "by another user's run; have that user make it group-writable (chmod g+w) "
-                   "or remove it, and run with umask 002 in a directory shared by a group",
-                   path, there.st_mode & 07777, there.st_uid, std::strerror(error));
+                   "cannot open the run lock {} (mode {:o}, owned by uid {}, group {}): {}; it "
+                   "was made by another user's run; have that user let this one write it "
+                   "(chmod g+w, with this user in its group) or remove it, and run with umask "
+                   "002 in a directory shared by a group",
+                   path, there.st_mode & 07777, there.st_uid, there.st_gid,
+                   std::strerror(error));
     throw Error(fmt::format("cannot open the run lock {}: {}; pick a checkpoint directory this "
                             "user can write",
                             path, std::strerror(error)));
