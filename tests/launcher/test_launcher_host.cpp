@@ -242,13 +242,14 @@ TEST_CASE("launcher: a job whose flight records have nowhere to go (a read-only 
           "[launcher]") {
   // A container with a read-only root file system: the launcher refused the
   // job because it could not make its flight-record directory, which only
-  // serves a failure's report. /dev/shm, TMPDIR and /tmp are read-only tmpfs
-  // mounts in a mount namespace of the script's own (root only); the ranks
-  // use gloo, as shm's segments need /dev/shm.
+  // serves a failure's report. /dev/shm, TMPDIR and /tmp are made read-only
+  // where they are (bind mounts, so that a build under /tmp still runs), in a
+  // mount namespace of the script's own (root only); the ranks use gloo, as
+  // shm's segments need a writable /dev/shm.
   LOCKSTEP_SKIP_UNLESS_BACKEND("gloo");
   TempDir dir;
   // $0: TMPDIR; $1: lockstep-run; $2: the rank program.
-  const std::string read_only = R"(for d in /dev/shm "$0" /tmp; do mount -t tmpfs -o ro tmpfs "$d" || exit 1; done
+  const std::string read_only = R"(for d in /dev/shm "$0" /tmp; do mount --bind "$d" "$d" && mount -o remount,ro,bind "$d" || exit 1; done
 TMPDIR="$0" exec "$1" -np 2 --postmortem-dir "" -x LOCKSTEP_BACKEND=gloo "$2" group-sum)";
   const std::string script = fmt::format(
       "unshare -m true 2>/dev/null || {{ echo 'SKIPPED: cannot unshare a mount namespace (needs "
@@ -263,7 +264,7 @@ TMPDIR="$0" exec "$1" -np 2 --postmortem-dir "" -x LOCKSTEP_BACKEND=gloo "$2" gr
   // Every place tried is named, with why.
   CHECK_THAT(r.output, Contains("flight records are off for this job") &&
                            Contains("/dev/shm: Read-only file system") &&
-                           Contains(dir.str() + ": ") &&  // hidden by /tmp's mount
+                           Contains(dir.str() + ": Read-only file system") &&
                            Contains("/tmp: Read-only file system") && Contains("set TMPDIR"));
 }
 
