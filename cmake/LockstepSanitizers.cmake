@@ -45,3 +45,16 @@ function(lockstep_driver_code target)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O0>)
   endif()
 endfunction()
+
+# lockstep_test_code(<target>): driver code whose only job is to check (the
+# tests, their workers, the README's program). In an optimising build it is
+# compiled at -O1: -O3 would take about twice as long to compile it, and the
+# library under test keeps the build type's optimisation. A sanitized build
+# compiles it at -O0 (lockstep_driver_code).
+function(lockstep_test_code target)
+  lockstep_driver_code(${target})
+  if(NOT LOCKSTEP_SANITIZE)
+    target_compile_options(${target} PRIVATE
+      $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Release,RelWithDebInfo>>:-O1>)
+  endif()
+endfunction()
