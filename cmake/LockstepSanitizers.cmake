@@ -48,7 +48,7 @@ endfunction()
 
 # lockstep_test_code(<target>): driver code whose only job is to check (the
 # tests, their workers, the README's program). In an optimising build it is
-# compiled at -O1: -O3 would take about twice as long to compile it, and the
+# compiled at -O1: -O3 takes about 1.6 times as long to compile it, and the
 # library under test keeps the build type's optimisation. A sanitized build
 # compiles it at -O0 (lockstep_driver_code).
 function(lockstep_test_code target)
