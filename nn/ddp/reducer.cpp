@@ -248,6 +248,28 @@ std::vector<BucketInfo> Reducer::bucket_info() const {
   return out;
 }
 
+namespace {
+
+// Visits each node the backward passes running on this thread can reach,
+// once, until `visit` returns true; says whether it did.
+template <class Visit>
+bool walk_running_graph(Visit&& visit) {
+  std::unordered_set<const runtime::Node*> seen;
+  std::vector<const runtime::Node*> stack = runtime::running_backward_roots();
+  while (!stack.empty()) {
+    const runtime::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    if (visit(node)) return true;
+    for (const auto& next : node->next) {
+      if (next) stack.push_back(next.get());
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 // The parameters this backward can give a gradient to: those its graph
 // reaches from the node it started from (and from those of the passes it
 // runs inside, or that run inside it so far). Walked from the backward itself,
@@ -257,20 +279,55 @@ std::vector<BucketInfo> Reducer::bucket_info() const {
 // output is kept but never backpropagated adds nothing.
 std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves() const {
   std::unordered_set<const runtime::TensorImpl*> leaves;
-  std::unordered_set<const runtime::Node*> seen;
-  std::vector<const runtime::Node*> stack = runtime::running_backward_roots();
-  while (!stack.empty()) {
-    const runtime::Node* node = stack.back();
-    stack.pop_back();
-    if (!seen.insert(node).second) continue;
+  walk_running_graph([&](const runtime::Node* node) {
     if (const auto* acc = dynamic_cast<const runtime::AccumulateGrad*>(node)) {
       leaves.insert(acc->leaf().impl_ptr());
     }
-    for (const auto& next : node->next) {
-      if (next) stack.push_back(next.get());
-    }
-  }
+    return false;
+  });
   return leaves;
+}
+
+// The armed forwards' outputs that this (averaged) backward goes through.
+std::vector<std::weak_ptr<runtime::Node>> Reducer::armed_outputs_reached() const {
+  std::unordered_set<const runtime::Node*> reached;
+  walk_running_graph([&](const runtime::Node* node) {
+    reached.insert(node);
+    return false;
+  });
+  std::vector<std::weak_ptr<runtime::Node>> out;
+  for (const auto& weak : armed_graph_) {
+    const auto node = weak.lock();
+    if (node && reached.count(node.get())) out.push_back(weak);
+  }
+  return out;
+}
+
+// A backward that accumulates locally after an averaged one (a no_sync()
+// forward came while that one was armed) may go through the no_sync()
+// forwards' outputs only. Through an output the averaged backward already
+// went through (the retained graph of one loss over both forwards,
+// backpropagated again), its gradients would be added a second time,
+// unaveraged, where a second backward through one forward is refused
+// elsewhere. Checked once per backward pass, on its first gradient.
+void Reducer::check_not_averaged_again(const std::string& name) {
+  std::unordered_set<const runtime::Node*> spent;
+  for (const auto& weak : averaged_outputs_)
+    if (const auto node = weak.lock()) spent.insert(node.get());
+  if (spent.empty()) return;
+  pass_checked_ = true;
+  // Cleared when the pass ends, whether its callbacks run or are dropped.
+  auto clear = std::make_shared<DropGuard>([this] { pass_checked_ = false; });
+  runtime::queue_outermost_backward_callback([clear] {});
+  if (walk_running_graph([&](const runtime::Node* node) { return spent.count(node) > 0; })) {
+    throw Error(fmt::format(
+        "DistributedDataParallel on rank {}: parameter '{}' received a gradient through the "
+        "output of a forward that the last averaged backward already went through (a second "
+        "backward through one loss, its graph retained). Only the no_sync() forwards that came "
+        "after it accumulate locally until the next averaged backward; run a new ddp.forward() "
+        "for every backward",
+        group_.rank(), name));
+  }
 }
 
 // A rank that skips a batch after an error drains what its backward started
@@ -391,6 +448,7 @@ void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs, bool sync
     armed_by_leaf_ = false;
   }
   std::erase_if(armed_graph_, [](const auto& node) { return node.expired(); });
+  averaged_outputs_.clear();
   mode_ = Mode::sync;
   uncounted_active_ = 0;
   deferred_no_sync_active_ = 0;
@@ -473,6 +531,7 @@ void Reducer::on_gradient_ready(size_t param) {
   const std::string& name = params_[param].first;
   gradients_seen_ = true;
   if (mode_ == Mode::no_sync) {
+    if (!averaged_outputs_.empty() && !pass_checked_) check_not_averaged_again(name);
     // Gradients accumulate locally; the next averaged backward must know
     // that this rank has one for this parameter, even if it then goes unused.
     locally_used_[param] = 1;
@@ -543,6 +602,9 @@ void Reducer::begin_backward() {
   stats_ = DdpStats{.iteration = stats_.iteration,
                     .forward_ms = forward_ms_,
                     .gradients_expected = static_cast<int64_t>(params_.size())};
+  // Walked only where a no_sync() forward waits behind this backward.
+  averaged_outputs_.clear();
+  if (deferred_no_sync_active_ > 0) averaged_outputs_ = armed_outputs_reached();
   if (walked_) {
     const auto reached = reachable_leaves();
     for (size_t i = 0; i < params_.size(); ++i)
@@ -953,6 +1015,7 @@ void Reducer::end_iteration() {
   armed_graph_.clear();
   armed_by_leaf_ = false;
   mode_ = deferred_no_sync_active_ > 0 ? Mode::no_sync : Mode::idle;
+  if (mode_ == Mode::idle) averaged_outputs_.clear();
   uncounted_active_ = deferred_no_sync_active_;
   deferred_no_sync_active_ = 0;
 }

@@ -117,6 +117,8 @@ class Reducer {
   void agree_frozen_forward();
   std::unordered_set<const runtime::TensorImpl*> reachable_leaves() const;
   bool armed_forward_alive() const;
+  std::vector<std::weak_ptr<runtime::Node>> armed_outputs_reached() const;
+  void check_not_averaged_again(const std::string& name);
 
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> frozen_;
@@ -151,6 +153,11 @@ class Reducer {
   // once all are gone no backward can come from them (armed_forward_alive).
   std::vector<std::weak_ptr<runtime::Node>> armed_graph_;
   bool armed_by_leaf_ = false;         // one returned a parameter itself
+  // Those of armed_graph_ that the last averaged backward went through, kept
+  // while the no_sync() forwards armed with it accumulate locally after it
+  // (check_not_averaged_again); pass_checked_: this backward pass was checked.
+  std::vector<std::weak_ptr<runtime::Node>> averaged_outputs_;
+  bool pass_checked_ = false;
   std::vector<bool> unused_;           // find_unused_parameters: not reached from backward's root
   bool unused_known_ = false;          // static_graph: kept from the first averaged backward
   bool walked_ = false;                // unused_ computed from this iteration's backward

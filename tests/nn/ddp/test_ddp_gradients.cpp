@@ -743,6 +743,47 @@ TEST_CASE("DDP: after a no_sync forward behind an ordinary one, the first backwa
   REQUIRE(all_problems(problems).empty());
 }
 
+// After the averaged backward of one loss over both forwards, the no_sync()
+// forward's local accumulation waits for a backward of its own. Before, a
+// second backward through that loss's retained graph (or through either
+// forward's output) was taken as that backward: it added both forwards'
+// gradients again, unaveraged, without a word.
+TEST_CASE("DDP: a second backward through a loss over a forward and a no_sync forward, once "
+          "averaged, is refused; a new no_sync forward still accumulates",
+          "[ddp]") {
+  const int size = 2;
+  const auto first = lt::global_batch(8, 51), second = lt::global_batch(8, 52);
+  const int again = GENERATE(0, 1, 2);  // the whole loss, the averaged forward, the no_sync one
+  INFO("backward again through " << (again == 0 ? "the loss" : again == 1 ? "a" : "b"));
+  const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
+    auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(5), group);
+    const auto [a, b] =
+        synced_then_not(*ddp, lt::shard(first, r, size), lt::shard(second, r, size));
+    const Tensor loss = lockstep::runtime::add(a, b);
+    loss.backward({}, /*retain_graph=*/true);
+    if (!ddp->stats().synced) return "the backward of both forwards was not averaged";
+    const Tensor& twice = again == 0 ? loss : again == 1 ? a : b;
+    try {
+      twice.backward();
+      return "a second backward through the averaged loss was taken";
+    } catch (const lockstep::Error& e) {
+      if (!Catch::Contains("already went through").match(e.what()))
+        return fmt::format("unexpected error: {}", e.what());
+    }
+    // A no_sync() forward of its own accumulates locally, and the next
+    // averaged backward averages it.
+    {
+      auto guard = ddp->no_sync();
+      lt::loss_of(*ddp, lt::shard(second, r, size)).backward();
+    }
+    if (ddp->stats().synced) return "the no_sync backward was averaged";
+    lt::loss_of(*ddp, lt::shard(first, r, size)).backward();
+    return ddp->stats().synced ? "" : "the last backward was not averaged";
+  });
+  INFO(all_problems(problems));
+  REQUIRE(all_problems(problems).empty());
+}
+
 TEST_CASE("DDP: the first bucket's all-reduce starts while backward is still running", "[ddp]") {
   // Ten parameters; a first bucket of ~100 bytes holds only the last layer's
   // bias (20 bytes) and weight: it must launch before the other gradients exist.
