@@ -10,6 +10,7 @@
 //   - the shm segment's header and slots (collectives/shm/shm_comm.cpp);
 //   - the packed collective signature (collectives/call.h) and gloo's
 //     exchange of it (collectives/gloo/gloo_call_check.cpp);
+//   - gloo's send/recv message header (collectives/gloo/gloo_group.cpp);
 //   - store key names and the TCP store's messages (distributed/store/);
 //   - the launcher's heartbeat bytes (runtime/liveness.h) and the variables
 //     it gives a rank (launch_env.h, launcher/child_env.cpp).
@@ -19,7 +20,7 @@
 
 namespace lockstep::distributed {
 
-inline constexpr int kWireProtocol = 1;
+inline constexpr int kWireProtocol = 2;
 
 // Set by lockstep-run in each rank's environment: its kWireProtocol and its
 // version (for the message when the rank's differs).

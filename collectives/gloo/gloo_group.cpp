@@ -3,12 +3,11 @@
 #include <sched.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <list>
-#include <map>
-#include <tuple>
 #include <mutex>
 #include <sstream>
 #include <string_view>
@@ -43,7 +42,8 @@ using ::gloo::transport::UnboundBuffer;
 // Slots of send/recv: gloo's collectives use slot prefixes 0x01..0x08 in the
 // top byte (gloo/types.h) and the call check 0x41 (gloo_call_check.cpp), so
 // point-to-point traffic gets prefixes of its own.
-// Every message is a header (the sender's dtype and count) and then its data:
+// Every message is a header (the sender's dtype, count and message number)
+// and then its data:
 // a recv reads the header first, since gloo terminates the process when more
 // bytes arrive than a recv posted, and leaves the rest of the tensor stale
 // when fewer do. Data of at most kInlineBytes travels inside its header, in
@@ -51,14 +51,19 @@ using ::gloo::transport::UnboundBuffer;
 // only once the header has come), which doubled a small message's latency.
 constexpr uint64_t kP2pDataPrefix = uint64_t{0x40} << 56;
 constexpr uint64_t kP2pHeaderPrefix = uint64_t{0x42} << 56;
-constexpr size_t kHeaderBytes = 2 * sizeof(int64_t);
+// The header crosses processes: change kWireProtocol with it
+// (distributed/wire_protocol.h).
+constexpr size_t kHeaderBytes = 3 * sizeof(int64_t);
 constexpr size_t kInlineBytes = 4096;
 
 uint64_t header_slot(int tag) { return kP2pHeaderPrefix | static_cast<uint32_t>(tag); }
 
-// The data of the `number`-th message (mod 2^24) between two ranks on `tag`
-// has a slot of its own, so a recv posts it once it has read the header,
-// whatever the recvs issued after it do meanwhile.
+// The data of the `number`-th message (mod 2^24) a rank sends to a peer has
+// a slot of its own, so a recv posts it once it has read the header (which
+// carries the number), whatever the recvs issued after it do meanwhile. The
+// sender numbers its messages to each peer whatever their tags: counted per
+// tag, a run that tags each step's messages with the step kept a count for
+// every tag it ever used.
 uint64_t data_slot(int tag, uint64_t number) {
   return kP2pDataPrefix | ((number & 0xffffff) << 32) | static_cast<uint32_t>(tag);
 }
@@ -146,8 +151,8 @@ class GlooGroup final : public ProcessGroup {
   struct PendingP2p {
     std::shared_ptr<Work> work;
     Call call;
-    // i64: the sender's dtype and element count (a recv's: what came), then
-    // room for data of at most kInlineBytes.
+    // i64: the sender's dtype, element count and message number (a recv's:
+    // what came), then room for data of at most kInlineBytes.
     Tensor header = Tensor::empty({(kHeaderBytes + kInlineBytes) / sizeof(int64_t)},
                                   runtime::DType::i64);
     std::unique_ptr<UnboundBuffer> header_buffer;
@@ -156,7 +161,7 @@ class GlooGroup final : public ProcessGroup {
     Tensor tensor;  // keeps the memory alive while gloo may touch it
     int peer = -1;
     int tag = 0;
-    uint64_t number = 0;  // this message's among those to or from `peer` on `tag`
+    uint64_t number = 0;  // this message's among those the sender sent to its peer
     bool is_send;
     bool done = false;  // guarded by mutex_
     std::thread waiter;
@@ -213,8 +218,8 @@ class GlooGroup final : public ProcessGroup {
 
   std::mutex mutex_;
   std::list<PendingP2p> p2p_;
-  // Messages posted so far per (peer, tag, is_send); guarded by mutex_.
-  std::map<std::tuple<int, int, bool>, uint64_t> p2p_numbers_;
+  // Messages sent so far to each peer; guarded by mutex_.
+  std::vector<uint64_t> sent_to_;
   bool stopping_ = false;  // the group is being destroyed
   bool aborted_ = false;   // abort() ran on this rank
 };
@@ -222,7 +227,8 @@ class GlooGroup final : public ProcessGroup {
 GlooGroup::GlooGroup(std::shared_ptr<distributed::Store> store, int rank, int size,
                      const std::string& name, milliseconds timeout,
                      const std::string& bind_address)
-    : ProcessGroup(rank, size, name, timeout), store_(store) {
+    : ProcessGroup(rank, size, name, timeout), store_(store),
+      sent_to_(static_cast<size_t>(std::max(size, 0))) {
   LOCKSTEP_CHECK(store != nullptr, "gloo group '{}': a store is needed for the rendezvous", name);
   connect(store, bind_address);
   check_ = std::make_unique<gloo_backend::GlooCallCheck>(context_, rank, size);
@@ -364,6 +370,7 @@ bool GlooGroup::receive_data(PendingP2p& p) {
   const auto* header = static_cast<const int64_t*>(p.header.raw_data());
   const auto dtype = static_cast<runtime::DType>(header[0]);
   const int64_t count = header[1];
+  p.number = static_cast<uint64_t>(header[2]);
   const bool fits = dtype == p.tensor.dtype() && count == p.tensor.numel();
   const auto bytes = static_cast<size_t>(count) * runtime::dtype_size(dtype);
   if (bytes <= kInlineBytes) {  // came inside the header
@@ -633,7 +640,6 @@ std::shared_ptr<Work> GlooGroup::post_p2p(const Call& call, const Tensor& tensor
   p.tensor = tensor;
   p.peer = peer;
   p.tag = tag;
-  p.number = p2p_numbers_[{peer, tag, is_send}]++;
   p.is_send = is_send;
   std::exception_ptr unposted;
   try {
@@ -641,6 +647,8 @@ std::shared_ptr<Work> GlooGroup::post_p2p(const Call& call, const Tensor& tensor
       auto* header = static_cast<int64_t*>(p.header.raw_data());
       header[0] = static_cast<int64_t>(tensor.dtype());
       header[1] = tensor.numel();
+      p.number = sent_to_[static_cast<size_t>(peer)]++;
+      header[2] = static_cast<int64_t>(p.number);
       const size_t bytes = nbytes(tensor);
       const bool inline_data = bytes <= kInlineBytes;
       if (inline_data && bytes > 0)
@@ -659,9 +667,7 @@ std::shared_ptr<Work> GlooGroup::post_p2p(const Call& call, const Tensor& tensor
       p.header_buffer->recv(peer, header_slot(tag));
     }
   } catch (...) {
-    // Not posted, or only in part: no waiter thread to join, and the next
-    // message takes this one's number.
-    --p2p_numbers_[{peer, tag, is_send}];
+    // Not posted, or only in part: no waiter thread to join.
     graveyard_.emplace_back(std::move(p.header_buffer), p.header);
     graveyard_.emplace_back(std::move(p.data_buffer), p.tensor);
     p2p_.pop_back();

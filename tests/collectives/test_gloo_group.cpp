@@ -165,6 +165,47 @@ TEST_CASE("gloo barrier and send/recv pairs", "[collectives][gloo]") {
   });
 }
 
+// Messages too large to travel inside their header, several on one tag and
+// received in another order than sent across tags: each recv gets its own
+// message's data, whose slot the header names.
+TEST_CASE("gloo: large send/recv messages on several tags, received out of order, each reach "
+          "their recv",
+          "[collectives][gloo]") {
+  const auto groups = lt::make_groups("gloo", 2, "p2p-large");
+  constexpr int64_t kCount = 3000;  // 12000 bytes of f32: past the inline limit
+  const std::vector<int> tags = {7, 7, 3, 7, 3, 9};
+  on_every_rank(groups, [&](lc::ProcessGroup& g, std::vector<std::string>& failures) {
+    const int peer = 1 - g.rank();
+    std::vector<std::shared_ptr<lc::Work>> works;
+    std::vector<Tensor> got;
+    if (g.rank() == 0) {
+      std::vector<Tensor> sent;
+      for (size_t i = 0; i < tags.size(); ++i) {
+        sent.push_back(Tensor::full({kCount}, 100.0 + double(i), DType::f32));
+        works.push_back(g.send(sent.back(), peer, {.tag = tags[i], .timeout = {}}));
+      }
+      for (auto& w : works) w->wait();
+      return;
+    }
+    // Rank 1 posts the tag-9 recv first, then tag 3's, then tag 7's.
+    std::vector<size_t> order;
+    for (int tag : {9, 3, 7})
+      for (size_t i = 0; i < tags.size(); ++i)
+        if (tags[i] == tag) order.push_back(i);
+    for (size_t i : order) {
+      got.push_back(Tensor::zeros({kCount}, DType::f32));
+      works.push_back(g.recv(got.back(), peer, {.tag = tags[i], .timeout = {}}));
+    }
+    for (auto& w : works) w->wait();
+    for (size_t k = 0; k < order.size(); ++k) {
+      const double want = 100.0 + double(order[k]);
+      add_failure(failures, mismatch(got[k], [&](int64_t) { return want; },
+                                     fmt::format("message {} on tag {}", order[k],
+                                                 tags[order[k]])));
+    }
+  });
+}
+
 TEST_CASE("gloo world size 1 works without peers", "[collectives][gloo]") {
   const auto groups = lt::make_groups("gloo", 1, "solo");
   auto& g = *groups[0];
