@@ -1,9 +1,10 @@
 #include "launcher/descriptor_limit.h"
 
-#include <dirent.h>
 #include <sys/resource.h>
 
 #include <fmt/format.h>
+
+#include "lockstep/runtime/open_files.h"
 
 namespace lockstep::launcher {
 namespace {
@@ -30,14 +31,8 @@ long store_descriptors(const Options& options) {
 // Descriptors open now: stdio and whatever the caller let the launcher
 // inherit; 3 where /proc cannot tell.
 long descriptors_open_now() {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return 3;
-  long open = 0;
-  for (const dirent* e = readdir(dir); e != nullptr; e = readdir(dir)) {
-    if (e->d_name[0] != '.') ++open;
-  }
-  closedir(dir);
-  return open - 1;  // the listing's own
+  const long open = runtime::open_descriptors();
+  return open < 0 ? 3 : open;
 }
 
 }  // namespace

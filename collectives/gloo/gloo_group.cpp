@@ -31,6 +31,7 @@
 #include "lockstep/collectives/p2p_text.h"
 #include "lockstep/collectives/serial_executor.h"
 #include "lockstep/collectives/reduce_kernels.h"
+#include "lockstep/runtime/open_files.h"
 
 namespace lockstep::collectives {
 namespace {
@@ -55,6 +56,10 @@ constexpr uint64_t kP2pHeaderPrefix = uint64_t{0x42} << 56;
 // (distributed/wire_protocol.h).
 constexpr size_t kHeaderBytes = 3 * sizeof(int64_t);
 constexpr size_t kInlineBytes = 4096;
+
+// Descriptors a group opens beside its connections to the peers: the
+// device's listening socket and event loop, with room to spare.
+constexpr long kGlooOwnDescriptors = 8;
 
 uint64_t header_slot(int tag) { return kP2pHeaderPrefix | static_cast<uint32_t>(tag); }
 
@@ -262,6 +267,17 @@ GlooGroup::~GlooGroup() {
 // made again under an old name does not read the previous one's addresses.
 void GlooGroup::connect(const std::shared_ptr<distributed::Store>& store,
                         const std::string& bind_address) {
+  // Past the open-file limit gloo fails with "Unable to find address" or a
+  // connect error that hides the EMFILE behind it.
+  const long needed = size() - 1 + kGlooOwnDescriptors;
+  const auto room = runtime::make_room_for_descriptors(needed);
+  LOCKSTEP_CHECK(room.enough,
+                 "gloo: rank {} of group '{}' ({} ranks) needs about {} more open files (a "
+                 "connection to each peer, and {} of its own) beside the {} it has open, but its "
+                 "open-file limit is {} and the hard limit {} (ulimit -n, ulimit -Hn): raise the "
+                 "limit (nofile in /etc/security/limits.conf), or start fewer ranks",
+                 rank(), name(), size(), needed, kGlooOwnDescriptors, room.open, room.soft,
+                 room.hard);
   try {
     const int64_t instance = store->add(fmt::format("{}/gloo/instances/{}", name(), rank()), 1);
     abort_key_ = fmt::format("{}/gloo/{}/abort", name(), instance);
