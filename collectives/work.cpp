@@ -2,8 +2,11 @@
 
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "lockstep/distributed/flight_recorder.h"
 #include "lockstep/runtime/liveness.h"
+#include "lockstep/runtime/process_id.h"
 
 namespace lockstep::collectives {
 
@@ -12,7 +15,8 @@ Work::Work(std::string description, Clock::time_point deadline, std::string time
     : description_(std::move(description)),
       deadline_(deadline),
       timeout_message_(std::move(timeout_message)),
-      on_timeout_(std::move(on_timeout)) {}
+      on_timeout_(std::move(on_timeout)),
+      owner_(runtime::this_process_id()) {}
 
 bool Work::is_completed() {
   std::lock_guard lock(mutex_);
@@ -20,6 +24,22 @@ bool Work::is_completed() {
 }
 
 void Work::wait() {
+  // A child forked while the collective was in flight holds a copy of this
+  // Work, but the collective runs on the parent's threads, which the child
+  // does not have: nothing would finish it before the deadline. Read without
+  // the mutex, which another of the parent's threads may have held at the
+  // fork; only this thread runs in the child.
+  if (runtime::this_process_id() != owner_) {
+    if (!done_) {
+      throw CollectiveError(fmt::format(
+          "{}: waited for in process {}, forked from process {} while the collective was in "
+          "flight; it runs in that process, so its result never reaches this one. Wait for "
+          "it before forking, or make a group of the child's own (init_process_group)",
+          description_, runtime::this_process_id(), owner_));
+    }
+    if (error_) std::rethrow_exception(error_);
+    return;
+  }
   // Waiting for the other ranks is not a hang of this one (runtime/liveness.h),
   // whether this thread only waits or runs the collective itself.
   const runtime::BusyScope waiting_for_peers;

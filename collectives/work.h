@@ -10,9 +10,13 @@
 //                   timed out; the group is then unusable (aborted).
 //                   Returns at once on later calls.
 //   exception()     the error, or nullptr; valid once is_completed().
+// In a child forked while the collective was in flight, wait() throws at
+// once: the collective runs on the parent's threads.
 // The tensors given to the collective must stay alive and untouched until
 // wait() has returned.
 #pragma once
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -115,6 +119,7 @@ class Work {
   Clock::time_point deadline_;
   std::string timeout_message_;
   std::function<void()> on_timeout_;
+  pid_t owner_;  // the process that started the collective (wait())
 };
 
 }  // namespace lockstep::collectives

@@ -81,6 +81,34 @@ TEST_CASE("every CPU backend: a forked child that aborts its parent's group abor
   CHECK(sums == std::vector<float>{2.0f, 2.0f});
 }
 
+TEST_CASE("every CPU backend: a collective in flight at a fork fails at once when the child "
+          "waits for it, and completes in the parent",
+          "[collectives][lifecycle][fork]") {
+  // The collective runs on the parent's threads: before, the child's wait
+  // lasted until the deadline (a DDP destroyed in a forked child with a
+  // bucket in flight waited so too).
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
+  INFO(backend);
+  auto groups = lt::make_groups(backend, 2, "forked-wait", 30s);
+  lt::run_ranks(2, [&](int r) {
+    Tensor t = Tensor::ones({4});
+    groups[static_cast<size_t>(r)]->allreduce(t)->wait();
+  });
+  // Rank 0's all-reduce waits for rank 1's, which comes after the fork.
+  Tensor mine = Tensor::ones({4});
+  auto in_flight = groups[0]->allreduce(mine);
+  const std::string error = lt::error_in_forked_child([&] { in_flight->wait(); });
+  CHECK_THAT(error, Contains("allreduce") && Contains("forked from process") &&
+                        Contains("in flight"));
+  Tensor theirs = Tensor::ones({4});
+  groups[1]->allreduce(theirs)->wait();
+  in_flight->wait();
+  CHECK(mine.data_ptr<float>()[0] == 2.0f);
+  CHECK(theirs.data_ptr<float>()[0] == 2.0f);
+  // One that had finished before the fork is waited for in the child as usual.
+  CHECK(lt::error_in_forked_child([&] { in_flight->wait(); }) == "<no exception>");
+}
+
 TEST_CASE("DDP: a training step in a child forked from a rank is refused, naming the fork",
           "[ddp][fork]") {
   // A forked evaluator or data worker that steps the parent's DDP model
