@@ -51,10 +51,20 @@ endfunction()
 # compiled at -O1: -O3 takes about 1.6 times as long to compile it, and the
 # library under test keeps the build type's optimisation. A sanitized build
 # compiles it at -O0 (lockstep_driver_code).
+#
+# A sanitized test executable is linked without PIE: the instrumented test
+# binary had about 7 million relative relocations, and applying them (and
+# copying the pages they touch) took about 0.8 s of each test process's
+# 1.45 s start, paid by every one of the ~1200 tests (0.65 s without).
 function(lockstep_test_code target)
   lockstep_driver_code(${target})
   if(NOT LOCKSTEP_SANITIZE)
     target_compile_options(${target} PRIVATE
       $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Release,RelWithDebInfo>>:-O1>)
+  else()
+    get_target_property(type ${target} TYPE)
+    if(type STREQUAL "EXECUTABLE")
+      target_link_options(${target} PRIVATE -no-pie)
+    endif()
   endif()
 endfunction()
