@@ -290,16 +290,17 @@ std::unordered_set<const runtime::TensorImpl*> Reducer::reachable_leaves() const
 
 // The armed forwards' outputs that this (averaged) backward goes through.
 std::vector<std::weak_ptr<runtime::Node>> Reducer::armed_outputs_reached() const {
-  std::unordered_set<const runtime::Node*> reached;
-  walk_running_graph([&](const runtime::Node* node) {
-    reached.insert(node);
-    return false;
-  });
+  std::unordered_map<const runtime::Node*, std::weak_ptr<runtime::Node>> armed;
+  for (const auto& weak : armed_graph_)
+    if (const auto node = weak.lock()) armed.emplace(node.get(), weak);
   std::vector<std::weak_ptr<runtime::Node>> out;
-  for (const auto& weak : armed_graph_) {
-    const auto node = weak.lock();
-    if (node && reached.count(node.get())) out.push_back(weak);
-  }
+  walk_running_graph([&](const runtime::Node* node) {
+    if (const auto it = armed.find(node); it != armed.end()) {
+      out.push_back(it->second);
+      armed.erase(it);
+    }
+    return armed.empty();
+  });
   return out;
 }
 
@@ -314,7 +315,10 @@ void Reducer::check_not_averaged_again(const std::string& name) {
   std::unordered_set<const runtime::Node*> spent;
   for (const auto& weak : averaged_outputs_)
     if (const auto node = weak.lock()) spent.insert(node.get());
-  if (spent.empty()) return;
+  if (spent.empty()) {  // that graph is gone: no backward can go through it again
+    averaged_outputs_.clear();
+    return;
+  }
   pass_checked_ = true;
   // Cleared when the pass ends, whether its callbacks run or are dropped.
   auto clear = std::make_shared<DropGuard>([this] { pass_checked_ = false; });
