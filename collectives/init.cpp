@@ -99,12 +99,14 @@ std::shared_ptr<distributed::TcpStore> connect_store(const distributed::RankInfo
   return std::make_shared<distributed::TcpStore>(options);
 }
 
+// Serves the job's store for its `ranks` clients.
 std::shared_ptr<distributed::TcpStoreServer> serve_store(const std::string& host, uint16_t port,
-                                                     const std::string& token) {
+                                                     const std::string& token, int ranks) {
   distributed::TcpStoreServerOptions options;
   options.host = host;
   options.port = port;
   options.token = token;
+  options.expected_clients = static_cast<uint32_t>(ranks);
   return std::make_shared<distributed::TcpStoreServer>(options);
 }
 
@@ -137,7 +139,8 @@ class JobStoreServers {
     if (entry.server) return entry.server;
     const bool one_host = distributed::every_rank_on_this_host(info);
     entry = {::getpid(), serve_store(distributed::listen_host_for(info.store_host, one_host),
-                                     static_cast<uint16_t>(info.store_port), info.token)};
+                                     static_cast<uint16_t>(info.store_port), info.token,
+                                     info.world_size)};
     return entry.server;
   }
 
@@ -186,7 +189,7 @@ void make_store(const distributed::RankInfo& info, milliseconds timeout, GroupHo
   std::string shared;
   if (info.rank == 0) {
     const std::string token = distributed::random_token();
-    holder.server = serve_store("0.0.0.0", 0, token);
+    holder.server = serve_store("0.0.0.0", 0, token, info.world_size);
     shared = fmt::format("{}:{}:{}", distributed::address_for_peers(info),
                          holder.server->port(), token);
   }

@@ -40,6 +40,13 @@ struct TcpStoreServerOptions {
   // launcher two more), so one node of 512 ranks needs ~520 from its address.
   uint32_t max_connections = 16384;
   uint32_t max_connections_per_address = 2048;
+  // Clients expected to connect (the job's ranks); 0: not known. The server
+  // holds a descriptor per client, so before listening it raises this
+  // process's soft open-file limit to fit them (as far as the hard limit
+  // goes), and refuses to start, naming both numbers, where the hard limit
+  // is too low: past it, accept() fails and the clients beyond it wait out
+  // their connect timeout.
+  uint32_t expected_clients = 0;
 };
 
 // What the server holds now, and what it turned away since the start.

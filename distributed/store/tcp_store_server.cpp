@@ -29,6 +29,7 @@
 #include "lockstep/distributed/store/detail/protocol.h"
 #include "lockstep/distributed/store/detail/server_limits.h"
 #include "lockstep/distributed/store/tcp_store.h"
+#include "lockstep/runtime/open_files.h"
 
 namespace lockstep::distributed {
 
@@ -195,6 +196,7 @@ struct TcpStoreServer::Impl {
                    "TcpStoreServer: max_frame_bytes {} is too small for an AUTH frame of {} "
                    "bytes; raise it",
                    options.max_frame_bytes, unauthenticated_allowance);
+    make_room_for_clients();
     listen_on();
     epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -209,6 +211,21 @@ struct TcpStoreServer::Impl {
     watch(listen_fd, EPOLLIN, EPOLL_CTL_ADD);
     watch(wake_fd, EPOLLIN, EPOLL_CTL_ADD);
     thread = std::thread([this] { loop(); });
+  }
+
+  void make_room_for_clients() const {
+    if (options.expected_clients == 0) return;
+    // A connection each, and the server's own: its listening socket, epoll
+    // and eventfd, with room for a client that reconnects before its old
+    // connection is closed.
+    const long needed = static_cast<long>(options.expected_clients) + 8;
+    const runtime::OpenFileRoom room = runtime::make_room_for_descriptors(needed);
+    LOCKSTEP_CHECK(room.enough,
+                   "TcpStoreServer: {} clients need about {} more open files, but this process "
+                   "has {} open and may open at most {} (its hard limit, ulimit -Hn): raise the "
+                   "limit (ulimit -Hn, or nofile in /etc/security/limits.conf) or start fewer "
+                   "ranks",
+                   options.expected_clients, needed, room.open, room.hard);
   }
 
   void listen_on() {

@@ -25,7 +25,9 @@
 #include "lockstep/distributed/store/detail/protocol.h"
 #include "lockstep/distributed/store/detail/server_limits.h"
 #include "lockstep/distributed/store/tcp_store.h"
+#include "lockstep/runtime/open_files.h"
 #include "raw_store_client.h"
+#include "support/forked_child.h"
 #include "support/test_util.h"
 
 using namespace lockstep::distributed;
@@ -96,11 +98,13 @@ class StderrCapture {
  * A TcpStoreServer in a forked child (the open-files limit is per process)
  * whose stderr comes to us through a pipe. Once serving, the child lowers its
  * RLIMIT_NOFILE so that exactly `spare` more descriptors fit, then serves
- * until we close its control pipe. Only plain calls in the child: no Catch2.
+ * until we close its control pipe. Given `expected_clients`, it lowers the
+ * limit first and makes a server told to expect them. Only plain calls in
+ * the child: no Catch2.
  */
 class ChildServer {
  public:
-  explicit ChildServer(int spare) {
+  explicit ChildServer(int spare, uint32_t expected_clients = 0) {
     int port_pipe[2], control[2], log[2];
     REQUIRE(pipe2(port_pipe, O_CLOEXEC) == 0);
     REQUIRE(pipe2(control, O_CLOEXEC) == 0);
@@ -113,7 +117,7 @@ class ChildServer {
       close(control[1]);
       close(log[0]);
       close(log[1]);
-      serve(port_pipe[1], control[0], spare);
+      serve(port_pipe[1], control[0], spare, expected_clients);
     }
     close(port_pipe[1]);
     close(control[0]);
@@ -164,9 +168,14 @@ class ChildServer {
   int exit_status() const { return exit_status_; }
 
  private:
-  [[noreturn]] static void serve(int port_fd, int control_fd, int spare) {
+  [[noreturn]] static void serve(int port_fd, int control_fd, int spare,
+                                 uint32_t expected_clients) {
     try {
-      TcpStoreServer server(server_options());
+      rlimit before{};
+      if (expected_clients > 0) before = limit_descriptors(spare);
+      auto options = server_options();
+      options.expected_clients = expected_clients;
+      TcpStoreServer server(options);
       {
         // One value stored before the limit: a sanitizer's first type check
         // of a stored value (UBSan's vptr check, in make_shared) opens a pipe
@@ -175,7 +184,7 @@ class ChildServer {
         warm.set("warm", "up");
       }
       while (server.stats().connections > 0) usleep(1000);  // its descriptor closed too
-      const rlimit before = limit_descriptors(spare);
+      if (expected_clients == 0) before = limit_descriptors(spare);
       // (port_fd stays open: closing it would free one more descriptor)
       const uint16_t port = server.port();
       if (write(port_fd, &port, sizeof port) != sizeof port) _exit(3);
@@ -292,6 +301,43 @@ TEST_CASE("tcp store server: running out of descriptors is logged once, not per 
   // At most one line per 10 s (plus the first).
   CHECK(count_lines_with(log, "cannot accept") <= 1 + static_cast<int>(seconds / 10));
   CHECK_THAT(log, Catch::Contains("ulimit -n"));
+}
+
+TEST_CASE("tcp store server: told how many clients to expect, it makes room for them under the "
+          "hard open-file limit",
+          "[store]") {
+  // Room for 8 more descriptors, 40 clients: past the soft limit unless the
+  // server raises it (the hard one is left as it is).
+  constexpr int kClients = 40;
+  ChildServer child(/*spare=*/8, kClients);
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  auto options = client_options(child.port());
+  options.connect_timeout = 10s;
+  for (int i = 0; i < kClients; ++i) clients.push_back(std::make_unique<TcpStore>(options));
+  for (auto& client : clients) client->add("n", 1);
+  CHECK(clients.front()->add("n", 0) == kClients);
+  clients.clear();
+  const std::string log = child.stop();
+  INFO("child server's log:\n" << log);
+  CHECK((WIFEXITED(child.exit_status()) && WEXITSTATUS(child.exit_status()) == 0));
+  CHECK_THAT(log, !Catch::Contains("cannot accept"));
+}
+
+TEST_CASE("tcp store server: expecting more clients than the hard open-file limit allows, it "
+          "refuses to start, naming both numbers",
+          "[store]") {
+  const std::string error = lockstep::testing::error_in_forked_child([] {
+    rlimit limit{};
+    getrlimit(RLIMIT_NOFILE, &limit);
+    limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(lockstep::runtime::open_descriptors() + 16);
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit failed");
+    auto options = server_options();
+    options.expected_clients = 1000;
+    TcpStoreServer server(options);
+  });
+  CHECK_THAT(error, Catch::Contains("1000 clients need about 1008 more open files"));
+  CHECK_THAT(error, Catch::Matches(".*this process has [0-9]+ open and may open at most [0-9]+ "
+                                   "\\(its hard limit, ulimit -Hn\\).*"));
 }
 
 TEST_CASE("tcp store server: unauthenticated clients hold a few KiB each, not what they send",
