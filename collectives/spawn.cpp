@@ -29,6 +29,7 @@
 #include "lockstep/distributed/exited_ranks.h"
 #include "lockstep/distributed/store/tcp_store.h"
 #include "lockstep/runtime/env.h"
+#include "lockstep/runtime/open_files.h"
 #include "lockstep/runtime/threads.h"
 
 namespace lockstep::collectives {
@@ -451,11 +452,30 @@ void abandon(std::vector<Child>& children) {
   }
 }
 
+// The parent holds three descriptors per child (its socket pair's end, its
+// error pipe's, its pidfd) and, serving the store, a connection per child;
+// besides those a few of its own (the store's listening socket, epoll and
+// eventfd, the exit recorder's connection at both ends).
+// Room for them all before the first fork, as lockstep-run makes its own:
+// past the open-file limit, a pipe or a connection would fail halfway.
+void make_room_for_children(int nprocs) {
+  constexpr long kPerChild = 4;
+  constexpr long kOwn = 16;
+  const long needed = kPerChild * nprocs + kOwn;
+  const runtime::OpenFileRoom room = runtime::make_room_for_descriptors(needed);
+  LOCKSTEP_CHECK(room.enough,
+                 "spawn: {} processes need about {} more open files in the parent, but it has {} "
+                 "open and may open at most {} (its hard limit, ulimit -Hn): raise the limit "
+                 "(ulimit -Hn, or nofile in /etc/security/limits.conf) or spawn fewer",
+                 nprocs, needed, room.open, room.hard);
+}
+
 }  // namespace
 
 void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptions& options) {
   LOCKSTEP_CHECK(nprocs >= 1, "spawn: nprocs must be at least 1, got {}", nprocs);
   LOCKSTEP_CHECK(static_cast<bool>(fn), "spawn: fn is empty; give the function each rank runs");
+  make_room_for_children(nprocs);
   const std::string token = distributed::random_token();
   const bool one_thread = std::getenv("OMP_NUM_THREADS") == nullptr;
   const pid_t parent = ::getpid();
