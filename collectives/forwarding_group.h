@@ -22,11 +22,11 @@ class ForwardingGroup : public ProcessGroup {
   }
 
   std::string backend() const override { return inner_->backend(); }
-  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
-    return inner_->reserve_shared_pool(bytes);
-  }
 
  protected:
+  std::shared_ptr<SharedTensorPool> make_shared_pool(size_t bytes) override {
+    return inner_->reserve_shared_pool(bytes);
+  }
   // Runs on the caller's thread before the collective `call` is handed on.
   virtual void before_collective(const Call& call) = 0;
   ProcessGroup& inner() const { return *inner_; }

@@ -30,6 +30,7 @@ class HierarchicalGroup final : public ProcessGroup {
 
   std::string backend() const override { return intra_ + "+gloo"; }
 
+ protected:
   // This node's pool: the reduce within the node reads its tensors in place
   // (the leaders' all-reduce and the broadcast back stage as before). Nodes
   // decide alone; a node of one rank has nothing to share. Joined on the
@@ -38,7 +39,7 @@ class HierarchicalGroup final : public ProcessGroup {
   // issues a collective's local steps when it gets to them, which differs by
   // rank (a rank whose node is done with a broadcast goes on to the next
   // collective while its leader still waits on the other nodes).
-  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
+  std::shared_ptr<SharedTensorPool> make_shared_pool(size_t bytes) override {
     if (local_->size() == 1) return nullptr;
     std::shared_ptr<SharedTensorPool> pool;
     executor_->run_in_order("adding a shared pool",
@@ -46,7 +47,6 @@ class HierarchicalGroup final : public ProcessGroup {
     return pool;
   }
 
- protected:
   std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override;
   std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) override;
   std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,

@@ -44,7 +44,13 @@ void check_op(std::string_view op, const std::string& group, DType dtype, Reduce
 
 }  // namespace
 
-std::shared_ptr<SharedTensorPool> ProcessGroup::reserve_shared_pool(size_t /*bytes*/) {
+std::shared_ptr<SharedTensorPool> ProcessGroup::reserve_shared_pool(size_t bytes) {
+  refuse_in_forked_child("reserve_shared_pool");
+  refuse_if_unusable("reserve_shared_pool");
+  return make_shared_pool(bytes);
+}
+
+std::shared_ptr<SharedTensorPool> ProcessGroup::make_shared_pool(size_t /*bytes*/) {
   return nullptr;  // staging copies are cheap next to this backend's own transfers
 }
 
@@ -210,6 +216,14 @@ void ProcessGroup::refuse_in_forked_child(std::string_view op) const {
       op, name_, ::getpid(), maker_pid_));
 }
 
+void ProcessGroup::refuse_if_unusable(std::string_view op) const {
+  if (!is_unusable()) return;
+  throw CollectiveError(fmt::format(
+      "{} on {}: the group is unusable because {}; the ranks may now disagree on which "
+      "collectives ran, so create a new process group on every rank (or restart the job)",
+      op, where(), unusable_reason()));
+}
+
 Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const Tensor* tensor,
                              std::string_view extra, const Timeout& timeout) {
   // Refused before the call is numbered, so the ranks' sequences stay alike.
@@ -217,13 +231,7 @@ Call ProcessGroup::make_call(CallSignature signature, std::string_view op, const
                  "{} on group '{}': the call's timeout must be positive, got {} ms; leave it "
                  "unset for the group's ({} ms)",
                  op, name_, timeout ? timeout->count() : 0, timeout_.count());
-  if (is_unusable()) {
-    const std::string reason = unusable_reason();
-    throw CollectiveError(fmt::format(
-        "{} on {}: the group is unusable because {}; the ranks may now disagree on which "
-        "collectives ran, so create a new process group on every rank (or restart the job)",
-        op, where(), reason));
-  }
+  refuse_if_unusable(op);
   const bool collective = op != "send" && op != "recv";
   Call call;
   call.timeout = std::min(timeout.value_or(timeout_), kLongestTimeout);

@@ -96,7 +96,8 @@ class ProcessGroup {
   // skipping their staging copies (shm: memory all ranks map). nullptr, on
   // every rank alike, where the backend has no such memory or it could not be
   // had (a full /dev/shm); ordinary tensors work as before either way.
-  virtual std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes);
+  // Refused, as a collective is, in a forked child and on an unusable group.
+  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes);
 
   // Makes the group unusable on this rank (later calls fail naming
   // `reason`) and tells the other ranks where the backend can (shm: at once;
@@ -124,6 +125,9 @@ class ProcessGroup {
   // call.signature (a mismatch: CollectiveMismatch on every rank). Each
   // returns at once. On failure the backend makes the group unusable.
   virtual std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) = 0;
+  // reserve_shared_pool's part, once the front has let the call through.
+  // The default: nullptr (no memory the ranks share).
+  virtual std::shared_ptr<SharedTensorPool> make_shared_pool(size_t bytes);
   virtual std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) = 0;
   virtual std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
                                            int root) = 0;
@@ -201,6 +205,8 @@ class ProcessGroup {
   // parent's, so a call there would wait for ever or take part in the
   // parent's collectives (as PyTorch, the child must make a group of its own).
   void refuse_in_forked_child(std::string_view op) const;
+  // Throws once the group is unusable, naming why.
+  void refuse_if_unusable(std::string_view op) const;
   // issue()'s, with the issue lock held.
   Call make_call(CallSignature signature, std::string_view op, const Tensor* tensor,
                  std::string_view extra, const Timeout& timeout);

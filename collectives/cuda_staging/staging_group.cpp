@@ -110,15 +110,15 @@ class StagingGroup final : public ProcessGroup {
 
   std::string backend() const override { return inner_->backend(); }
 
-  // CPU tensors pass through untouched, so the inner group's pool serves them.
-  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
-    return inner_->reserve_shared_pool(bytes);
-  }
-
   // CPU tensors pass through untouched; CUDA tensors are staged.
   void check_device(std::string_view, const Tensor&) const override {}
 
  protected:
+  // CPU tensors pass through untouched, so the inner group's pool serves them.
+  std::shared_ptr<SharedTensorPool> make_shared_pool(size_t bytes) override {
+    return inner_->reserve_shared_pool(bytes);
+  }
+
   void abort_peers(const std::string& reason) override { inner_->abort(reason); }
 
   std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override {

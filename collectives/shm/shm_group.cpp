@@ -43,16 +43,16 @@ class ShmGroup final : public ProcessGroup {
 
   std::string backend() const override { return "shm"; }
 
+ protected:
   // The pool joins the group's collectives at this point of their sequence
   // on every rank, so all ranks agree on which collectives may read in place.
-  std::shared_ptr<SharedTensorPool> reserve_shared_pool(size_t bytes) override {
+  std::shared_ptr<SharedTensorPool> make_shared_pool(size_t bytes) override {
     auto pool = shm::join_pool(*store_, prefix_, pools_++, rank(), size(), bytes, timeout());
     if (pool == nullptr) return nullptr;
     executor_->run_in_order("adding a shared pool", [comm = comm_, pool] { comm->add_pool(pool); });
     return pool;
   }
 
- protected:
   std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) override {
     return submit(std::move(call), [t = tensor, op](shm::Comm& c, Clock::time_point d) {
       const Tensor x = in_reduction_dtype(t, op);

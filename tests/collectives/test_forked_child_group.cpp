@@ -9,6 +9,7 @@
 
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/backends.h"
+#include "lockstep/collectives/shared_pool.h"
 #include "lockstep/collectives/work.h"
 #include "lockstep/nn/linear.h"
 #include "nn/ddp/ddp_fixture.h"
@@ -23,17 +24,29 @@ namespace nn = lockstep::nn;
 using Catch::Matchers::Contains;
 using namespace std::chrono_literals;
 
+namespace {
+
+// Two ranks' groups of `backend` after a first all-reduce, so that the
+// backend's threads and connections are up before a test forks.
+std::vector<std::shared_ptr<lc::ProcessGroup>> warmed_up_groups(const std::string& backend,
+                                                               const std::string& name,
+                                                               std::chrono::seconds timeout) {
+  auto groups = lt::make_groups(backend, 2, name, timeout);
+  lt::run_ranks(2, [&](int r) {
+    Tensor t = Tensor::ones({4});
+    groups[static_cast<size_t>(r)]->allreduce(t)->wait();
+  });
+  return groups;
+}
+
+}  // namespace
+
 TEST_CASE("every CPU backend: a collective on the parent's group in a forked child is refused, "
           "and the parent's ranks go on",
           "[collectives][lifecycle][fork]") {
   const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
-  auto groups = lt::make_groups(backend, 2, "forked-use", 20s);
-  // A first call, so the backend's threads and connections are up.
-  lt::run_ranks(2, [&](int r) {
-    Tensor t = Tensor::ones({4});
-    groups[static_cast<size_t>(r)]->allreduce(t)->wait();
-  });
+  auto groups = warmed_up_groups(backend, "forked-use", 20s);
   const std::string error = lt::error_in_forked_child([&] {
     Tensor t = Tensor::ones({4});
     groups[0]->allreduce(t)->wait();
@@ -59,11 +72,7 @@ TEST_CASE("every CPU backend: a forked child that aborts its parent's group abor
   // unusable would fail the parent's job.
   const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
-  auto groups = lt::make_groups(backend, 2, "forked-abort", 20s);
-  lt::run_ranks(2, [&](int r) {
-    Tensor t = Tensor::ones({4});
-    groups[static_cast<size_t>(r)]->allreduce(t)->wait();
-  });
+  auto groups = warmed_up_groups(backend, "forked-abort", 20s);
   const std::string error = lt::error_in_forked_child([&] {
     groups[0]->abort("the child gave up");
     Tensor t = Tensor::ones({4});
@@ -81,6 +90,32 @@ TEST_CASE("every CPU backend: a forked child that aborts its parent's group abor
   CHECK(sums == std::vector<float>{2.0f, 2.0f});
 }
 
+TEST_CASE("every CPU backend: reserving a shared pool on the parent's group in a forked child "
+          "is refused, and the parent's ranks reserve one together",
+          "[collectives][lifecycle][fork]") {
+  // A pool is joined through the group's store and its worker thread, both
+  // the parent's: the child waited for peers that were not its own.
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
+  INFO(backend);
+  auto groups = warmed_up_groups(backend, "forked-pool", 20s);
+  const std::string error =
+      lt::error_in_forked_child([&] { groups[0]->reserve_shared_pool(4096); });
+  CHECK_THAT(error, Contains("reserve_shared_pool on group 'forked-pool'") &&
+                        Contains("forked") && Contains("init_process_group"));
+  std::vector<float> sums(2);
+  const auto errors = lt::run_ranks(2, [&](int r) {
+    auto& group = groups[static_cast<size_t>(r)];
+    auto pool = group->reserve_shared_pool(4096);
+    Tensor t = pool != nullptr ? pool->empty({4}, lockstep::runtime::DType::f32) : Tensor::ones({4});
+    t.fill_(1.0f);
+    group->allreduce(t)->wait();
+    sums[static_cast<size_t>(r)] = t.data_ptr<float>()[0];
+  });
+  CHECK(lt::message_of(errors[0]) == "<no exception>");
+  CHECK(lt::message_of(errors[1]) == "<no exception>");
+  CHECK(sums == std::vector<float>{2.0f, 2.0f});
+}
+
 TEST_CASE("every CPU backend: a collective in flight at a fork fails at once when the child "
           "waits for it, and completes in the parent",
           "[collectives][lifecycle][fork]") {
@@ -89,11 +124,7 @@ TEST_CASE("every CPU backend: a collective in flight at a fork fails at once whe
   // bucket in flight waited so too).
   const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
   INFO(backend);
-  auto groups = lt::make_groups(backend, 2, "forked-wait", 30s);
-  lt::run_ranks(2, [&](int r) {
-    Tensor t = Tensor::ones({4});
-    groups[static_cast<size_t>(r)]->allreduce(t)->wait();
-  });
+  auto groups = warmed_up_groups(backend, "forked-wait", 30s);
   // Rank 0's all-reduce waits for rank 1's, which comes after the fork.
   Tensor mine = Tensor::ones({4});
   auto in_flight = groups[0]->allreduce(mine);

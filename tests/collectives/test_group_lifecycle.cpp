@@ -165,6 +165,22 @@ TEST_CASE("every CPU backend: an abort on this rank fails its collective waiting
              Contains("is unusable because rank 1 gave up"));
 }
 
+TEST_CASE("every CPU backend: reserving a shared pool on an unusable group fails at once, naming "
+          "why",
+          "[collectives][lifecycle]") {
+  // Joining a pool waits for every rank through the store: on a group that
+  // its peers have given up, the shm backend waited there for the timeout.
+  const std::string backend = GENERATE(from_range(lt::cpu_backends_and_hierarchical()));
+  INFO(backend);
+  const auto groups = lt::make_groups(backend, 2, "pool-after-abort", 30s);
+  groups[1]->abort("rank 1 gave up");
+  const auto start = Clock::now();
+  CHECK_THAT(lt::error_of([&] { groups[1]->reserve_shared_pool(4096); }),
+             Contains("reserve_shared_pool on rank 1 of group 'pool-after-abort'") &&
+                 Contains("is unusable because rank 1 gave up"));
+  CHECK(seconds_since(start) < 10);
+}
+
 TEST_CASE("every CPU backend: a timed-out send or recv names the peer that did not match it",
           "[collectives][lifecycle]") {
   // Every CPU backend sends point to point through gloo.
