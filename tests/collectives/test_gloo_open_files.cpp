@@ -7,12 +7,10 @@
 
 #if LOCKSTEP_HAVE_GLOO
 
-#include <sys/resource.h>
-
 #include "collectives/rank_threads.h"
-#include "lockstep/runtime/open_files.h"
 #include "lockstep/runtime/tensor.h"
 #include "support/forked_child.h"
+#include "support/open_file_limit.h"
 
 namespace lt = lockstep::testing;
 using Catch::Matchers::Contains;
@@ -25,13 +23,7 @@ namespace {
 // all-reduce.
 std::string two_ranks_with_room(long hard_room) {
   return lt::error_in_forked_child([&] {
-    rlimit limit{};
-    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("getrlimit failed");
-    const long open = lockstep::runtime::open_descriptors();
-    if (open < 0) throw std::runtime_error("/proc/self/fd cannot be read");
-    limit.rlim_cur = static_cast<rlim_t>(open + 2);
-    if (hard_room >= 0) limit.rlim_max = static_cast<rlim_t>(open + hard_room);
-    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit failed");
+    lt::limit_open_files(2, hard_room);
     auto groups = lt::make_groups("gloo", 2, "few-files", std::chrono::seconds(5));
     const auto errors = lt::run_ranks(2, [&](int r) {
       Tensor t = Tensor::full({4}, 1.0);

@@ -4,7 +4,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,10 +20,10 @@
 #include "lockstep/collectives/init.h"
 #include "lockstep/collectives/spawn.h"
 #include "lockstep/optim/sgd.h"
-#include "lockstep/runtime/open_files.h"
 #include "lockstep/runtime/threads.h"
 #include "nn/ddp/ddp_fixture.h"
 #include "support/forked_child.h"
+#include "support/open_file_limit.h"
 #include "support/subprocess.h"
 #include "support/test_util.h"
 
@@ -390,28 +389,13 @@ TEST_CASE("spawn refuses nprocs < 1 and an empty function", "[spawn]") {
   CHECK_THROWS_WITH(spawn(2, std::function<void(int)>()), Catch::Contains("fn is empty"));
 }
 
-namespace {
-
-// Sets this process's open-file limits: the soft one so that `spare` more
-// descriptors fit now, the hard one `hard_spare` more (-1: left as it is).
-void limit_open_files(long spare, long hard_spare = -1) {
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("getrlimit failed");
-  const long open = lockstep::runtime::open_descriptors();
-  limit.rlim_cur = static_cast<rlim_t>(open + spare);
-  if (hard_spare >= 0) limit.rlim_max = static_cast<rlim_t>(open + hard_spare);
-  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit failed");
-}
-
-}  // namespace
-
 TEST_CASE("spawn makes room for its children's descriptors under the hard open-file limit",
           "[spawn]") {
   // Six children need about 24 descriptors in the parent (pipes, pidfds, the
   // store's connections); the soft limit leaves room for 8.
   ScratchDir dir;
   const std::string error = lt::error_in_forked_child([&] {
-    limit_open_files(8);
+    lt::limit_open_files(8);
     spawn(6, [&](int rank) {
       auto group = lockstep::collectives::init_process_group();
       Tensor t = Tensor::from_vector(std::vector<float>{1.0f}, {1});
@@ -428,7 +412,7 @@ TEST_CASE("spawn refuses more children than the hard open-file limit lets it hol
           "[spawn]") {
   ScratchDir dir;
   const std::string error = lt::error_in_forked_child([&] {
-    limit_open_files(8, 32);
+    lt::limit_open_files(8, 32);
     spawn(100, [&](int rank) { write_text(dir.file(rank), "started"); });
   });
   CHECK_THAT(error, Catch::Contains("spawn: 100 processes need about 416 more open files"));

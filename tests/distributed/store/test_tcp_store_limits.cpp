@@ -25,9 +25,9 @@
 #include "lockstep/distributed/store/detail/protocol.h"
 #include "lockstep/distributed/store/detail/server_limits.h"
 #include "lockstep/distributed/store/tcp_store.h"
-#include "lockstep/runtime/open_files.h"
 #include "raw_store_client.h"
 #include "support/forked_child.h"
+#include "support/open_file_limit.h"
 #include "support/test_util.h"
 
 using namespace lockstep::distributed;
@@ -327,10 +327,7 @@ TEST_CASE("tcp store server: expecting more clients than the hard open-file limi
           "refuses to start, naming both numbers",
           "[store]") {
   const std::string error = lockstep::testing::error_in_forked_child([] {
-    rlimit limit{};
-    getrlimit(RLIMIT_NOFILE, &limit);
-    limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(lockstep::runtime::open_descriptors() + 16);
-    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) throw std::runtime_error("setrlimit failed");
+    lockstep::testing::limit_open_files(16, 16);
     auto options = server_options();
     options.expected_clients = 1000;
     TcpStoreServer server(options);
