@@ -28,12 +28,14 @@
 #include "raw_store_client.h"
 #include "support/forked_child.h"
 #include "support/open_file_limit.h"
+#include "support/stderr_capture.h"
 #include "support/test_util.h"
 
 using namespace lockstep::distributed;
 using lockstep::testing::error_of;
 using lockstep::testing::eventually;
 using lockstep::testing::RawStoreClient;
+using lockstep::testing::StderrCapture;
 using namespace std::chrono_literals;
 namespace proto = lockstep::distributed::store_protocol;
 
@@ -63,36 +65,6 @@ int count_lines_with(const std::string& text, const std::string& needle) {
   while (std::getline(in, line)) n += line.find(needle) != std::string::npos;
   return n;
 }
-
-// Redirects this process's stderr (where the server logs) to a file while alive.
-class StderrCapture {
- public:
-  StderrCapture() {
-    char path[] = "/tmp/lockstep-stderr-XXXXXX";
-    const int fd = mkstemp(path);
-    REQUIRE(fd >= 0);
-    path_ = path;
-    std::fflush(stderr);
-    saved_ = dup(STDERR_FILENO);
-    dup2(fd, STDERR_FILENO);
-    close(fd);
-  }
-  ~StderrCapture() {
-    std::fflush(stderr);
-    dup2(saved_, STDERR_FILENO);
-    close(saved_);
-    unlink(path_.c_str());
-  }
-  std::string text() const {
-    std::fflush(stderr);
-    std::ifstream in(path_);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  }
-
- private:
-  std::string path_;
-  int saved_ = -1;
-};
 
 /*
  * A TcpStoreServer in a forked child (the open-files limit is per process)
