@@ -1,6 +1,7 @@
 #include "lockstep/runtime/data/loader.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <span>
 
 #include "lockstep/runtime/error.h"
@@ -65,6 +66,7 @@ void DataLoader::set_epoch(int64_t epoch) {
   sampler_->set_epoch(epoch);
   order_ = std::move(order);
   epoch_ = epoch;
+  pass_finished_ = false;
 }
 
 int64_t DataLoader::num_batches() const {
@@ -90,11 +92,30 @@ Batch DataLoader::batch(int64_t i) const {
                  "batches epoch {}'s order; call loader.set_epoch({}) instead (it chooses the "
                  "epoch for the loader and passes it to the sampler)",
                  held, epoch_, held);
+  if (i == 0 && pass_finished_) report_repeated_order();
+  if (i == num_batches() - 1) pass_finished_ = true;
   const int64_t begin = i * options_.batch_size;  // at most the epoch's size
   const int64_t count =
       std::min(options_.batch_size, static_cast<int64_t>(order_.size()) - begin);
   return dataset_->get_batch(std::span<const int64_t>(order_).subspan(
       static_cast<size_t>(begin), static_cast<size_t>(count)));
+}
+
+// PyTorch's most asked-about shuffle: without set_epoch every epoch repeats
+// the first one's order (on every rank, under a DistributedSampler), and
+// nothing says so. A second pass over one epoch's order may be meant (a
+// sampler whose order does not change with the epoch loses nothing), so this
+// warns once per loader instead of refusing.
+void DataLoader::report_repeated_order() const {
+  if (repeat_reported_) return;
+  repeat_reported_ = true;
+  if (sampler_->indices(epoch_ + 1) == order_) return;
+  std::fprintf(stderr,
+               "lockstep: warning: DataLoader: a new pass over its batches began without "
+               "set_epoch(), so it repeats epoch %lld's shuffled order; call "
+               "loader.set_epoch(epoch) before each epoch for a new order (as PyTorch's "
+               "DistributedSampler needs sampler.set_epoch). Said once per loader.\n",
+               static_cast<long long>(epoch_));
 }
 
 }  // namespace lockstep::runtime

@@ -41,8 +41,10 @@ class DataLoader {
   // Chooses the epoch that iteration and batch() use (until called: the
   // sampler's own epoch where it keeps one, else 0), and passes it to the
   // sampler (Sampler::set_epoch). Call it before every epoch: an epoch that
-  // is not set repeats the previous order. Calling the sampler's own
-  // set_epoch instead (PyTorch's way) is refused by batch().
+  // is not set repeats the previous order (a pass that starts again after
+  // taking the last batch, over an order that set_epoch would change, says
+  // so once on standard error). Calling the sampler's own set_epoch instead
+  // (PyTorch's way) is refused by batch().
   void set_epoch(int64_t epoch);
   int64_t epoch() const { return epoch_; }
 
@@ -77,6 +79,11 @@ class DataLoader {
   DataLoaderOptions options_;
   int64_t epoch_ = 0;
   std::vector<int64_t> order_;  // sampler_->indices(epoch_)
+  // The last batch of epoch_'s order was taken; a repeated order was reported.
+  mutable bool pass_finished_ = false;
+  mutable bool repeat_reported_ = false;
+
+  void report_repeated_order() const;
 };
 
 }  // namespace lockstep::runtime

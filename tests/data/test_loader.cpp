@@ -9,6 +9,7 @@
 #include "data_test_util.h"
 #include "lockstep/runtime/data/loader.h"
 #include "lockstep/runtime/random.h"
+#include "support/stderr_capture.h"
 #include "support/test_util.h"
 
 using namespace lockstep::runtime;
@@ -187,6 +188,51 @@ TEST_CASE("DataLoader shuffle is reproducible per seed and epoch and visits each
   std::vector<int64_t> head = epoch_order(dropped);
   CHECK(head.size() == 96);
   CHECK(head == std::vector<int64_t>(orders[0].begin(), orders[0].begin() + 96));
+}
+
+TEST_CASE("DataLoader: a new pass over a shuffled epoch without set_epoch says so, once per "
+          "loader; other passes say nothing",
+          "[data][loader]") {
+  // PyTorch's classic: without set_epoch every epoch repeats the first one's
+  // shuffle, and nothing says so.
+  TensorDataset ds = numbered(20);
+  const std::string warning = "a new pass over its batches began without set_epoch()";
+  auto count = [](const std::string& text, const std::string& needle) {
+    int n = 0;
+    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+      ++n;
+    return n;
+  };
+  {
+    StderrCapture err;
+    DataLoader shuffled(ds, {.batch_size = 8, .shuffle = true, .seed = 5});
+    const auto first = epoch_order(shuffled);
+    CHECK(err.text().empty());
+    CHECK(epoch_order(shuffled) == first);  // repeated, as the warning says
+    CHECK_THAT(err.text(), Contains(warning) && Contains("repeats epoch 0's shuffled order") &&
+                               Contains("loader.set_epoch(epoch)"));
+    (void)epoch_order(shuffled);
+    CHECK(count(err.text(), warning) == 1);
+  }
+  {
+    StderrCapture err;
+    // set_epoch before each pass (the same epoch again too: asked for).
+    DataLoader shuffled(ds, {.batch_size = 8, .shuffle = true, .seed = 5});
+    for (int64_t epoch : {0, 1, 1}) {
+      shuffled.set_epoch(epoch);
+      (void)epoch_order(shuffled);
+    }
+    // A look at the first batches, then the pass from the start.
+    shuffled.set_epoch(2);
+    (void)shuffled.batch(0);
+    (void)shuffled.batch(1);
+    (void)epoch_order(shuffled);
+    // An order that does not change with the epoch loses nothing.
+    DataLoader sequential(ds, {.batch_size = 8});
+    (void)epoch_order(sequential);
+    (void)epoch_order(sequential);
+    CHECK(err.text().empty());
+  }
 }
 
 TEST_CASE("DataLoader takes its order from a Sampler", "[data][loader]") {
