@@ -27,6 +27,7 @@ class ForwardingGroup : public ProcessGroup {
   std::shared_ptr<SharedTensorPool> make_shared_pool(size_t bytes) override {
     return inner_->reserve_shared_pool(bytes);
   }
+
   // Runs on the caller's thread before the collective `call` is handed on.
   virtual void before_collective(const Call& call) = 0;
   ProcessGroup& inner() const { return *inner_; }

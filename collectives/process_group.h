@@ -125,9 +125,6 @@ class ProcessGroup {
   // call.signature (a mismatch: CollectiveMismatch on every rank). Each
   // returns at once. On failure the backend makes the group unusable.
   virtual std::shared_ptr<Work> run_allreduce(Call call, Tensor& tensor, ReduceOp op) = 0;
-  // reserve_shared_pool's part, once the front has let the call through.
-  // The default: nullptr (no memory the ranks share).
-  virtual std::shared_ptr<SharedTensorPool> make_shared_pool(size_t bytes);
   virtual std::shared_ptr<Work> run_broadcast(Call call, Tensor& tensor, int root) = 0;
   virtual std::shared_ptr<Work> run_reduce(Call call, Tensor& tensor, ReduceOp op,
                                            int root) = 0;
@@ -140,6 +137,9 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> run_send(Call call, const Tensor& tensor, int dst,
                                          int tag) = 0;
   virtual std::shared_ptr<Work> run_recv(Call call, Tensor& tensor, int src, int tag) = 0;
+  // reserve_shared_pool's part, once the front has let the call through.
+  // The default: nullptr (no memory the ranks share).
+  virtual std::shared_ptr<SharedTensorPool> make_shared_pool(size_t bytes);
 
   // Throws, saying what to do, when the backend cannot take `tensor` on its
   // device. The default takes CPU tensors only.
