@@ -1,6 +1,7 @@
 #include "lockstep/runtime/data/loader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <span>
 
@@ -92,8 +93,9 @@ Batch DataLoader::batch(int64_t i) const {
                  "batches epoch {}'s order; call loader.set_epoch({}) instead (it chooses the "
                  "epoch for the loader and passes it to the sampler)",
                  held, epoch_, held);
-  if (i == 0 && pass_finished_) report_repeated_order();
-  if (i == num_batches() - 1) pass_finished_ = true;
+  std::atomic_ref pass_finished(pass_finished_);
+  if (i == 0 && pass_finished.load(std::memory_order_relaxed)) report_repeated_order();
+  if (i == num_batches() - 1) pass_finished.store(true, std::memory_order_relaxed);
   const int64_t begin = i * options_.batch_size;  // at most the epoch's size
   const int64_t count =
       std::min(options_.batch_size, static_cast<int64_t>(order_.size()) - begin);
@@ -107,8 +109,7 @@ Batch DataLoader::batch(int64_t i) const {
 // sampler whose order does not change with the epoch loses nothing), so this
 // warns once per loader instead of refusing.
 void DataLoader::report_repeated_order() const {
-  if (repeat_reported_) return;
-  repeat_reported_ = true;
+  if (std::atomic_ref(repeat_reported_).exchange(true)) return;
   if (sampler_->indices(epoch_ + 1) == order_) return;
   std::fprintf(stderr,
                "lockstep: warning: DataLoader: a new pass over its batches began without "

@@ -79,7 +79,9 @@ class DataLoader {
   DataLoaderOptions options_;
   int64_t epoch_ = 0;
   std::vector<int64_t> order_;  // sampler_->indices(epoch_)
-  // The last batch of epoch_'s order was taken; a repeated order was reported.
+  // The last batch of epoch_'s order was taken; a repeated order was
+  // reported. batch() sets them through std::atomic_ref: it may be called
+  // from several threads at once, as before.
   mutable bool pass_finished_ = false;
   mutable bool repeat_reported_ = false;
 
