@@ -464,10 +464,9 @@ void make_room_for_children(int nprocs) {
   const long needed = kPerChild * nprocs + kOwn;
   const runtime::OpenFileRoom room = runtime::make_room_for_descriptors(needed);
   LOCKSTEP_CHECK(room.enough,
-                 "spawn: {} processes need about {} more open files in the parent, but it has {} "
-                 "open and may open at most {} (its hard limit, ulimit -Hn): raise the limit "
-                 "(ulimit -Hn, or nofile in /etc/security/limits.conf) or spawn fewer",
-                 nprocs, needed, room.open, room.hard);
+                 "spawn: {} processes need about {} more open files in the parent, but {} or "
+                 "spawn fewer",
+                 nprocs, needed, runtime::room_shortfall(room));
 }
 
 }  // namespace

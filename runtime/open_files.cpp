@@ -5,6 +5,8 @@
 
 #include <mutex>
 
+#include <fmt/format.h>
+
 namespace lockstep::runtime {
 namespace {
 
@@ -47,6 +49,13 @@ OpenFileRoom make_room_for_descriptors(long more) {
   room.enough = ::setrlimit(RLIMIT_NOFILE, &limit) == 0;
   if (room.enough) room.soft = limit_value(limit.rlim_cur);
   return room;
+}
+
+std::string room_shortfall(const OpenFileRoom& room) {
+  return fmt::format(
+      "this process has {} open and may open at most {} (its hard limit, ulimit -Hn): raise the "
+      "limit (ulimit -Hn, or nofile in /etc/security/limits.conf)",
+      room.open, room.hard);
 }
 
 }  // namespace lockstep::runtime

@@ -3,6 +3,8 @@
 // the limit, its sockets fail one by one with errors that do not say why.
 #pragma once
 
+#include <string>
+
 namespace lockstep::runtime {
 
 // Descriptors this process has open now (from /proc/self/fd; -1 where it
@@ -21,5 +23,10 @@ struct OpenFileRoom {
 // files should; the hard limit is the administrator's). Says whether they
 // fit; where the limits or the count cannot be read, assumes they do.
 OpenFileRoom make_room_for_descriptors(long more);
+
+// The end of a refusal for want of room: "this process has <open> open and
+// may open at most <hard> (its hard limit, ulimit -Hn): raise the limit
+// (ulimit -Hn, or nofile in /etc/security/limits.conf)".
+std::string room_shortfall(const OpenFileRoom& room);
 
 }  // namespace lockstep::runtime

@@ -221,11 +221,9 @@ struct TcpStoreServer::Impl {
     const long needed = static_cast<long>(options.expected_clients) + 8;
     const runtime::OpenFileRoom room = runtime::make_room_for_descriptors(needed);
     LOCKSTEP_CHECK(room.enough,
-                   "TcpStoreServer: {} clients need about {} more open files, but this process "
-                   "has {} open and may open at most {} (its hard limit, ulimit -Hn): raise the "
-                   "limit (ulimit -Hn, or nofile in /etc/security/limits.conf) or start fewer "
-                   "ranks",
-                   options.expected_clients, needed, room.open, room.hard);
+                   "TcpStoreServer: {} clients need about {} more open files, but {} or start "
+                   "fewer ranks",
+                   options.expected_clients, needed, runtime::room_shortfall(room));
   }
 
   void listen_on() {
