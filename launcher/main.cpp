@@ -177,7 +177,9 @@ int run(const Options& options) {
     client.port = static_cast<uint16_t>(address.port);
     client.token = address.token;
     try {
-      link = std::make_unique<NodeLink>(client, options.node_rank, options.nnodes);
+      link = std::make_unique<NodeLink>(
+          client, options.node_rank, options.nnodes,
+          std::chrono::milliseconds(static_cast<int64_t>(options.node_timeout_s * 1000.0)));
       // Restarts too: a node that restarts alone waits for the others in vain.
       // And the program's port: a node's ranks would look for their rank 0
       // at node 0's, not at the one its own -x MASTER_PORT chose.

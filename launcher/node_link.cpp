@@ -45,8 +45,9 @@ int pending_stop_signal() {
   return 0;
 }
 
-NodeLink::NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_nodes)
-    : node_rank_(node_rank), num_nodes_(num_nodes) {
+NodeLink::NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_nodes,
+                   std::chrono::milliseconds silent_after)
+    : node_rank_(node_rank), num_nodes_(num_nodes), silent_after_(silent_after) {
   // Node 0's launcher may start later than this one: say so while waiting,
   // and stop waiting when told to.
   store.report_waiting_every = std::chrono::seconds(10);
@@ -118,12 +119,13 @@ std::string NodeLink::silent_node(distributed::TcpStore& s, const std::vector<in
       b = {count, now};
       continue;
     }
-    if (now - b.since < kSilentAfter || s.add(done_key(n), 0) > 0) continue;
+    if (now - b.since < silent_after_ || s.add(done_key(n), 0) > 0) continue;
     return fmt::format(
-        "node {}'s launcher ({}) has not been heard from for {} s: it was killed, or its host "
-        "is down or cut off; its ranks are gone or cannot be reached",
+        "node {}'s launcher ({}) has not been heard from for {} s (--node-timeout {:g}): it was "
+        "killed, or its host is down or cut off; its ranks are gone or cannot be reached",
         n, s.get_string(launcher_key(n)),
-        std::chrono::duration_cast<std::chrono::seconds>(now - b.since).count());
+        std::chrono::duration_cast<std::chrono::seconds>(now - b.since).count(),
+        std::chrono::duration<double>(silent_after_).count());
   }
   return {};
 }

@@ -37,13 +37,12 @@ int pending_stop_signal();
 
 class NodeLink {
  public:
-  // How long a node's launcher may leave its beat unchanged before the other
-  // nodes call it gone.
-  static constexpr std::chrono::seconds kSilentAfter{10};
-
   // Connects to the store (retrying until `connect_timeout`, or a pending
-  // stop signal), starts beating (nodes other than 0) and watching.
-  NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_nodes);
+  // stop signal), starts beating (nodes other than 0) and watching. Node 0
+  // calls another node gone once its launcher left its beat unchanged for
+  // `silent_after` (--node-timeout).
+  NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_nodes,
+           std::chrono::milliseconds silent_after);
   ~NodeLink();  // stops the watcher
   NodeLink(const NodeLink&) = delete;
   NodeLink& operator=(const NodeLink&) = delete;
@@ -107,7 +106,7 @@ class NodeLink {
   void claim_node(const std::string& mine);
   void watch();
   void beat();
-  // The first of `nodes` whose launcher has not beaten for kSilentAfter and
+  // The first of `nodes` whose launcher has not beaten for silent_after_ and
   // has not reported done, described; "" when none. Read through `store`;
   // called by one thread at a time (the watcher, or the main thread once it
   // stopped the watcher).
@@ -119,6 +118,7 @@ class NodeLink {
 
   int node_rank_;
   int num_nodes_;
+  std::chrono::milliseconds silent_after_;
   int attempt_ = 0;
   std::unique_ptr<distributed::TcpStore> store_;    // for this thread
   std::unique_ptr<distributed::TcpStore> watcher_;  // for the watcher thread

@@ -26,7 +26,8 @@ const std::set<std::string> kValueOptions = {
     "-n", "--np", "-x", "--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank",
     "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port",
     "--token", "--grace-period", "--bind-to", "--max-restarts", "--max_restarts",
-    "--restart-backoff", "--hang-timeout", "--postmortem-dir", "--postmortem-from"};
+    "--restart-backoff", "--hang-timeout", "--node-timeout", "--postmortem-dir",
+    "--postmortem-from"};
 
 // mpirun spells some long options with one dash; CLI11 wants two.
 std::string normalise(const std::string& arg) {
@@ -237,6 +238,13 @@ void validate(Options& o, bool np_given, const runtime::EnvLookup& env) {
                                  "it off",
                                  o.hang_timeout_s));
   check_seconds("--restart-backoff", o.restart_backoff_s);
+  // Launchers beat 4 times a second (node_link.cpp); a store round trip
+  // between nodes may take a while under load.
+  check_seconds("--node-timeout", o.node_timeout_s);
+  if (o.node_timeout_s < 1)
+    throw UsageError(fmt::format("--node-timeout {:g} is too short to tell a lost node from a "
+                                 "slow one; give at least 1 s (10 s is usual)",
+                                 o.node_timeout_s));
   // [::1], as in a URL, is the address ::1 (ranks get it bracketed with the port).
   if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']')
     o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
@@ -319,6 +327,10 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                  "then sends no heartbeat, or makes no progress (no CPU used, not waiting for "
                  "other ranks, not reading or writing a checkpoint), for this many seconds is hung: the job "
                  "is stopped, or restarted under --max-restarts; 0: off")->capture_default_str();
+  app.add_option("--node-timeout", o.node_timeout_s, "Several nodes: another node's launcher "
+                 "not heard from for this many seconds (killed, its host down or cut off) "
+                 "fails the job, restarts included; node 0's launcher watches, so its value "
+                 "counts")->capture_default_str();
   app.add_option("--postmortem-dir", o.postmortem_dir, "When a rank fails or hangs, or the job "
                  "is stopped, the launcher prints what every rank was doing in its last "
                  "collectives and writes it as JSON to DIR/lockstep-postmortem-<job id>-node<N>-"

@@ -43,6 +43,10 @@ struct Options {
   // --hang-timeout: a rank whose heartbeats stop, or say it made no progress,
   // for this long is hung (runtime/liveness.h); 0: not watched.
   double hang_timeout_s = 10.0;
+  // --node-timeout: another node's launcher whose beats stop for this long is
+  // gone (killed, its host down or cut off); node 0's launcher, which watches
+  // the others, fails the job then (launcher/node_link.h).
+  double node_timeout_s = 10.0;
   // --postmortem-dir: where the post-mortem of a failed attempt is written as
   // JSON (launcher/postmortem.h); empty: printed only.
   std::string postmortem_dir = ".";

@@ -384,6 +384,9 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
       // Read as 0 ms: hang detection off without a word.
       {{lr, "-np", "2", "--hang-timeout", "0.0001", "true"},
        "--hang-timeout 0.0001 is too short to tell a hung rank from a busy one"},
+      {{lr, "-np", "2", "--node-timeout", "0.5", "true"},
+       "--node-timeout 0.5 is too short to tell a lost node from a slow one"},
+      {{lr, "-np", "2", "--node-timeout", "nan", "true"}, "--node-timeout nan must be a number"},
       {{lr, "-np", "2", "--grace-period", "1e300", "true"}, "--grace-period 1e+300 must be"},
       {{lr, "-np", "2", "--restart-backoff", "inf", "true"}, "--restart-backoff inf must be"},
       // CLI11 read 0x as hex: 2 ranks.
@@ -431,7 +434,7 @@ TEST_CASE("launcher: usage errors exit 2 with a message", "[launcher]") {
   for (const char* option : {"-np", "--nproc-per-node", "--nnodes", "--node-rank",
                              "--master-addr", "--master-port", "--token", "-x", "--tag-output",
                              "--grace-period", "--bind-to", "--max-restarts",
-                             "--restart-backoff", "--hang-timeout"})
+                             "--restart-backoff", "--hang-timeout", "--node-timeout"})
     CHECK_THAT(help.output, Contains(option));
   // Every variable each rank gets (README.md); the heartbeat's were missing.
   for (const char* var : {"LOCKSTEP_RANK", "LOCKSTEP_STORE_ADDR", "MASTER_PORT",

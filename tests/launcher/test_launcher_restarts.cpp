@@ -278,23 +278,26 @@ TEST_CASE("launcher: losing another node's launcher ends node 0's within seconds
   // joined. Node 0's launcher must not wait for it: not for its report of
   // ranks stopped before a restart (60 s), not for it to finish (5 min), and
   // not while node 0's ranks compute and do not see the loss themselves.
+  // Node 0 calls node 1 lost after --node-timeout (3 s here, 10 by default).
   const std::vector<std::string> dies = {"group-sum", "kill-parent=1:9", "sleep"};
-  const auto restart = two_local_nodes({"--max-restarts", "1", "--postmortem-dir", "''"},
-                                       {"group-sum", "wait-ms=500", "then-allreduce"}, dies);
+  const auto restart =
+      two_local_nodes({"--max-restarts", "1", "--postmortem-dir", "''", "--node-timeout", "3"},
+                      {"group-sum", "wait-ms=500", "then-allreduce"}, dies);
   CHECK(!restart.timed_out);
   CHECK_THAT(restart.output, Contains("cannot restart: the job cannot restart as a whole: "
                                       "node 1's launcher (host ") &&
                                  Contains("has not been heard from for") &&
+                                 Contains("s (--node-timeout 3): it was killed") &&
                                  !Contains("did not report their ranks stopped"));
 
   // Node 0's ranks succeeded, but the job did not on node 1: node 0 says so.
-  const auto finished = two_local_nodes({}, {"group-sum"}, dies);
+  const auto finished = two_local_nodes({"--node-timeout", "3"}, {"group-sum"}, dies);
   CHECK(!finished.timed_out);
   CHECK_THAT(finished.output, Contains("lockstep-run: node 1's launcher (host ") &&
                                   Contains("node 0's ranks had finished") &&
                                   Contains("node 0 exit 1"));
 
-  const auto computing = two_local_nodes({"--postmortem-dir", "''"},
+  const auto computing = two_local_nodes({"--postmortem-dir", "''", "--node-timeout", "3"},
                                          {"group-sum", "busy-sleep-ms=50000"}, dies);
   CHECK(!computing.timed_out);
   CHECK_THAT(computing.output,
