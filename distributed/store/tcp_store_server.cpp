@@ -1,7 +1,7 @@
 // TcpStoreServer: the store's data and one epoll event loop serving every
 // client from a background thread. What it holds back (connection caps,
-// repeated warnings) is counted in server_limits.h.
-#include <arpa/inet.h>
+// repeated warnings) is counted in server_limits.h; how it starts listening,
+// in server_setup.h.
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -28,8 +28,8 @@
 
 #include "lockstep/distributed/store/detail/protocol.h"
 #include "lockstep/distributed/store/detail/server_limits.h"
+#include "lockstep/distributed/store/detail/server_setup.h"
 #include "lockstep/distributed/store/tcp_store.h"
-#include "lockstep/runtime/open_files.h"
 
 namespace lockstep::distributed {
 
@@ -196,8 +196,11 @@ struct TcpStoreServer::Impl {
                    "TcpStoreServer: max_frame_bytes {} is too small for an AUTH frame of {} "
                    "bytes; raise it",
                    options.max_frame_bytes, unauthenticated_allowance);
-    make_room_for_clients();
-    listen_on();
+    store_setup::make_room_for_clients(options.expected_clients);
+    const store_setup::ListeningSocket listening =
+        store_setup::listen_on(options.host, options.port);
+    listen_fd = listening.fd;
+    port = listening.port;
     epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (epoll_fd < 0 || wake_fd < 0) {
@@ -211,57 +214,6 @@ struct TcpStoreServer::Impl {
     watch(listen_fd, EPOLLIN, EPOLL_CTL_ADD);
     watch(wake_fd, EPOLLIN, EPOLL_CTL_ADD);
     thread = std::thread([this] { loop(); });
-  }
-
-  void make_room_for_clients() const {
-    if (options.expected_clients == 0) return;
-    // A connection each, and the server's own: its listening socket, epoll
-    // and eventfd, with room for a client that reconnects before its old
-    // connection is closed.
-    const long needed = static_cast<long>(options.expected_clients) + 8;
-    const runtime::OpenFileRoom room = runtime::make_room_for_descriptors(needed);
-    LOCKSTEP_CHECK(room.enough,
-                   "TcpStoreServer: {} clients need about {} more open files, but {} or start "
-                   "fewer ranks",
-                   options.expected_clients, needed, runtime::room_shortfall(room));
-  }
-
-  void listen_on() {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    addrinfo* found = nullptr;
-    const std::string where = fmt::format("{}:{}", options.host, options.port);
-    const int rc = getaddrinfo(options.host.empty() ? nullptr : options.host.c_str(),
-                               std::to_string(options.port).c_str(), &hints, &found);
-    LOCKSTEP_CHECK(rc == 0,
-                   "TcpStoreServer: cannot resolve the listen address {}: {}; give an "
-                   "IP address or a resolvable host name",
-                   where, gai_strerror(rc));
-    std::string last_error = "no address";
-    for (addrinfo* ai = found; ai != nullptr && listen_fd < 0; ai = ai->ai_next) {
-      int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (fd < 0) continue;
-      int one = 1;
-      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-      if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
-        listen_fd = fd;
-      } else {
-        last_error = strerror(errno);
-        close(fd);
-      }
-    }
-    freeaddrinfo(found);
-    LOCKSTEP_CHECK(listen_fd >= 0,
-                   "TcpStoreServer: cannot listen on {}: {}; choose another port "
-                   "(or port 0 for any free one)",
-                   where, last_error);
-    sockaddr_storage addr{};
-    socklen_t len = sizeof addr;
-    getsockname(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
-                                            : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   }
 
   ~Impl() {
