@@ -641,97 +641,72 @@ void Reducer::backward_failed() noexcept {
   }
 }
 
-void Reducer::finalize() {
-  const auto backward_end = Clock::now();
-  if (timeline_) timeline_->backward_ended();
-  // The walk finds what the graph reaches; an op on the way may still pass
-  // no gradient back (a custom backward that returns none for an input).
-  // Such a parameter got none, as one not reached: unused, as in PyTorch,
-  // whose hook sees an undefined gradient. (Frozen since forward: named below.)
-  if (walked_) {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (ready_[i] || !params_[i].second.requires_grad()) continue;
-      unused_[i] = true;  // static_graph keeps it so
-      mark_ready(i, false);
-    }
+// Some bucket was never launched: a parameter got no gradient. Names them,
+// says why and what to do, and keeps the ranks' calls in line (below).
+void Reducer::fail_missing_gradients() {
+  // The forward checked every flag; one cleared since (in or after it)
+  // stops the gradient, and no other advice below would help.
+  std::vector<std::string> missing, frozen_since;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    missing.push_back("'" + params_[i].first + "'");
+    if (!params_[i].second.requires_grad()) frozen_since.push_back(missing.back());
   }
-  if (next_launch_ < buckets_.size()) {
-    // The forward checked every flag; one cleared since (in or after it)
-    // stops the gradient, and no other advice below would help.
-    std::vector<std::string> missing, frozen_since;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (ready_[i]) continue;
-      missing.push_back("'" + params_[i].first + "'");
-      if (!params_[i].second.requires_grad()) frozen_since.push_back(missing.back());
-    }
-    drain_and_reset();
-    const std::string what = fmt::format(
-        "DistributedDataParallel on rank {}: {} parameter(s) received no gradient in this "
-        "backward: {}. ",
-        group_.rank(), missing.size(), fmt::join(missing, ", "));
-    std::string advice;
-    if (!frozen_since.empty()) {
-      advice = fmt::format(
-          "Of these, {} {} frozen (requires_grad set to false) since this iteration's forward "
-          "checked the flags, and a frozen leaf takes no gradient; DDP averages the parameters "
-          "that required grad when it was constructed. Change requires_grad between "
-          "iterations, not between forward and backward, and re-wrap the module in "
-          "DistributedDataParallel after changing it (on every rank alike)",
-          fmt::join(frozen_since, ", "), frozen_since.size() == 1 ? "was" : "were");
-    } else if (options_.find_unused_parameters && !walked_) {
-      // With the option on, suggesting it would send the user in a circle:
-      // the walk found these reachable, and the loss did not use them.
-      advice =
-          "static_graph keeps the parameters the first iteration used, and these were used "
-          "then; construct DDP without static_graph if the set of parameters that the loss "
-          "uses changes between iterations";
-    } else {
-      advice =
-          "If they are not used to compute the loss in every iteration, construct DDP with "
-          "DdpOptions{.find_unused_parameters = true}; if they are unused on purpose for the "
-          "whole run, set requires_grad(false) on them before wrapping the model";
-    }
-    // Other ranks may have got every gradient and wait in the all-reduce of
-    // a bucket this rank never launched, which only the group's timeout
-    // would end. A barrier in its place tells at once: where every rank
-    // failed alike it matches (the ranks' calls still agree, and training
-    // may go on), and otherwise it mismatches that all-reduce on every rank
-    // (finalize's bucket wait names the cause there).
-    if (group_.size() > 1) {
-      try {
-        group_.barrier()->wait();
-      } catch (const collectives::CollectiveMismatch&) {
-        throw Error(what + advice +
-                    ". Other ranks did not stop here (they got these gradients, or stopped at "
-                    "another bucket), so the group is unusable now: create a new process group "
-                    "on every rank, or restart the job");
-      } catch (const collectives::CollectiveError& e) {
-        throw Error(what + advice + ". The group failed as well: " + e.what());
-      }
-    }
-    throw Error(what + advice);
+  drain_and_reset();
+  const std::string what = fmt::format(
+      "DistributedDataParallel on rank {}: {} parameter(s) received no gradient in this "
+      "backward: {}. ",
+      group_.rank(), missing.size(), fmt::join(missing, ", "));
+  std::string advice;
+  if (!frozen_since.empty()) {
+    advice = fmt::format(
+        "Of these, {} {} frozen (requires_grad set to false) since this iteration's forward "
+        "checked the flags, and a frozen leaf takes no gradient; DDP averages the parameters "
+        "that required grad when it was constructed. Change requires_grad between "
+        "iterations, not between forward and backward, and re-wrap the module in "
+        "DistributedDataParallel after changing it (on every rank alike)",
+        fmt::join(frozen_since, ", "), frozen_since.size() == 1 ? "was" : "were");
+  } else if (options_.find_unused_parameters && !walked_) {
+    // With the option on, suggesting it would send the user in a circle:
+    // the walk found these reachable, and the loss did not use them.
+    advice =
+        "static_graph keeps the parameters the first iteration used, and these were used "
+        "then; construct DDP without static_graph if the set of parameters that the loss "
+        "uses changes between iterations";
+  } else {
+    advice =
+        "If they are not used to compute the loss in every iteration, construct DDP with "
+        "DdpOptions{.find_unused_parameters = true}; if they are unused on purpose for the "
+        "whole run, set requires_grad(false) on them before wrapping the model";
   }
-  // Which parameters got a gradient on any rank: those used nowhere keep
-  // their .grad untouched. Issued after the buckets, on every rank alike.
-  // With static_graph, after the first averaged backward, the kept walk says
-  // (as PyTorch, which all-reduces its used map in that iteration only).
-  Tensor used;
-  std::shared_ptr<collectives::Work> used_work;
-  std::exception_ptr used_failure;
-  const bool used_known = options_.static_graph && unused_known_;
-  if (options_.find_unused_parameters && !used_known) {
-    used = Tensor::from_vector(locally_used_, {static_cast<int64_t>(locally_used_.size())});
+  // Other ranks may have got every gradient and wait in the all-reduce of
+  // a bucket this rank never launched, which only the group's timeout
+  // would end. A barrier in its place tells at once: where every rank
+  // failed alike it matches (the ranks' calls still agree, and training
+  // may go on), and otherwise it mismatches that all-reduce on every rank
+  // (wait_buckets names the cause there).
+  if (group_.size() > 1) {
     try {
-      used_work = group_.allreduce(used, {.op = collectives::ReduceOp::Sum});
-    } catch (const collectives::CollectiveError&) {
-      // The group failed while the buckets were in flight (a bucket's
-      // all-reduce met another rank's other call): their waits say why.
-      used_failure = std::current_exception();
+      group_.barrier()->wait();
+    } catch (const collectives::CollectiveMismatch&) {
+      throw Error(what + advice +
+                  ". Other ranks did not stop here (they got these gradients, or stopped at "
+                  "another bucket), so the group is unusable now: create a new process group "
+                  "on every rank, or restart the job");
+    } catch (const collectives::CollectiveError& e) {
+      throw Error(what + advice + ". The group failed as well: " + e.what());
     }
   }
-  // The next average counts from here (no_sync() iterations included).
-  if (options_.find_unused_parameters) std::fill(locally_used_.begin(), locally_used_.end(), 0);
-  std::vector<std::pair<double, double>> intervals;  // ms after forward's end
+  throw Error(what + advice);
+}
+
+// Waits for every bucket's all-reduce and runs its hook's `then`, in bucket
+// order; returns when each ran (ms after forward's end). A failure drains
+// the rest first; where a `then` threw, `used_work` (the used map's
+// all-reduce) is waited for too.
+std::vector<std::pair<double, double>> Reducer::wait_buckets(
+    const std::shared_ptr<collectives::Work>& used_work) {
+  std::vector<std::pair<double, double>> intervals;
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     try {
@@ -774,6 +749,45 @@ void Reducer::finalize() {
     b.result = {};
     b.view.reset();
   }
+  return intervals;
+}
+
+void Reducer::finalize() {
+  const auto backward_end = Clock::now();
+  if (timeline_) timeline_->backward_ended();
+  // The walk finds what the graph reaches; an op on the way may still pass
+  // no gradient back (a custom backward that returns none for an input).
+  // Such a parameter got none, as one not reached: unused, as in PyTorch,
+  // whose hook sees an undefined gradient. (Frozen since forward: named below.)
+  if (walked_) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (ready_[i] || !params_[i].second.requires_grad()) continue;
+      unused_[i] = true;  // static_graph keeps it so
+      mark_ready(i, false);
+    }
+  }
+  if (next_launch_ < buckets_.size()) fail_missing_gradients();
+  // Which parameters got a gradient on any rank: those used nowhere keep
+  // their .grad untouched. Issued after the buckets, on every rank alike.
+  // With static_graph, after the first averaged backward, the kept walk says
+  // (as PyTorch, which all-reduces its used map in that iteration only).
+  Tensor used;
+  std::shared_ptr<collectives::Work> used_work;
+  std::exception_ptr used_failure;
+  const bool used_known = options_.static_graph && unused_known_;
+  if (options_.find_unused_parameters && !used_known) {
+    used = Tensor::from_vector(locally_used_, {static_cast<int64_t>(locally_used_.size())});
+    try {
+      used_work = group_.allreduce(used, {.op = collectives::ReduceOp::Sum});
+    } catch (const collectives::CollectiveError&) {
+      // The group failed while the buckets were in flight (a bucket's
+      // all-reduce met another rank's other call): their waits say why.
+      used_failure = std::current_exception();
+    }
+  }
+  // The next average counts from here (no_sync() iterations included).
+  if (options_.find_unused_parameters) std::fill(locally_used_.begin(), locally_used_.end(), 0);
+  auto intervals = wait_buckets(used_work);  // ms after forward's end
   if (used_failure) {
     drain_and_reset();
     std::rethrow_exception(used_failure);

@@ -108,6 +108,9 @@ class Reducer {
   void renew_buffer(Bucket& b, Tensor& keep_old);
   void backward_failed() noexcept;
   void finalize();
+  [[noreturn]] void fail_missing_gradients();
+  std::vector<std::pair<double, double>> wait_buckets(
+      const std::shared_ptr<collectives::Work>& used_work);
   void take_hook_output(Bucket& b);
   void rebuild_buckets();
   void write_gradients(const std::vector<int32_t>& globally_used);
