@@ -34,9 +34,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-// How long past a GET/WAIT timeout the client still waits for the server's
-// TIMEOUT reply before deciding the server itself is stuck.
-constexpr milliseconds kReplyGrace = std::chrono::seconds(10);
 constexpr milliseconds kFirstBackoff{10};
 constexpr milliseconds kMaxBackoff{1000};
 // Connecting again after the server broke the connection: a server still
@@ -56,10 +53,11 @@ Clock::time_point deadline_after(milliseconds timeout) {
   return Clock::now() + milliseconds(std::clamp<int64_t>(timeout.count(), 0, kMaxTimeoutMs));
 }
 
-// For GET and WAIT: the server answers TIMEOUT at `timeout`; wait a little
+// For GET and WAIT: the server answers TIMEOUT at `timeout`; wait `grace`
 // longer for that answer. (Clamped first: milliseconds::max() + grace overflows.)
-Clock::time_point reply_deadline(milliseconds timeout) {
-  return deadline_after(std::min(timeout, milliseconds(kMaxTimeoutMs)) + kReplyGrace);
+Clock::time_point reply_deadline(milliseconds timeout, milliseconds grace) {
+  return deadline_after(std::min(timeout, milliseconds(kMaxTimeoutMs)) +
+                        std::clamp(grace, milliseconds(0), milliseconds(kMaxTimeoutMs)));
 }
 
 // For a request that does not wait (SET, ADD, ...), answered at once: timeout()
@@ -523,7 +521,7 @@ Bytes TcpStore::get(const std::string& key) {
   const std::string what = fmt::format("get('{}')", key);
   const milliseconds limit = timeout();
   auto reply = impl_->call(proto::MessageType::Get, {key, proto::encode_i64(limit.count())},
-                           reply_deadline(limit), what);
+                           reply_deadline(limit, impl_->options.reply_grace), what);
   if (reply.type == proto::MessageType::Timeout) {
     throw StoreTimeout(fmt::format(
         "timed out after {} ms waiting for key '{}' in the lockstep store at {}; the rank that "
@@ -560,8 +558,8 @@ void TcpStore::wait(const std::vector<std::string>& keys, milliseconds timeout) 
   const std::string timeout_field = proto::encode_i64(timeout.count());
   std::vector<std::string_view> fields{timeout_field};
   fields.insert(fields.end(), keys.begin(), keys.end());
-  auto reply =
-      impl_->call(proto::MessageType::Wait, fields, reply_deadline(timeout), what);
+  auto reply = impl_->call(proto::MessageType::Wait, fields,
+                           reply_deadline(timeout, impl_->options.reply_grace), what);
   if (reply.type == proto::MessageType::Timeout) {
     throw StoreTimeout(fmt::format(
         "timed out after {} ms waiting for key(s) {} in the lockstep store at {} (missing: "

@@ -101,6 +101,10 @@ struct TcpStoreOptions {
   // How long get and wait wait for keys; the other calls wait that long for
   // the server's answer, but at least 2 s, however short it is.
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+  // How long past a get or wait's timeout the client still waits for the
+  // server's answer before it calls the server unreachable (StoreUnreachable:
+  // its host down, or its process stopped, with the connection left open).
+  std::chrono::milliseconds reply_grace = std::chrono::seconds(10);
   // While connecting takes longer than this, print one line to stderr per
   // interval saying who waits for which store and the last error (a long
   // connect timeout is otherwise silent). Zero: never.
