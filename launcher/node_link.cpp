@@ -22,11 +22,17 @@ const std::string kJobIdKey = "lockstep-run/job-id";
 // Set before the job id, which tells the other nodes they are there.
 const std::string kShapeKey = "lockstep-run/shape";
 const std::string kMasterPortKey = "lockstep-run/master-port";
+// Node 0's --node-timeout, in ms: every node watches with it.
+const std::string kNodeTimeoutKey = "lockstep-run/node-timeout-ms";
 // A counter (read with add(0), which never blocks) and, beside it, why.
 const std::string kStopKey = "lockstep-run/stop";
 const std::string kStopWhyKey = "lockstep-run/stop-why";
 constexpr auto kPollInterval = std::chrono::milliseconds(200);
 constexpr auto kBeatInterval = std::chrono::milliseconds(250);
+// How long the watcher waits for an answer past its poll before it asks again
+// (on a new connection): short, so that node 0's silence is measured against
+// --node-timeout, not the store client's default grace.
+constexpr auto kWatchGrace = std::chrono::seconds(1);
 
 std::string launcher_key(int node) { return fmt::format("lockstep-run/node-{}/launcher", node); }
 std::string beat_key(int node) { return fmt::format("lockstep-run/node-{}/beat", node); }
@@ -57,7 +63,10 @@ NodeLink::NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_no
     return sig == 0 ? std::string() : "received " + distributed::signal_name(sig);
   };
   store_ = std::make_unique<distributed::TcpStore>(store);
-  watcher_ = std::make_unique<distributed::TcpStore>(store);
+  distributed::TcpStoreOptions watching = store;
+  watching.timeout = std::chrono::seconds(2);  // its calls answer at once when node 0 is there
+  watching.reply_grace = kWatchGrace;
+  watcher_ = std::make_unique<distributed::TcpStore>(watching);
   if (node_rank_ != 0) {
     // Quiet, and never holding up the launcher's end: a store that does not
     // answer (node 0's host down) is the watcher's to report.
@@ -119,13 +128,14 @@ std::string NodeLink::silent_node(distributed::TcpStore& s, const std::vector<in
       b = {count, now};
       continue;
     }
-    if (now - b.since < silent_after_ || s.add(done_key(n), 0) > 0) continue;
+    const std::chrono::milliseconds silent_after = silent_after_;
+    if (now - b.since < silent_after || s.add(done_key(n), 0) > 0) continue;
     return fmt::format(
         "node {}'s launcher ({}) has not been heard from for {} s (--node-timeout {:g}): it was "
         "killed, or its host is down or cut off; its ranks are gone or cannot be reached",
         n, s.get_string(launcher_key(n)),
         std::chrono::duration_cast<std::chrono::seconds>(now - b.since).count(),
-        std::chrono::duration<double>(silent_after_).count());
+        std::chrono::duration<double>(silent_after).count());
   }
   return {};
 }
@@ -136,10 +146,11 @@ void NodeLink::watch() {
   std::vector<int> others;
   if (node_rank_ == 0)
     for (int n = 1; n < num_nodes_; ++n) others.push_back(n);
-  // A store that answers neither a wait (within its grace) nor the reconnect
-  // after it (2 s) is lost: node 0's host is down, or its launcher stopped,
-  // without closing the connection. Once may be a stall.
-  int unanswered = 0;
+  // A store that has answered nothing (each try gives up after kWatchGrace,
+  // or a reconnect after 2 s) for silent_after_ is lost: node 0's host is
+  // down or cut off, or its launcher stopped, without closing the connection.
+  // Node 0 calls this node gone after as long without its beats.
+  auto heard = std::chrono::steady_clock::now();
   while (!stop_) {
     try {
       if (const std::string silent = silent_node(*watcher_, others); !silent.empty()) {
@@ -151,15 +162,20 @@ void NodeLink::watch() {
       notify(watcher_->get_string(key));
       return;
     } catch (const distributed::StoreUnreachable& e) {
-      if (++unanswered < 2) continue;
+      const std::chrono::milliseconds silent_after = silent_after_;
+      const auto unheard = std::chrono::steady_clock::now() - heard;
+      if (unheard < silent_after) continue;
       store_lost_ = true;
       if (!stop_)
-        notify(fmt::format("lost the job's store: node 0's launcher does not answer (its host "
-                           "down, or the launcher stopped?): {}", e.what()));
+        notify(fmt::format(
+            "lost the job's store: node 0's launcher has not answered for {} s (--node-timeout "
+            "{:g}; its host down or cut off, or the launcher stopped?): {}",
+            std::chrono::duration_cast<std::chrono::seconds>(unheard).count(),
+            std::chrono::duration<double>(silent_after).count(), e.what()));
       return;
     } catch (const distributed::StoreTimeout&) {
-      // Nothing yet; look again unless asked to stop.
-      unanswered = 0;
+      // Answered, with nothing yet; look again unless asked to stop.
+      heard = std::chrono::steady_clock::now();
     } catch (const std::exception& e) {
       store_lost_ = true;
       if (!stop_) notify(fmt::format("lost the job's store (node 0's launcher ended?): {}", e.what()));
@@ -186,6 +202,25 @@ void NodeLink::notify(const std::string& what) {
   (void)ignored;
 }
 
+// Every node calls another gone after node 0's --node-timeout: one node
+// that watched with its own would tell a stalled node from a lost one
+// differently from the rest.
+void NodeLink::adopt_node0_timeout() {
+  try {
+    store().wait({kNodeTimeoutKey}, std::chrono::milliseconds(0));
+  } catch (const distributed::StoreTimeout&) {
+    return;  // a node 0 from before the option: each node keeps its own
+  }
+  const std::chrono::milliseconds node0(std::stoll(store().get_string(kNodeTimeoutKey)));
+  const std::chrono::milliseconds mine = silent_after_.exchange(node0);
+  if (mine != node0)
+    fmt::print(stderr,
+               "lockstep-run: node {}: node 0's --node-timeout {:g} counts on every node; this "
+               "launcher's {:g} is not used\n",
+               node_rank_, std::chrono::duration<double>(node0).count(),
+               std::chrono::duration<double>(mine).count());
+}
+
 NodeLink::Job NodeLink::agree_job(const Job& mine, const std::string& shape,
                                   std::chrono::milliseconds timeout) {
   claim_node(mine.id);
@@ -196,6 +231,8 @@ NodeLink::Job NodeLink::agree_job(const Job& mine, const std::string& shape,
     if (node_rank_ == 0) {
       store().set(kShapeKey, distributed::to_bytes(shape));
       store().set(kMasterPortKey, distributed::to_bytes(std::to_string(mine.master_port)));
+      store().set(kNodeTimeoutKey,
+                  distributed::to_bytes(std::to_string(silent_after_.load().count())));
       store().set(kJobIdKey, distributed::to_bytes(mine.id));
       return mine;
     }
@@ -205,6 +242,7 @@ NodeLink::Job NodeLink::agree_job(const Job& mine, const std::string& shape,
         store().wait({kJobIdKey}, kPollInterval);
         node0_shape = store().get_string(kShapeKey);
         if (node0_shape == shape) {
+          adopt_node0_timeout();
           return {.id = store().get_string(kJobIdKey),
                   .master_port = std::stoi(store().get_string(kMasterPortKey))};
         }

@@ -38,9 +38,10 @@ int pending_stop_signal();
 class NodeLink {
  public:
   // Connects to the store (retrying until `connect_timeout`, or a pending
-  // stop signal), starts beating (nodes other than 0) and watching. Node 0
-  // calls another node gone once its launcher left its beat unchanged for
-  // `silent_after` (--node-timeout).
+  // stop signal), starts beating (nodes other than 0) and watching. Another
+  // node is gone once its launcher left its beat unchanged for `silent_after`
+  // (--node-timeout), node 0 once its store answered nothing for as long;
+  // agree_job() makes that node 0's value on every node.
   NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_nodes,
            std::chrono::milliseconds silent_after);
   ~NodeLink();  // stops the watcher
@@ -104,6 +105,8 @@ class NodeLink {
   // Claims this node's place in the job, throwing UsageError, with nothing
   // published, when another launcher holds it (a node started twice).
   void claim_node(const std::string& mine);
+  // Takes node 0's `silent_after`, saying so where this node's differs.
+  void adopt_node0_timeout();
   void watch();
   void beat();
   // The first of `nodes` whose launcher has not beaten for silent_after_ and
@@ -118,7 +121,7 @@ class NodeLink {
 
   int node_rank_;
   int num_nodes_;
-  std::chrono::milliseconds silent_after_;
+  std::atomic<std::chrono::milliseconds> silent_after_;  // set by agree_job, read by the watcher
   int attempt_ = 0;
   std::unique_ptr<distributed::TcpStore> store_;    // for this thread
   std::unique_ptr<distributed::TcpStore> watcher_;  // for the watcher thread

@@ -329,8 +329,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv,
                  "is stopped, or restarted under --max-restarts; 0: off")->capture_default_str();
   app.add_option("--node-timeout", o.node_timeout_s, "Several nodes: another node's launcher "
                  "not heard from for this many seconds (killed, its host down or cut off) "
-                 "fails the job, restarts included; node 0's launcher watches, so its value "
-                 "counts")->capture_default_str();
+                 "fails the job, restarts included; node 0's value counts on every node")
+      ->capture_default_str();
   app.add_option("--postmortem-dir", o.postmortem_dir, "When a rank fails or hangs, or the job "
                  "is stopped, the launcher prints what every rank was doing in its last "
                  "collectives and writes it as JSON to DIR/lockstep-postmortem-<job id>-node<N>-"

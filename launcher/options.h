@@ -44,8 +44,8 @@ struct Options {
   // for this long is hung (runtime/liveness.h); 0: not watched.
   double hang_timeout_s = 10.0;
   // --node-timeout: another node's launcher whose beats stop for this long is
-  // gone (killed, its host down or cut off); node 0's launcher, which watches
-  // the others, fails the job then (launcher/node_link.h).
+  // gone (killed, its host down or cut off), and the job fails. Node 0's
+  // counts on every node (launcher/node_link.h).
   double node_timeout_s = 10.0;
   // --postmortem-dir: where the post-mortem of a failed attempt is written as
   // JSON (launcher/postmortem.h); empty: printed only.

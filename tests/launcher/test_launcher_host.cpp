@@ -331,6 +331,31 @@ TEST_CASE("launcher: a node's launcher started twice is refused and the running 
   CHECK_THAT(r.output, !Contains("SIGABRT") && !Contains("is already taken"));
 }
 
+TEST_CASE("launcher: node 0's --node-timeout counts on every node, and a node given another "
+          "says so",
+          "[launcher]") {
+  // Node 1 was not given one (10 s): it watches the other nodes with node 0's
+  // 3 s, as node 0 does, and says so. The job itself runs as usual.
+  const int port = lockstep::testing::unused_tcp_port();
+  auto node = [&](int rank, const std::string& options) {
+    return fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+                       "--master-port {} --postmortem-dir '' {} {} group-sum",
+                       bin_path("lockstep-run"), rank, port, options,
+                       bin_path("launcher_probe"));
+  };
+  const std::string script = fmt::format(
+      "export LOCKSTEP_TOKEN=t; {} & n0=$!; {}; echo \"node 1 exit $?\"; wait $n0; "
+      "echo \"node 0 exit $?\"",
+      node(0, "--node-timeout 3"), node(1, ""));
+  const auto r = run_process({"/bin/bash", "-c", script}, kLimit);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK_THAT(r.output, Contains("lockstep-run: node 1: node 0's --node-timeout 3 counts on every "
+                                "node; this launcher's 10 is not used"));
+  CHECK_THAT(r.output, Contains("group-sum rank=0 restart=0 sum=3 ok") &&
+                           Contains("group-sum rank=1 restart=0 sum=3 ok") &&
+                           Contains("node 1 exit 0") && Contains("node 0 exit 0"));
+}
+
 TEST_CASE("launcher: nodes whose launchers disagree on the job's shape stop at once, saying so",
           "[launcher]") {
   const int port = lockstep::testing::unused_tcp_port();
