@@ -482,6 +482,93 @@ TEST_CASE("tcp store: a client waiting for a server that took the connection but
   CHECK(took < 3s);
 }
 
+namespace {
+
+// A store server that stalls (stopped, or its host out of reach for a while):
+// it takes the connection and answers AUTH, then answers the first request
+// (a wait) only `stall` later, with TIMEOUT.
+class StalledServer {
+ public:
+  explicit StalledServer(std::chrono::milliseconds stall) {
+    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(listen(listener_, 4) == 0);
+    socklen_t len = sizeof addr;
+    getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, stall] { serve(stall); });
+  }
+  ~StalledServer() {
+    thread_.join();
+    close(listener_);
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  void serve(std::chrono::milliseconds stall) {
+    const int fd = accept(listener_, nullptr, nullptr);
+    if (fd < 0) return;
+    proto::FrameParser parser(1 << 20);
+    for (int answered = 0; answered < 2;) {
+      char buffer[4096];
+      const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+      if (n <= 0) break;
+      parser.feed(buffer, static_cast<size_t>(n));
+      for (proto::Frame frame; parser.next(frame) == proto::FrameParser::Status::Frame;) {
+        if (frame.type == proto::MessageType::Auth) {
+          send_frame(fd, proto::MessageType::Ok, {});
+        } else {
+          std::this_thread::sleep_for(stall);
+          send_frame(fd, proto::MessageType::Timeout, {"k"});
+        }
+        ++answered;
+      }
+    }
+    close(fd);
+  }
+  static void send_frame(int fd, proto::MessageType type,
+                         const std::vector<std::string_view>& fields) {
+    const auto bytes = proto::encode_frame(type, fields);
+    (void)!send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);  // the client may be gone
+  }
+
+  int listener_ = -1;
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+// What a wait of 100 ms on a server stalled for 1 s throws, given `grace`.
+std::string wait_on_stalled_server(std::chrono::milliseconds grace) {
+  StalledServer server(1s);
+  auto options = client_options(server.port());
+  options.reply_grace = grace;
+  TcpStore store(options);
+  try {
+    store.wait({"k"}, 100ms);
+  } catch (const StoreUnreachable& e) {
+    return std::string("unreachable: ") + e.what();
+  } catch (const StoreTimeout& e) {
+    return std::string("answered: ") + e.what();
+  }
+  return "returned";
+}
+
+}  // namespace
+
+TEST_CASE("tcp store: reply_grace is how long a client waits for a stalled server's answer",
+          "[store]") {
+  // Longer than the stall: the server's TIMEOUT arrives and is the answer.
+  CHECK_THAT(wait_on_stalled_server(5s),
+             Catch::StartsWith("answered: timed out after 100 ms waiting for key(s) 'k'"));
+  // Shorter: the client stops waiting and calls the server unreachable.
+  CHECK_THAT(wait_on_stalled_server(200ms),
+             Catch::StartsWith("unreachable: ") && Catch::Contains("no reply to wait('k')") &&
+                 Catch::Contains("stuck or overloaded"));
+}
+
 TEST_CASE("tcp store: a client started before the server connects once it is up", "[store]") {
   const uint16_t port = unused_port();
   std::unique_ptr<TcpStoreServer> server;
