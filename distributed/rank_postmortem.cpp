@@ -1,11 +1,13 @@
 #include "lockstep/distributed/rank_postmortem.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -110,6 +112,31 @@ std::string part_path(const std::string& dir, int rank) {
   return (fs::path(dir) / fmt::format("lockstep-postmortem-rank{}.json", rank)).string();
 }
 
+// A part is written aside under this name and the writer's pid, then renamed.
+std::string temp_prefix(int rank) {
+  return fmt::format(".lockstep-postmortem-rank{}.json.{}.", rank, host_name());
+}
+
+// Removes what this rank's earlier processes on this host, killed between
+// writing their part aside and renaming it, left in `dir`. Another host's
+// pids mean nothing here, so its files are left alone.
+void remove_stale_temps(const std::string& dir, const std::string& prefix) {
+  std::error_code error;
+  for (auto it = fs::directory_iterator(dir, error); !error && it != fs::directory_iterator();
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    pid_t pid = 0;
+    const char* end = name.data() + name.size();
+    const auto [rest, parsed] = std::from_chars(name.data() + prefix.size(), end, pid);
+    if (parsed != std::errc() || rest != end || pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) {
+      std::error_code ignored;
+      fs::remove(it->path(), ignored);
+    }
+  }
+}
+
 std::optional<std::string> write_part(const PartTarget& t, const std::string& cause) {
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   Postmortem pm{.cause = cause,
@@ -121,9 +148,9 @@ std::optional<std::string> write_part(const PartTarget& t, const std::string& ca
   const auto path = part_path(t.dir, t.rank);
   // Written aside and renamed: another launcher kills the ranks as soon as
   // one exits, and a part cut short would be a part nobody can read.
-  const auto temp = (fs::path(t.dir) / fmt::format(".lockstep-postmortem-rank{}.json.{}", t.rank,
-                                                   ::getpid()))
-                        .string();
+  const std::string prefix = temp_prefix(t.rank);
+  remove_stale_temps(t.dir, prefix);
+  const auto temp = (fs::path(t.dir) / fmt::format("{}{}", prefix, ::getpid())).string();
   std::ofstream out(temp);
   out << to_json_text(pm, 1) << "\n";
   out.close();

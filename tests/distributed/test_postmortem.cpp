@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "lockstep/collectives/init.h"
@@ -163,6 +166,43 @@ TEST_CASE("post-mortem: a rank under another launcher writes its own part when a
   auto unwritable = torchrun;
   unwritable["LOCKSTEP_POSTMORTEM_DIR"] = dir.str() + "/missing/deeper";
   CHECK_FALSE(ld::write_rank_postmortem(env_lookup(unwritable), "x").has_value());
+}
+
+TEST_CASE("post-mortem: a rank's part removes what its killed predecessors left half written, "
+          "and nothing else",
+          "[distributed][postmortem]") {
+  // A process killed between writing its part aside and renaming it leaves
+  // the hidden file behind; the next write of that rank's part on that host
+  // removes it.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(0);
+  REQUIRE(::waitpid(child, nullptr, 0) == child);  // a pid that is gone
+  char name[256] = {};
+  REQUIRE(::gethostname(name, sizeof name - 1) == 0);
+  const std::string host = name;
+
+  TempDir dir;
+  const auto temp = [&](int rank, const std::string& on, pid_t pid) {
+    const std::string path =
+        fmt::format("{}/.lockstep-postmortem-rank{}.json.{}.{}", dir.str(), rank, on, pid);
+    std::ofstream(path) << "{\"cause\": \"cut";
+    return path;
+  };
+  const std::string killed = temp(3, host, child);
+  const std::string alive = temp(3, host, ::getppid());          // may still be writing
+  const std::string elsewhere = temp(3, "another-host", child);  // its pids are not ours
+  const std::string other_rank = temp(2, host, child);           // rank 2's to remove
+
+  const std::map<std::string, std::string> torchrun = {
+      {"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCKSTEP_POSTMORTEM_DIR", dir.str()}};
+  const auto path = ld::write_rank_postmortem(env_lookup(torchrun), "it failed");
+  REQUIRE(path.has_value());
+  CHECK(ld::postmortem_from_json_text(read_file(*path)).cause == "it failed");
+  CHECK_FALSE(std::filesystem::exists(killed));
+  CHECK(std::filesystem::exists(alive));
+  CHECK(std::filesystem::exists(elsewhere));
+  CHECK(std::filesystem::exists(other_rank));
 }
 
 TEST_CASE("post-mortem: a rank answers the asks of its own launch only, not another job's in "
