@@ -62,7 +62,13 @@ NodeLink::NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_no
     const int sig = pending_stop_signal();
     return sig == 0 ? std::string() : "received " + distributed::signal_name(sig);
   };
-  store_ = std::make_unique<distributed::TcpStore>(store);
+  // Node 0 answers at once while it is there: a call it leaves unanswered
+  // for silent_after fails then (node 0 is lost, as the watcher would say),
+  // instead of holding this launcher, deaf to signals, for minutes.
+  distributed::TcpStoreOptions calls = store;
+  calls.timeout = silent_after;
+  calls.reply_grace = silent_after;
+  store_ = std::make_unique<distributed::TcpStore>(calls);
   distributed::TcpStoreOptions watching = store;
   watching.timeout = std::chrono::seconds(2);  // its calls answer at once when node 0 is there
   watching.reply_grace = kWatchGrace;
@@ -213,6 +219,7 @@ void NodeLink::adopt_node0_timeout() {
   }
   const std::chrono::milliseconds node0(std::stoll(store().get_string(kNodeTimeoutKey)));
   const std::chrono::milliseconds mine = silent_after_.exchange(node0);
+  store_->set_timeout(node0);  // its later calls do not wait for keys
   if (mine != node0)
     fmt::print(stderr,
                "lockstep-run: node {}: node 0's --node-timeout {:g} counts on every node; this "

@@ -351,3 +351,35 @@ TEST_CASE("launcher: a node 0 that stops answering (its host down) ends the othe
                            Contains(" s (--node-timeout 3; its host down or cut off"));
 }
 
+TEST_CASE("launcher: a node whose rank fails while node 0 answers nothing ends within its "
+          "--node-timeout, not the store's minutes",
+          "[launcher][restart]") {
+  // Node 0's launcher is stopped; node 1's rank then fails. Telling node 0
+  // (and agreeing to restart through its store) gets no answer: node 1's
+  // launcher gives up after --node-timeout and exits with its rank's code,
+  // instead of waiting minutes, deaf to SIGTERM, in the store call.
+  const int port = lockstep::testing::unused_tcp_port();
+  std::string script = "export LOCKSTEP_TOKEN=silent-node; dir=$(mktemp -d); ";
+  const std::vector<std::string> probe = {"group-sum busy-sleep-ms=40000",
+                                          "group-sum wait-ms=2000 exit=1:3"};
+  for (int node = 0; node < 2; ++node) {
+    script += fmt::format(
+        "{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+        "--master-port {} --postmortem-dir '' --node-timeout 3 --max-restarts 1 {} {} "
+        "> $dir/{} 2>&1 & n{}=$!; ",
+        bin_path("lockstep-run"), node, port, bin_path("launcher_probe"), probe[node], node,
+        node);
+  }
+  script +=
+      "for i in $(seq 200); do grep -q 'group-sum rank=1' $dir/1 && break; sleep 0.1; done; "
+      "kill -STOP $n0; wait $n1; echo \"node 1 exit $?\"; kill -CONT $n0; kill -TERM $n0; "
+      "wait $n0; cat $dir/1; rm -rf $dir";
+  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(!r.timed_out);
+  CHECK_THAT(r.output, Contains("node 1 exit 3") &&
+                           Contains("could not tell the other nodes: lockstep store at") &&
+                           Contains("cannot restart: the job's store is gone (lost the job's "
+                                    "store: node 0's launcher has not answered for"));
+}
+
