@@ -320,32 +320,43 @@ TEST_CASE("launcher: a node whose rank fails after node 0's ranks finished fails
                            Contains("node 0 exit 1") && Contains("node 1 exit 3"));
 }
 
-TEST_CASE("launcher: a node 0 that stops answering (its host down) ends the other nodes' "
-          "launchers within seconds",
-          "[launcher][restart]") {
-  // Node 0's launcher is stopped (SIGSTOP) once both ranks joined: its store
-  // keeps its connections but answers nothing, as when its host goes down
-  // without a word. Node 1's launcher must not wait on it for good: it gives
-  // node 0 the --node-timeout node 0 gives it.
+namespace {
+
+// Two local nodes, each launcher given `options` and its node's probe
+// arguments; node 0's launcher is stopped (SIGSTOP) once both ranks joined:
+// its store keeps its connections but answers nothing, as when its host goes
+// down without a word. Prints node 1's exit status, then its output.
+lockstep::testing::ProcessResult with_node0_stopped(const std::string& options,
+                                                    const std::vector<std::string>& probe) {
   const int port = lockstep::testing::unused_tcp_port();
   std::string script = "export LOCKSTEP_TOKEN=silent-node; dir=$(mktemp -d); ";
   for (int node = 0; node < 2; ++node) {
     script += fmt::format(
         "{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
-        "--master-port {} --postmortem-dir '' --node-timeout 3 {} group-sum busy-sleep-ms=40000 "
-        "> $dir/{} 2>&1 & "
-        "n{}=$!; ",
-        bin_path("lockstep-run"), node, port, bin_path("launcher_probe"), node, node);
+        "--master-port {} --postmortem-dir '' {} {} {} > $dir/{} 2>&1 & n{}=$!; ",
+        bin_path("lockstep-run"), node, port, options, bin_path("launcher_probe"),
+        probe.at(static_cast<size_t>(node)), node, node);
   }
   script +=
       "for i in $(seq 200); do grep -q 'group-sum rank=1' $dir/1 && break; sleep 0.1; done; "
-      "kill -STOP $n0; start=$SECONDS; wait $n1; echo \"node 1 exit $? after $((SECONDS - "
-      "start)) s\"; kill -CONT $n0; kill -TERM $n0; wait $n0; cat $dir/1; rm -rf $dir";
-  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+      "kill -STOP $n0; wait $n1; echo \"node 1 exit $?\"; kill -CONT $n0; kill -TERM $n0; "
+      "wait $n0; cat $dir/1; rm -rf $dir";
+  return run_process({"/bin/bash", "-c", script}, 60s);
+}
+
+}  // namespace
+
+TEST_CASE("launcher: a node 0 that stops answering (its host down) ends the other nodes' "
+          "launchers within seconds",
+          "[launcher][restart]") {
+  // Node 1's launcher must not wait on the stopped node 0 for good: it gives
+  // node 0 the --node-timeout node 0 gives it.
+  const auto r = with_node0_stopped(
+      "--node-timeout 3", {"group-sum busy-sleep-ms=40000", "group-sum busy-sleep-ms=40000"});
   INFO(describe(r) << "\n" << r.output);
   CHECK(!r.timed_out);
   CHECK_THAT(r.output, Contains("group-sum rank=1 restart=0 sum=3 ok") &&
-                           Contains("node 1 exit 1 after") &&
+                           Contains("node 1 exit 1") &&
                            Contains("lost the job's store: node 0's launcher has not "
                                     "answered for ") &&
                            Contains(" s (--node-timeout 3; its host down or cut off"));
@@ -354,27 +365,13 @@ TEST_CASE("launcher: a node 0 that stops answering (its host down) ends the othe
 TEST_CASE("launcher: a node whose rank fails while node 0 answers nothing ends within its "
           "--node-timeout, not the store's minutes",
           "[launcher][restart]") {
-  // Node 0's launcher is stopped; node 1's rank then fails. Telling node 0
+  // Node 1's rank fails once node 0's launcher is stopped. Telling node 0
   // (and agreeing to restart through its store) gets no answer: node 1's
   // launcher gives up after --node-timeout and exits with its rank's code,
   // instead of waiting minutes, deaf to SIGTERM, in the store call.
-  const int port = lockstep::testing::unused_tcp_port();
-  std::string script = "export LOCKSTEP_TOKEN=silent-node; dir=$(mktemp -d); ";
-  const std::vector<std::string> probe = {"group-sum busy-sleep-ms=40000",
-                                          "group-sum wait-ms=2000 exit=1:3"};
-  for (int node = 0; node < 2; ++node) {
-    script += fmt::format(
-        "{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
-        "--master-port {} --postmortem-dir '' --node-timeout 3 --max-restarts 1 {} {} "
-        "> $dir/{} 2>&1 & n{}=$!; ",
-        bin_path("lockstep-run"), node, port, bin_path("launcher_probe"), probe[node], node,
-        node);
-  }
-  script +=
-      "for i in $(seq 200); do grep -q 'group-sum rank=1' $dir/1 && break; sleep 0.1; done; "
-      "kill -STOP $n0; wait $n1; echo \"node 1 exit $?\"; kill -CONT $n0; kill -TERM $n0; "
-      "wait $n0; cat $dir/1; rm -rf $dir";
-  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  const auto r = with_node0_stopped(
+      "--node-timeout 3 --max-restarts 1",
+      {"group-sum busy-sleep-ms=40000", "group-sum wait-ms=2000 exit=1:3"});
   INFO(describe(r) << "\n" << r.output);
   CHECK(!r.timed_out);
   CHECK_THAT(r.output, Contains("node 1 exit 3") &&

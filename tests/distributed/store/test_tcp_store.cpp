@@ -65,6 +65,20 @@ uint16_t unused_port() {
   return ntohs(addr.sin_port);
 }
 
+// A socket listening on an ephemeral loopback port, which it names in `port`.
+int loopback_listener(uint16_t& port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(listen(fd, 16) == 0);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  port = ntohs(addr.sin_port);
+  return fd;
+}
+
 }  // namespace
 
 TEST_CASE("tcp store: every command", "[store]") {
@@ -460,16 +474,10 @@ TEST_CASE("tcp store: a client waiting for a server that took the connection but
           "hears give_up", "[store]") {
   // A listener that never serves (a store server stopped in a debugger): the
   // kernel completes the connection and the AUTH frame waits unread.
-  const int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(listen(silent, 16) == 0);
-  socklen_t len = sizeof addr;
-  getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len);
+  uint16_t port = 0;
+  const int silent = loopback_listener(port);
 
-  auto options = client_options(ntohs(addr.sin_port));
+  auto options = client_options(port);
   options.connect_timeout = 20s;
   const auto start = std::chrono::steady_clock::now();
   options.give_up = [&] {
@@ -489,16 +497,7 @@ namespace {
 // (a wait) only `stall` later, with TIMEOUT.
 class StalledServer {
  public:
-  explicit StalledServer(std::chrono::milliseconds stall) {
-    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    REQUIRE(listen(listener_, 4) == 0);
-    socklen_t len = sizeof addr;
-    getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
+  explicit StalledServer(std::chrono::milliseconds stall) : listener_(loopback_listener(port_)) {
     thread_ = std::thread([this, stall] { serve(stall); });
   }
   ~StalledServer() {
@@ -535,8 +534,8 @@ class StalledServer {
     (void)!send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);  // the client may be gone
   }
 
+  uint16_t port_ = 0;  // before listener_, which sets it
   int listener_ = -1;
-  uint16_t port_ = 0;
   std::thread thread_;
 };
 
