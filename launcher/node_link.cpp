@@ -219,7 +219,7 @@ void NodeLink::adopt_node0_timeout() {
   }
   const std::chrono::milliseconds node0(std::stoll(store().get_string(kNodeTimeoutKey)));
   const std::chrono::milliseconds mine = silent_after_.exchange(node0);
-  store_->set_timeout(node0);  // its later calls do not wait for keys
+  store_->set_timeout(node0);  // how long this launcher's calls wait for node 0's answer
   if (mine != node0)
     fmt::print(stderr,
                "lockstep-run: node {}: node 0's --node-timeout {:g} counts on every node; this "
