@@ -114,7 +114,9 @@ void SerialExecutor::stop() {
   std::unique_lock lock(mutex_);
   if (stopping_ && !worker_.joinable()) return;
   stopping_ = true;
-  if (running_ || !queue_.empty()) {
+  // A running call whose Work has completed is over: its caller may drop the
+  // group before the worker has marked it no longer running.
+  if ((running_ && !running_work_->is_completed()) || !queue_.empty()) {
     lock.unlock();
     fail(fmt::format("{} was destroyed with collectives unfinished", hooks_.where));
     lock.lock();
@@ -149,6 +151,7 @@ void SerialExecutor::run_head(std::unique_lock<std::mutex>& lock) {
   queue_.pop_front();
   running_ = true;
   running_call_ = &op.call;
+  running_work_ = op.work.get();
   running_since_ = Clock::now();
   stall_reported_ = false;
   // Waiters that do not run calls themselves time their stall reports from now.
@@ -158,6 +161,7 @@ void SerialExecutor::run_head(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   running_ = false;
   running_call_ = nullptr;
+  running_work_ = nullptr;
   cv_.notify_all();
 }
 

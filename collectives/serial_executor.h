@@ -99,9 +99,10 @@ class SerialExecutor : public std::enable_shared_from_this<SerialExecutor> {
   std::deque<Op> queue_;
   bool running_ = false;
   bool stopping_ = false;
-  // The running call (valid while running_), when it started, and whether a
-  // waiter reported its stall.
+  // The running call and its Work (valid while running_), when it started,
+  // and whether a waiter reported its stall.
   const Call* running_call_ = nullptr;
+  Work* running_work_ = nullptr;
   Work::Clock::time_point running_since_{};
   bool stall_reported_ = false;
   std::atomic<int> waiters_{0};
