@@ -2,6 +2,9 @@
 // whose ranks can be threads (shm, and gloo where built in).
 #include <catch2/catch.hpp>
 
+#include <mutex>
+#include <set>
+
 #include "collectives/rank_threads.h"
 #include "lockstep/collectives/new_group.h"
 #include "lockstep/runtime/ops.h"
@@ -33,6 +36,56 @@ std::string joined(const std::vector<std::string>& messages) {
     if (!messages[r].empty()) out += fmt::format("rank {}: {}\n", r, messages[r]);
   return out;
 }
+
+// A MemoryStore that lists its keys, so that a test of what a store keeps
+// names the keys left over, not only their count.
+class ListingStore final : public lockstep::distributed::Store {
+ public:
+  void set(const std::string& key, const lockstep::distributed::Bytes& value) override {
+    inner_.set(key, value);
+    note(key);
+  }
+  lockstep::distributed::Bytes get(const std::string& key) override { return inner_.get(key); }
+  int64_t add(const std::string& key, int64_t delta) override {
+    const int64_t result = inner_.add(key, delta);
+    note(key);
+    return result;
+  }
+  lockstep::distributed::Bytes compare_set(const std::string& key,
+                                           const lockstep::distributed::Bytes& expected,
+                                           const lockstep::distributed::Bytes& desired) override {
+    auto result = inner_.compare_set(key, expected, desired);
+    note(key);
+    return result;
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    inner_.wait(keys, timeout);
+  }
+  bool delete_key(const std::string& key) override {
+    std::lock_guard lock(mutex_);
+    keys_.erase(key);
+    return inner_.delete_key(key);
+  }
+  int64_t num_keys() override { return inner_.num_keys(); }
+  using Store::set;
+  using Store::wait;
+
+  std::string keys() {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const auto& key : keys_) out += key + "\n";
+    return out;
+  }
+
+ private:
+  void note(const std::string& key) {
+    std::lock_guard lock(mutex_);
+    keys_.insert(key);
+  }
+  lockstep::distributed::MemoryStore inner_;
+  std::mutex mutex_;
+  std::set<std::string> keys_;
+};
 
 }  // namespace
 
@@ -218,7 +271,7 @@ TEST_CASE("new_group in a loop leaves the store no more keys than its first call
   if (LOCKSTEP_HAVE_GLOO) backends.push_back("shm+gloo");
   for (const std::string& backend : backends) {
     INFO(backend);
-    auto store = std::make_shared<lockstep::distributed::MemoryStore>();
+    auto store = std::make_shared<ListingStore>();
     std::vector<std::shared_ptr<ProcessGroup>> parents(4);
     const auto made = lt::run_ranks(4, [&](int r) {
       parents[static_cast<size_t>(r)] = lockstep::collectives::make_process_group(
@@ -240,7 +293,9 @@ TEST_CASE("new_group in a loop leaves the store no more keys than its first call
       return store->num_keys();
     };
     const int64_t after_two = rounds(2);
+    const std::string keys_after_two = store->keys();
     const int64_t after_many = rounds(20);
+    INFO("after 2 rounds:\n" << keys_after_two << "after 22 rounds:\n" << store->keys());
     CHECK(after_many == after_two);
   }
 }
