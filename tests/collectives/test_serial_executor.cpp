@@ -2,7 +2,6 @@
 // front shares.
 #include <catch2/catch.hpp>
 
-#include <atomic>
 #include <memory>
 #include <string>
 
