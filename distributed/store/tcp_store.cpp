@@ -43,10 +43,10 @@ constexpr milliseconds kReconnectTimeout = std::chrono::seconds(2);
 // The least a request that does not wait waits for its answer.
 constexpr milliseconds kLeastAnswerWait = std::chrono::seconds(2);
 // A wait within one connect attempt (a SYN a firewall drops, the AUTH reply
-// of a server that accepted but does not answer: stopped in a debugger) is
-// cut into slices of this, so that give_up and the waiting report are heard
-// during it too, not only between attempts.
-constexpr milliseconds kConnectSlice{100};
+// of a server that accepted but does not answer: stopped in a debugger), and
+// a call's wait for its answer when give_up is set, is cut into slices of
+// this, so that give_up and the waiting report are heard during it too.
+constexpr milliseconds kWaitSlice{100};
 constexpr int64_t kMaxTimeoutMs = int64_t{100} * 365 * 24 * 3600 * 1000;
 
 Clock::time_point deadline_after(milliseconds timeout) {
@@ -184,7 +184,7 @@ std::optional<int> TcpStore::Impl::try_connect(Clock::time_point deadline, std::
       pollfd p{s, POLLOUT, 0};
       int ready;
       while (true) {
-        ready = poll(&p, 1, poll_ms(std::min(deadline, Clock::now() + kConnectSlice)));
+        ready = poll(&p, 1, poll_ms(std::min(deadline, Clock::now() + kWaitSlice)));
         if (ready < 0 && errno == EINTR) continue;
         if (ready != 0 || Clock::now() >= deadline) break;
         error = "the connection is not answered yet";
@@ -280,7 +280,7 @@ void TcpStore::Impl::connect_with_backoff(milliseconds timeout) {
         try_send_all(proto::encode_frame(proto::MessageType::Auth, {options.token}),
                      auth_deadline, send_error);
         std::optional<proto::Frame> reply;
-        while (!(reply = read_frame(std::min(auth_deadline, Clock::now() + kConnectSlice),
+        while (!(reply = read_frame(std::min(auth_deadline, Clock::now() + kWaitSlice),
                                     "authenticating")) &&
                Clock::now() < auth_deadline) {
           error = "the server took the connection but has not answered yet";
@@ -456,7 +456,22 @@ proto::Frame TcpStore::Impl::call(proto::MessageType type,
   }
   const auto request = proto::encode_frame(type, fields);
   send_all(request, deadline, what);
-  auto reply = read_frame(deadline, what);
+  // Heard out in slices when give_up may end the wait (a launcher told to stop).
+  const auto slice_end = [&] {
+    return options.give_up ? std::min(deadline, Clock::now() + kWaitSlice) : deadline;
+  };
+  auto reply = read_frame(slice_end(), what);
+  while (!reply && Clock::now() < deadline) {
+    if (const std::string why = options.give_up(); !why.empty()) {
+      // The answer may still come, out of step with the next request's.
+      disconnect();
+      lost_cause = fmt::format("stopped waiting for the answer to {}", what);
+      throw StoreTimeout(fmt::format("lockstep store at {}: stopped waiting for the answer to {} "
+                                     "({})",
+                                     address, what, why));
+    }
+    reply = read_frame(slice_end(), what);
+  }
   if (!reply) {
     // The stream is out of step now (the reply may still come): start afresh,
     // within kReconnectTimeout as after a broken connection.

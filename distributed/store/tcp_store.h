@@ -110,11 +110,12 @@ struct TcpStoreOptions {
   // connect timeout is otherwise silent). Zero: never.
   std::chrono::milliseconds report_waiting_every{0};
   std::string who;  // names this client in that line, e.g. "rank 3 of 8 (from slurm)"
-  // Asked between connect attempts and every 100 ms while one waits (for a
-  // server that took the connection but does not answer, say): a reason to
-  // stop trying at once (a launcher told to stop by a signal), which the
-  // StoreTimeout thrown then gives; empty: keep trying until connect_timeout.
-  // Unset: never asked.
+  // Asked between connect attempts, and every 100 ms while one waits (for a
+  // server that took the connection but does not answer, say) or a call
+  // waits for its answer: a reason to stop waiting at once (a launcher told
+  // to stop by a signal), which the StoreTimeout thrown then gives; empty:
+  // keep waiting until connect_timeout, or the call's own deadline. Unset:
+  // never asked.
   std::function<std::string()> give_up;
 };
 

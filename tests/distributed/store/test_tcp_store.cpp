@@ -568,6 +568,34 @@ TEST_CASE("tcp store: reply_grace is how long a client waits for a stalled serve
                  Catch::Contains("stuck or overloaded"));
 }
 
+TEST_CASE("tcp store: a call waiting for a stalled server's answer hears give_up", "[store]") {
+  // A launcher told to stop by a signal while node 0's store answers
+  // nothing: its call ends then, not after the timeout and the reply grace.
+  StalledServer server(3s);
+  auto options = client_options(server.port());
+  options.reply_grace = std::chrono::hours(1);
+  std::atomic<bool> told{false};
+  options.give_up = [&] { return told ? std::string("received SIGTERM") : std::string(); };
+  TcpStore store(options);
+  std::thread teller([&] {
+    std::this_thread::sleep_for(300ms);
+    told = true;
+  });
+  std::string outcome;
+  try {
+    store.wait({"k"}, std::chrono::hours(1));
+    outcome = "returned";
+  } catch (const StoreTimeout& e) {
+    outcome = std::string("stopped: ") + e.what();
+  } catch (const std::exception& e) {
+    outcome = std::string("failed: ") + e.what();
+  }
+  teller.join();
+  CHECK_THAT(outcome, Catch::StartsWith("stopped: ") &&
+                          Catch::Contains("stopped waiting for the answer to wait('k') "
+                                          "(received SIGTERM)"));
+}
+
 TEST_CASE("tcp store: a client started before the server connects once it is up", "[store]") {
   const uint16_t port = unused_port();
   std::unique_ptr<TcpStoreServer> server;
