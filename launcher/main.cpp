@@ -306,6 +306,11 @@ int run(const Options& options) {
       }
     }
     if (!failed || options.max_restarts == 0) break;
+    if (result.stop_signal != 0) {
+      fmt::print(stderr, "lockstep-run: received {} while the ranks stopped; not restarting\n",
+                 distributed::signal_name(result.stop_signal));
+      break;
+    }
     if (attempt == options.max_restarts) {
       fmt::print(stderr, "lockstep-run: giving up: the ranks failed {} times, and "
                  "--max-restarts {} allows no further restart\n",

@@ -331,18 +331,23 @@ class Supervisor {
         say(fmt::format("received {}; dropping {} bytes of the ranks' output not yet read",
                         signal_name(sig), dropped));
         if (!stopping_) result_ = {128 + sig, Outcome::signalled, "received " + signal_name(sig)};
+        told_to_stop(sig);
       } else if (!stopping_) {
-        const std::string why = fmt::format("node {}'s launcher received {}", options_.node_rank,
-                                            signal_name(sig));
+        const std::string why = told_by(sig);
         say(fmt::format("received {}; forwarding it to {}", signal_name(sig), ranks_word(alive())));
         result_ = {128 + sig, Outcome::signalled, why};
-        if (options_.on_signalled) options_.on_signalled(why);
-        if (options_.on_local_failure) options_.on_local_failure(why);
+        // The ranks first: telling the other nodes may wait on node 0.
         stop(sig);
+        told_to_stop(sig);
+        if (options_.on_local_failure) options_.on_local_failure(why);
       } else {
-        say(fmt::format("received {} again; killing the ranks", signal_name(sig)));
+        // Stopping after a failure, the user's first stop signal: no restart.
+        say(fmt::format("received {} {}", signal_name(sig),
+                        result_.stop_signal != 0 ? "again; killing the ranks"
+                                                 : "while the ranks stop; killing them now"));
         kill_remaining(/*after_grace=*/false);
         kill_at_.reset();
+        told_to_stop(sig);
       }
     }
   }
@@ -403,8 +408,8 @@ class Supervisor {
     const int others = alive();
     say(others > 0 ? fmt::format("{}; stopping the other {}", what, ranks_word(others)) : what);
     result_ = {exit_code_of(status), Outcome::rank_failed, what};
+    stop(SIGTERM);  // before telling the other nodes, which may wait on node 0
     if (options_.on_local_failure) options_.on_local_failure(what);
-    stop(SIGTERM);
   }
 
   // One datagram is one beat: 'P' progress, 'I' none, 'L' the beating
@@ -481,9 +486,9 @@ class Supervisor {
     say(others > 0 ? fmt::format("{}; killing it and stopping the other {}", what, ranks_word(others))
                    : fmt::format("{}; killing it", what));
     result_ = {1, Outcome::rank_failed, what};
-    if (options_.on_local_failure) options_.on_local_failure(what);
     stop(SIGTERM);
     kill(-p.child.pid, SIGKILL);  // a deadlocked rank may not act on SIGTERM
+    if (options_.on_local_failure) options_.on_local_failure(what);
   }
 
   void on_remote_failure() {
@@ -491,6 +496,18 @@ class Supervisor {
     say(fmt::format("{}; stopping the {} on node {}", what, ranks_word(alive()), options_.node_rank));
     result_ = {1, Outcome::remote_failed, what};
     stop(SIGTERM);
+  }
+
+  std::string told_by(int sig) const {
+    return fmt::format("node {}'s launcher received {}", options_.node_rank, signal_name(sig));
+  }
+
+  // The first stop signal is the user's verdict, whatever stopped the ranks
+  // first: recorded, and the other nodes told not to restart.
+  void told_to_stop(int sig) {
+    if (result_.stop_signal != 0) return;
+    result_.stop_signal = sig;
+    if (options_.on_signalled) options_.on_signalled(told_by(sig));
   }
 
   void stop(int sig) {

@@ -6,9 +6,10 @@
 // optional "another node failed" fd, so the first failure is noticed at once.
 // Stopping: SIGTERM (or the received signal) to every rank's process group,
 // SIGKILL to those still running after the grace period; a second
-// SIGINT/SIGTERM kills at once. SIGTSTP (Ctrl-Z) stops the ranks and then the
-// launcher; SIGCONT (fg) continues them. SIGUSR1 and SIGUSR2 are passed on to
-// every rank's process group, and the job runs on.
+// SIGINT/SIGTERM, or a first while they stop after a failure, kills at once.
+// SIGTSTP (Ctrl-Z) stops the ranks and then the launcher; SIGCONT (fg)
+// continues them. SIGUSR1 and SIGUSR2 are passed on to every rank's process
+// group, and the job runs on.
 #pragma once
 
 #include <chrono>
@@ -45,7 +46,9 @@ struct SupervisorOptions {
   int remote_failure_fd = -1;
   std::function<std::string()> remote_failure;
   // Called once with the message when a rank of this node fails first, or
-  // the launcher is signalled (then on_signalled first).
+  // the launcher is signalled first (then on_signalled before it), after the
+  // ranks were told to stop. on_signalled: once, at the first stop signal,
+  // also one that comes while the ranks stop after a failure.
   std::function<void(const std::string&)> on_local_failure;
   std::function<void(const std::string&)> on_signalled;
   // Called once with what stopped the job (a rank's failure or hang, another
@@ -77,6 +80,9 @@ struct SupervisorResult {
   int exit_code = 0;
   Outcome outcome = Outcome::succeeded;
   std::string failure;  // what failed first, as printed; empty on success
+  // The first SIGINT, SIGTERM or SIGHUP the launcher received, or 0. Set too
+  // when it came while the ranks stopped after a failure: no restart then.
+  int stop_signal = 0;
 };
 
 // Runs until every rank has exited.

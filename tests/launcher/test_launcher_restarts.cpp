@@ -206,6 +206,26 @@ TEST_CASE("launcher: --max-restarts gives up after N restarts, and a signal is n
   check_no_orphans(dir.str(), 2);
 }
 
+TEST_CASE("launcher: a signal while the ranks stop after a failure kills them and is not "
+          "restarted",
+          "[launcher][restart]") {
+  // Rank 1 fails; rank 0 ignores the SIGTERM that stops it, so the launcher
+  // is still in the grace period when it gets its own SIGTERM: the user's
+  // stop, which used to read as a second signal and be restarted anyway.
+  const std::string script = fmt::format(
+      "{} -np 2 --max-restarts 1 --grace-period 30 --postmortem-dir '' {} ignore-term "
+      "wait-ms=1000 exit=1:3 sleep & p=$!; sleep 3; kill -TERM $p; wait $p; echo \"exit $?\"",
+      bin_path("lockstep-run"), bin_path("launcher_probe"));
+  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(!r.timed_out);
+  CHECK_THAT(r.output, Contains("exited with code 3; stopping the other 1 rank") &&
+                           Contains("received SIGTERM while the ranks stop; killing them now") &&
+                           Contains("received SIGTERM while the ranks stopped; not restarting") &&
+                           Contains("exit 3") && !Contains("restart 1 of 1") &&
+                           !Contains("did not stop within 30 s"));
+}
+
 TEST_CASE("launcher: a rank that cannot be executed exits 126, one that is not there 127",
           "[launcher]") {
   // The program was there at the start and changed before the restart:
