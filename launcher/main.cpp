@@ -320,8 +320,17 @@ int run(const Options& options) {
     // Every node's ranks are stopped before any node starts its next ones.
     if (link) {
       try {
-        if (!link->agree_to_restart(attempt, supervisor.grace_period + std::chrono::seconds(60)))
+        if (!link->agree_to_restart(attempt, supervisor.grace_period + std::chrono::seconds(60))) {
+          // Told to stop while the nodes agreed: no node restarts.
+          if (const int sig = wait_unless_signalled(std::chrono::milliseconds(1)); sig != 0) {
+            const std::string why = fmt::format("node {}'s launcher received {}",
+                                                options.node_rank, distributed::signal_name(sig));
+            fmt::print(stderr, "lockstep-run: {} while the nodes agreed to restart; not "
+                       "restarting\n", why);
+            link->publish_stop(why);
+          }
           break;
+        }
       } catch (const std::exception& e) {
         fmt::print(stderr, "lockstep-run: cannot restart: {}\n", e.what());
         break;

@@ -33,6 +33,9 @@ constexpr auto kBeatInterval = std::chrono::milliseconds(250);
 // (on a new connection): short, so that node 0's silence is measured against
 // --node-timeout, not the store client's default grace.
 constexpr auto kWatchGrace = std::chrono::seconds(1);
+// How long a launcher told to stop waits for node 0's answer to each call: it
+// tells the other nodes what it can while its ranks stop, and then ends.
+constexpr auto kStoppingAnswerWait = std::chrono::milliseconds(2000);
 
 std::string launcher_key(int node) { return fmt::format("lockstep-run/node-{}/launcher", node); }
 std::string beat_key(int node) { return fmt::format("lockstep-run/node-{}/beat", node); }
@@ -72,6 +75,8 @@ NodeLink::NodeLink(distributed::TcpStoreOptions store, int node_rank, int num_no
   distributed::TcpStoreOptions watching = store;
   watching.timeout = std::chrono::seconds(2);  // its calls answer at once when node 0 is there
   watching.reply_grace = kWatchGrace;
+  // A signal is the main thread's to act on; the watcher stops when told to.
+  watching.give_up = [this] { return stop_ ? std::string("the launcher stops watching") : ""; };
   watcher_ = std::make_unique<distributed::TcpStore>(watching);
   if (node_rank_ != 0) {
     // Quiet, and never holding up the launcher's end: a store that does not
@@ -214,7 +219,10 @@ void NodeLink::notify(const std::string& what) {
 void NodeLink::adopt_node0_timeout() {
   try {
     store().wait({kNodeTimeoutKey}, std::chrono::milliseconds(0));
+  } catch (const distributed::StoreUnreachable&) {
+    throw;
   } catch (const distributed::StoreTimeout&) {
+    if (interrupted()) throw;  // no answer heard: told to stop
     return;  // a node 0 from before the option: each node keeps its own
   }
   const std::chrono::milliseconds node0(std::stoll(store().get_string(kNodeTimeoutKey)));
@@ -247,15 +255,14 @@ NodeLink::Job NodeLink::agree_job(const Job& mine, const std::string& shape,
     while (!interrupted() && std::chrono::steady_clock::now() < deadline) {
       try {
         store().wait({kJobIdKey}, kPollInterval);
-        node0_shape = store().get_string(kShapeKey);
-        if (node0_shape == shape) {
-          adopt_node0_timeout();
-          return {.id = store().get_string(kJobIdKey),
-                  .master_port = std::stoi(store().get_string(kMasterPortKey))};
-        }
-        break;
       } catch (const distributed::StoreTimeout&) {
+        continue;
       }
+      node0_shape = store().get_string(kShapeKey);
+      if (node0_shape != shape) break;
+      adopt_node0_timeout();
+      return {.id = store().get_string(kJobIdKey),
+              .master_port = std::stoi(store().get_string(kMasterPortKey))};
     }
   } catch (const std::exception& e) {
     throw Error(fmt::format("cannot agree on the job's id through node 0's store: {}", e.what()));
@@ -296,6 +303,13 @@ void NodeLink::claim_node(const std::string& mine) {
       node_rank_, holder, node_rank_));
 }
 
+std::string NodeLink::unheard_because(const std::exception& e) const {
+  if (dynamic_cast<const distributed::StoreUnreachable*>(&e) == nullptr) return e.what();
+  return fmt::format("node 0's launcher does not answer at {} (its host down or cut off, or the "
+                     "launcher stopped?)",
+                     store_->address());
+}
+
 std::string NodeLink::remote_failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return remote_failure_;
@@ -306,17 +320,20 @@ void NodeLink::publish_failure(const std::string& what) {
     store().compare_set(failure_key(), {},
                         distributed::to_bytes(fmt::format("node {}: {}", node_rank_, what)));
   } catch (const std::exception& e) {
-    fmt::print(stderr, "lockstep-run: could not tell the other nodes: {}\n", e.what());
+    fmt::print(stderr, "lockstep-run: could not tell the other nodes: {}\n", unheard_because(e));
   }
 }
 
 void NodeLink::publish_stop(const std::string& why) {
+  // From now on node 0 gets a moment, not --node-timeout, to answer each call.
+  store_->set_timeout(std::min(store_->timeout(), kStoppingAnswerWait));
   try {
     store().compare_set(kStopWhyKey, {},
                         distributed::to_bytes(fmt::format("node {}: {}", node_rank_, why)));
     store().add(kStopKey, 1);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "lockstep-run: could not tell the other nodes to stop: {}\n", e.what());
+    fmt::print(stderr, "lockstep-run: could not tell the other nodes to stop: {}\n",
+               unheard_because(e));
   }
 }
 
@@ -351,11 +368,12 @@ bool NodeLink::agree_to_restart(int attempt, std::chrono::milliseconds timeout) 
       std::this_thread::sleep_for(kPollInterval / 4);
     }
   } catch (const std::exception& e) {
+    if (interrupted()) return false;  // told to stop while node 0 was slow to answer
     throw Error(fmt::format(
         "the job's store is gone ({}): it lives in node 0's launcher, so the job ends. "
         "Restarting after node 0 is lost would need the store kept outside it (on a host of "
         "its own, or replicated), which lockstep-run does not do",
-        e.what()));
+        unheard_because(e)));
   }
   if (!silent.empty())
     throw Error(fmt::format("the job cannot restart as a whole: {}", silent));
@@ -397,7 +415,11 @@ std::string postmortem_key(int attempt, int node) {
 }  // namespace
 
 void NodeLink::publish_postmortem(int attempt, const std::string& part) {
-  store().set(postmortem_key(attempt, node_rank_), part);
+  try {
+    store().set(postmortem_key(attempt, node_rank_), part);
+  } catch (const std::exception& e) {
+    throw Error(unheard_because(e));
+  }
 }
 
 std::vector<std::string> NodeLink::collect_postmortems(int attempt,

@@ -70,7 +70,8 @@ class NodeLink {
   std::string remote_failure() const;
   // Publishes this node's failure, unless another was published first.
   void publish_failure(const std::string& what);
-  // Tells every node not to restart (this launcher was signalled).
+  // Tells every node not to restart (this launcher was signalled). Node 0's
+  // store then gets 2 s, not --node-timeout, to answer each later call.
   void publish_stop(const std::string& why);
   // After a failed attempt, with this node's ranks stopped: reports so and
   // waits until every node has (then returns true and watches `attempt + 1`),
@@ -115,6 +116,9 @@ class NodeLink {
   // stopped the watcher).
   std::string silent_node(distributed::TcpStore& store, const std::vector<int>& nodes);
   void notify(const std::string& what);
+  // Why a call to node 0's store failed, for a message: its silence said in
+  // the launcher's terms, anything else in the store client's.
+  std::string unheard_because(const std::exception& e) const;
   distributed::TcpStore& store();  // throws once the watcher found the store lost
   void stop_watching();
   std::string failure_key() const;

@@ -345,9 +345,11 @@ namespace {
 // Two local nodes, each launcher given `options` and its node's probe
 // arguments; node 0's launcher is stopped (SIGSTOP) once both ranks joined:
 // its store keeps its connections but answers nothing, as when its host goes
-// down without a word. Prints node 1's exit status, then its output.
+// down without a word. Then bash runs `then` (node 1's launcher is $n1).
+// Prints node 1's exit status, then its output.
 lockstep::testing::ProcessResult with_node0_stopped(const std::string& options,
-                                                    const std::vector<std::string>& probe) {
+                                                    const std::vector<std::string>& probe,
+                                                    const std::string& then = "") {
   const int port = lockstep::testing::unused_tcp_port();
   std::string script = "export LOCKSTEP_TOKEN=silent-node; dir=$(mktemp -d); ";
   for (int node = 0; node < 2; ++node) {
@@ -359,8 +361,10 @@ lockstep::testing::ProcessResult with_node0_stopped(const std::string& options,
   }
   script +=
       "for i in $(seq 200); do grep -q 'group-sum rank=1' $dir/1 && break; sleep 0.1; done; "
-      "kill -STOP $n0; wait $n1; echo \"node 1 exit $?\"; kill -CONT $n0; kill -TERM $n0; "
-      "wait $n0; cat $dir/1; rm -rf $dir";
+      "kill -STOP $n0; " +
+      then +
+      "wait $n1; echo \"node 1 exit $?\"; kill -CONT $n0; kill -TERM $n0; wait $n0; cat $dir/1; "
+      "rm -rf $dir";
   return run_process({"/bin/bash", "-c", script}, 60s);
 }
 
@@ -395,8 +399,45 @@ TEST_CASE("launcher: a node whose rank fails while node 0 answers nothing ends w
   INFO(describe(r) << "\n" << r.output);
   CHECK(!r.timed_out);
   CHECK_THAT(r.output, Contains("node 1 exit 3") &&
-                           Contains("could not tell the other nodes: lockstep store at") &&
+                           Contains("could not tell the other nodes: node 0's launcher does "
+                                    "not answer at 127.0.0.1:") &&
                            Contains("cannot restart: the job's store is gone (lost the job's "
                                     "store: node 0's launcher has not answered for"));
 }
 
+TEST_CASE("launcher: SIGTERM to a node whose node 0 answers nothing stops it within seconds, "
+          "whatever --node-timeout says",
+          "[launcher][restart]") {
+  // A --node-timeout of 10 minutes bounds how long node 1 waits for node 0's
+  // answer, not how long it takes to obey a signal: its ranks stop at once,
+  // and it gives node 0 a moment to take the news.
+  const auto r = with_node0_stopped(
+      "--node-timeout 600", {"group-sum busy-sleep-ms=40000", "group-sum busy-sleep-ms=40000"},
+      "sleep 1; kill -TERM $n1; ");
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(!r.timed_out);
+  CHECK_THAT(r.output, Contains("node 1 exit 143") &&
+                           Contains("received SIGTERM; forwarding it to 1 rank") &&
+                           Contains("could not tell the other nodes to stop: node 0's launcher "
+                                    "does not answer at 127.0.0.1:"));
+}
+
+TEST_CASE("launcher: SIGTERM while a node tells a silent node 0 of its rank's failure ends that "
+          "wait, and the job is not restarted",
+          "[launcher][restart]") {
+  // Node 1's rank fails; its launcher waits for node 0's answer (for up to
+  // --node-timeout) when the SIGTERM comes. The wait ends then; the signal,
+  // coming while the ranks stop, is the user's: no restart.
+  const auto r = with_node0_stopped(
+      "--node-timeout 600 --max-restarts 1",
+      {"group-sum busy-sleep-ms=40000", "group-sum wait-ms=1000 exit=1:3"},
+      "sleep 5; kill -TERM $n1; ");
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(!r.timed_out);
+  CHECK_THAT(r.output,
+             Contains("node 1 exit 3") &&
+                 Contains("stopped waiting for the answer to compare_set('lockstep-run/failure') "
+                          "(received SIGTERM)") &&
+                 Contains("received SIGTERM while the ranks stopped; not restarting") &&
+                 !Contains("restart 1 of 1"));
+}
