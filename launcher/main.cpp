@@ -356,6 +356,15 @@ int run(const Options& options) {
       fmt::print(stderr, "lockstep-run: received {} while waiting to restart; not restarting\n",
                  distributed::signal_name(sig));
       code = 128 + sig;
+      if (link) {
+        // The other nodes agreed to restart too: their next ranks must not
+        // wait for this node's.
+        const std::string why =
+            fmt::format("node {}'s launcher received {} while waiting to restart",
+                        options.node_rank, distributed::signal_name(sig));
+        link->publish_stop(why);
+        link->publish_failure(why);
+      }
       break;
     }
   }

@@ -226,6 +226,37 @@ TEST_CASE("launcher: a signal while the ranks stop after a failure kills them an
                            !Contains("did not stop within 30 s"));
 }
 
+TEST_CASE("launcher: a node signalled while waiting to restart tells the other nodes, which "
+          "stop at once",
+          "[launcher][restart]") {
+  // Both nodes agreed to restart; node 1's launcher gets SIGTERM during the
+  // backoff. Node 0 used to start its ranks again and wait for node 1's
+  // launcher to fall silent, then call it killed or its host down.
+  const int port = lockstep::testing::unused_tcp_port();
+  std::string script = "export LOCKSTEP_TOKEN=t; dir=$(mktemp -d); ";
+  for (int node = 0; node < 2; ++node) {
+    script += fmt::format(
+        "{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+        "--master-port {} --max-restarts 1 --restart-backoff 2 --postmortem-dir '' {} {} "
+        "> $dir/{} 2>&1 & n{}=$!; ",
+        bin_path("lockstep-run"), node, port, bin_path("launcher_probe"),
+        node == 0 ? "group-sum busy-sleep-ms=40000" : "group-sum exit=1:3", node, node);
+  }
+  script +=
+      "for i in $(seq 200); do grep -q 'restart 1 of 1' $dir/1 && break; sleep 0.1; done; "
+      "kill -TERM $n1; wait $n1; echo \"node 1 exit $?\"; wait $n0; echo \"node 0 exit $?\"; "
+      "cat $dir/0 $dir/1; rm -rf $dir";
+  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(!r.timed_out);
+  CHECK_THAT(r.output,
+             Contains("node 1 exit 143") && Contains("node 0 exit 1") &&
+                 Contains("received SIGTERM while waiting to restart; not restarting") &&
+                 Contains("lockstep-run: node 1: node 1's launcher received SIGTERM while waiting "
+                          "to restart; stopping the 1 rank on node 0") &&
+                 !Contains("has not been heard from"));
+}
+
 TEST_CASE("launcher: a rank that cannot be executed exits 126, one that is not there 127",
           "[launcher]") {
   // The program was there at the start and changed before the restart:
