@@ -153,7 +153,7 @@ ProcessResult run_until_file_then_kill_rank(const std::vector<std::string>& argv
 }
 
 std::string bin_path(const std::string& name) {
-  return std::string(LOCKSTEP_BINARY_DIR) + "/bin/" + name;
+  return fmt::format("{}/bin/{}", LOCKSTEP_BINARY_DIR, name);
 }
 
 bool script_skipped(const ProcessResult& result) {
