@@ -407,7 +407,7 @@ class Supervisor {
                                          describe_wait_status(status));
     const int others = alive();
     say(others > 0 ? fmt::format("{}; stopping the other {}", what, ranks_word(others)) : what);
-    result_ = {exit_code_of(status), Outcome::rank_failed, what};
+    result_ = {exit_code_of(status), Outcome::rank_failed, what, result_.stop_signal};
     stop(SIGTERM);  // before telling the other nodes, which may wait on node 0
     if (options_.on_local_failure) options_.on_local_failure(what);
   }
@@ -485,7 +485,7 @@ class Supervisor {
     const int others = alive() - 1;
     say(others > 0 ? fmt::format("{}; killing it and stopping the other {}", what, ranks_word(others))
                    : fmt::format("{}; killing it", what));
-    result_ = {1, Outcome::rank_failed, what};
+    result_ = {1, Outcome::rank_failed, what, result_.stop_signal};
     stop(SIGTERM);
     kill(-p.child.pid, SIGKILL);  // a deadlocked rank may not act on SIGTERM
     if (options_.on_local_failure) options_.on_local_failure(what);
@@ -494,7 +494,7 @@ class Supervisor {
   void on_remote_failure() {
     const std::string what = options_.remote_failure ? options_.remote_failure() : "another node failed";
     say(fmt::format("{}; stopping the {} on node {}", what, ranks_word(alive()), options_.node_rank));
-    result_ = {1, Outcome::remote_failed, what};
+    result_ = {1, Outcome::remote_failed, what, result_.stop_signal};
     stop(SIGTERM);
   }
 

@@ -198,7 +198,7 @@ TEST_CASE("launcher: the first outcome wins when another node fails in the same 
   INFO(describe(r) << "\n" << r.output);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Contains("received SIGTERM") &&
-                           Contains("exit_code=143 outcome=signalled before_stop=1") &&
+                           Contains("exit_code=143 outcome=signalled stop_signal=15 told=1 before_stop=1") &&
                            !Contains("node 1: rank 1 failed"));
 }
 
@@ -214,7 +214,8 @@ TEST_CASE("launcher: a group that lingers after its rank is looked for in /proc 
   INFO(describe(r) << "\n" << r.output);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Contains("did not stop within 3 s; sending them SIGKILL") &&
-                           Contains("exit_code=3 outcome=rank_failed before_stop=1 scans="));
+                           Contains("exit_code=3 outcome=rank_failed stop_signal=0 told=0 before_stop=1 "
+                                    "scans="));
   const auto at = r.output.find("scans=");
   REQUIRE(at != std::string::npos);
   const int scans = std::stoi(r.output.substr(at + 6));

@@ -1,7 +1,8 @@
 // supervisor_probe: runs the launcher's supervisor loop (launcher/supervisor.h)
 // over one child that waits to be stopped, with events made ready before the
 // loop starts, so that they all arrive in its first poll() wake-up. Prints
-// "exit_code=C outcome=O before_stop=N scans=S" (N: how often the job was
+// "exit_code=C outcome=O stop_signal=G told=T before_stop=N scans=S" (T: how
+// often the other nodes were told of a stop signal; N: how often the job was
 // stopped; S: how often the rank's process group was looked for in /proc).
 //   signal-and-remote  SIGTERM to the launcher and another node's failure
 //   lingering-group    the child leaves a process that ignores SIGTERM in its
@@ -67,13 +68,14 @@ int main(int argc, char** argv) {
 
   const int remote = eventfd(lingering ? 0 : 1, EFD_CLOEXEC | EFD_NONBLOCK);
   if (!lingering) raise(SIGTERM);  // blocked: waits for the supervisor's signalfd
-  int stops = 0, scans = 0;
+  int stops = 0, scans = 0, told = 0;
   SupervisorOptions options;
   options.grace_period = std::chrono::milliseconds(lingering ? 3000 : 2000);
   options.hostname = "probe";
   options.remote_failure_fd = remote;
   options.remote_failure = [] { return std::string("node 1: rank 1 failed"); };
   options.before_stop = [&](const std::string&) { ++stops; };
+  options.on_signalled = [&](const std::string&) { ++told; };
   options.group_has_living = [&](pid_t pgid) {
     ++scans;
     return group_has_living(pgid);
@@ -81,7 +83,8 @@ int main(int argc, char** argv) {
   RankProcess rank;
   rank.child.pid = pid;
   const SupervisorResult result = supervise({rank}, options);
-  fmt::print("exit_code={} outcome={} before_stop={} scans={}\n", result.exit_code,
-             outcome_name(result.outcome), stops, scans);
+  fmt::print("exit_code={} outcome={} stop_signal={} told={} before_stop={} scans={}\n",
+             result.exit_code, outcome_name(result.outcome), result.stop_signal, told, stops,
+             scans);
   return 0;
 }
