@@ -265,6 +265,24 @@ class ThrowInBackward : public lockstep::nn::Module {
   bool fail = false;
 };
 
+// Linear(in, hidden), the thrower, ReLU, Linear(hidden, hidden), ReLU,
+// Linear(hidden, out), initialised alike on every rank.
+struct ThrowingMlp {
+  std::shared_ptr<lockstep::nn::Sequential> model;
+  std::shared_ptr<ThrowInBackward> thrower;
+};
+ThrowingMlp throwing_mlp(int64_t in, int64_t hidden, int64_t out) {
+  lockstep::runtime::Generator g(1);
+  auto model = std::make_shared<lockstep::nn::Sequential>();
+  model->push_back(std::make_shared<lockstep::nn::Linear>(in, hidden, true, g));
+  auto thrower = model->push_back(std::make_shared<ThrowInBackward>());
+  model->push_back(std::make_shared<lockstep::nn::ReLU>());
+  model->push_back(std::make_shared<lockstep::nn::Linear>(hidden, hidden, true, g));
+  model->push_back(std::make_shared<lockstep::nn::ReLU>());
+  model->push_back(std::make_shared<lockstep::nn::Linear>(hidden, out, true, g));
+  return {model, thrower};
+}
+
 // A flag one rank thread raises and another waits for.
 struct Signal {
   void raise() {
@@ -302,14 +320,7 @@ TEST_CASE("DDP: a backward that fails on every rank after buckets launched leave
           if (signal) signal->raise();
         }
       } raise_on_exit{r == 0 ? &rank0_zeroed : nullptr};
-      lockstep::runtime::Generator g(1);
-      auto model = std::make_shared<lockstep::nn::Sequential>();
-      model->push_back(std::make_shared<lockstep::nn::Linear>(12, 16, true, g));
-      auto thrower = model->push_back(std::make_shared<ThrowInBackward>());
-      model->push_back(std::make_shared<lockstep::nn::ReLU>());
-      model->push_back(std::make_shared<lockstep::nn::Linear>(16, 16, true, g));
-      model->push_back(std::make_shared<lockstep::nn::ReLU>());
-      model->push_back(std::make_shared<lockstep::nn::Linear>(16, 5, true, g));
+      auto [model, thrower] = throwing_mlp(12, 16, 5);
       auto ddp = std::make_shared<DistributedDataParallel>(
           model, group,
           DdpOptions{.bucket_cap_mb = 0.0005,
@@ -350,14 +361,7 @@ TEST_CASE("DDP: after a backward that failed on every rank, rank 0 may evaluate 
   const auto global = lt::global_batch(16, 9);
   const auto expected = reference_grads(global, 1);
   const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
-    lockstep::runtime::Generator g(1);
-    auto model = std::make_shared<lockstep::nn::Sequential>();
-    model->push_back(std::make_shared<lockstep::nn::Linear>(12, 16, true, g));
-    auto thrower = model->push_back(std::make_shared<ThrowInBackward>());
-    model->push_back(std::make_shared<lockstep::nn::ReLU>());
-    model->push_back(std::make_shared<lockstep::nn::Linear>(16, 16, true, g));
-    model->push_back(std::make_shared<lockstep::nn::ReLU>());
-    model->push_back(std::make_shared<lockstep::nn::Linear>(16, 5, true, g));
+    auto [model, thrower] = throwing_mlp(12, 16, 5);
     auto ddp = std::make_shared<DistributedDataParallel>(
         model, group, DdpOptions{.bucket_cap_mb = 0.0005, .first_bucket_cap_mb = 0.0005});
     const lt::Batch mine = lt::shard(global, r, size);
@@ -395,14 +399,7 @@ TEST_CASE("DDP: a rank that skips a batch whose backward failed part-way there o
   const int size = 2;
   const auto global = lt::global_batch(16, 9, 8);
   const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
-    lockstep::runtime::Generator g(1);
-    auto model = std::make_shared<lockstep::nn::Sequential>();
-    model->push_back(std::make_shared<lockstep::nn::Linear>(8, 8, true, g));
-    auto thrower = model->push_back(std::make_shared<ThrowInBackward>());
-    model->push_back(std::make_shared<lockstep::nn::ReLU>());
-    model->push_back(std::make_shared<lockstep::nn::Linear>(8, 8, true, g));
-    model->push_back(std::make_shared<lockstep::nn::ReLU>());
-    model->push_back(std::make_shared<lockstep::nn::Linear>(8, 8, true, g));
+    auto [model, thrower] = throwing_mlp(8, 8, 8);
     // A layer per bucket: 72 floats each.
     auto ddp = std::make_shared<DistributedDataParallel>(
         model, group, DdpOptions{.bucket_cap_mb = 0.00027, .first_bucket_cap_mb = 0.00027});

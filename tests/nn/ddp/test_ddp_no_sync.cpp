@@ -39,6 +39,11 @@ std::pair<Tensor, Tensor> synced_then_not(DistributedDataParallel& ddp, const lt
   return {first, lt::loss_of(ddp, b)};
 }
 
+// Their mean: one loss over both forwards.
+Tensor mean_of(const Tensor& a, const Tensor& b) {
+  return lockstep::runtime::mul(lockstep::runtime::add(a, b), 0.5);
+}
+
 }  // namespace
 
 TEST_CASE("DDP: no_sync accumulates locally and the next backward averages the sum", "[ddp]") {
@@ -72,17 +77,14 @@ TEST_CASE("DDP: a no_sync forward after an ordinary one leaves its backward aver
   const int size = 2;
   const auto first = lt::global_batch(8, 31), second = lt::global_batch(8, 32);
   auto ref = lt::small_mlp(3);
-  lockstep::runtime::mul(lockstep::runtime::add(lt::loss_of(*ref, first),
-                                                lt::loss_of(*ref, second)),
-                         0.5)
-      .backward();
+  mean_of(lt::loss_of(*ref, first), lt::loss_of(*ref, second)).backward();
   const DdpOptions options = GENERATE(DdpOptions{}, DdpOptions{.find_unused_parameters = true},
                                       DdpOptions{.gradient_as_bucket_view = true});
   const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
     auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(3), group, options);
     const auto [a, b] =
         synced_then_not(*ddp, lt::shard(first, r, size), lt::shard(second, r, size));
-    lockstep::runtime::mul(lockstep::runtime::add(a, b), 0.5).backward();
+    mean_of(a, b).backward();
     if (!ddp->stats().synced) return "the backward of both forwards was not averaged";
     return grads_differ(ddp->module(), *ref);
   });
@@ -99,10 +101,7 @@ TEST_CASE("DDP: a no_sync forward after an ordinary one and a dropped one leaves
   const int size = 2;
   const auto first = lt::global_batch(8, 31), second = lt::global_batch(8, 32);
   auto ref = lt::small_mlp(3);
-  lockstep::runtime::mul(lockstep::runtime::add(lt::loss_of(*ref, first),
-                                                lt::loss_of(*ref, second)),
-                         0.5)
-      .backward();
+  mean_of(lt::loss_of(*ref, first), lt::loss_of(*ref, second)).backward();
   const auto problems = lt::on_ranks(size, [&](int r, auto group) -> std::string {
     auto ddp = std::make_shared<DistributedDataParallel>(lt::small_mlp(3), group);
     const Tensor a = lt::loss_of(*ddp, lt::shard(first, r, size));
@@ -112,7 +111,7 @@ TEST_CASE("DDP: a no_sync forward after an ordinary one and a dropped one leaves
       auto guard = ddp->no_sync();
       b = lt::loss_of(*ddp, lt::shard(second, r, size));
     }
-    lockstep::runtime::mul(lockstep::runtime::add(a, b), 0.5).backward();
+    mean_of(a, b).backward();
     if (!ddp->stats().synced) return "the backward of both forwards was not averaged";
     return grads_differ(ddp->module(), *ref);
   });
