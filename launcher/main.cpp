@@ -364,6 +364,23 @@ int run(const Options& options) {
                         options.node_rank, distributed::signal_name(sig));
         link->publish_stop(why);
         link->publish_failure(why);
+        // Node 0's post-mortem of the next attempt need not wait for this
+        // node's part: its ranks were never started again.
+        if (options.node_rank != 0) {
+          Postmortem none{.cause = why};
+          for (int local = 0; local < options.nproc_per_node; ++local) {
+            none.ranks.push_back(
+                {.rank = rank_slot(options, local).rank,
+                 .node = options.node_rank,
+                 .no_record = fmt::format("not started: node {}'s launcher was stopped before "
+                                          "the restart",
+                                          options.node_rank)});
+          }
+          try {
+            link->publish_postmortem(attempt + 1, distributed::to_json_text(none));
+          } catch (const std::exception&) {  // node 0 then waits for it in vain, as before
+          }
+        }
       }
       break;
     }

@@ -237,8 +237,8 @@ TEST_CASE("launcher: a node signalled while waiting to restart tells the other n
   for (int node = 0; node < 2; ++node) {
     script += fmt::format(
         "{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
-        "--master-port {} --max-restarts 1 --restart-backoff 2 --postmortem-dir '' {} {} "
-        "> $dir/{} 2>&1 & n{}=$!; ",
+        "--master-port {} --max-restarts 1 --restart-backoff 2 --grace-period 30 "
+        "--postmortem-dir '' {} {} > $dir/{} 2>&1 & n{}=$!; ",
         bin_path("lockstep-run"), node, port, bin_path("launcher_probe"),
         node == 0 ? "group-sum busy-sleep-ms=40000" : "group-sum exit=1:3", node, node);
   }
@@ -255,6 +255,10 @@ TEST_CASE("launcher: a node signalled while waiting to restart tells the other n
                  Contains("lockstep-run: node 1: node 1's launcher received SIGTERM while waiting "
                           "to restart; stopping the 1 rank on node 0") &&
                  !Contains("has not been heard from"));
+  // Nor does node 0's post-mortem wait for node 1's part, which the grace
+  // period plus 3 s (33 s here) would bound: node 1 says its ranks were not
+  // started again.
+  CHECK(r.seconds < 25);
 }
 
 TEST_CASE("launcher: a rank that cannot be executed exits 126, one that is not there 127",
