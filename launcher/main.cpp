@@ -83,6 +83,30 @@ bool share_postmortem(NodeLink& link, Postmortem& postmortem, int attempt, const
   return true;
 }
 
+// A node told to stop while waiting to start `next_attempt`: the other nodes
+// agreed to restart too, so their next ranks must not wait for this node's,
+// nor node 0's post-mortem for a part from ranks that were never started.
+void stopped_before_restart(NodeLink& link, const Options& options, int next_attempt,
+                            const std::string& signal) {
+  const std::string why = fmt::format("node {}'s launcher received {} while waiting to restart",
+                                      options.node_rank, signal);
+  link.publish_stop(why);
+  link.publish_failure(why);
+  if (options.node_rank == 0) return;  // node 0 collects the parts
+  Postmortem none{.cause = why};
+  for (int local = 0; local < options.nproc_per_node; ++local) {
+    none.ranks.push_back({.rank = rank_slot(options, local).rank,
+                          .node = options.node_rank,
+                          .no_record = fmt::format("not started: node {}'s launcher was stopped "
+                                                   "before the restart",
+                                                   options.node_rank)});
+  }
+  try {
+    link.publish_postmortem(next_attempt, distributed::to_json_text(none));
+  } catch (const std::exception&) {  // node 0 then waits for it in vain, as before
+  }
+}
+
 // Node 0's own ranks connect to the store at --master-addr as every rank
 // does: an address that does not lead back to this host (another machine's,
 // a typo) would leave them retrying until the hang detector or the store's
@@ -356,32 +380,7 @@ int run(const Options& options) {
       fmt::print(stderr, "lockstep-run: received {} while waiting to restart; not restarting\n",
                  distributed::signal_name(sig));
       code = 128 + sig;
-      if (link) {
-        // The other nodes agreed to restart too: their next ranks must not
-        // wait for this node's.
-        const std::string why =
-            fmt::format("node {}'s launcher received {} while waiting to restart",
-                        options.node_rank, distributed::signal_name(sig));
-        link->publish_stop(why);
-        link->publish_failure(why);
-        // Node 0's post-mortem of the next attempt need not wait for this
-        // node's part: its ranks were never started again.
-        if (options.node_rank != 0) {
-          Postmortem none{.cause = why};
-          for (int local = 0; local < options.nproc_per_node; ++local) {
-            none.ranks.push_back(
-                {.rank = rank_slot(options, local).rank,
-                 .node = options.node_rank,
-                 .no_record = fmt::format("not started: node {}'s launcher was stopped before "
-                                          "the restart",
-                                          options.node_rank)});
-          }
-          try {
-            link->publish_postmortem(attempt + 1, distributed::to_json_text(none));
-          } catch (const std::exception&) {  // node 0 then waits for it in vain, as before
-          }
-        }
-      }
+      if (link) stopped_before_restart(*link, options, attempt + 1, distributed::signal_name(sig));
       break;
     }
   }
