@@ -287,11 +287,7 @@ class Supervisor {
       reap();
       if (alive() == 0) break;
       const auto now = Clock::now();
-      if (kill_at_ && now >= *kill_at_) {
-        for (auto& c : children_)
-          if (c.alive) ::kill(-c.pid, SIGKILL);
-        kill_at_.reset();
-      }
+      if (kill_at_ && now >= *kill_at_) kill_all();
       const bool timing = !failure_ && signalled_ == 0 && options_.timeout.has_value();
       if (timing && now - start >= *options_.timeout) {
         on_timeout();
@@ -323,7 +319,12 @@ class Supervisor {
     // What the children wrote before they exited (a grandchild that still
     // holds a pipe open does not keep us here).
     for (auto& c : children_) read_error(c, /*to_the_end=*/true);
-    if (failed_rank_ >= 0) failure_ = child_failure();
+    if (failed_rank_ >= 0) {
+      failure_ = child_failure();
+    } else if (failure_ && killed_on_signal_) {  // the timeout
+      failure_ = SpawnError(failure_->what() + killed_on_signal_text(stopped_), failure_->rank(),
+                            failure_->exit_code());
+    }
     return failure_;
   }
 
@@ -381,12 +382,13 @@ class Supervisor {
                       : fmt::format("; stopped the other {}",
                                     stopped_ == 1 ? "rank" : fmt::format("{} ranks", stopped_));
     const std::string passed_on =
-        signalled_ == 0
+        signalled_ == 0 || killed_on_signal_
             ? ""
             : fmt::format(" after spawn passed on the {} it was sent",
                           distributed::signal_name(signalled_));
-    return SpawnError(fmt::format("spawn: rank {} of {} (pid {}) {}{}{}", c.rank,
-                                  children_.size(), c.pid, how, passed_on, stopped),
+    return SpawnError(fmt::format("spawn: rank {} of {} (pid {}) {}{}{}{}", c.rank,
+                                  children_.size(), c.pid, how, passed_on, stopped,
+                                  killed_on_signal_text(stopped_)),
                       c.rank, c.status_lost ? -1 : distributed::exit_code_of(c.status));
   }
 
@@ -405,15 +407,32 @@ class Supervisor {
   }
 
   // A signal to stop, passed on to every child as lockstep-run does: the
-  // first is forwarded (a rank may save its work on it), a second kills.
+  // first is forwarded (a rank may save its work on it); a second, or a first
+  // that comes while the children already stop after a failure or the timeout
+  // (they have had their SIGTERM), kills them at once.
   void on_signal(int sig) {
-    if (signalled_ != 0) {
-      for (auto& c : children_)
-        if (c.alive) ::kill(-c.pid, SIGKILL);
+    const bool first = signalled_ == 0;
+    const bool stopping = failed_rank_ >= 0 || failure_.has_value();
+    if (first) signalled_ = sig;
+    if (first && !stopping) {
+      stop(sig);
       return;
     }
-    signalled_ = sig;
-    stop(sig);
+    if (first) killed_on_signal_ = alive() > 0;
+    kill_all();
+  }
+
+  void kill_all() {
+    for (auto& c : children_)
+      if (c.alive) ::kill(-c.pid, SIGKILL);
+    kill_at_.reset();
+  }
+
+  // How a failure's message ends when a signal killed the children it stopped.
+  std::string killed_on_signal_text(int stopped) const {
+    if (!killed_on_signal_) return "";
+    return fmt::format(", then killed {} on the {} spawn was sent", stopped == 1 ? "it" : "them",
+                       distributed::signal_name(signalled_));
   }
 
   void stop(int sig) {
@@ -435,6 +454,7 @@ class Supervisor {
   const StopSignalsCaught& signals_;
   std::function<void(int, const std::string&)> on_exited_;
   int signalled_ = 0;
+  bool killed_on_signal_ = false;  // the first signal came while the children stopped
 };
 
 // Stops and reaps children already started when spawn cannot go on.

@@ -22,11 +22,12 @@
 // terminal's Ctrl-C reaches this process alone, the children leading process
 // groups of their own) is passed on to every child, as lockstep-run does, so
 // that each rank may act on it (save its work) within the grace period; a
-// second one kills them at once. When they have ended, the signal is raised
-// again in this process under the caller's own handling: by default it ends
-// the program as it would have; with a handler of the caller's, spawn then
-// returns or throws as the children ended. A signal the caller ignores stays
-// ignored.
+// second one kills them at once, as does one that comes while the children
+// already stop after a failure or the timeout. When they have ended, the
+// signal is raised again in this process under the caller's own handling: by
+// default it ends the program as it would have; with a handler of the
+// caller's, spawn then returns or throws as the children ended. A signal the
+// caller ignores stays ignored.
 //
 // Fork, not exec: a child starts with a copy of the caller's memory, so fn may
 // capture anything, but call spawn before this process starts threads of its

@@ -384,6 +384,53 @@ TEST_CASE("spawn passes a SIGINT or SIGTERM it is sent on to every child, then r
   for (int r = 0; r < 3; ++r) CHECK(read_text(dir.file(r)) == std::to_string(SIGTERM));
 }
 
+TEST_CASE("spawn: a signal while the children stop after a failure kills them at once",
+          "[spawn]") {
+  // Ranks 1 and 2 note SIGTERM and SIGINT and keep running (up to 30 s): a
+  // grace period of 60 s would keep spawn waiting for them. Rank 0 fails once
+  // they are ready; the caller's Ctrl-C comes once both have had the SIGTERM
+  // that the failure sent them.
+  ScratchDir dir;
+  struct sigaction previous {};
+  struct sigaction note {};
+  note.sa_handler = [](int s) { g_stop_signal = s; };
+  sigemptyset(&note.sa_mask);
+  ::sigaction(SIGINT, &note, &previous);
+  g_stop_signal = 0;
+  const auto told = [&](int rank) { return dir.path / fmt::format("told{}", rank); };
+  std::thread ctrl_c([&] {
+    while (!fs::exists(told(1)) || !fs::exists(told(2)))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ::kill(::getpid(), SIGINT);
+  });
+  SpawnOptions options;
+  options.grace_period = std::chrono::seconds(60);
+  const auto start = std::chrono::steady_clock::now();
+  const SpawnError e = spawn_error(
+      3,
+      [&](int rank) {
+        if (rank == 0) {
+          write_text(dir.path / "ready0", "");
+          wait_until_ready(dir, 3);
+          throw lockstep::Error("rank 0 gives up");
+        }
+        for (int sig : {SIGINT, SIGTERM}) ::signal(sig, [](int s) { g_stop_signal = s; });
+        write_text(dir.path / fmt::format("ready{}", rank), "");
+        for (int i = 0; i < 3000; ++i) {
+          if (g_stop_signal == SIGTERM && !fs::exists(told(rank))) write_text(told(rank), "");
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      },
+      options);
+  ctrl_c.join();
+  ::sigaction(SIGINT, &previous, nullptr);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  CHECK(g_stop_signal == SIGINT);  // raised again under the caller's handler
+  CHECK(e.rank() == 0);
+  CHECK_THAT(e.what(), Catch::Contains("threw: rank 0 gives up; stopped the other 2 ranks, then "
+                                       "killed them on the SIGINT spawn was sent"));
+}
+
 TEST_CASE("spawn refuses nprocs < 1 and an empty function", "[spawn]") {
   CHECK_THROWS_WITH(spawn(0, [](int) {}), Catch::Contains("nprocs must be at least 1, got 0"));
   CHECK_THROWS_WITH(spawn(2, std::function<void(int)>()), Catch::Contains("fn is empty"));
