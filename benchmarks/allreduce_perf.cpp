@@ -25,6 +25,7 @@
 #include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "common/allreduce_runners.h"
 #include "common/device.h"
@@ -283,7 +284,7 @@ int main(int argc, char** argv) {
   try {
     return run(o);
   } catch (const std::exception& e) {
-    std::cerr << "allreduce_perf: " << e.what() << "\n";
+    fmt::print(stderr, "allreduce_perf: error: {}\n", e.what());
     return 1;
   }
 }

@@ -73,7 +73,7 @@ expect 105 "^--rounds: must be a positive number, not 0" \
   "$build/bin/data_parallel_bench" --model mlp,cnn --rounds 0
 expect 105 "^--clients: must be a positive number, not 0" "$build/bin/store_bench" --clients 64,0
 # A size past any buffer (inf converted to size_t read as a tiny size).
-expect 1 "^allreduce_perf: -e 'inf': larger than any buffer" "$build/bin/allreduce_perf" -e inf
+expect 1 "^allreduce_perf: error: -e 'inf': larger than any buffer" "$build/bin/allreduce_perf" -e inf
 # A lockstep-run whose two-rank runs fail; one rank writes one plain row to --json.
 cat >"$work/flaky-build/bin/lockstep-run" <<'EOF'
 #!/usr/bin/env bash

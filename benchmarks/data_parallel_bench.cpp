@@ -14,13 +14,12 @@
 // alike); each round's figure is the median step of `--steps` after
 // `--warmup`, and the table gives the median over rounds. DDP's figure is
 // rank 0's. samples/s = global batch / step time.
-#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include "cli_checks.h"
@@ -172,7 +171,7 @@ int main(int argc, char** argv) {
   try {
     return lockstep::run(o);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "data_parallel_bench: %s\n", e.what());
+    fmt::print(stderr, "data_parallel_bench: error: {}\n", e.what());
     return 1;
   }
 }

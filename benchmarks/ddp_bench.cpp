@@ -32,12 +32,11 @@
 #include <chrono>
 #include <ctime>
 #include <fstream>
-#include <iostream>
 #include <numeric>
 #include <optional>
-#include <sstream>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "cli_checks.h"
 #include "common/bench_models.h"
@@ -462,7 +461,7 @@ int main(int argc, char** argv) {
   try {
     return run(o);
   } catch (const std::exception& e) {
-    std::cerr << "ddp_bench: error: " << e.what() << "\n";
+    fmt::print(stderr, "ddp_bench: error: {}\n", e.what());
     return 1;
   }
 }

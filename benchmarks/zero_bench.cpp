@@ -22,10 +22,10 @@
 #include <chrono>
 #include <ctime>
 #include <fstream>
-#include <iostream>
 #include <numeric>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "cli_checks.h"
 #include "common/device.h"
@@ -249,7 +249,7 @@ int main(int argc, char** argv) {
   try {
     return run(o);
   } catch (const std::exception& e) {
-    std::cerr << "zero_bench: error: " << e.what() << "\n";
+    fmt::print(stderr, "zero_bench: error: {}\n", e.what());
     return 1;
   }
 }
