@@ -83,28 +83,35 @@ bool share_postmortem(NodeLink& link, Postmortem& postmortem, int attempt, const
   return true;
 }
 
-// A node told to stop while waiting to start `next_attempt`: the other nodes
-// agreed to restart too, so their next ranks must not wait for this node's,
-// nor node 0's post-mortem for a part from ranks that were never started.
-void stopped_before_restart(NodeLink& link, const Options& options, int next_attempt,
-                            const std::string& signal) {
-  const std::string why = fmt::format("node {}'s launcher received {} while waiting to restart",
-                                      options.node_rank, signal);
+// Tells the other nodes that this node's launcher was told to stop (`why`):
+// their ranks stop and no node restarts. Node 0 collects the post-mortem of
+// `attempt`, so another node hands it a part saying why its ranks left none
+// (`ranks_state`), or node 0 would wait the grace period plus 3 s for one.
+void tell_stopped(NodeLink& link, const Options& options, int attempt, const std::string& why,
+                  const std::string& ranks_state) {
   link.publish_stop(why);
   link.publish_failure(why);
   if (options.node_rank == 0) return;  // node 0 collects the parts
   Postmortem none{.cause = why};
   for (int local = 0; local < options.nproc_per_node; ++local) {
-    none.ranks.push_back({.rank = rank_slot(options, local).rank,
-                          .node = options.node_rank,
-                          .no_record = fmt::format("not started: node {}'s launcher was stopped "
-                                                   "before the restart",
-                                                   options.node_rank)});
+    none.ranks.push_back(
+        {.rank = rank_slot(options, local).rank, .node = options.node_rank, .no_record = ranks_state});
   }
   try {
-    link.publish_postmortem(next_attempt, distributed::to_json_text(none));
+    link.publish_postmortem(attempt, distributed::to_json_text(none));
   } catch (const std::exception&) {  // node 0 then waits for it in vain, as before
   }
+}
+
+// A node told to stop while waiting to start `next_attempt`: the other nodes
+// agreed to restart too, so their next ranks must not wait for this node's.
+void stopped_before_restart(NodeLink& link, const Options& options, int next_attempt,
+                            const std::string& signal) {
+  tell_stopped(link, options, next_attempt,
+               fmt::format("node {}'s launcher received {} while waiting to restart",
+                           options.node_rank, signal),
+               fmt::format("not started: node {}'s launcher was stopped before the restart",
+                           options.node_rank));
 }
 
 // Node 0's own ranks connect to the store at --master-addr as every rank
@@ -276,7 +283,8 @@ int run(const Options& options) {
                           : same_file(STDOUT_FILENO, STDERR_FILENO) ? Capture::merged
                                                                     : Capture::separate;
   int code = 0;
-  for (int attempt = 0;; ++attempt) {
+  int attempt = 0;  // the last one started, once the loop ends
+  for (;; ++attempt) {
     recorders.clear();
     std::vector<RankProcess> ranks;
     for (int local = 0; local < options.nproc_per_node; ++local) {
@@ -395,10 +403,11 @@ int run(const Options& options) {
           fmt::format("node {}'s launcher received {} while waiting for the other nodes",
                       options.node_rank, distributed::signal_name(sig));
       fmt::print(stderr, "lockstep-run: {}; stopping the job\n", why);
-      try {
-        link->publish_failure(why);
-      } catch (const std::exception&) {  // the store is gone: the others see that
-      }
+      // A stop, not a failure: under --max-restarts the others would wait
+      // for this node to restart with them.
+      tell_stopped(*link, options, attempt, why,
+                   fmt::format("finished (exited 0) before node {}'s launcher was stopped",
+                               options.node_rank));
       code = 128 + sig;
     } else if (!elsewhere.empty()) {
       // This node's ranks succeeded, but the job did not on every node.

@@ -261,6 +261,38 @@ TEST_CASE("launcher: a node signalled while waiting to restart tells the other n
   CHECK(r.seconds < 25);
 }
 
+TEST_CASE("launcher: a node signalled after its ranks finished stops the job; no node restarts",
+          "[launcher][restart]") {
+  // Node 1's rank finishes at once; under --max-restarts its launcher waits
+  // to learn whether every node's did, and gets SIGTERM there. It used to
+  // tell the others of a failure: node 0 stopped its ranks, waited the grace
+  // period plus 3 s for node 1's part of the post-mortem and 90 s more for
+  // node 1 to restart with it, then called node 1's launcher gone.
+  const int port = lockstep::testing::unused_tcp_port();
+  std::string script = "export LOCKSTEP_TOKEN=t; dir=$(mktemp -d); ";
+  for (int node = 0; node < 2; ++node) {
+    script += fmt::format(
+        "{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+        "--master-port {} --max-restarts 1 --grace-period 30 --postmortem-dir '' {} {} "
+        "> $dir/{} 2>&1 & n{}=$!; ",
+        bin_path("lockstep-run"), node, port, bin_path("launcher_probe"),
+        node == 0 ? "group-sum busy-sleep-ms=40000" : "group-sum", node, node);
+  }
+  script +=
+      "for i in $(seq 200); do grep -q 'group-sum rank=1' $dir/1 && break; sleep 0.1; done; "
+      "sleep 1; kill -TERM $n1; wait $n1; echo \"node 1 exit $?\"; wait $n0; "
+      "echo \"node 0 exit $?\"; cat $dir/0 $dir/1; rm -rf $dir";
+  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(!r.timed_out);
+  CHECK_THAT(r.output,
+             Contains("node 1 exit 143") && Contains("node 0 exit 1") &&
+                 Contains("lockstep-run: not restarting: node 1: node 1's launcher received "
+                          "SIGTERM while waiting for the other nodes") &&
+                 !Contains("cannot restart"));
+  CHECK(r.seconds < 25);
+}
+
 TEST_CASE("launcher: a rank that cannot be executed exits 126, one that is not there 127",
           "[launcher]") {
   // The program was there at the start and changed before the restart:
