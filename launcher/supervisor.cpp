@@ -156,6 +156,12 @@ class Supervisor {
         // one open does not keep the launcher waiting for long.
         if (!drain_until_) drain_until_ = now + std::chrono::seconds(1);
         if (now >= *drain_until_) close_drained_streams();
+        if (const auto at = give_up_on_reader_at(); at && now >= *at) {
+          say(fmt::format("nothing of the ranks' output was read for {:g} s after {}; "
+                          "dropping the {} bytes not yet read",
+                          std::chrono::duration<double>(options_.grace_period).count(),
+                          signal_name(result_.stop_signal), drop_output()));
+        }
         // Then what is queued for our own output, unless a signal said not to;
         // and while stopping, what the ranks started, until the grace period ends.
         if (streams_.empty() && (abandoned_ || !output_pending()) && !group_lingers()) break;
@@ -191,7 +197,8 @@ class Supervisor {
 
       // A rank's group is not ours to wait for: looked at again every 100 ms.
       int timeout_ms = watch_hangs || (alive() == 0 && group_lingers()) ? kHangCheckMs : -1;
-      for (const auto& at : {kill_at_, streams_.empty() ? std::nullopt : drain_until_}) {
+      for (const auto& at : {kill_at_, streams_.empty() ? std::nullopt : drain_until_,
+                             alive() == 0 ? give_up_on_reader_at() : std::nullopt}) {
         if (!at) continue;
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(*at - now).count();
         // Past the drain deadline, a stream left open waits for its full queue.
@@ -210,7 +217,10 @@ class Supervisor {
       }
       if (watch_hangs && !stopping_) find_hung_rank();
       for (size_t q = 0; q < writing.size(); ++q) {
-        if (fds[first_queue + q].revents) writing[q]->flush();
+        if (!fds[first_queue + q].revents) continue;
+        const size_t before = writing[q]->size();
+        writing[q]->flush();
+        if (writing[q]->size() < before) output_taken_at_ = Clock::now();
       }
       // Back to front, so closing a stream does not shift the ones not yet seen.
       for (size_t i = reading.size(); i-- > 0;) {
@@ -229,6 +239,29 @@ class Supervisor {
 
   bool output_pending() const {
     return std::any_of(queues_.begin(), queues_.end(), [](const auto& q) { return !q->empty(); });
+  }
+
+  // Told to stop, the launcher waits for a reader of the ranks' output only
+  // while it takes some: one that took nothing for the grace period (a paused
+  // pager, a fifo nobody reads) is given up on then. Without a stop signal
+  // the output waits for its reader, as a program's own would.
+  std::optional<Clock::time_point> give_up_on_reader_at() const {
+    if (result_.stop_signal == 0 || abandoned_ || !output_pending()) return std::nullopt;
+    return std::max(stop_signal_at_, output_taken_at_) + options_.grace_period;
+  }
+
+  // Drops what is queued for our output and stops reading the ranks' pipes:
+  // nobody will read it. Returns how many bytes were dropped.
+  size_t drop_output() {
+    abandoned_ = true;
+    for (auto& s : streams_) close(s.fd);
+    streams_.clear();
+    size_t dropped = 0;
+    for (const auto& q : queues_) {
+      dropped += q->size();
+      q->discard();
+    }
+    return dropped;
   }
 
   // Whether the ranks' writes may be blocked by whoever reads our output: a
@@ -320,16 +353,8 @@ class Supervisor {
         }
       } else if (alive() == 0 && output_pending()) {
         // Every rank is done; only a stalled reader of our output keeps us.
-        abandoned_ = true;
-        for (auto& s : streams_) close(s.fd);
-        streams_.clear();
-        size_t dropped = 0;
-        for (const auto& q : queues_) {
-          dropped += q->size();
-          q->discard();
-        }
         say(fmt::format("received {}; dropping {} bytes of the ranks' output not yet read",
-                        signal_name(sig), dropped));
+                        signal_name(sig), drop_output()));
         if (!stopping_) result_ = {128 + sig, Outcome::signalled, "received " + signal_name(sig)};
         told_to_stop(sig);
       } else if (!stopping_) {
@@ -507,6 +532,7 @@ class Supervisor {
   void told_to_stop(int sig) {
     if (result_.stop_signal != 0) return;
     result_.stop_signal = sig;
+    stop_signal_at_ = Clock::now();
     if (options_.on_signalled) options_.on_signalled(told_by(sig));
   }
 
@@ -578,7 +604,9 @@ class Supervisor {
   std::vector<std::unique_ptr<OutputQueue>> queues_;
   OutputQueue* out_ = nullptr;  // of queues_
   OutputQueue* err_ = nullptr;  // of queues_; out_ when both are one file
-  bool abandoned_ = false;  // a signal came while only our output kept us
+  bool abandoned_ = false;  // our output is dropped: nobody reads it
+  Clock::time_point output_taken_at_;  // when a reader last took some of it
+  Clock::time_point stop_signal_at_;   // when result_.stop_signal came
   std::vector<Stream> streams_;
   int signal_fd_ = -1;
   bool stopping_ = false;

@@ -175,6 +175,29 @@ TEST_CASE("launcher: --tag-output: a stalled reader of the output does not stall
                            Contains("rank 1 (local rank 1 on node 0"));
 }
 
+TEST_CASE("launcher: --tag-output: told to stop, the launcher gives a reader that takes nothing "
+          "the grace period",
+          "[launcher]") {
+  // Rank 0 prints more than the pipes and the launcher's queue hold to a
+  // reader that never reads (sleep holding a fifo open), so its writes block.
+  // SIGTERM ends the rank; the launcher then waited for that reader until it
+  // went away, 30 s here, for good with a paused pager.
+  TempDir dir;
+  const std::string script = fmt::format(
+      "mkfifo {0}/out; sleep 30 < {0}/out > /dev/null & reader=$!; "
+      "{1} -np 1 --tag-output --grace-period 1 {2} print-lines=0:1000000 > {0}/out 2> {0}/err & "
+      "n=$!; sleep 2; kill -TERM $n; wait $n; echo \"launcher exit $?\"; kill $reader; "
+      "cat {0}/err",
+      dir.str(), bin_path("lockstep-run"), bin_path("launcher_probe"));
+  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.seconds < 20);
+  CHECK_THAT(r.output, Contains("launcher exit 143") &&
+                           Contains("received SIGTERM; forwarding it to 1 rank") &&
+                           Contains("nothing of the ranks' output was read for 1 s after SIGTERM; "
+                                    "dropping the "));
+}
+
 TEST_CASE("launcher: --tag-output: ranks writing to a reader that has gone end with SIGPIPE",
           "[launcher]") {
   // `| head -1` reads one line and exits; ranks that print without end
