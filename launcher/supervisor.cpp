@@ -355,8 +355,19 @@ class Supervisor {
         // Every rank is done; only a stalled reader of our output keeps us.
         say(fmt::format("received {}; dropping {} bytes of the ranks' output not yet read",
                         signal_name(sig), drop_output()));
-        if (!stopping_) result_ = {128 + sig, Outcome::signalled, "received " + signal_name(sig)};
-        told_to_stop(sig);
+        if (stopping_) {
+          told_to_stop(sig);
+        } else {
+          // The ranks here are done, the job may not be elsewhere: as for a
+          // signal while they run, what they left in their process groups
+          // gets it, their records go to the post-mortem, and the other
+          // nodes stop theirs at once instead of finding this launcher gone.
+          const std::string why = told_by(sig);
+          result_ = {128 + sig, Outcome::signalled, why};
+          stop(sig);
+          told_to_stop(sig);
+          if (options_.on_local_failure) options_.on_local_failure(why);
+        }
       } else if (!stopping_) {
         const std::string why = told_by(sig);
         say(fmt::format("received {}; forwarding it to {}", signal_name(sig), ranks_word(alive())));

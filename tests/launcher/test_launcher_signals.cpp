@@ -444,6 +444,37 @@ TEST_CASE("launcher: SIGINT to node 0 while it waits for the other nodes ends th
   CHECK_THAT(r.output, !Contains("node 1 exit 0"));
 }
 
+TEST_CASE("launcher: a node signalled while only its output's stalled reader keeps it stops the "
+          "other nodes at once",
+          "[launcher]") {
+  // Node 1's rank has ended, its last lines queued for a reader that never
+  // reads (sleep holding a fifo open). SIGTERM there used to tell the other
+  // nodes only not to restart: node 0 stopped its rank once node 1's launcher
+  // had been silent for --node-timeout, and called it killed.
+  const int port = lockstep::testing::unused_tcp_port();
+  auto node = [&](int rank, const std::string& launcher, const std::string& probe) {
+    return fmt::format("{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+                       "--master-port {} --postmortem-dir '' {} {} {}",
+                       bin_path("lockstep-run"), rank, port, launcher, bin_path("launcher_probe"),
+                       probe);
+  };
+  const std::string script = fmt::format(
+      "export LOCKSTEP_TOKEN=t; dir=$(mktemp -d); mkfifo $dir/out; "
+      "sleep 30 < $dir/out > /dev/null & reader=$!; {} > $dir/0 2>&1 & n0=$!; "
+      "{} > $dir/out 2> $dir/1 & n1=$!; sleep 4; kill -TERM $n1; wait $n1; "
+      "echo \"node 1 exit $?\"; wait $n0; echo \"node 0 exit $?\"; kill $reader; "
+      "cat $dir/0 $dir/1; rm -rf $dir",
+      node(0, "", "group-sum busy-sleep-ms=40000"),
+      node(1, "--tag-output", "group-sum print-lines=5000"));
+  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  INFO(describe(r) << "\n" << r.output);
+  CHECK(r.seconds < 12);
+  CHECK_THAT(r.output, Contains("node 1 exit 143") && Contains("node 0 exit 1") &&
+                           Contains("lockstep-run: node 1: node 1's launcher received SIGTERM; "
+                                    "stopping the 1 rank on node 0") &&
+                           !Contains("has not been heard from"));
+}
+
 TEST_CASE("launcher: SIGINT to a node's launcher still waiting for node 0 ends it at once",
           "[launcher]") {
   // Node 0's launcher is not started: node 1's retries connecting to its
