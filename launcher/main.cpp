@@ -83,22 +83,17 @@ bool share_postmortem(NodeLink& link, Postmortem& postmortem, int attempt, const
   return true;
 }
 
-// Tells the other nodes that this node's launcher was told to stop (`why`):
-// their ranks stop and no node restarts. Node 0 collects the post-mortem of
-// `attempt`, so another node hands it a part saying why its ranks left none
-// (`ranks_state`), or node 0 would wait the grace period plus 3 s for one.
+// Tells the other nodes that this node's launcher was told to stop (`why`)
+// while its ranks were not running: their ranks stop and no node restarts.
+// Node 0 collects the post-mortem of `attempt`: another node hands it `part`,
+// what its ranks left, or node 0 would wait the grace period plus 3 s for it.
 void tell_stopped(NodeLink& link, const Options& options, int attempt, const std::string& why,
-                  const std::string& ranks_state) {
+                  const Postmortem& part) {
   link.publish_stop(why);
   link.publish_failure(why);
   if (options.node_rank == 0) return;  // node 0 collects the parts
-  Postmortem none{.cause = why};
-  for (int local = 0; local < options.nproc_per_node; ++local) {
-    none.ranks.push_back(
-        {.rank = rank_slot(options, local).rank, .node = options.node_rank, .no_record = ranks_state});
-  }
   try {
-    link.publish_postmortem(attempt, distributed::to_json_text(none));
+    link.publish_postmortem(attempt, distributed::to_json_text(part));
   } catch (const std::exception&) {  // node 0 then waits for it in vain, as before
   }
 }
@@ -107,11 +102,17 @@ void tell_stopped(NodeLink& link, const Options& options, int attempt, const std
 // agreed to restart too, so their next ranks must not wait for this node's.
 void stopped_before_restart(NodeLink& link, const Options& options, int next_attempt,
                             const std::string& signal) {
-  tell_stopped(link, options, next_attempt,
-               fmt::format("node {}'s launcher received {} while waiting to restart",
-                           options.node_rank, signal),
-               fmt::format("not started: node {}'s launcher was stopped before the restart",
-                           options.node_rank));
+  const std::string why = fmt::format("node {}'s launcher received {} while waiting to restart",
+                                      options.node_rank, signal);
+  Postmortem none{.cause = why};
+  for (int local = 0; local < options.nproc_per_node; ++local) {
+    none.ranks.push_back({.rank = rank_slot(options, local).rank,
+                          .node = options.node_rank,
+                          .no_record = fmt::format("not started: node {}'s launcher was stopped "
+                                                   "before the restart",
+                                                   options.node_rank)});
+  }
+  tell_stopped(link, options, next_attempt, why, none);
 }
 
 // Node 0's own ranks connect to the store at --master-addr as every rank
@@ -284,6 +285,17 @@ int run(const Options& options) {
                                                                     : Capture::separate;
   int code = 0;
   int attempt = 0;  // the last one started, once the loop ends
+  std::vector<RankProcess> started;  // its ranks
+  // What the ranks of the attempt recorded of their last collectives, as
+  // their flight records say now.
+  const auto read_postmortem = [&](const std::string& cause) {
+    Postmortem pm{.cause = cause};
+    for (const auto& r : started) {
+      pm.ranks.push_back(read_rank_history(recorders.path(r.rank), r.rank, options.node_rank,
+                                           supervisor.hostname, r.child.pid));
+    }
+    return pm;
+  };
   for (;; ++attempt) {
     recorders.clear();
     std::vector<RankProcess> ranks;
@@ -299,20 +311,19 @@ int run(const Options& options) {
       reaper.watch(ranks.back().child.pid);
     }
     // Read while the ranks are as the failure found them; told once they stopped.
+    started = ranks;
     std::optional<Postmortem> postmortem;
-    supervisor.before_stop = [&, started = ranks](const std::string& cause) {
-      postmortem = Postmortem{.cause = cause};
-      for (const auto& r : started) {
-        postmortem->ranks.push_back(read_rank_history(recorders.path(r.rank), r.rank,
-                                                      options.node_rank, supervisor.hostname,
-                                                      r.child.pid));
-      }
-    };
+    supervisor.before_stop = [&](const std::string& cause) { postmortem = read_postmortem(cause); };
     supervisor.on_rank_exited = [&exits, attempt](int rank, const std::string& how) {
       exits.record(attempt, {.rank = rank, .how = how});
     };
     const SupervisorResult result = supervise(std::move(ranks), supervisor);
     code = result.exit_code;
+    // Signalled once every rank here had ended (only its output kept it):
+    // nothing here was stopped, but the other nodes' ranks were, and their
+    // post-mortem covers these ranks too.
+    if (!postmortem && link && result.outcome == Outcome::signalled)
+      postmortem = read_postmortem(result.failure);
     if (postmortem &&
         (!link || share_postmortem(*link, *postmortem, attempt, options, supervisor.grace_period)))
       publish_report(*postmortem, options.postmortem_dir, job.id, options.node_rank, attempt);
@@ -405,9 +416,7 @@ int run(const Options& options) {
       fmt::print(stderr, "lockstep-run: {}; stopping the job\n", why);
       // A stop, not a failure: under --max-restarts the others would wait
       // for this node to restart with them.
-      tell_stopped(*link, options, attempt, why,
-                   fmt::format("finished (exited 0) before node {}'s launcher was stopped",
-                               options.node_rank));
+      tell_stopped(*link, options, attempt, why, read_postmortem(why));
       code = 128 + sig;
     } else if (!elsewhere.empty()) {
       // This node's ranks succeeded, but the job did not on every node.

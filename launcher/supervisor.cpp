@@ -358,13 +358,11 @@ class Supervisor {
         if (stopping_) {
           told_to_stop(sig);
         } else {
-          // The ranks here are done, the job may not be elsewhere: as for a
-          // signal while they run, what they left in their process groups
-          // gets it, their records go to the post-mortem, and the other
-          // nodes stop theirs at once instead of finding this launcher gone.
+          // The ranks here are done (nothing to stop), the job may not be
+          // elsewhere: the other nodes stop theirs at once instead of finding
+          // this launcher gone.
           const std::string why = told_by(sig);
           result_ = {128 + sig, Outcome::signalled, why};
-          stop(sig);
           told_to_stop(sig);
           if (options_.on_local_failure) options_.on_local_failure(why);
         }
