@@ -473,6 +473,8 @@ TEST_CASE("launcher: a node signalled while only its output's stalled reader kee
                            Contains("lockstep-run: node 1: node 1's launcher received SIGTERM; "
                                     "stopping the 1 rank on node 0") &&
                            !Contains("has not been heard from"));
+  // Node 0's post-mortem has node 1's records: its rank finished, not behind.
+  CHECK_THAT(r.output, Contains("every rank finished") && !Contains("is behind"));
 }
 
 TEST_CASE("launcher: SIGINT to a node's launcher still waiting for node 0 ends it at once",
