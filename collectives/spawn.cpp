@@ -92,9 +92,9 @@ extern "C" void note_stop_signal(int sig) {
 }
 
 // While spawn waits, SIGINT, SIGTERM and SIGHUP (a terminal's Ctrl-C, a
-// scheduler's preemption) are noted instead of acted on, so that spawn can
-// pass them on to the children, which lead process groups of their own and
-// so get none of them from the terminal. A signal the caller ignores stays
+// scheduler's preemption) and SIGTSTP and SIGCONT (Ctrl-Z, fg) are noted
+// instead of acted on, so that spawn can pass them on to the children, which
+// lead process groups of their own and so get none of them from the terminal. A signal the caller ignores stays
 // ignored. Once the children have ended, the caller's handlers come back and
 // the first signal is raised again, so the program ends (or handles it) as it
 // would have, after its ranks have had their chance to.
@@ -148,10 +148,10 @@ class StopSignalsCaught {
   }
 
  private:
-  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+  static constexpr std::array<int, 5> kSignals{SIGINT, SIGTERM, SIGHUP, SIGTSTP, SIGCONT};
   int fds_[2] = {-1, -1};
-  std::array<struct sigaction, 3> previous_{};
-  std::array<bool, 3> caught_{};
+  std::array<struct sigaction, kSignals.size()> previous_{};
+  std::array<bool, kSignals.size()> caught_{};
 };
 
 // A descriptor that polls readable once `pid` has exited; -1 where the kernel
@@ -282,14 +282,14 @@ class Supervisor {
 
   // Waits for every child; the first failure, if any.
   std::optional<SpawnError> run() {
-    const auto start = Clock::now();
+    start_ = Clock::now();
     for (;;) {
       reap();
       if (alive() == 0) break;
       const auto now = Clock::now();
       if (kill_at_ && now >= *kill_at_) kill_all();
       const bool timing = !failure_ && signalled_ == 0 && options_.timeout.has_value();
-      if (timing && now - start >= *options_.timeout) {
+      if (timing && now - start_ >= *options_.timeout) {
         on_timeout();
         continue;
       }
@@ -310,11 +310,17 @@ class Supervisor {
         timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
       };
       if (kill_at_) until(*kill_at_);
-      if (timing) until(start + *options_.timeout);
+      if (timing) until(start_ + *options_.timeout);
       if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR)
         throw Error(fmt::format("spawn: poll failed: {}", std::strerror(errno)));
       for (auto& c : children_) read_error(c, /*to_the_end=*/false);
-      for (int sig : signals_.take()) on_signal(sig);
+      for (int sig : signals_.take()) {
+        if (sig == SIGTSTP || sig == SIGCONT) {
+          job_control(sig);
+        } else {
+          on_signal(sig);
+        }
+      }
     }
     // What the children wrote before they exited (a grandchild that still
     // holds a pipe open does not keep us here).
@@ -422,6 +428,23 @@ class Supervisor {
     kill_all();
   }
 
+  // Ctrl-Z (SIGTSTP) stops every child, then this process, as lockstep-run
+  // does; the SIGCONT that continues it (fg, bg, kill -CONT) continues them,
+  // and the time stopped does not count toward the timeout. Not while the
+  // children stop after a failure, a timeout or a signal.
+  void job_control(int sig) {
+    if (signalled_ != 0 || failed_rank_ >= 0 || failure_) return;
+    if (sig == SIGTSTP) {
+      for (auto& c : children_)
+        if (c.alive) ::kill(-c.pid, SIGSTOP);
+      const auto stopped_at = Clock::now();
+      ::raise(SIGSTOP);
+      start_ += Clock::now() - stopped_at;  // continued: so are they, below
+    }
+    for (auto& c : children_)
+      if (c.alive) ::kill(-c.pid, SIGCONT);
+  }
+
   void kill_all() {
     for (auto& c : children_)
       if (c.alive) ::kill(-c.pid, SIGKILL);
@@ -455,6 +478,7 @@ class Supervisor {
   std::function<void(int, const std::string&)> on_exited_;
   int signalled_ = 0;
   bool killed_on_signal_ = false;  // the first signal came while the children stopped
+  Clock::time_point start_;         // the timeout counts from here
 };
 
 // Stops and reaps children already started when spawn cannot go on.

@@ -26,8 +26,10 @@
 // already stop after a failure or the timeout. When they have ended, the
 // signal is raised again in this process under the caller's own handling: by
 // default it ends the program as it would have; with a handler of the
-// caller's, spawn then returns or throws as the children ended. A signal the
-// caller ignores stays ignored.
+// caller's, spawn then returns or throws as the children ended. Ctrl-Z
+// (SIGTSTP) stops every child and then this process, and the SIGCONT that
+// continues it (fg, bg) continues them; the time stopped does not count
+// toward SpawnOptions::timeout. A signal the caller ignores stays ignored.
 //
 // Fork, not exec: a child starts with a copy of the caller's memory, so fn may
 // capture anything, but call spawn before this process starts threads of its

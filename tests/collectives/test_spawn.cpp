@@ -431,6 +431,67 @@ TEST_CASE("spawn: a signal while the children stop after a failure kills them at
                                        "killed them on the SIGINT spawn was sent"));
 }
 
+namespace {
+
+// The state letter of /proc/PID/stat ('T': stopped), or '?' when gone.
+char process_state(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  std::getline(in, line);
+  const auto close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() ? '?' : line[close + 2];
+}
+
+}  // namespace
+
+TEST_CASE("spawn: Ctrl-Z stops the children with the caller, fg continues them, and the time "
+          "stopped does not count toward the timeout",
+          "[spawn]") {
+  // Each child writes its pid, then counts until the test says it is done.
+  // The children lead process groups of their own: a terminal's SIGTSTP
+  // reached the caller alone, and they ran on while the job looked stopped.
+  ScratchDir dir;
+  const auto count_of = [&](int rank) { return read_text(dir.path / fmt::format("count{}", rank)); };
+  const pid_t caller = ::fork();
+  REQUIRE(caller >= 0);
+  if (caller == 0) {
+    SpawnOptions options;
+    options.timeout = std::chrono::seconds(3);
+    try {
+      spawn(2, [&](int rank) {
+        write_text(dir.file(rank), std::to_string(::getpid()));
+        for (int i = 0; i < 2000 && !fs::exists(dir.path / "done"); ++i) {
+          write_text(dir.path / fmt::format("count{}.tmp", rank), std::to_string(i));
+          fs::rename(dir.path / fmt::format("count{}.tmp", rank),
+                     dir.path / fmt::format("count{}", rank));
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }, options);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  REQUIRE(lt::eventually([&] { return !count_of(0).empty() && !count_of(1).empty(); }));
+  const pid_t children[2] = {std::stoi(read_text(dir.file(0))), std::stoi(read_text(dir.file(1)))};
+  ::kill(caller, SIGTSTP);
+  int status = 0;
+  REQUIRE(::waitpid(caller, &status, WUNTRACED) == caller);
+  CHECK(WIFSTOPPED(status));
+  for (pid_t child : children) CHECK(lt::eventually([&] { return process_state(child) == 'T'; }));
+  const std::string counts = count_of(0) + " " + count_of(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // past the timeout
+  CHECK(count_of(0) + " " + count_of(1) == counts);
+  ::kill(caller, SIGCONT);
+  CHECK(lt::eventually([&] { return count_of(0) + " " + count_of(1) != counts; }));
+  for (pid_t child : children) CHECK(process_state(child) != 'T');
+  write_text(dir.path / "done", "");
+  REQUIRE(::waitpid(caller, &status, 0) == caller);
+  CHECK(WIFEXITED(status));
+  CHECK((WIFEXITED(status) ? WEXITSTATUS(status) : -1) == 0);  // no timeout
+}
+
 TEST_CASE("spawn refuses nprocs < 1 and an empty function", "[spawn]") {
   CHECK_THROWS_WITH(spawn(0, [](int) {}), Catch::Contains("nprocs must be at least 1, got 0"));
   CHECK_THROWS_WITH(spawn(2, std::function<void(int)>()), Catch::Contains("fn is empty"));
