@@ -335,6 +335,25 @@ void wait_until_ready(const ScratchDir& dir, int nprocs) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
+// For its scope, the caller's own SIGINT handler: it notes the signal in
+// g_stop_signal (cleared here).
+class CallerNotesSigint {
+ public:
+  CallerNotesSigint() {
+    struct sigaction note {};
+    note.sa_handler = [](int s) { g_stop_signal = s; };
+    sigemptyset(&note.sa_mask);
+    ::sigaction(SIGINT, &note, &previous_);
+    g_stop_signal = 0;
+  }
+  ~CallerNotesSigint() { ::sigaction(SIGINT, &previous_, nullptr); }
+  CallerNotesSigint(const CallerNotesSigint&) = delete;
+  CallerNotesSigint& operator=(const CallerNotesSigint&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+};
+
 }  // namespace
 
 TEST_CASE("spawn passes a SIGINT or SIGTERM it is sent on to every child, then raises it again",
@@ -343,12 +362,7 @@ TEST_CASE("spawn passes a SIGINT or SIGTERM it is sent on to every child, then r
   // did (each saved its work on the signal and exited 0).
   {
     ScratchDir dir;
-    struct sigaction previous {};
-    struct sigaction note {};
-    note.sa_handler = [](int s) { g_stop_signal = s; };
-    sigemptyset(&note.sa_mask);
-    ::sigaction(SIGINT, &note, &previous);
-    g_stop_signal = 0;
+    const CallerNotesSigint handler;
     std::thread ctrl_c([&] {
       wait_until_ready(dir, 2);
       ::kill(::getpid(), SIGINT);
@@ -356,7 +370,6 @@ TEST_CASE("spawn passes a SIGINT or SIGTERM it is sent on to every child, then r
     const auto start = std::chrono::steady_clock::now();
     CHECK_NOTHROW(spawn(2, [&](int rank) { wait_for_stop(dir, rank); }));
     ctrl_c.join();
-    ::sigaction(SIGINT, &previous, nullptr);
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
     CHECK(g_stop_signal == SIGINT);
     for (int r = 0; r < 2; ++r) CHECK(read_text(dir.file(r)) == std::to_string(SIGINT));
@@ -391,12 +404,7 @@ TEST_CASE("spawn: a signal while the children stop after a failure kills them at
   // they are ready; the caller's Ctrl-C comes once both have had the SIGTERM
   // that the failure sent them.
   ScratchDir dir;
-  struct sigaction previous {};
-  struct sigaction note {};
-  note.sa_handler = [](int s) { g_stop_signal = s; };
-  sigemptyset(&note.sa_mask);
-  ::sigaction(SIGINT, &note, &previous);
-  g_stop_signal = 0;
+  const CallerNotesSigint handler;
   const auto told = [&](int rank) { return dir.path / fmt::format("told{}", rank); };
   std::thread ctrl_c([&] {
     while (!fs::exists(told(1)) || !fs::exists(told(2)))
@@ -423,7 +431,6 @@ TEST_CASE("spawn: a signal while the children stop after a failure kills them at
       },
       options);
   ctrl_c.join();
-  ::sigaction(SIGINT, &previous, nullptr);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
   CHECK(g_stop_signal == SIGINT);  // raised again under the caller's handler
   CHECK(e.rank() == 0);

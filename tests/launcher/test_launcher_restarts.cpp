@@ -226,27 +226,44 @@ TEST_CASE("launcher: a signal while the ranks stop after a failure kills them an
                            !Contains("did not stop within 30 s"));
 }
 
+namespace {
+
+// Two local nodes, each launcher given `options` and its node's probe
+// arguments; node 1's launcher gets SIGTERM once its output says `when`
+// (`then_sleep` seconds later). Prints node 1's exit status, node 0's, then
+// their output.
+lockstep::testing::ProcessResult sigterm_to_node1(const std::string& options,
+                                                  const std::string& probe0,
+                                                  const std::string& probe1,
+                                                  const std::string& when, int then_sleep = 0) {
+  const int port = lockstep::testing::unused_tcp_port();
+  std::string script = "export LOCKSTEP_TOKEN=t; dir=$(mktemp -d); ";
+  for (int node = 0; node < 2; ++node) {
+    script += fmt::format(
+        "{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
+        "--master-port {} --postmortem-dir '' {} {} {} > $dir/{} 2>&1 & n{}=$!; ",
+        bin_path("lockstep-run"), node, port, options, bin_path("launcher_probe"),
+        node == 0 ? probe0 : probe1, node, node);
+  }
+  script += fmt::format(
+      "for i in $(seq 200); do grep -q '{}' $dir/1 && break; sleep 0.1; done; sleep {}; "
+      "kill -TERM $n1; wait $n1; echo \"node 1 exit $?\"; wait $n0; echo \"node 0 exit $?\"; "
+      "cat $dir/0 $dir/1; rm -rf $dir",
+      when, then_sleep);
+  return run_process({"/bin/bash", "-c", script}, 60s);
+}
+
+}  // namespace
+
 TEST_CASE("launcher: a node signalled while waiting to restart tells the other nodes, which "
           "stop at once",
           "[launcher][restart]") {
   // Both nodes agreed to restart; node 1's launcher gets SIGTERM during the
   // backoff. Node 0 used to start its ranks again and wait for node 1's
   // launcher to fall silent, then call it killed or its host down.
-  const int port = lockstep::testing::unused_tcp_port();
-  std::string script = "export LOCKSTEP_TOKEN=t; dir=$(mktemp -d); ";
-  for (int node = 0; node < 2; ++node) {
-    script += fmt::format(
-        "{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
-        "--master-port {} --max-restarts 1 --restart-backoff 2 --grace-period 30 "
-        "--postmortem-dir '' {} {} > $dir/{} 2>&1 & n{}=$!; ",
-        bin_path("lockstep-run"), node, port, bin_path("launcher_probe"),
-        node == 0 ? "group-sum busy-sleep-ms=40000" : "group-sum exit=1:3", node, node);
-  }
-  script +=
-      "for i in $(seq 200); do grep -q 'restart 1 of 1' $dir/1 && break; sleep 0.1; done; "
-      "kill -TERM $n1; wait $n1; echo \"node 1 exit $?\"; wait $n0; echo \"node 0 exit $?\"; "
-      "cat $dir/0 $dir/1; rm -rf $dir";
-  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  const auto r = sigterm_to_node1("--max-restarts 1 --restart-backoff 2 --grace-period 30",
+                                  "group-sum busy-sleep-ms=40000", "group-sum exit=1:3",
+                                  "restart 1 of 1");
   INFO(describe(r) << "\n" << r.output);
   CHECK(!r.timed_out);
   CHECK_THAT(r.output,
@@ -268,21 +285,9 @@ TEST_CASE("launcher: a node signalled after its ranks finished stops the job; no
   // tell the others of a failure: node 0 stopped its ranks, waited the grace
   // period plus 3 s for node 1's part of the post-mortem and 90 s more for
   // node 1 to restart with it, then called node 1's launcher gone.
-  const int port = lockstep::testing::unused_tcp_port();
-  std::string script = "export LOCKSTEP_TOKEN=t; dir=$(mktemp -d); ";
-  for (int node = 0; node < 2; ++node) {
-    script += fmt::format(
-        "{} --nnodes 2 --node-rank {} --nproc-per-node 1 --master-addr 127.0.0.1 "
-        "--master-port {} --max-restarts 1 --grace-period 30 --postmortem-dir '' {} {} "
-        "> $dir/{} 2>&1 & n{}=$!; ",
-        bin_path("lockstep-run"), node, port, bin_path("launcher_probe"),
-        node == 0 ? "group-sum busy-sleep-ms=40000" : "group-sum", node, node);
-  }
-  script +=
-      "for i in $(seq 200); do grep -q 'group-sum rank=1' $dir/1 && break; sleep 0.1; done; "
-      "sleep 1; kill -TERM $n1; wait $n1; echo \"node 1 exit $?\"; wait $n0; "
-      "echo \"node 0 exit $?\"; cat $dir/0 $dir/1; rm -rf $dir";
-  const auto r = run_process({"/bin/bash", "-c", script}, 60s);
+  const auto r = sigterm_to_node1("--max-restarts 1 --grace-period 30",
+                                  "group-sum busy-sleep-ms=40000", "group-sum",
+                                  "group-sum rank=1", /*then_sleep=*/1);
   INFO(describe(r) << "\n" << r.output);
   CHECK(!r.timed_out);
   CHECK_THAT(r.output,
