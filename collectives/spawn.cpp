@@ -196,6 +196,14 @@ std::string read_port(int fd) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(1);
   ::setpgid(0, 0);
+  // stdin from /dev/null, as lockstep-run's ranks and Python's forked
+  // children read it: leading a process group of its own, never a terminal's
+  // foreground one, a child that read the caller's terminal would be stopped
+  // for good (SIGTTIN).
+  if (const int null_fd = ::open("/dev/null", O_RDONLY); null_fd > 0) {
+    ::dup2(null_fd, STDIN_FILENO);
+    ::close(null_fd);
+  }
   // Stopping works whatever handlers the caller installed (a test framework's,
   // a training loop's checkpoint-on-SIGTERM); fn may install its own.
   for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD}) ::signal(sig, SIG_DFL);

@@ -35,8 +35,9 @@
 // capture anything, but call spawn before this process starts threads of its
 // own or touches CUDA (a forked child cannot use its parent's CUDA context,
 // as in PyTorch); each child picks its GPU as a lockstep-run rank does. The
-// children share the caller's stdout and stderr, each leads its own process
-// group, and they die with the caller (PR_SET_PDEATHSIG). While spawn runs,
+// children share the caller's stdout and stderr, read stdin from /dev/null
+// (as lockstep-run's ranks), each leads its own process group, and they die
+// with the caller (PR_SET_PDEATHSIG). While spawn runs,
 // an ignored SIGCHLD is set to its default, so the children's statuses stay
 // to be collected. A child starts with
 // no signal blocked and SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE and SIGCHLD

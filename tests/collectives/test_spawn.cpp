@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -497,6 +498,35 @@ TEST_CASE("spawn: Ctrl-Z stops the children with the caller, fg continues them, 
   REQUIRE(::waitpid(caller, &status, 0) == caller);
   CHECK(WIFEXITED(status));
   CHECK((WIFEXITED(status) ? WEXITSTATUS(status) : -1) == 0);  // no timeout
+}
+
+TEST_CASE("spawn: a child reads stdin from /dev/null, not the caller's terminal", "[spawn]") {
+  // The caller runs on a terminal of its own (a pty), as from a shell. The
+  // children lead process groups of their own, never the terminal's
+  // foreground one: a child reading it was stopped for good (SIGTTIN), and
+  // spawn waited for it until the timeout.
+  ScratchDir dir;
+  int terminal = -1;
+  const pid_t caller = ::forkpty(&terminal, nullptr, nullptr, nullptr);
+  REQUIRE(caller >= 0);
+  if (caller == 0) {
+    SpawnOptions options;
+    options.timeout = std::chrono::seconds(10);
+    try {
+      spawn(1, [&](int rank) {
+        char c = 0;
+        write_text(dir.file(rank), std::to_string(::read(STDIN_FILENO, &c, 1)));
+      }, options);
+    } catch (const std::exception&) {
+      ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(caller, &status, 0) == caller);
+  ::close(terminal);
+  CHECK((WIFEXITED(status) ? WEXITSTATUS(status) : -1) == 0);
+  CHECK(read_text(dir.file(0)) == "0");  // end of file at once
 }
 
 TEST_CASE("spawn refuses nprocs < 1 and an empty function", "[spawn]") {
