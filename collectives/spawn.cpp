@@ -94,10 +94,11 @@ extern "C" void note_stop_signal(int sig) {
 // While spawn waits, SIGINT, SIGTERM and SIGHUP (a terminal's Ctrl-C, a
 // scheduler's preemption) and SIGTSTP and SIGCONT (Ctrl-Z, fg) are noted
 // instead of acted on, so that spawn can pass them on to the children, which
-// lead process groups of their own and so get none of them from the terminal. A signal the caller ignores stays
-// ignored. Once the children have ended, the caller's handlers come back and
-// the first signal is raised again, so the program ends (or handles it) as it
-// would have, after its ranks have had their chance to.
+// lead process groups of their own and so get none of them from the terminal.
+// A signal the caller ignores stays ignored. Once the children have ended, the
+// caller's handlers come back and the first stop signal is raised again, so
+// the program ends (or handles it) as it would have, after its ranks have had
+// their chance to.
 class StopSignalsCaught {
  public:
   StopSignalsCaught() {

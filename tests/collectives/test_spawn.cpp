@@ -459,7 +459,9 @@ TEST_CASE("spawn: Ctrl-Z stops the children with the caller, fg continues them, 
   // The children lead process groups of their own: a terminal's SIGTSTP
   // reached the caller alone, and they ran on while the job looked stopped.
   ScratchDir dir;
-  const auto count_of = [&](int rank) { return read_text(dir.path / fmt::format("count{}", rank)); };
+  const auto count_of = [&](int rank) {
+    return read_text(dir.path / fmt::format("count{}", rank));
+  };
   const pid_t caller = ::fork();
   REQUIRE(caller >= 0);
   if (caller == 0) {
