@@ -522,11 +522,38 @@ void make_room_for_children(int nprocs) {
                  nprocs, needed, runtime::room_shortfall(room));
 }
 
+// Options that cannot mean what the caller wants, refused before any child
+// starts: a timeout of 0 would stop every child at once (0 does not mean
+// none here), and a variable spawn sets per rank would make each child
+// another rank or another job's.
+void check_options(const SpawnOptions& options) {
+  if (options.timeout) {
+    LOCKSTEP_CHECK(options.timeout->count() > 0,
+                   "spawn: SpawnOptions::timeout is {} ms; give a positive time, or leave it "
+                   "empty (std::nullopt) for none",
+                   options.timeout->count());
+  }
+  LOCKSTEP_CHECK(options.grace_period.count() >= 0,
+                 "spawn: SpawnOptions::grace_period is {} ms; give 0 or more",
+                 options.grace_period.count());
+  for (const auto& [name, value] : options.env) {
+    LOCKSTEP_CHECK(!name.empty() && name.find_first_of(std::string("=\0", 2)) == std::string::npos,
+                   "spawn: SpawnOptions::env: '{}' is not a variable name", name);
+    for (const auto& [own, unused] : distributed::rank_variables({}, 1)) {
+      LOCKSTEP_CHECK(name != own,
+                     "spawn: SpawnOptions::env sets {}, which spawn sets for each rank itself "
+                     "(from the rank, nprocs and the store it serves)",
+                     name);
+    }
+  }
+}
+
 }  // namespace
 
 void spawn(int nprocs, const std::function<void(int rank)>& fn, const SpawnOptions& options) {
   LOCKSTEP_CHECK(nprocs >= 1, "spawn: nprocs must be at least 1, got {}", nprocs);
   LOCKSTEP_CHECK(static_cast<bool>(fn), "spawn: fn is empty; give the function each rank runs");
+  check_options(options);
   make_room_for_children(nprocs);
   const std::string token = distributed::random_token();
   const bool one_thread = std::getenv("OMP_NUM_THREADS") == nullptr;

@@ -65,11 +65,13 @@
 namespace lockstep::collectives {
 
 struct SpawnOptions {
-  // How long the children may run in all; none: as long as they run.
+  // How long the children may run in all (positive); none: as long as they run.
   std::optional<std::chrono::milliseconds> timeout;
   // Between SIGTERM and SIGKILL when stopping the children.
   std::chrono::milliseconds grace_period{5000};
-  // Set in every child before fn runs (after the rank variables).
+  // Set in every child before fn runs; the variables spawn sets for each rank
+  // (RANK, WORLD_SIZE, LOCKSTEP_STORE_ADDR, ...: distributed::rank_variables)
+  // are refused.
   std::vector<std::pair<std::string, std::string>> env;
 };
 

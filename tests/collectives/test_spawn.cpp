@@ -536,6 +536,42 @@ TEST_CASE("spawn refuses nprocs < 1 and an empty function", "[spawn]") {
   CHECK_THROWS_WITH(spawn(2, std::function<void(int)>()), Catch::Contains("fn is empty"));
 }
 
+TEST_CASE("spawn refuses options that cannot mean what the caller wants, before a child starts",
+          "[spawn]") {
+  // A timeout of 0 (\"none\" to lockstep-run's --hang-timeout) stopped every
+  // child at once as hung; env's RANK or WORLD_SIZE made each child another
+  // rank, or waited for ranks that never come; a name with '=' was dropped.
+  ScratchDir dir;
+  const auto refused = [&](const SpawnOptions& options) {
+    return lt::error_of([&] {
+      spawn(2, [&](int rank) { write_text(dir.file(rank), ""); }, options);
+    });
+  };
+  SpawnOptions zero_timeout;
+  zero_timeout.timeout = std::chrono::milliseconds(0);
+  CHECK_THAT(refused(zero_timeout),
+             Catch::Contains("SpawnOptions::timeout is 0 ms; give a positive time, or leave it "
+                             "empty (std::nullopt) for none"));
+  SpawnOptions negative_grace;
+  negative_grace.grace_period = std::chrono::milliseconds(-1);
+  CHECK_THAT(refused(negative_grace), Catch::Contains("SpawnOptions::grace_period is -1 ms"));
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCKSTEP_STORE_ADDR", "LOCKSTEP_TOKEN"}) {
+    SpawnOptions own;
+    own.env = {{name, "4"}};
+    CHECK_THAT(refused(own), Catch::Contains(fmt::format(
+                                 "SpawnOptions::env sets {}, which spawn sets for each rank itself",
+                                 name)));
+  }
+  for (const char* name : {"", "A=B"}) {
+    SpawnOptions bad;
+    bad.env = {{name, "x"}};
+    CHECK_THAT(refused(bad), Catch::Contains(fmt::format("SpawnOptions::env: '{}' is not a "
+                                                         "variable name", name)));
+  }
+  CHECK_FALSE(fs::exists(dir.file(0)));
+  CHECK_FALSE(fs::exists(dir.file(1)));
+}
+
 TEST_CASE("spawn makes room for its children's descriptors under the hard open-file limit",
           "[spawn]") {
   // Six children need about 24 descriptors in the parent (pipes, pidfds, the
