@@ -27,6 +27,7 @@ docs/checkpoints.md lists every name.
 import argparse
 import json
 import re
+import signal
 import struct
 import sys
 import zlib
@@ -162,4 +163,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # A reader that has gone (`| head`) ends the listing quietly, as it ends cat.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())

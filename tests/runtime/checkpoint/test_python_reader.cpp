@@ -121,6 +121,14 @@ TEST_CASE("checkpoint: the numpy reader loads the weights", "[checkpoint][python
   REQUIRE(meta.ok());
   CHECK(meta.output == "['epoch'] array(-1.75, dtype=float32)\n");
 
+  // Its listing piped to a reader that has gone (`| head -1`) ends quietly,
+  // as cat's does: it ended in a BrokenPipeError traceback.
+  std::string command;
+  for (const auto& word : argv) command += "'" + word + "' ";
+  const ProcessResult gone =
+      run_process({"/bin/bash", "-c", command + "| true"}, std::chrono::seconds(120));
+  CHECK_THAT(gone.output, !Contains("Error") && !Contains("Traceback"));
+
   // A corrupt file is refused by the script too.
   flip_bit(path, data_offset_of(path) + 5);
   const ProcessResult bad = run_process(argv, std::chrono::seconds(120));
