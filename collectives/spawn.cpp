@@ -427,7 +427,7 @@ class Supervisor {
   // (they have had their SIGTERM), kills them at once.
   void on_signal(int sig) {
     const bool first = signalled_ == 0;
-    const bool stopping = failed_rank_ >= 0 || failure_.has_value();
+    const bool stopping = stopping_after_failure();
     if (first) signalled_ = sig;
     if (first && !stopping) {
       stop(sig);
@@ -442,21 +442,27 @@ class Supervisor {
   // and the time stopped does not count toward the timeout. Not while the
   // children stop after a failure, a timeout or a signal.
   void job_control(int sig) {
-    if (signalled_ != 0 || failed_rank_ >= 0 || failure_) return;
+    if (signalled_ != 0 || stopping_after_failure()) return;
     if (sig == SIGTSTP) {
-      for (auto& c : children_)
-        if (c.alive) ::kill(-c.pid, SIGSTOP);
+      signal_all(SIGSTOP);
       const auto stopped_at = Clock::now();
       ::raise(SIGSTOP);
       start_ += Clock::now() - stopped_at;  // continued: so are they, below
     }
+    signal_all(SIGCONT);
+  }
+
+  // The first child failed, or the timeout passed: the children have had their SIGTERM.
+  bool stopping_after_failure() const { return failed_rank_ >= 0 || failure_.has_value(); }
+
+  // `sig` to the process group of every child still running.
+  void signal_all(int sig) {
     for (auto& c : children_)
-      if (c.alive) ::kill(-c.pid, SIGCONT);
+      if (c.alive) ::kill(-c.pid, sig);
   }
 
   void kill_all() {
-    for (auto& c : children_)
-      if (c.alive) ::kill(-c.pid, SIGKILL);
+    signal_all(SIGKILL);
     kill_at_.reset();
   }
 
@@ -469,11 +475,8 @@ class Supervisor {
 
   void stop(int sig) {
     stopped_ = alive();
-    for (auto& c : children_) {
-      if (!c.alive) continue;
-      ::kill(-c.pid, sig);
-      ::kill(-c.pid, SIGCONT);  // a stopped child acts on SIGTERM only once it runs
-    }
+    signal_all(sig);
+    signal_all(SIGCONT);  // a stopped child acts on SIGTERM only once it runs
     kill_at_ = Clock::now() + options_.grace_period;
   }
 
@@ -536,10 +539,11 @@ void check_options(const SpawnOptions& options) {
   LOCKSTEP_CHECK(options.grace_period.count() >= 0,
                  "spawn: SpawnOptions::grace_period is {} ms; give 0 or more",
                  options.grace_period.count());
+  const auto own_variables = distributed::rank_variables({}, 1);
   for (const auto& [name, value] : options.env) {
     LOCKSTEP_CHECK(!name.empty() && name.find_first_of(std::string("=\0", 2)) == std::string::npos,
                    "spawn: SpawnOptions::env: '{}' is not a variable name", name);
-    for (const auto& [own, unused] : distributed::rank_variables({}, 1)) {
+    for (const auto& [own, unused] : own_variables) {
       LOCKSTEP_CHECK(name != own,
                      "spawn: SpawnOptions::env sets {}, which spawn sets for each rank itself "
                      "(from the rank, nprocs and the store it serves)",

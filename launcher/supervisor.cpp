@@ -355,17 +355,13 @@ class Supervisor {
         // Every rank is done; only a stalled reader of our output keeps us.
         say(fmt::format("received {}; dropping {} bytes of the ranks' output not yet read",
                         signal_name(sig), drop_output()));
-        if (stopping_) {
-          told_to_stop(sig);
-        } else {
-          // The ranks here are done (nothing to stop), the job may not be
-          // elsewhere: the other nodes stop theirs at once instead of finding
-          // this launcher gone.
-          const std::string why = told_by(sig);
-          result_ = {128 + sig, Outcome::signalled, why};
-          told_to_stop(sig);
-          if (options_.on_local_failure) options_.on_local_failure(why);
-        }
+        // The ranks here are done (nothing to stop), the job may not be
+        // elsewhere: the other nodes stop theirs at once instead of finding
+        // this launcher gone (after a failure, they were told of it).
+        const bool first = !stopping_;
+        if (first) result_ = {128 + sig, Outcome::signalled, told_by(sig)};
+        told_to_stop(sig);
+        if (first && options_.on_local_failure) options_.on_local_failure(result_.failure);
       } else if (!stopping_) {
         const std::string why = told_by(sig);
         say(fmt::format("received {}; forwarding it to {}", signal_name(sig), ranks_word(alive())));
